@@ -1,0 +1,12 @@
+"""DeepInfer's C++ engine core. Users import it as ``deepinfer._C.engine``."""
+
+from importlib.metadata import PackageNotFoundError, version
+
+from deepinfer_engine import _engine
+
+try:
+    __version__ = version("deepinfer-engine")
+except PackageNotFoundError:  # a developer build on PYTHONPATH (scripts/devbuild.sh)
+    __version__ = "0+dev"
+
+__all__ = ["_engine", "__version__"]
