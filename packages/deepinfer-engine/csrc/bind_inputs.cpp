@@ -1,4 +1,5 @@
 #include "bindings.h"
+#include "buffer_check.h"
 
 namespace deepinfer {
 void bind_inputs(pybind11::module_& m) {}
