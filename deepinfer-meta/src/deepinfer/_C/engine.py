@@ -5,6 +5,6 @@ many names (borrowed memory, GIL, loose types) are written at the top of ``engin
 """
 
 from deepinfer_engine import _engine as _native
-from deepinfer_engine._engine import *  # noqa: F401,F403
+from deepinfer_engine._engine import *  # noqa: F403
 
 __all__ = [name for name in dir(_native) if not name.startswith("_")]
