@@ -1,6 +1,9 @@
 #include "bindings.h"
-#include "buffer_check.h"
+#include "bindings_inputs.h"
 
 namespace deepinfer {
-void bind_inputs(pybind11::module_& m) {}
+// Engine core II: every name is bound by its part's binder.
+void bind_inputs(pybind11::module_& m) {
+  bind_flops(m);
+}
 }  // namespace deepinfer
