@@ -5,5 +5,6 @@ namespace deepinfer {
 // Engine core II: every name is bound by its part's binder.
 void bind_inputs(pybind11::module_& m) {
   bind_flops(m);
+  bind_engram(m);
 }
 }  // namespace deepinfer
