@@ -1,4 +1,5 @@
 #include "bindings.h"
+#include "scheduler.h"
 
 namespace deepinfer {
 void bind_core(pybind11::module_& m) {}
