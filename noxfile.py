@@ -74,10 +74,12 @@ def _acl_headers(session: nox.Session) -> str:
 def build(session: nox.Session) -> None:
     """Build the wheel and sdist of all five packages into dist/ (wheels built from sdists)."""
     _install(session, *BUILD_DEPS)
-    env = {"DEEPINFER_ACL_INCLUDE": _acl_headers(session), "CMAKE_BUILD_PARALLEL_LEVEL": "2"}
-    for dist, folder in PACKAGES.items():
-        if session.posargs and dist not in session.posargs:
-            continue
+    wanted = [d for d in PACKAGES if not session.posargs or d in session.posargs]
+    env = {"CMAKE_BUILD_PARALLEL_LEVEL": "2"}
+    if "deepinfer-ascend" in wanted:
+        env["DEEPINFER_ACL_INCLUDE"] = _acl_headers(session)
+    for dist in wanted:
+        folder = PACKAGES[dist]
         for old in DIST.glob(f"{_wheel_name(dist)}-*"):  # only this package's old artifacts
             old.unlink()
         session.log(f"building {dist}")
