@@ -60,7 +60,7 @@ def fake_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     _copy_installed("pluggy", site)
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--ignore-installed",
          "--prefix", str(venv), str(_meta_wheel(tmp)), *map(str, built)],
         check=True,
     )
