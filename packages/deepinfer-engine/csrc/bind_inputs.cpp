@@ -6,5 +6,6 @@ namespace deepinfer {
 void bind_inputs(pybind11::module_& m) {
   bind_flops(m);
   bind_engram(m);
+  bind_prepare(m);
 }
 }  // namespace deepinfer

@@ -39,15 +39,8 @@ void EngramConfig::validate() const {
   }
 }
 
-void engram_hash_row(const EngramConfig& cfg, const int32_t* table, const int32_t* tokens, int64_t pos,
-                     int32_t* out_row) {
-  // The compressed window ending at pos, oldest first; PAD before the sequence start.
+void engram_hash_window(const EngramConfig& cfg, const uint64_t* window, int32_t* out_row) {
   const int32_t maxn = cfg.max_order();
-  uint64_t window[kEngramMaxOrder];
-  for (int32_t i = 0; i < maxn; ++i) {
-    const int64_t p = pos - maxn + 1 + i;
-    window[i] = p >= 0 ? static_cast<uint64_t>(static_cast<uint32_t>(table[tokens[p]])) : kEngramPad;
-  }
   size_t col = 0;
   for (uint64_t seed : cfg.layer_seeds) {
     for (size_t o = 0; o < cfg.orders.size(); ++o) {

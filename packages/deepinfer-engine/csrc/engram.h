@@ -39,9 +39,9 @@ using EngramTable = std::vector<int32_t>;
 std::shared_ptr<const EngramTable> engram_table();
 void set_engram_table(std::shared_ptr<const EngramTable> table);
 
-// Writes the hash-index row of the token at `pos` of `tokens` (the sequence's token ids).
-// `table` maps token id -> compressed id; ids must be < table size (checked by the caller).
-void engram_hash_row(const EngramConfig& cfg, const int32_t* table, const int32_t* tokens, int64_t pos,
-                     int32_t* out_row);
+// Writes the hash-index row (num_columns values) of one token from its compressed window:
+// cfg.max_order() compressed ids ending at the token, oldest first, kEngramPad before the
+// sequence start.
+void engram_hash_window(const EngramConfig& cfg, const uint64_t* window, int32_t* out_row);
 
 }  // namespace deepinfer

@@ -1,0 +1,77 @@
+#include "metadata.h"
+
+#include <stdexcept>
+
+namespace deepinfer {
+
+void SequenceMetadataPool::clear() {
+  rows_.clear();
+  num_own_ = 0;
+  ++generation_;
+}
+
+void SequenceMetadataPool::add_store_row(const SequenceStore* store, SeqIndex index, int32_t start, int32_t num_new,
+                                         int32_t num_drafts, bool is_prompt, bool do_sample) {
+  MetadataRow r;
+  r.store = store;
+  r.index = index;
+  r.start = start;
+  r.num_new = num_new;
+  r.num_drafts = num_drafts;
+  r.is_prompt = is_prompt;
+  r.do_sample = do_sample;
+  rows_.push_back(r);
+  ++generation_;
+}
+
+std::pair<Sequence*, SequenceGroup*> SequenceMetadataPool::add_standalone_row() {
+  if (num_own_ == own_seqs_.size()) {
+    own_seqs_.emplace_back();
+    own_groups_.emplace_back();
+  }
+  Sequence* s = &own_seqs_[num_own_];
+  SequenceGroup* g = &own_groups_[num_own_];
+  // Reset but keep vector capacities.
+  auto keep = [](auto& v) { v.clear(); };
+  keep(s->tokens);
+  keep(s->block_table);
+  keep(s->draft_tokens);
+  s->seq_id = -1;
+  s->num_prompt_tokens = s->num_computed_tokens = 0;
+  s->state_slot = -1;
+  s->status = SequenceStatus::RUNNING;
+  g->request_id.clear();
+  g->params = SamplingParams{};
+  g->prompt_logprob_token_ids.clear();
+  g->prompt_logprob_values.clear();
+  g->num_prompt_logprobs = 0;
+  g->eos_token_id = -1;
+  MetadataRow r;
+  r.store = nullptr;
+  r.index = static_cast<SeqIndex>(num_own_);
+  r.seq = s;
+  r.group = g;
+  rows_.push_back(r);
+  ++num_own_;
+  ++generation_;
+  return {s, g};
+}
+
+void SequenceMetadataPool::resolve() {
+  for (size_t i = 0; i < rows_.size(); ++i) {
+    MetadataRow& r = rows_[i];
+    if (r.store == nullptr) {
+      r.seq = &own_seqs_[r.index];
+      r.group = &own_groups_[r.index];
+      continue;
+    }
+    if (r.index >= r.store->seqs.size())
+      throw std::invalid_argument("metadata[" + std::to_string(i) + "]: sequence slot no longer exists");
+    r.seq = &r.store->seqs[r.index];
+    if (r.seq->group >= r.store->groups.size() || !r.store->groups[r.seq->group].alive)
+      throw std::invalid_argument("metadata[" + std::to_string(i) + "]: sequence's request no longer exists");
+    r.group = &r.store->groups[r.seq->group];
+  }
+}
+
+}  // namespace deepinfer

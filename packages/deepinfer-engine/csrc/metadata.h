@@ -1,0 +1,68 @@
+// Per-step view of the scheduled sequences (SequenceMetadata) and the pool that holds them.
+//
+// A row names a sequence by (store, slot index) and is resolved to pointers at the start of
+// every builder call, so adding requests between building the pool and preparing inputs can
+// never leave a dangling pointer. Rows added from Python (add_sequence) live in the pool's own
+// standalone store. Storage is reused across steps: no allocation in the steady state.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "sequence.h"
+
+namespace deepinfer {
+
+struct MetadataRow {
+  const SequenceStore* store = nullptr;  // nullptr: the pool's standalone entries
+  SeqIndex index = kNoSeq;
+  // Step description (copied at build time: the scheduler may advance the sequence after).
+  int32_t start = 0;       // first position computed this step (tokens already in KV)
+  int32_t num_new = 0;     // query length this step (prefill chunk, or 1 + drafts)
+  int32_t num_drafts = 0;  // trailing draft tokens among num_new (speculative decode)
+  bool is_prompt = false;  // prefill chunk
+  bool do_sample = false;  // samples at the end of this step (last prompt chunk or decode)
+  // Resolved by SequenceMetadataPool::resolve().
+  const Sequence* seq = nullptr;
+  const SequenceGroup* group = nullptr;
+
+  int32_t context_len() const { return start + num_new; }
+  // Token id at position p of this step (known tokens, then this step's drafts).
+  int32_t token_at(int32_t p) const {
+    const int32_t L = seq->num_tokens();
+    return p < L ? seq->tokens[p] : seq->draft_tokens[p - L];
+  }
+};
+
+class SequenceMetadataPool {
+ public:
+  size_t size() const { return rows_.size(); }
+  const MetadataRow& operator[](size_t i) const { return rows_[i]; }
+  MetadataRow& operator[](size_t i) { return rows_[i]; }
+  const std::vector<MetadataRow>& rows() const { return rows_; }
+
+  // Forgets the rows (storage kept).
+  void clear();
+  // A row of a sequence of `store` (the Scheduler's).
+  void add_store_row(const SequenceStore* store, SeqIndex index, int32_t start, int32_t num_new, int32_t num_drafts,
+                     bool is_prompt, bool do_sample);
+  // A standalone row: a sequence and request owned by the pool until the next clear().
+  // Returns the sequence and group to fill in.
+  std::pair<Sequence*, SequenceGroup*> add_standalone_row();
+  // Points every row at its sequence; throws std::invalid_argument when a row no longer names a
+  // live sequence of its store.
+  void resolve();
+  // Generation: bumped by every change, so PrepareArgs knows which pool its layout came from.
+  uint64_t generation() const { return generation_; }
+
+ private:
+  std::vector<MetadataRow> rows_;
+  std::deque<Sequence> own_seqs_;  // deque: stable addresses; reused after clear()
+  std::deque<SequenceGroup> own_groups_;
+  size_t num_own_ = 0;
+  uint64_t generation_ = 1;
+};
+
+}  // namespace deepinfer

@@ -1,0 +1,268 @@
+// prepare_prompt_v4 / prepare_decode_v4 / the ZOS variants: the flattened var-len layout.
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <unordered_map>
+
+#include "engram.h"
+#include "metadata.h"
+#include "prepare_args.h"
+
+namespace deepinfer {
+
+namespace py = pybind11;
+
+namespace {
+
+[[noreturn]] void row_error(size_t i, const std::string& what) {
+  throw py::value_error("metadata[" + std::to_string(i) + "]: " + what);
+}
+
+// Per metadata row, the effective step range (ZOS pending rows: one token at position L).
+struct RowPlan {
+  int32_t start, num, src;  // src: step-N logits row of the pending input token, -1 when host-known
+};
+
+// Writes the block-table row `r` for `seq` (rewriting only entries that changed).
+void write_block_row(PrepareArgs& a, size_t r, int64_t seq_id, const int32_t* blocks, int32_t nb) {
+  int32_t* row = a.block_tables.row(r);
+  const int32_t old = a.bt_len[r];
+  if (a.bt_seq_id[r] == seq_id && old <= nb && std::memcmp(row, blocks, sizeof(int32_t) * old) == 0) {
+    if (nb > old) {
+      std::memcpy(row + old, blocks + old, sizeof(int32_t) * (nb - old));
+      a.bt_len[r] = nb;
+      ++a.num_block_rows_written;
+    }
+    return;
+  }
+  std::memcpy(row, blocks, sizeof(int32_t) * nb);
+  if (old > nb) std::memset(row + nb, 0, sizeof(int32_t) * (old - nb));
+  a.bt_seq_id[r] = seq_id;
+  a.bt_len[r] = nb;
+  ++a.num_block_rows_written;
+}
+
+}  // namespace
+
+int32_t prepare_inputs(PrepareArgs& a, SequenceMetadataPool& pool, BuildMode mode, const PrepareArgs* prev) {
+  const bool zos = mode == BuildMode::ZOS || mode == BuildMode::DECODE_ZOS;
+  const bool decode_only = mode == BuildMode::DECODE || mode == BuildMode::DECODE_ZOS;
+  pool.resolve();
+  const size_t n = pool.size();
+  if (n > a.max_num_seqs)
+    throw py::value_error("metadata: " + std::to_string(n) + " sequences > block_tables rows " +
+                          std::to_string(a.max_num_seqs));
+  if (zos) {
+    if (!a.zos_source_index.data) throw py::value_error("zos_source_index: PrepareArgs was built without it (needed by the ZOS builders)");
+    if (a.engram.enabled()) throw py::value_error("engram: the ZOS builders cannot hash tokens still on the device; use the synchronous builders");
+  }
+  std::shared_ptr<const EngramTable> etable;
+  if (a.engram.enabled()) {
+    etable = engram_table();
+    if (!etable) throw py::value_error("engram: no lookup table installed (call set_engram_lookup_table)");
+  }
+
+  // ZOS: seq_id -> step N logits row of its SAMPLE token (the last one of its row).
+  thread_local std::vector<RowPlan> plan;
+  plan.resize(n);
+  thread_local std::unordered_map<int64_t, int32_t> prev_rows;
+  if (zos) {
+    prev_rows.clear();
+    const StepLayout& pl = prev->layout;
+    for (int32_t r = 0; r < pl.num_real_rows; ++r) {
+      if (pl.row_seq_id[r] < 0 || pl.row_num_logits[r] == 0) continue;
+      const int32_t last = pl.row_logits_offset[r] + pl.row_num_logits[r] - 1;
+      if (pl.logit_kind[last] == LogitsRowKind::SAMPLE) prev_rows[pl.row_seq_id[r]] = last;
+    }
+  }
+
+  // ---- Validation pass: nothing is written until every row is known to fit. ----
+  int64_t total = 0;
+  int32_t max_q = 1;
+  for (size_t i = 0; i < n; ++i) {
+    const MetadataRow& r = pool[i];
+    const Sequence& s = *r.seq;
+    const int32_t L = s.num_tokens();
+    RowPlan p{r.start, r.num_new, -1};
+    if (zos && !r.is_prompt) {
+      auto it = prev_rows.find(s.seq_id);
+      if (it != prev_rows.end()) p = {L, 1, it->second};
+    }
+    if (decode_only && r.is_prompt) row_error(i, "is a prompt chunk; prepare_decode_v4 takes decode rows only (use prepare_prompt_v4)");
+    if (p.num < 1) row_error(i, "num_new_tokens must be >= 1, got " + std::to_string(p.num));
+    if (p.src < 0) {
+      if (r.num_drafts < 0 || static_cast<size_t>(r.num_drafts) > s.draft_tokens.size())
+        row_error(i, "num_drafts " + std::to_string(r.num_drafts) + " > stored draft tokens " +
+                         std::to_string(s.draft_tokens.size()));
+      if (p.start < 0 || p.start + p.num > L + r.num_drafts)
+        row_error(i, "token range [" + std::to_string(p.start) + ", " + std::to_string(p.start + p.num) +
+                         ") exceeds the sequence's " + std::to_string(L) + " tokens + " + std::to_string(r.num_drafts) +
+                         " drafts");
+      if (r.num_drafts > 0 && p.start + p.num - r.num_drafts != L)
+        row_error(i, "a speculative row must end with its drafts right after the last token");
+    }
+    const int32_t ctx = p.start + p.num;
+    if (ctx > a.max_model_len)
+      row_error(i, "context length " + std::to_string(ctx) + " > max_model_len " + std::to_string(a.max_model_len));
+    const int32_t need_blocks = (ctx + a.block_size - 1) / a.block_size;
+    if (static_cast<size_t>(need_blocks) > s.block_table.size())
+      row_error(i, "block table has " + std::to_string(s.block_table.size()) + " blocks, " +
+                       std::to_string(need_blocks) + " needed for " + std::to_string(ctx) + " tokens");
+    if (s.block_table.size() > a.max_blocks_per_seq)
+      row_error(i, "block table has " + std::to_string(s.block_table.size()) + " blocks > block_tables width " +
+                       std::to_string(a.max_blocks_per_seq));
+    if (etable) {
+      const int32_t lo = std::max(0, p.start - a.engram.max_order() + 1);
+      const int32_t vocab = static_cast<int32_t>(etable->size());
+      for (int32_t q = lo; q < ctx; ++q) {
+        const int32_t t = r.token_at(q);
+        if (t < 0 || t >= vocab)
+          row_error(i, "token id " + std::to_string(t) + " at position " + std::to_string(q) +
+                           " is outside the Engram lookup table (size " + std::to_string(vocab) + ")");
+      }
+    }
+    plan[i] = p;
+    total += p.num;
+    max_q = std::max(max_q, p.num);
+  }
+  const bool pad = decode_only;
+  const int32_t num_rows = pad ? a.padded_batch_size(static_cast<int32_t>(n)) : static_cast<int32_t>(n);
+  const int32_t q_pad = max_q;
+  total += static_cast<int64_t>(num_rows - static_cast<int32_t>(n)) * q_pad;
+  if (total > static_cast<int64_t>(a.max_num_tokens))
+    throw py::value_error("input_ids: step needs " + std::to_string(total) + " token rows > capacity " +
+                          std::to_string(a.max_num_tokens));
+
+  // ---- Write pass. ----
+  StepLayout& L = a.layout;
+  L.clear();
+  L.zos = zos;
+  L.pool_generation = pool.generation();
+  const size_t ncols = a.engram.num_columns();
+  const int32_t maxn = a.engram.max_order();
+  const bool yoco = a.yoco_mode != YocoPrefillTruncationMode::NONE;
+  int32_t tok = 0, nlog = 0, nyoco = 0;
+  a.query_start_loc.data[0] = 0;
+  if (yoco) a.yoco_cu_seqlens.data[0] = 0;
+  const int32_t bs = a.block_size;
+  for (int32_t i = 0; i < num_rows; ++i) {
+    const bool real = i < static_cast<int32_t>(n);
+    L.row_token_offset.push_back(tok);
+    L.row_logits_offset.push_back(nlog);
+    if (real) {
+      const MetadataRow& r = pool[i];
+      const Sequence& s = *r.seq;
+      const RowPlan& p = plan[i];
+      const int32_t* bt = s.block_table.data();
+      const int32_t end = p.start + p.num;
+      for (int32_t j = 0; j < p.num; ++j) {
+        const int32_t pos = p.start + j;
+        a.input_ids.data[tok + j] = p.src >= 0 ? 0 : r.token_at(pos);
+        a.positions.data[tok + j] = pos;
+        a.slot_mapping.data[tok + j] = static_cast<int64_t>(bt[pos / bs]) * bs + pos % bs;
+        if (zos) a.zos_source_index.data[tok + j] = p.src;
+        if (etable) {
+          uint64_t window[kEngramMaxOrder];
+          for (int32_t w = 0; w < maxn; ++w) {
+            const int32_t q = pos - maxn + 1 + w;
+            window[w] = q >= 0 ? static_cast<uint64_t>(static_cast<uint32_t>((*etable)[r.token_at(q)])) : kEngramPad;
+          }
+          engram_hash_window(a.engram, window, a.engram_indices.row(tok + j));
+        }
+      }
+      // Logits rows.
+      const int32_t before = nlog;
+      if (r.is_prompt && p.src < 0) {
+        const int32_t P = s.num_prompt_tokens;
+        if (r.group->params.prompt_logprobs >= 0) {
+          for (int32_t pos = p.start; pos < std::min(end, P - 1); ++pos) {
+            a.logits_indices.data[nlog++] = tok + (pos - p.start);
+            L.logit_row.push_back(i);
+            L.logit_kind.push_back(LogitsRowKind::PROMPT_LOGPROB);
+            L.logit_position.push_back(pos);
+          }
+        }
+        if (end == s.num_tokens()) {
+          a.logits_indices.data[nlog++] = tok + p.num - 1;
+          L.logit_row.push_back(i);
+          L.logit_kind.push_back(LogitsRowKind::SAMPLE);
+          L.logit_position.push_back(end - 1);
+        }
+      } else {
+        for (int32_t j = 0; j < p.num; ++j) {
+          a.logits_indices.data[nlog++] = tok + j;
+          L.logit_row.push_back(i);
+          L.logit_kind.push_back(LogitsRowKind::SAMPLE);
+          L.logit_position.push_back(p.start + j);
+        }
+      }
+      if (yoco) {
+        if (a.yoco_mode == YocoPrefillTruncationMode::LAST_TOKEN) {
+          a.yoco_kept_rows.data[nyoco++] = tok + p.num - 1;
+        } else {
+          for (int32_t k = before; k < nlog; ++k) a.yoco_kept_rows.data[nyoco++] = a.logits_indices.data[k];
+        }
+        a.yoco_cu_seqlens.data[i + 1] = nyoco;
+      }
+      a.seq_lens.data[i] = end;
+      write_block_row(a, i, s.seq_id, bt, static_cast<int32_t>(s.block_table.size()));
+      L.row_num_tokens.push_back(p.num);
+      L.row_num_logits.push_back(nlog - before);
+      L.row_seq_id.push_back(s.seq_id);
+      tok += p.num;
+    } else {
+      // Placeholder row: q_pad tokens at position 0 writing nowhere (slot -1), all logits rows.
+      for (int32_t j = 0; j < q_pad; ++j) {
+        a.input_ids.data[tok + j] = 0;
+        a.positions.data[tok + j] = 0;
+        a.slot_mapping.data[tok + j] = -1;
+        if (zos) a.zos_source_index.data[tok + j] = -1;
+        if (etable) std::memset(a.engram_indices.row(tok + j), 0, sizeof(int32_t) * ncols);
+        a.logits_indices.data[nlog++] = tok + j;
+        L.logit_row.push_back(i);
+        L.logit_kind.push_back(LogitsRowKind::PAD);
+        L.logit_position.push_back(0);
+      }
+      if (yoco) {
+        if (a.yoco_mode == YocoPrefillTruncationMode::LAST_TOKEN) {
+          a.yoco_kept_rows.data[nyoco++] = tok + q_pad - 1;
+        } else {
+          for (int32_t j = 0; j < q_pad; ++j) a.yoco_kept_rows.data[nyoco++] = tok + j;
+        }
+        a.yoco_cu_seqlens.data[i + 1] = nyoco;
+      }
+      a.seq_lens.data[i] = q_pad;
+      write_block_row(a, i, -1, nullptr, 0);
+      L.row_num_tokens.push_back(q_pad);
+      L.row_num_logits.push_back(q_pad);
+      L.row_seq_id.push_back(-1);
+      tok += q_pad;
+    }
+    a.query_start_loc.data[i + 1] = tok;
+  }
+  L.num_tokens = tok;
+  L.num_real_rows = static_cast<int32_t>(n);
+  L.num_rows = num_rows;
+  L.num_logits = nlog;
+  L.num_yoco_rows = nyoco;
+  return tok;
+}
+
+void zos_discard(PrepareArgs& a, const int64_t* ids, size_t n, std::vector<int32_t>& batch_rows,
+                 std::vector<int32_t>& logits_rows) {
+  StepLayout& L = a.layout;
+  for (int32_t r = 0; r < L.num_real_rows; ++r) {
+    const int64_t sid = L.row_seq_id[r];
+    if (sid < 0 || std::find(ids, ids + n, sid) == ids + n) continue;
+    batch_rows.push_back(r);
+    for (int32_t j = 0; j < L.row_num_tokens[r]; ++j) a.slot_mapping.data[L.row_token_offset[r] + j] = -1;
+    for (int32_t k = 0; k < L.row_num_logits[r]; ++k) {
+      const int32_t lr = L.row_logits_offset[r] + k;
+      L.logit_kind[lr] = LogitsRowKind::PAD;
+      logits_rows.push_back(lr);
+    }
+    L.row_seq_id[r] = -1;
+  }
+}
+
+}  // namespace deepinfer

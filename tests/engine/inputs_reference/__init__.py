@@ -1,0 +1,1 @@
+"""Pure-Python / numpy references of every Engine core II layout (small and obviously right, not fast)."""
