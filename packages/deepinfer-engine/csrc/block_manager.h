@@ -4,7 +4,9 @@
 // block i). A hit is served only after verifying the candidate block's stored tokens AND its
 // stored parent (block id + generation) against the block already matched at i-1, so a hash
 // collision can never serve another prefix's KV. A block is registered only when the block
-// before it in the same table is registered (or it is block 0), keeping every chain verifiable.
+// before it in the same table is registered (or it is block 0) and no block holds its hash yet;
+// when a block leaves the cache, its cached descendants leave too, so a cached block's parent is
+// always cached: one registered block per prefix, every chain verifiable from block 0.
 // Free blocks: uncached ones on a stack (used first), cached ones in an LRU list (evicted
 // oldest-first; a sequence's blocks are freed last block first, so prefixes live longest).
 #pragma once
@@ -72,8 +74,11 @@ class BlockManager {
   void trim(std::vector<int32_t>& table, int32_t num_slots);
   // Releases every block of `table` (last first) and clears it.
   void free_table(std::vector<int32_t>& table);
-  // dst shares every block of src (ref counts + 1).
-  void fork_table(const std::vector<int32_t>& src, std::vector<int32_t>& dst);
+  // Fork: dst shares the full blocks of src covering num_written slots (ref counts + 1) and gets
+  // a copy of the partial last block (appended to `copies`); when no block is free it shares that
+  // block too and the next write copies it (copy-on-write in ensure_slots).
+  void fork_table(const std::vector<int32_t>& src, int32_t num_written, std::vector<int32_t>& dst,
+                  std::vector<BlockCopy>& copies);
 
   // Registers the full, computed blocks [first, last) of `table` (hashes/tokens of the sequence)
   // in the prefix cache; returns the new count of leading registered blocks.
@@ -111,6 +116,9 @@ class BlockManager {
   std::unordered_map<uint64_t, int32_t> table_;
   // LRU of cached free blocks (intrusive list; head = oldest).
   std::vector<int32_t> lru_prev_, lru_next_;
+  // Cached children of each cached block (intrusive sibling list), for the cascade on uncache.
+  std::vector<int32_t> first_child_, next_sibling_, prev_sibling_;
+  std::vector<int32_t> uncache_stack_, uncache_order_;
   int32_t lru_head_ = -1, lru_tail_ = -1, num_lru_ = 0;
   std::vector<uint8_t> in_lru_;
 

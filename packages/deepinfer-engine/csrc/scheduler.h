@@ -138,14 +138,20 @@ class Scheduler {
   // of its partial last block (shared + copy-on-write when no block is free), a clone of its
   // state slot (or a zeroed one if the parent has no computed state). Appends the device work
   // to the given lists and the children to `children`.
-  void fork(SeqIndex parent, int32_t num_children, std::vector<SeqIndex>& children,
+  // units_reserved: the group's n was already counted against max_num_seqs (the fork after an
+  // n > 1 prompt); otherwise the children take new units (the caller checked there are enough).
+  void fork(SeqIndex parent, int32_t num_children, bool units_reserved, std::vector<SeqIndex>& children,
             std::vector<BlockCopy>& block_copies, std::vector<BlockCopy>& state_clones,
             std::vector<int32_t>& state_zeros);
 
   // Sequences finished since the last schedule() (updates, aborts, stop strings).
   const std::vector<FinishedSeq>& finished() const { return finished_; }
-  // Groups with new output since the last schedule() (for build_request_outputs).
+  // Groups with new output since the last schedule() or drain (for build_request_outputs).
   const std::vector<GroupIndex>& updated_groups() const { return updated_groups_; }
+  void drain_updated_groups() { updated_groups_.clear(); ++update_epoch_; }
+  // Free max_num_seqs units / state slots (fork from Python checks them).
+  int32_t free_seq_units() const { return cfg_.max_num_seqs - seq_units_; }
+  int32_t num_free_state_slots() const { return static_cast<int32_t>(free_state_slots_.size()); }
 
   bool reset_prefix_cache();
   SchedulerStats stats() const;
@@ -159,15 +165,17 @@ class Scheduler {
 
  private:
   bool before(SeqIndex a, SeqIndex b) const;  // scheduling precedence
-  void insert_sorted(std::deque<SeqIndex>& q, SeqIndex s);
-  void insert_running(SeqIndex s);
+  template <class Q>
+  void insert_sorted(Q& q, SeqIndex s);
+  void remove_from_running(SeqIndex s);
   void preempt(SeqIndex s);
-  void finish(SeqIndex s, SequenceStatus status);
+  // deferred: the finish happened while no step was in flight and is reported with the next
+  // step (abort between update and schedule), so no report is lost.
+  void finish(SeqIndex s, SequenceStatus status, bool deferred);
   void mark_updated(SeqIndex s);
+  void report_finished(SeqIndex s);
   void release_finished_groups();
   int32_t seq_cost(SeqIndex s) const;  // max_num_seqs units held by a running sequence
-  bool try_admit(SeqIndex s, int32_t& budget, std::vector<ScheduledSeq>& prefills);
-  const char* too_long_reason(SeqIndex s, std::string& why) const;
 
   SchedulerConfig cfg_;
   SequenceStore store_;
@@ -182,14 +190,16 @@ class Scheduler {
   std::vector<int32_t> free_state_slots_;
   std::vector<FinishedSeq> finished_;
   std::vector<GroupIndex> updated_groups_;
+  uint64_t update_epoch_ = 1;
   std::vector<GroupIndex> groups_to_release_;
+  std::vector<SeqIndex> deferred_finished_;
   std::vector<ScheduledSeq> prefill_scratch_;
   std::vector<BlockCopy> pending_block_copies_, pending_state_clones_;
   std::vector<int32_t> pending_state_zeros_;
   std::vector<SeqIndex> fork_scratch_;
   std::vector<int32_t> hit_scratch_;
   int32_t seq_units_ = 0;  // max_num_seqs units held by running sequences
-  int32_t num_unfinished_ = 0;
+  int32_t num_unfinished_ = 0;  // unfinished requests
   uint64_t arrival_counter_ = 0;
   int64_t preemptions_total_ = 0;
   double step_now_ = 0.0;

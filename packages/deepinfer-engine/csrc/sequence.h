@@ -107,6 +107,8 @@ struct SequenceGroup {
   double first_token_time = 0.0;
   double finished_time = 0.0;
   bool final_output_sent = false;
+  int32_t num_unfinished = 0;    // sequences of the group not finished yet
+  uint64_t updated_epoch = 0;    // == Scheduler's epoch: already listed in updated_groups()
 };
 
 // The slab of sequences and groups. Owned by the Scheduler.

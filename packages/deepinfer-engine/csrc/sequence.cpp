@@ -1,0 +1,87 @@
+#include "sequence.h"
+
+namespace deepinfer {
+
+const char* finish_reason_str(SequenceStatus s) {
+  switch (s) {
+    case SequenceStatus::FINISHED_STOPPED: return "stop";
+    case SequenceStatus::FINISHED_LENGTH: return "length";
+    case SequenceStatus::FINISHED_ABORTED: return "abort";
+    case SequenceStatus::FINISHED_IGNORED: return "ignored";
+    default: return nullptr;
+  }
+}
+
+SeqIndex SequenceStore::new_seq() {
+  SeqIndex i;
+  if (!free_seqs.empty()) {
+    i = free_seqs.back();
+    free_seqs.pop_back();
+  } else {
+    i = static_cast<SeqIndex>(seqs.size());
+    seqs.emplace_back();
+  }
+  Sequence& s = seqs[i];
+  // Clear but keep vector capacities: no allocation when slots are recycled.
+  s.seq_id = next_seq_id++;
+  s.group = 0;
+  s.sample_index = 0;
+  s.status = SequenceStatus::WAITING;
+  s.tokens.clear();
+  s.num_prompt_tokens = s.num_computed_tokens = s.num_cached_tokens = 0;
+  s.block_table.clear();
+  s.state_slot = -1;
+  s.draft_tokens.clear();
+  s.stop_token = -1;
+  s.stop_string.clear();
+  s.stop_is_string = false;
+  s.cumulative_logprob = 0.0;
+  s.logprob_token_ids.clear();
+  s.logprob_values.clear();
+  s.block_hashes.clear();
+  s.num_registered_blocks = 0;
+  s.num_returned_tokens = 0;
+  s.last_output_step = 0;
+  return i;
+}
+
+GroupIndex SequenceStore::new_group() {
+  GroupIndex g;
+  if (!free_groups.empty()) {
+    g = free_groups.back();
+    free_groups.pop_back();
+  } else {
+    g = static_cast<GroupIndex>(groups.size());
+    groups.emplace_back();
+  }
+  SequenceGroup& gr = groups[g];
+  gr.request_id.clear();
+  gr.params = SamplingParams{};
+  gr.seqs.clear();
+  gr.forked = false;
+  gr.alive = true;
+  gr.arrival_time = 0.0;
+  gr.arrival_order = 0;
+  gr.eos_token_id = -1;
+  gr.prompt_logprob_token_ids.clear();
+  gr.prompt_logprob_values.clear();
+  gr.num_prompt_logprobs = 0;
+  gr.first_scheduled_time = gr.first_token_time = gr.finished_time = 0.0;
+  gr.final_output_sent = false;
+  gr.num_unfinished = 0;
+  gr.updated_epoch = 0;
+  return g;
+}
+
+void SequenceStore::release_group(GroupIndex g) {
+  SequenceGroup& gr = groups[g];
+  for (SeqIndex s : gr.seqs) {
+    seqs[s].seq_id = -1;
+    free_seqs.push_back(s);
+  }
+  gr.seqs.clear();
+  gr.alive = false;
+  free_groups.push_back(g);
+}
+
+}  // namespace deepinfer
