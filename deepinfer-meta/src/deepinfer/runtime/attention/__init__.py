@@ -1,0 +1,1 @@
+"""Paged attention backends: torch on CPU (and any device), Triton on CUDA."""

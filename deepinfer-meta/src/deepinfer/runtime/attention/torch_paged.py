@@ -1,0 +1,84 @@
+"""Paged attention in plain torch (the CPU path; also a reference on any device).
+
+KV cache layout per layer: ``[2, num_blocks, block_size, num_kv_heads, head_dim]``. New keys and
+values are scattered into their slots, then each sequence attends over the blocks of its block
+table. Decode rows (one query token) are batched into one SDPA call over gathered, padded
+contexts; prefill rows (several query tokens, possibly after a cached prefix) run one SDPA call
+each with a bottom-right-aligned causal mask.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from deepinfer.runtime.attention.metadata import AttentionMetadata
+
+
+def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Store ``k``/``v`` ([T, kv_heads, head_dim]) at their slots of ``kv_cache``."""
+    _, nb, bs, kvh, d = kv_cache.shape
+    flat = kv_cache.view(2, nb * bs, kvh, d)
+    flat[0].index_copy_(0, slot_mapping, k)
+    flat[1].index_copy_(0, slot_mapping, v)
+
+
+def _gather_context(cache: torch.Tensor, block_row: torch.Tensor, length: int) -> torch.Tensor:
+    # cache [nb, bs, kvh, d]; returns [kvh, length, d]
+    bs = cache.shape[1]
+    nblk = (length + bs - 1) // bs
+    ctx = cache[block_row[:nblk]].reshape(nblk * bs, cache.shape[2], cache.shape[3])[:length]
+    return ctx.transpose(0, 1)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """Attention of ``q`` ([T, heads, d]) over each sequence's cached context; returns [T, heads, d]."""
+    write_kv(kv_cache, k, v, meta.slot_mapping)
+    k_cache, v_cache = kv_cache[0], kv_cache[1]
+    num_heads = q.shape[1]
+    out = torch.empty_like(q)
+    qsl, lens = meta.query_start_loc, meta.seq_lens
+
+    dec = meta.decode_seq_idx
+    if dec.size:
+        rows = torch.from_numpy(qsl[dec])
+        dec_lens = lens[dec]
+        max_len = int(dec_lens.max())
+        nblk = (max_len + meta.block_size - 1) // meta.block_size
+        bt = meta.block_tables[torch.from_numpy(dec)][:, :nblk]
+        # [B, nblk, bs, kvh, d] -> [B, kvh, S, d]
+        kc = k_cache[bt].flatten(1, 2)[:, :max_len].transpose(1, 2)
+        vc = v_cache[bt].flatten(1, 2)[:, :max_len].transpose(1, 2)
+        qd = q[rows.to(q.device)].unsqueeze(2)  # [B, heads, 1, d]
+        mask = None
+        if int(dec_lens.min()) != max_len:
+            mask = torch.arange(max_len, device=q.device)[None, :] < torch.from_numpy(dec_lens).to(q.device)[:, None]
+            mask = mask[:, None, None, :]
+        o = F.scaled_dot_product_attention(qd, kc, vc, attn_mask=mask, scale=scale,
+                                           enable_gqa=kc.shape[1] != num_heads)
+        out[rows.to(q.device)] = o.squeeze(2)
+
+    for i in meta.prefill_seq_idx.tolist():
+        start, end = int(qsl[i]), int(qsl[i + 1])
+        qlen, slen = end - start, int(lens[i])
+        kc = _gather_context(k_cache, meta.block_tables[i], slen).unsqueeze(0)
+        vc = _gather_context(v_cache, meta.block_tables[i], slen).unsqueeze(0)
+        qp = q[start:end].transpose(0, 1).unsqueeze(0)  # [1, heads, L, d]
+        if qlen == slen:
+            o = F.scaled_dot_product_attention(qp, kc, vc, is_causal=True, scale=scale,
+                                               enable_gqa=kc.shape[1] != num_heads)
+        else:
+            # query row r sits at position slen - qlen + r and sees keys 0..that position
+            qpos = torch.arange(slen - qlen, slen, device=q.device)[:, None]
+            mask = torch.arange(slen, device=q.device)[None, :] <= qpos
+            o = F.scaled_dot_product_attention(qp, kc, vc, attn_mask=mask, scale=scale,
+                                               enable_gqa=kc.shape[1] != num_heads)
+        out[start:end] = o[0].transpose(0, 1)
+    return out

@@ -1,0 +1,92 @@
+"""Incremental detokenization with stop strings, one ``IncrementalDetokenizer`` per sample.
+
+Text grows by decoding a short window of tokens (the last few prompt tokens give context, so a
+leading space or a multi-byte character split over tokens decodes right) and appending only the
+part that is complete (no trailing U+FFFD). A stop string ends the text at the character where
+it starts (or ends, with ``include_stop_str_in_output``); when streaming, the last
+``len(longest stop) - 1`` characters are held back so a partial stop string is never emitted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+_PROMPT_CONTEXT = 6  # prompt tokens kept as decoding context
+
+
+class IncrementalDetokenizer:
+    """Turns one sample's output tokens into text as they arrive and watches for stop strings."""
+
+    def __init__(self, tokenizer: Any, prompt_ids: Sequence[int], *, skip_special_tokens: bool = True,
+                 stop: Sequence[str] = (), include_stop_str_in_output: bool = False) -> None:
+        # The raw tokenizers.Tokenizer decodes much faster than the transformers wrapper.
+        self._decode = getattr(tokenizer, "backend_tokenizer", None)
+        self._tok = tokenizer
+        self._skip = skip_special_tokens
+        ctx = list(prompt_ids[-_PROMPT_CONTEXT:])
+        self._ids: list[int] = ctx
+        self._prefix_offset = 0
+        self._read_offset = len(ctx)
+        self._num_prompt_ctx = len(ctx)
+        self.text = ""
+        self.stop = list(stop)
+        self.include_stop = include_stop_str_in_output
+        self._hold = max((len(s) for s in self.stop), default=1) - 1
+        self._emitted = 0  # characters of self.text already returned as deltas
+        self.stop_reason: str | None = None
+        self.finished = False
+
+    def _decode_ids(self, ids: list[int]) -> str:
+        if self._decode is not None:
+            return self._decode.decode(ids, skip_special_tokens=self._skip)
+        return self._tok.decode(ids, skip_special_tokens=self._skip)
+
+    @property
+    def num_output_tokens(self) -> int:
+        """Output tokens seen so far."""
+        return len(self._ids) - self._num_prompt_ctx
+
+    def append(self, new_ids: Sequence[int]) -> str | None:
+        """Add output tokens; return the matched stop string if one now ends the text, else None."""
+        if self.finished:
+            return self.stop_reason
+        for t in new_ids:
+            self._ids.append(int(t))
+            prefix = self._decode_ids(self._ids[self._prefix_offset:self._read_offset])
+            full = self._decode_ids(self._ids[self._prefix_offset:])
+            if len(full) > len(prefix) and not full.endswith("\ufffd"):
+                delta = full[len(prefix):]
+                self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
+                start = len(self.text)
+                self.text += delta
+                hit = self._find_stop(start, len(delta))
+                if hit is not None:
+                    return hit
+        return None
+
+    def _find_stop(self, new_start: int, new_len: int) -> str | None:
+        best: tuple[int, str] | None = None
+        for s in self.stop:
+            # only a match that overlaps the new characters is new
+            i = self.text.find(s, max(0, new_start - len(s) + 1))
+            if i != -1 and (best is None or i < best[0]):
+                best = (i, s)
+        if best is None:
+            return None
+        i, s = best
+        self.text = self.text[: i + len(s)] if self.include_stop else self.text[:i]
+        self.stop_reason = s
+        self.finished = True
+        return s
+
+    def finish(self) -> None:
+        """Mark the sample finished (no more tokens): the held-back characters become final."""
+        self.finished = True
+
+    def take_delta(self) -> str:
+        """Text not yet returned, minus a possible partial stop string unless finished."""
+        end = len(self.text) if self.finished else max(self._emitted, len(self.text) - self._hold)
+        delta = self.text[self._emitted:end]
+        self._emitted = end
+        return delta

@@ -1,0 +1,46 @@
+"""Size and allocate the paged KV cache: a memory fraction on GPU, a byte budget on CPU."""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer.runtime.model_config import ModelConfig
+
+DEFAULT_CPU_KV_BYTES = 1 << 30  # 1 GiB
+
+
+def bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    """KV bytes one block of ``block_size`` tokens takes across all layers (keys and values)."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    return 2 * cfg.num_hidden_layers * block_size * cfg.num_key_value_heads * cfg.head_dim * elem
+
+
+def num_blocks_for(cfg: ModelConfig, block_size: int, dtype: torch.dtype, device: torch.device, *,
+                   gpu_memory_utilization: float = 0.9, cpu_kv_cache_bytes: int | None = None) -> int:
+    """How many KV blocks fit: on CUDA, ``gpu_memory_utilization`` of the device minus what is in
+    use now (weights, activations); elsewhere ``cpu_kv_cache_bytes`` (default 1 GiB)."""
+    per_block = bytes_per_block(cfg, block_size, dtype)
+    if device.type == "cuda":
+        if not 0.0 < gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
+        free, total = torch.cuda.mem_get_info(device)
+        used = total - free
+        budget = int(total * gpu_memory_utilization) - used
+    else:
+        budget = DEFAULT_CPU_KV_BYTES if cpu_kv_cache_bytes is None else int(cpu_kv_cache_bytes)
+        if budget <= 0:
+            raise ValueError(f"cpu_kv_cache_bytes must be positive, got {cpu_kv_cache_bytes!r}")
+    blocks = budget // per_block
+    if blocks < 1:
+        raise ValueError(
+            f"the KV cache budget ({budget} bytes) holds no block of {block_size} tokens "
+            f"({per_block} bytes each); raise gpu_memory_utilization / cpu_kv_cache_bytes")
+    return int(blocks)
+
+
+def allocate_kv_caches(cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
+                       device: torch.device) -> list[torch.Tensor]:
+    """One ``[2, num_blocks + 1, block_size, kv_heads, head_dim]`` tensor per layer; the extra last
+    block is a scratch area that padding rows (slot -1) write into."""
+    shape = (2, num_blocks + 1, block_size, cfg.num_key_value_heads, cfg.head_dim)
+    return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_hidden_layers)]

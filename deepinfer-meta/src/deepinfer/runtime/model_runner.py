@@ -1,0 +1,64 @@
+"""Run one engine step's model inputs through the model over the paged KV cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from deepinfer.runtime.attention.metadata import build_attention_metadata
+from deepinfer.runtime.kv_cache import allocate_kv_caches
+from deepinfer.runtime.model_loader import LoadedModel
+
+
+def select_attention(device: torch.device, backend: str | None = None):  # type: ignore[no-untyped-def]
+    """The attention function for ``device``: ``"torch"`` (any device) or ``"triton"`` (CUDA)."""
+    choice = backend or ("triton" if device.type == "cuda" else "torch")
+    if choice == "torch":
+        from deepinfer.runtime.attention.torch_paged import paged_attention
+
+        return paged_attention
+    if choice == "triton":
+        if device.type != "cuda":
+            raise ValueError(f"attention_backend='triton' needs a CUDA device, got {device}")
+        from deepinfer.runtime.attention.triton_paged import paged_attention as triton_attention
+
+        return triton_attention
+    raise ValueError(f"attention_backend must be 'torch' or 'triton', got {backend!r}")
+
+
+class ModelRunner:
+    """Owns the model, its KV cache and the attention backend; ``execute`` runs one step."""
+
+    def __init__(self, loaded: LoadedModel, *, num_blocks: int, block_size: int, device: torch.device,
+                 dtype: torch.dtype, attention_backend: str | None = None) -> None:
+        self.model = loaded.model
+        self.config = loaded.config
+        self.device, self.dtype = device, dtype
+        self.block_size, self.num_blocks = block_size, num_blocks
+        self.kv_caches = allocate_kv_caches(self.config, num_blocks, block_size, dtype, device)
+        self.scratch_slot = num_blocks * block_size  # first slot of the extra scratch block
+        self.attention = select_attention(device, attention_backend)
+
+    def copy_blocks(self, src: np.ndarray, dst: np.ndarray) -> None:
+        """Copy KV blocks ``src[i]`` -> ``dst[i]`` in every layer (fork of a partial block)."""
+        if len(src) == 0:
+            return
+        s = torch.as_tensor(np.asarray(src, dtype=np.int64), device=self.device)
+        d = torch.as_tensor(np.asarray(dst, dtype=np.int64), device=self.device)
+        for cache in self.kv_caches:
+            cache[:, d] = cache[:, s]
+
+    @torch.inference_mode()
+    def execute(self, *, input_ids: np.ndarray, positions: np.ndarray, slot_mapping: np.ndarray,
+                query_start_loc: np.ndarray, seq_lens: np.ndarray, block_tables: np.ndarray,
+                logits_indices: np.ndarray) -> torch.Tensor:
+        """Float32 logits [len(logits_indices), vocab] for one step in the var-len layout."""
+        meta = build_attention_metadata(
+            slot_mapping=np.asarray(slot_mapping), query_start_loc=np.asarray(query_start_loc),
+            seq_lens=np.asarray(seq_lens), block_tables=np.asarray(block_tables),
+            block_size=self.block_size, scratch_slot=self.scratch_slot, device=self.device)
+        ids = torch.from_numpy(np.ascontiguousarray(input_ids, dtype=np.int64)).to(self.device)
+        pos = torch.from_numpy(np.ascontiguousarray(positions, dtype=np.int64)).to(self.device)
+        hidden = self.model(ids, pos, self.kv_caches, meta, self.attention)
+        rows = torch.from_numpy(np.ascontiguousarray(logits_indices, dtype=np.int64)).to(self.device)
+        return self.model.compute_logits(hidden[rows])

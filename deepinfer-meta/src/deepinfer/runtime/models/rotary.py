@@ -1,0 +1,58 @@
+"""Rotary position embeddings (NEOX / Hugging Face "rotate_half" layout), with Llama 3 and linear scaling."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+
+def inverse_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None,
+                        freq_factors: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-pair inverse frequencies, float32, after the model's rope scaling."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if freq_factors is not None:  # GGUF rope_freqs tensor (llama.cpp's Llama 3 scaling)
+        return inv / freq_factors.float()
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type"))
+    if kind == "llama3":
+        factor = float(scaling["factor"])
+        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        old_ctx = float(scaling["original_max_position_embeddings"])
+        low_wl, high_wl = old_ctx / low, old_ctx / high
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > low_wl, inv / factor, inv)
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= high_wl) & (wavelen <= low_wl)
+        return torch.where(medium, smoothed, scaled)
+    if kind == "linear":
+        return inv / float(scaling["factor"])
+    if kind not in (None, "default"):
+        raise ValueError(f"rope_scaling type {kind!r} is not supported (default, linear, llama3)")
+    return inv
+
+
+class RotaryEmbedding(torch.nn.Module):
+    """cos/sin tables for every position up to ``max_positions``, applied by position index."""
+
+    def __init__(self, head_dim: int, max_positions: int, theta: float,
+                 scaling: dict[str, Any] | None, freq_factors: torch.Tensor | None = None) -> None:
+        super().__init__()
+        inv = inverse_frequencies(head_dim, theta, scaling, freq_factors)
+        t = torch.arange(max_positions, dtype=torch.float32)
+        freqs = torch.outer(t, inv)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin(), persistent=False)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate ``q`` [T, h, d] and ``k`` [T, kvh, d] for their positions [T]."""
+        cos = self.cos[positions].unsqueeze(1).to(q.dtype)
+        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

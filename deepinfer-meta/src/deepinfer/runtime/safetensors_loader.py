@@ -1,0 +1,44 @@
+"""Read a Hugging Face model directory: ``config.json`` and ``*.safetensors`` weights."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import torch
+
+from deepinfer.runtime.model_config import ModelConfig
+
+
+def load_hf_config(model_dir: str) -> ModelConfig:
+    """ModelConfig from ``model_dir/config.json``."""
+    path = os.path.join(model_dir, "config.json")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"model: {model_dir!r} has no config.json (expected a Hugging Face model directory)")
+    try:
+        with open(path, encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"model: {path!r} is not valid JSON: {exc}") from exc
+    try:
+        return ModelConfig.from_hf_dict(cfg)
+    except KeyError as exc:
+        raise ValueError(f"model: {path!r} lacks the field {exc.args[0]!r}") from exc
+
+
+def load_safetensors(model_dir: str) -> dict[str, torch.Tensor]:
+    """All tensors of the directory's ``*.safetensors`` files, as float32 CPU tensors."""
+    from safetensors.torch import load_file
+
+    files = sorted(glob.glob(os.path.join(model_dir, "*.safetensors")))
+    if not files:
+        raise FileNotFoundError(f"model: {model_dir!r} has no *.safetensors weight files")
+    weights: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            for name, t in load_file(f).items():
+                weights[name] = t.float()
+        except Exception as exc:
+            raise ValueError(f"model: cannot read safetensors file {f!r}: {exc}") from exc
+    return weights

@@ -1,0 +1,154 @@
+"""The sampler: logits -> next tokens (+ logprobs) for one step, on the model's device.
+
+Order of work per row, as in vLLM: logit bias / banned / allowed ids / min_tokens masking, then
+repetition, frequency and presence penalties, then greedy argmax or: temperature, top-k, top-p
+(on the top-k renormalised distribution), min-p, and a draw from a counter-based random stream
+keyed by (seed, sample index, step) so a seeded request is reproducible in any batch. Logprobs
+are those of the model's raw logits (log_softmax before any processing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from deepinfer.runtime.random_streams import exponential_noise, stream_keys
+
+
+@dataclass
+class SamplingBatch:
+    """Per-row sampling parameters of one step (rows = logits rows), as device tensors.
+
+    Sparse entries are (row, token[, value]) triples: ``bias_*`` logit bias, ``mask_*`` tokens
+    forced to -inf (banned ids, EOS/stop ids before min_tokens), ``allowed_*`` rows restricted to
+    a set of tokens, ``count_*`` output-token counts (frequency/presence), ``seen_*`` tokens of the
+    prompt or the output (repetition penalty).
+    """
+
+    temperature: torch.Tensor  # float32 [R]; 0 = greedy
+    top_k: torch.Tensor  # int64 [R]; <= 0 or >= vocab = off
+    top_p: torch.Tensor  # float32 [R]; 1 = off
+    min_p: torch.Tensor  # float32 [R]; 0 = off
+    seeds: torch.Tensor  # int64 [R]
+    sample_index: torch.Tensor  # int64 [R]
+    step: torch.Tensor  # int64 [R] (output tokens generated so far by that sample)
+    presence_penalty: torch.Tensor | None = None  # float32 [R]
+    frequency_penalty: torch.Tensor | None = None
+    repetition_penalty: torch.Tensor | None = None
+    count_rows: torch.Tensor | None = None
+    count_tokens: torch.Tensor | None = None
+    count_values: torch.Tensor | None = None
+    seen_rows: torch.Tensor | None = None
+    seen_tokens: torch.Tensor | None = None
+    bias_rows: torch.Tensor | None = None
+    bias_tokens: torch.Tensor | None = None
+    bias_values: torch.Tensor | None = None
+    mask_rows: torch.Tensor | None = None
+    mask_tokens: torch.Tensor | None = None
+    allowed_rows: torch.Tensor | None = None
+    allowed_tokens: torch.Tensor | None = None
+    max_logprobs: int = -1  # largest top-k logprobs asked by any row; -1 = none
+    all_greedy: bool = False
+
+
+@dataclass
+class SamplerOutput:
+    """Sampled token per row and, when asked, its raw logprob and the top-k ids/logprobs."""
+
+    tokens: torch.Tensor  # int64 [R]
+    logprobs: torch.Tensor | None  # float32 [R] (sampled token)
+    topk_ids: torch.Tensor | None  # int64 [R, k]
+    topk_logprobs: torch.Tensor | None  # float32 [R, k]
+
+
+def apply_logits_processing(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+    """Bias, masks and penalties applied to a copy of float32 ``logits`` [R, V]."""
+    x = logits.clone()
+    if b.bias_rows is not None and b.bias_rows.numel():
+        x.index_put_((b.bias_rows, b.bias_tokens), b.bias_values.to(x.dtype), accumulate=True)
+    if b.allowed_rows is not None and b.allowed_rows.numel():
+        keep = torch.zeros_like(x, dtype=torch.bool)
+        keep[b.allowed_rows, b.allowed_tokens] = True
+        restricted = torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
+        restricted[b.allowed_rows] = True
+        x = x.masked_fill(restricted[:, None] & ~keep, float("-inf"))
+    if b.repetition_penalty is not None and b.seen_rows is not None and b.seen_rows.numel():
+        seen = torch.zeros_like(x, dtype=torch.bool)
+        seen[b.seen_rows, b.seen_tokens] = True
+        rp = b.repetition_penalty[:, None].to(x.dtype)
+        penalised = torch.where(x > 0, x / rp, x * rp)
+        x = torch.where(seen, penalised, x)
+    if b.count_rows is not None and b.count_rows.numel() and (
+            b.frequency_penalty is not None or b.presence_penalty is not None):
+        counts = torch.zeros_like(x)
+        counts.index_put_((b.count_rows, b.count_tokens), b.count_values.to(x.dtype), accumulate=True)
+        if b.frequency_penalty is not None:
+            x = x - b.frequency_penalty[:, None] * counts
+        if b.presence_penalty is not None:
+            x = x - b.presence_penalty[:, None] * (counts > 0).to(x.dtype)
+    if b.mask_rows is not None and b.mask_rows.numel():
+        x[b.mask_rows, b.mask_tokens] = float("-inf")
+    return x
+
+
+def sampling_probs(x: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+    """Probabilities [R, V] after temperature, top-k, top-p and min-p (rows with temperature 0 are
+    treated as temperature 1 here; the caller takes their argmax instead)."""
+    temp = torch.where(b.temperature > 0, b.temperature, torch.ones_like(b.temperature))
+    x = x / temp[:, None]
+    vocab = x.shape[-1]
+    k = b.top_k
+    use_k = (k > 0) & (k < vocab)
+    if bool(use_k.any()):
+        kk = torch.where(use_k, k, torch.full_like(k, vocab)).clamp(max=vocab)
+        sorted_x = x.sort(dim=-1, descending=True).values
+        kth = sorted_x.gather(1, (kk - 1)[:, None])
+        x = x.masked_fill(x < kth, float("-inf"))
+    probs = torch.softmax(x, dim=-1)
+    use_p = b.top_p < 1.0
+    if bool(use_p.any()):
+        sp, idx = probs.sort(dim=-1, descending=True)
+        before = sp.cumsum(dim=-1) - sp  # probability mass strictly ahead of each token
+        drop_sorted = (before >= b.top_p[:, None]) & use_p[:, None]
+        drop = torch.zeros_like(drop_sorted).scatter_(1, idx, drop_sorted)
+        probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    use_min = b.min_p > 0
+    if bool(use_min.any()):
+        thresh = probs.max(dim=-1, keepdim=True).values * b.min_p[:, None]
+        probs = probs.masked_fill((probs < thresh) & use_min[:, None], 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def sample(logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
+    """Draw one token per row of float32 ``logits`` [R, V]."""
+    logits = logits.float()
+    x = apply_logits_processing(logits, b)
+    greedy_tokens = x.argmax(dim=-1)
+    if b.all_greedy:
+        tokens = greedy_tokens
+    else:
+        probs = sampling_probs(x, b)
+        noise = exponential_noise(stream_keys(b.seeds, b.sample_index, b.step), x.shape[-1])
+        drawn = (probs / noise).argmax(dim=-1)
+        tokens = torch.where(b.temperature > 0, drawn, greedy_tokens)
+    lp = topk_ids = topk_lp = None
+    if b.max_logprobs >= 0:
+        logp = torch.log_softmax(logits, dim=-1)
+        lp = logp.gather(1, tokens[:, None]).squeeze(1)
+        if b.max_logprobs > 0:
+            topk_lp, topk_ids = logp.topk(b.max_logprobs, dim=-1)
+    return SamplerOutput(tokens=tokens, logprobs=lp, topk_ids=topk_ids, topk_logprobs=topk_lp)
+
+
+def prompt_logprobs(logits: torch.Tensor, targets: torch.Tensor, k: int
+                    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Raw logprob of each row's target token, and the rows' top-k ids/logprobs when ``k`` > 0."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    lp = logp.gather(1, targets.to(torch.int64)[:, None]).squeeze(1)
+    if k > 0:
+        vals, ids = logp.topk(k, dim=-1)
+        return lp, ids, vals
+    return lp, None, None
