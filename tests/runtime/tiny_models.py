@@ -1,0 +1,24 @@
+"""Test helper: tiny random Hugging Face models (Llama, Qwen2 with qkv bias) saved as directories."""
+
+from __future__ import annotations
+
+import torch
+
+
+def save_tiny_model(path, arch: str = "llama", seed: int = 0, vocab: int = 320):
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                  rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2)
+    if arch == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**common, rope_theta=10000.0, tie_word_embeddings=True))
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**common, rope_theta=50000.0, tie_word_embeddings=False))
+    with torch.no_grad():  # larger than init scale so greedy tokens are not all alike
+        for name, p in model.named_parameters():
+            if p.dim() == 2 or name.endswith(".bias"):
+                p.normal_(0, 0.2)
+    model.save_pretrained(path)
+    return model.eval()
