@@ -7,11 +7,10 @@ import os
 import numpy as np
 import pytest
 import torch
-from tiny_models import save_tiny_model
-
 from deepinfer.runtime.gguf_loader import GGUFError
 from deepinfer.runtime.model_loader import load_model, resolve_model_path
 from deepinfer.runtime.model_runner import ModelRunner
+from tiny_models import save_tiny_model
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
@@ -58,13 +57,13 @@ def test_corrupt_gguf(tmp_path, default_gguf, cut):
     bad = tmp_path / "bad.gguf"
     with open(default_gguf, "rb") as src:
         bad.write_bytes(src.read(cut))
-    with pytest.raises(GGUFError, match="bad.gguf"):
+    with pytest.raises(GGUFError, match=r"bad\.gguf"):
         load_model(str(bad), device=torch.device("cpu"), dtype=torch.float32)
 
 
 def test_directory_without_config(tmp_path):
     os.makedirs(tmp_path / "m")
-    with pytest.raises(FileNotFoundError, match="config.json"):
+    with pytest.raises(FileNotFoundError, match=r"config\.json"):
         load_model(str(tmp_path / "m"), device=torch.device("cpu"), dtype=torch.float32)
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from deepinfer.runtime.sampling_params import SamplingParams
 
 
