@@ -7,5 +7,6 @@ void bind_inputs(pybind11::module_& m) {
   bind_flops(m);
   bind_engram(m);
   bind_prepare(m);
+  bind_sampler(m);
 }
 }  // namespace deepinfer

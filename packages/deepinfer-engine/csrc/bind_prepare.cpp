@@ -187,6 +187,7 @@ with ``add_sequence`` (standalone sequences owned by the pool until ``clear``). 
             r.num_drafts = nd;
             r.is_prompt = prompt;
             r.do_sample = !prompt || end == L;
+            r.num_samples = r.do_sample ? 1 : 0;
           },
           py::kw_only(), py::arg("seq_id"), py::arg("request_id"), py::arg("token_ids"), py::arg("num_prompt_tokens"),
           py::arg("num_computed_tokens"), py::arg("num_new_tokens"), py::arg("block_table"),

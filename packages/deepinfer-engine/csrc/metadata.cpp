@@ -11,7 +11,7 @@ void SequenceMetadataPool::clear() {
 }
 
 void SequenceMetadataPool::add_store_row(const SequenceStore* store, SeqIndex index, int32_t start, int32_t num_new,
-                                         int32_t num_drafts, bool is_prompt, bool do_sample) {
+                                         int32_t num_drafts, bool is_prompt, bool do_sample, int32_t num_samples) {
   MetadataRow r;
   r.store = store;
   r.index = index;
@@ -20,6 +20,7 @@ void SequenceMetadataPool::add_store_row(const SequenceStore* store, SeqIndex in
   r.num_drafts = num_drafts;
   r.is_prompt = is_prompt;
   r.do_sample = do_sample;
+  r.num_samples = num_samples;
   rows_.push_back(r);
   ++generation_;
 }

@@ -24,6 +24,7 @@ struct MetadataRow {
   int32_t num_drafts = 0;  // trailing draft tokens among num_new (speculative decode)
   bool is_prompt = false;  // prefill chunk
   bool do_sample = false;  // samples at the end of this step (last prompt chunk or decode)
+  int32_t num_samples = 0; // sample rows (n for the chunk completing an n > 1 prompt, else 0/1)
   // Resolved by SequenceMetadataPool::resolve().
   const Sequence* seq = nullptr;
   const SequenceGroup* group = nullptr;
@@ -47,7 +48,7 @@ class SequenceMetadataPool {
   void clear();
   // A row of a sequence of `store` (the Scheduler's).
   void add_store_row(const SequenceStore* store, SeqIndex index, int32_t start, int32_t num_new, int32_t num_drafts,
-                     bool is_prompt, bool do_sample);
+                     bool is_prompt, bool do_sample, int32_t num_samples);
   // A standalone row: a sequence and request owned by the pool until the next clear().
   // Returns the sequence and group to fill in.
   std::pair<Sequence*, SequenceGroup*> add_standalone_row();

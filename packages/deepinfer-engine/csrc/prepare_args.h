@@ -29,6 +29,7 @@ struct StepLayout {
   std::vector<int32_t> logit_position;
   // ZOS: per real batch row, the seq_id (placeholders: -1); rows discarded so far.
   std::vector<int64_t> row_seq_id;
+  std::vector<int32_t> row_zos_src;  // ZOS: step-N logits row of the pending input token, else -1
   int32_t num_tokens = 0, num_real_rows = 0, num_rows = 0, num_logits = 0, num_yoco_rows = 0;
   uint64_t pool_generation = 0;  // the SequenceMetadataPool generation it was built from
   bool zos = false;
@@ -41,6 +42,7 @@ struct StepLayout {
     logit_kind.clear();
     logit_position.clear();
     row_seq_id.clear();
+    row_zos_src.clear();
     num_tokens = num_real_rows = num_rows = num_logits = num_yoco_rows = 0;
     zos = false;
   }

@@ -209,6 +209,7 @@ int32_t prepare_inputs(PrepareArgs& a, SequenceMetadataPool& pool, BuildMode mod
       L.row_num_tokens.push_back(p.num);
       L.row_num_logits.push_back(nlog - before);
       L.row_seq_id.push_back(s.seq_id);
+      L.row_zos_src.push_back(p.src);
       tok += p.num;
     } else {
       // Placeholder row: q_pad tokens at position 0 writing nowhere (slot -1), all logits rows.
@@ -236,6 +237,7 @@ int32_t prepare_inputs(PrepareArgs& a, SequenceMetadataPool& pool, BuildMode mod
       L.row_num_tokens.push_back(q_pad);
       L.row_num_logits.push_back(q_pad);
       L.row_seq_id.push_back(-1);
+      L.row_zos_src.push_back(-1);
       tok += q_pad;
     }
     a.query_start_loc.data[i + 1] = tok;

@@ -1,0 +1,264 @@
+#include "sampler_inputs.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "metadata.h"
+#include "prepare_args.h"
+
+namespace deepinfer {
+
+namespace py = pybind11;
+
+uint64_t derived_seed(uint64_t generator_seed, int64_t seq_id) {
+  // splitmix64 of (generator_seed, seq_id): a fixed, well-mixed per-sequence stream.
+  uint64_t x = generator_seed ^ (static_cast<uint64_t>(seq_id) * 0x9E3779B97F4A7C15ull);
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return (x ^ (x >> 31)) & 0x7FFFFFFFFFFFFFFFull;  // non-negative int64
+}
+
+namespace {
+
+void update_counts(PenaltyCounts& c, const Sequence& s, uint64_t step) {
+  const int32_t L = s.num_tokens();
+  if (c.num_counted > L || c.num_prompt != s.num_prompt_tokens) {  // truncated / first time
+    c.num_counted = 0;
+    c.num_prompt = s.num_prompt_tokens;
+    c.token_ids.clear();
+    c.output_counts.clear();
+    c.in_prompt.clear();
+    c.index.clear();
+  }
+  for (int32_t p = c.num_counted; p < L; ++p) {
+    const int32_t t = s.tokens[p];
+    auto [it, fresh] = c.index.try_emplace(t, static_cast<int32_t>(c.token_ids.size()));
+    if (fresh) {
+      c.token_ids.push_back(t);
+      c.output_counts.push_back(0);
+      c.in_prompt.push_back(0);
+    }
+    if (p < c.num_prompt) c.in_prompt[it->second] = 1;
+    else ++c.output_counts[it->second];
+  }
+  c.num_counted = L;
+  c.last_step = step;
+}
+
+// Tokens masked for a row: banned ids, plus EOS and stop ids while below min_tokens.
+// Appends them sorted and unique to `dst` (when non-null); returns the count.
+size_t masked_tokens(const SequenceGroup& g, int32_t num_output, int32_t* dst, std::vector<int32_t>& scratch) {
+  const SamplingParams& p = g.params;
+  if (num_output >= p.min_tokens) {
+    if (dst) std::copy(p.banned_token_ids.begin(), p.banned_token_ids.end(), dst);
+    return p.banned_token_ids.size();
+  }
+  scratch.assign(p.banned_token_ids.begin(), p.banned_token_ids.end());
+  scratch.insert(scratch.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());
+  if (g.eos_token_id >= 0) scratch.push_back(g.eos_token_id);
+  std::sort(scratch.begin(), scratch.end());
+  scratch.erase(std::unique(scratch.begin(), scratch.end()), scratch.end());
+  if (dst) std::copy(scratch.begin(), scratch.end(), dst);
+  return scratch.size();
+}
+
+struct Sizes {
+  size_t rows = 0, penalty = 0, bias = 0, banned = 0, allowed = 0, spec_seqs = 0, drafts = 0, prompt_lp = 0;
+};
+
+}  // namespace
+
+void prepare_sampler_inputs(SamplerInputs& out, const PrepareArgs& a, SequenceMetadataPool& pool) {
+  const StepLayout& L = a.layout;
+  if (L.pool_generation != pool.generation() || static_cast<size_t>(L.num_real_rows) != pool.size())
+    throw py::value_error("metadata: not the SequenceMetadataPool that args was last prepared from "
+                          "(call prepare_*(args, metadata) first, without changing metadata in between)");
+  pool.resolve();
+  const int32_t nreal = L.num_real_rows;
+  thread_local std::vector<int32_t> scratch;
+  Sizes z;
+  {
+    py::gil_scoped_release nogil;
+    ++out.step;
+    for (int32_t i = 0; i < nreal; ++i) {
+      const MetadataRow& r = pool[i];
+      const int32_t ns = r.num_samples;
+      if (ns == 0) continue;
+      const SamplingParams& p = r.group->params;
+      z.rows += ns;
+      if (p.has_penalties()) {
+        PenaltyCounts& c = out.penalty_cache[r.seq->seq_id];
+        update_counts(c, *r.seq, out.step);
+        z.penalty += c.token_ids.size() * ns;
+      }
+      z.bias += p.logit_bias.size() * ns;
+      const int32_t num_out = L.logit_position[L.row_logits_offset[i] + L.row_num_logits[i] - 1] + 1 - r.seq->num_prompt_tokens;
+      z.banned += masked_tokens(*r.group, num_out, nullptr, scratch) * ns;
+      z.allowed += p.allowed_token_ids.size() * ns;
+      if (!r.is_prompt && r.num_drafts > 0 && L.row_zos_src[i] < 0) {
+        ++z.spec_seqs;
+        z.drafts += r.num_drafts;
+      }
+    }
+    z.rows += L.num_rows - nreal;  // one placeholder sample row per padding batch row
+    for (int32_t k = 0; k < L.num_logits; ++k) z.prompt_lp += L.logit_kind[k] == LogitsRowKind::PROMPT_LOGPROB;
+    // Forget counts of sequences not in this step (finished or preempted).
+    for (auto it = out.penalty_cache.begin(); it != out.penalty_cache.end();)
+      it = it->second.last_step == out.step ? std::next(it) : out.penalty_cache.erase(it);
+  }
+  // Grow the numpy-owned storage where needed (GIL held).
+  auto& K = out.kernel;
+  auto& T = out.transform;
+  auto& S = out.speculative;
+  auto& PL = out.prompt_logprobs;
+  for (auto* h : {&K.logits_rows, &K.top_k, &K.subsequences, &T.penalty_pending_source, &out.prefill.sample_rows,
+                  &out.decode.sample_rows, &out.driver.batch_rows, &out.driver.num_logprobs})
+    h->reserve(z.rows);
+  for (auto* h : {&K.temperature, &K.top_p, &K.min_p, &T.presence_penalty, &T.frequency_penalty, &T.repetition_penalty})
+    h->reserve(z.rows);
+  for (auto* h : {&K.seeds, &K.offsets, &out.driver.seq_ids}) h->reserve(z.rows);
+  for (auto* h : {&T.penalty_offsets, &T.bias_offsets, &T.banned_offsets, &T.allowed_offsets}) h->reserve(z.rows + 1);
+  T.penalty_token_ids.reserve(z.penalty);
+  T.penalty_output_counts.reserve(z.penalty);
+  T.penalty_in_prompt.reserve(z.penalty);
+  T.bias_token_ids.reserve(z.bias);
+  T.bias_values.reserve(z.bias);
+  T.banned_token_ids.reserve(z.banned);
+  T.allowed_token_ids.reserve(z.allowed);
+  for (auto* h : {&S.sample_rows, &S.num_drafts, &S.bonus_logits_rows}) h->reserve(z.spec_seqs);
+  S.cu_num_drafts.reserve(z.spec_seqs + 1);
+  S.draft_token_ids.reserve(z.drafts);
+  S.target_logits_rows.reserve(z.drafts);
+  for (auto* h : {&PL.logits_rows, &PL.target_token_ids, &PL.positions, &PL.batch_rows, &PL.num_logprobs})
+    h->reserve(z.prompt_lp);
+  PL.seq_ids.reserve(z.prompt_lp);
+
+  py::gil_scoped_release nogil;
+  K.all_greedy = K.all_random = K.no_top_k = K.no_top_p = K.no_min_p = true;
+  T.no_penalties = T.no_logit_bias = T.no_banned = T.no_allowed = true;
+  size_t row = 0, npen = 0, nbias = 0, nban = 0, nallow = 0, nspec = 0, ndraft = 0;
+  int32_t nprefill = 0, ndecode = 0, nreal_rows = 0, max_lp = -1;
+  T.penalty_offsets[0] = T.bias_offsets[0] = T.banned_offsets[0] = T.allowed_offsets[0] = 0;
+  S.cu_num_drafts[0] = 0;
+  for (int32_t i = 0; i < L.num_rows; ++i) {
+    const bool real = i < nreal && L.row_seq_id[i] >= 0;  // discarded ZOS rows behave as placeholders
+    const int32_t last_logit = L.row_logits_offset[i] + L.row_num_logits[i] - 1;
+    const MetadataRow* r = i < nreal ? &pool[i] : nullptr;
+    const int32_t ns = i < nreal ? r->num_samples : 1;
+    for (int32_t j = 0; j < ns; ++j, ++row) {
+      K.logits_rows[row] = last_logit;
+      out.driver.batch_rows[row] = i;
+      T.penalty_pending_source[row] = -1;
+      if (!real) {
+        // Placeholder: greedy, no transforms, output discarded.
+        K.temperature[row] = 0.0f;
+        K.top_p[row] = 1.0f;
+        K.min_p[row] = 0.0f;
+        K.top_k[row] = -1;
+        K.seeds[row] = 0;
+        K.offsets[row] = 0;
+        K.subsequences[row] = 0;
+        T.presence_penalty[row] = T.frequency_penalty[row] = 0.0f;
+        T.repetition_penalty[row] = 1.0f;
+        out.driver.seq_ids[row] = -1;
+        out.driver.num_logprobs[row] = -1;
+      } else {
+        const Sequence& s = *r->seq;
+        const SequenceGroup& g = *r->group;
+        const SamplingParams& p = g.params;
+        const int32_t num_out = L.logit_position[last_logit] + 1 - s.num_prompt_tokens;
+        K.temperature[row] = p.temperature;
+        K.top_p[row] = p.top_p;
+        K.min_p[row] = p.min_p;
+        K.top_k[row] = p.top_k;
+        K.seeds[row] = p.has_seed ? p.seed : static_cast<int64_t>(derived_seed(out.generator_seed, s.seq_id));
+        K.offsets[row] = num_out;
+        K.subsequences[row] = ns > 1 ? j : s.sample_index;
+        const bool greedy = p.temperature == 0.0f;
+        K.all_greedy &= greedy;
+        K.all_random &= !greedy;
+        if (!greedy) {
+          K.no_top_k &= p.top_k < 0;
+          K.no_top_p &= p.top_p >= 1.0f;
+          K.no_min_p &= p.min_p <= 0.0f;
+        }
+        T.presence_penalty[row] = p.presence_penalty;
+        T.frequency_penalty[row] = p.frequency_penalty;
+        T.repetition_penalty[row] = p.repetition_penalty;
+        if (p.has_penalties()) {
+          T.no_penalties = false;
+          const PenaltyCounts& c = out.penalty_cache.find(s.seq_id)->second;
+          const size_t m = c.token_ids.size();
+          std::memcpy(T.penalty_token_ids.data + npen, c.token_ids.data(), m * sizeof(int32_t));
+          std::memcpy(T.penalty_output_counts.data + npen, c.output_counts.data(), m * sizeof(int32_t));
+          std::memcpy(T.penalty_in_prompt.data + npen, c.in_prompt.data(), m);
+          npen += m;
+          T.penalty_pending_source[row] = L.row_zos_src[i];
+        }
+        for (const auto& [t, v] : p.logit_bias) {
+          T.bias_token_ids[nbias] = t;
+          T.bias_values[nbias++] = v;
+        }
+        nban += masked_tokens(g, num_out, T.banned_token_ids.data + nban, scratch);
+        std::copy(p.allowed_token_ids.begin(), p.allowed_token_ids.end(), T.allowed_token_ids.data + nallow);
+        nallow += p.allowed_token_ids.size();
+        out.driver.seq_ids[row] = s.seq_id;
+        out.driver.num_logprobs[row] = p.logprobs;
+        max_lp = std::max(max_lp, p.logprobs);
+        ++nreal_rows;
+      }
+      T.penalty_offsets[row + 1] = static_cast<int32_t>(npen);
+      T.bias_offsets[row + 1] = static_cast<int32_t>(nbias);
+      T.banned_offsets[row + 1] = static_cast<int32_t>(nban);
+      T.allowed_offsets[row + 1] = static_cast<int32_t>(nallow);
+      if (r && r->is_prompt) out.prefill.sample_rows[nprefill++] = static_cast<int32_t>(row);
+      else out.decode.sample_rows[ndecode++] = static_cast<int32_t>(row);
+      if (r && real && !r->is_prompt && r->num_drafts > 0 && L.row_zos_src[i] < 0 && j == 0) {
+        const int32_t k = r->num_drafts;
+        const int32_t first = L.row_logits_offset[i];
+        S.sample_rows[nspec] = static_cast<int32_t>(row);
+        S.num_drafts[nspec] = k;
+        S.bonus_logits_rows[nspec] = first + k;
+        for (int32_t d = 0; d < k; ++d) {
+          S.draft_token_ids[ndraft] = r->seq->draft_tokens[d];
+          S.target_logits_rows[ndraft++] = first + d;
+        }
+        S.cu_num_drafts[++nspec] = static_cast<int32_t>(ndraft);
+      }
+    }
+  }
+  K.num_rows = T.num_rows = static_cast<int32_t>(row);
+  T.no_logit_bias = nbias == 0;
+  T.no_banned = nban == 0;
+  T.no_allowed = nallow == 0;
+  if (nreal_rows == 0) K.all_random = false;
+  out.prefill.num_rows = nprefill;
+  out.decode.num_rows = ndecode;
+  out.decode.num_real_rows = ndecode - (L.num_rows - nreal);
+  out.driver.num_rows = static_cast<int32_t>(row);
+  out.driver.num_real_rows = nreal_rows;
+  out.driver.max_num_logprobs = max_lp;
+  S.num_seqs = static_cast<int32_t>(nspec);
+  S.num_drafts_total = static_cast<int32_t>(ndraft);
+  // Prompt logprobs.
+  int32_t npl = 0, max_plp = -1;
+  for (int32_t k = 0; k < L.num_logits; ++k) {
+    if (L.logit_kind[k] != LogitsRowKind::PROMPT_LOGPROB) continue;
+    const int32_t i = L.logit_row[k];
+    const MetadataRow& r = pool[i];
+    const int32_t pos = L.logit_position[k];
+    PL.logits_rows[npl] = k;
+    PL.target_token_ids[npl] = r.seq->tokens[pos + 1];
+    PL.positions[npl] = pos + 1;
+    PL.batch_rows[npl] = i;
+    PL.seq_ids[npl] = r.seq->seq_id;
+    PL.num_logprobs[npl] = r.group->params.prompt_logprobs;
+    max_plp = std::max(max_plp, r.group->params.prompt_logprobs);
+    ++npl;
+  }
+  PL.num_rows = npl;
+  PL.max_num_logprobs = max_plp;
+}
+
+}  // namespace deepinfer
