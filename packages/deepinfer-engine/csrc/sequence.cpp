@@ -41,7 +41,7 @@ SeqIndex SequenceStore::new_seq() {
   s.block_hashes.clear();
   s.num_registered_blocks = 0;
   s.num_returned_tokens = 0;
-  s.last_output_step = 0;
+  s.final_output_sent = false;
   return i;
 }
 
@@ -66,9 +66,11 @@ GroupIndex SequenceStore::new_group() {
   gr.prompt_logprob_token_ids.clear();
   gr.prompt_logprob_values.clear();
   gr.num_prompt_logprobs = 0;
+  gr.num_prompt_logprobs_returned = 0;
   gr.first_scheduled_time = gr.first_token_time = gr.finished_time = 0.0;
   gr.final_output_sent = false;
   gr.num_unfinished = 0;
+  gr.prompt_shared.reset();
   gr.updated_epoch = 0;
   return g;
 }

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -75,7 +76,7 @@ struct Sequence {
 
   // Outputs: output tokens already returned by build_request_outputs (delta kind).
   int32_t num_returned_tokens = 0;
-  uint64_t last_output_step = 0;
+  bool final_output_sent = false;  // its finished completion was returned once
 
   int32_t num_tokens() const { return static_cast<int32_t>(tokens.size()); }
   int32_t num_output_tokens() const { return num_tokens() - num_prompt_tokens; }
@@ -101,12 +102,14 @@ struct SequenceGroup {
   std::vector<int32_t> prompt_logprob_token_ids;
   std::vector<float> prompt_logprob_values;
   int32_t num_prompt_logprobs = 0;
+  int32_t num_prompt_logprobs_returned = 0;  // positions already in an output (delta kind)
 
   // Metrics (time.time() seconds; 0 = not yet).
   double first_scheduled_time = 0.0;
   double first_token_time = 0.0;
   double finished_time = 0.0;
   bool final_output_sent = false;
+  std::shared_ptr<const std::vector<int32_t>> prompt_shared;  // made by the first output
   int32_t num_unfinished = 0;    // sequences of the group not finished yet
   uint64_t updated_epoch = 0;    // == Scheduler's epoch: already listed in updated_groups()
 };
