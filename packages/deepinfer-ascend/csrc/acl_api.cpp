@@ -27,7 +27,7 @@ std::string library_path() {
   try {
     return py::module_::import("deepinfer_ascend._library").attr("library_path")().cast<std::string>();
   } catch (py::error_already_set& e) {
-    throw std::runtime_error(std::string("deepinfer-ascend cannot use AscendCL: ") + e.what());
+    throw std::runtime_error("deepinfer-ascend cannot use AscendCL: " + py::str(e.value()).cast<std::string>());
   }
 }
 
