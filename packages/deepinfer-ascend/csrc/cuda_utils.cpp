@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "acl_api.h"
+#include "stub_types.h"
 #include "device_memory.h"
 #include "tensor_args.h"
 
@@ -20,7 +21,7 @@ namespace {
 // ACL IPC keys are NUL-terminated strings of at most 64 characters.
 constexpr std::size_t kIpcKeyBytes = 65;
 
-py::object alloc_tensor(py::handle shape_arg, py::handle dtype_arg, py::handle device_arg) {
+TensorObj alloc_tensor(ShapeObj shape_arg, DTypeObj dtype_arg, DeviceObj device_arg) {
   const std::vector<int64_t> shape = parse_shape(shape_arg, "shape");
   const DType dtype = parse_dtype(dtype_arg, "dtype");
   const int device = parse_device(device_arg, "device");
@@ -40,7 +41,7 @@ std::size_t view_extent(const std::vector<int64_t>& shape, const std::vector<int
   return (last + 1) * itemsize;
 }
 
-py::dict export_ipc_tensor(py::handle tensor, std::optional<std::vector<int32_t>> importer_pids) {
+HandleObj export_ipc_tensor(TensorObj tensor, std::optional<std::vector<int32_t>> importer_pids) {
   tensor_device(tensor, "tensor");
   const DType dtype = parse_dtype(tensor.attr("dtype"), "tensor.dtype");
   const auto shape = tensor.attr("shape").cast<std::vector<int64_t>>();
@@ -126,7 +127,7 @@ T handle_field(const py::dict& handle, const char* field) {
   }
 }
 
-py::object import_ipc_tensor(py::handle handle_arg) {
+TensorObj import_ipc_tensor(HandleObj handle_arg) {
   if (!py::isinstance<py::dict>(handle_arg)) {
     throw py::type_error("handle must be the dict export_ipc_tensor returned, got " + py_repr(handle_arg));
   }

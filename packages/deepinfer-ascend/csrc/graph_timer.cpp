@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "acl_api.h"
+#include "stub_types.h"
 
 namespace py = pybind11;
 
@@ -354,7 +355,11 @@ captured graph holds from GraphHandle.event_record_nodes().)doc")
            }),
            py::arg("event"), py::arg("stream"),
            "Record `event` on the capturing `stream`; RuntimeError when the stream is not being captured.")
-      .def_property_readonly("event", &EventRecordNode::event,
+      .def_property_readonly(
+          "event",
+          [](const EventRecordNode& n) -> AnyAs<"EventHandle | None"> {
+            return n.event() ? py::cast(n.event()) : py::none();
+          },
                              "The EventHandle the task records (None for an event this process did not create).")
       .def("set_event", &EventRecordNode::set_event, py::arg("event"),
            "Make the task record `event` from the next replay on (aclmdlRITaskSetParams + aclmdlRIUpdate), so "
