@@ -209,6 +209,22 @@ void bind_core(py::module_& m) {
       .def_property_readonly(
           "is_empty", [](const SchedulerOutputs& o) { return o.scheduled.empty(); }, "Nothing scheduled.")
       .def_property_readonly(
+          "seq_ids",
+          [](const SchedulerOutputs& o) {
+            py::array_t<int64_t> a(static_cast<py::ssize_t>(o.scheduled.size()));
+            for (size_t i = 0; i < o.scheduled.size(); ++i) a.mutable_data()[i] = o.store->seq(o.scheduled[i].seq).seq_id;
+            return a;
+          },
+          "int64[len]: the scheduled sequences' ids.")
+      .def_property_readonly(
+          "request_ids",
+          [](const SchedulerOutputs& o) {
+            py::list l;
+            for (const auto& e : o.scheduled) l.append(o.store->group_of(e.seq).request_id);
+            return l;
+          },
+          "list[str]: the scheduled sequences' request ids.")
+      .def_property_readonly(
           "num_scheduled_tokens",
           [](const SchedulerOutputs& o) {
             py::array_t<int32_t> a(static_cast<py::ssize_t>(o.scheduled.size()));

@@ -26,6 +26,7 @@ int32_t watermark_blocks_of(const SchedulerConfig& c) {
 Scheduler::Scheduler(const SchedulerConfig& cfg)
     : cfg_(cfg),
       bm_(cfg.num_blocks, cfg.block_size, cfg.enable_prefix_caching, watermark_blocks_of(cfg), cfg.hash_bits) {
+  out_.store = &store_;
   for (int32_t i = cfg.num_state_slots - 1; i >= 0; --i) free_state_slots_.push_back(i);
   running_.reserve(static_cast<size_t>(cfg.max_num_seqs) + 1);
   out_.scheduled.reserve(static_cast<size_t>(cfg.max_num_seqs) + 1);

@@ -53,6 +53,7 @@ struct ScheduledSeq {
 // What one step runs. Owned by the Scheduler and rewritten by every schedule() (no
 // allocation in the steady state). Decodes come first, then prefill chunks.
 struct SchedulerOutputs {
+  const SequenceStore* store = nullptr;  // the scheduler's (to resolve entries)
   uint64_t step = 0;
   std::vector<ScheduledSeq> scheduled;
   int32_t num_decodes = 0;  // scheduled[0, num_decodes) are decodes
