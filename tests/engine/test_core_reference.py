@@ -58,8 +58,9 @@ def run_workload(seed: int, cfg: dict, steps: int = 120):
     totals = dict(preempted=0, ignored=0, hits=0, forks=0, aborted=0)
 
     def abort_one():
-        if unfinished:
-            rid = rng.choice(sorted(unfinished))
+        live = sorted(rid for rid in unfinished if any(s.status < STOPPED for s in r.groups[rid].seqs))
+        if live:
+            rid = rng.choice(live)
             assert c.abort_request(rid) >= 1
             r.abort(rid)
             unfinished.discard(rid)
