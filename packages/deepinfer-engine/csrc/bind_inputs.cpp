@@ -8,5 +8,6 @@ void bind_inputs(pybind11::module_& m) {
   bind_engram(m);
   bind_prepare(m);
   bind_sampler(m);
+  bind_step(m);
 }
 }  // namespace deepinfer

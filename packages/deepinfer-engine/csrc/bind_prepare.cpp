@@ -11,6 +11,7 @@
 #include "loose_ints.h"
 #include "metadata.h"
 #include "prepare_args.h"
+#include "scheduler.h"
 
 namespace py = pybind11;
 
@@ -88,6 +89,25 @@ with ``add_sequence`` (standalone sequences owned by the pool until ``clear``). 
 (prepare_prompt_v4, ...) and prepare_sampler_inputs read it.)doc")
       .def(py::init<>(), "An empty pool.")
       .def("clear", &SequenceMetadataPool::clear, "Forget every row (storage is kept for reuse).")
+      .def(
+          "build",
+          [](SequenceMetadataPool& pool, const Scheduler& scheduler) {
+            if (!scheduler.step_in_flight())
+              throw py::value_error("scheduler: no scheduled step (call schedule() before building metadata)");
+            pool.clear();
+            const SchedulerOutputs& out = scheduler.last_outputs();
+            for (const ScheduledSeq& e : out.scheduled) {
+              const int32_t drafts = e.is_prefill ? 0 : e.num_tokens - 1;
+              pool.add_store_row(&scheduler.store(), e.seq, e.num_computed_before, e.num_tokens, drafts, e.is_prefill,
+                                 e.num_samples > 0, e.num_samples);
+            }
+            return static_cast<int32_t>(pool.size());
+          },
+          py::arg("scheduler"),
+          "Replace the rows with the sequences of the scheduler's last schedule() (decodes first, then prefill "
+          "chunks), without copying their tokens: rows refer to the scheduler's sequences by slot. Returns the "
+          "row count. Build after every schedule(); the scheduler must outlive the use of the rows.",
+          py::keep_alive<1, 2>())
       .def("__len__", &SequenceMetadataPool::size, "Number of rows.")
       .def(
           "__getitem__",

@@ -7,4 +7,5 @@ void bind_flops(pybind11::module_& m);
 void bind_engram(pybind11::module_& m);
 void bind_prepare(pybind11::module_& m);
 void bind_sampler(pybind11::module_& m);
+void bind_step(pybind11::module_& m);
 }  // namespace deepinfer
