@@ -1,0 +1,13 @@
+// Binders of the native module deepinfer_cuda._native, one per source file.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace deepinfer_cuda {
+
+void bind_memory(pybind11::module_& m);  // cuda_utils: allocation
+void bind_ipc(pybind11::module_& m);     // cuda_utils: legacy CUDA IPC
+void bind_events(pybind11::module_& m);  // graph_timer: EventHandle
+void bind_graph(pybind11::module_& m);   // graph_timer: EventRecordNodeHandle, GraphHandle
+
+}  // namespace deepinfer_cuda
