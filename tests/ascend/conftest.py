@@ -23,7 +23,9 @@ _HERE = Path(__file__).resolve().parent
 
 
 def _fakeacl() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("deepinfer_tests_fakeacl", _HERE / "fake_acl" / "fakeacl.py")
+    spec = importlib.util.spec_from_file_location(
+        "deepinfer_tests_fakeacl", _HERE / "fake_acl" / "fakeacl.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -36,7 +38,9 @@ fakeacl = _fakeacl()
 @pytest.fixture(scope="session")
 def fake_library() -> Path:
     if fakeacl.use_real_hardware():
-        pytest.skip("hardware session (DEEPINFER_TEST_ASCEND_HARDWARE=1): these tests check the fake ACL's call log")
+        pytest.skip(
+            "hardware session (DEEPINFER_TEST_ASCEND_HARDWARE=1): these tests check the fake ACL's call log"
+        )
     library = fakeacl.build_fake_library()
     os.environ["DEEPINFER_ASCEND_LIBRARY"] = str(library)
     return library
@@ -90,7 +94,9 @@ class CallLog:
 
 
 @pytest.fixture
-def acl_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native: ModuleType) -> Iterator[CallLog]:
+def acl_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native: ModuleType
+) -> Iterator[CallLog]:
     path = tmp_path / "acl_calls.log"
     monkeypatch.setenv("DEEPINFER_FAKE_ACL_LOG", str(path))
     yield CallLog(path)
@@ -125,4 +131,3 @@ def stream(fake) -> int:
     s = ctypes.c_void_p()
     assert fake.aclrtCreateStream(ctypes.byref(s)) == 0
     return int(s.value)
-

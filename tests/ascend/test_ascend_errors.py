@@ -22,7 +22,9 @@ def _export(native, fake, stream):
 
 
 def _export_allow_list(native, fake, stream):
-    native.cuda_utils.export_ipc_tensor(native.cuda_utils.alloc_tensor((4,), torch.float32, 0), importer_pids=[1])
+    native.cuda_utils.export_ipc_tensor(
+        native.cuda_utils.alloc_tensor((4,), torch.float32, 0), importer_pids=[1]
+    )
 
 
 def _event(native, fake, stream):
@@ -154,7 +156,13 @@ def test_failed_import_in_another_process(native, fake_library):
         "except n.AclError as e:\n    print(type(e).__name__, e.call, e.code, e)\n"
     )
     env = dict(os.environ, DEEPINFER_FAKE_ACL_FAIL="aclrtIpcMemImportByKey:507899")
-    done = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(h), capture_output=True, env=env, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        input=pickle.dumps(h),
+        capture_output=True,
+        env=env,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr.decode()
     assert done.stdout.decode().strip() == (
         "AclError aclrtIpcMemImportByKey 507899 aclrtIpcMemImportByKey failed with ACL error 507899"
@@ -170,8 +178,14 @@ def test_failed_acl_init_is_retried(fake_library):
         "del os.environ['DEEPINFER_FAKE_ACL_FAIL']\n"
         "print(n.cuda_utils.alloc_tensor((2,), torch.float32, 0).shape)\n"
     )
-    env = dict(os.environ, DEEPINFER_FAKE_ACL_FAIL="aclInit:100000", DEEPINFER_ASCEND_LIBRARY=str(fake_library))
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    env = dict(
+        os.environ,
+        DEEPINFER_FAKE_ACL_FAIL="aclInit:100000",
+        DEEPINFER_ASCEND_LIBRARY=str(fake_library),
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:2] == ["aclInit 100000", "torch.Size([2])"]
 
@@ -183,8 +197,16 @@ def test_no_library_error_from_native_calls(tmp_path):
         "try:\n    load().cuda_utils.alloc_tensor((2,), torch.float32, 0)\n"
         "except RuntimeError as e:\n    print(e)\n"
     )
-    env = {k: v for k, v in os.environ.items() if k not in ("DEEPINFER_ASCEND_LIBRARY", "ASCEND_TOOLKIT_HOME")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DEEPINFER_ASCEND_LIBRARY", "ASCEND_TOOLKIT_HOME")
+    }
     env["LD_LIBRARY_PATH"] = str(tmp_path)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("deepinfer-ascend cannot use AscendCL: libascendcl.so not found (searched")
+    assert done.stdout.startswith(
+        "deepinfer-ascend cannot use AscendCL: libascendcl.so not found (searched"
+    )

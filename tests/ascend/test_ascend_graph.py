@@ -21,7 +21,11 @@ def capture(native, fake, stream, body):
 def test_event_flags(native, acl_log):
     ev = native.graph_timer.EventHandle()
     (create,) = acl_log.of("aclrtCreateEventWithFlag")
-    assert int(create.args["flag"]) == ACL_EVENT_TIME_LINE | ACL_EVENT_EXTERNAL == native.graph_timer.EventHandle.flags
+    assert (
+        int(create.args["flag"])
+        == ACL_EVENT_TIME_LINE | ACL_EVENT_EXTERNAL
+        == native.graph_timer.EventHandle.flags
+    )
     assert int(create.args["event"], 16) == ev.raw
     del ev
     gc.collect()
@@ -48,9 +52,22 @@ def test_capture_begin_end_replay_destroy_sequence(native, fake, stream, acl_log
     assert not g.is_capturing and g.raw_model != 0
     g.replay(stream)
     g.destroy()
-    names = [c.name for c in acl_log.calls() if c.name.startswith("aclmdlRI") or c.name == "aclrtRecordEvent"]
-    assert names == ["aclmdlRICaptureBegin", "aclrtRecordEvent", "aclrtRecordEvent", "aclmdlRICaptureEnd",
-                     "aclmdlRIExecuteAsync", "aclmdlRIDestroy"]
+    wanted = {
+        "aclmdlRICaptureBegin",
+        "aclrtRecordEvent",
+        "aclmdlRICaptureEnd",
+        "aclmdlRIExecuteAsync",
+        "aclmdlRIDestroy",
+    }
+    names = [c.name for c in acl_log.calls() if c.name in wanted]
+    assert names == [
+        "aclmdlRICaptureBegin",
+        "aclrtRecordEvent",
+        "aclrtRecordEvent",
+        "aclmdlRICaptureEnd",
+        "aclmdlRIExecuteAsync",
+        "aclmdlRIDestroy",
+    ]
     (begin,) = acl_log.of("aclmdlRICaptureBegin")
     assert int(begin.args["stream"], 16) == stream and begin.args["mode"] == "0"  # global mode
     records = acl_log.of("aclrtRecordEvent")
@@ -140,7 +157,9 @@ def test_capture_time_node_swaps_without_listing(native, fake, stream):
 
 def test_node_outside_capture_is_refused(native, stream):
     gt = native.graph_timer
-    with pytest.raises(RuntimeError, match="stream is not being captured; ACL can only create event-record tasks"):
+    with pytest.raises(
+        RuntimeError, match="stream is not being captured; ACL can only create event-record tasks"
+    ):
         gt.EventRecordNodeHandle(gt.EventHandle(), stream)
 
 
@@ -148,7 +167,9 @@ def test_insertion_after_capture_names_the_acl_limit(native, fake, stream):
     gt = native.graph_timer
     g = capture(native, fake, stream, lambda: fake.deepinfer_fake_acl_launch_kernel(stream, 1))
     for method in (g.insert_event_record_node, g.insert_timer_nodes):
-        with pytest.raises(NotImplementedError, match="ACL cannot add tasks to an aclmdlRI model after capture"):
+        with pytest.raises(
+            NotImplementedError, match="ACL cannot add tasks to an aclmdlRI model after capture"
+        ):
             method(g.kernel_nodes()[0], gt.EventHandle())
 
 
@@ -195,3 +216,55 @@ def test_wrapped_model_is_not_destroyed(native, fake, stream, acl_log):
     del view
     gc.collect()
     assert acl_log.of("aclmdlRIDestroy") == []
+
+
+def test_graph_keeps_events_recorded_during_capture_alive(native, fake, stream, acl_log):
+    gt = native.graph_timer
+    g = capture(native, fake, stream, lambda: [gt.EventHandle().record(stream) for _ in range(2)])
+    gc.collect()
+    assert acl_log.of("aclrtDestroyEvent") == []  # the model still records them
+    g.replay(stream)
+    g.destroy()
+    del g
+    gc.collect()
+    names = acl_log.names()
+    assert names.count("aclrtDestroyEvent") == 2
+    assert names.index("aclmdlRIDestroy") < names.index("aclrtDestroyEvent")
+
+
+def test_find_event_record_node_and_batched_swap(native, fake, stream, acl_log):
+    gt = native.graph_timer
+    a, b, c = gt.EventHandle(), gt.EventHandle(), gt.EventHandle()
+
+    def body():
+        a.record(stream)
+        b.record(stream)
+
+    g = capture(native, fake, stream, body)
+    na, nb = g.find_event_record_node(a), g.find_event_record_node(b)
+    assert (na.graph_event.raw, nb.graph_event.raw) == (a.raw, b.raw)
+    assert na.node == na.task != nb.task
+    with pytest.raises(ValueError, match="not recorded by any task"):
+        g.find_event_record_node(c)
+    fresh = [gt.EventHandle(), gt.EventHandle()]
+    acl_log.clear()
+    g.set_events([na, nb], fresh)
+    assert acl_log.names().count("aclmdlRITaskSetParams") == 2
+    assert acl_log.names().count("aclmdlRIUpdate") == 1
+    assert [n.event.raw for n in g.event_record_nodes()] == [e.raw for e in fresh]
+    with pytest.raises(ValueError, match="2 nodes but 1 events"):
+        g.set_events([na, nb], fresh[:1])
+
+
+def test_graph_timer_protocol_members(native, fake, stream):
+    gt = native.graph_timer
+    g = capture(native, fake, stream, lambda: gt.EventHandle().record(stream))
+    assert g.modified is False and g.timing_enabled is True
+    g.instantiate()
+    g.launch(stream)
+    g.set_timing_enabled(True)
+    with pytest.raises(
+        NotImplementedError, match="ACL cannot remove or skip the event-record tasks"
+    ):
+        g.set_timing_enabled(False)
+    assert gt.EventHandle(-1).device in (0, 1)

@@ -39,7 +39,9 @@ CHILD = textwrap.dedent(
 
 
 def run_child(handle):
-    done = subprocess.run([sys.executable, "-c", CHILD], input=pickle.dumps(handle), capture_output=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD], input=pickle.dumps(handle), capture_output=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr.decode()
     return done.stdout.decode().strip()
 
@@ -63,22 +65,31 @@ def test_export_import_close_free_order(native, acl_log):
     t = cu.alloc_tensor((10,), torch.float32, 0)
     t.copy_(torch.arange(10, dtype=torch.float32))
     h = cu.export_ipc_tensor(t[4:])
-    assert cu.export_ipc_tensor(t[2:]) ["key"] == h["key"]  # one key per allocation
+    assert cu.export_ipc_tensor(t[2:])["key"] == h["key"]  # one key per allocation
     (export,) = acl_log.of("aclrtIpcMemGetExportKey")
     (malloc,) = acl_log.of("aclrtMalloc")
-    assert export.args["ptr"] == malloc.args["ptr"]  # the whole allocation; the offset travels separately
+    assert (
+        export.args["ptr"] == malloc.args["ptr"]
+    )  # the whole allocation; the offset travels separately
     assert export.args["size"] == "40"
     assert export.args["flags"] == ACL_RT_IPC_MEM_EXPORT_FLAG_DISABLE_PID_VALIDATION
     assert run_child(h) == f"ok sum={float(sum(range(4, 10)))}"
     assert torch.equal(t, torch.tensor([0, 1, 2, 3, 3, 3, 3, 3, 3, 3], dtype=torch.float32))
     del t
     gc.collect()
-    order = [(c.name, c.args.get("side")) for c in acl_log.calls()
-             if c.name in ("aclrtIpcMemImportByKey", "aclrtIpcMemClose", "aclrtFree")]
+    order = [
+        (c.name, c.args.get("side"))
+        for c in acl_log.calls()
+        if c.name in ("aclrtIpcMemImportByKey", "aclrtIpcMemClose", "aclrtFree")
+    ]
     # Importer maps once (cached), closes once when its last tensor dies; then the exporter
     # closes its key and only then frees.
-    assert order == [("aclrtIpcMemImportByKey", None), ("aclrtIpcMemClose", "importer"),
-                     ("aclrtIpcMemClose", "exporter"), ("aclrtFree", None)]
+    assert order == [
+        ("aclrtIpcMemImportByKey", None),
+        ("aclrtIpcMemClose", "importer"),
+        ("aclrtIpcMemClose", "exporter"),
+        ("aclrtFree", None),
+    ]
     (imp,) = acl_log.of("aclrtIpcMemImportByKey")
     assert imp.pid != os.getpid() and imp.args["key"] == h["key"]
     assert imp.args["flags"] == ACL_RT_IPC_MEM_IMPORT_FLAG_ENABLE_PEER_ACCESS
@@ -97,7 +108,9 @@ def test_same_process_import_never_calls_acl_import(native, acl_log):
     del u
     gc.collect()
     assert [c.name for c in acl_log.calls() if c.name in ("aclrtIpcMemClose", "aclrtFree")] == [
-        "aclrtIpcMemClose", "aclrtFree"]
+        "aclrtIpcMemClose",
+        "aclrtFree",
+    ]
 
 
 def test_pid_allow_list(native, acl_log):
@@ -117,12 +130,22 @@ def test_pid_allow_list_admits_the_listed_process(native):
     cu = native.cuda_utils
     t = cu.alloc_tensor((4,), torch.float32, 0)
     t.fill_(2.0)
-    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdout.write('go'); sys.stdout.flush();"
-                              "data = sys.stdin.buffer.read(); exec(compile(data.decode(), 'child', 'exec'))"],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; sys.stdout.write('go'); sys.stdout.flush();"
+            "data = sys.stdin.buffer.read(); exec(compile(data.decode(), 'child', 'exec'))",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert child.stdout.read(2) == b"go"
     h = cu.export_ipc_tensor(t, importer_pids=[child.pid])
-    script = CHILD.replace("pickle.loads(sys.stdin.buffer.read())", f"pickle.loads({pickle.dumps(h)!r})")
+    script = CHILD.replace(
+        "pickle.loads(sys.stdin.buffer.read())", f"pickle.loads({pickle.dumps(h)!r})"
+    )
     out, err = child.communicate(script.encode(), timeout=60)
     assert child.returncode == 0, err.decode()
     assert out.decode().strip() == "ok sum=8.0"

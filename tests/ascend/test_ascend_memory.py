@@ -60,14 +60,21 @@ def test_capsule_never_consumed_is_still_freed(native, acl_log):
 
 @pytest.mark.parametrize(
     ("name", "dtype"),
-    [("float16", torch.float16), ("torch.bfloat16", torch.bfloat16), ("half", torch.float16), ("long", torch.int64)],
+    [
+        ("float16", torch.float16),
+        ("torch.bfloat16", torch.bfloat16),
+        ("half", torch.float16),
+        ("long", torch.int64),
+    ],
 )
 def test_dtype_by_name(native, name, dtype):
     assert native.cuda_utils.alloc_tensor((2,), name, 0).dtype == dtype
 
 
 def test_unsupported_torch_dtype_is_named(native):
-    with pytest.raises(TypeError, match=r"dtype=torch.complex64 is not supported \(supported: float32"):
+    with pytest.raises(
+        TypeError, match=r"dtype=torch.complex64 is not supported \(supported: float32"
+    ):
         native.cuda_utils.alloc_tensor((2,), torch.complex64, 0)
 
 
@@ -77,7 +84,9 @@ def test_error_messages_name_argument_and_value(native):
         cu.alloc_tensor((3, -4), torch.float32, 0)
     with pytest.raises(ValueError, match=r"^device=2 is out of range: 2 NPU\(s\) visible$"):
         cu.alloc_tensor((3,), torch.float32, 2)
-    with pytest.raises(ValueError, match="device='cuda:0': deepinfer-ascend places memory on 'npu' devices only"):
+    with pytest.raises(
+        ValueError, match="device='cuda:0': deepinfer-ascend places memory on 'npu' devices only"
+    ):
         cu.alloc_tensor((3,), torch.float32, "cuda:0")
     with pytest.raises(ValueError, match="device='npu:x' has no valid device index"):
         cu.alloc_tensor((3,), torch.float32, "npu:x")

@@ -46,7 +46,10 @@ def test_explicit_library_that_does_not_exist(no_library_env, monkeypatch):
     monkeypatch.setenv("DEEPINFER_ASCEND_LIBRARY", "/nowhere/libascendcl.so")
     result = _probe.probe()
     assert not result["available"]
-    assert result["reason"] == "DEEPINFER_ASCEND_LIBRARY='/nowhere/libascendcl.so' does not name an existing file"
+    assert (
+        result["reason"]
+        == "DEEPINFER_ASCEND_LIBRARY='/nowhere/libascendcl.so' does not name an existing file"
+    )
 
 
 def test_library_that_cannot_load(no_library_env, monkeypatch, tmp_path):
@@ -59,7 +62,9 @@ def test_library_that_cannot_load(no_library_env, monkeypatch, tmp_path):
 
 
 def test_found_through_ascend_toolkit_home(no_library_env, monkeypatch, fake_library):
-    monkeypatch.setenv("ASCEND_TOOLKIT_HOME", str(fake_library.parent.parent))  # <home>/lib64/libascendcl.so
+    monkeypatch.setenv(
+        "ASCEND_TOOLKIT_HOME", str(fake_library.parent.parent)
+    )  # <home>/lib64/libascendcl.so
     result = _probe.probe()
     assert result["available"], result["reason"]
     assert result["details"]["library"] == str(fake_library)
@@ -94,7 +99,9 @@ def test_no_device(fake_library, monkeypatch):
     assert result["details"]["device_count"] == "0"
 
 
-@pytest.mark.parametrize(("call", "code"), [("aclrtGetDeviceCount", 507033), ("aclsysGetCANNVersion", 100000)])
+@pytest.mark.parametrize(
+    ("call", "code"), [("aclrtGetDeviceCount", 507033), ("aclsysGetCANNVersion", 100000)]
+)
 def test_each_failing_query_has_its_reason(fake_library, monkeypatch, call, code):
     monkeypatch.setenv("DEEPINFER_FAKE_ACL_FAIL", f"{call}:{code}")
     result = _probe.probe()
@@ -106,7 +113,9 @@ def test_probe_initialises_nothing(fake_library, tmp_path):
     # In a fresh process: the probe may only query, never aclInit or set a device.
     log = tmp_path / "calls.log"
     code = "from deepinfer_ascend.plugin import deepinfer_backend as d; assert d()['probe']()['available']"
-    env = dict(os.environ, DEEPINFER_FAKE_ACL_LOG=str(log), DEEPINFER_ASCEND_LIBRARY=str(fake_library))
+    env = dict(
+        os.environ, DEEPINFER_FAKE_ACL_LOG=str(log), DEEPINFER_ASCEND_LIBRARY=str(fake_library)
+    )
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
     names = [line.split()[1] for line in log.read_text().splitlines()]
     assert names == ["aclrtGetDeviceCount", "aclsysGetCANNVersion"]
@@ -114,9 +123,21 @@ def test_probe_initialises_nothing(fake_library, tmp_path):
 
 def test_plugin_description():
     d = deepinfer_backend()
-    assert set(d) == {"name", "distribution", "version", "plugin_api_version", "priority", "probe", "load"}
+    assert set(d) == {
+        "name",
+        "distribution",
+        "version",
+        "plugin_api_version",
+        "priority",
+        "probe",
+        "load",
+    }
     assert (d["name"], d["distribution"], d["version"], d["plugin_api_version"], d["priority"]) == (
-        "ascend", "deepinfer-ascend", "0.1.0", 1, 90,
+        "ascend",
+        "deepinfer-ascend",
+        "0.1.0",
+        1,
+        90,
     )
     project = tomllib.loads((PACKAGE / "pyproject.toml").read_text())["project"]
     assert project["version"] == d["version"]
@@ -126,7 +147,14 @@ def test_plugin_description():
 def test_plugin_matches_the_hookspec_and_never_imports_deepinfer():
     # Registered with the meta package's hookspec in a process where `deepinfer` is not imported
     # by the plugin itself (the hookspec file is loaded by path).
-    hookspecs = Path(__file__).resolve().parents[2] / "deepinfer-meta" / "src" / "deepinfer" / "plugins" / "hookspecs.py"
+    hookspecs = (
+        Path(__file__).resolve().parents[2]
+        / "deepinfer-meta"
+        / "src"
+        / "deepinfer"
+        / "plugins"
+        / "hookspecs.py"
+    )
     code = textwrap.dedent(
         f"""
         import importlib.util, sys, pluggy
@@ -155,7 +183,11 @@ def test_fetch_acl_headers_unpacks_a_wheel(tmp_path):
         zf.writestr("torch_npu/include/other/x.h", "/* not acl */")
     dest = tmp_path / "inc"
     tool = PACKAGE / "tools" / "fetch_acl_headers.py"
-    subprocess.run([sys.executable, str(tool), str(dest), "--wheel", str(wheel)], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, str(tool), str(dest), "--wheel", str(wheel)],
+        check=True,
+        capture_output=True,
+    )
     assert (dest / "acl" / "acl.h").read_text() == "/* acl */"
     assert (dest / "acl" / "error_codes" / "rt_error_codes.h").is_file()
     assert not (dest / "other").exists()

@@ -81,6 +81,13 @@ void use_device(int device) {
   ACL_CHECKED(aclrtSetDevice, device);
 }
 
+int current_device() {
+  const AclApi& api = acl();
+  int32_t device = 0;
+  if (api.aclrtGetDevice == nullptr || api.aclrtGetDevice(&device) != ACL_SUCCESS) return 0;
+  return device;
+}
+
 int device_count() {
   uint32_t count = 0;
   ACL_CHECKED(aclrtGetDeviceCount, &count);

@@ -31,7 +31,7 @@ class AclUnsupported : public std::runtime_error {
 };
 
 #define DEEPINFER_ACL_FUNCTIONS(X)                                                        \
-  X(aclInit) X(aclrtGetDeviceCount) X(aclrtSetDevice) X(aclrtMalloc) X(aclrtFree)         \
+  X(aclInit) X(aclrtGetDeviceCount) X(aclrtSetDevice) X(aclrtGetDevice) X(aclrtMalloc) X(aclrtFree)         \
   X(aclrtCreateEventWithFlag) X(aclrtDestroyEvent) X(aclrtRecordEvent)                    \
   X(aclrtQueryEventStatus) X(aclrtSynchronizeEvent) X(aclrtEventElapsedTime)              \
   X(aclrtIpcMemGetExportKey) X(aclrtIpcMemSetImportPid) X(aclrtIpcMemImportByKey)         \
@@ -76,5 +76,8 @@ void use_device(int device);
 
 // aclrtGetDeviceCount.
 int device_count();
+
+// The device set on this thread (aclrtGetDevice), or 0 when none is.
+int current_device();
 
 }  // namespace deepinfer_ascend

@@ -27,7 +27,13 @@ const char* kNoInsertAfterCapture =
 
 aclrtStream as_stream(uintptr_t stream) { return reinterpret_cast<aclrtStream>(stream); }
 
-class Event {
+class Event;
+
+// While `stream` is captured by a GraphHandle, that graph keeps `event` alive: the model
+// holds the raw aclrtEvent.
+void hold_for_capture(aclrtStream stream, const std::shared_ptr<Event>& event);
+
+class Event : public std::enable_shared_from_this<Event> {
  public:
   explicit Event(int device) : device_(device) {
     use_device(device_);
@@ -47,6 +53,7 @@ class Event {
   void record(uintptr_t stream) {
     use_device(device_);
     ACL_CHECKED(aclrtRecordEvent, event_, as_stream(stream));
+    hold_for_capture(as_stream(stream), shared_from_this());
   }
   bool query() {
     use_device(device_);
@@ -73,6 +80,26 @@ class Event {
   aclrtEvent event_ = nullptr;
 };
 
+// Events this process created, by raw handle, so nodes found in a model can name them.
+std::mutex g_events_mutex;
+std::map<aclrtEvent, std::weak_ptr<Event>> g_events;
+
+std::shared_ptr<Event> make_event(int device) {
+  auto ev = std::make_shared<Event>(device);
+  std::lock_guard<std::mutex> lock(g_events_mutex);
+  for (auto it = g_events.begin(); it != g_events.end();) it = it->second.expired() ? g_events.erase(it) : ++it;
+  g_events[ev->raw()] = ev;
+  return ev;
+}
+
+std::map<aclrtEvent, std::shared_ptr<Event>> live_events() {
+  std::lock_guard<std::mutex> lock(g_events_mutex);
+  std::map<aclrtEvent, std::shared_ptr<Event>> out;
+  for (auto& [raw, weak] : g_events)
+    if (auto ev = weak.lock()) out[raw] = ev;
+  return out;
+}
+
 // The state behind a GraphHandle, shared with the node handles found in it so the model
 // outlives them.
 struct Graph {
@@ -82,7 +109,10 @@ struct Graph {
   aclrtStream capture_stream = nullptr;
   bool capturing = false;
   int device = 0;
-  std::vector<std::shared_ptr<Event>> events;  // events swapped into the model stay alive
+  // The event each event-record task records now: ACL holds raw aclrtEvents, so the graph
+  // keeps them alive (those recorded during capture, and every one swapped in since).
+  std::map<aclmdlRITask, std::shared_ptr<Event>> installed;
+  std::vector<std::shared_ptr<Event>> recorded_in_capture;
 
   void require_model(const char* what) const {
     if (destroyed) throw py::value_error(std::string("GraphHandle.") + what + ": the graph has been destroyed");
@@ -107,6 +137,19 @@ struct Graph {
 
 std::mutex g_graphs_mutex;
 std::map<aclmdlRI, std::weak_ptr<Graph>> g_graphs;  // models being captured by a GraphHandle
+
+void hold_for_capture(aclrtStream stream, const std::shared_ptr<Event>& event) {
+  const AclApi& api = acl();
+  if (api.aclmdlRICaptureGetInfo == nullptr) return;
+  aclmdlRICaptureStatus status = ACL_MODEL_RI_CAPTURE_STATUS_NONE;
+  aclmdlRI model = nullptr;
+  if (api.aclmdlRICaptureGetInfo(stream, &status, &model) != ACL_SUCCESS) return;
+  if (status != ACL_MODEL_RI_CAPTURE_STATUS_ACTIVE || model == nullptr) return;
+  std::lock_guard<std::mutex> lock(g_graphs_mutex);
+  auto it = g_graphs.find(model);
+  if (it == g_graphs.end()) return;
+  if (auto graph = it->second.lock()) graph->recorded_in_capture.push_back(event);
+}
 
 // Tasks of a captured model in stream order (aclmdlRIGetStreams, aclmdlRIGetTasksByStream).
 std::vector<aclmdlRITask> model_tasks(aclmdlRI model) {
@@ -177,13 +220,19 @@ class EventRecordNode {
     if (!event) throw py::type_error("event must be an EventHandle, got None");
     if (graph_) graph_->require_model("EventRecordNodeHandle.set_event");
     use_device(event->device());
+    stage_event(event, model_);
+    ACL_CHECKED(aclmdlRIUpdate, model_);
+  }
+
+  // aclmdlRITaskSetParams only; the caller runs aclmdlRIUpdate on `model`.
+  void stage_event(std::shared_ptr<Event> event, aclmdlRI model) {
+    if (model != model_) throw py::value_error("set_events: a node belongs to another graph");
     aclmdlRITask task = resolve_task();
     aclmdlRITaskParams params{};
     ACL_CHECKED(aclmdlRITaskGetParams, task, &params);
     params.eventRecordTaskParams.event = event->raw();
     ACL_CHECKED(aclmdlRITaskSetParams, task, &params);
-    ACL_CHECKED(aclmdlRIUpdate, model_);
-    if (graph_) graph_->events.push_back(event);
+    if (graph_) graph_->installed[task] = event;
     event_ = std::move(event);
   }
 
@@ -212,11 +261,13 @@ class EventRecordNode {
 
 class GraphHandle {
  public:
-  explicit GraphHandle(uintptr_t model) : graph_(std::make_shared<Graph>()) {
+  GraphHandle(uintptr_t model, int device) : graph_(std::make_shared<Graph>()) {
     graph_->model = reinterpret_cast<aclmdlRI>(model);  // 0: capture one with capture_begin
+    graph_->device = device;
   }
 
-  void capture_begin(uintptr_t stream, int device) {
+  void capture_begin(uintptr_t stream) {
+    const int device = graph_->device;
     if (stream == 0) throw py::value_error("stream=0: ACL cannot capture the default stream; pass a created stream");
     if (graph_->capturing) throw std::runtime_error("GraphHandle.capture_begin: a capture is already in progress");
     if (graph_->model != nullptr) throw std::runtime_error("GraphHandle.capture_begin: this handle already holds a graph");
@@ -281,6 +332,42 @@ class GraphHandle {
     return out;
   }
 
+  EventRecordNode find_event_record_node(const std::shared_ptr<Event>& event) {
+    if (!event) throw py::type_error("event must be an EventHandle, got None");
+    graph_->require_model("find_event_record_node");
+    use_device(graph_->device);
+    for (aclmdlRITask t : model_tasks(graph_->model)) {
+      if (task_type(t) != ACL_MODEL_RI_TASK_EVENT_RECORD) continue;
+      aclmdlRITaskParams params{};
+      ACL_CHECKED(aclmdlRITaskGetParams, t, &params);
+      if (params.eventRecordTaskParams.event == event->raw()) return EventRecordNode(graph_, t, event);
+    }
+    throw py::value_error("event is not recorded by any task of this graph (record it while the stream is captured)");
+  }
+
+  // Every swap first, then one aclmdlRIUpdate for the whole model.
+  void set_events(std::vector<EventRecordNode*> nodes, const std::vector<std::shared_ptr<Event>>& events) {
+    if (nodes.size() != events.size()) {
+      throw py::value_error("set_events: " + std::to_string(nodes.size()) + " nodes but " +
+                            std::to_string(events.size()) + " events");
+    }
+    graph_->require_model("set_events");
+    use_device(graph_->device);
+    for (std::size_t i = 0; i < nodes.size(); ++i) {
+      if (nodes[i] == nullptr || !events[i]) throw py::type_error("set_events: None in nodes or events");
+      nodes[i]->stage_event(events[i], graph_->model);
+    }
+    ACL_CHECKED(aclmdlRIUpdate, graph_->model);
+  }
+
+  void set_timing_enabled(bool enabled) {
+    if (!enabled) {
+      throw AclUnsupported(
+          "ACL cannot remove or skip the event-record tasks of a captured aclmdlRI model, so timing cannot be "
+          "switched off without recapture; capture the graph without timer regions instead");
+    }
+  }
+
   void destroy() {
     if (graph_->capturing) throw std::runtime_error("GraphHandle.destroy: end the capture first");
     graph_->destroy();
@@ -294,27 +381,8 @@ class GraphHandle {
   std::shared_ptr<Graph> graph_;
 };
 
-// Events this process created, by raw handle, so nodes found in a model can name them.
-std::mutex g_events_mutex;
-std::map<aclrtEvent, std::weak_ptr<Event>> g_events;
-
-std::shared_ptr<Event> make_event(int device) {
-  auto ev = std::make_shared<Event>(device);
-  std::lock_guard<std::mutex> lock(g_events_mutex);
-  for (auto it = g_events.begin(); it != g_events.end();) it = it->second.expired() ? g_events.erase(it) : ++it;
-  g_events[ev->raw()] = ev;
-  return ev;
-}
-
-std::map<aclrtEvent, std::shared_ptr<Event>> live_events() {
-  std::lock_guard<std::mutex> lock(g_events_mutex);
-  std::map<aclrtEvent, std::shared_ptr<Event>> out;
-  for (auto& [raw, weak] : g_events)
-    if (auto ev = weak.lock()) out[raw] = ev;
-  return out;
-}
-
 int check_device_index(int device, const char* arg) {
+  if (device == -1) return current_device();
   const int count = device_count();
   if (device < 0 || device >= count) {
     throw py::value_error(std::string(arg) + "=" + std::to_string(device) + " is out of range: " +
@@ -332,7 +400,9 @@ void bind_graph_timer(py::module_& m) {
 ACL_EVENT_TIME_LINE | ACL_EVENT_EXTERNAL). Recorded while a stream is captured it becomes an
 external event-record task of the model, stamped on every replay.)doc")
       .def(py::init([](int device) { return make_event(check_device_index(device, "device")); }),
-           py::arg("device") = 0, "Create an event on NPU `device` (ValueError when out of range).")
+           py::arg("device") = -1,
+           "Create an event on NPU `device` (-1: the device set on this thread, else 0; ValueError when out of "
+           "range).")
       .def("record", &Event::record, py::arg("stream") = 0,
            "Record the event on `stream` (an aclrtStream as an int; 0 is the default stream). During capture the "
            "record becomes a task of the model.")
@@ -364,17 +434,40 @@ captured graph holds from GraphHandle.event_record_nodes().)doc")
       .def("set_event", &EventRecordNode::set_event, py::arg("event"),
            "Make the task record `event` from the next replay on (aclmdlRITaskSetParams + aclmdlRIUpdate), so "
            "successive replays keep separate samples.")
-      .def_property_readonly("task", &EventRecordNode::task, "The aclmdlRITask as an int (after capture).");
+      .def_property_readonly(
+          "graph_event",
+          [](const EventRecordNode& n) -> AnyAs<"EventHandle | None"> {
+            return n.event() ? py::cast(n.event()) : py::none();
+          },
+          "Same as event: what the executable model records (the name the CUDA backend uses).")
+      .def_property_readonly("task", &EventRecordNode::task, "The aclmdlRITask as an int (after capture).")
+      .def_property_readonly("node", &EventRecordNode::task, "Same as task.");
 
   py::class_<GraphHandle>(m, "GraphHandle", R"doc(A handle on an aclmdlRI model (the Ascend device graph).
 GraphHandle() captures its own: capture_begin(stream), work on the stream, capture_end(),
 replay(stream). GraphHandle(model) wraps an existing aclmdlRI (not destroyed by the handle).)doc")
-      .def(py::init<uintptr_t>(), py::arg("model") = 0, "Wrap the aclmdlRI `model` (an int), or 0 to capture one.")
-      .def("capture_begin", &GraphHandle::capture_begin, py::arg("stream"), py::arg("device") = 0,
+      .def(py::init([](uintptr_t model, int device) { return GraphHandle(model, check_device_index(device, "device")); }),
+           py::arg("model") = 0, py::arg("device") = -1,
+           "Wrap the aclmdlRI `model` (an int), or 0 to capture one, on NPU `device` (-1: the current one).")
+      .def("capture_begin", &GraphHandle::capture_begin, py::arg("stream"),
            "Start capturing `stream` (aclmdlRICaptureBegin, global mode); ValueError for the default stream.")
       .def("capture_end", &GraphHandle::capture_end, "End the capture (aclmdlRICaptureEnd) and keep the model.")
       .def("replay", &GraphHandle::replay, py::arg("stream") = 0,
            "Launch the model on `stream` (aclmdlRIExecuteAsync); releases the GIL.")
+      .def("launch", &GraphHandle::replay, py::arg("stream") = 0, "Same as replay(stream).")
+      .def("instantiate", [](GraphHandle&) {},
+           "Nothing to do on ACL: a captured aclmdlRI model is executable as is, and event swaps are applied by "
+           "aclmdlRIUpdate when they are made.")
+      .def_property_readonly("modified", [](const GraphHandle&) { return false; },
+                             "Always False: ACL models are never changed structurally after capture.")
+      .def_property_readonly("timing_enabled", [](const GraphHandle&) { return true; },
+                             "Always True: the event-record tasks of a captured model always run.")
+      .def("set_timing_enabled", &GraphHandle::set_timing_enabled, py::arg("enabled"),
+           "True is a no-op; False raises NotImplementedError naming the ACL limit.")
+      .def("find_event_record_node", &GraphHandle::find_event_record_node, py::arg("event"),
+           "The EventRecordNodeHandle of the task that records `event`; ValueError when none does.")
+      .def("set_events", &GraphHandle::set_events, py::arg("nodes"), py::arg("events"),
+           "Swap events into several nodes of this graph with a single aclmdlRIUpdate.")
       .def("nodes", &GraphHandle::nodes,
            "Every task of the model in stream order as (task, type) with type kernel, event_record, event_wait, "
            "event_reset, value_write, value_wait or other (aclmdlRIGetStreams, aclmdlRIGetTasksByStream).")
@@ -382,6 +475,9 @@ replay(stream). GraphHandle(model) wraps an existing aclmdlRI (not destroyed by 
       .def("event_record_nodes", [](GraphHandle& g) { return g.event_record_nodes(live_events()); },
            "The event-record tasks of the model in order, as EventRecordNodeHandle.")
       .def("insert_event_record_node",
+           [](GraphHandle&, py::args, py::kwargs) -> void { throw AclUnsupported(kNoInsertAfterCapture); },
+           "Not possible on ACL: raises NotImplementedError naming the limit.")
+      .def("add_event_record_node",
            [](GraphHandle&, py::args, py::kwargs) -> void { throw AclUnsupported(kNoInsertAfterCapture); },
            "Not possible on ACL: raises NotImplementedError naming the limit.")
       .def("insert_timer_nodes",
