@@ -249,8 +249,22 @@ num_rows, num_logits, num_yoco_rows) describe the step.)doc")
              if (!engram_ngram_orders.is_none()) {
                e.orders = loose_ints(engram_ngram_orders, "engram_ngram_orders", 1);
                e.heads_per_order = engram_heads_per_order;
-               if (!engram_layer_seeds.is_none())
-                 for (auto v : loose_int64s(engram_layer_seeds, "engram_layer_seeds", 0)) e.layer_seeds.push_back(static_cast<uint64_t>(v));
+               if (!engram_layer_seeds.is_none()) {
+                 // Seeds are unsigned 64-bit: a list of ints in [0, 2^64).
+                 if (!py::isinstance<py::sequence>(engram_layer_seeds) || py::isinstance<py::str>(engram_layer_seeds))
+                   throw py::type_error("engram_layer_seeds: expected a sequence of ints");
+                 size_t i = 0;
+                 for (auto v : engram_layer_seeds) {
+                   if (!py::isinstance<py::int_>(v) && !py::hasattr(v, "__index__"))
+                     throw py::type_error("engram_layer_seeds[" + std::to_string(i) + "]: expected an int");
+                   py::int_ x(py::reinterpret_borrow<py::object>(v));
+                   if (x < py::int_(0) || x >= py::int_(1).attr("__lshift__")(64))
+                     throw py::value_error("engram_layer_seeds[" + std::to_string(i) + "]: must be in [0, 2**64), got " +
+                                           std::string(py::str(x)));
+                   e.layer_seeds.push_back(PyLong_AsUnsignedLongLong(x.ptr()));
+                   ++i;
+                 }
+               }
                if (!engram_table_sizes.is_none()) e.table_sizes = loose_int64s(engram_table_sizes, "engram_table_sizes", 1);
              }
              return std::make_unique<PrepareArgs>(block_size, max_model_len, std::move(gbs), yoco_mode, std::move(e),
