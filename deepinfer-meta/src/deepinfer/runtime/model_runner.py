@@ -10,9 +10,19 @@ from deepinfer.runtime.kv_cache import allocate_kv_caches
 from deepinfer.runtime.model_loader import LoadedModel
 
 
-def select_attention(device: torch.device, backend: str | None = None):  # type: ignore[no-untyped-def]
-    """The attention function for ``device``: ``"torch"`` (any device) or ``"triton"`` (CUDA)."""
-    choice = backend or ("triton" if device.type == "cuda" else "torch")
+def select_attention(device: torch.device, backend: str | None = None, block_size: int = 16):  # type: ignore[no-untyped-def]
+    """The attention function for ``device``: ``"torch"`` (any device) or ``"triton"`` (CUDA;
+    the default there when Triton is installed and block_size is a power of two >= 16)."""
+    if backend is None:
+        backend = "torch"
+        if device.type == "cuda" and block_size >= 16 and block_size & (block_size - 1) == 0:
+            try:
+                import triton  # noqa: F401
+
+                backend = "triton"
+            except ImportError:
+                pass
+    choice = backend
     if choice == "torch":
         from deepinfer.runtime.attention.torch_paged import paged_attention
 
@@ -20,6 +30,8 @@ def select_attention(device: torch.device, backend: str | None = None):  # type:
     if choice == "triton":
         if device.type != "cuda":
             raise ValueError(f"attention_backend='triton' needs a CUDA device, got {device}")
+        if block_size < 16 or block_size & (block_size - 1):
+            raise ValueError(f"attention_backend='triton' needs block_size a power of two >= 16, got {block_size}")
         from deepinfer.runtime.attention.triton_paged import paged_attention as triton_attention
 
         return triton_attention
@@ -37,7 +49,7 @@ class ModelRunner:
         self.block_size, self.num_blocks = block_size, num_blocks
         self.kv_caches = allocate_kv_caches(self.config, num_blocks, block_size, dtype, device)
         self.scratch_slot = num_blocks * block_size  # first slot of the extra scratch block
-        self.attention = select_attention(device, attention_backend)
+        self.attention = select_attention(device, attention_backend, block_size)
 
     def copy_blocks(self, src: np.ndarray, dst: np.ndarray) -> None:
         """Copy KV blocks ``src[i]`` -> ``dst[i]`` in every layer (fork of a partial block)."""

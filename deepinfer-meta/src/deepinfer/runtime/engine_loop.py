@@ -1,0 +1,214 @@
+"""The thin Python serving loop over the C++ engine.
+
+One step: the engine schedules, builds the model inputs and the sampler inputs; Python runs the
+model and the sampler, hands the tokens back, and detokenizes the request outputs the engine
+builds (finishing sequences whose text reached a stop string).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from deepinfer.runtime.detokenizer import IncrementalDetokenizer
+from deepinfer.runtime.model_runner import ModelRunner
+from deepinfer.runtime.sampler import prompt_logprobs, sample
+from deepinfer.runtime.sampler_inputs import sampling_batch_from_engine
+from deepinfer.runtime.sampling_params import SamplingParams
+
+
+@dataclass
+class EngineConfig:
+    """Scheduler and input-buffer sizes of an EngineLoop."""
+
+    block_size: int
+    num_blocks: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    vocab_size: int
+    eos_token_id: int
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    seed: int = 0
+
+
+@dataclass
+class _RequestState:
+    params: SamplingParams
+    prompt_ids: list[int]
+    detok: dict[int, IncrementalDetokenizer]  # by completion index
+    seen: dict[int, int]  # tokens already detokenized, by completion index
+    delta: bool = False  # outputs carry only new tokens; text gets only new characters
+
+
+class EngineLoop:
+    """Drives ``deepinfer._C.engine`` step by step for one ModelRunner and tokenizer."""
+
+    def __init__(self, runner: ModelRunner, tokenizer: Any, cfg: EngineConfig,
+                 extra_stop_token_ids: list[int] | None = None) -> None:
+        from deepinfer._C import engine as E
+
+        self._E = E
+        self.runner, self.tokenizer, self.cfg = runner, tokenizer, cfg
+        self.extra_stop_token_ids = list(extra_stop_token_ids or [])
+        self.scheduler = E.Scheduler(
+            block_size=cfg.block_size, num_blocks=cfg.num_blocks, max_num_seqs=cfg.max_num_seqs,
+            max_num_batched_tokens=cfg.max_num_batched_tokens, max_model_len=cfg.max_model_len,
+            vocab_size=cfg.vocab_size, eos_token_id=cfg.eos_token_id if cfg.eos_token_id >= 0 else None,
+            enable_chunked_prefill=cfg.enable_chunked_prefill,
+            enable_prefix_caching=cfg.enable_prefix_caching)
+        t = max(cfg.max_num_batched_tokens, cfg.max_num_seqs)
+        s = cfg.max_num_seqs
+        w = (cfg.max_model_len + cfg.block_size - 1) // cfg.block_size
+        self.buffers = {
+            "input_ids": np.zeros(t, np.int32), "positions": np.zeros(t, np.int32),
+            "slot_mapping": np.zeros(t, np.int64), "query_start_loc": np.zeros(s + 1, np.int32),
+            "seq_lens": np.zeros(s, np.int32), "block_tables": np.zeros((s, w), np.int32),
+            "logits_indices": np.zeros(t, np.int32),
+        }
+        self.args = E.PrepareArgs(block_size=cfg.block_size, max_model_len=cfg.max_model_len, **self.buffers)
+        self.metadata = E.SequenceMetadataPool()
+        self.sampler_inputs = E.SamplerInputs(cfg.seed)
+        self.output_pool = E.RequestOutputPool(4 * cfg.max_num_seqs)
+        self.requests: dict[str, _RequestState] = {}
+        self._ids = itertools.count()
+        self.num_steps = 0
+
+    # ---- requests ---------------------------------------------------------------------------
+    def new_request_id(self) -> str:
+        return f"req-{next(self._ids)}"
+
+    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+                    output_kind: str = "cumulative") -> None:
+        """Queue a request; ValueError (naming the problem) leaves the engine unchanged."""
+        if len(prompt_ids) == 0:
+            raise ValueError(f"request {request_id!r}: the prompt is empty (no tokens)")
+        params.check_vocab(self.cfg.vocab_size)
+        stop_ids = sorted(set(params.stop_token_ids or []) | set(self.extra_stop_token_ids))
+        self.scheduler.add_request(
+            request_id, np.asarray(prompt_ids, dtype=np.int32), arrival_time=time.time(),
+            n=params.n, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+            min_p=params.min_p, presence_penalty=params.presence_penalty,
+            frequency_penalty=params.frequency_penalty, repetition_penalty=params.repetition_penalty,
+            seed=params.seed, stop_token_ids=stop_ids, ignore_eos=params.ignore_eos,
+            max_tokens=params.max_tokens, min_tokens=params.min_tokens,
+            logprobs=params.logprobs, prompt_logprobs=params.prompt_logprobs,
+            logit_bias=dict(params.logit_bias or {}), output_kind=output_kind)
+        self.requests[request_id] = _RequestState(params, list(prompt_ids), {}, {}, output_kind == "delta")
+
+    def abort(self, request_id: str) -> None:
+        """Abort an unfinished request (its next output reports finish_reason 'abort')."""
+        if request_id in self.requests:
+            try:
+                self.scheduler.abort_request(request_id)
+            except ValueError:  # already finished and released by the engine
+                self.requests.pop(request_id, None)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    # ---- one step ---------------------------------------------------------------------------
+    def step(self) -> list[Any]:
+        """Run one engine step; returns the RequestOutputs updated by it (text filled in)."""
+        E, runner = self._E, self.runner
+        out = self.scheduler.schedule()
+        self.num_steps += 1
+        copies = np.asarray(out.blocks_to_copy).reshape(-1, 2)
+        if len(copies):
+            runner.copy_blocks(copies[:, 0], copies[:, 1])
+        self.metadata.build(self.scheduler)
+        if len(self.metadata):
+            if out.num_decodes == len(self.metadata):
+                n_tokens = E.prepare_decode_v4(self.args, self.metadata)
+            else:
+                n_tokens = E.prepare_prompt_v4(self.args, self.metadata)
+            self._run_model(n_tokens)
+        else:
+            self.scheduler.update(np.zeros(0, np.int32))
+        return self._collect_outputs()
+
+    def _run_model(self, n_tokens: int) -> None:
+        E, b, args = self._E, self.buffers, self.args
+        si = E.prepare_sampler_inputs(args, self.metadata, self.sampler_inputs)
+        n_seqs = args.num_seqs if args.num_rows == 0 else args.num_rows
+        logits = self.runner.execute(
+            input_ids=b["input_ids"][:n_tokens], positions=b["positions"][:n_tokens],
+            slot_mapping=b["slot_mapping"][:n_tokens], query_start_loc=b["query_start_loc"][:n_seqs + 1],
+            seq_lens=b["seq_lens"][:n_seqs], block_tables=b["block_tables"][:n_seqs],
+            logits_indices=b["logits_indices"][:args.num_logits])
+        pl = si.prompt_logprobs
+        if pl.num_rows:
+            rows = torch.from_numpy(np.array(pl.logits_rows, dtype=np.int64)).to(logits.device)
+            k = max(int(pl.max_num_logprobs), 0)
+            lp, ids, vals = prompt_logprobs(logits[rows], torch.from_numpy(np.array(pl.target_token_ids)), k)
+            E.update_prompt_logprobs(self.scheduler, si, lp.cpu().numpy(),
+                                     None if ids is None else ids.to(torch.int32).cpu().numpy(),
+                                     None if vals is None else vals.cpu().numpy())
+        rows, batch = sampling_batch_from_engine(si, logits.device)
+        res = sample(logits[rows], batch)
+        real = si.driver.num_real_rows
+        tokens = res.tokens[:real].to(torch.int32).cpu().numpy()
+        if res.logprobs is None:
+            self.scheduler.update(tokens)
+        else:
+            k = max(batch.max_logprobs, 0)
+            self.scheduler.update(
+                tokens, res.logprobs[:real].cpu().numpy(),
+                None if res.topk_ids is None else res.topk_ids[:real].to(torch.int32).cpu().numpy(),
+                None if res.topk_logprobs is None else res.topk_logprobs[:real].cpu().numpy(), k)
+
+    # ---- outputs ----------------------------------------------------------------------------
+    def _detokenizer(self, state: _RequestState, index: int) -> IncrementalDetokenizer:
+        d = state.detok.get(index)
+        if d is None:
+            p = state.params
+            d = state.detok[index] = IncrementalDetokenizer(
+                self.tokenizer, state.prompt_ids, skip_special_tokens=p.skip_special_tokens,
+                stop=p.stop_strings, include_stop_str_in_output=p.include_stop_str_in_output)
+            state.seen[index] = 0
+        return d
+
+    def _seq_id(self, request_id: str, index: int) -> int:
+        # Only on a stop-string hit (rare): find the sample's live sequence.
+        for seq in self.scheduler.get_sequences(request_id):
+            if seq.sample_index == index:
+                return int(seq.seq_id)
+        raise RuntimeError(f"request {request_id!r} has no live sample {index}")
+
+    def _collect_outputs(self) -> list[Any]:
+        outputs = list(self._E.build_request_outputs(self.scheduler, self.output_pool))
+        stopped = False
+        for ro in outputs:
+            state = self.requests.get(ro.request_id)
+            if state is None:
+                continue
+            for c in ro.outputs:
+                d = self._detokenizer(state, c.index)
+                ids = list(c.token_ids)
+                new = ids if state.delta else ids[state.seen[c.index]:]
+                state.seen[c.index] += len(new)
+                if new and not d.finished and d.append(new) is not None and c.finish_reason is None:
+                    self.scheduler.stop_sequence(self._seq_id(ro.request_id, c.index), d.stop_reason,
+                                                 d.num_output_tokens)
+                    stopped = True
+        if stopped:  # the engine re-reports the groups a stop string finished
+            again = {ro.request_id: ro for ro in self._E.build_request_outputs(self.scheduler, self.output_pool)}
+            outputs = [again.get(ro.request_id, ro) for ro in outputs]
+        for ro in outputs:
+            state = self.requests.get(ro.request_id)
+            if state is None:
+                continue
+            for c in ro.outputs:
+                d = self._detokenizer(state, c.index)
+                if c.finish_reason is not None:
+                    d.finish()
+                c.text = d.take_delta() if state.delta else d.text
+            if ro.finished:
+                del self.requests[ro.request_id]
+        return outputs
