@@ -2,6 +2,8 @@
 
 Each iteration allocates a tensor and drops it; the figure includes the free. torch.empty
 is served from torch's caching allocator after the first call, so it measures a cache hit.
+The bare-capsule column allocates and frees through the native module alone (no torch),
+which is the driver's share of alloc_tensor's cost.
 
     python bench/cuda_alloc_bench.py [--iters 2000]
 """
@@ -32,13 +34,18 @@ def main() -> None:
 
     import torch
     from deepinfer._C.cuda_utils import alloc_tensor
+    from deepinfer_cuda._native import cuda_utils as native
 
     torch.empty(1, device="cuda")
     for numel in (1 << 10, 1 << 20, 1 << 26):
         mib = numel * 2 / (1 << 20)
         a = per_call_us(lambda n=numel: alloc_tensor((n,), torch.float16, 0), args.iters)
         b = per_call_us(lambda n=numel: torch.empty((n,), dtype=torch.float16, device="cuda"), args.iters)
-        print(f"{mib:10.3f} MiB  alloc_tensor {a:8.1f} us   torch.empty {b:6.1f} us")
+        c = per_call_us(lambda n=numel: native.alloc_bytes(2 * n, 0), args.iters)  # no torch
+        print(
+            f"{mib:10.3f} MiB  alloc_tensor {a:8.1f} us   torch.empty {b:6.1f} us   "
+            f"(of which cuMemAlloc+cuMemFree via the bare capsule: {c:8.1f} us)"
+        )
 
 
 if __name__ == "__main__":
