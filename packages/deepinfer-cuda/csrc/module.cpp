@@ -21,4 +21,9 @@ PYBIND11_MODULE(_native, m) {
   auto graph_timer = m.def_submodule("graph_timer", "Timing events and handles on captured CUDA graphs");
   deepinfer_cuda::bind_events(graph_timer);
   deepinfer_cuda::bind_graph(graph_timer);
+
+  // Importable by name (`import deepinfer_cuda._native.graph_timer`, stub generators).
+  auto modules = py::module_::import("sys").attr("modules");
+  modules["deepinfer_cuda._native.cuda_utils"] = cuda_utils;
+  modules["deepinfer_cuda._native.graph_timer"] = graph_timer;
 }

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Union
 
 from deepinfer_cuda._native import CudaError
 from deepinfer_cuda._native import cuda_utils as _native
 
 if TYPE_CHECKING:
     import torch
+
+#: What ``device`` arguments accept: an index, "cuda"/"cuda:N", a torch.device, or None.
+DeviceLike = Union[int, str, "torch.device", None]
 
 __all__ = ["CudaError", "CudaIpcHandle", "alloc_tensor", "export_ipc_tensor", "import_ipc_tensor"]
 
@@ -77,7 +81,7 @@ def _bytes_as(capsule: Any, dtype: torch.dtype) -> torch.Tensor:
     return raw if dtype == raw.dtype else raw.view(dtype)
 
 
-def alloc_tensor(shape: Any, dtype: Any, device: Any = None) -> torch.Tensor:
+def alloc_tensor(shape: int | Sequence[int], dtype: torch.dtype, device: DeviceLike = None) -> torch.Tensor:
     """A new uninitialised, contiguous CUDA tensor over memory from ``cuMemAlloc``.
 
     The memory is outside torch's caching allocator (``torch.cuda.memory_allocated`` does

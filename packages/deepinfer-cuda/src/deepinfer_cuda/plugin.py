@@ -24,10 +24,7 @@ PRIORITY = 100
 
 def load() -> ModuleType:
     """Import the backend; the returned module has ``cuda_utils`` and ``graph_timer``."""
-    package = importlib.import_module("deepinfer_cuda")
-    importlib.import_module("deepinfer_cuda.cuda_utils")
-    importlib.import_module("deepinfer_cuda.graph_timer")
-    return package
+    return importlib.import_module("deepinfer_cuda.backend")
 
 
 @hookimpl
