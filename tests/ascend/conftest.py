@@ -3,7 +3,7 @@
 Every test here runs against tests/ascend/fake_acl/fake_ascendcl.c compiled by the session
 fixture; the backend is pointed at it with DEEPINFER_ASCEND_LIBRARY. These tests check what
 the backend asks of ACL (the call log) and how it reports ACL errors, so in the hardware
-session (DEEPINFER_TEST_ASCEND_HARDWARE=1) they are skipped and the conformance suite runs
+session (DEEPINFER_ASCEND_REAL=1) they are skipped and the conformance suite runs
 against the real library instead.
 """
 
@@ -39,7 +39,7 @@ fakeacl = _fakeacl()
 def fake_library() -> Path:
     if fakeacl.use_real_hardware():
         pytest.skip(
-            "hardware session (DEEPINFER_TEST_ASCEND_HARDWARE=1): these tests check the fake ACL's call log"
+            "hardware session (DEEPINFER_ASCEND_REAL=1): these tests check the fake ACL's call log"
         )
     library = fakeacl.build_fake_library()
     os.environ["DEEPINFER_ASCEND_LIBRARY"] = str(library)
@@ -130,4 +130,4 @@ def stream(fake) -> int:
     assert fake.aclrtSetDevice(0) == 0  # streams need a device set on this thread
     s = ctypes.c_void_p()
     assert fake.aclrtCreateStream(ctypes.byref(s)) == 0
-    return int(s.value)
+    return int(s.value or 0)

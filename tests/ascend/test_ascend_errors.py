@@ -6,6 +6,7 @@ import gc
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 import torch
@@ -117,8 +118,8 @@ def test_injected_error_names_call_and_code(native, fake, stream, inject, call, 
     inject(call, CODE)
     with pytest.raises(native.AclError) as info:
         operation(native, fake, stream)
-    err = info.value
-    assert isinstance(err, RuntimeError)
+    assert isinstance(info.value, RuntimeError)
+    err: Any = info.value
     assert (err.call, err.code) == (call, CODE)
     assert str(err) == f"{call} failed with ACL error {CODE}"
 

@@ -8,6 +8,7 @@ import pickle
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import pytest
 import torch
@@ -141,6 +142,7 @@ def test_pid_allow_list_admits_the_listed_process(native):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
+    assert child.stdout is not None
     assert child.stdout.read(2) == b"go"
     h = cu.export_ipc_tensor(t, importer_pids=[child.pid])
     script = CHILD.replace(
@@ -165,7 +167,7 @@ def test_import_validates_every_field(native):
     cu = native.cuda_utils
     t = cu.alloc_tensor((8,), torch.float32, 0)
     good = cu.export_ipc_tensor(t)
-    cases = [
+    cases: list[tuple[dict[str, Any], type[Exception], str]] = [
         ({"backend": "cuda"}, ValueError, "exported by another backend"),
         ({"offset": 8 * 4}, ValueError, "outside its 32-byte allocation"),
         ({"shape": (9,)}, ValueError, "outside its 32-byte allocation"),

@@ -118,11 +118,10 @@ class AscendAdapter(Adapter):
             rc = lib.aclrtCreateStream(ctypes.byref(stream))
             assert rc == 0, f"aclrtCreateStream failed with {rc}"
             return int(stream.value or 0)
-        import torch
-        import torch_npu  # noqa: F401
+        import torch_npu
 
         self._streams = getattr(self, "_streams", [])
-        stream = torch.npu.Stream()
+        stream = torch_npu.npu.Stream()
         self._streams.append(stream)
         return int(stream.npu_stream)
 
@@ -136,13 +135,10 @@ class AscendAdapter(Adapter):
             assert rc == 0
             return ms
         import torch
-        import torch_npu  # noqa: F401
+        import torch_npu
 
-        ctx = (
-            torch.npu.stream(torch.npu.ExternalStream(stream))
-            if stream
-            else contextlib.nullcontext()
-        )
+        npu = torch_npu.npu
+        ctx = npu.stream(npu.ExternalStream(stream)) if stream else contextlib.nullcontext()
         with ctx:
             a = torch.randn(2048, 2048, device="npu")
             for _ in range(max(1, int(ms))):

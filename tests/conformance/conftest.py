@@ -4,7 +4,7 @@ Each backend is loaded the way the registry loads it, through its plugin:
 ``deepinfer_<name>.plugin.deepinfer_backend()["load"]()``. A backend whose wheel is not
 installed is skipped with that reason; one whose probe says unavailable is skipped with the
 probe's reason. On machines without an NPU the Ascend backend runs against the fake
-``libascendcl.so`` of tests/ascend/fake_acl (set DEEPINFER_TEST_ASCEND_HARDWARE=1 to use the
+``libascendcl.so`` of tests/ascend/fake_acl (set DEEPINFER_ASCEND_REAL=1 to use the
 real library instead). Per-backend facts live in backends.py.
 
 Select backends with DEEPINFER_CONFORMANCE_BACKENDS=cuda,ascend (default: all known).

@@ -129,7 +129,9 @@ def test_bad_shape(backend, shape, exc):
         backend.cuda_utils.alloc_tensor(shape, torch.float32, 0)
 
 
-@pytest.mark.parametrize("dtype", ["not_a_dtype", 3, None, object()], ids=["str", "int", "none", "object"])
+@pytest.mark.parametrize(
+    "dtype", ["not_a_dtype", 3, None, object()], ids=["str", "int", "none", "object"]
+)
 def test_bad_dtype(backend, dtype):
     with pytest.raises(TypeError, match="dtype"):
         backend.cuda_utils.alloc_tensor((2,), dtype, 0)

@@ -179,7 +179,6 @@ void bind_cuda_utils(py::module_& m) {
   m.doc() = "Device memory outside torch's caching allocator, and IPC sharing of it, on AscendCL.";
   m.def("alloc_tensor", &alloc_tensor, py::arg("shape"), py::arg("dtype"), py::arg("device"),
         R"doc(Allocate an uninitialised contiguous tensor with aclrtMalloc, outside torch's caching allocator.
-
 shape: sequence of non-negative ints. dtype: torch.dtype or its name (float32, float16,
 bfloat16, float64, int8, int16, int32, int64, uint8, bool). device: NPU index, "npu:N" or a
 torch.device. Returns a torch tensor (handed over as a DLPack capsule) whose memory is
@@ -187,7 +186,6 @@ released with aclrtFree when the tensor and every view and IPC export of it are 
 Raises TypeError/ValueError naming the bad argument, AclError naming the failed ACL call.)doc");
   m.def("export_ipc_tensor", &export_ipc_tensor, py::arg("tensor"), py::arg("importer_pids") = py::none(),
         R"doc(Share a tensor from alloc_tensor with other processes.
-
 Returns a picklable dict: backend, key (aclrtIpcMemGetExportKey of the whole allocation),
 offset (bytes of the tensor in it), size, shape, strides, dtype, device, pid. Without
 importer_pids the key is exported with pid validation disabled; with a list of pids it is
@@ -197,7 +195,6 @@ Raises TypeError for a non-tensor, ValueError for memory that is not from alloc_
 an empty tensor, AclError for a failed ACL call.)doc");
   m.def("import_ipc_tensor", &import_ipc_tensor, py::arg("handle"),
         R"doc(Map a tensor that another process exported with export_ipc_tensor.
-
 The key is imported once per process (aclrtIpcMemImportByKey with peer access enabled),
 shared by every tensor imported from it, and closed (aclrtIpcMemClose) when the last of
 them dies. A handle exported by this same process returns a tensor over the original

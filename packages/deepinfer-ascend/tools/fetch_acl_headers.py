@@ -1,6 +1,7 @@
 """Fetch the AscendCL headers that the torch-npu wheel ships, without installing torch-npu.
 
     python tools/fetch_acl_headers.py DEST [--version 2.14.0] [--wheel PATH]
+    python tools/fetch_acl_headers.py --dest DEST ...
 
 Downloads the wheel with ``pip download --no-deps`` (or uses ``--wheel``) and unpacks
 ``torch_npu/include/acl/**`` into ``DEST/acl``. Build with ``-DACL_INCLUDE_DIR=DEST``
@@ -59,13 +60,16 @@ def download_wheel(version: str, into: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("dest", type=Path, help="folder that will hold acl/acl.h")
+    parser.add_argument("dest", type=Path, nargs="?", help="folder that will hold acl/acl.h")
+    parser.add_argument("--dest", type=Path, dest="dest_option", help="same as the positional DEST")
     parser.add_argument("--version", default="2.14.0", help="torch-npu version to download")
     parser.add_argument(
         "--wheel", type=Path, help="use this torch-npu wheel instead of downloading"
     )
     args = parser.parse_args(argv)
-    dest = args.dest.resolve()
+    if (args.dest is None) == (args.dest_option is None):
+        parser.error("give the destination folder once: DEST or --dest DEST")
+    dest = (args.dest or args.dest_option).resolve()
     if (dest / "acl" / "acl.h").is_file():
         print(dest)
         return 0

@@ -5,8 +5,9 @@ packages). The library is compiled once per source/header content into a fixed f
 under the temp dir, as ``<folder>/lib64/libascendcl.so``, so every test process in a run
 uses the same file (the backend keeps the first library it opened for the whole process).
 The C compiler is ``$CC`` or ``cc``; the ACL headers come from ``DEEPINFER_ACL_INCLUDE``,
-``ASCEND_TOOLKIT_HOME/include``, an installed torch_npu, or ``build/dev/ascend-acl`` (what
-``packages/deepinfer-ascend/tools/fetch_acl_headers.py build/dev/ascend-acl`` writes).
+``ASCEND_TOOLKIT_HOME/include``, an installed torch_npu, or ``build/acl-include`` (what
+``packages/deepinfer-ascend/tools/fetch_acl_headers.py build/acl-include`` writes, as the
+nox build session does).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 
 SOURCE = Path(__file__).with_name("fake_ascendcl.c")
 REPO_ROOT = Path(__file__).resolve().parents[3]
-HARDWARE_ENV = "DEEPINFER_TEST_ASCEND_HARDWARE"
+HARDWARE_ENV = "DEEPINFER_ASCEND_REAL"
 
 
 class FakeAclBuildError(RuntimeError):
@@ -38,14 +39,14 @@ def acl_include_dir() -> Path:
     spec = importlib.util.find_spec("torch_npu")
     if spec is not None and spec.origin:
         candidates.append(Path(spec.origin).parent / "include")
-    candidates.append(REPO_ROOT / "build" / "dev" / "ascend-acl")
+    candidates.append(REPO_ROOT / "build" / "acl-include")  # where `nox -s build` fetches them
     for folder in candidates:
         if (folder / "acl" / "acl.h").is_file():
             return folder
     raise FakeAclBuildError(
         "the ACL headers needed to compile the fake libascendcl.so were not found (tried "
         + ", ".join(map(str, candidates))
-        + "); run: python packages/deepinfer-ascend/tools/fetch_acl_headers.py build/dev/ascend-acl"
+        + "); run: python packages/deepinfer-ascend/tools/fetch_acl_headers.py build/acl-include"
     )
 
 
@@ -91,5 +92,6 @@ def build_fake_library() -> Path:
 
 
 def use_real_hardware() -> bool:
-    """True in the hardware session (nox -s tests_ascend_hardware): no fake, the real library."""
+    """True in the hardware session (nox -s tests_ascend_hardware sets DEEPINFER_ASCEND_REAL=1):
+    no fake, the real library."""
     return os.environ.get(HARDWARE_ENV, "") not in ("", "0")
