@@ -2,8 +2,8 @@
 
 Each iteration allocates a tensor and drops it; the figure includes the free. torch.empty
 is served from torch's caching allocator after the first call, so it measures a cache hit.
-The bare-capsule column allocates and frees through the native module alone (no torch),
-which is the driver's share of alloc_tensor's cost.
+The bare-capsule column allocates and frees through the native module alone (no torch,
+no DLPack import): the driver's cuMemAlloc + cuMemFree.
 
     python bench/cuda_alloc_bench.py [--iters 2000]
 """
@@ -44,7 +44,7 @@ def main() -> None:
         c = per_call_us(lambda n=numel: native.alloc_bytes(2 * n, 0), args.iters)  # no torch
         print(
             f"{mib:10.3f} MiB  alloc_tensor {a:8.1f} us   torch.empty {b:6.1f} us   "
-            f"(of which cuMemAlloc+cuMemFree via the bare capsule: {c:8.1f} us)"
+            f"bare capsule, no torch {c:8.1f} us"
         )
 
 
