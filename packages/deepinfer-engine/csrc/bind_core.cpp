@@ -5,10 +5,13 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <pybind11/typing.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
+#include <variant>
 #include <string>
 
 #include "bindings.h"
@@ -108,10 +111,10 @@ py::list logprob_dicts(const int32_t* ids, const float* vals, size_t count, size
   return out;
 }
 
-py::dict scheduler_stats(const Scheduler& s) {
+py::typing::Dict<py::str, py::object> scheduler_stats(const Scheduler& s) {
   const SchedulerStats st = s.stats();
   const BlockManagerStats b = const_cast<Scheduler&>(s).block_manager().stats();
-  py::dict d;
+  py::typing::Dict<py::str, py::object> d;
   d["num_running"] = st.num_running;
   d["num_waiting"] = st.num_waiting;
   d["num_preempted"] = st.num_preempted;
@@ -345,7 +348,7 @@ void bind_core(py::module_& m) {
       "state slots. Step: schedule() -> inputs/model -> update(tokens) -> build_request_outputs / "
       "get_finished_seqs_info.")
       .def(py::init([](int32_t num_blocks, int32_t block_size, int32_t max_num_seqs, int32_t max_num_batched_tokens,
-                       int32_t max_model_len, int32_t vocab_size, const py::object& eos_token_id,
+                       int32_t max_model_len, int32_t vocab_size, std::optional<int64_t> eos_token_id,
                        bool enable_chunked_prefill, int32_t long_prefill_token_threshold, const std::string& policy,
                        bool enable_prefix_caching, double watermark, int32_t num_lookahead_slots,
                        int32_t num_state_slots, int32_t hash_bits) {
@@ -365,8 +368,8 @@ void bind_core(py::module_& m) {
              c.max_num_batched_tokens = max_num_batched_tokens;
              c.max_model_len = max_model_len;
              c.vocab_size = vocab_size;
-             if (!eos_token_id.is_none()) {
-               const int64_t e = eos_token_id.cast<int64_t>();
+             if (eos_token_id) {
+               const int64_t e = *eos_token_id;
                if (e < 0 || e >= vocab_size)
                  buf::fail("eos_token_id", std::to_string(e) + " is outside the vocabulary [0, " + std::to_string(vocab_size) + ")");
                c.eos_token_id = static_cast<int32_t>(e);
@@ -416,11 +419,11 @@ void bind_core(py::module_& m) {
           "add_request",
           [](Scheduler& s, const std::string& request_id, const py::object& prompt_token_ids, int32_t n,
              float temperature, float top_p, int32_t top_k, float min_p, float presence_penalty,
-             float frequency_penalty, float repetition_penalty, const py::object& seed,
+             float frequency_penalty, float repetition_penalty, std::optional<int64_t> seed,
              const py::object& stop_token_ids, bool ignore_eos, int32_t max_tokens, int32_t min_tokens,
-             const py::object& logprobs, const py::object& prompt_logprobs, const py::object& logit_bias,
+             std::optional<int32_t> logprobs, std::optional<int32_t> prompt_logprobs, const py::object& logit_bias,
              const py::object& allowed_token_ids, const py::object& banned_token_ids, int32_t priority,
-             const std::string& output_kind, const py::object& arrival_time, const py::object& eos_token_id) {
+             const std::string& output_kind, std::optional<double> arrival_time, std::optional<int64_t> eos_token_id) {
             const int32_t vocab = s.config().vocab_size;
             if (request_id == kPlaceholderRequestId) buf::fail("request_id", "'" + request_id + "' is reserved for padding rows");
             if (s.has_request(request_id)) buf::fail("request_id", "'" + request_id + "' is already in use");
@@ -439,16 +442,19 @@ void bind_core(py::module_& m) {
             p.presence_penalty = presence_penalty;
             p.frequency_penalty = frequency_penalty;
             p.repetition_penalty = repetition_penalty;
-            if (!seed.is_none()) {
+            if (seed) {
               p.has_seed = true;
-              p.seed = seed.cast<int64_t>();
+              p.seed = *seed;
             }
             p.stop_token_ids = token_set(stop_token_ids, "stop_token_ids", vocab);
             p.ignore_eos = ignore_eos;
             p.max_tokens = max_tokens;
             p.min_tokens = min_tokens;
-            p.logprobs = logprobs.is_none() ? -1 : logprobs.cast<int32_t>();
-            p.prompt_logprobs = prompt_logprobs.is_none() ? -1 : prompt_logprobs.cast<int32_t>();
+            p.logprobs = logprobs ? *logprobs : -1;
+            if (logprobs && *logprobs < 0) buf::fail("logprobs", std::to_string(*logprobs) + " must be >= 0 (or None)");
+            p.prompt_logprobs = prompt_logprobs ? *prompt_logprobs : -1;
+            if (prompt_logprobs && *prompt_logprobs < 0)
+              buf::fail("prompt_logprobs", std::to_string(*prompt_logprobs) + " must be >= 0 (or None)");
             if (!logit_bias.is_none()) {
               if (!py::isinstance<py::dict>(logit_bias))
                 throw py::type_error("logit_bias: expected a dict {token_id: bias}, got " +
@@ -473,13 +479,13 @@ void bind_core(py::module_& m) {
             if (n > s.config().max_num_seqs)
               buf::fail("n", std::to_string(n) + " exceeds max_num_seqs " + std::to_string(s.config().max_num_seqs));
             int32_t eos = s.config().eos_token_id;
-            if (!eos_token_id.is_none()) {
-              const int64_t e = eos_token_id.cast<int64_t>();
+            if (eos_token_id) {
+              const int64_t e = *eos_token_id;
               if (e < 0 || e >= vocab)
                 buf::fail("eos_token_id", std::to_string(e) + " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
               eos = static_cast<int32_t>(e);
             }
-            const double arrival = arrival_time.is_none() ? s.now() : arrival_time.cast<double>();
+            const double arrival = arrival_time ? *arrival_time : s.now();
             const GroupIndex g = s.add_request(request_id, prompt.data(), static_cast<int32_t>(prompt.size()), p, arrival, eos);
             return s.store().seq(s.store().groups[g].seqs[0]).seq_id;
           },
@@ -501,11 +507,10 @@ void bind_core(py::module_& m) {
           "nothing is queued then.")
       .def(
           "abort_request",
-          [](Scheduler& s, const py::object& request_ids) {
+          [](Scheduler& s, const std::variant<std::string, std::vector<std::string>>& request_ids) {
             std::vector<std::string> ids;
-            if (py::isinstance<py::str>(request_ids)) ids.push_back(request_ids.cast<std::string>());
-            else
-              for (auto r : request_ids) ids.push_back(r.cast<std::string>());
+            if (std::holds_alternative<std::string>(request_ids)) ids.push_back(std::get<std::string>(request_ids));
+            else ids = std::get<std::vector<std::string>>(request_ids);
             for (const auto& id : ids)
               if (!s.has_request(id)) buf::fail("request_id", "unknown request id '" + id + "'");
             int32_t n = 0;
@@ -608,7 +613,7 @@ void bind_core(py::module_& m) {
           [](py::object self, const std::string& request_id) {
             Scheduler& s = self.cast<Scheduler&>();
             if (!s.has_request(request_id)) buf::fail("request_id", "unknown request id '" + request_id + "'");
-            py::list out;
+            py::typing::List<SeqHandle> out;
             for (SeqIndex i : s.store().groups[s.group_index(request_id)].seqs)
               out.append(SeqHandle{self, &s, s.store().seq(i).seq_id});
             return out;
@@ -660,8 +665,7 @@ void bind_core(py::module_& m) {
   // ---------------------------------------------------------------- fork
   m.def(
       "clone_and_zero_states_and_blocks",
-      [](py::object sched_obj, int64_t seq_id, int32_t num_children) {
-        Scheduler& s = sched_obj.cast<Scheduler&>();
+      [](Scheduler& s, int64_t seq_id, int32_t num_children) {
         const SeqIndex i = seq_index_or_raise(s, seq_id);
         const Sequence& q = s.store().seq(i);
         if (q.status != SequenceStatus::RUNNING)
@@ -694,64 +698,6 @@ void bind_core(py::module_& m) {
   py::class_<RequestOutputData> ro(m, "RequestOutput",
                                    "Output of one request after a step (from build_request_outputs; pooled). "
                                    "Fields are read on access; ``completion.text`` is written by the detokenizer.");
-  ro.def_readonly("request_id", &RequestOutputData::request_id, "The request id.")
-      .def_property_readonly(
-          "prompt_token_ids",
-          [](const RequestOutputData& d) {
-            py::list l;
-            if (d.prompt_token_ids)
-              for (int32_t t : *d.prompt_token_ids) l.append(t);
-            return l;
-          },
-          "list[int]: the prompt.")
-      .def_readonly("finished", &RequestOutputData::finished, "Whether every sample finished.")
-      .def_property_readonly(
-          "outputs",
-          [](py::object self) {
-            auto& d = self.cast<RequestOutputData&>();
-            py::list l;
-            for (int32_t i = 0; i < d.num_completions; ++i)
-              l.append(py::cast(&d.completions[i], py::return_value_policy::reference_internal, self));
-            return l;
-          },
-          "list[RequestOutput.Completion]: one per sample in this output (delta kind: those with new tokens).")
-      .def_property_readonly(
-          "prompt_logprobs",
-          [](const RequestOutputData& d) -> py::object {
-            if (d.prompt_logprobs_per_token == 0) return py::none();
-            py::list out;
-            int32_t pos = d.prompt_logprobs_start;
-            if (pos == 0 && d.prompt_logprobs_end > 0) {
-              out.append(py::none());
-              pos = 1;
-            }
-            const size_t per = d.prompt_logprobs_per_token;
-            const size_t count = d.prompt_logprobs_end > pos ? d.prompt_logprobs_end - pos : 0;
-            py::list rest = logprob_dicts(d.prompt_logprob_token_ids.data(), d.prompt_logprob_values.data(), count, per);
-            for (auto x : rest) out.append(x);
-            return out;
-          },
-          "None when not requested; else a list over the prompt positions covered (None for position 0, "
-          "then {token_id: logprob} with the prompt token first).")
-      .def_property_readonly(
-          "metrics",
-          [](const RequestOutputData& d) {
-            py::dict m;
-            auto t = [](double v) -> py::object { return v > 0 ? py::object(py::float_(v)) : py::object(py::none()); };
-            m["arrival_time"] = d.metrics.arrival_time;
-            m["first_scheduled_time"] = t(d.metrics.first_scheduled_time);
-            m["first_token_time"] = t(d.metrics.first_token_time);
-            m["finished_time"] = t(d.metrics.finished_time);
-            m["num_cached_tokens"] = d.metrics.num_cached_tokens;
-            return m;
-          },
-          "dict: arrival_time, first_scheduled_time, first_token_time, finished_time (time.time() seconds or "
-          "None), num_cached_tokens (prefix-cache hit tokens).")
-      .def("__repr__", [](const RequestOutputData& d) {
-        return "RequestOutput(request_id='" + d.request_id + "', outputs=" + std::to_string(d.num_completions) +
-               ", finished=" + (d.finished ? "True" : "False") + ")";
-      });
-
   py::class_<CompletionData>(ro, "Completion", "One sample of a RequestOutput (vLLM's CompletionOutput).")
       .def_readonly("index", &CompletionData::index, "Sample index in the request (0..n-1).")
       .def_property_readonly(
@@ -780,6 +726,64 @@ void bind_core(py::module_& m) {
                              "Whether this sample finished.")
       .def_readwrite("text", &CompletionData::text, "Text, written by the Python detokenizer ('' until then).");
 
+  ro.def_readonly("request_id", &RequestOutputData::request_id, "The request id.")
+      .def_property_readonly(
+          "prompt_token_ids",
+          [](const RequestOutputData& d) {
+            py::list l;
+            if (d.prompt_token_ids)
+              for (int32_t t : *d.prompt_token_ids) l.append(t);
+            return l;
+          },
+          "list[int]: the prompt.")
+      .def_readonly("finished", &RequestOutputData::finished, "Whether every sample finished.")
+      .def_property_readonly(
+          "outputs",
+          [](py::object self) {
+            auto& d = self.cast<RequestOutputData&>();
+            py::typing::List<CompletionData> l;
+            for (int32_t i = 0; i < d.num_completions; ++i)
+              l.append(py::cast(&d.completions[i], py::return_value_policy::reference_internal, self));
+            return l;
+          },
+          "list[RequestOutput.Completion]: one per sample in this output (delta kind: those with new tokens).")
+      .def_property_readonly(
+          "prompt_logprobs",
+          [](const RequestOutputData& d) -> py::object {
+            if (d.prompt_logprobs_per_token == 0) return py::none();
+            py::list out;
+            int32_t pos = d.prompt_logprobs_start;
+            if (pos == 0 && d.prompt_logprobs_end > 0) {
+              out.append(py::none());
+              pos = 1;
+            }
+            const size_t per = d.prompt_logprobs_per_token;
+            const size_t count = d.prompt_logprobs_end > pos ? d.prompt_logprobs_end - pos : 0;
+            py::list rest = logprob_dicts(d.prompt_logprob_token_ids.data(), d.prompt_logprob_values.data(), count, per);
+            for (auto x : rest) out.append(x);
+            return out;
+          },
+          "None when not requested; else a list over the prompt positions covered (None for position 0, "
+          "then {token_id: logprob} with the prompt token first).")
+      .def_property_readonly(
+          "metrics",
+          [](const RequestOutputData& d) {
+            py::typing::Dict<py::str, py::object> m;
+            auto t = [](double v) -> py::object { return v > 0 ? py::object(py::float_(v)) : py::object(py::none()); };
+            m["arrival_time"] = d.metrics.arrival_time;
+            m["first_scheduled_time"] = t(d.metrics.first_scheduled_time);
+            m["first_token_time"] = t(d.metrics.first_token_time);
+            m["finished_time"] = t(d.metrics.finished_time);
+            m["num_cached_tokens"] = d.metrics.num_cached_tokens;
+            return m;
+          },
+          "dict: arrival_time, first_scheduled_time, first_token_time, finished_time (time.time() seconds or "
+          "None), num_cached_tokens (prefix-cache hit tokens).")
+      .def("__repr__", [](const RequestOutputData& d) {
+        return "RequestOutput(request_id='" + d.request_id + "', outputs=" + std::to_string(d.num_completions) +
+               ", finished=" + (d.finished ? "True" : "False") + ")";
+      });
+
   py::class_<RequestOutputPool>(m, "RequestOutputPool",
                                 "Recycles RequestOutput objects: one is reused by build_request_outputs once "
                                 "nothing outside the pool references it.")
@@ -796,7 +800,7 @@ void bind_core(py::module_& m) {
       [](Scheduler& s, RequestOutputPool& pool) {
         if (s.step_in_flight())
           throw py::value_error("build_request_outputs: step " + std::to_string(s.step()) + " is waiting for update()");
-        return build_request_outputs(s, pool);
+        return py::typing::List<RequestOutputData>(build_request_outputs(s, pool));
       },
       py::arg("scheduler"), py::arg("pool"),
       "RequestOutputs of the requests updated since the previous call (or schedule()): new tokens, "
@@ -821,7 +825,7 @@ void bind_core(py::module_& m) {
           sample.mutable_data()[i] = q.sample_index;
           rids.append(s.store().groups[q.group].request_id);
         }
-        py::dict d;
+        py::typing::Dict<py::str, py::object> d;
         d["seq_ids"] = ids;
         d["request_ids"] = rids;
         d["statuses"] = status;
