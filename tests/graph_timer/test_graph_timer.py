@@ -191,3 +191,16 @@ def test_percentile_matches_the_linear_definition():
 def test_deepinfer_timer_reexports():
     timer_module = pytest.importorskip("deepinfer.timer")
     assert timer_module.CUDAGraphTimer is GraphTimer and timer_module.GraphTimer is GraphTimer
+
+
+def test_deepinfer_timer_without_the_wheel_says_what_to_install():
+    pytest.importorskip("deepinfer")
+    import subprocess
+
+    code = (
+        "import sys; sys.modules['deepinfer_graph_timer'] = None\n"
+        "try:\n    import deepinfer.timer\nexcept ImportError as exc:\n    print(exc)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert 'pip install "deepinfer[cuda]"' in proc.stdout
