@@ -69,21 +69,31 @@ std::shared_ptr<Allocation> make_allocation(std::size_t bytes, int device) {
   return alloc;
 }
 
+// The shared_ptrs taken under g_registry_mutex are released after it: if one is the last
+// owner, ~Allocation (which takes the mutex) runs outside it.
 std::shared_ptr<Allocation> find_allocation(std::uintptr_t address) {
-  std::lock_guard<std::mutex> lock(g_registry_mutex);
-  auto it = g_registry.upper_bound(address);
-  if (it == g_registry.begin()) return nullptr;
-  --it;
-  std::shared_ptr<Allocation> alloc = it->second.lock();
-  if (!alloc || address >= it->first + alloc->bytes()) return nullptr;
+  std::shared_ptr<Allocation> alloc;
+  std::uintptr_t base = 0;
+  {
+    std::lock_guard<std::mutex> lock(g_registry_mutex);
+    auto it = g_registry.upper_bound(address);
+    if (it == g_registry.begin()) return nullptr;
+    --it;
+    base = it->first;
+    alloc = it->second.lock();
+  }
+  if (!alloc || address >= base + alloc->bytes()) return nullptr;
   return alloc;
 }
 
 std::shared_ptr<Allocation> find_allocation_by_key(const std::string& key) {
-  std::lock_guard<std::mutex> lock(g_registry_mutex);
-  for (auto& [base, weak] : g_registry) {
-    std::shared_ptr<Allocation> alloc = weak.lock();
-    if (!alloc) continue;
+  std::vector<std::shared_ptr<Allocation>> live;
+  {
+    std::lock_guard<std::mutex> lock(g_registry_mutex);
+    for (auto& [base, weak] : g_registry)
+      if (auto alloc = weak.lock()) live.push_back(std::move(alloc));
+  }
+  for (auto& alloc : live) {
     std::lock_guard<std::mutex> key_lock(alloc->mutex());
     if (alloc->export_key() == key) return alloc;
   }

@@ -298,8 +298,9 @@ class GraphHandle {
   void replay(uintptr_t stream) {
     graph_->require_model("replay");
     use_device(graph_->device);
+    const aclmdlRI model = graph_->model;  // read under the GIL
     py::gil_scoped_release nogil;
-    ACL_CHECKED(aclmdlRIExecuteAsync, graph_->model, as_stream(stream));
+    ACL_CHECKED(aclmdlRIExecuteAsync, model, as_stream(stream));
   }
 
   std::vector<std::pair<uintptr_t, std::string>> nodes() {
