@@ -54,7 +54,7 @@ def test_handle_fields(native):
     h = cu.export_ipc_tensor(sub)
     assert h["backend"] == "ascend"
     assert h["offset"] == (1 * 6 + 2) * 2
-    assert h["size"] == 4 * 6 * 2
+    assert h["size"] == 4096  # the allocation: 48 bytes rounded to a page
     assert h["shape"] == (2, 3) and h["strides"] == (6, 1)
     assert h["dtype"] == "float16" and h["device"] == 1 and h["pid"] == os.getpid()
     assert isinstance(h["key"], str) and 0 < len(h["key"]) <= 64
@@ -72,7 +72,7 @@ def test_export_import_close_free_order(native, acl_log):
     assert (
         export.args["ptr"] == malloc.args["ptr"]
     )  # the whole allocation; the offset travels separately
-    assert export.args["size"] == "40"
+    assert export.args["size"] == "4096"
     assert export.args["flags"] == ACL_RT_IPC_MEM_EXPORT_FLAG_DISABLE_PID_VALIDATION
     assert run_child(h) == f"ok sum={float(sum(range(4, 10)))}"
     assert torch.equal(t, torch.tensor([0, 1, 2, 3, 3, 3, 3, 3, 3, 3], dtype=torch.float32))
@@ -169,8 +169,8 @@ def test_import_validates_every_field(native):
     good = cu.export_ipc_tensor(t)
     cases: list[tuple[dict[str, Any], type[Exception], str]] = [
         ({"backend": "cuda"}, ValueError, "exported by another backend"),
-        ({"offset": 8 * 4}, ValueError, "outside its 32-byte allocation"),
-        ({"shape": (9,)}, ValueError, "outside its 32-byte allocation"),
+        ({"offset": 4096}, ValueError, "outside its 4096-byte allocation"),
+        ({"shape": (1025,)}, ValueError, "outside its 4096-byte allocation"),
         ({"shape": (2, 2)}, ValueError, "differ in length"),
         ({"dtype": "complex64"}, TypeError, "not supported"),
         ({"key": ""}, ValueError, "not an ACL IPC key"),

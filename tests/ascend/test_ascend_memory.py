@@ -15,7 +15,7 @@ def test_alloc_sets_device_then_mallocs_then_frees(native, acl_log):
     calls = acl_log.calls(os.getpid())
     malloc = [c for c in calls if c.name == "aclrtMalloc"]
     assert len(malloc) == 1
-    assert malloc[0].args["size"] == "24" and malloc[0].args["device"] == "1"
+    assert malloc[0].args["size"] == "4096" and malloc[0].args["device"] == "1"  # 24 bytes, a whole page
     # The device was set on this thread right before the allocation.
     i = calls.index(malloc[0])
     assert calls[i - 1].name == "aclrtSetDevice" and calls[i - 1].args["device"] == "1"
@@ -92,3 +92,14 @@ def test_error_messages_name_argument_and_value(native):
         cu.alloc_tensor((3,), torch.float32, "npu:x")
     with pytest.raises(ValueError, match="too large"):
         cu.alloc_tensor((1 << 40, 1 << 40), torch.float32, 0)
+
+
+@pytest.mark.parametrize(
+    ("numel", "expected"),
+    [(1, 4096), (1024, 4096), (1025, 8192), (512 * 1024, 2 << 20), (512 * 1024 + 1, 4 << 20)],
+)
+def test_allocations_are_whole_pages(native, acl_log, numel, expected):
+    # ACL IPC shares page-aligned memory only: 4 KiB pages, 2 MiB huge pages from 2 MiB on.
+    native.cuda_utils.alloc_tensor((numel,), torch.float32, 0)
+    (malloc,) = acl_log.of("aclrtMalloc")
+    assert int(malloc.args["size"]) == expected

@@ -21,12 +21,21 @@ namespace {
 // ACL IPC keys are NUL-terminated strings of at most 64 characters.
 constexpr std::size_t kIpcKeyBytes = 65;
 
+// ACL's IPC export/import refuses memory that is not page-aligned, and aclrtMalloc may carve
+// small requests out of a larger block. Whole pages (4 KiB; 2 MiB huge pages from 2 MiB on)
+// keep every allocation shareable.
+std::size_t page_rounded(std::size_t bytes) {
+  constexpr std::size_t kPage = 4096, kHugePage = 2u << 20;
+  const std::size_t unit = bytes >= kHugePage ? kHugePage : kPage;
+  return bytes == 0 ? 0 : (bytes + unit - 1) / unit * unit;
+}
+
 TensorObj alloc_tensor(ShapeObj shape_arg, DTypeObj dtype_arg, DeviceObj device_arg) {
   const std::vector<int64_t> shape = parse_shape(shape_arg, "shape");
   const DType dtype = parse_dtype(dtype_arg, "dtype");
   const int device = parse_device(device_arg, "device");
   const std::size_t bytes = checked_numel(shape, dtype.itemsize, "shape") * dtype.itemsize;
-  std::shared_ptr<Allocation> alloc = make_allocation(bytes, device);
+  std::shared_ptr<Allocation> alloc = make_allocation(page_rounded(bytes), device);
   void* data = alloc->ptr();
   return to_torch(std::move(alloc), data, device, dtype, shape, contiguous_strides(shape));
 }
@@ -183,6 +192,8 @@ shape: sequence of non-negative ints. dtype: torch.dtype or its name (float32, f
 bfloat16, float64, int8, int16, int32, int64, uint8, bool). device: NPU index, "npu:N" or a
 torch.device. Returns a torch tensor (handed over as a DLPack capsule) whose memory is
 released with aclrtFree when the tensor and every view and IPC export of it are gone.
+Allocations are rounded up to whole pages (4 KiB, or 2 MiB from 2 MiB on) so that ACL IPC
+can share them.
 Raises TypeError/ValueError naming the bad argument, AclError naming the failed ACL call.)doc");
   m.def("export_ipc_tensor", &export_ipc_tensor, py::arg("tensor"), py::arg("importer_pids") = py::none(),
         R"doc(Share a tensor from alloc_tensor with other processes.

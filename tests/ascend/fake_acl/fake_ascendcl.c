@@ -3,7 +3,8 @@
  * Test seam only: this library is never shipped. It implements the subset of AscendCL that
  * the backend calls, with host memory standing in for device memory, and checks the rules
  * the backend must follow (aclInit before device use, a device set before allocating,
- * export keys closed before aclrtFree, pid allow-lists, peer-access flag across devices,
+ * export keys closed before aclrtFree, page-aligned IPC exports, pid allow-lists, peer-access
+ * flag across devices,
  * capture begin/end pairing, aclmdlRIUpdate after aclmdlRITaskSetParams).
  *
  * Compiled against the real ACL headers, so every prototype is checked against them.
@@ -408,6 +409,7 @@ FAKE_API aclError aclrtIpcMemGetExportKey(void *devPtr, size_t size, char *key, 
     for (int k = 0; k < MAX_OBJECTS; ++k)
         if (g_allocs[k] && g_allocs[k]->base == devPtr) a = g_allocs[k];
     const char *why = !a ? "not-an-allocation-base" : size > a->size ? "size-exceeds-allocation"
+                      : ((uintptr_t)devPtr % 4096 || size % 4096) ? "not-page-aligned"
                       : (!key || len < KEY_MIN_LEN) ? "key-buffer-too-small" : a->export_open ? "already-exported" : NULL;
     if (why) {
         log_call("aclrtIpcMemGetExportKey", ACL_ERROR_RT_PARAM_INVALID, "ptr=%p size=%zu why=%s", devPtr, size, why);
