@@ -15,7 +15,8 @@ def test_alloc_sets_device_then_mallocs_then_frees(native, acl_log):
     calls = acl_log.calls(os.getpid())
     malloc = [c for c in calls if c.name == "aclrtMalloc"]
     assert len(malloc) == 1
-    assert malloc[0].args["size"] == "4096" and malloc[0].args["device"] == "1"  # 24 bytes, a whole page
+    # 24 bytes take a whole page.
+    assert malloc[0].args["size"] == "4096" and malloc[0].args["device"] == "1"
     # The device was set on this thread right before the allocation.
     i = calls.index(malloc[0])
     assert calls[i - 1].name == "aclrtSetDevice" and calls[i - 1].args["device"] == "1"
