@@ -6,6 +6,9 @@ import os
 
 import pytest
 
+# One intra-op thread: on a shared 2-core CI machine, spinning OpenMP workers slow each other
+# down by 10x when the cores are busy; the model is small enough that one thread is nearly as fast.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 

@@ -157,11 +157,10 @@ class EngineLoop:
         if res.logprobs is None:
             self.scheduler.update(tokens)
         else:
-            k = max(batch.max_logprobs, 0)
             self.scheduler.update(
                 tokens, res.logprobs[:real].cpu().numpy(),
                 None if res.topk_ids is None else res.topk_ids[:real].to(torch.int32).cpu().numpy(),
-                None if res.topk_logprobs is None else res.topk_logprobs[:real].cpu().numpy(), k)
+                None if res.topk_logprobs is None else res.topk_logprobs[:real].cpu().numpy())
 
     # ---- outputs ----------------------------------------------------------------------------
     def _detokenizer(self, state: _RequestState, index: int) -> IncrementalDetokenizer:
