@@ -36,6 +36,12 @@ fakeacl = _fakeacl()
 
 
 @pytest.fixture(scope="session")
+def fakeacl_module() -> ModuleType:
+    """fake_acl/fakeacl.py: builds fake libraries (also variants with -D defines)."""
+    return fakeacl
+
+
+@pytest.fixture(scope="session")
 def fake_library() -> Path:
     if fakeacl.use_real_hardware():
         pytest.skip(

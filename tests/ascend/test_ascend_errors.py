@@ -211,3 +211,25 @@ def test_no_library_error_from_native_calls(tmp_path):
     assert done.stdout.startswith(
         "deepinfer-ascend cannot use AscendCL: libascendcl.so not found (searched"
     )
+
+
+def test_missing_inspection_api_is_named(fake_library, fakeacl_module):
+    # A CANN release without aclmdlRIGetStreams & co.: capture and replay still work, and the
+    # calls that need the missing symbols raise NotImplementedError naming them.
+    old = fakeacl_module.build_fake_library(("DEEPINFER_FAKE_ACL_OMIT_INSPECTION",))
+    code = (
+        "import ctypes\nfrom deepinfer_ascend.plugin import load\n"
+        "gt = load().graph_timer\nlib = ctypes.CDLL(__import__('os').environ['DEEPINFER_ASCEND_LIBRARY'])\n"
+        "ev = gt.EventHandle(0)\ns = ctypes.c_void_p(); assert lib.aclrtCreateStream(ctypes.byref(s)) == 0\n"
+        "g = gt.GraphHandle(device=0); g.capture_begin(s.value); ev.record(s.value); g.capture_end()\n"
+        "g.replay(s.value); ev.synchronize(); print(ev.query())\n"
+        "for f in (g.kernel_nodes, lambda: g.find_event_record_node(ev)):\n"
+        "    try:\n        f()\n    except NotImplementedError as e:\n        print(e)\n"
+    )
+    env = dict(os.environ, DEEPINFER_ASCEND_LIBRARY=str(old))
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    message = f"the loaded libascendcl.so ({old}) has no aclmdlRIGetStreams; this needs a newer CANN release"
+    assert done.stdout.splitlines() == ["True", message, message]

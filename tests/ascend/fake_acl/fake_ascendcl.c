@@ -759,6 +759,9 @@ FAKE_API aclError aclmdlRIDestroy(aclmdlRI modelRI) {
     LOCKED_RETURN(ACL_SUCCESS);
 }
 
+/* Older CANN releases lack the model inspection and update API: building with
+ * -DDEEPINFER_FAKE_ACL_OMIT_INSPECTION leaves it out, to test how the backend says so. */
+#ifndef DEEPINFER_FAKE_ACL_OMIT_INSPECTION
 FAKE_API aclError aclmdlRIGetStreams(aclmdlRI modelRI, aclrtStream *streams, uint32_t *numStreams) {
     INJECT("aclmdlRIGetStreams");
     pthread_mutex_lock(&g_lock);
@@ -853,3 +856,4 @@ FAKE_API aclError aclmdlRIUpdate(aclmdlRI modelRI) {
     log_call("aclmdlRIUpdate", 0, "model=%p applied=%u", modelRI, applied);
     LOCKED_RETURN(ACL_SUCCESS);
 }
+#endif /* DEEPINFER_FAKE_ACL_OMIT_INSPECTION */

@@ -50,10 +50,11 @@ def acl_include_dir() -> Path:
     )
 
 
-def build_fake_library() -> Path:
-    """Compile fake_ascendcl.c (once per content) and return the path of libascendcl.so."""
+def build_fake_library(defines: tuple[str, ...] = ()) -> Path:
+    """Compile fake_ascendcl.c (once per content and ``-D`` defines) and return the path of
+    libascendcl.so."""
     include = acl_include_dir()
-    digest = hashlib.sha256(SOURCE.read_bytes())
+    digest = hashlib.sha256(SOURCE.read_bytes() + repr(defines).encode())
     for header in sorted((include / "acl").rglob("*.h")):
         digest.update(header.read_bytes())
     home = Path(tempfile.gettempdir()) / f"deepinfer-fake-acl-{digest.hexdigest()[:16]}"
@@ -75,6 +76,7 @@ def build_fake_library() -> Path:
         "-Wextra",
         "-Werror",
         "-Wno-unused-parameter",
+        *(f"-D{d}" for d in defines),
         f"-I{include}",
         str(SOURCE),
         "-o",
