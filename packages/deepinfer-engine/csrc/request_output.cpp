@@ -54,11 +54,13 @@ void fill_completion(CompletionData& c, const Sequence& q, const SamplingParams&
 
 py::list build_request_outputs(Scheduler& sched, RequestOutputPool& pool) {
   SequenceStore& store = sched.store();
-  const auto& groups = sched.updated_groups();
+  const uint64_t epoch = sched.update_epoch();
   pool.collect();
   py::list result(0);
-  for (GroupIndex gi : groups) {
-    SequenceGroup& g = store.groups[gi];
+  for (SeqIndex si : sched.updated_seqs()) {
+    SequenceGroup& g = store.groups[store.seq(si).group];
+    if (g.updated_epoch == epoch) continue;  // this request was output by this build already
+    g.updated_epoch = epoch;
     if (!g.alive || g.final_output_sent) continue;
     const SamplingParams& p = g.params;
     const bool finished = g.num_unfinished == 0;
@@ -109,7 +111,7 @@ py::list build_request_outputs(Scheduler& sched, RequestOutputPool& pool) {
     if (finished) g.final_output_sent = true;
     result.append(obj);
   }
-  sched.drain_updated_groups();
+  sched.drain_updated_seqs();
   return result;
 }
 

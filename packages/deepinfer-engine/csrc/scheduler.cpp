@@ -88,6 +88,12 @@ GroupIndex Scheduler::add_request(const std::string& request_id, const int32_t* 
   q.tokens.reserve(static_cast<size_t>(cap));
   q.tokens.assign(prompt, prompt + prompt_len);
   q.num_prompt_tokens = prompt_len;
+  q.ignore_eos = params.ignore_eos;
+  q.has_stop_token_ids = !params.stop_token_ids.empty();
+  q.wants_logprobs = params.logprobs >= 0;
+  q.eos_token_id = eos_token_id;
+  q.max_tokens = params.max_tokens;
+  q.min_tokens = params.min_tokens;
   q.block_hashes.reserve(static_cast<size_t>(cap / cfg_.block_size + 1));
   by_request_.emplace(request_id, g);
   by_seq_id_.emplace(q.seq_id, s);
@@ -123,10 +129,10 @@ bool Scheduler::abort_request(const std::string& request_id) {
 }
 
 void Scheduler::mark_updated(SeqIndex s) {
-  SequenceGroup& g = store_.group_of(s);
-  if (g.updated_epoch != update_epoch_) {
-    g.updated_epoch = update_epoch_;
-    updated_groups_.push_back(store_.seq(s).group);
+  Sequence& q = store_.seq(s);
+  if (q.updated_epoch != update_epoch_) {
+    q.updated_epoch = update_epoch_;
+    updated_seqs_.push_back(s);
   }
 }
 
@@ -190,7 +196,7 @@ const SchedulerOutputs& Scheduler::schedule() {
   if (in_flight_) throw std::logic_error("schedule() called again before update() of step " + std::to_string(out_.step));
   release_finished_groups();
   finished_.clear();
-  drain_updated_groups();
+  drain_updated_seqs();
   for (SeqIndex s : deferred_finished_) report_finished(s);
   deferred_finished_.clear();
 
@@ -213,6 +219,8 @@ const SchedulerOutputs& Scheduler::schedule() {
 
   // 1. Running sequences, most important first; victims are taken from the back.
   for (size_t i = 0; i < running_.size() && budget > 0;) {
+    const size_t nr = running_.size();
+    prefetch_seq(i + 8 < nr ? running_[i + 8] : kNoSeq, i + 4 < nr ? running_[i + 4] : kNoSeq);
     const SeqIndex s = running_[i];
     Sequence& q = store_.seq(s);
     const bool prefill = q.is_prefill();
@@ -327,6 +335,22 @@ const SchedulerOutputs& Scheduler::schedule() {
   return out_;
 }
 
+// Software prefetch for the batch loops (B up to thousands of sequences, each on its own cache
+// lines): the sequence `far` ahead, and the token tail / block-table tail of the one `near` ahead
+// (whose struct should be cached by now).
+void Scheduler::prefetch_seq(SeqIndex far, SeqIndex near) const {
+  if (far != kNoSeq) {
+    const char* p = reinterpret_cast<const char*>(&store_.seqs[far]);
+    __builtin_prefetch(p);
+    __builtin_prefetch(p + 64);
+  }
+  if (near != kNoSeq) {
+    const Sequence& q = store_.seqs[near];
+    if (!q.tokens.empty()) __builtin_prefetch(q.tokens.data() + q.tokens.size(), 1);
+    if (!q.block_table.empty()) __builtin_prefetch(q.block_table.data() + q.block_table.size() - 1);
+  }
+}
+
 void Scheduler::begin_update() {
   if (!in_flight_) throw std::logic_error("update() without a scheduled step (call schedule() first)");
   step_now_ = now();
@@ -347,32 +371,34 @@ void Scheduler::advance_computed(SeqIndex s, int32_t n) {
 bool Scheduler::append_token(SeqIndex s, int32_t token, float logprob, const int32_t* topk_ids,
                              const float* topk_logprobs, int32_t k) {
   Sequence& q = store_.seq(s);
-  SequenceGroup& g = store_.groups[q.group];
-  const SamplingParams& p = g.params;
   q.tokens.push_back(token);
   q.cumulative_logprob += logprob;
-  if (p.logprobs >= 0) {
+  if (q.wants_logprobs) {
+    const int32_t want = store_.groups[q.group].params.logprobs;
     q.logprob_token_ids.push_back(token);
     q.logprob_values.push_back(logprob);
-    for (int32_t j = 0; j < p.logprobs; ++j) {
+    for (int32_t j = 0; j < want; ++j) {
       const bool have = topk_ids != nullptr && j < k;
       q.logprob_token_ids.push_back(have ? topk_ids[j] : -1);
       q.logprob_values.push_back(have ? topk_logprobs[j] : 0.0f);
     }
   }
-  if (g.first_token_time == 0.0) g.first_token_time = step_now_;
-  mark_updated(s);
   const int32_t out_len = q.num_output_tokens();
+  if (out_len == 1) {  // the group is touched once per sample, not every step
+    SequenceGroup& g = store_.groups[q.group];
+    if (g.first_token_time == 0.0) g.first_token_time = step_now_;
+  }
+  mark_updated(s);
   SequenceStatus st = SequenceStatus::RUNNING;
-  if (out_len >= p.min_tokens) {
-    if (!p.ignore_eos && g.eos_token_id >= 0 && token == g.eos_token_id) {
+  if (out_len >= q.min_tokens) {
+    if (!q.ignore_eos && q.eos_token_id >= 0 && token == q.eos_token_id) {
       st = SequenceStatus::FINISHED_STOPPED;
-    } else if (!p.stop_token_ids.empty() && p.is_stop_token(token)) {
+    } else if (q.has_stop_token_ids && store_.groups[q.group].params.is_stop_token(token)) {
       st = SequenceStatus::FINISHED_STOPPED;
       q.stop_token = token;
     }
   }
-  if (st == SequenceStatus::RUNNING && (out_len >= p.max_tokens || q.num_tokens() >= cfg_.max_model_len))
+  if (st == SequenceStatus::RUNNING && (out_len >= q.max_tokens || q.num_tokens() >= cfg_.max_model_len))
     st = SequenceStatus::FINISHED_LENGTH;
   if (st == SequenceStatus::RUNNING) return false;
   finish(s, st, false);
@@ -404,7 +430,9 @@ void Scheduler::update(const int32_t* tokens, const float* logprobs, const int32
   begin_update();
   int32_t row = 0;
   // Entries are read by index: fork() may add sequences (the slab may move), never entries.
-  for (size_t i = 0; i < out_.scheduled.size(); ++i) {
+  const size_t num = out_.scheduled.size();
+  for (size_t i = 0; i < num; ++i) {
+    prefetch_seq(i + 8 < num ? out_.scheduled[i + 8].seq : kNoSeq, i + 4 < num ? out_.scheduled[i + 4].seq : kNoSeq);
     const ScheduledSeq e = out_.scheduled[i];
     if (is_finished(store_.seq(e.seq).status)) {  // aborted while the step ran
       row += e.num_samples;
@@ -468,6 +496,12 @@ void Scheduler::fork(SeqIndex parent, int32_t num_children, bool units_reserved,
     ch.group = g;
     ch.sample_index = static_cast<int32_t>(gr.seqs.size());
     ch.status = p.status;
+    ch.ignore_eos = p.ignore_eos;
+    ch.has_stop_token_ids = p.has_stop_token_ids;
+    ch.wants_logprobs = p.wants_logprobs;
+    ch.eos_token_id = p.eos_token_id;
+    ch.max_tokens = p.max_tokens;
+    ch.min_tokens = p.min_tokens;
     ch.tokens.reserve(p.tokens.capacity());
     ch.tokens.assign(p.tokens.begin(), p.tokens.end());
     ch.num_prompt_tokens = p.num_prompt_tokens;

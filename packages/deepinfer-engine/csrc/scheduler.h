@@ -147,9 +147,11 @@ class Scheduler {
 
   // Sequences finished since the last schedule() (updates, aborts, stop strings).
   const std::vector<FinishedSeq>& finished() const { return finished_; }
-  // Groups with new output since the last schedule() or drain (for build_request_outputs).
-  const std::vector<GroupIndex>& updated_groups() const { return updated_groups_; }
-  void drain_updated_groups() { updated_groups_.clear(); ++update_epoch_; }
+  // Sequences with new output (tokens or a finish) since the last schedule() or drain, each once
+  // (build_request_outputs groups them by request).
+  const std::vector<SeqIndex>& updated_seqs() const { return updated_seqs_; }
+  uint64_t update_epoch() const { return update_epoch_; }
+  void drain_updated_seqs() { updated_seqs_.clear(); ++update_epoch_; }
   // Free max_num_seqs units / state slots (fork from Python checks them).
   int32_t free_seq_units() const { return cfg_.max_num_seqs - seq_units_; }
   int32_t num_free_state_slots() const { return static_cast<int32_t>(free_state_slots_.size()); }
@@ -174,6 +176,7 @@ class Scheduler {
   // step (abort between update and schedule), so no report is lost.
   void finish(SeqIndex s, SequenceStatus status, bool deferred);
   void mark_updated(SeqIndex s);
+  void prefetch_seq(SeqIndex far, SeqIndex near) const;
   void report_finished(SeqIndex s);
   void release_finished_groups();
   int32_t seq_cost(SeqIndex s) const;  // max_num_seqs units held by a running sequence
@@ -190,7 +193,7 @@ class Scheduler {
   std::unordered_map<int64_t, SeqIndex> by_seq_id_;
   std::vector<int32_t> free_state_slots_;
   std::vector<FinishedSeq> finished_;
-  std::vector<GroupIndex> updated_groups_;
+  std::vector<SeqIndex> updated_seqs_;
   uint64_t update_epoch_ = 1;
   std::vector<GroupIndex> groups_to_release_;
   std::vector<SeqIndex> deferred_finished_;

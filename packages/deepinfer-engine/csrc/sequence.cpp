@@ -27,6 +27,10 @@ SeqIndex SequenceStore::new_seq() {
   s.group = 0;
   s.sample_index = 0;
   s.status = SequenceStatus::WAITING;
+  s.ignore_eos = s.has_stop_token_ids = s.wants_logprobs = false;
+  s.eos_token_id = -1;
+  s.max_tokens = s.min_tokens = 0;
+  s.updated_epoch = 0;
   s.tokens.clear();
   s.num_prompt_tokens = s.num_computed_tokens = s.num_cached_tokens = 0;
   s.block_table.clear();

@@ -38,10 +38,19 @@ inline bool is_finished(SequenceStatus s) { return s >= SequenceStatus::FINISHED
 const char* finish_reason_str(SequenceStatus s);
 
 struct Sequence {
+  // Hot fields first (read every step): the stop criteria are copied from the group's params
+  // so that an update touches only the sequence.
   int64_t seq_id = -1;
   GroupIndex group = 0;
   int32_t sample_index = 0;  // index of this sample in its group (0 = the parent)
   SequenceStatus status = SequenceStatus::WAITING;
+  bool ignore_eos = false;
+  bool has_stop_token_ids = false;
+  bool wants_logprobs = false;
+  int32_t eos_token_id = -1;
+  int32_t max_tokens = 0;
+  int32_t min_tokens = 0;
+  uint64_t updated_epoch = 0;  // == the Scheduler's epoch: already in updated_seqs()
 
   // Tokens: prompt followed by outputs, one contiguous vector (capacity reserved at creation
   // for the longest possible sequence, so appends never reallocate).
@@ -111,7 +120,7 @@ struct SequenceGroup {
   bool final_output_sent = false;
   std::shared_ptr<const std::vector<int32_t>> prompt_shared;  // made by the first output
   int32_t num_unfinished = 0;    // sequences of the group not finished yet
-  uint64_t updated_epoch = 0;    // == Scheduler's epoch: already listed in updated_groups()
+  uint64_t updated_epoch = 0;    // build_request_outputs: already output in this build
 };
 
 // The slab of sequences and groups. Owned by the Scheduler.
