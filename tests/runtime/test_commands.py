@@ -1,0 +1,42 @@
+"""The runtime's CLI subcommands: registration, options, and clean errors (exit status 2)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import pytest
+from deepinfer.runtime import commands
+
+
+def _parser():
+    p = argparse.ArgumentParser(prog="deepinfer")
+    sub = p.add_subparsers(dest="command")
+    commands.register(sub)
+    return p
+
+
+def test_import_does_not_load_torch():
+    import subprocess
+
+    code = "import deepinfer, deepinfer.runtime.commands, sys; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_subcommands_and_sampling_flags():
+    args = _parser().parse_args(["generate", "hi", "--temperature", "0.5", "--stop", "a", "--stop", "b", "-n", "2"])
+    params = commands._sampling_params(args)
+    assert params.temperature == 0.5 and params.stop_strings == ["a", "b"] and params.n == 2
+    assert callable(args.func)
+    for name in ("chat", "bench"):
+        assert callable(_parser().parse_args([name]).func)
+
+
+@pytest.mark.parametrize("argv", [["generate", "x", "--temperature", "-1"], ["generate", "x", "--top-p", "0"],
+                                  ["generate", "x", "--model", "/no/such/model.gguf"]])
+def test_bad_options_exit_2_with_a_message(argv, capsys):
+    args = _parser().parse_args(argv)
+    assert args.func(args) == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and ("temperature" in err or "top_p" in err or "/no/such/model.gguf" in err)
