@@ -371,3 +371,21 @@ def test_abort_at_every_stage(stage):
     assert s.check_invariants() == ""
     assert len(q.block_table) == 0
     assert s.abort_request(rid) == 0  # already finished: nothing to do
+
+
+def test_stop_string_on_a_sequence_that_just_hit_max_tokens():
+    s = make_scheduler()
+    a = s.add_request("a", [2, 3], max_tokens=2, output_kind="delta")
+    pool = E.RequestOutputPool()
+    run_step(s, tokens=[11])
+    E.build_request_outputs(s, pool)
+    run_step(s, tokens=[12])
+    (o,) = E.build_request_outputs(s, pool)
+    assert o.finished and o.outputs[0].finish_reason == "length"
+    # The detokenizer finds a stop string ending in the last token: the stop string wins.
+    s.stop_sequence(a, "STOP", 2)
+    (o,) = E.build_request_outputs(s, pool)
+    assert o.finished and o.outputs[0].finish_reason == "stop" and o.outputs[0].stop_reason == "STOP"
+    assert o.outputs[0].token_ids == []  # delta: nothing new
+    info = E.get_finished_seqs_info(s)
+    assert info["statuses"].tolist() == [int(S.FINISHED_STOPPED)]

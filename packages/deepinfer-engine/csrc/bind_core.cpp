@@ -591,14 +591,13 @@ void bind_core(py::module_& m) {
             if (num_output_tokens < 0 || num_output_tokens > q.num_output_tokens())
               buf::fail("num_output_tokens", std::to_string(num_output_tokens) + " is outside [0, " +
                                                  std::to_string(q.num_output_tokens()) + "]");
-            if (is_finished(q.status) && q.final_output_sent)
-              buf::fail("seq_id", std::to_string(seq_id) + " already finished and was reported");
             s.stop_sequence(i, stop_string, num_output_tokens);
           },
           py::arg("seq_id"), py::arg("stop_string"), py::arg("num_output_tokens"),
           "Finish a sequence for a stop string found by the detokenizer, keeping its first "
           "num_output_tokens output tokens (stop_reason = stop_string, finish_reason 'stop'). It is reported by "
-          "the next build_request_outputs / get_finished_seqs_info. Raises ValueError for an unknown seq_id or "
+          "the next build_request_outputs / get_finished_seqs_info; a sequence that already finished in this "
+          "step (e.g. at max_tokens) becomes 'stop' and its request is output again. Raises ValueError for an unknown seq_id or "
           "a count outside [0, output length].")
       .def(
           "get_sequence",

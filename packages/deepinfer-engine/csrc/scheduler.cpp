@@ -476,6 +476,8 @@ void Scheduler::stop_sequence(SeqIndex s, const std::string& stop_string, int32_
   q.stop_is_string = true;
   if (is_finished(q.status)) {  // e.g. also hit max_tokens in this update: the stop string wins
     q.status = SequenceStatus::FINISHED_STOPPED;
+    q.final_output_sent = false;  // build_request_outputs reports the corrected finish
+    store_.group_of(s).final_output_sent = false;
     mark_updated(s);
     return;
   }
