@@ -57,7 +57,8 @@ def _paged_attention_kernel(
     last = tl.minimum(q_off + BLOCK_Q, q_len) - 1
     kv_len = seq_len - q_len + last + 1  # keys the tile's last query row may see
     n = tl.arange(0, BLOCK_SIZE)
-    for blk in range(0, tl.cdiv(kv_len, BLOCK_SIZE)):
+    blk = 0
+    while blk * BLOCK_SIZE < kv_len:
         block_id = tl.load(block_tables_ptr + seq * stride_bt + blk).to(tl.int64)
         kpos = blk * BLOCK_SIZE + n
         base = block_id * stride_kb + n[:, None] * stride_ks + kvh * stride_kh + d[None, :]
@@ -81,6 +82,7 @@ def _paged_attention_kernel(
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
+        blk += 1
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(o_ptr + (q_begin + tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
              out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
