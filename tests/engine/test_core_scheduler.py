@@ -389,3 +389,33 @@ def test_stop_string_on_a_sequence_that_just_hit_max_tokens():
     assert o.outputs[0].token_ids == []  # delta: nothing new
     info = E.get_finished_seqs_info(s)
     assert info["statuses"].tolist() == [int(S.FINISHED_STOPPED)]
+
+
+def test_stop_sequence_on_a_preempted_sequence_leaves_the_queue():
+    s = make_scheduler(num_blocks=6, max_model_len=20, max_num_batched_tokens=64, enable_prefix_caching=False)
+    s.add_request("a", list(range(2, 10)), max_tokens=20, ignore_eos=True)
+    b = s.add_request("b", list(range(10, 18)), max_tokens=20, ignore_eos=True)
+    for _ in range(10):
+        run_step(s)
+        if s.get_sequence(b).status == S.PREEMPTED:
+            break
+    assert s.get_sequence(b).status == S.PREEMPTED
+    s.stop_sequence(b, "END", 1)
+    assert b not in s.waiting_seq_ids.tolist() and s.num_preempted == 0
+    assert s.check_invariants() == ""
+    st = run_step(s)
+    assert b not in st["seq_ids"]
+
+
+def test_fork_from_python_of_an_unforked_n_group_keeps_unit_accounting():
+    s = make_scheduler(max_num_seqs=4, max_num_batched_tokens=4)
+    a = s.add_request("a", list(range(2, 12)), n=3, max_tokens=4)  # 10 tokens: 3 chunked steps
+    run_step(s)  # mid-prefill, holding 3 units
+    ids, *_ = E.clone_and_zero_states_and_blocks(s, a, 1)
+    assert s.check_invariants() == ""  # parent now holds 1 unit, the child 1
+    while s.has_unfinished_requests():
+        out = s.schedule()
+        assert out.num_samples.max(initial=0) <= 1  # the group counts as forked: no n-way sampling
+        s.update(np.full(out.num_sample_rows, 9, np.int32))
+        assert s.check_invariants() == ""
+    assert len(ids) == 1

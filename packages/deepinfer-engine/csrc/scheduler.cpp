@@ -62,6 +62,15 @@ void Scheduler::remove_from_running(SeqIndex s) {
   if (it != running_.end()) running_.erase(it);
 }
 
+void Scheduler::remove_from_queues(SeqIndex s) {
+  switch (store_.seq(s).status) {
+    case SequenceStatus::RUNNING: remove_from_running(s); break;
+    case SequenceStatus::PREEMPTED: preempted_.erase(std::find(preempted_.begin(), preempted_.end(), s)); break;
+    case SequenceStatus::WAITING: waiting_.erase(std::find(waiting_.begin(), waiting_.end(), s)); break;
+    default: break;
+  }
+}
+
 int32_t Scheduler::seq_cost(SeqIndex s) const {
   const Sequence& q = store_.seq(s);
   const SequenceGroup& g = store_.groups[q.group];
@@ -115,13 +124,7 @@ bool Scheduler::abort_request(const std::string& request_id) {
     const SeqIndex s = store_.groups[g].seqs[i];
     Sequence& q = store_.seq(s);
     if (is_finished(q.status)) continue;
-    if (q.status == SequenceStatus::RUNNING) {
-      remove_from_running(s);
-    } else if (q.status == SequenceStatus::PREEMPTED) {
-      preempted_.erase(std::find(preempted_.begin(), preempted_.end(), s));
-    } else {
-      waiting_.erase(std::find(waiting_.begin(), waiting_.end(), s));
-    }
+    remove_from_queues(s);
     finish(s, SequenceStatus::FINISHED_ABORTED, !in_flight_);
     any = true;
   }
@@ -481,7 +484,7 @@ void Scheduler::stop_sequence(SeqIndex s, const std::string& stop_string, int32_
     mark_updated(s);
     return;
   }
-  if (q.status == SequenceStatus::RUNNING) remove_from_running(s);
+  remove_from_queues(s);
   finish(s, SequenceStatus::FINISHED_STOPPED, false);
 }
 
@@ -489,7 +492,12 @@ void Scheduler::fork(SeqIndex parent, int32_t num_children, bool units_reserved,
                      std::vector<BlockCopy>& block_copies, std::vector<BlockCopy>& state_clones,
                      std::vector<int32_t>& state_zeros) {
   const GroupIndex g = store_.seq(parent).group;
+  const bool parent_running = store_.seq(parent).status == SequenceStatus::RUNNING;
+  const int32_t cost_before = parent_running ? seq_cost(parent) : 0;
   store_.groups[g].forked = true;  // from now on every sequence of the group costs one unit
+  // The fork after an n > 1 prompt turns the parent's n reserved units into the children's;
+  // any other fork releases what the parent held beyond its one unit.
+  if (!units_reserved && parent_running) seq_units_ += seq_cost(parent) - cost_before;
   for (int32_t j = 0; j < num_children; ++j) {
     const SeqIndex c = store_.new_seq();  // may move the slab: index, never hold references
     const Sequence& p = store_.seq(parent);
@@ -566,6 +574,8 @@ std::string Scheduler::check_invariants() const {
         continue;
       }
       units += seq_cost(s);
+      if (!in_flight_ && q.num_computed_tokens >= q.num_tokens())
+        return id + " is running with every token computed (nothing left to schedule)";
       if (bm_.blocks_for(q.num_computed_tokens) > static_cast<int32_t>(q.block_table.size()))
         return id + " has fewer slots than computed tokens";
       if (cfg_.num_state_slots > 0) {

@@ -171,6 +171,7 @@ class Scheduler {
   template <class Q>
   void insert_sorted(Q& q, SeqIndex s);
   void remove_from_running(SeqIndex s);
+  void remove_from_queues(SeqIndex s);  // from running_/waiting_/preempted_ per its status
   void preempt(SeqIndex s);
   // deferred: the finish happened while no step was in flight and is reported with the next
   // step (abort between update and schedule), so no report is lost.
