@@ -104,3 +104,34 @@ def test_allocations_are_whole_pages(native, acl_log, numel, expected):
     native.cuda_utils.alloc_tensor((numel,), torch.float32, 0)
     (malloc,) = acl_log.of("aclrtMalloc")
     assert int(malloc.args["size"]) == expected
+
+
+def test_threads_allocate_and_free_concurrently(native, acl_log):
+    # Tensors die on other threads than the one that allocated them; every pointer is freed once.
+    from concurrent.futures import ThreadPoolExecutor
+
+    cu = native.cuda_utils
+
+    def work(i: int) -> list[torch.Tensor]:
+        kept = []
+        for j in range(20):
+            t = cu.alloc_tensor((64 + i, j + 1), torch.float32, i % 2)
+            t.fill_(float(i))
+            if j % 2:
+                kept.append(t)
+        return kept
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        survivors = [t for batch in pool.map(work, range(8)) for t in batch]
+    assert len(survivors) == 80
+    assert sorted({float(t[0, 0]) for t in survivors}) == [float(i) for i in range(8)]
+    # Hand each worker the only references to a quarter of them: they die on that thread.
+    quarters = [survivors[k::4] for k in range(4)]
+    survivors.clear()
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        list(pool.map(list.clear, quarters))
+    gc.collect()
+    allocated = [c.args["ptr"] for c in acl_log.of("aclrtMalloc")]
+    freed = [c.args["ptr"] for c in acl_log.of("aclrtFree")]
+    assert len(allocated) == 160
+    assert sorted(freed) == sorted(allocated)
