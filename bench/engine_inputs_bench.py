@@ -37,7 +37,7 @@ def buffers(max_tokens, max_seqs, width, zos=False):
     return b
 
 
-def make_scheduler(B, rng, prompt_len=CONTEXT - 8, max_tokens=4096):
+def make_scheduler(B, rng, prompt_len=CONTEXT - 8, max_tokens=4096, penalties=True):
     blocks = B * (CONTEXT // BLOCK + 8) + 64
     s = E.Scheduler(num_blocks=blocks, block_size=BLOCK, max_num_seqs=B, max_num_batched_tokens=8192,
                     max_model_len=CONTEXT + 4096, vocab_size=VOCAB, enable_prefix_caching=False,
@@ -45,7 +45,7 @@ def make_scheduler(B, rng, prompt_len=CONTEXT - 8, max_tokens=4096):
     for i in range(B):
         kw = dict(temperature=[0.0, 0.7, 1.0, 0.8][i % 4], top_k=[-1, 50, -1, 20][i % 4],
                   top_p=[1.0, 0.9, 0.95, 1.0][i % 4], seed=i if i % 3 == 0 else None, ignore_eos=True)
-        if i % 4 == 3:  # a quarter with penalties
+        if penalties and i % 4 == 3:  # a quarter with penalties
             kw.update(presence_penalty=0.5, frequency_penalty=0.2, repetition_penalty=1.1)
         s.add_request(f"r{i}", rng.integers(0, VOCAB, prompt_len, dtype=np.int32), max_tokens=max_tokens, **kw)
     return s
@@ -80,8 +80,8 @@ def output_bytes(args, si):
     return n
 
 
-def bench_batch(B, reps, rng):
-    s = make_scheduler(B, rng)
+def bench_batch(B, reps, rng, penalties=True):
+    s = make_scheduler(B, rng, penalties=penalties)
     run_prefill(s, rng)
     width = CONTEXT // BLOCK + 256
     bufs = buffers(max(B, 64) * 2, B, width, zos=True)
@@ -170,16 +170,19 @@ def main():
           f"median of {reps} steps")
     hdr = (f"{'B':>5} | {'unchanged µs':>12} {'ns/seq':>7} | {'steady µs':>9} {'ns/seq':>7} | {'ZOS µs':>8} "
            f"{'ns/seq':>7} | {'np copy µs':>10} {'ratio':>6} | {'build ns/seq':>12} | {'whole step µs':>13} "
-           f"{'ns/seq':>7} | {'sched+upd ns/seq':>16}")
+           f"{'ns/seq':>7} | {'sched+upd ns/seq':>16} | {'no-pen ns/seq: unch':>10} {'ZOS':>8} {'whole':>9} {'ratio':>6}")
     print(hdr)
     print("-" * len(hdr))
     for B in (64, 256, 1024):
         r = bench_batch(B, reps, rng)
+        r0 = bench_batch(B, reps, rng, penalties=False)
         print(f"{B:>5} | {r['unchanged_inputs'] / 1e3:>12.1f} {r['unchanged_inputs'] / B:>7.0f} | "
               f"{r['steady_inputs'] / 1e3:>9.1f} {r['steady_inputs'] / B:>7.0f} | {r['zos_inputs'] / 1e3:>8.1f} "
               f"{r['zos_inputs'] / B:>7.0f} | {r['numpy_copy'] / 1e3:>10.1f} "
               f"{r['unchanged_inputs'] / max(r['numpy_copy'], 1):>6.1f} | {r['steady_build'] / B:>12.0f} | "
-              f"{r['whole_step'] / 1e3:>13.1f} {r['whole_step'] / B:>7.0f} | {r['schedule_update'] / B:>16.0f}")
+              f"{r['whole_step'] / 1e3:>13.1f} {r['whole_step'] / B:>7.0f} | {r['schedule_update'] / B:>16.0f} | "
+              f"{r0['unchanged_inputs'] / B:>10.0f} {r0['zos_inputs'] / B:>8.0f} {r0['whole_step'] / B:>9.0f} "
+              f"{r0['unchanged_inputs'] / max(r0['numpy_copy'], 1):>6.1f}")
     t = bench_prefill(rng, max(5, reps // 4))
     print(f"8192-token prefill step (prepare_prompt_v4 + prepare_sampler_inputs): {t / 1e3:.1f} µs, "
           f"{t / 8192:.1f} ns/token")
@@ -187,7 +190,7 @@ def main():
           "the same with one new token per sequence per step; ZOS = prepare_decode_zos_inputs + "
           "prepare_sampler_inputs; np copy = numpy copy of the same output bytes (ratio = unchanged / copy); "
           "build = SequenceMetadataPool.build; whole step = schedule + build + decode inputs + sampler inputs + "
-          "update.")
+          "update; no-pen = the same batch without penalty requests.")
 
 
 if __name__ == "__main__":

@@ -35,9 +35,6 @@ SequenceMetadataInfo snapshot(const MetadataRow& r) {
           r.num_drafts, s.num_prompt_tokens, s.state_slot, r.group->params.prompt_logprobs, s.block_table};
 }
 
-py::array_t<int32_t> view_of(const std::vector<int32_t>& v, size_t n, py::handle owner) {
-  return py::array_t<int32_t>({static_cast<py::ssize_t>(n)}, {sizeof(int32_t)}, v.data(), owner);
-}
 
 int32_t run_builder(PrepareArgs& a, SequenceMetadataPool& pool, BuildMode mode, const PrepareArgs* prev) {
   py::gil_scoped_release nogil;  // everything below is plain C++ on validated memory

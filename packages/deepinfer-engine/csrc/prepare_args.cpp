@@ -65,6 +65,7 @@ PrepareArgs::PrepareArgs(int32_t block_size_, int32_t max_model_len_, std::vecto
   std::memset(block_tables.data, 0, sizeof(int32_t) * block_tables.rows * block_tables.cols);
   bt_seq_id.assign(max_num_seqs, -1);
   bt_len.assign(max_num_seqs, 0);
+  bt_version.assign(max_num_seqs, 0);
 }
 
 int32_t PrepareArgs::padded_batch_size(int32_t n) const {

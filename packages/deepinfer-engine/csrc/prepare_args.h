@@ -77,6 +77,7 @@ class PrepareArgs {
   // non-zero (entries beyond are zero).
   std::vector<int64_t> bt_seq_id;
   std::vector<int32_t> bt_len;
+  std::vector<uint64_t> bt_version;  // Sequence::block_table_version when written (0: unknown)
   int64_t num_block_rows_written = 0;  // statistics: rows (re)written, for tests/benchmarks
 
   StepLayout layout;

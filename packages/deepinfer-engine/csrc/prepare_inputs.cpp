@@ -23,10 +23,19 @@ struct RowPlan {
   int32_t start, num, src;  // src: step-N logits row of the pending input token, -1 when host-known
 };
 
+// The sequence's block-table version when the store keeps one (0: unknown -> compare contents).
+template <class S>
+uint64_t block_table_version(const S& s) {
+  if constexpr (requires { s.block_table_version; }) return static_cast<uint64_t>(s.block_table_version);
+  else return 0;
+}
+
 // Writes the block-table row `r` for `seq` (rewriting only entries that changed).
-void write_block_row(PrepareArgs& a, size_t r, int64_t seq_id, const int32_t* blocks, int32_t nb) {
+void write_block_row(PrepareArgs& a, size_t r, int64_t seq_id, const int32_t* blocks, int32_t nb, uint64_t version) {
   int32_t* row = a.block_tables.row(r);
   const int32_t old = a.bt_len[r];
+  if (version != 0 && a.bt_version[r] == version && a.bt_seq_id[r] == seq_id && old == nb) return;
+  a.bt_version[r] = version;
   if (a.bt_seq_id[r] == seq_id && old <= nb && std::memcmp(row, blocks, sizeof(int32_t) * old) == 0) {
     if (nb > old) {
       std::memcpy(row + old, blocks + old, sizeof(int32_t) * (nb - old));
@@ -62,17 +71,36 @@ int32_t prepare_inputs(PrepareArgs& a, SequenceMetadataPool& pool, BuildMode mod
     if (!etable) throw py::value_error("engram: no lookup table installed (call set_engram_lookup_table)");
   }
 
-  // ZOS: seq_id -> step N logits row of its SAMPLE token (the last one of its row).
   thread_local std::vector<RowPlan> plan;
   plan.resize(n);
+  // ZOS: seq_id -> step N logits row of its SAMPLE token (the last one of its row), or -1.
+  // Rows usually keep their order from step to step: try the next row of step N first and
+  // build a hash map only when the order changed.
   thread_local std::unordered_map<int64_t, int32_t> prev_rows;
-  if (zos) {
-    prev_rows.clear();
+  thread_local std::vector<int32_t> prev_sample;  // per step-N row: its SAMPLE logits row or -1
+  bool prev_map_built = false;
+  int32_t hint = 0;
+  auto prev_row_of = [&](int64_t seq_id) -> int32_t {
     const StepLayout& pl = prev->layout;
+    if (hint < pl.num_real_rows && pl.row_seq_id[hint] == seq_id) return prev_sample[hint++];
+    if (!prev_map_built) {
+      prev_rows.clear();
+      for (int32_t r = 0; r < pl.num_real_rows; ++r)
+        if (pl.row_seq_id[r] >= 0) prev_rows[pl.row_seq_id[r]] = r;
+      prev_map_built = true;
+    }
+    auto it = prev_rows.find(seq_id);
+    if (it == prev_rows.end()) return -1;
+    hint = it->second + 1;
+    return prev_sample[it->second];
+  };
+  if (zos) {
+    const StepLayout& pl = prev->layout;
+    prev_sample.assign(pl.num_real_rows, -1);
     for (int32_t r = 0; r < pl.num_real_rows; ++r) {
       if (pl.row_seq_id[r] < 0 || pl.row_num_logits[r] == 0) continue;
       const int32_t last = pl.row_logits_offset[r] + pl.row_num_logits[r] - 1;
-      if (pl.logit_kind[last] == LogitsRowKind::SAMPLE) prev_rows[pl.row_seq_id[r]] = last;
+      if (pl.logit_kind[last] == LogitsRowKind::SAMPLE) prev_sample[r] = last;
     }
   }
 
@@ -85,8 +113,8 @@ int32_t prepare_inputs(PrepareArgs& a, SequenceMetadataPool& pool, BuildMode mod
     const int32_t L = s.num_tokens();
     RowPlan p{r.start, r.num_new, -1};
     if (zos && !r.is_prompt) {
-      auto it = prev_rows.find(s.seq_id);
-      if (it != prev_rows.end()) p = {L, 1, it->second};
+      const int32_t src = prev_row_of(s.seq_id);
+      if (src >= 0) p = {L, 1, src};
     }
     if (decode_only && r.is_prompt) row_error(i, "is a prompt chunk; prepare_decode_v4 takes decode rows only (use prepare_prompt_v4)");
     if (p.num < 1) row_error(i, "num_new_tokens must be >= 1, got " + std::to_string(p.num));
@@ -205,7 +233,7 @@ int32_t prepare_inputs(PrepareArgs& a, SequenceMetadataPool& pool, BuildMode mod
         a.yoco_cu_seqlens.data[i + 1] = nyoco;
       }
       a.seq_lens.data[i] = end;
-      write_block_row(a, i, s.seq_id, bt, static_cast<int32_t>(s.block_table.size()));
+      write_block_row(a, i, s.seq_id, bt, static_cast<int32_t>(s.block_table.size()), block_table_version(s));
       L.row_num_tokens.push_back(p.num);
       L.row_num_logits.push_back(nlog - before);
       L.row_seq_id.push_back(s.seq_id);
@@ -233,7 +261,7 @@ int32_t prepare_inputs(PrepareArgs& a, SequenceMetadataPool& pool, BuildMode mod
         a.yoco_cu_seqlens.data[i + 1] = nyoco;
       }
       a.seq_lens.data[i] = q_pad;
-      write_block_row(a, i, -1, nullptr, 0);
+      write_block_row(a, i, -1, nullptr, 0, 0);
       L.row_num_tokens.push_back(q_pad);
       L.row_num_logits.push_back(q_pad);
       L.row_seq_id.push_back(-1);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 
 #include "metadata.h"
 #include "prepare_args.h"
@@ -85,6 +86,13 @@ void prepare_sampler_inputs(SamplerInputs& out, const PrepareArgs& a, SequenceMe
       const MetadataRow& r = pool[i];
       const int32_t ns = r.num_samples;
       if (ns == 0) continue;
+      if (L.row_seq_id[i] >= 0) {  // (rows discarded by zos_discard have no sample logits any more)
+        const int32_t nl = L.row_num_logits[i];
+        if (nl == 0 || L.logit_kind[L.row_logits_offset[i] + nl - 1] != LogitsRowKind::SAMPLE)
+          throw py::value_error("metadata[" + std::to_string(i) + "]: samples but its prepared row has no sample logits row");
+        if (static_cast<size_t>(r.num_drafts) > r.seq->draft_tokens.size())
+          throw py::value_error("metadata[" + std::to_string(i) + "]: its draft tokens changed since the inputs were prepared");
+      }
       const SamplingParams& p = r.group->params;
       z.rows += ns;
       if (p.has_penalties()) {
