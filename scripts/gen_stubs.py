@@ -4,35 +4,62 @@
     python scripts/gen_stubs.py --write   rewrite the committed stubs
 
 Sources: ``deepinfer_engine._engine`` for ``engine.pyi``; the CUDA backend's native
-``cuda_utils`` / ``graph_timer`` for the other two (every backend has the same signatures,
-checked by tests/conformance). Each stub starts with its header from scripts/stub_headers/
-(for engine.pyi: the rules shared by many names). Names are rewritten from the native module
-paths to the facade's, since users import them from ``deepinfer._C``.
+``graph_timer`` for ``graph_timer.pyi`` (every backend has the same signatures, checked by
+tests/conformance). Each starts with its header from scripts/stub_headers/ (for engine.pyi:
+the rules shared by many names). Names are rewritten from the native module paths to the
+facade's, since users import them from ``deepinfer._C``.
+
+``cuda_utils.pyi`` is kept by hand because the CUDA backend's ``cuda_utils`` is a Python
+layer (torch conversion) over the native module; this script checks that its functions and
+parameter names match the backend's.
 """
 
 from __future__ import annotations
 
+import ast
 import difflib
+import inspect
 import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "deepinfer-meta" / "src" / "deepinfer" / "_C"
 HEADERS = ROOT / "scripts" / "stub_headers"
 
 
-def _native_modules() -> dict[str, str]:
-    """facade stub file -> native module that stubgen reads."""
-    targets = {"engine.pyi": "deepinfer_engine._engine"}
+def _reference_backend() -> ModuleType:
     from deepinfer_cuda import plugin  # the reference backend for the shared signatures
 
-    native = plugin.deepinfer_backend()["load"]()
-    targets["cuda_utils.pyi"] = native.cuda_utils.__name__
-    targets["graph_timer.pyi"] = native.graph_timer.__name__
-    return targets
+    return plugin.deepinfer_backend()["load"]()  # type: ignore[no-any-return]
+
+
+def _native_modules() -> dict[str, str]:
+    """facade stub file -> native module that stubgen reads."""
+    return {
+        "engine.pyi": "deepinfer_engine._engine",
+        "graph_timer.pyi": _reference_backend().graph_timer.__name__,
+    }
+
+
+def check_hand_kept_cuda_utils() -> list[str]:
+    """Differences between cuda_utils.pyi and the reference backend's functions."""
+    stub = ast.parse((OUT / "cuda_utils.pyi").read_text())
+    in_stub = {
+        node.name: [a.arg for a in node.args.args + node.args.kwonlyargs]
+        for node in stub.body if isinstance(node, ast.FunctionDef)
+    }
+    module = _reference_backend().cuda_utils
+    problems = []
+    for name in ("alloc_tensor", "export_ipc_tensor", "import_ipc_tensor"):
+        actual = list(inspect.signature(getattr(module, name)).parameters)
+        if in_stub.get(name) != actual:
+            problems.append(f"cuda_utils.pyi: {name}{tuple(in_stub.get(name) or ())} but the "
+                            f"backend has {name}{tuple(actual)}")
+    return problems
 
 
 def _stubgen(module: str, tmp: Path) -> str:
@@ -81,8 +108,11 @@ def main() -> int:
                 difflib.unified_diff(current.splitlines(True), text.splitlines(True),
                                      str(path.relative_to(ROOT)), "regenerated")
             )
+    mismatched = check_hand_kept_cuda_utils()
+    print("\n".join(mismatched))
     if stale:
         print(f"\n{len(stale)} stub(s) are stale; run `nox -s stubs -- --write` and commit.")
+    if stale or mismatched:
         return 1
     print("stubs are up to date")
     return 0
