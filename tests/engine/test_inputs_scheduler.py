@@ -27,9 +27,10 @@ def rows_from_scheduler(sched, out):
     return rows
 
 
-def test_step_loop_matches_reference_and_update_consumes_sampler_rows():
+@pytest.mark.parametrize("num_blocks", [512, 40])  # 40: memory pressure, preemption + recompute
+def test_step_loop_matches_reference_and_update_consumes_sampler_rows(num_blocks):
     rng = random.Random(3)
-    sched = E.Scheduler(num_blocks=512, block_size=16, max_num_seqs=8, max_num_batched_tokens=96,
+    sched = E.Scheduler(num_blocks=num_blocks, block_size=16, max_num_seqs=8, max_num_batched_tokens=96,
                         max_model_len=512, vocab_size=VOCAB)
     plp_k = {}
     for i in range(12):
@@ -43,15 +44,19 @@ def test_step_loop_matches_reference_and_update_consumes_sampler_rows():
     pool = E.SequenceMetadataPool()
     si = E.SamplerInputs()
     steps = 0
-    while sched.has_unfinished_requests() and steps < 400:
+    preempted = 0
+    plp_done = {}  # request -> prompt positions attached so far
+    while sched.has_unfinished_requests() and steps < 2000:
         out = sched.schedule()
         steps += 1
+        preempted += len(out.preempted_seq_ids)
         if out.is_empty:
             continue
         assert pool.build(sched) == len(out)
         rows = rows_from_scheduler(sched, out)
         for r in rows:
             r.prompt_logprobs = plp_k[r.request_id]
+            r.plp_done = plp_done.get(r.request_id, 0)
         n = E.prepare_prompt_v4(args, pool)
         ref = reference_layout(rows, block_size=16, width=32)
         check_against_reference(args, bufs, rows, ref, n)
@@ -65,8 +70,40 @@ def test_step_loop_matches_reference_and_update_consumes_sampler_rows():
             N = si.prompt_logprobs.num_rows
             E.update_prompt_logprobs(sched, si, -np.arange(N, dtype=np.float32),
                                      np.zeros((N, k), np.int32), np.zeros((N, k), np.float32))
+            for sid, pos in zip(si.prompt_logprobs.seq_ids.tolist(), si.prompt_logprobs.positions.tolist()):
+                req = sched.get_sequence(sid).request_id
+                plp_done[req] = max(plp_done.get(req, 0), pos)
         sched.update(np.array([rng.randrange(1, VOCAB) for _ in range(out.num_sample_rows)], np.int32))
     assert not sched.has_unfinished_requests()
+    assert (preempted > 0) == (num_blocks == 40)
+
+
+def test_n_gt_1_prompt_gives_n_sample_rows_with_distinct_subsequences():
+    sched = E.Scheduler(num_blocks=64, block_size=16, max_num_seqs=8, max_num_batched_tokens=64,
+                        max_model_len=128, vocab_size=VOCAB)
+    sched.add_request("n3", list(range(20)), n=3, max_tokens=3, seed=77, temperature=1.0)
+    bufs = make_buffers(max_tokens=64, max_seqs=8, width=8)
+    args = make_args(bufs, max_model_len=128)
+    pool, si = E.SequenceMetadataPool(), E.SamplerInputs()
+    out = sched.schedule()
+    pool.build(sched)
+    E.prepare_prompt_v4(args, pool)
+    E.prepare_sampler_inputs(args, pool, si)
+    assert out.num_sample_rows == si.driver.num_real_rows == 3
+    assert si.kernel.logits_rows.tolist() == [0, 0, 0]  # one logits row (token row 19), sampled 3 times
+    assert bufs["logits_indices"][0] == 19
+    assert si.kernel.subsequences.tolist() == [0, 1, 2]
+    assert si.kernel.seeds.tolist() == [77, 77, 77] and si.kernel.offsets.tolist() == [0, 0, 0]
+    sched.update(np.array([5, 6, 7], np.int32))
+    out = sched.schedule()
+    pool.build(sched)
+    E.prepare_decode_v4(args, pool)
+    E.prepare_sampler_inputs(args, pool, si)
+    # The children continue their own streams: subsequence = sample index, offset = 1.
+    assert sorted(si.kernel.subsequences.tolist()) == [0, 1, 2]
+    assert si.kernel.offsets.tolist() == [1, 1, 1]
+    rows = rows_from_scheduler(sched, out)
+    check_against_reference(args, bufs, rows, reference_layout(rows, block_size=16, width=8), args.num_tokens)
 
 
 def test_prompt_logprobs_attached_chunk_by_chunk():

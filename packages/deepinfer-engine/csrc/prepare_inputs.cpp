@@ -203,7 +203,10 @@ int32_t prepare_inputs(PrepareArgs& a, SequenceMetadataPool& pool, BuildMode mod
       if (r.is_prompt && p.src < 0) {
         const int32_t P = s.num_prompt_tokens;
         if (r.group->params.prompt_logprobs >= 0) {
-          for (int32_t pos = p.start; pos < std::min(end, P - 1); ++pos) {
+          // Positions whose logprobs the request already holds (a recompute after preemption
+          // computes them again) need no logits row.
+          const int32_t first = std::max(p.start, r.group->num_prompt_logprobs);
+          for (int32_t pos = first; pos < std::min(end, P - 1); ++pos) {
             a.logits_indices.data[nlog++] = tok + (pos - p.start);
             L.logit_row.push_back(i);
             L.logit_kind.push_back(LogitsRowKind::PROMPT_LOGPROB);

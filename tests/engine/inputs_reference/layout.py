@@ -29,6 +29,7 @@ class RefRow:
     prompt_logprobs: int = -1
     sampling: dict = field(default_factory=dict)   # keyword arguments of add_sequence
     zos_src: int = -1          # ZOS: logits row of step N holding the pending token, -1 host-known
+    plp_done: int = 0          # prompt positions whose logprobs the request already holds
 
     def __post_init__(self):
         if self.is_prompt is None:
@@ -88,7 +89,7 @@ def reference_layout(rows, *, block_size, width, graph_sizes=(), pad=False, yoco
             my_logits = []
             if r.is_prompt and r.zos_src < 0:
                 if r.prompt_logprobs >= 0:
-                    for p in range(r.start, min(r.end, r.num_prompt - 1)):
+                    for p in range(max(r.start, r.plp_done), min(r.end, r.num_prompt - 1)):
                         my_logits.append((base + p - r.start, PROMPT_LOGPROB, p))
                 if r.end == len(r.tokens):
                     my_logits.append((base + r.num_new - 1, SAMPLE, r.end - 1))
