@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from deepinfer.runtime.detokenizer import IncrementalDetokenizer
+from deepinfer.runtime.detokenizer import IncrementalDetokenizer, decode_completion
 
 TEXTS = [
     "Hello, world! The café costs 3€ — naïve 日本語 テキスト 🙂 done.",
@@ -26,6 +26,7 @@ def test_incremental_text_equals_full_decode(tokenizer, text):
     expected = tokenizer.decode(ids, skip_special_tokens=True)
     assert d.text == expected
     assert streamed == expected
+    assert decode_completion(tokenizer, prompt, ids) == expected
 
 
 @pytest.mark.parametrize("include", [False, True])

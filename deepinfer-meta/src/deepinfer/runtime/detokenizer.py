@@ -90,3 +90,17 @@ class IncrementalDetokenizer:
         delta = self.text[self._emitted:end]
         self._emitted = end
         return delta
+
+
+def decode_completion(tokenizer: Any, prompt_ids: Sequence[int], output_ids: Sequence[int],
+                      skip_special_tokens: bool = True) -> str:
+    """The text of a finished completion in one go: the same text the incremental path builds
+    (the last prompt tokens give the decoding context, e.g. a SentencePiece leading space)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    decode = backend.decode if backend is not None else tokenizer.decode
+    ctx = list(prompt_ids[-_PROMPT_CONTEXT:])
+    prefix = decode(ctx, skip_special_tokens=skip_special_tokens)
+    full = decode(ctx + list(output_ids), skip_special_tokens=skip_special_tokens)
+    if full.startswith(prefix):
+        return full[len(prefix):]
+    return decode(list(output_ids), skip_special_tokens=skip_special_tokens)

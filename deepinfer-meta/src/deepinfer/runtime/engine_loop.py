@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from deepinfer.runtime.detokenizer import IncrementalDetokenizer
+from deepinfer.runtime.detokenizer import IncrementalDetokenizer, decode_completion
 from deepinfer.runtime.model_runner import ModelRunner
 from deepinfer.runtime.sampler import prompt_logprobs, sample
 from deepinfer.runtime.sampler_inputs import sampling_batch_from_engine
@@ -45,6 +45,7 @@ class _RequestState:
     detok: dict[int, IncrementalDetokenizer]  # by completion index
     seen: dict[int, int]  # tokens already detokenized, by completion index
     delta: bool = False  # outputs carry only new tokens; text gets only new characters
+    final_text_only: bool = False  # decode once when a sample finishes (no stop strings to watch)
 
 
 class EngineLoop:
@@ -85,8 +86,12 @@ class EngineLoop:
         return f"req-{next(self._ids)}"
 
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                    output_kind: str = "cumulative") -> None:
-        """Queue a request; ValueError (naming the problem) leaves the engine unchanged."""
+                    output_kind: str = "cumulative", final_text_only: bool = False) -> None:
+        """Queue a request; ValueError (naming the problem) leaves the engine unchanged.
+
+        ``final_text_only``: fill ``text`` only when a sample finishes (one decode instead of one
+        per token); ignored when the request has stop strings or ``output_kind`` is "delta".
+        """
         if len(prompt_ids) == 0:
             raise ValueError(f"request {request_id!r}: the prompt is empty (no tokens)")
         params.check_vocab(self.cfg.vocab_size)
@@ -100,7 +105,9 @@ class EngineLoop:
             max_tokens=params.max_tokens, min_tokens=params.min_tokens,
             logprobs=params.logprobs, prompt_logprobs=params.prompt_logprobs,
             logit_bias=dict(params.logit_bias or {}), output_kind=output_kind)
-        self.requests[request_id] = _RequestState(params, list(prompt_ids), {}, {}, output_kind == "delta")
+        delta = output_kind == "delta"
+        self.requests[request_id] = _RequestState(params, list(prompt_ids), {}, {}, delta,
+                                                  final_text_only and not delta and not params.stop_strings)
 
     def abort(self, request_id: str) -> None:
         """Abort an unfinished request (its next output reports finish_reason 'abort')."""
@@ -185,7 +192,7 @@ class EngineLoop:
         stopped = False
         for ro in outputs:
             state = self.requests.get(ro.request_id)
-            if state is None:
+            if state is None or state.final_text_only:
                 continue
             for c in ro.outputs:
                 d = self._detokenizer(state, c.index)
@@ -204,6 +211,11 @@ class EngineLoop:
             if state is None:
                 continue
             for c in ro.outputs:
+                if state.final_text_only:
+                    if c.finish_reason is not None:
+                        c.text = decode_completion(self.tokenizer, state.prompt_ids, list(c.token_ids),
+                                                   state.params.skip_special_tokens)
+                    continue
                 d = self._detokenizer(state, c.index)
                 if c.finish_reason is not None:
                     d.finish()

@@ -153,7 +153,7 @@ class LLM:
         order: dict[str, int] = {}
         for p, sp in zip(ids, params, strict=True):
             rid = self.engine.new_request_id()
-            self.engine.add_request(rid, p, sp)
+            self.engine.add_request(rid, p, sp, final_text_only=True)
             order[rid] = len(order)
         results: list[Any] = [None] * len(order)
         bar = None

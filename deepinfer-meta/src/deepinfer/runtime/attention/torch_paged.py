@@ -31,6 +31,26 @@ def _gather_context(cache: torch.Tensor, block_row: torch.Tensor, length: int) -
     return ctx.transpose(0, 1)
 
 
+def _decode_layout(meta: AttentionMetadata, device: torch.device
+                   ) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor | None]:
+    # Computed once per step and shared by every layer (cached on the metadata object).
+    cached = getattr(meta, "_decode_layout", None)
+    if cached is not None:
+        return cached
+    dec = meta.decode_seq_idx
+    rows = torch.from_numpy(meta.query_start_loc[dec]).to(device)
+    dec_lens = meta.seq_lens[dec]
+    max_len = int(dec_lens.max())
+    nblk = (max_len + meta.block_size - 1) // meta.block_size
+    bt = meta.block_tables[torch.from_numpy(dec).to(device)][:, :nblk]
+    mask = None
+    if int(dec_lens.min()) != max_len:
+        mask = torch.arange(max_len, device=device)[None, :] < torch.from_numpy(dec_lens).to(device)[:, None]
+        mask = mask[:, None, None, :]
+    meta._decode_layout = (rows, bt, max_len, mask)  # type: ignore[attr-defined]
+    return meta._decode_layout  # type: ignore[attr-defined]
+
+
 def paged_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -46,24 +66,15 @@ def paged_attention(
     out = torch.empty_like(q)
     qsl, lens = meta.query_start_loc, meta.seq_lens
 
-    dec = meta.decode_seq_idx
-    if dec.size:
-        rows = torch.from_numpy(qsl[dec])
-        dec_lens = lens[dec]
-        max_len = int(dec_lens.max())
-        nblk = (max_len + meta.block_size - 1) // meta.block_size
-        bt = meta.block_tables[torch.from_numpy(dec)][:, :nblk]
+    if meta.decode_seq_idx.size:
+        rows, bt, max_len, mask = _decode_layout(meta, q.device)
         # [B, nblk, bs, kvh, d] -> [B, kvh, S, d]
         kc = k_cache[bt].flatten(1, 2)[:, :max_len].transpose(1, 2)
         vc = v_cache[bt].flatten(1, 2)[:, :max_len].transpose(1, 2)
-        qd = q[rows.to(q.device)].unsqueeze(2)  # [B, heads, 1, d]
-        mask = None
-        if int(dec_lens.min()) != max_len:
-            mask = torch.arange(max_len, device=q.device)[None, :] < torch.from_numpy(dec_lens).to(q.device)[:, None]
-            mask = mask[:, None, None, :]
+        qd = q[rows].unsqueeze(2)  # [B, heads, 1, d]
         o = F.scaled_dot_product_attention(qd, kc, vc, attn_mask=mask, scale=scale,
                                            enable_gqa=kc.shape[1] != num_heads)
-        out[rows.to(q.device)] = o.squeeze(2)
+        out[rows] = o.squeeze(2)
 
     for i in meta.prefill_seq_idx.tolist():
         start, end = int(qsl[i]), int(qsl[i + 1])

@@ -54,7 +54,7 @@ class LlamaLayer(nn.Module):
         self.intermediate_size = cfg.intermediate_size
         self.scale = self.head_dim ** -0.5
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding,
+    def forward(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor],
                 kv_cache: torch.Tensor, meta: AttentionMetadata, attention: AttentionFn) -> torch.Tensor:
         h = self.input_layernorm(x)
         q, k, v = self.qkv_proj(h).split(self.split, dim=-1)
@@ -62,7 +62,7 @@ class LlamaLayer(nn.Module):
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
-        q, k = rotary(positions, q, k)
+        q, k = RotaryEmbedding.apply(cos_sin, q, k)
         o = attention(q, k, v, kv_cache, meta, self.scale)
         x = x + self.o_proj(o.reshape(t, -1))
         h = self.post_attention_layernorm(x)
@@ -88,8 +88,9 @@ class LlamaForCausalLM(nn.Module):
                 meta: AttentionMetadata, attention: AttentionFn) -> torch.Tensor:
         """Final hidden states [T, hidden] for the flattened tokens of one step."""
         x = self.embed_tokens(input_ids)
+        cos_sin = self.rotary.tables(positions, x.dtype)
         for layer, cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, positions, self.rotary, cache, meta, attention)
+            x = layer(x, cos_sin, cache, meta, attention)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

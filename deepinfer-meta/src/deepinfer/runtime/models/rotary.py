@@ -46,11 +46,20 @@ class RotaryEmbedding(torch.nn.Module):
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
 
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin rows [T, 1, d] of ``positions``: gathered once per step, shared by every layer."""
+        return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
+
+    @staticmethod
+    def apply(cos_sin: tuple[torch.Tensor, torch.Tensor], q: torch.Tensor, k: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate ``q`` [T, h, d] and ``k`` [T, kvh, d] with the step's cos/sin tables."""
+        cos, sin = cos_sin
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate ``q`` [T, h, d] and ``k`` [T, kvh, d] for their positions [T]."""
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        return self.apply(self.tables(positions, q.dtype), q, k)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
