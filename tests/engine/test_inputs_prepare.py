@@ -133,3 +133,23 @@ def test_block_table_rows_rewritten_only_when_changed():
     E.prepare_decode_v4(args, pool_of(rows[:2]))
     n = E.prepare_decode_v4(args, pool_of(rows))
     check_against_reference(args, bufs, rows, reference_layout(rows, block_size=4, width=16), n)
+
+
+def test_buffers_may_be_torch_tensor_views_written_in_place():
+    torch = pytest.importorskip("torch", reason="torch is needed to make tensor views (not installed)")
+    T, S, W = 64, 4, 8
+    tensors = dict(input_ids=torch.zeros(T, dtype=torch.int32), positions=torch.zeros(T, dtype=torch.int32),
+                   slot_mapping=torch.zeros(T, dtype=torch.int64), query_start_loc=torch.zeros(S + 1, dtype=torch.int32),
+                   seq_lens=torch.zeros(S, dtype=torch.int32), block_tables=torch.full((S, W), 9, dtype=torch.int32),
+                   logits_indices=torch.zeros(T, dtype=torch.int32))
+    args = E.PrepareArgs(block_size=4, max_model_len=64, **{k: v.numpy() for k, v in tensors.items()})
+    rows = [RefRow(1, "a", [10, 11, 12, 13, 14], 5, 0, 5, [3, 4])]
+    E.prepare_prompt_v4(args, pool_of(rows))
+    assert tensors["input_ids"][:5].tolist() == [10, 11, 12, 13, 14]
+    assert tensors["slot_mapping"][:5].tolist() == [12, 13, 14, 15, 16]
+    assert tensors["block_tables"][0].tolist() == [3, 4, 0, 0, 0, 0, 0, 0]
+    # A transposed (non-contiguous) view is refused, not copied.
+    with pytest.raises(ValueError, match="block_tables"):
+        E.PrepareArgs(block_size=4, max_model_len=64,
+                      **{**{k: v.numpy() for k, v in tensors.items()},
+                         "block_tables": torch.zeros(W, S, dtype=torch.int32).t().numpy()})
