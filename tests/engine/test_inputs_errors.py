@@ -150,3 +150,14 @@ def test_sampler_and_update_argument_types():
         E.prepare_sampler_inputs(args, "not a pool", E.SamplerInputs())
     with pytest.raises(TypeError):
         E.prepare_prompt_v4(None, E.SequenceMetadataPool())
+
+
+def test_buffer_made_read_only_later_is_refused():
+    bufs = make_buffers(max_tokens=16, max_seqs=2, width=4)
+    args = make_args(bufs, block_size=4)
+    bufs["positions"].flags.writeable = False
+    before = snapshot(bufs)
+    with pytest.raises(ValueError, match="positions"):
+        E.prepare_prompt_v4(args, pool_of([good_row()]))
+    for k in bufs:
+        np.testing.assert_array_equal(bufs[k], before[k])

@@ -37,6 +37,7 @@ SequenceMetadataInfo snapshot(const MetadataRow& r) {
 
 
 int32_t run_builder(PrepareArgs& a, SequenceMetadataPool& pool, BuildMode mode, const PrepareArgs* prev) {
+  a.recheck_writable();
   py::gil_scoped_release nogil;  // everything below is plain C++ on validated memory
   return prepare_inputs(a, pool, mode, prev);
 }

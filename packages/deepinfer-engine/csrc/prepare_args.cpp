@@ -59,13 +59,35 @@ PrepareArgs::PrepareArgs(int32_t block_size_, int32_t max_model_len_, std::vecto
       buf::fail("graph_batch_sizes", "each size must be in [1, block_tables rows = " + std::to_string(max_num_seqs) +
                                          "], got " + std::to_string(g));
   }
-  owners = {input_ids_,       positions_,     slot_mapping_,   query_start_loc_,  seq_lens_, block_tables_,
-            logits_indices_, yoco_kept_rows_, yoco_cu_seqlens_, engram_indices_, zos_source_index_};
+  // Only validated buffers are kept (a buffer of a disabled feature is ignored).
+  const bool yoco = yoco_mode != YocoPrefillTruncationMode::NONE;
+  owners = {input_ids_,
+            positions_,
+            slot_mapping_,
+            query_start_loc_,
+            seq_lens_,
+            block_tables_,
+            logits_indices_,
+            yoco ? yoco_kept_rows_ : py::none(),
+            yoco ? yoco_cu_seqlens_ : py::none(),
+            engram.enabled() ? engram_indices_ : py::none(),
+            zos_source_index_};
   // Block-table rows are written incrementally from a known state: all zero.
   std::memset(block_tables.data, 0, sizeof(int32_t) * block_tables.rows * block_tables.cols);
   bt_seq_id.assign(max_num_seqs, -1);
   bt_len.assign(max_num_seqs, 0);
   bt_version.assign(max_num_seqs, 0);
+}
+
+void PrepareArgs::recheck_writable() const {
+  static const char* const names[] = {"input_ids",      "positions",      "slot_mapping",   "query_start_loc",
+                                      "seq_lens",       "block_tables",   "logits_indices", "yoco_kept_rows",
+                                      "yoco_cu_seqlens", "engram_indices", "zos_source_index"};
+  for (size_t i = 0; i < owners.size(); ++i) {
+    if (owners[i].is_none()) continue;
+    if (!py::reinterpret_borrow<py::array>(owners[i]).writeable())
+      buf::fail(names[i], "became read-only after PrepareArgs was built");
+  }
 }
 
 int32_t PrepareArgs::padded_batch_size(int32_t n) const {

@@ -82,6 +82,9 @@ class PrepareArgs {
 
   StepLayout layout;
 
+  // Re-checks (GIL held) that no buffer was made read-only since construction.
+  void recheck_writable() const;
+
   // Smallest graph batch size >= n, or n when none is (eager step).
   int32_t padded_batch_size(int32_t n) const;
 };
