@@ -204,3 +204,19 @@ def test_deepinfer_timer_without_the_wheel_says_what_to_install():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert 'pip install "deepinfer[cuda]"' in proc.stdout
+
+
+def test_torch_npu_stream_objects_are_passed_as_their_int_handle():
+    seen = []
+
+    class RecordingEvent(fake.EventHandle):
+        def record(self, stream=0):
+            seen.append(stream)
+            super().record(stream)
+
+    backend = types.SimpleNamespace(**{**vars(fake), "EventHandle": RecordingEvent})
+    timer = GraphTimer(backend)
+    npu_stream = types.SimpleNamespace(npu_stream=1234)  # what torch_npu's streams carry
+    with timer.region("a", stream=npu_stream):
+        pass
+    assert seen and all(s == 1234 for s in seen)

@@ -10,15 +10,12 @@ namespace deepinfer_ascend {
 
 namespace {
 
-// DLPack 0.8 added kDLBool = 6; the 0.6 header of libdlpack-dev predates it.
-constexpr uint8_t kDLBoolCode = 6;
-
 const std::vector<DType>& dtype_table() {
   static const std::vector<DType> table = {
       {"float32", {kDLFloat, 32, 1}, 4},  {"float16", {kDLFloat, 16, 1}, 2}, {"bfloat16", {kDLBfloat, 16, 1}, 2},
       {"float64", {kDLFloat, 64, 1}, 8},  {"int8", {kDLInt, 8, 1}, 1},       {"int16", {kDLInt, 16, 1}, 2},
       {"int32", {kDLInt, 32, 1}, 4},      {"int64", {kDLInt, 64, 1}, 8},     {"uint8", {kDLUInt, 8, 1}, 1},
-      {"bool", {kDLBoolCode, 8, 1}, 1},
+      {"bool", {kDLBool, 8, 1}, 1},
   };
   return table;
 }

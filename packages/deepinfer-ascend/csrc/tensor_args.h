@@ -2,12 +2,13 @@
 // device. Bad input is a TypeError/ValueError naming the argument and the wrong value.
 #pragma once
 
-#include <dlpack/dlpack.h>
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "dlpack_abi.h"
 
 namespace deepinfer_ascend {
 

@@ -27,11 +27,26 @@ _CALIBRATION = "<empty region>"
 
 
 def _default_stream() -> int:
+    """torch's current stream on this process's accelerator (CUDA, or Ascend via torch_npu)."""
     try:
         import torch
     except ImportError:  # pragma: no cover - depends on the environment
         raise RuntimeError("pass stream=... (torch is not installed to supply the current stream)") from None
+    npu = getattr(torch, "npu", None)  # present once torch_npu is imported
+    if npu is not None and npu.is_available() and not torch.cuda.is_available():
+        return int(npu.current_stream().npu_stream)
     return int(torch.cuda.current_stream().cuda_stream)
+
+
+def _stream_handle(stream: Any) -> Any:
+    """None -> torch's current stream; a torch_npu stream -> its int handle; anything else is
+    passed on as is (the backend's ``record`` takes ints and torch.cuda streams, and says
+    what is wrong with anything else)."""
+    if stream is None:
+        return _default_stream()
+    if hasattr(stream, "npu_stream"):
+        return int(stream.npu_stream)
+    return stream
 
 
 @dataclass
@@ -120,12 +135,12 @@ class GraphTimer:
     def region(self, name: str, stream: Any = None) -> Iterator[None]:
         """Time the work enqueued inside the ``with`` block while a graph is being captured.
 
-        stream: the capturing stream (int handle or torch.cuda.Stream; default torch's current
-        stream). Call :meth:`attach` with the graph after the capture ends.
+        stream: the capturing stream (an int handle, or a torch.cuda.Stream / torch_npu stream;
+        default: torch's current stream on this accelerator). Call :meth:`attach` with the graph after the capture ends.
         """
         if not isinstance(name, str) or not name:
             raise ValueError(f"region name must be a non-empty str, got {name!r}")
-        s = _default_stream() if stream is None else stream
+        s = _stream_handle(stream)
         if not self._capturing:
             # The empty region, recorded first, measures what a region's two records cost.
             calib_start, calib_end = self._new_event(), self._new_event()
