@@ -427,10 +427,25 @@ void bind_core(py::module_& m) {
             const int32_t vocab = s.config().vocab_size;
             if (request_id == kPlaceholderRequestId) buf::fail("request_id", "'" + request_id + "' is reserved for padding rows");
             if (s.has_request(request_id)) buf::fail("request_id", "'" + request_id + "' is already in use");
-            auto prompt = loose_ints(prompt_token_ids, "prompt_token_ids", 0);
-            if (prompt.empty()) buf::fail("prompt_token_ids", "must not be empty");
-            for (size_t i = 0; i < prompt.size(); ++i)
-              if (prompt[i] >= vocab)
+            // A C-contiguous int32 array is read in place; anything else is converted.
+            std::vector<int32_t> converted;
+            const int32_t* prompt = nullptr;
+            size_t prompt_len = 0;
+            if (py::isinstance<py::array>(prompt_token_ids)) {
+              auto a = py::reinterpret_borrow<py::array>(prompt_token_ids);
+              if (a.dtype().is(py::dtype::of<int32_t>()) && a.ndim() == 1 && (a.flags() & py::array::c_style)) {
+                prompt = static_cast<const int32_t*>(a.data());
+                prompt_len = static_cast<size_t>(a.shape(0));
+              }
+            }
+            if (!prompt) {
+              converted = loose_ints(prompt_token_ids, "prompt_token_ids", 0);
+              prompt = converted.data();
+              prompt_len = converted.size();
+            }
+            if (prompt_len == 0) buf::fail("prompt_token_ids", "must not be empty");
+            for (size_t i = 0; i < prompt_len; ++i)
+              if (prompt[i] < 0 || prompt[i] >= vocab)
                 buf::fail("prompt_token_ids", "token id " + std::to_string(prompt[i]) + " at index " + std::to_string(i) +
                                                   " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
             SamplingParams p;
@@ -486,7 +501,9 @@ void bind_core(py::module_& m) {
               eos = static_cast<int32_t>(e);
             }
             const double arrival = arrival_time ? *arrival_time : s.now();
-            const GroupIndex g = s.add_request(request_id, prompt.data(), static_cast<int32_t>(prompt.size()), p, arrival, eos);
+            if (prompt_len > static_cast<size_t>(INT32_MAX / 2))
+              buf::fail("prompt_token_ids", std::to_string(prompt_len) + " tokens is too many");
+            const GroupIndex g = s.add_request(request_id, prompt, static_cast<int32_t>(prompt_len), p, arrival, eos);
             return s.store().seq(s.store().groups[g].seqs[0]).seq_id;
           },
           py::arg("request_id"), py::arg("prompt_token_ids"), py::kw_only(), py::arg("n") = 1,

@@ -21,6 +21,7 @@ BlockManager::BlockManager(int32_t num_blocks, int32_t block_size, bool enable_p
       parent_gen_(num_blocks, 0),
       gen_(num_blocks, 0),
       tokens_(enable_prefix_caching ? static_cast<size_t>(num_blocks) * block_size : 0),
+      table_(enable_prefix_caching ? static_cast<size_t>(num_blocks) : 1),
       lru_prev_(num_blocks, -1),
       lru_next_(num_blocks, -1),
       first_child_(num_blocks, -1),
@@ -29,7 +30,6 @@ BlockManager::BlockManager(int32_t num_blocks, int32_t block_size, bool enable_p
       in_lru_(num_blocks, 0) {
   free_stack_.reserve(num_blocks);
   for (int32_t b = num_blocks - 1; b >= 0; --b) free_stack_.push_back(b);  // block 0 is used first
-  if (prefix_caching_) table_.reserve(static_cast<size_t>(num_blocks) * 2);
 }
 
 uint64_t BlockManager::hash_block(uint64_t parent, const int32_t* tokens) const {
@@ -66,9 +66,8 @@ int32_t BlockManager::match_prefix(const std::vector<uint64_t>& hashes, const in
   const int32_t n = std::min<int32_t>(max_blocks, static_cast<int32_t>(hashes.size()));
   int32_t prev = -1;
   for (int32_t i = 0; i < n; ++i) {
-    auto it = table_.find(hashes[i]);
-    if (it == table_.end()) break;
-    const int32_t c = it->second;
+    const int32_t c = table_.find(hashes[i]);
+    if (c < 0) break;
     // Verify: the stored tokens and the chain (parent = the block matched for i-1).
     if (!cached_[c] || hash_[c] != hashes[i]) break;
     if (std::memcmp(&tokens_[static_cast<size_t>(c) * block_size_], tokens + static_cast<size_t>(i) * block_size_,
@@ -172,8 +171,7 @@ int32_t BlockManager::register_blocks(const std::vector<int32_t>& table, const s
     if (cached_[b]) continue;  // a hit, or shared with the sequence that registered it
     const int32_t prev = i ? table[i - 1] : -1;
     if (prev >= 0 && !cached_[prev]) continue;  // chain broken: this prefix cannot be verified
-    auto [it, inserted] = table_.try_emplace(hashes[i], b);
-    if (!inserted) continue;  // the same prefix (or a colliding one) already holds this hash
+    if (!table_.insert(hashes[i], b)) continue;  // the same prefix (or a colliding one) already holds this hash
     cached_[b] = 1;
     hash_[b] = hashes[i];
     parent_[b] = prev;
@@ -276,8 +274,7 @@ void BlockManager::uncache(int32_t root) {
   // Descendants first onto the free stack, root last (on top).
   for (size_t i = order.size(); i-- > 0;) {
     const int32_t b = order[i];
-    auto it = table_.find(hash_[b]);
-    if (it != table_.end() && it->second == b) table_.erase(it);
+    table_.erase(hash_[b], b);
     cached_[b] = 0;
     ++gen_[b];
     parent_[b] = -1;
@@ -317,16 +314,17 @@ std::string BlockManager::check_consistency(const std::vector<const std::vector<
     if (ref_[b] == 0 && !seen[b]) return "block " + std::to_string(b) + " leaked (unowned, not free)";
     used += ref_[b] > 0;
     if (cached_[b]) {
-      auto it = table_.find(hash_[b]);
-      if (it == table_.end() || it->second != b) return "cached block " + std::to_string(b) + " not in the hash table";
+      if (table_.find(hash_[b]) != b) return "cached block " + std::to_string(b) + " not in the hash table";
       if (parent_[b] >= 0 && (!cached_[parent_[b]] || gen_[parent_[b]] != parent_gen_[b]))
         return "cached block " + std::to_string(b) + " has a stale parent";
     }
   }
   if (used + num_free_blocks() != num_blocks_) return "free + used != total";
-  for (const auto& [h, b] : table_)
-    if (!cached_[b] || hash_[b] != h) return "hash table entry for uncached block " + std::to_string(b);
-  return "";
+  std::string bad;
+  table_.for_each([&](uint64_t h, int32_t b) {
+    if (bad.empty() && (!cached_[b] || hash_[b] != h)) bad = "hash table entry for uncached block " + std::to_string(b);
+  });
+  return bad;
 }
 
 }  // namespace deepinfer

@@ -14,8 +14,9 @@
 #include <array>
 #include <cstdint>
 #include <string>
-#include <unordered_map>
 #include <vector>
+
+#include "block_hash_table.h"
 
 namespace deepinfer {
 
@@ -113,7 +114,7 @@ class BlockManager {
   std::vector<uint32_t> parent_gen_;   // gen_[parent] when registered
   std::vector<uint32_t> gen_;          // bumped every time the block leaves the cache
   std::vector<int32_t> tokens_;        // num_blocks * block_size stored tokens
-  std::unordered_map<uint64_t, int32_t> table_;
+  BlockHashTable table_;
   // LRU of cached free blocks (intrusive list; head = oldest).
   std::vector<int32_t> lru_prev_, lru_next_;
   // Cached children of each cached block (intrusive sibling list), for the cascade on uncache.
