@@ -36,7 +36,8 @@ void write_block_row(PrepareArgs& a, size_t r, int64_t seq_id, const int32_t* bl
   const int32_t old = a.bt_len[r];
   if (version != 0 && a.bt_version[r] == version && a.bt_seq_id[r] == seq_id && old == nb) return;
   a.bt_version[r] = version;
-  if (a.bt_seq_id[r] == seq_id && old <= nb && std::memcmp(row, blocks, sizeof(int32_t) * old) == 0) {
+  // (memcmp/memcpy need non-null pointers even for 0 bytes: placeholder rows pass nb = 0.)
+  if (a.bt_seq_id[r] == seq_id && old <= nb && (old == 0 || std::memcmp(row, blocks, sizeof(int32_t) * old) == 0)) {
     if (nb > old) {
       std::memcpy(row + old, blocks + old, sizeof(int32_t) * (nb - old));
       a.bt_len[r] = nb;
@@ -44,7 +45,7 @@ void write_block_row(PrepareArgs& a, size_t r, int64_t seq_id, const int32_t* bl
     }
     return;
   }
-  std::memcpy(row, blocks, sizeof(int32_t) * nb);
+  if (nb > 0) std::memcpy(row, blocks, sizeof(int32_t) * nb);
   if (old > nb) std::memset(row + nb, 0, sizeof(int32_t) * (old - nb));
   a.bt_seq_id[r] = seq_id;
   a.bt_len[r] = nb;

@@ -198,9 +198,11 @@ void prepare_sampler_inputs(SamplerInputs& out, const PrepareArgs& a, SequenceMe
           T.no_penalties = false;
           const PenaltyCounts& c = out.penalty_cache.find(s.seq_id)->second;
           const size_t m = c.token_ids.size();
-          std::memcpy(T.penalty_token_ids.data + npen, c.token_ids.data(), m * sizeof(int32_t));
-          std::memcpy(T.penalty_output_counts.data + npen, c.output_counts.data(), m * sizeof(int32_t));
-          std::memcpy(T.penalty_in_prompt.data + npen, c.in_prompt.data(), m);
+          if (m) {
+            std::memcpy(T.penalty_token_ids.data + npen, c.token_ids.data(), m * sizeof(int32_t));
+            std::memcpy(T.penalty_output_counts.data + npen, c.output_counts.data(), m * sizeof(int32_t));
+            std::memcpy(T.penalty_in_prompt.data + npen, c.in_prompt.data(), m);
+          }
           npen += m;
           T.penalty_pending_source[row] = L.row_zos_src[i];
         }
