@@ -177,14 +177,17 @@ def sanitize(session: nox.Session) -> None:
         session.run("gcc", f"-print-file-name={lib}", silent=True, external=True).strip()
         for lib in ("libasan.so", "libubsan.so")
     ]
-    targets = ["tests/engine"]
-    if (ROOT / "tests" / "reliability" / "test_engine_state_machine.py").exists():
-        targets.append("tests/reliability/test_engine_state_machine.py")
-    session.run("pytest", "-q", "-p", "no:cacheprovider", *targets, *session.posargs,
-                env={"LD_PRELOAD": " ".join(runtime),
-                     "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
-                     "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
-                     "DEEPINFER_SANITIZED": "1"})
+    env = {"LD_PRELOAD": " ".join(runtime),
+           "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
+           "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
+           "DEEPINFER_SANITIZED": "1"}
+    # One pytest per folder: each folder's conftest is its own module.
+    session.run("pytest", "-q", "-p", "no:cacheprovider", "tests/engine", *session.posargs,
+                env=env)
+    state_machine = ROOT / "tests" / "reliability" / "test_engine_state_machine.py"
+    if state_machine.exists():
+        session.run("pytest", "-q", "-p", "no:cacheprovider", str(state_machine),
+                    *session.posargs, env=env)
 
 
 @nox.session
