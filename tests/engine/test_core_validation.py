@@ -142,3 +142,23 @@ def test_sequence_and_fork_errors():
     assert s.check_invariants() == ""
     with pytest.raises(TypeError):
         E.BlockManager()
+
+
+@pytest.mark.parametrize(
+    "kw, exc, match",
+    [
+        (dict(n=1.5), TypeError, "n: expected int, got float"),
+        (dict(ignore_eos=1), TypeError, "ignore_eos: expected bool, got int"),
+        (dict(top_p="x"), TypeError, "top_p: expected float, got str"),
+        (dict(output_kind=3), TypeError, "output_kind: expected str, got int"),
+        (dict(max_tokens=2**40), ValueError, "max_tokens: 1099511627776 is out of the int32 range"),
+        (dict(temprature=0.5), TypeError, "unexpected keyword argument 'temprature'"),
+    ],
+)
+def test_add_request_keyword_types(kw, exc, match):
+    s = make_scheduler()
+    with pytest.raises(exc, match=match):
+        s.add_request("a", [2], **kw)
+    assert s.num_waiting == 0
+    s.add_request("a", [2], seed=None, logprobs=None, prompt_logprobs=None, eos_token_id=None, arrival_time=None,
+                  temperature=0, top_p=1)  # None and ints for floats are accepted

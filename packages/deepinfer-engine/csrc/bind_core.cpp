@@ -131,6 +131,164 @@ py::typing::Dict<py::str, py::object> scheduler_stats(const Scheduler& s) {
   return d;
 }
 
+int64_t add_request_typed(Scheduler& s, const std::string& request_id, const py::object& prompt_token_ids, int32_t n,
+             float temperature, float top_p, int32_t top_k, float min_p, float presence_penalty,
+             float frequency_penalty, float repetition_penalty, std::optional<int64_t> seed,
+             const py::object& stop_token_ids, bool ignore_eos, int32_t max_tokens, int32_t min_tokens,
+             std::optional<int32_t> logprobs, std::optional<int32_t> prompt_logprobs, const py::object& logit_bias,
+             const py::object& allowed_token_ids, const py::object& banned_token_ids, int32_t priority,
+             const std::string& output_kind, std::optional<double> arrival_time, std::optional<int64_t> eos_token_id) {
+            const int32_t vocab = s.config().vocab_size;
+            if (request_id == kPlaceholderRequestId) buf::fail("request_id", "'" + request_id + "' is reserved for padding rows");
+            if (s.has_request(request_id)) buf::fail("request_id", "'" + request_id + "' is already in use");
+            // A C-contiguous int32 array is read in place; anything else is converted.
+            std::vector<int32_t> converted;
+            const int32_t* prompt = nullptr;
+            size_t prompt_len = 0;
+            if (py::isinstance<py::array>(prompt_token_ids)) {
+              auto a = py::reinterpret_borrow<py::array>(prompt_token_ids);
+              if (a.dtype().is(py::dtype::of<int32_t>()) && a.ndim() == 1 && (a.flags() & py::array::c_style)) {
+                prompt = static_cast<const int32_t*>(a.data());
+                prompt_len = static_cast<size_t>(a.shape(0));
+              }
+            }
+            if (!prompt) {
+              converted = loose_ints(prompt_token_ids, "prompt_token_ids", 0);
+              prompt = converted.data();
+              prompt_len = converted.size();
+            }
+            if (prompt_len == 0) buf::fail("prompt_token_ids", "must not be empty");
+            for (size_t i = 0; i < prompt_len; ++i)
+              if (prompt[i] < 0 || prompt[i] >= vocab)
+                buf::fail("prompt_token_ids", "token id " + std::to_string(prompt[i]) + " at index " + std::to_string(i) +
+                                                  " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+            SamplingParams p;
+            p.n = n;
+            p.temperature = temperature;
+            p.top_p = top_p;
+            p.top_k = top_k;
+            p.min_p = min_p;
+            p.presence_penalty = presence_penalty;
+            p.frequency_penalty = frequency_penalty;
+            p.repetition_penalty = repetition_penalty;
+            if (seed) {
+              p.has_seed = true;
+              p.seed = *seed;
+            }
+            p.stop_token_ids = token_set(stop_token_ids, "stop_token_ids", vocab);
+            p.ignore_eos = ignore_eos;
+            p.max_tokens = max_tokens;
+            p.min_tokens = min_tokens;
+            p.logprobs = logprobs ? *logprobs : -1;
+            if (logprobs && *logprobs < 0) buf::fail("logprobs", std::to_string(*logprobs) + " must be >= 0 (or None)");
+            p.prompt_logprobs = prompt_logprobs ? *prompt_logprobs : -1;
+            if (prompt_logprobs && *prompt_logprobs < 0)
+              buf::fail("prompt_logprobs", std::to_string(*prompt_logprobs) + " must be >= 0 (or None)");
+            if (!logit_bias.is_none()) {
+              if (!py::isinstance<py::dict>(logit_bias))
+                throw py::type_error("logit_bias: expected a dict {token_id: bias}, got " +
+                                     std::string(py::str(py::type::of(logit_bias).attr("__name__"))));
+              for (auto [k, v] : py::reinterpret_borrow<py::dict>(logit_bias)) {
+                const int64_t t = k.cast<int64_t>();
+                if (t < 0 || t >= vocab)
+                  buf::fail("logit_bias", "token id " + std::to_string(t) + " is outside the vocabulary [0, " +
+                                              std::to_string(vocab) + ")");
+                p.logit_bias.emplace_back(static_cast<int32_t>(t), v.cast<float>());
+              }
+              std::sort(p.logit_bias.begin(), p.logit_bias.end());
+            }
+            p.allowed_token_ids = token_set(allowed_token_ids, "allowed_token_ids", vocab);
+            if (!allowed_token_ids.is_none() && p.allowed_token_ids.empty())
+              buf::fail("allowed_token_ids", "must not be empty (None allows every token)");
+            p.banned_token_ids = token_set(banned_token_ids, "banned_token_ids", vocab);
+            p.priority = priority;
+            p.output_kind = parse_output_kind(output_kind);
+            const std::string err = validate_sampling_params(p, vocab);
+            if (!err.empty()) throw py::value_error(err);
+            if (n > s.config().max_num_seqs)
+              buf::fail("n", std::to_string(n) + " exceeds max_num_seqs " + std::to_string(s.config().max_num_seqs));
+            int32_t eos = s.config().eos_token_id;
+            if (eos_token_id) {
+              const int64_t e = *eos_token_id;
+              if (e < 0 || e >= vocab)
+                buf::fail("eos_token_id", std::to_string(e) + " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+              eos = static_cast<int32_t>(e);
+            }
+            const double arrival = arrival_time ? *arrival_time : s.now();
+            if (prompt_len > static_cast<size_t>(INT32_MAX / 2))
+              buf::fail("prompt_token_ids", std::to_string(prompt_len) + " tokens is too many");
+            const GroupIndex g = s.add_request(request_id, prompt, static_cast<int32_t>(prompt_len), p, arrival, eos);
+            return s.store().seq(s.store().groups[g].seqs[0]).seq_id;
+          }
+
+// Keyword arguments of Scheduler.add_request: only the given ones are looked at.
+int64_t add_request_kwargs(Scheduler& s, const std::string& request_id, const py::object& prompt_token_ids,
+                           const py::kwargs& kw) {
+  int32_t n = 1, top_k = -1, max_tokens = 16, min_tokens = 0, priority = 0;
+  float temperature = 1.0f, top_p = 1.0f, min_p = 0.0f, presence = 0.0f, frequency = 0.0f, repetition = 1.0f;
+  std::optional<int64_t> seed, eos;
+  std::optional<int32_t> logprobs, prompt_logprobs;
+  std::optional<double> arrival;
+  bool ignore_eos = false;
+  std::string output_kind = "cumulative";
+  py::object none = py::none(), stop_ids = none, logit_bias = none, allowed = none, banned = none;
+  auto type_name = [](const py::handle& v) { return std::string(py::str(py::type::of(v).attr("__name__"))); };
+  auto as_int = [&](const py::handle& v, const char* name) -> int64_t {
+    if (py::isinstance<py::bool_>(v) || !(py::isinstance<py::int_>(v) || py::hasattr(v, "__index__")))
+      throw py::type_error(std::string(name) + ": expected int, got " + type_name(v));
+    return py::cast<int64_t>(v);
+  };
+  auto as_i32 = [&](const py::handle& v, const char* name) -> int32_t {
+    const int64_t x = as_int(v, name);
+    if (x < INT32_MIN || x > INT32_MAX) buf::fail(name, std::to_string(x) + " is out of the int32 range");
+    return static_cast<int32_t>(x);
+  };
+  auto as_float = [&](const py::handle& v, const char* name) -> double {
+    if (py::isinstance<py::bool_>(v) || !(py::isinstance<py::float_>(v) || py::isinstance<py::int_>(v) ||
+                                          py::hasattr(v, "__float__")))
+      throw py::type_error(std::string(name) + ": expected float, got " + type_name(v));
+    return py::cast<double>(v);
+  };
+  for (auto item : kw) {
+    const std::string key = py::cast<std::string>(item.first);
+    const py::handle v = item.second;
+    const char* k = key.c_str();
+    const bool is_none = v.is_none();
+    if (key == "n") n = as_i32(v, k);
+    else if (key == "temperature") temperature = static_cast<float>(as_float(v, k));
+    else if (key == "top_p") top_p = static_cast<float>(as_float(v, k));
+    else if (key == "top_k") top_k = as_i32(v, k);
+    else if (key == "min_p") min_p = static_cast<float>(as_float(v, k));
+    else if (key == "presence_penalty") presence = static_cast<float>(as_float(v, k));
+    else if (key == "frequency_penalty") frequency = static_cast<float>(as_float(v, k));
+    else if (key == "repetition_penalty") repetition = static_cast<float>(as_float(v, k));
+    else if (key == "seed") { if (!is_none) seed = as_int(v, k); }
+    else if (key == "stop_token_ids") stop_ids = py::reinterpret_borrow<py::object>(v);
+    else if (key == "ignore_eos") {
+      if (!py::isinstance<py::bool_>(v)) throw py::type_error("ignore_eos: expected bool, got " + type_name(v));
+      ignore_eos = py::cast<bool>(v);
+    }
+    else if (key == "max_tokens") max_tokens = as_i32(v, k);
+    else if (key == "min_tokens") min_tokens = as_i32(v, k);
+    else if (key == "logprobs") { if (!is_none) logprobs = as_i32(v, k); }
+    else if (key == "prompt_logprobs") { if (!is_none) prompt_logprobs = as_i32(v, k); }
+    else if (key == "logit_bias") logit_bias = py::reinterpret_borrow<py::object>(v);
+    else if (key == "allowed_token_ids") allowed = py::reinterpret_borrow<py::object>(v);
+    else if (key == "banned_token_ids") banned = py::reinterpret_borrow<py::object>(v);
+    else if (key == "priority") priority = as_i32(v, k);
+    else if (key == "output_kind") {
+      if (!py::isinstance<py::str>(v)) throw py::type_error("output_kind: expected str, got " + type_name(v));
+      output_kind = py::cast<std::string>(v);
+    }
+    else if (key == "arrival_time") { if (!is_none) arrival = as_float(v, k); }
+    else if (key == "eos_token_id") { if (!is_none) eos = as_int(v, k); }
+    else throw py::type_error("add_request() got an unexpected keyword argument '" + key + "'");
+  }
+  return add_request_typed(s, request_id, prompt_token_ids, n, temperature, top_p, top_k, min_p, presence, frequency,
+                           repetition, seed, stop_ids, ignore_eos, max_tokens, min_tokens, logprobs, prompt_logprobs,
+                           logit_bias, allowed, banned, priority, output_kind, arrival, eos);
+}
+
 }  // namespace
 
 void bind_core(py::module_& m) {
@@ -342,12 +500,12 @@ void bind_core(py::module_& m) {
       });
 
   // ---------------------------------------------------------------- Scheduler
-  py::class_<Scheduler>(
+  py::class_<Scheduler> sched_cls(
       m, "Scheduler",
       "Continuous-batching scheduler owning every sequence (C++), its KV block manager and its "
       "state slots. Step: schedule() -> inputs/model -> update(tokens) -> build_request_outputs / "
-      "get_finished_seqs_info.")
-      .def(py::init([](int32_t num_blocks, int32_t block_size, int32_t max_num_seqs, int32_t max_num_batched_tokens,
+      "get_finished_seqs_info.");
+  sched_cls.def(py::init([](int32_t num_blocks, int32_t block_size, int32_t max_num_seqs, int32_t max_num_batched_tokens,
                        int32_t max_model_len, int32_t vocab_size, std::optional<int64_t> eos_token_id,
                        bool enable_chunked_prefill, int32_t long_prefill_token_threshold, const std::string& policy,
                        bool enable_prefix_caching, double watermark, int32_t num_lookahead_slots,
@@ -415,106 +573,26 @@ void bind_core(py::module_& m) {
            "of blocks kept free when admitting. num_state_slots: recurrent-state slots (0: none; else >= "
            "max_num_seqs). hash_bits < 64 truncates prefix hashes (test hook: forces collisions). Raises "
            "ValueError naming a bad value, e.g. when the cache cannot hold one max_model_len sequence.")
+      ;
+  {
+    // add_request parses only the keyword arguments given (pybind11's generic keyword matching
+    // costs ~2 us per call); its signature line is written by hand for the stubs.
+    py::options sig;
+    sig.disable_function_signatures();
+    sched_cls
       .def(
           "add_request",
-          [](Scheduler& s, const std::string& request_id, const py::object& prompt_token_ids, int32_t n,
-             float temperature, float top_p, int32_t top_k, float min_p, float presence_penalty,
-             float frequency_penalty, float repetition_penalty, std::optional<int64_t> seed,
-             const py::object& stop_token_ids, bool ignore_eos, int32_t max_tokens, int32_t min_tokens,
-             std::optional<int32_t> logprobs, std::optional<int32_t> prompt_logprobs, const py::object& logit_bias,
-             const py::object& allowed_token_ids, const py::object& banned_token_ids, int32_t priority,
-             const std::string& output_kind, std::optional<double> arrival_time, std::optional<int64_t> eos_token_id) {
-            const int32_t vocab = s.config().vocab_size;
-            if (request_id == kPlaceholderRequestId) buf::fail("request_id", "'" + request_id + "' is reserved for padding rows");
-            if (s.has_request(request_id)) buf::fail("request_id", "'" + request_id + "' is already in use");
-            // A C-contiguous int32 array is read in place; anything else is converted.
-            std::vector<int32_t> converted;
-            const int32_t* prompt = nullptr;
-            size_t prompt_len = 0;
-            if (py::isinstance<py::array>(prompt_token_ids)) {
-              auto a = py::reinterpret_borrow<py::array>(prompt_token_ids);
-              if (a.dtype().is(py::dtype::of<int32_t>()) && a.ndim() == 1 && (a.flags() & py::array::c_style)) {
-                prompt = static_cast<const int32_t*>(a.data());
-                prompt_len = static_cast<size_t>(a.shape(0));
-              }
-            }
-            if (!prompt) {
-              converted = loose_ints(prompt_token_ids, "prompt_token_ids", 0);
-              prompt = converted.data();
-              prompt_len = converted.size();
-            }
-            if (prompt_len == 0) buf::fail("prompt_token_ids", "must not be empty");
-            for (size_t i = 0; i < prompt_len; ++i)
-              if (prompt[i] < 0 || prompt[i] >= vocab)
-                buf::fail("prompt_token_ids", "token id " + std::to_string(prompt[i]) + " at index " + std::to_string(i) +
-                                                  " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
-            SamplingParams p;
-            p.n = n;
-            p.temperature = temperature;
-            p.top_p = top_p;
-            p.top_k = top_k;
-            p.min_p = min_p;
-            p.presence_penalty = presence_penalty;
-            p.frequency_penalty = frequency_penalty;
-            p.repetition_penalty = repetition_penalty;
-            if (seed) {
-              p.has_seed = true;
-              p.seed = *seed;
-            }
-            p.stop_token_ids = token_set(stop_token_ids, "stop_token_ids", vocab);
-            p.ignore_eos = ignore_eos;
-            p.max_tokens = max_tokens;
-            p.min_tokens = min_tokens;
-            p.logprobs = logprobs ? *logprobs : -1;
-            if (logprobs && *logprobs < 0) buf::fail("logprobs", std::to_string(*logprobs) + " must be >= 0 (or None)");
-            p.prompt_logprobs = prompt_logprobs ? *prompt_logprobs : -1;
-            if (prompt_logprobs && *prompt_logprobs < 0)
-              buf::fail("prompt_logprobs", std::to_string(*prompt_logprobs) + " must be >= 0 (or None)");
-            if (!logit_bias.is_none()) {
-              if (!py::isinstance<py::dict>(logit_bias))
-                throw py::type_error("logit_bias: expected a dict {token_id: bias}, got " +
-                                     std::string(py::str(py::type::of(logit_bias).attr("__name__"))));
-              for (auto [k, v] : py::reinterpret_borrow<py::dict>(logit_bias)) {
-                const int64_t t = k.cast<int64_t>();
-                if (t < 0 || t >= vocab)
-                  buf::fail("logit_bias", "token id " + std::to_string(t) + " is outside the vocabulary [0, " +
-                                              std::to_string(vocab) + ")");
-                p.logit_bias.emplace_back(static_cast<int32_t>(t), v.cast<float>());
-              }
-              std::sort(p.logit_bias.begin(), p.logit_bias.end());
-            }
-            p.allowed_token_ids = token_set(allowed_token_ids, "allowed_token_ids", vocab);
-            if (!allowed_token_ids.is_none() && p.allowed_token_ids.empty())
-              buf::fail("allowed_token_ids", "must not be empty (None allows every token)");
-            p.banned_token_ids = token_set(banned_token_ids, "banned_token_ids", vocab);
-            p.priority = priority;
-            p.output_kind = parse_output_kind(output_kind);
-            const std::string err = validate_sampling_params(p, vocab);
-            if (!err.empty()) throw py::value_error(err);
-            if (n > s.config().max_num_seqs)
-              buf::fail("n", std::to_string(n) + " exceeds max_num_seqs " + std::to_string(s.config().max_num_seqs));
-            int32_t eos = s.config().eos_token_id;
-            if (eos_token_id) {
-              const int64_t e = *eos_token_id;
-              if (e < 0 || e >= vocab)
-                buf::fail("eos_token_id", std::to_string(e) + " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
-              eos = static_cast<int32_t>(e);
-            }
-            const double arrival = arrival_time ? *arrival_time : s.now();
-            if (prompt_len > static_cast<size_t>(INT32_MAX / 2))
-              buf::fail("prompt_token_ids", std::to_string(prompt_len) + " tokens is too many");
-            const GroupIndex g = s.add_request(request_id, prompt, static_cast<int32_t>(prompt_len), p, arrival, eos);
-            return s.store().seq(s.store().groups[g].seqs[0]).seq_id;
+          [](Scheduler& s, const std::string& request_id, const py::object& prompt_token_ids, const py::kwargs& kw) {
+            return add_request_kwargs(s, request_id, prompt_token_ids, kw);
           },
-          py::arg("request_id"), py::arg("prompt_token_ids"), py::kw_only(), py::arg("n") = 1,
-          py::arg("temperature") = 1.0f, py::arg("top_p") = 1.0f, py::arg("top_k") = -1, py::arg("min_p") = 0.0f,
-          py::arg("presence_penalty") = 0.0f, py::arg("frequency_penalty") = 0.0f,
-          py::arg("repetition_penalty") = 1.0f, py::arg("seed") = py::none(), py::arg("stop_token_ids") = py::none(),
-          py::arg("ignore_eos") = false, py::arg("max_tokens") = 16, py::arg("min_tokens") = 0,
-          py::arg("logprobs") = py::none(), py::arg("prompt_logprobs") = py::none(),
-          py::arg("logit_bias") = py::none(), py::arg("allowed_token_ids") = py::none(),
-          py::arg("banned_token_ids") = py::none(), py::arg("priority") = 0, py::arg("output_kind") = "cumulative",
-          py::arg("arrival_time") = py::none(), py::arg("eos_token_id") = py::none(),
+          py::arg("request_id"), py::arg("prompt_token_ids"),
+          "add_request(self, request_id: str, prompt_token_ids: typing.Any, *, n: int = 1, temperature: float = 1.0, "
+          "top_p: float = 1.0, top_k: int = -1, min_p: float = 0.0, presence_penalty: float = 0.0, "
+          "frequency_penalty: float = 0.0, repetition_penalty: float = 1.0, seed: int | None = None, "
+          "stop_token_ids: typing.Any = None, ignore_eos: bool = False, max_tokens: int = 16, min_tokens: int = 0, "
+          "logprobs: int | None = None, prompt_logprobs: int | None = None, logit_bias: dict[int, float] | None = None, "
+          "allowed_token_ids: typing.Any = None, banned_token_ids: typing.Any = None, priority: int = 0, "
+          "output_kind: str = 'cumulative', arrival_time: float | None = None, eos_token_id: int | None = None) -> int\n\n"
           "Queue a request; returns the parent sequence's id. prompt_token_ids: list or integer array "
           "(loose). Sampling parameters are keyword arguments (n, temperature >= 0, top_p in (0, 1], "
           "top_k = -1 or >= 1, min_p in [0, 1], penalties, seed, stop_token_ids, ignore_eos, max_tokens >= 1, "
@@ -522,6 +600,9 @@ void bind_core(py::module_& m) {
           "{id: bias}, allowed/banned token ids, priority, output_kind 'cumulative' | 'delta' | 'final_only'). "
           "Raises ValueError naming the bad value (duplicate request id, token outside the vocabulary...); "
           "nothing is queued then.")
+      ;
+  }
+  sched_cls
       .def(
           "abort_request",
           [](Scheduler& s, const std::variant<std::string, std::vector<std::string>>& request_ids) {
@@ -583,7 +664,8 @@ void bind_core(py::module_& m) {
             {
               int32_t r = 0;
               for (const auto& e : o.scheduled) {
-                const int32_t want = s.store().group_of(e.seq).params.logprobs;
+                // wants_logprobs lives on the sequence: the group is read only when it asks.
+                const int32_t want = s.store().seq(e.seq).wants_logprobs ? s.store().group_of(e.seq).params.logprobs : -1;
                 if (e.num_samples > 0 && want > 0 && want > k)
                   buf::fail("topk_token_ids", "row " + std::to_string(r) + " asks for " + std::to_string(want) +
                                                   " logprobs but k = " + std::to_string(k));

@@ -44,6 +44,7 @@ class BlockManager {
   int32_t watermark_blocks() const { return watermark_blocks_; }
   int32_t num_free_blocks() const { return static_cast<int32_t>(free_stack_.size()) + num_lru_; }
   int32_t ref_count(int32_t b) const { return ref_[b]; }
+  void prefetch_block(int32_t b) const { __builtin_prefetch(&ref_[b]); }
   bool is_cached(int32_t b) const { return cached_[b] != 0; }
   int32_t blocks_for(int32_t num_slots) const { return (num_slots + block_size_ - 1) / block_size_; }
 

@@ -149,6 +149,7 @@ void Scheduler::report_finished(SeqIndex s) {
 
 void Scheduler::finish(SeqIndex s, SequenceStatus status, bool deferred) {
   Sequence& q = store_.seq(s);
+  ++finished_in_update_;
   if (q.status == SequenceStatus::RUNNING) seq_units_ -= seq_cost(s);
   q.status = status;
   bm_.free_table(q.block_table);
@@ -224,6 +225,11 @@ const SchedulerOutputs& Scheduler::schedule() {
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     const size_t nr = running_.size();
     prefetch_seq(i + 8 < nr ? running_[i + 8] : kNoSeq, i + 4 < nr ? running_[i + 4] : kNoSeq);
+    if (i + 2 < nr) {  // the ref count that the copy-on-write check of that sequence reads
+      const Sequence& f = store_.seqs[running_[i + 2]];
+      const size_t idx = static_cast<size_t>(f.num_computed_tokens / cfg_.block_size);
+      if (idx < f.block_table.size()) bm_.prefetch_block(f.block_table[idx]);
+    }
     const SeqIndex s = running_[i];
     Sequence& q = store_.seq(s);
     const bool prefill = q.is_prefill();
@@ -422,9 +428,11 @@ void Scheduler::set_draft_tokens(SeqIndex s, const int32_t* drafts, int32_t k) {
 }
 
 void Scheduler::end_update() {
-  running_.erase(std::remove_if(running_.begin(), running_.end(),
-                                [this](SeqIndex s) { return is_finished(store_.seq(s).status); }),
-                 running_.end());
+  if (finished_in_update_ > 0)  // compaction only when something finished (saves a pass over B)
+    running_.erase(std::remove_if(running_.begin(), running_.end(),
+                                  [this](SeqIndex s) { return is_finished(store_.seq(s).status); }),
+                   running_.end());
+  finished_in_update_ = 0;
   in_flight_ = false;
 }
 

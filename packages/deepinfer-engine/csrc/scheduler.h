@@ -204,6 +204,7 @@ class Scheduler {
   std::vector<SeqIndex> fork_scratch_;
   std::vector<int32_t> hit_scratch_;
   int32_t seq_units_ = 0;  // max_num_seqs units held by running sequences
+  int32_t finished_in_update_ = 0;  // finishes since the last end_update (compaction needed)
   int32_t num_unfinished_ = 0;  // unfinished requests
   uint64_t arrival_counter_ = 0;
   int64_t preemptions_total_ = 0;
