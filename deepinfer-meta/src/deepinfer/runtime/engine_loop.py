@@ -53,8 +53,9 @@ class EngineLoop:
 
     def __init__(self, runner: ModelRunner, tokenizer: Any, cfg: EngineConfig,
                  extra_stop_token_ids: list[int] | None = None) -> None:
-        from deepinfer._C import engine as E
+        from deepinfer._C import engine
 
+        E: Any = engine  # the native module (its stub may lag behind the build)
         self._E = E
         self.runner, self.tokenizer, self.cfg = runner, tokenizer, cfg
         self.extra_stop_token_ids = list(extra_stop_token_ids or [])
@@ -67,7 +68,7 @@ class EngineLoop:
         t = max(cfg.max_num_batched_tokens, cfg.max_num_seqs)
         s = cfg.max_num_seqs
         w = (cfg.max_model_len + cfg.block_size - 1) // cfg.block_size
-        self.buffers = {
+        self.buffers: dict[str, np.ndarray] = {
             "input_ids": np.zeros(t, np.int32), "positions": np.zeros(t, np.int32),
             "slot_mapping": np.zeros(t, np.int64), "query_start_loc": np.zeros(s + 1, np.int32),
             "seq_lens": np.zeros(s, np.int32), "block_tables": np.zeros((s, w), np.int32),

@@ -63,7 +63,7 @@ class LLM:
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         cfg = read_config(path)
-        limit = cfg.max_position_embeddings
+        limit: int = cfg.max_position_embeddings
         if max_model_len is None:
             max_model_len = limit
         elif not isinstance(max_model_len, int) or not 1 <= max_model_len <= limit:
@@ -99,7 +99,7 @@ class LLM:
         self.device, self.dtype = dev, tdtype
 
     # ---- prompts ----------------------------------------------------------------------------
-    def _prompt_ids(self, prompt: PromptType, where: str) -> list[int]:
+    def _prompt_ids(self, prompt: Any, where: str) -> list[int]:
         if isinstance(prompt, str):
             return list(self.tokenizer(prompt).input_ids)
         if isinstance(prompt, dict):
@@ -121,7 +121,7 @@ class LLM:
                    ) -> tuple[list[list[int]], list[SamplingParams]]:
         single = isinstance(prompts, (str, dict)) or (
             isinstance(prompts, Sequence) and len(prompts) > 0 and isinstance(prompts[0], int))
-        plist = [prompts] if single else list(prompts)  # type: ignore[list-item]
+        plist: list[Any] = [prompts] if single else list(prompts)  # type: ignore[arg-type]
         ids = [self._prompt_ids(p, f"prompts[{i}]") for i, p in enumerate(plist)]
         if sampling_params is None:
             params = [SamplingParams() for _ in ids]
@@ -184,7 +184,7 @@ class LLM:
              use_tqdm: bool = True, add_generation_prompt: bool = True) -> list[Any]:
         """Generate replies to one conversation (a list of {"role", "content"}) or a list of them,
         formatted with the model's chat template."""
-        convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)  # type: ignore[list-item]
+        convs: list[Any] = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         prompts = [self.apply_chat_template(c, add_generation_prompt) for c in convs]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)  # type: ignore[arg-type]
 

@@ -65,7 +65,7 @@ class SamplerOutput:
 def apply_logits_processing(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
     """Bias, masks and penalties applied to a copy of float32 ``logits`` [R, V]."""
     x = logits.clone()
-    if b.bias_rows is not None and b.bias_rows.numel():
+    if b.bias_rows is not None and b.bias_tokens is not None and b.bias_values is not None and b.bias_rows.numel():
         x.index_put_((b.bias_rows, b.bias_tokens), b.bias_values.to(x.dtype), accumulate=True)
     if b.allowed_rows is not None and b.allowed_rows.numel():
         keep = torch.zeros_like(x, dtype=torch.bool)
@@ -79,8 +79,8 @@ def apply_logits_processing(logits: torch.Tensor, b: SamplingBatch) -> torch.Ten
         rp = b.repetition_penalty[:, None].to(x.dtype)
         penalised = torch.where(x > 0, x / rp, x * rp)
         x = torch.where(seen, penalised, x)
-    if b.count_rows is not None and b.count_rows.numel() and (
-            b.frequency_penalty is not None or b.presence_penalty is not None):
+    if b.count_rows is not None and b.count_tokens is not None and b.count_values is not None \
+            and b.count_rows.numel() and (b.frequency_penalty is not None or b.presence_penalty is not None):
         counts = torch.zeros_like(x)
         counts.index_put_((b.count_rows, b.count_tokens), b.count_values.to(x.dtype), accumulate=True)
         if b.frequency_penalty is not None:

@@ -8,6 +8,7 @@ matters on CPU where per-op overhead dominates small models.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -62,7 +63,7 @@ class LlamaLayer(nn.Module):
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
-        q, k = RotaryEmbedding.apply(cos_sin, q, k)
+        q, k = RotaryEmbedding.rotate(cos_sin, q, k)
         o = attention(q, k, v, kv_cache, meta, self.scale)
         x = x + self.o_proj(o.reshape(t, -1))
         h = self.post_attention_layernorm(x)
@@ -117,7 +118,8 @@ class LlamaForCausalLM(nn.Module):
         put(self.norm.weight, get("model.norm.weight"), "model.norm.weight")
         if self.lm_head is not None:
             put(self.lm_head.weight, get("lm_head.weight"), "lm_head.weight")
-        for i, layer in enumerate(self.layers):
+        for i, module in enumerate(self.layers):
+            layer = cast(LlamaLayer, module)
             p = f"model.layers.{i}."
             put(layer.input_layernorm.weight, get(p + "input_layernorm.weight"), p + "input_layernorm.weight")
             put(layer.post_attention_layernorm.weight, get(p + "post_attention_layernorm.weight"),

@@ -14,11 +14,12 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | N
     inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     if freq_factors is not None:  # GGUF rope_freqs tensor (llama.cpp's Llama 3 scaling)
         return inv / freq_factors.float()
-    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type"))
+    sc: dict[str, Any] = scaling or {}
+    kind = sc.get("rope_type", sc.get("type"))
     if kind == "llama3":
-        factor = float(scaling["factor"])
-        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
-        old_ctx = float(scaling["original_max_position_embeddings"])
+        factor = float(sc["factor"])
+        low, high = float(sc["low_freq_factor"]), float(sc["high_freq_factor"])
+        old_ctx = float(sc["original_max_position_embeddings"])
         low_wl, high_wl = old_ctx / low, old_ctx / high
         wavelen = 2 * math.pi / inv
         scaled = torch.where(wavelen > low_wl, inv / factor, inv)
@@ -27,7 +28,7 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | N
         medium = (wavelen >= high_wl) & (wavelen <= low_wl)
         return torch.where(medium, smoothed, scaled)
     if kind == "linear":
-        return inv / float(scaling["factor"])
+        return inv / float(sc["factor"])
     if kind not in (None, "default"):
         raise ValueError(f"rope_scaling type {kind!r} is not supported (default, linear, llama3)")
     return inv
@@ -35,6 +36,9 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | N
 
 class RotaryEmbedding(torch.nn.Module):
     """cos/sin tables for every position up to ``max_positions``, applied by position index."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
 
     def __init__(self, head_dim: int, max_positions: int, theta: float,
                  scaling: dict[str, Any] | None, freq_factors: torch.Tensor | None = None) -> None:
@@ -51,7 +55,7 @@ class RotaryEmbedding(torch.nn.Module):
         return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
 
     @staticmethod
-    def apply(cos_sin: tuple[torch.Tensor, torch.Tensor], q: torch.Tensor, k: torch.Tensor
+    def rotate(cos_sin: tuple[torch.Tensor, torch.Tensor], q: torch.Tensor, k: torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate ``q`` [T, h, d] and ``k`` [T, kvh, d] with the step's cos/sin tables."""
         cos, sin = cos_sin
@@ -59,7 +63,7 @@ class RotaryEmbedding(torch.nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate ``q`` [T, h, d] and ``k`` [T, kvh, d] for their positions [T]."""
-        return self.apply(self.tables(positions, q.dtype), q, k)
+        return self.rotate(self.tables(positions, q.dtype), q, k)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
