@@ -154,7 +154,8 @@ class EngineLoop:
         if pl.num_rows:
             rows = torch.from_numpy(np.array(pl.logits_rows, dtype=np.int64)).to(logits.device)
             k = max(int(pl.max_num_logprobs), 0)
-            lp, ids, vals = prompt_logprobs(logits[rows], torch.from_numpy(np.array(pl.target_token_ids)), k)
+            targets = torch.from_numpy(np.array(pl.target_token_ids)).to(logits.device)
+            lp, ids, vals = prompt_logprobs(logits[rows], targets, k)
             E.update_prompt_logprobs(self.scheduler, si, lp.cpu().numpy(),
                                      None if ids is None else ids.to(torch.int32).cpu().numpy(),
                                      None if vals is None else vals.cpu().numpy())
