@@ -33,18 +33,28 @@ struct StepLayout {
   int32_t num_tokens = 0, num_real_rows = 0, num_rows = 0, num_logits = 0, num_yoco_rows = 0;
   uint64_t pool_generation = 0;  // the SequenceMetadataPool generation it was built from
   bool zos = false;
+  // Counts only: the vectors keep their size (grow-only, written by index) so a step does no
+  // allocation and no per-element bookkeeping.
   void clear() {
-    row_token_offset.clear();
-    row_num_tokens.clear();
-    row_logits_offset.clear();
-    row_num_logits.clear();
-    logit_row.clear();
-    logit_kind.clear();
-    logit_position.clear();
-    row_seq_id.clear();
-    row_zos_src.clear();
     num_tokens = num_real_rows = num_rows = num_logits = num_yoco_rows = 0;
     zos = false;
+  }
+  void ensure(size_t rows, size_t logits) {
+    if (row_token_offset.size() < rows) {
+      for (auto* v : {&row_token_offset, &row_num_tokens, &row_logits_offset, &row_num_logits, &row_zos_src})
+        v->resize(rows);
+      row_seq_id.resize(rows);
+    }
+    if (logit_row.size() < logits) {
+      logit_row.resize(logits);
+      logit_kind.resize(logits);
+      logit_position.resize(logits);
+    }
+  }
+  void set_logit(int32_t k, int32_t row, LogitsRowKind kind, int32_t position) {
+    logit_row[k] = row;
+    logit_kind[k] = kind;
+    logit_position[k] = position;
   }
 };
 

@@ -165,6 +165,7 @@ int32_t prepare_inputs(PrepareArgs& a, SequenceMetadataPool& pool, BuildMode mod
   // ---- Write pass. ----
   StepLayout& L = a.layout;
   L.clear();
+  L.ensure(static_cast<size_t>(num_rows), static_cast<size_t>(total));  // logits rows <= token rows
   L.zos = zos;
   L.pool_generation = pool.generation();
   const size_t ncols = a.engram.num_columns();
@@ -176,8 +177,8 @@ int32_t prepare_inputs(PrepareArgs& a, SequenceMetadataPool& pool, BuildMode mod
   const int32_t bs = a.block_size;
   for (int32_t i = 0; i < num_rows; ++i) {
     const bool real = i < static_cast<int32_t>(n);
-    L.row_token_offset.push_back(tok);
-    L.row_logits_offset.push_back(nlog);
+    L.row_token_offset[i] = tok;
+    L.row_logits_offset[i] = nlog;
     if (real) {
       const MetadataRow& r = pool[i];
       const Sequence& s = *r.seq;
@@ -209,23 +210,17 @@ int32_t prepare_inputs(PrepareArgs& a, SequenceMetadataPool& pool, BuildMode mod
           const int32_t first = std::max(p.start, r.group->num_prompt_logprobs);
           for (int32_t pos = first; pos < std::min(end, P - 1); ++pos) {
             a.logits_indices.data[nlog++] = tok + (pos - p.start);
-            L.logit_row.push_back(i);
-            L.logit_kind.push_back(LogitsRowKind::PROMPT_LOGPROB);
-            L.logit_position.push_back(pos);
+            L.set_logit(nlog - 1, i, LogitsRowKind::PROMPT_LOGPROB, pos);
           }
         }
         if (end == s.num_tokens()) {
           a.logits_indices.data[nlog++] = tok + p.num - 1;
-          L.logit_row.push_back(i);
-          L.logit_kind.push_back(LogitsRowKind::SAMPLE);
-          L.logit_position.push_back(end - 1);
+          L.set_logit(nlog - 1, i, LogitsRowKind::SAMPLE, end - 1);
         }
       } else {
         for (int32_t j = 0; j < p.num; ++j) {
           a.logits_indices.data[nlog++] = tok + j;
-          L.logit_row.push_back(i);
-          L.logit_kind.push_back(LogitsRowKind::SAMPLE);
-          L.logit_position.push_back(p.start + j);
+          L.set_logit(nlog - 1, i, LogitsRowKind::SAMPLE, p.start + j);
         }
       }
       if (yoco) {
@@ -238,10 +233,10 @@ int32_t prepare_inputs(PrepareArgs& a, SequenceMetadataPool& pool, BuildMode mod
       }
       a.seq_lens.data[i] = end;
       write_block_row(a, i, s.seq_id, bt, static_cast<int32_t>(s.block_table.size()), block_table_version(s));
-      L.row_num_tokens.push_back(p.num);
-      L.row_num_logits.push_back(nlog - before);
-      L.row_seq_id.push_back(s.seq_id);
-      L.row_zos_src.push_back(p.src);
+      L.row_num_tokens[i] = p.num;
+      L.row_num_logits[i] = nlog - before;
+      L.row_seq_id[i] = s.seq_id;
+      L.row_zos_src[i] = p.src;
       tok += p.num;
     } else {
       // Placeholder row: q_pad tokens at position 0 writing nowhere (slot -1), all logits rows.
@@ -252,9 +247,7 @@ int32_t prepare_inputs(PrepareArgs& a, SequenceMetadataPool& pool, BuildMode mod
         if (zos) a.zos_source_index.data[tok + j] = -1;
         if (etable) std::memset(a.engram_indices.row(tok + j), 0, sizeof(int32_t) * ncols);
         a.logits_indices.data[nlog++] = tok + j;
-        L.logit_row.push_back(i);
-        L.logit_kind.push_back(LogitsRowKind::PAD);
-        L.logit_position.push_back(0);
+        L.set_logit(nlog - 1, i, LogitsRowKind::PAD, 0);
       }
       if (yoco) {
         if (a.yoco_mode == YocoPrefillTruncationMode::LAST_TOKEN) {
@@ -266,10 +259,10 @@ int32_t prepare_inputs(PrepareArgs& a, SequenceMetadataPool& pool, BuildMode mod
       }
       a.seq_lens.data[i] = q_pad;
       write_block_row(a, i, -1, nullptr, 0, 0);
-      L.row_num_tokens.push_back(q_pad);
-      L.row_num_logits.push_back(q_pad);
-      L.row_seq_id.push_back(-1);
-      L.row_zos_src.push_back(-1);
+      L.row_num_tokens[i] = q_pad;
+      L.row_num_logits[i] = q_pad;
+      L.row_seq_id[i] = -1;
+      L.row_zos_src[i] = -1;
       tok += q_pad;
     }
     a.query_start_loc.data[i + 1] = tok;
