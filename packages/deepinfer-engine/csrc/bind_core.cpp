@@ -660,8 +660,8 @@ void bind_core(py::module_& m) {
               if (tok.data[r] < 0 || tok.data[r] >= vocab)
                 buf::fail("sampled_token_ids", "token id " + std::to_string(tok.data[r]) + " at row " + std::to_string(r) +
                                                    " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
-            // Rows whose request asks for more top-k logprobs than given.
-            {
+            // Rows whose request asks for more top-k logprobs than given (scan only on error).
+            if (o.max_logprobs > k) {
               int32_t r = 0;
               for (const auto& e : o.scheduled) {
                 // wants_logprobs lives on the sequence: the group is read only when it asks.

@@ -10,6 +10,7 @@ namespace deepinfer {
 void SchedulerOutputs::clear() {
   scheduled.clear();
   num_decodes = num_batched_tokens = num_prefill_tokens = num_decode_tokens = num_sample_rows = 0;
+  max_logprobs = -1;
   preempted_seq_ids.clear();
   ignored_seq_ids.clear();
   blocks_to_copy.clear();
@@ -263,6 +264,8 @@ const SchedulerOutputs& Scheduler::schedule() {
     const bool completes = r.num_computed_tokens + n >= r.num_tokens();
     ScheduledSeq e{s, n, r.num_computed_tokens, completes ? (prefill ? seq_cost(s) : 1) : 0, prefill};
     if (prefill && completes && r.num_output_tokens() > 0) e.num_samples = 1;
+    if (e.num_samples > 0 && r.wants_logprobs)
+      out_.max_logprobs = std::max(out_.max_logprobs, store_.groups[r.group].params.logprobs);
     if (prefill) {
       prefill_scratch_.push_back(e);
       out_.num_prefill_tokens += n;
@@ -328,6 +331,8 @@ const SchedulerOutputs& Scheduler::schedule() {
     if (g.first_scheduled_time == 0.0) g.first_scheduled_time = step_now_;
     const bool completes = computed + n >= q.num_tokens();
     ScheduledSeq e{s, n, computed, completes ? (q.num_output_tokens() > 0 ? 1 : cost) : 0, true};
+    if (e.num_samples > 0 && q.wants_logprobs)
+      out_.max_logprobs = std::max(out_.max_logprobs, store_.groups[q.group].params.logprobs);
     prefill_scratch_.push_back(e);
     out_.num_prefill_tokens += n;
     budget -= n;

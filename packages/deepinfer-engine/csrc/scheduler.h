@@ -61,6 +61,7 @@ struct SchedulerOutputs {
   int32_t num_prefill_tokens = 0;
   int32_t num_decode_tokens = 0;
   int32_t num_sample_rows = 0;
+  int32_t max_logprobs = -1;  // largest `logprobs` asked by a sampling sequence (-1: none)
   std::vector<int64_t> preempted_seq_ids;
   std::vector<int64_t> ignored_seq_ids;
   // Device work to do before this step's forward: KV block copies (src, dst),
