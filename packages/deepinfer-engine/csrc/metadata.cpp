@@ -59,6 +59,19 @@ std::pair<Sequence*, SequenceGroup*> SequenceMetadataPool::add_standalone_row() 
 }
 
 void SequenceMetadataPool::resolve() {
+  // Rows of one step all come from one store (build) or the pool itself (add_sequence).
+  const SequenceStore* store = nullptr;
+  for (const MetadataRow& r : rows_)
+    if (r.store) {
+      store = r.store;
+      break;
+    }
+  const void* seqs = store ? static_cast<const void*>(store->seqs.data()) : nullptr;
+  const void* groups = store ? static_cast<const void*>(store->groups.data()) : nullptr;
+  const size_t nseqs = store ? store->seqs.size() : 0, ngroups = store ? store->groups.size() : 0;
+  if (resolved_generation_ == generation_ && seqs == resolved_seqs_ && groups == resolved_groups_ &&
+      nseqs == resolved_nseqs_ && ngroups == resolved_ngroups_)
+    return;
   for (size_t i = 0; i < rows_.size(); ++i) {
     MetadataRow& r = rows_[i];
     if (r.store == nullptr) {
@@ -72,7 +85,13 @@ void SequenceMetadataPool::resolve() {
     if (r.seq->group >= r.store->groups.size() || !r.store->groups[r.seq->group].alive)
       throw std::invalid_argument("metadata[" + std::to_string(i) + "]: sequence's request no longer exists");
     r.group = &r.store->groups[r.seq->group];
+    if (r.store != store) throw std::invalid_argument("metadata: rows from two different schedulers");
   }
+  resolved_generation_ = generation_;
+  resolved_seqs_ = seqs;
+  resolved_groups_ = groups;
+  resolved_nseqs_ = nseqs;
+  resolved_ngroups_ = ngroups;
 }
 
 }  // namespace deepinfer

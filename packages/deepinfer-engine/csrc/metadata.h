@@ -60,6 +60,11 @@ class SequenceMetadataPool {
 
  private:
   std::vector<MetadataRow> rows_;
+  // What the last resolve() saw: pointers stay valid while the pool is unchanged and no store
+  // slab was reallocated, so a second builder call of the same step skips the walk.
+  uint64_t resolved_generation_ = 0;
+  const void *resolved_seqs_ = nullptr, *resolved_groups_ = nullptr;
+  size_t resolved_nseqs_ = 0, resolved_ngroups_ = 0;
   std::deque<Sequence> own_seqs_;  // deque: stable addresses; reused after clear()
   std::deque<SequenceGroup> own_groups_;
   size_t num_own_ = 0;
