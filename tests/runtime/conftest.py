@@ -32,16 +32,45 @@ def loaded_default(default_gguf):
     return load_model(default_gguf, device=torch.device("cpu"), dtype=torch.float32)
 
 
-@pytest.fixture(scope="session")
-def hf_default(default_gguf):
-    """transformers' own GGUF loader on the same file, float32, CPU: the independent reference."""
-    pytest.importorskip("accelerate", reason="transformers needs accelerate to load GGUF files")
+def load_hf_from_gguf(path):
+    """transformers' own GGUF loader (its dequantization and Q/K un-permutation), float32, CPU.
+
+    ``from_pretrained(gguf_file=...)`` needs ``accelerate``; without it the same transformers
+    functions are called directly (config from the GGUF, tensors by ``load_gguf_checkpoint``).
+    """
+    import importlib.util
+
     import torch
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(default_gguf), gguf_file=os.path.basename(default_gguf), dtype=torch.float32,
-        local_files_only=True).eval()
+
+    if importlib.util.find_spec("accelerate") is None:
+        return load_hf_from_gguf_directly(path)
+    return AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                                dtype=torch.float32, local_files_only=True).eval()
+
+
+def load_hf_from_gguf_directly(path):
+    """The same through transformers' GGUF functions, without ``from_pretrained`` (no accelerate)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    config = AutoConfig.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                        local_files_only=True)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tensors = load_gguf_checkpoint(path, return_tensors=True, model_to_load=model)["tensors"]
+    missing, unexpected = model.load_state_dict(
+        {k: torch.as_tensor(v, dtype=torch.float32) for k, v in tensors.items()}, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    model.tie_weights()
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def hf_default(default_gguf):
+    """transformers on the same GGUF, float32, CPU: the independent reference."""
+    return load_hf_from_gguf(default_gguf)
 
 
 @pytest.fixture(scope="session")
