@@ -92,13 +92,7 @@ with ``add_sequence`` (standalone sequences owned by the pool until ``clear``). 
           [](SequenceMetadataPool& pool, const Scheduler& scheduler) {
             if (!scheduler.step_in_flight())
               throw py::value_error("scheduler: no scheduled step (call schedule() before building metadata)");
-            pool.clear();
-            const SchedulerOutputs& out = scheduler.last_outputs();
-            for (const ScheduledSeq& e : out.scheduled) {
-              const int32_t drafts = e.is_prefill ? 0 : e.num_tokens - 1;
-              pool.add_store_row(&scheduler.store(), e.seq, e.num_computed_before, e.num_tokens, drafts, e.is_prefill,
-                                 e.num_samples > 0, e.num_samples);
-            }
+            pool.build_from(&scheduler.store(), scheduler.last_outputs().scheduled);
             return static_cast<int32_t>(pool.size());
           },
           py::arg("scheduler"),

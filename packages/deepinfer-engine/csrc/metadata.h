@@ -49,6 +49,27 @@ class SequenceMetadataPool {
   // A row of a sequence of `store` (the Scheduler's).
   void add_store_row(const SequenceStore* store, SeqIndex index, int32_t start, int32_t num_new, int32_t num_drafts,
                      bool is_prompt, bool do_sample, int32_t num_samples);
+  // Replaces the rows with the scheduled sequences of one step (ScheduledSeq-like entries:
+  // seq, num_tokens, num_computed_before, num_samples, is_prefill), filled by index.
+  template <class Entries>
+  void build_from(const SequenceStore* store, const Entries& scheduled) {
+    clear();
+    rows_.resize(scheduled.size());
+    for (size_t i = 0; i < scheduled.size(); ++i) {
+      const auto& e = scheduled[i];
+      MetadataRow& r = rows_[i];
+      r.store = store;
+      r.index = e.seq;
+      r.start = e.num_computed_before;
+      r.num_new = e.num_tokens;
+      r.num_drafts = e.is_prefill ? 0 : e.num_tokens - 1;
+      r.is_prompt = e.is_prefill;
+      r.do_sample = e.num_samples > 0;
+      r.num_samples = e.num_samples;
+      r.seq = nullptr;
+      r.group = nullptr;
+    }
+  }
   // A standalone row: a sequence and request owned by the pool until the next clear().
   // Returns the sequence and group to fill in.
   std::pair<Sequence*, SequenceGroup*> add_standalone_row();
