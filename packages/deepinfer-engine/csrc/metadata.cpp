@@ -10,21 +10,6 @@ void SequenceMetadataPool::clear() {
   ++generation_;
 }
 
-void SequenceMetadataPool::add_store_row(const SequenceStore* store, SeqIndex index, int32_t start, int32_t num_new,
-                                         int32_t num_drafts, bool is_prompt, bool do_sample, int32_t num_samples) {
-  MetadataRow r;
-  r.store = store;
-  r.index = index;
-  r.start = start;
-  r.num_new = num_new;
-  r.num_drafts = num_drafts;
-  r.is_prompt = is_prompt;
-  r.do_sample = do_sample;
-  r.num_samples = num_samples;
-  rows_.push_back(r);
-  ++generation_;
-}
-
 std::pair<Sequence*, SequenceGroup*> SequenceMetadataPool::add_standalone_row() {
   if (num_own_ == own_seqs_.size()) {
     own_seqs_.emplace_back();

@@ -46,9 +46,6 @@ class SequenceMetadataPool {
 
   // Forgets the rows (storage kept).
   void clear();
-  // A row of a sequence of `store` (the Scheduler's).
-  void add_store_row(const SequenceStore* store, SeqIndex index, int32_t start, int32_t num_new, int32_t num_drafts,
-                     bool is_prompt, bool do_sample, int32_t num_samples);
   // Replaces the rows with the scheduled sequences of one step (ScheduledSeq-like entries:
   // seq, num_tokens, num_computed_before, num_samples, is_prefill), filled by index.
   template <class Entries>
