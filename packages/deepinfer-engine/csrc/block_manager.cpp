@@ -14,20 +14,9 @@ BlockManager::BlockManager(int32_t num_blocks, int32_t block_size, bool enable_p
       prefix_caching_(enable_prefix_caching),
       watermark_blocks_(watermark_blocks),
       hash_mask_(hash_bits >= 64 ? ~uint64_t{0} : ((uint64_t{1} << hash_bits) - 1)),
-      ref_(num_blocks, 0),
-      cached_(num_blocks, 0),
-      hash_(num_blocks, 0),
-      parent_(num_blocks, -1),
-      parent_gen_(num_blocks, 0),
-      gen_(num_blocks, 0),
+      meta_(static_cast<size_t>(num_blocks)),
       tokens_(enable_prefix_caching ? static_cast<size_t>(num_blocks) * block_size : 0),
-      table_(enable_prefix_caching ? static_cast<size_t>(num_blocks) : 1),
-      lru_prev_(num_blocks, -1),
-      lru_next_(num_blocks, -1),
-      first_child_(num_blocks, -1),
-      next_sibling_(num_blocks, -1),
-      prev_sibling_(num_blocks, -1),
-      in_lru_(num_blocks, 0) {
+      table_(enable_prefix_caching ? static_cast<size_t>(num_blocks) : 1) {
   free_stack_.reserve(num_blocks);
   for (int32_t b = num_blocks - 1; b >= 0; --b) free_stack_.push_back(b);  // block 0 is used first
 }
@@ -69,11 +58,11 @@ int32_t BlockManager::match_prefix(const std::vector<uint64_t>& hashes, const in
     const int32_t c = table_.find(hashes[i]);
     if (c < 0) break;
     // Verify: the stored tokens and the chain (parent = the block matched for i-1).
-    if (!cached_[c] || hash_[c] != hashes[i]) break;
+    if (!meta_[c].cached || meta_[c].hash != hashes[i]) break;
     if (std::memcmp(&tokens_[static_cast<size_t>(c) * block_size_], tokens + static_cast<size_t>(i) * block_size_,
                     sizeof(int32_t) * block_size_) != 0)
       break;
-    if (parent_[c] != prev || (prev >= 0 && parent_gen_[c] != gen_[prev])) break;
+    if (meta_[c].parent != prev || (prev >= 0 && meta_[c].parent_gen != meta_[prev].gen)) break;
     out.push_back(c);
     prev = c;
   }
@@ -87,15 +76,15 @@ void BlockManager::record_lookup(int64_t queried, int64_t hits) {
 
 int32_t BlockManager::num_free_among(const int32_t* blocks, int32_t n) const {
   int32_t k = 0;
-  for (int32_t i = 0; i < n; ++i) k += ref_[blocks[i]] == 0;
+  for (int32_t i = 0; i < n; ++i) k += meta_[blocks[i]].ref == 0;
   return k;
 }
 
 void BlockManager::acquire(const int32_t* blocks, int32_t n, std::vector<int32_t>& table) {
   for (int32_t i = 0; i < n; ++i) {
     const int32_t b = blocks[i];
-    if (ref_[b] == 0) lru_remove(b);
-    ++ref_[b];
+    if (meta_[b].ref == 0) lru_remove(b);
+    ++meta_[b].ref;
     table.push_back(b);
   }
 }
@@ -104,7 +93,7 @@ int32_t BlockManager::blocks_needed(const std::vector<int32_t>& table, int32_t n
   const int32_t size = static_cast<int32_t>(table.size());
   int32_t need = std::max(0, blocks_for(num_slots) - size);
   const int32_t idx = num_written / block_size_;
-  if (num_slots > num_written && idx < size && ref_[table[idx]] > 1) ++need;  // copy-on-write
+  if (num_slots > num_written && idx < size && meta_[table[idx]].ref > 1) ++need;  // copy-on-write
   return need;
 }
 
@@ -114,7 +103,7 @@ bool BlockManager::ensure_slots(std::vector<int32_t>& table, int32_t num_written
   if (need == 0) return true;
   if (need > num_free_blocks()) return false;
   const int32_t idx = num_written / block_size_;
-  if (num_slots > num_written && idx < static_cast<int32_t>(table.size()) && ref_[table[idx]] > 1) {
+  if (num_slots > num_written && idx < static_cast<int32_t>(table.size()) && meta_[table[idx]].ref > 1) {
     const int32_t old = table[idx];
     const int32_t nb = alloc_block();
     if (num_written % block_size_ != 0) {  // the block holds KV that the copy must carry
@@ -147,7 +136,7 @@ void BlockManager::fork_table(const std::vector<int32_t>& src, int32_t num_writt
   dst.clear();
   const int32_t full = num_written / block_size_;
   for (int32_t i = 0; i < full; ++i) {
-    ++ref_[src[i]];
+    ++meta_[src[i]].ref;
     dst.push_back(src[i]);
   }
   if (num_written % block_size_ == 0) return;
@@ -158,7 +147,7 @@ void BlockManager::fork_table(const std::vector<int32_t>& src, int32_t num_writt
     ++cow_copies_;
     dst.push_back(nb);
   } else {
-    ++ref_[partial];
+    ++meta_[partial].ref;
     dst.push_back(partial);
   }
 }
@@ -168,32 +157,32 @@ int32_t BlockManager::register_blocks(const std::vector<int32_t>& table, const s
   if (!prefix_caching_) return last;
   for (int32_t i = first; i < last; ++i) {
     const int32_t b = table[i];
-    if (cached_[b]) continue;  // a hit, or shared with the sequence that registered it
+    if (meta_[b].cached) continue;  // a hit, or shared with the sequence that registered it
     const int32_t prev = i ? table[i - 1] : -1;
-    if (prev >= 0 && !cached_[prev]) continue;  // chain broken: this prefix cannot be verified
+    if (prev >= 0 && !meta_[prev].cached) continue;  // chain broken: this prefix cannot be verified
     if (!table_.insert(hashes[i], b)) continue;  // the same prefix (or a colliding one) already holds this hash
-    cached_[b] = 1;
-    hash_[b] = hashes[i];
-    parent_[b] = prev;
-    parent_gen_[b] = prev >= 0 ? gen_[prev] : 0;
+    meta_[b].cached = 1;
+    meta_[b].hash = hashes[i];
+    meta_[b].parent = prev;
+    meta_[b].parent_gen = prev >= 0 ? meta_[prev].gen : 0;
     std::memcpy(&tokens_[static_cast<size_t>(b) * block_size_], tokens + static_cast<size_t>(i) * block_size_,
                 sizeof(int32_t) * block_size_);
     if (prev >= 0) {  // link as a cached child of prev
-      next_sibling_[b] = first_child_[prev];
-      prev_sibling_[b] = -1;
-      if (first_child_[prev] >= 0) prev_sibling_[first_child_[prev]] = b;
-      first_child_[prev] = b;
+      meta_[b].next_sibling = meta_[prev].first_child;
+      meta_[b].prev_sibling = -1;
+      if (meta_[prev].first_child >= 0) meta_[meta_[prev].first_child].prev_sibling = b;
+      meta_[prev].first_child = b;
     } else {
-      next_sibling_[b] = prev_sibling_[b] = -1;
+      meta_[b].next_sibling = meta_[b].prev_sibling = -1;
     }
-    first_child_[b] = -1;
+    meta_[b].first_child = -1;
   }
   return last;
 }
 
 void BlockManager::reset_prefix_cache() {
   for (int32_t b = 0; b < num_blocks_; ++b)
-    if (cached_[b] && parent_[b] < 0) uncache(b);  // cascades to every descendant
+    if (meta_[b].cached && meta_[b].parent < 0) uncache(b);  // cascades to every descendant
 }
 
 BlockManagerStats BlockManager::stats() const {
@@ -219,35 +208,35 @@ int32_t BlockManager::alloc_block() {
     uncache(b);  // moves b (last, on top) and its free descendants from the LRU to the free stack
     free_stack_.pop_back();
   }
-  ref_[b] = 1;
+  meta_[b].ref = 1;
   return b;
 }
 
 void BlockManager::release(int32_t b) {
-  if (--ref_[b] == 0) {
-    if (cached_[b]) lru_push(b);
+  if (--meta_[b].ref == 0) {
+    if (meta_[b].cached) lru_push(b);
     else free_stack_.push_back(b);
   }
 }
 
 void BlockManager::lru_push(int32_t b) {
-  lru_prev_[b] = lru_tail_;
-  lru_next_[b] = -1;
-  if (lru_tail_ >= 0) lru_next_[lru_tail_] = b;
+  meta_[b].lru_prev = lru_tail_;
+  meta_[b].lru_next = -1;
+  if (lru_tail_ >= 0) meta_[lru_tail_].lru_next = b;
   else lru_head_ = b;
   lru_tail_ = b;
-  in_lru_[b] = 1;
+  meta_[b].in_lru = 1;
   ++num_lru_;
 }
 
 void BlockManager::lru_remove(int32_t b) {
-  const int32_t p = lru_prev_[b], n = lru_next_[b];
-  if (p >= 0) lru_next_[p] = n;
+  const int32_t p = meta_[b].lru_prev, n = meta_[b].lru_next;
+  if (p >= 0) meta_[p].lru_next = n;
   else lru_head_ = n;
-  if (n >= 0) lru_prev_[n] = p;
+  if (n >= 0) meta_[n].lru_prev = p;
   else lru_tail_ = p;
-  lru_prev_[b] = lru_next_[b] = -1;
-  in_lru_[b] = 0;
+  meta_[b].lru_prev = meta_[b].lru_next = -1;
+  meta_[b].in_lru = 0;
   --num_lru_;
 }
 
@@ -255,11 +244,11 @@ void BlockManager::lru_remove(int32_t b) {
 // the free stack (b itself last, so alloc_block can pop it).
 void BlockManager::uncache(int32_t root) {
   // Unlink root from its parent's child list.
-  const int32_t p = parent_[root];
+  const int32_t p = meta_[root].parent;
   if (p >= 0) {
-    if (prev_sibling_[root] >= 0) next_sibling_[prev_sibling_[root]] = next_sibling_[root];
-    else first_child_[p] = next_sibling_[root];
-    if (next_sibling_[root] >= 0) prev_sibling_[next_sibling_[root]] = prev_sibling_[root];
+    if (meta_[root].prev_sibling >= 0) meta_[meta_[root].prev_sibling].next_sibling = meta_[root].next_sibling;
+    else meta_[p].first_child = meta_[root].next_sibling;
+    if (meta_[root].next_sibling >= 0) meta_[meta_[root].next_sibling].prev_sibling = meta_[root].prev_sibling;
   }
   uncache_stack_.clear();
   uncache_stack_.push_back(root);
@@ -269,17 +258,17 @@ void BlockManager::uncache(int32_t root) {
     const int32_t b = uncache_stack_.back();
     uncache_stack_.pop_back();
     order.push_back(b);
-    for (int32_t c = first_child_[b]; c >= 0; c = next_sibling_[c]) uncache_stack_.push_back(c);
+    for (int32_t c = meta_[b].first_child; c >= 0; c = meta_[c].next_sibling) uncache_stack_.push_back(c);
   }
   // Descendants first onto the free stack, root last (on top).
   for (size_t i = order.size(); i-- > 0;) {
     const int32_t b = order[i];
-    table_.erase(hash_[b], b);
-    cached_[b] = 0;
-    ++gen_[b];
-    parent_[b] = -1;
-    first_child_[b] = next_sibling_[b] = prev_sibling_[b] = -1;
-    if (in_lru_[b]) {
+    table_.erase(meta_[b].hash, b);
+    meta_[b].cached = 0;
+    ++meta_[b].gen;
+    meta_[b].parent = -1;
+    meta_[b].first_child = meta_[b].next_sibling = meta_[b].prev_sibling = -1;
+    if (meta_[b].in_lru) {
       lru_remove(b);
       free_stack_.push_back(b);
     }
@@ -296,33 +285,33 @@ std::string BlockManager::check_consistency(const std::vector<const std::vector<
   std::vector<int32_t> seen(num_blocks_, 0);
   for (int32_t b : free_stack_) {
     if (seen[b]++) return "block " + std::to_string(b) + " twice on the free stack";
-    if (cached_[b]) return "cached block " + std::to_string(b) + " on the uncached free stack";
+    if (meta_[b].cached) return "cached block " + std::to_string(b) + " on the uncached free stack";
   }
   int32_t n_lru = 0;
-  for (int32_t b = lru_head_; b >= 0; b = lru_next_[b]) {
+  for (int32_t b = lru_head_; b >= 0; b = meta_[b].lru_next) {
     if (seen[b]++) return "block " + std::to_string(b) + " free twice (LRU)";
-    if (!cached_[b]) return "uncached block " + std::to_string(b) + " in the LRU";
+    if (!meta_[b].cached) return "uncached block " + std::to_string(b) + " in the LRU";
     if (++n_lru > num_blocks_) return "LRU cycle";
   }
   if (n_lru != num_lru_) return "LRU count mismatch";
   int32_t used = 0;
   for (int32_t b = 0; b < num_blocks_; ++b) {
-    if (ref_[b] != owners[b])
-      return "block " + std::to_string(b) + ": ref count " + std::to_string(ref_[b]) + " != owners " +
+    if (meta_[b].ref != owners[b])
+      return "block " + std::to_string(b) + ": ref count " + std::to_string(meta_[b].ref) + " != owners " +
              std::to_string(owners[b]);
-    if (ref_[b] > 0 && seen[b]) return "block " + std::to_string(b) + " both used and free";
-    if (ref_[b] == 0 && !seen[b]) return "block " + std::to_string(b) + " leaked (unowned, not free)";
-    used += ref_[b] > 0;
-    if (cached_[b]) {
-      if (table_.find(hash_[b]) != b) return "cached block " + std::to_string(b) + " not in the hash table";
-      if (parent_[b] >= 0 && (!cached_[parent_[b]] || gen_[parent_[b]] != parent_gen_[b]))
+    if (meta_[b].ref > 0 && seen[b]) return "block " + std::to_string(b) + " both used and free";
+    if (meta_[b].ref == 0 && !seen[b]) return "block " + std::to_string(b) + " leaked (unowned, not free)";
+    used += meta_[b].ref > 0;
+    if (meta_[b].cached) {
+      if (table_.find(meta_[b].hash) != b) return "cached block " + std::to_string(b) + " not in the hash table";
+      if (meta_[b].parent >= 0 && (!meta_[meta_[b].parent].cached || meta_[meta_[b].parent].gen != meta_[b].parent_gen))
         return "cached block " + std::to_string(b) + " has a stale parent";
     }
   }
   if (used + num_free_blocks() != num_blocks_) return "free + used != total";
   std::string bad;
   table_.for_each([&](uint64_t h, int32_t b) {
-    if (bad.empty() && (!cached_[b] || hash_[b] != h)) bad = "hash table entry for uncached block " + std::to_string(b);
+    if (bad.empty() && (!meta_[b].cached || meta_[b].hash != h)) bad = "hash table entry for uncached block " + std::to_string(b);
   });
   return bad;
 }

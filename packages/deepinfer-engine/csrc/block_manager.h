@@ -43,9 +43,9 @@ class BlockManager {
   bool prefix_caching() const { return prefix_caching_; }
   int32_t watermark_blocks() const { return watermark_blocks_; }
   int32_t num_free_blocks() const { return static_cast<int32_t>(free_stack_.size()) + num_lru_; }
-  int32_t ref_count(int32_t b) const { return ref_[b]; }
-  void prefetch_block(int32_t b) const { __builtin_prefetch(&ref_[b]); }
-  bool is_cached(int32_t b) const { return cached_[b] != 0; }
+  int32_t ref_count(int32_t b) const { return meta_[b].ref; }
+  void prefetch_block(int32_t b) const { __builtin_prefetch(&meta_[b]); }
+  bool is_cached(int32_t b) const { return meta_[b].cached != 0; }
   int32_t blocks_for(int32_t num_slots) const { return (num_slots + block_size_ - 1) / block_size_; }
 
   // Chained hash of one block (masked to hash_bits).
@@ -106,23 +106,24 @@ class BlockManager {
   int32_t watermark_blocks_;
   uint64_t hash_mask_;
 
-  std::vector<int32_t> ref_;
+  // Everything the manager knows about a block, in one cache line: a step touches a block's
+  // ref count, cache state, chain and LRU links together.
+  struct alignas(64) BlockMeta {
+    uint64_t hash = 0;
+    int32_t ref = 0;
+    uint32_t gen = 0;          // bumped every time the block leaves the cache
+    int32_t parent = -1;       // block matched before it in its chain (-1 for block 0)
+    uint32_t parent_gen = 0;   // the parent's gen when registered
+    int32_t lru_prev = -1, lru_next = -1;  // LRU of cached free blocks (head = oldest)
+    int32_t first_child = -1, next_sibling = -1, prev_sibling = -1;  // cached children
+    uint8_t cached = 0, in_lru = 0;
+  };
+  std::vector<BlockMeta> meta_;
   std::vector<int32_t> free_stack_;
-  // Prefix cache state per block.
-  std::vector<uint8_t> cached_;
-  std::vector<uint64_t> hash_;
-  std::vector<int32_t> parent_;        // block matched before it in its chain (-1 for block 0)
-  std::vector<uint32_t> parent_gen_;   // gen_[parent] when registered
-  std::vector<uint32_t> gen_;          // bumped every time the block leaves the cache
-  std::vector<int32_t> tokens_;        // num_blocks * block_size stored tokens
+  std::vector<int32_t> tokens_;  // num_blocks * block_size stored tokens of cached blocks
   BlockHashTable table_;
-  // LRU of cached free blocks (intrusive list; head = oldest).
-  std::vector<int32_t> lru_prev_, lru_next_;
-  // Cached children of each cached block (intrusive sibling list), for the cascade on uncache.
-  std::vector<int32_t> first_child_, next_sibling_, prev_sibling_;
-  std::vector<int32_t> uncache_stack_, uncache_order_;
   int32_t lru_head_ = -1, lru_tail_ = -1, num_lru_ = 0;
-  std::vector<uint8_t> in_lru_;
+  std::vector<int32_t> uncache_stack_, uncache_order_;
 
   int64_t prefix_queries_ = 0, prefix_hits_ = 0, evictions_ = 0, cow_copies_ = 0;
 };
