@@ -8,7 +8,6 @@ import time
 import numpy as np
 import pytest
 from conftest import make_scheduler
-
 from deepinfer_engine import _engine as E
 
 
@@ -25,11 +24,17 @@ def test_cumulative_delta_and_final_only():
     s.add_request("dlt", [4, 5], max_tokens=3, output_kind="delta")
     s.add_request("fin", [6, 7], max_tokens=3, output_kind="final_only")
     seen = {"cum": [], "dlt": [], "fin": []}
-    for k, toks in enumerate(([11, 21, 31], [12, 22, 32], [13, 23, 33])):
+    for toks in ([11, 21, 31], [12, 22, 32], [13, 23, 33]):
         step(s, toks)
         for o in E.build_request_outputs(s, pool):
-            seen[o.request_id].append((o.outputs[0].token_ids, o.finished, o.outputs[0].finish_reason))
-    assert seen["cum"] == [([11], False, None), ([11, 12], False, None), ([11, 12, 13], True, "length")]
+            seen[o.request_id].append(
+                (o.outputs[0].token_ids, o.finished, o.outputs[0].finish_reason)
+            )
+    assert seen["cum"] == [
+        ([11], False, None),
+        ([11, 12], False, None),
+        ([11, 12, 13], True, "length"),
+    ]
     assert seen["dlt"] == [([21], False, None), ([22], False, None), ([23], True, "length")]
     assert seen["fin"] == [([31, 32, 33], True, "length")]
     # Nothing new: no outputs.
@@ -41,8 +46,12 @@ def test_request_output_fields_and_metrics():
     t0 = time.time()
     s.add_request("a", [2, 3, 4], max_tokens=2, logprobs=2, arrival_time=t0 - 1.0)
     s.schedule()
-    s.update(np.array([9], np.int32), logprobs=np.array([-0.5], np.float32),
-             topk_token_ids=np.array([[9, 8]], np.int32), topk_logprobs=np.array([[-0.5, -1.5]], np.float32))
+    s.update(
+        np.array([9], np.int32),
+        logprobs=np.array([-0.5], np.float32),
+        topk_token_ids=np.array([[9, 8]], np.int32),
+        topk_logprobs=np.array([[-0.5, -1.5]], np.float32),
+    )
     (o,) = E.build_request_outputs(s, E.RequestOutputPool())
     assert o.request_id == "a" and o.prompt_token_ids == [2, 3, 4] and not o.finished
     c = o.outputs[0]
@@ -68,7 +77,10 @@ def test_n_samples_outputs_by_index():
     step(s, [20, 21, 1])  # sample 2 samples EOS
     (o,) = E.build_request_outputs(s, pool)
     assert [(c.index, c.token_ids, c.finish_reason) for c in o.outputs] == [
-        (0, [10, 20], "length"), (1, [11, 21], "length"), (2, [12, 1], "stop")]
+        (0, [10, 20], "length"),
+        (1, [11, 21], "length"),
+        (2, [12, 1], "stop"),
+    ]
     assert o.finished
 
 
@@ -84,7 +96,9 @@ def test_abort_produces_final_output():
     (o,) = E.build_request_outputs(s, E.RequestOutputPool())
     assert o.finished and o.outputs[0].finish_reason == "abort" and o.outputs[0].token_ids == []
     info = E.get_finished_seqs_info(s)
-    assert info["request_ids"] == ["a"] and info["statuses"].tolist() == [int(E.SequenceStatus.FINISHED_ABORTED)]
+    assert info["request_ids"] == ["a"] and info["statuses"].tolist() == [
+        int(E.SequenceStatus.FINISHED_ABORTED)
+    ]
 
 
 def test_pool_recycles_unreferenced_objects_only():
@@ -116,10 +130,18 @@ def test_get_finished_seqs_info_arrays():
     step(s, [9, 8])
     info = E.get_finished_seqs_info(s)
     assert info["seq_ids"].dtype == np.int64 and info["statuses"].dtype == np.int32
-    assert sorted(zip(info["seq_ids"].tolist(), info["request_ids"], info["statuses"].tolist(),
-                      info["num_prompt_tokens"].tolist(), info["num_output_tokens"].tolist())) == [
+    assert sorted(
+        zip(
+            info["seq_ids"].tolist(),
+            info["request_ids"],
+            info["statuses"].tolist(),
+            info["num_prompt_tokens"].tolist(),
+            info["num_output_tokens"].tolist(),
+        )
+    ) == [
         (a, "a", int(E.SequenceStatus.FINISHED_LENGTH), 2, 1),
-        (b, "b", int(E.SequenceStatus.FINISHED_STOPPED), 3, 1)]
+        (b, "b", int(E.SequenceStatus.FINISHED_STOPPED), 3, 1),
+    ]
     s.schedule()  # the next step starts a new window; finished requests are released
     assert E.get_finished_seqs_info(s)["seq_ids"].tolist() == []
     with pytest.raises(ValueError, match="no longer exists|not a live"):

@@ -13,12 +13,19 @@ import pytest
 from conftest import make_scheduler
 
 
-
 def shadow_run(seed: int, hash_bits: int, steps: int = 150, num_blocks: int = 40):
     rng = random.Random(seed)
     bs = 4
-    s = make_scheduler(num_blocks=num_blocks, block_size=bs, max_model_len=32, max_num_batched_tokens=24,
-                       max_num_seqs=6, hash_bits=hash_bits, vocab_size=12, eos_token_id=None)
+    s = make_scheduler(
+        num_blocks=num_blocks,
+        block_size=bs,
+        max_model_len=32,
+        max_num_batched_tokens=24,
+        max_num_seqs=6,
+        hash_bits=hash_bits,
+        vocab_size=12,
+        eos_token_id=None,
+    )
     # Few distinct tokens and shared prefixes: many equal blocks under different prefixes.
     prefixes = [[rng.randrange(3) for _ in range(rng.randrange(4, 20))] for _ in range(4)]
     kv: dict[tuple[int, int], tuple] = {}
@@ -26,8 +33,15 @@ def shadow_run(seed: int, hash_bits: int, steps: int = 150, num_blocks: int = 40
     served = 0
     for _ in range(steps):
         for _ in range(rng.choice([0, 1, 1, 2])):
-            prompt = list(rng.choice(prefixes))[: rng.randrange(1, 20)] + [rng.randrange(3) for _ in range(rng.randrange(0, 6))]
-            s.add_request(f"r{next_id}", prompt or [0], max_tokens=rng.randrange(1, 10), n=rng.choice([1, 1, 2]))
+            prompt = list(rng.choice(prefixes))[: rng.randrange(1, 20)] + [
+                rng.randrange(3) for _ in range(rng.randrange(0, 6))
+            ]
+            s.add_request(
+                f"r{next_id}",
+                prompt or [0],
+                max_tokens=rng.randrange(1, 10),
+                n=rng.choice([1, 1, 2]),
+            )
             next_id += 1
         out = s.schedule()
         for src, dst in out.blocks_to_copy.tolist():
@@ -36,13 +50,17 @@ def shadow_run(seed: int, hash_bits: int, steps: int = 150, num_blocks: int = 40
                     kv[(dst, o)] = kv[(src, o)]
                 else:
                     kv.pop((dst, o), None)
-        for sid, n, computed in zip(out.seq_ids.tolist(), out.num_scheduled_tokens.tolist(),
-                                    out.num_computed_tokens.tolist()):
+        for sid, n, computed in zip(
+            out.seq_ids.tolist(),
+            out.num_scheduled_tokens.tolist(),
+            out.num_computed_tokens.tolist(),
+        ):
             q = s.get_sequence(sid)
             table, tokens = q.block_table.tolist(), q.token_ids.tolist()
             for p in range(computed):
                 assert kv.get((table[p // bs], p % bs)) == tuple(tokens[: p + 1]), (
-                    f"sequence {sid} position {p}: block {table[p // bs]} holds another prefix's KV")
+                    f"sequence {sid} position {p}: block {table[p // bs]} holds another prefix's KV"
+                )
                 served += 1
             for p in range(computed, computed + n):
                 kv[(table[p // bs], p % bs)] = tuple(tokens[: p + 1])

@@ -8,25 +8,40 @@ import random
 
 import numpy as np
 import pytest
+from deepinfer_engine import _engine as E
 from reference import RefScheduler
 from reference.scheduler import RUNNING, STOPPED
-
-from deepinfer_engine import _engine as E
 
 VOCAB = 40
 EOS = 1
 
 
 def _configs():
-    base = dict(num_blocks=48, block_size=4, max_num_seqs=6, max_num_batched_tokens=24, max_model_len=48,
-                enable_chunked_prefill=True, long_prefill_token_threshold=0, policy="fcfs",
-                enable_prefix_caching=True, watermark=0.05, num_lookahead_slots=0)
+    base = dict(
+        num_blocks=48,
+        block_size=4,
+        max_num_seqs=6,
+        max_num_batched_tokens=24,
+        max_model_len=48,
+        enable_chunked_prefill=True,
+        long_prefill_token_threshold=0,
+        policy="fcfs",
+        enable_prefix_caching=True,
+        watermark=0.05,
+        num_lookahead_slots=0,
+    )
     yield "fcfs", base
     yield "priority", {**base, "policy": "priority"}
-    yield "pressure", {**base, "num_blocks": 16, "max_model_len": 40, "watermark": 0.0, "max_num_seqs": 8}
+    yield (
+        "pressure",
+        {**base, "num_blocks": 16, "max_model_len": 40, "watermark": 0.0, "max_num_seqs": 8},
+    )
     yield "threshold", {**base, "long_prefill_token_threshold": 5, "block_size": 3}
     yield "no_chunking", {**base, "enable_chunked_prefill": False, "max_num_batched_tokens": 48}
-    yield "no_prefix_cache", {**base, "enable_prefix_caching": False, "num_blocks": 20, "watermark": 0.0}
+    yield (
+        "no_prefix_cache",
+        {**base, "enable_prefix_caching": False, "num_blocks": 20, "watermark": 0.0},
+    )
     yield "lookahead", {**base, "num_lookahead_slots": 3, "num_blocks": 24, "policy": "priority"}
 
 
@@ -34,8 +49,15 @@ CONFIGS = dict(_configs())
 
 
 def _compare_step(c_out, r_out):
-    c_sched = list(zip(c_out.seq_ids.tolist(), c_out.num_scheduled_tokens.tolist(),
-                       c_out.num_computed_tokens.tolist(), c_out.num_samples.tolist(), c_out.is_prefill.tolist()))
+    c_sched = list(
+        zip(
+            c_out.seq_ids.tolist(),
+            c_out.num_scheduled_tokens.tolist(),
+            c_out.num_computed_tokens.tolist(),
+            c_out.num_samples.tolist(),
+            c_out.is_prefill.tolist(),
+        )
+    )
     assert c_sched == r_out["scheduled"]
     assert c_out.preempted_seq_ids.tolist() == r_out["preempted"]
     assert c_out.ignored_seq_ids.tolist() == r_out["ignored"]
@@ -58,7 +80,9 @@ def run_workload(seed: int, cfg: dict, steps: int = 120):
     totals = dict(preempted=0, ignored=0, hits=0, forks=0, aborted=0)
 
     def abort_one():
-        live = sorted(rid for rid in unfinished if any(s.status < STOPPED for s in r.groups[rid].seqs))
+        live = sorted(
+            rid for rid in unfinished if any(s.status < STOPPED for s in r.groups[rid].seqs)
+        )
         if live:
             rid = rng.choice(live)
             assert c.abort_request(rid) >= 1
@@ -72,14 +96,20 @@ def run_workload(seed: int, cfg: dict, steps: int = 120):
                 prompt = list(rng.choice(prefixes))[: rng.randrange(1, 31)]
             else:
                 prompt = []
-            prompt += [rng.randrange(2, VOCAB) for _ in range(rng.randrange(0 if prompt else 1, 20))]
+            prompt += [
+                rng.randrange(2, VOCAB) for _ in range(rng.randrange(0 if prompt else 1, 20))
+            ]
             if rng.random() < 0.04:
                 prompt += [5] * (cfg["max_model_len"] + 1 - len(prompt))  # too long: ignored
             max_tokens = rng.randrange(1, 14)
-            params = dict(max_tokens=max_tokens, min_tokens=rng.choice([0, 0, min(2, max_tokens)]),
-                          n=rng.choice([1, 1, 1, 2, 3]), priority=rng.randrange(3),
-                          ignore_eos=rng.random() < 0.2,
-                          stop_token_ids=rng.choice([None, None, [2, 3]]))
+            params = dict(
+                max_tokens=max_tokens,
+                min_tokens=rng.choice([0, 0, min(2, max_tokens)]),
+                n=rng.choice([1, 1, 1, 2, 3]),
+                priority=rng.randrange(3),
+                ignore_eos=rng.random() < 0.2,
+                stop_token_ids=rng.choice([None, None, [2, 3]]),
+            )
             rid = f"r{next_id}"
             next_id += 1
             sid = c.add_request(rid, prompt, **params)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import make_scheduler, run_step
-
 from deepinfer_engine import _engine as E
 
 S = E.SequenceStatus
@@ -22,7 +21,12 @@ def test_chunked_prefill_splits_long_prompt_and_mixes_decodes():
     st = run_step(s)  # a continues (8), budget exhausted: b waits
     assert (st["seq_ids"], st["num_tokens"], st["computed"]) == ([a], [8], [8])
     st = run_step(s)  # a's last 4 tokens complete its prompt and sample; b takes 3 of the other 4
-    assert (st["seq_ids"], st["num_tokens"], st["computed"], st["samples"]) == ([a, b], [4, 3], [16, 0], [1, 1])
+    assert (st["seq_ids"], st["num_tokens"], st["computed"], st["samples"]) == (
+        [a, b],
+        [4, 3],
+        [16, 0],
+        [1, 1],
+    )
     st = run_step(s)  # both decode: 1 token each, decodes listed first
     assert (st["seq_ids"], st["num_tokens"], st["is_prefill"]) == ([a, b], [1, 1], [False, False])
     assert s.get_sequence(a).num_computed_tokens == 21
@@ -38,7 +42,11 @@ def test_long_prefill_threshold_caps_each_prompt_per_step():
     st = run_step(s)  # b decodes (listed first), a takes another 6
     assert (st["seq_ids"], st["num_tokens"], st["computed"]) == ([b, a], [1, 6], [3, 6])
     st = run_step(s)
-    assert (st["seq_ids"], st["num_tokens"], st["samples"]) == ([a], [2], [1])  # b finished (max_tokens 2)
+    assert (st["seq_ids"], st["num_tokens"], st["samples"]) == (
+        [a],
+        [2],
+        [1],
+    )  # b finished (max_tokens 2)
 
 
 def test_no_chunking_admits_whole_prompts_only():
@@ -54,11 +62,20 @@ def test_no_chunking_admits_whole_prompts_only():
 def test_preemption_victim_lowest_priority_then_latest_arrival_and_resume_first():
     # 12 blocks of 4 tokens. Three prompts of 12 tokens take 3 blocks each (9); decoding needs one
     # more block per sequence at token 13 -> only 3 free blocks, then growth forces preemption.
-    s = make_scheduler(num_blocks=12, max_model_len=40, max_num_batched_tokens=64, policy="priority",
-                       enable_prefix_caching=False)
+    s = make_scheduler(
+        num_blocks=12,
+        max_model_len=40,
+        max_num_batched_tokens=64,
+        policy="priority",
+        enable_prefix_caching=False,
+    )
     hi = s.add_request("hi", list(range(2, 14)), priority=0, max_tokens=30, ignore_eos=True)
-    lo_old = s.add_request("lo_old", list(range(20, 32)), priority=5, max_tokens=30, ignore_eos=True)
-    lo_new = s.add_request("lo_new", list(range(40, 52)), priority=5, max_tokens=30, ignore_eos=True)
+    lo_old = s.add_request(
+        "lo_old", list(range(20, 32)), priority=5, max_tokens=30, ignore_eos=True
+    )
+    lo_new = s.add_request(
+        "lo_new", list(range(40, 52)), priority=5, max_tokens=30, ignore_eos=True
+    )
     st = run_step(s)
     assert st["seq_ids"] == [hi, lo_old, lo_new]
     # Decode 4 steps: positions 12..15 go to each sequence's 4th block (3 left -> all fit).
@@ -81,9 +98,13 @@ def test_preemption_victim_lowest_priority_then_latest_arrival_and_resume_first(
 
 
 def test_fcfs_victim_is_latest_arrival():
-    s = make_scheduler(num_blocks=6, max_model_len=20, max_num_batched_tokens=64, enable_prefix_caching=False)
+    s = make_scheduler(
+        num_blocks=6, max_model_len=20, max_num_batched_tokens=64, enable_prefix_caching=False
+    )
     a = s.add_request("a", list(range(2, 10)), max_tokens=20, ignore_eos=True)  # 2 blocks
-    b = s.add_request("b", list(range(10, 18)), max_tokens=20, ignore_eos=True, priority=-9)  # ignored by fcfs
+    b = s.add_request(
+        "b", list(range(10, 18)), max_tokens=20, ignore_eos=True, priority=-9
+    )  # ignored by fcfs
     run_step(s)  # 4 blocks used, 2 free
     run_step(s)  # token 9 of each needs a 3rd block: 0 free
     st = run_step(s)
@@ -98,13 +119,19 @@ def test_fcfs_victim_is_latest_arrival():
 
 
 def test_preempted_sequence_recomputes_prompt_and_outputs():
-    s = make_scheduler(num_blocks=6, max_model_len=20, max_num_batched_tokens=64, enable_prefix_caching=False)
-    a = s.add_request("a", list(range(2, 10)), max_tokens=20, ignore_eos=True)
+    s = make_scheduler(
+        num_blocks=6, max_model_len=20, max_num_batched_tokens=64, enable_prefix_caching=False
+    )
+    s.add_request("a", list(range(2, 10)), max_tokens=20, ignore_eos=True)
     b = s.add_request("b", list(range(10, 18)), max_tokens=20, ignore_eos=True)
     seen_resume = False
-    for step in range(30):
+    for _ in range(30):
         out = s.schedule()
-        ids, nt, comp = out.seq_ids.tolist(), out.num_scheduled_tokens.tolist(), out.num_computed_tokens.tolist()
+        ids, nt, comp = (
+            out.seq_ids.tolist(),
+            out.num_scheduled_tokens.tolist(),
+            out.num_computed_tokens.tolist(),
+        )
         if b in ids and s.get_sequence(b).num_tokens > 8 and comp[ids.index(b)] == 0:
             # resumed: recomputes its prompt + the outputs it had, then samples again
             assert nt[ids.index(b)] == s.get_sequence(b).num_tokens
@@ -187,11 +214,13 @@ def test_reset_prefix_cache():
 
 def test_fork_after_prefill_shares_full_blocks_and_copies_partial():
     s = make_scheduler(num_state_slots=8)
-    a = s.add_request("a", list(range(10, 16)), n=3, max_tokens=4, ignore_eos=True)  # 6 tokens: 1 full + 2
+    a = s.add_request(
+        "a", list(range(10, 16)), n=3, max_tokens=4, ignore_eos=True
+    )  # 6 tokens: 1 full + 2
     st = run_step(s, tokens=[21, 22, 23])
     assert st["samples"] == [3] and st["rows"] == 3 and st["states_to_zero"] == [0]
     seqs = s.get_sequences("a")
-    assert [q.seq_id for q in seqs][0] == a and len(seqs) == 3
+    assert seqs[0].seq_id == a and len(seqs) == 3
     assert [q.output_token_ids.tolist() for q in seqs] == [[21], [22], [23]]
     assert [q.sample_index for q in seqs] == [0, 1, 2]
     parent_table = seqs[0].block_table.tolist()
@@ -201,15 +230,24 @@ def test_fork_after_prefill_shares_full_blocks_and_copies_partial():
         assert t[1] != parent_table[1]  # own copy of the partial block
     assert s.block_manager.ref_count(parent_table[0]) == 3
     st = run_step(s)  # the device work of the fork comes with the next step
-    assert sorted(st["blocks_to_copy"]) == sorted([parent_table[1], q.block_table.tolist()[1]] for q in seqs[1:])
-    assert sorted(st["states_to_clone"]) == sorted([seqs[0].state_slot, q.state_slot] for q in seqs[1:])
+    assert sorted(st["blocks_to_copy"]) == sorted(
+        [parent_table[1], q.block_table.tolist()[1]] for q in seqs[1:]
+    )
+    assert sorted(st["states_to_clone"]) == sorted(
+        [seqs[0].state_slot, q.state_slot] for q in seqs[1:]
+    )
     assert st["seq_ids"] == [q.seq_id for q in seqs]
 
 
 def test_fork_without_free_block_shares_partial_then_copy_on_write():
     # 4 blocks. A (6 tokens: 1 full + 1 partial block, n=3) and X (4 tokens, 1 block) fill 3.
-    s = make_scheduler(num_blocks=4, max_model_len=12, max_num_batched_tokens=16, enable_prefix_caching=False,
-                       max_num_seqs=4)
+    s = make_scheduler(
+        num_blocks=4,
+        max_model_len=12,
+        max_num_batched_tokens=16,
+        enable_prefix_caching=False,
+        max_num_seqs=4,
+    )
     s.add_request("a", list(range(10, 16)), n=3, max_tokens=3, ignore_eos=True)
     s.add_request("x", [2, 3, 4, 5], max_tokens=1)
     run_step(s, tokens=[21, 22, 23, 24])
@@ -243,7 +281,9 @@ def test_clone_and_zero_states_and_blocks_direct():
         assert c.block_table.tolist() == [pt[0], dst] and src == pt[1]
         assert c.token_ids.tolist() == parent.token_ids.tolist()
         assert c.num_computed_tokens == parent.num_computed_tokens
-    assert clones.tolist() == [[parent.state_slot, s.get_sequence(i).state_slot] for i in ids.tolist()]
+    assert clones.tolist() == [
+        [parent.state_slot, s.get_sequence(i).state_slot] for i in ids.tolist()
+    ]
     assert zeros.shape == (0,)
     assert s.block_manager.ref_count(pt[0]) == 3
     assert s.check_invariants() == ""
@@ -264,8 +304,13 @@ def test_lookahead_slots_reserved_for_decodes():
 def test_watermark_blocks_admission(watermark, admitted):
     # 12 blocks; 15-token prompts need 4 each. With 3 blocks kept free, the third prompt would
     # leave 0 < 3 and waits; without a watermark it is admitted.
-    s = make_scheduler(num_blocks=12, watermark=watermark, max_model_len=16, max_num_batched_tokens=64,
-                       enable_prefix_caching=False)
+    s = make_scheduler(
+        num_blocks=12,
+        watermark=watermark,
+        max_model_len=16,
+        max_num_batched_tokens=64,
+        enable_prefix_caching=False,
+    )
     for k in range(3):
         s.add_request(f"r{k}", list(range(20 * k + 2, 20 * k + 17)), max_tokens=2)
     st = run_step(s)
@@ -300,11 +345,23 @@ def test_ignored_prompt_too_long():
     [
         (dict(max_tokens=5), [9, 1], S.FINISHED_STOPPED, None, 2),  # EOS
         (dict(max_tokens=5, ignore_eos=True), [9, 1, 9, 9, 9], S.FINISHED_LENGTH, None, 5),
-        (dict(max_tokens=5, min_tokens=3), [1, 1, 1], S.FINISHED_STOPPED, None, 3),  # EOS not before min_tokens
+        (
+            dict(max_tokens=5, min_tokens=3),
+            [1, 1, 1],
+            S.FINISHED_STOPPED,
+            None,
+            3,
+        ),  # EOS not before min_tokens
         (dict(max_tokens=5, stop_token_ids=[8]), [9, 8], S.FINISHED_STOPPED, 8, 2),
         (dict(max_tokens=5, min_tokens=2, stop_token_ids=[8]), [8, 8], S.FINISHED_STOPPED, 8, 2),
         (dict(max_tokens=3), [9, 9, 9], S.FINISHED_LENGTH, None, 3),
-        (dict(max_tokens=50, ignore_eos=True), [9] * 6, S.FINISHED_LENGTH, None, 6),  # max_model_len 16 - 10
+        (
+            dict(max_tokens=50, ignore_eos=True),
+            [9] * 6,
+            S.FINISHED_LENGTH,
+            None,
+            6,
+        ),  # max_model_len 16 - 10
     ],
 )
 def test_stop_conditions(params, tokens, status, stop_reason, n_out):
@@ -326,7 +383,11 @@ def test_stop_sequence_for_stop_string_truncates():
         run_step(s, tokens=[t])
     s.stop_sequence(a, "</s>", 2)
     q = s.get_sequence(a)
-    assert q.status == S.FINISHED_STOPPED and q.stop_reason == "</s>" and q.output_token_ids.tolist() == [11, 12]
+    assert (
+        q.status == S.FINISHED_STOPPED
+        and q.stop_reason == "</s>"
+        and q.output_token_ids.tolist() == [11, 12]
+    )
     outs = E.build_request_outputs(s, E.RequestOutputPool())
     assert outs[0].finished and outs[0].outputs[0].stop_reason == "</s>"
     assert outs[0].outputs[0].token_ids == [11, 12]
@@ -336,7 +397,9 @@ def test_stop_sequence_for_stop_string_truncates():
 
 @pytest.mark.parametrize("stage", ["waiting", "mid_prefill", "running", "preempted", "in_flight"])
 def test_abort_at_every_stage(stage):
-    s = make_scheduler(num_blocks=6, max_model_len=20, max_num_batched_tokens=4, enable_prefix_caching=False)
+    s = make_scheduler(
+        num_blocks=6, max_model_len=20, max_num_batched_tokens=4, enable_prefix_caching=False
+    )
     a = s.add_request("a", list(range(2, 10)), max_tokens=20, ignore_eos=True)
     b = s.add_request("b", list(range(10, 18)), max_tokens=20, ignore_eos=True)
     target = b
@@ -385,14 +448,18 @@ def test_stop_string_on_a_sequence_that_just_hit_max_tokens():
     # The detokenizer finds a stop string ending in the last token: the stop string wins.
     s.stop_sequence(a, "STOP", 2)
     (o,) = E.build_request_outputs(s, pool)
-    assert o.finished and o.outputs[0].finish_reason == "stop" and o.outputs[0].stop_reason == "STOP"
+    assert (
+        o.finished and o.outputs[0].finish_reason == "stop" and o.outputs[0].stop_reason == "STOP"
+    )
     assert o.outputs[0].token_ids == []  # delta: nothing new
     info = E.get_finished_seqs_info(s)
     assert info["statuses"].tolist() == [int(S.FINISHED_STOPPED)]
 
 
 def test_stop_sequence_on_a_preempted_sequence_leaves_the_queue():
-    s = make_scheduler(num_blocks=6, max_model_len=20, max_num_batched_tokens=64, enable_prefix_caching=False)
+    s = make_scheduler(
+        num_blocks=6, max_model_len=20, max_num_batched_tokens=64, enable_prefix_caching=False
+    )
     s.add_request("a", list(range(2, 10)), max_tokens=20, ignore_eos=True)
     b = s.add_request("b", list(range(10, 18)), max_tokens=20, ignore_eos=True)
     for _ in range(10):

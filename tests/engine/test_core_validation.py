@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import make_scheduler
-
 from deepinfer_engine import _engine as E
 
 
@@ -108,14 +107,24 @@ def test_update_buffer_validation_and_state_unchanged():
     with pytest.raises(TypeError, match="logprobs: expected dtype float32"):
         s.update(ok, logprobs=np.zeros(2, np.float64))
     with pytest.raises(ValueError, match="asks for 2 logprobs but k = 1"):
-        s.update(ok, topk_token_ids=np.zeros((2, 1), np.int32), topk_logprobs=np.zeros((2, 1), np.float32))
+        s.update(
+            ok,
+            topk_token_ids=np.zeros((2, 1), np.int32),
+            topk_logprobs=np.zeros((2, 1), np.float32),
+        )
     with pytest.raises(ValueError, match="topk_token_ids"):
         s.update(ok, topk_token_ids=np.zeros((2, 2), np.int32))
     with pytest.raises(ValueError, match="topk_token_ids: shapes"):
-        s.update(ok, topk_token_ids=np.zeros((2, 2), np.int32), topk_logprobs=np.zeros((2, 3), np.float32))
+        s.update(
+            ok,
+            topk_token_ids=np.zeros((2, 2), np.int32),
+            topk_logprobs=np.zeros((2, 3), np.float32),
+        )
     # Nothing changed: the step is still in flight and a correct update applies once.
     assert s.step_in_flight and s.get_sequence(0).num_computed_tokens == 0
-    s.update(ok, topk_token_ids=np.zeros((2, 2), np.int32), topk_logprobs=np.zeros((2, 2), np.float32))
+    s.update(
+        ok, topk_token_ids=np.zeros((2, 2), np.int32), topk_logprobs=np.zeros((2, 2), np.float32)
+    )
     assert s.get_sequence(0).output_token_ids.tolist() == [5] and s.check_invariants() == ""
     del out
 
@@ -160,5 +169,14 @@ def test_add_request_keyword_types(kw, exc, match):
     with pytest.raises(exc, match=match):
         s.add_request("a", [2], **kw)
     assert s.num_waiting == 0
-    s.add_request("a", [2], seed=None, logprobs=None, prompt_logprobs=None, eos_token_id=None, arrival_time=None,
-                  temperature=0, top_p=1)  # None and ints for floats are accepted
+    s.add_request(
+        "a",
+        [2],
+        seed=None,
+        logprobs=None,
+        prompt_logprobs=None,
+        eos_token_id=None,
+        arrival_time=None,
+        temperature=0,
+        top_p=1,
+    )  # None and ints for floats are accepted

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 
 class RefBlockManager:
-    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool, watermark_blocks: int):
+    def __init__(
+        self, num_blocks: int, block_size: int, prefix_caching: bool, watermark_blocks: int
+    ):
         self.num_blocks = num_blocks
         self.bs = block_size
         self.prefix_caching = prefix_caching

@@ -27,7 +27,7 @@ WAITING, RUNNING, PREEMPTED, STOPPED, LENGTH, ABORTED, IGNORED = range(7)
 @dataclass
 class RefSeq:
     seq_id: int
-    group: "RefGroup"
+    group: RefGroup
     sample_index: int
     tokens: list[int]
     num_prompt: int
@@ -54,9 +54,22 @@ class RefGroup:
 
 
 class RefScheduler:
-    def __init__(self, *, num_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len,
-                 eos_token_id=-1, enable_chunked_prefill=True, long_prefill_token_threshold=0,
-                 policy="fcfs", enable_prefix_caching=True, watermark=0.01, num_lookahead_slots=0):
+    def __init__(
+        self,
+        *,
+        num_blocks,
+        block_size,
+        max_num_seqs,
+        max_num_batched_tokens,
+        max_model_len,
+        eos_token_id=-1,
+        enable_chunked_prefill=True,
+        long_prefill_token_threshold=0,
+        policy="fcfs",
+        enable_prefix_caching=True,
+        watermark=0.01,
+        num_lookahead_slots=0,
+    ):
         self.bs = block_size
         self.max_num_seqs = max_num_seqs
         self.max_batched = max_num_batched_tokens
@@ -66,7 +79,9 @@ class RefScheduler:
         self.threshold = long_prefill_token_threshold
         self.priority = policy == "priority"
         self.lookahead = num_lookahead_slots
-        self.bm = RefBlockManager(num_blocks, block_size, enable_prefix_caching, int(watermark * num_blocks))
+        self.bm = RefBlockManager(
+            num_blocks, block_size, enable_prefix_caching, int(watermark * num_blocks)
+        )
         self.running: list[RefSeq] = []
         self.waiting: list[RefSeq] = []
         self.preempted: list[RefSeq] = []
@@ -76,7 +91,9 @@ class RefScheduler:
         self.scheduled = []  # (seq, n, computed_before, samples, is_prefill) of the step in flight
         self.in_flight = False
         self.finished: list[tuple[int, int]] = []  # (seq id, status) reported for the current step
-        self.deferred: list[tuple[int, int]] = []  # finished while no step ran: reported with the next
+        self.deferred: list[
+            tuple[int, int]
+        ] = []  # finished while no step ran: reported with the next
 
     # -- helpers
     def key(self, s: RefSeq):
@@ -189,7 +206,11 @@ class RefScheduler:
                 n = min(n, budget)
             elif n > budget:
                 break
-            taken = self.bm.blocks_for(computed + n) - len(hits) + sum(self.bm.ref[b] == 0 for b in hits)
+            taken = (
+                self.bm.blocks_for(computed + n)
+                - len(hits)
+                + sum(self.bm.ref[b] == 0 for b in hits)
+            )
             if self.bm.num_free() - taken < self.bm.watermark_blocks:
                 break
             queue.pop(0)
@@ -226,7 +247,9 @@ class RefScheduler:
             elif token in (p.get("stop_token_ids") or ()):
                 status = STOPPED
                 s.stop_token = token
-        if status is None and (s.num_out >= p.get("max_tokens", 16) or len(s.tokens) >= self.max_model_len):
+        if status is None and (
+            s.num_out >= p.get("max_tokens", 16) or len(s.tokens) >= self.max_model_len
+        ):
             status = LENGTH
         if status is not None:
             self._finish(s, status)
