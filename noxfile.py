@@ -12,6 +12,7 @@ torch is pinned by constraints.txt to the CPU build this machine carries.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import nox
@@ -168,6 +169,7 @@ def sanitize(session: nox.Session) -> None:
     _install(session, *TEST_DEPS, *BUILD_DEPS)
     _install_ours(session, "deepinfer")
     build_dir = ROOT / "build" / "asan"
+    shutil.rmtree(build_dir, ignore_errors=True)  # a clean build: no objects from older headers
     session.install("--no-build-isolation", "--no-deps", "--force-reinstall",
                     "-Ccmake.build-type=RelWithDebInfo", f"-Cbuild-dir={build_dir}",
                     str(PACKAGES["deepinfer-engine"]),
@@ -181,12 +183,13 @@ def sanitize(session: nox.Session) -> None:
            "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
            "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
            "DEEPINFER_SANITIZED": "1"}
-    # One pytest per folder: each folder's conftest is its own module.
-    session.run("pytest", "-q", "-p", "no:cacheprovider", "tests/engine", *session.posargs,
-                env=env)
+    # One pytest per folder: each folder's conftest is its own module. --capture=sys leaves
+    # file descriptor 2 alone, so a sanitizer report reaches the log before the abort.
+    session.run("pytest", "-q", "-p", "no:cacheprovider", "--capture=sys", "tests/engine",
+                *session.posargs, env=env)
     state_machine = ROOT / "tests" / "reliability" / "test_engine_state_machine.py"
     if state_machine.exists():
-        session.run("pytest", "-q", "-p", "no:cacheprovider", str(state_machine),
+        session.run("pytest", "-q", "-p", "no:cacheprovider", "--capture=sys", str(state_machine),
                     *session.posargs, env=env)
 
 
