@@ -1,0 +1,145 @@
+"""Minimal reproductions of the scheduler / block / output bugs the state machine found
+(reported in build/notes/requests-for-core-I.md). Each is xfail(strict) until fixed; the
+expectation is independent of the engine: the pure-Python reference or a hand-computed case."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from reference import RefScheduler
+
+from deepinfer_engine import _engine as E
+
+CFG = dict(num_blocks=40, block_size=1, max_num_seqs=4, max_num_batched_tokens=43, max_model_len=31,
+           watermark=0.0)
+
+
+def _step(sched, tokens):
+    out = sched.schedule()
+    sched.update(np.asarray(tokens[: out.num_sample_rows], np.int32))
+    return out
+
+
+@pytest.mark.xfail(strict=True, reason="reset_prefix_cache re-caches running sequences' pre-reset blocks — "
+                                       "reported in build/notes/requests-for-core-I.md")
+def test_reset_prefix_cache_never_serves_blocks_computed_before_it():
+    c = E.Scheduler(**CFG, vocab_size=40, eos_token_id=1)
+    r = RefScheduler(**CFG, eos_token_id=1)
+    for s in (c, r):
+        s.add_request("a", [5, 6, 7, 8], max_tokens=10)
+    for _ in range(2):
+        _step(c, [9])
+        r.schedule()
+        r.update([9])
+    assert c.reset_prefix_cache()
+    r.bm.reset()
+    _step(c, [9])          # "a" keeps decoding after the reset
+    r.schedule()
+    r.update([9])
+    # A new request with the same prefix must not hit KV computed before the reset.
+    for s in (c, r):
+        s.add_request("b", [5, 6, 7, 8, 9, 9, 3], max_tokens=4)
+    c_out, r_out = c.schedule(), r.schedule()
+    hit = {sid: comp for sid, _, comp, _, _ in r_out["scheduled"]}
+    assert hit[1] == 0
+    assert dict(zip(c_out.seq_ids.tolist(), c_out.num_computed_tokens.tolist()))[1] == hit[1]
+    assert c.block_manager.num_cached_blocks == len(r.bm.cache)
+
+
+@pytest.mark.xfail(strict=True, reason="Scheduler.update on a step with draft rows corrupts num_computed_tokens — "
+                                       "reported in build/notes/requests-for-core-I.md")
+def test_update_on_a_speculative_step_is_refused_or_rolls_back():
+    s = E.Scheduler(num_blocks=40, block_size=4, max_num_seqs=4, max_num_batched_tokens=32, max_model_len=31,
+                    vocab_size=40, eos_token_id=1, num_lookahead_slots=3, watermark=0.0)
+    s.add_request("a", [5, 6, 7, 8, 9], max_tokens=10)
+    s.schedule()
+    E.process_MTPInfo(s, np.zeros(1, np.int32), np.array([[11]], np.int32), np.array([[12, 13]], np.int32))
+    out = s.schedule()
+    assert out.num_scheduled_tokens.tolist() == [3]        # last token + 2 drafts
+    try:
+        s.update(np.array([14], np.int32))                  # the caller forgot process_MTPInfo
+    except ValueError:
+        pass                                                # acceptable: refused, nothing changed
+    assert s.check_invariants() == ""
+    seq = s.get_sequence(0)
+    assert seq.num_computed_tokens <= seq.num_tokens - 1
+
+
+@pytest.mark.xfail(strict=True, reason="a step with draft rows and an n > 1 prompt completion cannot be applied — "
+                                       "reported in build/notes/requests-for-core-I.md")
+def test_step_with_drafts_and_an_n_gt_1_prompt_can_be_applied():
+    s = E.Scheduler(num_blocks=60, block_size=4, max_num_seqs=6, max_num_batched_tokens=64, max_model_len=31,
+                    vocab_size=40, eos_token_id=1, num_lookahead_slots=3, watermark=0.0)
+    s.add_request("a", [5, 6, 7, 8, 9], max_tokens=10)
+    s.schedule()
+    E.process_MTPInfo(s, np.zeros(1, np.int32), np.array([[11]], np.int32), np.array([[12, 13]], np.int32))
+    s.add_request("b", [20, 21, 22], max_tokens=10, n=2)
+    out = s.schedule()
+    assert out.num_samples.tolist() == [1, 2]               # a: decode + 2 drafts; b: completes, n = 2
+    # a accepts one draft (tokens 12 and the bonus 15); b's two samples 30, 31.
+    E.process_MTPInfo(s, np.array([1, 0, 0], np.int32), np.array([[12, 15], [30, 0], [31, 0]], np.int32))
+    assert s.get_sequence(0).output_token_ids.tolist() == [11, 12, 15]
+    assert sorted(q.output_token_ids.tolist() for q in s.get_sequences("b")) == [[30], [31]]
+    assert s.check_invariants() == ""
+
+
+@pytest.mark.xfail(strict=True, reason="delta output of a forked child omits its inherited tokens — "
+                                       "reported in build/notes/requests-for-core-I.md")
+def test_delta_stream_of_a_forked_child_is_complete():
+    s = E.Scheduler(**CFG, vocab_size=40, eos_token_id=1)
+    pool = E.RequestOutputPool()
+    s.add_request("a", [5, 6, 7, 8, 9], max_tokens=3, output_kind="delta")
+    streamed: dict[int, list[int]] = {}
+
+    def collect():
+        for ro in E.build_request_outputs(s, pool):
+            for c in ro.outputs:
+                streamed.setdefault(c.index, []).extend(c.token_ids)
+
+    _step(s, [24])
+    collect()
+    (child,), _, _, _ = E.clone_and_zero_states_and_blocks(s, 0, 1)
+    _step(s, [25, 26])
+    collect()
+    _step(s, [27, 28])
+    collect()
+    # what the sequences hold, and what a delta consumer must be able to rebuild
+    assert s.get_sequence(int(child)).output_token_ids.tolist() == [24, 26, 28]
+    assert streamed == {0: [24, 25, 27], 1: [24, 26, 28]}
+
+
+_HUGE_SCHEDULER = """
+import resource
+resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))   # never let it take the machine
+from deepinfer_engine import _engine as E
+try:
+    E.Scheduler(num_blocks=2**31 - 1, block_size=4, max_num_seqs=8, max_num_batched_tokens=64,
+                max_model_len=48, vocab_size=50)
+except ValueError as e:
+    print("ValueError", e)
+except MemoryError as e:
+    print("MemoryError", e)
+"""
+
+
+@pytest.mark.xfail(strict=True, reason="Scheduler(num_blocks=2**31-1) allocates until the OOM killer ends the "
+                                       "process — reported in build/notes/requests-for-core-I.md")
+def test_huge_num_blocks_is_refused_with_a_value_error():
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", _HUGE_SCHEDULER], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.startswith("ValueError") and "num_blocks" in r.stdout, r.stdout
+
+
+@pytest.mark.xfail(strict=True, reason="draft tokens are scheduled past max_model_len and the step cannot be "
+                                       "built — reported in build/notes/requests-for-core-I.md")
+def test_drafts_never_scheduled_past_max_model_len():
+    s = E.Scheduler(num_blocks=40, block_size=4, max_num_seqs=4, max_num_batched_tokens=32, max_model_len=10,
+                    vocab_size=40, eos_token_id=1, num_lookahead_slots=3, watermark=0.0)
+    s.add_request("a", [5, 6, 7, 8, 9, 10, 11], max_tokens=3)      # 7 prompt tokens
+    s.schedule()
+    E.process_MTPInfo(s, np.zeros(1, np.int32), np.array([[12]], np.int32), np.array([[13, 14, 15]], np.int32))
+    out = s.schedule()                                               # 8 tokens, 7 computed
+    end = out.num_computed_tokens[0] + out.num_scheduled_tokens[0]
+    assert end <= 10, f"positions up to {end} scheduled with max_model_len 10"
