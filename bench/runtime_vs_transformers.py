@@ -38,6 +38,9 @@ def main() -> None:
     llm = LLM(path, device="cpu", dtype="float32")
     hf = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
                                               dtype=torch.float32, local_files_only=True).eval()
+    # EOS neither stops nor is masked on either side (DeepInfer: ignore_eos=True): exactly
+    # --new-tokens tokens each, the same greedy choices.
+    hf.generation_config.eos_token_id = None
     rng = np.random.default_rng(0)
     vocab = llm.model_config.vocab_size
     params = SamplingParams(temperature=0.0, max_tokens=args.new_tokens, ignore_eos=True)
@@ -51,8 +54,8 @@ def main() -> None:
             hf.generate(torch.tensor(prompts[:1]), max_new_tokens=2, do_sample=False, pad_token_id=0)
         def hf_run(batch):
             with torch.no_grad():
-                out = hf.generate(torch.tensor(batch), max_new_tokens=args.new_tokens,
-                                  min_new_tokens=args.new_tokens, do_sample=False, pad_token_id=0)
+                out = hf.generate(torch.tensor(batch), max_new_tokens=args.new_tokens, do_sample=False,
+                                  pad_token_id=0)
             return out[:, args.prompt_len:].tolist()
 
         ours_t, seq_t, batch_t = [], [], []

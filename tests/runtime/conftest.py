@@ -86,13 +86,15 @@ def hf_greedy(hf_default):
     import torch
 
     cache: dict[tuple[tuple[int, ...], int], list[int]] = {}
+    # EOS neither stops nor is masked (the runtime's side uses ignore_eos=True).
+    hf_default.generation_config.eos_token_id = None
 
     def run(prompt: list[int], n: int) -> list[int]:
         key = (tuple(prompt), n)
         if key not in cache:
             with torch.no_grad():
                 out = hf_default.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False,
-                                          min_new_tokens=n, pad_token_id=0)
+                                          pad_token_id=0)
             cache[key] = out[0, len(prompt):].tolist()
         return cache[key]
 
