@@ -19,7 +19,6 @@ import statistics
 import time
 
 import numpy as np
-
 from deepinfer_engine import _engine as E
 
 BLOCK = 16
@@ -93,7 +92,7 @@ def bench_batch(B, reps, rng, penalties=True):
 
     # Steady state: schedule -> build -> prepare -> sampler -> update, one token per sequence per step.
     parts = {"schedule": [], "build": [], "decode": [], "sampler": [], "update": [], "zos": []}
-    for step in range(reps):
+    for _step in range(reps):
         t0 = time.perf_counter_ns()
         out = s.schedule()
         t1 = time.perf_counter_ns()

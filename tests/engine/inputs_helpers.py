@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 
 import numpy as np
-
 from deepinfer_engine import _engine as E
 from inputs_reference.layout import RefRow
 

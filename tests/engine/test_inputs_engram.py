@@ -6,7 +6,6 @@ import random
 
 import numpy as np
 import pytest
-
 from deepinfer_engine import _engine as E
 from inputs_helpers import make_args, make_buffers, pool_of
 from inputs_reference.engram import EngramRef, engram_rows

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from deepinfer_engine import _engine as E
 from inputs_helpers import BUFFER_NAMES, make_args, make_buffers, pool_of, snapshot
 from inputs_reference.layout import RefRow

@@ -3,7 +3,6 @@
 import random
 
 import pytest
-
 from deepinfer_engine import _engine as E
 
 # Llama-3-8B: hidden 4096, 32 layers, 32 heads, 8 KV heads (head_dim 128), MLP 14336, vocab 128256.

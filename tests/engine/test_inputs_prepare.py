@@ -6,9 +6,8 @@ import random
 
 import numpy as np
 import pytest
-
 from deepinfer_engine import _engine as E
-from inputs_helpers import BUFFER_NAMES, make_args, make_buffers, pool_of, random_row, snapshot
+from inputs_helpers import make_args, make_buffers, pool_of, random_row
 from inputs_reference.layout import RefRow, reference_layout
 
 

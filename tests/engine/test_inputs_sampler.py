@@ -6,7 +6,6 @@ import random
 
 import numpy as np
 import pytest
-
 from deepinfer_engine import _engine as E
 from inputs_helpers import make_args, make_buffers, pool_of, random_row
 from inputs_reference.layout import RefRow, reference_layout

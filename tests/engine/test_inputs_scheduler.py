@@ -7,7 +7,6 @@ import random
 
 import numpy as np
 import pytest
-
 from deepinfer_engine import _engine as E
 from inputs_helpers import make_args, make_buffers
 from inputs_reference.layout import RefRow, reference_layout
@@ -166,7 +165,7 @@ def spec_setup(k=2, max_tokens=50, eos=None, min_tokens=0):
                         eos_token_id=eos)
     sched.add_request("a", [1, 2, 3, 4, 5], max_tokens=max_tokens, min_tokens=min_tokens)
     sched.add_request("b", [7, 8, 9], max_tokens=max_tokens, min_tokens=min_tokens)
-    out = sched.schedule()  # prefill both
+    sched.schedule()  # prefill both
     drafts = np.array([[100, 101], [200, 201]], np.int32)[:, :k]
     appended = E.process_MTPInfo(sched, np.zeros(2, np.int32), np.array([[10], [20]], np.int32), drafts)
     assert appended.tolist() == [1, 1]

@@ -18,7 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     env.set_defaults(func=lambda args: _env(args))
 
     try:
-        from deepinfer.runtime import commands
+        import deepinfer.runtime.commands as commands
     except ImportError as exc:  # the runtime's own dependencies are missing: env still works
         runtime_error = exc
 

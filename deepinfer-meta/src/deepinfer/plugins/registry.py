@@ -90,7 +90,7 @@ class BackendRecord:
 
     @property
     def api_compatible(self) -> bool:
-        return bool(self.description) and (
+        return self.description is not None and (
             self.description["plugin_api_version"] == hookspecs.PLUGIN_API_VERSION
         )
 

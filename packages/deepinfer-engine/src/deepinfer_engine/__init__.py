@@ -9,4 +9,4 @@ try:
 except PackageNotFoundError:  # a developer build on PYTHONPATH (scripts/devbuild.sh)
     __version__ = "0+dev"
 
-__all__ = ["_engine", "__version__"]
+__all__ = ["__version__", "_engine"]
