@@ -77,7 +77,9 @@ def _stubgen(module: str, tmp: Path) -> str:
 
 
 def _to_facade(text: str, module: str) -> str:
-    """Refer to names as the facade module does (``Scheduler``, not ``deepinfer_engine._engine.Scheduler``)."""
+    """Refer to names as the facade module does (``Scheduler``, not ``deepinfer_engine._engine.Scheduler``)
+    and drop the native module's docstring: the header is the facade's docstring."""
+    text = re.sub(r'\A\s*"""(?:.|\n)*?"""\n', "", text)
     text = re.sub(rf"^import {re.escape(module)}\n", "", text, flags=re.M)
     return text.replace(f"{module}.", "")
 
