@@ -287,6 +287,6 @@ def demo(session: nox.Session) -> None:
 def ci(session: nox.Session) -> None:
     """Everything that can run on a CPU machine, in order (what .ci/run runs)."""
     for name in ("lint", "build", "tests_registry", "tests_engine", "tests_cuda", "tests_ascend",
-                 "tests_runtime", "packaging", "stubs", "typecheck", "docs"):
+                 "tests_runtime", "tests_reliability", "packaging", "stubs", "typecheck", "docs"):
         session.notify(name)
     os.environ.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", "2")
