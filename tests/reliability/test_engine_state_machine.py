@@ -259,16 +259,16 @@ class EngineMachine(RuleBasedStateMachine):
                 continue
             mine = got.get(i, [])
             delta = self.params[rid]["output_kind"] == "delta"
-            inherited = self.inherited.get(sid, [])
-            if delta and inherited and mine[: len(inherited)] != inherited:
-                # reported bug: a forked child's first delta omits the tokens it inherited
-                # (tests/reliability/test_regressions_core.py); the rest must still be exact
-                mine = inherited + mine
+            candidates = [mine]
+            if delta and sid in self.inherited:
+                # reported bug: a forked child's delta stream omits the tokens it inherited
+                # (tests/reliability/test_regressions_core.py); either way the rest must be exact
+                candidates.append(self.inherited[sid] + mine)
             if delta and sid in self.truncated:
                 # tokens already streamed cannot be taken back: the detokenizer cuts the text
-                mine = mine[: len(self.shadow[sid])]
-            assert mine == self.shadow[sid], (rid, i, got.get(i), self.shadow[sid], self.params[rid],
-                                              sid in self.explicit_children)
+                candidates = [c[: len(self.shadow[sid])] for c in candidates]
+            assert self.shadow[sid] in candidates, (rid, i, got.get(i), self.shadow[sid], self.params[rid],
+                                                    sid in self.explicit_children)
             if i in by_index:
                 assert by_index[i].finish_reason == self.done[sid], (rid, i, by_index[i].finish_reason, self.done[sid])
 
