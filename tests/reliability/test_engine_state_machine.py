@@ -572,6 +572,8 @@ class EngineMachine(RuleBasedStateMachine):
     def _full_step(self, prepare, zos, abort_in_flight, how):
         """schedule, inputs, maybe an abort while the step runs, then update or a speculative update."""
         self.schedule()
+        if self.sched.num_preempted and self.rng.random() < 0.3:
+            self.abort("preempted")       # abort while preempted (rare otherwise)
         if prepare:
             self.prepare_inputs()
             if zos:
