@@ -562,7 +562,9 @@ void bind_core(py::module_& m) {
                                            std::to_string(max_model_len) + " (+ lookahead): need " + std::to_string(need));
              return new Scheduler(c);
            }),
-           py::arg("num_blocks"), py::arg("block_size") = 16, py::arg("max_num_seqs") = 256,
+           // Keyword-only after num_blocks: vocab_size has no default, and a Python signature
+           // cannot put a required positional argument after defaulted ones.
+           py::arg("num_blocks"), py::kw_only(), py::arg("block_size") = 16, py::arg("max_num_seqs") = 256,
            py::arg("max_num_batched_tokens") = 8192, py::arg("max_model_len") = 8192, py::arg("vocab_size"),
            py::arg("eos_token_id") = py::none(), py::arg("enable_chunked_prefill") = true,
            py::arg("long_prefill_token_threshold") = 0, py::arg("policy") = "fcfs",
