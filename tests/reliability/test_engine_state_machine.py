@@ -58,6 +58,7 @@ class ForkingRef(RefScheduler):
 
     def fork(self, seq_id: int, k: int) -> list[int]:
         s = self._by_id(seq_id)
+        s.group.forked = True     # the engine's rule: from now on every sequence of the group costs one unit
         children = []
         for _ in range(k):
             c = self._new_seq(s.group, s.tokens, s.num_prompt, len(s.group.seqs))
