@@ -241,7 +241,7 @@ def stubs(session: nox.Session) -> None:
 
     ``nox -s stubs -- --write`` rewrites the committed stubs instead of checking them.
     """
-    _install(session, "pybind11-stubgen", "numpy", "pluggy", "torch")
+    _install(session, "pybind11-stubgen==3.0.0", "numpy", "pluggy", "torch")
     _install_ours(session, "deepinfer-engine", "deepinfer", "deepinfer-cuda")
     args = ["--write"] if "--write" in session.posargs else []
     session.run("python", "scripts/gen_stubs.py", *args)

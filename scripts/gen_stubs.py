@@ -81,7 +81,11 @@ def _to_facade(text: str, module: str) -> str:
     and drop the native module's docstring: the header is the facade's docstring."""
     text = re.sub(r'\A\s*"""(?:.|\n)*?"""\n', "", text)
     text = re.sub(rf"^import {re.escape(module)}\n", "", text, flags=re.M)
-    return text.replace(f"{module}.", "")
+    text = text.replace(f"{module}.", "")
+    # The engine has its own class ``Sequence``; stubgen resolves that name to typing's.
+    if module == "deepinfer_engine._engine":
+        text = re.sub(r"\btyping\.Sequence\b(?!\[)", "Sequence", text)
+    return text
 
 
 def generate() -> dict[Path, str]:
