@@ -473,8 +473,7 @@ POOL_BAD = [
     ("seed str", dict(seed="x")), ("request_id int", dict(request_id=5)), ("unknown keyword", dict(colour=3)),
     ("2-D token_ids", dict(token_ids=np.ones((2, 2), np.int32))),
 ]
-POOL_BUGS = {"logprobs -2": f"add_sequence accepts logprobs < -1 — {CORE_II}",
-             "logit_bias NaN": f"add_sequence accepts a NaN logit bias — {CORE_II}"}
+POOL_BUGS: dict[str, str] = {}
 for what, kw in POOL_BAD:
     case("SequenceMetadataPool", f"add_sequence {what}", bug=POOL_BUGS.get(what))(lambda w, k=kw: _fresh_pool_rows(**k))
 case("SequenceMetadataPool", "build from a non-Scheduler")(lambda w: E.SequenceMetadataPool().build(w.args))
@@ -578,7 +577,7 @@ for what, call in [
                                                    ULP(s, si, np.zeros(n, np.float32)))),
 ]:
     case("update_prompt_logprobs", what)(lambda w, c=call: c(*_plp_step()))
-case("update_prompt_logprobs", "topk ids out of vocab", bug=f"top-k ids outside the vocabulary accepted — {CORE_II}")(
+case("update_prompt_logprobs", "topk ids out of vocab")(
     lambda w: (lambda s, si, n: ULP(s, si, np.zeros(n, np.float32), np.full((n, 2), VOCAB, np.int32),
                                     np.zeros((n, 2), np.float32)))(*_plp_step()))
 
@@ -592,7 +591,7 @@ case("set_engram_lookup_table", "vocab_size negative")(lambda w: E.set_engram_lo
 case("set_engram_lookup_table", "str table")(lambda w: E.set_engram_lookup_table("ab", 2))
 case("encode_compressed", "id outside the table")(lambda w: _with_table(lambda: E.encode_compressed([0, 99])))
 case("encode_compressed", "negative id")(lambda w: _with_table(lambda: E.encode_compressed([-1])))
-case("encode_compressed", "float ids", bug=f"float token ids accepted (documented: refused) — {CORE_II}")(lambda w: _with_table(lambda: E.encode_compressed([0.5])))
+case("encode_compressed", "float ids")(lambda w: _with_table(lambda: E.encode_compressed([0.5])))
 case("encode_compressed", "out too small")(lambda w: _with_table(lambda: E.encode_compressed([0, 1],
                                                                                              out=np.zeros(1, np.int32))))
 case("encode_compressed", "out read-only")(lambda w: _with_table(lambda: E.encode_compressed([0, 1],
@@ -613,8 +612,7 @@ def _with_table(fn):
         E.set_engram_lookup_table(None, 0)
 
 
-case("YocoPrefillTruncationMode", "PrepareArgs with an out-of-range mode",
-     bug=f"PrepareArgs accepts YocoPrefillTruncationMode(7) and builds with it — {CORE_II}")(
+case("YocoPrefillTruncationMode", "PrepareArgs with an out-of-range mode")(
     lambda w: make_args(yoco_mode=E.YocoPrefillTruncationMode(7), yoco_kept_rows=np.zeros(T, np.int32),
                         yoco_cu_seqlens=np.zeros(S + 1, np.int32)))
 case("YocoPrefillTruncationMode", "from str")(lambda w: E.YocoPrefillTruncationMode("NONE"))
@@ -626,7 +624,7 @@ for kw, what in [(dict(hidden_size=0), "hidden 0"), (dict(hidden_size=-64), "hid
     case("FlopsEstimator", what, (ValueError, TypeError, OverflowError))(lambda w, k=kw: E.FlopsEstimator(**{**FLOPS_KW, **k}))
 case("FlopsEstimator", "step_flops lengths differ")(lambda w: E.FlopsEstimator(**FLOPS_KW).step_flops([1, 2], [3], 1))
 case("FlopsEstimator", "step_flops negative")(lambda w: E.FlopsEstimator(**FLOPS_KW).step_flops([-1], [3], 1))
-case("FlopsEstimator", "step_flops floats", bug=f"float lengths accepted (documented: refused) — {CORE_II}")(lambda w: E.FlopsEstimator(**FLOPS_KW).step_flops([1.5], [3], 1))
+case("FlopsEstimator", "step_flops floats")(lambda w: E.FlopsEstimator(**FLOPS_KW).step_flops([1.5], [3], 1))
 case("FlopsEstimator", "attention_flops negative")(lambda w: E.FlopsEstimator(**FLOPS_KW).attention_flops(-3))
 case("FlopsEstimator", "chunk query > context")(lambda w: E.FlopsEstimator(**FLOPS_KW).chunk_attention_flops(9, 3))
 

@@ -19,6 +19,15 @@ I64Array int_array(const py::handle& obj, const char* name) {
     const char kind = a.dtype().kind();
     if (kind != 'i' && kind != 'u')
       throw py::type_error(std::string(name) + ": expected an integer array, got dtype " + std::string(py::str(a.dtype())));
+  } else if (py::isinstance<py::str>(obj) || py::isinstance<py::bytes>(obj)) {
+    throw py::type_error(std::string(name) + ": expected a 1-D sequence of ints, got str");
+  } else if (py::isinstance<py::sequence>(obj)) {
+    // forcecast would truncate 0.5 to 0 silently; refuse non-integral items.
+    for (auto item : obj) {
+      if (!py::isinstance<py::int_>(item) && !py::hasattr(item, "__index__"))
+        throw py::type_error(std::string(name) + ": expected ints, got " +
+                             std::string(py::str(py::type::of(item).attr("__name__"))));
+    }
   }
   I64Array a;
   try {

@@ -3,6 +3,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings_inputs.h"
+#include "loose_ints.h"
 #include "flops.h"
 
 namespace py = pybind11;
@@ -11,23 +12,9 @@ namespace deepinfer {
 
 namespace {
 // Loose int sequence (list or any integer numpy array) -> int32 vector, checked >= min_value.
+// Floats and strings are refused (TypeError), like every loose integer list of the engine.
 std::vector<int32_t> int_list(const py::handle& obj, const char* name, int64_t min_value) {
-  py::array_t<int64_t, py::array::c_style | py::array::forcecast> a;
-  try {
-    a = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(obj);
-  } catch (py::error_already_set&) {
-  }
-  if (!a || a.ndim() != 1) throw py::type_error(std::string(name) + ": expected a 1-D sequence of ints");
-  std::vector<int32_t> v(a.shape(0));
-  for (py::ssize_t i = 0; i < a.shape(0); ++i) {
-    const int64_t x = a.at(i);
-    if (x < min_value || x > INT32_MAX) {
-      throw py::value_error(std::string(name) + "[" + std::to_string(i) + "]: must be >= " +
-                            std::to_string(min_value) + ", got " + std::to_string(x));
-    }
-    v[i] = static_cast<int32_t>(x);
-  }
-  return v;
+  return loose_ints(obj, name, min_value);
 }
 }  // namespace
 

@@ -2,6 +2,8 @@
 // input builders prepare_prompt_v4 / prepare_decode_v4 / prepare_zos_inputs /
 // prepare_decode_zos_inputs.
 #include <pybind11/numpy.h>
+
+#include <cmath>
 #include <pybind11/stl.h>
 
 #include <algorithm>
@@ -134,7 +136,11 @@ with ``add_sequence`` (standalone sequences owned by the pool until ``clear``). 
               for (auto kv : py::reinterpret_borrow<py::dict>(logit_bias)) {
                 const int64_t t = kv.first.cast<int64_t>();
                 if (t < 0 || t > INT32_MAX) throw py::value_error("logit_bias: token id " + std::to_string(t) + " out of range");
-                bias.emplace_back(static_cast<int32_t>(t), kv.second.cast<float>());
+                const float b = kv.second.cast<float>();
+                // A NaN/inf bias would reach the sampler and poison the row's logits.
+                if (!std::isfinite(b))
+                  throw py::value_error("logit_bias: bias of token " + std::to_string(t) + " must be finite, got " + std::to_string(b));
+                bias.emplace_back(static_cast<int32_t>(t), b);
               }
               std::sort(bias.begin(), bias.end());
             }
@@ -164,6 +170,9 @@ with ``add_sequence`` (standalone sequences owned by the pool until ``clear``). 
             if (!(min_p >= 0.0f && min_p <= 1.0f)) throw py::value_error("min_p: must be in [0, 1], got " + std::to_string(min_p));
             if (!(repetition_penalty > 0.0f)) throw py::value_error("repetition_penalty: must be > 0, got " + std::to_string(repetition_penalty));
             if (min_tokens < 0) throw py::value_error("min_tokens: must be >= 0, got " + std::to_string(min_tokens));
+            if (logprobs < -1) throw py::value_error("logprobs: must be -1 (none) or >= 0, got " + std::to_string(logprobs));
+            if (prompt_logprobs < -1)
+              throw py::value_error("prompt_logprobs: must be -1 (none) or >= 0, got " + std::to_string(prompt_logprobs));
 
             auto [s, g] = pool.add_standalone_row();
             s->seq_id = seq_id;

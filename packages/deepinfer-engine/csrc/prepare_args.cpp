@@ -26,6 +26,9 @@ PrepareArgs::PrepareArgs(int32_t block_size_, int32_t max_model_len_, std::vecto
   } catch (const std::invalid_argument& e) {
     throw py::value_error(e.what());
   }
+  // pybind11 enums accept any int (YocoPrefillTruncationMode(7)); refuse values with no meaning.
+  if (static_cast<int>(yoco_mode) > static_cast<int>(YocoPrefillTruncationMode::LOGITS_ROWS))
+    buf::fail("yoco_mode", "must be NONE, LAST_TOKEN or LOGITS_ROWS, got " + std::to_string(static_cast<int>(yoco_mode)));
   // Capacities come from input_ids (tokens) and block_tables (sequences, width).
   input_ids = buf::check_1d<int32_t>(input_ids_, "input_ids", 1);
   max_num_tokens = input_ids.size;

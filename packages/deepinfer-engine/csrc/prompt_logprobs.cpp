@@ -26,6 +26,15 @@ void update_prompt_logprobs(Scheduler& s, const PromptLogprobInputs& in, const f
     if (want > k)
       throw std::invalid_argument("topk_token_ids: row " + std::to_string(r) + " asks for " + std::to_string(want) +
                                   " prompt logprobs but k = " + std::to_string(k));
+    // Top-k ids become RequestOutput.prompt_logprobs keys: they must be vocabulary ids.
+    const int32_t vocab = s.config().vocab_size;
+    for (int32_t j = 0; j < want; ++j) {
+      const int32_t id = topk_ids[static_cast<size_t>(r) * k + j];
+      if (id < 0 || (vocab > 0 && id >= vocab))
+        throw std::invalid_argument("topk_token_ids: row " + std::to_string(r) + " column " + std::to_string(j) +
+                                    " is " + std::to_string(id) + ", outside the vocabulary [0, " +
+                                    std::to_string(vocab) + ")");
+    }
     ++it->second;
   }
   // Pass 2: append.
