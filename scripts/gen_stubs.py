@@ -82,10 +82,25 @@ def _to_facade(text: str, module: str) -> str:
     text = re.sub(r'\A\s*"""(?:.|\n)*?"""\n', "", text)
     text = re.sub(rf"^import {re.escape(module)}\n", "", text, flags=re.M)
     text = text.replace(f"{module}.", "")
+    text = _enum_members_as_values(text)
     # The engine has its own class ``Sequence``; stubgen resolves that name to typing's.
     if module == "deepinfer_engine._engine":
         text = re.sub(r"\btyping\.Sequence\b(?!\[)", "Sequence", text)
     return text
+
+
+def _enum_members_as_values(text: str) -> str:
+    """Members of a native ``enum.Enum`` subclass as ``NAME = ...`` (how the typing spec wants
+    enum members in a stub), not stubgen's ``NAME: typing.ClassVar[Cls]`` (which reads as none)."""
+    out, enum_class = [], None
+    for line in text.splitlines(keepends=True):
+        header = re.match(r"class (\w+)\(enum\.\w+\):", line)
+        if header or line.startswith("class "):
+            enum_class = header.group(1) if header else None
+        elif enum_class:
+            line = re.sub(rf"^(    \w+): typing\.ClassVar\[{enum_class}\]$", r"\1 = ...", line)
+        out.append(line)
+    return "".join(out)
 
 
 def generate() -> dict[Path, str]:
