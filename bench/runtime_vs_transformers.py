@@ -20,6 +20,27 @@ import numpy as np
 import torch
 
 
+def load_transformers_gguf(path: str) -> torch.nn.Module:
+    """transformers' own GGUF loading, float32, CPU (``from_pretrained`` needs accelerate; without
+    it the same transformers functions are called directly)."""
+    import importlib.util
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    folder, name = os.path.dirname(path), os.path.basename(path)
+    if importlib.util.find_spec("accelerate") is not None:
+        return AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32,
+                                                    local_files_only=True).eval()
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    config = AutoConfig.from_pretrained(folder, gguf_file=name, local_files_only=True)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tensors = load_gguf_checkpoint(path, return_tensors=True, model_to_load=model)["tensors"]
+    model.load_state_dict({k: torch.as_tensor(v, dtype=torch.float32) for k, v in tensors.items()}, strict=False)
+    model.tie_weights()
+    return model.eval()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="GGUF file (default: the embedded SmolLM2)")
@@ -32,12 +53,9 @@ def main() -> None:
 
     from deepinfer import LLM, SamplingParams
     from deepinfer.runtime.default_model import default_model_path
-    from transformers import AutoModelForCausalLM
-
     path = args.model or default_model_path()
     llm = LLM(path, device="cpu", dtype="float32")
-    hf = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
-                                              dtype=torch.float32, local_files_only=True).eval()
+    hf = load_transformers_gguf(path)
     # EOS neither stops nor is masked on either side (DeepInfer: ignore_eos=True): exactly
     # --new-tokens tokens each, the same greedy choices.
     hf.generation_config.eos_token_id = None
