@@ -4,7 +4,6 @@ build/notes/requests-for-core-II.md). xfail(strict) until fixed."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from deepinfer_engine import _engine as E
 
@@ -16,9 +15,9 @@ def _buffers(T=64, S=8, W=16):
                 logits_indices=np.zeros(T, np.int32))
 
 
-def test_abort_after_schedule_is_refused_cleanly_today():
-    """What happens now (a clean ValueError naming the row, never a crash); the xfail below is
-    what the documented "abort at any point" needs."""
+def test_abort_after_schedule_builds_a_placeholder_row_and_the_step_still_applies():
+    """The aborted row is built as a placeholder (no KV written, row_seq_ids -1); the step's
+    update then skips it."""
     s = E.Scheduler(num_blocks=40, block_size=4, max_num_seqs=3, max_num_batched_tokens=43, max_model_len=31,
                     vocab_size=40, eos_token_id=1)
     s.add_request("a", [5, 6, 7, 8, 9], max_tokens=10)
@@ -27,15 +26,21 @@ def test_abort_after_schedule_is_refused_cleanly_today():
     s.abort_request("a")
     pool = E.SequenceMetadataPool()
     pool.build(s)
-    with pytest.raises(ValueError, match=r"metadata\[0\]"):
-        E.prepare_prompt_v4(E.PrepareArgs(block_size=4, max_model_len=31, **_buffers()), pool)
+    bufs = _buffers()
+    args = E.PrepareArgs(block_size=4, max_model_len=31, **bufs)
+    E.prepare_prompt_v4(args, pool)
+    assert args.row_seq_ids.tolist()[: args.num_seqs] == [-1, 1]
+    assert bufs["query_start_loc"][:3].tolist() == [0, 5, 9]     # the placeholder keeps a's 5 tokens
+    assert bufs["slot_mapping"][:5].tolist() == [-1] * 5
+    # the sampler's rows still line up with the scheduler's sample rows (what update() takes)
+    si = E.prepare_sampler_inputs(args, pool, E.SamplerInputs())
+    assert si.driver.num_real_rows == 2
+    assert si.driver.seq_ids[:2].tolist() == [-1, 1]
     s.update(np.array([3, 3], np.int32))      # the step still applies; a's row is skipped
     assert s.check_invariants() == ""
     assert s.get_sequence(1).output_token_ids.tolist() == [3]
 
 
-@pytest.mark.xfail(strict=True, reason="an abort between schedule() and prepare_*() makes the builders refuse "
-                                       "the whole step — reported in build/notes/requests-for-core-II.md")
 def test_abort_between_schedule_and_prepare_leaves_the_other_rows_buildable():
     s = E.Scheduler(num_blocks=40, block_size=4, max_num_seqs=3, max_num_batched_tokens=43, max_model_len=31,
                     vocab_size=40, eos_token_id=1)

@@ -21,6 +21,7 @@ namespace {
 // Per metadata row, the effective step range (ZOS pending rows: one token at position L).
 struct RowPlan {
   int32_t start, num, src;  // src: step-N logits row of the pending input token, -1 when host-known
+  bool placeholder = false;  // aborted after schedule(): its blocks are gone, so it writes nowhere
 };
 
 // The sequence's block-table version when the store keeps one (0: unknown -> compare contents).
@@ -113,6 +114,17 @@ int32_t prepare_inputs(PrepareArgs& a, SequenceMetadataPool& pool, BuildMode mod
     const Sequence& s = *r.seq;
     const int32_t L = s.num_tokens();
     RowPlan p{r.start, r.num_new, -1};
+    // A sequence finished after schedule() (abort_request, stop_sequence) has its blocks freed
+    // at once; its row keeps its token count but becomes a placeholder (slot -1, seq id -1) so
+    // the other rows still build. update/process_MTPInfo skip it the same way.
+    if (is_finished(s.status)) {
+      if (decode_only && r.is_prompt) row_error(i, "is a prompt chunk; prepare_decode_v4 takes decode rows only (use prepare_prompt_v4)");
+      p = {0, std::max(1, r.num_new), -1, true};
+      plan[i] = p;
+      total += p.num;
+      max_q = std::max(max_q, p.num);
+      continue;
+    }
     if (zos && !r.is_prompt) {
       const int32_t src = prev_row_of(s.seq_id);
       if (src >= 0) p = {L, 1, src};
@@ -176,7 +188,8 @@ int32_t prepare_inputs(PrepareArgs& a, SequenceMetadataPool& pool, BuildMode mod
   if (yoco) a.yoco_cu_seqlens.data[0] = 0;
   const int32_t bs = a.block_size;
   for (int32_t i = 0; i < num_rows; ++i) {
-    const bool real = i < static_cast<int32_t>(n);
+    const bool real = i < static_cast<int32_t>(n) && !plan[i].placeholder;
+    const int32_t pad_len = i < static_cast<int32_t>(n) ? plan[i].num : q_pad;
     L.row_token_offset[i] = tok;
     L.row_logits_offset[i] = nlog;
     if (real) {
@@ -239,8 +252,8 @@ int32_t prepare_inputs(PrepareArgs& a, SequenceMetadataPool& pool, BuildMode mod
       L.row_zos_src[i] = p.src;
       tok += p.num;
     } else {
-      // Placeholder row: q_pad tokens at position 0 writing nowhere (slot -1), all logits rows.
-      for (int32_t j = 0; j < q_pad; ++j) {
+      // Placeholder row (padding or aborted): pad_len tokens at position 0 writing nowhere (slot -1), all logits rows.
+      for (int32_t j = 0; j < pad_len; ++j) {
         a.input_ids.data[tok + j] = 0;
         a.positions.data[tok + j] = 0;
         a.slot_mapping.data[tok + j] = -1;
@@ -251,19 +264,19 @@ int32_t prepare_inputs(PrepareArgs& a, SequenceMetadataPool& pool, BuildMode mod
       }
       if (yoco) {
         if (a.yoco_mode == YocoPrefillTruncationMode::LAST_TOKEN) {
-          a.yoco_kept_rows.data[nyoco++] = tok + q_pad - 1;
+          a.yoco_kept_rows.data[nyoco++] = tok + pad_len - 1;
         } else {
-          for (int32_t j = 0; j < q_pad; ++j) a.yoco_kept_rows.data[nyoco++] = tok + j;
+          for (int32_t j = 0; j < pad_len; ++j) a.yoco_kept_rows.data[nyoco++] = tok + j;
         }
         a.yoco_cu_seqlens.data[i + 1] = nyoco;
       }
-      a.seq_lens.data[i] = q_pad;
+      a.seq_lens.data[i] = pad_len;
       write_block_row(a, i, -1, nullptr, 0, 0);
-      L.row_num_tokens[i] = q_pad;
-      L.row_num_logits[i] = q_pad;
+      L.row_num_tokens[i] = pad_len;
+      L.row_num_logits[i] = pad_len;
       L.row_seq_id[i] = -1;
       L.row_zos_src[i] = -1;
-      tok += q_pad;
+      tok += pad_len;
     }
     a.query_start_loc.data[i + 1] = tok;
   }

@@ -146,7 +146,7 @@ void prepare_sampler_inputs(SamplerInputs& out, const PrepareArgs& a, SequenceMe
   K.all_greedy = K.all_random = K.no_top_k = K.no_top_p = K.no_min_p = true;
   T.no_penalties = T.no_logit_bias = T.no_banned = T.no_allowed = true;
   size_t row = 0, npen = 0, nbias = 0, nban = 0, nallow = 0, nspec = 0, ndraft = 0;
-  int32_t nprefill = 0, ndecode = 0, nreal_rows = 0, max_lp = -1;
+  int32_t nprefill = 0, ndecode = 0, nreal_rows = 0, nlive_rows = 0, max_lp = -1;
   T.penalty_offsets[0] = T.bias_offsets[0] = T.banned_offsets[0] = T.allowed_offsets[0] = 0;
   S.cu_num_drafts[0] = 0;
   for (int32_t i = 0; i < L.num_rows; ++i) {
@@ -216,8 +216,11 @@ void prepare_sampler_inputs(SamplerInputs& out, const PrepareArgs& a, SequenceMe
         out.driver.seq_ids[row] = s.seq_id;
         out.driver.num_logprobs[row] = p.logprobs;
         max_lp = std::max(max_lp, p.logprobs);
-        ++nreal_rows;
+        ++nlive_rows;
       }
+      // Sample rows of metadata rows, placeholders included (a sequence finished after
+      // schedule() keeps its row): exactly the scheduler's num_sample_rows for update().
+      if (i < nreal) ++nreal_rows;
       T.penalty_offsets[row + 1] = static_cast<int32_t>(npen);
       T.bias_offsets[row + 1] = static_cast<int32_t>(nbias);
       T.banned_offsets[row + 1] = static_cast<int32_t>(nban);
@@ -242,7 +245,7 @@ void prepare_sampler_inputs(SamplerInputs& out, const PrepareArgs& a, SequenceMe
   T.no_logit_bias = nbias == 0;
   T.no_banned = nban == 0;
   T.no_allowed = nallow == 0;
-  if (nreal_rows == 0) K.all_random = false;
+  if (nlive_rows == 0) K.all_random = false;
   out.prefill.num_rows = nprefill;
   out.decode.num_rows = ndecode;
   out.decode.num_real_rows = ndecode - (L.num_rows - nreal);
