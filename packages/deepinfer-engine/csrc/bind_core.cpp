@@ -658,6 +658,21 @@ void bind_core(py::module_& m) {
               k = static_cast<int32_t>(a.shape(1));
             }
             const int32_t vocab = s.config().vocab_size;
+            // Top-k ids that reach the outputs (the first `logprobs` of rows that ask) must be tokens.
+            if (tk != nullptr && o.max_logprobs > 0) {
+              int32_t r = 0;
+              for (const auto& e : o.scheduled) {
+                const int32_t want = s.store().seq(e.seq).wants_logprobs ? s.store().group_of(e.seq).params.logprobs : 0;
+                for (int32_t j = 0; j < e.num_samples; ++j, ++r)
+                  for (int32_t c = 0; c < std::min(want, k); ++c) {
+                    const int32_t id = tk[static_cast<size_t>(r) * k + c];
+                    if (id < 0 || id >= vocab)
+                      buf::fail("topk_token_ids", "token id " + std::to_string(id) + " at row " + std::to_string(r) +
+                                                      ", column " + std::to_string(c) +
+                                                      " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+                  }
+              }
+            }
             for (int32_t r = 0; r < rows; ++r)
               if (tok.data[r] < 0 || tok.data[r] >= vocab)
                 buf::fail("sampled_token_ids", "token id " + std::to_string(tok.data[r]) + " at row " + std::to_string(r) +
@@ -683,7 +698,8 @@ void bind_core(py::module_& m) {
           "int32[num_sample_rows]; logprobs float32[num_sample_rows] (sampled tokens' logprobs) or None; "
           "topk_token_ids int32[num_sample_rows, k] with topk_logprobs float32[num_sample_rows, k], or None. "
           "Advances computed tokens, registers full blocks in the prefix cache, forks n > 1 groups, appends "
-          "tokens and applies stop conditions. Validates everything first: on error nothing changes.")
+          "tokens and applies stop conditions. Validates everything first (token ids and the top-k ids a row "
+          "reports in the vocabulary, shapes): on error nothing changes.")
       .def(
           "stop_sequence",
           [](Scheduler& s, int64_t seq_id, const std::string& stop_string, int32_t num_output_tokens) {
