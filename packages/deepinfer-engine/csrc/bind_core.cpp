@@ -131,6 +131,19 @@ py::typing::Dict<py::str, py::object> scheduler_stats(const Scheduler& s) {
   return d;
 }
 
+// A Python int (or __index__) as int64; ValueError naming `name` when it does not fit
+// (py::cast<int64_t> would raise a RuntimeError "Unable to cast").
+int64_t python_int64(const py::handle& v, const char* name) {
+  py::object idx = py::reinterpret_steal<py::object>(PyNumber_Index(v.ptr()));
+  if (!idx) throw py::error_already_set();
+  int overflow = 0;
+  const long long x = PyLong_AsLongLongAndOverflow(idx.ptr(), &overflow);
+  if (overflow != 0)
+    buf::fail(name, std::string(py::str(idx)) + " is out of the int64 range");
+  if (x == -1 && PyErr_Occurred()) throw py::error_already_set();
+  return static_cast<int64_t>(x);
+}
+
 int64_t add_request_typed(Scheduler& s, const std::string& request_id, const py::object& prompt_token_ids, int32_t n,
              float temperature, float top_p, int32_t top_k, float min_p, float presence_penalty,
              float frequency_penalty, float repetition_penalty, std::optional<int64_t> seed,
@@ -189,7 +202,15 @@ int64_t add_request_typed(Scheduler& s, const std::string& request_id, const py:
                 throw py::type_error("logit_bias: expected a dict {token_id: bias}, got " +
                                      std::string(py::str(py::type::of(logit_bias).attr("__name__"))));
               for (auto [k, v] : py::reinterpret_borrow<py::dict>(logit_bias)) {
-                const int64_t t = k.cast<int64_t>();
+                if (py::isinstance<py::bool_>(k) || !(py::isinstance<py::int_>(k) || py::hasattr(k, "__index__")))
+                  throw py::type_error("logit_bias: keys must be int token ids, got " +
+                                       std::string(py::str(py::type::of(k).attr("__name__"))) + " " +
+                                       std::string(py::repr(k)));
+                if (py::isinstance<py::bool_>(v) || !(py::isinstance<py::float_>(v) || py::isinstance<py::int_>(v) ||
+                                                      py::hasattr(v, "__float__")))
+                  throw py::type_error("logit_bias: bias of token " + std::string(py::repr(k)) +
+                                       " must be a float, got " + std::string(py::str(py::type::of(v).attr("__name__"))));
+                const int64_t t = python_int64(k, "logit_bias");
                 if (t < 0 || t >= vocab)
                   buf::fail("logit_bias", "token id " + std::to_string(t) + " is outside the vocabulary [0, " +
                                               std::to_string(vocab) + ")");
@@ -236,7 +257,7 @@ int64_t add_request_kwargs(Scheduler& s, const std::string& request_id, const py
   auto as_int = [&](const py::handle& v, const char* name) -> int64_t {
     if (py::isinstance<py::bool_>(v) || !(py::isinstance<py::int_>(v) || py::hasattr(v, "__index__")))
       throw py::type_error(std::string(name) + ": expected int, got " + type_name(v));
-    return py::cast<int64_t>(v);
+    return python_int64(v, name);
   };
   auto as_i32 = [&](const py::handle& v, const char* name) -> int32_t {
     const int64_t x = as_int(v, name);
