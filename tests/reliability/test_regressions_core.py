@@ -122,8 +122,6 @@ except MemoryError as e:
 """
 
 
-@pytest.mark.xfail(strict=True, reason="Scheduler(num_blocks=2**31-1) allocates until the OOM killer ends the "
-                                       "process — reported in build/notes/requests-for-core-I.md")
 def test_huge_num_blocks_is_refused_with_a_value_error():
     import subprocess
     import sys

@@ -14,6 +14,9 @@
 #include <variant>
 #include <string>
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include "bindings.h"
 #include "buffer_check.h"
 #include "loose_ints.h"
@@ -581,6 +584,20 @@ void bind_core(py::module_& m) {
                buf::fail("num_blocks", std::to_string(num_blocks) + " blocks (" + std::to_string(wm) +
                                            " kept by the watermark) cannot hold one sequence of max_model_len " +
                                            std::to_string(max_model_len) + " (+ lookahead): need " + std::to_string(need));
+             // The per-block tables are allocated up front: refuse sizes this machine cannot hold
+             // (a huge num_blocks would otherwise be OOM-killed while the pages are touched).
+             // Bound: half of the physical memory, and the address-space limit when one is set.
+             const uint64_t bytes = BlockManager::host_bytes(num_blocks, block_size, enable_prefix_caching);
+             uint64_t limit = UINT64_MAX;
+             const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+             if (pages > 0 && page > 0) limit = static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) / 2;
+             struct rlimit as {};
+             if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY)
+               limit = std::min<uint64_t>(limit, static_cast<uint64_t>(as.rlim_cur));
+             if (bytes > limit)
+               buf::fail("num_blocks", std::to_string(num_blocks) + " blocks need " + std::to_string(bytes >> 20) +
+                                           " MiB of host bookkeeping, more than the " + std::to_string(limit >> 20) +
+                                           " MiB allowed (half of the physical memory, or the address-space limit)");
              return new Scheduler(c);
            }),
            // Keyword-only after num_blocks: vocab_size has no default, and a Python signature
@@ -595,7 +612,9 @@ void bind_core(py::module_& m) {
            "long_prefill_token_threshold: per-sequence prefill tokens per step (0: no cap). watermark: fraction "
            "of blocks kept free when admitting. num_state_slots: recurrent-state slots (0: none; else >= "
            "max_num_seqs). hash_bits < 64 truncates prefix hashes (test hook: forces collisions). Raises "
-           "ValueError naming a bad value, e.g. when the cache cannot hold one max_model_len sequence.")
+           "ValueError naming a bad value, e.g. when the cache cannot hold one max_model_len sequence, or when "
+           "the host bookkeeping of num_blocks (BlockManager tables) would need more than half of the physical "
+           "memory or the address-space limit.")
       ;
   {
     // add_request parses only the keyword arguments given (pybind11's generic keyword matching

@@ -21,6 +21,14 @@ BlockManager::BlockManager(int32_t num_blocks, int32_t block_size, bool enable_p
   for (int32_t b = num_blocks - 1; b >= 0; --b) free_stack_.push_back(b);  // block 0 is used first
 }
 
+uint64_t BlockManager::host_bytes(int64_t num_blocks, int64_t block_size, bool enable_prefix_caching) {
+  const uint64_t n = static_cast<uint64_t>(num_blocks);
+  uint64_t per_block = sizeof(BlockMeta) + sizeof(int32_t);  // metadata + free stack
+  // Stored tokens, plus the hash table (capacity up to 4 entries per block, key + value each).
+  if (enable_prefix_caching) per_block += static_cast<uint64_t>(block_size) * sizeof(int32_t) + 4 * 12;
+  return n * per_block;
+}
+
 uint64_t BlockManager::hash_block(uint64_t parent, const int32_t* tokens) const {
   // FNV-1a style over 64-bit words of two tokens, then a splitmix64 finalizer. Speed matters
   // more than quality: every hit is verified against the stored tokens.

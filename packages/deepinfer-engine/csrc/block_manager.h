@@ -38,6 +38,10 @@ class BlockManager {
   BlockManager(int32_t num_blocks, int32_t block_size, bool enable_prefix_caching,
                int32_t watermark_blocks, int32_t hash_bits = 64);
 
+  // Host memory the constructor allocates for these sizes (per-block metadata, free stack,
+  // prefix-cache tokens and hash table): callers bound it before constructing.
+  static uint64_t host_bytes(int64_t num_blocks, int64_t block_size, bool enable_prefix_caching);
+
   int32_t num_blocks() const { return num_blocks_; }
   int32_t block_size() const { return block_size_; }
   bool prefix_caching() const { return prefix_caching_; }
