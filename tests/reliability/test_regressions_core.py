@@ -46,8 +46,6 @@ def test_reset_prefix_cache_never_serves_blocks_computed_before_it():
     assert c.block_manager.num_cached_blocks == len(r.bm.cache)
 
 
-@pytest.mark.xfail(strict=True, reason="Scheduler.update on a step with draft rows corrupts num_computed_tokens — "
-                                       "reported in build/notes/requests-for-core-I.md")
 def test_update_on_a_speculative_step_is_refused_or_rolls_back():
     s = E.Scheduler(num_blocks=40, block_size=4, max_num_seqs=4, max_num_batched_tokens=32, max_model_len=31,
                     vocab_size=40, eos_token_id=1, num_lookahead_slots=3, watermark=0.0)

@@ -678,6 +678,12 @@ void bind_core(py::module_& m) {
              const py::object& topk_token_ids, const py::object& topk_logprobs) {
             if (!s.step_in_flight()) throw py::value_error("update: no scheduled step (call schedule() first)");
             const SchedulerOutputs& o = s.last_outputs();
+            // A decode with drafts computes 1 + k tokens but update appends one per row: only
+            // process_MTPInfo knows how many drafts were accepted.
+            if (o.num_decode_tokens != o.num_decodes)
+              throw py::value_error("update: step " + std::to_string(s.step()) + " has speculative rows (" +
+                                    std::to_string(o.num_decode_tokens - o.num_decodes) +
+                                    " draft tokens scheduled): apply it with process_MTPInfo; nothing was changed");
             const auto rows = o.num_sample_rows;
             auto tok = buf::check_input_1d<int32_t>(sampled_token_ids, "sampled_token_ids", rows);
             const float* lp = nullptr;
@@ -739,7 +745,8 @@ void bind_core(py::module_& m) {
           "topk_token_ids int32[num_sample_rows, k] with topk_logprobs float32[num_sample_rows, k], or None. "
           "Advances computed tokens, registers full blocks in the prefix cache, forks n > 1 groups, appends "
           "tokens and applies stop conditions. Validates everything first (token ids and the top-k ids a row "
-          "reports in the vocabulary, shapes): on error nothing changes.")
+          "reports in the vocabulary, shapes): on error nothing changes. A step with draft rows (speculative "
+          "decoding) is refused with ValueError: apply it with process_MTPInfo.")
       .def(
           "stop_sequence",
           [](Scheduler& s, int64_t seq_id, const std::string& stop_string, int32_t num_output_tokens) {
