@@ -128,8 +128,6 @@ def test_huge_num_blocks_is_refused_with_a_value_error():
     assert r.stdout.startswith("ValueError") and "num_blocks" in r.stdout, r.stdout
 
 
-@pytest.mark.xfail(strict=True, reason="draft tokens are scheduled past max_model_len and the step cannot be "
-                                       "built — reported in build/notes/requests-for-core-I.md")
 def test_drafts_never_scheduled_past_max_model_len():
     s = E.Scheduler(num_blocks=40, block_size=4, max_num_seqs=4, max_num_batched_tokens=32, max_model_len=10,
                     vocab_size=40, eos_token_id=1, num_lookahead_slots=3, watermark=0.0)

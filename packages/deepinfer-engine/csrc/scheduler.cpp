@@ -236,10 +236,13 @@ const SchedulerOutputs& Scheduler::schedule() {
     const bool prefill = q.is_prefill();
     int32_t n;
     if (!prefill) {
+      // The last token plus its drafts, within the step budget and the model length (no
+      // position may reach max_model_len); drafts that do not fit are dropped.
       n = 1 + static_cast<int32_t>(q.draft_tokens.size());
-      if (n > budget) {
-        q.draft_tokens.resize(static_cast<size_t>(budget - 1));
-        n = budget;
+      const int32_t fit = std::min(budget, cfg_.max_model_len - q.num_computed_tokens);
+      if (n > fit) {
+        n = std::max(fit, 1);
+        q.draft_tokens.resize(static_cast<size_t>(n - 1));
       }
     } else {
       q.draft_tokens.clear();
