@@ -20,8 +20,6 @@ def _step(sched, tokens):
     return out
 
 
-@pytest.mark.xfail(strict=True, reason="reset_prefix_cache re-caches running sequences' pre-reset blocks — "
-                                       "reported in build/notes/requests-for-core-I.md")
 def test_reset_prefix_cache_never_serves_blocks_computed_before_it():
     c = E.Scheduler(**CFG, vocab_size=40, eos_token_id=1)
     r = RefScheduler(**CFG, eos_token_id=1)

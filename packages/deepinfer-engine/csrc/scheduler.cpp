@@ -558,7 +558,9 @@ void Scheduler::fork(SeqIndex parent, int32_t num_children, bool units_reserved,
 
 bool Scheduler::reset_prefix_cache() {
   bm_.reset_prefix_cache();
-  for (SeqIndex s : running_) store_.seq(s).num_registered_blocks = 0;
+  // Running sequences keep num_registered_blocks: their blocks computed before the reset must
+  // never be registered again (the next block's parent is no longer cached, so the chain stays
+  // broken until the table is freed).
   return true;
 }
 
