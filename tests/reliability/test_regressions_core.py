@@ -79,8 +79,6 @@ def test_step_with_drafts_and_an_n_gt_1_prompt_can_be_applied():
     assert s.check_invariants() == ""
 
 
-@pytest.mark.xfail(strict=True, reason="delta output of a forked child omits its inherited tokens — "
-                                       "reported in build/notes/requests-for-core-I.md")
 def test_delta_stream_of_a_forked_child_is_complete():
     s = E.Scheduler(**CFG, vocab_size=40, eos_token_id=1)
     pool = E.RequestOutputPool()

@@ -539,7 +539,7 @@ void Scheduler::fork(SeqIndex parent, int32_t num_children, bool units_reserved,
     ch.block_hashes.reserve(p.block_hashes.capacity());
     ch.block_hashes.assign(p.block_hashes.begin(), p.block_hashes.end());
     ch.num_registered_blocks = std::min<int32_t>(p.num_registered_blocks, p.num_computed_tokens / cfg_.block_size);
-    ch.num_returned_tokens = p.num_returned_tokens;
+    // num_returned_tokens stays 0: the child's first delta output carries the inherited tokens too.
     bm_.fork_table(p.block_table, p.num_computed_tokens, ch.block_table, block_copies);
     if (p.state_slot >= 0 && !free_state_slots_.empty()) {
       ch.state_slot = free_state_slots_.back();
