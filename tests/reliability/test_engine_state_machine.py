@@ -364,12 +364,7 @@ class EngineMachine(RuleBasedStateMachine):
         self.pool.build(self.sched)
         self._op()
         if any(sid in self.done for sid in self.out["seq_ids"]):
-            # Aborted after schedule(): its blocks are gone and the builders refuse the step
-            # (reported: tests/reliability/test_regressions_inputs.py); never a crash.
-            with pytest.raises(ValueError, match=r"metadata\[\d+\]"):
-                E.prepare_prompt_v4(self.args, self.pool)
-            self._op()
-            self.logits_row_of = {}
+            self._prepare_with_finished_rows()
             return
         rows = self._rows_of_step()
         if not rows:
@@ -408,6 +403,33 @@ class EngineMachine(RuleBasedStateMachine):
         assert si.driver.seq_ids[: self.out["rows"]].tolist() == expect
         self.logits_row_of = {int(s): int(lr) for s, lr in zip(si.driver.seq_ids[: self.out["rows"]],
                                                               si.kernel.logits_rows[: self.out["rows"]])}
+
+    def _prepare_with_finished_rows(self):
+        """A sequence finished after schedule() (abort): its rows become placeholders (slot -1,
+        row_seq_ids -1); every other row is built exactly (fix of reported bug I1)."""
+        self.logits_row_of = {}
+        bs = self.cfg["block_size"]
+        if any(c + q > self.cfg["max_model_len"] for c, q in zip(self.out["computed"], self.out["n"])):
+            with pytest.raises(ValueError, match="max_model_len"):    # B8 (drafts past max_model_len)
+                E.prepare_prompt_v4(self.args, self.pool)
+            return
+        decode_only = not any(self.out["prefill"])
+        n = (E.prepare_decode_v4 if decode_only else E.prepare_prompt_v4)(self.args, self.pool)
+        self._op()
+        EVENTS["prepare with aborted rows"] += 1
+        qsl, ids = self.bufs["query_start_loc"], self.args.row_seq_ids.tolist()
+        assert n == self.args.num_tokens
+        for i, (sid, q, c) in enumerate(zip(self.out["seq_ids"], self.out["n"], self.out["computed"])):
+            a, b = int(qsl[i]), int(qsl[i + 1])
+            slots = self.bufs["slot_mapping"][a:b].tolist()
+            if sid in self.done:
+                assert ids[i] == -1 and all(x == -1 for x in slots), (sid, ids[i], slots)
+                continue
+            seq = self.sched.get_sequence(sid)
+            table = seq.block_table.tolist()
+            assert ids[i] == sid and b - a == q
+            assert self.bufs["positions"][a:b].tolist() == list(range(c, c + q))
+            assert slots == [table[p // bs] * bs + p % bs for p in range(c, c + q)]
 
     @precondition(lambda self: self.in_flight and self.prepared)
     @rule()
