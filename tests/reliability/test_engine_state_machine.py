@@ -260,11 +260,7 @@ class EngineMachine(RuleBasedStateMachine):
                 continue
             mine = got.get(i, [])
             delta = self.params[rid]["output_kind"] == "delta"
-            candidates = [mine]
-            if delta and sid in self.inherited:
-                # reported bug: a forked child's delta stream omits the tokens it inherited
-                # (tests/reliability/test_regressions_core.py); either way the rest must be exact
-                candidates.append(self.inherited[sid] + mine)
+            candidates = [mine]     # a forked child's deltas include its inherited tokens (B4 fixed)
             if delta and sid in self.truncated:
                 # tokens already streamed cannot be taken back: the detokenizer cuts the text
                 candidates = [c[: len(self.shadow[sid])] for c in candidates]
@@ -509,8 +505,8 @@ class EngineMachine(RuleBasedStateMachine):
     def _has_draft_rows(self):
         return any(not pre and n > 1 for n, pre in zip(self.out["n"], self.out["prefill"]))
 
-    # A step with draft rows must be applied with process_MTPInfo (Scheduler.update on such a step
-    # is a reported bug: tests/reliability/test_regressions_core.py).
+    # A step with draft rows is applied with process_MTPInfo (Scheduler.update on such a step:
+    # tests/reliability/test_regressions_core.py, bug B2).
     @precondition(lambda self: self.in_flight and not self._has_draft_rows())
     @rule()
     def update(self):
@@ -698,10 +694,6 @@ class EngineMachine(RuleBasedStateMachine):
     @precondition(lambda self: not self.in_flight)
     @rule()
     def reset_prefix_cache(self):
-        if self.sched.num_running:
-            # Blocks of running sequences are cached again by the next update (a reported
-            # difference from the reference: tests/reliability/test_regressions_core.py).
-            self.exact = False
         EVENTS["reset with cached blocks"] += self.sched.block_manager.num_cached_blocks > 0
         self.sched.reset_prefix_cache()
         self._op()
