@@ -29,7 +29,7 @@ with atheris.instrument_imports():
     import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "deepinfer-meta" / "src"))
-from deepinfer._C import engine as E  # noqa: E402
+from deepinfer._C import engine as E
 
 VOCAB = 64
 BS = 4

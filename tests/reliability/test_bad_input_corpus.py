@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import gc
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import pytest
-
 from deepinfer._C import engine as E
 
 VOCAB = 50

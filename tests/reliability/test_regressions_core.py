@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from reference import RefScheduler
-
 from deepinfer_engine import _engine as E
+from reference import RefScheduler
 
 CFG = dict(num_blocks=40, block_size=1, max_num_seqs=4, max_num_batched_tokens=43, max_model_len=31,
            watermark=0.0)

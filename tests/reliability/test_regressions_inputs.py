@@ -4,7 +4,6 @@ build/notes/requests-for-core-II.md). xfail(strict) until fixed."""
 from __future__ import annotations
 
 import numpy as np
-
 from deepinfer_engine import _engine as E
 
 
