@@ -2,7 +2,7 @@
 
 from importlib.metadata import PackageNotFoundError, version
 
-from deepinfer_engine import _engine
+from deepinfer_engine import _engine  # type: ignore[attr-defined]  # native; stub: deepinfer/_C/engine.pyi
 
 try:
     __version__ = version("deepinfer-engine")
