@@ -391,7 +391,7 @@ class Scheduler:
     """
     def __init__(self, num_blocks: typing.SupportsInt | typing.SupportsIndex, *, block_size: typing.SupportsInt | typing.SupportsIndex = 16, max_num_seqs: typing.SupportsInt | typing.SupportsIndex = 256, max_num_batched_tokens: typing.SupportsInt | typing.SupportsIndex = 8192, max_model_len: typing.SupportsInt | typing.SupportsIndex = 8192, vocab_size: typing.SupportsInt | typing.SupportsIndex, eos_token_id: typing.SupportsInt | typing.SupportsIndex | None = None, enable_chunked_prefill: bool = True, long_prefill_token_threshold: typing.SupportsInt | typing.SupportsIndex = 0, policy: str = 'fcfs', enable_prefix_caching: bool = True, watermark: typing.SupportsFloat | typing.SupportsIndex = 0.01, num_lookahead_slots: typing.SupportsInt | typing.SupportsIndex = 0, num_state_slots: typing.SupportsInt | typing.SupportsIndex = 0, hash_bits: typing.SupportsInt | typing.SupportsIndex = 64) -> None:
         """
-        Create a scheduler. policy: 'fcfs' or 'priority' (smaller priority value first). long_prefill_token_threshold: per-sequence prefill tokens per step (0: no cap). watermark: fraction of blocks kept free when admitting. num_state_slots: recurrent-state slots (0: none; else >= max_num_seqs). hash_bits < 64 truncates prefix hashes (test hook: forces collisions). Raises ValueError naming a bad value, e.g. when the cache cannot hold one max_model_len sequence.
+        Create a scheduler. policy: 'fcfs' or 'priority' (smaller priority value first). long_prefill_token_threshold: per-sequence prefill tokens per step (0: no cap). watermark: fraction of blocks kept free when admitting. num_state_slots: recurrent-state slots (0: none; else >= max_num_seqs). hash_bits < 64 truncates prefix hashes (test hook: forces collisions). Raises ValueError naming a bad value, e.g. when the cache cannot hold one max_model_len sequence, or when the host bookkeeping of num_blocks (BlockManager tables) would need more than half of the physical memory or the address-space limit.
         """
     def abort_request(self, request_ids: str | collections.abc.Sequence[str]) -> int:
         """
@@ -435,7 +435,7 @@ class Scheduler:
         """
     def update(self, sampled_token_ids: typing.Any, logprobs: typing.Any = None, topk_token_ids: typing.Any = None, topk_logprobs: typing.Any = None) -> None:
         """
-        Apply the step's sampled tokens (releases the GIL). Borrowed, read-only: sampled_token_ids int32[num_sample_rows]; logprobs float32[num_sample_rows] (sampled tokens' logprobs) or None; topk_token_ids int32[num_sample_rows, k] with topk_logprobs float32[num_sample_rows, k], or None. Advances computed tokens, registers full blocks in the prefix cache, forks n > 1 groups, appends tokens and applies stop conditions. Validates everything first: on error nothing changes.
+        Apply the step's sampled tokens (releases the GIL). Borrowed, read-only: sampled_token_ids int32[num_sample_rows]; logprobs float32[num_sample_rows] (sampled tokens' logprobs) or None; topk_token_ids int32[num_sample_rows, k] with topk_logprobs float32[num_sample_rows, k], or None. Advances computed tokens, registers full blocks in the prefix cache, forks n > 1 groups, appends tokens and applies stop conditions. Validates everything first (token ids and the top-k ids a row reports in the vocabulary, shapes): on error nothing changes. A step with draft rows (speculative decoding) is refused with ValueError: apply it with process_MTPInfo.
         """
     @property
     def block_manager(self) -> BlockManager:
