@@ -3,7 +3,18 @@
 
 #include <pybind11/pybind11.h>
 
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
 namespace deepinfer_cuda {
+
+// "0x..." for addresses and handles in error messages and reprs.
+inline std::string hex(uintptr_t value) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(value));
+  return buf;
+}
 
 void bind_memory(pybind11::module_& m);  // cuda_utils: allocation
 void bind_ipc(pybind11::module_& m);     // cuda_utils: legacy CUDA IPC

@@ -9,12 +9,6 @@ namespace py = pybind11;
 namespace deepinfer_cuda {
 namespace {
 
-std::string hex(uintptr_t value) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(value));
-  return buf;
-}
-
 }  // namespace
 
 CUstream stream_from_python(py::handle obj, const char* argument) {

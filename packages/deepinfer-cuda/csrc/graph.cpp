@@ -28,12 +28,6 @@ namespace py = pybind11;
 namespace deepinfer_cuda {
 namespace {
 
-std::string hex(uintptr_t value) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(value));
-  return buf;
-}
-
 uintptr_t as_int(const void* p) { return reinterpret_cast<uintptr_t>(p); }
 
 const char* node_type_name(CUgraphNodeType type) {

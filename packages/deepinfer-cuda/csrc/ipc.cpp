@@ -19,12 +19,6 @@ namespace py = pybind11;
 namespace deepinfer_cuda {
 namespace {
 
-std::string hex(uintptr_t value) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(value));
-  return buf;
-}
-
 struct Mapping {
   CUdeviceptr base = 0;
   int refs = 0;
