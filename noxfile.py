@@ -296,4 +296,3 @@ def ci(session: nox.Session) -> None:
     for name in ("lint", "build", "tests_registry", "tests_engine", "tests_cuda", "tests_ascend",
                  "tests_runtime", "tests_reliability", "packaging", "stubs", "typecheck", "docs"):
         session.notify(name)
-    os.environ.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", "2")

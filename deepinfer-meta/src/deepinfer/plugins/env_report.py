@@ -49,7 +49,7 @@ def _record_dict(r: BackendRecord) -> dict[str, Any]:
         "priority": desc.get("priority"),
         "plugin_api_version": desc.get("plugin_api_version"),
         "load_error": r.error,
-        "probe": r.probe_result and {k: v for k, v in r.probe_result.items()},
+        "probe": r.probe_result,
         "probe_error": r.probe_error,
         "available": r.available and r.api_compatible and not r.error and not r.skipped,
         "status": r.why_unavailable(),

@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import threading
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import metadata
 from types import ModuleType
 from typing import Any
@@ -78,7 +78,6 @@ class BackendRecord:
     error: str | None = None  # import/registration failure, with traceback
     probe_result: dict[str, Any] | None = None
     probe_error: str | None = None  # probe raised, with traceback
-    _module: ModuleType | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:
@@ -242,7 +241,6 @@ class Registry:
                     f"(found {len(impls)}); mark it with pluggy.HookimplMarker('deepinfer')"
                 )
             record.description = _validate_description(impls[0].function())
-            record._module = module
         except BaseException as exc:
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
@@ -272,7 +270,7 @@ class Registry:
                 raise BackendUnavailableError(
                     f"{ENV_BACKEND}={forced!r}, but no backend of that name is installed.\n"
                     + _listing(records)
-                    + _install_hint(forced)
+                    + _install_hint(records, forced)
                 )
             record = matches[0]
             if record.skipped or record.error or not record.api_compatible or not record.available:
@@ -291,7 +289,7 @@ class Registry:
                 "no accelerator backend is available for deepinfer._C.cuda_utils / "
                 "deepinfer._C.graph_timer (deepinfer._C.engine works without one).\n"
                 + _listing(records)
-                + _install_hint(None)
+                + _install_hint(records, None)
             )
         best = max(r.priority for r in usable)
         winners = [r for r in usable if r.priority == best]
@@ -348,8 +346,8 @@ def _listing(records: list[BackendRecord]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _install_hint(name: str | None) -> str:
-    hints = accelerators_without_backend(registry.discover())
+def _install_hint(records: list[BackendRecord], name: str | None) -> str:
+    hints = accelerators_without_backend(records)
     lines = [f"Hint: {h}" for h in hints]
     if name in KNOWN_BACKENDS:
         lines.append(f'To install it: pip install "deepinfer[{KNOWN_BACKENDS[name]["extra"]}]"')
