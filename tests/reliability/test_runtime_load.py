@@ -131,8 +131,6 @@ def test_concurrent_streams_with_aborts_and_preemption(llm):
           f"{steps} steps, {checked} greedy/seeded outputs identical alone, 0 lost")
 
 
-@pytest.mark.xfail(strict=True, reason="two interleaved LLM.stream() iterators lose each other's outputs and hang — "
-                                       "reported in build/notes/requests-for-runtime.md")
 def test_two_interleaved_streams_each_get_their_whole_output(llm, monkeypatch):
     from deepinfer import SamplingParams
     p = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)

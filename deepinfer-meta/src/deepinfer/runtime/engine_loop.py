@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,6 +80,10 @@ class EngineLoop:
         self.sampler_inputs = E.SamplerInputs(cfg.seed)
         self.output_pool = E.RequestOutputPool(4 * cfg.max_num_seqs)
         self.requests: dict[str, _RequestState] = {}
+        # Outputs kept for their owner (a stream, a generate call): whichever caller runs a step,
+        # each output lands in its request's queue, so several drivers never lose each other's.
+        self._queues: dict[str, deque[Any]] = {}
+        self._final_only: set[str] = set()  # queue only the finished output of these
         self._ids = itertools.count()
         self.num_steps = 0
 
@@ -87,12 +92,20 @@ class EngineLoop:
         return f"req-{next(self._ids)}"
 
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                    output_kind: str = "cumulative", final_text_only: bool = False) -> None:
+                    output_kind: str = "cumulative", final_text_only: bool = False,
+                    collect: str | None = None) -> None:
         """Queue a request; ValueError (naming the problem) leaves the engine unchanged.
 
         ``final_text_only``: fill ``text`` only when a sample finishes (one decode instead of one
         per token); ignored when the request has stop strings or ``output_kind`` is "delta".
+        ``collect``: also keep the request's outputs in its own queue, whoever runs the steps —
+        "all" (every output, read with ``next_output``) or "final" (only the finished one, read
+        with ``pop_output``); None: outputs are only returned by the ``step`` that makes them.
         """
+        if collect not in (None, "all", "final"):
+            raise ValueError(f"collect must be None, 'all' or 'final', got {collect!r}")
+        if request_id in self.requests or request_id in self._queues:
+            raise ValueError(f"request {request_id!r} is already in the engine")
         if len(prompt_ids) == 0:
             raise ValueError(f"request {request_id!r}: the prompt is empty (no tokens)")
         params.check_vocab(self.cfg.vocab_size)
@@ -109,6 +122,10 @@ class EngineLoop:
         delta = output_kind == "delta"
         self.requests[request_id] = _RequestState(params, list(prompt_ids), {}, {}, delta,
                                                   final_text_only and not delta and not params.stop_strings)
+        if collect is not None:
+            self._queues[request_id] = deque()
+            if collect == "final":
+                self._final_only.add(request_id)
 
     def abort(self, request_id: str) -> None:
         """Abort an unfinished request (its next output reports finish_reason 'abort')."""
@@ -118,8 +135,56 @@ class EngineLoop:
             except ValueError:  # already finished and released by the engine
                 self.requests.pop(request_id, None)
 
+    def release(self, request_id: str) -> None:
+        """The owner of a collected request is gone: abort it (its KV blocks are freed now) and
+        drop its queue and every output still to come."""
+        self._queues.pop(request_id, None)
+        self._final_only.discard(request_id)
+        self.abort(request_id)
+
     def has_unfinished(self) -> bool:
         return bool(self.requests)
+
+    # ---- collected outputs ------------------------------------------------------------------
+    def pop_output(self, request_id: str) -> Any | None:
+        """The oldest queued output of a collected request, or None when none is queued (no step
+        is run). After its finished output is taken the request's queue is gone."""
+        q = self._queues.get(request_id)
+        if q is None:
+            raise ValueError(f"request {request_id!r} has no output queue (not added with collect=, "
+                             "already finished and taken, or released)")
+        if not q:
+            return None
+        ro = q.popleft()
+        if ro.finished:
+            del self._queues[request_id]
+            self._final_only.discard(request_id)
+        return ro
+
+    def next_output(self, request_id: str) -> Any:
+        """The next output of a collected request, running engine steps (which advance every
+        request) while none is queued; ValueError as in ``pop_output``."""
+        self.wait_for_outputs([request_id])
+        return self.pop_output(request_id)
+
+    def wait_for_outputs(self, request_ids: list[str]) -> None:
+        """Run steps until one of the collected ``request_ids`` has a queued output.
+
+        RuntimeError if the engine has nothing left to run and still none came (a lost output
+        would otherwise spin here forever)."""
+        queues = []
+        for rid in request_ids:
+            q = self._queues.get(rid)
+            if q is None:
+                raise ValueError(f"request {rid!r} has no output queue (not added with collect=, "
+                                 "already finished and taken, or released)")
+            queues.append(q)
+        idle = 0
+        while not any(queues):
+            outputs = self.step()
+            idle = 0 if outputs or self.scheduler.num_unfinished_requests else idle + 1
+            if idle > 1:
+                raise RuntimeError(f"the engine has no work left but requests {request_ids[:4]} got no output")
 
     # ---- one step ---------------------------------------------------------------------------
     def step(self) -> list[Any]:
@@ -201,7 +266,9 @@ class EngineLoop:
                 ids = list(c.token_ids)
                 new = ids if state.delta else ids[state.seen[c.index]:]
                 state.seen[c.index] += len(new)
-                if new and not d.finished and d.append(new) is not None and c.finish_reason is None:
+                # A stop string completed by the max_tokens token still wins over "length": it
+                # ends the text first (the engine then reports "stop", as vLLM does).
+                if new and not d.finished and d.append(new) is not None and c.finish_reason in (None, "length"):
                     self.scheduler.stop_sequence(self._seq_id(ro.request_id, c.index), d.stop_reason,
                                                  d.num_output_tokens)
                     stopped = True
@@ -224,4 +291,8 @@ class EngineLoop:
                 c.text = d.take_delta() if state.delta else d.text
             if ro.finished:
                 del self.requests[ro.request_id]
+        for ro in outputs:
+            q = self._queues.get(ro.request_id)
+            if q is not None and (ro.finished or ro.request_id not in self._final_only):
+                q.append(ro)
         return outputs

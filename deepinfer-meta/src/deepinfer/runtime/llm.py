@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from deepinfer.runtime.sampling_params import SamplingParams
@@ -150,16 +150,24 @@ class LLM:
         A prompt longer than ``max_model_len`` is not run: its output is finished with
         finish_reason "ignored" while the other prompts complete. Empty prompts, token ids
         outside the vocabulary and invalid parameters raise ValueError before any work starts.
+
+        May be called while ``stream`` iterators are open (e.g. inside their loop): the steps it
+        runs advance their requests too, and their outputs are kept for them, none lost.
         """
         ids, params = self._normalise(prompts, sampling_params)
         for i, p in enumerate(ids):
             if not p:
                 raise ValueError(f"prompts[{i}] is empty (no tokens)")
         order: dict[str, int] = {}
-        for p, sp in zip(ids, params, strict=True):
-            rid = self.engine.new_request_id()
-            self.engine.add_request(rid, p, sp, final_text_only=True)
-            order[rid] = len(order)
+        try:
+            for p, sp in zip(ids, params, strict=True):
+                rid = self.engine.new_request_id()
+                self.engine.add_request(rid, p, sp, final_text_only=True, collect="final")
+                order[rid] = len(order)
+        except BaseException:
+            for rid in order:
+                self.engine.release(rid)
+            raise
         results: list[Any] = [None] * len(order)
         bar = None
         if use_tqdm and len(order) > 1:
@@ -167,17 +175,23 @@ class LLM:
 
             bar = tqdm(total=len(order), desc="Generating", unit="req", dynamic_ncols=True)
         try:
-            remaining = len(order)
-            while remaining:
-                for ro in self.engine.step():
-                    if ro.finished and ro.request_id in order and results[order[ro.request_id]] is None:
-                        results[order[ro.request_id]] = ro
-                        remaining -= 1
-                        if bar is not None:
-                            bar.update(1)
+            pending = list(order)
+            while pending:
+                self.engine.wait_for_outputs(pending)
+                still = []
+                for rid in pending:
+                    ro = self.engine.pop_output(rid)  # only finished outputs are queued
+                    if ro is None:
+                        still.append(rid)
+                        continue
+                    results[order[rid]] = ro
+                    if bar is not None:
+                        bar.update(1)
+                pending = still
         except BaseException:
             for rid in order:  # leave the engine clean for the next call
-                self.engine.abort(rid)
+                if results[order[rid]] is None:
+                    self.engine.release(rid)
             raise
         finally:
             if bar is not None:
@@ -205,22 +219,71 @@ class LLM:
                                                   add_generation_prompt=add_generation_prompt)
         return {"prompt_token_ids": list(self.tokenizer(text, add_special_tokens=False).input_ids)}
 
-    def stream(self, prompt: PromptType, sampling_params: SamplingParams | None = None) -> Iterator[Any]:
-        """Yield delta RequestOutputs of one prompt as tokens arrive: each carries the new
-        token ids and, in ``text``, the new characters (a possible partial stop string is held
-        back until it is resolved)."""
+    def stream(self, prompt: PromptType, sampling_params: SamplingParams | None = None) -> RequestStream:
+        """Start one prompt and return an iterator of its delta RequestOutputs as tokens arrive:
+        each carries the new token ids and, in ``text``, the new characters (a possible partial
+        stop string is held back until it is resolved).
+
+        The prompt is checked and queued now (ValueError / TypeError as in ``generate``). Several
+        streams may be open at once and read in any interleaving, and ``generate`` may run while
+        they are open: each step's outputs are routed to the request they belong to. Closing the
+        iterator (``close()``, leaving a ``with`` block, or dropping it, e.g. ``break`` out of a
+        ``for`` loop) before its last output aborts the request and frees its KV blocks.
+        """
+        if isinstance(sampling_params, Sequence):
+            raise TypeError("sampling_params must be one SamplingParams for stream(), got a sequence")
         ids, params = self._normalise(prompt, sampling_params)
-        if not ids[0]:
+        if len(ids) > 1:
+            raise ValueError(f"prompt: stream() takes one prompt, got a list of {len(ids)}")
+        if not ids or not ids[0]:
             raise ValueError("prompt is empty (no tokens)")
         rid = self.engine.new_request_id()
-        self.engine.add_request(rid, ids[0], params[0], output_kind="delta")
-        finished = False
+        self.engine.add_request(rid, ids[0], params[0], output_kind="delta", collect="all")
+        return RequestStream(self.engine, rid)
+
+
+class RequestStream:
+    """Iterator over the delta RequestOutputs of one request of ``LLM.stream``.
+
+    ``next()`` returns the request's oldest undelivered output, running engine steps (which
+    advance every request) only while there is none; it stops after the finished output.
+    ``close()`` (also on ``with`` exit and garbage collection) aborts an unfinished request.
+    """
+
+    def __init__(self, engine: Any, request_id: str) -> None:
+        self._engine = engine
+        self.request_id = request_id
+        self._done = False
+
+    def __iter__(self) -> RequestStream:
+        return self
+
+    def __next__(self) -> Any:
+        if self._done:
+            raise StopIteration
         try:
-            while not finished:
-                for ro in self.engine.step():
-                    if ro.request_id == rid:
-                        finished = bool(ro.finished)
-                        yield ro
-        finally:
-            if not finished:  # the consumer stopped early
-                self.engine.abort(rid)
+            ro = self._engine.next_output(self.request_id)
+        except BaseException:
+            self.close()  # e.g. KeyboardInterrupt inside a step: do not leave the request running
+            raise
+        if ro.finished:
+            self._done = True
+        return ro
+
+    def close(self) -> None:
+        """Abort the request if it has not finished (idempotent)."""
+        if not self._done:
+            self._done = True
+            self._engine.release(self.request_id)
+
+    def __enter__(self) -> RequestStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - __del__ must not raise (at shutdown the engine may be gone)
+            pass
