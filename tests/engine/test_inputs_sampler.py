@@ -10,6 +10,7 @@ from deepinfer_engine import _engine as E
 from inputs_helpers import make_args, make_buffers, pool_of, random_row
 from inputs_reference.layout import RefRow, reference_layout
 from inputs_reference.sampler import reference_sampler
+from penalty_consumer import PenaltyTables, full_counts
 
 
 def rich_sampling(rng):
@@ -35,14 +36,23 @@ def csr(offsets, values, r):
     return values[offsets[r]: offsets[r + 1]].tolist()
 
 
-def check(si, rows, layout):
+def check(si, rows, layout, tables=None):
+    """Compares si with the reference; ``tables``: the PenaltyTables consumer of an incremental si
+    (this call's updates are applied here)."""
     ref, plp, spec = reference_sampler(rows, layout)
     K, T, D = si.kernel, si.transform, si.driver
     assert K.num_rows == T.num_rows == D.num_rows == len(ref)
+    if si.penalty_counts == "incremental":
+        tables.apply(T)
+        assert T.penalty_offsets.tolist() == [0] * (T.num_rows + 1) and len(T.penalty_token_ids) == 0
+        assert len(T.penalty_output_counts) == len(T.penalty_in_prompt) == 0
+    else:
+        assert T.num_penalty_updates == 0 and T.num_penalty_slots == 0
+        assert T.penalty_slots.tolist() == [-1] * T.num_rows and T.penalty_update_offsets.tolist() == [0]
     for r, e in enumerate(ref):
         assert K.logits_rows[r] == e["logits_row"]
         if not e["real"]:
-            assert D.seq_ids[r] == -1 and K.temperature[r] == 0.0
+            assert D.seq_ids[r] == -1 and K.temperature[r] == 0.0 and T.penalty_slots[r] == -1
             continue
         assert D.seq_ids[r] == e["seq_id"] and D.num_logprobs[r] == e["logprobs"]
         assert K.temperature[r] == np.float32(e["temperature"]) and K.top_k[r] == e["top_k"]
@@ -50,11 +60,12 @@ def check(si, rows, layout):
         assert K.offsets[r] == e["offset"]
         if e["seed"] is not None:
             assert K.seeds[r] == e["seed"]
-        pen = dict(zip(csr(T.penalty_offsets, T.penalty_token_ids, r),
-                       zip(csr(T.penalty_offsets, T.penalty_output_counts, r),
-                           csr(T.penalty_offsets, T.penalty_in_prompt, r))))
-        assert pen == e["penalties"]
-        assert len(csr(T.penalty_offsets, T.penalty_token_ids, r)) == len(e["penalties"])  # no duplicates
+        if si.penalty_counts == "incremental":
+            assert (T.penalty_slots[r] >= 0) == bool(e["penalties"])
+            assert tables.row_counts(T, r) == e["penalties"]
+        else:
+            assert full_counts(T, r) == e["penalties"]
+            assert len(csr(T.penalty_offsets, T.penalty_token_ids, r)) == len(e["penalties"])  # no duplicates
         bias = list(zip(csr(T.bias_offsets, T.bias_token_ids, r), csr(T.bias_offsets, T.bias_values, r)))
         assert [t for t, _ in bias] == [t for t, _ in e["bias"]]
         np.testing.assert_allclose([v for _, v in bias], [v for _, v in e["bias"]], rtol=1e-6)
@@ -85,8 +96,9 @@ def check(si, rows, layout):
     assert S.cu_num_drafts.tolist() == list(np.cumsum([0] + [len(s["drafts"]) for s in spec]))
 
 
+@pytest.mark.parametrize("mode", ["full", "incremental"])
 @pytest.mark.parametrize("seed", range(30))
-def test_random_batches_match_reference(seed):
+def test_random_batches_match_reference(seed, mode):
     rng = random.Random(1000 + seed)
     decode_only = rng.random() < 0.4
     rows = []
@@ -102,10 +114,11 @@ def test_random_batches_match_reference(seed):
         E.prepare_decode_v4(args, pool)
     else:
         E.prepare_prompt_v4(args, pool)
-    si = E.prepare_sampler_inputs(args, pool, E.SamplerInputs())
+    si = E.prepare_sampler_inputs(args, pool, E.SamplerInputs(penalty_counts=mode))
+    tables = PenaltyTables()
     layout = reference_layout(rows, block_size=16, width=32, graph_sizes=sizes, pad=decode_only)
-    check(si, rows, layout)
-    # Second step on the same SamplerInputs (cached penalty counts updated incrementally).
+    check(si, rows, layout, tables)
+    # Second step on the same SamplerInputs (cached penalty counts / tables updated incrementally).
     for r in rows:
         if not r.is_prompt:
             r.tokens.append(rng.randrange(1000))
@@ -114,7 +127,7 @@ def test_random_batches_match_reference(seed):
     pool = pool_of(rows)
     E.prepare_prompt_v4(args, pool)
     E.prepare_sampler_inputs(args, pool, si)
-    check(si, rows, reference_layout(rows, block_size=16, width=32))
+    check(si, rows, reference_layout(rows, block_size=16, width=32), tables)
 
 
 def test_seeded_row_identical_in_any_batch():
@@ -149,7 +162,7 @@ def test_views_survive_growth():
     rows = [RefRow(1, "a", [1, 2, 3], 2, 2, 1, [0], sampling=dict(repetition_penalty=1.1))]
     bufs = make_buffers(max_tokens=4096, max_seqs=32, width=32)
     args = make_args(bufs)
-    si = E.SamplerInputs()
+    si = E.SamplerInputs(penalty_counts="full")
     pool = pool_of(rows)
     E.prepare_decode_v4(args, pool)
     E.prepare_sampler_inputs(args, pool, si)
@@ -161,6 +174,17 @@ def test_views_survive_growth():
     E.prepare_sampler_inputs(args, pool, si)
     assert sorted(old.tolist()) == [1, 2, 3]
     assert si.transform.penalty_offsets[-1] == 20 * 400
+    # Incremental mode: the update views too.
+    si = E.SamplerInputs()
+    pool = pool_of(rows)
+    E.prepare_decode_v4(args, pool)
+    E.prepare_sampler_inputs(args, pool, si)
+    old_toks, old_offsets = si.transform.penalty_update_token_ids, si.transform.penalty_update_offsets
+    pool = pool_of(big)
+    E.prepare_decode_v4(args, pool)
+    E.prepare_sampler_inputs(args, pool, si)
+    assert old_toks.tolist() == [1, 2, 3] and old_offsets.tolist() == [0, 3]
+    assert si.transform.num_penalty_updates == 20 and si.transform.penalty_update_offsets[-1] == 20 * 400
 
 
 def test_stale_metadata_rejected():

@@ -10,6 +10,7 @@ import pytest
 from deepinfer_engine import _engine as E
 from inputs_helpers import make_args, make_buffers, pool_of, random_row
 from inputs_reference.layout import RefRow
+from penalty_consumer import PenaltyTables, direct_counts, full_counts
 
 FIELDS = ("positions", "slot_mapping", "logits_indices")
 
@@ -75,9 +76,15 @@ def test_zos_resolves_to_synchronous_inputs(seed, same_args):
     src = bufs_z["zos_source_index"][:T]
     resolved = np.where(src >= 0, sampled[np.maximum(src, 0)], bufs_z["input_ids"][:T])
     res = {k: bufs_z[k].copy() for k in bufs_z}
-    si_z = E.prepare_sampler_inputs(args_z, pool_z, E.SamplerInputs())
+    si_z = E.prepare_sampler_inputs(args_z, pool_z, E.SamplerInputs())  # incremental counts
     z_kernel = (si_z.kernel.offsets.copy(), si_z.kernel.seeds.copy(), si_z.kernel.logits_rows.copy())
     z_pending = si_z.transform.penalty_pending_source.copy()
+    z_tables = PenaltyTables()
+    z_tables.apply(si_z.transform)
+    z_counts = [z_tables.row_counts(si_z.transform, r) for r in range(si_z.transform.num_rows)]
+    si_zf = E.prepare_sampler_inputs(args_z, pool_z, E.SamplerInputs(penalty_counts="full"))
+    assert si_zf.transform.penalty_pending_source.tolist() == z_pending.tolist()
+    assert [full_counts(si_zf.transform, r) for r in range(si_zf.transform.num_rows)] == z_counts
 
     bufs_s = make_buffers(max_tokens=1024, max_seqs=16, width=64)
     args_s = make_args(bufs_s, block_size=8)
@@ -101,6 +108,11 @@ def test_zos_resolves_to_synchronous_inputs(seed, same_args):
         pending = z_pending[r]
         if row.sampling.get("presence_penalty") and not row.is_prompt:
             assert sampled[pending] == row.tokens[-1]
+            # The tables hold the host-known tokens only; the device adds the pending one.
+            counts = dict(z_counts[r])
+            c, p = counts.get(row.tokens[-1], (0, 0))
+            counts[row.tokens[-1]] = (c + 1, p)
+            assert counts == direct_counts(row.tokens, row.num_prompt)
         else:
             assert pending == -1
 

@@ -66,7 +66,84 @@ size_t masked_tokens(const SequenceGroup& g, int32_t num_output, int32_t* dst, s
 
 struct Sizes {
   size_t rows = 0, penalty = 0, bias = 0, banned = 0, allowed = 0, spec_seqs = 0, drafts = 0, prompt_lp = 0;
+  size_t updates = 0, update_entries = 0;
 };
+
+// Incremental mode: what this step sends for one penalized sequence. Planned without touching
+// the slot states (a rejected call changes nothing), committed once nothing can fail.
+struct PenaltyPlan {
+  const Sequence* seq;
+  PenaltySlotState* state;  // null: the sequence has no slot yet
+  int32_t from;             // first token to send
+  bool reset;               // the consumer zeroes the slot's table first
+};
+
+void plan_penalty_update(SamplerInputs& out, const Sequence& s, std::vector<PenaltyPlan>& plans, Sizes& z) {
+  auto it = out.penalty_slot_states.find(s.seq_id);
+  PenaltySlotState* st = it == out.penalty_slot_states.end() ? nullptr : &it->second;
+  const int32_t L = s.num_tokens();
+  // New slot, or the table no longer matches a prefix of the sequence (truncated / recomputed
+  // with another prompt length): send it whole.
+  const bool reset = !st || st->num_sent > L || st->num_prompt != s.num_prompt_tokens;
+  const int32_t from = reset ? 0 : st->num_sent;
+  plans.push_back({&s, st, from, reset});
+  if (reset || from < L) {
+    ++z.updates;
+    z.update_entries += static_cast<size_t>(L - from);
+  }
+}
+
+// Gives planned sequences their slots, writes the update CSR, then frees the slots of sequences
+// absent from this step. Returns the number of updates written.
+int32_t commit_penalty_updates(SamplerInputs& out, std::vector<PenaltyPlan>& plans) {
+  LogitsTransformInputs& T = out.transform;
+  int32_t u = 0;
+  size_t e = 0;
+  T.penalty_update_offsets[0] = 0;
+  for (PenaltyPlan& pl : plans) {
+    const Sequence& s = *pl.seq;
+    if (!pl.state) {
+      auto [it, inserted] = out.penalty_slot_states.try_emplace(s.seq_id);
+      if (inserted) {
+        if (!out.free_penalty_slots.empty()) {
+          it->second.slot = out.free_penalty_slots.back();
+          out.free_penalty_slots.pop_back();
+        } else {
+          it->second.slot = out.num_penalty_slots++;
+        }
+      }
+      pl.state = &it->second;
+    }
+    PenaltySlotState& st = *pl.state;
+    if (st.last_step == out.step) continue;  // the sequence's second row this call: already sent
+    const int32_t L = s.num_tokens();
+    const int32_t P = s.num_prompt_tokens;
+    st.num_sent = L;
+    st.num_prompt = P;
+    st.last_step = out.step;
+    if (!pl.reset && pl.from >= L) continue;  // nothing new for this slot
+    const int32_t n = L - pl.from;
+    T.penalty_update_slots[u] = st.slot;
+    T.penalty_update_reset[u] = pl.reset ? 1 : 0;
+    if (n > 0) {
+      std::memcpy(T.penalty_update_token_ids.data + e, s.tokens.data() + pl.from, sizeof(int32_t) * n);
+      const int32_t prompt_end = std::clamp(P, pl.from, L);  // [from, prompt_end) are prompt tokens
+      std::memset(T.penalty_update_is_output.data + e, 0, static_cast<size_t>(prompt_end - pl.from));
+      std::memset(T.penalty_update_is_output.data + e + (prompt_end - pl.from), 1, static_cast<size_t>(L - prompt_end));
+    }
+    e += static_cast<size_t>(n);
+    T.penalty_update_offsets[++u] = static_cast<int32_t>(e);
+  }
+  for (auto it = out.penalty_slot_states.begin(); it != out.penalty_slot_states.end();) {
+    if (it->second.last_step == out.step) {
+      ++it;
+    } else {
+      out.free_penalty_slots.push_back(it->second.slot);
+      it = out.penalty_slot_states.erase(it);
+    }
+  }
+  return u;
+}
 
 }  // namespace
 
@@ -77,10 +154,15 @@ void prepare_sampler_inputs(SamplerInputs& out, const PrepareArgs& a, SequenceMe
                           "(call prepare_*(args, metadata) first, without changing metadata in between)");
   pool.resolve();
   const int32_t nreal = L.num_real_rows;
+  const bool incremental = out.penalty_mode == PenaltyCountsMode::INCREMENTAL;
   thread_local std::vector<int32_t> scratch;
+  thread_local std::vector<PenaltyPlan> plans;
+  thread_local std::vector<int32_t> row_plan;  // per batch row: index into plans, -1 none
   Sizes z;
   {
     py::gil_scoped_release nogil;
+    plans.clear();
+    if (incremental) row_plan.assign(static_cast<size_t>(nreal), -1);
     ++out.step;
     for (int32_t i = 0; i < nreal; ++i) {
       const MetadataRow& r = pool[i];
@@ -96,9 +178,14 @@ void prepare_sampler_inputs(SamplerInputs& out, const PrepareArgs& a, SequenceMe
       const SamplingParams& p = r.group->params;
       z.rows += ns;
       if (p.has_penalties()) {
-        PenaltyCounts& c = out.penalty_cache[r.seq->seq_id];
-        update_counts(c, *r.seq, out.step);
-        z.penalty += c.token_ids.size() * ns;
+        if (incremental) {
+          row_plan[i] = static_cast<int32_t>(plans.size());
+          plan_penalty_update(out, *r.seq, plans, z);
+        } else {
+          PenaltyCounts& c = out.penalty_cache[r.seq->seq_id];
+          update_counts(c, *r.seq, out.step);
+          z.penalty += c.token_ids.size() * ns;
+        }
       }
       z.bias += p.logit_bias.size() * ns;
       const int32_t num_out = L.logit_position[L.row_logits_offset[i] + L.row_num_logits[i] - 1] + 1 - r.seq->num_prompt_tokens;
@@ -120,7 +207,7 @@ void prepare_sampler_inputs(SamplerInputs& out, const PrepareArgs& a, SequenceMe
   auto& T = out.transform;
   auto& S = out.speculative;
   auto& PL = out.prompt_logprobs;
-  for (auto* h : {&K.logits_rows, &K.top_k, &K.subsequences, &T.penalty_pending_source, &out.prefill.sample_rows,
+  for (auto* h : {&K.logits_rows, &K.top_k, &K.subsequences, &T.penalty_pending_source, &T.penalty_slots, &out.prefill.sample_rows,
                   &out.decode.sample_rows, &out.driver.batch_rows, &out.driver.num_logprobs})
     h->reserve(z.rows);
   for (auto* h : {&K.temperature, &K.top_p, &K.min_p, &T.presence_penalty, &T.frequency_penalty, &T.repetition_penalty})
@@ -130,6 +217,11 @@ void prepare_sampler_inputs(SamplerInputs& out, const PrepareArgs& a, SequenceMe
   T.penalty_token_ids.reserve(z.penalty);
   T.penalty_output_counts.reserve(z.penalty);
   T.penalty_in_prompt.reserve(z.penalty);
+  T.penalty_update_slots.reserve(z.updates);
+  T.penalty_update_reset.reserve(z.updates);
+  T.penalty_update_offsets.reserve(z.updates + 1);
+  T.penalty_update_token_ids.reserve(z.update_entries);
+  T.penalty_update_is_output.reserve(z.update_entries);
   T.bias_token_ids.reserve(z.bias);
   T.bias_values.reserve(z.bias);
   T.banned_token_ids.reserve(z.banned);
@@ -143,6 +235,13 @@ void prepare_sampler_inputs(SamplerInputs& out, const PrepareArgs& a, SequenceMe
   PL.seq_ids.reserve(z.prompt_lp);
 
   py::gil_scoped_release nogil;
+  if (incremental) {
+    T.num_penalty_updates = commit_penalty_updates(out, plans);
+  } else {
+    T.penalty_update_offsets[0] = 0;
+    T.num_penalty_updates = 0;
+  }
+  T.num_penalty_slots = incremental ? out.num_penalty_slots : 0;
   K.all_greedy = K.all_random = K.no_top_k = K.no_top_p = K.no_min_p = true;
   T.no_penalties = T.no_logit_bias = T.no_banned = T.no_allowed = true;
   size_t row = 0, npen = 0, nbias = 0, nban = 0, nallow = 0, nspec = 0, ndraft = 0;
@@ -158,6 +257,7 @@ void prepare_sampler_inputs(SamplerInputs& out, const PrepareArgs& a, SequenceMe
       K.logits_rows[row] = last_logit;
       out.driver.batch_rows[row] = i;
       T.penalty_pending_source[row] = -1;
+      T.penalty_slots[row] = -1;
       if (!real) {
         // Placeholder: greedy, no transforms, output discarded.
         K.temperature[row] = 0.0f;
@@ -196,14 +296,18 @@ void prepare_sampler_inputs(SamplerInputs& out, const PrepareArgs& a, SequenceMe
         T.repetition_penalty[row] = p.repetition_penalty;
         if (p.has_penalties()) {
           T.no_penalties = false;
-          const PenaltyCounts& c = out.penalty_cache.find(s.seq_id)->second;
-          const size_t m = c.token_ids.size();
-          if (m) {
-            std::memcpy(T.penalty_token_ids.data + npen, c.token_ids.data(), m * sizeof(int32_t));
-            std::memcpy(T.penalty_output_counts.data + npen, c.output_counts.data(), m * sizeof(int32_t));
-            std::memcpy(T.penalty_in_prompt.data + npen, c.in_prompt.data(), m);
+          if (incremental) {
+            T.penalty_slots[row] = plans[row_plan[i]].state->slot;
+          } else {
+            const PenaltyCounts& c = out.penalty_cache.find(s.seq_id)->second;
+            const size_t m = c.token_ids.size();
+            if (m) {
+              std::memcpy(T.penalty_token_ids.data + npen, c.token_ids.data(), m * sizeof(int32_t));
+              std::memcpy(T.penalty_output_counts.data + npen, c.output_counts.data(), m * sizeof(int32_t));
+              std::memcpy(T.penalty_in_prompt.data + npen, c.in_prompt.data(), m);
+            }
+            npen += m;
           }
-          npen += m;
           T.penalty_pending_source[row] = L.row_zos_src[i];
         }
         for (const auto& [t, v] : p.logit_bias) {
@@ -272,6 +376,7 @@ void prepare_sampler_inputs(SamplerInputs& out, const PrepareArgs& a, SequenceMe
   }
   PL.num_rows = npl;
   PL.max_num_logprobs = max_plp;
+  ++out.num_calls;
 }
 
 }  // namespace deepinfer

@@ -27,10 +27,16 @@ struct SamplingKernelInputs {
 
 struct LogitsTransformInputs {
   HostArray<float> presence_penalty, frequency_penalty, repetition_penalty;
-  // Token counts for penalties: per row the distinct tokens of the sequence so far, how often
-  // each occurs in its output, and whether it occurs in its prompt.
+  // Full mode: per row the distinct tokens of the sequence so far, how often each occurs in its
+  // output, and whether it occurs in its prompt (incremental mode: offsets all 0, lists empty).
   HostArray<int32_t> penalty_offsets, penalty_token_ids, penalty_output_counts;
   HostArray<uint8_t> penalty_in_prompt;
+  // Incremental mode: per row the consumer-resident table slot holding its sequence's counts
+  // (-1: none), and this step's per-slot updates (CSR over num_penalty_updates slots).
+  HostArray<int32_t> penalty_slots;
+  HostArray<int32_t> penalty_update_slots, penalty_update_offsets, penalty_update_token_ids;
+  HostArray<uint8_t> penalty_update_reset, penalty_update_is_output;
+  int32_t num_penalty_updates = 0, num_penalty_slots = 0;
   // ZOS: logits row of the previous step whose sampled token is a pending output token of this
   // row (to be counted by the device), -1 when none.
   HostArray<int32_t> penalty_pending_source;
@@ -92,8 +98,20 @@ struct PenaltyCounts {
   std::unordered_map<int32_t, int32_t> index;
 };
 
+// Incremental mode: what the consumer's table of a sequence holds (its slot, the first
+// num_sent tokens of the sequence, num_prompt of them counted as prompt).
+struct PenaltySlotState {
+  int32_t slot = -1;
+  int32_t num_sent = 0;
+  int32_t num_prompt = 0;
+  uint64_t last_step = 0;
+};
+
+enum class PenaltyCountsMode : uint8_t { INCREMENTAL, FULL };
+
 struct SamplerInputs {
-  explicit SamplerInputs(uint64_t generator_seed_ = 0) : generator_seed(generator_seed_) {}
+  explicit SamplerInputs(uint64_t generator_seed_ = 0, PenaltyCountsMode mode = PenaltyCountsMode::INCREMENTAL)
+      : generator_seed(generator_seed_), penalty_mode(mode) {}
   SamplingKernelInputs kernel;
   LogitsTransformInputs transform;
   PrefillSamplingInputs prefill;
@@ -103,7 +121,20 @@ struct SamplerInputs {
   PromptLogprobInputs prompt_logprobs;
   uint64_t generator_seed;
   uint64_t step = 0;
-  std::unordered_map<int64_t, PenaltyCounts> penalty_cache;  // by seq_id
+  uint64_t num_calls = 0;  // prepare_sampler_inputs calls that filled this object (rejected ones excluded)
+  PenaltyCountsMode penalty_mode;
+  std::unordered_map<int64_t, PenaltyCounts> penalty_cache;  // full mode, by seq_id
+  std::unordered_map<int64_t, PenaltySlotState> penalty_slot_states;  // incremental mode, by seq_id
+  std::vector<int32_t> free_penalty_slots;  // incremental mode: slot ids to reuse (a stack)
+  int32_t num_penalty_slots = 0;            // incremental mode: slot ids handed out so far
+
+  // Forget every slot: the next call sends each penalized sequence whole (reset = 1).
+  void reset_penalty_tables() {
+    penalty_slot_states.clear();
+    free_penalty_slots.clear();
+    num_penalty_slots = 0;
+    penalty_cache.clear();
+  }
 };
 
 class PrepareArgs;
