@@ -100,3 +100,32 @@ def test_logprobs_are_raw_log_softmax(logits):
     np.testing.assert_allclose(lp.numpy(), ref[np.arange(6), targets.numpy()], atol=1e-5)
     assert ids.shape == (6, 2)
     np.testing.assert_allclose(vals.numpy(), np.sort(ref, axis=1)[:, ::-1][:, :2], atol=1e-5)
+
+
+def _dense_penalties(rows, width):
+    """The rows' counts/seen lists as the dense per-row tables the incremental engine path gives."""
+    pen = [i for i, r in enumerate(rows) if r.get("counts") or r.get("seen")]
+    counts = torch.zeros((len(pen), width), dtype=torch.float32)
+    seen = torch.zeros((len(pen), width), dtype=torch.bool)
+    for k, i in enumerate(pen):
+        for t, c in (rows[i].get("counts") or {}).items():
+            counts[k, t] = c
+            seen[k, t] = c > 0
+        for t in rows[i].get("seen", ()):
+            seen[k, t] = True
+    return torch.tensor(pen, dtype=torch.int64), counts, seen
+
+
+@pytest.mark.parametrize("width", [48, V, 100])  # tables narrower than, equal to, wider than the vocabulary
+def test_dense_penalties_match_sparse_path_and_numpy(logits, width):
+    rows = [dict(r) for r in ROWS] + [{"repetition": 0.8, "counts": {3: 1}, "seen": [3, 5], "frequency": -0.3}]
+    rows[4]["seen"] = sorted(set(rows[4]["seen"]) | set(rows[4]["counts"]))  # seen = prompt or output
+    lg = torch.from_numpy(np.vstack([logits, logits[:1]]))
+    sparse = make_batch(rows)
+    dense = make_batch([{k: v for k, v in r.items() if k not in ("counts", "seen")} for r in rows])
+    dense.penalty_rows, dense.penalty_counts, dense.penalty_seen = _dense_penalties(rows, width)
+    x_dense = apply_logits_processing(lg, dense)
+    assert torch.equal(x_dense, apply_logits_processing(lg, sparse))  # identical math
+    for i, r in enumerate(rows):
+        np.testing.assert_allclose(x_dense[i].numpy(), process_row(lg[i].numpy(), **_ref_kwargs(r)),
+                                   rtol=1e-5, atol=1e-5)

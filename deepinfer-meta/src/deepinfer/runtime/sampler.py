@@ -23,7 +23,10 @@ class SamplingBatch:
     Sparse entries are (row, token[, value]) triples: ``bias_*`` logit bias, ``mask_*`` tokens
     forced to -inf (banned ids, EOS/stop ids before min_tokens), ``allowed_*`` rows restricted to
     a set of tokens, ``count_*`` output-token counts (frequency/presence), ``seen_*`` tokens of the
-    prompt or the output (repetition penalty).
+    prompt or the output (repetition penalty). The penalty counts may come dense instead (from
+    per-slot tables): ``penalty_rows`` [P] the rows that have them, ``penalty_counts`` float32
+    [P, W] output counts and ``penalty_seen`` bool [P, W] prompt-or-output flags of tokens < W
+    (W <= vocab; later tokens have none).
     """
 
     temperature: torch.Tensor  # float32 [R]; 0 = greedy
@@ -41,6 +44,9 @@ class SamplingBatch:
     count_values: torch.Tensor | None = None
     seen_rows: torch.Tensor | None = None
     seen_tokens: torch.Tensor | None = None
+    penalty_rows: torch.Tensor | None = None
+    penalty_counts: torch.Tensor | None = None
+    penalty_seen: torch.Tensor | None = None
     bias_rows: torch.Tensor | None = None
     bias_tokens: torch.Tensor | None = None
     bias_values: torch.Tensor | None = None
@@ -87,8 +93,29 @@ def apply_logits_processing(logits: torch.Tensor, b: SamplingBatch) -> torch.Ten
             x = x - b.frequency_penalty[:, None] * counts
         if b.presence_penalty is not None:
             x = x - b.presence_penalty[:, None] * (counts > 0).to(x.dtype)
+    if b.penalty_rows is not None and b.penalty_counts is not None and b.penalty_seen is not None \
+            and b.penalty_rows.numel():
+        x = _apply_dense_penalties(x, b)
     if b.mask_rows is not None and b.mask_rows.numel():
         x[b.mask_rows, b.mask_tokens] = float("-inf")
+    return x
+
+
+def _apply_dense_penalties(x: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+    # The same element-wise math as the sparse path, on the penalized rows' first W columns.
+    assert b.penalty_rows is not None and b.penalty_counts is not None and b.penalty_seen is not None
+    rows = b.penalty_rows
+    width = min(b.penalty_counts.shape[1], x.shape[1])  # the tables may be wider than the vocabulary
+    sub = x[rows, :width]
+    if b.repetition_penalty is not None:
+        rp = b.repetition_penalty[rows][:, None].to(x.dtype)
+        sub = torch.where(b.penalty_seen[:, :width], torch.where(sub > 0, sub / rp, sub * rp), sub)
+    counts = b.penalty_counts[:, :width].to(x.dtype)
+    if b.frequency_penalty is not None:
+        sub = sub - b.frequency_penalty[rows][:, None] * counts
+    if b.presence_penalty is not None:
+        sub = sub - b.presence_penalty[rows][:, None] * (counts > 0).to(x.dtype)
+    x[rows, :width] = sub
     return x
 
 

@@ -1,7 +1,13 @@
-"""Turn the engine's ``SamplerInputs`` (numpy views, CSR lists) into the sampler's device tensors."""
+"""Turn the engine's ``SamplerInputs`` (numpy views, CSR lists) into the sampler's device tensors.
+
+Penalty token counts come in the SamplerInputs' ``penalty_counts`` mode: "incremental" (the
+runtime's) keeps per-slot tables on the device (``PenaltyTables``) that each step's updates
+bring up to date; "full" carries every penalized sequence's counts each step.
+"""
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
@@ -19,9 +25,116 @@ def _csr_rows(offsets: np.ndarray) -> np.ndarray:
     return np.repeat(np.arange(len(offsets) - 1, dtype=np.int64), np.diff(offsets))
 
 
-def sampling_batch_from_engine(si: Any, device: torch.device) -> tuple[torch.Tensor, SamplingBatch]:
-    """(logits row of each sample row, SamplingBatch) for one step's SamplerInputs ``si``."""
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+class PenaltyTables:
+    """The device-resident penalty counts of one SamplerInputs in "incremental" mode.
+
+    Per slot: ``counts`` int32 [slots, width] (occurrences of each token in the output) and
+    ``seen`` bool [slots, width] (token in the prompt or the output); tokens >= width have
+    neither. Both grow on demand (slots to ``num_penalty_slots``, width to the largest token sent).
+    ``apply`` must see every prepare_sampler_inputs call of its SamplerInputs, in order; it checks
+    that with ``SamplerInputs.num_calls``.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = torch.device(device)
+        self.counts = torch.zeros((0, 0), dtype=torch.int32, device=self.device)
+        self.seen = torch.zeros((0, 0), dtype=torch.bool, device=self.device)
+        self.applied_calls = 0  # SamplerInputs.num_calls of the last call applied
+
+    def _grow(self, slots: int, width: int) -> None:
+        s0, w0 = self.counts.shape
+        if slots <= s0 and width <= w0:
+            return
+        s1 = max(s0, _round_up(slots, 64))
+        w1 = max(w0, _round_up(width, 4096))
+        counts = torch.zeros((s1, w1), dtype=torch.int32, device=self.device)
+        seen = torch.zeros((s1, w1), dtype=torch.bool, device=self.device)
+        counts[:s0, :w0] = self.counts
+        seen[:s0, :w0] = self.seen
+        self.counts, self.seen = counts, seen
+
+    def apply(self, si: Any) -> None:
+        """Brings the tables up to date with the last call that filled ``si`` (a no-op when that
+        call is already applied). RuntimeError when a call was missed: call
+        ``si.reset_penalty_tables()`` and ``reset()``, then prepare the step again."""
+        n = int(si.num_calls)
+        if n == self.applied_calls:
+            return
+        if self.applied_calls >= 0 and n != self.applied_calls + 1:
+            raise RuntimeError(
+                f"penalty tables: {n - self.applied_calls - 1} prepare_sampler_inputs call(s) were not applied "
+                f"(num_calls {n}, last applied {self.applied_calls}); call SamplerInputs.reset_penalty_tables() "
+                "and PenaltyTables.reset(), then prepare the step again")
+        tr = si.transform
+        self.applied_calls = n
+        u = int(tr.num_penalty_updates)
+        if u == 0:
+            self._grow(int(tr.num_penalty_slots), 0)
+            return
+        slots = np.array(tr.penalty_update_slots, dtype=np.int64)
+        reset = np.array(tr.penalty_update_reset).astype(bool)
+        toks = np.array(tr.penalty_update_token_ids, dtype=np.int64)
+        is_out = np.array(tr.penalty_update_is_output).astype(bool)
+        entry_slot = np.repeat(slots, np.diff(np.asarray(tr.penalty_update_offsets)))
+        self._grow(int(tr.num_penalty_slots), int(toks.max()) + 1 if len(toks) else 0)
+        dev = self.device
+        if reset.any():
+            r = torch.from_numpy(slots[reset]).to(dev)
+            self.counts[r] = 0
+            self.seen[r] = False
+        if len(toks):
+            es, et = torch.from_numpy(entry_slot).to(dev), torch.from_numpy(toks).to(dev)
+            self.seen[es, et] = True
+            o = torch.from_numpy(is_out).to(dev)
+            self.counts.index_put_((es[o], et[o]), torch.ones(int(is_out.sum()), dtype=torch.int32, device=dev),
+                                   accumulate=True)
+
+    def reset(self) -> None:
+        """Forget every table; the next call applied may have any number. Only together with
+        SamplerInputs.reset_penalty_tables() (whose next call sends every table whole)."""
+        self.counts.zero_()
+        self.seen.zero_()
+        self.applied_calls = -1  # accept the next call whatever its number
+
+    def gather(self, penalty_slots: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(rows with a slot, their counts float32 [P, width], their seen flags bool [P, width])."""
+        slots = np.asarray(penalty_slots)
+        rows = np.flatnonzero(slots >= 0)
+        s = torch.from_numpy(slots[rows].astype(np.int64)).to(self.device)
+        return torch.from_numpy(rows.astype(np.int64)).to(self.device), self.counts[s].float(), self.seen[s]
+
+
+# The tables of each incremental SamplerInputs (one consumer per SamplerInputs, as the engine requires).
+_tables: weakref.WeakKeyDictionary[Any, PenaltyTables] = weakref.WeakKeyDictionary()
+
+
+def penalty_tables_for(si: Any, device: torch.device) -> PenaltyTables:
+    """The PenaltyTables fed by ``si`` (created on first use, moved if the device changes)."""
+    t = _tables.get(si)
+    if t is None:
+        t = _tables[si] = PenaltyTables(device)
+    elif t.device != torch.device(device):
+        t.device = torch.device(device)
+        t.counts, t.seen = t.counts.to(t.device), t.seen.to(t.device)
+    return t
+
+
+def sampling_batch_from_engine(si: Any, device: torch.device,
+                               tables: PenaltyTables | None = None) -> tuple[torch.Tensor, SamplingBatch]:
+    """(logits row of each sample row, SamplingBatch) for one step's SamplerInputs ``si``.
+
+    In "incremental" mode this applies the step's penalty updates to ``tables`` (by default the
+    PenaltyTables this module keeps for ``si``): call it once after every prepare_sampler_inputs.
+    """
     k, tr, drv = si.kernel, si.transform, si.driver
+    incremental = si.penalty_counts == "incremental"
+    if incremental:
+        tables = tables if tables is not None else penalty_tables_for(si, device)
+        tables.apply(si)  # every call, penalties this step or not
     rows = _t(k.logits_rows, torch.int64, device)
     b = SamplingBatch(
         temperature=_t(k.temperature, torch.float32, device),
@@ -38,17 +151,21 @@ def sampling_batch_from_engine(si: Any, device: torch.device) -> tuple[torch.Ten
         b.presence_penalty = _t(tr.presence_penalty, torch.float32, device)
         b.frequency_penalty = _t(tr.frequency_penalty, torch.float32, device)
         b.repetition_penalty = _t(tr.repetition_penalty, torch.float32, device)
-        prow = _csr_rows(np.asarray(tr.penalty_offsets))
-        ptok = np.asarray(tr.penalty_token_ids, dtype=np.int64)
-        counts = np.asarray(tr.penalty_output_counts)
-        in_prompt = np.asarray(tr.penalty_in_prompt).astype(bool)
-        out_mask = counts > 0
-        b.count_rows = _t(prow[out_mask], torch.int64, device)
-        b.count_tokens = _t(ptok[out_mask], torch.int64, device)
-        b.count_values = _t(counts[out_mask], torch.float32, device)
-        seen = out_mask | in_prompt
-        b.seen_rows = _t(prow[seen], torch.int64, device)
-        b.seen_tokens = _t(ptok[seen], torch.int64, device)
+        if incremental:
+            assert tables is not None
+            b.penalty_rows, b.penalty_counts, b.penalty_seen = tables.gather(tr.penalty_slots)
+        else:
+            prow = _csr_rows(np.asarray(tr.penalty_offsets))
+            ptok = np.asarray(tr.penalty_token_ids, dtype=np.int64)
+            counts = np.asarray(tr.penalty_output_counts)
+            in_prompt = np.asarray(tr.penalty_in_prompt).astype(bool)
+            out_mask = counts > 0
+            b.count_rows = _t(prow[out_mask], torch.int64, device)
+            b.count_tokens = _t(ptok[out_mask], torch.int64, device)
+            b.count_values = _t(counts[out_mask], torch.float32, device)
+            seen = out_mask | in_prompt
+            b.seen_rows = _t(prow[seen], torch.int64, device)
+            b.seen_tokens = _t(ptok[seen], torch.int64, device)
     if not tr.no_logit_bias:
         b.bias_rows = _t(_csr_rows(np.asarray(tr.bias_offsets)), torch.int64, device)
         b.bias_tokens = _t(tr.bias_token_ids, torch.int64, device)
