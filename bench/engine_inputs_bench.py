@@ -7,7 +7,9 @@ parameters with penalties for a quarter of them) it prints the median per step o
   * the ZOS variant (prepare_decode_zos_inputs + prepare_sampler_inputs),
   * a numpy copy of the same output bytes (the floor this is compared to),
   * a whole engine step: schedule + metadata + decode inputs + sampler inputs + update,
-and one 8192-token prefill step (ns per token).
+and one 8192-token prefill step (ns per token). Penalty counts go out in "incremental" mode (the
+default: per-slot updates, O(new tokens) per sequence) and, side by side, in "full" mode (every
+penalized sequence's distinct tokens each step); "no-pen" is the same batch without penalties.
 
 Run: PYTHONPATH=<engine build>/pkg python bench/engine_inputs_bench.py [--quick]
 """
@@ -73,20 +75,22 @@ def output_bytes(args, si):
     n = T * (4 + 4 + 8 + 4) + (R + 1) * 4 + R * 4  # ids, positions, slots, logits idx, qsl, seq_lens
     k, tr = si.kernel, si.transform
     n += k.num_rows * (4 * 4 + 4 + 8 + 8 + 4)     # kernel rows
-    n += tr.num_rows * (3 * 4 + 4) + 4 * (tr.num_rows + 1) * 4
-    n += len(tr.penalty_token_ids) * 9 + len(tr.banned_token_ids) * 4
+    n += tr.num_rows * (3 * 4 + 4 + 4) + 4 * (tr.num_rows + 1) * 4  # penalties, pending source, slots; CSR offsets
+    n += len(tr.penalty_token_ids) * 9 + len(tr.banned_token_ids) * 4  # full mode's penalty lists
+    U = tr.num_penalty_updates                        # incremental mode's updates
+    n += U * (4 + 1) + (U + 1) * 4 + len(tr.penalty_update_token_ids) * 5
     n += si.driver.num_rows * (8 + 4 + 4) + si.decode.num_rows * 4
     return n
 
 
-def bench_batch(B, reps, rng, penalties=True):
+def bench_batch(B, reps, rng, penalties=True, penalty_counts="incremental"):
     s = make_scheduler(B, rng, penalties=penalties)
     run_prefill(s, rng)
     width = CONTEXT // BLOCK + 256
     bufs = buffers(max(B, 64) * 2, B, width, zos=True)
     graph = [g for g in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024) if g <= B]
     args = E.PrepareArgs(block_size=BLOCK, max_model_len=CONTEXT + 4096, graph_batch_sizes=graph, **bufs)
-    pool, si = E.SequenceMetadataPool(), E.SamplerInputs()
+    pool, si = E.SequenceMetadataPool(), E.SamplerInputs(penalty_counts=penalty_counts)
     tokens = rng.integers(0, VOCAB, B, dtype=np.int32)
     res = {}
 
@@ -150,6 +154,7 @@ def bench_prefill(rng, reps):
     pool.build(s)
 
     def step():
+        si.reset_penalty_tables()  # every repetition is the sequence's first step: its 8192 tokens go out
         E.prepare_prompt_v4(args, pool)
         E.prepare_sampler_inputs(args, pool, si)
 
@@ -167,21 +172,21 @@ def main():
     reps = 15 if opts.quick else 60
     print(f"engine inputs benchmark: contexts {CONTEXT}, block size {BLOCK}, a quarter with penalties; "
           f"median of {reps} steps")
-    hdr = (f"{'B':>5} | {'unchanged µs':>12} {'ns/seq':>7} | {'steady µs':>9} {'ns/seq':>7} | {'ZOS µs':>8} "
-           f"{'ns/seq':>7} | {'np copy µs':>10} {'ratio':>6} | {'build ns/seq':>12} | {'whole step µs':>13} "
-           f"{'ns/seq':>7} | {'sched+upd ns/seq':>16} | {'no-pen ns/seq: unch':>10} {'ZOS':>8} {'whole':>9} {'ratio':>6}")
+    hdr = (f"{'B':>5} {'penalties':>12} | {'unchanged µs':>12} {'ns/seq':>7} | {'steady µs':>9} {'ns/seq':>7} | "
+           f"{'ZOS µs':>8} {'ns/seq':>7} | {'np copy µs':>10} {'ratio':>6} | {'build ns/seq':>12} | "
+           f"{'whole step µs':>13} {'ns/seq':>7} | {'sched+upd ns/seq':>16}")
     print(hdr)
     print("-" * len(hdr))
     for B in (64, 256, 1024):
-        r = bench_batch(B, reps, rng)
-        r0 = bench_batch(B, reps, rng, penalties=False)
-        print(f"{B:>5} | {r['unchanged_inputs'] / 1e3:>12.1f} {r['unchanged_inputs'] / B:>7.0f} | "
-              f"{r['steady_inputs'] / 1e3:>9.1f} {r['steady_inputs'] / B:>7.0f} | {r['zos_inputs'] / 1e3:>8.1f} "
-              f"{r['zos_inputs'] / B:>7.0f} | {r['numpy_copy'] / 1e3:>10.1f} "
-              f"{r['unchanged_inputs'] / max(r['numpy_copy'], 1):>6.1f} | {r['steady_build'] / B:>12.0f} | "
-              f"{r['whole_step'] / 1e3:>13.1f} {r['whole_step'] / B:>7.0f} | {r['schedule_update'] / B:>16.0f} | "
-              f"{r0['unchanged_inputs'] / B:>10.0f} {r0['zos_inputs'] / B:>8.0f} {r0['whole_step'] / B:>9.0f} "
-              f"{r0['unchanged_inputs'] / max(r0['numpy_copy'], 1):>6.1f}")
+        runs = (("incremental", bench_batch(B, reps, rng)),
+                ("full", bench_batch(B, reps, rng, penalty_counts="full")),
+                ("no-pen", bench_batch(B, reps, rng, penalties=False)))
+        for label, r in runs:
+            print(f"{B:>5} {label:>12} | {r['unchanged_inputs'] / 1e3:>12.1f} {r['unchanged_inputs'] / B:>7.0f} | "
+                  f"{r['steady_inputs'] / 1e3:>9.1f} {r['steady_inputs'] / B:>7.0f} | {r['zos_inputs'] / 1e3:>8.1f} "
+                  f"{r['zos_inputs'] / B:>7.0f} | {r['numpy_copy'] / 1e3:>10.1f} "
+                  f"{r['unchanged_inputs'] / max(r['numpy_copy'], 1):>6.1f} | {r['steady_build'] / B:>12.0f} | "
+                  f"{r['whole_step'] / 1e3:>13.1f} {r['whole_step'] / B:>7.0f} | {r['schedule_update'] / B:>16.0f}")
     t = bench_prefill(rng, max(5, reps // 4))
     print(f"8192-token prefill step (prepare_prompt_v4 + prepare_sampler_inputs): {t / 1e3:.1f} µs, "
           f"{t / 8192:.1f} ns/token")
@@ -189,7 +194,9 @@ def main():
           "the same with one new token per sequence per step; ZOS = prepare_decode_zos_inputs + "
           "prepare_sampler_inputs; np copy = numpy copy of the same output bytes (ratio = unchanged / copy); "
           "build = SequenceMetadataPool.build; whole step = schedule + build + decode inputs + sampler inputs + "
-          "update; no-pen = the same batch without penalty requests.")
+          "update. penalties: incremental = SamplerInputs(penalty_counts='incremental') (per-slot updates), "
+          "full = penalty_counts='full' (every penalized sequence's counts each step), no-pen = the same batch "
+          "without penalty requests.")
 
 
 if __name__ == "__main__":
