@@ -180,6 +180,7 @@ with ``add_sequence`` (standalone sequences owned by the pool until ``clear``). 
             s->num_prompt_tokens = num_prompt_tokens;
             s->num_computed_tokens = num_computed_tokens;
             s->block_table = std::move(blocks);
+            touch_block_table(*s);  // a caller-given table: the same seq_id may come with another one
             s->draft_tokens = std::move(drafts);
             s->state_slot = state_slot;
             g->request_id = request_id;

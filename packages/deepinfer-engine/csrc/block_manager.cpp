@@ -106,7 +106,7 @@ int32_t BlockManager::blocks_needed(const std::vector<int32_t>& table, int32_t n
 }
 
 bool BlockManager::ensure_slots(std::vector<int32_t>& table, int32_t num_written, int32_t num_slots,
-                                std::vector<BlockCopy>& copies) {
+                                std::vector<BlockCopy>& copies, bool* replaced) {
   const int32_t need = blocks_needed(table, num_written, num_slots);
   if (need == 0) return true;
   if (need > num_free_blocks()) return false;
@@ -120,18 +120,21 @@ bool BlockManager::ensure_slots(std::vector<int32_t>& table, int32_t num_written
     }
     release(old);
     table[idx] = nb;
+    if (replaced) *replaced = true;
   }
   const size_t want = static_cast<size_t>(blocks_for(num_slots));
   while (table.size() < want) table.push_back(alloc_block());
   return true;
 }
 
-void BlockManager::trim(std::vector<int32_t>& table, int32_t num_slots) {
+bool BlockManager::trim(std::vector<int32_t>& table, int32_t num_slots) {
   const size_t keep = static_cast<size_t>(blocks_for(num_slots));
+  const bool any = table.size() > keep;
   while (table.size() > keep) {
     release(table.back());
     table.pop_back();
   }
+  return any;
 }
 
 void BlockManager::free_table(std::vector<int32_t>& table) {

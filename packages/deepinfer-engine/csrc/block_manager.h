@@ -73,11 +73,14 @@ class BlockManager {
   int32_t blocks_needed(const std::vector<int32_t>& table, int32_t num_written, int32_t num_slots) const;
   // Grows `table` to cover num_slots slots and performs copy-on-write of a shared partial last
   // block (num_written = slots already holding KV). Returns false, changing nothing, when there
-  // are not enough free blocks.
+  // are not enough free blocks. *replaced (when given) is set to true when an existing entry of
+  // `table` was replaced (copy-on-write), not only appended to: the caller must touch the
+  // sequence's block_table_version then.
   bool ensure_slots(std::vector<int32_t>& table, int32_t num_written, int32_t num_slots,
-                    std::vector<BlockCopy>& copies);
-  // Drops trailing blocks beyond num_slots (rollback of rejected speculative slots).
-  void trim(std::vector<int32_t>& table, int32_t num_slots);
+                    std::vector<BlockCopy>& copies, bool* replaced = nullptr);
+  // Drops trailing blocks beyond num_slots (rollback of rejected speculative slots). Returns
+  // whether any was dropped.
+  bool trim(std::vector<int32_t>& table, int32_t num_slots);
   // Releases every block of `table` (last first) and clears it.
   void free_table(std::vector<int32_t>& table);
   // Fork: dst shares the full blocks of src covering num_written slots (ref counts + 1) and gets

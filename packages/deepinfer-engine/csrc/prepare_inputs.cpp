@@ -35,10 +35,22 @@ uint64_t block_table_version(const S& s) {
 void write_block_row(PrepareArgs& a, size_t r, int64_t seq_id, const int32_t* blocks, int32_t nb, uint64_t version) {
   int32_t* row = a.block_tables.row(r);
   const int32_t old = a.bt_len[r];
-  if (version != 0 && a.bt_version[r] == version && a.bt_seq_id[r] == seq_id && old == nb) return;
+  const bool same_seq = a.bt_seq_id[r] == seq_id;
+  // Same nonzero version as when this row was written: by the contract of
+  // Sequence::block_table_version its first `old` entries are unchanged, only appends are new
+  // (no memcmp). A shorter table with the same version breaks the contract: rewrite it below.
+  if (version != 0 && same_seq && a.bt_version[r] == version && nb >= old) {
+    if (nb > old) {
+      std::memcpy(row + old, blocks + old, sizeof(int32_t) * (nb - old));
+      a.bt_len[r] = nb;
+      ++a.num_block_rows_written;
+    }
+    return;
+  }
   a.bt_version[r] = version;
+  // Unknown (0) or changed version: compare contents, so an unchanged prefix still costs no write.
   // (memcmp/memcpy need non-null pointers even for 0 bytes: placeholder rows pass nb = 0.)
-  if (a.bt_seq_id[r] == seq_id && old <= nb && (old == 0 || std::memcmp(row, blocks, sizeof(int32_t) * old) == 0)) {
+  if (same_seq && old <= nb && (old == 0 || std::memcmp(row, blocks, sizeof(int32_t) * old) == 0)) {
     if (nb > old) {
       std::memcpy(row + old, blocks + old, sizeof(int32_t) * (nb - old));
       a.bt_len[r] = nb;

@@ -154,6 +154,7 @@ void Scheduler::finish(SeqIndex s, SequenceStatus status, bool deferred) {
   if (q.status == SequenceStatus::RUNNING) seq_units_ -= seq_cost(s);
   q.status = status;
   bm_.free_table(q.block_table);
+  touch_block_table(q);
   if (q.state_slot >= 0) {
     free_state_slots_.push_back(q.state_slot);
     q.state_slot = -1;
@@ -173,6 +174,7 @@ void Scheduler::preempt(SeqIndex s) {
   seq_units_ -= seq_cost(s);
   remove_from_running(s);
   bm_.free_table(q.block_table);
+  touch_block_table(q);
   if (q.state_slot >= 0) {
     free_state_slots_.push_back(q.state_slot);
     q.state_slot = -1;
@@ -252,8 +254,9 @@ const SchedulerOutputs& Scheduler::schedule() {
     }
     const int32_t slots = q.num_computed_tokens + n + (prefill ? 0 : cfg_.num_lookahead_slots);
     bool self_preempted = false;
+    bool replaced = false;  // copy-on-write of its partial last block
     while (!bm_.ensure_slots(store_.seq(s).block_table, store_.seq(s).num_computed_tokens, slots,
-                             out_.blocks_to_copy)) {
+                             out_.blocks_to_copy, &replaced)) {
       const SeqIndex victim = running_.back();
       preempt(victim);
       preempted_any = true;
@@ -264,6 +267,7 @@ const SchedulerOutputs& Scheduler::schedule() {
     }
     if (self_preempted) break;
     Sequence& r = store_.seq(s);
+    if (replaced) touch_block_table(r);
     const bool completes = r.num_computed_tokens + n >= r.num_tokens();
     ScheduledSeq e{s, n, r.num_computed_tokens, completes ? (prefill ? seq_cost(s) : 1) : 0, prefill};
     if (prefill && completes && r.num_output_tokens() > 0) e.num_samples = 1;
@@ -320,6 +324,7 @@ const SchedulerOutputs& Scheduler::schedule() {
     if (bm_.prefix_caching()) bm_.record_lookup(q.num_tokens(), computed);
     bm_.acquire(hit_scratch_.data(), hits, q.block_table);
     bm_.ensure_slots(q.block_table, computed, computed + n, out_.blocks_to_copy);
+    touch_block_table(q);  // a new table (prefix hits, maybe a copy-on-write of the last hit)
     q.num_computed_tokens = computed;
     q.num_cached_tokens = computed;
     q.num_registered_blocks = hits;
@@ -427,7 +432,8 @@ void Scheduler::rollback_computed(SeqIndex s, int32_t num_computed) {
   q.num_computed_tokens = num_computed;
   if (q.num_registered_blocks > num_computed / cfg_.block_size)
     q.num_registered_blocks = num_computed / cfg_.block_size;  // those blocks stay cached (same tokens)
-  if (!is_finished(q.status)) bm_.trim(q.block_table, q.num_tokens() + cfg_.num_lookahead_slots);
+  if (!is_finished(q.status) && bm_.trim(q.block_table, q.num_tokens() + cfg_.num_lookahead_slots))
+    touch_block_table(q);  // the table shrank
 }
 
 void Scheduler::set_draft_tokens(SeqIndex s, const int32_t* drafts, int32_t k) {
@@ -541,6 +547,7 @@ void Scheduler::fork(SeqIndex parent, int32_t num_children, bool units_reserved,
     ch.num_registered_blocks = std::min<int32_t>(p.num_registered_blocks, p.num_computed_tokens / cfg_.block_size);
     // num_returned_tokens stays 0: the child's first delta output carries the inherited tokens too.
     bm_.fork_table(p.block_table, p.num_computed_tokens, ch.block_table, block_copies);
+    touch_block_table(ch);
     if (p.state_slot >= 0 && !free_state_slots_.empty()) {
       ch.state_slot = free_state_slots_.back();
       free_state_slots_.pop_back();

@@ -1,6 +1,19 @@
 #include "sequence.h"
 
+#include <atomic>
+
 namespace deepinfer {
+
+namespace {
+// Process-wide: versions of different sequences, schedulers and pools never collide (a PrepareArgs
+// row may see sequences of several); atomic because builders and schedulers of different
+// threads may run with the GIL released.
+std::atomic<uint64_t> g_block_table_version{0};
+}  // namespace
+
+void touch_block_table(Sequence& s) {
+  s.block_table_version = g_block_table_version.fetch_add(1, std::memory_order_relaxed) + 1;
+}
 
 const char* finish_reason_str(SequenceStatus s) {
   switch (s) {
@@ -34,6 +47,7 @@ SeqIndex SequenceStore::new_seq() {
   s.tokens.clear();
   s.num_prompt_tokens = s.num_computed_tokens = s.num_cached_tokens = 0;
   s.block_table.clear();
+  touch_block_table(s);  // a recycled slot: its table is new (seq_id may repeat across pools)
   s.state_slot = -1;
   s.draft_tokens.clear();
   s.stop_token = -1;

@@ -61,6 +61,15 @@ struct Sequence {
 
   // KV blocks (ids into the BlockManager), covering at least num_computed_tokens slots.
   std::vector<int32_t> block_table;
+  // Lets the input builders skip an unchanged block-table row in O(1) (prepare_inputs.cpp).
+  // Contract: set by touch_block_table() (one process-wide, monotonically increasing counter:
+  // never reused, never 0 once set) whenever an EXISTING entry of block_table changes or the
+  // table shrinks, is cleared or replaced (copy-on-write, trim, free, preemption, fork, prefix-hit
+  // acquire at admission, slot reuse, a standalone table assigned). Pure appends may keep it.
+  // Over-touching only costs speed; a missed touch makes the builders keep a stale row (wrong
+  // KV), so every mutation of block_table other than an append must be followed by a touch.
+  // 0: unknown (the builders compare contents).
+  uint64_t block_table_version = 0;
   int32_t state_slot = -1;  // recurrent-state slot (hybrid models); -1 when none
 
   // Speculative decoding: drafts to verify in the next decode step (set by process_MTPInfo).
@@ -93,6 +102,9 @@ struct Sequence {
   int32_t last_token() const { return tokens.back(); }
   bool is_prefill() const { return num_computed_tokens < num_tokens() - 1; }
 };
+
+// Gives s.block_table a new version (see Sequence::block_table_version). Thread-safe.
+void touch_block_table(Sequence& s);
 
 // One request: its sampling parameters, its n samples, its prompt logprobs and metrics.
 struct SequenceGroup {
