@@ -8,12 +8,18 @@ transformers is measured two ways: serving them one after another (``generate`` 
 as a server without a batching engine does) and, as an upper bound it only reaches when all
 prompts are known up front and have equal lengths, as one static batch. Prints output tokens/s
 and the ratios; targets: >= 1x for one request, >= 3x for 16 concurrent requests.
+
+Fairness on a shared, noisy machine: each repeat measures every contender once, in an order that
+rotates from repeat to repeat (so neither side always runs first or last), and the figures are
+medians over ``--repeats`` (default 3); the ratio printed is the median of the per-repeat ratios
+(each from measurements taken back to back). The load average is printed beside them.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import time
 
 import numpy as np
@@ -47,8 +53,13 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
-    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="alternating measurements per contender (medians are reported)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads for both (default torch's); 1 is steadier on a busy machine")
     args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     from deepinfer import LLM, SamplingParams
@@ -62,42 +73,59 @@ def main() -> None:
     rng = np.random.default_rng(0)
     vocab = llm.model_config.vocab_size
     params = SamplingParams(temperature=0.0, max_tokens=args.new_tokens, ignore_eos=True)
-    print(f"threads={torch.get_num_threads()} prompt_len={args.prompt_len} new_tokens={args.new_tokens}")
+    print(f"threads={torch.get_num_threads()} prompt_len={args.prompt_len} new_tokens={args.new_tokens} "
+          f"repeats={args.repeats} (medians) load average {os.getloadavg()[0]:.2f}", flush=True)
     for conc in args.concurrency:
         prompts = rng.integers(100, vocab - 100, size=(conc, args.prompt_len)).tolist()
-        # warm-up both
-        llm.generate([{"prompt_token_ids": p} for p in prompts[:1]],
-                     SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True), use_tqdm=False)
-        with torch.no_grad():
-            hf.generate(torch.tensor(prompts[:1]), max_new_tokens=2, do_sample=False, pad_token_id=0)
-        def hf_run(batch):
-            with torch.no_grad():
-                out = hf.generate(torch.tensor(batch), max_new_tokens=args.new_tokens, do_sample=False,
-                                  pad_token_id=0)
-            return out[:, args.prompt_len:].tolist()
+        print(measure(llm, hf, prompts, params, args.new_tokens, args.repeats), flush=True)
 
-        ours_t, seq_t, batch_t = [], [], []
-        for _ in range(args.repeats):
+
+def measure(llm, hf, prompts: list[list[int]], params, new_tokens: int, repeats: int) -> str:  # type: ignore[no-untyped-def]
+    """One result line: median tok/s of each contender over ``repeats`` rotating rounds."""
+    conc, prompt_len = len(prompts), len(prompts[0])
+    # warm-up both
+    llm.generate([{"prompt_token_ids": p} for p in prompts[:1]],
+                 type(params)(temperature=0.0, max_tokens=2, ignore_eos=True), use_tqdm=False)
+    with torch.no_grad():
+        hf.generate(torch.tensor(prompts[:1]), max_new_tokens=2, do_sample=False, pad_token_id=0)
+
+    def hf_run(batch: list[list[int]]) -> list[list[int]]:
+        with torch.no_grad():
+            out = hf.generate(torch.tensor(batch), max_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+        return out[:, prompt_len:].tolist()
+
+    def ours_run() -> list[list[int]]:
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        assert all(len(o.outputs[0].token_ids) == new_tokens for o in outs)
+        return [list(o.outputs[0].token_ids) for o in outs]
+
+    runs = {"ours": ours_run, "seq": lambda: [hf_run([p])[0] for p in prompts]}
+    if conc > 1:
+        runs["batch"] = lambda: hf_run(prompts)
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    results: dict[str, list[list[int]]] = {}
+    names = list(runs)
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:  # rotate who goes first
             t0 = time.perf_counter()
-            outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-            ours_t.append(time.perf_counter() - t0)
-            assert all(len(o.outputs[0].token_ids) == args.new_tokens for o in outs)
-            t0 = time.perf_counter()
-            ref = [hf_run([p])[0] for p in prompts]
-            seq_t.append(time.perf_counter() - t0)
-            if conc > 1:
-                t0 = time.perf_counter()
-                hf_run(prompts)
-                batch_t.append(time.perf_counter() - t0)
-        same = sum(list(o.outputs[0].token_ids) == r for o, r in zip(outs, ref, strict=True))
-        n = conc * args.new_tokens
-        ours_tps, seq_tps = n / min(ours_t), n / min(seq_t)
-        line = (f"concurrency {conc:3d}: deepinfer {ours_tps:7.1f} tok/s | transformers one-by-one {seq_tps:7.1f} "
-                f"tok/s -> ratio {ours_tps / seq_tps:5.2f}x")
-        if batch_t:
-            batch_tps = n / min(batch_t)
-            line += f" | transformers static batch {batch_tps:7.1f} tok/s -> ratio {ours_tps / batch_tps:5.2f}x"
-        print(line + f" | identical greedy outputs {same}/{conc}")
+            results[name] = runs[name]()
+            times[name].append(time.perf_counter() - t0)
+    same = sum(o == r for o, r in zip(results["ours"], results["seq"], strict=True))
+    n = conc * new_tokens
+
+    def tps(name: str) -> float:
+        return n / statistics.median(times[name])
+
+    def ratio(name: str) -> float:  # median of the per-round ratios (measured back to back)
+        return statistics.median(b / a for a, b in zip(times["ours"], times[name], strict=True))
+
+    line = (f"concurrency {conc:3d}: deepinfer {tps('ours'):7.1f} tok/s | transformers one-by-one "
+            f"{tps('seq'):7.1f} tok/s -> ratio {ratio('seq'):5.2f}x")
+    if "batch" in runs:
+        line += f" | transformers static batch {tps('batch'):7.1f} tok/s -> ratio {ratio('batch'):5.2f}x"
+    per = " ".join(f"{b / a:.2f}" for a, b in zip(times["ours"], times["seq"], strict=True))
+    return (line + f" | identical greedy outputs {same}/{conc} | per-round ratios {per} "
+            f"| load average {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

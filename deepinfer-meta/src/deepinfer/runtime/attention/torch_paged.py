@@ -63,17 +63,22 @@ def paged_attention(
     write_kv(kv_cache, k, v, meta.slot_mapping)
     k_cache, v_cache = kv_cache[0], kv_cache[1]
     num_heads = q.shape[1]
-    out = torch.empty_like(q)
     qsl, lens = meta.query_start_loc, meta.seq_lens
+    # A pure decode step (one query row per sequence, no padding rows): rows are 0..B-1 in
+    # order, so no gather of q nor scatter into a separate output is needed.
+    decode_only = meta.prefill_seq_idx.size == 0 and meta.decode_seq_idx.size == q.shape[0] > 0
+    out = torch.empty_like(q) if not decode_only else q  # q: never written when decode_only
 
     if meta.decode_seq_idx.size:
         rows, bt, max_len, mask = _decode_layout(meta, q.device)
         # [B, nblk, bs, kvh, d] -> [B, kvh, S, d]
         kc = k_cache[bt].flatten(1, 2)[:, :max_len].transpose(1, 2)
         vc = v_cache[bt].flatten(1, 2)[:, :max_len].transpose(1, 2)
-        qd = q[rows].unsqueeze(2)  # [B, heads, 1, d]
+        qd = (q if decode_only else q[rows]).unsqueeze(2)  # [B, heads, 1, d]
         o = F.scaled_dot_product_attention(qd, kc, vc, attn_mask=mask, scale=scale,
                                            enable_gqa=kc.shape[1] != num_heads)
+        if decode_only:
+            return o.squeeze(2)
         out[rows] = o.squeeze(2)
 
     for i in meta.prefill_seq_idx.tolist():

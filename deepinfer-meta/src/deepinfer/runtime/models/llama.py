@@ -57,18 +57,20 @@ class LlamaLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor],
                 kv_cache: torch.Tensor, meta: AttentionMetadata, attention: AttentionFn) -> torch.Tensor:
+        # F.linear on the parameters directly: no Module call overhead, 4 matmuls x every layer.
         h = self.input_layernorm(x)
-        q, k, v = self.qkv_proj(h).split(self.split, dim=-1)
-        t = x.shape[0]
-        q = q.view(t, self.num_heads, self.head_dim)
-        k = k.view(t, self.num_kv_heads, self.head_dim)
-        v = v.view(t, self.num_kv_heads, self.head_dim)
-        q, k = RotaryEmbedding.rotate(cos_sin, q, k)
+        qkv = F.linear(h, self.qkv_proj.weight, self.qkv_proj.bias)
+        t, qk_size = x.shape[0], self.split[0] + self.split[1]
+        # q and k sit side by side in qkv: one rotation for both heads (elementwise, same values)
+        qk = RotaryEmbedding.rotate_one(cos_sin, qkv[:, :qk_size].view(t, self.num_heads + self.num_kv_heads,
+                                                                            self.head_dim))
+        q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
+        v = qkv[:, qk_size:].view(t, self.num_kv_heads, self.head_dim)
         o = attention(q, k, v, kv_cache, meta, self.scale)
-        x = x + self.o_proj(o.reshape(t, -1))
+        x = x + F.linear(o.reshape(t, -1), self.o_proj.weight)
         h = self.post_attention_layernorm(x)
-        gate, up = self.gate_up_proj(h).split(self.intermediate_size, dim=-1)
-        return x + self.down_proj(F.silu(gate) * up)
+        gate, up = F.linear(h, self.gate_up_proj.weight).split(self.intermediate_size, dim=-1)
+        return x + F.linear(F.silu(gate) * up, self.down_proj.weight)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -133,6 +135,26 @@ class LlamaForCausalLM(nn.Module):
             gate_up = torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")], 0)
             put(layer.gate_up_proj.weight, gate_up, p + "mlp.gate_up_proj.weight")
             put(layer.down_proj.weight, get(p + "mlp.down_proj.weight"), p + "mlp.down_proj.weight")
+
+    @torch.no_grad()
+    def store_wide_projections_input_major(self) -> None:
+        """Re-lay the qkv, gate/up and LM-head weights in memory as [in, out] (the parameters keep
+        their [out, in] shape as transposed views; values are unchanged).
+
+        For the few rows of a CPU decode step ``x @ W`` over an [in, out] matrix runs 1.4-1.8x
+        faster than over [out, in] (measured: SmolLM2's gate/up 625 -> 365 us, LM head 9.3 -> 5.2
+        ms per row, one thread); from about 4 rows on both take the same GEMM path and give
+        bitwise-equal results. o_proj and down_proj (narrow outputs) are not faster this way.
+        The tied embedding lookup reads the same storage with a stride (cheap: a row per token).
+        """
+        def relayout(param: torch.Tensor) -> None:
+            param.data = param.data.t().contiguous().t()
+
+        for module in self.layers:
+            layer = cast(LlamaLayer, module)
+            relayout(layer.qkv_proj.weight)
+            relayout(layer.gate_up_proj.weight)
+        relayout(self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight)
 
     @torch.no_grad()
     def init_dummy_weights(self, seed: int = 0) -> None:

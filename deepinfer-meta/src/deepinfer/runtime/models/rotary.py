@@ -55,6 +55,12 @@ class RotaryEmbedding(torch.nn.Module):
         return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
 
     @staticmethod
+    def rotate_one(cos_sin: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """Rotate ``x`` [T, heads, d] (e.g. q and k heads side by side) with the step's tables."""
+        cos, sin = cos_sin
+        return x * cos + _rotate_half(x) * sin
+
+    @staticmethod
     def rotate(cos_sin: tuple[torch.Tensor, torch.Tensor], q: torch.Tensor, k: torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate ``q`` [T, h, d] and ``k`` [T, kvh, d] with the step's cos/sin tables."""
