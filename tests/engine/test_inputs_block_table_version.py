@@ -55,7 +55,6 @@ class Driver:
                        "drafts": 0, "abort in flight": 0, "decode steps": 0, "skipped rows": 0,
                        "same row after preemption": 0}
         self.last_tables: dict[int, list[int]] = {}
-        self.drafts_ever = False
         self.row_owner: dict[int, int] = {}     # block_tables row -> seq id last written there
         self.preempted_since_write: set[int] = set()
 
@@ -63,8 +62,7 @@ class Driver:
         rng = self.rng
         prompt = list(rng.choice(self.prefixes))[: rng.randrange(4, 25)] if rng.random() < 0.7 else []
         prompt += [rng.randrange(2, VOCAB) for _ in range(rng.randrange(0 if prompt else 1, 12))]
-        # n > 1 never meets draft rows yet: such a step can be applied by nothing (bug B3)
-        n = min(rng.choice([1, 1, 1, 2, 3]), self.max_num_seqs) if not self.drafts_ever else 1
+        n = min(rng.choice([1, 1, 1, 2, 3]), self.max_num_seqs)
         rid = f"r{self.next_rid}"
         self.next_rid += 1
         self.sched.add_request(rid, prompt, max_tokens=rng.randrange(1, 20), n=n, temperature=1.0,
@@ -80,10 +78,6 @@ class Driver:
             except ValueError:
                 pass
         return live
-
-    def _unforked_n_gt_1(self):
-        return any(n > 1 and len(self.sched.get_sequences(rid)) < n for rid, n in self.requests.items()
-                   if rid in self._live_requests())
 
     def note_tables(self):
         """Count table rewrites (not appends) seen from Python, for the coverage check."""
@@ -158,7 +152,7 @@ class Driver:
             self.events["skipped rows"] += self.args.num_rows - (written - before)
         R = out.num_sample_rows
         toks = [EOS if rng.random() < 0.03 else rng.randrange(2, VOCAB) for _ in range(R)]
-        if not has_drafts and (rng.random() < 0.6 or not allow_drafts or any(k > 1 for k in samples)):
+        if not has_drafts and (rng.random() < 0.6 or not allow_drafts):
             sched.update(np.asarray(toks, np.int32))
         else:
             ndraft = [0 if p else n - 1 for n, p, k in zip(out.num_scheduled_tokens.tolist(),
@@ -166,8 +160,7 @@ class Driver:
             acc = np.array([rng.randint(0, d) for d in ndraft], np.int32)
             C = max(ndraft + [0]) + 1
             otoks = np.array([[rng.randrange(2, VOCAB) for _ in range(C)] for _ in range(R)], np.int32).reshape(R, C)
-            k_next = rng.randint(0, 3) if allow_drafts and not self._unforked_n_gt_1() else 0
-            self.drafts_ever |= k_next > 0
+            k_next = rng.randint(0, 3) if allow_drafts else 0
             nd = np.array([[rng.randrange(2, VOCAB) for _ in range(k_next)] for _ in range(R)],
                           np.int32).reshape(R, k_next) if k_next else None
             E.process_MTPInfo(sched, acc, otoks, nd)

@@ -163,7 +163,6 @@ class EngineMachine(RuleBasedStateMachine):
         self.zos = None                         # (rows of step N+1, their logits rows of step N)
         self.released: set[int] = set()          # seq ids whose requests were released
         self.finished_since_schedule: list[int] = []
-        self.drafts_ever = False
 
     @staticmethod
     def _buffers(T, S, W):
@@ -285,9 +284,7 @@ class EngineMachine(RuleBasedStateMachine):
                 prompt += [5] * (self.cfg["max_model_len"] + 1 - len(prompt))     # too long: ignored
             max_tokens = rng.randrange(1, 14)
             params = dict(max_tokens=max_tokens, min_tokens=rng.choice([0, 0, min(2, max_tokens)]),
-                          # n > 1 never meets draft rows: such a step can be applied by neither
-                          # update nor process_MTPInfo (reported, test_regressions_core.py)
-                          n=rng.choice([1, 1, 1, 2, 3]) if self.cfg["max_num_seqs"] >= 3 and not self.drafts_ever else 1,
+                          n=rng.choice([1, 1, 1, 2, 3]) if self.cfg["max_num_seqs"] >= 3 else 1,
                           priority=rng.randrange(3), ignore_eos=rng.random() < 0.2,
                           stop_token_ids=rng.choice([None, None, STOP_IDS]),
                           temperature=rng.choice([0.0, 0.7, 1.0]), top_k=rng.choice([-1, 5]),
@@ -539,47 +536,58 @@ class EngineMachine(RuleBasedStateMachine):
             r += k
         self._after_update({})
 
+    # Steps completing an n > 1 prompt reach process_MTPInfo through full_steps (how="mtp*" or
+    # draft rows); the standalone rule keeps its old precondition only so that the derandomized
+    # stream of test_machine_reaches_every_path (which a wider precondition shifts) still reaches
+    # preemption.
     @precondition(lambda self: self.in_flight and not any(k > 1 for k in self.out["samples"]))
     @rule(spec=st.booleans())
     def speculative_update(self, spec):
-        """process_MTPInfo with random acceptance and (when spec) new drafts for the next step."""
+        """process_MTPInfo with random acceptance and (when spec) new drafts for the next step. One
+        entry per sample row: the chunk completing an n > 1 prompt has n rows (no drafts) and is
+        forked as update forks it (bug B3)."""
         rng = self.rng
         rows = self.out["rows"]
-        drafts_of = []
+        drafts_of = []                # per sample row: (entry's seq id, sample index, draft count)
         for sid, k, pre, n in zip(self.out["seq_ids"], self.out["samples"], self.out["prefill"], self.out["n"]):
-            if k:
-                drafts_of.append((sid, 0 if pre else n - 1))
-        kmax = max([d for _, d in drafts_of] + [0])
-        acc = np.array([rng.randint(0, d) for _, d in drafts_of], np.int32)
+            for j in range(k):
+                drafts_of.append((sid, j, 0 if pre else n - 1))
+        kmax = max([d for _, _, d in drafts_of] + [0])
+        acc = np.array([rng.randint(0, d) for _, _, d in drafts_of], np.int32)
         toks = np.array([self._tokens(kmax + 1) for _ in range(rows)], np.int32).reshape(rows, kmax + 1)
-        if spec and not self.drafts_ever:
-            spec = not any(p["n"] > 1 and
-                           not all(sid in self.done for sid in self.shadow if self.seq_req[sid] == rid) and
-                           len(self.sched.get_sequences(rid)) < p["n"]
-                           for rid, p in self.params.items())
-        self.drafts_ever |= spec
         next_k = rng.randint(1, 3) if spec else 0
         nd = np.array([[rng.randrange(4, VOCAB) for _ in range(next_k)] for _ in range(rows)],
                       np.int32).reshape(rows, next_k) if next_k else None
+        known = set(self.shadow)
+        EVENTS["n>1 prompt beside drafts"] += kmax > 0 and any(k > 1 for k in self.out["samples"])
         appended = E.process_MTPInfo(self.sched, acc, toks, nd)
         self._op()
         if next_k or kmax:
             self.exact = False        # drafts: the reference does not model them
         elif self.exact:
             self.ref.update(toks[:, 0].tolist())
-        for r, (sid, _) in enumerate(drafts_of):
-            if sid in self.done:
+        children: dict[int, list[int]] = {}   # parent seq id -> its children forked by this call
+        aborted = {sid for sid, _, _ in drafts_of if sid in self.done}   # while the step ran
+        for r, (sid, j, _) in enumerate(drafts_of):
+            if sid in aborted:
                 assert appended[r] == 0
                 continue
+            if j == 0 and self.out["samples"][self.out["seq_ids"].index(sid)] > 1:
+                rid = self.seq_req[sid]
+                self._register_children(rid)
+                children[sid] = [q.seq_id for q in self.sched.get_sequences(rid) if q.seq_id not in known]
+                assert len(children[sid]) == self.out["samples"][self.out["seq_ids"].index(sid)] - 1
+            target = sid if j == 0 else children[sid][j - 1]
             n = 0
-            for j in range(acc[r] + 1):
+            for c in range(acc[r] + 1):
                 n += 1
-                if self._expect_append(sid, int(toks[r, j])):
+                if self._expect_append(target, int(toks[r, c])):
                     break
-            assert appended[r] == n, (sid, appended[r], n)
+            assert appended[r] == n, (target, appended[r], n)
             EVENTS["drafts accepted"] += int(acc[r])
-            seq = self.sched.get_sequence(sid)
-            if sid not in self.done:
+            EVENTS["n>1 prompt with mtp"] += j > 0
+            seq = self.sched.get_sequence(target)
+            if target not in self.done:
                 assert seq.draft_token_ids.tolist() == (nd[r].tolist() if next_k else [])
                 assert seq.num_computed_tokens == seq.num_tokens - 1
         self._after_update({})
@@ -603,7 +611,7 @@ class EngineMachine(RuleBasedStateMachine):
                 self.prepare_zos_next()
         if abort_in_flight and self.rng.random() < 0.2:
             self.abort("running")
-        if self._has_draft_rows() or (how.startswith("mtp") and not any(k > 1 for k in self.out["samples"])):
+        if self._has_draft_rows() or how.startswith("mtp"):
             self.speculative_update(how == "mtp_drafts")
         else:
             self.update()
@@ -763,6 +771,6 @@ def test_machine_reaches_every_path():
     wanted = ["preemption", "ignored", "n>1 prompt", "mixed step", "prepare decode", "prepare prompt", "draft rows",
               "zos", "drafts accepted", "abort waiting", "abort prefill", "abort running", "abort preempted",
               "stop string", "explicit fork", "reset with cached blocks", "eos", "stop token",
-              "exact examples"]
+              "exact examples", "n>1 prompt with mtp"]
     missing = [w for w in wanted if not EVENTS[w]]
     assert not missing, (missing, dict(EVENTS))

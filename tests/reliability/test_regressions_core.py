@@ -5,7 +5,6 @@ expectation is independent of the engine: the pure-Python reference or a hand-co
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from deepinfer_engine import _engine as E
 from reference import RefScheduler
 
@@ -60,8 +59,6 @@ def test_update_on_a_speculative_step_is_refused_or_rolls_back():
     assert seq.num_computed_tokens <= seq.num_tokens - 1
 
 
-@pytest.mark.xfail(strict=True, reason="a step with draft rows and an n > 1 prompt completion cannot be applied — "
-                                       "reported in build/notes/requests-for-core-I.md")
 def test_step_with_drafts_and_an_n_gt_1_prompt_can_be_applied():
     s = E.Scheduler(num_blocks=60, block_size=4, max_num_seqs=6, max_num_batched_tokens=64, max_model_len=31,
                     vocab_size=40, eos_token_id=1, num_lookahead_slots=3, watermark=0.0)

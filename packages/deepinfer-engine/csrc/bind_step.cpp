@@ -44,33 +44,32 @@ void bind_step(py::module_& m) {
           next_k = static_cast<int32_t>(d.shape(1));
         }
         const int32_t vocab = s.config().vocab_size;
+        // One entry per sample row (an n > 1 prompt completion has n rows, no drafts).
         int32_t r = 0;
         for (const ScheduledSeq& e : out.scheduled) {
-          if (e.num_samples > 1)
-            buf::fail("scheduler", "the step completes an n > 1 prompt (row " + std::to_string(r) +
-                                       "); apply such steps with Scheduler.update");
-          if (e.num_samples == 0) continue;
           const int32_t k = e.is_prefill ? 0 : e.num_tokens - 1;
-          const int32_t a = acc.data[r];
-          if (a < 0 || a > k)
-            buf::fail("num_accepted", "row " + std::to_string(r) + ": " + std::to_string(a) + " is outside [0, " +
-                                          std::to_string(k) + "] (its draft count)");
-          if (a + 1 > cols)
-            buf::fail("output_tokens", "row " + std::to_string(r) + " needs " + std::to_string(a + 1) +
-                                           " columns, got " + std::to_string(cols));
-          for (int32_t j = 0; j <= a; ++j) {
-            const int32_t t = tok[static_cast<size_t>(r) * cols + j];
-            if (t < 0 || t >= vocab)
-              buf::fail("output_tokens", "token id " + std::to_string(t) + " at row " + std::to_string(r) + ", column " +
-                                             std::to_string(j) + " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+          for (int32_t sample = 0; sample < e.num_samples; ++sample, ++r) {
+            const int32_t a = acc.data[r];
+            if (a < 0 || a > k)
+              buf::fail("num_accepted", "row " + std::to_string(r) + ": " + std::to_string(a) + " is outside [0, " +
+                                            std::to_string(k) + "] (its draft count)");
+            if (a + 1 > cols)
+              buf::fail("output_tokens", "row " + std::to_string(r) + " needs " + std::to_string(a + 1) +
+                                             " columns, got " + std::to_string(cols));
+            for (int32_t j = 0; j <= a; ++j) {
+              const int32_t t = tok[static_cast<size_t>(r) * cols + j];
+              if (t < 0 || t >= vocab)
+                buf::fail("output_tokens", "token id " + std::to_string(t) + " at row " + std::to_string(r) +
+                                               ", column " + std::to_string(j) + " is outside the vocabulary [0, " +
+                                               std::to_string(vocab) + ")");
+            }
+            for (int32_t j = 0; j < next_k; ++j) {
+              const int32_t t = nd[static_cast<size_t>(r) * next_k + j];
+              if (t < 0 || t >= vocab)
+                buf::fail("next_drafts", "token id " + std::to_string(t) + " at row " + std::to_string(r) +
+                                             " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+            }
           }
-          for (int32_t j = 0; j < next_k; ++j) {
-            const int32_t t = nd[static_cast<size_t>(r) * next_k + j];
-            if (t < 0 || t >= vocab)
-              buf::fail("next_drafts", "token id " + std::to_string(t) + " at row " + std::to_string(r) +
-                                           " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
-          }
-          ++r;
         }
         py::array_t<int32_t> appended(rows);
         int32_t* app = appended.mutable_data();
@@ -84,15 +83,22 @@ void bind_step(py::module_& m) {
       py::arg("logprobs") = py::none(),
       R"doc(Apply a speculative-decoding step (MTP heads or any drafter) instead of Scheduler.update.
 
-Per sample row r (the Scheduler's order): num_accepted int32[R] (accepted drafts, 0..k of that
-row; 0 for rows without drafts), output_tokens int32[R, C] (the accepted drafts then the
-bonus/recovered token in columns 0..num_accepted[r]), next_drafts int32[R, k'] or None (the
-drafts to verify next step), logprobs float32[R, C] or None. All borrowed read-only, C-contiguous.
+One entry per SAMPLE row r, in the Scheduler's order (SchedulerOutputs.num_sample_rows rows,
+each scheduled sequence contributing num_samples rows, the order prepare_sampler_inputs emits
+them): num_accepted int32[R] (accepted drafts, 0..k of that row; 0 for rows without drafts),
+output_tokens int32[R, C] (the accepted drafts then the bonus/recovered token in columns
+0..num_accepted[r]), next_drafts int32[R, k'] or None (the drafts to verify next step),
+logprobs float32[R, C] or None. All borrowed read-only, C-contiguous.
 Appends the tokens one by one with the Scheduler's stop checking (a stop inside the run drops
 the later tokens), advances computed tokens by 1 + accepted, rolls back the KV slots of
-rejected drafts, stores the next drafts. Returns int32[R]: tokens appended per row. Validates
-everything first (nothing changes on error); releases the GIL while applying. Steps completing
-an n > 1 prompt are refused (use Scheduler.update).)doc");
+rejected drafts, stores the next drafts. The chunk completing an n > 1 prompt has n sample
+rows and no drafts (num_accepted 0): it is forked exactly as Scheduler.update forks it (children
+share the parent's full blocks; the copy of its partial last block and state clones are queued
+for the next step's blocks_to_copy / states_to_clone / states_to_zero), then row j's token (and
+next drafts) go to sample j (j = 0 the parent, then the children in creation order). Returns
+int32[R]: tokens appended per row (0 for rows of sequences aborted while the step ran).
+Validates everything first (nothing changes on error: ValueError naming the argument and row);
+releases the GIL while applying.)doc");
 
   m.def(
       "update_prompt_logprobs",

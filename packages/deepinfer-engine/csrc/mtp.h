@@ -1,6 +1,6 @@
 // process_MTPInfo: the update of a speculative-decoding step, built on the Scheduler's update
-// primitives (advance_computed / append_token / rollback_computed / set_draft_tokens), so the
-// stop conditions are the Scheduler's own.
+// primitives (advance_computed / append_token / rollback_computed / set_draft_tokens /
+// fork_completed_prompt), so the stop conditions and the n > 1 fork are the Scheduler's own.
 #pragma once
 
 #include <cstdint>
@@ -9,7 +9,9 @@
 
 namespace deepinfer {
 
-// Per sample row r of the step (the Scheduler's order; every entry has at most one sample row):
+// Per sample row r of the step (SchedulerOutputs order: each scheduled entry contributes
+// num_samples rows; the entry completing an n > 1 prompt contributes n rows, row j = sample j,
+// j = 0 the parent, j >= 1 the child forked for it; such rows have no drafts):
 // num_accepted[r] accepted drafts, output_tokens[r * out_cols + j] for j <= num_accepted[r]
 // (accepted drafts then the bonus token), next_drafts[r * next_k + j] the drafts of the next
 // step (next_k may be 0). Appends tokens until a stop; writes appended counts to num_appended.

@@ -465,22 +465,25 @@ void Scheduler::update(const int32_t* tokens, const float* logprobs, const int32
     }
     advance_computed(e.seq, e.num_tokens);
     if (e.num_samples == 0) continue;
-    if (e.num_samples > 1) {
-      fork_scratch_.clear();
-      fork(e.seq, e.num_samples - 1, true, fork_scratch_, pending_block_copies_, pending_state_clones_,
-           pending_state_zeros_);
-    }
+    const std::vector<SeqIndex>* children = e.num_samples > 1 ? &fork_completed_prompt(e.seq, e.num_samples) : nullptr;
     auto lp = [&](int32_t r) { return logprobs ? logprobs[r] : 0.0f; };
     auto ids = [&](int32_t r) { return topk_ids ? topk_ids + static_cast<size_t>(r) * k : nullptr; };
     auto vals = [&](int32_t r) { return topk_logprobs ? topk_logprobs + static_cast<size_t>(r) * k : nullptr; };
     append_token(e.seq, tokens[row], lp(row), ids(row), vals(row), k);
     for (int32_t j = 1; j < e.num_samples; ++j) {
       const int32_t r = row + j;
-      append_token(fork_scratch_[j - 1], tokens[r], lp(r), ids(r), vals(r), k);
+      append_token((*children)[j - 1], tokens[r], lp(r), ids(r), vals(r), k);
     }
     row += e.num_samples;
   }
   end_update();
+}
+
+const std::vector<SeqIndex>& Scheduler::fork_completed_prompt(SeqIndex parent, int32_t num_samples) {
+  fork_scratch_.clear();
+  fork(parent, num_samples - 1, true, fork_scratch_, pending_block_copies_, pending_state_clones_,
+       pending_state_zeros_);
+  return fork_scratch_;
 }
 
 void Scheduler::stop_sequence(SeqIndex s, const std::string& stop_string, int32_t num_output_tokens) {

@@ -7,7 +7,8 @@
 //                                      // built from begin_update/advance_computed/append_token/end_update
 // Sample rows: every ScheduledSeq with num_samples > 0 contributes num_samples rows, in the
 // order of out.scheduled (num_samples = n for the step that completes an n > 1 group's prompt:
-// the sampler draws n tokens from that sequence's logits; the children are forked in update).
+// the sampler draws n tokens from that sequence's logits; the children are forked by
+// fork_completed_prompt, called from update and process_MTPInfo).
 #pragma once
 
 #include <cstdint>
@@ -145,6 +146,16 @@ class Scheduler {
   void fork(SeqIndex parent, int32_t num_children, bool units_reserved, std::vector<SeqIndex>& children,
             std::vector<BlockCopy>& block_copies, std::vector<BlockCopy>& state_clones,
             std::vector<int32_t>& state_zeros);
+
+  // The fork after the step that completed an n > 1 group's prompt (entry e with
+  // e.num_samples = n > 1): forks the parent into n - 1 children for sample rows 1..n-1 (row 0
+  // stays the parent), turning the group's n reserved max_num_seqs units into theirs; their
+  // device work (copy of the partial last block, state clones / zeros) is queued for the next
+  // schedule()'s blocks_to_copy / states_to_clone / states_to_zero. Call it after
+  // advance_computed(e.seq, e.num_tokens) and before appending the step's tokens (each sample
+  // then gets its own). Used by update() and process_MTPInfo. Returns the children in sample
+  // order; the reference is valid until the next call.
+  const std::vector<SeqIndex>& fork_completed_prompt(SeqIndex parent, int32_t num_samples);
 
   // Sequences finished since the last schedule() (updates, aborts, stop strings).
   const std::vector<FinishedSeq>& finished() const { return finished_; }
