@@ -139,6 +139,11 @@ def bench_batch(B, reps, rng, penalties=True, penalty_counts="incremental"):
     dst = np.zeros(nbytes, np.uint8)
     res["numpy_copy"] = median_ns(lambda: np.copyto(dst, src), reps)
     res["bytes"] = nbytes
+    # The same plus the batch's block-table rows: the bytes a builder that keeps no row cache (a
+    # numpy implementation, vLLM's CPU block table) ships every step.
+    bt_bytes = 4 * int(np.sum(-(-bufs["seq_lens"][: args.num_rows] // BLOCK)))
+    src_bt, dst_bt = np.ones(nbytes + bt_bytes, np.uint8), np.zeros(nbytes + bt_bytes, np.uint8)
+    res["numpy_copy_bt"] = median_ns(lambda: np.copyto(dst_bt, src_bt), reps)
     s.update(tokens[: out.num_sample_rows])
     return res
 
@@ -173,7 +178,8 @@ def main():
     print(f"engine inputs benchmark: contexts {CONTEXT}, block size {BLOCK}, a quarter with penalties; "
           f"median of {reps} steps")
     hdr = (f"{'B':>5} {'penalties':>12} | {'unchanged µs':>12} {'ns/seq':>7} | {'steady µs':>9} {'ns/seq':>7} | "
-           f"{'ZOS µs':>8} {'ns/seq':>7} | {'np copy µs':>10} {'ratio':>6} | {'build ns/seq':>12} | "
+           f"{'ZOS µs':>8} {'ns/seq':>7} | {'np copy µs':>10} {'ratio':>6} | {'+bt µs':>7} {'ratio':>6} | "
+           f"{'build ns/seq':>12} | "
            f"{'whole step µs':>13} {'ns/seq':>7} | {'sched+upd ns/seq':>16}")
     print(hdr)
     print("-" * len(hdr))
@@ -185,7 +191,8 @@ def main():
             print(f"{B:>5} {label:>12} | {r['unchanged_inputs'] / 1e3:>12.1f} {r['unchanged_inputs'] / B:>7.0f} | "
                   f"{r['steady_inputs'] / 1e3:>9.1f} {r['steady_inputs'] / B:>7.0f} | {r['zos_inputs'] / 1e3:>8.1f} "
                   f"{r['zos_inputs'] / B:>7.0f} | {r['numpy_copy'] / 1e3:>10.1f} "
-                  f"{r['unchanged_inputs'] / max(r['numpy_copy'], 1):>6.1f} | {r['steady_build'] / B:>12.0f} | "
+                  f"{r['unchanged_inputs'] / max(r['numpy_copy'], 1):>6.1f} | {r['numpy_copy_bt'] / 1e3:>7.1f} "
+                  f"{r['unchanged_inputs'] / max(r['numpy_copy_bt'], 1):>6.1f} | {r['steady_build'] / B:>12.0f} | "
                   f"{r['whole_step'] / 1e3:>13.1f} {r['whole_step'] / B:>7.0f} | {r['schedule_update'] / B:>16.0f}")
     t = bench_prefill(rng, max(5, reps // 4))
     print(f"8192-token prefill step (prepare_prompt_v4 + prepare_sampler_inputs): {t / 1e3:.1f} µs, "
@@ -193,6 +200,7 @@ def main():
     print("columns: unchanged = prepare_decode_v4 + prepare_sampler_inputs with no block-table change; steady = "
           "the same with one new token per sequence per step; ZOS = prepare_decode_zos_inputs + "
           "prepare_sampler_inputs; np copy = numpy copy of the same output bytes (ratio = unchanged / copy); "
+          "+bt = the same plus the batch's block-table rows (what a builder without a row cache rewrites); "
           "build = SequenceMetadataPool.build; whole step = schedule + build + decode inputs + sampler inputs + "
           "update. penalties: incremental = SamplerInputs(penalty_counts='incremental') (per-slot updates), "
           "full = penalty_counts='full' (every penalized sequence's counts each step), no-pen = the same batch "
