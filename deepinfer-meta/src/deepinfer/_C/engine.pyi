@@ -969,10 +969,25 @@ class LogitsTransformInputs:
     Logits transforms per sample row, sparse (CSR: ``*_offsets`` has num_rows + 1 entries; row r
     owns ``[offsets[r], offsets[r + 1])`` of the value arrays). Penalties (vLLM semantics):
     presence and frequency apply to tokens counted in the output, repetition to tokens in the
-    prompt or the output; ``penalty_token_ids`` lists each distinct token of the sequence once with
-    its output count and an in-prompt flag. ``banned_*``: tokens set to -inf (banned ids, plus EOS
-    and stop ids while the row is below min_tokens). ``allowed_*``: when a row's range is not
-    empty, every other token is set to -inf.
+    prompt or the output. Their token counts come in one of two forms, by the SamplerInputs'
+    ``penalty_counts`` mode:
+    
+    * "full": ``penalty_token_ids`` lists each distinct token of the row's sequence once with its
+      output count and an in-prompt flag, every step; ``penalty_slots`` is all -1 and there are no
+      updates (``num_penalty_updates`` = 0, ``num_penalty_slots`` = 0).
+    * "incremental": the consumer keeps one table per slot (output count and in-prompt flag per
+      token of the vocabulary); ``penalty_slots`` gives each row's slot and ``penalty_update_*``
+      what changed in the tables this step, which the consumer applies in order before reading them
+      (CSR over ``num_penalty_updates`` slots: zero the slot when ``penalty_update_reset``, then for
+      each entry add 1 to the token's output count when ``penalty_update_is_output``, else mark it
+      as in the prompt; duplicates accumulate). ``penalty_offsets`` is all 0 and the full lists are
+      empty. Every call's updates must be applied, in call order (see
+      SamplerInputs.reset_penalty_tables).
+    
+    ``penalty_pending_source`` (ZOS, both modes) is counted by the device for this step only: it
+    is never in the tables or the full lists yet (the host sends it once it knows the token).
+    ``banned_*``: tokens set to -inf (banned ids, plus EOS and stop ids while the row is below
+    min_tokens). ``allowed_*``: when a row's range is not empty, every other token is set to -inf.
     """
     @property
     def allowed_offsets(self) -> numpy.ndarray:
@@ -1035,6 +1050,16 @@ class LogitsTransformInputs:
         No row has a penalty.
         """
     @property
+    def num_penalty_slots(self) -> int:
+        """
+        Slot ids in use are below this (the consumer grows its tables to it; 0 in "full" mode). It never decreases, except after SamplerInputs.reset_penalty_tables().
+        """
+    @property
+    def num_penalty_updates(self) -> int:
+        """
+        Slots updated this step (U; 0 in "full" mode).
+        """
+    @property
     def num_rows(self) -> int:
         """
         Sample rows.
@@ -1042,27 +1067,57 @@ class LogitsTransformInputs:
     @property
     def penalty_in_prompt(self) -> numpy.ndarray:
         """
-        uint8 1 if the token occurs in the prompt.
+        uint8 1 if the token occurs in the prompt ("full" mode; empty in "incremental" mode).
         """
     @property
     def penalty_offsets(self) -> numpy.ndarray:
         """
-        int32 CSR offsets of the penalty token lists.
+        int32 CSR offsets of the full penalty token lists ("full" mode; all 0 in "incremental" mode).
         """
     @property
     def penalty_output_counts(self) -> numpy.ndarray:
         """
-        int32 occurrences in the output.
+        int32 occurrences in the output ("full" mode; empty in "incremental" mode).
         """
     @property
     def penalty_pending_source(self) -> numpy.ndarray:
         """
-        int32 ZOS: logits row of the previous step whose sampled token is also an output token of this row (add it to the counts on the device); -1 none.
+        int32 ZOS: logits row of the previous step whose sampled token is also an output token of this row (add it to the counts on the device for this step only: it is not in the tables, a later step's update sends it); -1 none.
+        """
+    @property
+    def penalty_slots(self) -> numpy.ndarray:
+        """
+        int32 per row: the slot whose table holds the counts of the row's sequence ("incremental" mode; rows of one n > 1 prompt share it); -1 for rows without penalties, placeholders and "full" mode.
         """
     @property
     def penalty_token_ids(self) -> numpy.ndarray:
         """
-        int32 distinct token ids.
+        int32 distinct token ids ("full" mode; empty in "incremental" mode).
+        """
+    @property
+    def penalty_update_is_output(self) -> numpy.ndarray:
+        """
+        uint8: 1 = add 1 to the token's output count, 0 = mark the token as in the prompt.
+        """
+    @property
+    def penalty_update_offsets(self) -> numpy.ndarray:
+        """
+        int32 [U + 1]: CSR offsets of each update's entries.
+        """
+    @property
+    def penalty_update_reset(self) -> numpy.ndarray:
+        """
+        uint8 [U]: 1 = zero the slot's table before applying its entries (a new or reused slot, or a sequence that shrank / changed its prompt length: its entries list the whole sequence).
+        """
+    @property
+    def penalty_update_slots(self) -> numpy.ndarray:
+        """
+        int32 [U]: the slot of each update.
+        """
+    @property
+    def penalty_update_token_ids(self) -> numpy.ndarray:
+        """
+        int32: raw tokens appended to the sequence since the slot was last sent (in order, duplicates possible: accumulate).
         """
     @property
     def presence_penalty(self) -> numpy.ndarray:
@@ -1235,9 +1290,19 @@ class SamplerInputs:
     storage that grows when needed — a view taken earlier keeps its own data). Filled by
     prepare_sampler_inputs.
     """
-    def __init__(self, generator_seed: typing.SupportsInt | typing.SupportsIndex = 0) -> None:
+    def __init__(self, generator_seed: typing.SupportsInt | typing.SupportsIndex = 0, *, penalty_counts: str = 'incremental') -> None:
         """
         generator_seed: derives the RNG seed of requests without a seed (fixed per sequence).
+        penalty_counts: how penalty token counts reach the consumer (see LogitsTransformInputs):
+        "incremental" (default) sends each step only the tokens appended since the last call, for tables
+        the consumer keeps per slot; "full" sends every penalized sequence's distinct tokens with their
+        counts each step (stateless consumer, slower). ValueError for any other value.
+        In "incremental" mode one SamplerInputs feeds one consumer, which must apply every call's updates
+        in call order; skipping one desynchronises the tables (reset_penalty_tables() recovers).
+        """
+    def reset_penalty_tables(self) -> None:
+        """
+        Forget every penalty slot: the next prepare_sampler_inputs sends each penalized sequence whole, with reset = 1, in slots numbered from 0 again. For a consumer that lost or reallocated its tables (or missed a call). Harmless in "full" mode.
         """
     @property
     def decode(self) -> DecodeSamplingInputs:
@@ -1258,6 +1323,16 @@ class SamplerInputs:
     def kernel(self) -> SamplingKernelInputs:
         """
         SamplingKernelInputs.
+        """
+    @property
+    def num_calls(self) -> int:
+        """
+        prepare_sampler_inputs calls that filled this object so far (rejected calls not counted): a consumer of incremental penalty updates checks it grows by exactly 1 between the calls it applies.
+        """
+    @property
+    def penalty_counts(self) -> str:
+        """
+        "incremental" or "full" (set at construction).
         """
     @property
     def prefill(self) -> PrefillSamplingInputs:
@@ -1339,7 +1414,10 @@ def prepare_sampler_inputs(args: PrepareArgs, metadata: SequenceMetadataPool, ou
     Fill `out` (a SamplerInputs) for the step last prepared with `args` from `metadata` (the
     same pool, unchanged since; ValueError otherwise). One sample row per sampled token in batch
     order, then one placeholder row per padding batch row. Returns `out`. Releases the GIL while
-    building; grows engine-owned storage with the GIL held.
+    building; grows engine-owned storage with the GIL held. In "incremental" penalty_counts mode the
+    call also hands slots to newly penalized sequences and frees (at its end) the slots of sequences
+    absent from this step; the consumer must apply this call's penalty updates before the next
+    call. A rejected call changes no slot.
     """
 def prepare_zos_inputs(args: PrepareArgs, metadata: SequenceMetadataPool, prev: PrepareArgs) -> int:
     """
@@ -1356,15 +1434,22 @@ def process_MTPInfo(scheduler: Scheduler, num_accepted: typing.Any, output_token
     """
     Apply a speculative-decoding step (MTP heads or any drafter) instead of Scheduler.update.
     
-    Per sample row r (the Scheduler's order): num_accepted int32[R] (accepted drafts, 0..k of that
-    row; 0 for rows without drafts), output_tokens int32[R, C] (the accepted drafts then the
-    bonus/recovered token in columns 0..num_accepted[r]), next_drafts int32[R, k'] or None (the
-    drafts to verify next step), logprobs float32[R, C] or None. All borrowed read-only, C-contiguous.
+    One entry per SAMPLE row r, in the Scheduler's order (SchedulerOutputs.num_sample_rows rows,
+    each scheduled sequence contributing num_samples rows, the order prepare_sampler_inputs emits
+    them): num_accepted int32[R] (accepted drafts, 0..k of that row; 0 for rows without drafts),
+    output_tokens int32[R, C] (the accepted drafts then the bonus/recovered token in columns
+    0..num_accepted[r]), next_drafts int32[R, k'] or None (the drafts to verify next step),
+    logprobs float32[R, C] or None. All borrowed read-only, C-contiguous.
     Appends the tokens one by one with the Scheduler's stop checking (a stop inside the run drops
     the later tokens), advances computed tokens by 1 + accepted, rolls back the KV slots of
-    rejected drafts, stores the next drafts. Returns int32[R]: tokens appended per row. Validates
-    everything first (nothing changes on error); releases the GIL while applying. Steps completing
-    an n > 1 prompt are refused (use Scheduler.update).
+    rejected drafts, stores the next drafts. The chunk completing an n > 1 prompt has n sample
+    rows and no drafts (num_accepted 0): it is forked exactly as Scheduler.update forks it (children
+    share the parent's full blocks; the copy of its partial last block and state clones are queued
+    for the next step's blocks_to_copy / states_to_clone / states_to_zero), then row j's token (and
+    next drafts) go to sample j (j = 0 the parent, then the children in creation order). Returns
+    int32[R]: tokens appended per row (0 for rows of sequences aborted while the step ran).
+    Validates everything first (nothing changes on error: ValueError naming the argument and row);
+    releases the GIL while applying.
     """
 def set_engram_lookup_table(table: typing.Any, vocab_size: typing.SupportsInt | typing.SupportsIndex) -> None:
     """
