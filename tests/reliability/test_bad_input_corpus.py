@@ -497,6 +497,9 @@ case("SamplerInputs", "generator_seed negative", (ValueError, TypeError, Overflo
 case("SamplerInputs", "generator_seed str")(lambda w: E.SamplerInputs(generator_seed="0"))
 case("SamplerInputs", "generator_seed huge", (ValueError, TypeError, OverflowError))(
     lambda w: E.SamplerInputs(generator_seed=2**70))
+case("SamplerInputs", "penalty_counts unknown")(lambda w: E.SamplerInputs(penalty_counts="sparse"))
+case("SamplerInputs", "penalty_counts not a str")(lambda w: E.SamplerInputs(penalty_counts=1))
+case("SamplerInputs", "penalty_counts positional")(lambda w: E.SamplerInputs(0, "full"))
 for part in ("SamplingKernelInputs", "LogitsTransformInputs", "PrefillSamplingInputs", "DecodeSamplingInputs",
              "DriverSamplingInputs", "SpeculativeSamplingInputs", "PromptLogprobInputs"):
     case(part, "constructed from Python")(lambda w, p=part: getattr(E, p)())

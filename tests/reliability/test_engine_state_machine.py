@@ -41,6 +41,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 from inputs_reference.layout import RefRow, reference_layout
+from penalty_consumer import PenaltyTables, direct_counts
 from reference import RefScheduler
 from reference.scheduler import STOPPED
 
@@ -145,6 +146,7 @@ class EngineMachine(RuleBasedStateMachine):
         self.zbufs = self._buffers(T, S, W)
         self.zargs = E.PrepareArgs(block_size=cfg["block_size"], max_model_len=cfg["max_model_len"], **self.zbufs)
         self.sampler_inputs = E.SamplerInputs(generator_seed=seed & 0xFFFF)
+        self.penalty_tables = PenaltyTables()  # the consumer of its incremental penalty counts
         self.prefixes = [[self.rng.randrange(4, VOCAB) for _ in range(self.rng.randrange(3, 30))] for _ in range(3)]
         self.next_rid = 0
         self.params: dict[str, dict] = {}        # request id -> add_request keywords
@@ -398,8 +400,26 @@ class EngineMachine(RuleBasedStateMachine):
         assert si.driver.num_real_rows == self.out["rows"]
         expect = [sid for sid, k in zip(self.out["seq_ids"], self.out["samples"]) for _ in range(k)]
         assert si.driver.seq_ids[: self.out["rows"]].tolist() == expect
+        self._check_penalty_tables(si)
         self.logits_row_of = {int(s): int(lr) for s, lr in zip(si.driver.seq_ids[: self.out["rows"]],
                                                               si.kernel.logits_rows[: self.out["rows"]])}
+
+    def _check_penalty_tables(self, si):
+        """Incremental penalty counts: the consumer's tables, after this call's updates, hold each
+        penalized row's counts straight from its sequence's tokens (across preemption, aborts,
+        forks, rollbacks and slot reuse); a row has a slot exactly when it has a penalty."""
+        tr = si.transform
+        self.penalty_tables.apply(tr)
+        for row in range(self.out["rows"]):
+            sid, slot = int(si.driver.seq_ids[row]), int(tr.penalty_slots[row])
+            penalized = (tr.presence_penalty[row] != 0 or tr.frequency_penalty[row] != 0
+                         or tr.repetition_penalty[row] != 1)
+            assert (slot >= 0) == (sid >= 0 and penalized), (row, sid, slot)
+            if slot >= 0:
+                seq = self.sched.get_sequence(sid)
+                assert self.penalty_tables.counts(slot) == direct_counts(seq.token_ids.tolist(),
+                                                                         seq.num_prompt_tokens), (row, sid)
+                EVENTS["penalty tables"] += 1
 
     def _prepare_with_finished_rows(self):
         """A sequence finished after schedule() (abort): its rows become placeholders (slot -1,
@@ -771,6 +791,6 @@ def test_machine_reaches_every_path():
     wanted = ["preemption", "ignored", "n>1 prompt", "mixed step", "prepare decode", "prepare prompt", "draft rows",
               "zos", "drafts accepted", "abort waiting", "abort prefill", "abort running", "abort preempted",
               "stop string", "explicit fork", "reset with cached blocks", "eos", "stop token",
-              "exact examples", "n>1 prompt with mtp"]
+              "exact examples", "n>1 prompt with mtp", "penalty tables"]
     missing = [w for w in wanted if not EVENTS[w]]
     assert not missing, (missing, dict(EVENTS))
