@@ -85,8 +85,15 @@ int32_t prepare_inputs(PrepareArgs& a, SequenceMetadataPool& pool, BuildMode mod
     if (!etable) throw py::value_error("engram: no lookup table installed (call set_engram_lookup_table)");
   }
 
-  thread_local std::vector<RowPlan> plan;
-  plan.resize(n);
+  thread_local std::vector<RowPlan> plan_storage;
+  plan_storage.resize(n);
+  RowPlan* const plan = plan_storage.data();  // (one TLS lookup, not one per row)
+  // Block index and offset of a position: shifts when block_size is a power of two (the usual
+  // case; a division per row costs more than the rest of a decode row's work).
+  const int32_t bs = a.block_size;
+  const int bs_shift = (bs & (bs - 1)) == 0 ? __builtin_ctz(static_cast<unsigned>(bs)) : -1;
+  auto block_of = [bs, bs_shift](int32_t pos) { return bs_shift >= 0 ? pos >> bs_shift : pos / bs; };
+  auto offset_in_block = [bs, bs_shift](int32_t pos) { return bs_shift >= 0 ? pos & (bs - 1) : pos % bs; };
   // ZOS: seq_id -> step N logits row of its SAMPLE token (the last one of its row), or -1.
   // Rows usually keep their order from step to step: try the next row of step N first and
   // build a hash map only when the order changed.
@@ -132,7 +139,11 @@ int32_t prepare_inputs(PrepareArgs& a, SequenceMetadataPool& pool, BuildMode mod
     if (is_finished(s.status)) {
       if (decode_only && r.is_prompt) row_error(i, "is a prompt chunk; prepare_decode_v4 takes decode rows only (use prepare_prompt_v4)");
       p = {0, std::max(1, r.num_new), -1, true};
-      plan[i] = p;
+      RowPlan& out = plan[i];
+      out.start = p.start;
+      out.num = p.num;
+      out.src = p.src;
+      out.placeholder = true;
       total += p.num;
       max_q = std::max(max_q, p.num);
       continue;
@@ -144,7 +155,8 @@ int32_t prepare_inputs(PrepareArgs& a, SequenceMetadataPool& pool, BuildMode mod
     if (decode_only && r.is_prompt) row_error(i, "is a prompt chunk; prepare_decode_v4 takes decode rows only (use prepare_prompt_v4)");
     if (p.num < 1) row_error(i, "num_new_tokens must be >= 1, got " + std::to_string(p.num));
     if (p.src < 0) {
-      if (r.num_drafts < 0 || static_cast<size_t>(r.num_drafts) > s.draft_tokens.size())
+      // (num_drafts 0 always fits: draft_tokens, on another cache line, is read only when needed.)
+      if (r.num_drafts != 0 && (r.num_drafts < 0 || static_cast<size_t>(r.num_drafts) > s.draft_tokens.size()))
         row_error(i, "num_drafts " + std::to_string(r.num_drafts) + " > stored draft tokens " +
                          std::to_string(s.draft_tokens.size()));
       if (p.start < 0 || p.start + p.num > L + r.num_drafts)
@@ -157,7 +169,7 @@ int32_t prepare_inputs(PrepareArgs& a, SequenceMetadataPool& pool, BuildMode mod
     const int32_t ctx = p.start + p.num;
     if (ctx > a.max_model_len)
       row_error(i, "context length " + std::to_string(ctx) + " > max_model_len " + std::to_string(a.max_model_len));
-    const int32_t need_blocks = (ctx + a.block_size - 1) / a.block_size;
+    const int32_t need_blocks = block_of(ctx - 1) + 1;  // ctx >= 1
     if (static_cast<size_t>(need_blocks) > s.block_table.size())
       row_error(i, "block table has " + std::to_string(s.block_table.size()) + " blocks, " +
                        std::to_string(need_blocks) + " needed for " + std::to_string(ctx) + " tokens");
@@ -174,7 +186,12 @@ int32_t prepare_inputs(PrepareArgs& a, SequenceMetadataPool& pool, BuildMode mod
                            " is outside the Engram lookup table (size " + std::to_string(vocab) + ")");
       }
     }
-    plan[i] = p;
+    // Field by field: a whole-struct copy of the local forced a store-forwarding stall per row.
+    RowPlan& out = plan[i];
+    out.start = p.start;
+    out.num = p.num;
+    out.src = p.src;
+    out.placeholder = false;
     total += p.num;
     max_q = std::max(max_q, p.num);
   }
@@ -198,7 +215,6 @@ int32_t prepare_inputs(PrepareArgs& a, SequenceMetadataPool& pool, BuildMode mod
   int32_t tok = 0, nlog = 0, nyoco = 0;
   a.query_start_loc.data[0] = 0;
   if (yoco) a.yoco_cu_seqlens.data[0] = 0;
-  const int32_t bs = a.block_size;
   for (int32_t i = 0; i < num_rows; ++i) {
     const bool real = i < static_cast<int32_t>(n) && !plan[i].placeholder;
     const int32_t pad_len = i < static_cast<int32_t>(n) ? plan[i].num : q_pad;
@@ -214,7 +230,7 @@ int32_t prepare_inputs(PrepareArgs& a, SequenceMetadataPool& pool, BuildMode mod
         const int32_t pos = p.start + j;
         a.input_ids.data[tok + j] = p.src >= 0 ? 0 : r.token_at(pos);
         a.positions.data[tok + j] = pos;
-        a.slot_mapping.data[tok + j] = static_cast<int64_t>(bt[pos / bs]) * bs + pos % bs;
+        a.slot_mapping.data[tok + j] = static_cast<int64_t>(bt[block_of(pos)]) * bs + offset_in_block(pos);
         if (zos) a.zos_source_index.data[tok + j] = p.src;
         if (etable) {
           uint64_t window[kEngramMaxOrder];
