@@ -31,12 +31,15 @@ struct StepLayout {
   std::vector<int64_t> row_seq_id;
   std::vector<int32_t> row_zos_src;  // ZOS: step-N logits row of the pending input token, else -1
   int32_t num_tokens = 0, num_real_rows = 0, num_rows = 0, num_logits = 0, num_yoco_rows = 0;
+  // Logits rows of kind PROMPT_LOGPROB (kept by set_logit and zos_discard): lets the sampler-input
+  // build skip its walks over the logits rows in the usual step, which has none.
+  int32_t num_prompt_logprob_rows = 0;
   uint64_t pool_generation = 0;  // the SequenceMetadataPool generation it was built from
   bool zos = false;
   // Counts only: the vectors keep their size (grow-only, written by index) so a step does no
   // allocation and no per-element bookkeeping.
   void clear() {
-    num_tokens = num_real_rows = num_rows = num_logits = num_yoco_rows = 0;
+    num_tokens = num_real_rows = num_rows = num_logits = num_yoco_rows = num_prompt_logprob_rows = 0;
     zos = false;
   }
   void ensure(size_t rows, size_t logits) {
@@ -54,6 +57,7 @@ struct StepLayout {
   void set_logit(int32_t k, int32_t row, LogitsRowKind kind, int32_t position) {
     logit_row[k] = row;
     logit_kind[k] = kind;
+    num_prompt_logprob_rows += kind == LogitsRowKind::PROMPT_LOGPROB;
     logit_position[k] = position;
   }
 };

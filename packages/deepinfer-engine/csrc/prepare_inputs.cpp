@@ -326,6 +326,7 @@ void zos_discard(PrepareArgs& a, const int64_t* ids, size_t n, std::vector<int32
     for (int32_t j = 0; j < L.row_num_tokens[r]; ++j) a.slot_mapping.data[L.row_token_offset[r] + j] = -1;
     for (int32_t k = 0; k < L.row_num_logits[r]; ++k) {
       const int32_t lr = L.row_logits_offset[r] + k;
+      L.num_prompt_logprob_rows -= L.logit_kind[lr] == LogitsRowKind::PROMPT_LOGPROB;
       L.logit_kind[lr] = LogitsRowKind::PAD;
       logits_rows.push_back(lr);
     }

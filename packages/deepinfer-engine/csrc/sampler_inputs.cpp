@@ -69,6 +69,12 @@ struct Sizes {
   size_t updates = 0, update_entries = 0;
 };
 
+// What the sizing pass learned about a metadata row, reused by the write pass.
+struct RowNote {
+  int32_t num_out;  // output tokens before the one sampled (the RNG offset, min_tokens check)
+  int32_t plan;     // incremental mode: index into the call's penalty plans, -1 none
+};
+
 // Incremental mode: what this step sends for one penalized sequence. Planned without touching
 // the slot states (a rejected call changes nothing), committed once nothing can fail.
 struct PenaltyPlan {
@@ -98,7 +104,7 @@ void plan_penalty_update(SamplerInputs& out, const Sequence& s, std::vector<Pena
 int32_t commit_penalty_updates(SamplerInputs& out, std::vector<PenaltyPlan>& plans) {
   LogitsTransformInputs& T = out.transform;
   int32_t u = 0;
-  size_t e = 0;
+  size_t e = 0, num_kept = 0;  // num_kept: slot states given this step's stamp
   T.penalty_update_offsets[0] = 0;
   for (PenaltyPlan& pl : plans) {
     const Sequence& s = *pl.seq;
@@ -116,6 +122,7 @@ int32_t commit_penalty_updates(SamplerInputs& out, std::vector<PenaltyPlan>& pla
     }
     PenaltySlotState& st = *pl.state;
     if (st.last_step == out.step) continue;  // the sequence's second row this call: already sent
+    ++num_kept;
     const int32_t L = s.num_tokens();
     const int32_t P = s.num_prompt_tokens;
     st.num_sent = L;
@@ -134,6 +141,8 @@ int32_t commit_penalty_updates(SamplerInputs& out, std::vector<PenaltyPlan>& pla
     e += static_cast<size_t>(n);
     T.penalty_update_offsets[++u] = static_cast<int32_t>(e);
   }
+  // Every slot kept (the usual step): no walk over the map.
+  if (num_kept == out.penalty_slot_states.size()) return u;
   for (auto it = out.penalty_slot_states.begin(); it != out.penalty_slot_states.end();) {
     if (it->second.last_step == out.step) {
       ++it;
@@ -143,6 +152,52 @@ int32_t commit_penalty_updates(SamplerInputs& out, std::vector<PenaltyPlan>& pla
     }
   }
   return u;
+}
+
+// Calls f(array, elements needed) for every output array of a call with sizes z.
+template <class F>
+void for_each_output(SamplerInputs& out, const Sizes& z, F&& f) {
+  auto& K = out.kernel;
+  auto& T = out.transform;
+  auto& S = out.speculative;
+  auto& PL = out.prompt_logprobs;
+  for (auto* h : {&K.logits_rows, &K.top_k, &K.subsequences, &T.penalty_pending_source, &T.penalty_slots, &out.prefill.sample_rows,
+                  &out.decode.sample_rows, &out.driver.batch_rows, &out.driver.num_logprobs})
+    f(*h, z.rows);
+  for (auto* h : {&K.temperature, &K.top_p, &K.min_p, &T.presence_penalty, &T.frequency_penalty, &T.repetition_penalty})
+    f(*h, z.rows);
+  for (auto* h : {&K.seeds, &K.offsets, &out.driver.seq_ids}) f(*h, z.rows);
+  for (auto* h : {&T.penalty_offsets, &T.bias_offsets, &T.banned_offsets, &T.allowed_offsets}) f(*h, z.rows + 1);
+  f(T.penalty_token_ids, z.penalty);
+  f(T.penalty_output_counts, z.penalty);
+  f(T.penalty_in_prompt, z.penalty);
+  f(T.penalty_update_slots, z.updates);
+  f(T.penalty_update_reset, z.updates);
+  f(T.penalty_update_offsets, z.updates + 1);
+  f(T.penalty_update_token_ids, z.update_entries);
+  f(T.penalty_update_is_output, z.update_entries);
+  f(T.bias_token_ids, z.bias);
+  f(T.bias_values, z.bias);
+  f(T.banned_token_ids, z.banned);
+  f(T.allowed_token_ids, z.allowed);
+  for (auto* h : {&S.sample_rows, &S.num_drafts, &S.bonus_logits_rows}) f(*h, z.spec_seqs);
+  f(S.cu_num_drafts, z.spec_seqs + 1);
+  f(S.draft_token_ids, z.drafts);
+  f(S.target_logits_rows, z.drafts);
+  for (auto* h : {&PL.logits_rows, &PL.target_token_ids, &PL.positions, &PL.batch_rows, &PL.num_logprobs})
+    f(*h, z.prompt_lp);
+  f(PL.seq_ids, z.prompt_lp);
+}
+
+bool needs_growth(SamplerInputs& out, const Sizes& z) {
+  bool grow = false;
+  for_each_output(out, z, [&](auto& h, size_t n) { grow |= !(n <= h.capacity && h.data); });
+  return grow;
+}
+
+// GIL held.
+void grow(SamplerInputs& out, const Sizes& z) {
+  for_each_output(out, z, [](auto& h, size_t n) { h.reserve(n); });
 }
 
 }  // namespace
@@ -155,14 +210,21 @@ void prepare_sampler_inputs(SamplerInputs& out, const PrepareArgs& a, SequenceMe
   pool.resolve();
   const int32_t nreal = L.num_real_rows;
   const bool incremental = out.penalty_mode == PenaltyCountsMode::INCREMENTAL;
-  thread_local std::vector<int32_t> scratch;
-  thread_local std::vector<PenaltyPlan> plans;
-  thread_local std::vector<int32_t> row_plan;  // per batch row: index into plans, -1 none
+  // Per-call scratch (thread_local: no allocation in the steady state; bound to references once,
+  // so the row loops do no TLS lookups).
+  thread_local std::vector<int32_t> scratch_storage;
+  thread_local std::vector<PenaltyPlan> plans_storage;
+  thread_local std::vector<RowNote> notes_storage;
+  std::vector<int32_t>& scratch = scratch_storage;
+  std::vector<PenaltyPlan>& plans = plans_storage;
+  if (notes_storage.size() < static_cast<size_t>(nreal)) notes_storage.resize(static_cast<size_t>(nreal));
+  RowNote* const notes = notes_storage.data();
   Sizes z;
+  // One GIL release for the whole build: the GIL is taken back only when some output needs to grow.
+  py::gil_scoped_release nogil;
   {
-    py::gil_scoped_release nogil;
     plans.clear();
-    if (incremental) row_plan.assign(static_cast<size_t>(nreal), -1);
+    size_t num_counted = 0;  // full mode: penalty_cache entries stamped with this step
     ++out.step;
     for (int32_t i = 0; i < nreal; ++i) {
       const MetadataRow& r = pool[i];
@@ -172,23 +234,27 @@ void prepare_sampler_inputs(SamplerInputs& out, const PrepareArgs& a, SequenceMe
         const int32_t nl = L.row_num_logits[i];
         if (nl == 0 || L.logit_kind[L.row_logits_offset[i] + nl - 1] != LogitsRowKind::SAMPLE)
           throw py::value_error("metadata[" + std::to_string(i) + "]: samples but its prepared row has no sample logits row");
-        if (static_cast<size_t>(r.num_drafts) > r.seq->draft_tokens.size())
+        if (r.num_drafts != 0 && static_cast<size_t>(r.num_drafts) > r.seq->draft_tokens.size())
           throw py::value_error("metadata[" + std::to_string(i) + "]: its draft tokens changed since the inputs were prepared");
       }
       const SamplingParams& p = r.group->params;
+      RowNote& note = notes[i];
+      note.plan = -1;
       z.rows += ns;
       if (p.has_penalties()) {
         if (incremental) {
-          row_plan[i] = static_cast<int32_t>(plans.size());
+          note.plan = static_cast<int32_t>(plans.size());
           plan_penalty_update(out, *r.seq, plans, z);
         } else {
           PenaltyCounts& c = out.penalty_cache[r.seq->seq_id];
+          num_counted += c.last_step != out.step;
           update_counts(c, *r.seq, out.step);
           z.penalty += c.token_ids.size() * ns;
         }
       }
       z.bias += p.logit_bias.size() * ns;
       const int32_t num_out = L.logit_position[L.row_logits_offset[i] + L.row_num_logits[i] - 1] + 1 - r.seq->num_prompt_tokens;
+      note.num_out = num_out;
       z.banned += masked_tokens(*r.group, num_out, nullptr, scratch) * ns;
       z.allowed += p.allowed_token_ids.size() * ns;
       if (!r.is_prompt && r.num_drafts > 0 && L.row_zos_src[i] < 0) {
@@ -197,44 +263,23 @@ void prepare_sampler_inputs(SamplerInputs& out, const PrepareArgs& a, SequenceMe
       }
     }
     z.rows += L.num_rows - nreal;  // one placeholder sample row per padding batch row
-    for (int32_t k = 0; k < L.num_logits; ++k) z.prompt_lp += L.logit_kind[k] == LogitsRowKind::PROMPT_LOGPROB;
+    z.prompt_lp = static_cast<size_t>(L.num_prompt_logprob_rows);
     // Forget counts of sequences not in this step (finished or preempted).
-    for (auto it = out.penalty_cache.begin(); it != out.penalty_cache.end();)
-      it = it->second.last_step == out.step ? std::next(it) : out.penalty_cache.erase(it);
+    // (Every entry counted this step, the usual case: no walk over the map.)
+    if (num_counted != out.penalty_cache.size())
+      for (auto it = out.penalty_cache.begin(); it != out.penalty_cache.end();)
+        it = it->second.last_step == out.step ? std::next(it) : out.penalty_cache.erase(it);
   }
-  // Grow the numpy-owned storage where needed (GIL held).
+  // Grow the numpy-owned storage where needed (GIL held): the steady state never needs it.
   auto& K = out.kernel;
   auto& T = out.transform;
   auto& S = out.speculative;
   auto& PL = out.prompt_logprobs;
-  for (auto* h : {&K.logits_rows, &K.top_k, &K.subsequences, &T.penalty_pending_source, &T.penalty_slots, &out.prefill.sample_rows,
-                  &out.decode.sample_rows, &out.driver.batch_rows, &out.driver.num_logprobs})
-    h->reserve(z.rows);
-  for (auto* h : {&K.temperature, &K.top_p, &K.min_p, &T.presence_penalty, &T.frequency_penalty, &T.repetition_penalty})
-    h->reserve(z.rows);
-  for (auto* h : {&K.seeds, &K.offsets, &out.driver.seq_ids}) h->reserve(z.rows);
-  for (auto* h : {&T.penalty_offsets, &T.bias_offsets, &T.banned_offsets, &T.allowed_offsets}) h->reserve(z.rows + 1);
-  T.penalty_token_ids.reserve(z.penalty);
-  T.penalty_output_counts.reserve(z.penalty);
-  T.penalty_in_prompt.reserve(z.penalty);
-  T.penalty_update_slots.reserve(z.updates);
-  T.penalty_update_reset.reserve(z.updates);
-  T.penalty_update_offsets.reserve(z.updates + 1);
-  T.penalty_update_token_ids.reserve(z.update_entries);
-  T.penalty_update_is_output.reserve(z.update_entries);
-  T.bias_token_ids.reserve(z.bias);
-  T.bias_values.reserve(z.bias);
-  T.banned_token_ids.reserve(z.banned);
-  T.allowed_token_ids.reserve(z.allowed);
-  for (auto* h : {&S.sample_rows, &S.num_drafts, &S.bonus_logits_rows}) h->reserve(z.spec_seqs);
-  S.cu_num_drafts.reserve(z.spec_seqs + 1);
-  S.draft_token_ids.reserve(z.drafts);
-  S.target_logits_rows.reserve(z.drafts);
-  for (auto* h : {&PL.logits_rows, &PL.target_token_ids, &PL.positions, &PL.batch_rows, &PL.num_logprobs})
-    h->reserve(z.prompt_lp);
-  PL.seq_ids.reserve(z.prompt_lp);
+  if (needs_growth(out, z)) {
+    py::gil_scoped_acquire gil;
+    grow(out, z);
+  }
 
-  py::gil_scoped_release nogil;
   if (incremental) {
     T.num_penalty_updates = commit_penalty_updates(out, plans);
   } else {
@@ -275,7 +320,7 @@ void prepare_sampler_inputs(SamplerInputs& out, const PrepareArgs& a, SequenceMe
         const Sequence& s = *r->seq;
         const SequenceGroup& g = *r->group;
         const SamplingParams& p = g.params;
-        const int32_t num_out = L.logit_position[last_logit] + 1 - s.num_prompt_tokens;
+        const int32_t num_out = notes[i].num_out;  // (pass 1 computed it: no second chase)
         K.temperature[row] = p.temperature;
         K.top_p[row] = p.top_p;
         K.min_p[row] = p.min_p;
@@ -297,7 +342,7 @@ void prepare_sampler_inputs(SamplerInputs& out, const PrepareArgs& a, SequenceMe
         if (p.has_penalties()) {
           T.no_penalties = false;
           if (incremental) {
-            T.penalty_slots[row] = plans[row_plan[i]].state->slot;
+            T.penalty_slots[row] = plans[notes[i].plan].state->slot;
           } else {
             const PenaltyCounts& c = out.penalty_cache.find(s.seq_id)->second;
             const size_t m = c.token_ids.size();
@@ -360,7 +405,7 @@ void prepare_sampler_inputs(SamplerInputs& out, const PrepareArgs& a, SequenceMe
   S.num_drafts_total = static_cast<int32_t>(ndraft);
   // Prompt logprobs.
   int32_t npl = 0, max_plp = -1;
-  for (int32_t k = 0; k < L.num_logits; ++k) {
+  for (int32_t k = 0; L.num_prompt_logprob_rows > 0 && k < L.num_logits; ++k) {
     if (L.logit_kind[k] != LogitsRowKind::PROMPT_LOGPROB) continue;
     const int32_t i = L.logit_row[k];
     const MetadataRow& r = pool[i];
