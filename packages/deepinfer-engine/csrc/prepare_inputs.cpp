@@ -22,6 +22,13 @@ namespace {
 struct RowPlan {
   int32_t start, num, src;  // src: step-N logits row of the pending input token, -1 when host-known
   bool placeholder = false;  // aborted after schedule(): its blocks are gone, so it writes nowhere
+  // Gathered by the validation pass (which reads the Sequence anyway) so the write pass of a
+  // one-token row touches no Sequence, token or block-table memory: its input token and slot,
+  // and what the block-table row is written from.
+  int32_t token = 0, nb = 0;
+  int64_t slot = -1, seq_id = -1;
+  const int32_t* bt = nullptr;
+  uint64_t version = 0;
 };
 
 // The sequence's block-table version when the store keeps one (0: unknown -> compare contents).
@@ -192,6 +199,14 @@ int32_t prepare_inputs(PrepareArgs& a, SequenceMetadataPool& pool, BuildMode mod
     out.num = p.num;
     out.src = p.src;
     out.placeholder = false;
+    out.seq_id = s.seq_id;
+    out.bt = s.block_table.data();
+    out.nb = static_cast<int32_t>(s.block_table.size());
+    out.version = block_table_version(s);
+    if (p.num == 1) {  // (positions and blocks validated above)
+      out.token = p.src >= 0 ? 0 : r.token_at(p.start);
+      out.slot = static_cast<int64_t>(out.bt[block_of(p.start)]) * bs + offset_in_block(p.start);
+    }
     total += p.num;
     max_q = std::max(max_q, p.num);
   }
@@ -222,11 +237,15 @@ int32_t prepare_inputs(PrepareArgs& a, SequenceMetadataPool& pool, BuildMode mod
     L.row_logits_offset[i] = nlog;
     if (real) {
       const MetadataRow& r = pool[i];
-      const Sequence& s = *r.seq;
       const RowPlan& p = plan[i];
-      const int32_t* bt = s.block_table.data();
+      const int32_t* bt = p.bt;
       const int32_t end = p.start + p.num;
-      for (int32_t j = 0; j < p.num; ++j) {
+      if (p.num == 1 && !etable) {  // a decode row: everything gathered by the validation pass
+        a.input_ids.data[tok] = p.token;
+        a.positions.data[tok] = p.start;
+        a.slot_mapping.data[tok] = p.slot;
+        if (zos) a.zos_source_index.data[tok] = p.src;
+      } else for (int32_t j = 0; j < p.num; ++j) {
         const int32_t pos = p.start + j;
         a.input_ids.data[tok + j] = p.src >= 0 ? 0 : r.token_at(pos);
         a.positions.data[tok + j] = pos;
@@ -244,6 +263,7 @@ int32_t prepare_inputs(PrepareArgs& a, SequenceMetadataPool& pool, BuildMode mod
       // Logits rows.
       const int32_t before = nlog;
       if (r.is_prompt && p.src < 0) {
+        const Sequence& s = *r.seq;
         const int32_t P = s.num_prompt_tokens;
         if (r.group->params.prompt_logprobs >= 0) {
           // Positions whose logprobs the request already holds (a recompute after preemption
@@ -273,10 +293,12 @@ int32_t prepare_inputs(PrepareArgs& a, SequenceMetadataPool& pool, BuildMode mod
         a.yoco_cu_seqlens.data[i + 1] = nyoco;
       }
       a.seq_lens.data[i] = end;
-      write_block_row(a, i, s.seq_id, bt, static_cast<int32_t>(s.block_table.size()), block_table_version(s));
+      // Unchanged row (same sequence, version and length): nothing to write, no call.
+      if (!(p.version != 0 && a.bt_seq_id[i] == p.seq_id && a.bt_version[i] == p.version && a.bt_len[i] == p.nb))
+        write_block_row(a, i, p.seq_id, bt, p.nb, p.version);
       L.row_num_tokens[i] = p.num;
       L.row_num_logits[i] = nlog - before;
-      L.row_seq_id[i] = s.seq_id;
+      L.row_seq_id[i] = p.seq_id;
       L.row_zos_src[i] = p.src;
       tok += p.num;
     } else {
