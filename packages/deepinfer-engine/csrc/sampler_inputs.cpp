@@ -82,6 +82,7 @@ struct PenaltyPlan {
   PenaltySlotState* state;  // null: the sequence has no slot yet
   int32_t from;             // first token to send
   bool reset;               // the consumer zeroes the slot's table first
+  int32_t slot;             // set by the commit (the write pass reads it here, not in the map node)
 };
 
 void plan_penalty_update(SamplerInputs& out, const Sequence& s, std::vector<PenaltyPlan>& plans, Sizes& z) {
@@ -92,7 +93,7 @@ void plan_penalty_update(SamplerInputs& out, const Sequence& s, std::vector<Pena
   // with another prompt length): send it whole.
   const bool reset = !st || st->num_sent > L || st->num_prompt != s.num_prompt_tokens;
   const int32_t from = reset ? 0 : st->num_sent;
-  plans.push_back({&s, st, from, reset});
+  plans.push_back({&s, st, from, reset, -1});
   if (reset || from < L) {
     ++z.updates;
     z.update_entries += static_cast<size_t>(L - from);
@@ -121,6 +122,7 @@ int32_t commit_penalty_updates(SamplerInputs& out, std::vector<PenaltyPlan>& pla
       pl.state = &it->second;
     }
     PenaltySlotState& st = *pl.state;
+    pl.slot = st.slot;
     if (st.last_step == out.step) continue;  // the sequence's second row this call: already sent
     ++num_kept;
     const int32_t L = s.num_tokens();
@@ -209,6 +211,13 @@ void prepare_sampler_inputs(SamplerInputs& out, const PrepareArgs& a, SequenceMe
                           "(call prepare_*(args, metadata) first, without changing metadata in between)");
   pool.resolve();
   const int32_t nreal = L.num_real_rows;
+  // Raw pointers, so the row loops keep them in registers instead of reloading each vector.
+  const int64_t* const row_seq_id = L.row_seq_id.data();
+  const int32_t* const row_num_logits = L.row_num_logits.data();
+  const int32_t* const row_logits_offset = L.row_logits_offset.data();
+  const int32_t* const row_zos_src = L.row_zos_src.data();
+  const LogitsRowKind* const logit_kind = L.logit_kind.data();
+  const int32_t* const logit_position = L.logit_position.data();
   const bool incremental = out.penalty_mode == PenaltyCountsMode::INCREMENTAL;
   // Per-call scratch (thread_local: no allocation in the steady state; bound to references once,
   // so the row loops do no TLS lookups).
@@ -230,9 +239,9 @@ void prepare_sampler_inputs(SamplerInputs& out, const PrepareArgs& a, SequenceMe
       const MetadataRow& r = pool[i];
       const int32_t ns = r.num_samples;
       if (ns == 0) continue;
-      if (L.row_seq_id[i] >= 0) {  // (rows discarded by zos_discard have no sample logits any more)
-        const int32_t nl = L.row_num_logits[i];
-        if (nl == 0 || L.logit_kind[L.row_logits_offset[i] + nl - 1] != LogitsRowKind::SAMPLE)
+      if (row_seq_id[i] >= 0) {  // (rows discarded by zos_discard have no sample logits any more)
+        const int32_t nl = row_num_logits[i];
+        if (nl == 0 || logit_kind[row_logits_offset[i] + nl - 1] != LogitsRowKind::SAMPLE)
           throw py::value_error("metadata[" + std::to_string(i) + "]: samples but its prepared row has no sample logits row");
         if (r.num_drafts != 0 && static_cast<size_t>(r.num_drafts) > r.seq->draft_tokens.size())
           throw py::value_error("metadata[" + std::to_string(i) + "]: its draft tokens changed since the inputs were prepared");
@@ -253,11 +262,11 @@ void prepare_sampler_inputs(SamplerInputs& out, const PrepareArgs& a, SequenceMe
         }
       }
       z.bias += p.logit_bias.size() * ns;
-      const int32_t num_out = L.logit_position[L.row_logits_offset[i] + L.row_num_logits[i] - 1] + 1 - r.seq->num_prompt_tokens;
+      const int32_t num_out = logit_position[row_logits_offset[i] + row_num_logits[i] - 1] + 1 - r.seq->num_prompt_tokens;
       note.num_out = num_out;
       z.banned += masked_tokens(*r.group, num_out, nullptr, scratch) * ns;
       z.allowed += p.allowed_token_ids.size() * ns;
-      if (!r.is_prompt && r.num_drafts > 0 && L.row_zos_src[i] < 0) {
+      if (!r.is_prompt && r.num_drafts > 0 && row_zos_src[i] < 0) {
         ++z.spec_seqs;
         z.drafts += r.num_drafts;
       }
@@ -294,8 +303,8 @@ void prepare_sampler_inputs(SamplerInputs& out, const PrepareArgs& a, SequenceMe
   T.penalty_offsets[0] = T.bias_offsets[0] = T.banned_offsets[0] = T.allowed_offsets[0] = 0;
   S.cu_num_drafts[0] = 0;
   for (int32_t i = 0; i < L.num_rows; ++i) {
-    const bool real = i < nreal && L.row_seq_id[i] >= 0;  // discarded ZOS rows behave as placeholders
-    const int32_t last_logit = L.row_logits_offset[i] + L.row_num_logits[i] - 1;
+    const bool real = i < nreal && row_seq_id[i] >= 0;  // discarded ZOS rows behave as placeholders
+    const int32_t last_logit = row_logits_offset[i] + row_num_logits[i] - 1;
     const MetadataRow* r = i < nreal ? &pool[i] : nullptr;
     const int32_t ns = i < nreal ? r->num_samples : 1;
     for (int32_t j = 0; j < ns; ++j, ++row) {
@@ -342,7 +351,7 @@ void prepare_sampler_inputs(SamplerInputs& out, const PrepareArgs& a, SequenceMe
         if (p.has_penalties()) {
           T.no_penalties = false;
           if (incremental) {
-            T.penalty_slots[row] = plans[notes[i].plan].state->slot;
+            T.penalty_slots[row] = plans[notes[i].plan].slot;
           } else {
             const PenaltyCounts& c = out.penalty_cache.find(s.seq_id)->second;
             const size_t m = c.token_ids.size();
@@ -353,7 +362,7 @@ void prepare_sampler_inputs(SamplerInputs& out, const PrepareArgs& a, SequenceMe
             }
             npen += m;
           }
-          T.penalty_pending_source[row] = L.row_zos_src[i];
+          T.penalty_pending_source[row] = row_zos_src[i];
         }
         for (const auto& [t, v] : p.logit_bias) {
           T.bias_token_ids[nbias] = t;
@@ -376,9 +385,9 @@ void prepare_sampler_inputs(SamplerInputs& out, const PrepareArgs& a, SequenceMe
       T.allowed_offsets[row + 1] = static_cast<int32_t>(nallow);
       if (r && r->is_prompt) out.prefill.sample_rows[nprefill++] = static_cast<int32_t>(row);
       else out.decode.sample_rows[ndecode++] = static_cast<int32_t>(row);
-      if (r && real && !r->is_prompt && r->num_drafts > 0 && L.row_zos_src[i] < 0 && j == 0) {
+      if (r && real && !r->is_prompt && r->num_drafts > 0 && row_zos_src[i] < 0 && j == 0) {
         const int32_t k = r->num_drafts;
-        const int32_t first = L.row_logits_offset[i];
+        const int32_t first = row_logits_offset[i];
         S.sample_rows[nspec] = static_cast<int32_t>(row);
         S.num_drafts[nspec] = k;
         S.bonus_logits_rows[nspec] = first + k;
