@@ -230,27 +230,52 @@ int32_t prepare_inputs(PrepareArgs& a, SequenceMetadataPool& pool, BuildMode mod
   int32_t tok = 0, nlog = 0, nyoco = 0;
   a.query_start_loc.data[0] = 0;
   if (yoco) a.yoco_cu_seqlens.data[0] = 0;
+  // Raw output pointers held in registers by the row loop (instead of reloading each member).
+  int32_t* const input_ids = a.input_ids.data;
+  int32_t* const positions = a.positions.data;
+  int64_t* const slot_mapping = a.slot_mapping.data;
+  int32_t* const zos_source_index = a.zos_source_index.data;
+  int32_t* const logits_indices = a.logits_indices.data;
+  int32_t* const seq_lens = a.seq_lens.data;
+  int32_t* const query_start_loc = a.query_start_loc.data;
+  int32_t* const row_token_offset = L.row_token_offset.data();
+  int32_t* const row_logits_offset = L.row_logits_offset.data();
+  int32_t* const row_num_tokens = L.row_num_tokens.data();
+  int32_t* const row_num_logits = L.row_num_logits.data();
+  int64_t* const row_seq_id = L.row_seq_id.data();
+  int32_t* const row_zos_src = L.row_zos_src.data();
+  int32_t* const logit_row = L.logit_row.data();
+  LogitsRowKind* const logit_kind = L.logit_kind.data();
+  int32_t* const logit_position = L.logit_position.data();
+  int32_t num_prompt_logprob_rows = 0;
+  // StepLayout::set_logit on the raw pointers.
+  auto set_logit = [=, &num_prompt_logprob_rows](int32_t k, int32_t row, LogitsRowKind kind, int32_t position) {
+    logit_row[k] = row;
+    logit_kind[k] = kind;
+    logit_position[k] = position;
+    num_prompt_logprob_rows += kind == LogitsRowKind::PROMPT_LOGPROB;
+  };
   for (int32_t i = 0; i < num_rows; ++i) {
     const bool real = i < static_cast<int32_t>(n) && !plan[i].placeholder;
     const int32_t pad_len = i < static_cast<int32_t>(n) ? plan[i].num : q_pad;
-    L.row_token_offset[i] = tok;
-    L.row_logits_offset[i] = nlog;
+    row_token_offset[i] = tok;
+    row_logits_offset[i] = nlog;
     if (real) {
       const MetadataRow& r = pool[i];
       const RowPlan& p = plan[i];
       const int32_t* bt = p.bt;
       const int32_t end = p.start + p.num;
       if (p.num == 1 && !etable) {  // a decode row: everything gathered by the validation pass
-        a.input_ids.data[tok] = p.token;
-        a.positions.data[tok] = p.start;
-        a.slot_mapping.data[tok] = p.slot;
-        if (zos) a.zos_source_index.data[tok] = p.src;
+        input_ids[tok] = p.token;
+        positions[tok] = p.start;
+        slot_mapping[tok] = p.slot;
+        if (zos) zos_source_index[tok] = p.src;
       } else for (int32_t j = 0; j < p.num; ++j) {
         const int32_t pos = p.start + j;
-        a.input_ids.data[tok + j] = p.src >= 0 ? 0 : r.token_at(pos);
-        a.positions.data[tok + j] = pos;
-        a.slot_mapping.data[tok + j] = static_cast<int64_t>(bt[block_of(pos)]) * bs + offset_in_block(pos);
-        if (zos) a.zos_source_index.data[tok + j] = p.src;
+        input_ids[tok + j] = p.src >= 0 ? 0 : r.token_at(pos);
+        positions[tok + j] = pos;
+        slot_mapping[tok + j] = static_cast<int64_t>(bt[block_of(pos)]) * bs + offset_in_block(pos);
+        if (zos) zos_source_index[tok + j] = p.src;
         if (etable) {
           uint64_t window[kEngramMaxOrder];
           for (int32_t w = 0; w < maxn; ++w) {
@@ -270,47 +295,47 @@ int32_t prepare_inputs(PrepareArgs& a, SequenceMetadataPool& pool, BuildMode mod
           // computes them again) need no logits row.
           const int32_t first = std::max(p.start, r.group->num_prompt_logprobs);
           for (int32_t pos = first; pos < std::min(end, P - 1); ++pos) {
-            a.logits_indices.data[nlog++] = tok + (pos - p.start);
-            L.set_logit(nlog - 1, i, LogitsRowKind::PROMPT_LOGPROB, pos);
+            logits_indices[nlog++] = tok + (pos - p.start);
+            set_logit(nlog - 1, i, LogitsRowKind::PROMPT_LOGPROB, pos);
           }
         }
         if (end == s.num_tokens()) {
-          a.logits_indices.data[nlog++] = tok + p.num - 1;
-          L.set_logit(nlog - 1, i, LogitsRowKind::SAMPLE, end - 1);
+          logits_indices[nlog++] = tok + p.num - 1;
+          set_logit(nlog - 1, i, LogitsRowKind::SAMPLE, end - 1);
         }
       } else {
         for (int32_t j = 0; j < p.num; ++j) {
-          a.logits_indices.data[nlog++] = tok + j;
-          L.set_logit(nlog - 1, i, LogitsRowKind::SAMPLE, p.start + j);
+          logits_indices[nlog++] = tok + j;
+          set_logit(nlog - 1, i, LogitsRowKind::SAMPLE, p.start + j);
         }
       }
       if (yoco) {
         if (a.yoco_mode == YocoPrefillTruncationMode::LAST_TOKEN) {
           a.yoco_kept_rows.data[nyoco++] = tok + p.num - 1;
         } else {
-          for (int32_t k = before; k < nlog; ++k) a.yoco_kept_rows.data[nyoco++] = a.logits_indices.data[k];
+          for (int32_t k = before; k < nlog; ++k) a.yoco_kept_rows.data[nyoco++] = logits_indices[k];
         }
         a.yoco_cu_seqlens.data[i + 1] = nyoco;
       }
-      a.seq_lens.data[i] = end;
+      seq_lens[i] = end;
       // Unchanged row (same sequence, version and length): nothing to write, no call.
       if (!(p.version != 0 && a.bt_seq_id[i] == p.seq_id && a.bt_version[i] == p.version && a.bt_len[i] == p.nb))
         write_block_row(a, i, p.seq_id, bt, p.nb, p.version);
-      L.row_num_tokens[i] = p.num;
-      L.row_num_logits[i] = nlog - before;
-      L.row_seq_id[i] = p.seq_id;
-      L.row_zos_src[i] = p.src;
+      row_num_tokens[i] = p.num;
+      row_num_logits[i] = nlog - before;
+      row_seq_id[i] = p.seq_id;
+      row_zos_src[i] = p.src;
       tok += p.num;
     } else {
       // Placeholder row (padding or aborted): pad_len tokens at position 0 writing nowhere (slot -1), all logits rows.
       for (int32_t j = 0; j < pad_len; ++j) {
-        a.input_ids.data[tok + j] = 0;
-        a.positions.data[tok + j] = 0;
-        a.slot_mapping.data[tok + j] = -1;
-        if (zos) a.zos_source_index.data[tok + j] = -1;
+        input_ids[tok + j] = 0;
+        positions[tok + j] = 0;
+        slot_mapping[tok + j] = -1;
+        if (zos) zos_source_index[tok + j] = -1;
         if (etable) std::memset(a.engram_indices.row(tok + j), 0, sizeof(int32_t) * ncols);
-        a.logits_indices.data[nlog++] = tok + j;
-        L.set_logit(nlog - 1, i, LogitsRowKind::PAD, 0);
+        logits_indices[nlog++] = tok + j;
+        set_logit(nlog - 1, i, LogitsRowKind::PAD, 0);
       }
       if (yoco) {
         if (a.yoco_mode == YocoPrefillTruncationMode::LAST_TOKEN) {
@@ -320,16 +345,17 @@ int32_t prepare_inputs(PrepareArgs& a, SequenceMetadataPool& pool, BuildMode mod
         }
         a.yoco_cu_seqlens.data[i + 1] = nyoco;
       }
-      a.seq_lens.data[i] = pad_len;
+      seq_lens[i] = pad_len;
       write_block_row(a, i, -1, nullptr, 0, 0);
-      L.row_num_tokens[i] = pad_len;
-      L.row_num_logits[i] = pad_len;
-      L.row_seq_id[i] = -1;
-      L.row_zos_src[i] = -1;
+      row_num_tokens[i] = pad_len;
+      row_num_logits[i] = pad_len;
+      row_seq_id[i] = -1;
+      row_zos_src[i] = -1;
       tok += pad_len;
     }
-    a.query_start_loc.data[i + 1] = tok;
+    query_start_loc[i + 1] = tok;
   }
+  L.num_prompt_logprob_rows = num_prompt_logprob_rows;
   L.num_tokens = tok;
   L.num_real_rows = static_cast<int32_t>(n);
   L.num_rows = num_rows;
