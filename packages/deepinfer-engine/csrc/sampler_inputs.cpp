@@ -302,56 +302,82 @@ void prepare_sampler_inputs(SamplerInputs& out, const PrepareArgs& a, SequenceMe
   int32_t nprefill = 0, ndecode = 0, nreal_rows = 0, nlive_rows = 0, max_lp = -1;
   T.penalty_offsets[0] = T.bias_offsets[0] = T.banned_offsets[0] = T.allowed_offsets[0] = 0;
   S.cu_num_drafts[0] = 0;
+  // Raw output pointers and flags kept in registers / locals by the row loop (instead of
+  // reloading each HostArray member and read-modify-writing the flags in memory).
+  auto* const K_logits_rows = K.logits_rows.data;
+  auto* const K_min_p = K.min_p.data;
+  auto* const K_offsets = K.offsets.data;
+  auto* const K_seeds = K.seeds.data;
+  auto* const K_subsequences = K.subsequences.data;
+  auto* const K_temperature = K.temperature.data;
+  auto* const K_top_k = K.top_k.data;
+  auto* const K_top_p = K.top_p.data;
+  auto* const T_allowed_offsets = T.allowed_offsets.data;
+  auto* const T_banned_offsets = T.banned_offsets.data;
+  auto* const T_bias_offsets = T.bias_offsets.data;
+  auto* const T_frequency_penalty = T.frequency_penalty.data;
+  auto* const T_penalty_offsets = T.penalty_offsets.data;
+  auto* const T_penalty_pending_source = T.penalty_pending_source.data;
+  auto* const T_penalty_slots = T.penalty_slots.data;
+  auto* const T_presence_penalty = T.presence_penalty.data;
+  auto* const T_repetition_penalty = T.repetition_penalty.data;
+  auto* const decode_sample_rows = out.decode.sample_rows.data;
+  auto* const driver_batch_rows = out.driver.batch_rows.data;
+  auto* const driver_num_logprobs = out.driver.num_logprobs.data;
+  auto* const driver_seq_ids = out.driver.seq_ids.data;
+  auto* const prefill_sample_rows = out.prefill.sample_rows.data;
+  bool all_greedy = true, all_random = true, no_top_k = true, no_top_p = true, no_min_p = true, no_penalties = true;
+  const uint64_t generator_seed = out.generator_seed;
   for (int32_t i = 0; i < L.num_rows; ++i) {
     const bool real = i < nreal && row_seq_id[i] >= 0;  // discarded ZOS rows behave as placeholders
     const int32_t last_logit = row_logits_offset[i] + row_num_logits[i] - 1;
     const MetadataRow* r = i < nreal ? &pool[i] : nullptr;
     const int32_t ns = i < nreal ? r->num_samples : 1;
     for (int32_t j = 0; j < ns; ++j, ++row) {
-      K.logits_rows[row] = last_logit;
-      out.driver.batch_rows[row] = i;
-      T.penalty_pending_source[row] = -1;
-      T.penalty_slots[row] = -1;
+      K_logits_rows[row] = last_logit;
+      driver_batch_rows[row] = i;
+      T_penalty_pending_source[row] = -1;
+      T_penalty_slots[row] = -1;
       if (!real) {
         // Placeholder: greedy, no transforms, output discarded.
-        K.temperature[row] = 0.0f;
-        K.top_p[row] = 1.0f;
-        K.min_p[row] = 0.0f;
-        K.top_k[row] = -1;
-        K.seeds[row] = 0;
-        K.offsets[row] = 0;
-        K.subsequences[row] = 0;
-        T.presence_penalty[row] = T.frequency_penalty[row] = 0.0f;
-        T.repetition_penalty[row] = 1.0f;
-        out.driver.seq_ids[row] = -1;
-        out.driver.num_logprobs[row] = -1;
+        K_temperature[row] = 0.0f;
+        K_top_p[row] = 1.0f;
+        K_min_p[row] = 0.0f;
+        K_top_k[row] = -1;
+        K_seeds[row] = 0;
+        K_offsets[row] = 0;
+        K_subsequences[row] = 0;
+        T_presence_penalty[row] = T_frequency_penalty[row] = 0.0f;
+        T_repetition_penalty[row] = 1.0f;
+        driver_seq_ids[row] = -1;
+        driver_num_logprobs[row] = -1;
       } else {
         const Sequence& s = *r->seq;
         const SequenceGroup& g = *r->group;
         const SamplingParams& p = g.params;
         const int32_t num_out = notes[i].num_out;  // (pass 1 computed it: no second chase)
-        K.temperature[row] = p.temperature;
-        K.top_p[row] = p.top_p;
-        K.min_p[row] = p.min_p;
-        K.top_k[row] = p.top_k;
-        K.seeds[row] = p.has_seed ? p.seed : static_cast<int64_t>(derived_seed(out.generator_seed, s.seq_id));
-        K.offsets[row] = num_out;
-        K.subsequences[row] = ns > 1 ? j : s.sample_index;
+        K_temperature[row] = p.temperature;
+        K_top_p[row] = p.top_p;
+        K_min_p[row] = p.min_p;
+        K_top_k[row] = p.top_k;
+        K_seeds[row] = p.has_seed ? p.seed : static_cast<int64_t>(derived_seed(generator_seed, s.seq_id));
+        K_offsets[row] = num_out;
+        K_subsequences[row] = ns > 1 ? j : s.sample_index;
         const bool greedy = p.temperature == 0.0f;
-        K.all_greedy &= greedy;
-        K.all_random &= !greedy;
+        all_greedy &= greedy;
+        all_random &= !greedy;
         if (!greedy) {
-          K.no_top_k &= p.top_k < 0;
-          K.no_top_p &= p.top_p >= 1.0f;
-          K.no_min_p &= p.min_p <= 0.0f;
+          no_top_k &= p.top_k < 0;
+          no_top_p &= p.top_p >= 1.0f;
+          no_min_p &= p.min_p <= 0.0f;
         }
-        T.presence_penalty[row] = p.presence_penalty;
-        T.frequency_penalty[row] = p.frequency_penalty;
-        T.repetition_penalty[row] = p.repetition_penalty;
+        T_presence_penalty[row] = p.presence_penalty;
+        T_frequency_penalty[row] = p.frequency_penalty;
+        T_repetition_penalty[row] = p.repetition_penalty;
         if (p.has_penalties()) {
-          T.no_penalties = false;
+          no_penalties = false;
           if (incremental) {
-            T.penalty_slots[row] = plans[notes[i].plan].slot;
+            T_penalty_slots[row] = plans[notes[i].plan].slot;
           } else {
             const PenaltyCounts& c = out.penalty_cache.find(s.seq_id)->second;
             const size_t m = c.token_ids.size();
@@ -362,7 +388,7 @@ void prepare_sampler_inputs(SamplerInputs& out, const PrepareArgs& a, SequenceMe
             }
             npen += m;
           }
-          T.penalty_pending_source[row] = row_zos_src[i];
+          T_penalty_pending_source[row] = row_zos_src[i];
         }
         for (const auto& [t, v] : p.logit_bias) {
           T.bias_token_ids[nbias] = t;
@@ -371,20 +397,20 @@ void prepare_sampler_inputs(SamplerInputs& out, const PrepareArgs& a, SequenceMe
         nban += masked_tokens(g, num_out, T.banned_token_ids.data + nban, scratch);
         std::copy(p.allowed_token_ids.begin(), p.allowed_token_ids.end(), T.allowed_token_ids.data + nallow);
         nallow += p.allowed_token_ids.size();
-        out.driver.seq_ids[row] = s.seq_id;
-        out.driver.num_logprobs[row] = p.logprobs;
+        driver_seq_ids[row] = s.seq_id;
+        driver_num_logprobs[row] = p.logprobs;
         max_lp = std::max(max_lp, p.logprobs);
         ++nlive_rows;
       }
       // Sample rows of metadata rows, placeholders included (a sequence finished after
       // schedule() keeps its row): exactly the scheduler's num_sample_rows for update().
       if (i < nreal) ++nreal_rows;
-      T.penalty_offsets[row + 1] = static_cast<int32_t>(npen);
-      T.bias_offsets[row + 1] = static_cast<int32_t>(nbias);
-      T.banned_offsets[row + 1] = static_cast<int32_t>(nban);
-      T.allowed_offsets[row + 1] = static_cast<int32_t>(nallow);
-      if (r && r->is_prompt) out.prefill.sample_rows[nprefill++] = static_cast<int32_t>(row);
-      else out.decode.sample_rows[ndecode++] = static_cast<int32_t>(row);
+      T_penalty_offsets[row + 1] = static_cast<int32_t>(npen);
+      T_bias_offsets[row + 1] = static_cast<int32_t>(nbias);
+      T_banned_offsets[row + 1] = static_cast<int32_t>(nban);
+      T_allowed_offsets[row + 1] = static_cast<int32_t>(nallow);
+      if (r && r->is_prompt) prefill_sample_rows[nprefill++] = static_cast<int32_t>(row);
+      else decode_sample_rows[ndecode++] = static_cast<int32_t>(row);
       if (r && real && !r->is_prompt && r->num_drafts > 0 && row_zos_src[i] < 0 && j == 0) {
         const int32_t k = r->num_drafts;
         const int32_t first = row_logits_offset[i];
@@ -399,6 +425,12 @@ void prepare_sampler_inputs(SamplerInputs& out, const PrepareArgs& a, SequenceMe
       }
     }
   }
+  K.all_greedy = all_greedy;
+  K.all_random = all_random;
+  K.no_top_k = no_top_k;
+  K.no_top_p = no_top_p;
+  K.no_min_p = no_min_p;
+  T.no_penalties = no_penalties;
   K.num_rows = T.num_rows = static_cast<int32_t>(row);
   T.no_logit_bias = nbias == 0;
   T.no_banned = nban == 0;
