@@ -100,7 +100,7 @@ def test_engine_sampler_inputs_drive_penalties_bias_and_bans(loop, tokenizer):
         n = (E.prepare_decode_v4 if out.num_decodes == len(loop.metadata) else E.prepare_prompt_v4)(
             loop.args, loop.metadata)
         si = E.prepare_sampler_inputs(loop.args, loop.metadata, loop.sampler_inputs)
-        _, batch = sampling_batch_from_engine(si, torch.device("cpu"))
+        _, batch = sampling_batch_from_engine(si, torch.device("cpu"), loop.penalty_tables)
         fake = torch.from_numpy(np.random.default_rng(len(outputs)).normal(0, 3, (1, loop.cfg.vocab_size))
                                 .astype(np.float32))
         got = apply_logits_processing(fake, batch)[0].numpy()

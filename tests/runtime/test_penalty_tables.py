@@ -102,6 +102,8 @@ def test_a_missed_call_is_detected_and_reset_recovers():
         E.prepare_sampler_inputs(args, pool, si)
 
     prepare()
+    with pytest.raises(ValueError, match="tables: .*incremental"):  # the tables it feeds are required
+        sampling_batch_from_engine(si, CPU)
     sampling_batch_from_engine(si, CPU, tables)
     sampling_batch_from_engine(si, CPU, tables)  # the same call twice: applied once
     assert tables.counts[0, 5].item() == 0 and bool(tables.seen[0, 5]) and not bool(tables.seen[0, 7])

@@ -19,7 +19,7 @@ import torch
 from deepinfer.runtime.detokenizer import IncrementalDetokenizer, decode_completion
 from deepinfer.runtime.model_runner import ModelRunner
 from deepinfer.runtime.sampler import prompt_logprobs, sample
-from deepinfer.runtime.sampler_inputs import sampling_batch_from_engine
+from deepinfer.runtime.sampler_inputs import PenaltyTables, sampling_batch_from_engine
 from deepinfer.runtime.sampling_params import SamplingParams
 
 
@@ -78,6 +78,7 @@ class EngineLoop:
         self.args = E.PrepareArgs(block_size=cfg.block_size, max_model_len=cfg.max_model_len, **self.buffers)
         self.metadata = E.SequenceMetadataPool()
         self.sampler_inputs = E.SamplerInputs(cfg.seed)
+        self.penalty_tables = PenaltyTables(runner.device)  # fed by sampler_inputs, step by step
         self.output_pool = E.RequestOutputPool(4 * cfg.max_num_seqs)
         self.requests: dict[str, _RequestState] = {}
         # Outputs kept for their owner (a stream, a generate call): whichever caller runs a step,
@@ -224,7 +225,7 @@ class EngineLoop:
             E.update_prompt_logprobs(self.scheduler, si, lp.cpu().numpy(),
                                      None if ids is None else ids.to(torch.int32).cpu().numpy(),
                                      None if vals is None else vals.cpu().numpy())
-        rows, batch = sampling_batch_from_engine(si, logits.device)
+        rows, batch = sampling_batch_from_engine(si, logits.device, self.penalty_tables)
         res = sample(logits[rows], batch)
         real = si.driver.num_real_rows
         tokens = res.tokens[:real].to(torch.int32).cpu().numpy()

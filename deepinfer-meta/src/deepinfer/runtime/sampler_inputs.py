@@ -7,7 +7,6 @@ bring up to date; "full" carries every penalized sequence's counts each step.
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import numpy as np
@@ -108,32 +107,20 @@ class PenaltyTables:
         return torch.from_numpy(rows.astype(np.int64)).to(self.device), self.counts[s].float(), self.seen[s]
 
 
-# The tables of each incremental SamplerInputs (one consumer per SamplerInputs, as the engine requires).
-_tables: weakref.WeakKeyDictionary[Any, PenaltyTables] = weakref.WeakKeyDictionary()
-
-
-def penalty_tables_for(si: Any, device: torch.device) -> PenaltyTables:
-    """The PenaltyTables fed by ``si`` (created on first use, moved if the device changes)."""
-    t = _tables.get(si)
-    if t is None:
-        t = _tables[si] = PenaltyTables(device)
-    elif t.device != torch.device(device):
-        t.device = torch.device(device)
-        t.counts, t.seen = t.counts.to(t.device), t.seen.to(t.device)
-    return t
-
-
 def sampling_batch_from_engine(si: Any, device: torch.device,
                                tables: PenaltyTables | None = None) -> tuple[torch.Tensor, SamplingBatch]:
     """(logits row of each sample row, SamplingBatch) for one step's SamplerInputs ``si``.
 
-    In "incremental" mode this applies the step's penalty updates to ``tables`` (by default the
-    PenaltyTables this module keeps for ``si``): call it once after every prepare_sampler_inputs.
+    In "incremental" mode ``tables`` (the PenaltyTables that ``si`` feeds, one per SamplerInputs)
+    is required: this applies the step's penalty updates to it, so call it once after every
+    prepare_sampler_inputs. "full" mode needs no tables.
     """
     k, tr, drv = si.kernel, si.transform, si.driver
     incremental = si.penalty_counts == "incremental"
     if incremental:
-        tables = tables if tables is not None else penalty_tables_for(si, device)
+        if tables is None:
+            raise ValueError("tables: SamplerInputs in 'incremental' penalty mode needs the PenaltyTables it feeds "
+                             "(or build it with penalty_counts='full')")
         tables.apply(si)  # every call, penalties this step or not
     rows = _t(k.logits_rows, torch.int64, device)
     b = SamplingBatch(
