@@ -5,6 +5,7 @@ expectation is independent of the engine: the pure-Python reference or a hand-co
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from deepinfer_engine import _engine as E
 from reference import RefScheduler
 
@@ -50,13 +51,13 @@ def test_update_on_a_speculative_step_is_refused_or_rolls_back():
     E.process_MTPInfo(s, np.zeros(1, np.int32), np.array([[11]], np.int32), np.array([[12, 13]], np.int32))
     out = s.schedule()
     assert out.num_scheduled_tokens.tolist() == [3]        # last token + 2 drafts
-    try:
-        s.update(np.array([14], np.int32))                  # the caller forgot process_MTPInfo
-    except ValueError:
-        pass                                                # acceptable: refused, nothing changed
+    before = s.get_sequence(0)
+    computed, tokens = before.num_computed_tokens, before.token_ids.tolist()
+    with pytest.raises(ValueError, match="process_MTPInfo"):  # the caller forgot process_MTPInfo
+        s.update(np.array([14], np.int32))
     assert s.check_invariants() == ""
-    seq = s.get_sequence(0)
-    assert seq.num_computed_tokens <= seq.num_tokens - 1
+    seq = s.get_sequence(0)                                 # refused: nothing changed
+    assert seq.num_computed_tokens == computed and seq.token_ids.tolist() == tokens
 
 
 def test_step_with_drafts_and_an_n_gt_1_prompt_can_be_applied():
