@@ -11,7 +11,7 @@ preempted. Checks:
   the scheduler's invariants hold, the loop keeps no per-request state.
 
 Size: DEEPINFER_LOAD_REQUESTS requests (default 120: about a minute on 2 cores; the recorded
-run in docs/guide/reliability.md used 300).
+run in docs/developer/reliability.md used 300).
 """
 
 from __future__ import annotations
