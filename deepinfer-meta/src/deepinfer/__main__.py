@@ -2,6 +2,9 @@
 
 import sys
 
-from deepinfer.cli import main
+try:
+    from deepinfer.cli import main
+except KeyboardInterrupt:  # Ctrl-C before the command started: no traceback
+    sys.exit(130)
 
 sys.exit(main())

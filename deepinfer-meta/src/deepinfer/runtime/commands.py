@@ -1,123 +1,206 @@
-"""The runtime's subcommands of ``deepinfer``: ``generate``, ``chat`` and ``bench``.
+"""The runtime's subcommands of ``deepinfer``: generate, chat and bench (one register_* each).
 
-Importing this module is cheap (no torch): the LLM loads when a command runs.
+Importing this module is cheap (no torch): the LLM loads when a command runs. Bad input of any
+command (an invalid option value, a prompt longer than the context, a missing model file) is
+one line on stderr and exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from typing import Any
 
+from deepinfer.runtime.console import deferred_interrupt, status
 
+EXIT_USAGE = 2
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+# ---- options shared by the subcommands --------------------------------------------------------
 def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="GGUF file or HF model directory (default: SmolLM2-135M-Instruct)")
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if available)")
-    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--seed", type=int, default=0, help="seed of requests without --sample-seed")
+    p.add_argument("--model", default=None, metavar="PATH",
+                   help="GGUF file or Hugging Face model directory (default: the embedded "
+                        "SmolLM2-135M-Instruct)")
+    p.add_argument("--device", default=None, metavar="DEVICE", help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                   help="weights and KV cache (default: float32 on CPU, bfloat16 on CUDA)")
+    p.add_argument("--max-model-len", type=_positive_int, metavar="N", default=None,
+                   help="context length: prompt + completion tokens (default: the model's)")
+    p.add_argument("--threads", type=_positive_int, metavar="N", default=None,
+                   help="CPU threads of torch (torch.set_num_threads; default: torch's, one per core)")
+    p.add_argument("--seed", type=int, metavar="N", default=0, help="seed of requests without --sample-seed")
 
 
-def _sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--min-tokens", type=int, default=0)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=-1)
-    p.add_argument("--min-p", type=float, default=0.0)
-    p.add_argument("--presence-penalty", type=float, default=0.0)
-    p.add_argument("--frequency-penalty", type=float, default=0.0)
-    p.add_argument("--repetition-penalty", type=float, default=1.0)
-    p.add_argument("--sample-seed", type=int, default=None, help="per-request seed")
-    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
-    p.add_argument("--ignore-eos", action="store_true")
-    p.add_argument("-n", type=int, default=1, help="samples per prompt")
+def _sampling_args(p: argparse.ArgumentParser, max_tokens: int = 128) -> None:
+    p.add_argument("--max-tokens", type=_positive_int, metavar="N", default=max_tokens, help="tokens to generate at most")
+    p.add_argument("--min-tokens", type=int, metavar="N", default=0, help="tokens to generate before EOS or a stop may end it")
+    p.add_argument("--temperature", type=float, metavar="T", default=0.0, help="0 is greedy")
+    p.add_argument("--top-p", type=float, metavar="P", default=1.0, help="nucleus sampling mass")
+    p.add_argument("--top-k", type=int, metavar="K", default=-1, help="-1 keeps every token")
+    p.add_argument("--min-p", type=float, metavar="P", default=0.0, help="drop tokens below min-p x the top probability")
+    p.add_argument("--presence-penalty", type=float, metavar="X", default=0.0, help="penalty of tokens already present")
+    p.add_argument("--frequency-penalty", type=float, metavar="X", default=0.0, help="penalty per earlier occurrence")
+    p.add_argument("--repetition-penalty", type=float, metavar="X", default=1.0, help="1 is none")
+    p.add_argument("--sample-seed", type=int, metavar="N", default=None, help="per-request seed (default: from --seed)")
+    p.add_argument("--stop", action="append", metavar="TEXT", default=None, help="stop string (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true", help="keep generating after the end-of-sequence token")
 
 
 def _sampling_params(args: argparse.Namespace) -> Any:
     from deepinfer.runtime.sampling_params import SamplingParams
 
     return SamplingParams(
-        n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
-        presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
-        repetition_penalty=args.repetition_penalty, seed=args.sample_seed, stop=args.stop,
-        ignore_eos=args.ignore_eos, max_tokens=args.max_tokens, min_tokens=args.min_tokens)
+        n=getattr(args, "n", 1), temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+        min_p=args.min_p, presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty, repetition_penalty=args.repetition_penalty,
+        seed=args.sample_seed, stop=args.stop, ignore_eos=args.ignore_eos, max_tokens=args.max_tokens,
+        min_tokens=args.min_tokens)
 
 
-def _llm(args: argparse.Namespace) -> Any:
-    from deepinfer.runtime.llm import LLM
+def _llm(args: argparse.Namespace, **extra: Any) -> Any:
+    """The LLM of the command's model options, with a status line while it loads."""
+    name = os.path.basename(os.path.normpath(args.model)) if args.model else "the default model"
+    with status(f"loading {name}"):
+        from deepinfer.runtime.llm import LLM
 
-    return LLM(args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
-               seed=args.seed)
+        return LLM(args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
+                   seed=args.seed, num_threads=args.threads, **extra)
+
+
+def context_len(llm: Any) -> int:
+    """The LLM's context length (prompt + completion tokens)."""
+    return int(llm.engine.cfg.max_model_len)
+
+
+def _prompt_ids(llm: Any, prompt: str) -> list[int]:
+    """Token ids of ``prompt``; ValueError with both counts when it leaves no room to generate."""
+    ids = list(llm.tokenizer(prompt).input_ids)
+    limit = context_len(llm)
+    if len(ids) >= limit:
+        raise ValueError(f"the prompt is {len(ids)} tokens but the context holds {limit} "
+                         f"(prompt + completion; --max-model-len): shorten the prompt")
+    return ids
 
 
 def _run_guarded(fn: Any, args: argparse.Namespace) -> int:
+    """Run a command; bad input is one line on stderr and exit status 2."""
     try:
         return int(fn(args) or 0)
-    except (ValueError, TypeError, FileNotFoundError) as exc:
-        print(f"deepinfer {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+    except BrokenPipeError:
+        raise
+    except (ValueError, TypeError, OSError) as exc:
+        message = " ".join(str(exc).split())
+        print(f"deepinfer {args.command}: error: {message}", file=sys.stderr)
+        return EXIT_USAGE
 
 
+# ---- generate ---------------------------------------------------------------------------------
 def _generate(args: argparse.Namespace) -> int:
-    params = _sampling_params(args)
+    params = _sampling_params(args)  # bad values fail before the model loads
     llm = _llm(args)
+    prompt = {"prompt_token_ids": _prompt_ids(llm, args.prompt)}
+    out = sys.stdout
     if args.no_stream or params.n > 1:
-        for ro in llm.generate(args.prompt, params, use_tqdm=False):
-            for c in ro.outputs:
-                print(c.text)
+        outputs = llm.generate(prompt, params, use_tqdm=False)  # Ctrl-C: raised at once, exit 130
+        completions = outputs[0].outputs
+        for c in completions:
+            if len(completions) > 1:
+                out.write(f"--- completion {c.index + 1} of {len(completions)} ---\n")
+            out.write(c.text + "\n")
+        out.flush()
         return 0
-    for ro in llm.stream(args.prompt, params):
-        for c in ro.outputs:
-            sys.stdout.write(c.text)
-            sys.stdout.flush()
-    sys.stdout.write("\n")
+    stream = llm.stream(prompt, params)
+    with deferred_interrupt() as ctrl_c:  # Ctrl-C ends the stream between two engine steps
+        try:
+            for delta in stream:
+                out.write(delta.outputs[0].text)
+                out.flush()
+                if ctrl_c.requested:
+                    break
+        finally:
+            stream.close()
+            out.write("\n")
+            out.flush()
+    if ctrl_c.requested:
+        raise KeyboardInterrupt
     return 0
 
 
+def register_generate(subparsers: Any) -> argparse.ArgumentParser:
+    g = subparsers.add_parser(
+        "generate", help="complete a prompt (streams to stdout)",
+        description="Complete PROMPT with the model and print the completion (greedy by default).")
+    g.add_argument("prompt", help="the text to complete")
+    g.add_argument("--no-stream", action="store_true", help="print the completion when done")
+    g.add_argument("-n", type=_positive_int, default=1, help="completions of the prompt (separated by a line)")
+    _model_args(g)
+    _sampling_args(g)
+    g.set_defaults(func=lambda a: _run_guarded(_generate, a))
+    return g
+
+
+# ---- chat -------------------------------------------------------------------------------------
 def _chat(args: argparse.Namespace) -> int:
+    from deepinfer.runtime.chat_repl import ChatSession, run_chat
+
     params = _sampling_params(args)
     llm = _llm(args)
-    messages: list[dict[str, str]] = []
-    if args.system:
-        messages.append({"role": "system", "content": args.system})
-    lines = [args.message] if args.message else None
-    while True:
-        if lines is not None:
-            if not lines:
-                return 0
-            user = lines.pop(0)
-        else:
-            try:
-                user = input("you> ")
-            except EOFError:
-                return 0
-        if user.strip() in ("/exit", "/quit"):
-            return 0
-        messages.append({"role": "user", "content": user})
-        reply = ""
-        sys.stdout.write("assistant> ")
-        for ro in llm.stream(llm.apply_chat_template(messages), params):
-            for c in ro.outputs:
-                reply += c.text
-                sys.stdout.write(c.text)
-                sys.stdout.flush()
-        sys.stdout.write("\n")
-        messages.append({"role": "assistant", "content": reply})
+    session = ChatSession(llm, params, context_len(llm), system=args.system)
+    return run_chat(session, once=args.message)
+
+
+def register_chat(subparsers: Any) -> argparse.ArgumentParser:
+    c = subparsers.add_parser(
+        "chat", help="chat with the model (chat template applied)",
+        description="Chat with the model. In the terminal: line editing and history, Ctrl-C stops "
+                    "a reply, /reset starts over, /exit or Ctrl-D quits. The oldest turns are "
+                    "dropped when the conversation outgrows the context.")
+    c.add_argument("--system", default=None, metavar="TEXT", help="system prompt (default: none)")
+    c.add_argument("--message", action="append", metavar="TEXT", default=None,
+                   help="a user message to answer, then exit without prompting (repeatable: "
+                        "one conversation)")
+    _model_args(c)
+    _sampling_args(c, max_tokens=256)
+    c.set_defaults(func=lambda a: _run_guarded(_chat, a))
+    return c
+
+
+# ---- bench ------------------------------------------------------------------------------------
+def _machine_note(llm: Any) -> str:
+    """What a figure depends on: device, dtype, threads and the load on the machine."""
+    import torch
+
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return (f"device {llm.device}, dtype {str(llm.dtype).replace('torch.', '')}, "
+            f"{torch.get_num_threads()} threads, load average {load:.2f} on {os.cpu_count()} CPUs")
 
 
 def _bench(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from deepinfer.runtime.llm import LLM
     from deepinfer.runtime.sampling_params import SamplingParams
 
-    llm = LLM(args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
-              seed=args.seed, dummy_weights=args.dummy_weights)
-    rng = np.random.default_rng(args.seed)
+    llm = _llm(args, dummy_weights=args.dummy_weights)
+    limit = context_len(llm)
+    if args.input_len + args.output_len > limit:
+        raise ValueError(f"--input-len {args.input_len} + --output-len {args.output_len} tokens do not "
+                         f"fit the context of {limit} tokens (--max-model-len)")
     vocab = llm.model_config.vocab_size
-    prompts = [{"prompt_token_ids": rng.integers(100, vocab - 100, args.input_len).tolist()}
+    rng = np.random.default_rng(args.seed)
+    low, high = min(100, vocab // 4), max(vocab - 100, vocab // 4 + 1)  # avoid special tokens
+    prompts = [{"prompt_token_ids": rng.integers(low, high, args.input_len).tolist()}
                for _ in range(args.num_prompts)]
     params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
     llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True), use_tqdm=False)
@@ -126,43 +209,40 @@ def _bench(args: argparse.Namespace) -> int:
     dt = time.perf_counter() - t0
     n_in = sum(len(o.prompt_token_ids) for o in outs)
     n_out = sum(len(c.token_ids) for o in outs for c in o.outputs)
-    print(f"{len(outs)} requests in {dt:.2f} s: {len(outs) / dt:.2f} requests/s, "
-          f"{n_in / dt:.1f} input tok/s, {n_out / dt:.1f} output tok/s, {(n_in + n_out) / dt:.1f} total tok/s "
-          f"(device {llm.device}, dtype {str(llm.dtype).replace('torch.', '')})")
+    print(f"{len(outs)} requests in {dt:.2f} s: {len(outs) / dt:.2f} requests/s, {n_in / dt:.1f} input tok/s, "
+          f"{n_out / dt:.1f} output tok/s, {(n_in + n_out) / dt:.1f} total tok/s ({_machine_note(llm)})")
     return 0
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
     """Options of the offline throughput benchmark (shared with examples/benchmark.py)."""
     _model_args(p)
-    p.add_argument("--num-prompts", type=int, default=32)
-    p.add_argument("--input-len", type=int, default=128)
-    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--num-prompts", type=_positive_int, metavar="N", default=32, help="requests in the batch")
+    p.add_argument("--input-len", type=_positive_int, metavar="N", default=128, help="prompt tokens per request")
+    p.add_argument("--output-len", type=_positive_int, metavar="N", default=64, help="generated tokens per request")
     p.add_argument("--dummy-weights", action="store_true", help="random weights of the model's shape")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def run_bench(args: argparse.Namespace) -> int:
     """Run the offline throughput benchmark with parsed ``add_bench_args`` options."""
-    return _bench(args)
+    args.command = getattr(args, "command", None) or "bench"
+    return _run_guarded(_bench, args)
 
 
-def register(subparsers: Any) -> None:
-    """Add ``generate``, ``chat`` and ``bench`` to the ``deepinfer`` command's subparsers."""
-    g = subparsers.add_parser("generate", help="complete a prompt (streams to stdout)")
-    g.add_argument("prompt")
-    g.add_argument("--no-stream", action="store_true", help="print the completion when done")
-    _model_args(g)
-    _sampling_args(g)
-    g.set_defaults(func=lambda a: _run_guarded(_generate, a))
-
-    c = subparsers.add_parser("chat", help="chat with the model (chat template applied)")
-    c.add_argument("--system", default=None, help="system prompt")
-    c.add_argument("--message", default=None, help="one user message, then exit (no prompt)")
-    _model_args(c)
-    _sampling_args(c)
-    c.set_defaults(func=lambda a: _run_guarded(_chat, a))
-
-    b = subparsers.add_parser("bench", help="offline throughput on random prompts")
+def register_bench(subparsers: Any) -> argparse.ArgumentParser:
+    b = subparsers.add_parser(
+        "bench", help="offline throughput on random prompts",
+        description="Offline throughput of --num-prompts random prompts of --input-len tokens, each "
+                    "generating --output-len tokens (greedy, EOS ignored).")
     add_bench_args(b)
-    b.set_defaults(func=lambda a: _run_guarded(_bench, a))
+    b.set_defaults(func=run_bench)
+    return b
+
+
+# ---- registration -----------------------------------------------------------------------------
+def register(subparsers: Any) -> None:
+    """Add the runtime's subcommands to the ``deepinfer`` command's subparsers."""
+    register_generate(subparsers)
+    register_chat(subparsers)
+    register_bench(subparsers)

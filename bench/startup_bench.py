@@ -1,0 +1,107 @@
+"""Startup time: process start → first generated token, for ``deepinfer generate`` and the Python API.
+
+    python bench/startup_bench.py [--repeats 3] [--model PATH] [--threads N]
+
+Each measurement starts a fresh Python process (so imports, model loading, KV-cache allocation
+and the first step are all counted) and times, from just before the process is spawned:
+
+- ``cli``: ``python -m deepinfer generate PROMPT --max-tokens 8`` until its first byte of
+  completion text reaches stdout (progress goes to stderr, so stdout holds only the completion);
+- ``api``: a script doing ``from deepinfer import LLM`` → ``LLM()`` → ``llm.stream(PROMPT)``
+  until its first delta with a token; the script also reports when its imports finished and
+  when ``LLM()`` returned, which splits the figure into import / load / first-step parts.
+
+The contenders alternate (cli, api, cli, api, …) so machine load hits both alike; medians are
+printed with the load average before and after. The ``deepinfer --version`` and ``--help``
+start-up times (which must not import torch) are printed too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+PROMPT = "The capital of France is"
+
+API_SCRIPT = r"""
+import sys, time
+t0 = float(sys.argv[1])
+from deepinfer import LLM, SamplingParams
+t_import = time.time()
+llm = LLM(sys.argv[2] or None, device="cpu", num_threads=int(sys.argv[3]) if sys.argv[3] else None)
+t_load = time.time()
+for delta in llm.stream(sys.argv[4], SamplingParams(temperature=0.0, max_tokens=8)):
+    if delta.outputs[0].token_ids:
+        break
+t_first = time.time()
+print(f"{t_import - t0:.3f} {t_load - t0:.3f} {t_first - t0:.3f}", flush=True)
+"""
+
+
+def _first_stdout_byte(cmd: list[str], env: dict[str, str]) -> float:
+    """Seconds from spawning ``cmd`` to its first byte on stdout (the process is then ended)."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    assert proc.stdout is not None
+    first = proc.stdout.read(1)
+    dt = time.perf_counter() - t0
+    proc.kill()
+    proc.wait()
+    if not first:
+        raise RuntimeError(f"{cmd} printed nothing (exit status {proc.returncode})")
+    return dt
+
+
+def _api(model: str, threads: str, env: dict[str, str]) -> tuple[float, float, float]:
+    t0 = time.time()
+    out = subprocess.run([sys.executable, "-c", API_SCRIPT, repr(t0), model, threads, PROMPT],
+                         capture_output=True, text=True, env=env, check=True)
+    imp, load, first = (float(x) for x in out.stdout.split())
+    return imp, load, first
+
+
+def _wall(cmd: list[str], env: dict[str, str]) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(cmd, capture_output=True, env=env, check=False)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--model", default="", help="GGUF file or HF directory (default: the embedded model)")
+    parser.add_argument("--threads", default="", help="torch threads for both (default: torch's)")
+    args = parser.parse_args()
+    env = dict(os.environ)
+    cli = [sys.executable, "-m", "deepinfer", "generate", PROMPT, "--max-tokens", "8", "--device", "cpu"]
+    if args.model:
+        cli += ["--model", args.model]
+    if args.threads:
+        cli += ["--threads", args.threads]
+
+    load_before = os.getloadavg()
+    version = [_wall([sys.executable, "-m", "deepinfer", "--version"], env) for _ in range(args.repeats)]
+    help_ = [_wall([sys.executable, "-m", "deepinfer", "generate", "--help"], env) for _ in range(args.repeats)]
+    cli_s: list[float] = []
+    api_s: list[tuple[float, float, float]] = []
+    for _ in range(args.repeats):
+        cli_s.append(_first_stdout_byte(cli, env))
+        api_s.append(_api(args.model, args.threads, env))
+    load_after = os.getloadavg()
+
+    med = statistics.median
+    print(f"deepinfer --version          {med(version):6.2f} s")
+    print(f"deepinfer generate --help    {med(help_):6.2f} s")
+    print(f"cli: start -> first token    {med(cli_s):6.2f} s   (runs: {', '.join(f'{x:.2f}' for x in cli_s)})")
+    print(f"api: start -> first token    {med(a[2] for a in api_s):6.2f} s   "
+          f"(imports {med(a[0] for a in api_s):.2f} s, LLM() done {med(a[1] for a in api_s):.2f} s)")
+    print(f"{args.repeats} repeats, contenders interleaved; threads {args.threads or 'torch default'}, "
+          f"{os.cpu_count()} CPUs; load average {load_before[0]:.2f} before, {load_after[0]:.2f} after")
+
+
+if __name__ == "__main__":
+    main()
