@@ -61,8 +61,9 @@ class ChatSession:
     def add_user(self, text: str) -> tuple[list[int], int]:
         """Append a user message; returns the prompt ids and how many old turns were dropped.
 
-        ValueError (the message is dropped again) when the message alone does not fit.
+        ValueError (the conversation is left as it was) when the message alone does not fit.
         """
+        before = list(self.turns)
         self.turns.append({"role": "user", "content": text})
         dropped = 0
         while True:
@@ -70,7 +71,7 @@ class ChatSession:
             if len(ids) <= self.prompt_budget:
                 return ids, dropped
             if len(self.turns) == 1:
-                self.turns.pop()
+                self.turns = before
                 raise ValueError(
                     f"the message is {len(ids)} tokens with the chat template, more than the "
                     f"{self.prompt_budget} a prompt may use (context {self.context_len} tokens, "
