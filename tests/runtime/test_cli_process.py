@@ -109,6 +109,15 @@ def test_bench_refuses_input_longer_than_the_context():
     assert out.stdout == ""
 
 
+def test_bench_prints_threads_device_and_load_beside_the_figures():
+    out = _run("bench", "--threads", "1", "--num-prompts", "2", "--input-len", "8", "--output-len", "2",
+               "--quiet", "--device", "cpu")
+    assert out.returncode == 0, out.stderr
+    (line,) = _lines(out.stdout)
+    assert line.startswith("2 requests in ") and "output tok/s" in line
+    assert "(device cpu, dtype float32, threads 1, load average " in line and line.endswith(" CPUs)")
+
+
 def test_too_long_prompt_is_one_line_and_exit_2():
     prompt = " ".join(["word"] * 40)  # 40+ tokens
     out = _run("generate", prompt, "--max-model-len", "16")
@@ -229,6 +238,7 @@ LEFT, UP = "\x1b[D", "\x1b[A"
 def test_chat_on_a_terminal_edits_resets_stops_and_exits():
     term = Terminal(_cmd("chat", "--max-tokens", "400", "--ignore-eos"))
     try:
+        term.expect("loading the default model")  # the status line while it loads
         term.expect("/exit or Ctrl-D quits")  # the exit hint
         term.expect("you> ")
         term.type("/rset" + LEFT * 3 + "e\r")  # cursor moved back: "/reset" once edited

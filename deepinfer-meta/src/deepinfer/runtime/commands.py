@@ -184,7 +184,7 @@ def _machine_note(llm: Any) -> str:
 
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     return (f"device {llm.device}, dtype {str(llm.dtype).replace('torch.', '')}, "
-            f"{torch.get_num_threads()} threads, load average {load:.2f} on {os.cpu_count()} CPUs")
+            f"threads {torch.get_num_threads()}, load average {load:.2f} on {os.cpu_count()} CPUs")
 
 
 def _bench(args: argparse.Namespace) -> int:
