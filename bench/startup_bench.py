@@ -14,6 +14,10 @@ and the first step are all counted) and times, from just before the process is s
 The contenders alternate (cli, api, cli, api, …) so machine load hits both alike; medians are
 printed with the load average before and after. The ``deepinfer --version`` and ``--help``
 start-up times (which must not import torch) are printed too.
+
+``--baseline-src DIR`` measures a second copy of the ``deepinfer`` sources (e.g. an older
+checkout's ``deepinfer-meta/src``, put first on PYTHONPATH) in the same interleaved rounds and
+prints the before/after ratio.
 """
 
 from __future__ import annotations
@@ -70,11 +74,31 @@ def _wall(cmd: list[str], env: dict[str, str]) -> float:
     return time.perf_counter() - t0
 
 
+def _measure(env: dict[str, str], cli: list[str], model: str, threads: str,
+             runs: dict[str, list[float]]) -> None:
+    runs.setdefault("cli", []).append(_first_stdout_byte(cli, env))
+    imp, load, first = _api(model, threads, env)
+    runs.setdefault("api", []).append(first)
+    runs.setdefault("api_import", []).append(imp)
+    runs.setdefault("api_loaded", []).append(load)
+
+
+def _report(name: str, runs: dict[str, list[float]]) -> None:
+    med = statistics.median
+    print(f"[{name}] cli: start -> first token  {med(runs['cli']):6.2f} s   "
+          f"(runs: {', '.join(f'{x:.2f}' for x in runs['cli'])})")
+    print(f"[{name}] api: start -> first token  {med(runs['api']):6.2f} s   (imports done "
+          f"{med(runs['api_import']):.2f} s, LLM() done {med(runs['api_loaded']):.2f} s; "
+          f"runs: {', '.join(f'{x:.2f}' for x in runs['api'])})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--model", default="", help="GGUF file or HF directory (default: the embedded model)")
     parser.add_argument("--threads", default="", help="torch threads for both (default: torch's)")
+    parser.add_argument("--baseline-src", default="",
+                        help="another deepinfer source folder to compare with (put first on PYTHONPATH)")
     args = parser.parse_args()
     env = dict(os.environ)
     cli = [sys.executable, "-m", "deepinfer", "generate", PROMPT, "--max-tokens", "8", "--device", "cpu"]
@@ -82,24 +106,34 @@ def main() -> None:
         cli += ["--model", args.model]
     if args.threads:
         cli += ["--threads", args.threads]
+    contenders = {"current": env}
+    if args.baseline_src:
+        contenders["baseline"] = {**env, "PYTHONPATH": os.pathsep.join(
+            [args.baseline_src, *filter(None, [env.get("PYTHONPATH")])])}
+        if args.threads:  # the baseline may predate --threads: the API path sets it for both
+            cli = cli[:-2]
 
     load_before = os.getloadavg()
     version = [_wall([sys.executable, "-m", "deepinfer", "--version"], env) for _ in range(args.repeats)]
     help_ = [_wall([sys.executable, "-m", "deepinfer", "generate", "--help"], env) for _ in range(args.repeats)]
-    cli_s: list[float] = []
-    api_s: list[tuple[float, float, float]] = []
-    for _ in range(args.repeats):
-        cli_s.append(_first_stdout_byte(cli, env))
-        api_s.append(_api(args.model, args.threads, env))
+    runs: dict[str, dict[str, list[float]]] = {name: {} for name in contenders}
+    for i in range(args.repeats):
+        order = list(contenders) if i % 2 == 0 else list(reversed(contenders))
+        for name in order:
+            _measure(contenders[name], cli, args.model, args.threads, runs[name])
     load_after = os.getloadavg()
 
     med = statistics.median
     print(f"deepinfer --version          {med(version):6.2f} s")
     print(f"deepinfer generate --help    {med(help_):6.2f} s")
-    print(f"cli: start -> first token    {med(cli_s):6.2f} s   (runs: {', '.join(f'{x:.2f}' for x in cli_s)})")
-    print(f"api: start -> first token    {med(a[2] for a in api_s):6.2f} s   "
-          f"(imports {med(a[0] for a in api_s):.2f} s, LLM() done {med(a[1] for a in api_s):.2f} s)")
-    print(f"{args.repeats} repeats, contenders interleaved; threads {args.threads or 'torch default'}, "
+    for name in contenders:
+        _report(name, runs[name])
+    if "baseline" in runs:
+        for kind in ("cli", "api"):
+            ratios = [b / c for b, c in zip(runs["baseline"][kind], runs["current"][kind], strict=True)]
+            print(f"baseline / current, {kind}: {med(ratios):.2f}x (per round: "
+                  f"{', '.join(f'{r:.2f}' for r in ratios)})")
+    print(f"{args.repeats} rounds, contenders interleaved; threads {args.threads or 'torch default'}, "
           f"{os.cpu_count()} CPUs; load average {load_before[0]:.2f} before, {load_after[0]:.2f} after")
 
 
