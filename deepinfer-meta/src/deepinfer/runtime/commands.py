@@ -157,6 +157,8 @@ def _chat(args: argparse.Namespace) -> int:
 
     params = _sampling_params(args)
     llm = _llm(args)
+    if not getattr(llm.tokenizer, "chat_template", None):
+        raise ValueError(f"the model at {llm.model_path!r} has no chat template: use deepinfer generate")
     session = ChatSession(llm, params, context_len(llm), system=args.system)
     return run_chat(session, once=args.message)
 
