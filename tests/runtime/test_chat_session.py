@@ -81,3 +81,20 @@ def test_reset_keeps_the_system_prompt(tokenizer):
 ])
 def test_notice_says_why_a_reply_ended_early(reply, expected):
     assert _notice(reply, max_tokens=3) == expected
+
+
+def test_chat_refuses_a_model_without_a_chat_template(monkeypatch, capsys):
+    """A base model (no template in its tokenizer) is refused before the first prompt, exit 2."""
+    import argparse
+    from types import SimpleNamespace
+
+    from deepinfer.runtime import commands
+
+    base_model = SimpleNamespace(tokenizer=SimpleNamespace(chat_template=None), model_path="/models/base")
+    monkeypatch.setattr(commands, "_llm", lambda args: base_model)
+    parser = argparse.ArgumentParser(prog="deepinfer")
+    commands.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["chat"])
+    assert args.func(args) == 2
+    assert capsys.readouterr().err == ("deepinfer chat: error: the model at '/models/base' has no chat "
+                                      "template: use deepinfer generate\n")
