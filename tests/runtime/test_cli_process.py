@@ -165,9 +165,25 @@ def test_ctrl_c_while_generating_exits_130_with_one_line():
     assert _lines(err.decode()) == ["deepinfer: interrupted"], err.decode()
 
 
-def test_ctrl_c_while_starting_exits_130_with_one_line():
+def _wait_until_torch_loads(proc: subprocess.Popen[bytes]) -> None:
+    """Until libtorch is mapped into the process: it has started the command and is loading."""
+    maps = f"/proc/{proc.pid}/maps"
+    deadline = time.monotonic() + TIMEOUT_S
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with open(maps) as f:
+                if "libtorch" in f.read():
+                    return
+        except OSError:
+            break
+        time.sleep(0.02)
+    pytest.fail(f"the process did not start loading torch (exit status {proc.poll()})")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs Linux /proc to see torch loading")
+def test_ctrl_c_while_loading_exits_130_with_one_line():
     proc = _start("generate", PROMPT, "--max-tokens", "4")
-    time.sleep(1.0)  # importing torch / loading the model
+    _wait_until_torch_loads(proc)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err.decode()

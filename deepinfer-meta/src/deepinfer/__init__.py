@@ -1,20 +1,16 @@
 """DeepInfer: an LLM inference engine with a C++ hot path and pluggable accelerator backends.
 
-``import deepinfer`` is cheap: the runtime (and torch) load on first use of ``LLM`` or
-``SamplingParams``; ``deepinfer._C`` loads its submodules on access.
+``import deepinfer`` imports nothing else: the runtime (and torch) load on first use of ``LLM``
+or ``SamplingParams``, ``__version__`` is read on first access, and ``deepinfer._C`` loads its
+submodules on access.
 """
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
-try:
-    __version__ = version("deepinfer")
-except PackageNotFoundError:  # running from a source checkout
-    __version__ = "0+dev"
-
 if TYPE_CHECKING:
+    __version__: str
     from deepinfer.runtime.llm import LLM
     from deepinfer.runtime.sampling_params import SamplingParams
 
@@ -26,7 +22,19 @@ _LAZY = {
 }
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("deepinfer")
+    except PackageNotFoundError:  # running from a source checkout
+        return "0+dev"
+
+
 def __getattr__(name: str) -> Any:
+    if name == "__version__":  # read from the installed metadata on first use
+        globals()["__version__"] = _version()
+        return globals()["__version__"]
     if name in _LAZY:
         import importlib
 
