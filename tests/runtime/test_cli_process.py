@@ -76,6 +76,10 @@ def test_help_shows_defaults_in_plain_text():
     assert "--threads N" in out.stdout
     top = _run("--help")
     assert "`" not in top.stdout and "--version" in top.stdout
+    for command in ("chat", "bench", "env"):
+        out = _run(command, "--help")
+        assert out.returncode == 0 and "`" not in out.stdout, out.stdout
+    assert "(default: 32)" in _run("bench", "--help").stdout  # --num-prompts
 
 
 @pytest.mark.parametrize("command", ["generate", "chat", "bench"])
