@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from typing import Any
 
 
@@ -114,21 +113,17 @@ def _bench(args: argparse.Namespace) -> int:
     from deepinfer.runtime.sampling_params import SamplingParams
 
     llm = LLM(args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
-              seed=args.seed, dummy_weights=args.dummy_weights)
+              seed=args.seed, dummy_weights=args.dummy_weights, enforce_eager=args.enforce_eager)
     rng = np.random.default_rng(args.seed)
     vocab = llm.model_config.vocab_size
     prompts = [{"prompt_token_ids": rng.integers(100, vocab - 100, args.input_len).tolist()}
                for _ in range(args.num_prompts)]
     params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
     llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True), use_tqdm=False)
-    t0 = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=not args.quiet)
-    dt = time.perf_counter() - t0
-    n_in = sum(len(o.prompt_token_ids) for o in outs)
-    n_out = sum(len(c.token_ids) for o in outs for c in o.outputs)
-    print(f"{len(outs)} requests in {dt:.2f} s: {len(outs) / dt:.2f} requests/s, "
-          f"{n_in / dt:.1f} input tok/s, {n_out / dt:.1f} output tok/s, {(n_in + n_out) / dt:.1f} total tok/s "
-          f"(device {llm.device}, dtype {str(llm.dtype).replace('torch.', '')})")
+    from deepinfer.runtime.bench_metrics import measure_generate
+
+    report = measure_generate(llm, prompts, params, use_tqdm=not args.quiet, profile=args.profile)
+    print("\n".join(report.lines()) + f" [backend {llm.backend}, dtype {str(llm.dtype).replace('torch.', '')}]")
     return 0
 
 
@@ -140,6 +135,8 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--dummy-weights", action="store_true", help="random weights of the model's shape")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (decode steps run eagerly)")
+    p.add_argument("--profile", action="store_true", help="GraphTimer region times inside the decode graphs")
 
 
 def run_bench(args: argparse.Namespace) -> int:
