@@ -120,8 +120,18 @@ def test_graph_timer_regions_add_up_to_the_replay(shape_dir):
         end.synchronize()
         replay_ms.append(start.elapsed_time(end))
     stats = timer.to_dict()
-    per_replay = sum(s["mean_ms"] * s["count"] for s in stats.values()) / 50
+    inner = sum(s["mean_ms"] * s["count"] for n, s in stats.items() if n != "graph") / 50
+    whole = stats["graph"]["mean_ms"]
     replay = float(np.median(replay_ms))
-    print(f"regions {sorted(stats)}: sum {per_replay:.4f} ms per replay vs replay {replay:.4f} ms")
-    assert abs(per_replay - replay) <= max(0.10 * replay, 0.020)
+    print(f"regions {sorted(stats)}: inner regions sum to {inner:.4f} ms per replay, the 'graph' region "
+          f"{whole:.4f} ms, replay between events outside the graph {replay:.4f} ms")
+    # the regions tile the graph (gaps between nodes aside) within the timer's 10 % / 20 us error
+    assert abs(inner - whole) <= max(0.10 * whole, 0.020)
+    assert whole <= replay  # the launch and the first node's start are outside the graph's region
     timer.disable()
+    start.record()
+    for _ in range(50):
+        graph.replay()  # disabled: no timer nodes in the executable graph
+    end.record()
+    end.synchronize()
+    print(f"replay with the timer off: {start.elapsed_time(end) / 50:.4f} ms")

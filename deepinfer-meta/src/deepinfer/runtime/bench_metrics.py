@@ -2,10 +2,10 @@
 
 - output tok/s over the call's wall time;
 - TTFT and TPOT percentiles from each request's engine metrics (arrival, first token, finish);
-- device busy time per engine step, from CUDA events recorded at the start and the end of the
-  step's device work (``EngineLoop._run_model``): the GPU idle fraction is 1 - busy / wall. The
-  interval of an eager step also contains the gaps between its own kernels (the host launching
-  them), so for eager steps the idle fraction is a lower bound; a replayed graph has none;
+- device busy time: CUDA events around each decode-graph replay (its input copy included) and
+  each eager model call; the GPU idle fraction is 1 - busy / wall. A replay interval is device
+  work only; an eager interval also holds the gaps while the host launches its kernels and
+  leaves out the eager sampler, so eager idle fractions are rough;
 - MFU: the step FLOPs that ``deepinfer._C.engine.FlopsEstimator`` counts from each step's
   query and context lengths, over wall time and the device's dense bf16 peak;
 - with ``profile``: the GraphTimer's per-region device times inside the replayed decode graphs.
@@ -104,8 +104,10 @@ class BenchReport:
 
 
 class StepMeter:
-    """Wraps an EngineLoop's ``_run_model`` while active: counts each step's FLOPs and, on CUDA,
-    its device busy time (events at the start and the end of the step's device work)."""
+    """While active, counts each engine step's FLOPs and, on CUDA, the device time of its model
+    work: CUDA events around each graph replay (input copy included) and around each eager
+    ``ModelRunner.execute``. The eager interval also holds the gaps between the step's kernels
+    while the host launches them, and leaves out the eager sampler."""
 
     def __init__(self, llm: Any) -> None:
         self.llm, self.engine = llm, llm.engine
@@ -114,31 +116,47 @@ class StepMeter:
         self.flops = 0.0
         self.steps = 0
         self._events: list[tuple[Any, Any]] = []
+        self._patched: list[tuple[Any, str]] = []
+
+    def _timed(self, obj: Any, name: str) -> None:
+        inner = getattr(obj, name)
+
+        def timed(*a: Any, **kw: Any) -> Any:
+            import torch
+
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = inner(*a, **kw)
+            end.record()
+            self._events.append((start, end))
+            return out
+
+        setattr(obj, name, timed)
+        self._patched.append((obj, name))
 
     def __enter__(self) -> StepMeter:
         engine, inner = self.engine, self.engine._run_model
         buffers, args = engine.buffers, engine.args
 
         def run_model(n_tokens: int, decode: bool = False) -> None:
-            if self.cuda:
-                import torch
-
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
             inner(n_tokens, decode)
-            if self.cuda:
-                end.record()
-                self._events.append((start, end))
             n = int(args.num_seqs)  # real rows: padding rows are not the model's work
             q = np.diff(buffers["query_start_loc"][:n + 1])
             self.flops += float(self.estimator.step_flops(q, buffers["seq_lens"][:n], n))
             self.steps += 1
 
         engine._run_model = run_model
+        self._patched.append((engine, "_run_model"))
+        if self.cuda:
+            self._timed(self.llm.runner, "execute")
+            if self.llm.runner.graphs is not None:
+                self._timed(self.llm.runner.graphs, "replay")
         return self
 
     def __exit__(self, *exc: object) -> None:
-        del self.engine._run_model  # back to the class's method
+        for obj, name in self._patched:
+            delattr(obj, name)  # back to the class's method
+        self._patched = []
 
     def device_busy_s(self) -> float | None:
         if not self.cuda:

@@ -7,7 +7,8 @@ one: ``PrepareArgs(graph_batch_sizes=...)``) and replayed: per step, one host-to
 the engine's pinned input buffers (``StepBuffers``) and one graph launch.
 
 Each graph is wrapped in the backend's ``graph_timer.GraphHandle`` through a ``GraphTimer``
-with named regions (embed, attention, mlp, final_norm, lm_head, sampler). The timer starts
+with named regions: ``graph`` (the whole replay) and inside it embed, attention and mlp (once per
+layer), final_norm, lm_head and sampler. The timer starts
 disabled: its nodes are out of the executable graphs, so replays cost what an untimed graph
 costs; ``timer.enable()`` puts them back (no recapture). Without a usable backend (or the
 deepinfer-graph-timer wheel) graphs are captured without regions and ``timer`` is None.
@@ -18,11 +19,13 @@ Prefill and mixed steps stay eager; so do decode steps whose padded size has no 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from deepinfer.runtime.attention.metadata import AttentionMetadata
 from deepinfer.runtime.step_buffers import StepBuffers
@@ -46,6 +49,10 @@ def make_graph_timer() -> Any | None:
     except ImportError:  # BackendUnavailableError is an ImportError too
         return None
     return GraphTimer(gt, enabled=False)
+
+
+class _TimerRefused(Exception):
+    """The GraphTimer could not attach to a captured graph (the cause is chained)."""
 
 
 class CudaGraphRunner:
@@ -92,6 +99,11 @@ class CudaGraphRunner:
             yield
 
     def _forward(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        # "graph" spans the whole replay: the other regions sum to it (minus the gaps between them)
+        with self._region("graph"):
+            return self._forward_regions(b)
+
+    def _forward_regions(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         v, r = self.views, self.runner
         ids, pos = v["input_ids"][:b], v["positions"][:b]
         slots, seq_lens, bt = v["slot_mapping"][:b], v["seq_lens"][:b], v["block_tables"][:b]
@@ -107,9 +119,12 @@ class CudaGraphRunner:
             with self._region("model"):
                 hidden = model(ids.long(), pos.long(), r.kv_caches, meta, r.attention)
         with self._region("lm_head"):
-            logits = model.compute_logits(hidden)
+            # logits in the model's dtype: the sampler casts the rows it uses to float32, and
+            # the argmax of bf16 logits is the argmax of their float32 copy
+            w = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
+            logits = F.linear(hidden, w)
         with self._region("sampler"):
-            greedy = logits.argmax(dim=-1).to(torch.int32)
+            greedy = logits.argmax(dim=-1)
         return logits, greedy
 
     def _reference_metadata(self, b: int) -> AttentionMetadata:
@@ -133,7 +148,21 @@ class CudaGraphRunner:
 
     @torch.inference_mode()
     def capture(self) -> None:
-        """Warm up and capture every batch size (largest first, sharing one memory pool)."""
+        """Warm up and capture every batch size (largest first, sharing one memory pool).
+
+        When the timer cannot take a graph (the backend's GraphHandle refuses graphs whose
+        edges carry data, e.g. cuBLAS kernels with programmatic dependent launch), a warning
+        says so and every size is captured again without timer regions."""
+        try:
+            self._capture_all()
+        except _TimerRefused as exc:
+            warnings.warn(f"CUDA graphs are captured without GraphTimer regions: the graph timer refused the "
+                          f"decode graph ({exc.__cause__})", RuntimeWarning, stacklevel=2)
+            self.timer = None
+            self._graphs.clear()
+            self._capture_all()
+
+    def _capture_all(self) -> None:
         v = self.views
         # Inputs of placeholder rows: token 0 at position 0, no KV write, a context of one token.
         v["input_ids"].zero_()
@@ -164,7 +193,10 @@ class CudaGraphRunner:
             finally:
                 self._capturing = False
             if self.timer is not None:
-                self.timer.attach(graph)
+                try:
+                    self.timer.attach(graph)
+                except (RuntimeError, ValueError) as exc:  # the backend's CudaError is a RuntimeError
+                    raise _TimerRefused() from exc
             self._graphs[b] = (graph, logits, greedy)
         torch.cuda.synchronize(self.runner.device)
 
@@ -176,8 +208,8 @@ class CudaGraphRunner:
 
     def replay(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Copy the step's inputs up (one copy) and replay the graph of ``rows``; returns its
-        float32 logits [rows, vocab] and greedy token ids int32 [rows] (device tensors that the
-        next replay overwrites)."""
+        logits [rows, vocab] (model dtype) and greedy token ids int64 [rows] (device tensors that
+        the next replay overwrites)."""
         graph, logits, greedy = self._graphs[rows]
         n = self.buffers.bytes_for_batch(rows)
         self.device_bytes[:n].copy_(self.buffers.host[:n], non_blocking=True)

@@ -112,6 +112,10 @@ class EngineLoop:
             raise ValueError(f"request {request_id!r}: the prompt is empty (no tokens)")
         params.check_vocab(self.cfg.vocab_size)
         stop_ids = sorted(set(params.stop_token_ids or []) | set(self.extra_stop_token_ids))
+        # Only the finished output is wanted and no text is watched: the engine then builds no
+        # per-step outputs for the request (per-step Python work that a GPU step cannot hide).
+        quiet = (collect == "final" and final_text_only and output_kind == "cumulative"
+                 and not params.stop_strings)
         self.scheduler.add_request(
             request_id, np.asarray(prompt_ids, dtype=np.int32), arrival_time=time.time(),
             n=params.n, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
@@ -120,7 +124,7 @@ class EngineLoop:
             seed=params.seed, stop_token_ids=stop_ids, ignore_eos=params.ignore_eos,
             max_tokens=params.max_tokens, min_tokens=params.min_tokens,
             logprobs=params.logprobs, prompt_logprobs=params.prompt_logprobs,
-            logit_bias=dict(params.logit_bias or {}), output_kind=output_kind)
+            logit_bias=dict(params.logit_bias or {}), output_kind="final_only" if quiet else output_kind)
         delta = output_kind == "delta"
         self.requests[request_id] = _RequestState(params, list(prompt_ids), {}, {}, delta,
                                                   final_text_only and not delta and not params.stop_strings)

@@ -18,11 +18,11 @@ import triton.language as tl
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, k_ptr, v_ptr, block_tables_ptr, seq_lens_ptr, part_o_ptr, part_ml_ptr,
+    q_ptr, k_ptr, v_ptr, block_tables_ptr, seq_lens_ptr, part_o_ptr, part_ml_ptr, o_ptr,
     scale, num_splits,
-    stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt,
+    stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt, stride_ot, stride_oh,
     GROUP: tl.constexpr, M: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, IEEE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, IEEE: tl.constexpr, DIRECT: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
@@ -66,6 +66,11 @@ def _decode_split_kernel(
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
+    if DIRECT:  # one split: normalise and store the output here (no merge launch)
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        tl.store(o_ptr + seq * stride_ot + head[:, None] * stride_oh + d[None, :], out.to(o_ptr.dtype.element_ty),
+                 mask=row_ok[:, None] & d_ok[None, :])
+        return
     # partials: o [B, H, S, D] (unnormalised), ml [B, H, S, 2] (max, sum)
     num_heads = tl.num_programs(1) * GROUP
     pidx = (seq * num_heads + head) * num_splits + split
@@ -140,11 +145,14 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torc
     k_cache, v_cache = kv_cache[0], kv_cache[1]
     block_n = max(64, block_size)
     _decode_split_kernel[(b, kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, seq_lens, part_o, part_ml, scale, num_splits,
+        q, k_cache, v_cache, block_tables, seq_lens, part_o, part_ml, out, scale, num_splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        out.stride(0), out.stride(1),
         GROUP=group, M=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size, BLOCK_N=block_n,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=triton.next_power_of_2(head_dim), IEEE=q.dtype == torch.float32,
-        num_warps=4)
+        DIRECT=num_splits == 1, num_warps=4)
+    if num_splits == 1:
+        return out
     _decode_merge_kernel[(b, num_heads)](
         part_o, part_ml, out, num_splits, out.stride(0), out.stride(1),
         SPLITS_PAD=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim,
