@@ -87,12 +87,12 @@ class BenchReport:
             if v:
                 out.append(f"{name} ms: p50 {_pct(v, 50):.2f}  p90 {_pct(v, 90):.2f}  p99 {_pct(v, 99):.2f}  "
                            f"mean {float(np.mean(v)):.2f}")
-        if self.gpu_idle_fraction is not None:
+        if self.gpu_idle_fraction is not None and self.device_busy_s is not None:
             out.append(f"GPU idle fraction: {100 * self.gpu_idle_fraction:.1f} % "
                        f"(device busy {self.device_busy_s:.3f} s of {self.wall_s:.3f} s)")
-        mfu = self.mfu
+        mfu, peak = self.mfu, self.peak_flops
         out.append(f"model FLOPs: {self.flops / 1e12:.2f} TFLOP, {self.flops / self.wall_s / 1e12:.2f} TFLOP/s"
-                   + (f", MFU {100 * mfu:.2f} % of {self.peak_flops / 1e12:.0f} TFLOP/s bf16" if mfu is not None
+                   + (f", MFU {100 * mfu:.2f} % of {peak / 1e12:.0f} TFLOP/s bf16" if mfu is not None and peak
                       else " (MFU: unknown device peak)"))
         if self.regions:
             out.append("decode-graph regions (GraphTimer, per region instance):")

@@ -28,10 +28,10 @@ class StepBuffers:
     def __init__(self, max_tokens: int, max_seqs: int, width: int, pin: bool = False) -> None:
         self.max_tokens, self.max_seqs, self.width = max_tokens, max_seqs, width
         layout: list[tuple[str, np.dtype, tuple[int, ...]]] = []
-        for name, dt in _TOKEN_ARRAYS:
-            layout.append((name, np.dtype(dt), (max_tokens,)))
-        for name, dt, extra in _SEQ_ARRAYS:
-            layout.append((name, np.dtype(dt), (max_seqs + extra,)))
+        for tname, tdt in _TOKEN_ARRAYS:
+            layout.append((tname, np.dtype(tdt), (max_tokens,)))
+        for sname, sdt, extra in _SEQ_ARRAYS:
+            layout.append((sname, np.dtype(sdt), (max_seqs + extra,)))
         layout.append(("block_tables", np.dtype(np.int32), (max_seqs, width)))  # last: copied by rows
         self.offsets: dict[str, int] = {}
         self.layout = layout

@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from deepinfer.runtime.attention.triton_softmax import online_softmax_block
+
 
 @triton.jit
 def _decode_split_kernel(
@@ -51,21 +53,7 @@ def _decode_split_kernel(
         m2 = kmask[:, None] & d_ok[None, :]
         k = tl.load(k_ptr + base, mask=m2, other=0.0)
         v = tl.load(v_ptr + base, mask=m2, other=0.0)
-        if IEEE:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
-        s = tl.where(kmask[None, :], s * scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(s - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_block(q, k, v, kmask[None, :], m_i, l_i, acc, scale, IEEE)
     if DIRECT:  # one split: normalise and store the output here (no merge launch)
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         tl.store(o_ptr + seq * stride_ot + head[:, None] * stride_oh + d[None, :], out.to(o_ptr.dtype.element_ty),
