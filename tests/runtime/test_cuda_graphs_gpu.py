@@ -135,3 +135,35 @@ def test_graph_timer_regions_add_up_to_the_replay(shape_dir):
     end.record()
     end.synchronize()
     print(f"replay with the timer off: {start.elapsed_time(end) / 50:.4f} ms")
+
+
+FAULT_SCRIPT = r'''
+import sys
+sys.path.insert(0, sys.argv[2])
+import torch
+from deepinfer import LLM, SamplingParams
+llm = LLM(sys.argv[1], device="cuda", dtype="float32", dummy_weights=True, max_model_len=512, num_kv_blocks=256,
+          max_num_seqs=8)
+graphs = llm.runner.graphs
+inner = graphs.replay
+def corrupt(rows):
+    llm.engine.buffers["block_tables"][:rows] = 2 ** 30  # far outside the KV cache: the kernels fault
+    return inner(rows)
+graphs.replay = corrupt
+try:
+    llm.generate([[5, 6, 7]] * 3, SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
+except RuntimeError as exc:
+    print("raised RuntimeError:", str(exc).splitlines()[0])
+    sys.exit(0)
+print("no exception")
+sys.exit(1)
+'''
+
+
+def test_a_fault_inside_a_replayed_graph_raises(shape_dir):
+    # In a child process: a device fault leaves the CUDA context unusable for the rest of it.
+    out = subprocess.run([sys.executable, "-c", FAULT_SCRIPT, shape_dir, HERE], capture_output=True, text=True,
+                         timeout=300)
+    print(out.stdout.strip())
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert "raised RuntimeError" in out.stdout
