@@ -8,6 +8,8 @@ Prints microseconds per call (triton.testing.do_bench median) and the KV bandwid
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import torch
 import triton
@@ -34,14 +36,14 @@ def main() -> None:
             auto = choose_num_splits(b, kvh, ctx, torch.cuda.get_device_properties(dev).multi_processor_count)
             row = []
             for splits in sorted({1, auto, 4 * auto}):
-                us = triton.testing.do_bench(lambda s=splits: decode_attention(q, cache, bt, sl, d ** -0.5, s)) * 1e3
+                us = triton.testing.do_bench(partial(decode_attention, q, cache, bt, sl, d ** -0.5, splits)) * 1e3
                 row.append(f"splits {splits:>2}: {us:7.1f} us ({kv_bytes / us / 1e3:6.0f} GB/s)")
             meta = build_attention_metadata(slot_mapping=np.full(b, -1), query_start_loc=np.arange(b + 1),
                                             seq_lens=lens, block_tables=tables, block_size=bs,
                                             scratch_slot=(num_blocks - 1) * bs, device=dev)
             empty = torch.zeros(b, kvh, d, device=dev, dtype=torch.bfloat16)
-            us = triton.testing.do_bench(lambda: triton_paged.paged_attention(q, empty, empty, cache, meta,
-                                                                              d ** -0.5)) * 1e3
+            us = triton.testing.do_bench(partial(triton_paged.paged_attention, q, empty, empty, cache, meta,
+                                                 d ** -0.5)) * 1e3
             row.append(f"paged kernel (+KV write): {us:7.1f} us")
             print(f"{name:<13} B={b:<4} ctx={ctx:<5} " + " | ".join(row), flush=True)
 
