@@ -4,6 +4,8 @@ kernel used for prefill/mixed steps, for batch sizes and context lengths of the 
     python bench/decode_attention_bench.py
 
 Prints microseconds per call (triton.testing.do_bench median) and the KV bandwidth reached.
+The timings include each call's host-side launch, so the small cases (batch 1, short contexts)
+measure the launch path rather than the kernel; inside a CUDA graph those launches are gone.
 """
 
 from __future__ import annotations

@@ -138,6 +138,7 @@ def test_graph_timer_regions_add_up_to_the_replay(shape_dir):
 
 
 FAULT_SCRIPT = r'''
+import os
 import sys
 sys.path.insert(0, sys.argv[2])
 import torch
@@ -153,10 +154,10 @@ graphs.replay = corrupt
 try:
     llm.generate([[5, 6, 7]] * 3, SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
 except RuntimeError as exc:
-    print("raised RuntimeError:", str(exc).splitlines()[0])
-    sys.exit(0)
-print("no exception")
-sys.exit(1)
+    print("raised RuntimeError:", str(exc).splitlines()[0], flush=True)
+    os._exit(0)  # skip interpreter teardown: torch's destructors abort on the faulted context
+print("no exception", flush=True)
+os._exit(1)
 '''
 
 
