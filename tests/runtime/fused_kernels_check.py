@@ -63,8 +63,8 @@ def check_silu_mul(dtype: torch.dtype, g: torch.Generator) -> None:
     torch.testing.assert_close(silu_mul(gu), F.silu(gate) * up, **TOL[dtype])
 
 
-def check_decode_attention(dtype: torch.dtype, g: torch.Generator) -> None:
-    heads, kvh, d, bs, nb = 6, 2, 64, 16, 64
+def check_decode_attention(dtype: torch.dtype, g: torch.Generator, bs: int = 16) -> None:
+    heads, kvh, d, nb = 6, 2, 64, 64
     lens = [1, 37, 200, 16, 513]
     tables = np.stack([np.random.default_rng(i).permutation(nb)[:40] for i in range(len(lens))]).astype(np.int32)
     cache = torch.randn(2, nb + 1, bs, kvh, d, generator=g).to(DEV, dtype)
@@ -87,4 +87,5 @@ for dt in DTYPES:
     check_rotary_kv(dt, gen)
     check_silu_mul(dt, gen)
     check_decode_attention(dt, gen)
+check_decode_attention(torch.float32, gen, bs=24)  # a block size that is no power of two
 print("ok")

@@ -131,7 +131,7 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torc
         return out
     part_o, part_ml = workspace.part_o, workspace.part_ml
     k_cache, v_cache = kv_cache[0], kv_cache[1]
-    block_n = max(64, block_size)
+    block_n = max(64, triton.next_power_of_2(block_size))
     _decode_split_kernel[(b, kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, part_o, part_ml, out, scale, num_splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
