@@ -78,3 +78,15 @@ def test_llm_reports_its_backend(selected, tmp_path):
               cpu_kv_cache_bytes=1 << 22)
     assert llm.backend == "cpu" and str(llm.device) == "cpu" and llm.runner.graphs is None
     assert "backend='cpu'" in repr(llm) and "cuda_graphs=off" in repr(llm)
+
+
+def test_enforce_eager_must_be_a_bool(selected, tmp_path):
+    import sys
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    from deepinfer import LLM
+    from gpu_shapes import write_shape_dir
+
+    selected(None)
+    with pytest.raises(TypeError, match="enforce_eager must be a bool, got str"):
+        LLM(write_shape_dir(str(tmp_path), "test-small"), dummy_weights=True, enforce_eager="yes")

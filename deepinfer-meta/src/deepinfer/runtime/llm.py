@@ -41,7 +41,7 @@ class LLM:
 
     The device defaults to the one of the backend the plugin registry selects (``backend``:
     "cuda" -> the CUDA device, "ascend" -> the torch_npu device, none -> "cpu"); on CUDA,
-    decode steps replay CUDA graphs captured at start-up (see docs/guide/gpu.md).
+    decode steps replay CUDA graphs captured at start-up (see docs/guide/08-gpu.md).
     """
 
     def __init__(self, model: str | os.PathLike[str] | None = None, *, device: str | None = None,
@@ -73,6 +73,8 @@ class LLM:
         tdtype = dtypes[dtype] if dtype else (torch.float32 if dev.type == "cpu" else torch.bfloat16)
         if num_threads is not None:
             torch.set_num_threads(num_threads)
+        if not isinstance(enforce_eager, bool):
+            raise TypeError(f"enforce_eager must be a bool, got {type(enforce_eager).__name__}")
         for name, value in (("block_size", block_size), ("max_num_seqs", max_num_seqs)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
