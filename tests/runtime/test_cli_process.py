@@ -117,9 +117,11 @@ def test_bench_prints_threads_device_and_load_beside_the_figures():
     out = _run("bench", "--threads", "1", "--num-prompts", "2", "--input-len", "8", "--output-len", "2",
                "--quiet", "--device", "cpu")
     assert out.returncode == 0, out.stderr
-    (line,) = _lines(out.stdout)
-    assert line.startswith("2 requests in ") and "output tok/s" in line
-    assert "(device cpu, dtype float32, threads 1, load average " in line and line.endswith(" CPUs)")
+    lines = _lines(out.stdout)
+    assert lines[0].startswith("2 requests in ") and "output tok/s" in lines[0]
+    for line in lines:  # every figure says what it depends on
+        assert " [backend cpu, device cpu, dtype float32, threads 1, load average " in line, line
+        assert line.endswith(" CPUs]"), line
 
 
 def test_too_long_prompt_is_one_line_and_exit_2():

@@ -56,6 +56,17 @@ def _record_dict(r: BackendRecord) -> dict[str, Any]:
     }
 
 
+def _runtime(selected: str | None) -> dict[str, str]:
+    """Where deepinfer.LLM runs by default: the selected backend's torch device."""
+    try:
+        from deepinfer.runtime.device import device_for_backend
+
+        where = device_for_backend(selected)
+    except ImportError as exc:  # torch missing: the runtime cannot run at all
+        return {"device": "none", "backend": "none", "reason": f"the runtime cannot import: {exc}"}
+    return {"device": where.device, "backend": where.backend, "reason": where.reason}
+
+
 def collect() -> dict[str, Any]:
     """Everything ``deepinfer env`` reports, as plain data (``--json`` prints it)."""
     records = registry.discover()
@@ -74,6 +85,7 @@ def collect() -> dict[str, Any]:
         "backends": [_record_dict(r) for r in records],
         "selected_backend": selected,
         "selection_error": selection_error,
+        "runtime": _runtime(selected),
         "hints": accelerators_without_backend(records),
         "environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith("DEEPINFER_")},
     }
@@ -105,6 +117,9 @@ def render(report: dict[str, Any]) -> str:
     out += ["", f"Selected backend: {report['selected_backend'] or 'none'}"]
     if report["selection_error"]:
         out += [f"  {line}" for line in report["selection_error"].splitlines()]
+    rt = report.get("runtime")
+    if rt:
+        out.append(f"Runtime (deepinfer.LLM): device {rt['device']}, served by backend {rt['backend']} ({rt['reason']})")
     for hint in report["hints"]:
         out.append(f"Hint: {hint}")
     out += ["", "Environment variables"]

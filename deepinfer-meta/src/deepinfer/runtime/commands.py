@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from typing import Any
 
 from deepinfer.runtime.console import deferred_interrupt, status
@@ -181,20 +180,21 @@ def register_chat(subparsers: Any) -> argparse.ArgumentParser:
 
 # ---- bench ------------------------------------------------------------------------------------
 def _machine_note(llm: Any) -> str:
-    """What a figure depends on: device, dtype, threads and the load on the machine."""
+    """What a figure depends on: backend, device, dtype, threads and the load on the machine."""
     import torch
 
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return (f"device {llm.device}, dtype {str(llm.dtype).replace('torch.', '')}, "
+    return (f"backend {llm.backend}, device {llm.device}, dtype {str(llm.dtype).replace('torch.', '')}, "
             f"threads {torch.get_num_threads()}, load average {load:.2f} on {os.cpu_count()} CPUs")
 
 
 def _bench(args: argparse.Namespace) -> int:
     import numpy as np
 
+    from deepinfer.runtime.bench_metrics import measure_generate
     from deepinfer.runtime.sampling_params import SamplingParams
 
-    llm = _llm(args, dummy_weights=args.dummy_weights)
+    llm = _llm(args, dummy_weights=args.dummy_weights, enforce_eager=args.enforce_eager)
     limit = context_len(llm)
     if args.input_len + args.output_len > limit:
         raise ValueError(f"--input-len {args.input_len} + --output-len {args.output_len} tokens do not "
@@ -206,13 +206,10 @@ def _bench(args: argparse.Namespace) -> int:
                for _ in range(args.num_prompts)]
     params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
     llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True), use_tqdm=False)
-    t0 = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=not args.quiet)
-    dt = time.perf_counter() - t0
-    n_in = sum(len(o.prompt_token_ids) for o in outs)
-    n_out = sum(len(c.token_ids) for o in outs for c in o.outputs)
-    print(f"{len(outs)} requests in {dt:.2f} s: {len(outs) / dt:.2f} requests/s, {n_in / dt:.1f} input tok/s, "
-          f"{n_out / dt:.1f} output tok/s, {(n_in + n_out) / dt:.1f} total tok/s ({_machine_note(llm)})")
+    report = measure_generate(llm, prompts, params, use_tqdm=not args.quiet, profile=args.profile)
+    note = _machine_note(llm)
+    for line in report.lines():  # each figure with what it depends on (not the region table)
+        print(line if line.startswith(" ") or line.endswith(":") else f"{line} [{note}]")
     return 0
 
 
@@ -224,6 +221,8 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-len", type=_positive_int, metavar="N", default=64, help="generated tokens per request")
     p.add_argument("--dummy-weights", action="store_true", help="random weights of the model's shape")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (decode steps run eagerly)")
+    p.add_argument("--profile", action="store_true", help="GraphTimer region times inside the decode graphs")
 
 
 def run_bench(args: argparse.Namespace) -> int:

@@ -16,11 +16,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from deepinfer.runtime.cuda_graph_runner import greedy_tokens
 from deepinfer.runtime.detokenizer import IncrementalDetokenizer, decode_completion
 from deepinfer.runtime.model_runner import ModelRunner
 from deepinfer.runtime.sampler import prompt_logprobs, sample
 from deepinfer.runtime.sampler_inputs import PenaltyTables, sampling_batch_from_engine
 from deepinfer.runtime.sampling_params import SamplingParams
+from deepinfer.runtime.step_buffers import StepBuffers
 
 
 @dataclass
@@ -37,6 +39,7 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
     seed: int = 0
+    graph_batch_sizes: list[int] | None = None  # decode-only steps are padded to these (CUDA graphs)
 
 
 @dataclass
@@ -69,13 +72,11 @@ class EngineLoop:
         t = max(cfg.max_num_batched_tokens, cfg.max_num_seqs)
         s = cfg.max_num_seqs
         w = (cfg.max_model_len + cfg.block_size - 1) // cfg.block_size
-        self.buffers: dict[str, np.ndarray] = {
-            "input_ids": np.zeros(t, np.int32), "positions": np.zeros(t, np.int32),
-            "slot_mapping": np.zeros(t, np.int64), "query_start_loc": np.zeros(s + 1, np.int32),
-            "seq_lens": np.zeros(s, np.int32), "block_tables": np.zeros((s, w), np.int32),
-            "logits_indices": np.zeros(t, np.int32),
-        }
-        self.args = E.PrepareArgs(block_size=cfg.block_size, max_model_len=cfg.max_model_len, **self.buffers)
+        # One host allocation (pinned on CUDA: a replayed decode step copies it up in one go).
+        self.step_buffers = StepBuffers(t, s, w, pin=runner.device.type == "cuda")
+        self.buffers: dict[str, np.ndarray] = self.step_buffers.arrays
+        self.args = E.PrepareArgs(block_size=cfg.block_size, max_model_len=cfg.max_model_len,
+                                  graph_batch_sizes=cfg.graph_batch_sizes, **self.buffers)
         self.metadata = E.SequenceMetadataPool()
         self.sampler_inputs = E.SamplerInputs(cfg.seed)
         self.penalty_tables = PenaltyTables(runner.device)  # fed by sampler_inputs, step by step
@@ -111,6 +112,10 @@ class EngineLoop:
             raise ValueError(f"request {request_id!r}: the prompt is empty (no tokens)")
         params.check_vocab(self.cfg.vocab_size)
         stop_ids = sorted(set(params.stop_token_ids or []) | set(self.extra_stop_token_ids))
+        # Only the finished output is wanted and no text is watched: the engine then builds no
+        # per-step outputs for the request (per-step Python work that a GPU step cannot hide).
+        quiet = (collect == "final" and final_text_only and output_kind == "cumulative"
+                 and not params.stop_strings)
         self.scheduler.add_request(
             request_id, np.asarray(prompt_ids, dtype=np.int32), arrival_time=time.time(),
             n=params.n, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
@@ -119,7 +124,7 @@ class EngineLoop:
             seed=params.seed, stop_token_ids=stop_ids, ignore_eos=params.ignore_eos,
             max_tokens=params.max_tokens, min_tokens=params.min_tokens,
             logprobs=params.logprobs, prompt_logprobs=params.prompt_logprobs,
-            logit_bias=dict(params.logit_bias or {}), output_kind=output_kind)
+            logit_bias=dict(params.logit_bias or {}), output_kind="final_only" if quiet else output_kind)
         delta = output_kind == "delta"
         self.requests[request_id] = _RequestState(params, list(prompt_ids), {}, {}, delta,
                                                   final_text_only and not delta and not params.stop_strings)
@@ -198,18 +203,28 @@ class EngineLoop:
             runner.copy_blocks(copies[:, 0], copies[:, 1])
         self.metadata.build(self.scheduler)
         if len(self.metadata):
-            if out.num_decodes == len(self.metadata):
+            decode = out.num_decodes == len(self.metadata)
+            if decode:
                 n_tokens = E.prepare_decode_v4(self.args, self.metadata)
             else:
                 n_tokens = E.prepare_prompt_v4(self.args, self.metadata)
-            self._run_model(n_tokens)
+            self._run_model(n_tokens, decode)
         else:
             self.scheduler.update(np.zeros(0, np.int32))
         return self._collect_outputs()
 
-    def _run_model(self, n_tokens: int) -> None:
+    def _run_model(self, n_tokens: int, decode: bool = False) -> None:
         E, b, args = self._E, self.buffers, self.args
         si = E.prepare_sampler_inputs(args, self.metadata, self.sampler_inputs)
+        graphs = self.runner.graphs
+        if decode and graphs is not None and graphs.can_replay(args):
+            logits, greedy = graphs.replay(args.num_rows)
+            tokens = greedy_tokens(si, greedy, self.penalty_tables)
+            if tokens is not None:
+                self.scheduler.update(tokens)
+                return
+            self._sample(si, logits)
+            return
         n_seqs = args.num_seqs if args.num_rows == 0 else args.num_rows
         logits = self.runner.execute(
             input_ids=b["input_ids"][:n_tokens], positions=b["positions"][:n_tokens],
@@ -225,6 +240,9 @@ class EngineLoop:
             E.update_prompt_logprobs(self.scheduler, si, lp.cpu().numpy(),
                                      None if ids is None else ids.to(torch.int32).cpu().numpy(),
                                      None if vals is None else vals.cpu().numpy())
+        self._sample(si, logits)
+
+    def _sample(self, si: Any, logits: torch.Tensor) -> None:
         rows, batch = sampling_batch_from_engine(si, logits.device, self.penalty_tables)
         res = sample(logits[rows], batch)
         real = si.driver.num_real_rows

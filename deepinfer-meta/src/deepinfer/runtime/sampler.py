@@ -56,6 +56,11 @@ class SamplingBatch:
     allowed_tokens: torch.Tensor | None = None
     max_logprobs: int = -1  # largest top-k logprobs asked by any row; -1 = none
     all_greedy: bool = False
+    # Whether some random row uses top-k / top-p / min-p, when the host knows it (the engine's
+    # no_top_k / no_top_p / no_min_p): no device-to-host sync to find out. None: checked on the device.
+    top_k_used: bool | None = None
+    top_p_used: bool | None = None
+    min_p_used: bool | None = None
 
 
 @dataclass
@@ -119,6 +124,11 @@ def _apply_dense_penalties(x: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
     return x
 
 
+def _used(known: bool | None, mask: torch.Tensor) -> bool:
+    # A host-known answer costs nothing; asking the device waits for it.
+    return bool(mask.any()) if known is None else known
+
+
 def sampling_probs(x: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
     """Probabilities [R, V] after temperature, top-k, top-p and min-p (rows with temperature 0 are
     treated as temperature 1 here; the caller takes their argmax instead)."""
@@ -127,14 +137,14 @@ def sampling_probs(x: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
     vocab = x.shape[-1]
     k = b.top_k
     use_k = (k > 0) & (k < vocab)
-    if bool(use_k.any()):
+    if _used(b.top_k_used, use_k):
         kk = torch.where(use_k, k, torch.full_like(k, vocab)).clamp(max=vocab)
         sorted_x = x.sort(dim=-1, descending=True).values
         kth = sorted_x.gather(1, (kk - 1)[:, None])
         x = x.masked_fill(x < kth, float("-inf"))
     probs = torch.softmax(x, dim=-1)
     use_p = b.top_p < 1.0
-    if bool(use_p.any()):
+    if _used(b.top_p_used, use_p):
         sp, idx = probs.sort(dim=-1, descending=True)
         before = sp.cumsum(dim=-1) - sp  # probability mass strictly ahead of each token
         drop_sorted = (before >= b.top_p[:, None]) & use_p[:, None]
@@ -142,7 +152,7 @@ def sampling_probs(x: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
         probs = probs.masked_fill(drop, 0.0)
         probs = probs / probs.sum(dim=-1, keepdim=True)
     use_min = b.min_p > 0
-    if bool(use_min.any()):
+    if _used(b.min_p_used, use_min):
         thresh = probs.max(dim=-1, keepdim=True).values * b.min_p[:, None]
         probs = probs.masked_fill((probs < thresh) & use_min[:, None], 0.0)
         probs = probs / probs.sum(dim=-1, keepdim=True)

@@ -133,6 +133,7 @@ def sampling_batch_from_engine(si: Any, device: torch.device,
         step=_t(k.offsets, torch.int64, device),
         max_logprobs=int(drv.max_num_logprobs),
         all_greedy=bool(k.all_greedy),
+        top_k_used=not bool(k.no_top_k), top_p_used=not bool(k.no_top_p), min_p_used=not bool(k.no_min_p),
     )
     if not tr.no_penalties:
         b.presence_penalty = _t(tr.presence_penalty, torch.float32, device)

@@ -20,6 +20,7 @@ import triton.language as tl
 
 from deepinfer.runtime.attention.metadata import AttentionMetadata
 from deepinfer.runtime.attention.torch_paged import write_kv
+from deepinfer.runtime.attention.triton_softmax import online_softmax_block
 
 
 @triton.jit
@@ -65,23 +66,8 @@ def _paged_attention_kernel(
         kmask = (kpos < kv_len)[:, None] & d_ok[None, :]
         k = tl.load(k_ptr + base, mask=kmask, other=0.0)
         v = tl.load(v_ptr + base, mask=kmask, other=0.0)
-        if IEEE:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
-        s = s * scale
         visible = (kpos[None, :] <= pos[:, None]) & row_ok[:, None]
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(s - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_block(q, k, v, visible, m_i, l_i, acc, scale, IEEE)
         blk += 1
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(o_ptr + (q_begin + tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],

@@ -1,0 +1,151 @@
+"""GPU throughput of DeepInfer (CUDA graphs, and eager) against transformers ``generate``, in one run.
+
+    python bench/gpu_bench.py --shape smollm2-135m --batch 256 --input-len 128 --output-len 256 [--runs 3]
+    python bench/gpu_bench.py --shape llama3-8b --batch 1 --input-len 128 --output-len 128
+
+Random bf16 weights of the named shape (tests/runtime/gpu_shapes.py), EOS ignored, greedy.
+Every contender gets one warm-up call, then ``--runs`` timed calls; prints each run and the
+median with the spread (min-max) of output tok/s. DeepInfer's runs also print the
+``deepinfer bench`` report (TTFT/TPOT, GPU idle fraction, MFU); ``--profile`` adds one run with
+the GraphTimer on (region times inside the decode graphs).
+
+The random weights are made on the GPU directly (model built on the meta device, then
+initialised in place): the runtime's dummy-weight loader goes through a float32 host copy,
+which for an 8B shape takes minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "runtime"))
+
+
+def _load_on_device(path, *, device, dtype, dummy_weights=False, max_positions=None, seed=0):  # type: ignore[no-untyped-def]
+    from deepinfer.runtime.model_loader import LoadedModel, read_config
+    from deepinfer.runtime.models.llama import LlamaForCausalLM
+    from deepinfer.runtime.models.rotary import RotaryEmbedding
+
+    cfg = read_config(path)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg, max_positions=max_positions).to(dtype)
+    model = model.to_empty(device=device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02, generator=gen)
+    model.rotary = RotaryEmbedding(cfg.head_dim, max_positions or cfg.max_position_embeddings, cfg.rope_theta,
+                                   cfg.rope_scaling).to(device)
+    return LoadedModel(model=model.eval(), config=cfg, path=path)
+
+
+def _summary(name: str, values: list[float]) -> str:
+    return (f"{name}: median {statistics.median(values):,.0f} output tok/s (spread {min(values):,.0f}-"
+            f"{max(values):,.0f}, {100 * (max(values) - min(values)) / statistics.median(values):.1f} %, "
+            f"{len(values)} runs)")
+
+
+def run_transformers(shape_dir: str, prompts: list[list[int]], out_len: int, runs: int) -> list[float]:
+    from transformers import AutoConfig, LlamaForCausalLM
+
+    cfg = AutoConfig.from_pretrained(shape_dir)
+    torch.set_default_dtype(torch.bfloat16)
+    with torch.device("cuda"):
+        hf = LlamaForCausalLM(cfg).eval()
+    torch.set_default_dtype(torch.float32)
+    ids = torch.tensor(prompts, device="cuda")
+    mask = torch.ones_like(ids)
+    rates = []
+    for i in range(runs + 1):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = hf.generate(ids, attention_mask=mask, max_new_tokens=out_len, min_new_tokens=out_len,
+                              do_sample=False, pad_token_id=0)
+        torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        n = (out.shape[1] - ids.shape[1]) * out.shape[0]
+        if i:
+            rates.append(n / dt)
+            print(f"  transformers run {i}: {n / dt:,.0f} output tok/s ({dt:.2f} s)", flush=True)
+    del hf
+    gc.collect()
+    torch.cuda.empty_cache()
+    return rates
+
+
+def run_deepinfer(shape_dir: str, prompts: list[list[int]], out_len: int, runs: int, *, eager: bool,
+                  profile: bool) -> list[float]:
+    import deepinfer.runtime.model_loader as ml
+    from deepinfer import LLM, SamplingParams
+    from deepinfer.runtime.bench_metrics import measure_generate
+
+    ml.load_model = _load_on_device  # type: ignore[assignment]
+    max_len = len(prompts[0]) + out_len + 16
+    t0 = time.perf_counter()
+    llm = LLM(shape_dir, dtype="bfloat16", dummy_weights=True, max_num_seqs=max(len(prompts), 1),
+              max_model_len=max_len, max_num_batched_tokens=max(8192, max_len), enforce_eager=eager,
+              gpu_memory_utilization=0.85)
+    print(f"  {llm!r} ready in {time.perf_counter() - t0:.1f} s", flush=True)
+    params = SamplingParams(temperature=0.0, max_tokens=out_len, ignore_eos=True)
+    batch = [{"prompt_token_ids": p} for p in prompts]
+    llm.generate(batch, params, use_tqdm=False)  # warm-up
+    rates = []
+    for i in range(runs):
+        rep = measure_generate(llm, batch, params)
+        rates.append(rep.output_tok_s)
+        print(f"  deepinfer {'eager' if eager else 'graphs'} run {i + 1}: " + "\n    ".join(rep.lines()), flush=True)
+    if profile and not eager:
+        rep = measure_generate(llm, batch, params, profile=True)
+        print("  profiled run (GraphTimer on): " + "\n    ".join(rep.lines()), flush=True)
+    del llm
+    gc.collect()
+    torch.cuda.empty_cache()
+    return rates
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", default="smollm2-135m")
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=256)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--contenders", default="transformers,deepinfer", help="deepinfer,eager,transformers")
+    p.add_argument("--profile", action="store_true")
+    args = p.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from gpu_shapes import SHAPES, write_shape_dir
+
+    shape_dir = write_shape_dir(tempfile.mkdtemp(prefix="shape-"), args.shape)
+    vocab = SHAPES[args.shape]["vocab_size"]
+    g = torch.Generator().manual_seed(0)
+    prompts = torch.randint(100, vocab - 100, (args.batch, args.input_len), generator=g).tolist()
+    print(f"== {args.shape} bf16 random weights, {args.batch} x ({args.input_len} in, {args.output_len} out) on "
+          f"{torch.cuda.get_device_name()} (torch {torch.__version__})", flush=True)
+    results = {}
+    for who in args.contenders.split(","):
+        if who == "transformers":
+            results[who] = run_transformers(shape_dir, prompts, args.output_len, args.runs)
+        elif who in ("deepinfer", "eager"):
+            results[who] = run_deepinfer(shape_dir, prompts, args.output_len, args.runs if who == "deepinfer" else 1,
+                                         eager=who == "eager", profile=args.profile)
+    for who, rates in results.items():
+        print(_summary(f"{args.shape} b{args.batch} {who}", rates), flush=True)
+    if "deepinfer" in results and "transformers" in results:
+        print(f"ratio deepinfer/transformers: {statistics.median(results['deepinfer']) / statistics.median(results['transformers']):.2f}x")
+
+
+if __name__ == "__main__":
+    main()

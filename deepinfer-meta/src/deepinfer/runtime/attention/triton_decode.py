@@ -1,0 +1,148 @@
+"""Split-K paged decode attention on CUDA (Triton): one query token per sequence.
+
+Why split-K: a decode step has one query row per sequence, so a kernel with one program per
+(sequence, kv head) runs B * KVH programs — 8 for a Llama-3-8B batch of one on a GPU of 132
+multiprocessors — each walking the whole context alone. Here the context is cut into
+``num_splits`` chunks processed by separate programs that each write a partial (max, sum,
+weighted values); a second kernel merges the partials with the log-sum-exp rule. Every input is
+a device tensor (no host-side lengths), so the pair can be captured in a CUDA graph and replayed
+for any sequence lengths; ``num_splits`` is fixed per captured batch size.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from deepinfer.runtime.attention.triton_softmax import online_softmax_block
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, k_ptr, v_ptr, block_tables_ptr, seq_lens_ptr, part_o_ptr, part_ml_ptr, o_ptr,
+    scale, num_splits,
+    stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt, stride_ot, stride_oh,
+    GROUP: tl.constexpr, M: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, IEEE: tl.constexpr, DIRECT: tl.constexpr,
+):
+    seq = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    per_split = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    start = split * per_split
+    end = tl.minimum(start + per_split, seq_len)
+
+    rows = tl.arange(0, M)
+    row_ok = rows < GROUP
+    head = kvh * GROUP + rows
+    d = tl.arange(0, HEAD_DIM_PAD)
+    d_ok = d < HEAD_DIM
+    q = tl.load(q_ptr + seq * stride_qt + head[:, None] * stride_qh + d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    m_i = tl.full([M], float("-inf"), tl.float32)
+    l_i = tl.zeros([M], tl.float32)
+    acc = tl.zeros([M, HEAD_DIM_PAD], tl.float32)
+    n = tl.arange(0, BLOCK_N)
+    for kstart in range(start, end, BLOCK_N):
+        kpos = kstart + n
+        kmask = kpos < end
+        block_id = tl.load(block_tables_ptr + seq * stride_bt + kpos // BLOCK_SIZE, mask=kmask, other=0).to(tl.int64)
+        base = block_id[:, None] * stride_kb + (kpos % BLOCK_SIZE)[:, None] * stride_ks + kvh * stride_kh + d[None, :]
+        m2 = kmask[:, None] & d_ok[None, :]
+        k = tl.load(k_ptr + base, mask=m2, other=0.0)
+        v = tl.load(v_ptr + base, mask=m2, other=0.0)
+        m_i, l_i, acc = online_softmax_block(q, k, v, kmask[None, :], m_i, l_i, acc, scale, IEEE)
+    if DIRECT:  # one split: normalise and store the output here (no merge launch)
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        tl.store(o_ptr + seq * stride_ot + head[:, None] * stride_oh + d[None, :], out.to(o_ptr.dtype.element_ty),
+                 mask=row_ok[:, None] & d_ok[None, :])
+        return
+    # partials: o [B, H, S, D] (unnormalised), ml [B, H, S, 2] (max, sum)
+    num_heads = tl.num_programs(1) * GROUP
+    pidx = (seq * num_heads + head) * num_splits + split
+    tl.store(part_o_ptr + pidx[:, None] * HEAD_DIM + d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
+    tl.store(part_ml_ptr + pidx * 2, m_i, mask=row_ok)
+    tl.store(part_ml_ptr + pidx * 2 + 1, l_i, mask=row_ok)
+
+
+@triton.jit
+def _decode_merge_kernel(part_o_ptr, part_ml_ptr, o_ptr, num_splits, stride_ot, stride_oh,
+                         SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
+    seq = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    num_heads = tl.num_programs(1)
+    s = tl.arange(0, SPLITS_PAD)
+    s_ok = s < num_splits
+    base = (seq * num_heads + head) * num_splits
+    m = tl.load(part_ml_ptr + (base + s) * 2, mask=s_ok, other=float("-inf"))
+    ll = tl.load(part_ml_ptr + (base + s) * 2 + 1, mask=s_ok, other=0.0)
+    m_max = tl.max(m, 0)
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+    w = tl.where(s_ok & (m > float("-inf")), tl.exp(m - m_max), 0.0)
+    total = tl.sum(w * ll, 0)
+    d = tl.arange(0, HEAD_DIM_PAD)
+    d_ok = d < HEAD_DIM
+    po = tl.load(part_o_ptr + (base + s)[:, None] * HEAD_DIM + d[None, :], mask=s_ok[:, None] & d_ok[None, :],
+                 other=0.0)
+    out = tl.sum(po * w[:, None], 0) / tl.where(total == 0.0, 1.0, total)
+    tl.store(o_ptr + seq * stride_ot + head * stride_oh + d, out.to(o_ptr.dtype.element_ty), mask=d_ok)
+
+
+def choose_num_splits(batch: int, num_kv_heads: int, max_model_len: int, num_sms: int = 132,
+                      block_n: int = 64) -> int:
+    """Splits per sequence so that about two waves of programs fill the GPU, at most one per
+    ``block_n`` tokens of the longest context and at most 64."""
+    want = max(1, (2 * num_sms) // max(1, batch * num_kv_heads))
+    return int(max(1, min(want, triton.cdiv(max_model_len, block_n), 64)))
+
+
+class DecodeWorkspace:
+    """The partial-result buffers of ``decode_attention``: room for ``batch * num_splits`` up to
+    ``max_partials`` (allocated once, outside any graph capture)."""
+
+    def __init__(self, max_partials: int, num_heads: int, head_dim: int, device: torch.device) -> None:
+        self.part_o = torch.empty(max_partials * num_heads * head_dim, dtype=torch.float32, device=device)
+        self.part_ml = torch.empty(max_partials * num_heads * 2, dtype=torch.float32, device=device)
+        self.max_partials = max_partials
+
+
+def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                     scale: float, num_splits: int, workspace: DecodeWorkspace | None = None,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention of one query token per sequence ``q`` [B, H, D] over its first ``seq_lens[b]``
+    cached tokens (block table row ``block_tables[b]``) in ``kv_cache`` [2, blocks, bs, KVH, D];
+    the new token's k/v must already be in the cache. Returns [B, H, D]."""
+    b, num_heads, head_dim = q.shape
+    kv_heads, block_size = kv_cache.shape[3], kv_cache.shape[2]
+    if num_heads % kv_heads:
+        raise ValueError(f"decode_attention: {num_heads} query heads are not a multiple of {kv_heads} kv heads")
+    if not 1 <= num_splits <= 1024:
+        raise ValueError(f"decode_attention: num_splits must be in [1, 1024], got {num_splits}")
+    if workspace is None:
+        workspace = DecodeWorkspace(b * num_splits, num_heads, head_dim, q.device)
+    if workspace.max_partials < b * num_splits or workspace.part_o.numel() < b * num_splits * num_heads * head_dim:
+        raise ValueError(f"decode_attention: the workspace holds {workspace.max_partials} partials, this call needs "
+                         f"{b} sequences x {num_splits} splits")
+    group = num_heads // kv_heads
+    out = torch.empty_like(q) if out is None else out
+    if b == 0:
+        return out
+    part_o, part_ml = workspace.part_o, workspace.part_ml
+    k_cache, v_cache = kv_cache[0], kv_cache[1]
+    block_n = max(64, triton.next_power_of_2(block_size))
+    _decode_split_kernel[(b, kv_heads, num_splits)](
+        q, k_cache, v_cache, block_tables, seq_lens, part_o, part_ml, out, scale, num_splits,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        out.stride(0), out.stride(1),
+        GROUP=group, M=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size, BLOCK_N=block_n,
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=triton.next_power_of_2(head_dim), IEEE=q.dtype == torch.float32,
+        DIRECT=num_splits == 1, num_warps=4)
+    if num_splits == 1:
+        return out
+    _decode_merge_kernel[(b, num_heads)](
+        part_o, part_ml, out, num_splits, out.stride(0), out.stride(1),
+        SPLITS_PAD=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim,
+        HEAD_DIM_PAD=triton.next_power_of_2(head_dim), num_warps=1)
+    return out

@@ -1,0 +1,147 @@
+"""Fused Triton kernels for the elementwise work of a decode step.
+
+Each replaces several torch launches (and their round trips through device memory) with one:
+
+- ``add_rmsnorm``: the residual add followed by RMSNorm (two launches + a float32 copy in torch);
+- ``rotary_kv_write``: rotary embedding of the q and k heads and the store of k and v into their
+  KV-cache slots (torch: gather of the cos/sin rows, four elementwise ops, two index copies);
+- ``silu_mul``: SiLU of the gate times the up projection.
+
+Rounding follows the torch ops of ``models/llama.py`` step by step (float32 math, a round to the
+activation dtype where torch rounds), so bf16 results match torch to the last bit in most
+elements and float32 to a few ulps (the reduction order of the norm differs).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
+                        stride_x, stride_r, stride_o, stride_ro,
+                        HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + row * stride_r + cols, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)  # torch rounds the sum
+        tl.store(res_out_ptr + row * stride_ro + cols, x, mask=mask)
+    xf = x.to(tl.float32)
+    var = tl.sum(xf * xf, axis=0) / n_cols
+    normed = (xf * tl.math.rsqrt(var + eps)).to(x_ptr.dtype.element_ty)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+    tl.store(out_ptr + row * stride_o + cols, (w.to(tl.float32) * normed.to(tl.float32)).to(out_ptr.dtype.element_ty),
+             mask=mask)
+
+
+def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(RMSNorm(x + residual) * weight, x + residual) for ``x`` [T, H]; residual None: RMSNorm(x), x."""
+    if x.dim() != 2 or x.stride(1) != 1:
+        raise ValueError(f"add_rmsnorm: x must be a 2-D tensor with contiguous rows, got shape {tuple(x.shape)}")
+    t, h = x.shape
+    out = torch.empty_like(x)
+    res_out = torch.empty_like(x) if residual is not None else x
+    r = residual if residual is not None else x
+    if t:
+        _add_rmsnorm_kernel[(t,)](x, r, weight, out, res_out, h, eps, x.stride(0), r.stride(0), out.stride(0),
+                                  res_out.stride(0), HAS_RESIDUAL=residual is not None,
+                                  BLOCK=triton.next_power_of_2(h), num_warps=4 if h <= 2048 else 8)
+    return out, res_out
+
+
+@triton.jit
+def _rotary_kv_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, q_out_ptr, cache_ptr,
+                      stride_qkv, stride_qo_t, stride_qo_h, stride_cos, plane, stride_slot, stride_kvh,
+                      NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                      HALF_PAD: tl.constexpr):
+    tok = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    half: tl.constexpr = HEAD_DIM // 2
+    i = tl.arange(0, HALF_PAD)
+    mask = i < half
+    pos = tl.load(pos_ptr + tok).to(tl.int64)
+    dt = qkv_ptr.dtype.element_ty
+    # cos/sin rows are float32 tables; torch rounds them to the activation dtype first
+    c1 = tl.load(cos_ptr + pos * stride_cos + i, mask=mask, other=0.0).to(dt).to(tl.float32)
+    c2 = tl.load(cos_ptr + pos * stride_cos + half + i, mask=mask, other=0.0).to(dt).to(tl.float32)
+    s1 = tl.load(sin_ptr + pos * stride_cos + i, mask=mask, other=0.0).to(dt).to(tl.float32)
+    s2 = tl.load(sin_ptr + pos * stride_cos + half + i, mask=mask, other=0.0).to(dt).to(tl.float32)
+    if head < NUM_HEADS + NUM_KV_HEADS:  # q or k head: rotate
+        base = qkv_ptr + tok * stride_qkv + head * HEAD_DIM
+        x1 = tl.load(base + i, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(base + half + i, mask=mask, other=0.0).to(tl.float32)
+        # torch: x * cos + rotate_half(x) * sin, each product and the sum rounded to dt
+        o1 = ((x1 * c1).to(dt).to(tl.float32) + (-x2 * s1).to(dt).to(tl.float32)).to(dt)
+        o2 = ((x2 * c2).to(dt).to(tl.float32) + (x1 * s2).to(dt).to(tl.float32)).to(dt)
+        if head < NUM_HEADS:
+            qo = q_out_ptr + tok * stride_qo_t + head * stride_qo_h
+            tl.store(qo + i, o1, mask=mask)
+            tl.store(qo + half + i, o2, mask=mask)
+        else:
+            slot = tl.load(slot_ptr + tok)
+            if slot >= 0:  # padding rows (slot -1) write nothing
+                dst = cache_ptr + slot * stride_slot + (head - NUM_HEADS) * stride_kvh
+                tl.store(dst + i, o1, mask=mask)
+                tl.store(dst + half + i, o2, mask=mask)
+    else:  # v head: store as is
+        slot = tl.load(slot_ptr + tok)
+        if slot >= 0:
+            kvh = head - NUM_HEADS - NUM_KV_HEADS
+            src = qkv_ptr + tok * stride_qkv + head * HEAD_DIM
+            dst = cache_ptr + plane + slot * stride_slot + kvh * stride_kvh
+            tl.store(dst + i, tl.load(src + i, mask=mask), mask=mask)
+            tl.store(dst + half + i, tl.load(src + half + i, mask=mask), mask=mask)
+
+
+def rotary_kv_write(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                    slot_mapping: torch.Tensor, kv_cache: torch.Tensor, num_heads: int, num_kv_heads: int
+                    ) -> torch.Tensor:
+    """Rotate the q and k heads of ``qkv`` [T, (H + 2*KVH) * D] (NEOX layout) at ``positions``, store
+    k and v at ``slot_mapping`` (rows with slot < 0 store nothing) in ``kv_cache``
+    [2, blocks, block_size, KVH, D]; return the rotated q [T, H, D]."""
+    t = qkv.shape[0]
+    d = kv_cache.shape[-1]
+    if qkv.shape[1] != (num_heads + 2 * num_kv_heads) * d or qkv.stride(1) != 1:
+        raise ValueError(f"rotary_kv_write: qkv of shape {tuple(qkv.shape)} does not hold {num_heads} q and "
+                         f"2x{num_kv_heads} kv heads of {d}")
+    if not kv_cache.is_contiguous() or cos.stride(1) != 1 or cos.stride() != sin.stride():
+        raise ValueError("rotary_kv_write: kv_cache and the cos/sin tables must be contiguous")
+    q = torch.empty((t, num_heads, d), dtype=qkv.dtype, device=qkv.device)
+    if t:
+        _rotary_kv_kernel[(t, num_heads + 2 * num_kv_heads)](
+            qkv, positions, cos, sin, slot_mapping, q, kv_cache,
+            qkv.stride(0), q.stride(0), q.stride(1), cos.stride(0), kv_cache.stride(0), kv_cache.stride(2),
+            kv_cache.stride(3),
+            NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=d, HALF_PAD=triton.next_power_of_2(d // 2),
+            num_warps=1)
+    return q
+
+
+@triton.jit
+def _silu_mul_kernel(gu_ptr, out_ptr, n_cols, stride_gu, stride_o, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    g = tl.load(gu_ptr + row * stride_gu + cols, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(gu_ptr + row * stride_gu + n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+    dt = out_ptr.dtype.element_ty
+    act = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)  # torch rounds silu's result first
+    tl.store(out_ptr + row * stride_o + cols, (act * u).to(dt), mask=mask)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """SiLU(gate) * up for ``gate_up`` [T, 2*I] holding gate then up; returns [T, I]."""
+    if gate_up.dim() != 2 or gate_up.shape[1] % 2 or gate_up.stride(1) != 1:
+        raise ValueError(f"silu_mul: gate_up must be [T, 2*I] with contiguous rows, got {tuple(gate_up.shape)}")
+    t, n = gate_up.shape[0], gate_up.shape[1] // 2
+    out = torch.empty((t, n), dtype=gate_up.dtype, device=gate_up.device)
+    block = min(1024, triton.next_power_of_2(n))
+    if t:
+        _silu_mul_kernel[(t, triton.cdiv(n, block))](gate_up, out, n, gate_up.stride(0), out.stride(0), BLOCK=block)
+    return out

@@ -1,0 +1,91 @@
+"""Run by test_fused_kernels.py in a subprocess with TRITON_INTERPRET=1 (set before triton loads),
+and directly on a CUDA device by tests/cuda/test_decode_graphs_gpu.py: the fused Triton kernels
+and the split-K decode attention against the torch ops they replace.
+
+    python fused_kernels_check.py [cpu|cuda]
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from deepinfer.runtime.attention import torch_paged
+from deepinfer.runtime.attention.metadata import build_attention_metadata
+from deepinfer.runtime.attention.triton_decode import decode_attention
+from deepinfer.runtime.kernels.fused_ops import add_rmsnorm, rotary_kv_write, silu_mul
+from deepinfer.runtime.models.llama import RMSNorm
+from deepinfer.runtime.models.rotary import RotaryEmbedding
+
+DEV = torch.device(sys.argv[1] if len(sys.argv) > 1 else "cpu")
+# float32: a few ulps (reduction order); bf16: one rounding step of the activation dtype.
+TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
+DTYPES = (torch.float32,) if DEV.type == "cpu" else (torch.float32, torch.bfloat16)
+
+
+def check_add_rmsnorm(dtype: torch.dtype, g: torch.Generator) -> None:
+    x, r = (torch.randn(5, 96, generator=g).to(DEV, dtype) for _ in range(2))
+    norm = RMSNorm(96, 1e-5).to(DEV, dtype)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(96, generator=g) + 0.5)
+        out, res = add_rmsnorm(x, r, norm.weight, norm.eps)
+        torch.testing.assert_close(res, x + r, atol=0, rtol=0)  # the sum rounds once, as torch's add
+        torch.testing.assert_close(out, norm(x + r), **TOL[dtype])
+        out1, res1 = add_rmsnorm(x, None, norm.weight, norm.eps)
+        assert res1 is x
+        torch.testing.assert_close(out1, norm(x), **TOL[dtype])
+
+
+def check_rotary_kv(dtype: torch.dtype, g: torch.Generator) -> None:
+    heads, kvh, d, bs, nb = 4, 2, 32, 16, 6
+    rot = RotaryEmbedding(d, 256, 10000.0, None).to(DEV)
+    t = 5
+    qkv = torch.randn(t, (heads + 2 * kvh) * d, generator=g).to(DEV, dtype)
+    pos = torch.tensor([0, 7, 31, 100, 255], dtype=torch.int32, device=DEV)
+    slots = torch.tensor([3, 17, -1, 40, 95], dtype=torch.int64, device=DEV)
+    cache = torch.randn(2, nb, bs, kvh, d, generator=g).to(DEV, dtype)
+    ref_cache = cache.clone()
+    q = rotary_kv_write(qkv, pos, rot.cos, rot.sin, slots, cache, heads, kvh)
+    cs = rot.tables(pos.long(), dtype)
+    qk = RotaryEmbedding.rotate_one(cs, qkv[:, :(heads + kvh) * d].view(t, heads + kvh, d))
+    v = qkv[:, (heads + kvh) * d:].view(t, kvh, d)
+    keep = slots >= 0
+    torch_paged.write_kv(ref_cache, qk[keep, heads:], v[keep], slots[keep])
+    torch.testing.assert_close(q, qk[:, :heads], **TOL[dtype])
+    torch.testing.assert_close(cache, ref_cache, **TOL[dtype])  # row with slot -1 wrote nothing
+
+
+def check_silu_mul(dtype: torch.dtype, g: torch.Generator) -> None:
+    gu = torch.randn(3, 2 * 1500, generator=g).to(DEV, dtype)
+    gate, up = gu.split(1500, dim=-1)
+    torch.testing.assert_close(silu_mul(gu), F.silu(gate) * up, **TOL[dtype])
+
+
+def check_decode_attention(dtype: torch.dtype, g: torch.Generator, bs: int = 16) -> None:
+    heads, kvh, d, nb = 6, 2, 64, 64
+    lens = [1, 37, 200, 16, 513]
+    tables = np.stack([np.random.default_rng(i).permutation(nb)[:40] for i in range(len(lens))]).astype(np.int32)
+    cache = torch.randn(2, nb + 1, bs, kvh, d, generator=g).to(DEV, dtype)
+    q = torch.randn(len(lens), heads, d, generator=g).to(DEV, dtype)
+    meta = build_attention_metadata(slot_mapping=np.full(len(lens), -1), query_start_loc=np.arange(len(lens) + 1),
+                                    seq_lens=np.array(lens), block_tables=tables, block_size=bs,
+                                    scratch_slot=nb * bs, device=DEV)
+    empty = torch.zeros(len(lens), kvh, d, dtype=dtype, device=DEV)
+    ref = torch_paged.paged_attention(q.clone(), empty, empty, cache.clone(), meta, d ** -0.5)
+    bt = torch.from_numpy(tables).to(DEV)
+    sl = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    for splits in (1, 3, 8):
+        out = decode_attention(q, cache, bt, sl, d ** -0.5, splits)
+        torch.testing.assert_close(out, ref, **TOL[dtype])
+
+
+gen = torch.Generator().manual_seed(0)
+for dt in DTYPES:
+    check_add_rmsnorm(dt, gen)
+    check_rotary_kv(dt, gen)
+    check_silu_mul(dt, gen)
+    check_decode_attention(dt, gen)
+check_decode_attention(torch.float32, gen, bs=24)  # a block size that is no power of two
+print("ok")

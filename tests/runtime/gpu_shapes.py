@@ -1,0 +1,39 @@
+"""Test/bench helper: a model folder of a given shape (config.json + a word-level tokenizer over
+the whole vocabulary), for random-weight runs that need no downloaded files."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+SHAPES: dict[str, dict[str, Any]] = {
+    # SmolLM2-135M
+    "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                         num_key_value_heads=3, vocab_size=49152, rope_theta=100000.0,
+                         max_position_embeddings=8192, tie_word_embeddings=True),
+    # Llama-3-8B
+    "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                      num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0,
+                      max_position_embeddings=8192, tie_word_embeddings=False),
+    # small enough for float32 parity tests in seconds, with GQA groups of 4 and head_dim 64
+    "test-small": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=3, num_attention_heads=4,
+                       num_key_value_heads=1, vocab_size=1024, rope_theta=10000.0,
+                       max_position_embeddings=1024, tie_word_embeddings=False),
+}
+
+
+def write_shape_dir(path: str, shape: str) -> str:
+    """Write ``config.json`` and a tokenizer for ``shape`` into ``path``; returns ``path``."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    cfg = dict(SHAPES[shape], architectures=["LlamaForCausalLM"], model_type="llama", rms_norm_eps=1e-5,
+               bos_token_id=1, eos_token_id=2, hidden_act="silu", torch_dtype="bfloat16")
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    vocab = {f"t{i}": i for i in range(cfg["vocab_size"])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", bos_token="t1", eos_token="t2").save_pretrained(path)
+    return path
