@@ -23,13 +23,20 @@ STATUS_DELAY_S = 0.5
 _FRAMES = "|/-\\"
 
 
+_showing = threading.Event()  # a status line is on screen: a nested status() stays quiet
+
+
 @contextmanager
 def status(message: str, stream: TextIO | None = None) -> Iterator[None]:
-    """Show ``message`` with a spinner and the elapsed seconds until the block ends."""
+    """Show ``message`` with a spinner and the elapsed seconds until the block ends.
+
+    Nested calls (e.g. a command's "loading" around ``LLM()``'s own) show only the outer one.
+    """
     out = stream if stream is not None else sys.stderr
-    if not (hasattr(out, "isatty") and out.isatty()):
+    if _showing.is_set() or not (hasattr(out, "isatty") and out.isatty()):
         yield
         return
+    _showing.set()
     done = threading.Event()
     shown = False
     start = time.monotonic()
@@ -53,6 +60,7 @@ def status(message: str, stream: TextIO | None = None) -> Iterator[None]:
     finally:
         done.set()
         thread.join()
+        _showing.clear()
         if shown:
             out.write("\r\x1b[K")
             out.flush()
