@@ -60,14 +60,14 @@ def test_forced_unknown_backend_lists_what_is_installed(venv):
     err = venv.import_error("deepinfer._C.graph_timer", DEEPINFER_BACKEND="cuda")
     assert "DEEPINFER_BACKEND='cuda', but no backend of that name is installed" in err
     assert "alpha (entry point 'alpha' from fake-backend-alpha 1.2.3): available" in err
-    assert 'pip install "deepinfer[cuda]"' in err
+    assert 'pip install --no-index --find-links dist "deepinfer[cuda]"' in err
 
 
 def test_plugin_api_mismatch_names_both_versions_and_the_fix(venv):
     err = venv.import_error("deepinfer._C.cuda_utils", DEEPINFER_BACKEND="delta")
     assert "fake-backend-delta 1.2.3 was built for deepinfer plugin API 99" in err
     assert "speaks plugin API 1" in err
-    assert "pip install -U deepinfer" in err
+    assert "pip install --no-index --find-links dist -U \"deepinfer\"" in err
     # and a mismatched backend never wins on priority (delta has the highest: 99)
     proc = venv.run(
         "import deepinfer._C.cuda_utils as cu; print(cu.alloc_tensor()[0])",
@@ -109,7 +109,7 @@ def test_no_backend_error_lists_each_probe_and_the_install_command(venv):
     assert "no accelerator backend is available" in err
     assert "deepinfer._C.engine works without one" in err
     assert "beta (entry point 'beta' from fake-backend-beta 1.2.3): unavailable: no beta device" in err
-    assert 'pip install "deepinfer[cuda]"' in err and 'pip install "deepinfer[ascend]"' in err
+    assert 'pip install --no-index --find-links dist "deepinfer[cuda]"' in err and 'pip install --no-index --find-links dist "deepinfer[ascend]"' in err
 
 
 def test_hint_when_an_accelerator_is_present_but_its_wheel_is_missing(venv, tmp_path: Path):
@@ -120,7 +120,7 @@ def test_hint_when_an_accelerator_is_present_but_its_wheel_is_missing(venv, tmp_
         "deepinfer._C.cuda_utils", DEEPINFER_PLUGINS="beta", DEEPINFER_DEVICE_ROOT=str(root)
     )
     assert "an NVIDIA GPU is present" in err
-    assert 'backend wheel deepinfer-cuda is not installed: pip install "deepinfer[cuda]"' in err
+    assert 'backend wheel deepinfer-cuda is not installed: pip install --no-index --find-links dist "deepinfer[cuda]"' in err
     report = venv.env_report(DEEPINFER_PLUGINS="beta", DEEPINFER_DEVICE_ROOT=str(root))
     assert any("deepinfer-cuda is not installed" in h for h in report["hints"])
 

@@ -124,6 +124,16 @@ def _meta_version() -> str:
         return "0+dev"
 
 
+#: How our wheels are installed: from the folder the repository builds them into, never from the
+#: package index, whose distribution named ``deepinfer`` is another project.
+PIP_FROM_DIST = "pip install --no-index --find-links dist"
+
+
+def install_command(requirement: str, upgrade: bool = False) -> str:
+    """The pip command that installs one of our distributions from ``dist/`` only."""
+    return f'{PIP_FROM_DIST}{" -U" if upgrade else ""} "{requirement}"'
+
+
 def _api_mismatch_message(record: BackendRecord) -> str:
     assert record.description is not None
     theirs = record.description["plugin_api_version"]
@@ -131,9 +141,10 @@ def _api_mismatch_message(record: BackendRecord) -> str:
     dist = record.description["distribution"]
     version = record.description["version"]
     if isinstance(theirs, int) and theirs > ours:
-        fix = f'pip install -U deepinfer   (or pip install "{dist}<{version}" to keep this deepinfer)'
+        fix = (f"{install_command('deepinfer', upgrade=True)}   "
+               f"(or {install_command(f'{dist}<{version}')} to keep this deepinfer)")
     else:
-        fix = f"pip install -U {dist}"
+        fix = install_command(dist, upgrade=True)
     return (
         f"plugin API mismatch: {dist} {version} was built for deepinfer plugin API {theirs}, "
         f"but deepinfer {_meta_version()} speaks plugin API {ours}. Fix: {fix}"
@@ -178,7 +189,7 @@ def accelerators_without_backend(records: list[BackendRecord]) -> list[str]:
             hints.append(
                 f"{known['accelerator']} is present ({os.path.join(root, present[0])}) but its "
                 f"backend wheel {known['distribution']} is not installed: "
-                f'pip install "deepinfer[{known["extra"]}]"'
+                + install_command("deepinfer[{}]".format(known["extra"]))
             )
     return hints
 
@@ -350,12 +361,14 @@ def _install_hint(records: list[BackendRecord], name: str | None) -> str:
     hints = accelerators_without_backend(records)
     lines = [f"Hint: {h}" for h in hints]
     if name in KNOWN_BACKENDS:
-        lines.append(f'To install it: pip install "deepinfer[{KNOWN_BACKENDS[name]["extra"]}]"')
+        extra = KNOWN_BACKENDS[name]["extra"]
+        lines.append("To install it: " + install_command(f"deepinfer[{extra}]"))
     elif not hints:
         lines.append(
-            'To install a backend: pip install "deepinfer[cuda]" (NVIDIA) or '
-            'pip install "deepinfer[ascend]" (Huawei Ascend). '
-            "Run `deepinfer env` for the full report."
+            f"To install a backend: {install_command('deepinfer[cuda]')} (NVIDIA) or "
+            f"{install_command('deepinfer[ascend]')} (Huawei Ascend), with the wheels built "
+            "into dist/ (docs/guide/01-install.md; the package index's 'deepinfer' is another "
+            "project). Run `deepinfer env` for the full report."
         )
     return "\n".join(lines)
 
