@@ -59,6 +59,15 @@ class LLM:
         dummy_weights: random weights of the model's real shape (throughput work only).
         attention_backend: "torch" (any device) or "triton" (CUDA); default by device.
         seed: seed of the random streams of requests without their own seed.
+        num_threads: torch intra-op threads (default: torch's choice).
+        retry_failed_steps: when an engine step raises (a model or sampler error, device out of
+            memory), recompute its requests once before failing them; default: fail them at once
+            (the other requests and the LLM are unaffected either way).
+
+    Thread safety: ``generate``, ``chat``, ``stream`` (and iterating or closing streams) may be
+    called from several threads at once. Steps are serialised by one lock granted in arrival
+    order; each step's outputs go to the request they belong to, so whichever thread runs a step
+    serves every waiting caller.
     """
 
     def __init__(self, model: str | os.PathLike[str] | None = None, *, device: str | None = None,
@@ -67,7 +76,8 @@ class LLM:
                  enable_prefix_caching: bool = True, enable_chunked_prefill: bool = True,
                  gpu_memory_utilization: float = 0.9, cpu_kv_cache_bytes: int | None = None,
                  num_kv_blocks: int | None = None, dummy_weights: bool = False,
-                 attention_backend: str | None = None, seed: int = 0, num_threads: int | None = None) -> None:
+                 attention_backend: str | None = None, seed: int = 0, num_threads: int | None = None,
+                 retry_failed_steps: bool = False) -> None:
         import torch
 
         from deepinfer.runtime.engine_loop import EngineConfig, EngineLoop
@@ -83,7 +93,8 @@ class LLM:
         max_num_seqs = _int_arg("max_num_seqs", max_num_seqs, 1, 1 << 20)
         seed = _int_arg("seed", seed, 0, (1 << 64) - 1)
         for name, flag in (("enable_prefix_caching", enable_prefix_caching),
-                           ("enable_chunked_prefill", enable_chunked_prefill), ("dummy_weights", dummy_weights)):
+                           ("enable_chunked_prefill", enable_chunked_prefill), ("dummy_weights", dummy_weights),
+                           ("retry_failed_steps", retry_failed_steps)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be a bool, got {flag!r}")
         if num_threads is not None:
@@ -144,17 +155,21 @@ class LLM:
                          vocab_size=loaded.config.vocab_size, eos_token_id=eos_ids[0] if eos_ids else -1,
                          enable_chunked_prefill=enable_chunked_prefill,
                          enable_prefix_caching=enable_prefix_caching, seed=seed),
-            extra_stop_token_ids=eos_ids[1:])
+            extra_stop_token_ids=eos_ids[1:], retry_failed_steps=retry_failed_steps)
         self.device, self.dtype = dev, tdtype
 
     # ---- prompts ----------------------------------------------------------------------------
+    @staticmethod
+    def _prompt_ids_check_text(text: str, where: str) -> None:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # e.g. a lone surrogate: the tokenizer would fail obscurely
+            raise ValueError(f"{where} is not valid Unicode text ({exc.reason} at index {exc.start}: "
+                             f"{text[exc.start:exc.end]!r})") from None
+
     def _prompt_ids(self, prompt: Any, where: str) -> list[int]:
         if isinstance(prompt, str):
-            try:
-                prompt.encode("utf-8")
-            except UnicodeEncodeError as exc:
-                raise ValueError(f"{where}: the prompt is not valid Unicode text ({exc.reason} at "
-                                 f"index {exc.start}: {prompt[exc.start:exc.end]!r})") from None
+            self._prompt_ids_check_text(prompt, where)
             return list(self.tokenizer(prompt).input_ids)
         if isinstance(prompt, (bytes, bytearray, memoryview)):
             raise TypeError(f"{where}: a prompt must be a str or a list of token ids, got "
@@ -275,6 +290,10 @@ class LLM:
         for i, m in enumerate(conversation):
             if not isinstance(m, dict) or "role" not in m or "content" not in m:
                 raise ValueError(f"messages[{i}] must be a dict with 'role' and 'content', got {m!r}")
+            for key in ("role", "content"):
+                if not isinstance(m[key], str):
+                    raise TypeError(f"messages[{i}][{key!r}] must be a str, got {m[key]!r}")
+            self._prompt_ids_check_text(m["content"], f"messages[{i}]['content']")
         text = self.tokenizer.apply_chat_template(list(conversation), tokenize=False,
                                                   add_generation_prompt=add_generation_prompt)
         return {"prompt_token_ids": list(self.tokenizer(text, add_special_tokens=False).input_ids)}
@@ -300,6 +319,15 @@ class LLM:
         rid = self.engine.new_request_id()
         self.engine.add_request(rid, ids[0], params[0], output_kind="delta", collect="all")
         return RequestStream(self.engine, rid)
+
+
+    def abort(self, request_id: str) -> None:
+        """Abort a streaming request by its id (``RequestStream.request_id``), from any thread: its
+        KV blocks are freed at once and its stream ends with a finished output whose
+        finish_reason is "abort". A finished or unknown id is ignored."""
+        if not isinstance(request_id, str):
+            raise TypeError(f"request_id must be a str, got {request_id!r}")
+        self.engine.abort(request_id)
 
 
 class RequestStream:
