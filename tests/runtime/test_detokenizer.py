@@ -130,7 +130,7 @@ def test_stop_strings_are_looked_for_only_from_min_tokens_on(tokenizer):
     assert first.append(ids) == "Paris" and first.text == ""
     d = IncrementalDetokenizer(tokenizer, [], stop=["Paris"], min_tokens=3)
     hit = None
-    for n, t in enumerate(ids, 1):
+    for n, t in enumerate(ids, 1):  # noqa: B007 - n is read after the loop
         hit = d.append([t])
         if hit:
             break
