@@ -32,9 +32,10 @@ enum class SequenceStatus : uint8_t {
   FINISHED_LENGTH = 4,   // max_tokens or max model length
   FINISHED_ABORTED = 5,  // abort_request
   FINISHED_IGNORED = 6,  // never scheduled: prompt longer than the model length / the cache
+  FINISHED_ERROR = 7,    // its request was failed by Scheduler::abandon_step (a failed step)
 };
 inline bool is_finished(SequenceStatus s) { return s >= SequenceStatus::FINISHED_STOPPED; }
-// "stop" / "length" / "abort" / "ignored", or nullptr while not finished.
+// "stop" / "length" / "abort" / "ignored" / "error", or nullptr while not finished.
 const char* finish_reason_str(SequenceStatus s);
 
 struct Sequence {
