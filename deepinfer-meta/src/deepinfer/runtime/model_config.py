@@ -143,6 +143,8 @@ class ModelConfig:
         bos = cfg.get("bos_token_id")
         rope_scaling = cfg.get("rope_scaling")
         rope_theta = cfg.get("rope_theta")
+        if rope_theta is not None:  # checked even when rope_parameters overrides it
+            _float_field("rope_theta", rope_theta, lambda v: v > 1, "> 1")
         rope_params = cfg.get("rope_parameters")  # transformers 5 layout
         if rope_params is not None:
             if not isinstance(rope_params, dict):
@@ -152,7 +154,8 @@ class ModelConfig:
                 rope_scaling = rope_params
         floats = {"rms_norm_eps": cfg.get("rms_norm_eps", 1e-5), "rope_theta": 10000.0 if rope_theta is None else rope_theta}
         _float_field("rms_norm_eps", floats["rms_norm_eps"], lambda v: 0 < v < 1, "in (0, 1)")
-        _float_field("rope_theta", floats["rope_theta"], lambda v: v > 1, "> 1")
+        _float_field("rope_parameters.rope_theta" if rope_params else "rope_theta", floats["rope_theta"],
+                     lambda v: v > 1, "> 1")
         return cls(
             vocab_size=ints["vocab_size"],
             hidden_size=hidden,
