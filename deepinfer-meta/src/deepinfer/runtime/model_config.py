@@ -28,9 +28,10 @@ _ROPE_TYPES = ("linear", "llama3")
 def _int_field(name: str, value: Any, hi: int, lo: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ValueError(f"{name} must be an integer, got {value!r}")
-    if not lo <= value <= hi:
+    v = int(value)
+    if not lo <= v <= hi:
         raise ValueError(f"{name} must be in [{lo}, {hi}], got {value!r}")
-    return int(value)
+    return v
 
 
 def _float_field(name: str, value: Any, ok: Callable[[float], bool], what: str) -> float:
@@ -138,8 +139,8 @@ class ModelConfig:
             raise ValueError(f"hidden_size={hidden} is not a multiple of num_attention_heads={heads} "
                              "(and no head_dim is given)")
         eos = cfg.get("eos_token_id")
-        eos_ids = [eos] if not isinstance(eos, list) else eos
-        eos_ids = [_token_id("eos_token_id", e, ints["vocab_size"]) for e in eos_ids if e is not None]
+        eos_ids: list[int] = [_token_id("eos_token_id", e, ints["vocab_size"])
+                              for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
         bos = cfg.get("bos_token_id")
         rope_scaling = cfg.get("rope_scaling")
         rope_theta = cfg.get("rope_theta")
