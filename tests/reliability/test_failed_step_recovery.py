@@ -185,3 +185,35 @@ def test_a_failed_step_reaches_another_callers_stream_as_its_error(llm, fresh, m
     with pytest.raises(StopIteration):
         next(stream)
     _assert_recovered(llm, start, fresh)
+
+
+def test_a_real_ctrl_c_while_outputs_are_built_is_delivered_after_the_step(llm, fresh, monkeypatch):
+    # SIGINT arrives while the step's outputs are built (the engine already took its tokens):
+    # the step finishes, every output is queued, then the interrupted call gets KeyboardInterrupt.
+    import os
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals are delivered to the main thread only")
+    start = llm.engine.scheduler.block_manager.num_free_blocks
+    stream = llm.stream(PROMPTS[0], PARAMS[0])
+    got = list(next(stream).outputs[0].token_ids)
+    real = engine_loop.decode_completion
+    sent = []
+
+    def interrupting(*args, **kwargs):
+        if not sent:
+            sent.append(True)
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine_loop, "decode_completion", interrupting)
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate(PROMPTS[1:2], SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
+    monkeypatch.undo()
+    assert sent and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    for ro in stream:
+        got += list(ro.outputs[0].token_ids)
+    assert got == fresh[0][0]
+    _assert_recovered(llm, start, fresh)
