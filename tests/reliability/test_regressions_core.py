@@ -151,3 +151,37 @@ def test_n_gt_1_with_a_one_token_last_prompt_chunk_forks_every_sample():
     assert samples[:2] == [[0], [2]]       # chunk of 4, then the last prompt token samples n = 2
     outs = E.build_request_outputs(c, E.RequestOutputPool())
     assert [len(c_.token_ids) for c_ in outs[0].outputs] == [2, 2]
+
+
+def _bufs(T=256, S=8, W=16):
+    return dict(input_ids=np.zeros(T, np.int32), positions=np.zeros(T, np.int32),
+                slot_mapping=np.zeros(T, np.int64), query_start_loc=np.zeros(S + 1, np.int32),
+                seq_lens=np.zeros(S, np.int32), block_tables=np.zeros((S, W), np.int32),
+                logits_indices=np.zeros(T, np.int32))
+
+
+def test_prompt_logprobs_after_a_prefix_hit_cover_the_whole_prompt():
+    """A request asking for prompt logprobs is not served cached blocks for the positions whose
+    logprobs it needs (it computes them); the blocks stay cached for the others."""
+    s = E.Scheduler(num_blocks=16, block_size=16, max_num_batched_tokens=128, max_model_len=128, vocab_size=100)
+    prompt = list(range(40))
+    s.add_request("a", prompt, max_tokens=1)
+    _step(s, [7])
+    s.add_request("b", prompt, prompt_logprobs=0, max_tokens=1)
+    out = s.schedule()
+    assert out.num_computed_tokens.tolist() == [0]          # no hit: b needs positions 1..39
+    pool, si = E.SequenceMetadataPool(), E.SamplerInputs()
+    pool.build(s)
+    args = E.PrepareArgs(block_size=16, max_model_len=128, **_bufs())
+    E.prepare_prompt_v4(args, pool)
+    E.prepare_sampler_inputs(args, pool, si)
+    pl = si.prompt_logprobs
+    assert pl.num_rows == 39
+    E.update_prompt_logprobs(s, si, np.full(pl.num_rows, -0.5, np.float32))
+    s.update(np.array([7], np.int32))
+    (ro,) = E.build_request_outputs(s, E.RequestOutputPool())
+    assert ro.prompt_logprobs[0] is None
+    assert [list(d) for d in ro.prompt_logprobs[1:]] == [[t] for t in prompt[1:]]
+    # The blocks are still cached for a request that does not ask for prompt logprobs.
+    s.add_request("c", prompt, max_tokens=1)
+    assert s.schedule().num_computed_tokens.tolist() == [32]

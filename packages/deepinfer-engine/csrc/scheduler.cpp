@@ -360,8 +360,13 @@ const SchedulerOutputs& Scheduler::schedule() {
     if (cfg_.num_state_slots > 0 && static_cast<int32_t>(free_state_slots_.size()) < 1) break;
     int32_t hits = 0;
     if (bm_.prefix_caching()) {
+      // Never the last token; and a request asking for prompt logprobs computes every position
+      // whose logprobs it does not hold yet (its blocks are still registered for the others).
+      int32_t max_hits = (q.num_tokens() - 1) / bs;
+      const SequenceGroup& qg = store_.groups[q.group];
+      if (qg.params.prompt_logprobs >= 0) max_hits = std::min(max_hits, qg.num_prompt_logprobs / bs);
       bm_.extend_hashes(q.block_hashes, q.tokens.data(), q.num_tokens());
-      hits = bm_.match_prefix(q.block_hashes, q.tokens.data(), (q.num_tokens() - 1) / bs, hit_scratch_);
+      hits = bm_.match_prefix(q.block_hashes, q.tokens.data(), max_hits, hit_scratch_);
     }
     const int32_t computed = hits * bs;
     int32_t n = q.num_tokens() - computed;
