@@ -185,3 +185,40 @@ def test_prompt_logprobs_after_a_prefix_hit_cover_the_whole_prompt():
     # The blocks are still cached for a request that does not ask for prompt logprobs.
     s.add_request("c", prompt, max_tokens=1)
     assert s.schedule().num_computed_tokens.tolist() == [32]
+
+
+def test_fork_copies_of_a_finished_sample_are_cancelled():
+    """A forked sample that ends (stop string, abort) before the next step: its queued partial-block
+    copy must not reach that step (its block may already belong to another sequence)."""
+    cfg = dict(num_blocks=5, block_size=4, max_num_batched_tokens=64, max_model_len=20, vocab_size=100,
+               watermark=0.0)
+    for end in ("stop", "abort"):
+        s = E.Scheduler(**cfg)
+        s.add_request("A", [10, 11, 12, 13, 14, 15], n=2, max_tokens=5, ignore_eos=True)
+        s.add_request("B", [20, 21, 22, 23, 24, 25], n=2, max_tokens=5, ignore_eos=True)
+        _step(s, [4, 4, 4, 4])
+        child = s.get_sequences("A")[1].seq_id
+        if end == "stop":
+            s.stop_sequence(child, "\n", 1)
+        else:
+            s.abort_request("A")
+        out = s.schedule()
+        dsts = [d for _, d in out.blocks_to_copy.tolist()]
+        assert len(dsts) == len(set(dsts)), (end, out.blocks_to_copy.tolist())
+        owned = {b for sid in s.running_seq_ids.tolist() for b in s.get_sequence(sid).block_table.tolist()}
+        assert set(dsts) <= owned, (end, out.blocks_to_copy.tolist())
+        assert s.check_invariants() == ""
+
+
+def test_state_clone_of_an_aborted_fork_never_meets_a_zero_of_the_same_slot():
+    s = E.Scheduler(num_blocks=40, block_size=4, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=20,
+                    vocab_size=100, watermark=0.0, num_state_slots=4)
+    s.add_request("A", [10, 11, 12, 13, 14, 15], n=2, max_tokens=5, ignore_eos=True)
+    _step(s, [4, 4])
+    s.abort_request("A")
+    s.add_request("C", [30, 31, 32], max_tokens=2)
+    out = s.schedule()
+    targets = [d for _, d in out.states_to_clone.tolist()] + out.states_to_zero.tolist()
+    assert len(targets) == len(set(targets)), (out.states_to_clone.tolist(), out.states_to_zero.tolist())
+    slots = {s.get_sequence(sid).state_slot for sid in s.running_seq_ids.tolist()}
+    assert set(targets) <= slots

@@ -153,12 +153,7 @@ void Scheduler::finish(SeqIndex s, SequenceStatus status, bool deferred) {
   ++finished_in_update_;
   if (q.status == SequenceStatus::RUNNING) seq_units_ -= seq_cost(s);
   q.status = status;
-  bm_.free_table(q.block_table);
-  touch_block_table(q);
-  if (q.state_slot >= 0) {
-    free_state_slots_.push_back(q.state_slot);
-    q.state_slot = -1;
-  }
+  release_blocks_and_slot(q);
   q.draft_tokens.clear();
   SequenceGroup& g = store_.groups[q.group];
   if (--g.num_unfinished == 0) {
@@ -167,6 +162,28 @@ void Scheduler::finish(SeqIndex s, SequenceStatus status, bool deferred) {
   }
   if (deferred) deferred_finished_.push_back(s);
   else report_finished(s);
+}
+
+void Scheduler::release_blocks_and_slot(Sequence& q) {
+  bm_.free_table(q.block_table);
+  touch_block_table(q);
+  // Device work queued by a fork for the next step must not write what nobody holds any more:
+  // the block may be handed to another sequence (a copy into it would overwrite that one's KV,
+  // and a second copy could name it as a destination again), the slot zeroed for a new owner.
+  if (!pending_block_copies_.empty())
+    pending_block_copies_.erase(std::remove_if(pending_block_copies_.begin(), pending_block_copies_.end(),
+                                               [this](const BlockCopy& c) { return bm_.ref_count(c[1]) == 0; }),
+                                pending_block_copies_.end());
+  if (q.state_slot >= 0) {
+    const int32_t slot = q.state_slot;
+    pending_state_clones_.erase(std::remove_if(pending_state_clones_.begin(), pending_state_clones_.end(),
+                                               [slot](const BlockCopy& c) { return c[1] == slot; }),
+                                pending_state_clones_.end());
+    pending_state_zeros_.erase(std::remove(pending_state_zeros_.begin(), pending_state_zeros_.end(), slot),
+                               pending_state_zeros_.end());
+    free_state_slots_.push_back(slot);
+    q.state_slot = -1;
+  }
 }
 
 void Scheduler::preempt(SeqIndex s) {
@@ -179,12 +196,7 @@ void Scheduler::reset_for_recompute(SeqIndex s) {
   Sequence& q = store_.seq(s);
   seq_units_ -= seq_cost(s);
   remove_from_running(s);
-  bm_.free_table(q.block_table);
-  touch_block_table(q);
-  if (q.state_slot >= 0) {
-    free_state_slots_.push_back(q.state_slot);
-    q.state_slot = -1;
-  }
+  release_blocks_and_slot(q);
   q.num_computed_tokens = 0;
   q.num_registered_blocks = 0;
   q.draft_tokens.clear();

@@ -200,6 +200,8 @@ class Scheduler {
   void preempt(SeqIndex s);
   // What a preemption does to the sequence (blocks and slot freed, back to the preempted queue).
   void reset_for_recompute(SeqIndex s);
+  // Frees the sequence's blocks and state slot and cancels the queued device work that wrote them.
+  void release_blocks_and_slot(Sequence& q);
   // deferred: the finish happened while no step was in flight and is reported with the next
   // step (abort between update and schedule), so no report is lost.
   void finish(SeqIndex s, SequenceStatus status, bool deferred);
