@@ -222,3 +222,30 @@ def test_state_clone_of_an_aborted_fork_never_meets_a_zero_of_the_same_slot():
     assert len(targets) == len(set(targets)), (out.states_to_clone.tolist(), out.states_to_zero.tolist())
     slots = {s.get_sequence(sid).state_slot for sid in s.running_seq_ids.tolist()}
     assert set(targets) <= slots
+
+
+def test_a_preempted_request_does_not_block_a_higher_priority_one_that_fits():
+    """Preempted requests re-enter the priority order: a preempted priority-5 request that does not
+    fit must not keep out a new priority -1 request that does."""
+    s = E.Scheduler(num_blocks=8, block_size=4, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=32,
+                    vocab_size=100, watermark=0.0, policy="priority")
+    s.add_request("hi", list(range(10, 22)), priority=0, max_tokens=20, ignore_eos=True)   # 3 blocks
+    s.add_request("lo", list(range(30, 42)), priority=5, max_tokens=20, ignore_eos=True)   # 3 blocks
+    preempted = False
+    for _ in range(12):
+        out = _step(s, [7, 7])
+        preempted |= s.num_preempted > 0
+        if preempted:
+            break
+    assert preempted and s.get_sequences("lo")[0].status == E.SequenceStatus.PREEMPTED
+    s.add_request("urgent", [50, 51, 52], priority=-1, max_tokens=1)   # one block: fits
+    out = s.schedule()
+    assert "urgent" in out.request_ids, (out.request_ids, s.block_manager.num_free_blocks)
+
+
+def test_arrival_time_orders_requests():
+    s = E.Scheduler(num_blocks=40, block_size=4, max_num_seqs=1, max_num_batched_tokens=64, max_model_len=32,
+                    vocab_size=100)
+    s.add_request("late", [5, 6, 7], max_tokens=1, arrival_time=200.0)
+    s.add_request("early", [5, 6, 8], max_tokens=1, arrival_time=100.0)
+    assert s.schedule().request_ids == ["early"]

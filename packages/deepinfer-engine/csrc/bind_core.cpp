@@ -238,6 +238,8 @@ int64_t add_request_typed(Scheduler& s, const std::string& request_id, const py:
                 buf::fail("eos_token_id", std::to_string(e) + " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
               eos = static_cast<int32_t>(e);
             }
+            if (arrival_time && !std::isfinite(*arrival_time))
+              buf::fail("arrival_time", std::to_string(*arrival_time) + " must be a finite time.time() value");
             const double arrival = arrival_time ? *arrival_time : s.now();
             if (prompt_len > static_cast<size_t>(INT32_MAX / 2))
               buf::fail("prompt_token_ids", std::to_string(prompt_len) + " tokens is too many");
@@ -322,7 +324,7 @@ void bind_core(py::module_& m) {
                                   "Lifecycle of a sequence. FINISHED_* values are final.")
       .value("WAITING", SequenceStatus::WAITING, "Queued, never scheduled.")
       .value("RUNNING", SequenceStatus::RUNNING, "Holds KV blocks; scheduled when the budget allows.")
-      .value("PREEMPTED", SequenceStatus::PREEMPTED, "Blocks freed (recompute); resumes before new requests.")
+      .value("PREEMPTED", SequenceStatus::PREEMPTED, "Blocks freed (recompute); resumes before new requests of the same priority.")
       .value("FINISHED_STOPPED", SequenceStatus::FINISHED_STOPPED, "EOS, a stop token id or a stop string.")
       .value("FINISHED_LENGTH", SequenceStatus::FINISHED_LENGTH, "max_tokens or the max model length.")
       .value("FINISHED_ABORTED", SequenceStatus::FINISHED_ABORTED, "Aborted by request id.")
@@ -836,12 +838,23 @@ void bind_core(py::module_& m) {
       .def_property_readonly(
           "waiting_seq_ids",
           [](const Scheduler& s) {
+            // The two sorted queues merged as schedule() admits from them: by priority under the
+            // 'priority' policy, a preempted sequence first on ties.
             std::vector<int64_t> v;
-            for (SeqIndex i : s.preempted()) v.push_back(s.store().seq(i).seq_id);
-            for (SeqIndex i : s.waiting()) v.push_back(s.store().seq(i).seq_id);
+            const auto& p = s.preempted();
+            const auto& w = s.waiting();
+            const bool by_priority = s.config().policy == SchedulingPolicy::PRIORITY;
+            size_t i = 0, j = 0;
+            while (i < p.size() || j < w.size()) {
+              bool take_p = i < p.size();
+              if (take_p && j < w.size() && by_priority)
+                take_p = s.store().group_of(p[i]).params.priority <= s.store().group_of(w[j]).params.priority;
+              v.push_back(s.store().seq(take_p ? p[i++] : w[j++]).seq_id);
+            }
             return to_array(v);
           },
-          "int64: preempted then waiting sequences, in admission order.")
+          "int64: preempted and waiting sequences, in admission order (by priority under the 'priority' "
+          "policy, preempted ones first on ties; then arrival_time and add order).")
       .def_property_readonly("step_in_flight", &Scheduler::step_in_flight,
                              "True between schedule() and update().")
       .def_property_readonly("block_manager", [](Scheduler& s) -> BlockManager& { return s.block_manager(); },

@@ -46,6 +46,7 @@ bool Scheduler::before(SeqIndex a, SeqIndex b) const {
   const SequenceGroup& gy = store_.groups[y.group];
   if (cfg_.policy == SchedulingPolicy::PRIORITY && gx.params.priority != gy.params.priority)
     return gx.params.priority < gy.params.priority;
+  if (gx.arrival_time != gy.arrival_time) return gx.arrival_time < gy.arrival_time;
   if (gx.arrival_order != gy.arrival_order) return gx.arrival_order < gy.arrival_order;
   return x.seq_id < y.seq_id;
 }
@@ -352,10 +353,15 @@ const SchedulerOutputs& Scheduler::schedule() {
     ++i;
   }
 
-  // 2. Admissions: preempted sequences first, then new ones; none in a step that preempted.
+  // 2. Admissions in precedence order, none in a step that preempted: the preempted and the waiting
+  // queues are each sorted; their fronts compete by priority (policy 'priority'), a preempted
+  // sequence winning ties (then arrival time and add order, within each queue).
   while (!preempted_any && budget > 0) {
-    const bool from_preempted = !preempted_.empty();
+    bool from_preempted = !preempted_.empty();
     if (!from_preempted && waiting_.empty()) break;
+    if (from_preempted && !waiting_.empty() && cfg_.policy == SchedulingPolicy::PRIORITY &&
+        store_.group_of(waiting_.front()).params.priority < store_.group_of(preempted_.front()).params.priority)
+      from_preempted = false;
     const SeqIndex s = from_preempted ? preempted_.front() : waiting_.front();
     Sequence& q = store_.seq(s);
     if (!from_preempted && q.num_prompt_tokens > cfg_.max_model_len) {
