@@ -249,3 +249,16 @@ def test_arrival_time_orders_requests():
     s.add_request("late", [5, 6, 7], max_tokens=1, arrival_time=200.0)
     s.add_request("early", [5, 6, 8], max_tokens=1, arrival_time=100.0)
     assert s.schedule().request_ids == ["early"]
+
+
+def test_a_finished_request_id_is_free_once_its_final_output_was_built():
+    s = E.Scheduler(num_blocks=40, block_size=4, max_num_batched_tokens=64, max_model_len=32, vocab_size=100)
+    s.add_request("a", [5, 6, 7], max_tokens=1)
+    _step(s, [9])
+    (ro,) = E.build_request_outputs(s, E.RequestOutputPool())
+    assert ro.finished
+    s.add_request("a", [5, 6, 7, 8], max_tokens=2)          # reused before the next schedule()
+    out = s.schedule()
+    assert out.request_ids == ["a"] and s.get_sequences("a")[0].num_prompt_tokens == 4
+    s.update(np.array([9], np.int32))
+    assert s.check_invariants() == ""

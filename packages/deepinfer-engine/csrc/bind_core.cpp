@@ -156,7 +156,7 @@ int64_t add_request_typed(Scheduler& s, const std::string& request_id, const py:
              const std::string& output_kind, std::optional<double> arrival_time, std::optional<int64_t> eos_token_id) {
             const int32_t vocab = s.config().vocab_size;
             if (request_id == kPlaceholderRequestId) buf::fail("request_id", "'" + request_id + "' is reserved for padding rows");
-            if (s.has_request(request_id)) buf::fail("request_id", "'" + request_id + "' is already in use");
+            if (s.request_id_in_use(request_id)) buf::fail("request_id", "'" + request_id + "' is already in use");
             // A C-contiguous int32 array is read in place; anything else is converted.
             std::vector<int32_t> converted;
             const int32_t* prompt = nullptr;

@@ -106,11 +106,23 @@ GroupIndex Scheduler::add_request(const std::string& request_id, const int32_t* 
   q.max_tokens = params.max_tokens;
   q.min_tokens = params.min_tokens;
   q.block_hashes.reserve(static_cast<size_t>(cap / cfg_.block_size + 1));
-  by_request_.emplace(request_id, g);
+  by_request_[request_id] = g;  // may take over the id of a finished request (request_id_in_use)
   by_seq_id_.emplace(q.seq_id, s);
   insert_sorted(waiting_, s);
   ++num_unfinished_;
   return g;
+}
+
+bool Scheduler::request_id_in_use(const std::string& request_id) const {
+  auto it = by_request_.find(request_id);
+  if (it == by_request_.end()) return false;
+  const SequenceGroup& g = store_.groups[it->second];
+  return !(g.num_unfinished == 0 && g.final_output_sent);
+}
+
+void Scheduler::forget_request_id(GroupIndex g) {
+  auto it = by_request_.find(store_.groups[g].request_id);
+  if (it != by_request_.end() && it->second == g) by_request_.erase(it);  // not a reuse of the id
 }
 
 SeqIndex Scheduler::find_seq(int64_t seq_id) const {
@@ -261,7 +273,7 @@ void Scheduler::release_finished_groups() {
   for (GroupIndex g : groups_to_release_) {
     SequenceGroup& gr = store_.groups[g];
     if (!gr.alive) continue;
-    by_request_.erase(gr.request_id);
+    forget_request_id(g);
     for (SeqIndex s : gr.seqs) by_seq_id_.erase(store_.seq(s).seq_id);
     store_.release_group(g);
   }

@@ -104,6 +104,10 @@ class Scheduler {
                          const SamplingParams& params, double arrival_time, int32_t eos_token_id);
   bool has_request(const std::string& request_id) const { return by_request_.count(request_id) != 0; }
   GroupIndex group_index(const std::string& request_id) const { return by_request_.at(request_id); }
+  // Whether add_request must refuse the id: a request has it and its final output was not built
+  // yet. Once build_request_outputs returned the final output the id may be reused at once;
+  // until then (or until the next schedule()) it still names the finished request.
+  bool request_id_in_use(const std::string& request_id) const;
   // Aborts every unfinished sequence of the request; false if it had already finished.
   bool abort_request(const std::string& request_id);
   SeqIndex find_seq(int64_t seq_id) const;  // kNoSeq if unknown or released
@@ -209,6 +213,7 @@ class Scheduler {
   void prefetch_seq(SeqIndex far, SeqIndex near) const;
   void report_finished(SeqIndex s);
   void release_finished_groups();
+  void forget_request_id(GroupIndex g);  // unless the id was reused since
   int32_t seq_cost(SeqIndex s) const;  // max_num_seqs units held by a running sequence
 
   SchedulerConfig cfg_;
