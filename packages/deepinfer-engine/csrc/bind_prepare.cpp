@@ -95,12 +95,14 @@ with ``add_sequence`` (standalone sequences owned by the pool until ``clear``). 
             if (!scheduler.step_in_flight())
               throw py::value_error("scheduler: no scheduled step (call schedule() before building metadata)");
             pool.build_from(&scheduler.store(), scheduler.last_outputs().scheduled);
+            pool.set_source_step(&scheduler, scheduler.step());
             return static_cast<int32_t>(pool.size());
           },
           py::arg("scheduler"),
           "Replace the rows with the sequences of the scheduler's last schedule() (decodes first, then prefill "
           "chunks), without copying their tokens: rows refer to the scheduler's sequences by slot. Returns the "
-          "row count. Build after every schedule(); the scheduler must outlive the use of the rows.",
+          "row count. Build after every schedule(): the builders refuse (ValueError naming this call) rows built "
+          "for another step of the scheduler, or once it has no step in flight.",
           py::keep_alive<1, 2>())
       .def("__len__", &SequenceMetadataPool::size, "Number of rows.")
       .def(
