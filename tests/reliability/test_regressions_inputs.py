@@ -93,3 +93,26 @@ def test_every_builder_refuses_a_pool_built_for_another_step():
         pool.build(s)                                        # the fix: build, then it works
         E.prepare_decode_v4(args, pool)
         assert bufs["positions"][0] == 20                  # the new token's position
+
+
+def test_sampler_input_views_are_read_only_and_valid_until_the_next_prepare():
+    s = E.Scheduler(num_blocks=40, block_size=4, max_num_batched_tokens=64, max_model_len=64, vocab_size=100)
+    s.add_request("a", list(range(5, 25)), max_tokens=8, ignore_eos=True, temperature=0.5)
+    pool, si = E.SequenceMetadataPool(), E.SamplerInputs()
+    args = E.PrepareArgs(block_size=4, max_model_len=64, **_buffers())
+    s.schedule()
+    pool.build(s)
+    E.prepare_prompt_v4(args, pool)
+    E.prepare_sampler_inputs(args, pool, si)
+    views = [si.kernel.offsets, si.kernel.temperature, si.driver.seq_ids, si.kernel.logits_rows, args.row_seq_ids]
+    for v in views:
+        assert not v.flags.writeable
+        with pytest.raises(ValueError, match="read-only"):
+            v[...] = 0
+    assert si.kernel.offsets.tolist() == [0]
+    s.update(np.array([9], np.int32))
+    s.schedule()
+    pool.build(s)
+    E.prepare_decode_v4(args, pool)
+    E.prepare_sampler_inputs(args, pool, si)
+    assert si.kernel.offsets.tolist() == [1]                  # a fresh read after the next prepare

@@ -10,6 +10,7 @@
 
 #include "bindings_inputs.h"
 #include "buffer_check.h"
+#include "host_array.h"
 #include "loose_ints.h"
 #include "metadata.h"
 #include "prepare_args.h"
@@ -317,9 +318,10 @@ order, one hash seed per Engram layer, one table size per order (1..2^31-1).)doc
                              "Block-table rows (re)written since construction (incremental-update statistics).")
       .def_property_readonly("row_seq_ids", [](py::object self) {
             const auto& a = self.cast<const PrepareArgs&>();
-            return py::array_t<int64_t>({static_cast<py::ssize_t>(a.layout.num_rows)}, {sizeof(int64_t)},
-                                        a.layout.row_seq_id.data(), self);
-          }, "Per batch row of the last step: its seq_id, -1 for placeholder or discarded rows (a view).")
+            return read_only(py::array_t<int64_t>({static_cast<py::ssize_t>(a.layout.num_rows)}, {sizeof(int64_t)},
+                                                  a.layout.row_seq_id.data(), self));
+          }, "Per batch row of the last step: its seq_id, -1 for placeholder or discarded rows (a read-only view, "
+             "valid until the next prepare or zos_discard with these args).")
       .def(
           "zos_discard",
           [](PrepareArgs& a, const py::handle& finished_seq_ids) {
