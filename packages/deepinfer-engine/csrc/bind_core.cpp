@@ -247,6 +247,79 @@ int64_t add_request_typed(Scheduler& s, const std::string& request_id, const py:
             return s.store().seq(s.store().groups[g].seqs[0]).seq_id;
           }
 
+// sampled_token_ids of Scheduler.update as int32 vocabulary ids. A C-contiguous int32 numpy
+// array is read in place (its ids are checked by the caller); any other 1-D integer array — a
+// numpy array of another integer dtype or layout, a CPU tensor through DLPack, a list — is
+// converted once into `scratch`, each value checked against the vocabulary first (so a wide
+// value is never truncated into a valid id). `holder` keeps a converted source alive.
+const int32_t* sampled_token_rows(const py::object& obj, int32_t rows, int32_t vocab, py::array& holder,
+                                  std::vector<int32_t>& scratch) {
+  const char* name = "sampled_token_ids";
+  auto out_of_vocab = [&](long long id, int32_t r) {
+    buf::fail(name, "token id " + std::to_string(id) + " at row " + std::to_string(r) +
+                        " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+  };
+  if (py::isinstance<py::array>(obj)) {
+    holder = py::reinterpret_borrow<py::array>(obj);
+  } else if (py::hasattr(obj, "__dlpack__")) {
+    try {
+      holder = py::module_::import("numpy").attr("from_dlpack")(obj);
+    } catch (py::error_already_set& e) {
+      throw py::type_error(std::string(name) + ": cannot read " +
+                           std::string(py::str(py::type::of(obj).attr("__name__"))) +
+                           " through DLPack on the CPU (" + e.what() + "); pass a CPU array");
+    }
+  } else {
+    const std::vector<int64_t> v = loose_int64s(obj, name, INT64_MIN);
+    if (static_cast<int64_t>(v.size()) != rows)
+      buf::fail(name, "expected " + std::to_string(rows) + " elements, got " + std::to_string(v.size()));
+    scratch.resize(v.size());
+    for (int32_t r = 0; r < rows; ++r) {
+      if (v[r] < 0 || v[r] >= vocab) out_of_vocab(v[r], r);
+      scratch[r] = static_cast<int32_t>(v[r]);
+    }
+    return scratch.data();
+  }
+  const py::array& a = holder;
+  const char kind = a.dtype().kind();
+  if (kind != 'i' && kind != 'u')
+    throw py::type_error(std::string(name) + ": expected integer token ids, got dtype " + std::string(py::str(a.dtype())));
+  if (a.ndim() != 1 || a.shape(0) != rows)
+    buf::fail(name, "expected " + std::to_string(rows) + " elements, got shape " + buf::shape_str(a));
+  if (a.dtype().is(py::dtype::of<int32_t>()) && (a.flags() & py::array::c_style))
+    return static_cast<const int32_t*>(a.data());
+  scratch.resize(static_cast<size_t>(rows));
+  const char* base = static_cast<const char*>(a.data());
+  const py::ssize_t stride = rows > 0 ? a.strides(0) : 0;
+  const py::ssize_t size = a.itemsize();
+  for (int32_t r = 0; r < rows; ++r) {
+    const char* p = base + r * stride;
+    long long id;
+    if (kind == 'i') {
+      if (size == 1) id = *reinterpret_cast<const int8_t*>(p);
+      else if (size == 2) id = *reinterpret_cast<const int16_t*>(p);
+      else if (size == 4) id = *reinterpret_cast<const int32_t*>(p);
+      else id = *reinterpret_cast<const int64_t*>(p);
+      if (id < 0 || id >= vocab) out_of_vocab(id, r);
+    } else {
+      unsigned long long u;
+      if (size == 1) u = *reinterpret_cast<const uint8_t*>(p);
+      else if (size == 2) u = *reinterpret_cast<const uint16_t*>(p);
+      else if (size == 4) u = *reinterpret_cast<const uint32_t*>(p);
+      else u = *reinterpret_cast<const uint64_t*>(p);
+      if (u >= static_cast<unsigned long long>(vocab)) {
+        if (u > static_cast<unsigned long long>(INT64_MAX))
+          buf::fail(name, "token id " + std::to_string(u) + " at row " + std::to_string(r) +
+                              " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+        out_of_vocab(static_cast<long long>(u), r);
+      }
+      id = static_cast<long long>(u);
+    }
+    scratch[r] = static_cast<int32_t>(id);
+  }
+  return scratch.data();
+}
+
 // Keyword arguments of Scheduler.add_request: only the given ones are looked at.
 int64_t add_request_kwargs(Scheduler& s, const std::string& request_id, const py::object& prompt_token_ids,
                            const py::kwargs& kw) {
@@ -689,7 +762,10 @@ void bind_core(py::module_& m) {
                                     std::to_string(o.num_decode_tokens - o.num_decodes) +
                                     " draft tokens scheduled): apply it with process_MTPInfo; nothing was changed");
             const auto rows = o.num_sample_rows;
-            auto tok = buf::check_input_1d<int32_t>(sampled_token_ids, "sampled_token_ids", rows);
+            py::array token_holder;
+            std::vector<int32_t> token_scratch;
+            const int32_t* const tokens =
+                sampled_token_rows(sampled_token_ids, rows, s.config().vocab_size, token_holder, token_scratch);
             const float* lp = nullptr;
             if (!logprobs.is_none()) lp = buf::check_input_1d<float>(logprobs, "logprobs", rows).data;
             const int32_t* tk = nullptr;
@@ -724,8 +800,8 @@ void bind_core(py::module_& m) {
               }
             }
             for (int32_t r = 0; r < rows; ++r)
-              if (tok.data[r] < 0 || tok.data[r] >= vocab)
-                buf::fail("sampled_token_ids", "token id " + std::to_string(tok.data[r]) + " at row " + std::to_string(r) +
+              if (tokens[r] < 0 || tokens[r] >= vocab)
+                buf::fail("sampled_token_ids", "token id " + std::to_string(tokens[r]) + " at row " + std::to_string(r) +
                                                    " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
             // Rows whose request asks for more top-k logprobs than given (scan only on error).
             if (o.max_logprobs > k) {
@@ -740,12 +816,14 @@ void bind_core(py::module_& m) {
               }
             }
             py::gil_scoped_release nogil;
-            s.update(tok.data, lp, tk, tl, k);
+            s.update(tokens, lp, tk, tl, k);
           },
           py::arg("sampled_token_ids"), py::arg("logprobs") = py::none(), py::arg("topk_token_ids") = py::none(),
           py::arg("topk_logprobs") = py::none(),
-          "Apply the step's sampled tokens (releases the GIL). Borrowed, read-only: sampled_token_ids "
-          "int32[num_sample_rows]; logprobs float32[num_sample_rows] (sampled tokens' logprobs) or None; "
+          "Apply the step's sampled tokens (releases the GIL). sampled_token_ids: num_sample_rows token ids, "
+          "any 1-D integer array — an int32 C-contiguous numpy array is read in place (borrowed), another "
+          "integer dtype or layout, a CPU tensor (DLPack) or a list is converted once; a non-integer dtype is a "
+          "TypeError, a wrong length or an id outside the vocabulary a ValueError. Borrowed, read-only: logprobs float32[num_sample_rows] (sampled tokens' logprobs) or None; "
           "topk_token_ids int32[num_sample_rows, k] with topk_logprobs float32[num_sample_rows, k], or None. "
           "Advances computed tokens, registers full blocks in the prefix cache, forks n > 1 groups, appends "
           "tokens and applies stop conditions. Validates everything first (token ids and the top-k ids a row "

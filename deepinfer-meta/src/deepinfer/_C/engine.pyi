@@ -440,7 +440,7 @@ class Scheduler:
         """
     def update(self, sampled_token_ids: typing.Any, logprobs: typing.Any = None, topk_token_ids: typing.Any = None, topk_logprobs: typing.Any = None) -> None:
         """
-        Apply the step's sampled tokens (releases the GIL). Borrowed, read-only: sampled_token_ids int32[num_sample_rows]; logprobs float32[num_sample_rows] (sampled tokens' logprobs) or None; topk_token_ids int32[num_sample_rows, k] with topk_logprobs float32[num_sample_rows, k], or None. Advances computed tokens, registers full blocks in the prefix cache, forks n > 1 groups, appends tokens and applies stop conditions. Validates everything first (token ids and the top-k ids a row reports in the vocabulary, shapes): on error nothing changes. A step with draft rows (speculative decoding) is refused with ValueError: apply it with process_MTPInfo.
+        Apply the step's sampled tokens (releases the GIL). sampled_token_ids: num_sample_rows token ids, any 1-D integer array — an int32 C-contiguous numpy array is read in place (borrowed), another integer dtype or layout, a CPU tensor (DLPack) or a list is converted once; a non-integer dtype is a TypeError, a wrong length or an id outside the vocabulary a ValueError. Borrowed, read-only: logprobs float32[num_sample_rows] (sampled tokens' logprobs) or None; topk_token_ids int32[num_sample_rows, k] with topk_logprobs float32[num_sample_rows, k], or None. Advances computed tokens, registers full blocks in the prefix cache, forks n > 1 groups, appends tokens and applies stop conditions. Validates everything first (token ids and the top-k ids a row reports in the vocabulary, shapes): on error nothing changes. A step with draft rows (speculative decoding) is refused with ValueError: apply it with process_MTPInfo.
         """
     @property
     def block_manager(self) -> BlockManager:
@@ -490,7 +490,7 @@ class Scheduler:
     @property
     def waiting_seq_ids(self) -> numpy.typing.NDArray[numpy.int64]:
         """
-        int64: preempted then waiting sequences, in admission order.
+        int64: preempted and waiting sequences, in admission order (by priority under the 'priority' policy, preempted ones first on ties; then arrival_time and add order).
         """
 class RequestOutput:
     """
@@ -780,7 +780,7 @@ class SequenceMetadataPool:
         """
     def build(self, scheduler: Scheduler) -> int:
         """
-        Replace the rows with the sequences of the scheduler's last schedule() (decodes first, then prefill chunks), without copying their tokens: rows refer to the scheduler's sequences by slot. Returns the row count. Build after every schedule(); the scheduler must outlive the use of the rows.
+        Replace the rows with the sequences of the scheduler's last schedule() (decodes first, then prefill chunks), without copying their tokens: rows refer to the scheduler's sequences by slot. Returns the row count. Build after every schedule(): the builders refuse (ValueError naming this call) rows built for another step of the scheduler, or once it has no step in flight.
         """
     def clear(self) -> None:
         """
@@ -882,9 +882,9 @@ class PrepareArgs:
         Kept rows of the last step (YOCO modes other than NONE).
         """
     @property
-    def row_seq_ids(self) -> numpy.typing.NDArray[numpy.int64]:
+    def row_seq_ids(self) -> numpy.ndarray:
         """
-        Per batch row of the last step: its seq_id, -1 for placeholder or discarded rows (a view).
+        Per batch row of the last step: its seq_id, -1 for placeholder or discarded rows (a read-only view, valid until the next prepare or zos_discard with these args).
         """
     @property
     def yoco_mode(self) -> YocoPrefillTruncationMode:
@@ -893,8 +893,8 @@ class PrepareArgs:
         """
 class SamplingKernelInputs:
     """
-    Per sample row parameters of the sampling kernel (numpy views of engine-owned memory; a view
-    keeps the step's data). Same seed and offset give the same token whatever the batch:
+    Per sample row parameters of the sampling kernel (read-only numpy views of engine-owned memory,
+    valid until the next prepare_sampler_inputs with the same SamplerInputs). Same seed and offset give the same token whatever the batch:
     ``seeds`` is the request's seed (or a fixed function of the engine's generator seed and the
     sequence id), ``offsets`` the index of the output token being sampled, ``subsequences`` the
     sample index within an n > 1 request.
@@ -1292,8 +1292,9 @@ class PromptLogprobInputs:
 class SamplerInputs:
     """
     Everything the sampler needs for one step; reused step after step (engine-owned numpy
-    storage that grows when needed — a view taken earlier keeps its own data). Filled by
-    prepare_sampler_inputs.
+    storage that grows when needed). Its arrays are read-only views, valid until the next
+    prepare_sampler_inputs with this object: that call rewrites them (copy what must outlive it);
+    they never dangle. Filled by prepare_sampler_inputs.
     """
     def __init__(self, generator_seed: typing.SupportsInt | typing.SupportsIndex = 0, *, penalty_counts: str = 'incremental') -> None:
         """
