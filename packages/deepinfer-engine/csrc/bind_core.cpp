@@ -702,6 +702,7 @@ void bind_core(py::module_& m) {
       .def(
           "add_request",
           [](Scheduler& s, const std::string& request_id, const py::object& prompt_token_ids, const py::kwargs& kw) {
+            BusyGuard busy_guard(s.busy, "Scheduler", "Scheduler.add_request");
             return add_request_kwargs(s, request_id, prompt_token_ids, kw);
           },
           py::arg("request_id"), py::arg("prompt_token_ids"),
@@ -725,6 +726,7 @@ void bind_core(py::module_& m) {
       .def(
           "abort_request",
           [](Scheduler& s, const std::variant<std::string, std::vector<std::string>>& request_ids) {
+            BusyGuard busy_guard(s.busy, "Scheduler", "Scheduler.abort_request");
             std::vector<std::string> ids;
             if (std::holds_alternative<std::string>(request_ids)) ids.push_back(std::get<std::string>(request_ids));
             else ids = std::get<std::vector<std::string>>(request_ids);
@@ -741,6 +743,7 @@ void bind_core(py::module_& m) {
       .def(
           "schedule",
           [](Scheduler& s) -> const SchedulerOutputs& {
+            BusyGuard busy_guard(s.busy, "Scheduler", "Scheduler.schedule");
             if (s.step_in_flight())
               throw py::value_error("schedule: step " + std::to_string(s.step()) + " is still waiting for update()");
             py::gil_scoped_release nogil;
@@ -753,6 +756,7 @@ void bind_core(py::module_& m) {
           "update",
           [](Scheduler& s, const py::object& sampled_token_ids, const py::object& logprobs,
              const py::object& topk_token_ids, const py::object& topk_logprobs) {
+            BusyGuard busy_guard(s.busy, "Scheduler", "Scheduler.update");
             if (!s.step_in_flight()) throw py::value_error("update: no scheduled step (call schedule() first)");
             const SchedulerOutputs& o = s.last_outputs();
             // A decode with drafts computes 1 + k tokens but update appends one per row: only
@@ -832,6 +836,7 @@ void bind_core(py::module_& m) {
       .def(
           "abandon_step",
           [](Scheduler& s, const std::string& action) {
+            BusyGuard busy_guard(s.busy, "Scheduler", "Scheduler.abandon_step");
             bool fail = false;
             if (action == "fail") fail = true;
             else if (action != "recompute")
@@ -864,6 +869,7 @@ void bind_core(py::module_& m) {
       .def(
           "stop_sequence",
           [](Scheduler& s, int64_t seq_id, const std::string& stop_string, int32_t num_output_tokens) {
+            BusyGuard busy_guard(s.busy, "Scheduler", "Scheduler.stop_sequence");
             const SeqIndex i = seq_index_or_raise(s, seq_id);
             const Sequence& q = s.store().seq(i);
             if (num_output_tokens < 0 || num_output_tokens > q.num_output_tokens())
@@ -940,7 +946,10 @@ void bind_core(py::module_& m) {
       .def_property_readonly("max_model_len", [](const Scheduler& s) { return s.config().max_model_len; },
                              "Max tokens per sequence.")
       .def_property_readonly("vocab_size", [](const Scheduler& s) { return s.config().vocab_size; }, "Vocabulary size.")
-      .def("reset_prefix_cache", &Scheduler::reset_prefix_cache,
+      .def("reset_prefix_cache", [](Scheduler& s) {
+             BusyGuard busy_guard(s.busy, "Scheduler", "Scheduler.reset_prefix_cache");
+             return s.reset_prefix_cache();
+           },
            "Forget every cached block (e.g. after new weights). Returns True.")
       .def("get_stats", &scheduler_stats,
            "dict: num_running, num_waiting, num_preempted, num_preemptions_total, num_unfinished_requests, "
@@ -954,6 +963,7 @@ void bind_core(py::module_& m) {
   m.def(
       "clone_and_zero_states_and_blocks",
       [](Scheduler& s, int64_t seq_id, int32_t num_children) {
+        BusyGuard busy_guard(s.busy, "Scheduler", "clone_and_zero_states_and_blocks");
         const SeqIndex i = seq_index_or_raise(s, seq_id);
         const Sequence& q = s.store().seq(i);
         if (q.status != SequenceStatus::RUNNING)
@@ -1086,6 +1096,7 @@ void bind_core(py::module_& m) {
   m.def(
       "build_request_outputs",
       [](Scheduler& s, RequestOutputPool& pool) {
+        BusyGuard busy_guard(s.busy, "Scheduler", "build_request_outputs");
         if (s.step_in_flight())
           throw py::value_error("build_request_outputs: step " + std::to_string(s.step()) + " is waiting for update()");
         return py::typing::List<RequestOutputData>(build_request_outputs(s, pool));
@@ -1098,6 +1109,7 @@ void bind_core(py::module_& m) {
   m.def(
       "get_finished_seqs_info",
       [](const Scheduler& s) {
+        BusyGuard busy_guard(s.busy, "Scheduler", "get_finished_seqs_info");
         const auto& f = s.finished();
         const size_t k = f.size();
         py::array_t<int64_t> ids(static_cast<py::ssize_t>(k));

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "block_manager.h"
+#include "busy_flag.h"
 #include "sequence.h"
 
 namespace deepinfer {
@@ -194,6 +195,9 @@ class Scheduler {
   double now() const;
   // Test hook: checks every block/slot invariant; "" when consistent.
   std::string check_invariants() const;
+
+  // Taken by every mutating Python entry point (busy_flag.h).
+  mutable BusyFlag busy;
 
  private:
   bool before(SeqIndex a, SeqIndex b) const;  // scheduling precedence
