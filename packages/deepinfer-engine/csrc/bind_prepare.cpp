@@ -154,9 +154,10 @@ with ``add_sequence`` (standalone sequences owned by the pool until ``clear``). 
                 const int64_t t = kv.first.cast<int64_t>();
                 if (t < 0 || t > INT32_MAX) throw py::value_error("logit_bias: token id " + std::to_string(t) + " out of range");
                 const float b = kv.second.cast<float>();
-                // A NaN/inf bias would reach the sampler and poison the row's logits.
-                if (!std::isfinite(b))
-                  throw py::value_error("logit_bias: bias of token " + std::to_string(t) + " must be finite, got " + std::to_string(b));
+                // The add_request rule (sampling_params.h); a NaN/inf bias would poison the row's logits.
+                if (!(b >= -kMaxLogitBias && b <= kMaxLogitBias))
+                  throw py::value_error("logit_bias: bias of token " + std::to_string(t) + " must be in [-100, 100], got " +
+                                        std::to_string(b));
                 bias.emplace_back(static_cast<int32_t>(t), b);
               }
               std::sort(bias.begin(), bias.end());
@@ -188,6 +189,9 @@ with ``add_sequence`` (standalone sequences owned by the pool until ``clear``). 
             if (!(repetition_penalty > 0.0f)) throw py::value_error("repetition_penalty: must be > 0, got " + std::to_string(repetition_penalty));
             if (min_tokens < 0) throw py::value_error("min_tokens: must be >= 0, got " + std::to_string(min_tokens));
             if (logprobs < -1) throw py::value_error("logprobs: must be -1 (none) or >= 0, got " + std::to_string(logprobs));
+            if (logprobs > kMaxLogprobs || prompt_logprobs > kMaxLogprobs)
+              throw py::value_error(std::string(logprobs > kMaxLogprobs ? "logprobs" : "prompt_logprobs") + ": must be <= " +
+                                    std::to_string(kMaxLogprobs));
             if (prompt_logprobs < -1)
               throw py::value_error("prompt_logprobs: must be -1 (none) or >= 0, got " + std::to_string(prompt_logprobs));
 
