@@ -868,21 +868,39 @@ void bind_core(py::module_& m) {
           "ValueError naming action for any other value.")
       .def(
           "stop_sequence",
-          [](Scheduler& s, int64_t seq_id, const std::string& stop_string, int32_t num_output_tokens) {
+          [](Scheduler& s, int64_t seq_id, const std::string& stop_string, int32_t num_output_tokens,
+             const py::object& output) {
             BusyGuard busy_guard(s.busy, "Scheduler", "Scheduler.stop_sequence");
             const SeqIndex i = seq_index_or_raise(s, seq_id);
             const Sequence& q = s.store().seq(i);
             if (num_output_tokens < 0 || num_output_tokens > q.num_output_tokens())
               buf::fail("num_output_tokens", std::to_string(num_output_tokens) + " is outside [0, " +
                                                  std::to_string(q.num_output_tokens()) + "]");
+            RequestOutputData* d = nullptr;
+            if (!output.is_none()) {
+              if (!py::isinstance<RequestOutputData>(output))
+                throw py::type_error("output: expected a RequestOutput or None, got " +
+                                     std::string(py::str(py::type::of(output).attr("__name__"))));
+              d = &output.cast<RequestOutputData&>();
+              const std::string& rid = s.store().group_of(i).request_id;
+              if (d->request_id != rid)
+                buf::fail("output", "is the output of request '" + d->request_id + "', not of sequence " +
+                                        std::to_string(seq_id) + "'s request '" + rid + "'");
+            }
+            const int32_t old_len = q.num_output_tokens();
             s.stop_sequence(i, stop_string, num_output_tokens);
+            if (d) correct_output_after_stop(s, i, old_len, *d);
           },
-          py::arg("seq_id"), py::arg("stop_string"), py::arg("num_output_tokens"),
+          py::arg("seq_id"), py::arg("stop_string"), py::arg("num_output_tokens"), py::arg("output") = py::none(),
           "Finish a sequence for a stop string found by the detokenizer, keeping its first "
-          "num_output_tokens output tokens (stop_reason = stop_string, finish_reason 'stop'). It is reported by "
-          "the next build_request_outputs / get_finished_seqs_info; a sequence that already finished in this "
-          "step (e.g. at max_tokens) becomes 'stop' and its request is output again. Raises ValueError for an unknown seq_id or "
-          "a count outside [0, output length].")
+          "num_output_tokens output tokens (stop_reason = stop_string, finish_reason 'stop'); a sequence that "
+          "already finished in this step (e.g. at max_tokens) becomes 'stop'. output: the RequestOutput of the "
+          "sequence's request from the last build_request_outputs, or None. Given, it is corrected in place "
+          "(the completion's tokens cut at the stop, its finish and stop reason, `finished` once every sample "
+          "ended) and the request is not reported again: its outputs are built once. Without it the next "
+          "build_request_outputs reports the request again. Raises ValueError for an unknown seq_id, a count "
+          "outside [0, output length] or another request's output; TypeError for an output that is not a "
+          "RequestOutput.")
       .def(
           "get_sequence",
           [](py::object self, int64_t seq_id) {

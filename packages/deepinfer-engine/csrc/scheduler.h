@@ -182,6 +182,8 @@ class Scheduler {
   const std::vector<SeqIndex>& updated_seqs() const { return updated_seqs_; }
   uint64_t update_epoch() const { return update_epoch_; }
   void drain_updated_seqs() { updated_seqs_.clear(); ++update_epoch_; }
+  // Takes a sequence out of updated_seqs() (its output was corrected in place after a stop string).
+  void unmark_updated(SeqIndex s);
   // Free max_num_seqs units / state slots (fork from Python checks them).
   int32_t free_seq_units() const { return cfg_.max_num_seqs - seq_units_; }
   int32_t num_free_state_slots() const { return static_cast<int32_t>(free_state_slots_.size()); }

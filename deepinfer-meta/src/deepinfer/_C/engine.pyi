@@ -450,9 +450,9 @@ class Scheduler:
         """
         Schedule the next step (releases the GIL). Returns the scheduler's SchedulerOutputs (rewritten by the next call). Raises ValueError if the previous step has not been updated.
         """
-    def stop_sequence(self, seq_id: typing.SupportsInt | typing.SupportsIndex, stop_string: str, num_output_tokens: typing.SupportsInt | typing.SupportsIndex) -> None:
+    def stop_sequence(self, seq_id: typing.SupportsInt | typing.SupportsIndex, stop_string: str, num_output_tokens: typing.SupportsInt | typing.SupportsIndex, output: typing.Any = None) -> None:
         """
-        Finish a sequence for a stop string found by the detokenizer, keeping its first num_output_tokens output tokens (stop_reason = stop_string, finish_reason 'stop'). It is reported by the next build_request_outputs / get_finished_seqs_info; a sequence that already finished in this step (e.g. at max_tokens) becomes 'stop' and its request is output again. Raises ValueError for an unknown seq_id or a count outside [0, output length].
+        Finish a sequence for a stop string found by the detokenizer, keeping its first num_output_tokens output tokens (stop_reason = stop_string, finish_reason 'stop'); a sequence that already finished in this step (e.g. at max_tokens) becomes 'stop'. output: the RequestOutput of the sequence's request from the last build_request_outputs, or None. Given, it is corrected in place (the completion's tokens cut at the stop, its finish and stop reason, `finished` once every sample ended) and the request is not reported again: its outputs are built once. Without it the next build_request_outputs reports the request again. Raises ValueError for an unknown seq_id, a count outside [0, output length] or another request's output; TypeError for an output that is not a RequestOutput.
         """
     def update(self, sampled_token_ids: typing.Any, logprobs: typing.Any = None, topk_token_ids: typing.Any = None, topk_logprobs: typing.Any = None) -> None:
         """
