@@ -1,0 +1,118 @@
+#include "core/request_output.h"
+
+#include <algorithm>
+
+namespace deepinfer {
+
+namespace py = pybind11;
+
+void RequestOutputPool::collect() {
+  free_.clear();
+  for (size_t i = 0; i < objs_.size(); ++i)
+    if (Py_REFCNT(objs_[i].first.ptr()) == 1) free_.push_back(i);
+  std::reverse(free_.begin(), free_.end());  // pop_back hands out objects in pool order
+}
+
+std::pair<py::object, RequestOutputData*> RequestOutputPool::acquire() {
+  if (!free_.empty()) {
+    auto& e = objs_[free_.back()];
+    free_.pop_back();
+    return e;
+  }
+  auto* d = new RequestOutputData();
+  py::object o = py::cast(d, py::return_value_policy::take_ownership);
+  if (objs_.size() < max_size_) objs_.emplace_back(o, d);
+  return {o, d};
+}
+
+namespace {
+
+void fill_completion(CompletionData& c, const Sequence& q, const SamplingParams& p, bool delta) {
+  const int32_t start = delta ? q.num_returned_tokens : 0;
+  const int32_t end = q.num_output_tokens();
+  c.index = q.sample_index;
+  c.token_ids.assign(q.output_tokens() + start, q.output_tokens() + end);
+  c.cumulative_logprob = q.cumulative_logprob;
+  if (p.logprobs >= 0) {
+    const size_t per = static_cast<size_t>(p.logprobs) + 1;
+    c.logprobs_per_token = static_cast<int32_t>(per);
+    c.logprob_token_ids.assign(q.logprob_token_ids.begin() + per * start, q.logprob_token_ids.begin() + per * end);
+    c.logprob_values.assign(q.logprob_values.begin() + per * start, q.logprob_values.begin() + per * end);
+  } else {
+    c.logprobs_per_token = 0;
+    c.logprob_token_ids.clear();
+    c.logprob_values.clear();
+  }
+  c.finish_reason = finish_reason_str(q.status);
+  c.stop_token = q.stop_token;
+  c.stop_string = q.stop_string;
+  c.stop_is_string = q.stop_is_string;
+  c.text.clear();
+}
+
+}  // namespace
+
+py::list build_request_outputs(Scheduler& sched, RequestOutputPool& pool) {
+  SequenceStore& store = sched.store();
+  const uint64_t epoch = sched.update_epoch();
+  pool.collect();
+  py::list result(0);
+  for (SeqIndex si : sched.updated_seqs()) {
+    SequenceGroup& g = store.groups[store.seq(si).group];
+    if (g.updated_epoch == epoch) continue;  // this request was output by this build already
+    g.updated_epoch = epoch;
+    if (!g.alive || g.final_output_sent) continue;
+    const SamplingParams& p = g.params;
+    const bool finished = g.num_unfinished == 0;
+    if (p.output_kind == OutputKind::FINAL_ONLY && !finished) continue;
+    const bool delta = p.output_kind == OutputKind::DELTA;
+    auto [obj, d] = pool.acquire();
+    d->request_id = g.request_id;
+    if (!g.prompt_shared) {
+      const Sequence& parent = store.seq(g.seqs[0]);
+      g.prompt_shared = std::make_shared<const std::vector<int32_t>>(parent.tokens.begin(),
+                                                                      parent.tokens.begin() + parent.num_prompt_tokens);
+    }
+    d->prompt_token_ids = g.prompt_shared;
+    d->finished = finished;
+    int32_t n = 0;
+    for (SeqIndex s : g.seqs) {
+      Sequence& q = store.seq(s);
+      const bool seq_finished = is_finished(q.status);
+      if (delta && q.num_returned_tokens == q.num_output_tokens() && (!seq_finished || q.final_output_sent)) continue;
+      if (static_cast<size_t>(n) == d->completions.size()) d->completions.emplace_back();
+      fill_completion(d->completions[n++], q, p, delta);
+      q.num_returned_tokens = q.num_output_tokens();
+      if (seq_finished) q.final_output_sent = true;
+    }
+    d->num_completions = n;
+    // Prompt logprobs: positions 1..P-1 (position 0 has none).
+    if (p.prompt_logprobs >= 0) {
+      const size_t per = static_cast<size_t>(p.prompt_logprobs) + 1;
+      const int32_t start = delta ? g.num_prompt_logprobs_returned : 0;
+      const int32_t end = g.num_prompt_logprobs;  // positions 1..end filled
+      d->prompt_logprobs_per_token = static_cast<int32_t>(per);
+      // The output covers prompt positions [start_pos, end_pos); position 0 (no logprob) is None.
+      d->prompt_logprobs_start = end == 0 ? 0 : (start == 0 ? 0 : start + 1);
+      d->prompt_logprobs_end = end == 0 ? 0 : end + 1;
+      d->prompt_logprob_token_ids.assign(g.prompt_logprob_token_ids.begin() + per * start,
+                                         g.prompt_logprob_token_ids.begin() + per * end);
+      d->prompt_logprob_values.assign(g.prompt_logprob_values.begin() + per * start,
+                                      g.prompt_logprob_values.begin() + per * end);
+      g.num_prompt_logprobs_returned = end;
+    } else {
+      d->prompt_logprobs_per_token = 0;
+    }
+    d->metrics.arrival_time = g.arrival_time;
+    d->metrics.first_scheduled_time = g.first_scheduled_time;
+    d->metrics.first_token_time = g.first_token_time;
+    d->metrics.finished_time = finished ? g.finished_time : 0.0;
+    d->metrics.num_cached_tokens = store.seq(g.seqs[0]).num_cached_tokens;
+    if (finished) g.final_output_sent = true;
+    result.append(obj);
+  }
+  sched.drain_updated_seqs();
+  return result;
+}
+
+}  // namespace deepinfer

@@ -1,0 +1,1006 @@
+// Python bindings of Engine core I: Scheduler, SchedulerOutputs, BlockManager, Sequence,
+// SequenceData, SequenceStatus, PLACEHOLDER_REQUEST_ID, clone_and_zero_states_and_blocks,
+// RequestOutput, RequestOutputPool, build_request_outputs, get_finished_seqs_info.
+#include <pybind11/native_enum.h>
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <pybind11/typing.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <variant>
+#include <string>
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "python/bindings.h"
+#include "python/buffer_check.h"
+#include "python/loose_ints.h"
+#include "core/request_output.h"
+#include "core/scheduler.h"
+
+namespace deepinfer {
+
+namespace py = pybind11;
+
+namespace {
+
+template <class T>
+py::array_t<T> to_array(const T* data, size_t n) {
+  py::array_t<T> a(static_cast<py::ssize_t>(n));
+  if (n) std::copy(data, data + n, a.mutable_data());
+  return a;
+}
+template <class T>
+py::array_t<T> to_array(const std::vector<T>& v) {
+  return to_array(v.data(), v.size());
+}
+py::array_t<int32_t> pairs_array(const std::vector<BlockCopy>& v) {
+  py::array_t<int32_t> a({static_cast<py::ssize_t>(v.size()), py::ssize_t{2}});
+  auto* p = a.mutable_data();
+  for (size_t i = 0; i < v.size(); ++i) {
+    p[2 * i] = v[i][0];
+    p[2 * i + 1] = v[i][1];
+  }
+  return a;
+}
+
+// Sorted, unique token ids from a loose list; each in [0, vocab).
+std::vector<int32_t> token_set(const py::object& obj, const char* name, int32_t vocab) {
+  if (obj.is_none()) return {};
+  auto v = loose_ints(obj, name, 0);
+  for (size_t i = 0; i < v.size(); ++i)
+    if (v[i] >= vocab)
+      buf::fail(name, "token id " + std::to_string(v[i]) + " (index " + std::to_string(i) +
+                          ") is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+  std::sort(v.begin(), v.end());
+  v.erase(std::unique(v.begin(), v.end()), v.end());
+  return v;
+}
+
+OutputKind parse_output_kind(const std::string& s) {
+  if (s == "cumulative") return OutputKind::CUMULATIVE;
+  if (s == "delta") return OutputKind::DELTA;
+  if (s == "final_only") return OutputKind::FINAL_ONLY;
+  buf::fail("output_kind", "'" + s + "' is not one of 'cumulative', 'delta', 'final_only'");
+}
+
+// Python handle of one sequence: the scheduler (kept alive) and the never-reused seq id.
+struct SeqHandle {
+  py::object owner;
+  Scheduler* sched;
+  int64_t seq_id;
+  const Sequence& get() const {
+    const SeqIndex i = sched->find_seq(seq_id);
+    if (i == kNoSeq)
+      throw py::value_error("seq_id: sequence " + std::to_string(seq_id) +
+                            " no longer exists (its request finished and was released)");
+    return sched->store().seq(i);
+  }
+  const SequenceGroup& group() const { return sched->store().groups[get().group]; }
+};
+struct SeqDataHandle : SeqHandle {};
+
+SeqIndex seq_index_or_raise(Scheduler& s, int64_t seq_id) {
+  const SeqIndex i = s.find_seq(seq_id);
+  if (i == kNoSeq) buf::fail("seq_id", std::to_string(seq_id) + " is not a live sequence of this scheduler");
+  return i;
+}
+
+py::object stop_reason_of(int64_t stop_token, const std::string& stop_string, bool is_string) {
+  if (is_string) return py::str(stop_string);
+  if (stop_token >= 0) return py::int_(stop_token);
+  return py::none();
+}
+
+py::object finish_reason_of(const char* r) { return r ? py::object(py::str(r)) : py::object(py::none()); }
+
+py::list logprob_dicts(const int32_t* ids, const float* vals, size_t count, size_t per) {
+  py::list out;
+  for (size_t t = 0; t < count; ++t) {
+    py::dict d;
+    for (size_t j = 0; j < per; ++j) {
+      const int32_t id = ids[t * per + j];
+      if (id < 0) continue;
+      py::int_ key(id);
+      if (!d.contains(key)) d[key] = py::float_(vals[t * per + j]);
+    }
+    out.append(d);
+  }
+  return out;
+}
+
+py::typing::Dict<py::str, py::object> scheduler_stats(const Scheduler& s) {
+  const SchedulerStats st = s.stats();
+  const BlockManagerStats b = const_cast<Scheduler&>(s).block_manager().stats();
+  py::typing::Dict<py::str, py::object> d;
+  d["num_running"] = st.num_running;
+  d["num_waiting"] = st.num_waiting;
+  d["num_preempted"] = st.num_preempted;
+  d["num_preemptions_total"] = st.num_preemptions_total;
+  d["num_unfinished_requests"] = s.num_unfinished();
+  d["kv_usage"] = st.kv_usage;
+  d["prefix_cache_hit_rate"] = st.prefix_hit_rate;
+  d["prefix_cache_queries"] = b.prefix_queries;
+  d["prefix_cache_hits"] = b.prefix_hits;
+  d["num_free_blocks"] = b.num_free_blocks;
+  d["num_cached_blocks"] = b.num_cached_blocks;
+  d["num_evictions"] = b.num_evictions;
+  d["num_cow_copies"] = b.num_cow_copies;
+  return d;
+}
+
+// A Python int (or __index__) as int64; ValueError naming `name` when it does not fit
+// (py::cast<int64_t> would raise a RuntimeError "Unable to cast").
+int64_t python_int64(const py::handle& v, const char* name) {
+  py::object idx = py::reinterpret_steal<py::object>(PyNumber_Index(v.ptr()));
+  if (!idx) throw py::error_already_set();
+  int overflow = 0;
+  const long long x = PyLong_AsLongLongAndOverflow(idx.ptr(), &overflow);
+  if (overflow != 0)
+    buf::fail(name, std::string(py::str(idx)) + " is out of the int64 range");
+  if (x == -1 && PyErr_Occurred()) throw py::error_already_set();
+  return static_cast<int64_t>(x);
+}
+
+int64_t add_request_typed(Scheduler& s, const std::string& request_id, const py::object& prompt_token_ids, int32_t n,
+             float temperature, float top_p, int32_t top_k, float min_p, float presence_penalty,
+             float frequency_penalty, float repetition_penalty, std::optional<int64_t> seed,
+             const py::object& stop_token_ids, bool ignore_eos, int32_t max_tokens, int32_t min_tokens,
+             std::optional<int32_t> logprobs, std::optional<int32_t> prompt_logprobs, const py::object& logit_bias,
+             const py::object& allowed_token_ids, const py::object& banned_token_ids, int32_t priority,
+             const std::string& output_kind, std::optional<double> arrival_time, std::optional<int64_t> eos_token_id) {
+            const int32_t vocab = s.config().vocab_size;
+            if (request_id == kPlaceholderRequestId) buf::fail("request_id", "'" + request_id + "' is reserved for padding rows");
+            if (s.has_request(request_id)) buf::fail("request_id", "'" + request_id + "' is already in use");
+            // A C-contiguous int32 array is read in place; anything else is converted.
+            std::vector<int32_t> converted;
+            const int32_t* prompt = nullptr;
+            size_t prompt_len = 0;
+            if (py::isinstance<py::array>(prompt_token_ids)) {
+              auto a = py::reinterpret_borrow<py::array>(prompt_token_ids);
+              if (a.dtype().is(py::dtype::of<int32_t>()) && a.ndim() == 1 && (a.flags() & py::array::c_style)) {
+                prompt = static_cast<const int32_t*>(a.data());
+                prompt_len = static_cast<size_t>(a.shape(0));
+              }
+            }
+            if (!prompt) {
+              converted = loose_ints(prompt_token_ids, "prompt_token_ids", 0);
+              prompt = converted.data();
+              prompt_len = converted.size();
+            }
+            if (prompt_len == 0) buf::fail("prompt_token_ids", "must not be empty");
+            for (size_t i = 0; i < prompt_len; ++i)
+              if (prompt[i] < 0 || prompt[i] >= vocab)
+                buf::fail("prompt_token_ids", "token id " + std::to_string(prompt[i]) + " at index " + std::to_string(i) +
+                                                  " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+            SamplingParams p;
+            p.n = n;
+            p.temperature = temperature;
+            p.top_p = top_p;
+            p.top_k = top_k;
+            p.min_p = min_p;
+            p.presence_penalty = presence_penalty;
+            p.frequency_penalty = frequency_penalty;
+            p.repetition_penalty = repetition_penalty;
+            if (seed) {
+              p.has_seed = true;
+              p.seed = *seed;
+            }
+            p.stop_token_ids = token_set(stop_token_ids, "stop_token_ids", vocab);
+            p.ignore_eos = ignore_eos;
+            p.max_tokens = max_tokens;
+            p.min_tokens = min_tokens;
+            p.logprobs = logprobs ? *logprobs : -1;
+            if (logprobs && *logprobs < 0) buf::fail("logprobs", std::to_string(*logprobs) + " must be >= 0 (or None)");
+            p.prompt_logprobs = prompt_logprobs ? *prompt_logprobs : -1;
+            if (prompt_logprobs && *prompt_logprobs < 0)
+              buf::fail("prompt_logprobs", std::to_string(*prompt_logprobs) + " must be >= 0 (or None)");
+            if (!logit_bias.is_none()) {
+              if (!py::isinstance<py::dict>(logit_bias))
+                throw py::type_error("logit_bias: expected a dict {token_id: bias}, got " +
+                                     std::string(py::str(py::type::of(logit_bias).attr("__name__"))));
+              for (auto [k, v] : py::reinterpret_borrow<py::dict>(logit_bias)) {
+                if (py::isinstance<py::bool_>(k) || !(py::isinstance<py::int_>(k) || py::hasattr(k, "__index__")))
+                  throw py::type_error("logit_bias: keys must be int token ids, got " +
+                                       std::string(py::str(py::type::of(k).attr("__name__"))) + " " +
+                                       std::string(py::repr(k)));
+                if (py::isinstance<py::bool_>(v) || !(py::isinstance<py::float_>(v) || py::isinstance<py::int_>(v) ||
+                                                      py::hasattr(v, "__float__")))
+                  throw py::type_error("logit_bias: bias of token " + std::string(py::repr(k)) +
+                                       " must be a float, got " + std::string(py::str(py::type::of(v).attr("__name__"))));
+                const int64_t t = python_int64(k, "logit_bias");
+                if (t < 0 || t >= vocab)
+                  buf::fail("logit_bias", "token id " + std::to_string(t) + " is outside the vocabulary [0, " +
+                                              std::to_string(vocab) + ")");
+                p.logit_bias.emplace_back(static_cast<int32_t>(t), v.cast<float>());
+              }
+              std::sort(p.logit_bias.begin(), p.logit_bias.end());
+            }
+            p.allowed_token_ids = token_set(allowed_token_ids, "allowed_token_ids", vocab);
+            if (!allowed_token_ids.is_none() && p.allowed_token_ids.empty())
+              buf::fail("allowed_token_ids", "must not be empty (None allows every token)");
+            p.banned_token_ids = token_set(banned_token_ids, "banned_token_ids", vocab);
+            p.priority = priority;
+            p.output_kind = parse_output_kind(output_kind);
+            const std::string err = validate_sampling_params(p, vocab);
+            if (!err.empty()) throw py::value_error(err);
+            if (n > s.config().max_num_seqs)
+              buf::fail("n", std::to_string(n) + " exceeds max_num_seqs " + std::to_string(s.config().max_num_seqs));
+            int32_t eos = s.config().eos_token_id;
+            if (eos_token_id) {
+              const int64_t e = *eos_token_id;
+              if (e < 0 || e >= vocab)
+                buf::fail("eos_token_id", std::to_string(e) + " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+              eos = static_cast<int32_t>(e);
+            }
+            const double arrival = arrival_time ? *arrival_time : s.now();
+            if (prompt_len > static_cast<size_t>(INT32_MAX / 2))
+              buf::fail("prompt_token_ids", std::to_string(prompt_len) + " tokens is too many");
+            const GroupIndex g = s.add_request(request_id, prompt, static_cast<int32_t>(prompt_len), p, arrival, eos);
+            return s.store().seq(s.store().groups[g].seqs[0]).seq_id;
+          }
+
+// Keyword arguments of Scheduler.add_request: only the given ones are looked at.
+int64_t add_request_kwargs(Scheduler& s, const std::string& request_id, const py::object& prompt_token_ids,
+                           const py::kwargs& kw) {
+  int32_t n = 1, top_k = -1, max_tokens = 16, min_tokens = 0, priority = 0;
+  float temperature = 1.0f, top_p = 1.0f, min_p = 0.0f, presence = 0.0f, frequency = 0.0f, repetition = 1.0f;
+  std::optional<int64_t> seed, eos;
+  std::optional<int32_t> logprobs, prompt_logprobs;
+  std::optional<double> arrival;
+  bool ignore_eos = false;
+  std::string output_kind = "cumulative";
+  py::object none = py::none(), stop_ids = none, logit_bias = none, allowed = none, banned = none;
+  auto type_name = [](const py::handle& v) { return std::string(py::str(py::type::of(v).attr("__name__"))); };
+  auto as_int = [&](const py::handle& v, const char* name) -> int64_t {
+    if (py::isinstance<py::bool_>(v) || !(py::isinstance<py::int_>(v) || py::hasattr(v, "__index__")))
+      throw py::type_error(std::string(name) + ": expected int, got " + type_name(v));
+    return python_int64(v, name);
+  };
+  auto as_i32 = [&](const py::handle& v, const char* name) -> int32_t {
+    const int64_t x = as_int(v, name);
+    if (x < INT32_MIN || x > INT32_MAX) buf::fail(name, std::to_string(x) + " is out of the int32 range");
+    return static_cast<int32_t>(x);
+  };
+  auto as_float = [&](const py::handle& v, const char* name) -> double {
+    if (py::isinstance<py::bool_>(v) || !(py::isinstance<py::float_>(v) || py::isinstance<py::int_>(v) ||
+                                          py::hasattr(v, "__float__")))
+      throw py::type_error(std::string(name) + ": expected float, got " + type_name(v));
+    return py::cast<double>(v);
+  };
+  for (auto item : kw) {
+    const std::string key = py::cast<std::string>(item.first);
+    const py::handle v = item.second;
+    const char* k = key.c_str();
+    const bool is_none = v.is_none();
+    if (key == "n") n = as_i32(v, k);
+    else if (key == "temperature") temperature = static_cast<float>(as_float(v, k));
+    else if (key == "top_p") top_p = static_cast<float>(as_float(v, k));
+    else if (key == "top_k") top_k = as_i32(v, k);
+    else if (key == "min_p") min_p = static_cast<float>(as_float(v, k));
+    else if (key == "presence_penalty") presence = static_cast<float>(as_float(v, k));
+    else if (key == "frequency_penalty") frequency = static_cast<float>(as_float(v, k));
+    else if (key == "repetition_penalty") repetition = static_cast<float>(as_float(v, k));
+    else if (key == "seed") { if (!is_none) seed = as_int(v, k); }
+    else if (key == "stop_token_ids") stop_ids = py::reinterpret_borrow<py::object>(v);
+    else if (key == "ignore_eos") {
+      if (!py::isinstance<py::bool_>(v)) throw py::type_error("ignore_eos: expected bool, got " + type_name(v));
+      ignore_eos = py::cast<bool>(v);
+    }
+    else if (key == "max_tokens") max_tokens = as_i32(v, k);
+    else if (key == "min_tokens") min_tokens = as_i32(v, k);
+    else if (key == "logprobs") { if (!is_none) logprobs = as_i32(v, k); }
+    else if (key == "prompt_logprobs") { if (!is_none) prompt_logprobs = as_i32(v, k); }
+    else if (key == "logit_bias") logit_bias = py::reinterpret_borrow<py::object>(v);
+    else if (key == "allowed_token_ids") allowed = py::reinterpret_borrow<py::object>(v);
+    else if (key == "banned_token_ids") banned = py::reinterpret_borrow<py::object>(v);
+    else if (key == "priority") priority = as_i32(v, k);
+    else if (key == "output_kind") {
+      if (!py::isinstance<py::str>(v)) throw py::type_error("output_kind: expected str, got " + type_name(v));
+      output_kind = py::cast<std::string>(v);
+    }
+    else if (key == "arrival_time") { if (!is_none) arrival = as_float(v, k); }
+    else if (key == "eos_token_id") { if (!is_none) eos = as_int(v, k); }
+    else throw py::type_error("add_request() got an unexpected keyword argument '" + key + "'");
+  }
+  return add_request_typed(s, request_id, prompt_token_ids, n, temperature, top_p, top_k, min_p, presence, frequency,
+                           repetition, seed, stop_ids, ignore_eos, max_tokens, min_tokens, logprobs, prompt_logprobs,
+                           logit_bias, allowed, banned, priority, output_kind, arrival, eos);
+}
+
+}  // namespace
+
+void bind_core(py::module_& m) {
+  m.attr("PLACEHOLDER_REQUEST_ID") = py::str(kPlaceholderRequestId);
+
+  py::native_enum<SequenceStatus>(m, "SequenceStatus", "enum.IntEnum",
+                                  "Lifecycle of a sequence. FINISHED_* values are final.")
+      .value("WAITING", SequenceStatus::WAITING, "Queued, never scheduled.")
+      .value("RUNNING", SequenceStatus::RUNNING, "Holds KV blocks; scheduled when the budget allows.")
+      .value("PREEMPTED", SequenceStatus::PREEMPTED, "Blocks freed (recompute); resumes before new requests.")
+      .value("FINISHED_STOPPED", SequenceStatus::FINISHED_STOPPED, "EOS, a stop token id or a stop string.")
+      .value("FINISHED_LENGTH", SequenceStatus::FINISHED_LENGTH, "max_tokens or the max model length.")
+      .value("FINISHED_ABORTED", SequenceStatus::FINISHED_ABORTED, "Aborted by request id.")
+      .value("FINISHED_IGNORED", SequenceStatus::FINISHED_IGNORED, "Never scheduled: prompt too long.")
+      .finalize();
+
+  // ---------------------------------------------------------------- BlockManager
+  py::class_<BlockManager>(m, "BlockManager",
+                           "The paged KV cache of a Scheduler (``Scheduler.block_manager``): ref-counted "
+                           "blocks, prefix caching verified against stored tokens, LRU eviction of cached free "
+                           "blocks, copy-on-write, watermark. Not constructible from Python.")
+      .def_property_readonly("num_blocks", &BlockManager::num_blocks, "Total KV blocks.")
+      .def_property_readonly("block_size", &BlockManager::block_size, "Tokens per block.")
+      .def_property_readonly("num_free_blocks", &BlockManager::num_free_blocks,
+                             "Free blocks (uncached + cached evictable).")
+      .def_property_readonly("watermark_blocks", &BlockManager::watermark_blocks,
+                             "Blocks kept free when admitting sequences.")
+      .def_property_readonly("enable_prefix_caching", &BlockManager::prefix_caching, "Prefix caching on.")
+      .def_property_readonly(
+          "usage", [](const BlockManager& b) { return 1.0 - double(b.num_free_blocks()) / b.num_blocks(); },
+          "Fraction of blocks in use.")
+      .def_property_readonly(
+          "num_cached_blocks", [](const BlockManager& b) { return b.stats().num_cached_blocks; },
+          "Blocks registered in the prefix cache (free or in use).")
+      .def_property_readonly(
+          "prefix_cache_hit_rate",
+          [](const BlockManager& b) {
+            auto s = b.stats();
+            return s.prefix_queries ? double(s.prefix_hits) / s.prefix_queries : 0.0;
+          },
+          "Prompt tokens served from the prefix cache / prompt tokens looked up, at admissions.")
+      .def_property_readonly(
+          "num_evictions", [](const BlockManager& b) { return b.stats().num_evictions; },
+          "Cached blocks evicted to serve allocations.")
+      .def_property_readonly(
+          "num_cow_copies", [](const BlockManager& b) { return b.stats().num_cow_copies; },
+          "Partial blocks copied (forks and copy-on-write).")
+      .def(
+          "ref_count",
+          [](const BlockManager& b, int32_t block) {
+            if (block < 0 || block >= b.num_blocks())
+              buf::fail("block", std::to_string(block) + " is outside [0, " + std::to_string(b.num_blocks()) + ")");
+            return b.ref_count(block);
+          },
+          py::arg("block"), "Reference count of a block (number of block tables holding it).")
+      .def(
+          "is_cached",
+          [](const BlockManager& b, int32_t block) {
+            if (block < 0 || block >= b.num_blocks())
+              buf::fail("block", std::to_string(block) + " is outside [0, " + std::to_string(b.num_blocks()) + ")");
+            return b.is_cached(block);
+          },
+          py::arg("block"), "Whether a block is registered in the prefix cache.");
+
+  // ---------------------------------------------------------------- SchedulerOutputs
+  py::class_<SchedulerOutputs>(
+      m, "SchedulerOutputs",
+      "What one step runs, returned by Scheduler.schedule(). Owned by the scheduler and rewritten by "
+      "the next schedule(): read it before that. Arrays are fresh copies. Scheduled entries: decodes "
+      "first (``num_decodes`` of them), then prefill chunks.")
+      .def_readonly("step", &SchedulerOutputs::step, "Step number (1 for the first schedule()).")
+      .def_readonly("num_decodes", &SchedulerOutputs::num_decodes, "Entries [0, num_decodes) are decodes.")
+      .def_readonly("num_batched_tokens", &SchedulerOutputs::num_batched_tokens, "Tokens computed this step.")
+      .def_readonly("num_prefill_tokens", &SchedulerOutputs::num_prefill_tokens, "Prefill tokens this step.")
+      .def_readonly("num_decode_tokens", &SchedulerOutputs::num_decode_tokens, "Decode tokens (incl. drafts).")
+      .def_readonly("num_sample_rows", &SchedulerOutputs::num_sample_rows,
+                    "Tokens Scheduler.update expects (sum of num_samples).")
+      .def("__len__", [](const SchedulerOutputs& o) { return o.scheduled.size(); }, "Scheduled sequences.")
+      .def_property_readonly(
+          "is_empty", [](const SchedulerOutputs& o) { return o.scheduled.empty(); }, "Nothing scheduled.")
+      .def_property_readonly(
+          "seq_ids",
+          [](const SchedulerOutputs& o) {
+            py::array_t<int64_t> a(static_cast<py::ssize_t>(o.scheduled.size()));
+            for (size_t i = 0; i < o.scheduled.size(); ++i) a.mutable_data()[i] = o.store->seq(o.scheduled[i].seq).seq_id;
+            return a;
+          },
+          "int64[len]: the scheduled sequences' ids.")
+      .def_property_readonly(
+          "request_ids",
+          [](const SchedulerOutputs& o) {
+            py::list l;
+            for (const auto& e : o.scheduled) l.append(o.store->group_of(e.seq).request_id);
+            return l;
+          },
+          "list[str]: the scheduled sequences' request ids.")
+      .def_property_readonly(
+          "num_scheduled_tokens",
+          [](const SchedulerOutputs& o) {
+            py::array_t<int32_t> a(static_cast<py::ssize_t>(o.scheduled.size()));
+            for (size_t i = 0; i < o.scheduled.size(); ++i) a.mutable_data()[i] = o.scheduled[i].num_tokens;
+            return a;
+          },
+          "int32[len]: tokens computed per scheduled sequence.")
+      .def_property_readonly(
+          "num_computed_tokens",
+          [](const SchedulerOutputs& o) {
+            py::array_t<int32_t> a(static_cast<py::ssize_t>(o.scheduled.size()));
+            for (size_t i = 0; i < o.scheduled.size(); ++i) a.mutable_data()[i] = o.scheduled[i].num_computed_before;
+            return a;
+          },
+          "int32[len]: computed tokens of each sequence before this step (its first position).")
+      .def_property_readonly(
+          "num_samples",
+          [](const SchedulerOutputs& o) {
+            py::array_t<int32_t> a(static_cast<py::ssize_t>(o.scheduled.size()));
+            for (size_t i = 0; i < o.scheduled.size(); ++i) a.mutable_data()[i] = o.scheduled[i].num_samples;
+            return a;
+          },
+          "int32[len]: sample rows per sequence (0 mid-prefill; n when an n > 1 prompt completes).")
+      .def_property_readonly(
+          "is_prefill",
+          [](const SchedulerOutputs& o) {
+            py::array_t<bool> a(static_cast<py::ssize_t>(o.scheduled.size()));
+            for (size_t i = 0; i < o.scheduled.size(); ++i) a.mutable_data()[i] = o.scheduled[i].is_prefill;
+            return a;
+          },
+          "bool[len]: prompt (or recompute) chunk rather than a decode.")
+      .def_property_readonly("preempted_seq_ids", [](const SchedulerOutputs& o) { return to_array(o.preempted_seq_ids); },
+                             "int64: sequences preempted (recompute) by this step.")
+      .def_property_readonly("ignored_seq_ids", [](const SchedulerOutputs& o) { return to_array(o.ignored_seq_ids); },
+                             "int64: sequences finished as ignored (prompt too long) by this step.")
+      .def_property_readonly("blocks_to_copy", [](const SchedulerOutputs& o) { return pairs_array(o.blocks_to_copy); },
+                             "int32[k, 2]: (src, dst) KV blocks to copy before the forward.")
+      .def_property_readonly("states_to_clone", [](const SchedulerOutputs& o) { return pairs_array(o.states_to_clone); },
+                             "int32[k, 2]: (src, dst) state slots to clone before the forward.")
+      .def_property_readonly("states_to_zero", [](const SchedulerOutputs& o) { return to_array(o.states_to_zero); },
+                             "int32[k]: state slots to zero before the forward.");
+
+  // ---------------------------------------------------------------- Sequence / SequenceData
+  py::class_<SeqDataHandle>(m, "SequenceData",
+                            "Token data of one sequence (a view by seq id; reads copy). Raises ValueError "
+                            "once the sequence was released.")
+      .def_property_readonly(
+          "prompt_token_ids",
+          [](const SeqDataHandle& h) { const auto& q = h.get(); return to_array(q.tokens.data(), q.num_prompt_tokens); },
+          "int32 copy of the prompt.")
+      .def_property_readonly(
+          "output_token_ids",
+          [](const SeqDataHandle& h) { const auto& q = h.get(); return to_array(q.output_tokens(), q.num_output_tokens()); },
+          "int32 copy of the generated tokens.")
+      .def_property_readonly("token_ids", [](const SeqDataHandle& h) { return to_array(h.get().tokens); },
+                             "int32 copy of prompt + outputs.")
+      .def_property_readonly("num_computed_tokens", [](const SeqDataHandle& h) { return h.get().num_computed_tokens; },
+                             "Tokens whose KV is in the cache.")
+      .def_property_readonly("cumulative_logprob", [](const SeqDataHandle& h) { return h.get().cumulative_logprob; },
+                             "Sum of the sampled tokens' logprobs.")
+      .def("get_len", [](const SeqDataHandle& h) { return h.get().num_tokens(); }, "Prompt + output length.")
+      .def("get_prompt_len", [](const SeqDataHandle& h) { return h.get().num_prompt_tokens; }, "Prompt length.")
+      .def("get_output_len", [](const SeqDataHandle& h) { return h.get().num_output_tokens(); }, "Output length.");
+
+  py::class_<SeqHandle>(m, "Sequence",
+                        "One sequence of a request (a view by seq id, from Scheduler.get_sequence / "
+                        "get_sequences). Reads copy; raises ValueError once the sequence was released.")
+      .def_readonly("seq_id", &SeqHandle::seq_id, "Sequence id (unique, never reused).")
+      .def_property_readonly("request_id", [](const SeqHandle& h) { return h.group().request_id; }, "Its request.")
+      .def_property_readonly("sample_index", [](const SeqHandle& h) { return h.get().sample_index; },
+                             "Index among the request's n samples (0 = parent).")
+      .def_property_readonly("status", [](const SeqHandle& h) { return h.get().status; }, "SequenceStatus.")
+      .def_property_readonly("data", [](const SeqHandle& h) { return SeqDataHandle{h}; }, "Its SequenceData.")
+      .def_property_readonly("num_prompt_tokens", [](const SeqHandle& h) { return h.get().num_prompt_tokens; },
+                             "Prompt length.")
+      .def_property_readonly("num_tokens", [](const SeqHandle& h) { return h.get().num_tokens(); },
+                             "Prompt + output length.")
+      .def_property_readonly("num_computed_tokens", [](const SeqHandle& h) { return h.get().num_computed_tokens; },
+                             "Tokens whose KV is in the cache.")
+      .def_property_readonly("num_cached_tokens", [](const SeqHandle& h) { return h.get().num_cached_tokens; },
+                             "Prefix-cache hit tokens at its last admission.")
+      .def_property_readonly("token_ids", [](const SeqHandle& h) { return to_array(h.get().tokens); },
+                             "int32 copy of prompt + outputs.")
+      .def_property_readonly(
+          "output_token_ids",
+          [](const SeqHandle& h) { const auto& q = h.get(); return to_array(q.output_tokens(), q.num_output_tokens()); },
+          "int32 copy of the generated tokens.")
+      .def_property_readonly("block_table", [](const SeqHandle& h) { return to_array(h.get().block_table); },
+                             "int32 copy of its KV block ids.")
+      .def_property_readonly("state_slot", [](const SeqHandle& h) { return h.get().state_slot; },
+                             "Recurrent-state slot, -1 when none.")
+      .def_property_readonly("draft_token_ids", [](const SeqHandle& h) { return to_array(h.get().draft_tokens); },
+                             "int32 copy of the drafts to verify next step.")
+      .def_property_readonly("is_finished", [](const SeqHandle& h) { return is_finished(h.get().status); },
+                             "Whether its status is FINISHED_*.")
+      .def_property_readonly("finish_reason", [](const SeqHandle& h) { return finish_reason_of(finish_reason_str(h.get().status)); },
+                             "'stop', 'length', 'abort', 'ignored' or None.")
+      .def_property_readonly(
+          "stop_reason",
+          [](const SeqHandle& h) { const auto& q = h.get(); return stop_reason_of(q.stop_token, q.stop_string, q.stop_is_string); },
+          "Stop token id (int), stop string or ignore reason (str), or None.")
+      .def_property_readonly("priority", [](const SeqHandle& h) { return h.group().params.priority; },
+                             "Request priority (smaller = sooner).")
+      .def_property_readonly("arrival_time", [](const SeqHandle& h) { return h.group().arrival_time; },
+                             "Arrival time (time.time() seconds).")
+      .def("__repr__", [](const SeqHandle& h) {
+        const SeqIndex i = h.sched->find_seq(h.seq_id);
+        if (i == kNoSeq) return "Sequence(seq_id=" + std::to_string(h.seq_id) + ", released)";
+        const auto& q = h.sched->store().seq(i);
+        return "Sequence(seq_id=" + std::to_string(h.seq_id) + ", request_id='" + h.group().request_id +
+               "', tokens=" + std::to_string(q.num_tokens()) + ", computed=" + std::to_string(q.num_computed_tokens) + ")";
+      });
+
+  // ---------------------------------------------------------------- Scheduler
+  py::class_<Scheduler> sched_cls(
+      m, "Scheduler",
+      "Continuous-batching scheduler owning every sequence (C++), its KV block manager and its "
+      "state slots. Step: schedule() -> inputs/model -> update(tokens) -> build_request_outputs / "
+      "get_finished_seqs_info.");
+  sched_cls.def(py::init([](int32_t num_blocks, int32_t block_size, int32_t max_num_seqs, int32_t max_num_batched_tokens,
+                       int32_t max_model_len, int32_t vocab_size, std::optional<int64_t> eos_token_id,
+                       bool enable_chunked_prefill, int32_t long_prefill_token_threshold, const std::string& policy,
+                       bool enable_prefix_caching, double watermark, int32_t num_lookahead_slots,
+                       int32_t num_state_slots, int32_t hash_bits) {
+             SchedulerConfig c;
+             auto pos = [](const char* n, int64_t v) {
+               if (v < 1) buf::fail(n, std::to_string(v) + " must be >= 1");
+             };
+             pos("num_blocks", num_blocks);
+             pos("block_size", block_size);
+             pos("max_num_seqs", max_num_seqs);
+             pos("max_num_batched_tokens", max_num_batched_tokens);
+             pos("max_model_len", max_model_len);
+             pos("vocab_size", vocab_size);
+             c.num_blocks = num_blocks;
+             c.block_size = block_size;
+             c.max_num_seqs = max_num_seqs;
+             c.max_num_batched_tokens = max_num_batched_tokens;
+             c.max_model_len = max_model_len;
+             c.vocab_size = vocab_size;
+             if (eos_token_id) {
+               const int64_t e = *eos_token_id;
+               if (e < 0 || e >= vocab_size)
+                 buf::fail("eos_token_id", std::to_string(e) + " is outside the vocabulary [0, " + std::to_string(vocab_size) + ")");
+               c.eos_token_id = static_cast<int32_t>(e);
+             }
+             c.enable_chunked_prefill = enable_chunked_prefill;
+             if (long_prefill_token_threshold < 0)
+               buf::fail("long_prefill_token_threshold", std::to_string(long_prefill_token_threshold) + " must be >= 0");
+             c.long_prefill_token_threshold = long_prefill_token_threshold;
+             if (policy == "fcfs") c.policy = SchedulingPolicy::FCFS;
+             else if (policy == "priority") c.policy = SchedulingPolicy::PRIORITY;
+             else buf::fail("policy", "'" + policy + "' is not 'fcfs' or 'priority'");
+             c.enable_prefix_caching = enable_prefix_caching;
+             if (!(watermark >= 0.0 && watermark < 1.0)) buf::fail("watermark", std::to_string(watermark) + " must be in [0, 1)");
+             c.watermark = watermark;
+             if (num_lookahead_slots < 0) buf::fail("num_lookahead_slots", std::to_string(num_lookahead_slots) + " must be >= 0");
+             c.num_lookahead_slots = num_lookahead_slots;
+             if (num_state_slots < 0 || (num_state_slots > 0 && num_state_slots < max_num_seqs))
+               buf::fail("num_state_slots", std::to_string(num_state_slots) + " must be 0 or >= max_num_seqs (" +
+                                                std::to_string(max_num_seqs) + ")");
+             c.num_state_slots = num_state_slots;
+             if (hash_bits < 1 || hash_bits > 64) buf::fail("hash_bits", std::to_string(hash_bits) + " must be in [1, 64]");
+             c.hash_bits = hash_bits;
+             if (!enable_chunked_prefill && max_num_batched_tokens < max_model_len)
+               buf::fail("max_num_batched_tokens", std::to_string(max_num_batched_tokens) +
+                                                       " must be >= max_model_len (" + std::to_string(max_model_len) +
+                                                       ") without chunked prefill");
+             const int64_t wm = static_cast<int64_t>(watermark * num_blocks);
+             const int64_t need = (static_cast<int64_t>(max_model_len) + num_lookahead_slots + block_size - 1) / block_size;
+             if (need > num_blocks - wm)
+               buf::fail("num_blocks", std::to_string(num_blocks) + " blocks (" + std::to_string(wm) +
+                                           " kept by the watermark) cannot hold one sequence of max_model_len " +
+                                           std::to_string(max_model_len) + " (+ lookahead): need " + std::to_string(need));
+             // The per-block tables are allocated up front: refuse sizes this machine cannot hold
+             // (a huge num_blocks would otherwise be OOM-killed while the pages are touched).
+             // Bound: half of the physical memory, and the address-space limit when one is set.
+             const uint64_t bytes = BlockManager::host_bytes(num_blocks, block_size, enable_prefix_caching);
+             uint64_t limit = UINT64_MAX;
+             const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+             if (pages > 0 && page > 0) limit = static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) / 2;
+             struct rlimit as {};
+             if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY)
+               limit = std::min<uint64_t>(limit, static_cast<uint64_t>(as.rlim_cur));
+             if (bytes > limit)
+               buf::fail("num_blocks", std::to_string(num_blocks) + " blocks need " + std::to_string(bytes >> 20) +
+                                           " MiB of host bookkeeping, more than the " + std::to_string(limit >> 20) +
+                                           " MiB allowed (half of the physical memory, or the address-space limit)");
+             return new Scheduler(c);
+           }),
+           // Keyword-only after num_blocks: vocab_size has no default, and a Python signature
+           // cannot put a required positional argument after defaulted ones.
+           py::arg("num_blocks"), py::kw_only(), py::arg("block_size") = 16, py::arg("max_num_seqs") = 256,
+           py::arg("max_num_batched_tokens") = 8192, py::arg("max_model_len") = 8192, py::arg("vocab_size"),
+           py::arg("eos_token_id") = py::none(), py::arg("enable_chunked_prefill") = true,
+           py::arg("long_prefill_token_threshold") = 0, py::arg("policy") = "fcfs",
+           py::arg("enable_prefix_caching") = true, py::arg("watermark") = 0.01, py::arg("num_lookahead_slots") = 0,
+           py::arg("num_state_slots") = 0, py::arg("hash_bits") = 64,
+           "Create a scheduler. policy: 'fcfs' or 'priority' (smaller priority value first). "
+           "long_prefill_token_threshold: per-sequence prefill tokens per step (0: no cap). watermark: fraction "
+           "of blocks kept free when admitting. num_state_slots: recurrent-state slots (0: none; else >= "
+           "max_num_seqs). hash_bits < 64 truncates prefix hashes (test hook: forces collisions). Raises "
+           "ValueError naming a bad value, e.g. when the cache cannot hold one max_model_len sequence, or when "
+           "the host bookkeeping of num_blocks (BlockManager tables) would need more than half of the physical "
+           "memory or the address-space limit.")
+      ;
+  {
+    // add_request parses only the keyword arguments given (pybind11's generic keyword matching
+    // costs ~2 us per call); its signature line is written by hand for the stubs.
+    py::options sig;
+    sig.disable_function_signatures();
+    sched_cls
+      .def(
+          "add_request",
+          [](Scheduler& s, const std::string& request_id, const py::object& prompt_token_ids, const py::kwargs& kw) {
+            return add_request_kwargs(s, request_id, prompt_token_ids, kw);
+          },
+          py::arg("request_id"), py::arg("prompt_token_ids"),
+          "add_request(self, request_id: str, prompt_token_ids: typing.Any, *, n: int = 1, temperature: float = 1.0, "
+          "top_p: float = 1.0, top_k: int = -1, min_p: float = 0.0, presence_penalty: float = 0.0, "
+          "frequency_penalty: float = 0.0, repetition_penalty: float = 1.0, seed: int | None = None, "
+          "stop_token_ids: typing.Any = None, ignore_eos: bool = False, max_tokens: int = 16, min_tokens: int = 0, "
+          "logprobs: int | None = None, prompt_logprobs: int | None = None, logit_bias: dict[int, float] | None = None, "
+          "allowed_token_ids: typing.Any = None, banned_token_ids: typing.Any = None, priority: int = 0, "
+          "output_kind: str = 'cumulative', arrival_time: float | None = None, eos_token_id: int | None = None) -> int\n\n"
+          "Queue a request; returns the parent sequence's id. prompt_token_ids: list or integer array "
+          "(loose). Sampling parameters are keyword arguments (n, temperature >= 0, top_p in (0, 1], "
+          "top_k = -1 or >= 1, min_p in [0, 1], penalties, seed, stop_token_ids, ignore_eos, max_tokens >= 1, "
+          "0 <= min_tokens <= max_tokens, logprobs / prompt_logprobs (top-k count or None), logit_bias "
+          "{id: bias}, allowed/banned token ids, priority, output_kind 'cumulative' | 'delta' | 'final_only'). "
+          "Raises ValueError naming the bad value (duplicate request id, token outside the vocabulary...); "
+          "nothing is queued then.")
+      ;
+  }
+  sched_cls
+      .def(
+          "abort_request",
+          [](Scheduler& s, const std::variant<std::string, std::vector<std::string>>& request_ids) {
+            std::vector<std::string> ids;
+            if (std::holds_alternative<std::string>(request_ids)) ids.push_back(std::get<std::string>(request_ids));
+            else ids = std::get<std::vector<std::string>>(request_ids);
+            for (const auto& id : ids)
+              if (!s.has_request(id)) buf::fail("request_id", "unknown request id '" + id + "'");
+            int32_t n = 0;
+            for (const auto& id : ids) n += s.abort_request(id);
+            return n;
+          },
+          py::arg("request_ids"),
+          "Abort one request id (str) or several (iterable of str), at any point (waiting, mid-prefill, "
+          "running, preempted, or while a step runs: its rows are then ignored by update). Returns how many "
+          "were still unfinished. Raises ValueError for an unknown id (nothing is aborted then).")
+      .def(
+          "schedule",
+          [](Scheduler& s) -> const SchedulerOutputs& {
+            if (s.step_in_flight())
+              throw py::value_error("schedule: step " + std::to_string(s.step()) + " is still waiting for update()");
+            py::gil_scoped_release nogil;
+            return s.schedule();
+          },
+          py::return_value_policy::reference_internal,
+          "Schedule the next step (releases the GIL). Returns the scheduler's SchedulerOutputs (rewritten by "
+          "the next call). Raises ValueError if the previous step has not been updated.")
+      .def(
+          "update",
+          [](Scheduler& s, const py::object& sampled_token_ids, const py::object& logprobs,
+             const py::object& topk_token_ids, const py::object& topk_logprobs) {
+            if (!s.step_in_flight()) throw py::value_error("update: no scheduled step (call schedule() first)");
+            const SchedulerOutputs& o = s.last_outputs();
+            // A decode with drafts computes 1 + k tokens but update appends one per row: only
+            // process_MTPInfo knows how many drafts were accepted.
+            if (o.num_decode_tokens != o.num_decodes)
+              throw py::value_error("update: step " + std::to_string(s.step()) + " has speculative rows (" +
+                                    std::to_string(o.num_decode_tokens - o.num_decodes) +
+                                    " draft tokens scheduled): apply it with process_MTPInfo; nothing was changed");
+            const auto rows = o.num_sample_rows;
+            auto tok = buf::check_input_1d<int32_t>(sampled_token_ids, "sampled_token_ids", rows);
+            const float* lp = nullptr;
+            if (!logprobs.is_none()) lp = buf::check_input_1d<float>(logprobs, "logprobs", rows).data;
+            const int32_t* tk = nullptr;
+            const float* tl = nullptr;
+            int32_t k = 0;
+            if (!topk_token_ids.is_none() || !topk_logprobs.is_none()) {
+              if (topk_token_ids.is_none() || topk_logprobs.is_none())
+                buf::fail("topk_token_ids", "topk_token_ids and topk_logprobs must be given together");
+              auto a = buf::check_array<int32_t>(topk_token_ids, "topk_token_ids", 2, false);
+              auto b = buf::check_array<float>(topk_logprobs, "topk_logprobs", 2, false);
+              if (a.shape(0) != rows || b.shape(0) != rows || a.shape(1) != b.shape(1))
+                buf::fail("topk_token_ids", "shapes " + buf::shape_str(a) + " and " + buf::shape_str(b) +
+                                                " must both be (" + std::to_string(rows) + ", k)");
+              tk = static_cast<const int32_t*>(a.data());
+              tl = static_cast<const float*>(b.data());
+              k = static_cast<int32_t>(a.shape(1));
+            }
+            const int32_t vocab = s.config().vocab_size;
+            // Top-k ids that reach the outputs (the first `logprobs` of rows that ask) must be tokens.
+            if (tk != nullptr && o.max_logprobs > 0) {
+              int32_t r = 0;
+              for (const auto& e : o.scheduled) {
+                const int32_t want = s.store().seq(e.seq).wants_logprobs ? s.store().group_of(e.seq).params.logprobs : 0;
+                for (int32_t j = 0; j < e.num_samples; ++j, ++r)
+                  for (int32_t c = 0; c < std::min(want, k); ++c) {
+                    const int32_t id = tk[static_cast<size_t>(r) * k + c];
+                    if (id < 0 || id >= vocab)
+                      buf::fail("topk_token_ids", "token id " + std::to_string(id) + " at row " + std::to_string(r) +
+                                                      ", column " + std::to_string(c) +
+                                                      " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+                  }
+              }
+            }
+            for (int32_t r = 0; r < rows; ++r)
+              if (tok.data[r] < 0 || tok.data[r] >= vocab)
+                buf::fail("sampled_token_ids", "token id " + std::to_string(tok.data[r]) + " at row " + std::to_string(r) +
+                                                   " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+            // Rows whose request asks for more top-k logprobs than given (scan only on error).
+            if (o.max_logprobs > k) {
+              int32_t r = 0;
+              for (const auto& e : o.scheduled) {
+                // wants_logprobs lives on the sequence: the group is read only when it asks.
+                const int32_t want = s.store().seq(e.seq).wants_logprobs ? s.store().group_of(e.seq).params.logprobs : -1;
+                if (e.num_samples > 0 && want > 0 && want > k)
+                  buf::fail("topk_token_ids", "row " + std::to_string(r) + " asks for " + std::to_string(want) +
+                                                  " logprobs but k = " + std::to_string(k));
+                r += e.num_samples;
+              }
+            }
+            py::gil_scoped_release nogil;
+            s.update(tok.data, lp, tk, tl, k);
+          },
+          py::arg("sampled_token_ids"), py::arg("logprobs") = py::none(), py::arg("topk_token_ids") = py::none(),
+          py::arg("topk_logprobs") = py::none(),
+          "Apply the step's sampled tokens (releases the GIL). Borrowed, read-only: sampled_token_ids "
+          "int32[num_sample_rows]; logprobs float32[num_sample_rows] (sampled tokens' logprobs) or None; "
+          "topk_token_ids int32[num_sample_rows, k] with topk_logprobs float32[num_sample_rows, k], or None. "
+          "Advances computed tokens, registers full blocks in the prefix cache, forks n > 1 groups, appends "
+          "tokens and applies stop conditions. Validates everything first (token ids and the top-k ids a row "
+          "reports in the vocabulary, shapes): on error nothing changes. A step with draft rows (speculative "
+          "decoding) is refused with ValueError: apply it with process_MTPInfo.")
+      .def(
+          "stop_sequence",
+          [](Scheduler& s, int64_t seq_id, const std::string& stop_string, int32_t num_output_tokens) {
+            const SeqIndex i = seq_index_or_raise(s, seq_id);
+            const Sequence& q = s.store().seq(i);
+            if (num_output_tokens < 0 || num_output_tokens > q.num_output_tokens())
+              buf::fail("num_output_tokens", std::to_string(num_output_tokens) + " is outside [0, " +
+                                                 std::to_string(q.num_output_tokens()) + "]");
+            s.stop_sequence(i, stop_string, num_output_tokens);
+          },
+          py::arg("seq_id"), py::arg("stop_string"), py::arg("num_output_tokens"),
+          "Finish a sequence for a stop string found by the detokenizer, keeping its first "
+          "num_output_tokens output tokens (stop_reason = stop_string, finish_reason 'stop'). It is reported by "
+          "the next build_request_outputs / get_finished_seqs_info; a sequence that already finished in this "
+          "step (e.g. at max_tokens) becomes 'stop' and its request is output again. Raises ValueError for an unknown seq_id or "
+          "a count outside [0, output length].")
+      .def(
+          "get_sequence",
+          [](py::object self, int64_t seq_id) {
+            Scheduler& s = self.cast<Scheduler&>();
+            seq_index_or_raise(s, seq_id);
+            return SeqHandle{self, &s, seq_id};
+          },
+          py::arg("seq_id"), "The live sequence with this id. Raises ValueError if unknown or released.")
+      .def(
+          "get_sequences",
+          [](py::object self, const std::string& request_id) {
+            Scheduler& s = self.cast<Scheduler&>();
+            if (!s.has_request(request_id)) buf::fail("request_id", "unknown request id '" + request_id + "'");
+            py::typing::List<SeqHandle> out;
+            for (SeqIndex i : s.store().groups[s.group_index(request_id)].seqs)
+              out.append(SeqHandle{self, &s, s.store().seq(i).seq_id});
+            return out;
+          },
+          py::arg("request_id"), "The sequences of a request (parent first). Raises ValueError if unknown.")
+      .def("has_unfinished_requests", [](const Scheduler& s) { return s.num_unfinished() > 0; },
+           "Whether any request is not finished.")
+      .def_property_readonly("num_unfinished_requests", &Scheduler::num_unfinished, "Requests not finished.")
+      .def_property_readonly("num_running", [](const Scheduler& s) { return s.running().size(); },
+                             "Running sequences.")
+      .def_property_readonly("num_waiting", [](const Scheduler& s) { return s.waiting().size(); },
+                             "Waiting (never scheduled) sequences.")
+      .def_property_readonly("num_preempted", [](const Scheduler& s) { return s.preempted().size(); },
+                             "Preempted sequences waiting to resume.")
+      .def_property_readonly(
+          "running_seq_ids",
+          [](const Scheduler& s) {
+            std::vector<int64_t> v;
+            for (SeqIndex i : s.running()) v.push_back(s.store().seq(i).seq_id);
+            return to_array(v);
+          },
+          "int64: running sequences in scheduling order.")
+      .def_property_readonly(
+          "waiting_seq_ids",
+          [](const Scheduler& s) {
+            std::vector<int64_t> v;
+            for (SeqIndex i : s.preempted()) v.push_back(s.store().seq(i).seq_id);
+            for (SeqIndex i : s.waiting()) v.push_back(s.store().seq(i).seq_id);
+            return to_array(v);
+          },
+          "int64: preempted then waiting sequences, in admission order.")
+      .def_property_readonly("step_in_flight", &Scheduler::step_in_flight,
+                             "True between schedule() and update().")
+      .def_property_readonly("block_manager", [](Scheduler& s) -> BlockManager& { return s.block_manager(); },
+                             py::return_value_policy::reference_internal, "Its BlockManager.")
+      .def_property_readonly("max_model_len", [](const Scheduler& s) { return s.config().max_model_len; },
+                             "Max tokens per sequence.")
+      .def_property_readonly("vocab_size", [](const Scheduler& s) { return s.config().vocab_size; }, "Vocabulary size.")
+      .def("reset_prefix_cache", &Scheduler::reset_prefix_cache,
+           "Forget every cached block (e.g. after new weights). Returns True.")
+      .def("get_stats", &scheduler_stats,
+           "dict: num_running, num_waiting, num_preempted, num_preemptions_total, num_unfinished_requests, "
+           "kv_usage, prefix_cache_hit_rate, prefix_cache_queries, prefix_cache_hits, num_free_blocks, "
+           "num_cached_blocks, num_evictions, num_cow_copies.")
+      .def("check_invariants", &Scheduler::check_invariants,
+           "Debug/test check of every block and slot invariant (O(blocks + tokens)); returns '' when "
+           "consistent, else the first violation.");
+
+  // ---------------------------------------------------------------- fork
+  m.def(
+      "clone_and_zero_states_and_blocks",
+      [](Scheduler& s, int64_t seq_id, int32_t num_children) {
+        const SeqIndex i = seq_index_or_raise(s, seq_id);
+        const Sequence& q = s.store().seq(i);
+        if (q.status != SequenceStatus::RUNNING)
+          buf::fail("seq_id", std::to_string(seq_id) + " is not running (status " +
+                                  std::to_string(static_cast<int>(q.status)) + ")");
+        if (num_children < 1) buf::fail("num_children", std::to_string(num_children) + " must be >= 1");
+        if (num_children > s.free_seq_units())
+          buf::fail("num_children", std::to_string(num_children) + " exceeds the free max_num_seqs capacity " +
+                                        std::to_string(s.free_seq_units()));
+        if (q.state_slot >= 0 && num_children > s.num_free_state_slots())
+          buf::fail("num_children", std::to_string(num_children) + " exceeds the free state slots " +
+                                        std::to_string(s.num_free_state_slots()));
+        std::vector<SeqIndex> children;
+        std::vector<BlockCopy> copies, clones;
+        std::vector<int32_t> zeros;
+        s.fork(i, num_children, false, children, copies, clones, zeros);
+        std::vector<int64_t> ids;
+        for (SeqIndex c : children) ids.push_back(s.store().seq(c).seq_id);
+        return py::make_tuple(to_array(ids), pairs_array(copies), pairs_array(clones), to_array(zeros));
+      },
+      py::arg("scheduler"), py::arg("seq_id"), py::arg("num_children"),
+      "Fork a running sequence into num_children new sequences of its request: they share its full KV "
+      "blocks (ref counts), get a copy of its partial last block (shared + copy-on-write when no block is "
+      "free) and a clone of its state slot (a zeroed slot if it has no computed state). Returns (child "
+      "seq ids int64[k], blocks_to_copy int32[m, 2], states_to_clone int32[c, 2], states_to_zero int32[z]) "
+      "for the device to apply before the next forward. Scheduler.update calls the same C++ code after an "
+      "n > 1 prompt. Raises ValueError for an unknown/non-running seq_id or no room for the children.");
+
+  // ---------------------------------------------------------------- outputs
+  py::class_<RequestOutputData> ro(m, "RequestOutput",
+                                   "Output of one request after a step (from build_request_outputs; pooled). "
+                                   "Fields are read on access; ``completion.text`` is written by the detokenizer.");
+  py::class_<CompletionData>(ro, "Completion", "One sample of a RequestOutput (vLLM's CompletionOutput).")
+      .def_readonly("index", &CompletionData::index, "Sample index in the request (0..n-1).")
+      .def_property_readonly(
+          "token_ids",
+          [](const CompletionData& c) {
+            py::list l(c.token_ids.size());
+            for (size_t i = 0; i < c.token_ids.size(); ++i) l[i] = py::int_(c.token_ids[i]);
+            return l;
+          },
+          "list[int]: generated tokens (all, or new ones in delta kind).")
+      .def_readonly("cumulative_logprob", &CompletionData::cumulative_logprob, "Sum of sampled logprobs.")
+      .def_property_readonly(
+          "logprobs",
+          [](const CompletionData& c) -> py::object {
+            if (c.logprobs_per_token == 0) return py::none();
+            const size_t per = c.logprobs_per_token;
+            return logprob_dicts(c.logprob_token_ids.data(), c.logprob_values.data(), c.logprob_token_ids.size() / per, per);
+          },
+          "None when not requested; else per token {token_id: logprob}, sampled token first.")
+      .def_property_readonly("finish_reason", [](const CompletionData& c) { return finish_reason_of(c.finish_reason); },
+                             "'stop', 'length', 'abort', 'ignored' or None.")
+      .def_property_readonly(
+          "stop_reason", [](const CompletionData& c) { return stop_reason_of(c.stop_token, c.stop_string, c.stop_is_string); },
+          "Stop token id, stop string (or the ignore reason), or None.")
+      .def_property_readonly("finished", [](const CompletionData& c) { return c.finish_reason != nullptr; },
+                             "Whether this sample finished.")
+      .def_readwrite("text", &CompletionData::text, "Text, written by the Python detokenizer ('' until then).");
+
+  ro.def_readonly("request_id", &RequestOutputData::request_id, "The request id.")
+      .def_property_readonly(
+          "prompt_token_ids",
+          [](const RequestOutputData& d) {
+            py::list l;
+            if (d.prompt_token_ids)
+              for (int32_t t : *d.prompt_token_ids) l.append(t);
+            return l;
+          },
+          "list[int]: the prompt.")
+      .def_readonly("finished", &RequestOutputData::finished, "Whether every sample finished.")
+      .def_property_readonly(
+          "outputs",
+          [](py::object self) {
+            auto& d = self.cast<RequestOutputData&>();
+            py::typing::List<CompletionData> l;
+            for (int32_t i = 0; i < d.num_completions; ++i)
+              l.append(py::cast(&d.completions[i], py::return_value_policy::reference_internal, self));
+            return l;
+          },
+          "list[RequestOutput.Completion]: one per sample in this output (delta kind: those with new tokens).")
+      .def_property_readonly(
+          "prompt_logprobs",
+          [](const RequestOutputData& d) -> py::object {
+            if (d.prompt_logprobs_per_token == 0) return py::none();
+            py::list out;
+            int32_t pos = d.prompt_logprobs_start;
+            if (pos == 0 && d.prompt_logprobs_end > 0) {
+              out.append(py::none());
+              pos = 1;
+            }
+            const size_t per = d.prompt_logprobs_per_token;
+            const size_t count = d.prompt_logprobs_end > pos ? d.prompt_logprobs_end - pos : 0;
+            py::list rest = logprob_dicts(d.prompt_logprob_token_ids.data(), d.prompt_logprob_values.data(), count, per);
+            for (auto x : rest) out.append(x);
+            return out;
+          },
+          "None when not requested; else a list over the prompt positions covered (None for position 0, "
+          "then {token_id: logprob} with the prompt token first).")
+      .def_property_readonly(
+          "metrics",
+          [](const RequestOutputData& d) {
+            py::typing::Dict<py::str, py::object> m;
+            auto t = [](double v) -> py::object { return v > 0 ? py::object(py::float_(v)) : py::object(py::none()); };
+            m["arrival_time"] = d.metrics.arrival_time;
+            m["first_scheduled_time"] = t(d.metrics.first_scheduled_time);
+            m["first_token_time"] = t(d.metrics.first_token_time);
+            m["finished_time"] = t(d.metrics.finished_time);
+            m["num_cached_tokens"] = d.metrics.num_cached_tokens;
+            return m;
+          },
+          "dict: arrival_time, first_scheduled_time, first_token_time, finished_time (time.time() seconds or "
+          "None), num_cached_tokens (prefix-cache hit tokens).")
+      .def("__repr__", [](const RequestOutputData& d) {
+        return "RequestOutput(request_id='" + d.request_id + "', outputs=" + std::to_string(d.num_completions) +
+               ", finished=" + (d.finished ? "True" : "False") + ")";
+      });
+
+  py::class_<RequestOutputPool>(m, "RequestOutputPool",
+                                "Recycles RequestOutput objects: one is reused by build_request_outputs once "
+                                "nothing outside the pool references it.")
+      .def(py::init([](int64_t max_size) {
+             if (max_size < 0) buf::fail("max_size", std::to_string(max_size) + " must be >= 0");
+             return new RequestOutputPool(static_cast<size_t>(max_size));
+           }),
+           py::arg("max_size") = 4096, "A pool keeping at most max_size objects.")
+      .def("__len__", &RequestOutputPool::size, "Objects held.")
+      .def_property_readonly("max_size", &RequestOutputPool::max_size, "Most objects kept.");
+
+  m.def(
+      "build_request_outputs",
+      [](Scheduler& s, RequestOutputPool& pool) {
+        if (s.step_in_flight())
+          throw py::value_error("build_request_outputs: step " + std::to_string(s.step()) + " is waiting for update()");
+        return py::typing::List<RequestOutputData>(build_request_outputs(s, pool));
+      },
+      py::arg("scheduler"), py::arg("pool"),
+      "RequestOutputs of the requests updated since the previous call (or schedule()): new tokens, "
+      "finishes, aborts, stop strings; per each request's output_kind (cumulative / delta / final_only). "
+      "Objects come from pool. Holds the GIL (creates Python objects).");
+
+  m.def(
+      "get_finished_seqs_info",
+      [](const Scheduler& s) {
+        const auto& f = s.finished();
+        const size_t k = f.size();
+        py::array_t<int64_t> ids(static_cast<py::ssize_t>(k));
+        py::array_t<int32_t> status(static_cast<py::ssize_t>(k)), plen(static_cast<py::ssize_t>(k)),
+            olen(static_cast<py::ssize_t>(k)), sample(static_cast<py::ssize_t>(k));
+        py::list rids;
+        for (size_t i = 0; i < k; ++i) {
+          const Sequence& q = s.store().seq(f[i].seq);
+          ids.mutable_data()[i] = f[i].seq_id;
+          status.mutable_data()[i] = static_cast<int32_t>(q.status);
+          plen.mutable_data()[i] = q.num_prompt_tokens;
+          olen.mutable_data()[i] = q.num_output_tokens();
+          sample.mutable_data()[i] = q.sample_index;
+          rids.append(s.store().groups[q.group].request_id);
+        }
+        py::typing::Dict<py::str, py::object> d;
+        d["seq_ids"] = ids;
+        d["request_ids"] = rids;
+        d["statuses"] = status;
+        d["num_prompt_tokens"] = plen;
+        d["num_output_tokens"] = olen;
+        d["sample_indices"] = sample;
+        return d;
+      },
+      py::arg("scheduler"),
+      "Sequences finished since the last schedule() (update, aborts, stop strings, ignored prompts): dict "
+      "of seq_ids int64[k], request_ids list[str], statuses int32[k] (SequenceStatus values), "
+      "num_prompt_tokens int32[k], num_output_tokens int32[k], sample_indices int32[k].");
+}
+
+}  // namespace deepinfer
