@@ -1,7 +1,7 @@
 // Python bindings of the Engram lookup table: set_engram_lookup_table, encode_compressed.
 #include <pybind11/numpy.h>
 
-#include "python/bindings_inputs.h"
+#include "python/bindings.h"
 #include "python/buffer_check.h"
 #include "step/engram.h"
 

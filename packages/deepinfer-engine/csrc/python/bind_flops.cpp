@@ -2,7 +2,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
-#include "python/bindings_inputs.h"
+#include "python/bindings.h"
 #include "python/loose_ints.h"
 #include "step/flops.h"
 

@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "python/bindings_inputs.h"
+#include "python/bindings.h"
 #include "step/metadata.h"
 #include "step/prepare_args.h"
 #include "step/sampler_inputs.h"

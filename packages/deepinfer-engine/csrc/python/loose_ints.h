@@ -1,4 +1,4 @@
-// Loose integer-sequence parameters (a list or any integer numpy array) -> std::vector.
+// Loose integer parameters (a Python int, a list or any integer numpy array) -> C++ integers.
 #pragma once
 
 #include <pybind11/numpy.h>
@@ -47,6 +47,20 @@ inline std::vector<int64_t> loose_int64s(const pybind11::handle& obj, const char
     v[static_cast<size_t>(i)] = x;
   }
   return v;
+}
+
+// A Python int (or __index__) as int64; ValueError naming `name` when it does not fit
+// (py::cast<int64_t> would raise a RuntimeError "Unable to cast").
+inline int64_t python_int64(const pybind11::handle& v, const char* name) {
+  namespace py = pybind11;
+  py::object idx = py::reinterpret_steal<py::object>(PyNumber_Index(v.ptr()));
+  if (!idx) throw py::error_already_set();
+  int overflow = 0;
+  const long long x = PyLong_AsLongLongAndOverflow(idx.ptr(), &overflow);
+  if (overflow != 0)
+    buf::fail(name, std::string(py::str(idx)) + " is out of the int64 range");
+  if (x == -1 && PyErr_Occurred()) throw py::error_already_set();
+  return static_cast<int64_t>(x);
 }
 
 inline std::vector<int32_t> loose_ints(const pybind11::handle& obj, const char* name, int64_t min_value) {

@@ -1,7 +1,5 @@
-// Python bindings of Engine core I: Scheduler, SchedulerOutputs, BlockManager, Sequence,
-// SequenceData, SequenceStatus, PLACEHOLDER_REQUEST_ID, clone_and_zero_states_and_blocks,
-// RequestOutput, RequestOutputPool, build_request_outputs, get_finished_seqs_info.
-#include <pybind11/native_enum.h>
+// Python bindings of the scheduler family: BlockManager, SchedulerOutputs, Scheduler,
+// clone_and_zero_states_and_blocks.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -11,8 +9,8 @@
 #include <cmath>
 #include <limits>
 #include <optional>
-#include <variant>
 #include <string>
+#include <variant>
 
 #include <sys/resource.h>
 #include <unistd.h>
@@ -20,34 +18,12 @@
 #include "python/bindings.h"
 #include "python/buffer_check.h"
 #include "python/loose_ints.h"
-#include "core/request_output.h"
-#include "core/scheduler.h"
+#include "python/numpy_arrays.h"
+#include "python/sequence_handle.h"
 
 namespace deepinfer {
 
-namespace py = pybind11;
-
 namespace {
-
-template <class T>
-py::array_t<T> to_array(const T* data, size_t n) {
-  py::array_t<T> a(static_cast<py::ssize_t>(n));
-  if (n) std::copy(data, data + n, a.mutable_data());
-  return a;
-}
-template <class T>
-py::array_t<T> to_array(const std::vector<T>& v) {
-  return to_array(v.data(), v.size());
-}
-py::array_t<int32_t> pairs_array(const std::vector<BlockCopy>& v) {
-  py::array_t<int32_t> a({static_cast<py::ssize_t>(v.size()), py::ssize_t{2}});
-  auto* p = a.mutable_data();
-  for (size_t i = 0; i < v.size(); ++i) {
-    p[2 * i] = v[i][0];
-    p[2 * i + 1] = v[i][1];
-  }
-  return a;
-}
 
 // Sorted, unique token ids from a loose list; each in [0, vocab).
 std::vector<int32_t> token_set(const py::object& obj, const char* name, int32_t vocab) {
@@ -69,51 +45,6 @@ OutputKind parse_output_kind(const std::string& s) {
   buf::fail("output_kind", "'" + s + "' is not one of 'cumulative', 'delta', 'final_only'");
 }
 
-// Python handle of one sequence: the scheduler (kept alive) and the never-reused seq id.
-struct SeqHandle {
-  py::object owner;
-  Scheduler* sched;
-  int64_t seq_id;
-  const Sequence& get() const {
-    const SeqIndex i = sched->find_seq(seq_id);
-    if (i == kNoSeq)
-      throw py::value_error("seq_id: sequence " + std::to_string(seq_id) +
-                            " no longer exists (its request finished and was released)");
-    return sched->store().seq(i);
-  }
-  const SequenceGroup& group() const { return sched->store().groups[get().group]; }
-};
-struct SeqDataHandle : SeqHandle {};
-
-SeqIndex seq_index_or_raise(Scheduler& s, int64_t seq_id) {
-  const SeqIndex i = s.find_seq(seq_id);
-  if (i == kNoSeq) buf::fail("seq_id", std::to_string(seq_id) + " is not a live sequence of this scheduler");
-  return i;
-}
-
-py::object stop_reason_of(int64_t stop_token, const std::string& stop_string, bool is_string) {
-  if (is_string) return py::str(stop_string);
-  if (stop_token >= 0) return py::int_(stop_token);
-  return py::none();
-}
-
-py::object finish_reason_of(const char* r) { return r ? py::object(py::str(r)) : py::object(py::none()); }
-
-py::list logprob_dicts(const int32_t* ids, const float* vals, size_t count, size_t per) {
-  py::list out;
-  for (size_t t = 0; t < count; ++t) {
-    py::dict d;
-    for (size_t j = 0; j < per; ++j) {
-      const int32_t id = ids[t * per + j];
-      if (id < 0) continue;
-      py::int_ key(id);
-      if (!d.contains(key)) d[key] = py::float_(vals[t * per + j]);
-    }
-    out.append(d);
-  }
-  return out;
-}
-
 py::typing::Dict<py::str, py::object> scheduler_stats(const Scheduler& s) {
   const SchedulerStats st = s.stats();
   const BlockManagerStats b = const_cast<Scheduler&>(s).block_manager().stats();
@@ -132,19 +63,6 @@ py::typing::Dict<py::str, py::object> scheduler_stats(const Scheduler& s) {
   d["num_evictions"] = b.num_evictions;
   d["num_cow_copies"] = b.num_cow_copies;
   return d;
-}
-
-// A Python int (or __index__) as int64; ValueError naming `name` when it does not fit
-// (py::cast<int64_t> would raise a RuntimeError "Unable to cast").
-int64_t python_int64(const py::handle& v, const char* name) {
-  py::object idx = py::reinterpret_steal<py::object>(PyNumber_Index(v.ptr()));
-  if (!idx) throw py::error_already_set();
-  int overflow = 0;
-  const long long x = PyLong_AsLongLongAndOverflow(idx.ptr(), &overflow);
-  if (overflow != 0)
-    buf::fail(name, std::string(py::str(idx)) + " is out of the int64 range");
-  if (x == -1 && PyErr_Occurred()) throw py::error_already_set();
-  return static_cast<int64_t>(x);
 }
 
 int64_t add_request_typed(Scheduler& s, const std::string& request_id, const py::object& prompt_token_ids, int32_t n,
@@ -315,20 +233,7 @@ int64_t add_request_kwargs(Scheduler& s, const std::string& request_id, const py
 
 }  // namespace
 
-void bind_core(py::module_& m) {
-  m.attr("PLACEHOLDER_REQUEST_ID") = py::str(kPlaceholderRequestId);
-
-  py::native_enum<SequenceStatus>(m, "SequenceStatus", "enum.IntEnum",
-                                  "Lifecycle of a sequence. FINISHED_* values are final.")
-      .value("WAITING", SequenceStatus::WAITING, "Queued, never scheduled.")
-      .value("RUNNING", SequenceStatus::RUNNING, "Holds KV blocks; scheduled when the budget allows.")
-      .value("PREEMPTED", SequenceStatus::PREEMPTED, "Blocks freed (recompute); resumes before new requests.")
-      .value("FINISHED_STOPPED", SequenceStatus::FINISHED_STOPPED, "EOS, a stop token id or a stop string.")
-      .value("FINISHED_LENGTH", SequenceStatus::FINISHED_LENGTH, "max_tokens or the max model length.")
-      .value("FINISHED_ABORTED", SequenceStatus::FINISHED_ABORTED, "Aborted by request id.")
-      .value("FINISHED_IGNORED", SequenceStatus::FINISHED_IGNORED, "Never scheduled: prompt too long.")
-      .finalize();
-
+void bind_scheduler_outputs(py::module_& m) {
   // ---------------------------------------------------------------- BlockManager
   py::class_<BlockManager>(m, "BlockManager",
                            "The paged KV cache of a Scheduler (``Scheduler.block_manager``): ref-counted "
@@ -452,77 +357,9 @@ void bind_core(py::module_& m) {
       .def_property_readonly("states_to_zero", [](const SchedulerOutputs& o) { return to_array(o.states_to_zero); },
                              "int32[k]: state slots to zero before the forward.");
 
-  // ---------------------------------------------------------------- Sequence / SequenceData
-  py::class_<SeqDataHandle>(m, "SequenceData",
-                            "Token data of one sequence (a view by seq id; reads copy). Raises ValueError "
-                            "once the sequence was released.")
-      .def_property_readonly(
-          "prompt_token_ids",
-          [](const SeqDataHandle& h) { const auto& q = h.get(); return to_array(q.tokens.data(), q.num_prompt_tokens); },
-          "int32 copy of the prompt.")
-      .def_property_readonly(
-          "output_token_ids",
-          [](const SeqDataHandle& h) { const auto& q = h.get(); return to_array(q.output_tokens(), q.num_output_tokens()); },
-          "int32 copy of the generated tokens.")
-      .def_property_readonly("token_ids", [](const SeqDataHandle& h) { return to_array(h.get().tokens); },
-                             "int32 copy of prompt + outputs.")
-      .def_property_readonly("num_computed_tokens", [](const SeqDataHandle& h) { return h.get().num_computed_tokens; },
-                             "Tokens whose KV is in the cache.")
-      .def_property_readonly("cumulative_logprob", [](const SeqDataHandle& h) { return h.get().cumulative_logprob; },
-                             "Sum of the sampled tokens' logprobs.")
-      .def("get_len", [](const SeqDataHandle& h) { return h.get().num_tokens(); }, "Prompt + output length.")
-      .def("get_prompt_len", [](const SeqDataHandle& h) { return h.get().num_prompt_tokens; }, "Prompt length.")
-      .def("get_output_len", [](const SeqDataHandle& h) { return h.get().num_output_tokens(); }, "Output length.");
+}
 
-  py::class_<SeqHandle>(m, "Sequence",
-                        "One sequence of a request (a view by seq id, from Scheduler.get_sequence / "
-                        "get_sequences). Reads copy; raises ValueError once the sequence was released.")
-      .def_readonly("seq_id", &SeqHandle::seq_id, "Sequence id (unique, never reused).")
-      .def_property_readonly("request_id", [](const SeqHandle& h) { return h.group().request_id; }, "Its request.")
-      .def_property_readonly("sample_index", [](const SeqHandle& h) { return h.get().sample_index; },
-                             "Index among the request's n samples (0 = parent).")
-      .def_property_readonly("status", [](const SeqHandle& h) { return h.get().status; }, "SequenceStatus.")
-      .def_property_readonly("data", [](const SeqHandle& h) { return SeqDataHandle{h}; }, "Its SequenceData.")
-      .def_property_readonly("num_prompt_tokens", [](const SeqHandle& h) { return h.get().num_prompt_tokens; },
-                             "Prompt length.")
-      .def_property_readonly("num_tokens", [](const SeqHandle& h) { return h.get().num_tokens(); },
-                             "Prompt + output length.")
-      .def_property_readonly("num_computed_tokens", [](const SeqHandle& h) { return h.get().num_computed_tokens; },
-                             "Tokens whose KV is in the cache.")
-      .def_property_readonly("num_cached_tokens", [](const SeqHandle& h) { return h.get().num_cached_tokens; },
-                             "Prefix-cache hit tokens at its last admission.")
-      .def_property_readonly("token_ids", [](const SeqHandle& h) { return to_array(h.get().tokens); },
-                             "int32 copy of prompt + outputs.")
-      .def_property_readonly(
-          "output_token_ids",
-          [](const SeqHandle& h) { const auto& q = h.get(); return to_array(q.output_tokens(), q.num_output_tokens()); },
-          "int32 copy of the generated tokens.")
-      .def_property_readonly("block_table", [](const SeqHandle& h) { return to_array(h.get().block_table); },
-                             "int32 copy of its KV block ids.")
-      .def_property_readonly("state_slot", [](const SeqHandle& h) { return h.get().state_slot; },
-                             "Recurrent-state slot, -1 when none.")
-      .def_property_readonly("draft_token_ids", [](const SeqHandle& h) { return to_array(h.get().draft_tokens); },
-                             "int32 copy of the drafts to verify next step.")
-      .def_property_readonly("is_finished", [](const SeqHandle& h) { return is_finished(h.get().status); },
-                             "Whether its status is FINISHED_*.")
-      .def_property_readonly("finish_reason", [](const SeqHandle& h) { return finish_reason_of(finish_reason_str(h.get().status)); },
-                             "'stop', 'length', 'abort', 'ignored' or None.")
-      .def_property_readonly(
-          "stop_reason",
-          [](const SeqHandle& h) { const auto& q = h.get(); return stop_reason_of(q.stop_token, q.stop_string, q.stop_is_string); },
-          "Stop token id (int), stop string or ignore reason (str), or None.")
-      .def_property_readonly("priority", [](const SeqHandle& h) { return h.group().params.priority; },
-                             "Request priority (smaller = sooner).")
-      .def_property_readonly("arrival_time", [](const SeqHandle& h) { return h.group().arrival_time; },
-                             "Arrival time (time.time() seconds).")
-      .def("__repr__", [](const SeqHandle& h) {
-        const SeqIndex i = h.sched->find_seq(h.seq_id);
-        if (i == kNoSeq) return "Sequence(seq_id=" + std::to_string(h.seq_id) + ", released)";
-        const auto& q = h.sched->store().seq(i);
-        return "Sequence(seq_id=" + std::to_string(h.seq_id) + ", request_id='" + h.group().request_id +
-               "', tokens=" + std::to_string(q.num_tokens()) + ", computed=" + std::to_string(q.num_computed_tokens) + ")";
-      });
-
+void bind_scheduler(py::module_& m) {
   // ---------------------------------------------------------------- Scheduler
   py::class_<Scheduler> sched_cls(
       m, "Scheduler",
@@ -857,150 +694,6 @@ void bind_core(py::module_& m) {
       "for the device to apply before the next forward. Scheduler.update calls the same C++ code after an "
       "n > 1 prompt. Raises ValueError for an unknown/non-running seq_id or no room for the children.");
 
-  // ---------------------------------------------------------------- outputs
-  py::class_<RequestOutputData> ro(m, "RequestOutput",
-                                   "Output of one request after a step (from build_request_outputs; pooled). "
-                                   "Fields are read on access; ``completion.text`` is written by the detokenizer.");
-  py::class_<CompletionData>(ro, "Completion", "One sample of a RequestOutput (vLLM's CompletionOutput).")
-      .def_readonly("index", &CompletionData::index, "Sample index in the request (0..n-1).")
-      .def_property_readonly(
-          "token_ids",
-          [](const CompletionData& c) {
-            py::list l(c.token_ids.size());
-            for (size_t i = 0; i < c.token_ids.size(); ++i) l[i] = py::int_(c.token_ids[i]);
-            return l;
-          },
-          "list[int]: generated tokens (all, or new ones in delta kind).")
-      .def_readonly("cumulative_logprob", &CompletionData::cumulative_logprob, "Sum of sampled logprobs.")
-      .def_property_readonly(
-          "logprobs",
-          [](const CompletionData& c) -> py::object {
-            if (c.logprobs_per_token == 0) return py::none();
-            const size_t per = c.logprobs_per_token;
-            return logprob_dicts(c.logprob_token_ids.data(), c.logprob_values.data(), c.logprob_token_ids.size() / per, per);
-          },
-          "None when not requested; else per token {token_id: logprob}, sampled token first.")
-      .def_property_readonly("finish_reason", [](const CompletionData& c) { return finish_reason_of(c.finish_reason); },
-                             "'stop', 'length', 'abort', 'ignored' or None.")
-      .def_property_readonly(
-          "stop_reason", [](const CompletionData& c) { return stop_reason_of(c.stop_token, c.stop_string, c.stop_is_string); },
-          "Stop token id, stop string (or the ignore reason), or None.")
-      .def_property_readonly("finished", [](const CompletionData& c) { return c.finish_reason != nullptr; },
-                             "Whether this sample finished.")
-      .def_readwrite("text", &CompletionData::text, "Text, written by the Python detokenizer ('' until then).");
-
-  ro.def_readonly("request_id", &RequestOutputData::request_id, "The request id.")
-      .def_property_readonly(
-          "prompt_token_ids",
-          [](const RequestOutputData& d) {
-            py::list l;
-            if (d.prompt_token_ids)
-              for (int32_t t : *d.prompt_token_ids) l.append(t);
-            return l;
-          },
-          "list[int]: the prompt.")
-      .def_readonly("finished", &RequestOutputData::finished, "Whether every sample finished.")
-      .def_property_readonly(
-          "outputs",
-          [](py::object self) {
-            auto& d = self.cast<RequestOutputData&>();
-            py::typing::List<CompletionData> l;
-            for (int32_t i = 0; i < d.num_completions; ++i)
-              l.append(py::cast(&d.completions[i], py::return_value_policy::reference_internal, self));
-            return l;
-          },
-          "list[RequestOutput.Completion]: one per sample in this output (delta kind: those with new tokens).")
-      .def_property_readonly(
-          "prompt_logprobs",
-          [](const RequestOutputData& d) -> py::object {
-            if (d.prompt_logprobs_per_token == 0) return py::none();
-            py::list out;
-            int32_t pos = d.prompt_logprobs_start;
-            if (pos == 0 && d.prompt_logprobs_end > 0) {
-              out.append(py::none());
-              pos = 1;
-            }
-            const size_t per = d.prompt_logprobs_per_token;
-            const size_t count = d.prompt_logprobs_end > pos ? d.prompt_logprobs_end - pos : 0;
-            py::list rest = logprob_dicts(d.prompt_logprob_token_ids.data(), d.prompt_logprob_values.data(), count, per);
-            for (auto x : rest) out.append(x);
-            return out;
-          },
-          "None when not requested; else a list over the prompt positions covered (None for position 0, "
-          "then {token_id: logprob} with the prompt token first).")
-      .def_property_readonly(
-          "metrics",
-          [](const RequestOutputData& d) {
-            py::typing::Dict<py::str, py::object> m;
-            auto t = [](double v) -> py::object { return v > 0 ? py::object(py::float_(v)) : py::object(py::none()); };
-            m["arrival_time"] = d.metrics.arrival_time;
-            m["first_scheduled_time"] = t(d.metrics.first_scheduled_time);
-            m["first_token_time"] = t(d.metrics.first_token_time);
-            m["finished_time"] = t(d.metrics.finished_time);
-            m["num_cached_tokens"] = d.metrics.num_cached_tokens;
-            return m;
-          },
-          "dict: arrival_time, first_scheduled_time, first_token_time, finished_time (time.time() seconds or "
-          "None), num_cached_tokens (prefix-cache hit tokens).")
-      .def("__repr__", [](const RequestOutputData& d) {
-        return "RequestOutput(request_id='" + d.request_id + "', outputs=" + std::to_string(d.num_completions) +
-               ", finished=" + (d.finished ? "True" : "False") + ")";
-      });
-
-  py::class_<RequestOutputPool>(m, "RequestOutputPool",
-                                "Recycles RequestOutput objects: one is reused by build_request_outputs once "
-                                "nothing outside the pool references it.")
-      .def(py::init([](int64_t max_size) {
-             if (max_size < 0) buf::fail("max_size", std::to_string(max_size) + " must be >= 0");
-             return new RequestOutputPool(static_cast<size_t>(max_size));
-           }),
-           py::arg("max_size") = 4096, "A pool keeping at most max_size objects.")
-      .def("__len__", &RequestOutputPool::size, "Objects held.")
-      .def_property_readonly("max_size", &RequestOutputPool::max_size, "Most objects kept.");
-
-  m.def(
-      "build_request_outputs",
-      [](Scheduler& s, RequestOutputPool& pool) {
-        if (s.step_in_flight())
-          throw py::value_error("build_request_outputs: step " + std::to_string(s.step()) + " is waiting for update()");
-        return py::typing::List<RequestOutputData>(build_request_outputs(s, pool));
-      },
-      py::arg("scheduler"), py::arg("pool"),
-      "RequestOutputs of the requests updated since the previous call (or schedule()): new tokens, "
-      "finishes, aborts, stop strings; per each request's output_kind (cumulative / delta / final_only). "
-      "Objects come from pool. Holds the GIL (creates Python objects).");
-
-  m.def(
-      "get_finished_seqs_info",
-      [](const Scheduler& s) {
-        const auto& f = s.finished();
-        const size_t k = f.size();
-        py::array_t<int64_t> ids(static_cast<py::ssize_t>(k));
-        py::array_t<int32_t> status(static_cast<py::ssize_t>(k)), plen(static_cast<py::ssize_t>(k)),
-            olen(static_cast<py::ssize_t>(k)), sample(static_cast<py::ssize_t>(k));
-        py::list rids;
-        for (size_t i = 0; i < k; ++i) {
-          const Sequence& q = s.store().seq(f[i].seq);
-          ids.mutable_data()[i] = f[i].seq_id;
-          status.mutable_data()[i] = static_cast<int32_t>(q.status);
-          plen.mutable_data()[i] = q.num_prompt_tokens;
-          olen.mutable_data()[i] = q.num_output_tokens();
-          sample.mutable_data()[i] = q.sample_index;
-          rids.append(s.store().groups[q.group].request_id);
-        }
-        py::typing::Dict<py::str, py::object> d;
-        d["seq_ids"] = ids;
-        d["request_ids"] = rids;
-        d["statuses"] = status;
-        d["num_prompt_tokens"] = plen;
-        d["num_output_tokens"] = olen;
-        d["sample_indices"] = sample;
-        return d;
-      },
-      py::arg("scheduler"),
-      "Sequences finished since the last schedule() (update, aborts, stop strings, ignored prompts): dict "
-      "of seq_ids int64[k], request_ids list[str], statuses int32[k] (SequenceStatus values), "
-      "num_prompt_tokens int32[k], num_output_tokens int32[k], sample_indices int32[k].");
 }
 
 }  // namespace deepinfer

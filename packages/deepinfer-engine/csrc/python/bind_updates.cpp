@@ -3,7 +3,7 @@
 
 #include <stdexcept>
 
-#include "python/bindings_inputs.h"
+#include "python/bindings.h"
 #include "python/buffer_check.h"
 #include "step/mtp.h"
 #include "step/prompt_logprobs.h"
@@ -12,7 +12,7 @@ namespace py = pybind11;
 
 namespace deepinfer {
 
-void bind_step(py::module_& m) {
+void bind_updates(py::module_& m) {
   m.def(
       "process_MTPInfo",
       [](Scheduler& s, const py::object& num_accepted, const py::object& output_tokens, const py::object& next_drafts,
