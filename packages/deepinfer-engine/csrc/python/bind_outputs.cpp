@@ -56,7 +56,7 @@ void bind_outputs(py::module_& m) {
           },
           "None when not requested; else per token {token_id: logprob}, sampled token first.")
       .def_property_readonly("finish_reason", [](const CompletionData& c) { return finish_reason_of(c.finish_reason); },
-                             "'stop', 'length', 'abort', 'ignored' or None.")
+                             "'stop', 'length', 'abort', 'ignored', 'error' or None.")
       .def_property_readonly(
           "stop_reason", [](const CompletionData& c) { return stop_reason_of(c.stop_token, c.stop_string, c.stop_is_string); },
           "Stop token id, stop string (or the ignore reason), or None.")

@@ -24,6 +24,8 @@ void bind_sequence_status(py::module_& m) {
       .value("FINISHED_LENGTH", SequenceStatus::FINISHED_LENGTH, "max_tokens or the max model length.")
       .value("FINISHED_ABORTED", SequenceStatus::FINISHED_ABORTED, "Aborted by request id.")
       .value("FINISHED_IGNORED", SequenceStatus::FINISHED_IGNORED, "Never scheduled: prompt too long.")
+      .value("FINISHED_ERROR", SequenceStatus::FINISHED_ERROR,
+             "Its request was failed by Scheduler.abandon_step(action='fail') (finish_reason 'error').")
       .finalize();
 }
 
@@ -83,7 +85,7 @@ void bind_sequences(py::module_& m) {
       .def_property_readonly("is_finished", [](const SeqHandle& h) { return is_finished(h.get().status); },
                              "Whether its status is FINISHED_*.")
       .def_property_readonly("finish_reason", [](const SeqHandle& h) { return finish_reason_of(finish_reason_str(h.get().status)); },
-                             "'stop', 'length', 'abort', 'ignored' or None.")
+                             "'stop', 'length', 'abort', 'ignored', 'error' or None.")
       .def_property_readonly(
           "stop_reason",
           [](const SeqHandle& h) { const auto& q = h.get(); return stop_reason_of(q.stop_token, q.stop_string, q.stop_is_string); },
