@@ -1,29 +1,6 @@
 #include "core/request_output.h"
 
-#include <algorithm>
-
 namespace deepinfer {
-
-namespace py = pybind11;
-
-void RequestOutputPool::collect() {
-  free_.clear();
-  for (size_t i = 0; i < objs_.size(); ++i)
-    if (Py_REFCNT(objs_[i].first.ptr()) == 1) free_.push_back(i);
-  std::reverse(free_.begin(), free_.end());  // pop_back hands out objects in pool order
-}
-
-std::pair<py::object, RequestOutputData*> RequestOutputPool::acquire() {
-  if (!free_.empty()) {
-    auto& e = objs_[free_.back()];
-    free_.pop_back();
-    return e;
-  }
-  auto* d = new RequestOutputData();
-  py::object o = py::cast(d, py::return_value_policy::take_ownership);
-  if (objs_.size() < max_size_) objs_.emplace_back(o, d);
-  return {o, d};
-}
 
 namespace {
 
@@ -52,11 +29,9 @@ void fill_completion(CompletionData& c, const Sequence& q, const SamplingParams&
 
 }  // namespace
 
-py::list build_request_outputs(Scheduler& sched, RequestOutputPool& pool) {
+void build_request_outputs(Scheduler& sched, const std::function<RequestOutputData&()>& acquire) {
   SequenceStore& store = sched.store();
   const uint64_t epoch = sched.update_epoch();
-  pool.collect();
-  py::list result(0);
   for (SeqIndex si : sched.updated_seqs()) {
     SequenceGroup& g = store.groups[store.seq(si).group];
     if (g.updated_epoch == epoch) continue;  // this request was output by this build already
@@ -66,7 +41,7 @@ py::list build_request_outputs(Scheduler& sched, RequestOutputPool& pool) {
     const bool finished = g.num_unfinished == 0;
     if (p.output_kind == OutputKind::FINAL_ONLY && !finished) continue;
     const bool delta = p.output_kind == OutputKind::DELTA;
-    auto [obj, d] = pool.acquire();
+    RequestOutputData* d = &acquire();
     d->request_id = g.request_id;
     if (!g.prompt_shared) {
       const Sequence& parent = store.seq(g.seqs[0]);
@@ -109,10 +84,8 @@ py::list build_request_outputs(Scheduler& sched, RequestOutputPool& pool) {
     d->metrics.finished_time = finished ? g.finished_time : 0.0;
     d->metrics.num_cached_tokens = store.seq(g.seqs[0]).num_cached_tokens;
     if (finished) g.final_output_sent = true;
-    result.append(obj);
   }
   sched.drain_updated_seqs();
-  return result;
 }
 
 }  // namespace deepinfer

@@ -1,12 +1,12 @@
-// Per-request outputs (RequestOutput) built after each update, recycled through a pool.
+// Per-request outputs (RequestOutput) built after each update.
 //
 // The data is plain C++; Python reads it through properties that convert on access, so
-// building an output costs a few copies of the new tokens, not Python objects per token.
+// building an output costs a few copies of the new tokens, not Python objects per token. The
+// binding recycles the objects through a pool (python/request_output_pool.h).
 #pragma once
 
-#include <pybind11/pybind11.h>
-
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -48,26 +48,9 @@ struct RequestOutputData {
   RequestMetricsData metrics;
 };
 
-// Pool of Python-wrapped RequestOutputData: an object is reused once nothing outside the pool
-// references it (its refcount is back to 1).
-class RequestOutputPool {
- public:
-  explicit RequestOutputPool(size_t max_size) : max_size_(max_size) {}
-  // Call with the GIL held, once per build: finds the reusable objects.
-  void collect();
-  // A cleared-for-reuse object (the GIL held).
-  std::pair<pybind11::object, RequestOutputData*> acquire();
-  size_t size() const { return objs_.size(); }
-  size_t max_size() const { return max_size_; }
-  size_t num_free() const { return free_.size(); }
-
- private:
-  size_t max_size_;
-  std::vector<std::pair<pybind11::object, RequestOutputData*>> objs_;
-  std::vector<size_t> free_;
-};
-
 // Outputs of every request updated since the last call (or schedule()), per its output kind.
-pybind11::list build_request_outputs(Scheduler& sched, RequestOutputPool& pool);
+// `acquire` hands out the object to fill for each output, in order (its old contents are
+// overwritten); then the updated-sequence list is drained.
+void build_request_outputs(Scheduler& sched, const std::function<RequestOutputData&()>& acquire);
 
 }  // namespace deepinfer

@@ -1,7 +1,9 @@
+#include "core/sampling_params.h"
+
 #include <cmath>
 #include <string>
 
-#include "core/sampling_params.h"
+#include "core/invalid_argument.h"
 
 namespace deepinfer {
 
@@ -15,54 +17,53 @@ std::string num(double v) {
   }
   return s;
 }
-std::string check_ids(const char* field, const std::vector<int32_t>& ids, int32_t vocab) {
+// Token ids in [0, vocab) (vocab 0: unknown, only >= 0).
+void check_ids(const char* field, const std::vector<int32_t>& ids, int32_t vocab) {
   for (int32_t t : ids)
-    if (t < 0 || t >= vocab)
-      return std::string(field) + ": token id " + std::to_string(t) + " is outside the vocabulary [0, " +
-             std::to_string(vocab) + ")";
-  return "";
+    if (t < 0 || (vocab > 0 && t >= vocab))
+      throw InvalidArgument(field, "token id " + std::to_string(t) + " is outside the vocabulary [0, " +
+                                       std::to_string(vocab) + ")");
 }
 }  // namespace
 
-std::string validate_sampling_params(const SamplingParams& p, int32_t vocab) {
-  if (p.n < 1) return "n: " + std::to_string(p.n) + " must be >= 1";
+void SamplingParams::validate(int32_t vocab) const {
+  const SamplingParams& p = *this;
+  if (p.n < 1) throw InvalidArgument("n", std::to_string(p.n) + " must be >= 1");
   if (!(p.temperature >= 0.0f) || !std::isfinite(p.temperature))
-    return "temperature: " + num(p.temperature) + " must be a finite value >= 0";
-  if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) return "top_p: " + num(p.top_p) + " must be in (0, 1]";
-  if (p.top_k < -1 || p.top_k == 0) return "top_k: " + std::to_string(p.top_k) + " must be -1 (off) or >= 1";
-  if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) return "min_p: " + num(p.min_p) + " must be in [0, 1]";
+    throw InvalidArgument("temperature", num(p.temperature) + " must be a finite value >= 0");
+  if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) throw InvalidArgument("top_p", num(p.top_p) + " must be in (0, 1]");
+  if (p.top_k < -1 || p.top_k == 0) throw InvalidArgument("top_k", std::to_string(p.top_k) + " must be -1 (off) or >= 1");
+  if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) throw InvalidArgument("min_p", num(p.min_p) + " must be in [0, 1]");
   if (!(p.presence_penalty >= -2.0f && p.presence_penalty <= 2.0f))
-    return "presence_penalty: " + num(p.presence_penalty) + " must be in [-2, 2]";
+    throw InvalidArgument("presence_penalty", num(p.presence_penalty) + " must be in [-2, 2]");
   if (!(p.frequency_penalty >= -2.0f && p.frequency_penalty <= 2.0f))
-    return "frequency_penalty: " + num(p.frequency_penalty) + " must be in [-2, 2]";
+    throw InvalidArgument("frequency_penalty", num(p.frequency_penalty) + " must be in [-2, 2]");
   if (!(p.repetition_penalty > 0.0f) || !std::isfinite(p.repetition_penalty))
-    return "repetition_penalty: " + num(p.repetition_penalty) + " must be a finite value > 0";
-  if (p.max_tokens < 1) return "max_tokens: " + std::to_string(p.max_tokens) + " must be >= 1";
-  if (p.min_tokens < 0) return "min_tokens: " + std::to_string(p.min_tokens) + " must be >= 0";
+    throw InvalidArgument("repetition_penalty", num(p.repetition_penalty) + " must be a finite value > 0");
+  if (p.max_tokens < 1) throw InvalidArgument("max_tokens", std::to_string(p.max_tokens) + " must be >= 1");
+  if (p.min_tokens < 0) throw InvalidArgument("min_tokens", std::to_string(p.min_tokens) + " must be >= 0");
   if (p.min_tokens > p.max_tokens)
-    return "min_tokens: " + std::to_string(p.min_tokens) + " must be <= max_tokens (" +
-           std::to_string(p.max_tokens) + ")";
-  if (p.logprobs < -1) return "logprobs: " + std::to_string(p.logprobs) + " must be >= 0 (or None)";
+    throw InvalidArgument("min_tokens",
+                          std::to_string(p.min_tokens) + " must be <= max_tokens (" + std::to_string(p.max_tokens) + ")");
+  if (p.logprobs < -1) throw InvalidArgument("logprobs", std::to_string(p.logprobs) + " must be >= 0 (or None)");
   if (p.prompt_logprobs < -1)
-    return "prompt_logprobs: " + std::to_string(p.prompt_logprobs) + " must be >= 0 (or None)";
+    throw InvalidArgument("prompt_logprobs", std::to_string(p.prompt_logprobs) + " must be >= 0 (or None)");
   if (vocab > 0 && p.logprobs > vocab)
-    return "logprobs: " + std::to_string(p.logprobs) + " exceeds the vocabulary size " + std::to_string(vocab);
+    throw InvalidArgument("logprobs", std::to_string(p.logprobs) + " exceeds the vocabulary size " + std::to_string(vocab));
   if (vocab > 0 && p.prompt_logprobs > vocab)
-    return "prompt_logprobs: " + std::to_string(p.prompt_logprobs) + " exceeds the vocabulary size " +
-           std::to_string(vocab);
-  if (vocab > 0) {
-    std::string e;
-    if (!(e = check_ids("stop_token_ids", p.stop_token_ids, vocab)).empty()) return e;
-    if (!(e = check_ids("allowed_token_ids", p.allowed_token_ids, vocab)).empty()) return e;
-    if (!(e = check_ids("banned_token_ids", p.banned_token_ids, vocab)).empty()) return e;
-    for (const auto& [t, b] : p.logit_bias) {
-      if (t < 0 || t >= vocab)
-        return "logit_bias: token id " + std::to_string(t) + " is outside the vocabulary [0, " +
-               std::to_string(vocab) + ")";
-      if (!std::isfinite(b)) return "logit_bias: bias " + num(b) + " of token " + std::to_string(t) + " is not finite";
-    }
+    throw InvalidArgument("prompt_logprobs",
+                          std::to_string(p.prompt_logprobs) + " exceeds the vocabulary size " + std::to_string(vocab));
+  check_ids("stop_token_ids", p.stop_token_ids, vocab);
+  check_ids("allowed_token_ids", p.allowed_token_ids, vocab);
+  check_ids("banned_token_ids", p.banned_token_ids, vocab);
+  for (const auto& [t, b] : p.logit_bias) {
+    if (t < 0 || (vocab > 0 && t >= vocab))
+      throw InvalidArgument("logit_bias", "token id " + std::to_string(t) + " is outside the vocabulary [0, " +
+                                              std::to_string(vocab) + ")");
+    // A NaN/inf bias would reach the sampler and poison the row's logits.
+    if (!std::isfinite(b))
+      throw InvalidArgument("logit_bias", "bias " + num(b) + " of token " + std::to_string(t) + " is not finite");
   }
-  return "";
 }
 
 }  // namespace deepinfer

@@ -6,7 +6,6 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
 #include <utility>
 #include <vector>
 
@@ -51,10 +50,10 @@ struct SamplingParams {
       if (s == t) return true;
     return false;
   }
+  // The one place the sampling rules live: throws InvalidArgument naming the first bad field
+  // ("temperature: -0.5 must be a finite value >= 0"). vocab_size bounds every token id of the
+  // lists and the logprob counts (0: unknown, ids need only be >= 0).
+  void validate(int32_t vocab_size) const;
 };
-
-// Checks every field; returns "" when valid, else "<field>: <value> <why>" (the binding raises
-// ValueError with it). vocab_size bounds every token id in the lists.
-std::string validate_sampling_params(const SamplingParams& p, int32_t vocab_size);
 
 }  // namespace deepinfer

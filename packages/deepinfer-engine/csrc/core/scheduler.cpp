@@ -25,7 +25,7 @@ int32_t watermark_blocks_of(const SchedulerConfig& c) {
 }  // namespace
 
 Scheduler::Scheduler(const SchedulerConfig& cfg)
-    : cfg_(cfg),
+    : cfg_(cfg.validated()),
       bm_(cfg.num_blocks, cfg.block_size, cfg.enable_prefix_caching, watermark_blocks_of(cfg), cfg.hash_bits) {
   out_.store = &store_;
   for (int32_t i = cfg.num_state_slots - 1; i >= 0; --i) free_state_slots_.push_back(i);
@@ -78,8 +78,10 @@ int32_t Scheduler::seq_cost(SeqIndex s) const {
   return (!g.forked && g.params.n > 1 && q.sample_index == 0) ? g.params.n : 1;
 }
 
-GroupIndex Scheduler::add_request(const std::string& request_id, const int32_t* prompt, int32_t prompt_len,
+GroupIndex Scheduler::add_request(const std::string& request_id, const int32_t* prompt, size_t prompt_size,
                                   const SamplingParams& params, double arrival_time, int32_t eos_token_id) {
+  check_request(request_id, prompt, prompt_size, params, eos_token_id);
+  const int32_t prompt_len = static_cast<int32_t>(prompt_size);
   const GroupIndex g = store_.new_group();
   const SeqIndex s = store_.new_seq();
   SequenceGroup& gr = store_.groups[g];

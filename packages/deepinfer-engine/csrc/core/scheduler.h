@@ -3,7 +3,7 @@
 // One step (see ENGINE_API.md):
 //   const SchedulerOutputs& out = sched.schedule();
 //   ... build inputs from out.scheduled, run the model, sample one token per sample row ...
-//   sched.update(tokens, ...);         // or, for speculative steps, core II's process_MTPInfo,
+//   sched.update(tokens, ...);         // or, for speculative steps, step/mtp.h's process_mtp_step,
 //                                      // built from begin_update/advance_computed/append_token/end_update
 // Sample rows: every ScheduledSeq with num_samples > 0 contributes num_samples rows, in the
 // order of out.scheduled (num_samples = n for the step that completes an n > 1 group's prompt:
@@ -40,6 +40,10 @@ struct SchedulerConfig {
   int32_t num_lookahead_slots = 0;        // extra slots reserved per decode (speculative)
   int32_t num_state_slots = 0;            // recurrent-state slots (0: model has none)
   int32_t hash_bits = 64;                 // test hook: < 64 forces prefix-hash collisions
+
+  // Throws InvalidArgument naming the first bad field (including a num_blocks whose host
+  // bookkeeping would not fit in memory); returns *this.
+  const SchedulerConfig& validated() const;
 };
 
 // One scheduled sequence of a step.
@@ -98,9 +102,15 @@ class Scheduler {
   uint64_t step() const { return out_.step; }
   bool step_in_flight() const { return in_flight_; }
 
-  // ---- requests (validated by the binding; these assume valid input) ----
+  // ---- requests ----
+  // Throws InvalidArgument naming what is wrong with a request (its id reserved or in use, an
+  // empty or too long prompt, a token outside the vocabulary, its sampling parameters, n above
+  // max_num_seqs, an eos_token_id outside [-1, vocab_size)).
+  void check_request(const std::string& request_id, const int32_t* prompt, size_t prompt_len,
+                     const SamplingParams& params, int32_t eos_token_id) const;
+  // Checks the request (check_request; nothing changes when it throws), then queues it.
   // Returns the group; prompt tokens are copied.
-  GroupIndex add_request(const std::string& request_id, const int32_t* prompt, int32_t prompt_len,
+  GroupIndex add_request(const std::string& request_id, const int32_t* prompt, size_t prompt_len,
                          const SamplingParams& params, double arrival_time, int32_t eos_token_id);
   bool has_request(const std::string& request_id) const { return by_request_.count(request_id) != 0; }
   GroupIndex group_index(const std::string& request_id) const { return by_request_.at(request_id); }

@@ -1,4 +1,4 @@
-// The shared sequence store of the engine (Engine core I owns it; core II reads and updates
+// The shared sequence store of the engine (the Scheduler owns it; step/ code reads and updates
 // sequences only through the Scheduler API in scheduler.h).
 //
 // Sequences live in a slab (std::vector<Sequence>) addressed by SeqIndex; indices stay valid
@@ -125,7 +125,7 @@ struct SequenceGroup {
 
   // Prompt logprobs (params.prompt_logprobs = k >= 0): for prompt positions 1..P-1, (1 + k)
   // (token id, logprob) entries each, the prompt token first; filled chunk by chunk by
-  // update_prompt_logprobs (core II). num_prompt_logprobs = positions filled so far.
+  // update_prompt_logprobs (step/prompt_logprobs.h). num_prompt_logprobs = positions filled so far.
   std::vector<int32_t> prompt_logprob_token_ids;
   std::vector<float> prompt_logprob_values;
   int32_t num_prompt_logprobs = 0;

@@ -3,7 +3,6 @@
 // prepare_zos_inputs / prepare_decode_zos_inputs.
 #include <pybind11/numpy.h>
 
-#include <cmath>
 #include <pybind11/stl.h>
 
 #include <algorithm>
@@ -38,8 +37,34 @@ SequenceMetadataInfo snapshot(const MetadataRow& r) {
 }
 
 
+// The numpy arrays a PrepareArgs borrows: kept alive with it, and re-checked before each build
+// (an array made read-only since must not be written).
+class NumpyBufferOwner final : public BufferOwner {
+ public:
+  template <class T>
+  buf::Buf1D<T> borrow_1d(const py::object& obj, const char* name) {
+    py::array a = buf::check_array<T>(obj, name, 1, true);
+    arrays_.emplace_back(name, obj);
+    return {static_cast<T*>(a.mutable_data()), static_cast<size_t>(a.shape(0))};
+  }
+  template <class T>
+  buf::Buf2D<T> borrow_2d(const py::object& obj, const char* name) {
+    py::array a = buf::check_array<T>(obj, name, 2, true);
+    arrays_.emplace_back(name, obj);
+    return {static_cast<T*>(a.mutable_data()), static_cast<size_t>(a.shape(0)), static_cast<size_t>(a.shape(1))};
+  }
+  void check_writable() const {
+    for (const auto& [name, obj] : arrays_)
+      if (!py::reinterpret_borrow<py::array>(obj).writeable())
+        buf::fail(name, "became read-only after PrepareArgs was built");
+  }
+
+ private:
+  std::vector<std::pair<const char*, py::object>> arrays_;
+};
+
 int32_t run_builder(PrepareArgs& a, SequenceMetadataPool& pool, BuildMode mode, const PrepareArgs* prev) {
-  a.recheck_writable();
+  static_cast<const NumpyBufferOwner&>(*a.owner).check_writable();
   py::gil_scoped_release nogil;  // everything below is plain C++ on validated memory
   return prepare_inputs(a, pool, mode, prev);
 }
@@ -136,11 +161,7 @@ with ``add_sequence`` (standalone sequences owned by the pool until ``clear``). 
               for (auto kv : py::reinterpret_borrow<py::dict>(logit_bias)) {
                 const int64_t t = kv.first.cast<int64_t>();
                 if (t < 0 || t > INT32_MAX) throw py::value_error("logit_bias: token id " + std::to_string(t) + " out of range");
-                const float b = kv.second.cast<float>();
-                // A NaN/inf bias would reach the sampler and poison the row's logits.
-                if (!std::isfinite(b))
-                  throw py::value_error("logit_bias: bias of token " + std::to_string(t) + " must be finite, got " + std::to_string(b));
-                bias.emplace_back(static_cast<int32_t>(t), b);
+                bias.emplace_back(static_cast<int32_t>(t), kv.second.cast<float>());
               }
               std::sort(bias.begin(), bias.end());
             }
@@ -164,15 +185,26 @@ with ``add_sequence`` (standalone sequences owned by the pool until ``clear``). 
             const bool prompt = is_prompt.value_or(num_computed_tokens < L - 1);
             if (prompt && nd > 0) throw py::value_error("is_prompt: a prompt chunk cannot include draft tokens");
             if (!prompt && end < L) throw py::value_error("num_new_tokens: a decode row must reach the last token (end " + std::to_string(end) + " < " + std::to_string(L) + ")");
-            if (!(temperature >= 0.0f)) throw py::value_error("temperature: must be >= 0, got " + std::to_string(temperature));
-            if (!(top_p > 0.0f && top_p <= 1.0f)) throw py::value_error("top_p: must be in (0, 1], got " + std::to_string(top_p));
-            if (top_k < -1 || top_k == 0) throw py::value_error("top_k: must be -1 (off) or >= 1, got " + std::to_string(top_k));
-            if (!(min_p >= 0.0f && min_p <= 1.0f)) throw py::value_error("min_p: must be in [0, 1], got " + std::to_string(min_p));
-            if (!(repetition_penalty > 0.0f)) throw py::value_error("repetition_penalty: must be > 0, got " + std::to_string(repetition_penalty));
-            if (min_tokens < 0) throw py::value_error("min_tokens: must be >= 0, got " + std::to_string(min_tokens));
-            if (logprobs < -1) throw py::value_error("logprobs: must be -1 (none) or >= 0, got " + std::to_string(logprobs));
-            if (prompt_logprobs < -1)
-              throw py::value_error("prompt_logprobs: must be -1 (none) or >= 0, got " + std::to_string(prompt_logprobs));
+            SamplingParams sp;
+            sp.temperature = temperature;
+            sp.top_p = top_p;
+            sp.top_k = top_k;
+            sp.min_p = min_p;
+            sp.presence_penalty = presence_penalty;
+            sp.frequency_penalty = frequency_penalty;
+            sp.repetition_penalty = repetition_penalty;
+            sp.has_seed = seed.has_value();
+            sp.seed = seed.value_or(0);
+            sp.max_tokens = INT32_MAX;  // the pool never stops a standalone row
+            sp.min_tokens = min_tokens;
+            sp.ignore_eos = ignore_eos;
+            sp.stop_token_ids = std::move(stops);
+            sp.logprobs = logprobs;
+            sp.prompt_logprobs = prompt_logprobs;
+            sp.logit_bias = std::move(bias);
+            sp.allowed_token_ids = std::move(allowed);
+            sp.banned_token_ids = std::move(banned);
+            sp.validate(0);  // no vocabulary here: token ids are only checked to be >= 0
 
             auto [s, g] = pool.add_standalone_row();
             s->seq_id = seq_id;
@@ -185,24 +217,7 @@ with ``add_sequence`` (standalone sequences owned by the pool until ``clear``). 
             s->state_slot = state_slot;
             g->request_id = request_id;
             g->eos_token_id = eos_token_id;
-            SamplingParams& sp = g->params;
-            sp.temperature = temperature;
-            sp.top_p = top_p;
-            sp.top_k = top_k;
-            sp.min_p = min_p;
-            sp.presence_penalty = presence_penalty;
-            sp.frequency_penalty = frequency_penalty;
-            sp.repetition_penalty = repetition_penalty;
-            sp.has_seed = seed.has_value();
-            sp.seed = seed.value_or(0);
-            sp.min_tokens = min_tokens;
-            sp.ignore_eos = ignore_eos;
-            sp.stop_token_ids = std::move(stops);
-            sp.logprobs = logprobs;
-            sp.prompt_logprobs = prompt_logprobs;
-            sp.logit_bias = std::move(bias);
-            sp.allowed_token_ids = std::move(allowed);
-            sp.banned_token_ids = std::move(banned);
+            g->params = std::move(sp);
             MetadataRow& r = pool[pool.size() - 1];
             r.start = num_computed_tokens;
             r.num_new = num_new_tokens;
@@ -269,10 +284,30 @@ num_rows, num_logits, num_yoco_rows) describe the step.)doc")
                }
                if (!engram_table_sizes.is_none()) e.table_sizes = loose_int64s(engram_table_sizes, "engram_table_sizes", 1);
              }
-             return std::make_unique<PrepareArgs>(block_size, max_model_len, std::move(gbs), yoco_mode, std::move(e),
-                                                  input_ids, positions, slot_mapping, query_start_loc, seq_lens,
-                                                  block_tables, logits_indices, yoco_kept_rows, yoco_cu_seqlens,
-                                                  engram_indices, zos_source_index);
+             // Element types and layouts here; sizes and the configuration in PrepareArgs. Buffers
+             // of a disabled feature are neither checked nor kept.
+             auto owner = std::make_unique<NumpyBufferOwner>();
+             PrepareBuffers b;
+             b.input_ids = owner->borrow_1d<int32_t>(input_ids, "input_ids");
+             b.block_tables = owner->borrow_2d<int32_t>(block_tables, "block_tables");
+             b.positions = owner->borrow_1d<int32_t>(positions, "positions");
+             b.slot_mapping = owner->borrow_1d<int64_t>(slot_mapping, "slot_mapping");
+             b.query_start_loc = owner->borrow_1d<int32_t>(query_start_loc, "query_start_loc");
+             b.seq_lens = owner->borrow_1d<int32_t>(seq_lens, "seq_lens");
+             b.logits_indices = owner->borrow_1d<int32_t>(logits_indices, "logits_indices");
+             if (yoco_mode != YocoPrefillTruncationMode::NONE) {
+               if (!yoco_kept_rows.is_none()) b.yoco_kept_rows = owner->borrow_1d<int32_t>(yoco_kept_rows, "yoco_kept_rows");
+               if (!yoco_cu_seqlens.is_none())
+                 b.yoco_cu_seqlens = owner->borrow_1d<int32_t>(yoco_cu_seqlens, "yoco_cu_seqlens");
+             }
+             if (e.enabled() && !engram_indices.is_none())
+               b.engram_indices = owner->borrow_2d<int32_t>(engram_indices, "engram_indices");
+             if (!zos_source_index.is_none())
+               b.zos_source_index = owner->borrow_1d<int32_t>(zos_source_index, "zos_source_index");
+             auto args = std::make_unique<PrepareArgs>(block_size, max_model_len, std::move(gbs), yoco_mode,
+                                                       std::move(e), b);
+             args->owner = std::move(owner);
+             return args;
            }),
            py::kw_only(), py::arg("block_size"), py::arg("max_model_len"), py::arg("input_ids"), py::arg("positions"),
            py::arg("slot_mapping"), py::arg("query_start_loc"), py::arg("seq_lens"), py::arg("block_tables"),

@@ -6,8 +6,8 @@
 
 #include <string>
 
-#include "core/request_output.h"
 #include "python/bindings.h"
+#include "python/request_output_pool.h"
 #include "python/sequence_handle.h"
 
 namespace deepinfer {
@@ -138,7 +138,7 @@ void bind_outputs(py::module_& m) {
       [](Scheduler& s, RequestOutputPool& pool) {
         if (s.step_in_flight())
           throw py::value_error("build_request_outputs: step " + std::to_string(s.step()) + " is waiting for update()");
-        return py::typing::List<RequestOutputData>(build_request_outputs(s, pool));
+        return py::typing::List<RequestOutputData>(request_output_list(s, pool));
       },
       py::arg("scheduler"), py::arg("pool"),
       "RequestOutputs of the requests updated since the previous call (or schedule()): new tokens, "

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "python/bindings.h"
+#include "python/numpy_buffer.h"
 #include "step/metadata.h"
 #include "step/prepare_args.h"
 #include "step/sampler_inputs.h"
@@ -13,9 +14,9 @@ namespace py = pybind11;
 namespace deepinfer {
 
 namespace {
-// A read-only property returning a numpy view of the used prefix of a HostArray.
+// A read-only property returning a numpy view of the used prefix of an output buffer.
 #define DI_ARRAY(cls, field, count, doc) \
-  def_property_readonly(#field, [](const cls& s) { return s.field.view(static_cast<size_t>(count)); }, doc)
+  def_property_readonly(#field, [](const cls& s) { return numpy_view(s.field, static_cast<size_t>(count)); }, doc)
 }  // namespace
 
 void bind_sampler(py::module_& m) {
@@ -164,7 +165,7 @@ prepare_sampler_inputs.)doc")
              if (penalty_counts == "incremental") mode = PenaltyCountsMode::INCREMENTAL;
              else if (penalty_counts == "full") mode = PenaltyCountsMode::FULL;
              else throw py::value_error("penalty_counts: '" + penalty_counts + "' is not one of 'incremental', 'full'");
-             return SamplerInputs(generator_seed, mode);
+             return SamplerInputs(NumpyStorageFactory(), generator_seed, mode);
            }),
            py::arg("generator_seed") = 0, py::kw_only(), py::arg("penalty_counts") = "incremental",
            R"doc(generator_seed: derives the RNG seed of requests without a seed (fixed per sequence).
@@ -204,7 +205,15 @@ in call order; skipping one desynchronises the tables (reset_penalty_tables() re
   m.def(
       "prepare_sampler_inputs",
       [](const PrepareArgs& args, SequenceMetadataPool& metadata, SamplerInputs& out) -> SamplerInputs& {
-        prepare_sampler_inputs(out, args, metadata);
+        // One GIL release for the whole build: it is taken back only when an output must grow
+        // (a numpy allocation), which the steady state never needs.
+        py::gil_scoped_release nogil;
+        const SamplerInputSizes sizes = plan_sampler_inputs(out, args, metadata);
+        if (!sampler_inputs_fit(out, sizes)) {
+          py::gil_scoped_acquire gil;
+          reserve_sampler_inputs(out, sizes);
+        }
+        write_sampler_inputs(out, args, metadata);
         return out;
       },
       py::arg("args"), py::arg("metadata"), py::arg("out"), py::return_value_policy::reference,

@@ -12,9 +12,6 @@
 #include <string>
 #include <variant>
 
-#include <sys/resource.h>
-#include <unistd.h>
-
 #include "python/bindings.h"
 #include "python/buffer_check.h"
 #include "python/loose_ints.h"
@@ -25,14 +22,10 @@ namespace deepinfer {
 
 namespace {
 
-// Sorted, unique token ids from a loose list; each in [0, vocab).
-std::vector<int32_t> token_set(const py::object& obj, const char* name, int32_t vocab) {
+// Sorted, unique token ids from a loose list (None: empty); SamplingParams::validate bounds them.
+std::vector<int32_t> token_set(const py::object& obj, const char* name) {
   if (obj.is_none()) return {};
   auto v = loose_ints(obj, name, 0);
-  for (size_t i = 0; i < v.size(); ++i)
-    if (v[i] >= vocab)
-      buf::fail(name, "token id " + std::to_string(v[i]) + " (index " + std::to_string(i) +
-                          ") is outside the vocabulary [0, " + std::to_string(vocab) + ")");
   std::sort(v.begin(), v.end());
   v.erase(std::unique(v.begin(), v.end()), v.end());
   return v;
@@ -65,103 +58,91 @@ py::typing::Dict<py::str, py::object> scheduler_stats(const Scheduler& s) {
   return d;
 }
 
+// The Python-side conversions of add_request's arguments (loose lists, None, dicts, strings);
+// the request and its sampling parameters are checked by Scheduler::check_request.
 int64_t add_request_typed(Scheduler& s, const std::string& request_id, const py::object& prompt_token_ids, int32_t n,
-             float temperature, float top_p, int32_t top_k, float min_p, float presence_penalty,
-             float frequency_penalty, float repetition_penalty, std::optional<int64_t> seed,
-             const py::object& stop_token_ids, bool ignore_eos, int32_t max_tokens, int32_t min_tokens,
-             std::optional<int32_t> logprobs, std::optional<int32_t> prompt_logprobs, const py::object& logit_bias,
-             const py::object& allowed_token_ids, const py::object& banned_token_ids, int32_t priority,
-             const std::string& output_kind, std::optional<double> arrival_time, std::optional<int64_t> eos_token_id) {
-            const int32_t vocab = s.config().vocab_size;
-            if (request_id == kPlaceholderRequestId) buf::fail("request_id", "'" + request_id + "' is reserved for padding rows");
-            if (s.has_request(request_id)) buf::fail("request_id", "'" + request_id + "' is already in use");
-            // A C-contiguous int32 array is read in place; anything else is converted.
-            std::vector<int32_t> converted;
-            const int32_t* prompt = nullptr;
-            size_t prompt_len = 0;
-            if (py::isinstance<py::array>(prompt_token_ids)) {
-              auto a = py::reinterpret_borrow<py::array>(prompt_token_ids);
-              if (a.dtype().is(py::dtype::of<int32_t>()) && a.ndim() == 1 && (a.flags() & py::array::c_style)) {
-                prompt = static_cast<const int32_t*>(a.data());
-                prompt_len = static_cast<size_t>(a.shape(0));
-              }
-            }
-            if (!prompt) {
-              converted = loose_ints(prompt_token_ids, "prompt_token_ids", 0);
-              prompt = converted.data();
-              prompt_len = converted.size();
-            }
-            if (prompt_len == 0) buf::fail("prompt_token_ids", "must not be empty");
-            for (size_t i = 0; i < prompt_len; ++i)
-              if (prompt[i] < 0 || prompt[i] >= vocab)
-                buf::fail("prompt_token_ids", "token id " + std::to_string(prompt[i]) + " at index " + std::to_string(i) +
-                                                  " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
-            SamplingParams p;
-            p.n = n;
-            p.temperature = temperature;
-            p.top_p = top_p;
-            p.top_k = top_k;
-            p.min_p = min_p;
-            p.presence_penalty = presence_penalty;
-            p.frequency_penalty = frequency_penalty;
-            p.repetition_penalty = repetition_penalty;
-            if (seed) {
-              p.has_seed = true;
-              p.seed = *seed;
-            }
-            p.stop_token_ids = token_set(stop_token_ids, "stop_token_ids", vocab);
-            p.ignore_eos = ignore_eos;
-            p.max_tokens = max_tokens;
-            p.min_tokens = min_tokens;
-            p.logprobs = logprobs ? *logprobs : -1;
-            if (logprobs && *logprobs < 0) buf::fail("logprobs", std::to_string(*logprobs) + " must be >= 0 (or None)");
-            p.prompt_logprobs = prompt_logprobs ? *prompt_logprobs : -1;
-            if (prompt_logprobs && *prompt_logprobs < 0)
-              buf::fail("prompt_logprobs", std::to_string(*prompt_logprobs) + " must be >= 0 (or None)");
-            if (!logit_bias.is_none()) {
-              if (!py::isinstance<py::dict>(logit_bias))
-                throw py::type_error("logit_bias: expected a dict {token_id: bias}, got " +
-                                     std::string(py::str(py::type::of(logit_bias).attr("__name__"))));
-              for (auto [k, v] : py::reinterpret_borrow<py::dict>(logit_bias)) {
-                if (py::isinstance<py::bool_>(k) || !(py::isinstance<py::int_>(k) || py::hasattr(k, "__index__")))
-                  throw py::type_error("logit_bias: keys must be int token ids, got " +
-                                       std::string(py::str(py::type::of(k).attr("__name__"))) + " " +
-                                       std::string(py::repr(k)));
-                if (py::isinstance<py::bool_>(v) || !(py::isinstance<py::float_>(v) || py::isinstance<py::int_>(v) ||
-                                                      py::hasattr(v, "__float__")))
-                  throw py::type_error("logit_bias: bias of token " + std::string(py::repr(k)) +
-                                       " must be a float, got " + std::string(py::str(py::type::of(v).attr("__name__"))));
-                const int64_t t = python_int64(k, "logit_bias");
-                if (t < 0 || t >= vocab)
-                  buf::fail("logit_bias", "token id " + std::to_string(t) + " is outside the vocabulary [0, " +
-                                              std::to_string(vocab) + ")");
-                p.logit_bias.emplace_back(static_cast<int32_t>(t), v.cast<float>());
-              }
-              std::sort(p.logit_bias.begin(), p.logit_bias.end());
-            }
-            p.allowed_token_ids = token_set(allowed_token_ids, "allowed_token_ids", vocab);
-            if (!allowed_token_ids.is_none() && p.allowed_token_ids.empty())
-              buf::fail("allowed_token_ids", "must not be empty (None allows every token)");
-            p.banned_token_ids = token_set(banned_token_ids, "banned_token_ids", vocab);
-            p.priority = priority;
-            p.output_kind = parse_output_kind(output_kind);
-            const std::string err = validate_sampling_params(p, vocab);
-            if (!err.empty()) throw py::value_error(err);
-            if (n > s.config().max_num_seqs)
-              buf::fail("n", std::to_string(n) + " exceeds max_num_seqs " + std::to_string(s.config().max_num_seqs));
-            int32_t eos = s.config().eos_token_id;
-            if (eos_token_id) {
-              const int64_t e = *eos_token_id;
-              if (e < 0 || e >= vocab)
-                buf::fail("eos_token_id", std::to_string(e) + " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
-              eos = static_cast<int32_t>(e);
-            }
-            const double arrival = arrival_time ? *arrival_time : s.now();
-            if (prompt_len > static_cast<size_t>(INT32_MAX / 2))
-              buf::fail("prompt_token_ids", std::to_string(prompt_len) + " tokens is too many");
-            const GroupIndex g = s.add_request(request_id, prompt, static_cast<int32_t>(prompt_len), p, arrival, eos);
-            return s.store().seq(s.store().groups[g].seqs[0]).seq_id;
-          }
+                          float temperature, float top_p, int32_t top_k, float min_p, float presence_penalty,
+                          float frequency_penalty, float repetition_penalty, std::optional<int64_t> seed,
+                          const py::object& stop_token_ids, bool ignore_eos, int32_t max_tokens, int32_t min_tokens,
+                          std::optional<int32_t> logprobs, std::optional<int32_t> prompt_logprobs,
+                          const py::object& logit_bias, const py::object& allowed_token_ids,
+                          const py::object& banned_token_ids, int32_t priority, const std::string& output_kind,
+                          std::optional<double> arrival_time, std::optional<int64_t> eos_token_id) {
+  // A C-contiguous int32 array is read in place; anything else is converted.
+  std::vector<int32_t> converted;
+  const int32_t* prompt = nullptr;
+  size_t prompt_len = 0;
+  if (py::isinstance<py::array>(prompt_token_ids)) {
+    auto a = py::reinterpret_borrow<py::array>(prompt_token_ids);
+    if (a.dtype().is(py::dtype::of<int32_t>()) && a.ndim() == 1 && (a.flags() & py::array::c_style)) {
+      prompt = static_cast<const int32_t*>(a.data());
+      prompt_len = static_cast<size_t>(a.shape(0));
+    }
+  }
+  if (!prompt) {
+    converted = loose_ints(prompt_token_ids, "prompt_token_ids", 0);
+    prompt = converted.data();
+    prompt_len = converted.size();
+  }
+  SamplingParams p;
+  p.n = n;
+  p.temperature = temperature;
+  p.top_p = top_p;
+  p.top_k = top_k;
+  p.min_p = min_p;
+  p.presence_penalty = presence_penalty;
+  p.frequency_penalty = frequency_penalty;
+  p.repetition_penalty = repetition_penalty;
+  if (seed) {
+    p.has_seed = true;
+    p.seed = *seed;
+  }
+  p.stop_token_ids = token_set(stop_token_ids, "stop_token_ids");
+  p.ignore_eos = ignore_eos;
+  p.max_tokens = max_tokens;
+  p.min_tokens = min_tokens;
+  // None is -1 in SamplingParams: a given value must be a count.
+  p.logprobs = logprobs ? *logprobs : -1;
+  if (logprobs && *logprobs < 0) buf::fail("logprobs", std::to_string(*logprobs) + " must be >= 0 (or None)");
+  p.prompt_logprobs = prompt_logprobs ? *prompt_logprobs : -1;
+  if (prompt_logprobs && *prompt_logprobs < 0)
+    buf::fail("prompt_logprobs", std::to_string(*prompt_logprobs) + " must be >= 0 (or None)");
+  if (!logit_bias.is_none()) {
+    if (!py::isinstance<py::dict>(logit_bias))
+      throw py::type_error("logit_bias: expected a dict {token_id: bias}, got " +
+                           std::string(py::str(py::type::of(logit_bias).attr("__name__"))));
+    for (auto [k, v] : py::reinterpret_borrow<py::dict>(logit_bias)) {
+      if (py::isinstance<py::bool_>(k) || !(py::isinstance<py::int_>(k) || py::hasattr(k, "__index__")))
+        throw py::type_error("logit_bias: keys must be int token ids, got " +
+                             std::string(py::str(py::type::of(k).attr("__name__"))) + " " + std::string(py::repr(k)));
+      if (py::isinstance<py::bool_>(v) ||
+          !(py::isinstance<py::float_>(v) || py::isinstance<py::int_>(v) || py::hasattr(v, "__float__")))
+        throw py::type_error("logit_bias: bias of token " + std::string(py::repr(k)) + " must be a float, got " +
+                             std::string(py::str(py::type::of(v).attr("__name__"))));
+      const int64_t t = python_int64(k, "logit_bias");
+      if (t < INT32_MIN || t > INT32_MAX) buf::fail("logit_bias", "token id " + std::to_string(t) + " is out of the int32 range");
+      p.logit_bias.emplace_back(static_cast<int32_t>(t), v.cast<float>());
+    }
+    std::sort(p.logit_bias.begin(), p.logit_bias.end());
+  }
+  p.allowed_token_ids = token_set(allowed_token_ids, "allowed_token_ids");
+  if (!allowed_token_ids.is_none() && p.allowed_token_ids.empty())
+    buf::fail("allowed_token_ids", "must not be empty (None allows every token)");
+  p.banned_token_ids = token_set(banned_token_ids, "banned_token_ids");
+  p.priority = priority;
+  p.output_kind = parse_output_kind(output_kind);
+  int32_t eos = s.config().eos_token_id;
+  if (eos_token_id) {  // None is the scheduler's default: a given value must be a token
+    const int64_t e = *eos_token_id;
+    if (e < 0 || e > INT32_MAX)
+      buf::fail("eos_token_id", std::to_string(e) + " is outside the vocabulary [0, " +
+                                    std::to_string(s.config().vocab_size) + ")");
+    eos = static_cast<int32_t>(e);
+  }
+  const double arrival = arrival_time ? *arrival_time : s.now();
+  const GroupIndex g = s.add_request(request_id, prompt, prompt_len, p, arrival, eos);
+  return s.store().seq(s.store().groups[g].seqs[0]).seq_id;
+}
 
 // Keyword arguments of Scheduler.add_request: only the given ones are looked at.
 int64_t add_request_kwargs(Scheduler& s, const std::string& request_id, const py::object& prompt_token_ids,
@@ -372,69 +353,29 @@ void bind_scheduler(py::module_& m) {
                        bool enable_prefix_caching, double watermark, int32_t num_lookahead_slots,
                        int32_t num_state_slots, int32_t hash_bits) {
              SchedulerConfig c;
-             auto pos = [](const char* n, int64_t v) {
-               if (v < 1) buf::fail(n, std::to_string(v) + " must be >= 1");
-             };
-             pos("num_blocks", num_blocks);
-             pos("block_size", block_size);
-             pos("max_num_seqs", max_num_seqs);
-             pos("max_num_batched_tokens", max_num_batched_tokens);
-             pos("max_model_len", max_model_len);
-             pos("vocab_size", vocab_size);
              c.num_blocks = num_blocks;
              c.block_size = block_size;
              c.max_num_seqs = max_num_seqs;
              c.max_num_batched_tokens = max_num_batched_tokens;
              c.max_model_len = max_model_len;
              c.vocab_size = vocab_size;
-             if (eos_token_id) {
+             if (eos_token_id) {  // None is -1 (no EOS): a given value must be a token
                const int64_t e = *eos_token_id;
-               if (e < 0 || e >= vocab_size)
+               if (e < 0 || e > INT32_MAX)
                  buf::fail("eos_token_id", std::to_string(e) + " is outside the vocabulary [0, " + std::to_string(vocab_size) + ")");
                c.eos_token_id = static_cast<int32_t>(e);
              }
              c.enable_chunked_prefill = enable_chunked_prefill;
-             if (long_prefill_token_threshold < 0)
-               buf::fail("long_prefill_token_threshold", std::to_string(long_prefill_token_threshold) + " must be >= 0");
              c.long_prefill_token_threshold = long_prefill_token_threshold;
              if (policy == "fcfs") c.policy = SchedulingPolicy::FCFS;
              else if (policy == "priority") c.policy = SchedulingPolicy::PRIORITY;
              else buf::fail("policy", "'" + policy + "' is not 'fcfs' or 'priority'");
              c.enable_prefix_caching = enable_prefix_caching;
-             if (!(watermark >= 0.0 && watermark < 1.0)) buf::fail("watermark", std::to_string(watermark) + " must be in [0, 1)");
              c.watermark = watermark;
-             if (num_lookahead_slots < 0) buf::fail("num_lookahead_slots", std::to_string(num_lookahead_slots) + " must be >= 0");
              c.num_lookahead_slots = num_lookahead_slots;
-             if (num_state_slots < 0 || (num_state_slots > 0 && num_state_slots < max_num_seqs))
-               buf::fail("num_state_slots", std::to_string(num_state_slots) + " must be 0 or >= max_num_seqs (" +
-                                                std::to_string(max_num_seqs) + ")");
              c.num_state_slots = num_state_slots;
-             if (hash_bits < 1 || hash_bits > 64) buf::fail("hash_bits", std::to_string(hash_bits) + " must be in [1, 64]");
              c.hash_bits = hash_bits;
-             if (!enable_chunked_prefill && max_num_batched_tokens < max_model_len)
-               buf::fail("max_num_batched_tokens", std::to_string(max_num_batched_tokens) +
-                                                       " must be >= max_model_len (" + std::to_string(max_model_len) +
-                                                       ") without chunked prefill");
-             const int64_t wm = static_cast<int64_t>(watermark * num_blocks);
-             const int64_t need = (static_cast<int64_t>(max_model_len) + num_lookahead_slots + block_size - 1) / block_size;
-             if (need > num_blocks - wm)
-               buf::fail("num_blocks", std::to_string(num_blocks) + " blocks (" + std::to_string(wm) +
-                                           " kept by the watermark) cannot hold one sequence of max_model_len " +
-                                           std::to_string(max_model_len) + " (+ lookahead): need " + std::to_string(need));
-             // The per-block tables are allocated up front: refuse sizes this machine cannot hold
-             // (a huge num_blocks would otherwise be OOM-killed while the pages are touched).
-             // Bound: half of the physical memory, and the address-space limit when one is set.
-             const uint64_t bytes = BlockManager::host_bytes(num_blocks, block_size, enable_prefix_caching);
-             uint64_t limit = UINT64_MAX;
-             const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-             if (pages > 0 && page > 0) limit = static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) / 2;
-             struct rlimit as {};
-             if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY)
-               limit = std::min<uint64_t>(limit, static_cast<uint64_t>(as.rlim_cur));
-             if (bytes > limit)
-               buf::fail("num_blocks", std::to_string(num_blocks) + " blocks need " + std::to_string(bytes >> 20) +
-                                           " MiB of host bookkeeping, more than the " + std::to_string(limit >> 20) +
-                                           " MiB allowed (half of the physical memory, or the address-space limit)");
+             // The constructor validates the configuration (SchedulerConfig::validated).
              return new Scheduler(c);
            }),
            // Keyword-only after num_blocks: vocab_size has no default, and a Python signature

@@ -1,8 +1,6 @@
 // Python bindings of the update-side calls: process_MTPInfo, update_prompt_logprobs.
 #include <pybind11/numpy.h>
 
-#include <stdexcept>
-
 #include "python/bindings.h"
 #include "python/buffer_check.h"
 #include "step/mtp.h"
@@ -121,11 +119,7 @@ releases the GIL while applying.)doc");
           tl = static_cast<const float*>(b.data());
           k = static_cast<int32_t>(a.shape(1));
         }
-        try {
-          update_prompt_logprobs(s, in, lp.data, tk, tl, k);
-        } catch (const std::invalid_argument& e) {
-          throw py::value_error(e.what());
-        }
+        update_prompt_logprobs(s, in, lp.data, tk, tl, k);
       },
       py::arg("scheduler"), py::arg("sampler_inputs"), py::arg("logprobs"), py::arg("topk_token_ids") = py::none(),
       py::arg("topk_logprobs") = py::none(),

@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <string>
 
+#include "step/host_buffers.h"
+
 namespace deepinfer::buf {
 
 namespace py = pybind11;
@@ -37,21 +39,6 @@ inline std::string shape_str(const py::array& a) {
   if (a.ndim() == 1) s += ",";
   return s + ")";
 }
-
-// A borrowed 1-D buffer: data pointer and capacity in elements.
-template <class T>
-struct Buf1D {
-  T* data = nullptr;
-  size_t size = 0;
-};
-
-// A borrowed 2-D C-contiguous buffer.
-template <class T>
-struct Buf2D {
-  T* data = nullptr;
-  size_t rows = 0, cols = 0;
-  T* row(size_t r) const { return data + r * cols; }
-};
 
 // Checks that `obj` is a numpy array of dtype T with `ndim` dimensions, C-contiguous and
 // (when `writable`) writable. Returns it as py::array.

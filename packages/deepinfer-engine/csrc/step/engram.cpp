@@ -1,8 +1,9 @@
 #include "step/engram.h"
 
 #include <atomic>
-#include <stdexcept>
 #include <string>
+
+#include "core/invalid_argument.h"
 
 namespace deepinfer {
 
@@ -23,18 +24,18 @@ void EngramConfig::validate() const {
   if (orders.empty()) return;
   for (size_t i = 0; i < orders.size(); ++i) {
     if (orders[i] < 1 || orders[i] > kEngramMaxOrder)
-      throw std::invalid_argument("engram_ngram_orders[" + std::to_string(i) + "]: must be in [1, " +
+      throw InvalidArgument("engram_ngram_orders[" + std::to_string(i) + "]", "must be in [1, " +
                                   std::to_string(kEngramMaxOrder) + "], got " + std::to_string(orders[i]));
   }
   if (heads_per_order < 1)
-    throw std::invalid_argument("engram_heads_per_order: must be >= 1, got " + std::to_string(heads_per_order));
-  if (layer_seeds.empty()) throw std::invalid_argument("engram_layer_seeds: must name at least one layer");
+    throw InvalidArgument("engram_heads_per_order", "must be >= 1, got " + std::to_string(heads_per_order));
+  if (layer_seeds.empty()) throw InvalidArgument("engram_layer_seeds", "must name at least one layer");
   if (table_sizes.size() != orders.size())
-    throw std::invalid_argument("engram_table_sizes: need one size per n-gram order (" +
+    throw InvalidArgument("engram_table_sizes", "need one size per n-gram order (" +
                                 std::to_string(orders.size()) + "), got " + std::to_string(table_sizes.size()));
   for (size_t i = 0; i < table_sizes.size(); ++i) {
     if (table_sizes[i] < 1 || table_sizes[i] > INT32_MAX)
-      throw std::invalid_argument("engram_table_sizes[" + std::to_string(i) + "]: must be in [1, 2^31), got " +
+      throw InvalidArgument("engram_table_sizes[" + std::to_string(i) + "]", "must be in [1, 2^31), got " +
                                   std::to_string(table_sizes[i]));
   }
 }

@@ -30,7 +30,7 @@ struct EngramConfig {
   bool enabled() const { return !orders.empty(); }
   size_t num_columns() const { return layer_seeds.size() * orders.size() * static_cast<size_t>(heads_per_order); }
   int32_t max_order() const;
-  // Throws std::invalid_argument naming the field.
+  // Throws InvalidArgument naming the field.
   void validate() const;
 };
 

@@ -1,14 +1,15 @@
 #include "step/flops.h"
 
 #include <algorithm>
-#include <stdexcept>
 #include <string>
+
+#include "core/invalid_argument.h"
 
 namespace deepinfer {
 
 namespace {
 void require(bool ok, const char* field, int64_t value, const char* rule) {
-  if (!ok) throw std::invalid_argument(std::string(field) + ": " + rule + ", got " + std::to_string(value));
+  if (!ok) throw InvalidArgument(field, std::string(rule) + ", got " + std::to_string(value));
 }
 
 // Sum over j = 1..q of min(c0 + j, w) where c0 = context - q (tokens before the chunk).

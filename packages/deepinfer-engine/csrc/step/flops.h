@@ -31,7 +31,7 @@ struct FlopsConfig {
 
 class FlopsEstimator {
  public:
-  explicit FlopsEstimator(FlopsConfig cfg);  // throws std::invalid_argument naming the field
+  explicit FlopsEstimator(FlopsConfig cfg);  // throws InvalidArgument naming the field
 
   const FlopsConfig& config() const { return cfg_; }
   // Linear-layer FLOPs of one token through every layer (no LM head, no attention scores).

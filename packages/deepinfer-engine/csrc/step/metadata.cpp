@@ -1,6 +1,6 @@
 #include "step/metadata.h"
 
-#include <stdexcept>
+#include "core/invalid_argument.h"
 
 namespace deepinfer {
 
@@ -65,12 +65,12 @@ void SequenceMetadataPool::resolve() {
       continue;
     }
     if (r.index >= r.store->seqs.size())
-      throw std::invalid_argument("metadata[" + std::to_string(i) + "]: sequence slot no longer exists");
+      throw InvalidArgument("metadata[" + std::to_string(i) + "]", "sequence slot no longer exists");
     r.seq = &r.store->seqs[r.index];
     if (r.seq->group >= r.store->groups.size() || !r.store->groups[r.seq->group].alive)
-      throw std::invalid_argument("metadata[" + std::to_string(i) + "]: sequence's request no longer exists");
+      throw InvalidArgument("metadata[" + std::to_string(i) + "]", "sequence's request no longer exists");
     r.group = &r.store->groups[r.seq->group];
-    if (r.store != store) throw std::invalid_argument("metadata: rows from two different schedulers");
+    if (r.store != store) throw InvalidArgument("metadata", "rows from two different schedulers");
   }
   resolved_generation_ = generation_;
   resolved_seqs_ = seqs;

@@ -70,7 +70,7 @@ class SequenceMetadataPool {
   // A standalone row: a sequence and request owned by the pool until the next clear().
   // Returns the sequence and group to fill in.
   std::pair<Sequence*, SequenceGroup*> add_standalone_row();
-  // Points every row at its sequence; throws std::invalid_argument when a row no longer names a
+  // Points every row at its sequence; throws InvalidArgument when a row no longer names a
   // live sequence of its store.
   void resolve();
   // Generation: bumped by every change, so PrepareArgs knows which pool its layout came from.

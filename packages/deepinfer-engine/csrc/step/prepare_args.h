@@ -3,13 +3,12 @@
 // logits rows and sequences it had), read by the sampler-input and update calls.
 #pragma once
 
-#include <pybind11/pybind11.h>
-
 #include <cstdint>
+#include <memory>
 #include <vector>
 
-#include "python/buffer_check.h"
 #include "step/engram.h"
+#include "step/host_buffers.h"
 #include "step/yoco.h"
 
 namespace deepinfer {
@@ -62,16 +61,32 @@ struct StepLayout {
   }
 };
 
+// The borrowed output buffers of the input builders. Optional ones have a null data pointer
+// when absent: yoco_* (needed when yoco_mode is not NONE), engram_indices (when Engram is on),
+// zos_source_index (for the ZOS builders).
+struct PrepareBuffers {
+  buf::Buf1D<int32_t> input_ids, positions, query_start_loc, seq_lens, logits_indices;
+  buf::Buf1D<int64_t> slot_mapping;
+  buf::Buf2D<int32_t> block_tables;
+  buf::Buf1D<int32_t> yoco_kept_rows, yoco_cu_seqlens, zos_source_index;
+  buf::Buf2D<int32_t> engram_indices;
+};
+
+// What keeps a PrepareArgs' borrowed buffers alive (the binding's numpy arrays); null when the
+// caller owns the memory for the PrepareArgs' lifetime.
+class BufferOwner {
+ public:
+  virtual ~BufferOwner() = default;
+};
+
 class PrepareArgs {
  public:
-  // Validates everything (raising Python exceptions naming the argument); zero-fills block_tables.
+  // Validates the configuration and the buffer sizes (InvalidArgument naming the argument);
+  // zero-fills block_tables. Capacities: max_num_tokens = input_ids.size, max_num_seqs =
+  // block_tables.rows, max_blocks_per_seq = block_tables.cols. Buffers of a disabled feature
+  // are ignored.
   PrepareArgs(int32_t block_size, int32_t max_model_len, std::vector<int32_t> graph_batch_sizes,
-              YocoPrefillTruncationMode yoco_mode, EngramConfig engram, const pybind11::object& input_ids,
-              const pybind11::object& positions, const pybind11::object& slot_mapping,
-              const pybind11::object& query_start_loc, const pybind11::object& seq_lens,
-              const pybind11::object& block_tables, const pybind11::object& logits_indices,
-              const pybind11::object& yoco_kept_rows, const pybind11::object& yoco_cu_seqlens,
-              const pybind11::object& engram_indices, const pybind11::object& zos_source_index);
+              YocoPrefillTruncationMode yoco_mode, EngramConfig engram, const PrepareBuffers& buffers);
 
   int32_t block_size, max_model_len;
   std::vector<int32_t> graph_batch_sizes;  // sorted ascending
@@ -85,7 +100,7 @@ class PrepareArgs {
   buf::Buf2D<int32_t> block_tables;
   buf::Buf1D<int32_t> yoco_kept_rows, yoco_cu_seqlens, zos_source_index;
   buf::Buf2D<int32_t> engram_indices;
-  std::vector<pybind11::object> owners;  // input_ids, ..., in constructor order (None when absent)
+  std::unique_ptr<BufferOwner> owner;
 
   // Incremental block tables: per row, the sequence written there and how many entries are
   // non-zero (entries beyond are zero).
@@ -95,9 +110,6 @@ class PrepareArgs {
   int64_t num_block_rows_written = 0;  // statistics: rows (re)written, for tests/benchmarks
 
   StepLayout layout;
-
-  // Re-checks (GIL held) that no buffer was made read-only since construction.
-  void recheck_writable() const;
 
   // Smallest graph batch size >= n, or n when none is (eager step).
   int32_t padded_batch_size(int32_t n) const;
@@ -112,7 +124,7 @@ class SequenceMetadataPool;
 enum class BuildMode : uint8_t { PROMPT, DECODE, ZOS, DECODE_ZOS };
 
 // Builds one step's model inputs into a's buffers and a.layout. Validates every row first and
-// throws (pybind11 value_error / type_error) before writing anything. Needs no GIL.
+// throws InvalidArgument before writing anything.
 // ZOS modes: `prev` is the PrepareArgs of step N (may be `a` itself); rows of sequences that
 // sampled in step N take their input token from step N's sampled-token tensor.
 int32_t prepare_inputs(PrepareArgs& a, SequenceMetadataPool& pool, BuildMode mode, const PrepareArgs* prev);

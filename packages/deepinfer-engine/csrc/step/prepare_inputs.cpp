@@ -4,18 +4,17 @@
 #include <string>
 #include <unordered_map>
 
+#include "core/invalid_argument.h"
 #include "step/engram.h"
 #include "step/metadata.h"
 #include "step/prepare_args.h"
 
 namespace deepinfer {
 
-namespace py = pybind11;
-
 namespace {
 
 [[noreturn]] void row_error(size_t i, const std::string& what) {
-  throw py::value_error("metadata[" + std::to_string(i) + "]: " + what);
+  throw InvalidArgument("metadata[" + std::to_string(i) + "]", what);
 }
 
 // Per metadata row, the effective step range (ZOS pending rows: one token at position L).
@@ -80,16 +79,16 @@ int32_t prepare_inputs(PrepareArgs& a, SequenceMetadataPool& pool, BuildMode mod
   pool.resolve();
   const size_t n = pool.size();
   if (n > a.max_num_seqs)
-    throw py::value_error("metadata: " + std::to_string(n) + " sequences > block_tables rows " +
+    throw InvalidArgument("metadata", std::to_string(n) + " sequences > block_tables rows " +
                           std::to_string(a.max_num_seqs));
   if (zos) {
-    if (!a.zos_source_index.data) throw py::value_error("zos_source_index: PrepareArgs was built without it (needed by the ZOS builders)");
-    if (a.engram.enabled()) throw py::value_error("engram: the ZOS builders cannot hash tokens still on the device; use the synchronous builders");
+    if (!a.zos_source_index.data) throw InvalidArgument("zos_source_index", "PrepareArgs was built without it (needed by the ZOS builders)");
+    if (a.engram.enabled()) throw InvalidArgument("engram", "the ZOS builders cannot hash tokens still on the device; use the synchronous builders");
   }
   std::shared_ptr<const EngramTable> etable;
   if (a.engram.enabled()) {
     etable = engram_table();
-    if (!etable) throw py::value_error("engram: no lookup table installed (call set_engram_lookup_table)");
+    if (!etable) throw InvalidArgument("engram", "no lookup table installed (call set_engram_lookup_table)");
   }
 
   thread_local std::vector<RowPlan> plan_storage;
@@ -215,7 +214,7 @@ int32_t prepare_inputs(PrepareArgs& a, SequenceMetadataPool& pool, BuildMode mod
   const int32_t q_pad = max_q;
   total += static_cast<int64_t>(num_rows - static_cast<int32_t>(n)) * q_pad;
   if (total > static_cast<int64_t>(a.max_num_tokens))
-    throw py::value_error("input_ids: step needs " + std::to_string(total) + " token rows > capacity " +
+    throw InvalidArgument("input_ids", "step needs " + std::to_string(total) + " token rows > capacity " +
                           std::to_string(a.max_num_tokens));
 
   // ---- Write pass. ----

@@ -1,8 +1,9 @@
 #include "step/prompt_logprobs.h"
 
-#include <stdexcept>
 #include <string>
 #include <unordered_map>
+
+#include "core/invalid_argument.h"
 
 namespace deepinfer {
 
@@ -13,25 +14,25 @@ void update_prompt_logprobs(Scheduler& s, const PromptLogprobInputs& in, const f
   for (int32_t r = 0; r < in.num_rows; ++r) {
     const SeqIndex si = s.find_seq(in.seq_ids.data[r]);
     if (si == kNoSeq)
-      throw std::invalid_argument("prompt_logprob_inputs: row " + std::to_string(r) + " names seq_id " +
+      throw InvalidArgument("prompt_logprob_inputs", "row " + std::to_string(r) + " names seq_id " +
                                   std::to_string(in.seq_ids.data[r]) + " which is no longer live");
     const GroupIndex g = s.store().seq(si).group;
     auto it = next.try_emplace(g, s.store().groups[g].num_prompt_logprobs + 1).first;
     const int32_t pos = in.positions.data[r];
     if (pos != it->second)
-      throw std::invalid_argument("prompt_logprob_inputs: row " + std::to_string(r) + " is prompt position " +
+      throw InvalidArgument("prompt_logprob_inputs", "row " + std::to_string(r) + " is prompt position " +
                                   std::to_string(pos) + " but the request expects position " +
                                   std::to_string(it->second) + " next (chunks must arrive in order)");
     const int32_t want = in.num_logprobs.data[r];
     if (want > k)
-      throw std::invalid_argument("topk_token_ids: row " + std::to_string(r) + " asks for " + std::to_string(want) +
+      throw InvalidArgument("topk_token_ids", "row " + std::to_string(r) + " asks for " + std::to_string(want) +
                                   " prompt logprobs but k = " + std::to_string(k));
     // Top-k ids become RequestOutput.prompt_logprobs keys: they must be vocabulary ids.
     const int32_t vocab = s.config().vocab_size;
     for (int32_t j = 0; j < want; ++j) {
       const int32_t id = topk_ids[static_cast<size_t>(r) * k + j];
       if (id < 0 || (vocab > 0 && id >= vocab))
-        throw std::invalid_argument("topk_token_ids: row " + std::to_string(r) + " column " + std::to_string(j) +
+        throw InvalidArgument("topk_token_ids", "row " + std::to_string(r) + " column " + std::to_string(j) +
                                     " is " + std::to_string(id) + ", outside the vocabulary [0, " +
                                     std::to_string(vocab) + ")");
     }

@@ -10,7 +10,7 @@
 namespace deepinfer {
 
 // Rows of `in` (the step's PromptLogprobInputs). Validates order/positions and throws
-// std::invalid_argument naming the row before anything is written.
+// InvalidArgument naming the row before anything is written.
 void update_prompt_logprobs(Scheduler& s, const PromptLogprobInputs& in, const float* target_logprobs,
                             const int32_t* topk_ids, const float* topk_logprobs, int32_t k);
 

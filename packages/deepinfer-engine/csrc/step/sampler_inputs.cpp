@@ -4,12 +4,11 @@
 #include <cstring>
 #include <string>
 
+#include "core/invalid_argument.h"
 #include "step/metadata.h"
 #include "step/prepare_args.h"
 
 namespace deepinfer {
-
-namespace py = pybind11;
 
 uint64_t derived_seed(uint64_t generator_seed, int64_t seq_id) {
   // splitmix64 of (generator_seed, seq_id): a fixed, well-mixed per-sequence stream.
@@ -64,10 +63,7 @@ size_t masked_tokens(const SequenceGroup& g, int32_t num_output, int32_t* dst, s
   return scratch.size();
 }
 
-struct Sizes {
-  size_t rows = 0, penalty = 0, bias = 0, banned = 0, allowed = 0, spec_seqs = 0, drafts = 0, prompt_lp = 0;
-  size_t updates = 0, update_entries = 0;
-};
+using Sizes = SamplerInputSizes;
 
 // What the sizing pass learned about a metadata row, reused by the write pass.
 struct RowNote {
@@ -191,24 +187,50 @@ void for_each_output(SamplerInputs& out, const Sizes& z, F&& f) {
   f(PL.seq_ids, z.prompt_lp);
 }
 
-bool needs_growth(SamplerInputs& out, const Sizes& z) {
-  bool grow = false;
-  for_each_output(out, z, [&](auto& h, size_t n) { grow |= !(n <= h.capacity && h.data); });
-  return grow;
-}
+// What plan_sampler_inputs hands to write_sampler_inputs, per thread (no allocation in the
+// steady state): the penalty plans, a note per metadata row, and scratch for masked tokens.
+struct PassScratch {
+  std::vector<int32_t> masked;
+  std::vector<PenaltyPlan> plans;
+  std::vector<RowNote> notes;
+};
 
-// GIL held.
-void grow(SamplerInputs& out, const Sizes& z) {
-  for_each_output(out, z, [](auto& h, size_t n) { h.reserve(n); });
+PassScratch& pass_scratch() {
+  thread_local PassScratch scratch;
+  return scratch;
 }
 
 }  // namespace
 
+SamplerInputs::SamplerInputs(const BufferStorageFactory& storage, uint64_t generator_seed_, PenaltyCountsMode mode)
+    : generator_seed(generator_seed_), penalty_mode(mode) {
+  for_each_output(*this, Sizes{}, [&](auto& h, size_t) {
+    using T = std::remove_pointer_t<decltype(h.data)>;
+    h.storage = storage.make<T>();
+  });
+}
+
+bool sampler_inputs_fit(SamplerInputs& out, const Sizes& z) {
+  bool fit = true;
+  for_each_output(out, z, [&](auto& h, size_t n) { fit &= h.fits(n); });
+  return fit;
+}
+
+void reserve_sampler_inputs(SamplerInputs& out, const Sizes& z) {
+  for_each_output(out, z, [](auto& h, size_t n) { h.reserve(n); });
+}
+
 void prepare_sampler_inputs(SamplerInputs& out, const PrepareArgs& a, SequenceMetadataPool& pool) {
+  const Sizes z = plan_sampler_inputs(out, a, pool);
+  if (!sampler_inputs_fit(out, z)) reserve_sampler_inputs(out, z);
+  write_sampler_inputs(out, a, pool);
+}
+
+SamplerInputSizes plan_sampler_inputs(SamplerInputs& out, const PrepareArgs& a, SequenceMetadataPool& pool) {
   const StepLayout& L = a.layout;
   if (L.pool_generation != pool.generation() || static_cast<size_t>(L.num_real_rows) != pool.size())
-    throw py::value_error("metadata: not the SequenceMetadataPool that args was last prepared from "
-                          "(call prepare_*(args, metadata) first, without changing metadata in between)");
+    throw InvalidArgument("metadata", "not the SequenceMetadataPool that args was last prepared from "
+                                      "(call prepare_*(args, metadata) first, without changing metadata in between)");
   pool.resolve();
   const int32_t nreal = L.num_real_rows;
   // Raw pointers, so the row loops keep them in registers instead of reloading each vector.
@@ -219,18 +241,12 @@ void prepare_sampler_inputs(SamplerInputs& out, const PrepareArgs& a, SequenceMe
   const LogitsRowKind* const logit_kind = L.logit_kind.data();
   const int32_t* const logit_position = L.logit_position.data();
   const bool incremental = out.penalty_mode == PenaltyCountsMode::INCREMENTAL;
-  // Per-call scratch (thread_local: no allocation in the steady state; bound to references once,
-  // so the row loops do no TLS lookups).
-  thread_local std::vector<int32_t> scratch_storage;
-  thread_local std::vector<PenaltyPlan> plans_storage;
-  thread_local std::vector<RowNote> notes_storage;
-  std::vector<int32_t>& scratch = scratch_storage;
-  std::vector<PenaltyPlan>& plans = plans_storage;
-  if (notes_storage.size() < static_cast<size_t>(nreal)) notes_storage.resize(static_cast<size_t>(nreal));
-  RowNote* const notes = notes_storage.data();
+  PassScratch& ps = pass_scratch();  // (one TLS lookup per call, not one per row)
+  std::vector<int32_t>& scratch = ps.masked;
+  std::vector<PenaltyPlan>& plans = ps.plans;
+  if (ps.notes.size() < static_cast<size_t>(nreal)) ps.notes.resize(static_cast<size_t>(nreal));
+  RowNote* const notes = ps.notes.data();
   Sizes z;
-  // One GIL release for the whole build: the GIL is taken back only when some output needs to grow.
-  py::gil_scoped_release nogil;
   {
     plans.clear();
     size_t num_counted = 0;  // full mode: penalty_cache entries stamped with this step
@@ -242,9 +258,9 @@ void prepare_sampler_inputs(SamplerInputs& out, const PrepareArgs& a, SequenceMe
       if (row_seq_id[i] >= 0) {  // (rows discarded by zos_discard have no sample logits any more)
         const int32_t nl = row_num_logits[i];
         if (nl == 0 || logit_kind[row_logits_offset[i] + nl - 1] != LogitsRowKind::SAMPLE)
-          throw py::value_error("metadata[" + std::to_string(i) + "]: samples but its prepared row has no sample logits row");
+          throw InvalidArgument("metadata[" + std::to_string(i) + "]", "samples but its prepared row has no sample logits row");
         if (r.num_drafts != 0 && static_cast<size_t>(r.num_drafts) > r.seq->draft_tokens.size())
-          throw py::value_error("metadata[" + std::to_string(i) + "]: its draft tokens changed since the inputs were prepared");
+          throw InvalidArgument("metadata[" + std::to_string(i) + "]", "its draft tokens changed since the inputs were prepared");
       }
       const SamplingParams& p = r.group->params;
       RowNote& note = notes[i];
@@ -279,16 +295,25 @@ void prepare_sampler_inputs(SamplerInputs& out, const PrepareArgs& a, SequenceMe
       for (auto it = out.penalty_cache.begin(); it != out.penalty_cache.end();)
         it = it->second.last_step == out.step ? std::next(it) : out.penalty_cache.erase(it);
   }
-  // Grow the numpy-owned storage where needed (GIL held): the steady state never needs it.
+  return z;
+}
+
+void write_sampler_inputs(SamplerInputs& out, const PrepareArgs& a, const SequenceMetadataPool& pool) {
+  const StepLayout& L = a.layout;
+  const int32_t nreal = L.num_real_rows;
+  const int64_t* const row_seq_id = L.row_seq_id.data();
+  const int32_t* const row_num_logits = L.row_num_logits.data();
+  const int32_t* const row_logits_offset = L.row_logits_offset.data();
+  const int32_t* const row_zos_src = L.row_zos_src.data();
+  const bool incremental = out.penalty_mode == PenaltyCountsMode::INCREMENTAL;
+  PassScratch& ps = pass_scratch();
+  std::vector<int32_t>& scratch = ps.masked;
+  std::vector<PenaltyPlan>& plans = ps.plans;
+  const RowNote* const notes = ps.notes.data();
   auto& K = out.kernel;
   auto& T = out.transform;
   auto& S = out.speculative;
   auto& PL = out.prompt_logprobs;
-  if (needs_growth(out, z)) {
-    py::gil_scoped_acquire gil;
-    grow(out, z);
-  }
-
   if (incremental) {
     T.num_penalty_updates = commit_penalty_updates(out, plans);
   } else {
@@ -303,7 +328,7 @@ void prepare_sampler_inputs(SamplerInputs& out, const PrepareArgs& a, SequenceMe
   T.penalty_offsets[0] = T.bias_offsets[0] = T.banned_offsets[0] = T.allowed_offsets[0] = 0;
   S.cu_num_drafts[0] = 0;
   // Raw output pointers and flags kept in registers / locals by the row loop (instead of
-  // reloading each HostArray member and read-modify-writing the flags in memory).
+  // reloading each OutputBuffer member and read-modify-writing the flags in memory).
   auto* const K_logits_rows = K.logits_rows.data;
   auto* const K_min_p = K.min_p.data;
   auto* const K_offsets = K.offsets.data;
