@@ -1,5 +1,6 @@
 // The scheduler driven from C++ alone: add / schedule / update loops, preemption, prefix-cache
 // hits, and InvalidArgument for bad configurations and requests.
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -154,6 +155,9 @@ void test_invalid_arguments() {
   p = greedy(2);
   p.logit_bias = {{5, 1.0f}, {100, 2.0f}};
   CHECK_INVALID_ARGUMENT(add(s, "x", {1}, p), "logit_bias");
+  const std::vector<int32_t> one = {1};
+  CHECK_INVALID_ARGUMENT(s.add_request("x", one.data(), one.size(), greedy(2), std::nan(""), -1), "arrival_time");
+  CHECK_INVALID_ARGUMENT(s.add_request("x", one.data(), one.size(), greedy(2), 0.0, 100), "eos_token_id");
   // Nothing was queued by the rejected calls; the id is still free.
   CHECK_EQ(s.num_unfinished(), 1);
   add(s, "x", {1}, greedy(2));

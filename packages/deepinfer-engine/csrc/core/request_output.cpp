@@ -83,7 +83,7 @@ void build_request_outputs(Scheduler& sched, const std::function<RequestOutputDa
     d->metrics.first_token_time = g.first_token_time;
     d->metrics.finished_time = finished ? g.finished_time : 0.0;
     d->metrics.num_cached_tokens = store.seq(g.seqs[0]).num_cached_tokens;
-    if (finished) g.final_output_sent = true;
+    if (finished) g.final_output_sent = true;  // its id is free from now on (Scheduler::request_id_in_use)
   }
   sched.drain_updated_seqs();
 }

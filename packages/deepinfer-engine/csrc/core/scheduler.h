@@ -105,15 +105,19 @@ class Scheduler {
   // ---- requests ----
   // Throws InvalidArgument naming what is wrong with a request (its id reserved or in use, an
   // empty or too long prompt, a token outside the vocabulary, its sampling parameters, n above
-  // max_num_seqs, an eos_token_id outside [-1, vocab_size)).
+  // max_num_seqs, a non-finite arrival_time, an eos_token_id outside [-1, vocab_size)).
   void check_request(const std::string& request_id, const int32_t* prompt, size_t prompt_len,
-                     const SamplingParams& params, int32_t eos_token_id) const;
+                     const SamplingParams& params, double arrival_time, int32_t eos_token_id) const;
   // Checks the request (check_request; nothing changes when it throws), then queues it.
   // Returns the group; prompt tokens are copied.
   GroupIndex add_request(const std::string& request_id, const int32_t* prompt, size_t prompt_len,
                          const SamplingParams& params, double arrival_time, int32_t eos_token_id);
   bool has_request(const std::string& request_id) const { return by_request_.count(request_id) != 0; }
   GroupIndex group_index(const std::string& request_id) const { return by_request_.at(request_id); }
+  // Whether add_request must refuse the id: a request has it and its final output was not built
+  // yet. Once build_request_outputs returned the final output the id may be reused at once;
+  // until then (or until the next schedule()) it still names the finished request.
+  bool request_id_in_use(const std::string& request_id) const;
   // Aborts every unfinished sequence of the request; false if it had already finished.
   bool abort_request(const std::string& request_id);
   SeqIndex find_seq(int64_t seq_id) const;  // kNoSeq if unknown or released
@@ -210,6 +214,8 @@ class Scheduler {
   void preempt(SeqIndex s);
   // What a preemption does to the sequence (blocks and slot freed, back to the preempted queue).
   void reset_for_recompute(SeqIndex s);
+  // Frees the sequence's blocks and state slot and cancels the queued device work that wrote them.
+  void release_blocks_and_slot(Sequence& q);
   // deferred: the finish happened while no step was in flight and is reported with the next
   // step (abort between update and schedule), so no report is lost.
   void finish(SeqIndex s, SequenceStatus status, bool deferred);
@@ -217,6 +223,7 @@ class Scheduler {
   void prefetch_seq(SeqIndex far, SeqIndex near) const;
   void report_finished(SeqIndex s);
   void release_finished_groups();
+  void forget_request_id(GroupIndex g);  // unless the id was reused since
   int32_t seq_cost(SeqIndex s) const;  // max_num_seqs units held by a running sequence
 
   SchedulerConfig cfg_;

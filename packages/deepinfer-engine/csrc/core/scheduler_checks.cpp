@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "core/invalid_argument.h"
@@ -64,11 +65,11 @@ const SchedulerConfig& SchedulerConfig::validated() const {
 }
 
 void Scheduler::check_request(const std::string& request_id, const int32_t* prompt, size_t prompt_len,
-                              const SamplingParams& params, int32_t eos_token_id) const {
+                              const SamplingParams& params, double arrival_time, int32_t eos_token_id) const {
   const int32_t vocab = cfg_.vocab_size;
   if (request_id == kPlaceholderRequestId)
     throw InvalidArgument("request_id", "'" + request_id + "' is reserved for padding rows");
-  if (has_request(request_id)) throw InvalidArgument("request_id", "'" + request_id + "' is already in use");
+  if (request_id_in_use(request_id)) throw InvalidArgument("request_id", "'" + request_id + "' is already in use");
   if (prompt_len == 0) throw InvalidArgument("prompt_token_ids", "must not be empty");
   for (size_t i = 0; i < prompt_len; ++i)
     if (prompt[i] < 0 || prompt[i] >= vocab)
@@ -79,6 +80,8 @@ void Scheduler::check_request(const std::string& request_id, const int32_t* prom
   if (params.n > cfg_.max_num_seqs)
     throw InvalidArgument("n", std::to_string(params.n) + " exceeds max_num_seqs " + std::to_string(cfg_.max_num_seqs));
   if (eos_token_id < -1 || eos_token_id >= vocab) throw InvalidArgument("eos_token_id", outside_vocab(eos_token_id, vocab));
+  if (!std::isfinite(arrival_time))
+    throw InvalidArgument("arrival_time", std::to_string(arrival_time) + " must be a finite time.time() value");
   if (prompt_len > static_cast<size_t>(INT32_MAX / 2))
     throw InvalidArgument("prompt_token_ids", std::to_string(prompt_len) + " tokens is too many");
 }

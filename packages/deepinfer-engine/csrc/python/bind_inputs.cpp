@@ -10,6 +10,7 @@
 #include "python/bindings.h"
 #include "python/buffer_check.h"
 #include "python/loose_ints.h"
+#include "python/numpy_buffer.h"
 #include "step/metadata.h"
 #include "step/prepare_args.h"
 #include "core/scheduler.h"
@@ -120,12 +121,14 @@ with ``add_sequence`` (standalone sequences owned by the pool until ``clear``). 
             if (!scheduler.step_in_flight())
               throw py::value_error("scheduler: no scheduled step (call schedule() before building metadata)");
             pool.build_from(&scheduler.store(), scheduler.last_outputs().scheduled);
+            pool.set_source_step(&scheduler, scheduler.step());
             return static_cast<int32_t>(pool.size());
           },
           py::arg("scheduler"),
           "Replace the rows with the sequences of the scheduler's last schedule() (decodes first, then prefill "
           "chunks), without copying their tokens: rows refer to the scheduler's sequences by slot. Returns the "
-          "row count. Build after every schedule(); the scheduler must outlive the use of the rows.",
+          "row count. Build after every schedule(): the builders refuse (ValueError naming this call) rows built "
+          "for another step of the scheduler, or once it has no step in flight.",
           py::keep_alive<1, 2>())
       .def("__len__", &SequenceMetadataPool::size, "Number of rows.")
       .def(
@@ -350,9 +353,10 @@ order, one hash seed per Engram layer, one table size per order (1..2^31-1).)doc
                              "Block-table rows (re)written since construction (incremental-update statistics).")
       .def_property_readonly("row_seq_ids", [](py::object self) {
             const auto& a = self.cast<const PrepareArgs&>();
-            return py::array_t<int64_t>({static_cast<py::ssize_t>(a.layout.num_rows)}, {sizeof(int64_t)},
-                                        a.layout.row_seq_id.data(), self);
-          }, "Per batch row of the last step: its seq_id, -1 for placeholder or discarded rows (a view).")
+            return read_only(py::array_t<int64_t>({static_cast<py::ssize_t>(a.layout.num_rows)}, {sizeof(int64_t)},
+                                                  a.layout.row_seq_id.data(), self));
+          }, "Per batch row of the last step: its seq_id, -1 for placeholder or discarded rows (a read-only view, "
+             "valid until the next prepare or zos_discard with these args).")
       .def(
           "zos_discard",
           [](PrepareArgs& a, const py::handle& finished_seq_ids) {

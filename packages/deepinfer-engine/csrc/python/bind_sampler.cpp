@@ -21,8 +21,8 @@ namespace {
 
 void bind_sampler(py::module_& m) {
   py::class_<SamplingKernelInputs>(m, "SamplingKernelInputs", R"doc(
-Per sample row parameters of the sampling kernel (numpy views of engine-owned memory; a view
-keeps the step's data). Same seed and offset give the same token whatever the batch:
+Per sample row parameters of the sampling kernel (read-only numpy views of engine-owned memory,
+valid until the next prepare_sampler_inputs with the same SamplerInputs). Same seed and offset give the same token whatever the batch:
 ``seeds`` is the request's seed (or a fixed function of the engine's generator seed and the
 sequence id), ``offsets`` the index of the output token being sampled, ``subsequences`` the
 sample index within an n > 1 request.)doc")
@@ -158,8 +158,9 @@ min_tokens). ``allowed_*``: when a row's range is not empty, every other token i
 
   py::class_<SamplerInputs>(m, "SamplerInputs", R"doc(
 Everything the sampler needs for one step; reused step after step (engine-owned numpy
-storage that grows when needed — a view taken earlier keeps its own data). Filled by
-prepare_sampler_inputs.)doc")
+storage that grows when needed). Its arrays are read-only views, valid until the next
+prepare_sampler_inputs with this object: that call rewrites them (copy what must outlive it);
+they never dangle. Filled by prepare_sampler_inputs.)doc")
       .def(py::init([](uint64_t generator_seed, const std::string& penalty_counts) {
              PenaltyCountsMode mode;
              if (penalty_counts == "incremental") mode = PenaltyCountsMode::INCREMENTAL;

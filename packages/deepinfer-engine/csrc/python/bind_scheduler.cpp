@@ -612,12 +612,23 @@ void bind_scheduler(py::module_& m) {
       .def_property_readonly(
           "waiting_seq_ids",
           [](const Scheduler& s) {
+            // The two sorted queues merged as schedule() admits from them: by priority under the
+            // 'priority' policy, a preempted sequence first on ties.
             std::vector<int64_t> v;
-            for (SeqIndex i : s.preempted()) v.push_back(s.store().seq(i).seq_id);
-            for (SeqIndex i : s.waiting()) v.push_back(s.store().seq(i).seq_id);
+            const auto& p = s.preempted();
+            const auto& w = s.waiting();
+            const bool by_priority = s.config().policy == SchedulingPolicy::PRIORITY;
+            size_t i = 0, j = 0;
+            while (i < p.size() || j < w.size()) {
+              bool take_p = i < p.size();
+              if (take_p && j < w.size() && by_priority)
+                take_p = s.store().group_of(p[i]).params.priority <= s.store().group_of(w[j]).params.priority;
+              v.push_back(s.store().seq(take_p ? p[i++] : w[j++]).seq_id);
+            }
             return to_array(v);
           },
-          "int64: preempted then waiting sequences, in admission order.")
+          "int64: preempted and waiting sequences, in admission order (by priority under the 'priority' "
+          "policy, preempted ones first on ties; then arrival_time and add order).")
       .def_property_readonly("step_in_flight", &Scheduler::step_in_flight,
                              "True between schedule() and update().")
       .def_property_readonly("block_manager", [](Scheduler& s) -> BlockManager& { return s.block_manager(); },

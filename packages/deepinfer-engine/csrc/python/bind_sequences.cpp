@@ -19,7 +19,7 @@ void bind_sequence_status(py::module_& m) {
                                   "Lifecycle of a sequence. FINISHED_* values are final.")
       .value("WAITING", SequenceStatus::WAITING, "Queued, never scheduled.")
       .value("RUNNING", SequenceStatus::RUNNING, "Holds KV blocks; scheduled when the budget allows.")
-      .value("PREEMPTED", SequenceStatus::PREEMPTED, "Blocks freed (recompute); resumes before new requests.")
+      .value("PREEMPTED", SequenceStatus::PREEMPTED, "Blocks freed (recompute); resumes before new requests of the same priority.")
       .value("FINISHED_STOPPED", SequenceStatus::FINISHED_STOPPED, "EOS, a stop token id or a stop string.")
       .value("FINISHED_LENGTH", SequenceStatus::FINISHED_LENGTH, "max_tokens or the max model length.")
       .value("FINISHED_ABORTED", SequenceStatus::FINISHED_ABORTED, "Aborted by request id.")

@@ -15,6 +15,8 @@
 
 namespace deepinfer {
 
+class Scheduler;
+
 struct MetadataRow {
   const SequenceStore* store = nullptr;  // nullptr: the pool's standalone entries
   SeqIndex index = kNoSeq;
@@ -70,14 +72,22 @@ class SequenceMetadataPool {
   // A standalone row: a sequence and request owned by the pool until the next clear().
   // Returns the sequence and group to fill in.
   std::pair<Sequence*, SequenceGroup*> add_standalone_row();
+  // Records the scheduler step the rows were built from (SequenceMetadataPool.build): resolve()
+  // refuses the rows once that scheduler is at another step or has no step in flight.
+  void set_source_step(const Scheduler* scheduler, uint64_t step) {
+    source_ = scheduler;
+    source_step_ = step;
+  }
   // Points every row at its sequence; throws InvalidArgument when a row no longer names a
-  // live sequence of its store.
+  // live sequence of its store, or the rows were built for another step of their scheduler.
   void resolve();
   // Generation: bumped by every change, so PrepareArgs knows which pool its layout came from.
   uint64_t generation() const { return generation_; }
 
  private:
   std::vector<MetadataRow> rows_;
+  const Scheduler* source_ = nullptr;  // built from this scheduler's step source_step_ (null: not built)
+  uint64_t source_step_ = 0;
   // What the last resolve() saw: pointers stay valid while the pool is unchanged and no store
   // slab was reallocated, so a second builder call of the same step skips the walk.
   uint64_t resolved_generation_ = 0;
