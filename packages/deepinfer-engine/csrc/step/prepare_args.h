@@ -94,7 +94,7 @@ class PrepareArgs {
   EngramConfig engram;
   size_t max_num_tokens = 0, max_num_seqs = 0, max_blocks_per_seq = 0;
 
-  // Borrowed buffers (the py::objects keep them alive).
+  // Borrowed buffers (kept alive by `owner`, or by the caller).
   buf::Buf1D<int32_t> input_ids, positions, query_start_loc, seq_lens, logits_indices;
   buf::Buf1D<int64_t> slot_mapping;
   buf::Buf2D<int32_t> block_tables;
