@@ -252,7 +252,7 @@ int64_t add_request_typed(Scheduler& s, const std::string& request_id, const py:
 // numpy array of another integer dtype or layout, a CPU tensor through DLPack, a list — is
 // converted once into `scratch`, each value checked against the vocabulary first (so a wide
 // value is never truncated into a valid id). `holder` keeps a converted source alive.
-const int32_t* sampled_token_rows(const py::object& obj, int32_t rows, int32_t vocab, py::array& holder,
+const int32_t* sampled_token_rows(const py::object& obj, int32_t rows, int32_t vocab, py::object& holder,
                                   std::vector<int32_t>& scratch) {
   const char* name = "sampled_token_ids";
   auto out_of_vocab = [&](long long id, int32_t r) {
@@ -260,7 +260,7 @@ const int32_t* sampled_token_rows(const py::object& obj, int32_t rows, int32_t v
                         " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
   };
   if (py::isinstance<py::array>(obj)) {
-    holder = py::reinterpret_borrow<py::array>(obj);
+    holder = obj;
   } else if (py::hasattr(obj, "__dlpack__")) {
     try {
       holder = py::module_::import("numpy").attr("from_dlpack")(obj);
@@ -280,14 +280,15 @@ const int32_t* sampled_token_rows(const py::object& obj, int32_t rows, int32_t v
     }
     return scratch.data();
   }
-  const py::array& a = holder;
-  const char kind = a.dtype().kind();
+  const auto a = py::reinterpret_borrow<py::array>(holder);
+  // The usual case first, without dtype.kind (a Python attribute read).
+  const bool is_int32 = a.dtype().is(py::dtype::of<int32_t>());
+  const char kind = is_int32 ? 'i' : a.dtype().kind();
   if (kind != 'i' && kind != 'u')
     throw py::type_error(std::string(name) + ": expected integer token ids, got dtype " + std::string(py::str(a.dtype())));
   if (a.ndim() != 1 || a.shape(0) != rows)
     buf::fail(name, "expected " + std::to_string(rows) + " elements, got shape " + buf::shape_str(a));
-  if (a.dtype().is(py::dtype::of<int32_t>()) && (a.flags() & py::array::c_style))
-    return static_cast<const int32_t*>(a.data());
+  if (is_int32 && (a.flags() & py::array::c_style)) return static_cast<const int32_t*>(a.data());
   scratch.resize(static_cast<size_t>(rows));
   const char* base = static_cast<const char*>(a.data());
   const py::ssize_t stride = rows > 0 ? a.strides(0) : 0;
@@ -766,7 +767,7 @@ void bind_core(py::module_& m) {
                                     std::to_string(o.num_decode_tokens - o.num_decodes) +
                                     " draft tokens scheduled): apply it with process_MTPInfo; nothing was changed");
             const auto rows = o.num_sample_rows;
-            py::array token_holder;
+            py::object token_holder;  // not py::array: its default constructor allocates an array
             std::vector<int32_t> token_scratch;
             const int32_t* const tokens =
                 sampled_token_rows(sampled_token_ids, rows, s.config().vocab_size, token_holder, token_scratch);

@@ -198,23 +198,20 @@ class Scheduler {
   // Test hook: checks every block/slot invariant; "" when consistent.
   std::string check_invariants() const;
 
-  // Taken by every mutating Python entry point (busy_flag.h).
-  mutable BusyFlag busy;
-
  private:
   bool before(SeqIndex a, SeqIndex b) const;  // scheduling precedence
   template <class Q>
   void insert_sorted(Q& q, SeqIndex s);
   void remove_from_running(SeqIndex s);
   void remove_from_queues(SeqIndex s);  // from running_/waiting_/preempted_ per its status
-  void preempt(SeqIndex s);
+  [[gnu::cold]] void preempt(SeqIndex s);
   // What a preemption does to the sequence (blocks and slot freed, back to the preempted queue).
-  void reset_for_recompute(SeqIndex s);
+  [[gnu::cold]] void reset_for_recompute(SeqIndex s);
   // Frees the sequence's blocks and state slot and cancels the queued device work that wrote them.
   void release_blocks_and_slot(Sequence& q);
   // deferred: the finish happened while no step was in flight and is reported with the next
   // step (abort between update and schedule), so no report is lost.
-  void finish(SeqIndex s, SequenceStatus status, bool deferred);
+  [[gnu::cold]] void finish(SeqIndex s, SequenceStatus status, bool deferred);  // off the step loops
   void mark_updated(SeqIndex s);
   void prefetch_seq(SeqIndex far, SeqIndex near) const;
   void report_finished(SeqIndex s);
@@ -249,6 +246,10 @@ class Scheduler {
   uint64_t arrival_counter_ = 0;
   int64_t preemptions_total_ = 0;
   double step_now_ = 0.0;
+
+ public:
+  // Taken by every mutating Python entry point (busy_flag.h). Last: the hot members keep their offsets.
+  mutable BusyFlag busy;
 };
 
 }  // namespace deepinfer
