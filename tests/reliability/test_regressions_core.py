@@ -262,3 +262,34 @@ def test_a_finished_request_id_is_free_once_its_final_output_was_built():
     assert out.request_ids == ["a"] and s.get_sequences("a")[0].num_prompt_tokens == 4
     s.update(np.array([9], np.int32))
     assert s.check_invariants() == ""
+
+
+def test_update_takes_any_integer_array_and_validates_it():
+    torch = pytest.importorskip("torch")
+    for tokens in (np.array([9, 8], np.int64), np.array([9, 8], np.uint16), [9, 8],
+                   torch.tensor([9, 8], dtype=torch.int64), torch.tensor([9, 8], dtype=torch.int32),
+                   np.array([0, 9, 0, 8], np.int32)[1::2]):
+        s = E.Scheduler(num_blocks=40, block_size=4, max_num_batched_tokens=64, max_model_len=32, vocab_size=100)
+        s.add_request("a", [5, 6, 7], max_tokens=3)
+        s.add_request("b", [5, 6, 8], max_tokens=3)
+        s.schedule()
+        s.update(tokens)
+        assert [q.output_token_ids.tolist() for q in (s.get_sequences("a")[0], s.get_sequences("b")[0])] == [[9], [8]]
+    s = E.Scheduler(num_blocks=40, block_size=4, max_num_batched_tokens=64, max_model_len=32, vocab_size=100)
+    s.add_request("a", [5, 6, 7], max_tokens=3)
+    s.schedule()
+    for bad, err, match in ((np.array([1.0], np.float32), TypeError, "sampled_token_ids"),
+                            (torch.tensor([1.0]), TypeError, "sampled_token_ids"),
+                            (np.array([True]), TypeError, "sampled_token_ids"),
+                            ([1.5], TypeError, "sampled_token_ids"),
+                            (np.array([2**40], np.int64), ValueError, "vocabulary"),
+                            (np.array([-1], np.int64), ValueError, "vocabulary"),
+                            (np.array([100], np.uint8), ValueError, "vocabulary"),
+                            (np.array([1, 2], np.int64), ValueError, "sampled_token_ids"),
+                            (np.array([[1]], np.int64), ValueError, "sampled_token_ids"),
+                            ("x", TypeError, "sampled_token_ids")):
+        with pytest.raises(err, match=match):
+            s.update(bad)
+        assert s.step_in_flight and s.get_sequences("a")[0].output_token_ids.tolist() == []
+    s.update(torch.tensor([3]))
+    assert s.get_sequences("a")[0].output_token_ids.tolist() == [3]

@@ -48,6 +48,15 @@ void SamplingParams::validate(int32_t vocab) const {
   if (p.logprobs < -1) throw InvalidArgument("logprobs", std::to_string(p.logprobs) + " must be >= 0 (or None)");
   if (p.prompt_logprobs < -1)
     throw InvalidArgument("prompt_logprobs", std::to_string(p.prompt_logprobs) + " must be >= 0 (or None)");
+  if (p.logprobs > kMaxLogprobs)
+    throw InvalidArgument("logprobs", std::to_string(p.logprobs) + " must be <= " + std::to_string(kMaxLogprobs));
+  if (p.prompt_logprobs > kMaxLogprobs)
+    throw InvalidArgument("prompt_logprobs",
+                          std::to_string(p.prompt_logprobs) + " must be <= " + std::to_string(kMaxLogprobs));
+  for (const auto& [t, b] : p.logit_bias)  // (a NaN/inf bias would poison the row's logits)
+    if (!(b >= -kMaxLogitBias && b <= kMaxLogitBias))
+      throw InvalidArgument("logit_bias", "bias " + num(b) + " of token " + std::to_string(t) + " must be in [-" +
+                                              num(kMaxLogitBias) + ", " + num(kMaxLogitBias) + "]");
   if (vocab > 0 && p.logprobs > vocab)
     throw InvalidArgument("logprobs", std::to_string(p.logprobs) + " exceeds the vocabulary size " + std::to_string(vocab));
   if (vocab > 0 && p.prompt_logprobs > vocab)
@@ -56,14 +65,10 @@ void SamplingParams::validate(int32_t vocab) const {
   check_ids("stop_token_ids", p.stop_token_ids, vocab);
   check_ids("allowed_token_ids", p.allowed_token_ids, vocab);
   check_ids("banned_token_ids", p.banned_token_ids, vocab);
-  for (const auto& [t, b] : p.logit_bias) {
+  for (const auto& [t, b] : p.logit_bias)
     if (t < 0 || (vocab > 0 && t >= vocab))
       throw InvalidArgument("logit_bias", "token id " + std::to_string(t) + " is outside the vocabulary [0, " +
                                               std::to_string(vocab) + ")");
-    // A NaN/inf bias would reach the sampler and poison the row's logits.
-    if (!std::isfinite(b))
-      throw InvalidArgument("logit_bias", "bias " + num(b) + " of token " + std::to_string(t) + " is not finite");
-  }
 }
 
 }  // namespace deepinfer

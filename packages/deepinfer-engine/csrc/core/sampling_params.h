@@ -56,4 +56,9 @@ struct SamplingParams {
   void validate(int32_t vocab_size) const;
 };
 
+// Bounds that are not fixed by the meaning of a field (the runtime's SamplingParams mirrors
+// them; tests/engine/test_sampling_params_bounds.py compares the two).
+constexpr float kMaxLogitBias = 100.0f;  // |logit_bias| (OpenAI / vLLM: [-100, 100])
+constexpr int32_t kMaxLogprobs = 20;     // logprobs / prompt_logprobs top-k (vLLM's max_logprobs)
+
 }  // namespace deepinfer

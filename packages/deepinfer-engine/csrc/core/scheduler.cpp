@@ -155,6 +155,13 @@ void Scheduler::mark_updated(SeqIndex s) {
   }
 }
 
+void Scheduler::unmark_updated(SeqIndex s) {
+  Sequence& q = store_.seq(s);
+  if (q.updated_epoch != update_epoch_) return;
+  updated_seqs_.erase(std::find(updated_seqs_.begin(), updated_seqs_.end(), s));
+  q.updated_epoch = 0;
+}
+
 void Scheduler::report_finished(SeqIndex s) {
   Sequence& q = store_.seq(s);
   finished_.push_back({s, q.seq_id});

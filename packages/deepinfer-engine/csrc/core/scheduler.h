@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/block_manager.h"
+#include "core/busy_flag.h"
 #include "core/sequence.h"
 
 namespace deepinfer {
@@ -191,6 +192,8 @@ class Scheduler {
   const std::vector<SeqIndex>& updated_seqs() const { return updated_seqs_; }
   uint64_t update_epoch() const { return update_epoch_; }
   void drain_updated_seqs() { updated_seqs_.clear(); ++update_epoch_; }
+  // Takes a sequence out of updated_seqs() (its output was corrected in place after a stop string).
+  void unmark_updated(SeqIndex s);
   // Free max_num_seqs units / state slots (fork from Python checks them).
   int32_t free_seq_units() const { return cfg_.max_num_seqs - seq_units_; }
   int32_t num_free_state_slots() const { return static_cast<int32_t>(free_state_slots_.size()); }
@@ -211,14 +214,14 @@ class Scheduler {
   void insert_sorted(Q& q, SeqIndex s);
   void remove_from_running(SeqIndex s);
   void remove_from_queues(SeqIndex s);  // from running_/waiting_/preempted_ per its status
-  void preempt(SeqIndex s);
+  [[gnu::cold]] void preempt(SeqIndex s);
   // What a preemption does to the sequence (blocks and slot freed, back to the preempted queue).
-  void reset_for_recompute(SeqIndex s);
+  [[gnu::cold]] void reset_for_recompute(SeqIndex s);
   // Frees the sequence's blocks and state slot and cancels the queued device work that wrote them.
   void release_blocks_and_slot(Sequence& q);
   // deferred: the finish happened while no step was in flight and is reported with the next
   // step (abort between update and schedule), so no report is lost.
-  void finish(SeqIndex s, SequenceStatus status, bool deferred);
+  [[gnu::cold]] void finish(SeqIndex s, SequenceStatus status, bool deferred);  // off the step loops
   void mark_updated(SeqIndex s);
   void prefetch_seq(SeqIndex far, SeqIndex near) const;
   void report_finished(SeqIndex s);
@@ -253,6 +256,10 @@ class Scheduler {
   uint64_t arrival_counter_ = 0;
   int64_t preemptions_total_ = 0;
   double step_now_ = 0.0;
+
+ public:
+  // Taken by every mutating Python entry point (busy_flag.h). Last: the hot members keep their offsets.
+  mutable BusyFlag busy;
 };
 
 }  // namespace deepinfer

@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "python/bindings.h"
 #include "python/buffer_check.h"
@@ -65,6 +66,12 @@ class NumpyBufferOwner final : public BufferOwner {
 };
 
 int32_t run_builder(PrepareArgs& a, SequenceMetadataPool& pool, BuildMode mode, const PrepareArgs* prev) {
+  const char* call = mode == BuildMode::PROMPT ? "prepare_prompt_v4" : mode == BuildMode::DECODE ? "prepare_decode_v4"
+                     : mode == BuildMode::ZOS ? "prepare_zos_inputs" : "prepare_decode_zos_inputs";
+  BusyGuard args_guard(a.busy, "PrepareArgs", call);
+  BusyGuard pool_guard(pool.busy, "SequenceMetadataPool", call);
+  std::optional<BusyGuard> sched_guard;  // the builder reads the sequences of the pool's scheduler
+  if (pool.source()) sched_guard.emplace(pool.source()->busy, "Scheduler", call);
   static_cast<const NumpyBufferOwner&>(*a.owner).check_writable();
   py::gil_scoped_release nogil;  // everything below is plain C++ on validated memory
   return prepare_inputs(a, pool, mode, prev);
@@ -114,10 +121,15 @@ allocation in the steady state). Fill it from a SchedulerOutputs (``build``) or 
 with ``add_sequence`` (standalone sequences owned by the pool until ``clear``). The builders
 (prepare_prompt_v4, ...) and prepare_sampler_inputs read it.)doc")
       .def(py::init<>(), "An empty pool.")
-      .def("clear", &SequenceMetadataPool::clear, "Forget every row (storage is kept for reuse).")
+      .def("clear", [](SequenceMetadataPool& p) {
+             BusyGuard guard(p.busy, "SequenceMetadataPool", "SequenceMetadataPool.clear");
+             p.clear();
+           }, "Forget every row (storage is kept for reuse).")
       .def(
           "build",
           [](SequenceMetadataPool& pool, const Scheduler& scheduler) {
+            BusyGuard pool_guard(pool.busy, "SequenceMetadataPool", "SequenceMetadataPool.build");
+            BusyGuard sched_guard(scheduler.busy, "Scheduler", "SequenceMetadataPool.build");
             if (!scheduler.step_in_flight())
               throw py::value_error("scheduler: no scheduled step (call schedule() before building metadata)");
             pool.build_from(&scheduler.store(), scheduler.last_outputs().scheduled);
@@ -137,6 +149,7 @@ with ``add_sequence`` (standalone sequences owned by the pool until ``clear``). 
             const py::ssize_t n = static_cast<py::ssize_t>(p.size());
             if (i < 0) i += n;
             if (i < 0 || i >= n) throw py::index_error("index: " + std::to_string(i) + " out of range for " + std::to_string(n) + " rows");
+            BusyGuard guard(p.busy, "SequenceMetadataPool", "SequenceMetadataPool.__getitem__");
             p.resolve();
             return snapshot(p[static_cast<size_t>(i)]);
           },
@@ -151,6 +164,7 @@ with ``add_sequence`` (standalone sequences owned by the pool until ``clear``). 
              int32_t min_tokens, int32_t eos_token_id, bool ignore_eos, const py::object& stop_token_ids,
              int32_t logprobs, int32_t prompt_logprobs, const py::object& logit_bias,
              const py::object& allowed_token_ids, const py::object& banned_token_ids) {
+            BusyGuard guard(pool.busy, "SequenceMetadataPool", "SequenceMetadataPool.add_sequence");
             // Validate everything before the pool changes.
             auto tokens = loose_ints(token_ids, "token_ids", 0);
             auto blocks = loose_ints(block_table, "block_table", 0);
@@ -361,6 +375,7 @@ order, one hash seed per Engram layer, one table size per order (1..2^31-1).)doc
           "zos_discard",
           [](PrepareArgs& a, const py::handle& finished_seq_ids) {
             auto ids = loose_int64s(finished_seq_ids, "finished_seq_ids", 0);
+            BusyGuard guard(a.busy, "PrepareArgs", "PrepareArgs.zos_discard");
             std::vector<int32_t> rows, logits;
             zos_discard(a, ids.data(), ids.size(), rows, logits);
             return py::make_tuple(py::array_t<int32_t>(rows.size(), rows.data()),

@@ -136,6 +136,7 @@ void bind_outputs(py::module_& m) {
   m.def(
       "build_request_outputs",
       [](Scheduler& s, RequestOutputPool& pool) {
+        BusyGuard busy_guard(s.busy, "Scheduler", "build_request_outputs");
         if (s.step_in_flight())
           throw py::value_error("build_request_outputs: step " + std::to_string(s.step()) + " is waiting for update()");
         return py::typing::List<RequestOutputData>(request_output_list(s, pool));
@@ -148,6 +149,7 @@ void bind_outputs(py::module_& m) {
   m.def(
       "get_finished_seqs_info",
       [](const Scheduler& s) {
+        BusyGuard busy_guard(s.busy, "Scheduler", "get_finished_seqs_info");
         const auto& f = s.finished();
         const size_t k = f.size();
         py::array_t<int64_t> ids(static_cast<py::ssize_t>(k));

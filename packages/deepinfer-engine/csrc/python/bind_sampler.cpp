@@ -1,8 +1,10 @@
 // Python bindings of the sampler-input family and prepare_sampler_inputs.
 #include <pybind11/numpy.h>
 
+#include <optional>
 #include <string>
 
+#include "core/scheduler.h"
 #include "python/bindings.h"
 #include "python/numpy_buffer.h"
 #include "step/metadata.h"
@@ -179,7 +181,10 @@ in call order; skipping one desynchronises the tables (reset_penalty_tables() re
       .def_property_readonly("penalty_counts", [](const SamplerInputs& s) {
              return std::string(s.penalty_mode == PenaltyCountsMode::INCREMENTAL ? "incremental" : "full");
            }, "\"incremental\" or \"full\" (set at construction).")
-      .def("reset_penalty_tables", &SamplerInputs::reset_penalty_tables,
+      .def("reset_penalty_tables", [](SamplerInputs& s) {
+             BusyGuard guard(s.busy, "SamplerInputs", "SamplerInputs.reset_penalty_tables");
+             s.reset_penalty_tables();
+           },
            "Forget every penalty slot: the next prepare_sampler_inputs sends each penalized sequence whole, with "
            "reset = 1, in slots numbered from 0 again. For a consumer that lost or reallocated its tables (or missed a "
            "call). Harmless in \"full\" mode.")
@@ -206,6 +211,12 @@ in call order; skipping one desynchronises the tables (reset_penalty_tables() re
   m.def(
       "prepare_sampler_inputs",
       [](const PrepareArgs& args, SequenceMetadataPool& metadata, SamplerInputs& out) -> SamplerInputs& {
+        const char* call = "prepare_sampler_inputs";
+        BusyGuard out_guard(out.busy, "SamplerInputs", call);
+        BusyGuard args_guard(args.busy, "PrepareArgs", call);
+        BusyGuard pool_guard(metadata.busy, "SequenceMetadataPool", call);
+        std::optional<BusyGuard> sched_guard;  // reads the sequences of the pool's scheduler
+        if (metadata.source()) sched_guard.emplace(metadata.source()->busy, "Scheduler", call);
         // One GIL release for the whole build: it is taken back only when an output must grow
         // (a numpy allocation), which the steady state never needs.
         py::gil_scoped_release nogil;

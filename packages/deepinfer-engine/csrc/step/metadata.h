@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/busy_flag.h"
 #include "core/sequence.h"
 
 namespace deepinfer {
@@ -74,6 +75,7 @@ class SequenceMetadataPool {
   std::pair<Sequence*, SequenceGroup*> add_standalone_row();
   // Records the scheduler step the rows were built from (SequenceMetadataPool.build): resolve()
   // refuses the rows once that scheduler is at another step or has no step in flight.
+  const Scheduler* source() const { return source_; }
   void set_source_step(const Scheduler* scheduler, uint64_t step) {
     source_ = scheduler;
     source_step_ = step;
@@ -81,6 +83,7 @@ class SequenceMetadataPool {
   // Points every row at its sequence; throws InvalidArgument when a row no longer names a
   // live sequence of its store, or the rows were built for another step of their scheduler.
   void resolve();
+  mutable BusyFlag busy;  // taken by build / add_sequence / clear and the builders (busy_flag.h)
   // Generation: bumped by every change, so PrepareArgs knows which pool its layout came from.
   uint64_t generation() const { return generation_; }
 

@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/busy_flag.h"
 #include "step/engram.h"
 #include "step/host_buffers.h"
 #include "step/yoco.h"
@@ -110,6 +111,7 @@ class PrepareArgs {
   int64_t num_block_rows_written = 0;  // statistics: rows (re)written, for tests/benchmarks
 
   StepLayout layout;
+  mutable BusyFlag busy;  // taken by the builders and zos_discard (busy_flag.h)
 
   // Smallest graph batch size >= n, or n when none is (eager step).
   int32_t padded_batch_size(int32_t n) const;
