@@ -137,6 +137,26 @@ def tests_engine(session: nox.Session) -> None:
     session.run("pytest", "-q", "tests/engine", *session.posargs)
 
 
+ENGINE_CPP_TESTS = PACKAGES["deepinfer-engine"]
+
+
+def _engine_cpp_tests(session: nox.Session, build_dir: Path, *cmake_args: str) -> None:
+    """Configure, build and run (ctest) the plain C++ tests of the engine's core/ and step/."""
+    session.run("cmake", "-S", str(ENGINE_CPP_TESTS), "-B", str(build_dir), "-G", "Ninja",
+                "-DCMAKE_BUILD_TYPE=Release", "-DDEEPINFER_BUILD_TESTS=ON",
+                "-DDEEPINFER_BUILD_PYTHON=OFF", *cmake_args)
+    session.run("cmake", "--build", str(build_dir), "-j", "2")
+    session.run("ctest", "--test-dir", str(build_dir), "--output-on-failure")
+
+
+@nox.session
+def tests_engine_cpp(session: nox.Session) -> None:
+    """deepinfer-engine's C++ tests (packages/deepinfer-engine/tests): scheduler and step
+    builders driven without Python, built with CMake and run by ctest."""
+    session.install("cmake", "ninja")
+    _engine_cpp_tests(session, ROOT / "build" / "cpp-tests")
+
+
 @nox.session
 def tests_registry(session: nox.Session) -> None:
     """The plugin registry, through throw-away backend wheels in a temporary venv."""
@@ -208,9 +228,12 @@ def packaging(session: nox.Session) -> None:
 
 @nox.session
 def sanitize(session: nox.Session) -> None:
-    """Engine built with AddressSanitizer + UBSan; the engine tests, the state machine and the
-    runtime's thread and failed-step tests run under it."""
+    """Engine built with AddressSanitizer + UBSan; the engine tests (C++ and Python), the state
+    machine and the runtime's thread and failed-step tests run under it."""
     _install(session, *TEST_DEPS, *BUILD_DEPS)
+    asan_cpp = ROOT / "build" / "asan-cpp-tests"
+    shutil.rmtree(asan_cpp, ignore_errors=True)
+    _engine_cpp_tests(session, asan_cpp, "-DDEEPINFER_SANITIZE=address,undefined")
     _install_ours(session, "deepinfer")
     build_dir = ROOT / "build" / "asan"
     shutil.rmtree(build_dir, ignore_errors=True)  # a clean build: no objects from older headers
@@ -363,6 +386,7 @@ def demo(session: nox.Session) -> None:
 @nox.session(venv_backend="none")
 def ci(session: nox.Session) -> None:
     """Everything that can run on a CPU machine, in order (what .ci/run runs)."""
-    for name in ("lint", "build", "tests_registry", "tests_engine", "tests_cuda", "tests_ascend",
-                 "tests_runtime", "tests_reliability", "packaging", "stubs", "typecheck", "docs"):
+    for name in ("lint", "build", "tests_registry", "tests_engine", "tests_engine_cpp", "tests_cuda",
+                 "tests_ascend", "tests_runtime", "tests_reliability", "packaging", "stubs", "typecheck",
+                 "docs"):
         session.notify(name)

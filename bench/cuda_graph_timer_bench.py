@@ -1,4 +1,4 @@
-"""Cost of graph-timer nodes on the GPU (issue 5's targets).
+"""Cost of graph-timer nodes on the GPU (against the graph timer's overhead targets).
 
 Captures a graph of N tiny kernels (default 2000) and measures its replay time (median of
 repeated timed batches, torch.cuda.Event) in three states:

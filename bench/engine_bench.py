@@ -1,4 +1,4 @@
-"""Engine benchmark, core I (issue 3): scheduler step, request outputs, admission.
+"""Engine benchmark of the scheduler: scheduler step, request outputs, admission.
 
 Prints a table of medians over many steps:
   (a) schedule() + update() with one sampled token per sequence, B decoding sequences with
@@ -111,7 +111,7 @@ def main() -> None:
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     print(
-        "engine core I — schedule()+update(), build_request_outputs (delta); medians over "
+        "engine scheduler — schedule()+update(), build_request_outputs (delta); medians over "
         f"{args.steps} steps; contexts {CONTEXT}, block size {BLOCK}; load average "
         f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
     )

@@ -1,4 +1,4 @@
-"""Engine core II benchmark: model-input and sampler-input preparation per step.
+"""Step-builder benchmark: model-input and sampler-input preparation per step.
 
 For B = 64, 256, 1024 decoding sequences (2048-token contexts, block size 16, mixed sampling
 parameters with penalties for a quarter of them) it prints the median per step of

@@ -1,4 +1,4 @@
-"""Shared helpers of the engine tests (core I: scheduler, blocks, outputs)."""
+"""Shared helpers of the engine tests (scheduler, blocks, outputs)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Shared helpers of the Engine core II tests: buffers, random batches."""
+"""Shared helpers of the step-builder tests: buffers, random batches."""
 
 from __future__ import annotations
 

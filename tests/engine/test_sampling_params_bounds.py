@@ -1,4 +1,4 @@
-"""The sampling-parameter bounds are one rule: the engine's (C++ validate_sampling_params, used by
+"""The sampling-parameter bounds are one rule: the engine's (C++ SamplingParams::validate, used by
 Scheduler.add_request; SequenceMetadataPool.add_sequence checks logit_bias / logprobs the same way)
 and the runtime's SamplingParams accept and refuse exactly the same values at every boundary."""
 

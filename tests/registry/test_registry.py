@@ -1,4 +1,4 @@
-"""Every rule of the plugin registry (DESIGN.md §3), through installed distributions.
+"""Every rule of the plugin registry (docs/plugins.md), through installed distributions.
 
 The fixture venv holds the real ``deepinfer`` wheel and seven fake backend wheels
 (tests/registry/fake_backends.py). Each test only sets DEEPINFER_* variables.

@@ -1,1 +1,1 @@
-"""Pure-Python / numpy references of every Engine core II layout (small and obviously right, not fast)."""
+"""Pure-Python / numpy references of every step-builder layout (small and obviously right, not fast)."""

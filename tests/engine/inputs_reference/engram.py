@@ -1,4 +1,4 @@
-"""numpy reference of Engram's compressed ids and n-gram hash indices (see csrc/engram.h)."""
+"""numpy reference of Engram's compressed ids and n-gram hash indices (see csrc/step/engram.h)."""
 
 from __future__ import annotations
 

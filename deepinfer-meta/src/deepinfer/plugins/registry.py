@@ -1,4 +1,4 @@
-"""Backend discovery and resolution (DESIGN.md §3).
+"""Backend discovery and resolution (docs/plugins.md).
 
 Discovery reads the entry points of group ``deepinfer.backends``; each entry point's module
 is registered with a pluggy ``PluginManager`` and asked to describe itself. Failures are

@@ -10,7 +10,7 @@ import torch
 
 @dataclass
 class AttentionMetadata:
-    """One step's attention layout (issue 4's var-len layout), as torch tensors on the model's device.
+    """One step's attention layout (the engine's var-len layout), as torch tensors on the model's device.
 
     ``slot_mapping[t]`` is the KV-cache slot (block * block_size + offset) token row ``t`` writes;
     padding rows carry -1 and are redirected to a scratch slot. Sequence ``i`` owns query rows
