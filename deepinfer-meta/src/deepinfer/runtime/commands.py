@@ -166,3 +166,6 @@ def register(subparsers: Any) -> None:
     b = subparsers.add_parser("bench", help="offline throughput on random prompts")
     add_bench_args(b)
     b.set_defaults(func=lambda a: _run_guarded(_bench, a))
+
+    from deepinfer.serve.cli import register as register_serve
+    register_serve(subparsers)
