@@ -8,7 +8,7 @@ import json
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -210,19 +210,18 @@ def _sse(data: Any) -> bytes:
     return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
 
 
-async def _event_stream(request: Request, chunks: AsyncIterator[dict[str, Any]], record: AccessRecord
-                        ) -> AsyncIterator[bytes]:
-    """SSE framing of ``chunks``; ends (aborting the requests) as soon as the client goes away,
-    whether or not a chunk is due, and turns an error into an error event."""
+async def _event_stream(request: Request, chunks: AsyncIterator[dict[str, Any]], record: AccessRecord,
+                        close: Callable[[], None]) -> AsyncIterator[bytes]:
+    """SSE framing of ``chunks``; ends as soon as the client goes away, whether or not a chunk is
+    due, and turns an error into an error event. ``close`` (synchronous: cleanup must not await,
+    the task may be cancelled) aborts the requests on every way out."""
     watcher = asyncio.ensure_future(_disconnected(request))
+    nxt: asyncio.Future[dict[str, Any]] | None = None
     try:
         while True:
             nxt = asyncio.ensure_future(chunks.__anext__())
             done, _ = await asyncio.wait({nxt, watcher}, return_when=asyncio.FIRST_COMPLETED)
             if nxt not in done:
-                nxt.cancel()
-                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration, APIError):
-                    await nxt
                 record.note = "client disconnected"
                 return
             try:
@@ -237,7 +236,9 @@ async def _event_stream(request: Request, chunks: AsyncIterator[dict[str, Any]],
         yield b"data: [DONE]\n\n"
     finally:
         watcher.cancel()
-        await chunks.aclose()  # type: ignore[attr-defined]
+        if nxt is not None and not nxt.done():
+            nxt.cancel()
+        close()
 
 
 def build_app(llm: Any, config: ServeConfig) -> FastAPI:
@@ -406,18 +407,18 @@ async def _respond(request: Request, state: ServingState, builder: ResponseBuild
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
     async def chunks() -> AsyncIterator[dict[str, Any]]:
-        try:
-            if builder.kind == "chat":
-                for c in builder.role_chunks(include_usage):
-                    yield c
-            async for delta in deltas:
-                for c in builder.delta_chunks(delta, include_usage):
-                    yield c
-            if include_usage:
-                yield builder.usage_chunk()
-        finally:
-            record.completion_tokens = builder.completion_tokens
-            deltas.close()
+        if builder.kind == "chat":
+            for c in builder.role_chunks(include_usage):
+                yield c
+        async for delta in deltas:
+            for c in builder.delta_chunks(delta, include_usage):
+                yield c
+        if include_usage:
+            yield builder.usage_chunk()
 
-    return StreamingResponse(_event_stream(request, chunks(), record), media_type="text/event-stream")
+    def close() -> None:
+        record.completion_tokens = builder.completion_tokens
+        deltas.close()
+
+    return StreamingResponse(_event_stream(request, chunks(), record, close), media_type="text/event-stream")
 

@@ -145,17 +145,21 @@ class EngineThread:
             cmd = self._commands.get() if block else self._commands.get_nowait()
         except queue.Empty:
             return True
+        aborted = False
         while True:
             if cmd[0] == "stop":
                 return False
             if cmd[0] == "add":
                 self._add(*cmd[1:])
             else:
-                self._abort(cmd[1])
+                aborted |= self._abort(cmd[1])
             try:
                 cmd = self._commands.get_nowait()
             except queue.Empty:
-                return True
+                break
+        if aborted:  # the blocks are free already: the gauges say so before the next step
+            self._metrics.observe_engine(self._llm.engine.scheduler.get_stats())
+        return True
 
     def _add(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
              sink: asyncio.Queue[Any], tag: int, arrival: float) -> None:
@@ -166,10 +170,12 @@ class EngineThread:
             return
         self._live[request_id] = _Live(sink, tag, arrival, len(prompt_ids))
 
-    def _abort(self, request_id: str) -> None:
-        if self._live.pop(request_id, None) is not None:
-            self._llm.engine.abort(request_id)  # blocks are free now; its 'abort' output is dropped
-            self._metrics.finished["abort"].inc()
+    def _abort(self, request_id: str) -> bool:
+        if self._live.pop(request_id, None) is None:
+            return False
+        self._llm.engine.abort(request_id)  # blocks are free now; its 'abort' output is dropped
+        self._metrics.finished["abort"].inc()
+        return True
 
     def _abort_all(self, message: str) -> None:
         for rid in list(self._live):
