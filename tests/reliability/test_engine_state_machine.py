@@ -53,7 +53,8 @@ STEPS = int(os.environ.get("DEEPINFER_STATE_MACHINE_STEPS", "100"))
 OPS_FILE = os.environ.get("DEEPINFER_STATE_MACHINE_OPS_FILE")
 ST = E.SequenceStatus
 FINISH_REASON = {int(ST.FINISHED_STOPPED): "stop", int(ST.FINISHED_LENGTH): "length",
-                 int(ST.FINISHED_ABORTED): "abort", int(ST.FINISHED_IGNORED): "ignored"}
+                 int(ST.FINISHED_ABORTED): "abort", int(ST.FINISHED_IGNORED): "ignored",
+                 int(ST.FINISHED_ERROR): "error"}
 OPS = Counter()
 EVENTS = Counter()    # which paths the examples reached (checked by test_machine_reaches_every_path)
 
@@ -631,6 +632,9 @@ class EngineMachine(RuleBasedStateMachine):
                 self.prepare_zos_next()
         if abort_in_flight and self.rng.random() < 0.2:
             self.abort("running")
+        if self.rng.random() < 0.03:
+            self.abandon_step(self.rng.choice(["recompute", "fail"]))
+            return
         if self._has_draft_rows() or how.startswith("mtp"):
             self.speculative_update(how == "mtp_drafts")
         else:
@@ -669,6 +673,34 @@ class EngineMachine(RuleBasedStateMachine):
                 self.done[s] = "abort"
         if not self.in_flight:
             self._collect_outputs()
+
+    @precondition(lambda self: self.in_flight)
+    @rule(action=st.sampled_from(["recompute", "fail"]))
+    def abandon_step(self, action):
+        """A failed step (after its inputs may have been built): recompute or fail its requests.
+        The reference does not model it: the exact comparison stops, the rest still holds."""
+        live = [sid for sid in self.out["seq_ids"] if sid not in self.done]
+        step_requests = sorted({self.seq_req[sid] for sid in live})
+        ids = self.sched.abandon_step(action)
+        self._op()
+        self.exact = False
+        self.in_flight = False
+        EVENTS[f"abandon {action}"] += 1
+        assert not self.sched.step_in_flight
+        assert ids == sorted(set(ids))
+        if action == "fail":
+            assert ids == step_requests
+            for rid in ids:
+                for sid in self.shadow:
+                    if self.seq_req[sid] == rid and sid not in self.done:
+                        self.done[sid] = "error"
+                        assert int(self.sched.get_sequence(sid).status) == int(ST.FINISHED_ERROR)
+        else:
+            assert set(ids) >= set(step_requests)
+            for sid in live:
+                assert int(self.sched.get_sequence(sid).status) == int(ST.PREEMPTED)
+        self.sched_check_finished()
+        self._collect_outputs()
 
     @precondition(lambda self: not self.in_flight)
     @rule(k=st.integers(1, 2))
@@ -791,6 +823,6 @@ def test_machine_reaches_every_path():
     wanted = ["preemption", "ignored", "n>1 prompt", "mixed step", "prepare decode", "prepare prompt", "draft rows",
               "zos", "drafts accepted", "abort waiting", "abort prefill", "abort running", "abort preempted",
               "stop string", "explicit fork", "reset with cached blocks", "eos", "stop token",
-              "exact examples", "n>1 prompt with mtp", "penalty tables"]
+              "exact examples", "n>1 prompt with mtp", "penalty tables", "abandon recompute", "abandon fail"]
     missing = [w for w in wanted if not EVENTS[w]]
     assert not missing, (missing, dict(EVENTS))

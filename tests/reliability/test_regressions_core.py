@@ -130,3 +130,24 @@ def test_drafts_never_scheduled_past_max_model_len():
     out = s.schedule()                                               # 8 tokens, 7 computed
     end = out.num_computed_tokens[0] + out.num_scheduled_tokens[0]
     assert end <= 10, f"positions up to {end} scheduled with max_model_len 10"
+
+
+def test_n_gt_1_with_a_one_token_last_prompt_chunk_forks_every_sample():
+    """A final prompt chunk of exactly one token completes the prompt: n sample rows and a fork,
+    not a one-row decode (the reference scheduler had the same rule and is checked too)."""
+    cfg = dict(num_blocks=64, block_size=4, max_num_batched_tokens=4, max_model_len=64, watermark=0.0,
+               max_num_seqs=8)
+    c = E.Scheduler(**cfg, vocab_size=100)
+    r = RefScheduler(**cfg)
+    for s in (c, r):
+        s.add_request("r", [10, 11, 12, 13, 14], n=2, max_tokens=2, ignore_eos=True)
+    samples = []
+    while c.has_unfinished_requests():
+        out, ref = c.schedule(), r.schedule()
+        assert [e[3] for e in ref["scheduled"]] == out.num_samples.tolist()
+        samples.append(out.num_samples.tolist())
+        c.update(np.full(out.num_sample_rows, 7, np.int32))
+        r.update([7] * out.num_sample_rows)
+    assert samples[:2] == [[0], [2]]       # chunk of 4, then the last prompt token samples n = 2
+    outs = E.build_request_outputs(c, E.RequestOutputPool())
+    assert [len(c_.token_ids) for c_ in outs[0].outputs] == [2, 2]

@@ -58,3 +58,80 @@ def test_stop_string_spanning_tokens_is_found_once_complete(tokenizer):
     hits = [d.append([t]) for t in ids]
     assert "c<EN" in hits
     assert d.text == "ab"
+
+
+def _streamed(tokenizer, prompt, ids, chunks, **kw):
+    """(joined deltas, final text) of ``ids`` fed in ``chunks`` (sizes), the last one final."""
+    d = IncrementalDetokenizer(tokenizer, prompt, **kw)
+    out, i = "", 0
+    for size in chunks:
+        part = ids[i:i + size]
+        i += size
+        d.append(part, final=i >= len(ids))
+        out += d.take_delta()
+    d.finish()
+    return out + d.take_delta(), d.text
+
+
+REPLIES = ["這是一個測試。🙂👍🏽 日本語のテキスト", "Emoji: 👨‍👩‍👧‍👦 and 🇫🇷, CJK 漢字 한국어"]
+
+
+@pytest.mark.parametrize("reply", REPLIES)
+def test_text_does_not_depend_on_how_it_is_read_when_a_reply_ends_inside_a_character(tokenizer, reply):
+    # Every prefix of a real emoji/CJK reply, including those ending inside a multi-byte
+    # character: the joined stream deltas equal the one-go decode that generate returns.
+    prompt = tokenizer.encode("Reply:", add_special_tokens=False)
+    ids = tokenizer.encode(reply, add_special_tokens=False)
+    cut_inside = 0
+    for end in range(1, len(ids) + 1):
+        want = decode_completion(tokenizer, prompt, ids[:end])
+        cut_inside += want.endswith("\ufffd")
+        for chunks in ([1] * end, [end], [2] * (end // 2 + 1)):
+            joined, text = _streamed(tokenizer, prompt, ids[:end], chunks)
+            assert joined == want and text == want, (end, chunks)
+    assert cut_inside > 0  # the reply really has cuts inside a character
+
+
+def test_property_random_token_sequences_read_any_way_give_the_generate_text(tokenizer):
+    hypothesis = pytest.importorskip("hypothesis")
+    st = hypothesis.strategies
+    vocab = len(tokenizer)
+
+    @hypothesis.settings(max_examples=300, deadline=None, derandomize=True)
+    @hypothesis.given(prompt=st.lists(st.integers(0, vocab - 1), max_size=8),
+                      ids=st.lists(st.integers(0, vocab - 1), min_size=1, max_size=24),
+                      seed=st.integers(0, 2**16), skip=st.booleans())
+    def check(prompt, ids, seed, skip):
+        import random
+
+        rng = random.Random(seed)
+        chunks = []
+        while sum(chunks) < len(ids):
+            chunks.append(rng.randint(1, 4))
+        want = decode_completion(tokenizer, prompt, ids, skip_special_tokens=skip)
+        joined, text = _streamed(tokenizer, prompt, ids, chunks, skip_special_tokens=skip)
+        assert joined == want and text == want
+
+    check()
+
+
+def test_byte_tokens_make_incomplete_characters(tokenizer):
+    # The byte-level tokens of "這" (3 bytes) fed one by one: a completion cut after 1 or 2 of
+    # them ends in U+FFFD in both paths; complete characters before the cut are kept.
+    ids = tokenizer.encode("a這", add_special_tokens=False)
+    for end in range(1, len(ids) + 1):
+        want = decode_completion(tokenizer, [], ids[:end])
+        assert _streamed(tokenizer, [], ids[:end], [1] * end) == (want, want)
+
+
+def test_stop_strings_are_looked_for_only_from_min_tokens_on(tokenizer):
+    ids = tokenizer.encode("Paris is nice. Paris again", add_special_tokens=False)
+    first = IncrementalDetokenizer(tokenizer, [], stop=["Paris"])
+    assert first.append(ids) == "Paris" and first.text == ""
+    d = IncrementalDetokenizer(tokenizer, [], stop=["Paris"], min_tokens=3)
+    hit = None
+    for n, t in enumerate(ids, 1):  # noqa: B007 - n is read after the loop
+        hit = d.append([t])
+        if hit:
+            break
+    assert hit == "Paris" and n > 3 and d.text == "Paris is nice. "

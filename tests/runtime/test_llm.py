@@ -83,14 +83,19 @@ def test_bad_input_is_rejected_clearly(llm):
     assert len(ok.outputs[0].token_ids) >= 1
 
 
-def test_too_long_prompt_is_ignored_while_the_others_complete(llm):
+def test_too_long_prompt_is_refused_with_both_counts_and_nothing_runs(llm):
     long_prompt = [100 + (i % 500) for i in range(300)]  # > max_model_len (256)
-    outs = llm.generate([{"prompt_token_ids": [5, 6, 7]}, {"prompt_token_ids": long_prompt}, "Hello"],
-                        SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)
-    assert outs[1].finished and outs[1].outputs[0].finish_reason == "ignored"
-    assert list(outs[1].outputs[0].token_ids) == []
-    for i in (0, 2):
-        assert outs[i].outputs[0].finish_reason == "length" and len(outs[i].outputs[0].token_ids) == 4
+    sp = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    steps = llm.engine.num_steps
+    with pytest.raises(ValueError, match=r"prompts\[1\] has 300 tokens, more than max_model_len=256"):
+        llm.generate([{"prompt_token_ids": [5, 6, 7]}, {"prompt_token_ids": long_prompt}, "Hello"], sp,
+                     use_tqdm=False)
+    with pytest.raises(ValueError, match="300 tokens.*256"):
+        llm.stream(long_prompt, sp)
+    assert llm.engine.num_steps == steps and not llm.engine.requests
+    # the longest prompt that fits still runs
+    (out,) = llm.generate([long_prompt[:256]], SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
+    assert out.finished and out.outputs[0].finish_reason == "length"
 
 
 def test_a_rejected_request_leaves_running_ones_untouched(llm):

@@ -129,3 +129,12 @@ def test_dense_penalties_match_sparse_path_and_numpy(logits, width):
     for i, r in enumerate(rows):
         np.testing.assert_allclose(x_dense[i].numpy(), process_row(lg[i].numpy(), **_ref_kwargs(r)),
                                    rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("temperature", [1e-37, 5e-38, 1e-40, 1e-6])
+def test_tiny_temperatures_sample_the_argmax_not_nan(logits, temperature):
+    # logits / 1e-37 overflows float32: without the greedy threshold softmax is NaN and token 0 wins.
+    rows = [{"temperature": temperature, "seed": s, "top_p": 0.9, "min_p": 0.1} for s in range(len(logits))]
+    out = sample(torch.from_numpy(logits), make_batch(rows)).tokens.tolist()
+    assert out == [int(np.argmax(row)) for row in logits]
+    assert all(np.isfinite(sampling_probs(torch.from_numpy(logits), make_batch(rows)).numpy()).ravel())

@@ -44,3 +44,65 @@ def test_normalisation_and_vocab_checks():
     with pytest.raises(ValueError, match="logit_bias"):
         SamplingParams(logit_bias={10: 1.0}).check_vocab(10)
     assert SamplingParams(temperature=0).is_greedy
+
+
+def test_every_assignment_is_validated_and_a_refused_one_changes_nothing():
+    p = SamplingParams(max_tokens=10, min_tokens=2)
+    for name, bad in [("logprobs", 1000), ("skip_special_tokens", "no"), ("include_stop_str_in_output", 5),
+                      ("skip_special_tokens", [1]), ("max_tokens", 0), ("max_tokens", 1), ("temperature", -1.0),
+                      ("stop", [""]), ("stop_token_ids", 5), ("logit_bias", {1: 1e9}), ("top_k", -5)]:
+        before = repr(p)
+        with pytest.raises((TypeError, ValueError), match=name.split("_")[0]):
+            setattr(p, name, bad)
+        assert repr(p) == before, name
+    with pytest.raises(AttributeError, match="no field 'temprature'"):
+        p.temprature = 0.5  # a typo is not silently a new attribute
+
+
+def test_derived_fields_follow_assignment():
+    p = SamplingParams()
+    assert p.stop_strings == []
+    p.stop = "Paris"
+    assert p.stop_strings == ["Paris"]
+    p.stop = ["a", "b"]
+    assert p.stop_strings == ["a", "b"]
+    p.top_k = 0
+    assert p.top_k == -1
+    p.temperature = 0.0
+    assert p.is_greedy and p.effective_temperature == 0.0
+    with pytest.raises(AttributeError):  # stored as tuples: no in-place change past validation
+        p.stop_token_ids.append(-1)  # type: ignore[union-attr]
+
+
+def test_a_logit_bias_changed_in_place_is_caught_when_the_request_is_added():
+    p = SamplingParams(logit_bias={1: 1.0})
+    p.logit_bias[2] = 1e6  # type: ignore[index]
+    with pytest.raises(ValueError, match=r"logit_bias\[2\]"):
+        p.validate()
+
+
+def test_numpy_scalars_are_accepted_where_python_numbers_are():
+    np = pytest.importorskip("numpy")
+    p = SamplingParams(temperature=np.float32(0.5), top_p=np.float64(0.9), top_k=np.int64(5), n=np.int32(2),
+                       max_tokens=np.int64(7), seed=np.uint32(3), stop_token_ids=np.array([4, 5]),
+                       logit_bias={np.int64(3): np.float32(1.5)}, ignore_eos=np.bool_(True))
+    assert (p.temperature, p.top_p, p.top_k, p.n, p.max_tokens, p.seed) == (0.5, 0.9, 5, 2, 7, 3)
+    assert p.stop_token_ids == (4, 5) and p.logit_bias == {3: 1.5} and p.ignore_eos is True
+    assert all(type(v) in (int, float, bool) for v in (p.temperature, p.top_k, p.seed, p.ignore_eos))
+
+
+def test_tiny_temperatures_are_greedy_below_the_documented_threshold():
+    from deepinfer.runtime.sampling_params import GREEDY_TEMPERATURE_THRESHOLD
+
+    for t in (1e-37, 5e-38, 1e-40, 0.0, GREEDY_TEMPERATURE_THRESHOLD / 2):
+        assert SamplingParams(temperature=t).effective_temperature == 0.0
+    assert SamplingParams(temperature=GREEDY_TEMPERATURE_THRESHOLD).effective_temperature == GREEDY_TEMPERATURE_THRESHOLD
+
+
+def test_replace_revalidates():
+    import dataclasses
+
+    p = SamplingParams(max_tokens=4)
+    assert dataclasses.replace(p, max_tokens=8).max_tokens == 8
+    with pytest.raises(ValueError, match="max_tokens"):
+        dataclasses.replace(p, max_tokens=-1)

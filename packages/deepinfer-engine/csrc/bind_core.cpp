@@ -327,6 +327,8 @@ void bind_core(py::module_& m) {
       .value("FINISHED_LENGTH", SequenceStatus::FINISHED_LENGTH, "max_tokens or the max model length.")
       .value("FINISHED_ABORTED", SequenceStatus::FINISHED_ABORTED, "Aborted by request id.")
       .value("FINISHED_IGNORED", SequenceStatus::FINISHED_IGNORED, "Never scheduled: prompt too long.")
+      .value("FINISHED_ERROR", SequenceStatus::FINISHED_ERROR,
+             "Its request was failed by Scheduler.abandon_step(action='fail') (finish_reason 'error').")
       .finalize();
 
   // ---------------------------------------------------------------- BlockManager
@@ -506,7 +508,7 @@ void bind_core(py::module_& m) {
       .def_property_readonly("is_finished", [](const SeqHandle& h) { return is_finished(h.get().status); },
                              "Whether its status is FINISHED_*.")
       .def_property_readonly("finish_reason", [](const SeqHandle& h) { return finish_reason_of(finish_reason_str(h.get().status)); },
-                             "'stop', 'length', 'abort', 'ignored' or None.")
+                             "'stop', 'length', 'abort', 'ignored', 'error' or None.")
       .def_property_readonly(
           "stop_reason",
           [](const SeqHandle& h) { const auto& q = h.get(); return stop_reason_of(q.stop_token, q.stop_string, q.stop_is_string); },
@@ -748,6 +750,38 @@ void bind_core(py::module_& m) {
           "reports in the vocabulary, shapes): on error nothing changes. A step with draft rows (speculative "
           "decoding) is refused with ValueError: apply it with process_MTPInfo.")
       .def(
+          "abandon_step",
+          [](Scheduler& s, const std::string& action) {
+            bool fail = false;
+            if (action == "fail") fail = true;
+            else if (action != "recompute")
+              buf::fail("action", "'" + action + "' is not 'recompute' or 'fail'");
+            std::vector<GroupIndex> groups;
+            {
+              py::gil_scoped_release nogil;
+              s.abandon_step(fail, groups);
+            }
+            std::vector<std::string> ids;
+            ids.reserve(groups.size());
+            for (GroupIndex g : groups) ids.push_back(s.store().groups[g].request_id);
+            std::sort(ids.begin(), ids.end());
+            return ids;
+          },
+          py::arg("action") = "recompute",
+          "Abandon the step in flight after a failure (an exception in the model, the sampler or the output "
+          "step; between schedule() and update() / process_MTPInfo), ending it so that schedule() works "
+          "again. Nothing of the step is applied: update_prompt_logprobs rows already given are kept (they "
+          "are values, not KV). action='recompute': every sequence of the step goes back to the preempted "
+          "queue (blocks and state slot freed, tokens kept; the blocks the step was to write were never "
+          "registered in the prefix cache) and is computed again later. action='fail': every request with a "
+          "sequence in the step is finished, all its sequences, with SequenceStatus.FINISHED_ERROR "
+          "(finish_reason 'error'); get_finished_seqs_info and build_request_outputs report them now. In both "
+          "modes the sequences that the step's blocks_to_copy / states_to_clone / states_to_zero write (fork "
+          "children, copy-on-write, new slots) are recomputed and that device work is dropped: nothing of "
+          "the step reaches a later one. Returns the request ids concerned (failed, or with a recomputed "
+          "sequence), sorted; [] and no change when no step is in flight (safe in any except clause). Raises "
+          "ValueError naming action for any other value.")
+      .def(
           "stop_sequence",
           [](Scheduler& s, int64_t seq_id, const std::string& stop_string, int32_t num_output_tokens) {
             const SeqIndex i = seq_index_or_raise(s, seq_id);
@@ -881,7 +915,7 @@ void bind_core(py::module_& m) {
           },
           "None when not requested; else per token {token_id: logprob}, sampled token first.")
       .def_property_readonly("finish_reason", [](const CompletionData& c) { return finish_reason_of(c.finish_reason); },
-                             "'stop', 'length', 'abort', 'ignored' or None.")
+                             "'stop', 'length', 'abort', 'ignored', 'error' or None.")
       .def_property_readonly(
           "stop_reason", [](const CompletionData& c) { return stop_reason_of(c.stop_token, c.stop_string, c.stop_is_string); },
           "Stop token id, stop string (or the ignore reason), or None.")

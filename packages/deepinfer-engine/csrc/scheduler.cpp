@@ -170,6 +170,12 @@ void Scheduler::finish(SeqIndex s, SequenceStatus status, bool deferred) {
 }
 
 void Scheduler::preempt(SeqIndex s) {
+  reset_for_recompute(s);
+  out_.preempted_seq_ids.push_back(store_.seq(s).seq_id);
+  ++preemptions_total_;
+}
+
+void Scheduler::reset_for_recompute(SeqIndex s) {
   Sequence& q = store_.seq(s);
   seq_units_ -= seq_cost(s);
   remove_from_running(s);
@@ -184,8 +190,58 @@ void Scheduler::preempt(SeqIndex s) {
   q.draft_tokens.clear();
   q.status = SequenceStatus::PREEMPTED;
   insert_sorted(preempted_, s);
-  out_.preempted_seq_ids.push_back(q.seq_id);
-  ++preemptions_total_;
+}
+
+void Scheduler::abandon_step(bool fail, std::vector<GroupIndex>& groups) {
+  groups.clear();
+  if (!in_flight_) return;
+  std::vector<SeqIndex> step_seqs;
+  for (const ScheduledSeq& e : out_.scheduled)
+    if (!is_finished(store_.seq(e.seq).status)) step_seqs.push_back(e.seq);
+  // Owners of the step's device work: each destination block / slot belongs to one running
+  // sequence (a fresh block or slot from a fork, a copy-on-write or an admission).
+  std::vector<SeqIndex> owners;
+  if (!out_.blocks_to_copy.empty() || !out_.states_to_clone.empty() || !out_.states_to_zero.empty()) {
+    std::vector<uint8_t> block_dst(static_cast<size_t>(cfg_.num_blocks), 0);
+    std::vector<uint8_t> slot_dst(static_cast<size_t>(cfg_.num_state_slots), 0);
+    for (const BlockCopy& c : out_.blocks_to_copy) block_dst[c[1]] = 1;
+    for (const BlockCopy& c : out_.states_to_clone) slot_dst[c[1]] = 1;
+    for (int32_t z : out_.states_to_zero) slot_dst[z] = 1;
+    for (SeqIndex s : running_) {
+      const Sequence& q = store_.seq(s);
+      bool hit = q.state_slot >= 0 && slot_dst[q.state_slot];
+      for (size_t i = 0; !hit && i < q.block_table.size(); ++i) hit = block_dst[q.block_table[i]] != 0;
+      if (hit) owners.push_back(s);
+    }
+  }
+  auto add_group = [&groups](GroupIndex g) {
+    if (std::find(groups.begin(), groups.end(), g) == groups.end()) groups.push_back(g);
+  };
+  if (fail) {
+    for (SeqIndex s : step_seqs) add_group(store_.seq(s).group);
+    for (GroupIndex g : groups)
+      for (size_t i = 0; i < store_.groups[g].seqs.size(); ++i) {
+        const SeqIndex s = store_.groups[g].seqs[i];
+        if (is_finished(store_.seq(s).status)) continue;
+        remove_from_queues(s);
+        finish(s, SequenceStatus::FINISHED_ERROR, false);
+      }
+  }
+  step_seqs.insert(step_seqs.end(), owners.begin(), owners.end());
+  for (SeqIndex s : step_seqs) {
+    if (store_.seq(s).status != SequenceStatus::RUNNING) continue;  // failed above, or listed twice
+    if (!fail) add_group(store_.seq(s).group);
+    reset_for_recompute(s);
+  }
+  out_.scheduled.clear();
+  out_.num_decodes = out_.num_batched_tokens = out_.num_prefill_tokens = out_.num_decode_tokens = 0;
+  out_.num_sample_rows = 0;
+  out_.max_logprobs = -1;
+  out_.blocks_to_copy.clear();
+  out_.states_to_clone.clear();
+  out_.states_to_zero.clear();
+  finished_in_update_ = 0;
+  in_flight_ = false;
 }
 
 void Scheduler::release_finished_groups() {

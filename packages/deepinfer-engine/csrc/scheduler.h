@@ -133,6 +133,19 @@ class Scheduler {
   void update(const int32_t* tokens, const float* logprobs, const int32_t* topk_ids,
               const float* topk_logprobs, int32_t k);
 
+  // Recovery from a failed step: abandons the step in flight (after schedule(), before
+  // update()/process_MTPInfo) and ends it. The abandoned sequences are the step's scheduled
+  // sequences still unfinished plus the owners of its queued device work (the blocks and state
+  // slots that blocks_to_copy / states_to_clone / states_to_zero write), whose data the step may
+  // have left half-made. fail == false: each of them goes back to the preempted queue for
+  // recompute (blocks and state slot freed, tokens kept; blocks the step was to write were never
+  // registered in the prefix cache). fail == true: every request with a scheduled sequence is
+  // finished (all its sequences) as FINISHED_ERROR and reported like any finish of an update;
+  // other owners of device work are recomputed. The step's device work is dropped (every target
+  // was reset). `groups` gets the failed groups (fail) or those of the recomputed sequences, each
+  // once. No step in flight: does nothing.
+  void abandon_step(bool fail, std::vector<GroupIndex>& groups);
+
   // Finishes a sequence for a stop string found by the detokenizer, keeping the first
   // num_output_tokens output tokens. Reported like any other finish of this update.
   void stop_sequence(SeqIndex s, const std::string& stop_string, int32_t num_output_tokens);
@@ -185,6 +198,8 @@ class Scheduler {
   void remove_from_running(SeqIndex s);
   void remove_from_queues(SeqIndex s);  // from running_/waiting_/preempted_ per its status
   void preempt(SeqIndex s);
+  // What a preemption does to the sequence (blocks and slot freed, back to the preempted queue).
+  void reset_for_recompute(SeqIndex s);
   // deferred: the finish happened while no step was in flight and is reported with the next
   // step (abort between update and schedule), so no report is lost.
   void finish(SeqIndex s, SequenceStatus status, bool deferred);

@@ -21,6 +21,7 @@ const char* finish_reason_str(SequenceStatus s) {
     case SequenceStatus::FINISHED_LENGTH: return "length";
     case SequenceStatus::FINISHED_ABORTED: return "abort";
     case SequenceStatus::FINISHED_IGNORED: return "ignored";
+    case SequenceStatus::FINISHED_ERROR: return "error";
     default: return nullptr;
   }
 }

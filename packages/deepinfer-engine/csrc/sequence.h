@@ -32,9 +32,10 @@ enum class SequenceStatus : uint8_t {
   FINISHED_LENGTH = 4,   // max_tokens or max model length
   FINISHED_ABORTED = 5,  // abort_request
   FINISHED_IGNORED = 6,  // never scheduled: prompt longer than the model length / the cache
+  FINISHED_ERROR = 7,    // its request was failed by Scheduler::abandon_step (a failed step)
 };
 inline bool is_finished(SequenceStatus s) { return s >= SequenceStatus::FINISHED_STOPPED; }
-// "stop" / "length" / "abort" / "ignored", or nullptr while not finished.
+// "stop" / "length" / "abort" / "ignored" / "error", or nullptr while not finished.
 const char* finish_reason_str(SequenceStatus s);
 
 struct Sequence {
@@ -100,7 +101,12 @@ struct Sequence {
   int32_t num_output_tokens() const { return num_tokens() - num_prompt_tokens; }
   const int32_t* output_tokens() const { return tokens.data() + num_prompt_tokens; }
   int32_t last_token() const { return tokens.back(); }
-  bool is_prefill() const { return num_computed_tokens < num_tokens() - 1; }
+  // A prompt (or recompute) chunk rather than a decode of the last token. A prompt's last token
+  // is a prefill too (it completes the prompt: an n > 1 request samples n rows and forks there).
+  bool is_prefill() const {
+    return num_computed_tokens < num_tokens() - 1 ||
+           (num_tokens() == num_prompt_tokens && num_computed_tokens < num_tokens());
+  }
 };
 
 // Gives s.block_table a new version (see Sequence::block_table_version). Thread-safe.

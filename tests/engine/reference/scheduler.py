@@ -160,7 +160,8 @@ class RefScheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             s = self.running[i]
-            prefill = s.num_computed < len(s.tokens) - 1
+            # a prompt's last token is a prefill too: it completes the prompt (n rows for n > 1)
+            prefill = s.num_computed < len(s.tokens) - 1 or (s.num_out == 0 and s.num_computed < len(s.tokens))
             if prefill:
                 n = len(s.tokens) - s.num_computed
                 if self.threshold:

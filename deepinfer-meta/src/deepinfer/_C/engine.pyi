@@ -72,6 +72,7 @@ class SequenceStatus(enum.IntEnum):
     Lifecycle of a sequence. FINISHED_* values are final.
     """
     FINISHED_ABORTED = ...
+    FINISHED_ERROR = ...
     FINISHED_IGNORED = ...
     FINISHED_LENGTH = ...
     FINISHED_STOPPED = ...
@@ -313,7 +314,7 @@ class Sequence:
     @property
     def finish_reason(self) -> typing.Any:
         """
-        'stop', 'length', 'abort', 'ignored' or None.
+        'stop', 'length', 'abort', 'ignored', 'error' or None.
         """
     @property
     def is_finished(self) -> bool:
@@ -392,6 +393,10 @@ class Scheduler:
     def __init__(self, num_blocks: typing.SupportsInt | typing.SupportsIndex, *, block_size: typing.SupportsInt | typing.SupportsIndex = 16, max_num_seqs: typing.SupportsInt | typing.SupportsIndex = 256, max_num_batched_tokens: typing.SupportsInt | typing.SupportsIndex = 8192, max_model_len: typing.SupportsInt | typing.SupportsIndex = 8192, vocab_size: typing.SupportsInt | typing.SupportsIndex, eos_token_id: typing.SupportsInt | typing.SupportsIndex | None = None, enable_chunked_prefill: bool = True, long_prefill_token_threshold: typing.SupportsInt | typing.SupportsIndex = 0, policy: str = 'fcfs', enable_prefix_caching: bool = True, watermark: typing.SupportsFloat | typing.SupportsIndex = 0.01, num_lookahead_slots: typing.SupportsInt | typing.SupportsIndex = 0, num_state_slots: typing.SupportsInt | typing.SupportsIndex = 0, hash_bits: typing.SupportsInt | typing.SupportsIndex = 64) -> None:
         """
         Create a scheduler. policy: 'fcfs' or 'priority' (smaller priority value first). long_prefill_token_threshold: per-sequence prefill tokens per step (0: no cap). watermark: fraction of blocks kept free when admitting. num_state_slots: recurrent-state slots (0: none; else >= max_num_seqs). hash_bits < 64 truncates prefix hashes (test hook: forces collisions). Raises ValueError naming a bad value, e.g. when the cache cannot hold one max_model_len sequence, or when the host bookkeeping of num_blocks (BlockManager tables) would need more than half of the physical memory or the address-space limit.
+        """
+    def abandon_step(self, action: str = 'recompute') -> list[str]:
+        """
+        Abandon the step in flight after a failure (an exception in the model, the sampler or the output step; between schedule() and update() / process_MTPInfo), ending it so that schedule() works again. Nothing of the step is applied: update_prompt_logprobs rows already given are kept (they are values, not KV). action='recompute': every sequence of the step goes back to the preempted queue (blocks and state slot freed, tokens kept; the blocks the step was to write were never registered in the prefix cache) and is computed again later. action='fail': every request with a sequence in the step is finished, all its sequences, with SequenceStatus.FINISHED_ERROR (finish_reason 'error'); get_finished_seqs_info and build_request_outputs report them now. In both modes the sequences that the step's blocks_to_copy / states_to_clone / states_to_zero write (fork children, copy-on-write, new slots) are recomputed and that device work is dropped: nothing of the step reaches a later one. Returns the request ids concerned (failed, or with a recomputed sequence), sorted; [] and no change when no step is in flight (safe in any except clause). Raises ValueError naming action for any other value.
         """
     def abort_request(self, request_ids: str | collections.abc.Sequence[str]) -> int:
         """
@@ -503,7 +508,7 @@ class RequestOutput:
         @property
         def finish_reason(self) -> typing.Any:
             """
-            'stop', 'length', 'abort', 'ignored' or None.
+            'stop', 'length', 'abort', 'ignored', 'error' or None.
             """
         @property
         def finished(self) -> bool:

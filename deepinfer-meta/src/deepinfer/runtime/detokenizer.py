@@ -2,9 +2,14 @@
 
 Text grows by decoding a short window of tokens (the last few prompt tokens give context, so a
 leading space or a multi-byte character split over tokens decodes right) and appending only the
-part that is complete (no trailing U+FFFD). A stop string ends the text at the character where
-it starts (or ends, with ``include_stop_str_in_output``); when streaming, the last
-``len(longest stop) - 1`` characters are held back so a partial stop string is never emitted.
+part that is complete (no trailing U+FFFD). When the sample's last token arrives
+(``append(..., final=True)``) the text becomes the whole completion decoded in one go
+(``decode_completion``, what a request without stop strings gets): bytes of an incomplete
+character at the end become U+FFFD, so a completion's text never depends on how it was read.
+A stop string ends the text at the character where it starts (or ends, with
+``include_stop_str_in_output``); it is looked for only once ``min_tokens`` tokens exist. When
+streaming, the last ``len(longest stop) - 1`` characters are held back so a partial stop string
+is never emitted.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ class IncrementalDetokenizer:
     """Turns one sample's output tokens into text as they arrive and watches for stop strings."""
 
     def __init__(self, tokenizer: Any, prompt_ids: Sequence[int], *, skip_special_tokens: bool = True,
-                 stop: Sequence[str] = (), include_stop_str_in_output: bool = False) -> None:
+                 stop: Sequence[str] = (), include_stop_str_in_output: bool = False,
+                 min_tokens: int = 0) -> None:
         # The raw tokenizers.Tokenizer decodes much faster than the transformers wrapper.
         self._decode = getattr(tokenizer, "backend_tokenizer", None)
         self._tok = tokenizer
@@ -32,6 +38,7 @@ class IncrementalDetokenizer:
         self.text = ""
         self.stop = list(stop)
         self.include_stop = include_stop_str_in_output
+        self.min_tokens = min_tokens
         self._hold = max((len(s) for s in self.stop), default=1) - 1
         self._emitted = 0  # characters of self.text already returned as deltas
         self.stop_reason: str | None = None
@@ -47,8 +54,10 @@ class IncrementalDetokenizer:
         """Output tokens seen so far."""
         return len(self._ids) - self._num_prompt_ctx
 
-    def append(self, new_ids: Sequence[int]) -> str | None:
-        """Add output tokens; return the matched stop string if one now ends the text, else None."""
+    def append(self, new_ids: Sequence[int], final: bool = False) -> str | None:
+        """Add output tokens; return the matched stop string if one now ends the text, else None.
+
+        ``final``: these are the sample's last tokens; the text becomes the full decode."""
         if self.finished:
             return self.stop_reason
         for t in new_ids:
@@ -58,12 +67,30 @@ class IncrementalDetokenizer:
             if len(full) > len(prefix) and not full.endswith("\ufffd"):
                 delta = full[len(prefix):]
                 self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
-                start = len(self.text)
-                self.text += delta
-                hit = self._find_stop(start, len(delta))
+                hit = self._extend(delta)
                 if hit is not None:
                     return hit
-        return None
+        return self._flush() if final else None
+
+    def _extend(self, delta: str) -> str | None:
+        start = len(self.text)
+        self.text += delta
+        if self.num_output_tokens < self.min_tokens:
+            return None
+        return self._find_stop(start, len(delta))
+
+    def _flush(self) -> str | None:
+        # The whole completion decoded at once; the incremental text is a prefix of it except
+        # for the bytes still pending (an incomplete character, shown as U+FFFD).
+        whole = decode_completion(self._tok, self._ids[:self._num_prompt_ctx],
+                                  self._ids[self._num_prompt_ctx:], self._skip)
+        if whole.startswith(self.text):
+            tail = whole[len(self.text):]
+        else:  # a tokenizer whose windowed decode differs: append the pending window's text
+            prefix = self._decode_ids(self._ids[self._prefix_offset:self._read_offset])
+            tail = self._decode_ids(self._ids[self._prefix_offset:])[len(prefix):]
+        self._prefix_offset = self._read_offset = len(self._ids)
+        return self._extend(tail) if tail else None
 
     def _find_stop(self, new_start: int, new_len: int) -> str | None:
         best: tuple[int, str] | None = None

@@ -3,13 +3,29 @@
 One step: the engine schedules, builds the model inputs and the sampler inputs; Python runs the
 model and the sampler, hands the tokens back, and detokenizes the request outputs the engine
 builds (finishing sequences whose text reached a stop string).
+
+Threads: every public method may be called from any thread. One lock (granted in arrival order)
+is held while a step runs and while requests are added, aborted or their outputs taken; each
+step's outputs go to their request's queue, so whichever thread runs a step serves every waiting
+caller.
+
+Failures: an exception while a step is in flight (before the model, inside it, in the sampler)
+abandons the step (``Scheduler.abandon_step``): its requests fail with that exception (or, with
+``retry_failed_steps``, are recomputed once), a KeyboardInterrupt puts them back for recompute
+and is re-raised to the caller, which aborts its own requests. An exception while one request's
+output is built fails that request only. The loop stays usable in every case.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
+import signal
+import threading
 import time
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +37,97 @@ from deepinfer.runtime.model_runner import ModelRunner
 from deepinfer.runtime.sampler import prompt_logprobs, sample
 from deepinfer.runtime.sampler_inputs import PenaltyTables, sampling_batch_from_engine
 from deepinfer.runtime.sampling_params import SamplingParams
+
+_log = logging.getLogger(__name__)
+
+
+class FairRLock:
+    """A reentrant lock granted in arrival order.
+
+    ``threading.RLock`` lets a thread that steps in a loop (release, re-acquire) starve the
+    threads waiting to add or abort requests; here a released lock goes to the oldest waiter.
+    """
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition(threading.RLock())
+        self._owner: int | None = None
+        self._depth = 0
+        self._waiting: deque[object] = deque()
+
+    def acquire(self, blocking: bool = True) -> bool:
+        me = threading.get_ident()
+        with self._cv:
+            if self._owner == me:
+                self._depth += 1
+                return True
+            if self._owner is None and not self._waiting:
+                self._owner, self._depth = me, 1
+                return True
+            if not blocking:
+                return False
+            ticket = object()
+            self._waiting.append(ticket)
+            try:
+                while self._owner is not None or self._waiting[0] is not ticket:
+                    self._cv.wait()
+            except BaseException:  # e.g. KeyboardInterrupt while waiting: give the turn up
+                self._waiting.remove(ticket)
+                self._cv.notify_all()
+                raise
+            self._waiting.popleft()
+            self._owner, self._depth = me, 1
+            return True
+
+    def release(self) -> None:
+        with self._cv:
+            if self._owner != threading.get_ident():
+                raise RuntimeError("FairRLock.release: the lock is not held by this thread")
+            self._depth -= 1
+            if self._depth == 0:
+                self._owner = None
+                self._cv.notify_all()
+
+    def held_by_me(self) -> bool:
+        return self._owner == threading.get_ident()
+
+    def __enter__(self) -> FairRLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+@dataclass
+class _Failure:
+    """Queued in place of an output: the request failed; taking it raises ``error``."""
+
+    error: BaseException
+
+
+@contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    # Outputs are built after the engine took the step's tokens: an interrupt there would lose
+    # other requests' tokens, so a Ctrl-C (main thread only) is delivered once they are queued.
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    try:
+        previous = signal.getsignal(signal.SIGINT)
+    except ValueError:  # no signal support here
+        yield
+        return
+    if previous is not signal.default_int_handler:
+        yield  # a custom handler: leave it alone
+        return
+    caught: list[Any] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
 
 
 @dataclass
@@ -47,13 +154,14 @@ class _RequestState:
     seen: dict[int, int]  # tokens already detokenized, by completion index
     delta: bool = False  # outputs carry only new tokens; text gets only new characters
     final_text_only: bool = False  # decode once when a sample finishes (no stop strings to watch)
+    retried: bool = False  # its step failed once and it was put back for recompute
 
 
 class EngineLoop:
     """Drives ``deepinfer._C.engine`` step by step for one ModelRunner and tokenizer."""
 
     def __init__(self, runner: ModelRunner, tokenizer: Any, cfg: EngineConfig,
-                 extra_stop_token_ids: list[int] | None = None) -> None:
+                 extra_stop_token_ids: list[int] | None = None, retry_failed_steps: bool = False) -> None:
         from deepinfer._C import engine
 
         E: Any = engine  # the native module (its stub may lag behind the build)
@@ -87,6 +195,11 @@ class EngineLoop:
         self._final_only: set[str] = set()  # queue only the finished output of these
         self._ids = itertools.count()
         self.num_steps = 0
+        # A step that raised: recompute its requests once before failing them (else fail now).
+        self.retry_failed_steps = retry_failed_steps
+        self.lock = FairRLock()
+        self._in_step = False
+        self._pending_releases: deque[str] = deque()  # released where the lock was not free
 
     # ---- requests ---------------------------------------------------------------------------
     def new_request_id(self) -> str:
@@ -105,6 +218,15 @@ class EngineLoop:
         """
         if collect not in (None, "all", "final"):
             raise ValueError(f"collect must be None, 'all' or 'final', got {collect!r}")
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        params.validate()
+        with self.lock:
+            self._release_pending()
+            self._add_request(request_id, prompt_ids, params, output_kind, final_text_only, collect)
+
+    def _add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+                     output_kind: str, final_text_only: bool, collect: str | None) -> None:
         if request_id in self.requests or request_id in self._queues:
             raise ValueError(f"request {request_id!r} is already in the engine")
         if len(prompt_ids) == 0:
@@ -113,7 +235,7 @@ class EngineLoop:
         stop_ids = sorted(set(params.stop_token_ids or []) | set(self.extra_stop_token_ids))
         self.scheduler.add_request(
             request_id, np.asarray(prompt_ids, dtype=np.int32), arrival_time=time.time(),
-            n=params.n, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+            n=params.n, temperature=params.effective_temperature, top_p=params.top_p, top_k=params.top_k,
             min_p=params.min_p, presence_penalty=params.presence_penalty,
             frequency_penalty=params.frequency_penalty, repetition_penalty=params.repetition_penalty,
             seed=params.seed, stop_token_ids=stop_ids, ignore_eos=params.ignore_eos,
@@ -130,6 +252,10 @@ class EngineLoop:
 
     def abort(self, request_id: str) -> None:
         """Abort an unfinished request (its next output reports finish_reason 'abort')."""
+        with self.lock:
+            self._abort(request_id)
+
+    def _abort(self, request_id: str) -> None:
         if request_id in self.requests:
             try:
                 self.scheduler.abort_request(request_id)
@@ -139,9 +265,32 @@ class EngineLoop:
     def release(self, request_id: str) -> None:
         """The owner of a collected request is gone: abort it (its KV blocks are freed now) and
         drop its queue and every output still to come."""
+        with self.lock:
+            if self._in_step:  # e.g. a dropped stream collected while this thread runs a step
+                self._pending_releases.append(request_id)
+                return
+            self._release(request_id)
+
+    def release_soon(self, request_id: str) -> None:
+        """``release`` that never waits (for ``__del__``): now if the lock is free, else at the
+        start of the next step or call."""
+        if self.lock.acquire(blocking=False):
+            try:
+                if not self._in_step:
+                    self._release(request_id)
+                    return
+            finally:
+                self.lock.release()
+        self._pending_releases.append(request_id)
+
+    def _release(self, request_id: str) -> None:
         self._queues.pop(request_id, None)
         self._final_only.discard(request_id)
-        self.abort(request_id)
+        self._abort(request_id)
+
+    def _release_pending(self) -> None:
+        while self._pending_releases:
+            self._release(self._pending_releases.popleft())
 
     def has_unfinished(self) -> bool:
         return bool(self.requests)
@@ -150,17 +299,20 @@ class EngineLoop:
     def pop_output(self, request_id: str) -> Any | None:
         """The oldest queued output of a collected request, or None when none is queued (no step
         is run). After its finished output is taken the request's queue is gone."""
-        q = self._queues.get(request_id)
-        if q is None:
-            raise ValueError(f"request {request_id!r} has no output queue (not added with collect=, "
-                             "already finished and taken, or released)")
-        if not q:
-            return None
-        ro = q.popleft()
-        if ro.finished:
-            del self._queues[request_id]
-            self._final_only.discard(request_id)
-        return ro
+        with self.lock:
+            q = self._queues.get(request_id)
+            if q is None:
+                raise ValueError(f"request {request_id!r} has no output queue (not added with collect=, "
+                                 "already finished and taken, or released)")
+            if not q:
+                return None
+            ro = q.popleft()
+            if isinstance(ro, _Failure) or ro.finished:
+                del self._queues[request_id]
+                self._final_only.discard(request_id)
+            if isinstance(ro, _Failure):
+                raise ro.error
+            return ro
 
     def next_output(self, request_id: str) -> Any:
         """The next output of a collected request, running engine steps (which advance every
@@ -181,21 +333,51 @@ class EngineLoop:
                                  "already finished and taken, or released)")
             queues.append(q)
         idle = 0
-        while not any(queues):
-            outputs = self.step()
-            idle = 0 if outputs or self.scheduler.num_unfinished_requests else idle + 1
-            if idle > 1:
-                raise RuntimeError(f"the engine has no work left but requests {request_ids[:4]} got no output")
+        while True:
+            # The lock is released between steps: other threads add, abort and step too.
+            with self.lock:
+                if any(queues):
+                    return
+                outputs = self.step()
+                idle = 0 if outputs or self.scheduler.num_unfinished_requests else idle + 1
+                if idle > 1 and not any(queues):
+                    raise RuntimeError(f"the engine has no work left but requests {request_ids[:4]} got no output")
 
     # ---- one step ---------------------------------------------------------------------------
     def step(self) -> list[Any]:
-        """Run one engine step; returns the RequestOutputs updated by it (text filled in)."""
-        E, runner = self._E, self.runner
+        """Run one engine step; returns the RequestOutputs updated by it (text filled in).
+
+        A request that fails in this step (see the module docstring) gets its error in its queue
+        (raised by ``pop_output`` / ``next_output``); the error is raised here too when a failed
+        request has no queue, or when the step failed before any request was in it."""
+        with self.lock:
+            self._release_pending()
+            self._in_step = True
+            try:
+                return self._step()
+            finally:
+                self._in_step = False
+
+    def _step(self) -> list[Any]:
         out = self.scheduler.schedule()
         self.num_steps += 1
+        try:
+            self._run_scheduled(out)
+        except BaseException as err:  # noqa: BLE001 - re-raised by _abandon_step unless delivered
+            self._abandon_step(err)
+            return []
+        with _sigint_deferred():
+            try:
+                return self._collect_outputs()
+            except BaseException as err:  # building outputs failed as a whole: fail the step's requests
+                self._fail_requests([r for r in dict.fromkeys(out.request_ids) if r in self.requests], err)
+                raise
+
+    def _run_scheduled(self, out: Any) -> None:
+        E = self._E
         copies = np.asarray(out.blocks_to_copy).reshape(-1, 2)
         if len(copies):
-            runner.copy_blocks(copies[:, 0], copies[:, 1])
+            self.runner.copy_blocks(copies[:, 0], copies[:, 1])
         self.metadata.build(self.scheduler)
         if len(self.metadata):
             if out.num_decodes == len(self.metadata):
@@ -205,7 +387,53 @@ class EngineLoop:
             self._run_model(n_tokens)
         else:
             self.scheduler.update(np.zeros(0, np.int32))
-        return self._collect_outputs()
+
+    def _abandon_step(self, err: BaseException) -> None:
+        """The step in flight raised ``err``: give its requests back or fail them, then re-raise
+        ``err`` unless every failed request's owner will see it in its queue."""
+        interrupted = not isinstance(err, Exception)
+        retry = interrupted or self.retry_failed_steps
+        ids = list(self.scheduler.abandon_step(action="recompute" if retry else "fail"))
+        # The sampler inputs may have sent penalty updates the tables never applied.
+        self.sampler_inputs.reset_penalty_tables()
+        self.penalty_tables.reset()
+        if interrupted:
+            raise err  # the requests run on; the interrupted caller aborts its own
+        if retry:
+            again = [r for r in ids if r in self.requests and self.requests[r].retried]
+            for r in ids:
+                if r in self.requests:
+                    self.requests[r].retried = True
+            if not again:
+                _log.warning("engine step failed (%s: %s); its %d request(s) will be recomputed",
+                             type(err).__name__, err, len(ids))
+                return
+            for r in again:
+                self._abort(r)
+            ids = again
+        owned = self._fail_requests([r for r in ids if r in self.requests], err)
+        if not ids or not owned:
+            raise err
+
+    def _fail_requests(self, request_ids: list[str], err: BaseException) -> bool:
+        """Finish ``request_ids`` with ``err``: abort them if the engine still runs them, drop
+        their state, queue the error for their owners. True when every one of them has an owner."""
+        error = err if isinstance(err, Exception) else RuntimeError(
+            f"the engine step was interrupted ({type(err).__name__}) while building outputs")
+        owned = True
+        for rid in request_ids:
+            try:
+                self.scheduler.abort_request(rid)
+            except ValueError:  # the engine already finished it
+                pass
+            self.requests.pop(rid, None)
+            self._final_only.discard(rid)
+            q = self._queues.get(rid)
+            if q is None:
+                owned = False
+            else:
+                q.append(_Failure(error))
+        return owned
 
     def _run_model(self, n_tokens: int) -> None:
         E, b, args = self._E, self.buffers, self.args
@@ -244,7 +472,8 @@ class EngineLoop:
             p = state.params
             d = state.detok[index] = IncrementalDetokenizer(
                 self.tokenizer, state.prompt_ids, skip_special_tokens=p.skip_special_tokens,
-                stop=p.stop_strings, include_stop_str_in_output=p.include_stop_str_in_output)
+                stop=p.stop_strings, include_stop_str_in_output=p.include_stop_str_in_output,
+                min_tokens=p.min_tokens)
             state.seen[index] = 0
         return d
 
@@ -255,45 +484,89 @@ class EngineLoop:
                 return int(seq.seq_id)
         raise RuntimeError(f"request {request_id!r} has no live sample {index}")
 
+    @staticmethod
+    def _text_ids(state: _RequestState, c: Any, ids: list[int]) -> list[int]:
+        # A sample ended by a stop token (EOS or stop_token_ids: finish "stop" without a stop
+        # string) keeps the token in token_ids but not its text, as in vLLM.
+        if ids and c.finish_reason == "stop" and not isinstance(c.stop_reason, str) \
+                and not state.params.include_stop_str_in_output:
+            return ids[:-1]
+        return ids
+
+    def _watch_stop_strings(self, ro: Any, state: _RequestState) -> bool:
+        """Feed one output's new tokens to its detokenizers; True if a stop string ended a sample."""
+        stopped = False
+        for c in ro.outputs:
+            d = self._detokenizer(state, c.index)
+            ids = list(c.token_ids)
+            new = ids if state.delta else ids[state.seen[c.index]:]
+            state.seen[c.index] += len(new)
+            if d.finished:
+                continue
+            final = c.finish_reason is not None
+            if final:
+                new = self._text_ids(state, c, new)
+            # A stop string completed by the max_tokens token still wins over "length": it
+            # ends the text first (the engine then reports "stop", as vLLM does).
+            if d.append(new, final=final) is not None and c.finish_reason in (None, "length"):
+                self.scheduler.stop_sequence(self._seq_id(ro.request_id, c.index), d.stop_reason,
+                                             d.num_output_tokens)
+                stopped = True
+        return stopped
+
+    def _fill_text(self, ro: Any, state: _RequestState) -> None:
+        for c in ro.outputs:
+            if state.final_text_only:
+                if c.finish_reason is not None:
+                    c.text = decode_completion(self.tokenizer, state.prompt_ids,
+                                               self._text_ids(state, c, list(c.token_ids)),
+                                               state.params.skip_special_tokens)
+                continue
+            d = self._detokenizer(state, c.index)
+            if c.finish_reason is not None:
+                d.finish()
+            c.text = d.take_delta() if state.delta else d.text
+
     def _collect_outputs(self) -> list[Any]:
+        """The step's RequestOutputs with their text, each queued for its owner. An exception
+        while one request's output is built fails that request only (its owner gets the error)."""
         outputs = list(self._E.build_request_outputs(self.scheduler, self.output_pool))
+        failed: dict[str, Exception] = {}
         stopped = False
         for ro in outputs:
             state = self.requests.get(ro.request_id)
             if state is None or state.final_text_only:
                 continue
-            for c in ro.outputs:
-                d = self._detokenizer(state, c.index)
-                ids = list(c.token_ids)
-                new = ids if state.delta else ids[state.seen[c.index]:]
-                state.seen[c.index] += len(new)
-                # A stop string completed by the max_tokens token still wins over "length": it
-                # ends the text first (the engine then reports "stop", as vLLM does).
-                if new and not d.finished and d.append(new) is not None and c.finish_reason in (None, "length"):
-                    self.scheduler.stop_sequence(self._seq_id(ro.request_id, c.index), d.stop_reason,
-                                                 d.num_output_tokens)
-                    stopped = True
+            try:
+                stopped = self._watch_stop_strings(ro, state) or stopped
+            except Exception as err:  # noqa: BLE001 - isolated to this request
+                failed[ro.request_id] = err
         if stopped:  # the engine re-reports the groups a stop string finished
             again = {ro.request_id: ro for ro in self._E.build_request_outputs(self.scheduler, self.output_pool)}
             outputs = [again.get(ro.request_id, ro) for ro in outputs]
+        done = []
         for ro in outputs:
-            state = self.requests.get(ro.request_id)
-            if state is None:
+            rid = ro.request_id
+            state = self.requests.get(rid)
+            if rid in failed:
                 continue
-            for c in ro.outputs:
-                if state.final_text_only:
-                    if c.finish_reason is not None:
-                        c.text = decode_completion(self.tokenizer, state.prompt_ids, list(c.token_ids),
-                                                   state.params.skip_special_tokens)
-                    continue
-                d = self._detokenizer(state, c.index)
-                if c.finish_reason is not None:
-                    d.finish()
-                c.text = d.take_delta() if state.delta else d.text
+            if state is None:  # e.g. the abort of a released request: reported to nobody
+                done.append(ro)
+                continue
+            try:
+                self._fill_text(ro, state)
+            except Exception as err:  # noqa: BLE001 - isolated to this request
+                failed[rid] = err
+                continue
             if ro.finished:
-                del self.requests[ro.request_id]
-        for ro in outputs:
-            q = self._queues.get(ro.request_id)
-            if q is not None and (ro.finished or ro.request_id not in self._final_only):
+                del self.requests[rid]
+            q = self._queues.get(rid)
+            if q is not None and (ro.finished or rid not in self._final_only):
                 q.append(ro)
-        return outputs
+            done.append(ro)
+        if failed:
+            first = next(iter(failed.values()))
+            owned = all([self._fail_requests([rid], err) for rid, err in failed.items()])
+            if not owned:
+                raise first
+        return done

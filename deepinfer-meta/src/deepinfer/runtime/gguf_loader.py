@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from deepinfer.runtime.model_config import ModelConfig
+from deepinfer.runtime.model_config import ModelConfig, check_gguf_metadata, check_tensor_shapes
 
 # GGUF tensor name (after "blk.N.") -> HF name (after "model.layers.N.")
 _LAYER_NAMES = {
@@ -60,11 +60,25 @@ def _field(reader: Any, key: str, default: Any = None) -> Any:
 
 
 def gguf_config(reader: Any, path: str = "<gguf>") -> ModelConfig:
-    """The ModelConfig described by a GGUF file's metadata."""
+    """The ModelConfig described by a GGUF file's metadata, every field checked (also against
+    the tensors' shapes): a bad one is a GGUFError naming the file and the key."""
+    try:
+        config = _gguf_config(reader, path)
+        check_tensor_shapes(config, {name: tuple(int(d) for d in reversed(t.shape.tolist()))
+                                     for t in reader.tensors if (name := hf_name(t.name)) is not None})
+    except GGUFError:
+        raise
+    except (ValueError, TypeError) as exc:
+        raise GGUFError(f"model: GGUF {path!r}: {exc}") from None
+    return config
+
+
+def _gguf_config(reader: Any, path: str) -> ModelConfig:
     arch = _field(reader, "general.architecture")
     if arch not in SUPPORTED_ARCHS:
         raise GGUFError(
             f"model: GGUF {path!r} has general.architecture={arch!r}; supported: {list(SUPPORTED_ARCHS)}")
+    check_gguf_metadata(lambda key: _field(reader, key), arch)
     emb = _field(reader, f"{arch}.embedding_length")
     heads = _field(reader, f"{arch}.attention.head_count")
     if emb is None or heads is None:
@@ -75,7 +89,9 @@ def gguf_config(reader: Any, path: str = "<gguf>") -> ModelConfig:
     vocab = _field(reader, f"{arch}.vocab_size")
     if vocab is None:
         tokens = reader.fields.get("tokenizer.ggml.tokens")
-        vocab = len(tokens.data) if tokens is not None else None
+        if tokens is None:
+            raise GGUFError(f"model: GGUF {path!r} has neither {arch}.vocab_size nor tokenizer.ggml.tokens")
+        vocab = len(tokens.data)
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
     rope_scaling = None
     scaling_type = _field(reader, f"{arch}.rope.scaling.type")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -14,6 +15,27 @@ from deepinfer.runtime.sampling_params import SamplingParams
 os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 PromptType = str | Sequence[int] | dict[str, Any]
+
+
+def _int_arg(name: str, value: Any, lo: int, hi: int, where: str = "") -> int:
+    """``value`` as an int in [lo, hi]: TypeError for a non-integer (bools included), else ValueError."""
+    if not _is_int(value):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    if not lo <= value <= hi:
+        raise ValueError(f"{name} must be in [{lo}, {hi}]{where}, got {value!r}")
+    return int(value)
+
+
+def _physical_memory_bytes() -> int:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):  # not POSIX: no bound known
+        return 1 << 62
+
+
+def _is_int(value: Any) -> bool:
+    """A Python or numpy integer (not a bool)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 class LLM:
@@ -37,6 +59,15 @@ class LLM:
         dummy_weights: random weights of the model's real shape (throughput work only).
         attention_backend: "torch" (any device) or "triton" (CUDA); default by device.
         seed: seed of the random streams of requests without their own seed.
+        num_threads: torch intra-op threads (default: torch's choice).
+        retry_failed_steps: when an engine step raises (a model or sampler error, device out of
+            memory), recompute its requests once before failing them; default: fail them at once
+            (the other requests and the LLM are unaffected either way).
+
+    Thread safety: ``generate``, ``chat``, ``stream`` (and iterating or closing streams) may be
+    called from several threads at once. Steps are serialised by one lock granted in arrival
+    order; each step's outputs go to the request they belong to, so whichever thread runs a step
+    serves every waiting caller.
     """
 
     def __init__(self, model: str | os.PathLike[str] | None = None, *, device: str | None = None,
@@ -45,16 +76,37 @@ class LLM:
                  enable_prefix_caching: bool = True, enable_chunked_prefill: bool = True,
                  gpu_memory_utilization: float = 0.9, cpu_kv_cache_bytes: int | None = None,
                  num_kv_blocks: int | None = None, dummy_weights: bool = False,
-                 attention_backend: str | None = None, seed: int = 0, num_threads: int | None = None) -> None:
+                 attention_backend: str | None = None, seed: int = 0, num_threads: int | None = None,
+                 retry_failed_steps: bool = False) -> None:
         import torch
 
         from deepinfer.runtime.engine_loop import EngineConfig, EngineLoop
-        from deepinfer.runtime.kv_cache import num_blocks_for
+        from deepinfer.runtime.kv_cache import bytes_per_block, num_blocks_for
         from deepinfer.runtime.model_loader import load_model, read_config, resolve_model_path
         from deepinfer.runtime.model_runner import ModelRunner
         from deepinfer.runtime.tokenizer_loader import load_tokenizer
 
         path = resolve_model_path(model)
+        if not (os.path.isfile(path) or os.path.isdir(path)):
+            raise ValueError(f"model={path!r} is neither a regular file (GGUF) nor a model directory")
+        block_size = _int_arg("block_size", block_size, 1, 1 << 16)
+        max_num_seqs = _int_arg("max_num_seqs", max_num_seqs, 1, 1 << 20)
+        seed = _int_arg("seed", seed, 0, (1 << 64) - 1)
+        for name, flag in (("enable_prefix_caching", enable_prefix_caching),
+                           ("enable_chunked_prefill", enable_chunked_prefill), ("dummy_weights", dummy_weights),
+                           ("retry_failed_steps", retry_failed_steps)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be a bool, got {flag!r}")
+        if num_threads is not None:
+            num_threads = _int_arg("num_threads", num_threads, 1, 4096)
+        if max_num_batched_tokens is not None:
+            max_num_batched_tokens = _int_arg("max_num_batched_tokens", max_num_batched_tokens, 1, 1 << 24)
+        if cpu_kv_cache_bytes is not None:
+            cpu_kv_cache_bytes = _int_arg("cpu_kv_cache_bytes", cpu_kv_cache_bytes, 1, _physical_memory_bytes())
+        if num_kv_blocks is not None:
+            num_kv_blocks = _int_arg("num_kv_blocks", num_kv_blocks, 1, 1 << 31)
+        if isinstance(gpu_memory_utilization, bool) or not isinstance(gpu_memory_utilization, numbers.Real):
+            raise TypeError(f"gpu_memory_utilization must be a number, got {gpu_memory_utilization!r}")
         dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device={device!r}: CUDA is not available in this torch build/machine")
@@ -64,15 +116,12 @@ class LLM:
         tdtype = dtypes[dtype] if dtype else (torch.float32 if dev.type == "cpu" else torch.bfloat16)
         if num_threads is not None:
             torch.set_num_threads(num_threads)
-        for name, value in (("block_size", block_size), ("max_num_seqs", max_num_seqs)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
         cfg = read_config(path)
         limit: int = cfg.max_position_embeddings
         if max_model_len is None:
             max_model_len = limit
-        elif not isinstance(max_model_len, int) or not 1 <= max_model_len <= limit:
-            raise ValueError(f"max_model_len must be in [1, {limit}] for this model, got {max_model_len!r}")
+        else:
+            max_model_len = _int_arg("max_model_len", max_model_len, 1, limit, " for this model")
         if max_num_batched_tokens is None:
             max_num_batched_tokens = 2048 if enable_chunked_prefill else max(2048, max_model_len)
         if not enable_chunked_prefill and max_num_batched_tokens < max_model_len:
@@ -87,6 +136,12 @@ class LLM:
             num_kv_blocks = num_blocks_for(loaded.config, block_size, tdtype, dev,
                                            gpu_memory_utilization=gpu_memory_utilization,
                                            cpu_kv_cache_bytes=cpu_kv_cache_bytes)
+        else:
+            per_block = bytes_per_block(loaded.config, block_size, tdtype)
+            room = (torch.cuda.mem_get_info(dev)[0] if dev.type == "cuda" else _physical_memory_bytes())
+            if num_kv_blocks * per_block > room:
+                raise ValueError(f"num_kv_blocks={num_kv_blocks} needs {num_kv_blocks * per_block} bytes of KV "
+                                 f"cache ({per_block} per block), more than the {room} bytes available on {dev}")
         self.runner = ModelRunner(loaded, num_blocks=num_kv_blocks, block_size=block_size, device=dev,
                                   dtype=tdtype, attention_backend=attention_backend)
         eos_ids = list(loaded.config.eos_token_ids)
@@ -100,32 +155,44 @@ class LLM:
                          vocab_size=loaded.config.vocab_size, eos_token_id=eos_ids[0] if eos_ids else -1,
                          enable_chunked_prefill=enable_chunked_prefill,
                          enable_prefix_caching=enable_prefix_caching, seed=seed),
-            extra_stop_token_ids=eos_ids[1:])
+            extra_stop_token_ids=eos_ids[1:], retry_failed_steps=retry_failed_steps)
         self.device, self.dtype = dev, tdtype
 
     # ---- prompts ----------------------------------------------------------------------------
+    @staticmethod
+    def _prompt_ids_check_text(text: str, where: str) -> None:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # e.g. a lone surrogate: the tokenizer would fail obscurely
+            raise ValueError(f"{where} is not valid Unicode text ({exc.reason} at index {exc.start}: "
+                             f"{text[exc.start:exc.end]!r})") from None
+
     def _prompt_ids(self, prompt: Any, where: str) -> list[int]:
         if isinstance(prompt, str):
+            self._prompt_ids_check_text(prompt, where)
             return list(self.tokenizer(prompt).input_ids)
+        if isinstance(prompt, (bytes, bytearray, memoryview)):
+            raise TypeError(f"{where}: a prompt must be a str or a list of token ids, got "
+                            f"{type(prompt).__name__} (decode it first, e.g. prompt.decode('utf-8'))")
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
                 return self._prompt_ids(list(prompt["prompt_token_ids"]), where)
             if "prompt" in prompt:
                 return self._prompt_ids(prompt["prompt"], where)
             raise ValueError(f"{where}: a dict prompt needs 'prompt' or 'prompt_token_ids', got keys {sorted(prompt)}")
-        if isinstance(prompt, Sequence) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if isinstance(prompt, Sequence) and all(_is_int(t) for t in prompt):
             vocab = self.model_config.vocab_size
             bad = [t for t in prompt if not 0 <= t < vocab]
             if bad:
                 raise ValueError(f"{where}: token id {bad[0]} is outside the vocabulary (size {vocab})")
-            return list(prompt)
+            return [int(t) for t in prompt]
         raise TypeError(f"{where}: a prompt must be a string, a list of token ids or a dict, got {type(prompt).__name__}")
 
     def _normalise(self, prompts: PromptType | Sequence[PromptType],
                    sampling_params: SamplingParams | Sequence[SamplingParams] | None
                    ) -> tuple[list[list[int]], list[SamplingParams]]:
-        single = isinstance(prompts, (str, dict)) or (
-            isinstance(prompts, Sequence) and len(prompts) > 0 and isinstance(prompts[0], int))
+        single = isinstance(prompts, (str, dict, bytes, bytearray, memoryview)) or (
+            isinstance(prompts, Sequence) and len(prompts) > 0 and _is_int(prompts[0]))
         plist: list[Any] = [prompts] if single else list(prompts)  # type: ignore[arg-type]
         ids = [self._prompt_ids(p, f"prompts[{i}]") for i, p in enumerate(plist)]
         if sampling_params is None:
@@ -139,6 +206,11 @@ class LLM:
         for i, p in enumerate(params):
             if not isinstance(p, SamplingParams):
                 raise TypeError(f"sampling_params[{i}] must be a SamplingParams, got {type(p).__name__}")
+        limit = self.engine.cfg.max_model_len
+        for i, p in enumerate(ids):
+            if len(p) > limit:
+                raise ValueError(f"prompts[{i}] has {len(p)} tokens, more than max_model_len={limit} "
+                                 "(shorten it or raise max_model_len)")
         return ids, params
 
     # ---- generation -------------------------------------------------------------------------
@@ -147,9 +219,12 @@ class LLM:
                  use_tqdm: bool = True) -> list[Any]:
         """Complete every prompt; returns the engine's RequestOutputs in prompt order, text filled.
 
-        A prompt longer than ``max_model_len`` is not run: its output is finished with
-        finish_reason "ignored" while the other prompts complete. Empty prompts, token ids
-        outside the vocabulary and invalid parameters raise ValueError before any work starts.
+        A prompt longer than ``max_model_len`` tokens, an empty prompt, token ids outside the
+        vocabulary and invalid parameters raise ValueError before any work starts (as vLLM
+        does); a ``bytes`` prompt raises TypeError (decode it first).
+
+        Thread-safe: several threads may call ``generate``, ``stream`` and iterate streams on one
+        ``LLM`` at once; whichever thread runs a step advances every request.
 
         May be called while ``stream`` iterators are open (e.g. inside their loop): the steps it
         runs advance their requests too, and their outputs are kept for them, none lost.
@@ -215,6 +290,10 @@ class LLM:
         for i, m in enumerate(conversation):
             if not isinstance(m, dict) or "role" not in m or "content" not in m:
                 raise ValueError(f"messages[{i}] must be a dict with 'role' and 'content', got {m!r}")
+            for key in ("role", "content"):
+                if not isinstance(m[key], str):
+                    raise TypeError(f"messages[{i}][{key!r}] must be a str, got {m[key]!r}")
+            self._prompt_ids_check_text(m["content"], f"messages[{i}]['content']")
         text = self.tokenizer.apply_chat_template(list(conversation), tokenize=False,
                                                   add_generation_prompt=add_generation_prompt)
         return {"prompt_token_ids": list(self.tokenizer(text, add_special_tokens=False).input_ids)}
@@ -240,6 +319,15 @@ class LLM:
         rid = self.engine.new_request_id()
         self.engine.add_request(rid, ids[0], params[0], output_kind="delta", collect="all")
         return RequestStream(self.engine, rid)
+
+
+    def abort(self, request_id: str) -> None:
+        """Abort a streaming request by its id (``RequestStream.request_id``), from any thread: its
+        KV blocks are freed at once and its stream ends with a finished output whose
+        finish_reason is "abort". A finished or unknown id is ignored."""
+        if not isinstance(request_id, str):
+            raise TypeError(f"request_id must be a str, got {request_id!r}")
+        self.engine.abort(request_id)
 
 
 class RequestStream:
@@ -284,6 +372,8 @@ class RequestStream:
 
     def __del__(self) -> None:
         try:
-            self.close()
+            if not self._done:  # never waits for the engine lock (any thread may collect this)
+                self._done = True
+                self._engine.release_soon(self.request_id)
         except Exception:  # noqa: BLE001 - __del__ must not raise (at shutdown the engine may be gone)
             pass

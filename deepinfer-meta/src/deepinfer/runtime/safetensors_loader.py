@@ -8,7 +8,22 @@ import os
 
 import torch
 
-from deepinfer.runtime.model_config import ModelConfig
+from deepinfer.runtime.model_config import ModelConfig, check_tensor_shapes
+
+
+def safetensors_shapes(model_dir: str) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every tensor in the directory's ``*.safetensors`` files (headers only)."""
+    from safetensors import safe_open
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for f in sorted(glob.glob(os.path.join(model_dir, "*.safetensors"))):
+        try:
+            with safe_open(f, "pt") as st:
+                for name in st.keys():
+                    shapes[name] = tuple(st.get_slice(name).get_shape())
+        except Exception as exc:
+            raise ValueError(f"cannot read safetensors file {f!r}: {exc}") from exc
+    return shapes
 
 
 def load_hf_config(model_dir: str) -> ModelConfig:
@@ -22,9 +37,15 @@ def load_hf_config(model_dir: str) -> ModelConfig:
     except (OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"model: {path!r} is not valid JSON: {exc}") from exc
     try:
-        return ModelConfig.from_hf_dict(cfg)
+        config = ModelConfig.from_hf_dict(cfg)
+        shapes = safetensors_shapes(model_dir)
+        if shapes:  # a config-only directory (dummy weights) has none to compare with
+            check_tensor_shapes(config, shapes)
     except KeyError as exc:
         raise ValueError(f"model: {path!r} lacks the field {exc.args[0]!r}") from exc
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"model: {path!r}: {exc}") from None
+    return config
 
 
 def load_safetensors(model_dir: str) -> dict[str, torch.Tensor]:

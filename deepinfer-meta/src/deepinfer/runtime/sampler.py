@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from deepinfer.runtime.random_streams import exponential_noise, stream_keys
+from deepinfer.runtime.sampling_params import GREEDY_TEMPERATURE_THRESHOLD
 
 
 @dataclass
@@ -29,7 +30,7 @@ class SamplingBatch:
     (W <= vocab; later tokens have none).
     """
 
-    temperature: torch.Tensor  # float32 [R]; 0 = greedy
+    temperature: torch.Tensor  # float32 [R]; below GREEDY_TEMPERATURE_THRESHOLD (e.g. 0) = greedy
     top_k: torch.Tensor  # int64 [R]; <= 0 or >= vocab = off
     top_p: torch.Tensor  # float32 [R]; 1 = off
     min_p: torch.Tensor  # float32 [R]; 0 = off
@@ -120,9 +121,10 @@ def _apply_dense_penalties(x: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
 
 
 def sampling_probs(x: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
-    """Probabilities [R, V] after temperature, top-k, top-p and min-p (rows with temperature 0 are
-    treated as temperature 1 here; the caller takes their argmax instead)."""
-    temp = torch.where(b.temperature > 0, b.temperature, torch.ones_like(b.temperature))
+    """Probabilities [R, V] after temperature, top-k, top-p and min-p (greedy rows, temperature
+    below GREEDY_TEMPERATURE_THRESHOLD, are treated as temperature 1 here; the caller takes their
+    argmax instead)."""
+    temp = torch.where(_sampled_rows(b), b.temperature, torch.ones_like(b.temperature))
     x = x / temp[:, None]
     vocab = x.shape[-1]
     k = b.top_k
@@ -149,6 +151,11 @@ def sampling_probs(x: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
     return probs
 
 
+def _sampled_rows(b: SamplingBatch) -> torch.Tensor:
+    # A smaller temperature would overflow logits / temperature to inf (softmax NaN).
+    return b.temperature >= GREEDY_TEMPERATURE_THRESHOLD
+
+
 def sample(logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
     """Draw one token per row of float32 ``logits`` [R, V]."""
     logits = logits.float()
@@ -160,7 +167,7 @@ def sample(logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
         probs = sampling_probs(x, b)
         noise = exponential_noise(stream_keys(b.seeds, b.sample_index, b.step), x.shape[-1])
         drawn = (probs / noise).argmax(dim=-1)
-        tokens = torch.where(b.temperature > 0, drawn, greedy_tokens)
+        tokens = torch.where(_sampled_rows(b), drawn, greedy_tokens)
     lp = topk_ids = topk_lp = None
     if b.max_logprobs >= 0:
         logp = torch.log_softmax(logits, dim=-1)
