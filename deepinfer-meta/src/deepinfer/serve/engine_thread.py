@@ -66,30 +66,33 @@ class _Live:
     reasons: dict[int, str] = field(default_factory=dict)
 
 
-StepRecovery = Callable[[Any, BaseException], list[str]]
+StepRecovery = Callable[[Any, BaseException, list[str]], list[str]]
 
 
-def fail_live_requests_and_rebuild(llm: Any, exc: BaseException) -> list[str]:
-    """Recovery from a step that raised: every unfinished request fails, and the LLM gets a
-    fresh engine loop over the same model runner and KV cache (a scheduler left between
-    ``schedule()`` and ``update()`` cannot be stepped again). Returns the failed request ids.
+def fail_the_step_requests(llm: Any, exc: BaseException, live: list[str]) -> list[str]:
+    """Which of the ``live`` request ids a step that raised ``exc`` failed.
 
-    The engine has no call yet that abandons only the step in flight; once it has, this is the
-    one function to replace (failing only the requests scheduled in that step).
+    The engine loop abandons a failed step (``Scheduler.abandon_step``): the requests of that
+    step are finished with an error and dropped from ``engine.requests``, every other request
+    runs on. Should the scheduler still be waiting for the step's tokens (a failure the loop
+    could not abandon), every live request fails and the LLM gets a fresh engine loop over the
+    same model runner and KV cache.
     """
+    engine = llm.engine
+    if not engine.scheduler.step_in_flight:
+        return [rid for rid in live if rid not in engine.requests]
     from deepinfer.runtime.engine_loop import EngineLoop
 
-    old = llm.engine
-    failed = list(old.requests)
-    llm.engine = EngineLoop(old.runner, old.tokenizer, old.cfg, extra_stop_token_ids=old.extra_stop_token_ids)
-    return failed
+    llm.engine = EngineLoop(engine.runner, engine.tokenizer, engine.cfg,
+                            extra_stop_token_ids=engine.extra_stop_token_ids)
+    return list(live)
 
 
 class EngineThread:
     """Owns ``llm.engine``: adds, aborts and steps happen on this thread only."""
 
     def __init__(self, llm: Any, metrics: ServerMetrics,
-                 recover: StepRecovery = fail_live_requests_and_rebuild) -> None:
+                 recover: StepRecovery = fail_the_step_requests) -> None:
         self._llm = llm
         self._metrics = metrics
         self._recover = recover
@@ -198,7 +201,7 @@ class EngineThread:
         except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, not the server
             self.num_failed_steps += 1
             log.error("engine step failed: %r", exc)
-            failed = self._recover(self._llm, exc)
+            failed = self._recover(self._llm, exc, list(self._live))
             if self._llm.engine is not engine:
                 self._metrics.engine_replaced()
             self._fail(failed, 500, f"the engine step failed: {exc!r}")
