@@ -141,7 +141,7 @@ def parse_body(model: type[_Body], body: Any) -> Any:
             raise APIError(400, f"{name} is not supported by this server", name)
     if req.__class__ is ChatCompletionRequest and req.store:
         raise APIError(400, "store is not supported by this server", "store")
-    if getattr(req, "stream_options", None) is not None and not req.stream:
+    if getattr(req, "stream_options", None) is not None and not getattr(req, "stream", False):
         raise APIError(400, "stream_options is only allowed when stream is true", "stream_options")
     return req
 
