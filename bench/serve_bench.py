@@ -22,6 +22,7 @@ import re
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -30,7 +31,7 @@ import numpy as np
 def start_server(args: argparse.Namespace, max_num_seqs: int) -> tuple[subprocess.Popen[str], str]:
     cmd = [sys.executable, "-m", "deepinfer", "serve", "--port", "0", "--served-model-name", "bench",
            "--max-num-seqs", str(max_num_seqs), "--max-model-len", str(args.max_model_len),
-           "--log-level", "warning"]
+           "--log-level", "info"]
     if args.model:
         cmd += ["--model", args.model]
     if args.threads:
@@ -45,7 +46,8 @@ def start_server(args: argparse.Namespace, max_num_seqs: int) -> tuple[subproces
         if not line:
             raise SystemExit(f"the server exited ({proc.wait()})")
         m = re.search(r"listening on (http://\S+)", line)
-        if m:
+        if m:  # keep draining stderr (the access log), or the server blocks on a full pipe
+            threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()  # type: ignore[union-attr]
             return proc, m.group(1)
     raise SystemExit("the server did not start")
 

@@ -194,6 +194,7 @@ def test_chat_top_logprobs_equal_llm(client, reference_llm):
     ({"top_p": 1.5}, "top_p", "(0, 1]"),
     ({"temperature": -1}, "temperature", ">= 0"),
     ({"n": 0}, "n", ">= 1"),
+    ({"n": 9}, "n", "--max-num-seqs 8"),
     ({"logprobs": 50}, "logprobs", "<= 20"),
     ({"logit_bias": {"999999": 1.0}}, "logit_bias", "vocabulary"),
     ({"frequency_penalty": 3}, "frequency_penalty", "[-2, 2]"),

@@ -54,6 +54,10 @@ class ServingState:
     def __init__(self, llm: Any, config: ServeConfig) -> None:
         if not config.served_model_names:
             raise ValueError("served_model_names must name at least one model")
+        if config.max_queue < 0:
+            raise ValueError(f"max_queue must be >= 0, got {config.max_queue}")
+        if config.api_key == "":
+            raise ValueError("api_key must not be empty (None: no key)")
         self.llm, self.config = llm, config
         self.tokenizer = llm.tokenizer
         self.max_model_len: int = llm.engine.cfg.max_model_len
@@ -123,6 +127,9 @@ class ServingState:
         return requested
 
     def checked(self, params: SamplingParams) -> SamplingParams:
+        seqs = self.llm.engine.cfg.max_num_seqs
+        if params.n > seqs:  # its samples could never run together
+            raise APIError(400, f"n={params.n} is more than the server runs at once (--max-num-seqs {seqs})", "n")
         try:
             params.check_vocab(self.vocab_size)
         except ValueError as exc:
@@ -180,7 +187,10 @@ class EngineRun:
         self._state.in_flight -= self._count
 
     def __del__(self) -> None:
-        self.close()
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - __del__ must not raise (e.g. at interpreter exit)
+            pass
 
 
 async def _disconnected(request: Request) -> None:
