@@ -287,6 +287,7 @@ class EngineLoop:
         self._queues.pop(request_id, None)
         self._final_only.discard(request_id)
         self._abort(request_id)
+        self.requests.pop(request_id, None)  # nobody reads it: its abort is reported to nobody
 
     def _release_pending(self) -> None:
         while self._pending_releases:

@@ -33,6 +33,11 @@ def _physical_memory_bytes() -> int:
         return 1 << 62
 
 
+def _is_real(value: Any) -> bool:
+    """A Python or numpy real number (not a bool)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def _is_int(value: Any) -> bool:
     """A Python or numpy integer (not a bool)."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
@@ -105,7 +110,7 @@ class LLM:
             cpu_kv_cache_bytes = _int_arg("cpu_kv_cache_bytes", cpu_kv_cache_bytes, 1, _physical_memory_bytes())
         if num_kv_blocks is not None:
             num_kv_blocks = _int_arg("num_kv_blocks", num_kv_blocks, 1, 1 << 31)
-        if isinstance(gpu_memory_utilization, bool) or not isinstance(gpu_memory_utilization, numbers.Real):
+        if not _is_real(gpu_memory_utilization):
             raise TypeError(f"gpu_memory_utilization must be a number, got {gpu_memory_utilization!r}")
         dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if dev.type == "cuda" and not torch.cuda.is_available():
@@ -207,9 +212,9 @@ class LLM:
             if not isinstance(p, SamplingParams):
                 raise TypeError(f"sampling_params[{i}] must be a SamplingParams, got {type(p).__name__}")
         limit = self.engine.cfg.max_model_len
-        for i, p in enumerate(ids):
-            if len(p) > limit:
-                raise ValueError(f"prompts[{i}] has {len(p)} tokens, more than max_model_len={limit} "
+        for i, prompt_ids in enumerate(ids):
+            if len(prompt_ids) > limit:
+                raise ValueError(f"prompts[{i}] has {len(prompt_ids)} tokens, more than max_model_len={limit} "
                                  "(shorten it or raise max_model_len)")
         return ids, params
 

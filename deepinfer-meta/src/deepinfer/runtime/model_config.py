@@ -28,9 +28,10 @@ _ROPE_TYPES = ("linear", "llama3")
 def _int_field(name: str, value: Any, hi: int, lo: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ValueError(f"{name} must be an integer, got {value!r}")
-    if not lo <= value <= hi:
+    v = int(value)
+    if not lo <= v <= hi:
         raise ValueError(f"{name} must be in [{lo}, {hi}], got {value!r}")
-    return int(value)
+    return v
 
 
 def _float_field(name: str, value: Any, ok: Callable[[float], bool], what: str) -> float:
@@ -138,11 +139,13 @@ class ModelConfig:
             raise ValueError(f"hidden_size={hidden} is not a multiple of num_attention_heads={heads} "
                              "(and no head_dim is given)")
         eos = cfg.get("eos_token_id")
-        eos_ids = [eos] if not isinstance(eos, list) else eos
-        eos_ids = [_token_id("eos_token_id", e, ints["vocab_size"]) for e in eos_ids if e is not None]
+        eos_ids: list[int] = [_token_id("eos_token_id", e, ints["vocab_size"])
+                              for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
         bos = cfg.get("bos_token_id")
         rope_scaling = cfg.get("rope_scaling")
         rope_theta = cfg.get("rope_theta")
+        if rope_theta is not None:  # checked even when rope_parameters overrides it
+            _float_field("rope_theta", rope_theta, lambda v: v > 1, "> 1")
         rope_params = cfg.get("rope_parameters")  # transformers 5 layout
         if rope_params is not None:
             if not isinstance(rope_params, dict):
@@ -152,7 +155,8 @@ class ModelConfig:
                 rope_scaling = rope_params
         floats = {"rms_norm_eps": cfg.get("rms_norm_eps", 1e-5), "rope_theta": 10000.0 if rope_theta is None else rope_theta}
         _float_field("rms_norm_eps", floats["rms_norm_eps"], lambda v: 0 < v < 1, "in (0, 1)")
-        _float_field("rope_theta", floats["rope_theta"], lambda v: v > 1, "> 1")
+        _float_field("rope_parameters.rope_theta" if rope_params else "rope_theta", floats["rope_theta"],
+                     lambda v: v > 1, "> 1")
         return cls(
             vocab_size=ints["vocab_size"],
             hidden_size=hidden,

