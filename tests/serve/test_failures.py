@@ -92,6 +92,35 @@ def test_a_failed_stream_gets_an_error_event_then_done(faulty, server):
     assert lines[1] == "data: [DONE]"
 
 
+def test_an_error_building_one_requests_output_costs_no_other_request_a_token(server, client, reference_llm):
+    """The text of one request fails (in the step where another decodes): that request gets a
+    500, the other stream keeps every token."""
+    mark = 47000
+    engine = server.state.llm.engine
+    fill_text = engine._fill_text
+
+    def failing(ro, state):
+        if mark in state.prompt_ids:
+            raise TypeError("text of this request failed")
+        return fill_text(ro, state)
+
+    engine._fill_text = failing
+    try:
+        prompt = "The capital of France is"
+        stream = iter(client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=12, temperature=0,
+                                                stream=True))
+        text = next(stream).choices[0].text
+        with pytest.raises(openai.InternalServerError, match="text of this request failed"):
+            client.completions.create(model=MODEL_NAME, prompt=[5, mark], max_tokens=3, temperature=0)
+        text += "".join(chunk.choices[0].text for chunk in stream)
+    finally:
+        del engine._fill_text
+    ref = reference_llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)[0]
+    assert text == ref.outputs[0].text
+    m = metrics(server.url)
+    assert m["deepinfer:kv_cache_free_blocks"] == m["deepinfer:kv_cache_total_blocks"]
+
+
 def test_health_is_503_once_the_engine_thread_died(served_llm):
     from conftest import start_server
 

@@ -14,7 +14,6 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,43 +65,32 @@ class _Live:
     reasons: dict[int, str] = field(default_factory=dict)
 
 
-StepRecovery = Callable[[Any, BaseException, list[str]], list[str]]
-
-
-def fail_the_step_requests(llm: Any, exc: BaseException, live: list[str]) -> list[str]:
-    """Which of the ``live`` request ids a step that raised ``exc`` failed.
-
-    The engine loop abandons a failed step (``Scheduler.abandon_step``): the requests of that
-    step are finished with an error and dropped from ``engine.requests``, every other request
-    runs on. Should the scheduler still be waiting for the step's tokens (a failure the loop
-    could not abandon), every live request fails and the LLM gets a fresh engine loop over the
-    same model runner and KV cache.
-    """
+def rebuild_if_stuck(llm: Any) -> bool:
+    """After a step raised out of the engine loop: if its scheduler is still waiting for the
+    step's tokens (a failure the loop could not abandon), give the LLM a fresh engine loop over
+    the same model runner and KV cache and return True (every live request has failed)."""
     engine = llm.engine
     if not engine.scheduler.step_in_flight:
-        return [rid for rid in live if rid not in engine.requests]
+        return False
     from deepinfer.runtime.engine_loop import EngineLoop
 
     llm.engine = EngineLoop(engine.runner, engine.tokenizer, engine.cfg,
                             extra_stop_token_ids=engine.extra_stop_token_ids)
-    return list(live)
+    return True
 
 
 class EngineThread:
     """Owns ``llm.engine``: adds, aborts and steps happen on this thread only."""
 
-    def __init__(self, llm: Any, metrics: ServerMetrics,
-                 recover: StepRecovery = fail_the_step_requests) -> None:
+    def __init__(self, llm: Any, metrics: ServerMetrics) -> None:
         self._llm = llm
         self._metrics = metrics
-        self._recover = recover
         self._commands: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._live: dict[str, _Live] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None  # why the thread died, if it did
         self.num_steps = 0
-        self.num_failed_steps = 0
 
     # ---- called from the event loop --------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -167,7 +155,7 @@ class EngineThread:
     def _add(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
              sink: asyncio.Queue[Any], tag: int, arrival: float) -> None:
         try:
-            self._llm.engine.add_request(request_id, prompt_ids, params, output_kind="delta")
+            self._llm.engine.add_request(request_id, prompt_ids, params, output_kind="delta", collect="all")
         except (ValueError, TypeError) as exc:
             self._deliver([(sink, RequestFailed(tag, 400, str(exc)))])
             return
@@ -176,13 +164,13 @@ class EngineThread:
     def _abort(self, request_id: str) -> bool:
         if self._live.pop(request_id, None) is None:
             return False
-        self._llm.engine.abort(request_id)  # blocks are free now; its 'abort' output is dropped
+        self._llm.engine.release(request_id)  # blocks are free now; its outputs are dropped
         self._metrics.finished["abort"].inc()
         return True
 
     def _abort_all(self, message: str) -> None:
         for rid in list(self._live):
-            self._llm.engine.abort(rid)
+            self._llm.engine.release(rid)
         self._fail(list(self._live), 503, message, reason="abort")
 
     def _fail(self, request_ids: list[str], status: int, message: str, reason: str = "error") -> None:
@@ -195,35 +183,47 @@ class EngineThread:
         self._deliver(batch)
 
     def _step(self) -> None:
+        """One engine step, then every output (or failure) it queued for a live request.
+
+        The engine loop abandons a step that raises: the requests of that step get the error in
+        their queues (500 / an error event), the others run on. An error that leaves the loop
+        (none of its requests could take it) is logged, and a scheduler left mid-step is
+        rebuilt, failing every live request."""
         engine = self._llm.engine
         try:
             outputs = engine.step()
         except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, not the server
-            self.num_failed_steps += 1
             log.error("engine step failed: %r", exc)
-            failed = self._recover(self._llm, exc, list(self._live))
-            if self._llm.engine is not engine:
+            outputs = []
+            if rebuild_if_stuck(self._llm):
                 self._metrics.engine_replaced()
-            self._fail(failed, 500, f"the engine step failed: {exc!r}")
-            self._metrics.observe_engine(self._llm.engine.scheduler.get_stats())
-            return
+                self._fail(list(self._live), 500, f"the engine step failed: {exc!r}")
+                self._metrics.observe_engine(self._llm.engine.scheduler.get_stats())
+                return
         self.num_steps += 1
         now = time.monotonic()
+        # Requests with news: an output of this step, or gone from the engine (finished, failed).
+        ready = dict.fromkeys(ro.request_id for ro in outputs)
+        ready.update(dict.fromkeys(rid for rid in self._live if rid not in engine.requests))
         batch: list[tuple[asyncio.Queue[Any], Any]] = []
-        for ro in outputs:
-            live = self._live.get(ro.request_id)
+        failed: dict[str, str] = {}
+        for rid in ready:
+            live = self._live.get(rid)
             if live is None:  # aborted by its client
                 continue
             try:
-                delta = self._delta(ro, live, now)
-            except Exception as exc:  # noqa: BLE001 - one bad output fails its own request only
-                engine.abort(ro.request_id)
-                self._fail([ro.request_id], 500, f"reading the request's output failed: {exc!r}")
-                continue
-            batch.append((live.sink, delta))
-            if delta.finished:
-                del self._live[ro.request_id]
+                while (ro := engine.pop_output(rid)) is not None:
+                    delta = self._delta(ro, live, now)
+                    batch.append((live.sink, delta))
+                    if delta.finished:
+                        del self._live[rid]
+                        break
+            except Exception as exc:  # noqa: BLE001 - this request's failure only
+                failed[rid] = f"the request failed: {type(exc).__name__}: {exc}"
+                engine.release(rid)
         self._deliver(batch)
+        for rid, message in failed.items():
+            self._fail([rid], 500, message)
         self._metrics.observe_engine(engine.scheduler.get_stats())
 
     def _delta(self, ro: Any, live: _Live, now: float) -> RequestDelta:
