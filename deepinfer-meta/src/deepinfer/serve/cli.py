@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 EXTRA_HINT = "pip install 'deepinfer[serve]'"
+SWITCH_INTERVAL_S = 0.0005
 
 
 def _origins(value: str) -> list[str]:
@@ -131,6 +132,10 @@ def run_serve(args: argparse.Namespace) -> int:
     except (ValueError, TypeError, FileNotFoundError) as exc:
         print(f"deepinfer serve: error: {exc}", file=sys.stderr)
         return 2
+    # The engine thread releases the GIL inside every torch op and must get it back after each;
+    # with the default 5 ms switch interval the event loop's HTTP work can hold it that long
+    # every time (measured: serve/generate throughput 0.86 -> 0.93 at 16 clients on 2 cores).
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     _uvicorn_server(app, args).run()
     return 0
 
