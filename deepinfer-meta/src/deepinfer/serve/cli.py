@@ -23,7 +23,7 @@ def _origins(value: str) -> list[str]:
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
-    """Options of ``deepinfer serve`` (every one is documented in docs/guide/08-serving.md)."""
+    """Options of ``deepinfer serve`` (every one is documented in docs/guide/10-serving.md)."""
     m = p.add_argument_group("model and engine")
     m.add_argument("--model", default=None, help="GGUF file or HF model directory (default: SmolLM2-135M-Instruct)")
     m.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if available)")
