@@ -183,7 +183,8 @@ def packaging(session: nox.Session) -> None:
 
 @nox.session
 def sanitize(session: nox.Session) -> None:
-    """Engine built with AddressSanitizer + UBSan; the engine tests run under it."""
+    """Engine built with AddressSanitizer + UBSan; the engine tests, the state machine and the
+    runtime's thread and failed-step tests run under it."""
     _install(session, *TEST_DEPS, *BUILD_DEPS)
     _install_ours(session, "deepinfer")
     build_dir = ROOT / "build" / "asan"
@@ -211,6 +212,13 @@ def sanitize(session: nox.Session) -> None:
                     *session.posargs,
                     env={**env, "DEEPINFER_STATE_MACHINE_EXAMPLES": os.environ.get(
                         "DEEPINFER_STATE_MACHINE_EXAMPLES", "200")})
+    # The runtime driving the sanitized engine from several threads and through failed steps.
+    _install(session, *RUNTIME_DEPS)
+    session.install("--no-deps", DEFAULT_MODEL)
+    session.run("pytest", "-q", "-p", "no:cacheprovider", "--capture=sys",
+                *(str(ROOT / "tests" / "reliability" / f)
+                  for f in ("test_runtime_threads.py", "test_failed_step_recovery.py")),
+                *session.posargs, env=env)
 
 
 @nox.session

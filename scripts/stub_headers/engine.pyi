@@ -15,7 +15,7 @@ Borrowed memory
     ==========================================  =======  ================================
     argument                                    dtype    shape
     ==========================================  =======  ================================
-    Scheduler.update: sampled_token_ids         int32    (R,)  R = out.num_sample_rows
+    Scheduler.update: sampled_token_ids         integer  (R,)  R = out.num_sample_rows [1]
     Scheduler.update: logprobs                  float32  (R,)
     Scheduler.update: topk_token_ids/logprobs   int32/f32 (R, k)
     PrepareArgs: input_ids                      int32    (T,)  T = token capacity
@@ -36,13 +36,29 @@ Borrowed memory
     update_prompt_logprobs: topk ids/logprobs   int32/f32 (N, k) (read)
     ==========================================  =======  ================================
 
+    [1] int32 C-contiguous is borrowed; any other integer array, a CPU tensor (DLPack) or a
+    list is converted once (a non-integer dtype is a ``TypeError``).
+
 Calls that release the GIL
     ``Scheduler.schedule``, ``Scheduler.update``, ``prepare_prompt_v4``,
     ``prepare_decode_v4``, ``prepare_zos_inputs``, ``prepare_decode_zos_inputs``,
-    ``prepare_sampler_inputs``, ``process_MTPInfo``, ``encode_compressed``. They take no
-    lock: one scheduler (and the pools and ``PrepareArgs`` used with it) is driven by one
-    thread at a time. Calls that create Python objects (``build_request_outputs``,
+    ``prepare_sampler_inputs``, ``process_MTPInfo``, ``Scheduler.abandon_step``,
+    ``encode_compressed``. Calls that create Python objects (``build_request_outputs``,
     ``get_finished_seqs_info``, property getters) hold the GIL.
+
+One thread at a time per object
+    A scheduler (and the pools, ``PrepareArgs`` and ``SamplerInputs`` used with it) is
+    driven by one thread at a time; the engine takes no lock. A call that would mutate a
+    ``Scheduler``, ``SequenceMetadataPool``, ``PrepareArgs`` or ``SamplerInputs`` while
+    another thread's call is inside it (the calls above release the GIL) raises
+    ``RuntimeError("<object> is being used by another thread: ...")`` at once and changes
+    nothing: every mutating call (``add_request``, ``abort_request``, ``schedule``,
+    ``update``, ``abandon_step``, ``stop_sequence``, ``reset_prefix_cache``, the builders,
+    ``SequenceMetadataPool.build`` / ``add_sequence`` / ``clear``,
+    ``clone_and_zero_states_and_blocks``, ``process_MTPInfo``, ``update_prompt_logprobs``,
+    ``build_request_outputs``, ``get_finished_seqs_info``) holds its objects' busy flag
+    (one atomic exchange each) for its duration. Read-only properties are not guarded: read
+    them from the thread that drives the object.
 
 Loose types
     Parameters shown as ``typing.Any`` below take a list of ints or any integer numpy

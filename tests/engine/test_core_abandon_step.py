@@ -296,7 +296,7 @@ def test_fail_reports_error_through_every_output_path():
     assert set(outs) == {"x", "y"} and all(ro.finished for ro in outs.values())
     assert [c.finish_reason for c in outs["x"].outputs] == ["error", "error"]
     assert outs["y"].outputs[0].token_ids == [9, 9]   # two steps ran; the third failed
-    assert s.get_sequences("x")[0].finish_reason == "error"
+    assert s.get_sequence(int(info["seq_ids"][0])).finish_reason == "error"
     assert s.block_manager.num_free_blocks == s.block_manager.num_blocks
     assert not s.has_unfinished_requests()
     assert s.schedule().is_empty

@@ -153,3 +153,58 @@ def test_placeholder_request_id_is_reserved():
     s = make_scheduler()
     with pytest.raises(ValueError, match="reserved"):
         s.add_request(E.PLACEHOLDER_REQUEST_ID, [2])
+
+
+@pytest.mark.parametrize("kind", ["cumulative", "delta"])
+@pytest.mark.parametrize("at_max_tokens", [False, True])
+def test_a_stop_string_corrects_the_built_output_instead_of_building_it_twice(kind, at_max_tokens):
+    """The detokenizer finds a stop string in an output just built: stop_sequence(output=ro) cuts
+    that output in place and the request is not reported again (its outputs are built once)."""
+    s = make_scheduler()
+    pool = E.RequestOutputPool()
+    s.add_request("r", [2, 3], max_tokens=3 if at_max_tokens else 10, output_kind=kind, logprobs=0,
+                  ignore_eos=True)
+    s.add_request("other", [4, 5], max_tokens=10, ignore_eos=True)
+    step(s, [11, 21])
+    E.build_request_outputs(s, pool)
+    step(s, [12, 22])
+    step(s, [13, 23])                       # "r" hits max_tokens here when at_max_tokens
+    built = {ro.request_id: ro for ro in E.build_request_outputs(s, pool)}
+    ro = built["r"]
+    assert ro.finished == at_max_tokens
+    seq = s.get_sequences("r")[0].seq_id
+    s.stop_sequence(seq, "STOP", 2, output=ro)      # the stop string ends in the 2nd output token
+    c = ro.outputs[0]
+    assert c.finish_reason == "stop" and c.stop_reason == "STOP" and ro.finished
+    assert c.token_ids == ([11, 12] if kind == "cumulative" else [12])   # delta: this build had 12, 13
+    assert len(c.logprobs) == len(c.token_ids)
+    assert E.build_request_outputs(s, pool) == []    # not built a second time
+    info = E.get_finished_seqs_info(s)
+    assert info["request_ids"] == ["r"] and info["statuses"].tolist() == [int(E.SequenceStatus.FINISHED_STOPPED)]
+    s.add_request("r", [2, 3], max_tokens=1)         # its id is free: its final output was returned
+    step(s, [24, 7])
+    assert [o.request_id for o in E.build_request_outputs(s, pool)] == ["other", "r"]
+
+
+def test_stop_sequence_output_of_an_n_gt_1_request_and_bad_outputs():
+    s = make_scheduler()
+    pool = E.RequestOutputPool()
+    s.add_request("r", [2, 3], n=2, max_tokens=10, ignore_eos=True)
+    s.add_request("x", [4, 5], max_tokens=10, ignore_eos=True)
+    step(s, [11, 12, 21])
+    built = {ro.request_id: ro for ro in E.build_request_outputs(s, pool)}
+    child = s.get_sequences("r")[1].seq_id
+    with pytest.raises(ValueError, match="output: is the output of request 'x'"):
+        s.stop_sequence(child, "S", 0, output=built["x"])
+    with pytest.raises(TypeError, match="output"):
+        s.stop_sequence(child, "S", 0, output="r")
+    assert not s.get_sequence(child).is_finished          # refused: nothing changed
+    s.stop_sequence(child, "S", 0, output=built["r"])
+    by_index = {c.index: c for c in built["r"].outputs}
+    assert by_index[1].finish_reason == "stop" and by_index[1].token_ids == []
+    assert by_index[0].finish_reason is None and not built["r"].finished
+    assert E.build_request_outputs(s, pool) == []
+    step(s, [13, 22])
+    (r_out,) = [o for o in E.build_request_outputs(s, pool) if o.request_id == "r"]
+    assert [c.index for c in r_out.outputs] == [0, 1]      # cumulative: both samples, 1 stays stopped
+    assert {c.index: c.finish_reason for c in r_out.outputs} == {0: None, 1: "stop"}

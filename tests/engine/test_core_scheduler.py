@@ -89,12 +89,15 @@ def test_preemption_victim_lowest_priority_then_latest_arrival_and_resume_first(
     assert st["preempted"] == [lo_new]
     assert st["seq_ids"] == [hi, lo_old]
     assert s.get_sequence(lo_new).status == S.PREEMPTED
-    # A new request, of better priority and small enough to fit the 2 free blocks, still waits
-    # behind the preempted lo_new (which needs 5 blocks for its 17 tokens).
+    # A new request of better priority, small enough to fit the 2 free blocks, goes before the
+    # preempted lo_new (which needs 5 blocks for its 17 tokens): preempted requests re-enter the
+    # priority order, they win only ties.
     new = s.add_request("new", [2, 3], priority=0, max_tokens=1)
-    assert s.waiting_seq_ids.tolist() == [lo_new, new]
+    assert s.waiting_seq_ids.tolist() == [new, lo_new]
     st = run_step(s)
-    assert st["seq_ids"] == [hi, lo_old] and st["preempted"] == []
+    assert st["seq_ids"] == [hi, lo_old, new] and st["preempted"] == []
+    tie = s.add_request("tie", [2, 4], priority=5, max_tokens=1)
+    assert s.waiting_seq_ids.tolist() == [lo_new, tie]      # same priority: the preempted one first
 
 
 def test_fcfs_victim_is_latest_arrival():

@@ -93,12 +93,12 @@ def test_update_buffer_validation_and_state_unchanged():
     with pytest.raises(ValueError, match="waiting for update"):
         s.schedule()
     bad = [
-        (np.zeros(2, np.int64), TypeError, "sampled_token_ids: expected dtype int32"),
-        ([5, 5], TypeError, "sampled_token_ids"),
+        (np.zeros(2, np.float64), TypeError, "sampled_token_ids: expected integer token ids, got dtype float64"),
+        ([5.0, 5], TypeError, "sampled_token_ids"),
         (np.zeros(3, np.int32), ValueError, r"sampled_token_ids: expected 2 elements"),
-        (np.zeros((2, 1), np.int32), ValueError, "sampled_token_ids: expected a 1-D"),
-        (np.zeros(4, np.int32)[::2], ValueError, "sampled_token_ids: must be C-contiguous"),
+        (np.zeros((2, 1), np.int32), ValueError, r"sampled_token_ids: expected 2 elements, got shape \(2, 1\)"),
         (np.array([5, 100], np.int32), ValueError, "token id 100 at row 1"),
+        (np.array([5, 2**33], np.int64), ValueError, "token id 8589934592 at row 1"),
     ]
     for arr, exc, match in bad:
         with pytest.raises(exc, match=match):
@@ -180,3 +180,11 @@ def test_add_request_keyword_types(kw, exc, match):
         temperature=0,
         top_p=1,
     )  # None and ints for floats are accepted
+
+
+def test_arrival_time_must_be_finite():
+    s = make_scheduler()
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="arrival_time"):
+            s.add_request("a", [2, 3], arrival_time=bad)
+    assert not s.has_unfinished_requests()

@@ -178,9 +178,13 @@ case("Scheduler", "abort unknown id")(lambda w: w.sched.abort_request("nope"))
 case("Scheduler", "abort list with an unknown id")(lambda w: w.sched.abort_request(["a", "nope"]))
 case("Scheduler", "abort int")(lambda w: w.sched.abort_request(5))
 case("Scheduler", "schedule while a step is in flight")(lambda w: w.sched.schedule())
-for what, arr in [("float32 tokens", np.zeros(2, np.float32)), ("int64 tokens", np.zeros(2, np.int64)),
+# Any integer array is accepted (converted when not int32 C-contiguous): the bad ones here are the
+# wide or strided arrays whose values are not vocabulary ids, and non-integer dtypes.
+for what, arr in [("float32 tokens", np.zeros(2, np.float32)), ("bool tokens", np.zeros(2, bool)),
+                  ("int64 token beyond int32", np.array([2**40, 3], np.int64)),
                   ("too few rows", np.zeros(1, np.int32)), ("too many rows", np.zeros(5, np.int32)),
-                  ("2-D", np.zeros((2, 1), np.int32)), ("non-contiguous", np.zeros(4, np.int32)[::2]),
+                  ("2-D", np.zeros((2, 1), np.int32)),
+                  ("non-contiguous out of vocab", np.array([VOCAB, 0, 3, 0], np.int32)[::2]),
                   ("token out of vocab", np.array([3, VOCAB], np.int32)), ("negative token", np.array([-1, 3], np.int32)),
                   ("list of floats", [1.5, 2.5]), ("None", None), ("str", "ab")]:
     case("Scheduler", f"update {what}")(lambda w, a=arr: w.sched.update(a))

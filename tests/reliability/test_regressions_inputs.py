@@ -4,6 +4,7 @@ build/notes/requests-for-core-II.md). xfail(strict) until fixed."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from deepinfer_engine import _engine as E
 
 
@@ -62,3 +63,56 @@ def test_abort_between_schedule_and_prepare_leaves_the_other_rows_buildable():
             assert slots == [b_table[p // 4] * 4 + p % 4 for p in range(4)]
         else:
             assert all(x == -1 for x in slots)
+
+
+def _stale_pool_setup():
+    s = E.Scheduler(num_blocks=40, block_size=4, max_num_batched_tokens=64, max_model_len=64, vocab_size=100)
+    s.add_request("a", list(range(5, 25)), max_tokens=8, ignore_eos=True)
+    s.schedule()
+    pool = E.SequenceMetadataPool()
+    pool.build(s)
+    bufs = _buffers()
+    args = E.PrepareArgs(block_size=4, max_model_len=64, **bufs)
+    E.prepare_prompt_v4(args, pool)
+    E.prepare_sampler_inputs(args, pool, E.SamplerInputs())
+    s.update(np.array([9], np.int32))
+    s.schedule()                                           # pool.build(s) forgotten
+    return s, pool, args, bufs
+
+
+def test_every_builder_refuses_a_pool_built_for_another_step():
+    for call in ("decode", "prompt", "sampler"):
+        s, pool, args, bufs = _stale_pool_setup()
+        with pytest.raises(ValueError, match=r"SequenceMetadataPool\.build"):
+            if call == "decode":
+                E.prepare_decode_v4(args, pool)
+            elif call == "prompt":
+                E.prepare_prompt_v4(args, pool)
+            else:
+                E.prepare_sampler_inputs(args, pool, E.SamplerInputs())
+        pool.build(s)                                        # the fix: build, then it works
+        E.prepare_decode_v4(args, pool)
+        assert bufs["positions"][0] == 20                  # the new token's position
+
+
+def test_sampler_input_views_are_read_only_and_valid_until_the_next_prepare():
+    s = E.Scheduler(num_blocks=40, block_size=4, max_num_batched_tokens=64, max_model_len=64, vocab_size=100)
+    s.add_request("a", list(range(5, 25)), max_tokens=8, ignore_eos=True, temperature=0.5)
+    pool, si = E.SequenceMetadataPool(), E.SamplerInputs()
+    args = E.PrepareArgs(block_size=4, max_model_len=64, **_buffers())
+    s.schedule()
+    pool.build(s)
+    E.prepare_prompt_v4(args, pool)
+    E.prepare_sampler_inputs(args, pool, si)
+    views = [si.kernel.offsets, si.kernel.temperature, si.driver.seq_ids, si.kernel.logits_rows, args.row_seq_ids]
+    for v in views:
+        assert not v.flags.writeable
+        with pytest.raises(ValueError, match="read-only"):
+            v[...] = 0
+    assert si.kernel.offsets.tolist() == [0]
+    s.update(np.array([9], np.int32))
+    s.schedule()
+    pool.build(s)
+    E.prepare_decode_v4(args, pool)
+    E.prepare_sampler_inputs(args, pool, si)
+    assert si.kernel.offsets.tolist() == [1]                  # a fresh read after the next prepare

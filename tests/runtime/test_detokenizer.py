@@ -135,3 +135,14 @@ def test_stop_strings_are_looked_for_only_from_min_tokens_on(tokenizer):
         if hit:
             break
     assert hit == "Paris" and n > 3 and d.text == "Paris is nice. "
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_a_prompt_ending_inside_a_character_does_not_leak_into_the_completion(tokenizer, skip):
+    # The prompt's last token is the first byte of "這": its bytes are not the completion's.
+    lead = tokenizer.encode("這", add_special_tokens=False)[0]
+    prompt = tokenizer.encode("Say", add_special_tokens=False) + [lead]
+    for ids in ([0], tokenizer.encode(" hello", add_special_tokens=False)):
+        want = decode_completion(tokenizer, prompt, ids, skip_special_tokens=skip)
+        assert "\ufffd" not in want
+        assert _streamed(tokenizer, prompt, ids, [1] * len(ids), skip_special_tokens=skip) == (want, want)

@@ -179,3 +179,26 @@ def test_a_model_path_that_is_not_a_file_or_directory_is_named():
 
     with pytest.raises(ValueError, match="/dev/null.*neither a regular file"):
         LLM("/dev/null", device="cpu")
+
+
+def test_abort_from_another_thread_ends_a_stream_with_abort_and_frees_its_blocks(llm, alone):
+    import threading
+
+    start = _free(llm)
+    s = llm.stream(PROMPT, SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True))
+    got = list(next(s).outputs[0].token_ids)
+    t = threading.Thread(target=llm.abort, args=(s.request_id,))
+    t.start()
+    t.join(timeout=30)
+    assert not t.is_alive()
+    assert _free(llm) == start  # freed by the abort, before the stream reads on
+    rest = list(s)
+    assert rest and rest[-1].finished
+    assert [c.finish_reason for c in rest[-1].outputs] in ([], ["abort"])
+    got += [t for ro in rest for c in ro.outputs for t in c.token_ids]
+    assert got == alone[0][:len(got)]
+    llm.abort(s.request_id)  # finished: ignored
+    llm.abort("no-such-request")
+    with pytest.raises(TypeError, match="request_id"):
+        llm.abort(5)  # type: ignore[arg-type]
+    assert not llm.engine.requests and _free(llm) == start

@@ -28,6 +28,12 @@ from deepinfer.runtime.sampling_params import SamplingParams
     ({"logit_bias": {-3: 1.0}}, "logit_bias"),
     ({"seed": "x"}, "seed"),
     ({"n": True}, "n"),
+    ({"skip_special_tokens": "no"}, "skip_special_tokens"),
+    ({"include_stop_str_in_output": 5}, "include_stop_str_in_output"),
+    ({"ignore_eos": 1}, "ignore_eos"),
+    ({"stop_token_ids": 5}, "stop_token_ids"),
+    ({"logit_bias": [1, 2]}, "logit_bias"),
+    ({"temperature": "0.5"}, "temperature"),
 ])
 def test_invalid_values_are_named(kwargs, needle):
     with pytest.raises((ValueError, TypeError)) as err:

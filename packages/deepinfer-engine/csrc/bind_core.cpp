@@ -156,7 +156,7 @@ int64_t add_request_typed(Scheduler& s, const std::string& request_id, const py:
              const std::string& output_kind, std::optional<double> arrival_time, std::optional<int64_t> eos_token_id) {
             const int32_t vocab = s.config().vocab_size;
             if (request_id == kPlaceholderRequestId) buf::fail("request_id", "'" + request_id + "' is reserved for padding rows");
-            if (s.has_request(request_id)) buf::fail("request_id", "'" + request_id + "' is already in use");
+            if (s.request_id_in_use(request_id)) buf::fail("request_id", "'" + request_id + "' is already in use");
             // A C-contiguous int32 array is read in place; anything else is converted.
             std::vector<int32_t> converted;
             const int32_t* prompt = nullptr;
@@ -238,12 +238,87 @@ int64_t add_request_typed(Scheduler& s, const std::string& request_id, const py:
                 buf::fail("eos_token_id", std::to_string(e) + " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
               eos = static_cast<int32_t>(e);
             }
+            if (arrival_time && !std::isfinite(*arrival_time))
+              buf::fail("arrival_time", std::to_string(*arrival_time) + " must be a finite time.time() value");
             const double arrival = arrival_time ? *arrival_time : s.now();
             if (prompt_len > static_cast<size_t>(INT32_MAX / 2))
               buf::fail("prompt_token_ids", std::to_string(prompt_len) + " tokens is too many");
             const GroupIndex g = s.add_request(request_id, prompt, static_cast<int32_t>(prompt_len), p, arrival, eos);
             return s.store().seq(s.store().groups[g].seqs[0]).seq_id;
           }
+
+// sampled_token_ids of Scheduler.update as int32 vocabulary ids. A C-contiguous int32 numpy
+// array is read in place (its ids are checked by the caller); any other 1-D integer array — a
+// numpy array of another integer dtype or layout, a CPU tensor through DLPack, a list — is
+// converted once into `scratch`, each value checked against the vocabulary first (so a wide
+// value is never truncated into a valid id). `holder` keeps a converted source alive.
+const int32_t* sampled_token_rows(const py::object& obj, int32_t rows, int32_t vocab, py::array& holder,
+                                  std::vector<int32_t>& scratch) {
+  const char* name = "sampled_token_ids";
+  auto out_of_vocab = [&](long long id, int32_t r) {
+    buf::fail(name, "token id " + std::to_string(id) + " at row " + std::to_string(r) +
+                        " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+  };
+  if (py::isinstance<py::array>(obj)) {
+    holder = py::reinterpret_borrow<py::array>(obj);
+  } else if (py::hasattr(obj, "__dlpack__")) {
+    try {
+      holder = py::module_::import("numpy").attr("from_dlpack")(obj);
+    } catch (py::error_already_set& e) {
+      throw py::type_error(std::string(name) + ": cannot read " +
+                           std::string(py::str(py::type::of(obj).attr("__name__"))) +
+                           " through DLPack on the CPU (" + e.what() + "); pass a CPU array");
+    }
+  } else {
+    const std::vector<int64_t> v = loose_int64s(obj, name, INT64_MIN);
+    if (static_cast<int64_t>(v.size()) != rows)
+      buf::fail(name, "expected " + std::to_string(rows) + " elements, got " + std::to_string(v.size()));
+    scratch.resize(v.size());
+    for (int32_t r = 0; r < rows; ++r) {
+      if (v[r] < 0 || v[r] >= vocab) out_of_vocab(v[r], r);
+      scratch[r] = static_cast<int32_t>(v[r]);
+    }
+    return scratch.data();
+  }
+  const py::array& a = holder;
+  const char kind = a.dtype().kind();
+  if (kind != 'i' && kind != 'u')
+    throw py::type_error(std::string(name) + ": expected integer token ids, got dtype " + std::string(py::str(a.dtype())));
+  if (a.ndim() != 1 || a.shape(0) != rows)
+    buf::fail(name, "expected " + std::to_string(rows) + " elements, got shape " + buf::shape_str(a));
+  if (a.dtype().is(py::dtype::of<int32_t>()) && (a.flags() & py::array::c_style))
+    return static_cast<const int32_t*>(a.data());
+  scratch.resize(static_cast<size_t>(rows));
+  const char* base = static_cast<const char*>(a.data());
+  const py::ssize_t stride = rows > 0 ? a.strides(0) : 0;
+  const py::ssize_t size = a.itemsize();
+  for (int32_t r = 0; r < rows; ++r) {
+    const char* p = base + r * stride;
+    long long id;
+    if (kind == 'i') {
+      if (size == 1) id = *reinterpret_cast<const int8_t*>(p);
+      else if (size == 2) id = *reinterpret_cast<const int16_t*>(p);
+      else if (size == 4) id = *reinterpret_cast<const int32_t*>(p);
+      else id = *reinterpret_cast<const int64_t*>(p);
+      if (id < 0 || id >= vocab) out_of_vocab(id, r);
+    } else {
+      unsigned long long u;
+      if (size == 1) u = *reinterpret_cast<const uint8_t*>(p);
+      else if (size == 2) u = *reinterpret_cast<const uint16_t*>(p);
+      else if (size == 4) u = *reinterpret_cast<const uint32_t*>(p);
+      else u = *reinterpret_cast<const uint64_t*>(p);
+      if (u >= static_cast<unsigned long long>(vocab)) {
+        if (u > static_cast<unsigned long long>(INT64_MAX))
+          buf::fail(name, "token id " + std::to_string(u) + " at row " + std::to_string(r) +
+                              " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+        out_of_vocab(static_cast<long long>(u), r);
+      }
+      id = static_cast<long long>(u);
+    }
+    scratch[r] = static_cast<int32_t>(id);
+  }
+  return scratch.data();
+}
 
 // Keyword arguments of Scheduler.add_request: only the given ones are looked at.
 int64_t add_request_kwargs(Scheduler& s, const std::string& request_id, const py::object& prompt_token_ids,
@@ -322,7 +397,7 @@ void bind_core(py::module_& m) {
                                   "Lifecycle of a sequence. FINISHED_* values are final.")
       .value("WAITING", SequenceStatus::WAITING, "Queued, never scheduled.")
       .value("RUNNING", SequenceStatus::RUNNING, "Holds KV blocks; scheduled when the budget allows.")
-      .value("PREEMPTED", SequenceStatus::PREEMPTED, "Blocks freed (recompute); resumes before new requests.")
+      .value("PREEMPTED", SequenceStatus::PREEMPTED, "Blocks freed (recompute); resumes before new requests of the same priority.")
       .value("FINISHED_STOPPED", SequenceStatus::FINISHED_STOPPED, "EOS, a stop token id or a stop string.")
       .value("FINISHED_LENGTH", SequenceStatus::FINISHED_LENGTH, "max_tokens or the max model length.")
       .value("FINISHED_ABORTED", SequenceStatus::FINISHED_ABORTED, "Aborted by request id.")
@@ -627,6 +702,7 @@ void bind_core(py::module_& m) {
       .def(
           "add_request",
           [](Scheduler& s, const std::string& request_id, const py::object& prompt_token_ids, const py::kwargs& kw) {
+            BusyGuard busy_guard(s.busy, "Scheduler", "Scheduler.add_request");
             return add_request_kwargs(s, request_id, prompt_token_ids, kw);
           },
           py::arg("request_id"), py::arg("prompt_token_ids"),
@@ -650,6 +726,7 @@ void bind_core(py::module_& m) {
       .def(
           "abort_request",
           [](Scheduler& s, const std::variant<std::string, std::vector<std::string>>& request_ids) {
+            BusyGuard busy_guard(s.busy, "Scheduler", "Scheduler.abort_request");
             std::vector<std::string> ids;
             if (std::holds_alternative<std::string>(request_ids)) ids.push_back(std::get<std::string>(request_ids));
             else ids = std::get<std::vector<std::string>>(request_ids);
@@ -666,6 +743,7 @@ void bind_core(py::module_& m) {
       .def(
           "schedule",
           [](Scheduler& s) -> const SchedulerOutputs& {
+            BusyGuard busy_guard(s.busy, "Scheduler", "Scheduler.schedule");
             if (s.step_in_flight())
               throw py::value_error("schedule: step " + std::to_string(s.step()) + " is still waiting for update()");
             py::gil_scoped_release nogil;
@@ -678,6 +756,7 @@ void bind_core(py::module_& m) {
           "update",
           [](Scheduler& s, const py::object& sampled_token_ids, const py::object& logprobs,
              const py::object& topk_token_ids, const py::object& topk_logprobs) {
+            BusyGuard busy_guard(s.busy, "Scheduler", "Scheduler.update");
             if (!s.step_in_flight()) throw py::value_error("update: no scheduled step (call schedule() first)");
             const SchedulerOutputs& o = s.last_outputs();
             // A decode with drafts computes 1 + k tokens but update appends one per row: only
@@ -687,7 +766,10 @@ void bind_core(py::module_& m) {
                                     std::to_string(o.num_decode_tokens - o.num_decodes) +
                                     " draft tokens scheduled): apply it with process_MTPInfo; nothing was changed");
             const auto rows = o.num_sample_rows;
-            auto tok = buf::check_input_1d<int32_t>(sampled_token_ids, "sampled_token_ids", rows);
+            py::array token_holder;
+            std::vector<int32_t> token_scratch;
+            const int32_t* const tokens =
+                sampled_token_rows(sampled_token_ids, rows, s.config().vocab_size, token_holder, token_scratch);
             const float* lp = nullptr;
             if (!logprobs.is_none()) lp = buf::check_input_1d<float>(logprobs, "logprobs", rows).data;
             const int32_t* tk = nullptr;
@@ -722,8 +804,8 @@ void bind_core(py::module_& m) {
               }
             }
             for (int32_t r = 0; r < rows; ++r)
-              if (tok.data[r] < 0 || tok.data[r] >= vocab)
-                buf::fail("sampled_token_ids", "token id " + std::to_string(tok.data[r]) + " at row " + std::to_string(r) +
+              if (tokens[r] < 0 || tokens[r] >= vocab)
+                buf::fail("sampled_token_ids", "token id " + std::to_string(tokens[r]) + " at row " + std::to_string(r) +
                                                    " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
             // Rows whose request asks for more top-k logprobs than given (scan only on error).
             if (o.max_logprobs > k) {
@@ -738,12 +820,14 @@ void bind_core(py::module_& m) {
               }
             }
             py::gil_scoped_release nogil;
-            s.update(tok.data, lp, tk, tl, k);
+            s.update(tokens, lp, tk, tl, k);
           },
           py::arg("sampled_token_ids"), py::arg("logprobs") = py::none(), py::arg("topk_token_ids") = py::none(),
           py::arg("topk_logprobs") = py::none(),
-          "Apply the step's sampled tokens (releases the GIL). Borrowed, read-only: sampled_token_ids "
-          "int32[num_sample_rows]; logprobs float32[num_sample_rows] (sampled tokens' logprobs) or None; "
+          "Apply the step's sampled tokens (releases the GIL). sampled_token_ids: num_sample_rows token ids, "
+          "any 1-D integer array — an int32 C-contiguous numpy array is read in place (borrowed), another "
+          "integer dtype or layout, a CPU tensor (DLPack) or a list is converted once; a non-integer dtype is a "
+          "TypeError, a wrong length or an id outside the vocabulary a ValueError. Borrowed, read-only: logprobs float32[num_sample_rows] (sampled tokens' logprobs) or None; "
           "topk_token_ids int32[num_sample_rows, k] with topk_logprobs float32[num_sample_rows, k], or None. "
           "Advances computed tokens, registers full blocks in the prefix cache, forks n > 1 groups, appends "
           "tokens and applies stop conditions. Validates everything first (token ids and the top-k ids a row "
@@ -752,6 +836,7 @@ void bind_core(py::module_& m) {
       .def(
           "abandon_step",
           [](Scheduler& s, const std::string& action) {
+            BusyGuard busy_guard(s.busy, "Scheduler", "Scheduler.abandon_step");
             bool fail = false;
             if (action == "fail") fail = true;
             else if (action != "recompute")
@@ -783,20 +868,39 @@ void bind_core(py::module_& m) {
           "ValueError naming action for any other value.")
       .def(
           "stop_sequence",
-          [](Scheduler& s, int64_t seq_id, const std::string& stop_string, int32_t num_output_tokens) {
+          [](Scheduler& s, int64_t seq_id, const std::string& stop_string, int32_t num_output_tokens,
+             const py::object& output) {
+            BusyGuard busy_guard(s.busy, "Scheduler", "Scheduler.stop_sequence");
             const SeqIndex i = seq_index_or_raise(s, seq_id);
             const Sequence& q = s.store().seq(i);
             if (num_output_tokens < 0 || num_output_tokens > q.num_output_tokens())
               buf::fail("num_output_tokens", std::to_string(num_output_tokens) + " is outside [0, " +
                                                  std::to_string(q.num_output_tokens()) + "]");
+            RequestOutputData* d = nullptr;
+            if (!output.is_none()) {
+              if (!py::isinstance<RequestOutputData>(output))
+                throw py::type_error("output: expected a RequestOutput or None, got " +
+                                     std::string(py::str(py::type::of(output).attr("__name__"))));
+              d = &output.cast<RequestOutputData&>();
+              const std::string& rid = s.store().group_of(i).request_id;
+              if (d->request_id != rid)
+                buf::fail("output", "is the output of request '" + d->request_id + "', not of sequence " +
+                                        std::to_string(seq_id) + "'s request '" + rid + "'");
+            }
+            const int32_t old_len = q.num_output_tokens();
             s.stop_sequence(i, stop_string, num_output_tokens);
+            if (d) correct_output_after_stop(s, i, old_len, *d);
           },
-          py::arg("seq_id"), py::arg("stop_string"), py::arg("num_output_tokens"),
+          py::arg("seq_id"), py::arg("stop_string"), py::arg("num_output_tokens"), py::arg("output") = py::none(),
           "Finish a sequence for a stop string found by the detokenizer, keeping its first "
-          "num_output_tokens output tokens (stop_reason = stop_string, finish_reason 'stop'). It is reported by "
-          "the next build_request_outputs / get_finished_seqs_info; a sequence that already finished in this "
-          "step (e.g. at max_tokens) becomes 'stop' and its request is output again. Raises ValueError for an unknown seq_id or "
-          "a count outside [0, output length].")
+          "num_output_tokens output tokens (stop_reason = stop_string, finish_reason 'stop'); a sequence that "
+          "already finished in this step (e.g. at max_tokens) becomes 'stop'. output: the RequestOutput of the "
+          "sequence's request from the last build_request_outputs, or None. Given, it is corrected in place "
+          "(the completion's tokens cut at the stop, its finish and stop reason, `finished` once every sample "
+          "ended) and the request is not reported again: its outputs are built once. Without it the next "
+          "build_request_outputs reports the request again. Raises ValueError for an unknown seq_id, a count "
+          "outside [0, output length] or another request's output; TypeError for an output that is not a "
+          "RequestOutput.")
       .def(
           "get_sequence",
           [](py::object self, int64_t seq_id) {
@@ -836,12 +940,23 @@ void bind_core(py::module_& m) {
       .def_property_readonly(
           "waiting_seq_ids",
           [](const Scheduler& s) {
+            // The two sorted queues merged as schedule() admits from them: by priority under the
+            // 'priority' policy, a preempted sequence first on ties.
             std::vector<int64_t> v;
-            for (SeqIndex i : s.preempted()) v.push_back(s.store().seq(i).seq_id);
-            for (SeqIndex i : s.waiting()) v.push_back(s.store().seq(i).seq_id);
+            const auto& p = s.preempted();
+            const auto& w = s.waiting();
+            const bool by_priority = s.config().policy == SchedulingPolicy::PRIORITY;
+            size_t i = 0, j = 0;
+            while (i < p.size() || j < w.size()) {
+              bool take_p = i < p.size();
+              if (take_p && j < w.size() && by_priority)
+                take_p = s.store().group_of(p[i]).params.priority <= s.store().group_of(w[j]).params.priority;
+              v.push_back(s.store().seq(take_p ? p[i++] : w[j++]).seq_id);
+            }
             return to_array(v);
           },
-          "int64: preempted then waiting sequences, in admission order.")
+          "int64: preempted and waiting sequences, in admission order (by priority under the 'priority' "
+          "policy, preempted ones first on ties; then arrival_time and add order).")
       .def_property_readonly("step_in_flight", &Scheduler::step_in_flight,
                              "True between schedule() and update().")
       .def_property_readonly("block_manager", [](Scheduler& s) -> BlockManager& { return s.block_manager(); },
@@ -849,7 +964,10 @@ void bind_core(py::module_& m) {
       .def_property_readonly("max_model_len", [](const Scheduler& s) { return s.config().max_model_len; },
                              "Max tokens per sequence.")
       .def_property_readonly("vocab_size", [](const Scheduler& s) { return s.config().vocab_size; }, "Vocabulary size.")
-      .def("reset_prefix_cache", &Scheduler::reset_prefix_cache,
+      .def("reset_prefix_cache", [](Scheduler& s) {
+             BusyGuard busy_guard(s.busy, "Scheduler", "Scheduler.reset_prefix_cache");
+             return s.reset_prefix_cache();
+           },
            "Forget every cached block (e.g. after new weights). Returns True.")
       .def("get_stats", &scheduler_stats,
            "dict: num_running, num_waiting, num_preempted, num_preemptions_total, num_unfinished_requests, "
@@ -863,6 +981,7 @@ void bind_core(py::module_& m) {
   m.def(
       "clone_and_zero_states_and_blocks",
       [](Scheduler& s, int64_t seq_id, int32_t num_children) {
+        BusyGuard busy_guard(s.busy, "Scheduler", "clone_and_zero_states_and_blocks");
         const SeqIndex i = seq_index_or_raise(s, seq_id);
         const Sequence& q = s.store().seq(i);
         if (q.status != SequenceStatus::RUNNING)
@@ -995,6 +1114,7 @@ void bind_core(py::module_& m) {
   m.def(
       "build_request_outputs",
       [](Scheduler& s, RequestOutputPool& pool) {
+        BusyGuard busy_guard(s.busy, "Scheduler", "build_request_outputs");
         if (s.step_in_flight())
           throw py::value_error("build_request_outputs: step " + std::to_string(s.step()) + " is waiting for update()");
         return py::typing::List<RequestOutputData>(build_request_outputs(s, pool));
@@ -1007,6 +1127,7 @@ void bind_core(py::module_& m) {
   m.def(
       "get_finished_seqs_info",
       [](const Scheduler& s) {
+        BusyGuard busy_guard(s.busy, "Scheduler", "get_finished_seqs_info");
         const auto& f = s.finished();
         const size_t k = f.size();
         py::array_t<int64_t> ids(static_cast<py::ssize_t>(k));

@@ -7,9 +7,11 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "bindings_inputs.h"
 #include "buffer_check.h"
+#include "host_array.h"
 #include "loose_ints.h"
 #include "metadata.h"
 #include "prepare_args.h"
@@ -39,6 +41,12 @@ SequenceMetadataInfo snapshot(const MetadataRow& r) {
 
 
 int32_t run_builder(PrepareArgs& a, SequenceMetadataPool& pool, BuildMode mode, const PrepareArgs* prev) {
+  const char* call = mode == BuildMode::PROMPT ? "prepare_prompt_v4" : mode == BuildMode::DECODE ? "prepare_decode_v4"
+                     : mode == BuildMode::ZOS ? "prepare_zos_inputs" : "prepare_decode_zos_inputs";
+  BusyGuard args_guard(a.busy, "PrepareArgs", call);
+  BusyGuard pool_guard(pool.busy, "SequenceMetadataPool", call);
+  std::optional<BusyGuard> sched_guard;  // the builder reads the sequences of the pool's scheduler
+  if (pool.source()) sched_guard.emplace(pool.source()->busy, "Scheduler", call);
   a.recheck_writable();
   py::gil_scoped_release nogil;  // everything below is plain C++ on validated memory
   return prepare_inputs(a, pool, mode, prev);
@@ -88,19 +96,26 @@ allocation in the steady state). Fill it from a SchedulerOutputs (``build``) or 
 with ``add_sequence`` (standalone sequences owned by the pool until ``clear``). The builders
 (prepare_prompt_v4, ...) and prepare_sampler_inputs read it.)doc")
       .def(py::init<>(), "An empty pool.")
-      .def("clear", &SequenceMetadataPool::clear, "Forget every row (storage is kept for reuse).")
+      .def("clear", [](SequenceMetadataPool& p) {
+             BusyGuard guard(p.busy, "SequenceMetadataPool", "SequenceMetadataPool.clear");
+             p.clear();
+           }, "Forget every row (storage is kept for reuse).")
       .def(
           "build",
           [](SequenceMetadataPool& pool, const Scheduler& scheduler) {
+            BusyGuard pool_guard(pool.busy, "SequenceMetadataPool", "SequenceMetadataPool.build");
+            BusyGuard sched_guard(scheduler.busy, "Scheduler", "SequenceMetadataPool.build");
             if (!scheduler.step_in_flight())
               throw py::value_error("scheduler: no scheduled step (call schedule() before building metadata)");
             pool.build_from(&scheduler.store(), scheduler.last_outputs().scheduled);
+            pool.set_source_step(&scheduler, scheduler.step());
             return static_cast<int32_t>(pool.size());
           },
           py::arg("scheduler"),
           "Replace the rows with the sequences of the scheduler's last schedule() (decodes first, then prefill "
           "chunks), without copying their tokens: rows refer to the scheduler's sequences by slot. Returns the "
-          "row count. Build after every schedule(); the scheduler must outlive the use of the rows.",
+          "row count. Build after every schedule(): the builders refuse (ValueError naming this call) rows built "
+          "for another step of the scheduler, or once it has no step in flight.",
           py::keep_alive<1, 2>())
       .def("__len__", &SequenceMetadataPool::size, "Number of rows.")
       .def(
@@ -109,6 +124,7 @@ with ``add_sequence`` (standalone sequences owned by the pool until ``clear``). 
             const py::ssize_t n = static_cast<py::ssize_t>(p.size());
             if (i < 0) i += n;
             if (i < 0 || i >= n) throw py::index_error("index: " + std::to_string(i) + " out of range for " + std::to_string(n) + " rows");
+            BusyGuard guard(p.busy, "SequenceMetadataPool", "SequenceMetadataPool.__getitem__");
             p.resolve();
             return snapshot(p[static_cast<size_t>(i)]);
           },
@@ -123,6 +139,7 @@ with ``add_sequence`` (standalone sequences owned by the pool until ``clear``). 
              int32_t min_tokens, int32_t eos_token_id, bool ignore_eos, const py::object& stop_token_ids,
              int32_t logprobs, int32_t prompt_logprobs, const py::object& logit_bias,
              const py::object& allowed_token_ids, const py::object& banned_token_ids) {
+            BusyGuard guard(pool.busy, "SequenceMetadataPool", "SequenceMetadataPool.add_sequence");
             // Validate everything before the pool changes.
             auto tokens = loose_ints(token_ids, "token_ids", 0);
             auto blocks = loose_ints(block_table, "block_table", 0);
@@ -137,9 +154,10 @@ with ``add_sequence`` (standalone sequences owned by the pool until ``clear``). 
                 const int64_t t = kv.first.cast<int64_t>();
                 if (t < 0 || t > INT32_MAX) throw py::value_error("logit_bias: token id " + std::to_string(t) + " out of range");
                 const float b = kv.second.cast<float>();
-                // A NaN/inf bias would reach the sampler and poison the row's logits.
-                if (!std::isfinite(b))
-                  throw py::value_error("logit_bias: bias of token " + std::to_string(t) + " must be finite, got " + std::to_string(b));
+                // The add_request rule (sampling_params.h); a NaN/inf bias would poison the row's logits.
+                if (!(b >= -kMaxLogitBias && b <= kMaxLogitBias))
+                  throw py::value_error("logit_bias: bias of token " + std::to_string(t) + " must be in [-100, 100], got " +
+                                        std::to_string(b));
                 bias.emplace_back(static_cast<int32_t>(t), b);
               }
               std::sort(bias.begin(), bias.end());
@@ -171,6 +189,9 @@ with ``add_sequence`` (standalone sequences owned by the pool until ``clear``). 
             if (!(repetition_penalty > 0.0f)) throw py::value_error("repetition_penalty: must be > 0, got " + std::to_string(repetition_penalty));
             if (min_tokens < 0) throw py::value_error("min_tokens: must be >= 0, got " + std::to_string(min_tokens));
             if (logprobs < -1) throw py::value_error("logprobs: must be -1 (none) or >= 0, got " + std::to_string(logprobs));
+            if (logprobs > kMaxLogprobs || prompt_logprobs > kMaxLogprobs)
+              throw py::value_error(std::string(logprobs > kMaxLogprobs ? "logprobs" : "prompt_logprobs") + ": must be <= " +
+                                    std::to_string(kMaxLogprobs));
             if (prompt_logprobs < -1)
               throw py::value_error("prompt_logprobs: must be -1 (none) or >= 0, got " + std::to_string(prompt_logprobs));
 
@@ -315,13 +336,15 @@ order, one hash seed per Engram layer, one table size per order (1..2^31-1).)doc
                              "Block-table rows (re)written since construction (incremental-update statistics).")
       .def_property_readonly("row_seq_ids", [](py::object self) {
             const auto& a = self.cast<const PrepareArgs&>();
-            return py::array_t<int64_t>({static_cast<py::ssize_t>(a.layout.num_rows)}, {sizeof(int64_t)},
-                                        a.layout.row_seq_id.data(), self);
-          }, "Per batch row of the last step: its seq_id, -1 for placeholder or discarded rows (a view).")
+            return read_only(py::array_t<int64_t>({static_cast<py::ssize_t>(a.layout.num_rows)}, {sizeof(int64_t)},
+                                                  a.layout.row_seq_id.data(), self));
+          }, "Per batch row of the last step: its seq_id, -1 for placeholder or discarded rows (a read-only view, "
+             "valid until the next prepare or zos_discard with these args).")
       .def(
           "zos_discard",
           [](PrepareArgs& a, const py::handle& finished_seq_ids) {
             auto ids = loose_int64s(finished_seq_ids, "finished_seq_ids", 0);
+            BusyGuard guard(a.busy, "PrepareArgs", "PrepareArgs.zos_discard");
             std::vector<int32_t> rows, logits;
             zos_discard(a, ids.data(), ids.size(), rows, logits);
             return py::make_tuple(py::array_t<int32_t>(rows.size(), rows.data()),

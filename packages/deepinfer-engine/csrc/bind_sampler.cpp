@@ -1,12 +1,14 @@
 // Python bindings of the sampler-input family and prepare_sampler_inputs.
 #include <pybind11/numpy.h>
 
+#include <optional>
 #include <string>
 
 #include "bindings_inputs.h"
 #include "metadata.h"
 #include "prepare_args.h"
 #include "sampler_inputs.h"
+#include "scheduler.h"
 
 namespace py = pybind11;
 
@@ -20,8 +22,8 @@ namespace {
 
 void bind_sampler(py::module_& m) {
   py::class_<SamplingKernelInputs>(m, "SamplingKernelInputs", R"doc(
-Per sample row parameters of the sampling kernel (numpy views of engine-owned memory; a view
-keeps the step's data). Same seed and offset give the same token whatever the batch:
+Per sample row parameters of the sampling kernel (read-only numpy views of engine-owned memory,
+valid until the next prepare_sampler_inputs with the same SamplerInputs). Same seed and offset give the same token whatever the batch:
 ``seeds`` is the request's seed (or a fixed function of the engine's generator seed and the
 sequence id), ``offsets`` the index of the output token being sampled, ``subsequences`` the
 sample index within an n > 1 request.)doc")
@@ -157,8 +159,9 @@ min_tokens). ``allowed_*``: when a row's range is not empty, every other token i
 
   py::class_<SamplerInputs>(m, "SamplerInputs", R"doc(
 Everything the sampler needs for one step; reused step after step (engine-owned numpy
-storage that grows when needed — a view taken earlier keeps its own data). Filled by
-prepare_sampler_inputs.)doc")
+storage that grows when needed). Its arrays are read-only views, valid until the next
+prepare_sampler_inputs with this object: that call rewrites them (copy what must outlive it);
+they never dangle. Filled by prepare_sampler_inputs.)doc")
       .def(py::init([](uint64_t generator_seed, const std::string& penalty_counts) {
              PenaltyCountsMode mode;
              if (penalty_counts == "incremental") mode = PenaltyCountsMode::INCREMENTAL;
@@ -177,7 +180,10 @@ in call order; skipping one desynchronises the tables (reset_penalty_tables() re
       .def_property_readonly("penalty_counts", [](const SamplerInputs& s) {
              return std::string(s.penalty_mode == PenaltyCountsMode::INCREMENTAL ? "incremental" : "full");
            }, "\"incremental\" or \"full\" (set at construction).")
-      .def("reset_penalty_tables", &SamplerInputs::reset_penalty_tables,
+      .def("reset_penalty_tables", [](SamplerInputs& s) {
+             BusyGuard guard(s.busy, "SamplerInputs", "SamplerInputs.reset_penalty_tables");
+             s.reset_penalty_tables();
+           },
            "Forget every penalty slot: the next prepare_sampler_inputs sends each penalized sequence whole, with "
            "reset = 1, in slots numbered from 0 again. For a consumer that lost or reallocated its tables (or missed a "
            "call). Harmless in \"full\" mode.")
@@ -204,6 +210,12 @@ in call order; skipping one desynchronises the tables (reset_penalty_tables() re
   m.def(
       "prepare_sampler_inputs",
       [](const PrepareArgs& args, SequenceMetadataPool& metadata, SamplerInputs& out) -> SamplerInputs& {
+        const char* call = "prepare_sampler_inputs";
+        BusyGuard out_guard(out.busy, "SamplerInputs", call);
+        BusyGuard args_guard(args.busy, "PrepareArgs", call);
+        BusyGuard pool_guard(metadata.busy, "SequenceMetadataPool", call);
+        std::optional<BusyGuard> sched_guard;  // reads the sequences of the pool's scheduler
+        if (metadata.source()) sched_guard.emplace(metadata.source()->busy, "Scheduler", call);
         prepare_sampler_inputs(out, args, metadata);
         return out;
       },

@@ -17,6 +17,7 @@ void bind_step(py::module_& m) {
       "process_MTPInfo",
       [](Scheduler& s, const py::object& num_accepted, const py::object& output_tokens, const py::object& next_drafts,
          const py::object& logprobs) {
+        BusyGuard busy_guard(s.busy, "Scheduler", "process_MTPInfo");
         if (!s.step_in_flight()) throw py::value_error("scheduler: no scheduled step (call schedule() first)");
         const SchedulerOutputs& out = s.last_outputs();
         const int32_t rows = out.num_sample_rows;
@@ -104,6 +105,8 @@ releases the GIL while applying.)doc");
       "update_prompt_logprobs",
       [](Scheduler& s, const SamplerInputs& sampler_inputs, const py::object& logprobs, const py::object& topk_token_ids,
          const py::object& topk_logprobs) {
+        BusyGuard busy_guard(s.busy, "Scheduler", "update_prompt_logprobs");
+        BusyGuard inputs_guard(sampler_inputs.busy, "SamplerInputs", "update_prompt_logprobs");
         const PromptLogprobInputs& in = sampler_inputs.prompt_logprobs;
         auto lp = buf::check_input_1d<float>(logprobs, "logprobs", in.num_rows);
         const int32_t* tk = nullptr;

@@ -1,6 +1,7 @@
 // A numpy-owned growable host array: C++ writes through a raw pointer (no GIL needed); Python
-// reads views of it. Growth allocates a new numpy array (GIL needed) and never frees memory a
-// Python view still holds, so a view taken at step N stays valid (with step-N data) forever.
+// reads read-only views of it. Growth allocates a new numpy array (GIL needed) and never frees
+// memory a Python view still holds, so a view never dangles; its contents are the step's until
+// the next call that fills the array (then it shows the new values, or old ones after a growth).
 #pragma once
 
 #include <pybind11/numpy.h>
@@ -9,6 +10,12 @@
 #include <cstring>
 
 namespace deepinfer {
+
+// Clears the array's WRITEABLE flag: engine-owned data that Python reads but must not write.
+inline pybind11::array read_only(pybind11::array a) {
+  pybind11::detail::array_proxy(a.ptr())->flags &= ~pybind11::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+  return a;
+}
 
 template <class T>
 struct HostArray {
@@ -27,10 +34,11 @@ struct HostArray {
     data = p;
     capacity = cap;
   }
-  // A view of the first n elements (GIL held).
+  // A read-only view of the first n elements (GIL held).
   pybind11::array view(size_t n) const {
-    if (!data) return pybind11::array_t<T>(0);
-    return array[pybind11::slice(0, static_cast<pybind11::ssize_t>(n), 1)];
+    if (!data) return read_only(pybind11::array_t<T>(0));
+    return read_only(pybind11::array_t<T>({static_cast<pybind11::ssize_t>(n)}, {static_cast<pybind11::ssize_t>(sizeof(T))},
+                                          data, array));
   }
   T& operator[](size_t i) { return data[i]; }
 };

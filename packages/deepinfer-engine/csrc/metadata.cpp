@@ -1,11 +1,15 @@
 #include "metadata.h"
 
 #include <stdexcept>
+#include <string>
+
+#include "scheduler.h"
 
 namespace deepinfer {
 
 void SequenceMetadataPool::clear() {
   rows_.clear();
+  source_ = nullptr;
   num_own_ = 0;
   ++generation_;
 }
@@ -44,6 +48,15 @@ std::pair<Sequence*, SequenceGroup*> SequenceMetadataPool::add_standalone_row() 
 }
 
 void SequenceMetadataPool::resolve() {
+  // A pool kept from an earlier step would rebuild that step (old positions, stale sampling
+  // offsets) and the update would accept it: refuse it whatever the builder.
+  if (source_ && (!source_->step_in_flight() || source_->step() != source_step_))
+    throw std::invalid_argument(
+        "metadata: the SequenceMetadataPool was built for step " + std::to_string(source_step_) +
+        " but its scheduler " +
+        (source_->step_in_flight() ? "is at step " + std::to_string(source_->step())
+                                   : std::string("has no step in flight")) +
+        ": call SequenceMetadataPool.build(scheduler) after every schedule(), before the builders");
   // Rows of one step all come from one store (build) or the pool itself (add_sequence).
   const SequenceStore* store = nullptr;
   for (const MetadataRow& r : rows_)

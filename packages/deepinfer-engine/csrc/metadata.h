@@ -11,9 +11,12 @@
 #include <string>
 #include <vector>
 
+#include "busy_flag.h"
 #include "sequence.h"
 
 namespace deepinfer {
+
+class Scheduler;
 
 struct MetadataRow {
   const SequenceStore* store = nullptr;  // nullptr: the pool's standalone entries
@@ -70,14 +73,24 @@ class SequenceMetadataPool {
   // A standalone row: a sequence and request owned by the pool until the next clear().
   // Returns the sequence and group to fill in.
   std::pair<Sequence*, SequenceGroup*> add_standalone_row();
+  // Records the scheduler step the rows were built from (SequenceMetadataPool.build): resolve()
+  // refuses the rows once that scheduler is at another step or has no step in flight.
+  const Scheduler* source() const { return source_; }
+  void set_source_step(const Scheduler* scheduler, uint64_t step) {
+    source_ = scheduler;
+    source_step_ = step;
+  }
   // Points every row at its sequence; throws std::invalid_argument when a row no longer names a
-  // live sequence of its store.
+  // live sequence of its store, or the rows were built for another step of their scheduler.
   void resolve();
+  mutable BusyFlag busy;  // taken by build / add_sequence / clear and the builders (busy_flag.h)
   // Generation: bumped by every change, so PrepareArgs knows which pool its layout came from.
   uint64_t generation() const { return generation_; }
 
  private:
   std::vector<MetadataRow> rows_;
+  const Scheduler* source_ = nullptr;  // built from this scheduler's step source_step_ (null: not built)
+  uint64_t source_step_ = 0;
   // What the last resolve() saw: pointers stay valid while the pool is unchanged and no store
   // slab was reallocated, so a second builder call of the same step skips the walk.
   uint64_t resolved_generation_ = 0;

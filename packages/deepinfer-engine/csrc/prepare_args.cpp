@@ -77,6 +77,8 @@ PrepareArgs::PrepareArgs(int32_t block_size_, int32_t max_model_len_, std::vecto
             zos_source_index_};
   // Block-table rows are written incrementally from a known state: all zero.
   std::memset(block_tables.data, 0, sizeof(int32_t) * block_tables.rows * block_tables.cols);
+  // Per-row arrays at full size now: they never move, so a row_seq_ids view never dangles.
+  layout.ensure(max_num_seqs, 0);
   bt_seq_id.assign(max_num_seqs, -1);
   bt_len.assign(max_num_seqs, 0);
   bt_version.assign(max_num_seqs, 0);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "buffer_check.h"
+#include "busy_flag.h"
 #include "engram.h"
 #include "yoco.h"
 
@@ -95,6 +96,7 @@ class PrepareArgs {
   int64_t num_block_rows_written = 0;  // statistics: rows (re)written, for tests/benchmarks
 
   StepLayout layout;
+  mutable BusyFlag busy;  // taken by the builders and zos_discard (busy_flag.h)
 
   // Re-checks (GIL held) that no buffer was made read-only since construction.
   void recheck_writable() const;

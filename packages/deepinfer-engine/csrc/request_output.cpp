@@ -108,11 +108,43 @@ py::list build_request_outputs(Scheduler& sched, RequestOutputPool& pool) {
     d->metrics.first_token_time = g.first_token_time;
     d->metrics.finished_time = finished ? g.finished_time : 0.0;
     d->metrics.num_cached_tokens = store.seq(g.seqs[0]).num_cached_tokens;
-    if (finished) g.final_output_sent = true;
+    if (finished) g.final_output_sent = true;  // its id is free from now on (Scheduler::request_id_in_use)
     result.append(obj);
   }
   sched.drain_updated_seqs();
   return result;
+}
+
+bool correct_output_after_stop(Scheduler& sched, SeqIndex s, int32_t old_num_output_tokens, RequestOutputData& d) {
+  SequenceStore& store = sched.store();
+  Sequence& q = store.seq(s);
+  SequenceGroup& g = store.groups[q.group];
+  CompletionData* c = nullptr;
+  for (int32_t i = 0; i < d.num_completions && !c; ++i)
+    if (d.completions[i].index == q.sample_index) c = &d.completions[i];
+  if (!c) return false;
+  // The completion held outputs [start, old end) (start > 0 for a delta): keep those below the stop.
+  const int32_t len = static_cast<int32_t>(c->token_ids.size());
+  const int32_t start = old_num_output_tokens - len;
+  const int32_t keep = std::max(0, std::min(q.num_output_tokens(), old_num_output_tokens) - start);
+  c->token_ids.resize(static_cast<size_t>(keep));
+  if (c->logprobs_per_token > 0) {
+    c->logprob_token_ids.resize(static_cast<size_t>(keep) * c->logprobs_per_token);
+    c->logprob_values.resize(static_cast<size_t>(keep) * c->logprobs_per_token);
+  }
+  c->cumulative_logprob = q.cumulative_logprob;
+  c->finish_reason = finish_reason_str(q.status);
+  c->stop_token = q.stop_token;
+  c->stop_string = q.stop_string;
+  c->stop_is_string = q.stop_is_string;
+  q.final_output_sent = true;
+  sched.unmark_updated(s);
+  if (g.num_unfinished == 0) {
+    d.finished = true;
+    d.metrics.finished_time = g.finished_time;
+    g.final_output_sent = true;
+  }
+  return true;
 }
 
 }  // namespace deepinfer

@@ -70,4 +70,11 @@ class RequestOutputPool {
 // Outputs of every request updated since the last call (or schedule()), per its output kind.
 pybind11::list build_request_outputs(Scheduler& sched, RequestOutputPool& pool);
 
+// After Scheduler::stop_sequence(s, ...) on a sequence whose request is in `d` (its output from
+// the last build): corrects d's completion of that sequence in place (tokens cut at the stop,
+// finish and stop reason, d.finished) so the request need not be built again; old_num_output_tokens
+// is the sequence's output length before stop_sequence. Returns false, changing nothing, when d
+// holds no completion of the sequence (the next build then reports it).
+bool correct_output_after_stop(Scheduler& sched, SeqIndex s, int32_t old_num_output_tokens, RequestOutputData& d);
+
 }  // namespace deepinfer

@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "busy_flag.h"
 #include "host_array.h"
 
 namespace deepinfer {
@@ -127,6 +128,7 @@ struct SamplerInputs {
   std::unordered_map<int64_t, PenaltySlotState> penalty_slot_states;  // incremental mode, by seq_id
   std::vector<int32_t> free_penalty_slots;  // incremental mode: slot ids to reuse (a stack)
   int32_t num_penalty_slots = 0;            // incremental mode: slot ids handed out so far
+  mutable BusyFlag busy;  // taken by prepare_sampler_inputs and reset_penalty_tables (busy_flag.h)
 
   // Forget every slot: the next call sends each penalized sequence whole (reset = 1).
   void reset_penalty_tables() {

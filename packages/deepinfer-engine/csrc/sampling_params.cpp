@@ -45,6 +45,14 @@ std::string validate_sampling_params(const SamplingParams& p, int32_t vocab) {
   if (p.logprobs < -1) return "logprobs: " + std::to_string(p.logprobs) + " must be >= 0 (or None)";
   if (p.prompt_logprobs < -1)
     return "prompt_logprobs: " + std::to_string(p.prompt_logprobs) + " must be >= 0 (or None)";
+  if (p.logprobs > kMaxLogprobs)
+    return "logprobs: " + std::to_string(p.logprobs) + " must be <= " + std::to_string(kMaxLogprobs);
+  if (p.prompt_logprobs > kMaxLogprobs)
+    return "prompt_logprobs: " + std::to_string(p.prompt_logprobs) + " must be <= " + std::to_string(kMaxLogprobs);
+  for (const auto& [t, b] : p.logit_bias)
+    if (!(b >= -kMaxLogitBias && b <= kMaxLogitBias))
+      return "logit_bias: bias " + num(b) + " of token " + std::to_string(t) + " must be in [-" +
+             num(kMaxLogitBias) + ", " + num(kMaxLogitBias) + "]";
   if (vocab > 0 && p.logprobs > vocab)
     return "logprobs: " + std::to_string(p.logprobs) + " exceeds the vocabulary size " + std::to_string(vocab);
   if (vocab > 0 && p.prompt_logprobs > vocab)
@@ -59,7 +67,6 @@ std::string validate_sampling_params(const SamplingParams& p, int32_t vocab) {
       if (t < 0 || t >= vocab)
         return "logit_bias: token id " + std::to_string(t) + " is outside the vocabulary [0, " +
                std::to_string(vocab) + ")";
-      if (!std::isfinite(b)) return "logit_bias: bias " + num(b) + " of token " + std::to_string(t) + " is not finite";
     }
   }
   return "";

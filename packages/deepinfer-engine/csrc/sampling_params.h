@@ -53,6 +53,11 @@ struct SamplingParams {
   }
 };
 
+// Bounds that are not fixed by the meaning of a field (the runtime's SamplingParams mirrors
+// them; tests/engine/test_sampling_params_bounds.py compares the two).
+constexpr float kMaxLogitBias = 100.0f;  // |logit_bias| (OpenAI / vLLM: [-100, 100])
+constexpr int32_t kMaxLogprobs = 20;     // logprobs / prompt_logprobs top-k (vLLM's max_logprobs)
+
 // Checks every field; returns "" when valid, else "<field>: <value> <why>" (the binding raises
 // ValueError with it). vocab_size bounds every token id in the lists.
 std::string validate_sampling_params(const SamplingParams& p, int32_t vocab_size);

@@ -46,6 +46,7 @@ bool Scheduler::before(SeqIndex a, SeqIndex b) const {
   const SequenceGroup& gy = store_.groups[y.group];
   if (cfg_.policy == SchedulingPolicy::PRIORITY && gx.params.priority != gy.params.priority)
     return gx.params.priority < gy.params.priority;
+  if (gx.arrival_time != gy.arrival_time) return gx.arrival_time < gy.arrival_time;
   if (gx.arrival_order != gy.arrival_order) return gx.arrival_order < gy.arrival_order;
   return x.seq_id < y.seq_id;
 }
@@ -105,11 +106,23 @@ GroupIndex Scheduler::add_request(const std::string& request_id, const int32_t* 
   q.max_tokens = params.max_tokens;
   q.min_tokens = params.min_tokens;
   q.block_hashes.reserve(static_cast<size_t>(cap / cfg_.block_size + 1));
-  by_request_.emplace(request_id, g);
+  by_request_[request_id] = g;  // may take over the id of a finished request (request_id_in_use)
   by_seq_id_.emplace(q.seq_id, s);
   insert_sorted(waiting_, s);
   ++num_unfinished_;
   return g;
+}
+
+bool Scheduler::request_id_in_use(const std::string& request_id) const {
+  auto it = by_request_.find(request_id);
+  if (it == by_request_.end()) return false;
+  const SequenceGroup& g = store_.groups[it->second];
+  return !(g.num_unfinished == 0 && g.final_output_sent);
+}
+
+void Scheduler::forget_request_id(GroupIndex g) {
+  auto it = by_request_.find(store_.groups[g].request_id);
+  if (it != by_request_.end() && it->second == g) by_request_.erase(it);  // not a reuse of the id
 }
 
 SeqIndex Scheduler::find_seq(int64_t seq_id) const {
@@ -140,6 +153,13 @@ void Scheduler::mark_updated(SeqIndex s) {
   }
 }
 
+void Scheduler::unmark_updated(SeqIndex s) {
+  Sequence& q = store_.seq(s);
+  if (q.updated_epoch != update_epoch_) return;
+  updated_seqs_.erase(std::find(updated_seqs_.begin(), updated_seqs_.end(), s));
+  q.updated_epoch = 0;
+}
+
 void Scheduler::report_finished(SeqIndex s) {
   Sequence& q = store_.seq(s);
   finished_.push_back({s, q.seq_id});
@@ -153,12 +173,7 @@ void Scheduler::finish(SeqIndex s, SequenceStatus status, bool deferred) {
   ++finished_in_update_;
   if (q.status == SequenceStatus::RUNNING) seq_units_ -= seq_cost(s);
   q.status = status;
-  bm_.free_table(q.block_table);
-  touch_block_table(q);
-  if (q.state_slot >= 0) {
-    free_state_slots_.push_back(q.state_slot);
-    q.state_slot = -1;
-  }
+  release_blocks_and_slot(q);
   q.draft_tokens.clear();
   SequenceGroup& g = store_.groups[q.group];
   if (--g.num_unfinished == 0) {
@@ -167,6 +182,28 @@ void Scheduler::finish(SeqIndex s, SequenceStatus status, bool deferred) {
   }
   if (deferred) deferred_finished_.push_back(s);
   else report_finished(s);
+}
+
+void Scheduler::release_blocks_and_slot(Sequence& q) {
+  bm_.free_table(q.block_table);
+  touch_block_table(q);
+  // Device work queued by a fork for the next step must not write what nobody holds any more:
+  // the block may be handed to another sequence (a copy into it would overwrite that one's KV,
+  // and a second copy could name it as a destination again), the slot zeroed for a new owner.
+  if (!pending_block_copies_.empty())
+    pending_block_copies_.erase(std::remove_if(pending_block_copies_.begin(), pending_block_copies_.end(),
+                                               [this](const BlockCopy& c) { return bm_.ref_count(c[1]) == 0; }),
+                                pending_block_copies_.end());
+  if (q.state_slot >= 0) {
+    const int32_t slot = q.state_slot;
+    pending_state_clones_.erase(std::remove_if(pending_state_clones_.begin(), pending_state_clones_.end(),
+                                               [slot](const BlockCopy& c) { return c[1] == slot; }),
+                                pending_state_clones_.end());
+    pending_state_zeros_.erase(std::remove(pending_state_zeros_.begin(), pending_state_zeros_.end(), slot),
+                               pending_state_zeros_.end());
+    free_state_slots_.push_back(slot);
+    q.state_slot = -1;
+  }
 }
 
 void Scheduler::preempt(SeqIndex s) {
@@ -179,12 +216,7 @@ void Scheduler::reset_for_recompute(SeqIndex s) {
   Sequence& q = store_.seq(s);
   seq_units_ -= seq_cost(s);
   remove_from_running(s);
-  bm_.free_table(q.block_table);
-  touch_block_table(q);
-  if (q.state_slot >= 0) {
-    free_state_slots_.push_back(q.state_slot);
-    q.state_slot = -1;
-  }
+  release_blocks_and_slot(q);
   q.num_computed_tokens = 0;
   q.num_registered_blocks = 0;
   q.draft_tokens.clear();
@@ -248,7 +280,7 @@ void Scheduler::release_finished_groups() {
   for (GroupIndex g : groups_to_release_) {
     SequenceGroup& gr = store_.groups[g];
     if (!gr.alive) continue;
-    by_request_.erase(gr.request_id);
+    forget_request_id(g);
     for (SeqIndex s : gr.seqs) by_seq_id_.erase(store_.seq(s).seq_id);
     store_.release_group(g);
   }
@@ -340,10 +372,15 @@ const SchedulerOutputs& Scheduler::schedule() {
     ++i;
   }
 
-  // 2. Admissions: preempted sequences first, then new ones; none in a step that preempted.
+  // 2. Admissions in precedence order, none in a step that preempted: the preempted and the waiting
+  // queues are each sorted; their fronts compete by priority (policy 'priority'), a preempted
+  // sequence winning ties (then arrival time and add order, within each queue).
   while (!preempted_any && budget > 0) {
-    const bool from_preempted = !preempted_.empty();
+    bool from_preempted = !preempted_.empty();
     if (!from_preempted && waiting_.empty()) break;
+    if (from_preempted && !waiting_.empty() && cfg_.policy == SchedulingPolicy::PRIORITY &&
+        store_.group_of(waiting_.front()).params.priority < store_.group_of(preempted_.front()).params.priority)
+      from_preempted = false;
     const SeqIndex s = from_preempted ? preempted_.front() : waiting_.front();
     Sequence& q = store_.seq(s);
     if (!from_preempted && q.num_prompt_tokens > cfg_.max_model_len) {
@@ -360,8 +397,13 @@ const SchedulerOutputs& Scheduler::schedule() {
     if (cfg_.num_state_slots > 0 && static_cast<int32_t>(free_state_slots_.size()) < 1) break;
     int32_t hits = 0;
     if (bm_.prefix_caching()) {
+      // Never the last token; and a request asking for prompt logprobs computes every position
+      // whose logprobs it does not hold yet (its blocks are still registered for the others).
+      int32_t max_hits = (q.num_tokens() - 1) / bs;
+      const SequenceGroup& qg = store_.groups[q.group];
+      if (qg.params.prompt_logprobs >= 0) max_hits = std::min(max_hits, qg.num_prompt_logprobs / bs);
       bm_.extend_hashes(q.block_hashes, q.tokens.data(), q.num_tokens());
-      hits = bm_.match_prefix(q.block_hashes, q.tokens.data(), (q.num_tokens() - 1) / bs, hit_scratch_);
+      hits = bm_.match_prefix(q.block_hashes, q.tokens.data(), max_hits, hit_scratch_);
     }
     const int32_t computed = hits * bs;
     int32_t n = q.num_tokens() - computed;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "block_manager.h"
+#include "busy_flag.h"
 #include "sequence.h"
 
 namespace deepinfer {
@@ -104,6 +105,10 @@ class Scheduler {
                          const SamplingParams& params, double arrival_time, int32_t eos_token_id);
   bool has_request(const std::string& request_id) const { return by_request_.count(request_id) != 0; }
   GroupIndex group_index(const std::string& request_id) const { return by_request_.at(request_id); }
+  // Whether add_request must refuse the id: a request has it and its final output was not built
+  // yet. Once build_request_outputs returned the final output the id may be reused at once;
+  // until then (or until the next schedule()) it still names the finished request.
+  bool request_id_in_use(const std::string& request_id) const;
   // Aborts every unfinished sequence of the request; false if it had already finished.
   bool abort_request(const std::string& request_id);
   SeqIndex find_seq(int64_t seq_id) const;  // kNoSeq if unknown or released
@@ -177,6 +182,8 @@ class Scheduler {
   const std::vector<SeqIndex>& updated_seqs() const { return updated_seqs_; }
   uint64_t update_epoch() const { return update_epoch_; }
   void drain_updated_seqs() { updated_seqs_.clear(); ++update_epoch_; }
+  // Takes a sequence out of updated_seqs() (its output was corrected in place after a stop string).
+  void unmark_updated(SeqIndex s);
   // Free max_num_seqs units / state slots (fork from Python checks them).
   int32_t free_seq_units() const { return cfg_.max_num_seqs - seq_units_; }
   int32_t num_free_state_slots() const { return static_cast<int32_t>(free_state_slots_.size()); }
@@ -191,6 +198,9 @@ class Scheduler {
   // Test hook: checks every block/slot invariant; "" when consistent.
   std::string check_invariants() const;
 
+  // Taken by every mutating Python entry point (busy_flag.h).
+  mutable BusyFlag busy;
+
  private:
   bool before(SeqIndex a, SeqIndex b) const;  // scheduling precedence
   template <class Q>
@@ -200,6 +210,8 @@ class Scheduler {
   void preempt(SeqIndex s);
   // What a preemption does to the sequence (blocks and slot freed, back to the preempted queue).
   void reset_for_recompute(SeqIndex s);
+  // Frees the sequence's blocks and state slot and cancels the queued device work that wrote them.
+  void release_blocks_and_slot(Sequence& q);
   // deferred: the finish happened while no step was in flight and is reported with the next
   // step (abort between update and schedule), so no report is lost.
   void finish(SeqIndex s, SequenceStatus status, bool deferred);
@@ -207,6 +219,7 @@ class Scheduler {
   void prefetch_seq(SeqIndex far, SeqIndex near) const;
   void report_finished(SeqIndex s);
   void release_finished_groups();
+  void forget_request_id(GroupIndex g);  // unless the id was reused since
   int32_t seq_cost(SeqIndex s) const;  // max_num_seqs units held by a running sequence
 
   SchedulerConfig cfg_;

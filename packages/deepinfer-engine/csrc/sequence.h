@@ -27,7 +27,7 @@ constexpr const char* kPlaceholderRequestId = "__deepinfer_placeholder__";
 enum class SequenceStatus : uint8_t {
   WAITING = 0,           // queued, never scheduled (or released by reset)
   RUNNING = 1,           // holds blocks, scheduled when budget allows
-  PREEMPTED = 2,         // blocks freed by recompute-preemption; resumes before new requests
+  PREEMPTED = 2,         // blocks freed by recompute; resumes before new requests of its priority
   FINISHED_STOPPED = 3,  // EOS, a stop token id or a stop string
   FINISHED_LENGTH = 4,   // max_tokens or max model length
   FINISHED_ABORTED = 5,  // abort_request

@@ -7,8 +7,9 @@ Rules:
   decode needs 1 token, a prefill the rest of its tokens (capped by the per-step threshold and the
   remaining budget). When blocks run out, the last running sequence (least important) is
   preempted (recompute), possibly the current one, which ends the walk.
-- then, only if nothing was preempted: preempted sequences (in precedence order), then waiting
-  ones, are admitted while the budget, max_num_seqs (an unforked n > 1 request counts n) and the
+- then, only if nothing was preempted: sequences are admitted in precedence order — the fronts of
+  the preempted and the waiting queues compete by priority (under 'priority'), a preempted one
+  winning ties — while the budget, max_num_seqs (an unforked n > 1 request counts n) and the
   watermark allow; the first that does not fit stops admission. Prompts longer than max_model_len
   are finished as ignored. A prefix-cache hit covers whole blocks, never the last token.
 - decodes are listed before prefill chunks. A chunk that completes the sequence samples: n rows
@@ -189,6 +190,10 @@ class RefScheduler:
 
         while not self.step_preempted and budget > 0 and (self.preempted or self.waiting):
             from_preempted = bool(self.preempted)
+            if from_preempted and self.waiting and self.priority:
+                # the queue fronts compete by priority; a preempted sequence wins ties
+                prio = lambda q: q[0].group.params.get("priority", 0)  # noqa: E731
+                from_preempted = prio(self.waiting) >= prio(self.preempted)
             queue = self.preempted if from_preempted else self.waiting
             s = queue[0]
             if not from_preempted and s.num_prompt > self.max_model_len:

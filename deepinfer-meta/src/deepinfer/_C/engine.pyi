@@ -15,7 +15,7 @@ Borrowed memory
     ==========================================  =======  ================================
     argument                                    dtype    shape
     ==========================================  =======  ================================
-    Scheduler.update: sampled_token_ids         int32    (R,)  R = out.num_sample_rows
+    Scheduler.update: sampled_token_ids         integer  (R,)  R = out.num_sample_rows [1]
     Scheduler.update: logprobs                  float32  (R,)
     Scheduler.update: topk_token_ids/logprobs   int32/f32 (R, k)
     PrepareArgs: input_ids                      int32    (T,)  T = token capacity
@@ -36,13 +36,29 @@ Borrowed memory
     update_prompt_logprobs: topk ids/logprobs   int32/f32 (N, k) (read)
     ==========================================  =======  ================================
 
+    [1] int32 C-contiguous is borrowed; any other integer array, a CPU tensor (DLPack) or a
+    list is converted once (a non-integer dtype is a ``TypeError``).
+
 Calls that release the GIL
     ``Scheduler.schedule``, ``Scheduler.update``, ``prepare_prompt_v4``,
     ``prepare_decode_v4``, ``prepare_zos_inputs``, ``prepare_decode_zos_inputs``,
-    ``prepare_sampler_inputs``, ``process_MTPInfo``, ``encode_compressed``. They take no
-    lock: one scheduler (and the pools and ``PrepareArgs`` used with it) is driven by one
-    thread at a time. Calls that create Python objects (``build_request_outputs``,
+    ``prepare_sampler_inputs``, ``process_MTPInfo``, ``Scheduler.abandon_step``,
+    ``encode_compressed``. Calls that create Python objects (``build_request_outputs``,
     ``get_finished_seqs_info``, property getters) hold the GIL.
+
+One thread at a time per object
+    A scheduler (and the pools, ``PrepareArgs`` and ``SamplerInputs`` used with it) is
+    driven by one thread at a time; the engine takes no lock. A call that would mutate a
+    ``Scheduler``, ``SequenceMetadataPool``, ``PrepareArgs`` or ``SamplerInputs`` while
+    another thread's call is inside it (the calls above release the GIL) raises
+    ``RuntimeError("<object> is being used by another thread: ...")`` at once and changes
+    nothing: every mutating call (``add_request``, ``abort_request``, ``schedule``,
+    ``update``, ``abandon_step``, ``stop_sequence``, ``reset_prefix_cache``, the builders,
+    ``SequenceMetadataPool.build`` / ``add_sequence`` / ``clear``,
+    ``clone_and_zero_states_and_blocks``, ``process_MTPInfo``, ``update_prompt_logprobs``,
+    ``build_request_outputs``, ``get_finished_seqs_info``) holds its objects' busy flag
+    (one atomic exchange each) for its duration. Read-only properties are not guarded: read
+    them from the thread that drives the object.
 
 Loose types
     Parameters shown as ``typing.Any`` below take a list of ints or any integer numpy
@@ -434,13 +450,13 @@ class Scheduler:
         """
         Schedule the next step (releases the GIL). Returns the scheduler's SchedulerOutputs (rewritten by the next call). Raises ValueError if the previous step has not been updated.
         """
-    def stop_sequence(self, seq_id: typing.SupportsInt | typing.SupportsIndex, stop_string: str, num_output_tokens: typing.SupportsInt | typing.SupportsIndex) -> None:
+    def stop_sequence(self, seq_id: typing.SupportsInt | typing.SupportsIndex, stop_string: str, num_output_tokens: typing.SupportsInt | typing.SupportsIndex, output: typing.Any = None) -> None:
         """
-        Finish a sequence for a stop string found by the detokenizer, keeping its first num_output_tokens output tokens (stop_reason = stop_string, finish_reason 'stop'). It is reported by the next build_request_outputs / get_finished_seqs_info; a sequence that already finished in this step (e.g. at max_tokens) becomes 'stop' and its request is output again. Raises ValueError for an unknown seq_id or a count outside [0, output length].
+        Finish a sequence for a stop string found by the detokenizer, keeping its first num_output_tokens output tokens (stop_reason = stop_string, finish_reason 'stop'); a sequence that already finished in this step (e.g. at max_tokens) becomes 'stop'. output: the RequestOutput of the sequence's request from the last build_request_outputs, or None. Given, it is corrected in place (the completion's tokens cut at the stop, its finish and stop reason, `finished` once every sample ended) and the request is not reported again: its outputs are built once. Without it the next build_request_outputs reports the request again. Raises ValueError for an unknown seq_id, a count outside [0, output length] or another request's output; TypeError for an output that is not a RequestOutput.
         """
     def update(self, sampled_token_ids: typing.Any, logprobs: typing.Any = None, topk_token_ids: typing.Any = None, topk_logprobs: typing.Any = None) -> None:
         """
-        Apply the step's sampled tokens (releases the GIL). Borrowed, read-only: sampled_token_ids int32[num_sample_rows]; logprobs float32[num_sample_rows] (sampled tokens' logprobs) or None; topk_token_ids int32[num_sample_rows, k] with topk_logprobs float32[num_sample_rows, k], or None. Advances computed tokens, registers full blocks in the prefix cache, forks n > 1 groups, appends tokens and applies stop conditions. Validates everything first (token ids and the top-k ids a row reports in the vocabulary, shapes): on error nothing changes. A step with draft rows (speculative decoding) is refused with ValueError: apply it with process_MTPInfo.
+        Apply the step's sampled tokens (releases the GIL). sampled_token_ids: num_sample_rows token ids, any 1-D integer array — an int32 C-contiguous numpy array is read in place (borrowed), another integer dtype or layout, a CPU tensor (DLPack) or a list is converted once; a non-integer dtype is a TypeError, a wrong length or an id outside the vocabulary a ValueError. Borrowed, read-only: logprobs float32[num_sample_rows] (sampled tokens' logprobs) or None; topk_token_ids int32[num_sample_rows, k] with topk_logprobs float32[num_sample_rows, k], or None. Advances computed tokens, registers full blocks in the prefix cache, forks n > 1 groups, appends tokens and applies stop conditions. Validates everything first (token ids and the top-k ids a row reports in the vocabulary, shapes): on error nothing changes. A step with draft rows (speculative decoding) is refused with ValueError: apply it with process_MTPInfo.
         """
     @property
     def block_manager(self) -> BlockManager:
@@ -490,7 +506,7 @@ class Scheduler:
     @property
     def waiting_seq_ids(self) -> numpy.typing.NDArray[numpy.int64]:
         """
-        int64: preempted then waiting sequences, in admission order.
+        int64: preempted and waiting sequences, in admission order (by priority under the 'priority' policy, preempted ones first on ties; then arrival_time and add order).
         """
 class RequestOutput:
     """
@@ -780,7 +796,7 @@ class SequenceMetadataPool:
         """
     def build(self, scheduler: Scheduler) -> int:
         """
-        Replace the rows with the sequences of the scheduler's last schedule() (decodes first, then prefill chunks), without copying their tokens: rows refer to the scheduler's sequences by slot. Returns the row count. Build after every schedule(); the scheduler must outlive the use of the rows.
+        Replace the rows with the sequences of the scheduler's last schedule() (decodes first, then prefill chunks), without copying their tokens: rows refer to the scheduler's sequences by slot. Returns the row count. Build after every schedule(): the builders refuse (ValueError naming this call) rows built for another step of the scheduler, or once it has no step in flight.
         """
     def clear(self) -> None:
         """
@@ -882,9 +898,9 @@ class PrepareArgs:
         Kept rows of the last step (YOCO modes other than NONE).
         """
     @property
-    def row_seq_ids(self) -> numpy.typing.NDArray[numpy.int64]:
+    def row_seq_ids(self) -> numpy.ndarray:
         """
-        Per batch row of the last step: its seq_id, -1 for placeholder or discarded rows (a view).
+        Per batch row of the last step: its seq_id, -1 for placeholder or discarded rows (a read-only view, valid until the next prepare or zos_discard with these args).
         """
     @property
     def yoco_mode(self) -> YocoPrefillTruncationMode:
@@ -893,8 +909,8 @@ class PrepareArgs:
         """
 class SamplingKernelInputs:
     """
-    Per sample row parameters of the sampling kernel (numpy views of engine-owned memory; a view
-    keeps the step's data). Same seed and offset give the same token whatever the batch:
+    Per sample row parameters of the sampling kernel (read-only numpy views of engine-owned memory,
+    valid until the next prepare_sampler_inputs with the same SamplerInputs). Same seed and offset give the same token whatever the batch:
     ``seeds`` is the request's seed (or a fixed function of the engine's generator seed and the
     sequence id), ``offsets`` the index of the output token being sampled, ``subsequences`` the
     sample index within an n > 1 request.
@@ -1292,8 +1308,9 @@ class PromptLogprobInputs:
 class SamplerInputs:
     """
     Everything the sampler needs for one step; reused step after step (engine-owned numpy
-    storage that grows when needed — a view taken earlier keeps its own data). Filled by
-    prepare_sampler_inputs.
+    storage that grows when needed). Its arrays are read-only views, valid until the next
+    prepare_sampler_inputs with this object: that call rewrites them (copy what must outlive it);
+    they never dangle. Filled by prepare_sampler_inputs.
     """
     def __init__(self, generator_seed: typing.SupportsInt | typing.SupportsIndex = 0, *, penalty_counts: str = 'incremental') -> None:
         """

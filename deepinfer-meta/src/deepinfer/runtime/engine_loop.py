@@ -494,10 +494,10 @@ class EngineLoop:
             return ids[:-1]
         return ids
 
-    def _watch_stop_strings(self, ro: Any, state: _RequestState) -> bool:
-        """Feed one output's new tokens to its detokenizers; True if a stop string ended a sample."""
-        stopped = False
-        for c in ro.outputs:
+    def _watch_stop_strings(self, ro: Any, state: _RequestState) -> None:
+        """Feed one output's new tokens to its detokenizers; a stop string found ends its sample
+        in the engine, which corrects ``ro`` in place (tokens cut, finish reason "stop")."""
+        for c in list(ro.outputs):
             d = self._detokenizer(state, c.index)
             ids = list(c.token_ids)
             new = ids if state.delta else ids[state.seen[c.index]:]
@@ -511,9 +511,7 @@ class EngineLoop:
             # ends the text first (the engine then reports "stop", as vLLM does).
             if d.append(new, final=final) is not None and c.finish_reason in (None, "length"):
                 self.scheduler.stop_sequence(self._seq_id(ro.request_id, c.index), d.stop_reason,
-                                             d.num_output_tokens)
-                stopped = True
-        return stopped
+                                             d.num_output_tokens, output=ro)
 
     def _fill_text(self, ro: Any, state: _RequestState) -> None:
         for c in ro.outputs:
@@ -533,18 +531,14 @@ class EngineLoop:
         while one request's output is built fails that request only (its owner gets the error)."""
         outputs = list(self._E.build_request_outputs(self.scheduler, self.output_pool))
         failed: dict[str, Exception] = {}
-        stopped = False
         for ro in outputs:
             state = self.requests.get(ro.request_id)
             if state is None or state.final_text_only:
                 continue
             try:
-                stopped = self._watch_stop_strings(ro, state) or stopped
+                self._watch_stop_strings(ro, state)
             except Exception as err:  # noqa: BLE001 - isolated to this request
                 failed[ro.request_id] = err
-        if stopped:  # the engine re-reports the groups a stop string finished
-            again = {ro.request_id: ro for ro in self._E.build_request_outputs(self.scheduler, self.output_pool)}
-            outputs = [again.get(ro.request_id, ro) for ro in outputs]
         done = []
         for ro in outputs:
             rid = ro.request_id
