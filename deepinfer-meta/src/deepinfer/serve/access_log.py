@@ -1,0 +1,52 @@
+"""One access-log line per HTTP request: client, method, path, status, request id, tokens, latency.
+
+A plain ASGI middleware: it sees the status a response starts with and logs once the app has
+returned (for a stream: after its last chunk, or after the client went away).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger("deepinfer.serve.access")
+
+
+@dataclass
+class AccessRecord:
+    """Filled by the handlers (``request.state.access``) for the log line."""
+
+    request_id: str = "-"
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    note: str = ""
+
+
+class AccessLogMiddleware:
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0 = time.perf_counter()
+        record = AccessRecord()
+        scope.setdefault("state", {})["access"] = record
+        status = [0]
+
+        async def send_and_watch(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_watch)
+        finally:
+            client = scope.get("client") or ("-", 0)
+            log.info('%s:%s "%s %s" %d id=%s prompt_tokens=%d completion_tokens=%d latency=%.3fs%s',
+                     client[0], client[1], scope["method"], scope["path"], status[0] or 499,
+                     record.request_id, record.prompt_tokens, record.completion_tokens,
+                     time.perf_counter() - t0, f" ({record.note})" if record.note else "")

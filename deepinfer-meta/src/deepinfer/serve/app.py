@@ -1,0 +1,434 @@
+"""The HTTP routes of ``deepinfer serve`` (FastAPI) over one EngineThread."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from deepinfer.runtime.sampling_params import SamplingParams
+from deepinfer.serve.access_log import AccessLogMiddleware, AccessRecord
+from deepinfer.serve.engine_thread import EngineThread, RequestDelta, RequestFailed
+from deepinfer.serve.metrics import ServerMetrics
+from deepinfer.serve.protocol import (
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    chat_messages,
+    completion_prompts,
+    parse_body,
+    sampling_params,
+)
+from deepinfer.serve.responses import ResponseBuilder, TokenStrings
+
+
+@dataclass
+class ServeConfig:
+    """What the server needs besides the LLM (the CLI flags of the same names)."""
+
+    served_model_names: list[str]
+    api_key: str | None = None
+    max_queue: int = 1024
+    allowed_origins: list[str] = field(default_factory=list)
+
+
+class ClientGone(Exception):
+    """The client disconnected before its response was complete."""
+
+
+class ServingState:
+    """The LLM, its engine thread, metrics and the admission count, shared by every route."""
+
+    def __init__(self, llm: Any, config: ServeConfig) -> None:
+        if not config.served_model_names:
+            raise ValueError("served_model_names must name at least one model")
+        if config.max_queue < 0:
+            raise ValueError(f"max_queue must be >= 0, got {config.max_queue}")
+        if config.api_key == "":
+            raise ValueError("api_key must not be empty (None: no key)")
+        self.llm, self.config = llm, config
+        self.tokenizer = llm.tokenizer
+        self.max_model_len: int = llm.engine.cfg.max_model_len
+        self.vocab_size: int = llm.model_config.vocab_size
+        self.metrics = ServerMetrics(config.served_model_names[0], self.max_model_len, llm.engine.cfg.num_blocks)
+        self.engine = EngineThread(llm, self.metrics)
+        self.strings = TokenStrings(self.tokenizer)
+        self.token_ids = self.strings.ids()
+        self.capacity = llm.engine.cfg.max_num_seqs + config.max_queue
+        self.in_flight = 0  # engine requests admitted and not yet finished (event-loop thread only)
+
+    # ---- checks ----------------------------------------------------------------------------
+    def authorize(self, request: Request) -> None:
+        key = self.config.api_key
+        if key is None:
+            return
+        header = request.headers.get("authorization", "")
+        given = header[7:] if header[:7].lower() == "bearer " else ""
+        if not secrets.compare_digest(given.encode(), key.encode()):
+            raise APIError(401, "missing or invalid API key (send 'Authorization: Bearer <key>')",
+                           code="invalid_api_key")
+
+    def model_name(self, requested: str | None) -> str:
+        names = self.config.served_model_names
+        if requested is None:
+            return names[0]
+        if requested not in names:
+            raise APIError(404, f"the model {requested!r} does not exist; served models: {', '.join(names)}",
+                           "model", "model_not_found")
+        return requested
+
+    def admit(self, count: int) -> None:
+        if not self.engine.alive:
+            raise APIError(503, "the engine is not running")
+        if self.in_flight + count > self.capacity:
+            raise APIError(503, f"the server is full ({self.in_flight} requests in flight, capacity "
+                                f"{self.capacity} = max_num_seqs + max_queue): retry later")
+        self.in_flight += count
+
+    def prompt_ids(self, prompt: str | list[int], param: str) -> list[int]:
+        if isinstance(prompt, str):
+            ids = list(self.tokenizer(prompt).input_ids)
+        else:
+            bad = [t for t in prompt if not 0 <= t < self.vocab_size]
+            if bad:
+                raise APIError(400, f"token id {bad[0]} is outside the vocabulary (size {self.vocab_size})", param)
+            ids = list(prompt)
+        if not ids:
+            raise APIError(400, "the prompt has no tokens", param)
+        return ids
+
+    def max_tokens(self, n_prompt: int, requested: int | None, default: int | None, prompt_param: str,
+                   tokens_param: str) -> int:
+        """The completion budget; a 400 with both counts when the context cannot hold it."""
+        limit = self.max_model_len
+        if n_prompt >= limit:
+            raise APIError(400, f"this model's maximum context length is {limit} tokens, but the prompt has "
+                                f"{n_prompt} tokens (no room for a completion)", prompt_param)
+        if requested is None:
+            return limit - n_prompt if default is None else min(default, limit - n_prompt)
+        if requested < 1:
+            raise APIError(400, f"{tokens_param} must be >= 1, got {requested}", tokens_param)
+        if n_prompt + requested > limit:
+            raise APIError(400, f"this model's maximum context length is {limit} tokens, but {n_prompt + requested} "
+                                f"were requested ({n_prompt} in the prompt, {requested} for the completion)",
+                           tokens_param)
+        return requested
+
+    def checked(self, params: SamplingParams) -> SamplingParams:
+        seqs = self.llm.engine.cfg.max_num_seqs
+        if params.n > seqs:  # its samples could never run together
+            raise APIError(400, f"n={params.n} is more than the server runs at once (--max-num-seqs {seqs})", "n")
+        try:
+            params.check_vocab(self.vocab_size)
+        except ValueError as exc:
+            param = "logit_bias" if "logit_bias" in str(exc) else "stop_token_ids"
+            raise APIError(400, str(exc).replace("SamplingParams.", ""), param) from None
+        return params
+
+    def start(self, request_id: str, prompts: list[list[int]], params: list[SamplingParams]) -> EngineRun:
+        """Admit (503 when full or the engine is down) and submit one engine request per prompt."""
+        self.admit(len(prompts))
+        return EngineRun(self, request_id, prompts, params)
+
+
+class EngineRun:
+    """The engine requests of one HTTP request: an async iterator of their deltas.
+
+    ``close()`` (idempotent, also on garbage collection) aborts whatever has not finished and
+    gives the admission slots back; every path out of a handler calls it.
+    """
+
+    def __init__(self, state: ServingState, request_id: str, prompts: list[list[int]],
+                 params: list[SamplingParams]) -> None:
+        self._state = state
+        self._count = len(prompts)
+        self._sink: asyncio.Queue[Any] = asyncio.Queue()
+        self._ids = [f"{request_id}-{i}" for i in range(len(prompts))]
+        self._unfinished = set(self._ids)
+        self._closed = False
+        for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):
+            state.engine.submit(self._ids[i], p, sp, self._sink, i)
+
+    def __aiter__(self) -> EngineRun:
+        return self
+
+    async def __anext__(self) -> RequestDelta:
+        if not self._unfinished:
+            self.close()
+            raise StopAsyncIteration
+        item = await self._sink.get()
+        if isinstance(item, RequestFailed):
+            self._unfinished.discard(self._ids[item.tag])
+            self.close()
+            raise APIError(item.status, item.message)
+        if item.finished:
+            self._unfinished.discard(self._ids[item.tag])
+        return item
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for rid in self._unfinished:
+            self._state.engine.abort(rid)
+        self._unfinished.clear()
+        self._state.in_flight -= self._count
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - __del__ must not raise (e.g. at interpreter exit)
+            pass
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has gone away (the body has been read already)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    raise ClientGone
+
+
+def _sse(data: Any) -> bytes:
+    return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+
+
+async def _event_stream(request: Request, chunks: AsyncIterator[dict[str, Any]], record: AccessRecord,
+                        close: Callable[[], None]) -> AsyncIterator[bytes]:
+    """SSE framing of ``chunks``; ends as soon as the client goes away, whether or not a chunk is
+    due, and turns an error into an error event. ``close`` (synchronous: cleanup must not await,
+    the task may be cancelled) aborts the requests on every way out."""
+    watcher = asyncio.ensure_future(_disconnected(request))
+    nxt: asyncio.Future[dict[str, Any]] | None = None
+    try:
+        while True:
+            nxt = asyncio.ensure_future(chunks.__anext__())
+            done, _ = await asyncio.wait({nxt, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if nxt not in done:
+                record.note = "client disconnected"
+                return
+            try:
+                chunk = nxt.result()
+            except StopAsyncIteration:
+                break
+            except APIError as exc:
+                record.note = f"error {exc.status}"
+                yield _sse(exc.body())
+                break
+            yield _sse(chunk)
+        yield b"data: [DONE]\n\n"
+    finally:
+        watcher.cancel()
+        if nxt is not None and not nxt.done():
+            nxt.cancel()
+        close()
+
+
+def build_app(llm: Any, config: ServeConfig) -> FastAPI:
+    """The FastAPI app serving ``llm`` (its engine thread starts and stops with the app)."""
+    state = ServingState(llm, config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state.engine.start(asyncio.get_running_loop())
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(state.engine.stop)
+
+    app = FastAPI(title="deepinfer", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.serving = state
+    if config.allowed_origins:
+        from starlette.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=config.allowed_origins, allow_methods=["*"],
+                           allow_headers=["*"])
+    app.add_middleware(AccessLogMiddleware)
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(APIError(exc.status_code, str(exc.detail)).body(), status_code=exc.status_code)
+
+    @app.exception_handler(ClientGone)
+    async def _client_gone(request: Request, exc: ClientGone) -> Response:
+        request.state.access.note = "client disconnected"
+        return Response(status_code=499)
+
+    async def body_of(request: Request, model: Any) -> Any:
+        state.authorize(request)
+        try:
+            raw = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise APIError(400, f"the request body is not valid JSON: {exc}") from None
+        return parse_body(model, raw)
+
+    # ---- plain routes ----------------------------------------------------------------------
+    @app.get("/health")
+    async def health() -> Response:
+        if state.engine.alive:
+            return JSONResponse({"status": "ok"})
+        return JSONResponse(APIError(503, f"the engine loop is not running: {state.engine.error!r}").body(),
+                            status_code=503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        return Response(state.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        from importlib.metadata import PackageNotFoundError
+        from importlib.metadata import version as dist_version
+
+        import deepinfer
+
+        try:
+            engine = dist_version("deepinfer-engine")
+        except PackageNotFoundError:
+            engine = "0+dev"
+        return {"version": deepinfer.__version__, "engine_version": engine}
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict[str, Any]:
+        state.authorize(request)
+        created = int(time.time())
+        return {"object": "list", "data": [
+            {"id": name, "object": "model", "created": created, "owned_by": "deepinfer",
+             "root": str(llm.model_path), "max_model_len": state.max_model_len}
+            for name in config.served_model_names]}
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> dict[str, Any]:
+        req = await body_of(request, TokenizeRequest)
+        state.model_name(req.model)
+        if (req.prompt is None) == (req.messages is None):
+            raise APIError(400, "give exactly one of prompt and messages", "prompt")
+        if req.messages is not None:
+            ids = _chat_ids(state, chat_messages(req.messages), req.add_generation_prompt)
+        else:
+            ids = list(state.tokenizer(req.prompt, add_special_tokens=req.add_special_tokens).input_ids)
+        return {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> dict[str, Any]:
+        req = await body_of(request, DetokenizeRequest)
+        state.model_name(req.model)
+        if req.tokens:
+            state.prompt_ids(req.tokens, "tokens")  # 400 for ids outside the vocabulary
+        return {"prompt": state.tokenizer.decode(req.tokens)}
+
+    # ---- generation ------------------------------------------------------------------------
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        req: CompletionRequest = await body_of(request, CompletionRequest)
+        name = state.model_name(req.model)
+        prompts = [state.prompt_ids(p, "prompt") for p in completion_prompts(req.prompt)]
+        params = [state.checked(sampling_params(
+            req, state.max_tokens(len(p), req.max_tokens, 16, "prompt", "max_tokens"), req.logprobs, {}))
+            for p in prompts]
+        builder = ResponseBuilder("completion", f"cmpl-{uuid.uuid4().hex}", name, req.n,
+                                  [len(p) for p in prompts], _strings(state, req), req.logprobs)
+        return await _respond(request, state, builder, prompts, params, req)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        req: ChatCompletionRequest = await body_of(request, ChatCompletionRequest)
+        name = state.model_name(req.model)
+        prompt = _chat_ids(state, chat_messages(req.messages), req.add_generation_prompt)
+        if req.top_logprobs is not None and not req.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
+        top = (req.top_logprobs or 0) if req.logprobs else None
+        tokens_param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+        requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        budget = state.max_tokens(len(prompt), requested, None, "messages", tokens_param)
+        params = state.checked(sampling_params(req, budget, top, {"logprobs": "top_logprobs",
+                                                                  "max_tokens": tokens_param}))
+        builder = ResponseBuilder("chat", f"chatcmpl-{uuid.uuid4().hex}", name, req.n, [len(prompt)],
+                                  _strings(state, req), top)
+        return await _respond(request, state, builder, [prompt], [params], req)
+
+    return app
+
+
+def _strings(state: ServingState, req: Any) -> TokenStrings:
+    return state.token_ids if req.return_tokens_as_token_ids else state.strings
+
+
+def _chat_ids(state: ServingState, messages: list[dict[str, str]], add_generation_prompt: bool) -> list[int]:
+    try:
+        ids = state.llm.apply_chat_template(messages, add_generation_prompt)["prompt_token_ids"]
+    except (ValueError, TypeError) as exc:
+        raise APIError(400, str(exc), "messages") from None
+    if not ids:
+        raise APIError(400, "the formatted conversation has no tokens", "messages")
+    return list(ids)
+
+
+async def _respond(request: Request, state: ServingState, builder: ResponseBuilder, prompts: list[list[int]],
+                   params: list[SamplingParams], req: Any) -> Response:
+    record: AccessRecord = request.state.access
+    record.request_id = builder.id
+    record.prompt_tokens = builder.prompt_tokens
+    deltas = state.start(builder.id, prompts, params)
+    if not req.stream:
+        async def collect() -> dict[str, Any]:
+            try:
+                async for delta in deltas:
+                    builder.apply(delta)
+            finally:
+                record.completion_tokens = builder.completion_tokens
+                deltas.close()
+            return builder.body()
+
+        return JSONResponse(await _unless_disconnected(request, collect()))
+
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+
+    async def chunks() -> AsyncIterator[dict[str, Any]]:
+        if builder.kind == "chat":
+            for c in builder.role_chunks(include_usage):
+                yield c
+        async for delta in deltas:
+            for c in builder.delta_chunks(delta, include_usage):
+                yield c
+        if include_usage:
+            yield builder.usage_chunk()
+
+    def close() -> None:
+        record.completion_tokens = builder.completion_tokens
+        deltas.close()
+
+    return StreamingResponse(_event_stream(request, chunks(), record, close), media_type="text/event-stream")
+

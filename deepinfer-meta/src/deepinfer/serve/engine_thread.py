@@ -1,0 +1,273 @@
+"""The one thread that owns the engine loop.
+
+HTTP handlers never touch the engine: they put adds and aborts on a thread-safe queue, and the
+engine thread takes them between steps, so an abort lands within one step. The thread steps
+while any request is live, batching every request whatever HTTP request it came from, and hands
+each step's outputs to the event loop in one ``call_soon_threadsafe`` per step, as plain Python
+objects (the engine's pooled outputs never cross the thread boundary).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from deepinfer.runtime.sampling_params import SamplingParams
+from deepinfer.serve.metrics import ServerMetrics
+
+log = logging.getLogger("deepinfer.serve")
+
+
+@dataclass
+class SampleDelta:
+    """What one step added to one sample (choice) of a request."""
+
+    index: int
+    token_ids: list[int]
+    text: str
+    logprobs: list[dict[int, float]] | None
+    finish_reason: str | None
+    stop_reason: int | str | None
+
+
+@dataclass
+class RequestDelta:
+    """One step's output of one engine request."""
+
+    tag: int  # which prompt of the HTTP request
+    samples: list[SampleDelta]
+    finished: bool
+
+
+@dataclass
+class RequestFailed:
+    """The engine request cannot complete; ``status`` is the HTTP status to report."""
+
+    tag: int
+    status: int
+    message: str
+
+
+@dataclass
+class _Live:
+    sink: asyncio.Queue[Any]
+    tag: int
+    arrival: float  # time.monotonic() when the HTTP handler submitted it
+    prompt_len: int
+    first_token: float | None = None
+    last_token: float | None = None
+    generated: int = 0
+    reasons: dict[int, str] = field(default_factory=dict)
+
+
+def rebuild_if_stuck(llm: Any) -> bool:
+    """After a step raised out of the engine loop: if its scheduler is still waiting for the
+    step's tokens (a failure the loop could not abandon), give the LLM a fresh engine loop over
+    the same model runner and KV cache and return True (every live request has failed)."""
+    engine = llm.engine
+    if not engine.scheduler.step_in_flight:
+        return False
+    from deepinfer.runtime.engine_loop import EngineLoop
+
+    llm.engine = EngineLoop(engine.runner, engine.tokenizer, engine.cfg,
+                            extra_stop_token_ids=engine.extra_stop_token_ids)
+    return True
+
+
+class EngineThread:
+    """Owns ``llm.engine``: adds, aborts and steps happen on this thread only."""
+
+    def __init__(self, llm: Any, metrics: ServerMetrics) -> None:
+        self._llm = llm
+        self._metrics = metrics
+        self._commands: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._live: dict[str, _Live] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None  # why the thread died, if it did
+        self.num_steps = 0
+
+    # ---- called from the event loop --------------------------------------------------------
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._thread = threading.Thread(target=self._run, name="deepinfer-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self.error is None
+
+    def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+               sink: asyncio.Queue[Any], tag: int) -> None:
+        """Queue a request; its RequestDelta / RequestFailed items arrive on ``sink``."""
+        self._commands.put(("add", request_id, prompt_ids, params, sink, tag, time.monotonic()))
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request at whatever stage it is (idempotent; unknown ids are ignored)."""
+        self._commands.put(("abort", request_id))
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Abort every live request and end the thread."""
+        self._commands.put(("stop",))
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # ---- the engine thread -----------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while self._take_commands(block=not self._llm.engine.has_unfinished()):
+                if self._llm.engine.has_unfinished():
+                    self._step()
+        except BaseException as exc:
+            self.error = exc
+            log.exception("the engine thread died; /health reports 503 from now on")
+            self._fail(list(self._live), 503, f"the engine stopped: {exc!r}")
+        else:
+            self._abort_all("the server is shutting down")
+
+    def _take_commands(self, block: bool) -> bool:
+        """Apply queued commands (waiting for one when ``block``); False once told to stop."""
+        try:
+            cmd = self._commands.get() if block else self._commands.get_nowait()
+        except queue.Empty:
+            return True
+        aborted = False
+        while True:
+            if cmd[0] == "stop":
+                return False
+            if cmd[0] == "add":
+                self._add(*cmd[1:])
+            else:
+                aborted |= self._abort(cmd[1])
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                break
+        if aborted:  # the blocks are free already: the gauges say so before the next step
+            self._metrics.observe_engine(self._llm.engine.scheduler.get_stats())
+        return True
+
+    def _add(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+             sink: asyncio.Queue[Any], tag: int, arrival: float) -> None:
+        try:
+            self._llm.engine.add_request(request_id, prompt_ids, params, output_kind="delta", collect="all")
+        except (ValueError, TypeError) as exc:
+            self._deliver([(sink, RequestFailed(tag, 400, str(exc)))])
+            return
+        self._live[request_id] = _Live(sink, tag, arrival, len(prompt_ids))
+
+    def _abort(self, request_id: str) -> bool:
+        if self._live.pop(request_id, None) is None:
+            return False
+        self._llm.engine.release(request_id)  # blocks are free now; its outputs are dropped
+        self._metrics.finished["abort"].inc()
+        return True
+
+    def _abort_all(self, message: str) -> None:
+        for rid in list(self._live):
+            self._llm.engine.release(rid)
+        self._fail(list(self._live), 503, message, reason="abort")
+
+    def _fail(self, request_ids: list[str], status: int, message: str, reason: str = "error") -> None:
+        batch = []
+        for rid in request_ids:
+            live = self._live.pop(rid, None)
+            if live is not None:
+                batch.append((live.sink, RequestFailed(live.tag, status, message)))
+                self._metrics.finished[reason].inc()
+        self._deliver(batch)
+
+    def _step(self) -> None:
+        """One engine step, then every output (or failure) it queued for a live request.
+
+        The engine loop abandons a step that raises: the requests of that step get the error in
+        their queues (500 / an error event), the others run on. An error that leaves the loop
+        (none of its requests could take it) is logged, and a scheduler left mid-step is
+        rebuilt, failing every live request."""
+        engine = self._llm.engine
+        try:
+            outputs = engine.step()
+        except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, not the server
+            log.error("engine step failed: %r", exc)
+            outputs = []
+            if rebuild_if_stuck(self._llm):
+                self._metrics.engine_replaced()
+                self._fail(list(self._live), 500, f"the engine step failed: {exc!r}")
+                self._metrics.observe_engine(self._llm.engine.scheduler.get_stats())
+                return
+        self.num_steps += 1
+        now = time.monotonic()
+        # Requests with news: an output of this step, or gone from the engine (finished, failed).
+        ready = dict.fromkeys(ro.request_id for ro in outputs)
+        ready.update(dict.fromkeys(rid for rid in self._live if rid not in engine.requests))
+        batch: list[tuple[asyncio.Queue[Any], Any]] = []
+        failed: dict[str, str] = {}
+        for rid in ready:
+            live = self._live.get(rid)
+            if live is None:  # aborted by its client
+                continue
+            try:
+                while (ro := engine.pop_output(rid)) is not None:
+                    delta = self._delta(ro, live, now)
+                    batch.append((live.sink, delta))
+                    if delta.finished:
+                        del self._live[rid]
+                        break
+            except Exception as exc:  # noqa: BLE001 - this request's failure only
+                failed[rid] = f"the request failed: {type(exc).__name__}: {exc}"
+                engine.release(rid)
+        self._deliver(batch)
+        for rid, message in failed.items():
+            self._fail([rid], 500, message)
+        self._metrics.observe_engine(engine.scheduler.get_stats())
+
+    def _delta(self, ro: Any, live: _Live, now: float) -> RequestDelta:
+        m = self._metrics
+        samples = []
+        new = 0
+        for c in ro.outputs:
+            ids = list(c.token_ids)
+            lps = c.logprobs
+            samples.append(SampleDelta(int(c.index), ids, c.text, None if lps is None else list(lps),
+                                       c.finish_reason, c.stop_reason))
+            new += len(ids)
+            if c.finish_reason is not None:
+                live.reasons[int(c.index)] = c.finish_reason
+        if new:
+            if live.first_token is None:
+                live.first_token = now
+                m.ttft.observe(now - live.arrival)
+                m.prompt_tokens.inc(live.prompt_len)
+            else:
+                m.itl.observe(now - (live.last_token or now))
+            live.last_token = now
+            live.generated += new
+            m.generation_tokens.inc(new)
+        if ro.finished:
+            metrics = ro.metrics
+            reason = live.reasons.get(0, "stop")
+            m.finished[reason if reason in m.finished else "stop"].inc()
+            m.e2e.observe(now - live.arrival)
+            if metrics.get("first_scheduled_time") and metrics.get("arrival_time"):
+                m.queue_time.observe(max(0.0, metrics["first_scheduled_time"] - metrics["arrival_time"]))
+            m.prompt_len.observe(live.prompt_len)
+            m.generation_len.observe(live.generated)
+        return RequestDelta(live.tag, samples, bool(ro.finished))
+
+    def _deliver(self, batch: list[tuple[asyncio.Queue[Any], Any]]) -> None:
+        if not batch or self._loop is None:
+            return
+        try:
+            self._loop.call_soon_threadsafe(_put_all, batch)
+        except RuntimeError:  # the event loop is closed: nobody is waiting any more
+            pass
+
+
+def _put_all(batch: list[tuple[asyncio.Queue[Any], Any]]) -> None:
+    for sink, item in batch:
+        sink.put_nowait(item)

@@ -1,0 +1,241 @@
+"""The OpenAI request bodies the server accepts, their mapping to ``SamplingParams``, and the
+OpenAI error shape.
+
+Request bodies are pydantic models that forbid unknown fields, so every parameter is either
+honoured or refused with a 400 naming it. Sampling values are checked by ``SamplingParams``
+itself (one place for every rule); its errors are reported under the API's parameter name.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from deepinfer.runtime.sampling_params import SamplingParams
+
+
+class APIError(Exception):
+    """An error returned to the client as ``{"error": {message, type, param, code}}``."""
+
+    TYPES: ClassVar[dict[int, str]] = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+             500: "internal_server_error", 503: "service_unavailable"}
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.TYPES.get(self.status, "error"),
+                          "param": self.param, "code": self.code}}
+
+
+# Fields of the OpenAI API this server does not implement: refused with a 400 naming them
+# unless they carry their "off" value.
+_UNSUPPORTED_OFF_VALUES: dict[str, tuple[Any, ...]] = {
+    "best_of": (None, 1), "echo": (None, False), "suffix": (None, ""), "tools": (None, []),
+    "tool_choice": (None, "none"), "functions": (None, []), "function_call": (None, "none"),
+    "parallel_tool_calls": (None,), "response_format": (None, {"type": "text"}),
+    "audio": (None,), "modalities": (None, ["text"]), "prediction": (None,),
+    "reasoning_effort": (None,), "web_search_options": (None,), "logit_processors": (None,),
+}
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class _SamplingBody(_Body):
+    """Fields shared by completions and chat completions (vLLM's extras included)."""
+
+    model: str | None = None
+    n: int = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    # extras (vLLM's names)
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    return_tokens_as_token_ids: bool = False  # logprobs name tokens "token_id:N" (exact, unambiguous)
+    # refused unless off (see _UNSUPPORTED_OFF_VALUES)
+    best_of: Any = None
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    parallel_tool_calls: Any = None
+    response_format: Any = None
+
+
+class CompletionRequest(_SamplingBody):
+    prompt: Any = None
+    max_tokens: int | None = None
+    logprobs: int | None = None
+    echo: Any = None
+    suffix: Any = None
+
+
+class ChatCompletionRequest(_SamplingBody):
+    messages: Any = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    add_generation_prompt: bool = True
+    audio: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    reasoning_effort: Any = None
+    web_search_options: Any = None
+    metadata: dict[str, str] | None = None  # stored nowhere; accepted as OpenAI does without store
+    store: bool = False
+
+
+class TokenizeRequest(_Body):
+    model: str | None = None
+    prompt: str | None = None
+    messages: Any = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+
+class DetokenizeRequest(_Body):
+    model: str | None = None
+    tokens: list[int]
+
+
+def parse_body(model: type[_Body], body: Any) -> Any:
+    """Validate a JSON body; a 400 names the first offending parameter."""
+    if not isinstance(body, dict):
+        raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+    try:
+        req = model.model_validate(body)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = [str(p) for p in err["loc"]]
+        param = ".".join(loc) if loc else None
+        if err["type"] == "extra_forbidden":
+            raise APIError(400, f"unrecognized request argument: {param}", param) from None
+        raise APIError(400, f"{param}: {err['msg']} (got {err.get('input')!r})", param) from None
+    for name, off in _UNSUPPORTED_OFF_VALUES.items():
+        value = getattr(req, name, None)
+        if value not in off:
+            raise APIError(400, f"{name} is not supported by this server", name)
+    if req.__class__ is ChatCompletionRequest and req.store:
+        raise APIError(400, "store is not supported by this server", "store")
+    if getattr(req, "stream_options", None) is not None and not getattr(req, "stream", False):
+        raise APIError(400, "stream_options is only allowed when stream is true", "stream_options")
+    return req
+
+
+_FIELD = re.compile(r"SamplingParams\.(\w+)")
+
+
+def sampling_params(req: _SamplingBody, max_tokens: int, logprobs: int | None,
+                    renames: dict[str, str]) -> SamplingParams:
+    """The request's SamplingParams; a ValueError/TypeError becomes a 400 naming the API field
+    (``renames`` maps SamplingParams names to this endpoint's, e.g. logprobs -> top_logprobs)."""
+    bias: dict[int, float] | None = None
+    if req.logit_bias is not None:
+        bias = {}
+        for key, value in req.logit_bias.items():
+            try:
+                bias[int(key)] = value
+            except ValueError:
+                raise APIError(400, f"logit_bias keys must be token ids, got {key!r}", "logit_bias") from None
+    kwargs: dict[str, Any] = dict(
+        n=req.n, stop=req.stop, seed=req.seed, max_tokens=max_tokens, min_tokens=req.min_tokens,
+        ignore_eos=req.ignore_eos, logprobs=logprobs, logit_bias=bias,
+        stop_token_ids=req.stop_token_ids, skip_special_tokens=req.skip_special_tokens,
+        include_stop_str_in_output=req.include_stop_str_in_output)
+    for name, default in (("temperature", 1.0), ("top_p", 1.0), ("top_k", -1), ("min_p", 0.0),
+                          ("presence_penalty", 0.0), ("frequency_penalty", 0.0),
+                          ("repetition_penalty", 1.0)):
+        value = getattr(req, name)
+        kwargs[name] = default if value is None else value
+    try:
+        return SamplingParams(**kwargs)
+    except (ValueError, TypeError) as exc:
+        m = _FIELD.search(str(exc))
+        field = m.group(1) if m else None
+        if field and field.startswith("logit_bias"):
+            field = "logit_bias"
+        param = renames.get(field, field) if field else None
+        raise APIError(400, str(exc).replace("SamplingParams.", ""), param) from None
+
+
+def chat_messages(messages: Any) -> list[dict[str, str]]:
+    """Messages as the chat template takes them: role + text content (text parts joined)."""
+    if not isinstance(messages, list) or not messages:
+        raise APIError(400, "messages must be a non-empty list of {role, content} objects", "messages")
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise APIError(400, f"{where} must be an object with a string 'role'", where)
+        unknown = set(m) - {"role", "content", "name"}
+        if unknown:
+            raise APIError(400, f"{where}.{sorted(unknown)[0]} is not supported by this server",
+                           f"{where}.{sorted(unknown)[0]}")
+        content = m.get("content")
+        if content is None:
+            content = ""
+        elif isinstance(content, list):
+            parts = []
+            for j, part in enumerate(content):
+                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise APIError(400, f"{where}.content[{j}]: only text parts are supported",
+                                   f"{where}.content")
+                parts.append(part["text"])
+            content = "".join(parts)
+        elif not isinstance(content, str):
+            raise APIError(400, f"{where}.content must be a string or a list of text parts", f"{where}.content")
+        msg = {"role": m["role"], "content": content}
+        if isinstance(m.get("name"), str):
+            msg["name"] = m["name"]
+        out.append(msg)
+    return out
+
+
+def completion_prompts(prompt: Any) -> list[str | list[int]]:
+    """The prompts of a completions request: a string, strings, token ids, or lists of ids."""
+    def is_ids(x: Any) -> bool:
+        return isinstance(x, list) and bool(x) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+
+    if isinstance(prompt, str):
+        prompts: list[Any] = [prompt]
+    elif is_ids(prompt):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) or is_ids(p) for p in prompt):
+        prompts = list(prompt)
+    else:
+        raise APIError(400, "prompt must be a string, a list of strings, a list of token ids or a list of "
+                       f"token-id lists, got {prompt!r:.80}", "prompt")
+    for p in prompts:
+        if isinstance(p, str) and not p:
+            raise APIError(400, "prompt must not be empty", "prompt")
+    return prompts
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+

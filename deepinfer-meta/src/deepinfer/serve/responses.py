@@ -1,0 +1,168 @@
+"""OpenAI response bodies and stream chunks built from the engine thread's deltas."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from deepinfer.serve.engine_thread import RequestDelta, SampleDelta
+from deepinfer.serve.protocol import usage
+
+
+class TokenStrings:
+    """The text of single tokens (for logprobs), decoded once each."""
+
+    def __init__(self, tokenizer: Any, as_ids: bool = False) -> None:
+        self._tokenizer = tokenizer
+        self._cache: dict[int, str] = {}
+        self.as_ids = as_ids
+
+    def ids(self) -> TokenStrings:
+        """The same tokenizer naming tokens "token_id:N" (vLLM's return_tokens_as_token_ids)."""
+        return TokenStrings(self._tokenizer, as_ids=True)
+
+    def __call__(self, token_id: int) -> str:
+        if self.as_ids:
+            return f"token_id:{token_id}"
+        s = self._cache.get(token_id)
+        if s is None:
+            s = self._cache[token_id] = self._tokenizer.decode([token_id])
+        return s
+
+
+def completion_logprobs(sample: SampleDelta, strings: TokenStrings, offset: int) -> dict[str, Any]:
+    """The completions API's logprobs of a sample's new tokens (text offsets from ``offset``)."""
+    lps = sample.logprobs or []
+    tokens = [strings(t) for t in sample.token_ids]
+    offsets = []
+    for s in tokens:
+        offsets.append(offset)
+        offset += len(s)
+    return {"tokens": tokens, "token_logprobs": [lp[t] for t, lp in zip(sample.token_ids, lps, strict=True)],
+            "top_logprobs": [{strings(k): v for k, v in lp.items()} for lp in lps], "text_offset": offsets}
+
+
+def chat_logprobs(sample: SampleDelta, strings: TokenStrings, top: int) -> dict[str, Any]:
+    """The chat API's logprobs of a sample's new tokens, with the ``top`` most likely each."""
+    def entry(token_id: int, logprob: float) -> dict[str, Any]:
+        s = strings(token_id)
+        return {"token": s, "logprob": logprob, "bytes": list(s.encode("utf-8"))}
+
+    content = []
+    for t, lp in zip(sample.token_ids, sample.logprobs or [], strict=True):
+        best = sorted(lp.items(), key=lambda kv: -kv[1])[:top]
+        content.append({**entry(t, lp[t]), "top_logprobs": [entry(k, v) for k, v in best]})
+    return {"content": content}
+
+
+@dataclass
+class _Choice:
+    text: list[str] = field(default_factory=list)
+    num_tokens: int = 0
+    text_len: int = 0
+    logprobs: dict[str, list[Any]] | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ResponseBuilder:
+    """The choices of one HTTP request (``n`` per prompt), as a whole body or as SSE chunks.
+
+    Choice index = prompt index * n + sample index, as the OpenAI API numbers them.
+    """
+
+    def __init__(self, kind: str, response_id: str, model: str, n: int, prompt_lens: list[int],
+                 strings: TokenStrings, logprobs: int | None) -> None:
+        self.kind, self.id, self.model, self.n = kind, response_id, model, n
+        self.prompt_tokens = sum(prompt_lens)
+        self.created = int(time.time())
+        self.strings, self.top = strings, logprobs
+        self.choices = [_Choice() for _ in range(n * len(prompt_lens))]
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.choices)
+
+    def usage(self) -> dict[str, int]:
+        return usage(self.prompt_tokens, self.completion_tokens)
+
+    def _logprobs(self, sample: SampleDelta, choice: _Choice) -> dict[str, Any] | None:
+        if self.top is None or sample.logprobs is None:
+            return None
+        if self.kind == "chat":
+            return chat_logprobs(sample, self.strings, self.top)
+        return completion_logprobs(sample, self.strings, choice.text_len)
+
+    def apply(self, delta: RequestDelta) -> list[tuple[int, SampleDelta, dict[str, Any] | None, bool]]:
+        """Record a delta; returns (choice index, sample, its logprobs, finishes now) per sample."""
+        out = []
+        for s in delta.samples:
+            idx = delta.tag * self.n + s.index
+            c = self.choices[idx]
+            lp = self._logprobs(s, c)
+            finishes = s.finish_reason is not None and c.finish_reason is None
+            c.text.append(s.text)
+            c.text_len += len(s.text)
+            c.num_tokens += len(s.token_ids)
+            if lp is not None:
+                if c.logprobs is None:
+                    c.logprobs = {k: [] for k in lp}
+                for k, v in lp.items():
+                    c.logprobs[k].extend(v)
+            if finishes:
+                c.finish_reason, c.stop_reason = s.finish_reason, s.stop_reason
+            out.append((idx, s, lp, finishes))
+        return out
+
+    # ---- whole responses -------------------------------------------------------------------
+    def body(self) -> dict[str, Any]:
+        choices = []
+        for i, c in enumerate(self.choices):
+            text = "".join(c.text)
+            if self.kind == "chat":
+                choices.append({"index": i, "message": {"role": "assistant", "content": text},
+                                "logprobs": c.logprobs, "finish_reason": c.finish_reason,
+                                "stop_reason": c.stop_reason})
+            else:
+                choices.append({"index": i, "text": text, "logprobs": c.logprobs,
+                                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
+        obj = "chat.completion" if self.kind == "chat" else "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "choices": choices, "usage": self.usage()}
+
+    # ---- stream chunks ---------------------------------------------------------------------
+    def chunk(self, choices: list[dict[str, Any]], include_usage: bool) -> dict[str, Any]:
+        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
+        c: dict[str, Any] = {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                             "choices": choices}
+        if include_usage:
+            c["usage"] = None
+        return c
+
+    def role_chunks(self, include_usage: bool) -> list[dict[str, Any]]:
+        """Chat streams open each choice with the assistant role."""
+        return [self.chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                             "finish_reason": None}], include_usage) for i in range(len(self.choices))]
+
+    def delta_chunks(self, delta: RequestDelta, include_usage: bool) -> list[dict[str, Any]]:
+        """One chunk per sample with new text or a finish reason."""
+        chunks = []
+        for idx, s, lp, finishes in self.apply(delta):
+            if not s.text and not finishes and lp is None:
+                continue  # e.g. a possible stop string held back
+            reason = self.choices[idx].finish_reason if finishes else None
+            stop = self.choices[idx].stop_reason if finishes else None
+            if self.kind == "chat":
+                d = {"content": s.text} if s.text else {}
+                choice = {"index": idx, "delta": d, "logprobs": lp, "finish_reason": reason, "stop_reason": stop}
+            else:
+                choice = {"index": idx, "text": s.text, "logprobs": lp, "finish_reason": reason,
+                          "stop_reason": stop}
+            chunks.append(self.chunk([choice], include_usage))
+        return chunks
+
+    def usage_chunk(self) -> dict[str, Any]:
+        c = self.chunk([], False)
+        c["usage"] = self.usage()
+        return c

