@@ -156,6 +156,7 @@ class LlamaForCausalLM(nn.Module):
                                  f"expected {tuple(target.shape)}")
             target.copy_(value)
             missing.discard(name)
+            del value, target  # free this tensor before the next one is read
         if missing:
             raise ValueError(f"model weights: missing tensor {sorted(missing)[0]!r} "
                              f"({len(missing)} missing in all)")
