@@ -71,12 +71,12 @@ def test_packing_matches_aten(n, k):
 
 def test_int4_linear_matches_the_dequantized_reference_over_random_shapes():
     gen = np.random.default_rng(3)
-    for trial in range(12):
+    for trial in range(14):
         kind = ["Q4_0", "Q4_1", "Q8_0", "Q4_K"][trial % 4]
         block = 256 if kind == "Q4_K" else 32
         k = block * int(gen.integers(1, 5)) * (2 if block == 32 else 1)
         n = int(gen.choice([32, 64, 96, 192, 320]))
-        rows = int(gen.choice([1, 2, 3, 7, 16, 33]))
+        rows = int(gen.choice([1, 2, 3, 7, 16, 33, 130]))  # >= 128: the decode-then-GEMM branch
         raw = torch.from_numpy(random_blocks(kind, n, k, seed=trial))
         w = gguf_blocks.dequantize_torch(raw, kind)
         bias = torch.randn(n) if trial % 3 == 0 else None

@@ -4,7 +4,9 @@
 group size 32, a bfloat16 scale and zero per group). Its fast kernel takes bfloat16 activations
 (the float32 variant is 20-100x slower here), so inputs are rounded to bfloat16 and outputs come
 back in bfloat16 and are widened to the caller's dtype. Q8_0 weights run as two int4 halves whose
-outputs are summed in float32 (exact split of the weight: see ``gguf_blocks``).
+outputs are summed in float32 (exact split of the weight: see ``gguf_blocks``). From
+``DENSE_FROM_ROWS`` rows on (long prefills) the weight is decoded to bfloat16 for that call and
+multiplied by a bfloat16 GEMM instead, which is faster there.
 
 ``Q8Embedding`` keeps a Q8_0 embedding table as int8 codes and scales and dequantizes only the
 looked-up rows (bitwise what a dense float32 table would give).
@@ -13,12 +15,14 @@ looked-up rows (bitwise what a dense float32 table would give).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from deepinfer.runtime.gguf_blocks import GROUP, Int4Groups
 
 _int4_mm = torch.ops.aten._weight_int4pack_mm_for_cpu
 _pack = torch.ops.aten._convert_weight_to_int4pack_for_cpu
+DENSE_FROM_ROWS = 128  # from this many rows, decode the weight once and run a bfloat16 GEMM
 
 
 def pack_int4(q: torch.Tensor) -> torch.Tensor:
@@ -67,7 +71,14 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
-        y = _int4_mm(x.reshape(-1, self.in_features).to(torch.bfloat16), self.packed, GROUP, self.scales_zeros)
+        xb = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        if xb.shape[0] >= DENSE_FROM_ROWS and self.packed.shape[0] % 64 == 0:
+            # The int4 kernel's cost grows with the rows (it decodes the weight per row block);
+            # for a long prefill, decoding once and a bfloat16 GEMM is 2x faster (measured on
+            # SmolLM2's gate/up: 512 rows 19 ms vs 2.2 + 7.9 ms).
+            y = F.linear(xb, self.bf16_weight())
+        else:
+            y = _int4_mm(xb, self.packed, GROUP, self.scales_zeros)
         if self.num_parts == 2:
             n = self.out_features
             y = y[:, :n].float() + y[:, n:]
@@ -76,13 +87,14 @@ class Int4Linear(nn.Module):
             y = y + self.bias.to(x.dtype)
         return y.reshape(*lead, self.out_features)
 
-    def dequantized_weight(self) -> torch.Tensor:
-        """The float32 [N, K] weight this layer multiplies by (bfloat16 scales applied): for tests."""
-        eye = torch.eye(self.in_features, dtype=torch.bfloat16)
-        cols = _int4_mm(eye, self.packed, GROUP, self.scales_zeros).float()  # may round: use only small K
-        n = self.out_features
-        w = cols[:, :n] + cols[:, n:] if self.num_parts == 2 else cols
-        return w.t().contiguous()
+    def bf16_weight(self) -> torch.Tensor:
+        """The stacked [parts*N, K] weight decoded to bfloat16 (needs parts*N a multiple of 64)."""
+        rows, k = self.packed.shape[0], self.in_features
+        b = self.packed.reshape(rows // 64, k, 32)
+        q = torch.stack((b & 0x0F, b >> 4), dim=1).transpose(2, 3).reshape(rows, k)
+        scale = self.scales_zeros[..., 0].t().repeat_interleave(GROUP, 1)
+        zero = self.scales_zeros[..., 1].t().repeat_interleave(GROUP, 1)
+        return (q.to(torch.bfloat16) - 8) * scale + zero
 
 
 class Q8Embedding(nn.Module):
