@@ -71,6 +71,7 @@ class LlamaCpp:
         cp = lc.llama_context_default_params()
         cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = n_ctx, max(n_ctx, 512), 512, n_seq
         cp.n_threads = cp.n_threads_batch = threads
+        cp.kv_unified = True  # one KV buffer for all sequences: each may use the whole context
         self.ctx = lc.llama_init_from_model(self.model, cp)
         self.n_vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(self.model))
         self.batch = lc.llama_batch_init(max(n_ctx, 512), 0, n_seq)
