@@ -71,7 +71,7 @@ class LlamaCpp:
         cp = lc.llama_context_default_params()
         cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = n_ctx, max(n_ctx, 512), 512, n_seq
         cp.n_threads = cp.n_threads_batch = threads
-        cp.kv_unified = True  # one KV buffer for all sequences: each may use the whole context
+        cp.kv_unified = False  # a KV stream per sequence (n_ctx / n_seq cells each), as llama-server's slots
         self.ctx = lc.llama_init_from_model(self.model, cp)
         self.n_vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(self.model))
         self.batch = lc.llama_batch_init(max(n_ctx, 512), 0, n_seq)
@@ -147,7 +147,7 @@ class LlamaCppContender(Contender):
 
     def load(self) -> float:
         t = time.perf_counter()
-        self.ll = LlamaCpp(self.path, self.threads, n_ctx=CONC * (PROMPT_LEN + CONC_NEW) + 64, n_seq=CONC)
+        self.ll = LlamaCpp(self.path, self.threads, n_ctx=CONC * (LONG_PROMPT + NEW_TOKENS), n_seq=CONC)
         return time.perf_counter() - t
 
     def decode1(self, prompt: list[int]) -> float:
@@ -178,7 +178,8 @@ class DeepInferContender(Contender):
         from deepinfer import LLM
 
         t = time.perf_counter()
-        self.llm = LLM(self.path, device="cpu", dtype=self.dtype, max_model_len=1024)
+        # no prefix caching: the warm-up run's prompt must not be served from the cache
+        self.llm = LLM(self.path, device="cpu", dtype=self.dtype, max_model_len=1024, enable_prefix_caching=False)
         return time.perf_counter() - t
 
     def _gen(self, prompts: list[list[int]], n: int) -> float:
