@@ -84,7 +84,7 @@ def load_model(path: str, *, device: torch.device, dtype: torch.dtype, dummy_wei
         freq_factors = gguf_model.dense("rope_freq_factors")
     with torch.device("meta"):
         model = LlamaForCausalLM(config, max_positions=1, rope_freq_factors=freq_factors)
-    model = model.to(dtype=dtype).to_empty(device=device)
+    materialize(model, device, dtype)
     with torch.no_grad():
         if dummy_weights:
             model.init_dummy_weights(seed)
@@ -103,6 +103,19 @@ def load_model(path: str, *, device: torch.device, dtype: torch.dtype, dummy_wei
     model.rotary = RotaryEmbedding(config.head_dim, max_positions or config.max_position_embeddings,
                                    config.rope_theta, config.rope_scaling, freq_factors).to(device)
     return LoadedModel(model=model, config=config, path=path)
+
+
+def materialize(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> None:
+    """Give every meta parameter and buffer uninitialised storage on ``device`` (floating ones in
+    ``dtype``). Does what ``to(dtype).to_empty(device)`` does, without the sympy import that
+    ``to_empty`` triggers (0.3 s of CPU)."""
+    for module in model.modules():
+        for store in (module._parameters, module._buffers):
+            for name, t in store.items():
+                if t is None:
+                    continue
+                empty = torch.empty(t.shape, dtype=dtype if t.is_floating_point() else t.dtype, device=device)
+                store[name] = torch.nn.Parameter(empty, requires_grad=False) if store is module._parameters else empty
 
 
 def keep_gguf_quantization(model: LlamaForCausalLM, gguf_model: GGUFModel) -> None:

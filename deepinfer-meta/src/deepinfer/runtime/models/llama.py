@@ -81,14 +81,18 @@ class LlamaForCausalLM(nn.Module):
                  rope_freq_factors: torch.Tensor | None = None) -> None:
         super().__init__()
         self.config = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # _weight: skip the random init (weights are loaded; on the meta device the init's
+        # normal_ would import torch._dynamo and sympy, ~1 s of startup)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
+                                         _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
         self.layers = nn.ModuleList(LlamaLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         # Set by the loader when the output projection keeps a GGUF quantization (Int4Linear).
         self.quantized_head: nn.Module | None = None
-        self.rotary = RotaryEmbedding(cfg.head_dim, max_positions or cfg.max_position_embeddings,
-                                      cfg.rope_theta, cfg.rope_scaling, rope_freq_factors)
+        with torch.device("cpu"):  # real tables even when built on meta (torch's meta refs import sympy)
+            self.rotary = RotaryEmbedding(cfg.head_dim, max_positions or cfg.max_position_embeddings,
+                                          cfg.rope_theta, cfg.rope_scaling, rope_freq_factors)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                 meta: AttentionMetadata, attention: AttentionFn) -> torch.Tensor:
