@@ -94,7 +94,7 @@ class _Cursor:
             raise ValueError(f"unsupported metadata array element type {etype}")
         size = np.dtype(_NUMPY[etype]).itemsize * count
         self._check(size)
-        out = np.frombuffer(self.buf, dtype=_NUMPY[etype], count=count, offset=self.pos)
+        out: np.ndarray = np.frombuffer(self.buf, dtype=_NUMPY[etype], count=count, offset=self.pos)
         self.pos += size
         return out
 
@@ -107,7 +107,7 @@ class GGUFFile:
 
         self.path = os.fspath(path)
         buf = np.memmap(self.path, mode="r", dtype=np.uint8)
-        cur = _Cursor(memoryview(buf))
+        cur = _Cursor(memoryview(buf))  # type: ignore[arg-type]  # a memmap is a buffer
         if cur.take(4) != _MAGIC:
             raise ValueError("no GGUF magic")
         version = cur.scalar(4)

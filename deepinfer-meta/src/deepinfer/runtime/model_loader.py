@@ -115,7 +115,8 @@ def materialize(model: torch.nn.Module, device: torch.device, dtype: torch.dtype
                 if t is None:
                     continue
                 empty = torch.empty(t.shape, dtype=dtype if t.is_floating_point() else t.dtype, device=device)
-                store[name] = torch.nn.Parameter(empty, requires_grad=False) if store is module._parameters else empty
+                store[name] = (torch.nn.Parameter(empty, requires_grad=False)  # type: ignore[assignment]
+                               if store is module._parameters else empty)
 
 
 def keep_gguf_quantization(model: LlamaForCausalLM, gguf_model: GGUFModel) -> None:
@@ -147,7 +148,7 @@ def keep_gguf_quantization(model: LlamaForCausalLM, gguf_model: GGUFModel) -> No
         qkv = quantized([a + "weight" for a in attn], [a + "bias" for a in attn] if layer.qkv_proj.bias is not None
                         else None)
         if qkv is not None:
-            layer.qkv_proj = qkv
+            layer.qkv_proj = qkv  # type: ignore[assignment]  # same forward(x) interface
         for attr, names in (("o_proj", [p + "self_attn.o_proj.weight"]),
                             ("gate_up_proj", [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]),
                             ("down_proj", [p + "mlp.down_proj.weight"])):
@@ -161,4 +162,4 @@ def keep_gguf_quantization(model: LlamaForCausalLM, gguf_model: GGUFModel) -> No
         model.lm_head = None
     codes = gguf_model.q8_codes(embed)
     if codes is not None:
-        model.embed_tokens = Q8Embedding(*codes)
+        model.embed_tokens = Q8Embedding(*codes)  # type: ignore[assignment]  # same forward(ids)
