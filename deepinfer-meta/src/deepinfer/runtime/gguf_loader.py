@@ -1,17 +1,23 @@
 """Read a GGUF file of a Llama-family model: its config and its weights under Hugging Face names.
 
-Quantized tensors (Q4_0/Q4_1/Q8_0/K-quants/F16/...) are dequantized with ``gguf.quants``. llama.cpp
-stores the Q and K projections of ``llama`` models permuted for its interleaved rotary layout; we
-undo that exactly as transformers' GGUF loader does, so both see the same weights.
+The file stays memory-mapped; tensors are read one at a time, either dequantized to float32 (with
+``gguf_blocks``, bitwise what ``gguf.quants`` gives) or, for Q4_0/Q4_1/Q4_K/Q8_0, as int4 groups
+for the quantized CPU layers. llama.cpp stores the Q and K projections of ``llama`` models
+permuted for its interleaved rotary layout; we undo that exactly as transformers' GGUF loader
+does, so both see the same weights.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
+import torch
 
+from deepinfer.runtime import gguf_blocks
+from deepinfer.runtime.gguf_file import GGUFFile
 from deepinfer.runtime.model_config import ModelConfig, check_gguf_metadata, check_tensor_shapes
 
 # GGUF tensor name (after "blk.N.") -> HF name (after "model.layers.N.")
@@ -39,32 +45,27 @@ class GGUFError(ValueError):
     """The file is not a readable GGUF of a supported Llama-family model."""
 
 
-def open_gguf(path: str | os.PathLike[str]) -> Any:
-    """Open ``path`` with ``gguf.GGUFReader`` (memory-mapped), turning any parse failure into GGUFError."""
-    import gguf
-
+def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
+    """Open ``path`` (memory-mapped), turning any parse failure into GGUFError."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"model: GGUF file {path!r} does not exist")
     try:
-        return gguf.GGUFReader(path)
-    except Exception as exc:  # the reader raises a mix of ValueError/struct.error/IndexError
+        return GGUFFile(path)
+    except Exception as exc:  # struct.error, ValueError, UnicodeError, ... from a damaged file
         raise GGUFError(f"model: {path!r} is not a valid GGUF file ({type(exc).__name__}: {exc})") from exc
 
 
-def _field(reader: Any, key: str, default: Any = None) -> Any:
-    f = reader.fields.get(key)
-    if f is None:
-        return default
-    return f.contents()
+def _field(reader: GGUFFile, key: str, default: Any = None) -> Any:
+    return reader.fields.get(key, default)
 
 
-def gguf_config(reader: Any, path: str = "<gguf>") -> ModelConfig:
+def gguf_config(reader: GGUFFile, path: str = "<gguf>") -> ModelConfig:
     """The ModelConfig described by a GGUF file's metadata, every field checked (also against
     the tensors' shapes): a bad one is a GGUFError naming the file and the key."""
     try:
         config = _gguf_config(reader, path)
-        check_tensor_shapes(config, {name: tuple(int(d) for d in reversed(t.shape.tolist()))
+        check_tensor_shapes(config, {name: tuple(int(d) for d in reversed(t.shape))
                                      for t in reader.tensors if (name := hf_name(t.name)) is not None})
     except GGUFError:
         raise
@@ -73,7 +74,7 @@ def gguf_config(reader: Any, path: str = "<gguf>") -> ModelConfig:
     return config
 
 
-def _gguf_config(reader: Any, path: str) -> ModelConfig:
+def _gguf_config(reader: GGUFFile, path: str) -> ModelConfig:
     arch = _field(reader, "general.architecture")
     if arch not in SUPPORTED_ARCHS:
         raise GGUFError(
@@ -91,7 +92,7 @@ def _gguf_config(reader: Any, path: str) -> ModelConfig:
         tokens = reader.fields.get("tokenizer.ggml.tokens")
         if tokens is None:
             raise GGUFError(f"model: GGUF {path!r} has neither {arch}.vocab_size nor tokenizer.ggml.tokens")
-        vocab = len(tokens.data)
+        vocab = len(tokens)
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
     rope_scaling = None
     scaling_type = _field(reader, f"{arch}.rope.scaling.type")
@@ -117,10 +118,11 @@ def _gguf_config(reader: Any, path: str) -> ModelConfig:
     )
 
 
-def _reverse_permute(w: np.ndarray, n_head: int) -> np.ndarray:
-    # llama.cpp's convert script interleaves each head's rotary halves; this undoes it.
-    dim = w.shape[0] // n_head // 2
-    return w.reshape(n_head, dim, 2, *w.shape[1:]).swapaxes(2, 1).reshape(w.shape)
+def _unpermute_index(rows: int, n_head: int) -> torch.Tensor:
+    """Row order that undoes llama.cpp's interleaving of each head's rotary halves (its convert
+    script's permute), as transformers' GGUF loader does."""
+    dim = rows // n_head // 2
+    return torch.arange(rows).reshape(n_head, dim, 2).transpose(1, 2).reshape(-1)
 
 
 def hf_name(gguf_name: str) -> str | None:
@@ -133,32 +135,83 @@ def hf_name(gguf_name: str) -> str | None:
     return None
 
 
-def load_gguf(path: str | os.PathLike[str]) -> tuple[ModelConfig, dict[str, np.ndarray]]:
-    """Read config and float32 weights (HF names, HF layouts) from a GGUF file."""
-    from gguf.quants import dequantize
+class GGUFModel:
+    """A memory-mapped GGUF file: its config and its tensors under Hugging Face names, read one
+    at a time either as dense float32 or, for int4-mappable types, as int4 groups."""
 
-    path = os.fspath(path)
-    reader = open_gguf(path)
-    config = gguf_config(reader, path)
-    weights: dict[str, np.ndarray] = {}
-    for t in reader.tensors:
-        name = hf_name(t.name)
-        if name is None:
-            continue
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self.reader = open_gguf(self.path)
+        self.config = gguf_config(self.reader, self.path)
+        self.tensors: dict[str, Any] = {}
+        for t in self.reader.tensors:
+            name = hf_name(t.name)
+            if name is not None:
+                self.tensors[name] = t
+
+    def type_name(self, name: str) -> str:
+        return str(self.tensors[name].tensor_type.name)
+
+    def _row_index(self, name: str, rows: int) -> torch.Tensor | None:
+        if self.config.architecture != "llama":
+            return None
+        if ".self_attn.q_proj." in name:
+            return _unpermute_index(rows, self.config.num_attention_heads)
+        if ".self_attn.k_proj." in name:
+            return _unpermute_index(rows, self.config.num_key_value_heads)
+        return None
+
+    def _fail(self, name: str, exc: Exception) -> GGUFError:
+        t = self.tensors[name]
+        return GGUFError(f"model: GGUF {self.path!r} tensor {t.name!r} of type {t.tensor_type.name} "
+                         f"cannot be read: {exc}")
+
+    def dense(self, name: str) -> torch.Tensor:
+        """Float32 weights of ``name`` in the Hugging Face layout (dequantized as read)."""
+        t = self.tensors[name]
+        expected = [int(d) for d in reversed(t.shape)]
         try:
-            arr = dequantize(t.data, t.tensor_type)
+            w = gguf_blocks.dequantize(t)
         except Exception as exc:
-            raise GGUFError(
-                f"model: GGUF {path!r} tensor {t.name!r} of type {t.tensor_type.name} cannot be read: {exc}"
-            ) from exc
-        arr = np.array(arr, dtype=np.float32)  # writable copy (F32 tensors are read-only mmap views)
-        expected = tuple(int(d) for d in reversed(t.shape.tolist()))
-        if arr.size != int(np.prod(expected)):
-            raise GGUFError(f"model: GGUF {path!r} tensor {t.name!r} is truncated")
-        arr = arr.reshape(expected) if len(expected) > 1 else arr.reshape(-1)
-        if config.architecture == "llama" and ".attn_q." in t.name:
-            arr = _reverse_permute(arr, config.num_attention_heads)
-        elif config.architecture == "llama" and ".attn_k." in t.name:
-            arr = _reverse_permute(arr, config.num_key_value_heads)
-        weights[name] = arr
-    return config, weights
+            raise self._fail(name, exc) from exc
+        if w.numel() != int(np.prod(expected)):
+            raise GGUFError(f"model: GGUF {self.path!r} tensor {t.name!r} is truncated")
+        index = self._row_index(name, w.shape[0])
+        return w if index is None else w[index]
+
+    def int4(self, name: str) -> list[gguf_blocks.Int4Groups] | None:
+        """``name`` as int4 groups in the Hugging Face row order, or None if its type has no int4 form."""
+        t = self.tensors[name]
+        kind = t.tensor_type.name
+        if kind not in gguf_blocks.INT4_TYPES + gguf_blocks.SPLIT_INT4_TYPES or len(t.shape) != 2:
+            return None
+        rows = int(t.shape[1])
+        try:
+            parts = gguf_blocks.int4_groups(gguf_blocks.raw_blocks(t.data, rows), kind)
+        except Exception as exc:
+            raise self._fail(name, exc) from exc
+        index = self._row_index(name, rows)
+        return parts if index is None else [p.permute_rows(index) for p in parts]
+
+    def q8_codes(self, name: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """A Q8_0 tensor as int8 codes [rows, K] and float32 scales [rows, K / 32]; None for other types."""
+        t = self.tensors[name]
+        if t.tensor_type.name != "Q8_0" or len(t.shape) != 2:
+            return None
+        rows = int(t.shape[1])
+        b = gguf_blocks.raw_blocks(t.data, rows).reshape(rows, -1, 34)
+        codes = b[..., 2:].contiguous().view(torch.int8).reshape(rows, -1)
+        scales = b[..., :2].contiguous().view(torch.float16).float().reshape(rows, -1)
+        return codes, scales
+
+    def dense_tensors(self, names: Iterable[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF name, float32 tensor) one at a time for ``names`` (default: all)."""
+        for name in self.tensors if names is None else names:
+            yield name, self.dense(name)
+
+
+def load_gguf(path: str | os.PathLike[str]) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """Config and all float32 weights (HF names, HF layouts) of a GGUF file, in memory at once.
+    The runtime streams them instead (``GGUFModel``); this is for tools and tests."""
+    model = GGUFModel(path)
+    return model.config, dict(model.dense_tensors())

@@ -41,6 +41,12 @@ def num_blocks_for(cfg: ModelConfig, block_size: int, dtype: torch.dtype, device
 def allocate_kv_caches(cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
                        device: torch.device) -> list[torch.Tensor]:
     """One ``[2, num_blocks + 1, block_size, kv_heads, head_dim]`` tensor per layer; the extra last
-    block is a scratch area that padding rows (slot -1) write into."""
+    block is a scratch area that padding rows (slot -1) write into.
+
+    On CPU the cache is not zero-filled (zeroing 1 GiB takes ~0.5 s and touches every page):
+    attention reads only slots below each sequence's length, which were written, and the torch
+    backend zeroes the masked tail of gathered blocks (attention.torch_paged). Other devices get
+    zeros, which are cheap there and keep kernels that multiply masked slots by 0 NaN-free."""
     shape = (2, num_blocks + 1, block_size, cfg.num_key_value_heads, cfg.head_dim)
-    return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_hidden_layers)]
+    alloc = torch.empty if device.type == "cpu" else torch.zeros
+    return [alloc(shape, dtype=dtype, device=device) for _ in range(cfg.num_hidden_layers)]

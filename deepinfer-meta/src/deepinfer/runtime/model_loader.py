@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 import torch
 
+from deepinfer.runtime.gguf_blocks import Int4Groups
 from deepinfer.runtime.model_config import ModelConfig
-from deepinfer.runtime.models.llama import LlamaForCausalLM
+from deepinfer.runtime.models.llama import LlamaForCausalLM, LlamaLayer
 from deepinfer.runtime.models.rotary import RotaryEmbedding
+
+if TYPE_CHECKING:
+    from deepinfer.runtime.gguf_loader import GGUFModel
 
 
 @dataclass
@@ -52,36 +56,110 @@ def read_config(path: str) -> ModelConfig:
 
 
 def load_model(path: str, *, device: torch.device, dtype: torch.dtype, dummy_weights: bool = False,
-               max_positions: int | None = None, seed: int = 0) -> LoadedModel:
-    """Load weights from ``path`` (or random ones of its shape) into a LlamaForCausalLM on ``device``."""
-    weights: dict[str, Any] | None = None
+               max_positions: int | None = None, seed: int = 0, keep_quantized: bool = False) -> LoadedModel:
+    """Load weights from ``path`` (or random ones of its shape) into a LlamaForCausalLM on ``device``.
+
+    The model is built on the meta device and its parameters allocated on ``device`` in ``dtype``
+    (uninitialised); weights are then read and copied one tensor at a time, so host memory stays
+    about the model's size plus its largest tensor. With ``keep_quantized`` (CPU, GGUF files)
+    projections stored as Q4_0/Q4_1/Q4_K/Q8_0 stay in that form (``models.quantized``); other
+    tensors are dequantized to ``dtype``.
+    """
+    gguf_model = None
     if os.path.isdir(path):
-        from deepinfer.runtime.safetensors_loader import load_hf_config, load_safetensors
+        from deepinfer.runtime.safetensors_loader import load_hf_config
 
         config = load_hf_config(path)
-        if not dummy_weights:
-            weights = load_safetensors(path)
     elif dummy_weights:
         config = read_config(path)
     else:
-        from deepinfer.runtime.gguf_loader import load_gguf
+        from deepinfer.runtime.gguf_loader import GGUFModel
 
-        config, weights = load_gguf(path)
+        gguf_model = GGUFModel(path)
+        config = gguf_model.config
+    if keep_quantized and device.type != "cpu":
+        raise ValueError(f"keep_quantized: GGUF quantized layers run on CPU only, got device {device}")
     freq_factors = None
-    if weights is not None and "rope_freq_factors" in weights:
-        w = weights["rope_freq_factors"]
-        freq_factors = w if isinstance(w, torch.Tensor) else torch.from_numpy(w)
-    with torch.device("cpu"):
-        model = LlamaForCausalLM(config, max_positions=max_positions, rope_freq_factors=freq_factors)
-    if weights is None:
-        model.init_dummy_weights(seed)
-    else:
-        model.load_hf_weights(weights)
-    del weights
-    model = model.to(device=device, dtype=dtype).eval()
+    if gguf_model is not None and "rope_freq_factors" in gguf_model.tensors:
+        freq_factors = gguf_model.dense("rope_freq_factors")
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config, max_positions=1, rope_freq_factors=freq_factors)
+    materialize(model, device, dtype)
+    with torch.no_grad():
+        if dummy_weights:
+            model.init_dummy_weights(seed)
+        elif gguf_model is not None:
+            if keep_quantized:
+                keep_gguf_quantization(model, gguf_model)
+            model.load_weights(gguf_model.dense_tensors(model.weight_slots().keys() & gguf_model.tensors.keys()))
+        else:
+            from deepinfer.runtime.safetensors_loader import iter_safetensors
+
+            model.load_weights(iter_safetensors(path))
+    model.eval()
     if device.type == "cpu":  # faster few-row matmuls on CPU (see the method)
         model.store_wide_projections_input_major()
-    # cos/sin tables are rebuilt on the device in float32: .to(dtype) would round them
+    # cos/sin tables are built on the device in float32: .to(dtype) would round them
     model.rotary = RotaryEmbedding(config.head_dim, max_positions or config.max_position_embeddings,
                                    config.rope_theta, config.rope_scaling, freq_factors).to(device)
     return LoadedModel(model=model, config=config, path=path)
+
+
+def materialize(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> None:
+    """Give every meta parameter and buffer uninitialised storage on ``device`` (floating ones in
+    ``dtype``). Does what ``to(dtype).to_empty(device)`` does, without the sympy import that
+    ``to_empty`` triggers (0.3 s of CPU)."""
+    for module in model.modules():
+        for store in (module._parameters, module._buffers):
+            for name, t in store.items():
+                if t is None:
+                    continue
+                empty = torch.empty(t.shape, dtype=dtype if t.is_floating_point() else t.dtype, device=device)
+                store[name] = (torch.nn.Parameter(empty, requires_grad=False)  # type: ignore[assignment]
+                               if store is module._parameters else empty)
+
+
+def keep_gguf_quantization(model: LlamaForCausalLM, gguf_model: GGUFModel) -> None:
+    """Replace the projections (and a Q8_0 embedding / output head) whose GGUF types have an int4
+    form with quantized layers; the rest keep their dense parameters, loaded afterwards."""
+    from deepinfer.runtime.models.quantized import Int4Linear, Q8Embedding, int4_supported
+
+    def quantized(names: list[str], bias_names: list[str] | None = None) -> Int4Linear | None:
+        if any(n not in gguf_model.tensors for n in names):
+            return None
+        parts = [gguf_model.int4(n) for n in names]
+        if any(p is None for p in parts) or len({len(p) for p in parts if p is not None}) != 1:
+            return None  # a type without int4 form, or Q8_0 mixed with 4-bit types: keep dense
+        fused = [Int4Groups(torch.cat([p[i].q for p in parts if p is not None]),
+                            torch.cat([p[i].scale for p in parts if p is not None]),
+                            torch.cat([p[i].zero for p in parts if p is not None]))
+                 for i in range(len(parts[0] or []))]
+        if not int4_supported(fused[0].q.shape[1]):
+            return None
+        bias = None
+        if bias_names and all(n in gguf_model.tensors for n in bias_names):
+            bias = torch.cat([gguf_model.dense(n) for n in bias_names])
+        return Int4Linear(fused, bias)
+
+    for i, module in enumerate(model.layers):
+        layer = cast(LlamaLayer, module)
+        p = f"model.layers.{i}."
+        attn = [p + f"self_attn.{n}_proj." for n in "qkv"]
+        qkv = quantized([a + "weight" for a in attn], [a + "bias" for a in attn] if layer.qkv_proj.bias is not None
+                        else None)
+        if qkv is not None:
+            layer.qkv_proj = qkv  # type: ignore[assignment]  # same forward(x) interface
+        for attr, names in (("o_proj", [p + "self_attn.o_proj.weight"]),
+                            ("gate_up_proj", [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]),
+                            ("down_proj", [p + "mlp.down_proj.weight"])):
+            q = quantized(names)
+            if q is not None:
+                setattr(layer, attr, q)
+    embed = "model.embed_tokens.weight"
+    head = embed if model.lm_head is None else "lm_head.weight"
+    model.quantized_head = quantized([head])
+    if model.quantized_head is not None:
+        model.lm_head = None
+    codes = gguf_model.q8_codes(embed)
+    if codes is not None:
+        model.embed_tokens = Q8Embedding(*codes)  # type: ignore[assignment]  # same forward(ids)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+from collections.abc import Iterator
 
 import torch
 
@@ -48,18 +49,29 @@ def load_hf_config(model_dir: str) -> ModelConfig:
     return config
 
 
-def load_safetensors(model_dir: str) -> dict[str, torch.Tensor]:
-    """All tensors of the directory's ``*.safetensors`` files, as float32 CPU tensors."""
-    from safetensors.torch import load_file
-
+def safetensors_files(model_dir: str) -> list[str]:
+    """The directory's ``*.safetensors`` files; FileNotFoundError when there are none."""
     files = sorted(glob.glob(os.path.join(model_dir, "*.safetensors")))
     if not files:
         raise FileNotFoundError(f"model: {model_dir!r} has no *.safetensors weight files")
-    weights: dict[str, torch.Tensor] = {}
-    for f in files:
+    return files
+
+
+def iter_safetensors(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) one at a time, in the file's own dtype, memory-mapped: only the tensor being
+    copied into the model is in memory beyond the model itself."""
+    from safetensors import safe_open
+
+    for f in safetensors_files(model_dir):
         try:
-            for name, t in load_file(f).items():
-                weights[name] = t.float()
-        except Exception as exc:
+            with safe_open(f, framework="pt", device="cpu") as st:
+                for name in st.keys():
+                    yield name, st.get_tensor(name)
+        except Exception as exc:  # safetensors raises its own SafetensorError, OSError, ...
             raise ValueError(f"model: cannot read safetensors file {f!r}: {exc}") from exc
-    return weights
+
+
+def load_safetensors(model_dir: str) -> dict[str, torch.Tensor]:
+    """All tensors of the directory's ``*.safetensors`` files at once, as float32 CPU tensors (for
+    tools and tests; the runtime streams them with ``iter_safetensors``)."""
+    return {name: t.float() for name, t in iter_safetensors(model_dir)}

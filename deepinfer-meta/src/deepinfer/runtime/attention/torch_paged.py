@@ -46,7 +46,6 @@ def _decode_layout(meta: AttentionMetadata, device: torch.device
     mask = None
     if int(dec_lens.min()) != max_len:
         mask = torch.arange(max_len, device=device)[None, :] < torch.from_numpy(dec_lens).to(device)[:, None]
-        mask = mask[:, None, None, :]
     meta._decode_layout = (rows, bt, max_len, mask)  # type: ignore[attr-defined]
     return meta._decode_layout  # type: ignore[attr-defined]
 
@@ -70,10 +69,19 @@ def paged_attention(
     out = torch.empty_like(q) if not decode_only else q  # q: never written when decode_only
 
     if meta.decode_seq_idx.size:
-        rows, bt, max_len, mask = _decode_layout(meta, q.device)
-        # [B, nblk, bs, kvh, d] -> [B, kvh, S, d]
-        kc = k_cache[bt].flatten(1, 2)[:, :max_len].transpose(1, 2)
-        vc = v_cache[bt].flatten(1, 2)[:, :max_len].transpose(1, 2)
+        rows, bt, max_len, valid = _decode_layout(meta, q.device)
+        # [B, nblk, bs, kvh, d] -> [B, S, kvh, d] (fresh copies) -> [B, kvh, S, d]
+        kg = k_cache[bt].flatten(1, 2)[:, :max_len]
+        vg = v_cache[bt].flatten(1, 2)[:, :max_len]
+        mask = None
+        if valid is not None:
+            # Slots past a sequence's length may never have been written (the CPU cache is not
+            # zero-filled): zero them so a NaN there cannot leak through 0 * NaN in SDPA.
+            invalid = ~valid[:, :, None, None]
+            kg.masked_fill_(invalid, 0.0)
+            vg.masked_fill_(invalid, 0.0)
+            mask = valid[:, None, None, :]
+        kc, vc = kg.transpose(1, 2), vg.transpose(1, 2)
         qd = (q if decode_only else q[rows]).unsqueeze(2)  # [B, heads, 1, d]
         o = F.scaled_dot_product_attention(qd, kc, vc, attn_mask=mask, scale=scale,
                                            enable_gqa=kc.shape[1] != num_heads)

@@ -7,7 +7,7 @@ matters on CPU where per-op overhead dominates small models.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import cast
 
 import torch
@@ -57,9 +57,10 @@ class LlamaLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor],
                 kv_cache: torch.Tensor, meta: AttentionMetadata, attention: AttentionFn) -> torch.Tensor:
-        # F.linear on the parameters directly: no Module call overhead, 4 matmuls x every layer.
+        # .forward called directly: no Module hook overhead, 4 matmuls x every layer. The
+        # projections are nn.Linear or, for GGUF weights kept quantized, models.quantized.Int4Linear.
         h = self.input_layernorm(x)
-        qkv = F.linear(h, self.qkv_proj.weight, self.qkv_proj.bias)
+        qkv = self.qkv_proj.forward(h)
         t, qk_size = x.shape[0], self.split[0] + self.split[1]
         # q and k sit side by side in qkv: one rotation for both heads (elementwise, same values)
         qk = RotaryEmbedding.rotate_one(cos_sin, qkv[:, :qk_size].view(t, self.num_heads + self.num_kv_heads,
@@ -67,10 +68,10 @@ class LlamaLayer(nn.Module):
         q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
         v = qkv[:, qk_size:].view(t, self.num_kv_heads, self.head_dim)
         o = attention(q, k, v, kv_cache, meta, self.scale)
-        x = x + F.linear(o.reshape(t, -1), self.o_proj.weight)
+        x = x + self.o_proj.forward(o.reshape(t, -1))
         h = self.post_attention_layernorm(x)
-        gate, up = F.linear(h, self.gate_up_proj.weight).split(self.intermediate_size, dim=-1)
-        return x + F.linear(F.silu(gate) * up, self.down_proj.weight)
+        gate, up = self.gate_up_proj.forward(h).split(self.intermediate_size, dim=-1)
+        return x + self.down_proj.forward(F.silu(gate) * up)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -80,12 +81,18 @@ class LlamaForCausalLM(nn.Module):
                  rope_freq_factors: torch.Tensor | None = None) -> None:
         super().__init__()
         self.config = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # _weight: skip the random init (weights are loaded; on the meta device the init's
+        # normal_ would import torch._dynamo and sympy, ~1 s of startup)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
+                                         _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
         self.layers = nn.ModuleList(LlamaLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.rotary = RotaryEmbedding(cfg.head_dim, max_positions or cfg.max_position_embeddings,
-                                      cfg.rope_theta, cfg.rope_scaling, rope_freq_factors)
+        # Set by the loader when the output projection keeps a GGUF quantization (Int4Linear).
+        self.quantized_head: nn.Module | None = None
+        with torch.device("cpu"):  # real tables even when built on meta (torch's meta refs import sympy)
+            self.rotary = RotaryEmbedding(cfg.head_dim, max_positions or cfg.max_position_embeddings,
+                                          cfg.rope_theta, cfg.rope_scaling, rope_freq_factors)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                 meta: AttentionMetadata, attention: AttentionFn) -> torch.Tensor:
@@ -98,43 +105,70 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits [rows, vocab] of the given hidden rows."""
+        if self.quantized_head is not None:
+            return self.quantized_head.forward(hidden).float()
         w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(hidden, w).float()
 
-    @torch.no_grad()
-    def load_hf_weights(self, weights: Mapping[str, object]) -> None:
-        """Copy Hugging Face-named weights (numpy arrays or tensors) in, fusing qkv and gate/up."""
-        def get(name: str) -> torch.Tensor:
-            if name not in weights:
-                raise ValueError(f"model weights: missing tensor {name!r}")
-            w = weights[name]
-            return w if isinstance(w, torch.Tensor) else torch.from_numpy(w)  # type: ignore[arg-type]
-
-        def put(param: torch.Tensor, value: torch.Tensor, name: str) -> None:
-            if tuple(param.shape) != tuple(value.shape):
-                raise ValueError(f"model weights: {name} has shape {tuple(value.shape)}, "
-                                 f"expected {tuple(param.shape)}")
-            param.copy_(value)
-
-        put(self.embed_tokens.weight, get("model.embed_tokens.weight"), "model.embed_tokens.weight")
-        put(self.norm.weight, get("model.norm.weight"), "model.norm.weight")
-        if self.lm_head is not None:
-            put(self.lm_head.weight, get("lm_head.weight"), "lm_head.weight")
+    def weight_slots(self) -> dict[str, tuple[torch.Tensor, slice]]:
+        """Where each Hugging Face-named tensor goes: (parameter, its rows in it). q/k/v share the
+        fused qkv parameter and gate/up the fused gate_up one. Projections replaced by quantized
+        layers have no slot."""
+        full = slice(None)
+        slots: dict[str, tuple[torch.Tensor, slice]] = {"model.norm.weight": (self.norm.weight, full)}
+        if isinstance(self.embed_tokens, nn.Embedding):
+            slots["model.embed_tokens.weight"] = (self.embed_tokens.weight, full)
+        if isinstance(self.lm_head, nn.Linear):
+            slots["lm_head.weight"] = (self.lm_head.weight, full)
         for i, module in enumerate(self.layers):
             layer = cast(LlamaLayer, module)
             p = f"model.layers.{i}."
-            put(layer.input_layernorm.weight, get(p + "input_layernorm.weight"), p + "input_layernorm.weight")
-            put(layer.post_attention_layernorm.weight, get(p + "post_attention_layernorm.weight"),
-                p + "post_attention_layernorm.weight")
-            qkv = torch.cat([get(p + f"self_attn.{n}_proj.weight") for n in "qkv"], 0)
-            put(layer.qkv_proj.weight, qkv, p + "self_attn.qkv_proj.weight")
-            if layer.qkv_proj.bias is not None:
-                bias = torch.cat([get(p + f"self_attn.{n}_proj.bias") for n in "qkv"], 0)
-                put(layer.qkv_proj.bias, bias, p + "self_attn.qkv_proj.bias")
-            put(layer.o_proj.weight, get(p + "self_attn.o_proj.weight"), p + "self_attn.o_proj.weight")
-            gate_up = torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")], 0)
-            put(layer.gate_up_proj.weight, gate_up, p + "mlp.gate_up_proj.weight")
-            put(layer.down_proj.weight, get(p + "mlp.down_proj.weight"), p + "mlp.down_proj.weight")
+            slots[p + "input_layernorm.weight"] = (layer.input_layernorm.weight, full)
+            slots[p + "post_attention_layernorm.weight"] = (layer.post_attention_layernorm.weight, full)
+            q, kv = layer.split[0], layer.split[1]
+            rows = {"q": slice(0, q), "k": slice(q, q + kv), "v": slice(q + kv, q + 2 * kv)}
+            if isinstance(layer.qkv_proj, nn.Linear):
+                for n, r in rows.items():
+                    slots[p + f"self_attn.{n}_proj.weight"] = (layer.qkv_proj.weight, r)
+                    if layer.qkv_proj.bias is not None:
+                        slots[p + f"self_attn.{n}_proj.bias"] = (layer.qkv_proj.bias, r)
+            if isinstance(layer.o_proj, nn.Linear):
+                slots[p + "self_attn.o_proj.weight"] = (layer.o_proj.weight, full)
+            if isinstance(layer.gate_up_proj, nn.Linear):
+                m = layer.intermediate_size
+                slots[p + "mlp.gate_proj.weight"] = (layer.gate_up_proj.weight, slice(0, m))
+                slots[p + "mlp.up_proj.weight"] = (layer.gate_up_proj.weight, slice(m, 2 * m))
+            if isinstance(layer.down_proj, nn.Linear):
+                slots[p + "mlp.down_proj.weight"] = (layer.down_proj.weight, full)
+        return slots
+
+    @torch.no_grad()
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy Hugging Face-named tensors in one at a time (each converted to its parameter's
+        dtype and device as it is copied); names without a slot are ignored. ValueError for a
+        wrong shape or a missing tensor."""
+        slots = self.weight_slots()
+        missing = set(slots)
+        for name, value in named_tensors:
+            slot = slots.get(name)
+            if slot is None:
+                continue
+            param, rows = slot
+            target = param[rows]
+            if tuple(target.shape) != tuple(value.shape):
+                raise ValueError(f"model weights: {name} has shape {tuple(value.shape)}, "
+                                 f"expected {tuple(target.shape)}")
+            target.copy_(value)
+            missing.discard(name)
+            del value, target  # free this tensor before the next one is read
+        if missing:
+            raise ValueError(f"model weights: missing tensor {sorted(missing)[0]!r} "
+                             f"({len(missing)} missing in all)")
+
+    def load_hf_weights(self, weights: Mapping[str, object]) -> None:
+        """Copy Hugging Face-named weights (numpy arrays or tensors) in, fusing qkv and gate/up."""
+        self.load_weights((name, w if isinstance(w, torch.Tensor) else torch.from_numpy(w))  # type: ignore[arg-type]
+                          for name, w in weights.items())
 
     @torch.no_grad()
     def store_wide_projections_input_major(self) -> None:
@@ -147,21 +181,26 @@ class LlamaForCausalLM(nn.Module):
         bitwise-equal results. o_proj and down_proj (narrow outputs) are not faster this way.
         The tied embedding lookup reads the same storage with a stride (cheap: a row per token).
         """
-        def relayout(param: torch.Tensor) -> None:
-            param.data = param.data.t().contiguous().t()
+        def relayout(module: nn.Module | None) -> None:
+            if isinstance(module, (nn.Linear, nn.Embedding)):  # quantized layers keep their packing
+                module.weight.data = module.weight.data.t().contiguous().t()
 
         for module in self.layers:
             layer = cast(LlamaLayer, module)
-            relayout(layer.qkv_proj.weight)
-            relayout(layer.gate_up_proj.weight)
-        relayout(self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight)
+            relayout(layer.qkv_proj)
+            relayout(layer.gate_up_proj)
+        if self.quantized_head is None:
+            relayout(self.embed_tokens if self.lm_head is None else self.lm_head)
 
     @torch.no_grad()
     def init_dummy_weights(self, seed: int = 0) -> None:
-        """Random weights of the real shape (for throughput work), scaled to keep activations finite."""
-        gen = torch.Generator().manual_seed(seed)
+        """Random weights of the real shape (for throughput work), scaled to keep activations finite;
+        drawn on the parameters' device (one parameter at a time, no host copy)."""
+        gen: torch.Generator | None = None
         for name, param in self.named_parameters():
+            if gen is None:
+                gen = torch.Generator(device=param.device).manual_seed(seed)
             if name.endswith("layernorm.weight") or name == "norm.weight":
                 param.fill_(1.0)
             else:
-                param.copy_((torch.randn(param.shape, generator=gen) * 0.02).to(param.dtype))
+                param.copy_(torch.randn(param.shape, generator=gen, device=param.device) * 0.02)

@@ -1,0 +1,106 @@
+"""GGUF block decoding and the quantized CPU layers, against gguf's numpy reference.
+
+* ``gguf_blocks.dequantize_torch`` is bitwise ``gguf.quants.dequantize`` (random blocks of every
+  decoded type, with sane fp16 scales).
+* The int4 form of each type dequantizes to the same weights (exactly for float32 scales).
+* ``Int4Linear`` matches ``x @ W.T`` with the dequantized float32 W within the stated tolerance:
+  its activations and outputs are bfloat16, so each output is off by at most about
+  ``2**-8 * sum_k |x_k W_nk| + |y| * 2**-8`` (input rounding plus output rounding); we assert
+  ``|y - ref| <= 2**-7 * (|x| @ |W|.T) + 1e-6``.
+* Our packing is what ``aten._convert_weight_to_int4pack_for_cpu`` produces.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from deepinfer.runtime import gguf_blocks
+from deepinfer.runtime.models.quantized import Int4Linear, Q8Embedding, pack_int4
+from gguf.constants import GGMLQuantizationType
+from gguf.quants import dequantize as gguf_dequantize
+
+_SCALE_BYTES = {  # byte offsets of fp16 scales inside a block (set to sane values in random blocks)
+    "Q4_0": [0], "Q4_1": [0, 2], "Q8_0": [0], "Q4_K": [0, 2],
+}
+
+
+def random_blocks(kind: str, rows: int, k: int, seed: int) -> np.ndarray:
+    """Raw GGUF bytes [rows, bytes per row] of random codes with fp16 scales in [0.001, 0.05]."""
+    rng = np.random.default_rng(seed)
+    per = gguf_blocks._BLOCK_BYTES[kind]
+    block = 256 if kind.endswith("_K") else 32
+    raw = rng.integers(0, 256, size=(rows, k // block, per), dtype=np.uint8)
+    for off in _SCALE_BYTES[kind]:
+        scales = rng.uniform(0.001, 0.05, size=(rows, k // block)).astype(np.float16)
+        raw[..., off:off + 2] = scales.view(np.uint8).reshape(rows, k // block, 2)
+    return raw.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q8_0", "Q4_K"])
+def test_torch_decoding_is_bitwise_gguf(kind):
+    k = 512
+    raw = random_blocks(kind, 24, k, seed=1)
+    ours = gguf_blocks.dequantize_torch(torch.from_numpy(raw), kind)
+    ref = gguf_dequantize(raw, GGMLQuantizationType[kind]).reshape(24, k)
+    assert ours is not None
+    assert torch.equal(ours, torch.from_numpy(np.ascontiguousarray(ref, dtype=np.float32)))
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q8_0", "Q4_K"])
+def test_int4_form_is_the_same_weight(kind):
+    raw = torch.from_numpy(random_blocks(kind, 16, 256, seed=2))
+    parts = gguf_blocks.int4_groups(raw, kind)
+    assert len(parts) == (2 if kind == "Q8_0" else 1)
+    for p in parts:
+        assert p.q.dtype == torch.uint8 and int(p.q.max()) <= 15
+    dense = gguf_blocks.dequantize_torch(raw, kind)
+    torch.testing.assert_close(sum(p.dequantize() for p in parts), dense, rtol=1e-6, atol=1e-6)
+
+
+def test_types_without_int4_form_are_refused():
+    with pytest.raises(ValueError, match="Q6_K"):
+        gguf_blocks.int4_groups(torch.zeros(1, 210, dtype=torch.uint8), "Q6_K")
+
+
+@pytest.mark.parametrize("n,k", [(64, 128), (960, 576), (96, 64), (32, 32)])
+def test_packing_matches_aten(n, k):
+    q = torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=torch.Generator().manual_seed(n + k))
+    assert torch.equal(pack_int4(q), torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.int(), 1))
+
+
+def test_int4_linear_matches_the_dequantized_reference_over_random_shapes():
+    gen = np.random.default_rng(3)
+    for trial in range(14):
+        kind = ["Q4_0", "Q4_1", "Q8_0", "Q4_K"][trial % 4]
+        block = 256 if kind == "Q4_K" else 32
+        k = block * int(gen.integers(1, 5)) * (2 if block == 32 else 1)
+        n = int(gen.choice([32, 64, 96, 192, 320]))
+        rows = int(gen.choice([1, 2, 3, 7, 16, 33, 130]))  # >= 128: the decode-then-GEMM branch
+        raw = torch.from_numpy(random_blocks(kind, n, k, seed=trial))
+        w = gguf_blocks.dequantize_torch(raw, kind)
+        bias = torch.randn(n) if trial % 3 == 0 else None
+        layer = Int4Linear(gguf_blocks.int4_groups(raw, kind), bias)
+        x = torch.randn(rows, k, generator=torch.Generator().manual_seed(trial))
+        y = layer(x)
+        ref = x @ w.t() + (0 if bias is None else bias)
+        bound = 2.0 ** -7 * (x.abs() @ w.abs().t() + (0 if bias is None else bias.abs())) + 1e-6
+        assert y.dtype == torch.float32 and y.shape == (rows, n)
+        excess = (y - ref).abs() - bound
+        assert float(excess.max()) <= 0, (kind, n, k, rows, float(excess.max()))
+
+
+def test_int4_linear_rejects_a_bad_width():
+    parts = [gguf_blocks.Int4Groups(torch.zeros(4, 48, dtype=torch.uint8), torch.ones(4, 1), torch.zeros(4, 1))]
+    with pytest.raises(ValueError, match="in_features=48"):
+        Int4Linear(parts)
+
+
+def test_q8_embedding_rows_equal_the_dense_table():
+    raw = torch.from_numpy(random_blocks("Q8_0", 50, 64, seed=4))
+    dense = gguf_blocks.dequantize_torch(raw, "Q8_0")
+    b = raw.reshape(50, -1, 34)
+    emb = Q8Embedding(b[..., 2:].contiguous().view(torch.int8).reshape(50, -1),
+                      b[..., :2].contiguous().view(torch.float16).float().reshape(50, -1))
+    ids = torch.tensor([3, 0, 49, 3, 17])
+    assert torch.equal(emb(ids), dense[ids])
