@@ -187,6 +187,7 @@ def test_a_failed_step_reaches_another_callers_stream_as_its_error(llm, fresh, m
     _assert_recovered(llm, start, fresh)
 
 
+@pytest.mark.usefixtures("sigint_default")
 def test_a_real_ctrl_c_while_outputs_are_built_is_delivered_after_the_step(llm, fresh, monkeypatch):
     # SIGINT arrives while the step's outputs are built (the engine already took its tokens):
     # the step finishes, every output is queued, then the interrupted call gets KeyboardInterrupt.

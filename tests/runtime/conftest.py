@@ -99,3 +99,14 @@ def hf_greedy(hf_default):
         return cache[key]
 
     return run
+
+
+@pytest.fixture
+def sigint_default():
+    """Python's own SIGINT handler for the test: a runner started in the background of a
+    non-interactive shell ignores SIGINT, which a Ctrl-C test must not inherit."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)

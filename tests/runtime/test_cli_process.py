@@ -144,8 +144,15 @@ def test_n_completions_are_separated_and_greedy_answer_is_sensible():
     assert "--- completion 2 of 2 ---" in lines[1:]
 
 
+def _sigint_default() -> None:
+    # A test runner started in the background of a non-interactive shell ignores SIGINT, and a
+    # child inherits that: give the child the disposition a user's terminal gives it.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(*args: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(_cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
+    return subprocess.Popen(_cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(),
+                            preexec_fn=_sigint_default)
 
 
 def _read_some(proc: subprocess.Popen[bytes], min_bytes: int) -> bytes:
@@ -224,7 +231,7 @@ class Terminal:
 
         self.master, slave = pty.openpty()
         self.proc = subprocess.Popen(args, stdin=slave, stdout=slave, stderr=slave, close_fds=True,
-                                     env={**_env(), "TERM": "xterm"})
+                                     env={**_env(), "TERM": "xterm"}, preexec_fn=_sigint_default)
         os.close(slave)
         self.seen = ""
 

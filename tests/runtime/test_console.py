@@ -46,6 +46,7 @@ def test_status_is_silent_off_a_terminal_and_for_fast_steps():
     assert term.getvalue() == ""
 
 
+@pytest.mark.usefixtures("sigint_default")
 def test_ctrl_c_is_deferred_once_then_raised():
     with deferred_interrupt() as ctrl_c:
         os.kill(os.getpid(), signal.SIGINT)

@@ -43,6 +43,15 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+def _check_text(text: str, where: str) -> None:
+    """Refuse text the tokenizer would fail on obscurely (e.g. a lone surrogate), naming ``where``."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{where} is not valid Unicode text ({exc.reason} at index {exc.start}: "
+                         f"{text[exc.start:exc.end]!r})") from None
+
+
 class LLM:
     """An offline LLM: the model, its tokenizer, a paged KV cache and the engine's scheduler.
 
@@ -191,17 +200,9 @@ class LLM:
                 f"dtype={str(self.dtype).replace('torch.', '')!r}, cuda_graphs={graphs})")
 
     # ---- prompts ----------------------------------------------------------------------------
-    @staticmethod
-    def _prompt_ids_check_text(text: str, where: str) -> None:
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as exc:  # e.g. a lone surrogate: the tokenizer would fail obscurely
-            raise ValueError(f"{where} is not valid Unicode text ({exc.reason} at index {exc.start}: "
-                             f"{text[exc.start:exc.end]!r})") from None
-
     def _prompt_ids(self, prompt: Any, where: str) -> list[int]:
         if isinstance(prompt, str):
-            self._prompt_ids_check_text(prompt, where)
+            _check_text(prompt, where)
             return list(self.tokenizer(prompt).input_ids)
         if isinstance(prompt, (bytes, bytearray, memoryview)):
             raise TypeError(f"{where}: a prompt must be a str or a list of token ids, got "
@@ -325,7 +326,7 @@ class LLM:
             for key in ("role", "content"):
                 if not isinstance(m[key], str):
                     raise TypeError(f"messages[{i}][{key!r}] must be a str, got {m[key]!r}")
-            self._prompt_ids_check_text(m["content"], f"messages[{i}]['content']")
+            _check_text(m["content"], f"messages[{i}]['content']")
         text = self.tokenizer.apply_chat_template(list(conversation), tokenize=False,
                                                   add_generation_prompt=add_generation_prompt)
         return {"prompt_token_ids": list(self.tokenizer(text, add_special_tokens=False).input_ids)}
