@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "runtime"))
 
 
-def _load_on_device(path, *, device, dtype, dummy_weights=False, max_positions=None, seed=0):  # type: ignore[no-untyped-def]
+def _load_on_device(path, *, device, dtype, dummy_weights=False, max_positions=None, seed=0, **_ignored):  # type: ignore[no-untyped-def]
     from deepinfer.runtime.model_loader import LoadedModel, read_config
     from deepinfer.runtime.models.llama import LlamaForCausalLM
     from deepinfer.runtime.models.rotary import RotaryEmbedding
