@@ -127,16 +127,29 @@ def f32_copy(path: str, threads: int) -> str:
 
 # ---- contenders -------------------------------------------------------------------------------
 class Contender:
-    """load() returns seconds; the three measures return tokens/s."""
+    """load() returns seconds; the three measures return tokens/s, each from ``_gen``: the seconds
+    a contender takes to prefill ``prompts`` and generate ``n`` tokens for each."""
 
     def __init__(self, name: str) -> None:
         self.name = name
 
-    def load(self) -> float: ...
-    def decode1(self, prompt: list[int]) -> float: ...
-    def long_prompt(self, prompt: list[int]) -> float: ...
-    def concurrent(self, prompts: list[list[int]]) -> float: ...
-    def close(self) -> None: ...
+    def load(self) -> float:
+        raise NotImplementedError
+
+    def _gen(self, prompts: list[list[int]], n: int) -> float:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def decode1(self, prompt: list[int]) -> float:
+        return NEW_TOKENS / self._gen([prompt], NEW_TOKENS)
+
+    def long_prompt(self, prompt: list[int]) -> float:
+        return len(prompt) / self._gen([prompt], 1)
+
+    def concurrent(self, prompts: list[list[int]]) -> float:
+        return len(prompts) * CONC_NEW / self._gen(prompts, CONC_NEW)
 
 
 class LlamaCppContender(Contender):
@@ -150,17 +163,9 @@ class LlamaCppContender(Contender):
         self.ll = LlamaCpp(self.path, self.threads, n_ctx=CONC * (LONG_PROMPT + NEW_TOKENS), n_seq=CONC)
         return time.perf_counter() - t
 
-    def decode1(self, prompt: list[int]) -> float:
+    def _gen(self, prompts: list[list[int]], n: int) -> float:
         assert self.ll is not None
-        return NEW_TOKENS / self.ll.run([prompt], NEW_TOKENS)
-
-    def long_prompt(self, prompt: list[int]) -> float:
-        assert self.ll is not None
-        return len(prompt) / self.ll.run([prompt], 1)
-
-    def concurrent(self, prompts: list[list[int]]) -> float:
-        assert self.ll is not None
-        return len(prompts) * CONC_NEW / self.ll.run(prompts, CONC_NEW)
+        return self.ll.run(prompts, n)
 
     def close(self) -> None:
         if self.ll is not None:
@@ -190,15 +195,6 @@ class DeepInferContender(Contender):
         self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         return time.perf_counter() - t
 
-    def decode1(self, prompt: list[int]) -> float:
-        return NEW_TOKENS / self._gen([prompt], NEW_TOKENS)
-
-    def long_prompt(self, prompt: list[int]) -> float:
-        return len(prompt) / self._gen([prompt], 1)
-
-    def concurrent(self, prompts: list[list[int]]) -> float:
-        return len(prompts) * CONC_NEW / self._gen(prompts, CONC_NEW)
-
     def close(self) -> None:
         self.llm = None
 
@@ -226,15 +222,6 @@ class TransformersContender(Contender):
             self.model.generate(torch.tensor(prompts), max_new_tokens=n, min_new_tokens=n, do_sample=False,
                                 pad_token_id=0)
         return time.perf_counter() - t
-
-    def decode1(self, prompt: list[int]) -> float:
-        return NEW_TOKENS / self._gen([prompt], NEW_TOKENS)
-
-    def long_prompt(self, prompt: list[int]) -> float:
-        return len(prompt) / self._gen([prompt], 1)
-
-    def concurrent(self, prompts: list[list[int]]) -> float:
-        return len(prompts) * CONC_NEW / self._gen(prompts, CONC_NEW)
 
     def close(self) -> None:
         self.model = None
