@@ -52,6 +52,23 @@ def _check_text(text: str, where: str) -> None:
                          f"{text[exc.start:exc.end]!r})") from None
 
 
+def chat_prompt(tokenizer: Any, model_path: str, conversation: Sequence[dict[str, str]],
+                add_generation_prompt: bool = True) -> dict[str, list[int]]:
+    """``LLM.apply_chat_template`` on a tokenizer alone (a server front end has no model)."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"the model at {model_path!r} has no chat template; use generate()")
+    for i, m in enumerate(conversation):
+        if not isinstance(m, dict) or "role" not in m or "content" not in m:
+            raise ValueError(f"messages[{i}] must be a dict with 'role' and 'content', got {m!r}")
+        for key in ("role", "content"):
+            if not isinstance(m[key], str):
+                raise TypeError(f"messages[{i}][{key!r}] must be a str, got {m[key]!r}")
+        _check_text(m["content"], f"messages[{i}]['content']")
+    text = tokenizer.apply_chat_template(list(conversation), tokenize=False,
+                                         add_generation_prompt=add_generation_prompt)
+    return {"prompt_token_ids": list(tokenizer(text, add_special_tokens=False).input_ids)}
+
+
 class LLM:
     """An offline LLM: the model, its tokenizer, a paged KV cache and the engine's scheduler.
 
@@ -318,18 +335,7 @@ class LLM:
     def apply_chat_template(self, conversation: Sequence[dict[str, str]], add_generation_prompt: bool = True
                             ) -> dict[str, list[int]]:
         """Token ids of ``conversation`` formatted with the tokenizer's chat template."""
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise ValueError(f"the model at {self.model_path!r} has no chat template; use generate()")
-        for i, m in enumerate(conversation):
-            if not isinstance(m, dict) or "role" not in m or "content" not in m:
-                raise ValueError(f"messages[{i}] must be a dict with 'role' and 'content', got {m!r}")
-            for key in ("role", "content"):
-                if not isinstance(m[key], str):
-                    raise TypeError(f"messages[{i}][{key!r}] must be a str, got {m[key]!r}")
-            _check_text(m["content"], f"messages[{i}]['content']")
-        text = self.tokenizer.apply_chat_template(list(conversation), tokenize=False,
-                                                  add_generation_prompt=add_generation_prompt)
-        return {"prompt_token_ids": list(self.tokenizer(text, add_special_tokens=False).input_ids)}
+        return chat_prompt(self.tokenizer, self.model_path, conversation, add_generation_prompt)
 
     def stream(self, prompt: PromptType, sampling_params: SamplingParams | None = None) -> RequestStream:
         """Start one prompt and return an iterator of its delta RequestOutputs as tokens arrive:

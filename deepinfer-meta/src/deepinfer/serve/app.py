@@ -1,4 +1,4 @@
-"""The HTTP routes of ``deepinfer serve`` (FastAPI) over one EngineThread."""
+"""The HTTP routes of ``deepinfer serve`` (FastAPI) over one EngineThread or data-parallel replicas."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from deepinfer.runtime.sampling_params import SamplingParams
 from deepinfer.serve.access_log import AccessLogMiddleware, AccessRecord
 from deepinfer.serve.engine_thread import EngineThread, RequestDelta, RequestFailed
-from deepinfer.serve.metrics import ServerMetrics
+from deepinfer.serve.metrics import MetricFamilies, ServerMetrics
 from deepinfer.serve.protocol import (
     APIError,
     ChatCompletionRequest,
@@ -49,7 +49,11 @@ class ClientGone(Exception):
 
 
 class ServingState:
-    """The LLM, its engine thread, metrics and the admission count, shared by every route."""
+    """The model, the engine (one engine thread, or data-parallel replicas), metrics and the
+    admission count, shared by every route.
+
+    ``llm`` is an ``LLM`` (served in this process by an EngineThread) or a ``ReplicaSet`` (the
+    replicas' processes serve; it has the tokenizer and limits the routes need)."""
 
     def __init__(self, llm: Any, config: ServeConfig) -> None:
         if not config.served_model_names:
@@ -58,15 +62,33 @@ class ServingState:
             raise ValueError(f"max_queue must be >= 0, got {config.max_queue}")
         if config.api_key == "":
             raise ValueError("api_key must not be empty (None: no key)")
+        from deepinfer.serve.replicas import ReplicaSet
+
         self.llm, self.config = llm, config
         self.tokenizer = llm.tokenizer
-        self.max_model_len: int = llm.engine.cfg.max_model_len
-        self.vocab_size: int = llm.model_config.vocab_size
-        self.metrics = ServerMetrics(config.served_model_names[0], self.max_model_len, llm.engine.cfg.num_blocks)
-        self.engine = EngineThread(llm, self.metrics)
+        name = config.served_model_names[0]
+        self.engine: EngineThread | ReplicaSet
+        if isinstance(llm, ReplicaSet):
+            self.max_model_len: int = llm.max_model_len
+            self.vocab_size: int = llm.vocab_size
+            self.max_num_seqs: int = llm.max_num_seqs
+            families = MetricFamilies(self.max_model_len, per_engine=True)
+            llm.attach_metrics([ServerMetrics(name, self.max_model_len, blocks, families, engine=i)
+                                for i, blocks in enumerate(llm.num_blocks)])
+            self.engine = llm
+            self.capacity_rule = f"{llm.size} replicas x max_num_seqs + max_queue"
+        else:
+            self.max_model_len = llm.engine.cfg.max_model_len
+            self.vocab_size = llm.model_config.vocab_size
+            self.max_num_seqs = llm.engine.cfg.max_num_seqs
+            families = MetricFamilies(self.max_model_len)
+            self.engine = EngineThread(llm, ServerMetrics(name, self.max_model_len, llm.engine.cfg.num_blocks,
+                                                          families))
+            self.capacity_rule = "max_num_seqs + max_queue"
+        self.metrics = families
         self.strings = TokenStrings(self.tokenizer)
         self.token_ids = self.strings.ids()
-        self.capacity = llm.engine.cfg.max_num_seqs + config.max_queue
+        self.capacity = (llm.size if isinstance(llm, ReplicaSet) else 1) * self.max_num_seqs + config.max_queue
         self.in_flight = 0  # engine requests admitted and not yet finished (event-loop thread only)
 
     # ---- checks ----------------------------------------------------------------------------
@@ -91,10 +113,10 @@ class ServingState:
 
     def admit(self, count: int) -> None:
         if not self.engine.alive:
-            raise APIError(503, "the engine is not running")
+            raise APIError(503, self.engine.unhealthy_reason() or "the engine is not running")
         if self.in_flight + count > self.capacity:
             raise APIError(503, f"the server is full ({self.in_flight} requests in flight, capacity "
-                                f"{self.capacity} = max_num_seqs + max_queue): retry later")
+                                f"{self.capacity} = {self.capacity_rule}): retry later")
         self.in_flight += count
 
     def prompt_ids(self, prompt: str | list[int], param: str) -> list[int]:
@@ -127,7 +149,7 @@ class ServingState:
         return requested
 
     def checked(self, params: SamplingParams) -> SamplingParams:
-        seqs = self.llm.engine.cfg.max_num_seqs
+        seqs = self.max_num_seqs
         if params.n > seqs:  # its samples could never run together
             raise APIError(400, f"n={params.n} is more than the server runs at once (--max-num-seqs {seqs})", "n")
         try:
@@ -252,7 +274,8 @@ async def _event_stream(request: Request, chunks: AsyncIterator[dict[str, Any]],
 
 
 def build_app(llm: Any, config: ServeConfig) -> FastAPI:
-    """The FastAPI app serving ``llm`` (its engine thread starts and stops with the app)."""
+    """The FastAPI app serving ``llm``, an ``LLM`` or a ``ReplicaSet`` (its engine thread, or the
+    replicas' readers, start with the app; both stop with it)."""
     state = ServingState(llm, config)
 
     @contextlib.asynccontextmanager
@@ -296,10 +319,10 @@ def build_app(llm: Any, config: ServeConfig) -> FastAPI:
     # ---- plain routes ----------------------------------------------------------------------
     @app.get("/health")
     async def health() -> Response:
-        if state.engine.alive:
+        reason = state.engine.unhealthy_reason()
+        if reason is None:
             return JSONResponse({"status": "ok"})
-        return JSONResponse(APIError(503, f"the engine loop is not running: {state.engine.error!r}").body(),
-                            status_code=503)
+        return JSONResponse(APIError(503, reason).body(), status_code=503)
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -34,7 +34,12 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     m.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="CUDA: memory fraction for the model")
     m.add_argument("--cpu-kv-cache-bytes", type=int, default=None, help="CPU: KV-cache bytes (default 1 GiB)")
     m.add_argument("--seed", type=int, default=0, help="seed of requests without their own seed")
-    m.add_argument("--threads", type=int, default=None, help="torch intra-op threads (CPU)")
+    m.add_argument("--threads", type=int, default=None,
+                   help="torch intra-op threads (CPU; per replica, default: the cores divided among them)")
+    m.add_argument("--data-parallel-size", type=int, default=1,
+                   help="independent engine replicas, one process per GPU group (or N CPU replicas)")
+    m.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="GPUs per replica (passed to LLM as tensor_parallel_size)")
     h = p.add_argument_group("HTTP")
     h.add_argument("--host", default="127.0.0.1", help="address to listen on")
     h.add_argument("--port", type=int, default=8000, help="port (0: any free port, printed at start)")
@@ -55,7 +60,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
 def _check(args: argparse.Namespace) -> None:
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
-    for name in ("max_num_seqs",):
+    for name in ("max_num_seqs", "data_parallel_size", "tensor_parallel_size"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.max_queue < 0:
@@ -115,29 +120,63 @@ def run_serve(args: argparse.Namespace) -> int:
     except ImportError as exc:
         print(f"deepinfer serve: error: {exc.name} is not installed: {EXTRA_HINT}", file=sys.stderr)
         return 2
+    from deepinfer.serve.replicas import ReplicaError
+
     try:
         _check(args)
         logging.basicConfig(level=getattr(logging, args.log_level.upper()),
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-        from deepinfer.runtime.llm import LLM
         from deepinfer.serve.app import ServeConfig, build_app
 
-        llm = LLM(args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
-                  max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                  gpu_memory_utilization=args.gpu_memory_utilization, cpu_kv_cache_bytes=args.cpu_kv_cache_bytes,
-                  seed=args.seed, num_threads=args.threads)
-        names = args.served_model_name or [default_served_name(llm.model_path)]
-        app = build_app(llm, ServeConfig(served_model_names=names, api_key=args.api_key,
-                                         max_queue=args.max_queue, allowed_origins=args.allowed_origins))
+        llm = _load(args)
+        try:
+            names = args.served_model_name or [default_served_name(llm.model_path)]
+            app = build_app(llm, ServeConfig(served_model_names=names, api_key=args.api_key,
+                                             max_queue=args.max_queue, allowed_origins=args.allowed_origins))
+        except BaseException:
+            _stop_replicas(llm)
+            raise
     except (ValueError, TypeError, FileNotFoundError) as exc:
         print(f"deepinfer serve: error: {exc}", file=sys.stderr)
         return 2
+    except ReplicaError as exc:  # a replica process that could not start
+        print(f"deepinfer serve: error: {exc}", file=sys.stderr)
+        return 1
     # The engine thread releases the GIL inside every torch op and must get it back after each;
     # with the default 5 ms switch interval the event loop's HTTP work can hold it that long
     # every time (measured: serve/generate throughput 0.86 -> 0.93 at 16 clients on 2 cores).
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    _uvicorn_server(app, args).run()
+    try:
+        _uvicorn_server(app, args).run()
+    finally:
+        _stop_replicas(llm)  # the app's shutdown stops them; this covers a server that never started
     return 0
+
+
+def _load(args: argparse.Namespace) -> Any:
+    """The in-process LLM, or with --data-parallel-size N > 1 the N replica processes."""
+    kwargs: dict[str, Any] = dict(
+        model=args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        gpu_memory_utilization=args.gpu_memory_utilization, cpu_kv_cache_bytes=args.cpu_kv_cache_bytes,
+        seed=args.seed, num_threads=args.threads)
+    if args.data_parallel_size > 1:
+        from deepinfer.serve.replicas import ReplicaSet
+
+        return ReplicaSet(kwargs, args.data_parallel_size, args.tensor_parallel_size, log_level=args.log_level)
+    from deepinfer.runtime.llm import LLM
+    from deepinfer.serve.replicas import check_tensor_parallel_support
+
+    if args.tensor_parallel_size != 1:
+        check_tensor_parallel_support()
+        kwargs["tensor_parallel_size"] = args.tensor_parallel_size
+    return LLM(**kwargs)
+
+
+def _stop_replicas(llm: Any) -> None:
+    stop = getattr(llm, "stop", None)  # a ReplicaSet (an LLM has none)
+    if stop is not None:
+        stop()
 
 
 def register(subparsers: Any) -> None:

@@ -102,6 +102,10 @@ class EngineThread:
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and self.error is None
 
+    def unhealthy_reason(self) -> str | None:
+        """None while the engine serves; else why not (what /health reports)."""
+        return None if self.alive else f"the engine loop is not running: {self.error!r}"
+
     def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
                sink: asyncio.Queue[Any], tag: int) -> None:
         """Queue a request; its RequestDelta / RequestFailed items arrive on ``sink``."""
@@ -123,12 +127,17 @@ class EngineThread:
             while self._take_commands(block=not self._llm.engine.has_unfinished()):
                 if self._llm.engine.has_unfinished():
                     self._step()
+                self._flush()
         except BaseException as exc:
             self.error = exc
             log.exception("the engine thread died; /health reports 503 from now on")
             self._fail(list(self._live), 503, f"the engine stopped: {exc!r}")
         else:
             self._abort_all("the server is shutting down")
+        self._flush()
+
+    def _flush(self) -> None:
+        """End of one loop turn: in-process, every output went to the event loop already."""
 
     def _take_commands(self, block: bool) -> bool:
         """Apply queued commands (waiting for one when ``block``); False once told to stop."""

@@ -2,6 +2,8 @@
 
 The engine thread updates them after every step; prometheus-client's metrics are thread-safe,
 and each server has its own registry (several servers can live in one process, e.g. in tests).
+With data-parallel replicas every series carries the replica's index as the label ``engine``
+(vLLM's name); each replica records its updates (MetricsRecorder), the front end replays them.
 """
 
 from __future__ import annotations
@@ -35,12 +37,15 @@ def token_buckets(max_model_len: int) -> list[float]:
         scale *= 10
 
 
-class ServerMetrics:
-    """Every metric of one server, labelled with the served model name."""
 
-    def __init__(self, model_name: str, max_model_len: int, num_blocks: int) -> None:
+class MetricFamilies:
+    """The metric families of one server in their own registry. ``per_engine``: every series
+    also carries the label ``engine``, the index of the data-parallel replica it describes."""
+
+    def __init__(self, max_model_len: int, per_engine: bool = False) -> None:
         self.registry = CollectorRegistry()
-        labels = ["model_name"]
+        self.per_engine = per_engine
+        labels = ["model_name", "engine"] if per_engine else ["model_name"]
         r = self.registry
 
         def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
@@ -52,35 +57,61 @@ class ServerMetrics:
         def histogram(name: str, doc: str, buckets: Any) -> Histogram:
             return Histogram(f"deepinfer:{name}", doc, labels, buckets=buckets, registry=r)
 
-        m = model_name
-        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens prefilled.").labels(m)
-        self.generation_tokens = counter("generation_tokens", "Tokens generated.").labels(m)
-        finished = counter("request_success", "Finished requests by finish reason.", ("finished_reason",))
-        self.finished = {reason: finished.labels(m, reason) for reason in FINISH_REASONS}
-        self.preemptions = counter("num_preemptions", "Sequences preempted (KV blocks reclaimed).").labels(m)
-        self.prefix_queries = counter("prefix_cache_queries",
-                                      "Prompt tokens looked up in the prefix cache.").labels(m)
-        self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens served from the prefix cache.").labels(m)
-        self.running = gauge("num_requests_running", "Sequences in the running batch.").labels(m)
-        self.waiting = gauge("num_requests_waiting", "Sequences waiting (new or preempted).").labels(m)
-        self.kv_usage = gauge("kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).").labels(m)
-        self.free_blocks = gauge("kv_cache_free_blocks", "Free KV-cache blocks (cached ones included).").labels(m)
-        total = gauge("kv_cache_total_blocks", "KV-cache blocks in all.").labels(m)
-        total.set(num_blocks)
-        self.free_blocks.set(num_blocks)
-        self.ttft = histogram("time_to_first_token_seconds", "Time from arrival to the first token.",
-                              TTFT_BUCKETS).labels(m)
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens prefilled.")
+        self.generation_tokens = counter("generation_tokens", "Tokens generated.")
+        self.finished = counter("request_success", "Finished requests by finish reason.", ("finished_reason",))
+        self.preemptions = counter("num_preemptions", "Sequences preempted (KV blocks reclaimed).")
+        self.prefix_queries = counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
+        self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens served from the prefix cache.")
+        self.running = gauge("num_requests_running", "Sequences in the running batch.")
+        self.waiting = gauge("num_requests_waiting", "Sequences waiting (new or preempted).")
+        self.kv_usage = gauge("kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).")
+        self.free_blocks = gauge("kv_cache_free_blocks", "Free KV-cache blocks (cached ones included).")
+        self.total_blocks = gauge("kv_cache_total_blocks", "KV-cache blocks in all.")
+        self.ttft = histogram("time_to_first_token_seconds", "Time from arrival to the first token.", TTFT_BUCKETS)
         self.itl = histogram("inter_token_latency_seconds", "Time between consecutive tokens of a request.",
-                             ITL_BUCKETS).labels(m)
-        self.e2e = histogram("e2e_request_latency_seconds", "Time from arrival to the last token.",
-                             REQUEST_BUCKETS).labels(m)
+                             ITL_BUCKETS)
+        self.e2e = histogram("e2e_request_latency_seconds", "Time from arrival to the last token.", REQUEST_BUCKETS)
         self.queue_time = histogram("request_queue_time_seconds", "Time from arrival to first scheduling.",
-                                    REQUEST_BUCKETS).labels(m)
+                                    REQUEST_BUCKETS)
         lengths = token_buckets(max_model_len)
-        self.prompt_len = histogram("request_prompt_tokens", "Prompt length of finished requests.",
-                                    lengths).labels(m)
+        self.prompt_len = histogram("request_prompt_tokens", "Prompt length of finished requests.", lengths)
         self.generation_len = histogram("request_generation_tokens",
-                                        "Generated tokens of finished requests (all samples).", lengths).labels(m)
+                                        "Generated tokens of finished requests (all samples).", lengths)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class ServerMetrics:
+    """Every metric of one engine, labelled with the served model name (and its replica index as
+    ``engine`` when ``families`` is per-engine); a server of one engine makes its own families."""
+
+    def __init__(self, model_name: str, max_model_len: int, num_blocks: int,
+                 families: MetricFamilies | None = None, engine: int | None = None) -> None:
+        f = families if families is not None else MetricFamilies(max_model_len)
+        if f.per_engine != (engine is not None):
+            raise ValueError("engine= names the replica exactly when the families are per-engine")
+        self.families = f
+        key = (model_name,) if engine is None else (model_name, str(engine))
+        self.prompt_tokens = f.prompt_tokens.labels(*key)
+        self.generation_tokens = f.generation_tokens.labels(*key)
+        self.finished = {reason: f.finished.labels(*key, reason) for reason in FINISH_REASONS}
+        self.preemptions = f.preemptions.labels(*key)
+        self.prefix_queries = f.prefix_queries.labels(*key)
+        self.prefix_hits = f.prefix_hits.labels(*key)
+        self.running = f.running.labels(*key)
+        self.waiting = f.waiting.labels(*key)
+        self.kv_usage = f.kv_usage.labels(*key)
+        self.free_blocks = f.free_blocks.labels(*key)
+        f.total_blocks.labels(*key).set(num_blocks)
+        self.free_blocks.set(num_blocks)
+        self.ttft = f.ttft.labels(*key)
+        self.itl = f.itl.labels(*key)
+        self.e2e = f.e2e.labels(*key)
+        self.queue_time = f.queue_time.labels(*key)
+        self.prompt_len = f.prompt_len.labels(*key)
+        self.generation_len = f.generation_len.labels(*key)
         self._engine_totals: dict[str, int] = {}
 
     def observe_engine(self, stats: dict[str, Any]) -> None:
@@ -102,5 +133,55 @@ class ServerMetrics:
         """A fresh scheduler counts from zero again: forget the old totals."""
         self._engine_totals.clear()
 
+    def replay(self, events: list[tuple[Any, ...]]) -> None:
+        """Apply, in order, the updates a replica's MetricsRecorder recorded."""
+        for event in events:
+            if event[0] == "observe_engine":
+                self.observe_engine(event[1])
+            elif event[0] == "engine_replaced":
+                self.engine_replaced()
+            else:
+                _, name, key, op, value = event
+                target = getattr(self, name) if key is None else getattr(self, name)[key]
+                getattr(target, op)(value)
+
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        return self.families.exposition()
+
+
+class _RecordedMetric:
+    """A counter or histogram child that records ``inc`` / ``observe`` instead of applying them."""
+
+    def __init__(self, events: list[tuple[Any, ...]], name: str, key: str | None = None) -> None:
+        self._events, self._name, self._key = events, name, key
+
+    def inc(self, amount: float = 1) -> None:
+        self._events.append(("metric", self._name, self._key, "inc", amount))
+
+    def observe(self, value: float) -> None:
+        self._events.append(("metric", self._name, self._key, "observe", value))
+
+
+class MetricsRecorder:
+    """Stands in for ServerMetrics in a data-parallel replica's process: the engine thread updates
+    it as it would the real metrics, and the front end replays what it recorded on that replica's
+    ServerMetrics, so one piece of code does the counting either way."""
+
+    def __init__(self) -> None:
+        self._events: list[tuple[Any, ...]] = []
+        for name in ("prompt_tokens", "generation_tokens", "ttft", "itl", "e2e", "queue_time", "prompt_len",
+                     "generation_len"):
+            setattr(self, name, _RecordedMetric(self._events, name))
+        self.finished = {reason: _RecordedMetric(self._events, "finished", reason) for reason in FINISH_REASONS}
+
+    def observe_engine(self, stats: dict[str, Any]) -> None:
+        self._events.append(("observe_engine", dict(stats)))
+
+    def engine_replaced(self) -> None:
+        self._events.append(("engine_replaced",))
+
+    def take(self) -> list[tuple[Any, ...]]:
+        """The updates recorded since the last call."""
+        out = self._events[:]
+        self._events.clear()
+        return out
