@@ -8,6 +8,13 @@ token ids, greedy, EOS ignored, exactly ``--output-len`` tokens). The same N req
 through ``LLM.generate`` in this process (one call, continuous batching). Output tokens/s of both
 and their ratio; time to first token and inter-token latency (p50/p99) as the clients see them.
 
+With ``--data-parallel-size N`` (N > 1) the contenders are instead a server of N replicas and a
+one-replica server (``deepinfer serve --data-parallel-size N`` vs plain ``deepinfer serve``) on
+the same requests; they run one after the other (each holds its GPUs' memory), every client
+count and repeat on each, and the ratio printed is N replicas / one replica:
+
+    python bench/serve_bench.py --device cuda --data-parallel-size 2 --clients 64 256 --output-len 128
+
 Fairness on a shared, noisy machine: each repeat measures both contenders back to back on fresh
 prompts (no prefix-cache hits for either), in an order that alternates from repeat to repeat;
 the ratio printed is the median of the per-repeat ratios; the load average is printed beside it.
@@ -28,10 +35,12 @@ import time
 import numpy as np
 
 
-def start_server(args: argparse.Namespace, max_num_seqs: int) -> tuple[subprocess.Popen[str], str]:
+def start_server(args: argparse.Namespace, max_num_seqs: int, replicas: int = 1) -> tuple[subprocess.Popen[str], str]:
     cmd = [sys.executable, "-m", "deepinfer", "serve", "--port", "0", "--served-model-name", "bench",
            "--max-num-seqs", str(max_num_seqs), "--max-model-len", str(args.max_model_len),
-           "--log-level", "info"]
+           "--log-level", "info", "--data-parallel-size", str(replicas)]
+    if args.gpu_memory_utilization is not None:
+        cmd += ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
     if args.model:
         cmd += ["--model", args.model]
     if args.threads:
@@ -109,8 +118,15 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=32)
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads, both sides")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads, both sides (with replicas: per replica)")
+    parser.add_argument("--data-parallel-size", type=int, default=1,
+                        help="N > 1: compare a server of N replicas with a one-replica server")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=None, help="passed to the servers")
     args = parser.parse_args()
+    if args.data_parallel_size > 1:
+        compare_replicas(args)
+        return
     if args.threads:
         import torch
 
@@ -156,6 +172,47 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(60)
+
+
+def compare_replicas(args: argparse.Namespace) -> None:
+    """A server of N replicas vs a one-replica server on the same requests, one after the other."""
+    from deepinfer.runtime.model_loader import read_config, resolve_model_path
+
+    vocab = read_config(resolve_model_path(args.model)).vocab_size
+    max_seqs = max(args.clients)
+    n_rep = args.data_parallel_size
+    results: dict[int, dict[tuple[int, int], dict[str, object]]] = {}
+    for replicas in (1, n_rep):
+        rng = np.random.default_rng(0)  # the same prompts for both servers
+        proc, url = start_server(args, max_seqs, replicas)
+        try:
+            asyncio.run(run_clients(url, [rng.integers(100, vocab - 100, args.input_len).tolist()
+                                          for _ in range(2 * replicas)], 4))  # warm-up every replica
+            results[replicas] = {}
+            for n in args.clients:
+                for r in range(args.repeats):
+                    prompts = [rng.integers(100, vocab - 100, args.input_len).tolist() for _ in range(n)]
+                    res = asyncio.run(run_clients(url, prompts, args.output_len))
+                    assert res["tokens"] == n * args.output_len
+                    results[replicas][(n, r)] = res
+        finally:
+            proc.terminate()
+            proc.wait(120)
+    print(f"deepinfer serve, {n_rep} replicas vs 1: {args.input_len} prompt + {args.output_len} output tokens per "
+          f"request, greedy, EOS ignored, device {args.device or 'default'}, torch threads "
+          f"{args.threads or 'default'}, {os.cpu_count()} cores")
+    for n in args.clients:
+        one = [results[1][(n, r)] for r in range(args.repeats)]
+        many = [results[n_rep][(n, r)] for r in range(args.repeats)]
+        ratios = [float(m["tok_s"]) / float(o["tok_s"]) for m, o in zip(many, one, strict=True)]  # type: ignore[arg-type]
+        ttft = [t for res in many for t in res["ttft"]]  # type: ignore[attr-defined]
+        itl = [t for res in many for t in res["itl"]]  # type: ignore[attr-defined]
+        load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+        print(f"{n:3d} clients: {n_rep} replicas {statistics.median(float(m['tok_s']) for m in many):8.1f} tok/s, "
+              f"1 replica {statistics.median(float(o['tok_s']) for o in one):8.1f} tok/s, ratio "
+              f"{statistics.median(ratios):.3f} (per repeat {', '.join(f'{x:.3f}' for x in ratios)}); "
+              f"{n_rep} replicas: TTFT p50 {pct(ttft, 50):.0f} ms p99 {pct(ttft, 99):.0f} ms; ITL p50 "
+              f"{pct(itl, 50):.1f} ms p99 {pct(itl, 99):.1f} ms; load average {load}")
 
 
 if __name__ == "__main__":
