@@ -192,7 +192,7 @@ def test_a_client_closing_its_stream_aborts_it_on_its_replica(dp_server):
 
 # ---- the command: a killed replica, then SIGTERM ------------------------------------------------
 def test_a_killed_replica_fails_its_requests_naming_it_others_serve_on_and_sigterm_ends_all():
-    proc = start_serve_process("--data-parallel-size", "2", "--max-num-seqs", "4", "--shutdown-timeout", "5")
+    proc = start_serve_process("--data-parallel-size", "2", "--max-num-seqs", "4", "--shutdown-timeout", "2")
     lines: list[str] = []
     pids: list[int] = []
     try:
@@ -240,7 +240,8 @@ def test_a_killed_replica_fails_its_requests_naming_it_others_serve_on_and_sigte
         assert again.choices[0].finish_reason == "length"
         m = metrics(url)
         assert m["deepinfer:request_success_total{engine=1,finished_reason=error}"] == 2
-        proc.send_signal(signal.SIGTERM)  # the one long request left on replica 0 is cut at 5 s
+        assert m["deepinfer:num_requests_running{engine=1}"] == 0
+        proc.send_signal(signal.SIGTERM)  # the one long request left on replica 0 is cut at 2 s
         assert proc.wait(60) == 0
         calls[0].join(30)
     finally:

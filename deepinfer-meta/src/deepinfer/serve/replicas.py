@@ -143,7 +143,8 @@ _LOAD_ERRORS: dict[str, type[Exception]] = {"ValueError": ValueError, "TypeError
 class ReplicaSet:
     """N replica processes, each an ``LLM(**llm_kwargs)`` on its placement; requests go to the
     least-loaded live replica. Construction returns once every replica has loaded its model
-    (a replica that fails raises its error, and the others are stopped)."""
+    (a replica that fails raises its error, and the others are stopped). The replicas are
+    spawned, so a script that builds a ReplicaSet needs the ``if __name__ == "__main__":`` guard."""
 
     def __init__(self, llm_kwargs: dict[str, Any], data_parallel_size: int, tensor_parallel_size: int = 1,
                  log_level: str = "info") -> None:
@@ -375,13 +376,15 @@ class ReplicaSet:
         r.alive = False
         r.death = f"replica {r.index} died: {reason}"
         log.error("%s; its requests fail, the other replicas keep serving, /health reports 503", r.death)
+        assert r.metrics is not None
         for request_id, route in list(self._routes.items()):
             if route.replica is r:
                 del self._routes[request_id]
                 self._release(route)
                 route.sink.put_nowait(RequestFailed(route.tag, 503, f"{r.death}; the request was running on it"))
-                assert r.metrics is not None
                 r.metrics.finished["error"].inc()
+        r.metrics.running.set(0)  # nothing runs or waits there any more
+        r.metrics.waiting.set(0)
 
 
 def check_tensor_parallel_support() -> None:
