@@ -34,12 +34,12 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     m.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="CUDA: memory fraction for the model")
     m.add_argument("--cpu-kv-cache-bytes", type=int, default=None, help="CPU: KV-cache bytes (default 1 GiB)")
     m.add_argument("--seed", type=int, default=0, help="seed of requests without their own seed")
-    m.add_argument("--threads", type=int, default=None,
-                   help="torch intra-op threads (CPU; per replica, default: the cores divided among them)")
-    m.add_argument("--data-parallel-size", type=int, default=1,
-                   help="independent engine replicas, one process per GPU group (or N CPU replicas)")
+    m.add_argument("--threads", type=int, default=None, help="torch intra-op threads (CPU)")
     m.add_argument("--tensor-parallel-size", type=int, default=1,
-                   help="GPUs per replica (passed to LLM as tensor_parallel_size)")
+                   help="split the model over N processes, one per device (CUDA: NCCL; CPU: gloo)")
+    m.add_argument("--data-parallel-size", type=int, default=1,
+                   help="independent engine replicas, one process per group of --tensor-parallel-size "
+                        "GPUs (or N CPU replicas, --threads each: default the cores divided among them)")
     h = p.add_argument_group("HTTP")
     h.add_argument("--host", default="127.0.0.1", help="address to listen on")
     h.add_argument("--port", type=int, default=8000, help="port (0: any free port, printed at start)")
