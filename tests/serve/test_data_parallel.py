@@ -2,7 +2,8 @@
 
 Outputs equal one replica's (greedy, float32), requests spread over both replicas (counted by
 the per-replica metrics), streaming, chat and aborts work; a killed replica's requests get a
-503 naming it, new requests go to the live one, /health turns 503, and SIGTERM ends every child.
+503 naming it, new requests go to the live one, /health turns 503, and SIGTERM ends every child;
+a replica that cannot load its model raises its error and leaves no process behind.
 The policy and the device plan are checked directly.
 """
 
@@ -89,6 +90,16 @@ def test_cli_refuses_more_replicas_than_gpus_naming_both_numbers(monkeypatch, ca
     assert "needs 2 GPUs, but only 1 are visible" in capsys.readouterr().err
     assert run_serve(parser.parse_args(["--data-parallel-size", "0"])) == 2
     assert "--data-parallel-size must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_a_replica_that_cannot_load_raises_its_error_and_no_replica_process_stays():
+    import multiprocessing
+
+    from deepinfer.serve.replicas import ReplicaSet
+
+    with pytest.raises(ValueError, match="max_model_len"):
+        ReplicaSet({**LLM_KWARGS, "max_model_len": 10**8, "device": "cpu", "num_threads": 1}, 2)
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("deepinfer-replica")]
 
 
 # ---- two CPU replicas in this process's front end ------------------------------------------------
