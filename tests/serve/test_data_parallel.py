@@ -1,7 +1,8 @@
 """``deepinfer serve --data-parallel-size N``: two CPU replica processes behind one front end.
 
-Outputs equal one replica's (greedy, float32), requests spread over both replicas (counted by
-the per-replica metrics), streaming, chat and aborts work; a killed replica's requests get a
+Outputs equal one replica's (greedy, float32; seeded sampling on either replica), requests
+spread over both replicas (counted by the per-replica metrics), streaming, chat and aborts work;
+unseeded sampling differs between replicas; a killed replica's requests get a
 503 naming it, new requests go to the live one, /health turns 503, and SIGTERM ends every child;
 a replica that cannot load its model raises its error and leaves no process behind.
 The policy and the device plan are checked directly.
@@ -159,6 +160,26 @@ def test_concurrent_requests_equal_one_replica_and_spread_over_both(dp_server, r
         assert _per_engine(after, "num_requests_running", e) == 0
 
 
+def test_a_seeded_request_samples_the_same_on_either_replica(dp_server, reference_llm):
+    before = metrics(dp_server.url)
+    prompt = "Once upon a time"
+
+    async def twice():
+        async with _client(dp_server) as c:
+            replies = await asyncio.gather(*(c.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=12,
+                                                                  temperature=1.0, seed=7) for _ in range(2)))
+            return [r.choices[0].text for r in replies]
+
+    texts = asyncio.run(twice())
+    after = metrics(dp_server.url)
+    per_engine = [sum(_per_engine(after, "request_success_total", e, finished_reason=r)
+                      - _per_engine(before, "request_success_total", e, finished_reason=r) for r in ("stop", "length"))
+                  for e in (0, 1)]
+    assert per_engine == [1, 1]  # one on each replica
+    ref = reference_llm.generate([prompt], SamplingParams(temperature=1.0, seed=7, max_tokens=12), use_tqdm=False)[0]
+    assert texts == [ref.outputs[0].text] * 2
+
+
 def test_chat_is_formatted_by_the_front_end_and_equals_one_replica(dp_server, reference_llm):
     messages = [{"role": "user", "content": "Name a colour."}]
 
@@ -216,9 +237,11 @@ def test_a_killed_replica_fails_its_requests_naming_it_others_serve_on_and_sigte
         body = {"model": "m", "prompt": [1, 2, 3, 4], "max_tokens": 300, "temperature": 0,
                 "extra_body": {"ignore_eos": True}}
         streams = []
-        for _ in range(2):
-            streams.append(iter(client.completions.create(stream=True, **body)))
+        for _ in range(2):  # sampled without a seed: each replica's first sequence
+            streams.append(iter(client.completions.create(stream=True, **{**body, "temperature": 1.0})))
             next(streams[-1])
+        texts = ["".join(next(s).choices[0].text for _ in range(6)) for s in streams]
+        assert texts[0] != texts[1], "the replicas drew the same random stream for unseeded requests"
         results: dict[int, object] = {}
 
         def call(k: int) -> None:

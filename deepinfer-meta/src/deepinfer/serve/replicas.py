@@ -98,6 +98,17 @@ def plan_replicas(device: str | None, data_parallel_size: int, tensor_parallel_s
             for i in range(n)]
 
 
+def replica_seed(seed: int, index: int) -> int:
+    """The engine seed of replica ``index``. An engine derives the random stream of a request
+    without its own seed from its seed and the sequence's id, and every replica numbers its
+    sequences from 0: with one seed, replica 1's k-th request would sample exactly as replica 0's.
+    Replica 0 keeps ``seed`` (so one replica samples as the in-process server does); a request
+    with its own seed samples the same on any replica."""
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, got {seed!r}")
+    return (seed + index * 0xD1B54A32D192ED03) % (1 << 64)
+
+
 def least_loaded(loads: Sequence[tuple[int, int] | None], start: int) -> int:
     """Index of the smallest load (sequences in flight, then tokens in flight; None: a dead
     replica); among equal loads the first at or after ``start``, so ties go round-robin."""
@@ -170,10 +181,10 @@ class ReplicaSet:
             for i, place in enumerate(placements):
                 commands = ctx.Queue()
                 reader, writer = ctx.Pipe(duplex=False)
+                llm_i = {**kwargs, "device": place.device, "num_threads": place.num_threads,
+                         "seed": replica_seed(kwargs.get("seed", 0), i)}
                 proc = ctx.Process(target=replica_main, name=f"deepinfer-replica-{i}",
-                                   args=(i, place.env, {**kwargs, "device": place.device,
-                                                        "num_threads": place.num_threads},
-                                         commands, writer, log_level))
+                                   args=(i, place.env, llm_i, commands, writer, log_level))
                 proc.start()
                 writer.close()  # the replica's end: its exit must read as EOF here
                 self._replicas.append(_Replica(i, proc, commands, reader))
