@@ -16,6 +16,7 @@ from deepinfer.runtime.attention import torch_paged
 from deepinfer.runtime.attention.metadata import build_attention_metadata
 from deepinfer.runtime.attention.triton_decode import decode_attention
 from deepinfer.runtime.kernels.fused_ops import add_rmsnorm, rotary_kv_write, silu_mul
+from deepinfer.runtime.kernels.gemv import gemv
 from deepinfer.runtime.models.llama import RMSNorm
 from deepinfer.runtime.models.rotary import RotaryEmbedding
 
@@ -90,6 +91,17 @@ def check_silu_mul(dtype: torch.dtype, g: torch.Generator) -> None:
     torch.testing.assert_close(silu_mul(gu), F.silu(gate) * up, **TOL[dtype])
 
 
+def check_gemv(dtype: torch.dtype, g: torch.Generator) -> None:
+    n, k = 300, 1100  # neither a multiple of the blocks: masked edges on both sides
+    w = (torch.randn(n, k, generator=g) * 0.05).to(DEV, dtype)
+    bias = torch.randn(n, generator=g).to(DEV, dtype)
+    x = torch.randn(1, k, generator=g).to(DEV, dtype)
+    torch.testing.assert_close(gemv(x, w), F.linear(x, w), **TOL[dtype])
+    torch.testing.assert_close(gemv(x, w, bias, config=(4, 256, 4, 2)), F.linear(x, w, bias), **TOL[dtype])
+    gu = torch.randn(1, 2 * k, generator=g).to(DEV, dtype)
+    torch.testing.assert_close(gemv(gu, w, silu_mul=True), F.linear(silu_mul(gu), w), **TOL[dtype])
+
+
 def check_decode_attention(dtype: torch.dtype, g: torch.Generator, bs: int = 16) -> None:
     heads, kvh, d, nb = 6, 2, 64, 64
     lens = [1, 37, 200, 16, 513]
@@ -113,6 +125,7 @@ for dt in DTYPES:
     check_add_rmsnorm(dt, gen)
     check_rotary_kv(dt, gen)
     check_silu_mul(dt, gen)
+    check_gemv(dt, gen)
     check_decode_attention(dt, gen)
 check_decode_attention(torch.float32, gen, bs=24)  # a block size that is no power of two
 print("ok")
