@@ -29,10 +29,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     args = p.parse_args()
     import deepinfer.runtime.model_loader as ml
+    from deepinfer import LLM, SamplingParams
     from gpu_bench import _load_on_device
     from gpu_shapes import write_shape_dir
-
-    from deepinfer import LLM, SamplingParams
 
     ml.load_model = _load_on_device  # type: ignore[assignment]
     shape_dir = write_shape_dir(tempfile.mkdtemp(prefix="shape-"), args.shape)

@@ -46,32 +46,33 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--configs", default="default", help="'default' or 'all' (sweep the tile configs)")
     args = p.parse_args()
-    dev = torch.device("cuda")
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; bf16, one activation row")
     configs = CONFIGS if args.configs == "all" else [DEFAULT_CONFIG]
     for name, (n, k) in SHAPES.items():
-        nbytes = n * k * 2
-        copies = max(2, -(-(512 << 20) // nbytes))
-        ws = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
-        kin = 2 * k if name == "down" else k
-        x = torch.randn(1, kin, device=dev, dtype=torch.bfloat16)
-        xs = x[:, :k].contiguous()
-        row = {}
-        torch.backends.cuda.preferred_blas_library("cublas")
-        row["cublas"] = time_graph(lambda i: F.linear(xs, ws[i]), copies)
-        torch.backends.cuda.preferred_blas_library("cublaslt")
-        row["cublaslt"] = time_graph(lambda i: F.linear(xs, ws[i]), copies)
-        torch.backends.cuda.preferred_blas_library("cublas")
-        for cfg in configs:
-            row[f"triton{cfg}"] = time_graph(lambda i, c=cfg: gemv(xs, ws[i], config=c), copies)
-        if name == "down":
-            row["triton+silu"] = time_graph(lambda i: gemv(x, ws[i], silu_mul=True), copies)
-        best = min(row, key=row.__getitem__)
-        cells = "  ".join(f"{c} {us:.1f}us {nbytes / us / 1e3:.0f}GB/s" for c, us in
-                          sorted(row.items(), key=lambda kv: kv[1])[:6])
-        print(f"{name} [{n}x{k}] best {best}: {cells}  | cublas {row['cublas']:.1f}us", flush=True)
-        del ws
+        bench_shape(name, n, k, configs)
 
+
+def bench_shape(name: str, n: int, k: int, configs: list[tuple[int, int, int, int]]) -> None:
+    dev = torch.device("cuda")
+    nbytes = n * k * 2
+    copies = max(2, -(-(512 << 20) // nbytes))
+    ws = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+    x = torch.randn(1, 2 * k if name == "down" else k, device=dev, dtype=torch.bfloat16)
+    xs = x[:, :k].contiguous()
+    row = {}
+    torch.backends.cuda.preferred_blas_library("cublas")
+    row["cublas"] = time_graph(lambda i: F.linear(xs, ws[i]), copies)
+    torch.backends.cuda.preferred_blas_library("cublaslt")
+    row["cublaslt"] = time_graph(lambda i: F.linear(xs, ws[i]), copies)
+    torch.backends.cuda.preferred_blas_library("cublas")
+    for cfg in configs:
+        row[f"triton{cfg}"] = time_graph(lambda i, c=cfg: gemv(xs, ws[i], config=c), copies)
+    if name == "down":
+        row["triton+silu"] = time_graph(lambda i: gemv(x, ws[i], silu_mul=True), copies)
+    best = min(row, key=row.__getitem__)
+    cells = "  ".join(f"{c} {us:.1f}us {nbytes / us / 1e3:.0f}GB/s" for c, us in
+                      sorted(row.items(), key=lambda kv: kv[1])[:6])
+    print(f"{name} [{n}x{k}] best {best}: {cells}  | cublas {row['cublas']:.1f}us", flush=True)
 
 if __name__ == "__main__":
     main()
