@@ -110,12 +110,12 @@ def test_graph_timer_regions_add_up_to_the_replay(shape_dir):
     llm.generate([[5, 6, 7]] * 8, SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
     timer = graphs.timer
     timer.enable()
-    graph = graphs._graphs[8][0]
+    graph, handle = graphs._graphs[8][0], graphs.handles[8]
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     replay_ms = []
     for _ in range(50):
         start.record()
-        timer.replay(graph)
+        timer.replay(handle, stream=torch.cuda.current_stream())
         end.record()
         end.synchronize()
         replay_ms.append(start.elapsed_time(end))
@@ -131,10 +131,55 @@ def test_graph_timer_regions_add_up_to_the_replay(shape_dir):
     timer.disable()
     start.record()
     for _ in range(50):
-        graph.replay()  # disabled: no timer nodes in the executable graph
+        graph.replay()  # torch's executable graph: made without the timer nodes
     end.record()
     end.synchronize()
     print(f"replay with the timer off: {start.elapsed_time(end) / 50:.4f} ms")
+
+
+def test_graph_timer_takes_cublas_graphs_with_data_edges():
+    """bf16 one-row GEMMs of the Llama-3-8B shape: on Hopper cuBLAS launches them with programmatic
+    dependent launch, whose graph edges carry data. The timer attaches, times, and its regions
+    come out of the graph and back without changing what the graph computes."""
+    pytest.importorskip("deepinfer_graph_timer", reason="deepinfer-graph-timer is not installed")
+    try:
+        import deepinfer._C.graph_timer as gt
+    except ImportError as exc:
+        pytest.skip(f"no graph-timer backend: {exc}")
+    from deepinfer_graph_timer import GraphTimer
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16, generator=g)
+    w1 = torch.randn(14336, 4096, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
+    w2 = torch.randn(4096, 14336, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
+    x @ w1.T @ w2.T  # cuBLAS set up outside the capture
+    torch.cuda.synchronize()
+    timer = GraphTimer(gt, enabled=False)
+    graph = torch.cuda.CUDAGraph(keep_graph=True)
+    with torch.cuda.graph(graph):
+        with timer.region("graph"):
+            with timer.region("up"):
+                h = torch.nn.functional.linear(x, w1)
+            with timer.region("down"):
+                y = torch.nn.functional.linear(h, w2)
+    handle = timer.attach(gt.GraphHandle(int(graph.raw_cuda_graph())))
+    graph.instantiate()
+    graph.replay()
+    expect = y.clone()
+    timer.enable()
+    for _ in range(20):
+        timer.replay(handle, stream=torch.cuda.current_stream())
+    torch.testing.assert_close(y, expect, atol=0, rtol=0)
+    stats = timer.to_dict()
+    inner = stats["up"]["mean_ms"] + stats["down"]["mean_ms"]
+    print(f"cuBLAS graph regions: up {stats['up']['mean_ms']:.4f} ms, down {stats['down']['mean_ms']:.4f} ms, "
+          f"graph {stats['graph']['mean_ms']:.4f} ms")
+    assert stats["up"]["count"] == 20 and stats["up"]["mean_ms"] > 0 and stats["down"]["mean_ms"] > 0
+    assert abs(inner - stats["graph"]["mean_ms"]) <= max(0.10 * stats["graph"]["mean_ms"], 0.020)
+    timer.disable()
+    y.zero_()
+    graph.replay()
+    torch.testing.assert_close(y, expect, atol=0, rtol=0)
 
 
 FAULT_SCRIPT = r'''
