@@ -66,7 +66,7 @@ def check_add_rmsnorm(dtype: torch.dtype, g: torch.Generator) -> None:
         torch.testing.assert_close(out1, norm(x), **TOL[dtype])
 
 
-def check_rotary_kv(dtype: torch.dtype, g: torch.Generator) -> None:
+def check_rotary_kv(dtype: torch.dtype, g: torch.Generator, qk_norm: bool = False) -> None:
     heads, kvh, d, bs, nb = 4, 2, 32, 16, 6
     rot = RotaryEmbedding(d, 256, 10000.0, None).to(DEV)
     t = 5
@@ -75,9 +75,18 @@ def check_rotary_kv(dtype: torch.dtype, g: torch.Generator) -> None:
     slots = torch.tensor([3, 17, -1, 40, 95], dtype=torch.int64, device=DEV)
     cache = torch.randn(2, nb, bs, kvh, d, generator=g).to(DEV, dtype)
     ref_cache = cache.clone()
-    q = rotary_kv_write(qkv, pos, rot.cos, rot.sin, slots, cache, heads, kvh)
+    qn, kn = RMSNorm(d, 1e-6).to(DEV, dtype), RMSNorm(d, 1e-6).to(DEV, dtype)
+    with torch.no_grad():
+        qn.weight.copy_(torch.rand(d, generator=g) + 0.5)
+        kn.weight.copy_(torch.rand(d, generator=g) + 0.5)
+    norms = (qn.weight, kn.weight, 1e-6) if qk_norm else None
+    q = rotary_kv_write(qkv, pos, rot.cos, rot.sin, slots, cache, heads, kvh, norms)
     cs = rot.tables(pos.long(), dtype)
-    qk = RotaryEmbedding.rotate_one(cs, qkv[:, :(heads + kvh) * d].view(t, heads + kvh, d))
+    qk = qkv[:, :(heads + kvh) * d].view(t, heads + kvh, d)
+    if qk_norm:  # Qwen3: RMSNorm per q and k head before rotary (models.llama.LlamaLayer)
+        with torch.no_grad():
+            qk = torch.cat([qn(qk[:, :heads]), kn(qk[:, heads:])], dim=1)
+    qk = RotaryEmbedding.rotate_one(cs, qk)
     v = qkv[:, (heads + kvh) * d:].view(t, kvh, d)
     keep = slots >= 0
     torch_paged.write_kv(ref_cache, qk[keep, heads:], v[keep], slots[keep])
@@ -124,6 +133,7 @@ gen = torch.Generator().manual_seed(0)
 for dt in DTYPES:
     check_add_rmsnorm(dt, gen)
     check_rotary_kv(dt, gen)
+    check_rotary_kv(dt, gen, qk_norm=True)
     check_silu_mul(dt, gen)
     check_gemv(dt, gen)
     check_decode_attention(dt, gen)

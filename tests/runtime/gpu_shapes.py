@@ -16,6 +16,11 @@ SHAPES: dict[str, dict[str, Any]] = {
     "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                       num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0,
                       max_position_embeddings=8192, tie_word_embeddings=False),
+    # Qwen3-0.6B (q/k norm, head_dim 128 != hidden / heads)
+    "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128, vocab_size=151936, rope_theta=1000000.0,
+                       max_position_embeddings=40960, tie_word_embeddings=True, rms_norm_eps=1e-6,
+                       model_type="qwen3", architectures=["Qwen3ForCausalLM"]),
     # small enough for float32 parity tests in seconds, with GQA groups of 4 and head_dim 64
     "test-small": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=3, num_attention_heads=4,
                        num_key_value_heads=1, vocab_size=1024, rope_theta=10000.0,
@@ -28,8 +33,9 @@ def write_shape_dir(path: str, shape: str) -> str:
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
-    cfg = dict(SHAPES[shape], architectures=["LlamaForCausalLM"], model_type="llama", rms_norm_eps=1e-5,
-               bos_token_id=1, eos_token_id=2, hidden_act="silu", torch_dtype="bfloat16")
+    cfg = dict(architectures=["LlamaForCausalLM"], model_type="llama", rms_norm_eps=1e-5, bos_token_id=1,
+               eos_token_id=2, hidden_act="silu", torch_dtype="bfloat16")
+    cfg.update(SHAPES[shape])
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(cfg, f)

@@ -1,7 +1,7 @@
 """The decode forward of ``LlamaForCausalLM`` on CUDA with fused Triton kernels (graph-capturable).
 
 Same math as ``LlamaForCausalLM.forward`` for one token per sequence, with the residual add
-carried into the next RMSNorm (``add_rmsnorm``), rotary + KV-cache store in one kernel, SiLU·mul
+carried into the next RMSNorm (``add_rmsnorm``), (Qwen3's q/k norm +) rotary + KV-cache store in one kernel, SiLU·mul
 in one kernel and the split-K decode attention. Every input is a device tensor, so the whole
 forward can be captured once per batch size and replayed. ``region(name)`` brackets the
 attention and MLP blocks (a GraphTimer's ``region`` during capture, or a no-op).
@@ -44,7 +44,10 @@ def fused_decode_forward(model: LlamaForCausalLM, input_ids: torch.Tensor, posit
         with region("attention"):
             h, residual = add_rmsnorm(x, residual, layer.input_layernorm.weight, layer.input_layernorm.eps)
             qkv = F.linear(h, layer.qkv_proj.weight, layer.qkv_proj.bias)
-            q = rotary_kv_write(qkv, positions, cos, sin, slot_mapping, cache, layer.num_heads, layer.num_kv_heads)
+            qk_norm = None if layer.q_norm is None or layer.k_norm is None else (
+                layer.q_norm.weight, layer.k_norm.weight, layer.q_norm.eps)
+            q = rotary_kv_write(qkv, positions, cos, sin, slot_mapping, cache, layer.num_heads, layer.num_kv_heads,
+                                qk_norm)
             o = decode_attention(q, cache, block_tables, seq_lens, layer.scale, num_splits, workspace)
             x = F.linear(o.view(b, -1), layer.o_proj.weight)
         with region("mlp"):
