@@ -16,7 +16,7 @@ from deepinfer.runtime.attention import torch_paged
 from deepinfer.runtime.attention.metadata import build_attention_metadata
 from deepinfer.runtime.attention.triton_decode import decode_attention
 from deepinfer.runtime.kernels.fused_ops import add_rmsnorm, rotary_kv_write, silu_mul
-from deepinfer.runtime.kernels.gemv import gemv
+from deepinfer.runtime.kernels.gemv import gemv, gemv_argmax
 from deepinfer.runtime.models.llama import RMSNorm
 from deepinfer.runtime.models.rotary import RotaryEmbedding
 
@@ -109,6 +109,17 @@ def check_gemv(dtype: torch.dtype, g: torch.Generator) -> None:
     torch.testing.assert_close(gemv(x, w, bias, config=(4, 256, 4, 2)), F.linear(x, w, bias), **TOL[dtype])
     gu = torch.randn(1, 2 * k, generator=g).to(DEV, dtype)
     torch.testing.assert_close(gemv(gu, w, silu_mul=True), F.linear(silu_mul(gu), w), **TOL[dtype])
+    for config in ((4, 256, 4, 2), (16, 512, 4, 3)):
+        logits, greedy = gemv_argmax(x, w, config)
+        torch.testing.assert_close(logits, F.linear(x, w), **TOL[dtype])
+        assert greedy.dtype == torch.int64 and int(greedy) == int(logits.argmax()), (greedy, logits.argmax())
+    # ties inside one program (77, 78) and across programs: the first index wins, as in torch.argmax
+    xt = torch.zeros(1, k, dtype=dtype, device=DEV)
+    xt[0, 5] = 5.0
+    wt = torch.zeros(3000, k, dtype=dtype, device=DEV)
+    wt[[1234, 78, 77, 2999], 5] = 1.0
+    _, greedy = gemv_argmax(xt, wt, (4, 256, 4, 2))
+    assert int(greedy) == 77 == int(F.linear(xt, wt).argmax())
 
 
 def check_decode_attention(dtype: torch.dtype, g: torch.Generator, bs: int = 16) -> None:

@@ -37,6 +37,11 @@ if TYPE_CHECKING:
     from deepinfer.runtime.model_runner import ModelRunner
 
 
+# The LM head + argmax of a one-row graph (kernels/gemv.py; tile picked on the H200, where it read a
+# 128k-vocabulary head at cuBLAS's rate and saved torch's separate argmax pass).
+LM_HEAD_GEMV_CONFIG = (4, 512, 4, 4)
+
+
 def default_graph_batch_sizes(max_num_seqs: int) -> list[int]:
     """1, 2, 4, 8, then every multiple of 16, up to and including ``max_num_seqs``."""
     sizes = [s for s in (1, 2, 4, 8) if s < max_num_seqs] + list(range(16, max_num_seqs, 16))
@@ -123,10 +128,15 @@ class CudaGraphRunner:
             meta.slot_mapping = torch.where(slots < 0, torch.full_like(slots, r.scratch_slot), slots)
             with self._region("model"):
                 hidden = model(ids.long(), pos.long(), r.kv_caches, meta, r.attention)
+        w = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
+        if self.fused and b == 1 and w.stride(1) == 1:
+            from deepinfer.runtime.kernels.gemv import gemv_argmax
+
+            with self._region("lm_head"):  # the argmax is folded into the LM head's kernels
+                return gemv_argmax(hidden, w, LM_HEAD_GEMV_CONFIG)
         with self._region("lm_head"):
             # logits in the model's dtype: the sampler casts the rows it uses to float32, and
             # the argmax of bf16 logits is the argmax of their float32 copy
-            w = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
             logits = F.linear(hidden, w)
         with self._region("sampler"):
             greedy = logits.argmax(dim=-1)
