@@ -16,7 +16,7 @@ from deepinfer.runtime.attention import torch_paged
 from deepinfer.runtime.attention.metadata import build_attention_metadata
 from deepinfer.runtime.attention.triton_decode import decode_attention
 from deepinfer.runtime.kernels.fused_ops import add_rmsnorm, rotary_kv_write, silu_mul
-from deepinfer.runtime.kernels.gemv import gemv, gemv_argmax
+from deepinfer.runtime.kernels.gemv import _argmax_partials_kernel, gemv, gemv_argmax
 from deepinfer.runtime.models.llama import RMSNorm
 from deepinfer.runtime.models.rotary import RotaryEmbedding
 
@@ -120,6 +120,13 @@ def check_gemv(dtype: torch.dtype, g: torch.Generator) -> None:
     wt[[1234, 78, 77, 2999], 5] = 1.0
     _, greedy = gemv_argmax(xt, wt, (4, 256, 4, 2))
     assert int(greedy) == 77 == int(F.linear(xt, wt).argmax())
+    # the partials' reduction over several chunks of lanes (the 128k-vocabulary case), ties included
+    maxes = torch.randn(100, generator=g).to(DEV)
+    maxes[[13, 61, 97]] = 9.0
+    args = torch.arange(100, device=DEV, dtype=torch.int64) * 4 + 1
+    out = torch.empty(1, dtype=torch.int64, device=DEV)
+    _argmax_partials_kernel[(1,)](maxes, args, out, 100, BLOCK=16)
+    assert int(out) == 13 * 4 + 1
 
 
 def check_decode_attention(dtype: torch.dtype, g: torch.Generator, bs: int = 16) -> None:

@@ -35,8 +35,6 @@ SHAPES: dict[str, dict[str, Any]] = {
 
 def write_shape_dir(path: str, shape: str) -> str:
     """Write ``config.json`` and a tokenizer for ``shape`` into ``path``; returns ``path``."""
-    from tokenizers import Tokenizer, models
-    from transformers import PreTrainedTokenizerFast
 
     cfg = dict(architectures=["LlamaForCausalLM"], model_type="llama", rms_norm_eps=1e-5, bos_token_id=1,
                eos_token_id=2, hidden_act="silu", torch_dtype="bfloat16")
@@ -44,7 +42,15 @@ def write_shape_dir(path: str, shape: str) -> str:
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(cfg, f)
-    vocab = {f"t{i}": i for i in range(cfg["vocab_size"])}
+    write_tokenizer(path, cfg["vocab_size"])
+    return path
+
+
+def write_tokenizer(path: str, vocab_size: int) -> None:
+    """A word-level tokenizer over ``vocab_size`` tokens ("t0".."tN"), saved into ``path``."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"t{i}": i for i in range(vocab_size)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
     PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", bos_token="t1", eos_token="t2").save_pretrained(path)
-    return path

@@ -118,9 +118,11 @@ def test_bf16_greedy_matches_transformers(tmp_path, arch):
     prompt alone. Where a token differs, transformers' top-2 logits must be a bf16 near-tie
     (gap < 0.1) at that step; the sequence is compared up to there."""
     from deepinfer import LLM, SamplingParams
+    from gpu_shapes import write_tokenizer
     from tiny_models import save_tiny_model
 
     hf = save_tiny_model(str(tmp_path), arch).to("cuda", torch.bfloat16)
+    write_tokenizer(str(tmp_path), hf.config.vocab_size)  # the tiny model folder has none
     llm = LLM(str(tmp_path), device="cuda", dtype="bfloat16", max_model_len=128, num_kv_blocks=64,
               max_num_seqs=8, max_num_batched_tokens=32)
     assert llm.runner.graphs is not None
