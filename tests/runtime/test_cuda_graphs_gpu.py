@@ -269,3 +269,34 @@ def test_a_fault_inside_a_replayed_graph_raises(shape_dir):
     print(out.stdout.strip())
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     assert "raised RuntimeError" in out.stdout
+
+
+def test_a_failed_replay_fails_its_step_and_the_engine_goes_on(shape_dir):
+    """An exception raised in the replay path (after earlier replays of the same requests) fails
+    that step's requests only: ``generate`` raises it, nothing stays scheduled, and later requests
+    replay the graphs again and give the eager path's greedy tokens."""
+    from deepinfer import SamplingParams
+
+    llm = _llm(shape_dir)
+    graphs = llm.runner.graphs
+    inner = graphs.replay
+    calls = {"n": 0}
+
+    def flaky(rows):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("injected replay failure")
+        return inner(rows)
+
+    graphs.replay = flaky
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    with pytest.raises(RuntimeError, match="injected replay failure"):
+        llm.generate([[5, 6, 7], [9, 10], [11, 12, 13, 14]], params, use_tqdm=False)
+    assert not llm.engine.has_unfinished()
+    replays = graphs.num_replays
+    prompts = [[5, 6, 7], [9, 10], [21, 22, 23, 24, 25]]
+    after = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert graphs.num_replays >= replays + 10
+    eager = _llm(shape_dir, enforce_eager=True)
+    expect = [list(o.outputs[0].token_ids) for o in eager.generate(prompts, params, use_tqdm=False)]
+    assert after == expect
