@@ -2,8 +2,13 @@
 
     python bench/gpu_bench.py --shape smollm2-135m --batch 256 --input-len 128 --output-len 256 [--runs 3]
     python bench/gpu_bench.py --shape llama3-8b --batch 1 --input-len 128 --output-len 128
+    python bench/gpu_bench.py --workload nanovllm        # Qwen3-0.6B shape, DeepInfer only
 
 Random bf16 weights of the named shape (tests/runtime/gpu_shapes.py), EOS ignored, greedy.
+``--workload nanovllm`` is nano-vllm's published benchmark (its bench.py): on the Qwen3-0.6B shape,
+256 sequences with input and output lengths uniform in [100, 1024] and token ids in [0, 10000]
+drawn with Python's ``random`` seeded 0 in nano-vllm's order, temperature 0.6, EOS ignored,
+``max_model_len=4096``; output tok/s is the sum of the max_tokens over the wall time.
 Every contender gets one warm-up call, then ``--runs`` timed calls; prints each run and the
 median with the spread (min-max) of output tok/s. DeepInfer's runs also print the
 ``deepinfer bench`` report (TTFT/TPOT, GPU idle fraction, MFU); ``--profile`` adds one run with
@@ -85,20 +90,32 @@ def run_transformers(shape_dir: str, prompts: list[list[int]], out_len: int, run
     return rates
 
 
-def run_deepinfer(shape_dir: str, prompts: list[list[int]], out_len: int, runs: int, *, eager: bool,
-                  profile: bool) -> list[float]:
+def nanovllm_workload() -> tuple[list[list[int]], list[int]]:
+    """nano-vllm's bench.py: prompts, then each sequence's max_tokens, from random.seed(0)."""
+    from random import randint, seed
+
+    seed(0)
+    num_seqs, max_input_len, max_output_len = 256, 1024, 1024
+    prompts = [[randint(0, 10000) for _ in range(randint(100, max_input_len))] for _ in range(num_seqs)]
+    max_tokens = [randint(100, max_output_len) for _ in range(num_seqs)]
+    return prompts, max_tokens
+
+
+def run_deepinfer(shape_dir: str, prompts: list[list[int]], out_len: int | list[int], runs: int, *, eager: bool,
+                  profile: bool, temperature: float = 0.0, max_model_len: int | None = None) -> list[float]:
     import deepinfer.runtime.model_loader as ml
     from deepinfer import LLM, SamplingParams
     from deepinfer.runtime.bench_metrics import measure_generate
 
     ml.load_model = _load_on_device  # type: ignore[assignment]
-    max_len = len(prompts[0]) + out_len + 16
+    lens = out_len if isinstance(out_len, list) else [out_len] * len(prompts)
+    max_len = max_model_len or max(len(p) for p in prompts) + max(lens) + 16
     t0 = time.perf_counter()
     llm = LLM(shape_dir, dtype="bfloat16", dummy_weights=True, max_num_seqs=max(len(prompts), 1),
-              max_model_len=max_len, max_num_batched_tokens=max(8192, max_len), enforce_eager=eager,
-              gpu_memory_utilization=0.85)
+              max_model_len=max_len, max_num_batched_tokens=max(16384 if max_model_len else 8192, max_len),
+              enforce_eager=eager, gpu_memory_utilization=0.85)
     print(f"  {llm!r} ready in {time.perf_counter() - t0:.1f} s", flush=True)
-    params = SamplingParams(temperature=0.0, max_tokens=out_len, ignore_eos=True)
+    params = [SamplingParams(temperature=temperature, max_tokens=n, ignore_eos=True) for n in lens]
     batch = [{"prompt_token_ids": p} for p in prompts]
     llm.generate(batch, params, use_tqdm=False)  # warm-up
     rates = []
@@ -124,9 +141,22 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--contenders", default="transformers,deepinfer", help="deepinfer,eager,transformers")
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--workload", choices=("fixed", "nanovllm"), default="fixed",
+                   help="nanovllm: nano-vllm's benchmark on the Qwen3-0.6B shape (DeepInfer only)")
     args = p.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from gpu_shapes import SHAPES, write_shape_dir
+
+    if args.workload == "nanovllm":
+        shape_dir = write_shape_dir(tempfile.mkdtemp(prefix="shape-"), "qwen3-0.6b")
+        prompts, max_tokens = nanovllm_workload()
+        print(f"== nano-vllm workload: qwen3-0.6b bf16 random weights, 256 sequences, {sum(map(len, prompts))} "
+              f"input and {sum(max_tokens)} output tokens, temperature 0.6, on {torch.cuda.get_device_name()} "
+              f"(torch {torch.__version__})", flush=True)
+        rates = run_deepinfer(shape_dir, prompts, max_tokens, args.runs, eager=False, profile=args.profile,
+                              temperature=0.6, max_model_len=4096)
+        print(_summary("nanovllm qwen3-0.6b deepinfer", rates), flush=True)
+        return
 
     shape_dir = write_shape_dir(tempfile.mkdtemp(prefix="shape-"), args.shape)
     vocab = SHAPES[args.shape]["vocab_size"]

@@ -1,5 +1,5 @@
 """Run by test_fused_kernels.py in a subprocess with TRITON_INTERPRET=1 (set before triton loads),
-and directly on a CUDA device by tests/cuda/test_decode_graphs_gpu.py: the fused Triton kernels
+and directly on a CUDA device by test_cuda_graphs_gpu.py: the fused Triton kernels
 and the split-K decode attention against the torch ops they replace.
 
     python fused_kernels_check.py [cpu|cuda]
@@ -16,10 +16,38 @@ from deepinfer.runtime.attention import torch_paged
 from deepinfer.runtime.attention.metadata import build_attention_metadata
 from deepinfer.runtime.attention.triton_decode import decode_attention
 from deepinfer.runtime.kernels.fused_ops import add_rmsnorm, rotary_kv_write, silu_mul
+from deepinfer.runtime.kernels.gemv import _argmax_partials_kernel, gemv, gemv_argmax
 from deepinfer.runtime.models.llama import RMSNorm
 from deepinfer.runtime.models.rotary import RotaryEmbedding
 
+
+def _interpreter_loop_bounds_compat() -> None:
+    """Triton's CPU interpreter before 3.7 turns a tensor loop bound (``range(start, end)``) into a
+    Python int with ``int(array of shape (1,))``, which NumPy 2.4 refuses ("only 0-dimensional
+    arrays can be converted to Python scalars"): the device's triton 3.6 failed here while CI's
+    newer triton passed. Apply the conversion Triton 3.7+ uses (squeeze first); the compiled GPU
+    kernels are untouched by this."""
+    from triton.runtime import interpreter
+
+    patch = getattr(interpreter, "_patch_lang_tensor", None)
+    if patch is None:
+        return
+    try:
+        int(np.zeros(1, dtype=np.int32))
+        return  # this NumPy still converts size-1 arrays
+    except TypeError:
+        pass
+
+    def patched(tensor, scope):  # type: ignore[no-untyped-def]
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    interpreter._patch_lang_tensor = patched
+
+
 DEV = torch.device(sys.argv[1] if len(sys.argv) > 1 else "cpu")
+if DEV.type == "cpu":
+    _interpreter_loop_bounds_compat()
 # float32: a few ulps (reduction order); bf16: one rounding step of the activation dtype.
 TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
 DTYPES = (torch.float32,) if DEV.type == "cpu" else (torch.float32, torch.bfloat16)
@@ -38,7 +66,7 @@ def check_add_rmsnorm(dtype: torch.dtype, g: torch.Generator) -> None:
         torch.testing.assert_close(out1, norm(x), **TOL[dtype])
 
 
-def check_rotary_kv(dtype: torch.dtype, g: torch.Generator) -> None:
+def check_rotary_kv(dtype: torch.dtype, g: torch.Generator, qk_norm: bool = False) -> None:
     heads, kvh, d, bs, nb = 4, 2, 32, 16, 6
     rot = RotaryEmbedding(d, 256, 10000.0, None).to(DEV)
     t = 5
@@ -47,9 +75,18 @@ def check_rotary_kv(dtype: torch.dtype, g: torch.Generator) -> None:
     slots = torch.tensor([3, 17, -1, 40, 95], dtype=torch.int64, device=DEV)
     cache = torch.randn(2, nb, bs, kvh, d, generator=g).to(DEV, dtype)
     ref_cache = cache.clone()
-    q = rotary_kv_write(qkv, pos, rot.cos, rot.sin, slots, cache, heads, kvh)
+    qn, kn = RMSNorm(d, 1e-6).to(DEV, dtype), RMSNorm(d, 1e-6).to(DEV, dtype)
+    with torch.no_grad():
+        qn.weight.copy_(torch.rand(d, generator=g) + 0.5)
+        kn.weight.copy_(torch.rand(d, generator=g) + 0.5)
+    norms = (qn.weight, kn.weight, 1e-6) if qk_norm else None
+    q = rotary_kv_write(qkv, pos, rot.cos, rot.sin, slots, cache, heads, kvh, norms)
     cs = rot.tables(pos.long(), dtype)
-    qk = RotaryEmbedding.rotate_one(cs, qkv[:, :(heads + kvh) * d].view(t, heads + kvh, d))
+    qk = qkv[:, :(heads + kvh) * d].view(t, heads + kvh, d)
+    if qk_norm:  # Qwen3: RMSNorm per q and k head before rotary (models.llama.LlamaLayer)
+        with torch.no_grad():
+            qk = torch.cat([qn(qk[:, :heads]), kn(qk[:, heads:])], dim=1)
+    qk = RotaryEmbedding.rotate_one(cs, qk)
     v = qkv[:, (heads + kvh) * d:].view(t, kvh, d)
     keep = slots >= 0
     torch_paged.write_kv(ref_cache, qk[keep, heads:], v[keep], slots[keep])
@@ -61,6 +98,35 @@ def check_silu_mul(dtype: torch.dtype, g: torch.Generator) -> None:
     gu = torch.randn(3, 2 * 1500, generator=g).to(DEV, dtype)
     gate, up = gu.split(1500, dim=-1)
     torch.testing.assert_close(silu_mul(gu), F.silu(gate) * up, **TOL[dtype])
+
+
+def check_gemv(dtype: torch.dtype, g: torch.Generator) -> None:
+    n, k = 300, 1100  # neither a multiple of the blocks: masked edges on both sides
+    w = (torch.randn(n, k, generator=g) * 0.05).to(DEV, dtype)
+    bias = torch.randn(n, generator=g).to(DEV, dtype)
+    x = torch.randn(1, k, generator=g).to(DEV, dtype)
+    torch.testing.assert_close(gemv(x, w), F.linear(x, w), **TOL[dtype])
+    torch.testing.assert_close(gemv(x, w, bias, config=(4, 256, 4, 2)), F.linear(x, w, bias), **TOL[dtype])
+    gu = torch.randn(1, 2 * k, generator=g).to(DEV, dtype)
+    torch.testing.assert_close(gemv(gu, w, silu_mul=True), F.linear(silu_mul(gu), w), **TOL[dtype])
+    for config in ((4, 256, 4, 2), (16, 512, 4, 3)):
+        logits, greedy = gemv_argmax(x, w, config)
+        torch.testing.assert_close(logits, F.linear(x, w), **TOL[dtype])
+        assert greedy.dtype == torch.int64 and int(greedy) == int(logits.argmax()), (greedy, logits.argmax())
+    # ties inside one program (77, 78) and across programs: the first index wins, as in torch.argmax
+    xt = torch.zeros(1, k, dtype=dtype, device=DEV)
+    xt[0, 5] = 5.0
+    wt = torch.zeros(3000, k, dtype=dtype, device=DEV)
+    wt[[1234, 78, 77, 2999], 5] = 1.0
+    _, greedy = gemv_argmax(xt, wt, (4, 256, 4, 2))
+    assert int(greedy) == 77 == int(F.linear(xt, wt).argmax())
+    # the partials' reduction over several chunks of lanes (the 128k-vocabulary case), ties included
+    maxes = torch.randn(100, generator=g).to(DEV)
+    maxes[[13, 61, 97]] = 9.0
+    args = torch.arange(100, device=DEV, dtype=torch.int64) * 4 + 1
+    out = torch.empty(1, dtype=torch.int64, device=DEV)
+    _argmax_partials_kernel[(1,)](maxes, args, out, 100, BLOCK=16)
+    assert int(out) == 13 * 4 + 1
 
 
 def check_decode_attention(dtype: torch.dtype, g: torch.Generator, bs: int = 16) -> None:
@@ -85,7 +151,9 @@ gen = torch.Generator().manual_seed(0)
 for dt in DTYPES:
     check_add_rmsnorm(dt, gen)
     check_rotary_kv(dt, gen)
+    check_rotary_kv(dt, gen, qk_norm=True)
     check_silu_mul(dt, gen)
+    check_gemv(dt, gen)
     check_decode_attention(dt, gen)
 check_decode_attention(torch.float32, gen, bs=24)  # a block size that is no power of two
 print("ok")

@@ -16,24 +16,41 @@ SHAPES: dict[str, dict[str, Any]] = {
     "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                       num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0,
                       max_position_embeddings=8192, tie_word_embeddings=False),
+    # Qwen3-0.6B (q/k norm, head_dim 128 != hidden / heads)
+    "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128, vocab_size=151936, rope_theta=1000000.0,
+                       max_position_embeddings=40960, tie_word_embeddings=True, rms_norm_eps=1e-6,
+                       model_type="qwen3", architectures=["Qwen3ForCausalLM"]),
     # small enough for float32 parity tests in seconds, with GQA groups of 4 and head_dim 64
     "test-small": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=3, num_attention_heads=4,
                        num_key_value_heads=1, vocab_size=1024, rope_theta=10000.0,
                        max_position_embeddings=1024, tie_word_embeddings=False),
+    # the same with Qwen3's q/k norm and a head_dim that is not hidden / heads
+    "test-small-qwen3": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=3, num_attention_heads=4,
+                             num_key_value_heads=2, head_dim=32, vocab_size=1024, rope_theta=1000000.0,
+                             max_position_embeddings=1024, tie_word_embeddings=True, rms_norm_eps=1e-6,
+                             model_type="qwen3", architectures=["Qwen3ForCausalLM"]),
 }
 
 
 def write_shape_dir(path: str, shape: str) -> str:
     """Write ``config.json`` and a tokenizer for ``shape`` into ``path``; returns ``path``."""
-    from tokenizers import Tokenizer, models
-    from transformers import PreTrainedTokenizerFast
 
-    cfg = dict(SHAPES[shape], architectures=["LlamaForCausalLM"], model_type="llama", rms_norm_eps=1e-5,
-               bos_token_id=1, eos_token_id=2, hidden_act="silu", torch_dtype="bfloat16")
+    cfg = dict(architectures=["LlamaForCausalLM"], model_type="llama", rms_norm_eps=1e-5, bos_token_id=1,
+               eos_token_id=2, hidden_act="silu", torch_dtype="bfloat16")
+    cfg.update(SHAPES[shape])
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(cfg, f)
-    vocab = {f"t{i}": i for i in range(cfg["vocab_size"])}
+    write_tokenizer(path, cfg["vocab_size"])
+    return path
+
+
+def write_tokenizer(path: str, vocab_size: int) -> None:
+    """A word-level tokenizer over ``vocab_size`` tokens ("t0".."tN"), saved into ``path``."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"t{i}": i for i in range(vocab_size)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
     PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", bos_token="t1", eos_token="t2").save_pretrained(path)
-    return path

@@ -1,6 +1,7 @@
 """Decode steps replayed from CUDA graphs give the eager path's greedy tokens (float32, TF32 off),
-while the batch grows and shrinks across graph paddings; GraphTimer regions inside the graphs
-add up to the replay time. Skipped without a CUDA device."""
+while the batch grows and shrinks across graph paddings (Llama and Qwen3 shapes); bf16 greedy
+tokens match transformers; GraphTimer regions inside the graphs add up to the replay time, also in
+cuBLAS graphs whose edges carry data. Skipped without a CUDA device."""
 
 from __future__ import annotations
 
@@ -34,9 +35,11 @@ def _llm(shape_dir, **kw):
               max_num_seqs=32, max_num_batched_tokens=128, **kw)
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():  # livelier than the dummy init: distinct greedy tokens
-        for p in llm.runner.model.parameters():
+        for name, p in llm.runner.model.named_parameters():
             if p.dim() == 2:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.08)
+            elif name.endswith(("q_norm.weight", "k_norm.weight")):  # Qwen3: weights that matter
+                p.copy_(torch.rand(p.shape, generator=gen) + 0.5)
     return llm
 
 
@@ -93,6 +96,59 @@ def test_graph_decode_matches_eager_greedy(shape_dir):
     assert same_fused == len(eager)
 
 
+def test_qwen3_graph_decode_matches_eager_greedy(tmp_path):
+    """Qwen3's q/k norm inside the fused rotary kernel: the replayed decode graphs give the eager
+    path's greedy tokens (float32, TF32 off) across paddings, arrivals and aborts."""
+    from gpu_shapes import write_shape_dir
+
+    qwen3_dir = write_shape_dir(str(tmp_path), "test-small-qwen3")
+    eager, _ = _scenario(_llm(qwen3_dir, enforce_eager=True))
+    llm = _llm(qwen3_dir)
+    assert llm.runner.model.config.qk_norm and llm.runner.graphs is not None
+    fused, rows = _scenario(llm)
+    same = sum(fused[r] == eager[r] for r in eager)
+    print(f"qwen3 graphs (fused kernels) identical to eager: {same}/{len(eager)}; rows {sorted(rows)}")
+    assert set(fused) == set(eager) and same == len(eager)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_bf16_greedy_matches_transformers(tmp_path, arch):
+    """bf16 on the GPU, graphs on: the first 16 greedy tokens of a mixed batch (chunked prefill
+    next to decodes, prompts of 3..70 tokens) equal transformers' greedy ``generate`` of each
+    prompt alone. Where a token differs, transformers' top-2 logits must be a bf16 near-tie
+    (gap < 0.1) at that step; the sequence is compared up to there."""
+    from deepinfer import LLM, SamplingParams
+    from gpu_shapes import write_tokenizer
+    from tiny_models import save_tiny_model
+
+    hf = save_tiny_model(str(tmp_path), arch).to("cuda", torch.bfloat16)
+    write_tokenizer(str(tmp_path), hf.config.vocab_size)  # the tiny model folder has none
+    llm = LLM(str(tmp_path), device="cuda", dtype="bfloat16", max_model_len=128, num_kv_blocks=64,
+              max_num_seqs=8, max_num_batched_tokens=32)
+    assert llm.runner.graphs is not None
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(3, 300, n).tolist() for n in (3, 70, 17, 9, 40, 5)]
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True), use_tqdm=False)
+    identical, near_ties = 0, 0
+    for prompt, out in zip(prompts, outs, strict=True):
+        ours = list(out.outputs[0].token_ids)
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=16, min_new_tokens=16,
+                              do_sample=False, output_scores=True, return_dict_in_generate=True, pad_token_id=0)
+        theirs = ref.sequences[0, len(prompt):].tolist()
+        if ours == theirs:
+            identical += 1
+            continue
+        j = next(i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != b)
+        top2 = ref.scores[j][0].float().topk(2).values
+        gap = float(top2[0] - top2[1])
+        print(f"prompt of {len(prompt)}: first difference at token {j}, transformers' top-2 gap {gap:.4f}")
+        assert gap < 0.1, (ours, theirs)
+        near_ties += 1
+    print(f"{arch} bf16: {identical}/{len(prompts)} identical over 16 tokens, {near_ties} differ after a near-tie")
+    assert identical >= len(prompts) - 2
+
+
 def test_fused_kernels_on_gpu():
     out = subprocess.run([sys.executable, os.path.join(HERE, "fused_kernels_check.py"), "cuda"],
                          capture_output=True, text=True, timeout=600)
@@ -110,12 +166,12 @@ def test_graph_timer_regions_add_up_to_the_replay(shape_dir):
     llm.generate([[5, 6, 7]] * 8, SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
     timer = graphs.timer
     timer.enable()
-    graph = graphs._graphs[8][0]
+    graph, handle = graphs._graphs[8][0], graphs.handles[8]
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     replay_ms = []
     for _ in range(50):
         start.record()
-        timer.replay(graph)
+        timer.replay(handle, stream=torch.cuda.current_stream())
         end.record()
         end.synchronize()
         replay_ms.append(start.elapsed_time(end))
@@ -131,10 +187,55 @@ def test_graph_timer_regions_add_up_to_the_replay(shape_dir):
     timer.disable()
     start.record()
     for _ in range(50):
-        graph.replay()  # disabled: no timer nodes in the executable graph
+        graph.replay()  # torch's executable graph: made without the timer nodes
     end.record()
     end.synchronize()
     print(f"replay with the timer off: {start.elapsed_time(end) / 50:.4f} ms")
+
+
+def test_graph_timer_takes_cublas_graphs_with_data_edges():
+    """bf16 one-row GEMMs of the Llama-3-8B shape: on Hopper cuBLAS launches them with programmatic
+    dependent launch, whose graph edges carry data. The timer attaches, times, and its regions
+    come out of the graph and back without changing what the graph computes."""
+    pytest.importorskip("deepinfer_graph_timer", reason="deepinfer-graph-timer is not installed")
+    try:
+        import deepinfer._C.graph_timer as gt
+    except ImportError as exc:
+        pytest.skip(f"no graph-timer backend: {exc}")
+    from deepinfer_graph_timer import GraphTimer
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16, generator=g)
+    w1 = torch.randn(14336, 4096, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
+    w2 = torch.randn(4096, 14336, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
+    x @ w1.T @ w2.T  # cuBLAS set up outside the capture
+    torch.cuda.synchronize()
+    timer = GraphTimer(gt, enabled=False)
+    graph = torch.cuda.CUDAGraph(keep_graph=True)
+    with torch.cuda.graph(graph):
+        with timer.region("graph"):
+            with timer.region("up"):
+                h = torch.nn.functional.linear(x, w1)
+            with timer.region("down"):
+                y = torch.nn.functional.linear(h, w2)
+    handle = timer.attach(gt.GraphHandle(int(graph.raw_cuda_graph())))
+    graph.instantiate()
+    graph.replay()
+    expect = y.clone()
+    timer.enable()
+    for _ in range(20):
+        timer.replay(handle, stream=torch.cuda.current_stream())
+    torch.testing.assert_close(y, expect, atol=0, rtol=0)
+    stats = timer.to_dict()
+    inner = stats["up"]["mean_ms"] + stats["down"]["mean_ms"]
+    print(f"cuBLAS graph regions: up {stats['up']['mean_ms']:.4f} ms, down {stats['down']['mean_ms']:.4f} ms, "
+          f"graph {stats['graph']['mean_ms']:.4f} ms")
+    assert stats["up"]["count"] == 20 and stats["up"]["mean_ms"] > 0 and stats["down"]["mean_ms"] > 0
+    assert abs(inner - stats["graph"]["mean_ms"]) <= max(0.10 * stats["graph"]["mean_ms"], 0.020)
+    timer.disable()
+    y.zero_()
+    graph.replay()
+    torch.testing.assert_close(y, expect, atol=0, rtol=0)
 
 
 FAULT_SCRIPT = r'''
@@ -168,3 +269,34 @@ def test_a_fault_inside_a_replayed_graph_raises(shape_dir):
     print(out.stdout.strip())
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     assert "raised RuntimeError" in out.stdout
+
+
+def test_a_failed_replay_fails_its_step_and_the_engine_goes_on(shape_dir):
+    """An exception raised in the replay path (after earlier replays of the same requests) fails
+    that step's requests only: ``generate`` raises it, nothing stays scheduled, and later requests
+    replay the graphs again and give the eager path's greedy tokens."""
+    from deepinfer import SamplingParams
+
+    llm = _llm(shape_dir)
+    graphs = llm.runner.graphs
+    inner = graphs.replay
+    calls = {"n": 0}
+
+    def flaky(rows):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("injected replay failure")
+        return inner(rows)
+
+    graphs.replay = flaky
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    with pytest.raises(RuntimeError, match="injected replay failure"):
+        llm.generate([[5, 6, 7], [9, 10], [11, 12, 13, 14]], params, use_tqdm=False)
+    assert not llm.engine.has_unfinished()
+    replays = graphs.num_replays
+    prompts = [[5, 6, 7], [9, 10], [21, 22, 23, 24, 25]]
+    after = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert graphs.num_replays >= replays + 10
+    eager = _llm(shape_dir, enforce_eager=True)
+    expect = [list(o.outputs[0].token_ids) for o in eager.generate(prompts, params, use_tqdm=False)]
+    assert after == expect

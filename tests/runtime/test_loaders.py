@@ -1,4 +1,5 @@
-"""Model loading: HF directories (Llama, Qwen2 with qkv bias) match transformers; bad paths and files fail clearly."""
+"""Model loading: HF directories (Llama, Qwen2 with qkv bias, Qwen3 with q/k norm) match transformers; bad paths
+and files fail clearly."""
 
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ from deepinfer.runtime.model_runner import ModelRunner
 from tiny_models import save_tiny_model
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_hf_directory_logits_equal_transformers(tmp_path, arch):
     hf = save_tiny_model(tmp_path, arch)
     loaded = load_model(str(tmp_path), device=torch.device("cpu"), dtype=torch.float32)
     assert loaded.config.attention_bias == (arch == "qwen2")
+    assert loaded.config.qk_norm == (arch == "qwen3")
     runner = ModelRunner(loaded, num_blocks=8, block_size=4, device=torch.device("cpu"), dtype=torch.float32)
     prompt = [5, 17, 33, 2, 99, 140, 7, 8, 250, 3, 11]
     n = len(prompt)

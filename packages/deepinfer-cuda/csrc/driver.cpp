@@ -92,6 +92,12 @@ DriverApi load_driver() {
   DEEPINFER_RESOLVE(cuGraphExecDestroy);
   DEEPINFER_RESOLVE(cuGraphLaunch);
 #undef DEEPINFER_RESOLVE
+  resolve(get, "cuGraphGetEdges", api.cuGraphGetEdgesWithData, kOptionalAbiVersion, false);
+  resolve(get, "cuGraphNodeGetDependencies", api.cuGraphNodeGetDependenciesWithData, kOptionalAbiVersion, false);
+  resolve(get, "cuGraphNodeGetDependentNodes", api.cuGraphNodeGetDependentNodesWithData, kOptionalAbiVersion,
+          false);
+  resolve(get, "cuGraphAddDependencies", api.cuGraphAddDependenciesWithData, kOptionalAbiVersion, false);
+  resolve(get, "cuGraphRemoveDependencies", api.cuGraphRemoveDependenciesWithData, kOptionalAbiVersion, false);
   resolve(get, "cuFuncGetName", api.cuFuncGetName, kOptionalAbiVersion, false);
   resolve(get, "cuKernelGetName", api.cuKernelGetName, kOptionalAbiVersion, false);
 

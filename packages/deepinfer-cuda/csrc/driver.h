@@ -60,6 +60,17 @@ struct DriverApi {
   CUresult (*cuGraphInstantiateWithFlags)(CUgraphExec*, CUgraph, unsigned long long);
   CUresult (*cuGraphExecDestroy)(CUgraphExec);
   CUresult (*cuGraphLaunch)(CUgraphExec, CUstream);
+  // Optional (CUDA 12.3+): the edge-data forms of the graph-edge calls (requested at the 12.3
+  // ABI, where the driver gives its *_v2 entry points). Graphs whose edges carry data
+  // (programmatic dependent launch, e.g. cuBLAS kernels on Hopper) can only be read and
+  // edited through these; null when the driver is older.
+  CUresult (*cuGraphGetEdgesWithData)(CUgraph, CUgraphNode*, CUgraphNode*, CUgraphEdgeData*, size_t*);
+  CUresult (*cuGraphNodeGetDependenciesWithData)(CUgraphNode, CUgraphNode*, CUgraphEdgeData*, size_t*);
+  CUresult (*cuGraphNodeGetDependentNodesWithData)(CUgraphNode, CUgraphNode*, CUgraphEdgeData*, size_t*);
+  CUresult (*cuGraphAddDependenciesWithData)(CUgraph, const CUgraphNode*, const CUgraphNode*,
+                                             const CUgraphEdgeData*, size_t);
+  CUresult (*cuGraphRemoveDependenciesWithData)(CUgraph, const CUgraphNode*, const CUgraphNode*,
+                                                const CUgraphEdgeData*, size_t);
   // Optional (CUDA 12.3+): kernel names for GraphHandle.kernel_names(); null when absent.
   CUresult (*cuFuncGetName)(const char**, CUfunction);
   CUresult (*cuKernelGetName)(const char**, CUkernel);

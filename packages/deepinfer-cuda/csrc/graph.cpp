@@ -50,6 +50,47 @@ const char* node_type_name(CUgraphNodeType type) {
   }
 }
 
+// A dependency edge with its data (ports and type; all zero for a plain full dependency).
+struct Edge {
+  CUgraphNode from;
+  CUgraphNode to;
+  CUgraphEdgeData data;
+};
+
+CUgraphEdgeData plain_edge() {
+  CUgraphEdgeData d{};
+  return d;
+}
+
+bool is_plain(const CUgraphEdgeData& d) {
+  return d.from_port == 0 && d.to_port == 0 && d.type == CU_GRAPH_DEPENDENCY_TYPE_DEFAULT;
+}
+
+const char* kNeedsEdgeData =
+    "the graph has edges with edge data (programmatic dependent launch, e.g. cuBLAS kernels on Hopper); "
+    "reading them needs a CUDA 12.3 or newer driver";
+
+// Reads a list whose length is unknown up front: `query(buffers..., &n)` with a growing
+// capacity until the driver returns fewer entries than asked for. (The count-only form of the
+// edge queries, all buffers NULL, is refused as lossy when edges carry data.)
+template <typename Query>
+std::vector<Edge> read_edges(Query query, const char* call) {
+  for (size_t capacity = 64;; capacity *= 4) {
+    std::vector<CUgraphNode> from(capacity), to(capacity);
+    std::vector<CUgraphEdgeData> data(capacity);
+    size_t n = capacity;
+    CUresult rc = query(from.data(), to.data(), data.data(), &n);
+    if (rc == CUDA_ERROR_LOSSY_QUERY) throw std::runtime_error(kNeedsEdgeData);
+    check(rc, call);
+    if (n < capacity) {
+      std::vector<Edge> edges;
+      edges.reserve(n);
+      for (size_t i = 0; i < n; ++i) edges.push_back({from[i], to[i], data[i]});
+      return edges;
+    }
+  }
+}
+
 // One timer node. `node` is null while timing is disabled (the node is out of the graph).
 struct TimerNode {
   CUgraphNode node = nullptr;
@@ -63,6 +104,7 @@ struct SavedEdge {
   // An endpoint is a timer (index >= 0) or a plain node (index < 0, node set).
   int from_timer, to_timer;
   CUgraphNode from_node, to_node;
+  CUgraphEdgeData data;
 };
 
 struct GraphState {
@@ -142,20 +184,58 @@ struct GraphState {
     return nodes;
   }
 
-  std::vector<std::pair<CUgraphNode, CUgraphNode>> all_edges() {
-    size_t n = 0;
-    CUresult rc = driver().cuGraphGetEdges(graph, nullptr, nullptr, &n);
-    if (rc == CUDA_ERROR_LOSSY_QUERY) {
-      throw std::runtime_error("the graph has edges with edge data (programmatic dependent launch), which "
-                               "the graph timer does not handle");
+  // Every edge with its data (through the CUDA 12.3 edge-data entry points when the driver has
+  // them; an older driver can only read graphs whose edges are all plain).
+  std::vector<Edge> all_edges() {
+    const DriverApi& api = driver();
+    if (api.cuGraphGetEdgesWithData != nullptr) {
+      return read_edges(
+          [&](CUgraphNode* f, CUgraphNode* t, CUgraphEdgeData* d, size_t* n) {
+            return api.cuGraphGetEdgesWithData(graph, f, t, d, n);
+          },
+          "cuGraphGetEdges");
     }
-    check(rc, "cuGraphGetEdges");
-    std::vector<CUgraphNode> from(n), to(n);
-    if (n > 0) check(driver().cuGraphGetEdges(graph, from.data(), to.data(), &n), "cuGraphGetEdges");
-    std::vector<std::pair<CUgraphNode, CUgraphNode>> edges;
-    edges.reserve(n);
-    for (size_t i = 0; i < n; ++i) edges.emplace_back(from[i], to[i]);
+    return read_edges(
+        [&](CUgraphNode* f, CUgraphNode* t, CUgraphEdgeData*, size_t* n) { return api.cuGraphGetEdges(graph, f, t, n); },
+        "cuGraphGetEdges");
+  }
+
+  // The edges into (dependencies) or out of `node`, with their data.
+  std::vector<Edge> node_edges(CUgraphNode node, bool dependencies) {
+    const DriverApi& api = driver();
+    auto with_data = dependencies ? api.cuGraphNodeGetDependenciesWithData : api.cuGraphNodeGetDependentNodesWithData;
+    auto plain = dependencies ? api.cuGraphNodeGetDependencies : api.cuGraphNodeGetDependentNodes;
+    std::vector<Edge> edges = read_edges(
+        [&](CUgraphNode* f, CUgraphNode*, CUgraphEdgeData* d, size_t* n) {
+          return with_data != nullptr ? with_data(node, f, d, n) : plain(node, f, n);
+        },
+        dependencies ? "cuGraphNodeGetDependencies" : "cuGraphNodeGetDependentNodes");
+    for (Edge& e : edges) {  // read_edges filled `from` with the neighbour
+      CUgraphNode other = e.from;
+      e.from = dependencies ? other : node;
+      e.to = dependencies ? node : other;
+      if (with_data == nullptr) e.data = plain_edge();
+    }
     return edges;
+  }
+
+  void add_edge(CUgraphNode from, CUgraphNode to, const CUgraphEdgeData& data) {
+    const DriverApi& api = driver();
+    if (api.cuGraphAddDependenciesWithData != nullptr) {
+      check(api.cuGraphAddDependenciesWithData(graph, &from, &to, &data, 1), "cuGraphAddDependencies");
+    } else {
+      if (!is_plain(data)) throw std::runtime_error(kNeedsEdgeData);
+      check(api.cuGraphAddDependencies(graph, &from, &to, 1), "cuGraphAddDependencies");
+    }
+  }
+
+  void remove_edge(CUgraphNode from, CUgraphNode to, const CUgraphEdgeData& data) {
+    const DriverApi& api = driver();
+    if (api.cuGraphRemoveDependenciesWithData != nullptr) {
+      check(api.cuGraphRemoveDependenciesWithData(graph, &from, &to, &data, 1), "cuGraphRemoveDependencies");
+    } else {
+      check(api.cuGraphRemoveDependencies(graph, &from, &to, 1), "cuGraphRemoveDependencies");
+    }
   }
 
   // Kahn's algorithm; ties broken by the driver's node order (capture order).
@@ -165,9 +245,9 @@ struct GraphState {
     for (size_t i = 0; i < nodes.size(); ++i) index[nodes[i]] = i;
     std::vector<std::vector<size_t>> out(nodes.size());
     std::vector<size_t> indegree(nodes.size(), 0);
-    for (auto& [a, b] : all_edges()) {
-      out[index.at(a)].push_back(index.at(b));
-      indegree[index.at(b)] += 1;
+    for (const Edge& e : all_edges()) {
+      out[index.at(e.from)].push_back(index.at(e.to));
+      indegree[index.at(e.to)] += 1;
     }
     std::set<size_t> ready;
     for (size_t i = 0; i < nodes.size(); ++i)
@@ -226,9 +306,7 @@ struct GraphState {
     check(driver().cuGraphAddEventRecordNode(&timer->node, graph, dependencies.data(), dependencies.size(),
                                              event->event()),
           "cuGraphAddEventRecordNode");
-    for (CUgraphNode d : dependents) {
-      check(driver().cuGraphAddDependencies(graph, &timer->node, &d, 1), "cuGraphAddDependencies");
-    }
+    for (CUgraphNode d : dependents) add_edge(timer->node, d, plain_edge());
     keep(event);
     timers.push_back(timer);
     modified = true;
@@ -254,21 +332,23 @@ struct GraphState {
   void disable_timing() {
     std::unordered_map<CUgraphNode, int> timer_index;
     for (size_t i = 0; i < timers.size(); ++i) timer_index[timers[i]->node] = static_cast<int>(i);
-    auto edges = all_edges();
-    std::set<std::pair<CUgraphNode, CUgraphNode>> existing(edges.begin(), edges.end());
+    std::vector<Edge> edges = all_edges();
+    std::set<std::pair<CUgraphNode, CUgraphNode>> existing;
     std::unordered_map<CUgraphNode, std::vector<CUgraphNode>> successors;
     saved_edges.clear();
-    for (auto& [a, b] : edges) {
-      successors[a].push_back(b);
-      auto ia = timer_index.find(a), ib = timer_index.find(b);
+    for (const Edge& e : edges) {
+      existing.insert({e.from, e.to});
+      successors[e.from].push_back(e.to);
+      auto ia = timer_index.find(e.from), ib = timer_index.find(e.to);
       if (ia == timer_index.end() && ib == timer_index.end()) continue;
       saved_edges.push_back({ia == timer_index.end() ? -1 : ia->second, ib == timer_index.end() ? -1 : ib->second,
-                             a, b});
+                             e.from, e.to, e.data});
     }
     // Keep the ordering the timers carried: each plain node that fed a timer now feeds
     // the plain nodes reachable through timers only.
     added_edges.clear();
-    for (auto& [a, b] : edges) {
+    for (const Edge& e : edges) {
+      CUgraphNode a = e.from, b = e.to;
       if (timer_index.count(a) || !timer_index.count(b)) continue;
       std::vector<CUgraphNode> stack{b};
       std::set<CUgraphNode> seen{b};
@@ -290,15 +370,14 @@ struct GraphState {
       check(driver().cuGraphDestroyNode(timer->node), "cuGraphDestroyNode");
       timer->node = nullptr;
     }
-    for (auto& [a, b] : added_edges) check(driver().cuGraphAddDependencies(graph, &a, &b, 1), "cuGraphAddDependencies");
+    for (auto& [a, b] : added_edges) add_edge(a, b, plain_edge());
     timing_enabled = false;
     modified = true;
     record_index_valid = false;
   }
 
   void enable_timing() {
-    for (auto& [a, b] : added_edges)
-      check(driver().cuGraphRemoveDependencies(graph, &a, &b, 1), "cuGraphRemoveDependencies");
+    for (auto& [a, b] : added_edges) remove_edge(a, b, plain_edge());
     added_edges.clear();
     for (auto& timer : timers) {
       check(driver().cuGraphAddEventRecordNode(&timer->node, graph, nullptr, 0, timer->graph_event->event()),
@@ -308,7 +387,7 @@ struct GraphState {
     for (const SavedEdge& e : saved_edges) {
       CUgraphNode a = e.from_timer >= 0 ? timers[e.from_timer]->node : e.from_node;
       CUgraphNode b = e.to_timer >= 0 ? timers[e.to_timer]->node : e.to_node;
-      check(driver().cuGraphAddDependencies(graph, &a, &b, 1), "cuGraphAddDependencies");
+      add_edge(a, b, e.data);
     }
     saved_edges.clear();
     timing_enabled = true;
@@ -601,12 +680,8 @@ class GraphHandle {
 
  private:
   std::vector<CUgraphNode> neighbours(CUgraphNode node, bool dependencies) {
-    auto fn = dependencies ? driver().cuGraphNodeGetDependencies : driver().cuGraphNodeGetDependentNodes;
-    size_t n = 0;
-    check(fn(node, nullptr, &n), "cuGraphNodeGetDependencies");
-    std::vector<CUgraphNode> out(n);
-    if (n > 0) check(fn(node, out.data(), &n), "cuGraphNodeGetDependencies");
-    out.resize(n);
+    std::vector<CUgraphNode> out;
+    for (const Edge& e : state_->node_edges(node, dependencies)) out.push_back(dependencies ? e.from : e.to);
     return out;
   }
 

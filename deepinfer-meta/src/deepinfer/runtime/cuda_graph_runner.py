@@ -8,10 +8,13 @@ the engine's pinned input buffers (``StepBuffers``) and one graph launch.
 
 Each graph is wrapped in the backend's ``graph_timer.GraphHandle`` through a ``GraphTimer``
 with named regions: ``graph`` (the whole replay) and inside it embed, attention and mlp (once per
-layer), final_norm, lm_head and sampler. The timer starts
-disabled: its nodes are out of the executable graphs, so replays cost what an untimed graph
-costs; ``timer.enable()`` puts them back (no recapture). Without a usable backend (or the
-deepinfer-graph-timer wheel) graphs are captured without regions and ``timer`` is None.
+layer), final_norm, lm_head and sampler. Every graph has two executable forms: torch's, made
+from the graph with the timer nodes taken out, and the handle's, with them. Replays run torch's
+(exactly an untimed graph); while the timer is enabled one replay in ``timed_replay_every``
+runs the handle's instead, so timing costs that replay's event records and bookkeeping spread
+over ``timed_replay_every`` steps. ``timer.enable()`` / ``disable()`` switch it (no recapture).
+Without a usable backend (or the deepinfer-graph-timer wheel) graphs are captured without
+regions and ``timer`` is None.
 
 Prefill and mixed steps stay eager; so do decode steps whose padded size has no graph.
 """
@@ -32,6 +35,11 @@ from deepinfer.runtime.step_buffers import StepBuffers
 
 if TYPE_CHECKING:
     from deepinfer.runtime.model_runner import ModelRunner
+
+
+# The LM head + argmax of a one-row graph (kernels/gemv.py; tile picked on the H200, where it read a
+# 128k-vocabulary head at cuBLAS's rate and saved torch's separate argmax pass).
+LM_HEAD_GEMV_CONFIG = (4, 512, 4, 4)
 
 
 def default_graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -76,6 +84,8 @@ class CudaGraphRunner:
         self.device_bytes = torch.zeros(buffers.nbytes, dtype=torch.uint8, device=runner.device)
         self.views = buffers.device_views(self.device_bytes)
         self._graphs: dict[int, tuple[Any, torch.Tensor, torch.Tensor]] = {}
+        self.handles: dict[int, Any] = {}  # batch size -> the timer's GraphHandle (timer nodes in)
+        self.timed_replay_every = 32
         self.num_replays = 0
         self._capturing = False
         self._metas: dict[int, AttentionMetadata] = {}
@@ -118,10 +128,15 @@ class CudaGraphRunner:
             meta.slot_mapping = torch.where(slots < 0, torch.full_like(slots, r.scratch_slot), slots)
             with self._region("model"):
                 hidden = model(ids.long(), pos.long(), r.kv_caches, meta, r.attention)
+        w = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
+        if self.fused and b == 1 and w.stride(1) == 1:
+            from deepinfer.runtime.kernels.gemv import gemv_argmax
+
+            with self._region("lm_head"):  # the argmax is folded into the LM head's kernels
+                return gemv_argmax(hidden, w, LM_HEAD_GEMV_CONFIG)
         with self._region("lm_head"):
             # logits in the model's dtype: the sampler casts the rows it uses to float32, and
             # the argmax of bf16 logits is the argmax of their float32 copy
-            w = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
             logits = F.linear(hidden, w)
         with self._region("sampler"):
             greedy = logits.argmax(dim=-1)
@@ -150,9 +165,11 @@ class CudaGraphRunner:
     def capture(self) -> None:
         """Warm up and capture every batch size (largest first, sharing one memory pool).
 
-        When the timer cannot take a graph (the backend's GraphHandle refuses graphs whose
-        edges carry data, e.g. cuBLAS kernels with programmatic dependent launch), a warning
-        says so and every size is captured again without timer regions."""
+        When the timer cannot take a graph (a driver older than CUDA 12.3 cannot read graphs
+        whose edges carry data, e.g. cuBLAS kernels with programmatic dependent launch), a
+        warning says so and every size is captured again without timer regions."""
+        if self.timer is not None and self.timer.enabled:
+            raise ValueError("capture the decode graphs with the GraphTimer disabled (enable it afterwards)")
         try:
             self._capture_all()
         except _TimerRefused as exc:
@@ -160,6 +177,7 @@ class CudaGraphRunner:
                           f"decode graph ({exc.__cause__})", RuntimeWarning, stacklevel=2)
             self.timer = None
             self._graphs.clear()
+            self.handles.clear()
             self._capture_all()
 
     def _capture_all(self) -> None:
@@ -194,9 +212,15 @@ class CudaGraphRunner:
                 self._capturing = False
             if self.timer is not None:
                 try:
-                    self.timer.attach(graph)
+                    # the handle's own executable graph holds the timer nodes; torch's is
+                    # instantiated after attach() took them out of the graph
+                    dev = self.runner.device
+                    index = torch.cuda.current_device() if dev.index is None else dev.index
+                    handle = self.timer.graph_timer.GraphHandle(int(graph.raw_cuda_graph()), device=index)
+                    self.handles[b] = self.timer.attach(handle)
                 except (RuntimeError, ValueError) as exc:  # the backend's CudaError is a RuntimeError
                     raise _TimerRefused() from exc
+                graph.instantiate()
             self._graphs[b] = (graph, logits, greedy)
         torch.cuda.synchronize(self.runner.device)
 
@@ -213,8 +237,8 @@ class CudaGraphRunner:
         graph, logits, greedy = self._graphs[rows]
         n = self.buffers.bytes_for_batch(rows)
         self.device_bytes[:n].copy_(self.buffers.host[:n], non_blocking=True)
-        if self.timer is not None and self.timer.enabled:
-            self.timer.replay(graph)
+        if self.timer is not None and self.timer.enabled and self.num_replays % self.timed_replay_every == 0:
+            self.timer.replay(self.handles[rows], stream=torch.cuda.current_stream(self.runner.device))
         else:
             graph.replay()
         self.num_replays += 1

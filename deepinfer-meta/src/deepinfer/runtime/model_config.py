@@ -73,10 +73,13 @@ def check_rope_scaling(name: str, sc: Any) -> dict[str, Any] | None:
         raise ValueError(f"{name}: high_freq_factor must be > low_freq_factor, got {dict(sc)!r}")
     return dict(sc)
 
+_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
+_HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
 
 @dataclass
 class ModelConfig:
-    """Shape and hyper-parameters of a Llama-family decoder (Llama 2/3, SmolLM2, Qwen2)."""
+    """Shape and hyper-parameters of a Llama-family decoder (Llama 2/3, SmolLM2, Qwen2, Qwen3)."""
 
     vocab_size: int
     hidden_size: int
@@ -91,6 +94,7 @@ class ModelConfig:
     max_position_embeddings: int = 4096
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # Qwen2: q/k/v projections carry a bias
+    qk_norm: bool = False  # Qwen3: per-head RMSNorm of q and k before rotary
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
     architecture: str = "llama"
@@ -109,23 +113,24 @@ class ModelConfig:
         self.rope_scaling = check_rope_scaling("rope_scaling", self.rope_scaling)
         _bool_field("tie_word_embeddings", self.tie_word_embeddings)
         _bool_field("attention_bias", self.attention_bias)
+        _bool_field("qk_norm", self.qk_norm)
         if self.bos_token_id is not None:
             _token_id("bos_token_id", self.bos_token_id, self.vocab_size)
         for e in self.eos_token_ids:
             _token_id("eos_token_id", e, self.vocab_size)
-        if self.architecture not in ("llama", "qwen2", "mistral"):
-            raise ValueError(f"architecture {self.architecture!r} is not supported (llama, qwen2, mistral)")
+        if self.architecture not in _ARCHITECTURES:
+            raise ValueError(f"architecture {self.architecture!r} is not supported ({', '.join(_ARCHITECTURES)})")
 
     @classmethod
     def from_hf_dict(cls, cfg: Any) -> ModelConfig:
-        """Build from a Hugging Face ``config.json`` of a Llama/Qwen2/Mistral-style model.
+        """Build from a Hugging Face ``config.json`` of a Llama/Qwen2/Qwen3/Mistral-style model.
 
         ValueError naming the JSON field for a missing, mistyped, out-of-range or inconsistent one."""
         if not isinstance(cfg, dict):
             raise ValueError(f"the config must be a JSON object, got {type(cfg).__name__}")
         archs = cfg.get("architectures") or []
         model_type = cfg.get("model_type", "llama")
-        supported = {"llama", "qwen2", "mistral"}
+        supported = set(_ARCHITECTURES)
         if model_type not in supported:
             raise ValueError(
                 f"model_type {model_type!r} (architectures {archs}) is not supported; "
@@ -173,14 +178,15 @@ class ModelConfig:
             attention_bias=_bool_field("attention_bias", cfg.get("attention_bias", model_type == "qwen2")),
             bos_token_id=None if bos is None else _token_id("bos_token_id", bos, ints["vocab_size"]),
             eos_token_ids=eos_ids,
+            qk_norm=model_type == "qwen3",
             architecture=model_type,
         )
 
     def to_hf_dict(self) -> dict[str, Any]:
         """A ``config.json`` transformers can build the same architecture from (used by tests)."""
         out: dict[str, Any] = {
-            "architectures": ["Qwen2ForCausalLM" if self.architecture == "qwen2" else "LlamaForCausalLM"],
-            "model_type": "qwen2" if self.architecture == "qwen2" else "llama",
+            "architectures": [_HF_CLASSES.get(self.architecture, "LlamaForCausalLM")],
+            "model_type": self.architecture if self.architecture in _HF_CLASSES else "llama",
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
@@ -216,7 +222,8 @@ def check_tensor_shapes(cfg: ModelConfig, shapes: Mapping[str, tuple[int, ...]])
         "input_layernorm.weight": (h,), "post_attention_layernorm.weight": (h,),
         "self_attn.q_proj.weight": (q, h), "self_attn.k_proj.weight": (kv, h), "self_attn.v_proj.weight": (kv, h),
         "self_attn.o_proj.weight": (h, q), "self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,),
-        "self_attn.v_proj.bias": (kv,), "mlp.gate_proj.weight": (inter, h), "mlp.up_proj.weight": (inter, h),
+        "self_attn.v_proj.bias": (kv,), "self_attn.q_norm.weight": (cfg.head_dim,),
+        "self_attn.k_norm.weight": (cfg.head_dim,), "mlp.gate_proj.weight": (inter, h), "mlp.up_proj.weight": (inter, h),
         "mlp.down_proj.weight": (h, inter),
     }
     fields = "vocab_size, hidden_size, intermediate_size, num_attention_heads, num_key_value_heads, head_dim"

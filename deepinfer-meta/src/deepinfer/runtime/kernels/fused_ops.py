@@ -4,7 +4,8 @@ Each replaces several torch launches (and their round trips through device memor
 
 - ``add_rmsnorm``: the residual add followed by RMSNorm (two launches + a float32 copy in torch);
 - ``rotary_kv_write``: rotary embedding of the q and k heads and the store of k and v into their
-  KV-cache slots (torch: gather of the cos/sin rows, four elementwise ops, two index copies);
+  KV-cache slots (torch: gather of the cos/sin rows, four elementwise ops, two index copies), with
+  Qwen3's per-head RMSNorm of q and k first when given its weights;
 - ``silu_mul``: SiLU of the gate times the up projection.
 
 Rounding follows the torch ops of ``models/llama.py`` step by step (float32 math, a round to the
@@ -56,10 +57,10 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Te
 
 
 @triton.jit
-def _rotary_kv_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, q_out_ptr, cache_ptr,
+def _rotary_kv_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, q_out_ptr, cache_ptr, qn_ptr, kn_ptr, eps,
                       stride_qkv, stride_qo_t, stride_qo_h, stride_cos, plane, stride_slot, stride_kvh,
                       NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                      HALF_PAD: tl.constexpr):
+                      HALF_PAD: tl.constexpr, QK_NORM: tl.constexpr):
     tok = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     half: tl.constexpr = HEAD_DIM // 2
@@ -76,6 +77,16 @@ def _rotary_kv_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, q_out_ptr, c
         base = qkv_ptr + tok * stride_qkv + head * HEAD_DIM
         x1 = tl.load(base + i, mask=mask, other=0.0).to(tl.float32)
         x2 = tl.load(base + half + i, mask=mask, other=0.0).to(tl.float32)
+        if QK_NORM:  # RMSNorm of the head (as models.llama.RMSNorm rounds), then rotate
+            r = tl.math.rsqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / HEAD_DIM + eps)
+            if head < NUM_HEADS:
+                w1 = tl.load(qn_ptr + i, mask=mask, other=0.0).to(tl.float32)
+                w2 = tl.load(qn_ptr + half + i, mask=mask, other=0.0).to(tl.float32)
+            else:
+                w1 = tl.load(kn_ptr + i, mask=mask, other=0.0).to(tl.float32)
+                w2 = tl.load(kn_ptr + half + i, mask=mask, other=0.0).to(tl.float32)
+            x1 = (w1 * (x1 * r).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+            x2 = (w2 * (x2 * r).to(dt).to(tl.float32)).to(dt).to(tl.float32)
         # torch: x * cos + rotate_half(x) * sin, each product and the sum rounded to dt
         o1 = ((x1 * c1).to(dt).to(tl.float32) + (-x2 * s1).to(dt).to(tl.float32)).to(dt)
         o2 = ((x2 * c2).to(dt).to(tl.float32) + (x1 * s2).to(dt).to(tl.float32)).to(dt)
@@ -100,11 +111,12 @@ def _rotary_kv_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, q_out_ptr, c
 
 
 def rotary_kv_write(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                    slot_mapping: torch.Tensor, kv_cache: torch.Tensor, num_heads: int, num_kv_heads: int
-                    ) -> torch.Tensor:
+                    slot_mapping: torch.Tensor, kv_cache: torch.Tensor, num_heads: int, num_kv_heads: int,
+                    qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None) -> torch.Tensor:
     """Rotate the q and k heads of ``qkv`` [T, (H + 2*KVH) * D] (NEOX layout) at ``positions``, store
     k and v at ``slot_mapping`` (rows with slot < 0 store nothing) in ``kv_cache``
-    [2, blocks, block_size, KVH, D]; return the rotated q [T, H, D]."""
+    [2, blocks, block_size, KVH, D]; return the rotated q [T, H, D]. ``qk_norm`` (q weight [D],
+    k weight [D], eps): RMSNorm each q and k head before rotating it (Qwen3)."""
     t = qkv.shape[0]
     d = kv_cache.shape[-1]
     if qkv.shape[1] != (num_heads + 2 * num_kv_heads) * d or qkv.stride(1) != 1:
@@ -112,14 +124,18 @@ def rotary_kv_write(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tenso
                          f"2x{num_kv_heads} kv heads of {d}")
     if not kv_cache.is_contiguous() or cos.stride(1) != 1 or cos.stride() != sin.stride():
         raise ValueError("rotary_kv_write: kv_cache and the cos/sin tables must be contiguous")
+    if qk_norm is not None and (qk_norm[0].shape != (d,) or qk_norm[1].shape != (d,)):
+        raise ValueError(f"rotary_kv_write: the q/k norm weights must be [{d}], got {tuple(qk_norm[0].shape)} and "
+                         f"{tuple(qk_norm[1].shape)}")
+    qn, kn, eps = qk_norm if qk_norm is not None else (qkv, qkv, 0.0)
     q = torch.empty((t, num_heads, d), dtype=qkv.dtype, device=qkv.device)
     if t:
         _rotary_kv_kernel[(t, num_heads + 2 * num_kv_heads)](
-            qkv, positions, cos, sin, slot_mapping, q, kv_cache,
+            qkv, positions, cos, sin, slot_mapping, q, kv_cache, qn, kn, eps,
             qkv.stride(0), q.stride(0), q.stride(1), cos.stride(0), kv_cache.stride(0), kv_cache.stride(2),
             kv_cache.stride(3),
             NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=d, HALF_PAD=triton.next_power_of_2(d // 2),
-            num_warps=1)
+            QK_NORM=qk_norm is not None, num_warps=1)
     return q
 
 

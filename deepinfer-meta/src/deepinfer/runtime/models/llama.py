@@ -1,4 +1,5 @@
-"""The Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2 with qkv bias) over a paged KV cache.
+"""The Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2 with qkv bias, Qwen3 with q/k norm)
+over a paged KV cache.
 
 Inputs are flattened over the batch (var-len): ``input_ids`` and ``positions`` [T], plus the
 step's AttentionMetadata. Q/K/V and gate/up projections are fused into one matmul each, which
@@ -54,6 +55,9 @@ class LlamaLayer(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
         self.intermediate_size = cfg.intermediate_size
         self.scale = self.head_dim ** -0.5
+        # Qwen3: RMSNorm over each q and k head (weights of head_dim) before rotary
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
 
     def forward(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor],
                 kv_cache: torch.Tensor, meta: AttentionMetadata, attention: AttentionFn) -> torch.Tensor:
@@ -63,8 +67,10 @@ class LlamaLayer(nn.Module):
         qkv = self.qkv_proj.forward(h)
         t, qk_size = x.shape[0], self.split[0] + self.split[1]
         # q and k sit side by side in qkv: one rotation for both heads (elementwise, same values)
-        qk = RotaryEmbedding.rotate_one(cos_sin, qkv[:, :qk_size].view(t, self.num_heads + self.num_kv_heads,
-                                                                            self.head_dim))
+        qk = qkv[:, :qk_size].view(t, self.num_heads + self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            qk = torch.cat([self.q_norm(qk[:, :self.num_heads]), self.k_norm(qk[:, self.num_heads:])], dim=1)
+        qk = RotaryEmbedding.rotate_one(cos_sin, qk)
         q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
         v = qkv[:, qk_size:].view(t, self.num_kv_heads, self.head_dim)
         o = attention(q, k, v, kv_cache, meta, self.scale)
@@ -125,6 +131,9 @@ class LlamaForCausalLM(nn.Module):
             p = f"model.layers.{i}."
             slots[p + "input_layernorm.weight"] = (layer.input_layernorm.weight, full)
             slots[p + "post_attention_layernorm.weight"] = (layer.post_attention_layernorm.weight, full)
+            if layer.q_norm is not None and layer.k_norm is not None:
+                slots[p + "self_attn.q_norm.weight"] = (layer.q_norm.weight, full)
+                slots[p + "self_attn.k_norm.weight"] = (layer.k_norm.weight, full)
             q, kv = layer.split[0], layer.split[1]
             rows = {"q": slice(0, q), "k": slice(q, q + kv), "v": slice(q + kv, q + 2 * kv)}
             if isinstance(layer.qkv_proj, nn.Linear):
@@ -200,7 +209,7 @@ class LlamaForCausalLM(nn.Module):
         for name, param in self.named_parameters():
             if gen is None:
                 gen = torch.Generator(device=param.device).manual_seed(seed)
-            if name.endswith("layernorm.weight") or name == "norm.weight":
+            if name.endswith(("layernorm.weight", "_norm.weight")) or name == "norm.weight":
                 param.fill_(1.0)
             else:
                 param.copy_(torch.randn(param.shape, generator=gen, device=param.device) * 0.02)

@@ -1,7 +1,7 @@
 """The decode forward of ``LlamaForCausalLM`` on CUDA with fused Triton kernels (graph-capturable).
 
 Same math as ``LlamaForCausalLM.forward`` for one token per sequence, with the residual add
-carried into the next RMSNorm (``add_rmsnorm``), rotary + KV-cache store in one kernel, SiLU·mul
+carried into the next RMSNorm (``add_rmsnorm``), (Qwen3's q/k norm +) rotary + KV-cache store in one kernel, SiLU·mul
 in one kernel and the split-K decode attention. Every input is a device tensor, so the whole
 forward can be captured once per batch size and replayed. ``region(name)`` brackets the
 attention and MLP blocks (a GraphTimer's ``region`` during capture, or a no-op).
@@ -19,9 +19,15 @@ import torch.nn.functional as F
 
 from deepinfer.runtime.attention.triton_decode import DecodeWorkspace, decode_attention
 from deepinfer.runtime.kernels.fused_ops import add_rmsnorm, rotary_kv_write, silu_mul
+from deepinfer.runtime.kernels.gemv import gemv
 from deepinfer.runtime.models.llama import LlamaForCausalLM, LlamaLayer
 
 Region = Callable[[str], AbstractContextManager[None]]
+
+# One-row o_proj through the Triton GEMV where it beat cuBLAS on the H200 (bench/gemv_bench.py:
+# 4096x4096 bf16 in 11.0 us against 12.8 us + a split-K reduce); smaller matrices stay cuBLAS.
+GEMV_MIN_WEIGHT = 1 << 24
+O_PROJ_CONFIG = (4, 512, 4, 3)
 
 
 def no_region(name: str) -> AbstractContextManager[None]:
@@ -44,9 +50,16 @@ def fused_decode_forward(model: LlamaForCausalLM, input_ids: torch.Tensor, posit
         with region("attention"):
             h, residual = add_rmsnorm(x, residual, layer.input_layernorm.weight, layer.input_layernorm.eps)
             qkv = F.linear(h, layer.qkv_proj.weight, layer.qkv_proj.bias)
-            q = rotary_kv_write(qkv, positions, cos, sin, slot_mapping, cache, layer.num_heads, layer.num_kv_heads)
+            qk_norm = None if layer.q_norm is None or layer.k_norm is None else (
+                layer.q_norm.weight, layer.k_norm.weight, layer.q_norm.eps)
+            q = rotary_kv_write(qkv, positions, cos, sin, slot_mapping, cache, layer.num_heads, layer.num_kv_heads,
+                                qk_norm)
             o = decode_attention(q, cache, block_tables, seq_lens, layer.scale, num_splits, workspace)
-            x = F.linear(o.view(b, -1), layer.o_proj.weight)
+            w_o = layer.o_proj.weight
+            if b == 1 and w_o.numel() >= GEMV_MIN_WEIGHT and w_o.stride(1) == 1:
+                x = gemv(o.view(1, -1), w_o, config=O_PROJ_CONFIG)
+            else:
+                x = F.linear(o.view(b, -1), w_o)
         with region("mlp"):
             h, residual = add_rmsnorm(x, residual, layer.post_attention_layernorm.weight,
                                       layer.post_attention_layernorm.eps)

@@ -1,0 +1,74 @@
+"""Kernel times of one replayed decode graph (torch.profiler), bf16 random weights of a named shape.
+
+    python bench/decode_profile.py --shape llama3-8b --batch 1 --context 256
+
+Runs a short generate to fill the KV cache, then profiles ``--steps`` replays of the decode graph
+of ``--batch`` rows and prints each kernel's device time per step (grouped by kernel name), the
+sum, and the step's wall time between CUDA events.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+import tempfile
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "runtime"))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", default="llama3-8b")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--context", type=int, default=256)
+    p.add_argument("--steps", type=int, default=20)
+    args = p.parse_args()
+    import deepinfer.runtime.model_loader as ml
+    from deepinfer import LLM, SamplingParams
+    from gpu_bench import _load_on_device
+    from gpu_shapes import write_shape_dir
+
+    ml.load_model = _load_on_device  # type: ignore[assignment]
+    shape_dir = write_shape_dir(tempfile.mkdtemp(prefix="shape-"), args.shape)
+    llm = LLM(shape_dir, dtype="bfloat16", dummy_weights=True, max_num_seqs=args.batch,
+              max_model_len=args.context + 64, gpu_memory_utilization=0.85)
+    prompts = [[100 + i] * (args.context - 8) for i in range(args.batch)]
+    llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True), use_tqdm=False)
+    graphs = llm.runner.graphs
+    rows = min(b for b in graphs.batch_sizes if b >= args.batch)
+    for _ in range(5):
+        graphs.replay(rows)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(args.steps):
+        graphs.replay(rows)
+    end.record()
+    end.synchronize()
+    step_ms = start.elapsed_time(end) / args.steps
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(args.steps):
+            graphs.replay(rows)
+        torch.cuda.synchronize()
+    per_kernel: dict[str, list[float]] = collections.defaultdict(list)
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            per_kernel[ev.name].append(ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total)
+    total = sum(sum(v) for v in per_kernel.values()) / args.steps
+    print(f"== {args.shape} batch {args.batch} (graph {rows}), context {args.context}: replay {step_ms * 1000:.0f} us "
+          f"per step (CUDA events), kernels sum to {total:.0f} us per step, "
+          f"{sum(len(v) for v in per_kernel.values()) / args.steps:.0f} kernels per step")
+    for name, times in sorted(per_kernel.items(), key=lambda kv: -sum(kv[1]))[:25]:
+        print(f"  {sum(times) / args.steps:8.1f} us/step  {len(times) / args.steps:5.0f}x  "
+              f"mean {sum(times) / len(times):7.2f} us  {name[:110]}")
+
+
+if __name__ == "__main__":
+    main()
