@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from deepinfer.runtime.attention.metadata import AttentionMetadata
 from deepinfer.runtime.step_buffers import StepBuffers
@@ -121,8 +120,7 @@ class CudaGraphRunner:
         with self._region("lm_head"):
             # logits in the model's dtype: the sampler casts the rows it uses to float32, and
             # the argmax of bf16 logits is the argmax of their float32 copy
-            w = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
-            logits = F.linear(hidden, w)
+            logits = model.head_logits(hidden)
         with self._region("sampler"):
             greedy = logits.argmax(dim=-1)
         return logits, greedy

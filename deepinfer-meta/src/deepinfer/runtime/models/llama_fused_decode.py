@@ -36,7 +36,7 @@ def fused_decode_forward(model: LlamaForCausalLM, input_ids: torch.Tensor, posit
     padding: they write no KV)."""
     b = input_ids.shape[0]
     with region("embed"):
-        x = F.embedding(input_ids, model.embed_tokens.weight)
+        x = model.embed_tokens.forward(input_ids)  # a module call: the vocabulary-parallel one all-reduces
     cos, sin = model.rotary.cos, model.rotary.sin
     residual: torch.Tensor | None = None
     for module, cache in zip(model.layers, kv_caches, strict=True):
@@ -46,11 +46,11 @@ def fused_decode_forward(model: LlamaForCausalLM, input_ids: torch.Tensor, posit
             qkv = F.linear(h, layer.qkv_proj.weight, layer.qkv_proj.bias)
             q = rotary_kv_write(qkv, positions, cos, sin, slot_mapping, cache, layer.num_heads, layer.num_kv_heads)
             o = decode_attention(q, cache, block_tables, seq_lens, layer.scale, num_splits, workspace)
-            x = F.linear(o.view(b, -1), layer.o_proj.weight)
+            x = layer.o_proj.forward(o.view(b, -1))  # row-parallel under TP: all-reduces
         with region("mlp"):
             h, residual = add_rmsnorm(x, residual, layer.post_attention_layernorm.weight,
                                       layer.post_attention_layernorm.eps)
-            x = F.linear(silu_mul(F.linear(h, layer.gate_up_proj.weight)), layer.down_proj.weight)
+            x = layer.down_proj.forward(silu_mul(F.linear(h, layer.gate_up_proj.weight)))
     with region("final_norm"):
         h, _ = add_rmsnorm(x, residual, model.norm.weight, model.norm.eps)
     return h
