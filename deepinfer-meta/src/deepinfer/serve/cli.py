@@ -35,6 +35,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     m.add_argument("--cpu-kv-cache-bytes", type=int, default=None, help="CPU: KV-cache bytes (default 1 GiB)")
     m.add_argument("--seed", type=int, default=0, help="seed of requests without their own seed")
     m.add_argument("--threads", type=int, default=None, help="torch intra-op threads (CPU)")
+    m.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="split the model over N processes, one per device (CUDA: NCCL; CPU: gloo)")
     h = p.add_argument_group("HTTP")
     h.add_argument("--host", default="127.0.0.1", help="address to listen on")
     h.add_argument("--port", type=int, default=8000, help="port (0: any free port, printed at start)")
@@ -125,7 +127,7 @@ def run_serve(args: argparse.Namespace) -> int:
         llm = LLM(args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
                   max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                   gpu_memory_utilization=args.gpu_memory_utilization, cpu_kv_cache_bytes=args.cpu_kv_cache_bytes,
-                  seed=args.seed, num_threads=args.threads)
+                  seed=args.seed, num_threads=args.threads, tensor_parallel_size=args.tensor_parallel_size)
         names = args.served_model_name or [default_served_name(llm.model_path)]
         app = build_app(llm, ServeConfig(served_model_names=names, api_key=args.api_key,
                                          max_queue=args.max_queue, allowed_origins=args.allowed_origins))

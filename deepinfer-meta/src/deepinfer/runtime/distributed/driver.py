@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from deepinfer.runtime.distributed.launcher import TensorParallelError, WorkerProcesses
+from deepinfer.runtime.distributed.launcher import TensorParallelError, WorkerProcesses, stop_group
 from deepinfer.runtime.distributed.process_group import TensorParallelGroup
 from deepinfer.runtime.distributed.step_channel import (
     OP_COPY_BLOCKS,
@@ -68,7 +68,7 @@ class DriverRunner(ModelRunner):
     def _break(self, exc: BaseException | None) -> None:
         if self.workers is not None:
             err = self.workers.failure(exc)
-            self.workers.stop(timeout=0.0)
+            stop_group(self.workers)  # the rest of the ranks cannot go on without the dead one
         else:
             err = TensorParallelError(f"a tensor-parallel step failed ({type(exc).__name__}: {exc}); "
                                       "the LLM cannot run further steps")
@@ -97,10 +97,7 @@ class DriverRunner(ModelRunner):
             self.broken = TensorParallelError("the tensor-parallel LLM was closed")
         if self.workers is not None:
             self.workers.stop()
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        stop_group(None)
 
 
 class BroadcastGraphs:

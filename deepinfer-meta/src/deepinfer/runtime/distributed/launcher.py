@@ -177,6 +177,9 @@ def start_group(spec: RankSpec, cfg: Any, tp_size: int,
         raise ValueError(f"tensor_parallel_size={tp_size} differs from torchrun's WORLD_SIZE={env[1]}: "
                          "start as many processes as tensor-parallel ranks")
     check_divisible(cfg, tp_size)
+    if dist.is_initialized() and env is None:
+        raise RuntimeError("a torch.distributed process group is already active in this process (another "
+                           "tensor-parallel LLM?): close() it before starting a tensor-parallel LLM")
     spec.devices = [str(d) for d in check_devices(tp_size, device)]
     if device.type == "cpu" and spec.num_threads is None:
         # the ranks share the host's cores: give each its part instead of every core
@@ -187,7 +190,7 @@ def start_group(spec: RankSpec, cfg: Any, tp_size: int,
 
 
 def stop_group(workers: WorkerProcesses | None) -> None:
-    """Rank 0 failed while starting: end the spawned ranks and leave the process group."""
+    """End the spawned ranks (at once) and leave the process group."""
     if workers is not None:
         workers.stop(timeout=0.0)
     if dist.is_initialized():
