@@ -261,3 +261,23 @@ def test_torchrun_world_size_must_match(tmp_path, monkeypatch):
         monkeypatch.setenv(key, val)
     with pytest.raises(ValueError, match="tensor_parallel_size=2 differs from torchrun's WORLD_SIZE=4"):
         LLM(str(tmp_path), tensor_parallel_size=2, **LLM_ARGS)
+
+
+def test_generate_command_with_two_ranks_prints_what_one_rank_prints(tmp_path):
+    """``deepinfer generate --tensor-parallel-size 2`` as a user runs it: the spawned rank
+    starts under ``python -m deepinfer``, the completion equals TP=1's, and the process exits."""
+    import subprocess
+    import sys
+
+    save_tiny_model(tmp_path, "llama")
+    save_tiny_tokenizer(tmp_path)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    outs = []
+    for n in ("1", "2"):
+        out = subprocess.run([sys.executable, "-m", "deepinfer", "generate", "--model", str(tmp_path),
+                              "--tensor-parallel-size", n, "--max-tokens", "8", "--ignore-eos", "--no-stream",
+                              "t5 t17 t33 t99"], capture_output=True, text=True, env=env, timeout=240)
+        assert out.returncode == 0, out.stderr
+        outs.append(out.stdout)
+    assert outs[1] == outs[0]
+    assert len(outs[0].split()) == 8  # eight generated word-level tokens

@@ -26,6 +26,7 @@ from deepinfer.runtime.distributed.step_channel import (
     StepChannel,
     pack_execute,
 )
+from deepinfer.runtime.engine_loop import _sigint_deferred
 from deepinfer.runtime.model_runner import ModelRunner
 
 T = TypeVar("T")
@@ -75,17 +76,21 @@ class DriverRunner(ModelRunner):
         self.broken = err
         raise err from exc
 
+    # A Ctrl-C between the message and the forward would leave the other ranks inside a
+    # collective that rank 0 never joins: it is delivered once the step's part is done.
     def execute(self, **arrays: np.ndarray) -> torch.Tensor:  # type: ignore[override]
         fields, payload = pack_execute(arrays, self.block_size)
-        self.guarded(self.channel.send, OP_EXECUTE, fields, payload)
-        return self.guarded(super().execute, **arrays)
+        with _sigint_deferred():
+            self.guarded(self.channel.send, OP_EXECUTE, fields, payload)
+            return self.guarded(super().execute, **arrays)
 
     def copy_blocks(self, src: np.ndarray, dst: np.ndarray) -> None:
         if len(src) == 0:
             return
         pairs = torch.from_numpy(np.stack([np.asarray(src, np.int64), np.asarray(dst, np.int64)]).reshape(-1))
-        self.guarded(self.channel.send, OP_COPY_BLOCKS, [len(src)], pairs)
-        self.guarded(super().copy_blocks, src, dst)
+        with _sigint_deferred():
+            self.guarded(self.channel.send, OP_COPY_BLOCKS, [len(src)], pairs)
+            self.guarded(super().copy_blocks, src, dst)
 
     def close(self) -> None:
         """Tell the other ranks to stop and wait for them (idempotent)."""
@@ -115,6 +120,10 @@ class BroadcastGraphs:
     def replay(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         buffers = self.inner.buffers
         n = buffers.bytes_for_batch(rows)
-        self.driver.guarded(self.driver.channel.send, OP_REPLAY, [rows, n], buffers.host[:n])
-        result: tuple[torch.Tensor, torch.Tensor] = self.driver.guarded(self.inner.replay, rows)
+        # The other ranks copy these bytes into their pinned buffers and replay; they overwrite
+        # them only after the next message, which rank 0 sends after this step's results came
+        # back (so after every rank's copy of them ran: it precedes the graph's collectives).
+        with _sigint_deferred():
+            self.driver.guarded(self.driver.channel.send, OP_REPLAY, [rows, n], buffers.host[:n])
+            result: tuple[torch.Tensor, torch.Tensor] = self.driver.guarded(self.inner.replay, rows)
         return result
