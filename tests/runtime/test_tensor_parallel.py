@@ -281,3 +281,15 @@ def test_generate_command_with_two_ranks_prints_what_one_rank_prints(tmp_path):
         outs.append(out.stdout)
     assert outs[1] == outs[0]
     assert len(outs[0].split()) == 8  # eight generated word-level tokens
+
+
+def test_env_report_says_what_tensor_parallelism_can_use():
+    from deepinfer.plugins.env_report import collect, render
+
+    report = collect()
+    tp = report["tensor_parallel"]
+    assert tp["gloo"] is torch.distributed.is_gloo_available()
+    assert tp["cuda_devices"] == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    text = render(report)
+    assert "Tensor parallelism: CPU over gloo: yes; CUDA over NCCL: " in text
+    assert "DEEPINFER_TP_TIMEOUT_S=" in text
