@@ -196,8 +196,13 @@ def test_a_killed_rank_ends_the_llm_with_an_error_naming_it(pair):
     sp = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
     stream = llm.stream(PROMPTS[0], sp)
     next(stream)
-    (worker,) = llm.runner.workers.procs.values()
+    workers = llm.runner.workers
+    (worker,) = workers.procs.values()
     os.kill(worker.pid, signal.SIGKILL)
+    assert workers.dead_event.wait(10), "the watchdog did not notice the dead rank"
+    # Forget it (as if the rank died inside the step): the step's broadcast / all-reduce to the
+    # dead rank must fail by itself and the error still name the rank.
+    workers.dead_event.clear()
     start = time.monotonic()
     with pytest.raises(TensorParallelError, match=r"tensor-parallel rank 1 \(pid \d+\) exited with code -9"):
         for _ in stream:

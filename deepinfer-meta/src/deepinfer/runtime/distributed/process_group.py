@@ -54,10 +54,6 @@ class TensorParallelGroup:
     control_group: Any = None
     timeout_s: float = DEFAULT_TIMEOUT_S
 
-    @property
-    def is_driver(self) -> bool:
-        return self.rank == 0
-
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum ``x`` over the ranks, in place (nothing to do alone)."""
         if self.world_size > 1:
