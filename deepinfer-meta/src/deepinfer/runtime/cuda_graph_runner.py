@@ -220,15 +220,18 @@ class CudaGraphRunner:
 
 
 def capture_decode_graphs(runner: ModelRunner, buffers: StepBuffers, batch_sizes: list[int],
-                          max_model_len: int | None = None, fused: bool = True) -> CudaGraphRunner | None:
+                          max_model_len: int | None = None, fused: bool = True,
+                          timed: bool = True) -> CudaGraphRunner | None:
     """Capture the decode graphs of ``runner`` and install them as ``runner.graphs``: with the
     fused kernels, or (``fused=False``) the model's own forward with the Triton attention.
-    None, with graphs left off, when Triton does not import."""
+    None, with graphs left off, when Triton does not import. ``timed=False``: no GraphTimer
+    regions (tensor-parallel ranks: a timer refusing one rank's graph would make that rank
+    capture again, alone, with warm-up collectives no other rank joins)."""
     try:
         import triton  # noqa: F401
     except ImportError:
         return None
-    graphs = CudaGraphRunner(runner, buffers, batch_sizes, fused=fused, timer=make_graph_timer(),
+    graphs = CudaGraphRunner(runner, buffers, batch_sizes, fused=fused, timer=make_graph_timer() if timed else None,
                              max_model_len=max_model_len)
     graphs.capture()
     runner.graphs = graphs

@@ -227,7 +227,8 @@ class LLM:
             if graph_sizes is not None:
                 from deepinfer.runtime.cuda_graph_runner import capture_decode_graphs
 
-                capture_decode_graphs(self.runner, self.engine.step_buffers, graph_sizes, max_model_len)
+                capture_decode_graphs(self.runner, self.engine.step_buffers, graph_sizes, max_model_len,
+                                      timed=group is None)
         except BaseException:
             if group is not None:  # the other ranks would wait for steps that never come
                 from deepinfer.runtime.distributed.launcher import stop_group

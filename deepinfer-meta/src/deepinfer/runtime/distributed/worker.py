@@ -97,7 +97,7 @@ def run_rank(spec: RankSpec, group: TensorParallelGroup) -> None:
     if spec.graph_batch_sizes is not None:
         from deepinfer.runtime.cuda_graph_runner import capture_decode_graphs
 
-        capture_decode_graphs(runner, buffers, spec.graph_batch_sizes, spec.max_model_len)
+        capture_decode_graphs(runner, buffers, spec.graph_batch_sizes, spec.max_model_len, timed=False)
     serve_steps(runner, StepChannel(group), buffers)
 
 
