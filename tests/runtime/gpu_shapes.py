@@ -20,6 +20,10 @@ SHAPES: dict[str, dict[str, Any]] = {
     "test-small": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=3, num_attention_heads=4,
                        num_key_value_heads=1, vocab_size=1024, rope_theta=10000.0,
                        max_position_embeddings=1024, tie_word_embeddings=False),
+    # the same with 2 KV heads: splits 2 ways (tensor-parallel smoke runs)
+    "test-small-kv2": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=3, num_attention_heads=4,
+                           num_key_value_heads=2, vocab_size=1024, rope_theta=10000.0,
+                           max_position_embeddings=1024, tie_word_embeddings=False),
 }
 
 
