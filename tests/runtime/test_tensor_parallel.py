@@ -298,3 +298,26 @@ def test_env_report_says_what_tensor_parallelism_can_use():
     text = render(report)
     assert "Tensor parallelism: CPU over gloo: yes; CUDA over NCCL: " in text
     assert "DEEPINFER_TP_TIMEOUT_S=" in text
+
+
+def _worker_on_a_bad_device(rank, spec, errors):
+    """A spawned rank whose device cannot exist: it fails before reaching rank 0's store."""
+    from deepinfer.runtime.distributed.worker import worker_main
+
+    spec.devices[rank] = "no-such-device"
+    worker_main(rank, spec, errors)
+
+
+def test_a_rank_failing_at_start_is_reported_at_once(tmp_path, monkeypatch):
+    from deepinfer import LLM
+    from deepinfer.runtime.distributed import launcher
+
+    save_tiny_model(tmp_path, "llama")
+    save_tiny_tokenizer(tmp_path)
+    monkeypatch.setattr(launcher, "worker_main", _worker_on_a_bad_device)
+    start = time.monotonic()
+    with pytest.raises(launcher.TensorParallelError,
+                       match=r"rank 1 \(pid \d+\) exited with code 1: RuntimeError: .*no-such-device.*could not start"):
+        LLM(str(tmp_path), tensor_parallel_size=2, **LLM_ARGS)
+    assert time.monotonic() - start < 60  # not the rendezvous timeout
+    assert not torch.distributed.is_initialized()

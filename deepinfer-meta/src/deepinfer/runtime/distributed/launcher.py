@@ -99,6 +99,10 @@ class WorkerProcesses:
             return TensorParallelError(f"{dead}; {consequence}{cause}")
         return TensorParallelError(f"a tensor-parallel step failed{cause}; {consequence}")
 
+    @property
+    def stopped(self) -> bool:
+        return self._closing
+
     def stop(self, timeout: float = 10.0) -> None:
         """End every rank that still runs (after rank 0 sent OP_SHUTDOWN, they exit by themselves)."""
         self._closing = True
@@ -142,6 +146,7 @@ def start_tensor_parallel(spec: RankSpec) -> tuple[TensorParallelGroup, WorkerPr
         procs[rank] = p
     workers = WorkerProcesses(procs, errors)
     try:
+        _wait_until_started(store, workers, spec.timeout_s)
         group = init_groups(0, spec.world_size, torch.device(spec.devices[0]), spec.init_method, spec.timeout_s,
                             store=store)
     except BaseException as exc:
@@ -153,13 +158,35 @@ def start_tensor_parallel(spec: RankSpec) -> tuple[TensorParallelGroup, WorkerPr
     return group, workers
 
 
+def started_key(rank: int) -> str:
+    """The store key a spawned rank sets once it runs and reached rank 0's store."""
+    return f"deepinfer_tp_started_{rank}"
+
+
+def _wait_until_started(store: Any, workers: WorkerProcesses, timeout_s: float) -> None:
+    """Wait until every spawned rank has reached the store; a rank that dies first (an import
+    error, a bad device) fails the start at once instead of after the rendezvous timeout."""
+    keys = [started_key(r) for r in workers.procs]
+    deadline = time.monotonic() + timeout_s
+    while not store.check(keys):
+        dead = workers.dead_rank()
+        if dead is not None:
+            raise TensorParallelError(f"{dead}; the tensor-parallel LLM could not start")
+        if time.monotonic() > deadline:
+            raise TensorParallelError(f"the tensor-parallel ranks did not start within {timeout_s:g} s "
+                                      "(DEEPINFER_TP_TIMEOUT_S)")
+        time.sleep(0.02)
+
+
 def _stop_at_exit(workers: WorkerProcesses) -> None:
     ref = weakref.ref(workers)
 
     def stop() -> None:
         w = ref()
-        if w is not None:
+        if w is not None and not w.stopped:
             w.stop(timeout=2.0)
+            if dist.is_initialized():
+                dist.destroy_process_group()
 
     atexit.register(stop)
 

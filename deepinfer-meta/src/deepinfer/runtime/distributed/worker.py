@@ -129,13 +129,18 @@ def worker_main(rank: int, spec: RankSpec, errors: Any) -> None:
     ends this process with exit status 1."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is rank 0's to handle
     try:
+        # what can fail here locally fails before rank 0 is told this rank started (then it
+        # reports the failure at once instead of waiting in the rendezvous)
+        dev = torch.device(spec.devices[rank])
+        if dev.type == "cuda":
+            torch.cuda.set_device(dev)
         store = None
         if spec.init_method.startswith("tcp://"):  # rank 0's store (see launcher.start_tensor_parallel)
             host, port = spec.init_method[len("tcp://"):].rsplit(":", 1)
             store = dist.TCPStore(host, int(port), spec.world_size, is_master=False,
                                   timeout=datetime.timedelta(seconds=spec.timeout_s))
-        group = init_groups(rank, spec.world_size, torch.device(spec.devices[rank]), spec.init_method,
-                            spec.timeout_s, store=store)
+            store.set(f"deepinfer_tp_started_{rank}", "1")  # launcher.started_key: rank 0 waits for it
+        group = init_groups(rank, spec.world_size, dev, spec.init_method, spec.timeout_s, store=store)
         run_rank(spec, group)
         dist.destroy_process_group()
     except BaseException as exc:  # noqa: BLE001 - reported, then the process ends
