@@ -321,3 +321,4 @@ def test_a_rank_failing_at_start_is_reported_at_once(tmp_path, monkeypatch):
         LLM(str(tmp_path), tensor_parallel_size=2, **LLM_ARGS)
     assert time.monotonic() - start < 60  # not the rendezvous timeout
     assert not torch.distributed.is_initialized()
+

@@ -97,6 +97,7 @@ class DriverRunner(ModelRunner):
         if self.broken is None:
             try:
                 self.channel.send(OP_SHUTDOWN)
+                self.channel.leave()
             except Exception:  # noqa: BLE001 - a rank is already gone: stop the rest below
                 pass
             self.broken = TensorParallelError("the tensor-parallel LLM was closed")

@@ -79,6 +79,13 @@ class StepChannel:
         if payload is not None and n:
             self._broadcast(payload.contiguous(), bounded=True)
 
+    def leave(self) -> None:
+        """Every rank, after OP_SHUTDOWN: wait until all got it, so that no rank tears its process
+        group down while another still uses it (seen as an abort at exit under torchrun)."""
+        work = dist.barrier(group=self.group.control_group, async_op=True)
+        assert work is not None
+        work.wait(timeout=self._timeout)
+
     def receive(self) -> tuple[int, list[int], torch.Tensor | None]:
         """Ranks > 0: the next message (waits as long as rank 0 stays idle)."""
         self._broadcast(self._header, bounded=False)

@@ -106,6 +106,7 @@ def serve_steps(runner: Any, channel: StepChannel, buffers: Any) -> None:
     while True:
         op, fields, payload = channel.receive()
         if op == OP_SHUTDOWN:
+            channel.leave()
             return
         if op == OP_EXECUTE:
             assert payload is not None
