@@ -85,6 +85,21 @@ def test_seeded_parallel_samples_equal_tp1(pair):
                                [c.cumulative_logprob for c in a.outputs], rtol=1e-4)
 
 
+def test_fused_decode_forward_split_two_ways_gives_the_unsplit_logits(tmp_path):
+    """The decode forward CUDA graphs capture (fused Triton kernels, run here in Triton's CPU
+    interpreter) calls the row-parallel and vocabulary-parallel layers, so it runs split too."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton", reason="Triton is not installed (it ships with torch's CUDA wheels)")
+    save_tiny_model(tmp_path, "llama")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "tp_fused_check.py"),
+                          str(tmp_path)], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().endswith("ok")
+
+
 def test_sharded_loading_reads_only_each_ranks_slices(tmp_path, monkeypatch):
     import safetensors
     from deepinfer.runtime.distributed.process_group import TensorParallelGroup
