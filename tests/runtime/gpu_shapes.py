@@ -30,6 +30,10 @@ SHAPES: dict[str, dict[str, Any]] = {
                              num_key_value_heads=2, head_dim=32, vocab_size=1024, rope_theta=1000000.0,
                              max_position_embeddings=1024, tie_word_embeddings=True, rms_norm_eps=1e-6,
                              model_type="qwen3", architectures=["Qwen3ForCausalLM"]),
+    # the same with 2 KV heads: splits 2 ways (tensor-parallel smoke runs)
+    "test-small-kv2": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=3, num_attention_heads=4,
+                           num_key_value_heads=2, vocab_size=1024, rope_theta=10000.0,
+                           max_position_embeddings=1024, tie_word_embeddings=False),
 }
 
 

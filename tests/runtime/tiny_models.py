@@ -34,3 +34,15 @@ def save_tiny_model(path, arch: str = "llama", seed: int = 0, vocab: int = 320):
                 p.uniform_(0.5, 1.5)
     model.save_pretrained(path)
     return model.eval()
+
+
+def save_tiny_tokenizer(path, vocab: int = 320):
+    """A word-level tokenizer over ``vocab`` tokens "t0".."tN" saved beside a tiny model, so an
+    ``LLM`` can load the directory (tests pass token ids; text is "t5 t17 ...")."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", bos_token="t1",
+                            eos_token="t2").save_pretrained(path)

@@ -67,6 +67,19 @@ def _runtime(selected: str | None) -> dict[str, str]:
     return {"device": where.device, "backend": where.backend, "reason": where.reason}
 
 
+def _tensor_parallel() -> dict[str, Any] | None:
+    """What ``tensor_parallel_size`` can use here: torch.distributed's backends, the CUDA devices."""
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError:
+        return None
+    if not dist.is_available():
+        return {"distributed": False, "gloo": False, "nccl": False, "cuda_devices": 0}
+    return {"distributed": True, "gloo": bool(dist.is_gloo_available()), "nccl": bool(dist.is_nccl_available()),
+            "cuda_devices": int(torch.cuda.device_count()) if torch.cuda.is_available() else 0}
+
+
 def collect() -> dict[str, Any]:
     """Everything ``deepinfer env`` reports, as plain data (``--json`` prints it)."""
     records = registry.discover()
@@ -86,6 +99,7 @@ def collect() -> dict[str, Any]:
         "selected_backend": selected,
         "selection_error": selection_error,
         "runtime": _runtime(selected),
+        "tensor_parallel": _tensor_parallel(),
         "hints": accelerators_without_backend(records),
         "environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith("DEEPINFER_")},
     }
@@ -120,10 +134,19 @@ def render(report: dict[str, Any]) -> str:
     rt = report.get("runtime")
     if rt:
         out.append(f"Runtime (deepinfer.LLM): device {rt['device']}, served by backend {rt['backend']} ({rt['reason']})")
+    tp = report.get("tensor_parallel")
+    if tp:
+        if not tp["distributed"]:
+            out.append("Tensor parallelism: unavailable (torch was built without torch.distributed)")
+        else:
+            n = tp["cuda_devices"]
+            cuda = (f"up to {n} ranks ({n} devices)" if tp["nccl"] and n
+                    else "no (" + ("no CUDA device" if tp["nccl"] else "torch has no NCCL") + ")")
+            out.append(f"Tensor parallelism: CPU over gloo: {'yes' if tp['gloo'] else 'no'}; CUDA over NCCL: {cuda}")
     for hint in report["hints"]:
         out.append(f"Hint: {hint}")
     out += ["", "Environment variables"]
-    names = sorted(set(report["environment"]) | {ENV_BACKEND, "DEEPINFER_PLUGINS"})
+    names = sorted(set(report["environment"]) | {ENV_BACKEND, "DEEPINFER_PLUGINS", "DEEPINFER_TP_TIMEOUT_S"})
     for name in names:
         out.append(f"  {name}={report['environment'].get(name, '(unset)')}")
     return "\n".join(out)

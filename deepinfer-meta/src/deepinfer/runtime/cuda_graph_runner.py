@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from deepinfer.runtime.attention.metadata import AttentionMetadata
+from deepinfer.runtime.models.llama import LlamaForCausalLM
 from deepinfer.runtime.step_buffers import StepBuffers
 
 if TYPE_CHECKING:
@@ -129,7 +129,10 @@ class CudaGraphRunner:
             with self._region("model"):
                 hidden = model(ids.long(), pos.long(), r.kv_caches, meta, r.attention)
         w = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
-        if self.fused and b == 1 and w.stride(1) == 1:
+        # the argmax-folded one-row head needs the whole vocabulary in this process (not a
+        # tensor-parallel shard, whose head_logits gathers the shards)
+        whole_head = type(model).head_logits is LlamaForCausalLM.head_logits and model.quantized_head is None
+        if self.fused and b == 1 and whole_head and w.stride(1) == 1:
             from deepinfer.runtime.kernels.gemv import gemv_argmax
 
             with self._region("lm_head"):  # the argmax is folded into the LM head's kernels
@@ -137,7 +140,7 @@ class CudaGraphRunner:
         with self._region("lm_head"):
             # logits in the model's dtype: the sampler casts the rows it uses to float32, and
             # the argmax of bf16 logits is the argmax of their float32 copy
-            logits = F.linear(hidden, w)
+            logits = model.head_logits(hidden)
         with self._region("sampler"):
             greedy = logits.argmax(dim=-1)
         return logits, greedy
@@ -246,15 +249,18 @@ class CudaGraphRunner:
 
 
 def capture_decode_graphs(runner: ModelRunner, buffers: StepBuffers, batch_sizes: list[int],
-                          max_model_len: int | None = None, fused: bool = True) -> CudaGraphRunner | None:
+                          max_model_len: int | None = None, fused: bool = True,
+                          timed: bool = True) -> CudaGraphRunner | None:
     """Capture the decode graphs of ``runner`` and install them as ``runner.graphs``: with the
     fused kernels, or (``fused=False``) the model's own forward with the Triton attention.
-    None, with graphs left off, when Triton does not import."""
+    None, with graphs left off, when Triton does not import. ``timed=False``: no GraphTimer
+    regions (tensor-parallel ranks: a timer refusing one rank's graph would make that rank
+    capture again, alone, with warm-up collectives no other rank joins)."""
     try:
         import triton  # noqa: F401
     except ImportError:
         return None
-    graphs = CudaGraphRunner(runner, buffers, batch_sizes, fused=fused, timer=make_graph_timer(),
+    graphs = CudaGraphRunner(runner, buffers, batch_sizes, fused=fused, timer=make_graph_timer() if timed else None,
                              max_model_len=max_model_len)
     graphs.capture()
     runner.graphs = graphs

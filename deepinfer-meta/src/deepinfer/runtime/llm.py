@@ -98,6 +98,10 @@ class LLM:
         retry_failed_steps: when an engine step raises (a model or sampler error, device out of
             memory), recompute its requests once before failing them; default: fail them at once
             (the other requests and the LLM are unaffected either way).
+        tensor_parallel_size: split the model over this many processes, one per device (CUDA:
+            ``device``'s index and the next ones, over NCCL; CPU: any number, over gloo), each
+            holding 1/N of the weights and KV cache; see docs/guide/11-scaling.md. 1 (default):
+            no other process. Under ``torchrun`` it must equal WORLD_SIZE.
 
     The device defaults to the one of the backend the plugin registry selects (``backend``:
     "cuda" -> the CUDA device, "ascend" -> the torch_npu device, none -> "cpu"); on CUDA,
@@ -116,7 +120,8 @@ class LLM:
                  gpu_memory_utilization: float = 0.9, cpu_kv_cache_bytes: int | None = None,
                  num_kv_blocks: int | None = None, dummy_weights: bool = False,
                  attention_backend: str | None = None, seed: int = 0, num_threads: int | None = None,
-                 enforce_eager: bool = False, retry_failed_steps: bool = False) -> None:
+                 enforce_eager: bool = False, retry_failed_steps: bool = False,
+                 tensor_parallel_size: int = 1) -> None:
         import torch
 
         from deepinfer.runtime.cuda_graph_runner import default_graph_batch_sizes
@@ -131,6 +136,7 @@ class LLM:
         if not (os.path.isfile(path) or os.path.isdir(path)):
             raise ValueError(f"model={path!r} is neither a regular file (GGUF) nor a model directory")
         block_size = _int_arg("block_size", block_size, 1, 1 << 16)
+        tp_size = _int_arg("tensor_parallel_size", tensor_parallel_size, 1, 1024)
         max_num_seqs = _int_arg("max_num_seqs", max_num_seqs, 1, 1 << 20)
         seed = _int_arg("seed", seed, 0, (1 << 64) - 1)
         for name, flag in (("enable_prefix_caching", enable_prefix_caching),
@@ -171,50 +177,100 @@ class LLM:
             raise ValueError(f"max_num_batched_tokens={max_num_batched_tokens} must be >= max_model_len="
                              f"{max_model_len} when chunked prefill is off")
         self.tokenizer = load_tokenizer(path)
-        # CPU + GGUF + no dtype asked: keep the file's quantized projections (see load_model)
-        loaded = load_model(path, device=dev, dtype=tdtype, dummy_weights=dummy_weights,
-                            max_positions=max_model_len, seed=seed,
-                            keep_quantized=dtype is None and dev.type == "cpu" and os.path.isfile(path))
-        self.model_config = loaded.config
-        self.model_path = path
-        if num_kv_blocks is None:
-            num_kv_blocks = num_blocks_for(loaded.config, block_size, tdtype, dev,
-                                           gpu_memory_utilization=gpu_memory_utilization,
-                                           cpu_kv_cache_bytes=cpu_kv_cache_bytes)
-        else:
-            per_block = bytes_per_block(loaded.config, block_size, tdtype)
-            room = (torch.cuda.mem_get_info(dev)[0] if dev.type == "cuda" else _physical_memory_bytes())
-            if num_kv_blocks * per_block > room:
-                raise ValueError(f"num_kv_blocks={num_kv_blocks} needs {num_kv_blocks * per_block} bytes of KV "
-                                 f"cache ({per_block} per block), more than the {room} bytes available on {dev}")
-        self.runner = ModelRunner(loaded, num_blocks=num_kv_blocks, block_size=block_size, device=dev,
-                                  dtype=tdtype, attention_backend=attention_backend)
         use_graphs = dev.type == "cuda" and not enforce_eager
         graph_sizes = default_graph_batch_sizes(max_num_seqs) if use_graphs else None
-        eos_ids = list(loaded.config.eos_token_ids)
-        tok_eos = getattr(self.tokenizer, "eos_token_id", None)
-        if not eos_ids and tok_eos is not None:
-            eos_ids = [int(tok_eos)]
-        self.engine = EngineLoop(
-            self.runner, self.tokenizer,
-            EngineConfig(block_size=block_size, num_blocks=num_kv_blocks, max_num_seqs=max_num_seqs,
-                         max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
-                         vocab_size=loaded.config.vocab_size, eos_token_id=eos_ids[0] if eos_ids else -1,
-                         enable_chunked_prefill=enable_chunked_prefill,
-                         enable_prefix_caching=enable_prefix_caching, seed=seed,
-                         graph_batch_sizes=graph_sizes),
-            extra_stop_token_ids=eos_ids[1:], retry_failed_steps=retry_failed_steps)
-        self.device, self.dtype = dev, tdtype
-        self.backend = where.backend  # the backend serving the runtime: "cuda", "ascend" or "cpu"
-        if graph_sizes is not None:
-            from deepinfer.runtime.cuda_graph_runner import capture_decode_graphs
+        self.tensor_parallel_size = tp_size
+        self._workers = None
+        group = None
+        if tp_size > 1:
+            from deepinfer.runtime.distributed.launcher import start_group
+            from deepinfer.runtime.distributed.process_group import collective_timeout_s
+            from deepinfer.runtime.distributed.worker import RankSpec
 
-            capture_decode_graphs(self.runner, self.engine.step_buffers, graph_sizes, max_model_len)
+            spec = RankSpec(
+                model_path=path, dtype=str(tdtype).replace("torch.", ""), devices=[],
+                max_model_len=max_model_len, block_size=block_size, max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=max_num_batched_tokens, num_kv_blocks=num_kv_blocks,
+                gpu_memory_utilization=float(gpu_memory_utilization), cpu_kv_cache_bytes=cpu_kv_cache_bytes,
+                dummy_weights=dummy_weights, seed=seed, attention_backend=attention_backend,
+                num_threads=num_threads, graph_batch_sizes=graph_sizes, timeout_s=collective_timeout_s(),
+                init_method="")
+            group, self._workers = start_group(spec, cfg, tp_size, dev)
+            dev = group.device
+        try:
+            # CPU + GGUF + no dtype asked: keep the file's quantized projections (see load_model)
+            loaded = load_model(path, device=dev, dtype=tdtype, dummy_weights=dummy_weights,
+                                max_positions=max_model_len, seed=seed, tensor_parallel=group,
+                                keep_quantized=dtype is None and dev.type == "cpu" and os.path.isfile(path)
+                                and group is None)
+            self.model_config = cfg
+            self.model_path = path
+            if num_kv_blocks is None:
+                num_kv_blocks = num_blocks_for(loaded.config, block_size, tdtype, dev,
+                                               gpu_memory_utilization=gpu_memory_utilization,
+                                               cpu_kv_cache_bytes=cpu_kv_cache_bytes)
+            else:
+                per_block = bytes_per_block(loaded.config, block_size, tdtype)
+                room = (torch.cuda.mem_get_info(dev)[0] if dev.type == "cuda" else _physical_memory_bytes())
+                if num_kv_blocks * per_block > room:
+                    raise ValueError(f"num_kv_blocks={num_kv_blocks} needs {num_kv_blocks * per_block} bytes of KV "
+                                     f"cache ({per_block} per block), more than the {room} bytes available on {dev}")
+            if group is None:
+                self.runner = ModelRunner(loaded, num_blocks=num_kv_blocks, block_size=block_size, device=dev,
+                                          dtype=tdtype, attention_backend=attention_backend)
+            else:
+                from deepinfer.runtime.distributed.driver import DriverRunner
+                from deepinfer.runtime.distributed.worker import agree_num_blocks
+
+                num_kv_blocks = agree_num_blocks(group, num_kv_blocks)
+                self.runner = DriverRunner(loaded, group=group, workers=self._workers, num_blocks=num_kv_blocks,
+                                           block_size=block_size, device=dev, dtype=tdtype,
+                                           attention_backend=attention_backend)
+            eos_ids = list(loaded.config.eos_token_ids)
+            tok_eos = getattr(self.tokenizer, "eos_token_id", None)
+            if not eos_ids and tok_eos is not None:
+                eos_ids = [int(tok_eos)]
+            self.engine = EngineLoop(
+                self.runner, self.tokenizer,
+                EngineConfig(block_size=block_size, num_blocks=num_kv_blocks, max_num_seqs=max_num_seqs,
+                             max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
+                             vocab_size=loaded.config.vocab_size, eos_token_id=eos_ids[0] if eos_ids else -1,
+                             enable_chunked_prefill=enable_chunked_prefill,
+                             enable_prefix_caching=enable_prefix_caching, seed=seed,
+                             graph_batch_sizes=graph_sizes),
+                extra_stop_token_ids=eos_ids[1:], retry_failed_steps=retry_failed_steps)
+            self.device, self.dtype = dev, tdtype
+            self.backend = where.backend  # the backend serving the runtime: "cuda", "ascend" or "cpu"
+            if graph_sizes is not None:
+                from deepinfer.runtime.cuda_graph_runner import capture_decode_graphs
+
+                capture_decode_graphs(self.runner, self.engine.step_buffers, graph_sizes, max_model_len,
+                                      timed=group is None)
+        except BaseException:
+            if group is not None:  # the other ranks would wait for steps that never come
+                from deepinfer.runtime.distributed.launcher import stop_group
+
+                stop_group(self._workers)
+            raise
 
     def __repr__(self) -> str:
         graphs = "off" if self.runner.graphs is None else f"{len(self.runner.graphs.batch_sizes)} decode graphs"
+        tp = f", tensor_parallel_size={self.tensor_parallel_size}" if self.tensor_parallel_size > 1 else ""
         return (f"LLM(model={self.model_path!r}, backend={self.backend!r}, device={str(self.device)!r}, "
-                f"dtype={str(self.dtype).replace('torch.', '')!r}, cuda_graphs={graphs})")
+                f"dtype={str(self.dtype).replace('torch.', '')!r}, cuda_graphs={graphs}{tp})")
+
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks (a no-op with one); the LLM cannot generate after.
+        They are also stopped when the program exits."""
+        close = getattr(self.runner, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # ---- prompts ----------------------------------------------------------------------------
     def _prompt_ids(self, prompt: Any, where: str) -> list[int]:

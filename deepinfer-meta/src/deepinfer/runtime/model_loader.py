@@ -14,6 +14,7 @@ from deepinfer.runtime.models.llama import LlamaForCausalLM, LlamaLayer
 from deepinfer.runtime.models.rotary import RotaryEmbedding
 
 if TYPE_CHECKING:
+    from deepinfer.runtime.distributed.process_group import TensorParallelGroup
     from deepinfer.runtime.gguf_loader import GGUFModel
 
 
@@ -22,7 +23,7 @@ class LoadedModel:
     """A model ready to run, with its configuration and where it came from."""
 
     model: LlamaForCausalLM
-    config: ModelConfig
+    config: ModelConfig  # the shape this process holds (per-rank head counts under tensor parallelism)
     path: str
 
 
@@ -56,7 +57,8 @@ def read_config(path: str) -> ModelConfig:
 
 
 def load_model(path: str, *, device: torch.device, dtype: torch.dtype, dummy_weights: bool = False,
-               max_positions: int | None = None, seed: int = 0, keep_quantized: bool = False) -> LoadedModel:
+               max_positions: int | None = None, seed: int = 0, keep_quantized: bool = False,
+               tensor_parallel: TensorParallelGroup | None = None) -> LoadedModel:
     """Load weights from ``path`` (or random ones of its shape) into a LlamaForCausalLM on ``device``.
 
     The model is built on the meta device and its parameters allocated on ``device`` in ``dtype``
@@ -64,7 +66,12 @@ def load_model(path: str, *, device: torch.device, dtype: torch.dtype, dummy_wei
     about the model's size plus its largest tensor. With ``keep_quantized`` (CPU, GGUF files)
     projections stored as Q4_0/Q4_1/Q4_K/Q8_0 stay in that form (``models.quantized``); other
     tensors are dequantized to ``dtype``.
+
+    ``tensor_parallel`` of more than one rank: this rank's Megatron shard
+    (``distributed.parallel_layers``), reading only its slices of the weights
+    (``distributed.sharded_loading``); GGUF projections are then dequantized.
     """
+    shard = tensor_parallel if tensor_parallel is not None and tensor_parallel.world_size > 1 else None
     gguf_model = None
     if os.path.isdir(path):
         from deepinfer.runtime.safetensors_loader import load_hf_config
@@ -77,13 +84,20 @@ def load_model(path: str, *, device: torch.device, dtype: torch.dtype, dummy_wei
 
         gguf_model = GGUFModel(path)
         config = gguf_model.config
+    if keep_quantized and shard is not None:
+        raise ValueError("keep_quantized: GGUF quantized layers do not run tensor-parallel; load with a dtype")
     if keep_quantized and device.type != "cpu":
         raise ValueError(f"keep_quantized: GGUF quantized layers run on CPU only, got device {device}")
     freq_factors = None
     if gguf_model is not None and "rope_freq_factors" in gguf_model.tensors:
         freq_factors = gguf_model.dense("rope_freq_factors")
     with torch.device("meta"):
-        model = LlamaForCausalLM(config, max_positions=1, rope_freq_factors=freq_factors)
+        if shard is None:
+            model = LlamaForCausalLM(config, max_positions=1, rope_freq_factors=freq_factors)
+        else:
+            from deepinfer.runtime.distributed.parallel_layers import TensorParallelLlama
+
+            model = TensorParallelLlama(config, shard, max_positions=1, rope_freq_factors=freq_factors)
     materialize(model, device, dtype)
     with torch.no_grad():
         if dummy_weights:
@@ -91,18 +105,28 @@ def load_model(path: str, *, device: torch.device, dtype: torch.dtype, dummy_wei
         elif gguf_model is not None:
             if keep_quantized:
                 keep_gguf_quantization(model, gguf_model)
-            model.load_weights(gguf_model.dense_tensors(model.weight_slots().keys() & gguf_model.tensors.keys()))
-        else:
+            names = model.weight_slots().keys() & gguf_model.tensors.keys()
+            if shard is None:
+                model.load_weights(gguf_model.dense_tensors(names))
+            else:
+                from deepinfer.runtime.distributed.sharded_loading import iter_gguf_shard
+
+                model.load_weights(iter_gguf_shard(gguf_model, names, shard.rank, shard.world_size))
+        elif shard is None:
             from deepinfer.runtime.safetensors_loader import iter_safetensors
 
             model.load_weights(iter_safetensors(path))
+        else:
+            from deepinfer.runtime.distributed.sharded_loading import iter_safetensors_shard
+
+            model.load_weights(iter_safetensors_shard(path, shard.rank, shard.world_size))
     model.eval()
     if device.type == "cpu":  # faster few-row matmuls on CPU (see the method)
         model.store_wide_projections_input_major()
     # cos/sin tables are built on the device in float32: .to(dtype) would round them
     model.rotary = RotaryEmbedding(config.head_dim, max_positions or config.max_position_embeddings,
                                    config.rope_theta, config.rope_scaling, freq_factors).to(device)
-    return LoadedModel(model=model, config=config, path=path)
+    return LoadedModel(model=model, config=model.config, path=path)
 
 
 def materialize(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> None:

@@ -165,10 +165,8 @@ def _load(args: argparse.Namespace) -> Any:
 
         return ReplicaSet(kwargs, args.data_parallel_size, args.tensor_parallel_size, log_level=args.log_level)
     from deepinfer.runtime.llm import LLM
-    from deepinfer.serve.replicas import check_tensor_parallel_support
 
     if args.tensor_parallel_size != 1:
-        check_tensor_parallel_support()
         kwargs["tensor_parallel_size"] = args.tensor_parallel_size
     return LLM(**kwargs)
 

@@ -166,7 +166,6 @@ class ReplicaSet:
         placements = plan_replicas(kwargs.pop("device", None), data_parallel_size, tensor_parallel_size,
                                    kwargs.pop("num_threads", None))
         if tensor_parallel_size != 1:
-            check_tensor_parallel_support()
             kwargs["tensor_parallel_size"] = tensor_parallel_size
         self.model_path = str(resolve_model_path(kwargs.get("model")))
         self._replicas: list[_Replica] = []
@@ -396,13 +395,3 @@ class ReplicaSet:
                 r.metrics.finished["error"].inc()
         r.metrics.running.set(0)  # nothing runs or waits there any more
         r.metrics.waiting.set(0)
-
-
-def check_tensor_parallel_support() -> None:
-    """A ValueError unless this deepinfer's LLM takes ``tensor_parallel_size``."""
-    import inspect
-
-    from deepinfer.runtime.llm import LLM
-
-    if "tensor_parallel_size" not in inspect.signature(LLM).parameters:
-        raise ValueError("tensor_parallel_size > 1 needs an LLM with tensor parallelism; this deepinfer has none")

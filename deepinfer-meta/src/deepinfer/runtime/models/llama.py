@@ -109,12 +109,17 @@ class LlamaForCausalLM(nn.Module):
             x = layer(x, cos_sin, cache, meta, attention)
         return self.norm(x)
 
+    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits [rows, vocab] of the given hidden rows, in the head's dtype (the one place the
+        LM head is applied: the tensor-parallel model gathers its vocabulary shards here)."""
+        if self.quantized_head is not None:
+            return self.quantized_head.forward(hidden)
+        w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, w)
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits [rows, vocab] of the given hidden rows."""
-        if self.quantized_head is not None:
-            return self.quantized_head.forward(hidden).float()
-        w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, w).float()
+        return self.head_logits(hidden).float()
 
     def weight_slots(self) -> dict[str, tuple[torch.Tensor, slice]]:
         """Where each Hugging Face-named tensor goes: (parameter, its rows in it). q/k/v share the

@@ -16,6 +16,7 @@ from typing import cast
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from deepinfer.runtime.attention.triton_decode import DecodeWorkspace, decode_attention
 from deepinfer.runtime.kernels.fused_ops import add_rmsnorm, rotary_kv_write, silu_mul
@@ -42,7 +43,7 @@ def fused_decode_forward(model: LlamaForCausalLM, input_ids: torch.Tensor, posit
     padding: they write no KV)."""
     b = input_ids.shape[0]
     with region("embed"):
-        x = F.embedding(input_ids, model.embed_tokens.weight)
+        x = model.embed_tokens.forward(input_ids)  # a module call: the vocabulary-parallel one all-reduces
     cos, sin = model.rotary.cos, model.rotary.sin
     residual: torch.Tensor | None = None
     for module, cache in zip(model.layers, kv_caches, strict=True):
@@ -56,14 +57,16 @@ def fused_decode_forward(model: LlamaForCausalLM, input_ids: torch.Tensor, posit
                                 qk_norm)
             o = decode_attention(q, cache, block_tables, seq_lens, layer.scale, num_splits, workspace)
             w_o = layer.o_proj.weight
-            if b == 1 and w_o.numel() >= GEMV_MIN_WEIGHT and w_o.stride(1) == 1:
+            # the one-row GEMV reads the whole weight: a row-parallel o_proj (tensor parallelism,
+            # a subclass) goes through its own forward, which all-reduces
+            if b == 1 and type(layer.o_proj) is nn.Linear and w_o.numel() >= GEMV_MIN_WEIGHT and w_o.stride(1) == 1:
                 x = gemv(o.view(1, -1), w_o, config=O_PROJ_CONFIG)
             else:
-                x = F.linear(o.view(b, -1), w_o)
+                x = layer.o_proj.forward(o.view(b, -1))
         with region("mlp"):
             h, residual = add_rmsnorm(x, residual, layer.post_attention_layernorm.weight,
                                       layer.post_attention_layernorm.eps)
-            x = F.linear(silu_mul(F.linear(h, layer.gate_up_proj.weight)), layer.down_proj.weight)
+            x = layer.down_proj.forward(silu_mul(F.linear(h, layer.gate_up_proj.weight)))
     with region("final_norm"):
         h, _ = add_rmsnorm(x, residual, model.norm.weight, model.norm.eps)
     return h
