@@ -298,7 +298,8 @@ SamplerInputSizes plan_sampler_inputs(SamplerInputs& out, const PrepareArgs& a, 
   return z;
 }
 
-void write_sampler_inputs(SamplerInputs& out, const PrepareArgs& a, const SequenceMetadataPool& pool) {
+// Not inlined into the binding: as a function of its own its row loop measured 1-2.5 % faster.
+[[gnu::noinline]] void write_sampler_inputs(SamplerInputs& out, const PrepareArgs& a, const SequenceMetadataPool& pool) {
   const StepLayout& L = a.layout;
   const int32_t nreal = L.num_real_rows;
   const int64_t* const row_seq_id = L.row_seq_id.data();
