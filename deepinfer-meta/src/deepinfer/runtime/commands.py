@@ -40,6 +40,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=_positive_int, metavar="N", default=None,
                    help="CPU threads of torch (torch.set_num_threads; default: torch's, one per core)")
     p.add_argument("--seed", type=int, metavar="N", default=0, help="seed of requests without --sample-seed")
+    p.add_argument("--overlap-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                   help="zero-overhead scheduling: prepare the next decode step while the device runs "
+                        "this one (default: on with CUDA graphs)")
 
 
 def _sampling_args(p: argparse.ArgumentParser, max_tokens: int = 128) -> None:
@@ -75,7 +78,7 @@ def _llm(args: argparse.Namespace, **extra: Any) -> Any:
         from deepinfer.runtime.llm import LLM
 
         return LLM(args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
-                   seed=args.seed, num_threads=args.threads, **extra)
+                   seed=args.seed, num_threads=args.threads, overlap_scheduling=args.overlap_scheduling, **extra)
 
 
 def context_len(llm: Any) -> int:

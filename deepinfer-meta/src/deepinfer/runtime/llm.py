@@ -78,6 +78,10 @@ class LLM:
         seed: seed of the random streams of requests without their own seed.
         num_threads: torch intra-op threads (default: torch's choice).
         enforce_eager: on CUDA, run decode steps eagerly instead of replaying CUDA graphs.
+        overlap_scheduling: zero-overhead scheduling (ZOS): in steady decode, schedule and
+            launch step N+1 before step N's tokens reach the host, so host work overlaps the
+            device. Default: on where it pays, CUDA with graphs; True also runs it on CPU or
+            eagerly (same outputs, no concurrency there). See docs/guide/08-gpu.md.
         retry_failed_steps: when an engine step raises (a model or sampler error, device out of
             memory), recompute its requests once before failing them; default: fail them at once
             (the other requests and the LLM are unaffected either way).
@@ -99,7 +103,8 @@ class LLM:
                  gpu_memory_utilization: float = 0.9, cpu_kv_cache_bytes: int | None = None,
                  num_kv_blocks: int | None = None, dummy_weights: bool = False,
                  attention_backend: str | None = None, seed: int = 0, num_threads: int | None = None,
-                 enforce_eager: bool = False, retry_failed_steps: bool = False) -> None:
+                 enforce_eager: bool = False, retry_failed_steps: bool = False,
+                 overlap_scheduling: bool | None = None) -> None:
         import torch
 
         from deepinfer.runtime.cuda_graph_runner import default_graph_batch_sizes
@@ -122,6 +127,8 @@ class LLM:
                            ("enforce_eager", enforce_eager)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be a bool, got {flag!r}")
+        if overlap_scheduling is not None and not isinstance(overlap_scheduling, bool):
+            raise TypeError(f"overlap_scheduling must be a bool or None, got {overlap_scheduling!r}")
         if num_threads is not None:
             num_threads = _int_arg("num_threads", num_threads, 1, 4096)
         if max_num_batched_tokens is not None:
@@ -186,7 +193,8 @@ class LLM:
                          enable_chunked_prefill=enable_chunked_prefill,
                          enable_prefix_caching=enable_prefix_caching, seed=seed,
                          graph_batch_sizes=graph_sizes),
-            extra_stop_token_ids=eos_ids[1:], retry_failed_steps=retry_failed_steps)
+            extra_stop_token_ids=eos_ids[1:], retry_failed_steps=retry_failed_steps,
+            overlap_scheduling=use_graphs if overlap_scheduling is None else overlap_scheduling)
         self.device, self.dtype = dev, tdtype
         self.backend = where.backend  # the backend serving the runtime: "cuda", "ascend" or "cpu"
         if graph_sizes is not None:
@@ -197,7 +205,8 @@ class LLM:
     def __repr__(self) -> str:
         graphs = "off" if self.runner.graphs is None else f"{len(self.runner.graphs.batch_sizes)} decode graphs"
         return (f"LLM(model={self.model_path!r}, backend={self.backend!r}, device={str(self.device)!r}, "
-                f"dtype={str(self.dtype).replace('torch.', '')!r}, cuda_graphs={graphs})")
+                f"dtype={str(self.dtype).replace('torch.', '')!r}, cuda_graphs={graphs}, "
+                f"overlap_scheduling={self.engine.overlap is not None})")
 
     # ---- prompts ----------------------------------------------------------------------------
     def _prompt_ids(self, prompt: Any, where: str) -> list[int]:
