@@ -86,7 +86,7 @@ def run_transformers(shape_dir: str, prompts: list[list[int]], out_len: int, run
 
 
 def run_deepinfer(shape_dir: str, prompts: list[list[int]], out_len: int, runs: int, *, eager: bool,
-                  profile: bool) -> list[float]:
+                  profile: bool, overlap: bool = True) -> list[float]:
     import deepinfer.runtime.model_loader as ml
     from deepinfer import LLM, SamplingParams
     from deepinfer.runtime.bench_metrics import measure_generate
@@ -96,7 +96,7 @@ def run_deepinfer(shape_dir: str, prompts: list[list[int]], out_len: int, runs: 
     t0 = time.perf_counter()
     llm = LLM(shape_dir, dtype="bfloat16", dummy_weights=True, max_num_seqs=max(len(prompts), 1),
               max_model_len=max_len, max_num_batched_tokens=max(8192, max_len), enforce_eager=eager,
-              gpu_memory_utilization=0.85)
+              gpu_memory_utilization=0.85, overlap_scheduling=overlap and not eager)
     print(f"  {llm!r} ready in {time.perf_counter() - t0:.1f} s", flush=True)
     params = SamplingParams(temperature=0.0, max_tokens=out_len, ignore_eos=True)
     batch = [{"prompt_token_ids": p} for p in prompts]
@@ -105,7 +105,8 @@ def run_deepinfer(shape_dir: str, prompts: list[list[int]], out_len: int, runs: 
     for i in range(runs):
         rep = measure_generate(llm, batch, params)
         rates.append(rep.output_tok_s)
-        print(f"  deepinfer {'eager' if eager else 'graphs'} run {i + 1}: " + "\n    ".join(rep.lines()), flush=True)
+        mode = "eager" if eager else ("graphs+ZOS" if overlap else "graphs, ZOS off")
+        print(f"  deepinfer {mode} run {i + 1}: " + "\n    ".join(rep.lines()), flush=True)
     if profile and not eager:
         rep = measure_generate(llm, batch, params, profile=True)
         print("  profiled run (GraphTimer on): " + "\n    ".join(rep.lines()), flush=True)
@@ -122,7 +123,9 @@ def main() -> None:
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=256)
     p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--contenders", default="transformers,deepinfer", help="deepinfer,eager,transformers")
+    p.add_argument("--contenders", default="transformers,deepinfer",
+                   help="deepinfer (graphs + overlap scheduling), nozos (graphs, overlap scheduling off), eager, "
+                        "transformers")
     p.add_argument("--profile", action="store_true")
     args = p.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -138,9 +141,10 @@ def main() -> None:
     for who in args.contenders.split(","):
         if who == "transformers":
             results[who] = run_transformers(shape_dir, prompts, args.output_len, args.runs)
-        elif who in ("deepinfer", "eager"):
-            results[who] = run_deepinfer(shape_dir, prompts, args.output_len, args.runs if who == "deepinfer" else 1,
-                                         eager=who == "eager", profile=args.profile)
+        elif who in ("deepinfer", "nozos", "eager"):
+            results[who] = run_deepinfer(shape_dir, prompts, args.output_len, 1 if who == "eager" else args.runs,
+                                         eager=who == "eager", profile=args.profile and who == "deepinfer",
+                                         overlap=who == "deepinfer")
     for who, rates in results.items():
         print(_summary(f"{args.shape} b{args.batch} {who}", rates), flush=True)
     if "deepinfer" in results and "transformers" in results:

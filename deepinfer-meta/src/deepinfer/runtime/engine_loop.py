@@ -422,15 +422,16 @@ class EngineLoop:
             ov.in_flight = None
             self._abandon_step(err)  # both steps in flight, when one was launched ahead
             return []
-        outputs = self._step_outputs(out)
-        if ov.in_flight is not None and not self.scheduler.num_unfinished_requests:
-            # Nothing runs on: apply the step ahead now (every row is ignored) so the loop is idle.
-            launched, ov.in_flight = ov.in_flight, None
-            try:
-                self.scheduler.update(launched.tokens())
-            except BaseException as err:  # noqa: BLE001
-                self._abandon_step(err)
-        return outputs
+        try:
+            return self._step_outputs(out)
+        finally:  # (also when building the outputs failed and its requests were failed)
+            if ov.in_flight is not None and not self.scheduler.num_unfinished_requests:
+                # Nothing runs on: apply the step ahead now (every row is ignored) so the loop is idle.
+                launched, ov.in_flight = ov.in_flight, None
+                try:
+                    self.scheduler.update(launched.tokens())
+                except BaseException as err:  # noqa: BLE001
+                    self._abandon_step(err)
 
     def _step_outputs(self, out: Any) -> list[Any]:
         with _sigint_deferred():
