@@ -135,9 +135,9 @@ class OverlapDecoder:
                 query_start_loc=a["query_start_loc"][:rows + 1], seq_lens=a["seq_lens"][:rows],
                 block_tables=a["block_tables"][:rows], logits_indices=a["logits_indices"][:num_logits])
             tokens_dev = self._sample(si, logits, num_logits)
-        host, event = None, None
-        if self.cuda:
-            host, event = self.host_tokens[side], self.events[side]
+        host, event = None, self.events[side]
+        if event is not None:  # CUDA: the ids come to pinned memory behind the step, no sync
+            host = self.host_tokens[side]
             host[:num_logits].copy_(tokens_dev[:num_logits], non_blocking=True)
             event.record()
         self.num_launched += 1

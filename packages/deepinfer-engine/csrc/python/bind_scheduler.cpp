@@ -519,7 +519,7 @@ void bind_scheduler(py::module_& m) {
           "were still unfinished. Raises ValueError for an unknown id (nothing is aborted then).")
       .def(
           "schedule",
-          [](py::object self, bool overlap) -> py::object {
+          [](py::object self, bool overlap) -> py::typing::Optional<SchedulerOutputs> {
             Scheduler& s = self.cast<Scheduler&>();
             BusyGuard busy_guard(s.busy, "Scheduler", "Scheduler.schedule");
             const SchedulerOutputs* out = nullptr;
@@ -540,8 +540,9 @@ void bind_scheduler(py::module_& m) {
               py::gil_scoped_release nogil;
               out = &s.schedule();
             }
-            if (out == nullptr) return py::none();
-            return py::cast(out, py::return_value_policy::reference_internal, self);
+            if (out == nullptr) return py::reinterpret_borrow<py::typing::Optional<SchedulerOutputs>>(py::none());
+            return py::reinterpret_steal<py::typing::Optional<SchedulerOutputs>>(
+                py::cast(out, py::return_value_policy::reference_internal, self).release());
           },
           py::arg("overlap") = false,
           "Schedule the next step (releases the GIL). Returns the scheduler's SchedulerOutputs (rewritten by "
