@@ -364,6 +364,9 @@ class EngineLoop:
     def step(self) -> list[Any]:
         """Run one engine step; returns the RequestOutputs updated by it (text filled in).
 
+        With overlap scheduling a decode step may still run on the device when this returns (the
+        next call applies it); the engine's scheduler then has a step in flight between calls.
+
         A request that fails in this step (see the module docstring) gets its error in its queue
         (raised by ``pop_output`` / ``next_output``); the error is raised here too when a failed
         request has no queue, or when the step failed before any request was in it."""
