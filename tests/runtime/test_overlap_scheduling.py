@@ -63,11 +63,30 @@ def test_outputs_equal_the_synchronous_loop(pair):
     _idle(zos)
 
 
-def test_a_penalized_request_keeps_the_loop_synchronous_while_it_runs(pair):
+def test_penalized_requests_run_ahead_with_the_same_outputs(pair):
     sync, zos = pair
-    params = PARAMS[:3] + [SamplingParams(temperature=0.0, max_tokens=12, presence_penalty=0.7, ignore_eos=True)]
+    # Repetitive prompts and strong penalties: the count of the token sampled one step earlier
+    # (still on the device when the step is launched ahead) changes the greedy choice.
+    prompts = PROMPTS[:2] + ["a a a a a a a a", "The the the the", "Hello"]
+    params = PARAMS[:2] + [
+        SamplingParams(temperature=0.0, max_tokens=20, frequency_penalty=1.5, ignore_eos=True),
+        SamplingParams(temperature=0.0, max_tokens=20, presence_penalty=2.0, repetition_penalty=1.5, ignore_eos=True),
+        SamplingParams(temperature=0.0, max_tokens=20, repetition_penalty=2.0, ignore_eos=True)]
+    expected = _result(sync.generate(prompts, params, use_tqdm=False))
+    before = zos.engine.overlap.num_ahead
+    assert _result(zos.generate(prompts, params, use_tqdm=False)) == expected
+    assert zos.engine.overlap.num_ahead - before >= 20
+    _idle(zos)
+
+
+def test_a_request_with_logprobs_keeps_the_loop_synchronous_while_it_runs(pair):
+    sync, zos = pair
+    params = PARAMS[:3] + [SamplingParams(temperature=0.0, max_tokens=12, logprobs=2, ignore_eos=True)]
     expected = _result(sync.generate(PROMPTS[:4], params, use_tqdm=False))
+    before = zos.engine.overlap.num_ahead
     assert _result(zos.generate(PROMPTS[:4], params, use_tqdm=False)) == expected
+    ahead = zos.engine.overlap.num_ahead - before
+    assert 0 < ahead <= 30 - 12  # only once the logprobs request finished (PARAMS[2] runs to 30 tokens)
     _idle(zos)
 
 

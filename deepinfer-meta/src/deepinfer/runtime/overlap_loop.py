@@ -12,8 +12,9 @@ Two host buffer sets (``StepBuffers`` + ``PrepareArgs``) alternate: step N+1 is 
 step N's host-to-device copy may still be queued. On CPU the same path runs synchronously (the
 "device" tensors are CPU tensors), so CI exercises it.
 
-Requests whose sampling needs the host to know step N's token before step N+1 is sampled (presence,
-frequency or repetition penalties; logprobs) keep the loop synchronous while they run.
+Penalties of a step launched ahead count step N's token on the device (the engine's
+``penalty_pending_source``; the host sends it to the penalty tables a step later). Requests that
+ask for logprobs keep the loop synchronous while they run.
 """
 
 from __future__ import annotations
@@ -34,9 +35,8 @@ if TYPE_CHECKING:
 
 
 def blocks_overlap(params: SamplingParams) -> bool:
-    """Whether a request's sampling needs each token on the host before the next one is sampled."""
-    return (params.presence_penalty != 0.0 or params.frequency_penalty != 0.0 or params.repetition_penalty != 1.0
-            or params.logprobs is not None)
+    """Whether a request keeps the loop synchronous (its logprobs are read per step on the host)."""
+    return params.logprobs is not None
 
 
 def is_plain_decode(out: Any) -> bool:
@@ -88,10 +88,11 @@ class OverlapDecoder:
         self.num_launched = 0
         self.num_ahead = 0  # steps launched before the previous step's tokens were known
 
-    @torch.inference_mode()
     def launch(self, out: Any, prev: LaunchedStep | None) -> LaunchedStep:
         """Build and launch the plain decode step ``out`` just scheduled; ``prev``: the step in
-        flight that it runs ahead of (its input ids come from prev's sampled ids on the device)."""
+        flight that it runs ahead of (its input ids come from prev's sampled ids on the device).
+        Not under inference mode, as the synchronous loop's sampler (the penalty tables it may
+        grow are updated in place by later steps)."""
         loop = self.loop
         E, runner, dev = loop._E, loop.runner, loop.runner.device
         copies = np.asarray(out.blocks_to_copy).reshape(-1, 2)
@@ -121,7 +122,7 @@ class OverlapDecoder:
                 loop.penalty_tables.apply(si)  # it must see every prepare_sampler_inputs call
                 tokens_dev = greedy
             else:
-                tokens_dev = self._sample(si, logits, num_logits)
+                tokens_dev = self._sample(si, logits, num_logits, prev)
         else:
             a = bufs.arrays
             T = int(args.num_tokens)
@@ -134,7 +135,7 @@ class OverlapDecoder:
                 input_ids=ids, positions=a["positions"][:T], slot_mapping=a["slot_mapping"][:T],
                 query_start_loc=a["query_start_loc"][:rows + 1], seq_lens=a["seq_lens"][:rows],
                 block_tables=a["block_tables"][:rows], logits_indices=a["logits_indices"][:num_logits])
-            tokens_dev = self._sample(si, logits, num_logits)
+            tokens_dev = self._sample(si, logits, num_logits, prev)
         host, event = None, self.events[side]
         if event is not None:  # CUDA: the ids come to pinned memory behind the step, no sync
             host = self.host_tokens[side]
@@ -144,13 +145,30 @@ class OverlapDecoder:
         self.num_ahead += prev is not None
         return LaunchedStep(args, tokens_dev, host, event, logits_rows, num_logits, out)
 
-    def _sample(self, si: Any, logits: torch.Tensor, num_logits: int) -> torch.Tensor:
+    def _sample(self, si: Any, logits: torch.Tensor, num_logits: int, prev: LaunchedStep | None) -> torch.Tensor:
         # The synchronous loop's sampler; its tokens are kept by logits row (what ZOS indexes).
-        rows, batch = sampling_batch_from_engine(si, logits.device, self.loop.penalty_tables)
+        tables = self.loop.penalty_tables
+        tr = si.transform
+        if prev is not None and not tr.no_penalties:
+            tables.grow(int(tr.num_penalty_slots), int(logits.shape[-1]))  # room for any pending token
+        rows, batch = sampling_batch_from_engine(si, logits.device, tables)
+        if prev is not None and batch.penalty_rows is not None and batch.penalty_rows.numel():
+            _count_pending(batch.penalty_rows, batch.penalty_counts, batch.penalty_seen,
+                           np.asarray(tr.penalty_pending_source), prev.tokens_dev)
         res = sample(logits[rows], batch)
         by_row = torch.zeros(num_logits, dtype=torch.int64, device=logits.device)
         by_row[rows] = res.tokens
         return by_row
+
+
+def _count_pending(rows: torch.Tensor, counts: Any, seen: Any, pending: np.ndarray,
+                   prev_tokens: torch.Tensor) -> None:
+    # Step N's token of each penalized row (still on the device) is one more output token of it.
+    src = torch.from_numpy(pending.astype(np.int64)).to(rows.device, non_blocking=True)[rows]
+    hit = torch.nonzero(src >= 0).flatten()
+    tok = prev_tokens[src[hit]]
+    counts[hit, tok] += 1
+    seen[hit, tok] = True
 
 
 def _gather_ids(ids: torch.Tensor, src: torch.Tensor, prev_tokens: torch.Tensor) -> torch.Tensor:
