@@ -44,3 +44,25 @@ def test_zos_on_and_off_with_and_without_graphs_give_the_same_greedy_tokens(shap
             a, b = v[r], reference[r]
             assert a[:len(b)] == b[:len(a)], r
     assert ahead[False, True] > 20 and ahead[True, True] > 20
+
+
+def test_zos_with_penalties_and_seeded_sampling_matches_synchronous(shape_dir):
+    # Penalized rows of a step launched ahead count the previous step's token on the device.
+    from deepinfer import SamplingParams
+    from test_cuda_graphs_gpu import _llm
+
+    prompts = [[5, 6, 7] * 4, [9, 9, 9, 9], [11, 12], [40, 41, 42, 43, 44]]
+    params = [SamplingParams(temperature=0.0, max_tokens=40, frequency_penalty=1.5, ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=40, presence_penalty=2.0, repetition_penalty=1.5,
+                             ignore_eos=True),
+              SamplingParams(temperature=0.8, top_p=0.9, seed=7, max_tokens=40, ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=25, ignore_eos=True)]
+    got = {}
+    for overlap in (False, True):
+        llm = _llm(shape_dir, overlap_scheduling=overlap)
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        got[overlap] = [list(o.outputs[0].token_ids) for o in outs]
+        if overlap:
+            assert llm.engine.overlap.num_ahead > 20
+        del llm
+    assert got[True] == got[False]
