@@ -102,7 +102,8 @@ def nanovllm_workload() -> tuple[list[list[int]], list[int]]:
 
 
 def run_deepinfer(shape_dir: str, prompts: list[list[int]], out_len: int | list[int], runs: int, *, eager: bool,
-                  profile: bool, temperature: float = 0.0, max_model_len: int | None = None) -> list[float]:
+                  profile: bool, temperature: float = 0.0, max_model_len: int | None = None,
+                  overlap: bool = True) -> list[float]:
     import deepinfer.runtime.model_loader as ml
     from deepinfer import LLM, SamplingParams
     from deepinfer.runtime.bench_metrics import measure_generate
@@ -113,7 +114,7 @@ def run_deepinfer(shape_dir: str, prompts: list[list[int]], out_len: int | list[
     t0 = time.perf_counter()
     llm = LLM(shape_dir, dtype="bfloat16", dummy_weights=True, max_num_seqs=max(len(prompts), 1),
               max_model_len=max_len, max_num_batched_tokens=max(16384 if max_model_len else 8192, max_len),
-              enforce_eager=eager, gpu_memory_utilization=0.85)
+              enforce_eager=eager, gpu_memory_utilization=0.85, overlap_scheduling=overlap and not eager)
     print(f"  {llm!r} ready in {time.perf_counter() - t0:.1f} s", flush=True)
     params = [SamplingParams(temperature=temperature, max_tokens=n, ignore_eos=True) for n in lens]
     batch = [{"prompt_token_ids": p} for p in prompts]
@@ -122,7 +123,8 @@ def run_deepinfer(shape_dir: str, prompts: list[list[int]], out_len: int | list[
     for i in range(runs):
         rep = measure_generate(llm, batch, params)
         rates.append(rep.output_tok_s)
-        print(f"  deepinfer {'eager' if eager else 'graphs'} run {i + 1}: " + "\n    ".join(rep.lines()), flush=True)
+        mode = "eager" if eager else ("graphs+ZOS" if overlap else "graphs, ZOS off")
+        print(f"  deepinfer {mode} run {i + 1}: " + "\n    ".join(rep.lines()), flush=True)
     if profile and not eager:
         rep = measure_generate(llm, batch, params, profile=True)
         print("  profiled run (GraphTimer on): " + "\n    ".join(rep.lines()), flush=True)
@@ -139,7 +141,9 @@ def main() -> None:
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=256)
     p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--contenders", default="transformers,deepinfer", help="deepinfer,eager,transformers")
+    p.add_argument("--contenders", default="transformers,deepinfer",
+                   help="deepinfer (graphs + overlap scheduling), nozos (graphs, overlap scheduling off), eager, "
+                        "transformers")
     p.add_argument("--profile", action="store_true")
     p.add_argument("--workload", choices=("fixed", "nanovllm"), default="fixed",
                    help="nanovllm: nano-vllm's benchmark on the Qwen3-0.6B shape (DeepInfer only)")
@@ -168,9 +172,10 @@ def main() -> None:
     for who in args.contenders.split(","):
         if who == "transformers":
             results[who] = run_transformers(shape_dir, prompts, args.output_len, args.runs)
-        elif who in ("deepinfer", "eager"):
-            results[who] = run_deepinfer(shape_dir, prompts, args.output_len, args.runs if who == "deepinfer" else 1,
-                                         eager=who == "eager", profile=args.profile)
+        elif who in ("deepinfer", "nozos", "eager"):
+            results[who] = run_deepinfer(shape_dir, prompts, args.output_len, 1 if who == "eager" else args.runs,
+                                         eager=who == "eager", profile=args.profile and who == "deepinfer",
+                                         overlap=who == "deepinfer")
     for who, rates in results.items():
         print(_summary(f"{args.shape} b{args.batch} {who}", rates), flush=True)
     if "deepinfer" in results and "transformers" in results:

@@ -218,3 +218,95 @@ def test_a_real_ctrl_c_while_outputs_are_built_is_delivered_after_the_step(llm, 
         got += list(ro.outputs[0].token_ids)
     assert got == fresh[0][0]
     _assert_recovered(llm, start, fresh)
+
+
+# ---- the overlap (ZOS) loop: a fault while a step runs ahead abandons both steps in flight ----
+OVERLAP_PARAMS = PARAMS  # (a penalized request runs ahead too: its pending token is counted on the device)
+
+
+@pytest.fixture(scope="module")
+def zos_llm(llm):
+    from deepinfer import LLM
+
+    return LLM(device="cpu", max_model_len=128, num_kv_blocks=24, block_size=16, num_threads=1,
+               overlap_scheduling=True)
+
+
+@pytest.fixture(scope="module")
+def zos_fresh(llm, zos_llm):
+    """The synchronous LLM's outputs (the independent expectation), which the overlap loop gives too."""
+    expected = _tokens(llm.generate(PROMPTS, OVERLAP_PARAMS, use_tqdm=False))
+    assert _tokens(zos_llm.generate(PROMPTS, OVERLAP_PARAMS, use_tqdm=False)) == expected
+    return expected
+
+
+def _inject_overlap(monkeypatch, llm, point, error, at=3):
+    """As ``_inject``, at the overlap loop's own call sites (a launch replaces _run_model)."""
+    from deepinfer.runtime import overlap_loop
+
+    calls = [0]
+
+    def fault(fn):
+        def wrapped(*args, **kwargs):
+            calls[0] += 1
+            if calls[0] == at:
+                raise error
+            return fn(*args, **kwargs)
+        return wrapped
+
+    eng = llm.engine
+    if point == "before_model":
+        monkeypatch.setattr(eng.overlap, "launch", fault(eng.overlap.launch))
+    elif point == "in_model":
+        monkeypatch.setattr(eng.runner, "execute", fault(eng.runner.execute))
+    elif point == "sampler_inputs":
+        monkeypatch.setattr(overlap_loop, "sampling_batch_from_engine", fault(overlap_loop.sampling_batch_from_engine))
+    elif point == "sampler":
+        monkeypatch.setattr(overlap_loop, "sample", fault(overlap_loop.sample))
+    else:
+        monkeypatch.setattr(eng, "_E", _EngineModule(eng._E, fault))
+    return calls
+
+
+def _assert_zos_recovered(llm, start, fresh):
+    _assert_clean(llm, start)
+    assert not llm.engine.scheduler.step_in_flight and llm.engine.overlap.in_flight is None
+    ahead = llm.engine.overlap.num_ahead
+    assert _tokens(llm.generate(PROMPTS, OVERLAP_PARAMS, use_tqdm=False)) == fresh
+    assert llm.engine.overlap.num_ahead > ahead
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_overlap_a_failed_step_fails_its_requests_and_the_llm_stays_usable(zos_llm, zos_fresh, monkeypatch, point):
+    start = zos_llm.engine.scheduler.block_manager.num_free_blocks
+    calls = _inject_overlap(monkeypatch, zos_llm, point, Injected(f"fault {point}"))
+    with pytest.raises(Injected, match=f"fault {point}"):
+        zos_llm.generate(PROMPTS, OVERLAP_PARAMS, use_tqdm=False)
+    assert calls[0] >= 3
+    monkeypatch.undo()
+    _assert_zos_recovered(zos_llm, start, zos_fresh)
+
+
+@pytest.mark.parametrize("point", POINTS[:4])
+def test_overlap_with_retry_a_failed_step_is_recomputed_and_outputs_are_unchanged(zos_llm, zos_fresh, monkeypatch,
+                                                                                  point):
+    start = zos_llm.engine.scheduler.block_manager.num_free_blocks
+    monkeypatch.setattr(zos_llm.engine, "retry_failed_steps", True)
+    _inject_overlap(monkeypatch, zos_llm, point, Injected(f"fault {point}"))
+    assert _tokens(zos_llm.generate(PROMPTS, OVERLAP_PARAMS, use_tqdm=False)) == zos_fresh
+    monkeypatch.undo()
+    _assert_clean(zos_llm, start)
+
+
+def test_overlap_keyboard_interrupt_aborts_the_interrupted_call_only(zos_llm, zos_fresh, monkeypatch):
+    start = zos_llm.engine.scheduler.block_manager.num_free_blocks
+    stream = zos_llm.stream(PROMPTS[0], OVERLAP_PARAMS[0])
+    got = list(next(stream).outputs[0].token_ids)
+    _inject_overlap(monkeypatch, zos_llm, "before_model", KeyboardInterrupt(), at=2)
+    with pytest.raises(KeyboardInterrupt):
+        zos_llm.generate(PROMPTS[1:], OVERLAP_PARAMS[1:], use_tqdm=False)
+    monkeypatch.undo()
+    for ro in stream:
+        got += list(ro.outputs[0].token_ids)
+    assert got == zos_fresh[0][0]
+    _assert_zos_recovered(zos_llm, start, zos_fresh)

@@ -40,3 +40,22 @@ def test_bad_options_exit_2_with_a_message(argv, capsys):
     assert args.func(args) == 2
     err = capsys.readouterr().err
     assert "error:" in err and ("temperature" in err or "top_p" in err or "/no/such/model.gguf" in err)
+
+
+@pytest.mark.parametrize("flag,expected", [([], None), (["--overlap-scheduling"], True),
+                                           (["--no-overlap-scheduling"], False)])
+def test_overlap_scheduling_flag_reaches_the_llm(monkeypatch, flag, expected):
+    import deepinfer.runtime.llm as llm_module
+
+    seen = {}
+
+    class FakeLLM:
+        def __init__(self, *args, **kwargs):
+            seen.update(kwargs)
+
+    monkeypatch.setattr(llm_module, "LLM", FakeLLM)
+    for name in ("generate", "bench"):
+        seen.clear()
+        args = _parser().parse_args([name, *(["x"] if name == "generate" else []), *flag])
+        commands._llm(args)
+        assert seen["overlap_scheduling"] is expected

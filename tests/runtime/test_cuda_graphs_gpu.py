@@ -245,12 +245,14 @@ sys.path.insert(0, sys.argv[2])
 import torch
 from deepinfer import LLM, SamplingParams
 llm = LLM(sys.argv[1], device="cuda", dtype="float32", dummy_weights=True, max_model_len=512, num_kv_blocks=256,
-          max_num_seqs=8)
+          max_num_seqs=8, overlap_scheduling=sys.argv[3] == "1")
 graphs = llm.runner.graphs
 inner = graphs.replay
-def corrupt(rows):
-    llm.engine.buffers["block_tables"][:rows] = 2 ** 30  # far outside the KV cache: the kernels fault
-    return inner(rows)
+sides = [llm.engine.buffers] + ([b.arrays for b in llm.engine.overlap.buffers] if llm.engine.overlap else [])
+def corrupt(rows, **kw):
+    for arrays in sides:  # (the overlap loop alternates two host buffer sets)
+        arrays["block_tables"][:rows] = 2 ** 30  # far outside the KV cache: the kernels fault
+    return inner(rows, **kw)
 graphs.replay = corrupt
 try:
     llm.generate([[5, 6, 7]] * 3, SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
@@ -262,10 +264,11 @@ os._exit(1)
 '''
 
 
-def test_a_fault_inside_a_replayed_graph_raises(shape_dir):
+@pytest.mark.parametrize("overlap", ["0", "1"])
+def test_a_fault_inside_a_replayed_graph_raises(shape_dir, overlap):
     # In a child process: a device fault leaves the CUDA context unusable for the rest of it.
-    out = subprocess.run([sys.executable, "-c", FAULT_SCRIPT, shape_dir, HERE], capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run([sys.executable, "-c", FAULT_SCRIPT, shape_dir, HERE, overlap], capture_output=True,
+                         text=True, timeout=300)
     print(out.stdout.strip())
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     assert "raised RuntimeError" in out.stdout

@@ -166,10 +166,53 @@ void test_invalid_arguments() {
 
 }  // namespace
 
+// Overlap (ZOS): step 3 is scheduled ahead of step 2, then both are applied in order.
+void test_schedule_ahead() {
+  Scheduler s(config(16, 4, 64, 64));
+  const SeqIndex a = add(s, "a", {1, 2, 3}, greedy(6));
+  const SeqIndex b = add(s, "b", {1, 2, 3}, greedy(2));
+  s.schedule();
+  CHECK(s.schedule_ahead() == nullptr);  // a prefill is in flight: synchronous
+  CHECK(!s.step_ahead());
+  update_all(s, 7);
+  const SchedulerOutputs& o2 = s.schedule();  // two decodes of position 3
+  CHECK_EQ(o2.num_decodes, 2);
+  const SchedulerOutputs* o3 = s.schedule_ahead();
+  CHECK(o3 != nullptr && s.step_ahead() && s.step_in_flight());
+  CHECK_EQ(o3->step, 3u);
+  CHECK_EQ(o3->scheduled.size(), 1u);  // b's step 2 token is its last (max_tokens 2): left out
+  CHECK(o3->scheduled[0].seq == a && o3->scheduled[0].num_computed_before == 4);
+  CHECK_EQ(s.store().seq(a).block_table.size(), 2u);  // the slot of position 4
+  CHECK_EQ(s.update_target().step, 2u);
+  CHECK_EQ(s.check_invariants(), std::string());
+  std::vector<int32_t> t2 = {5, 6};
+  s.update(t2.data(), nullptr, nullptr, nullptr, 0);  // applies step 2
+  CHECK(!s.step_ahead() && s.step_in_flight() && s.outputs_ready());
+  CHECK(s.store().seq(a).tokens == (std::vector<int32_t>{1, 2, 3, 7, 5}));
+  CHECK(s.store().seq(b).status == SequenceStatus::FINISHED_LENGTH);
+  CHECK_EQ(s.check_invariants(), std::string());
+  update_all(s, 9);  // applies step 3
+  CHECK(!s.step_in_flight());
+  CHECK(s.store().seq(a).tokens == (std::vector<int32_t>{1, 2, 3, 7, 5, 9}));
+  CHECK_EQ(s.store().seq(a).num_computed_tokens, 5);
+
+  // A failure with a step ahead abandons both steps.
+  s.schedule();
+  CHECK(s.schedule_ahead() != nullptr);
+  std::vector<GroupIndex> groups;
+  s.abandon_step(true, groups);
+  CHECK_EQ(groups.size(), 1u);
+  CHECK(!s.step_in_flight() && !s.step_ahead());
+  CHECK(s.store().seq(a).status == SequenceStatus::FINISHED_ERROR);
+  CHECK_EQ(s.block_manager().num_free_blocks(), 16);
+  CHECK_EQ(s.check_invariants(), std::string());
+}
+
 int main() {
   RUN(test_add_schedule_update);
   RUN(test_preemption_by_recompute);
   RUN(test_prefix_cache_hit);
   RUN(test_invalid_arguments);
+  RUN(test_schedule_ahead);
   return 0;
 }

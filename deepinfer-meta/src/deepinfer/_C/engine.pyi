@@ -412,7 +412,7 @@ class Scheduler:
         """
     def abandon_step(self, action: str = 'recompute') -> list[str]:
         """
-        Abandon the step in flight after a failure (an exception in the model, the sampler or the output step; between schedule() and update() / process_MTPInfo), ending it so that schedule() works again. Nothing of the step is applied: update_prompt_logprobs rows already given are kept (they are values, not KV). action='recompute': every sequence of the step goes back to the preempted queue (blocks and state slot freed, tokens kept; the blocks the step was to write were never registered in the prefix cache) and is computed again later. action='fail': every request with a sequence in the step is finished, all its sequences, with SequenceStatus.FINISHED_ERROR (finish_reason 'error'); get_finished_seqs_info and build_request_outputs report them now. In both modes the sequences that the step's blocks_to_copy / states_to_clone / states_to_zero write (fork children, copy-on-write, new slots) are recomputed and that device work is dropped: nothing of the step reaches a later one. Returns the request ids concerned (failed, or with a recomputed sequence), sorted; [] and no change when no step is in flight (safe in any except clause). Raises ValueError naming action for any other value.
+        Abandon the step in flight after a failure (an exception in the model, the sampler or the output step; between schedule() and update() / process_MTPInfo), ending it so that schedule() works again. Nothing of the step is applied: update_prompt_logprobs rows already given are kept (they are values, not KV). action='recompute': every sequence of the step goes back to the preempted queue (blocks and state slot freed, tokens kept; the blocks the step was to write were never registered in the prefix cache) and is computed again later. action='fail': every request with a sequence in the step is finished, all its sequences, with SequenceStatus.FINISHED_ERROR (finish_reason 'error'); get_finished_seqs_info and build_request_outputs report them now. In both modes the sequences that the step's blocks_to_copy / states_to_clone / states_to_zero write (fork children, copy-on-write, new slots) are recomputed and that device work is dropped: nothing of the step reaches a later one. With a step scheduled ahead (step_ahead), both steps in flight are abandoned together. Returns the request ids concerned (failed, or with a recomputed sequence), sorted; [] and no change when no step is in flight (safe in any except clause). Raises ValueError naming action for any other value.
         """
     def abort_request(self, request_ids: str | collections.abc.Sequence[str]) -> int:
         """
@@ -446,9 +446,11 @@ class Scheduler:
         """
         Forget every cached block (e.g. after new weights). Returns True.
         """
-    def schedule(self) -> SchedulerOutputs:
+    def schedule(self, overlap: bool = False) -> SchedulerOutputs | None:
         """
         Schedule the next step (releases the GIL). Returns the scheduler's SchedulerOutputs (rewritten by the next call). Raises ValueError if the previous step has not been updated.
+        
+        overlap=True (ZOS): schedule step N+1 while step N is in flight, before its tokens are known, assuming one new token per sequence of step N (the ZOS builders then take each row's input token from step N's sampled tokens on the device). Returns None, changing nothing, when step N+1 cannot run ahead: step N is not plain decodes (prefill chunks, drafts, n > 1 samples, block copies), a request waits or a preempted one would resume, a sequence needs a copy-on-write or blocks that are not free (preemption), or every sequence surely finishes at step N; then update step N and schedule synchronously. Sequences that surely finish at step N (max_tokens, max_model_len) are left out of step N+1. While a step runs ahead (step_ahead), update() applies step N, and a sequence that finishes there (EOS, stop token, stop_sequence, abort) keeps its step N+1 row, whose token update() then ignores. ValueError when no step is in flight or a step already runs ahead.
         """
     def stop_sequence(self, seq_id: typing.SupportsInt | typing.SupportsIndex, stop_string: str, num_output_tokens: typing.SupportsInt | typing.SupportsIndex, output: typing.Any = None) -> None:
         """
@@ -494,9 +496,14 @@ class Scheduler:
         int64: running sequences in scheduling order.
         """
     @property
+    def step_ahead(self) -> bool:
+        """
+        True while a step scheduled with schedule(overlap=True) runs ahead of the step before it, whose update() is still due (two steps in flight).
+        """
+    @property
     def step_in_flight(self) -> bool:
         """
-        True between schedule() and update().
+        True between schedule() and update() (with a step scheduled ahead: until the update of the newer step).
         """
     @property
     def vocab_size(self) -> int:

@@ -147,6 +147,21 @@ class StepMeter:
 
         engine._run_model = run_model
         self._patched.append((engine, "_run_model"))
+        ov = engine.overlap
+        if ov is not None:  # decode steps of the overlap loop are launched without _run_model
+            launch = ov.launch
+
+            def launch_counted(out: Any, prev: Any) -> Any:
+                step = launch(out, prev)
+                a = ov.buffers[ov.side].arrays
+                n = int(step.args.num_seqs)
+                self.flops += float(self.estimator.step_flops(np.diff(a["query_start_loc"][:n + 1]),
+                                                              a["seq_lens"][:n], n))
+                self.steps += 1
+                return step
+
+            ov.launch = launch_counted
+            self._patched.append((ov, "launch"))
         if self.cuda:
             self._timed(self.llm.runner, "execute")
             if self.llm.runner.graphs is not None:

@@ -42,6 +42,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, metavar="N", default=0, help="seed of requests without --sample-seed")
     p.add_argument("--tensor-parallel-size", type=_positive_int, metavar="N", default=1,
                    help="split the model over N processes, one per device (CUDA: NCCL; CPU: gloo)")
+    p.add_argument("--overlap-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                   help="zero-overhead scheduling: prepare the next decode step while the device runs "
+                        "this one (default: on with CUDA graphs)")
 
 
 def _sampling_args(p: argparse.ArgumentParser, max_tokens: int = 128) -> None:
@@ -77,7 +80,8 @@ def _llm(args: argparse.Namespace, **extra: Any) -> Any:
         from deepinfer.runtime.llm import LLM
 
         return LLM(args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
-                   seed=args.seed, num_threads=args.threads, tensor_parallel_size=args.tensor_parallel_size, **extra)
+                   seed=args.seed, num_threads=args.threads, tensor_parallel_size=args.tensor_parallel_size,
+                   overlap_scheduling=args.overlap_scheduling, **extra)
 
 
 def context_len(llm: Any) -> int:

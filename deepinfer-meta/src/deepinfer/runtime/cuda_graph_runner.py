@@ -233,13 +233,18 @@ class CudaGraphRunner:
         rows = int(args.num_rows)
         return rows in self._graphs and int(args.num_tokens) == rows and int(args.num_logits) == rows
 
-    def replay(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def replay(self, rows: int, host: torch.Tensor | None = None,
+               before_replay: Any | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Copy the step's inputs up (one copy) and replay the graph of ``rows``; returns its
         logits [rows, vocab] (model dtype) and greedy token ids int64 [rows] (device tensors that
-        the next replay overwrites)."""
+        the next replay overwrites). ``host``: another StepBuffers' allocation of the same layout
+        (the overlap loop alternates two); ``before_replay(views, rows)``: device work on the
+        copied inputs before the replay (the overlap loop gathers input ids there)."""
         graph, logits, greedy = self._graphs[rows]
         n = self.buffers.bytes_for_batch(rows)
-        self.device_bytes[:n].copy_(self.buffers.host[:n], non_blocking=True)
+        self.device_bytes[:n].copy_((self.buffers.host if host is None else host)[:n], non_blocking=True)
+        if before_replay is not None:
+            before_replay(self.views, rows)
         if self.timer is not None and self.timer.enabled and self.num_replays % self.timed_replay_every == 0:
             self.timer.replay(self.handles[rows], stream=torch.cuda.current_stream(self.runner.device))
         else:

@@ -14,6 +14,10 @@ abandons the step (``Scheduler.abandon_step``): its requests fail with that exce
 ``retry_failed_steps``, are recomputed once), a KeyboardInterrupt puts them back for recompute
 and is re-raised to the caller, which aborts its own requests. An exception while one request's
 output is built fails that request only. The loop stays usable in every case.
+
+Overlap (``overlap_scheduling``, see ``overlap_loop``): in steady decode a step returns while the
+next one runs on the device; a failure before a step's tokens are applied abandons both steps in
+flight, as above.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import torch
 from deepinfer.runtime.cuda_graph_runner import greedy_tokens
 from deepinfer.runtime.detokenizer import IncrementalDetokenizer, decode_completion
 from deepinfer.runtime.model_runner import ModelRunner
+from deepinfer.runtime.overlap_loop import OverlapDecoder, blocks_overlap, is_plain_decode
 from deepinfer.runtime.sampler import prompt_logprobs, sample
 from deepinfer.runtime.sampler_inputs import PenaltyTables, sampling_batch_from_engine
 from deepinfer.runtime.sampling_params import SamplingParams
@@ -164,7 +169,8 @@ class EngineLoop:
     """Drives ``deepinfer._C.engine`` step by step for one ModelRunner and tokenizer."""
 
     def __init__(self, runner: ModelRunner, tokenizer: Any, cfg: EngineConfig,
-                 extra_stop_token_ids: list[int] | None = None, retry_failed_steps: bool = False) -> None:
+                 extra_stop_token_ids: list[int] | None = None, retry_failed_steps: bool = False,
+                 overlap_scheduling: bool = False) -> None:
         from deepinfer._C import engine
 
         E: Any = engine  # the native module (its stub may lag behind the build)
@@ -201,6 +207,9 @@ class EngineLoop:
         self.lock = FairRLock()
         self._in_step = False
         self._pending_releases: deque[str] = deque()  # released where the lock was not free
+        # ZOS: decode steps launched ahead of the previous step's tokens (None: synchronous loop).
+        self.overlap = OverlapDecoder(self) if overlap_scheduling else None
+        self._overlap_blockers: set[str] = set()  # live requests that keep the loop synchronous
 
     # ---- requests ---------------------------------------------------------------------------
     def new_request_id(self) -> str:
@@ -248,6 +257,8 @@ class EngineLoop:
             logprobs=params.logprobs, prompt_logprobs=params.prompt_logprobs,
             logit_bias=dict(params.logit_bias or {}), output_kind="final_only" if quiet else output_kind)
         delta = output_kind == "delta"
+        if blocks_overlap(params):
+            self._overlap_blockers.add(request_id)
         self.requests[request_id] = _RequestState(params, list(prompt_ids), {}, {}, delta,
                                                   final_text_only and not delta and not params.stop_strings)
         if collect is not None:
@@ -353,6 +364,9 @@ class EngineLoop:
     def step(self) -> list[Any]:
         """Run one engine step; returns the RequestOutputs updated by it (text filled in).
 
+        With overlap scheduling a decode step may still run on the device when this returns (the
+        next call applies it); the engine's scheduler then has a step in flight between calls.
+
         A request that fails in this step (see the module docstring) gets its error in its queue
         (raised by ``pop_output`` / ``next_output``); the error is raised here too when a failed
         request has no queue, or when the step failed before any request was in it."""
@@ -364,7 +378,20 @@ class EngineLoop:
             finally:
                 self._in_step = False
 
+    @property
+    def stuck(self) -> bool:
+        """A step awaits its tokens with nothing left to deliver them (after a failure the loop could
+        not abandon); a step launched ahead by the overlap loop is not stuck."""
+        return bool(self.scheduler.step_in_flight) and (self.overlap is None or self.overlap.in_flight is None)
+
+    def _overlap_allowed(self) -> bool:
+        if self._overlap_blockers:
+            self._overlap_blockers.intersection_update(self.requests)
+        return not self._overlap_blockers
+
     def _step(self) -> list[Any]:
+        if self.overlap is not None:
+            return self._step_overlapped(self.overlap)
         out = self.scheduler.schedule()
         self.num_steps += 1
         try:
@@ -372,11 +399,50 @@ class EngineLoop:
         except BaseException as err:  # noqa: BLE001 - re-raised by _abandon_step unless delivered
             self._abandon_step(err)
             return []
+        return self._step_outputs(out)
+
+    def _step_overlapped(self, ov: OverlapDecoder) -> list[Any]:
+        """One step of the overlap loop: apply the decode step in flight (launching the next one
+        ahead of its tokens when the scheduler allows it), or run a step synchronously."""
+        launched = ov.in_flight
+        ov.in_flight = None
+        out = None if launched is None else launched.scheduled  # (request ids failed if outputs fail)
+        try:
+            if launched is None:
+                out = self.scheduler.schedule()
+                self.num_steps += 1
+                if not (is_plain_decode(out) and self._overlap_allowed()):
+                    self._run_scheduled(out)
+                    return self._step_outputs(out)
+                launched = ov.launch(out, None)
+            ahead = self.scheduler.schedule(overlap=True) if self._overlap_allowed() else None
+            if ahead is not None:
+                out = ahead
+                self.num_steps += 1
+                ov.in_flight = ov.launch(ahead, launched)
+            self.scheduler.update(launched.tokens())
+        except BaseException as err:  # noqa: BLE001 - re-raised by _abandon_step unless delivered
+            ov.in_flight = None
+            self._abandon_step(err)  # both steps in flight, when one was launched ahead
+            return []
+        try:
+            return self._step_outputs(out)
+        finally:  # (also when building the outputs failed and its requests were failed)
+            if ov.in_flight is not None and not self.scheduler.num_unfinished_requests:
+                # Nothing runs on: apply the step ahead now (every row is ignored) so the loop is idle.
+                launched, ov.in_flight = ov.in_flight, None
+                try:
+                    self.scheduler.update(launched.tokens())
+                except BaseException as err:  # noqa: BLE001
+                    self._abandon_step(err)
+
+    def _step_outputs(self, out: Any) -> list[Any]:
         with _sigint_deferred():
             try:
                 return self._collect_outputs()
             except BaseException as err:  # building outputs failed as a whole: fail the step's requests
-                self._fail_requests([r for r in dict.fromkeys(out.request_ids) if r in self.requests], err)
+                ids = [] if out is None else out.request_ids
+                self._fail_requests([r for r in dict.fromkeys(ids) if r in self.requests], err)
                 raise
 
     def _run_scheduled(self, out: Any) -> None:

@@ -95,6 +95,10 @@ class LLM:
         seed: seed of the random streams of requests without their own seed.
         num_threads: torch intra-op threads (default: torch's choice).
         enforce_eager: on CUDA, run decode steps eagerly instead of replaying CUDA graphs.
+        overlap_scheduling: zero-overhead scheduling (ZOS): in steady decode, schedule and
+            launch step N+1 before step N's tokens reach the host, so host work overlaps the
+            device. Default: on where it pays, CUDA with graphs; True also runs it on CPU or
+            eagerly (same outputs, no concurrency there). See docs/guide/08-gpu.md.
         retry_failed_steps: when an engine step raises (a model or sampler error, device out of
             memory), recompute its requests once before failing them; default: fail them at once
             (the other requests and the LLM are unaffected either way).
@@ -121,7 +125,7 @@ class LLM:
                  num_kv_blocks: int | None = None, dummy_weights: bool = False,
                  attention_backend: str | None = None, seed: int = 0, num_threads: int | None = None,
                  enforce_eager: bool = False, retry_failed_steps: bool = False,
-                 tensor_parallel_size: int = 1) -> None:
+                 tensor_parallel_size: int = 1, overlap_scheduling: bool | None = None) -> None:
         import torch
 
         from deepinfer.runtime.cuda_graph_runner import default_graph_batch_sizes
@@ -145,6 +149,12 @@ class LLM:
                            ("enforce_eager", enforce_eager)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be a bool, got {flag!r}")
+        if overlap_scheduling is not None and not isinstance(overlap_scheduling, bool):
+            raise TypeError(f"overlap_scheduling must be a bool or None, got {overlap_scheduling!r}")
+        if overlap_scheduling and tp_size > 1:
+            # the other ranks would need step N's sampled ids on their devices before its launch
+            raise ValueError(f"overlap_scheduling=True does not run with tensor_parallel_size={tp_size} yet; "
+                             "leave it unset (tensor-parallel steps run synchronously)")
         if num_threads is not None:
             num_threads = _int_arg("num_threads", num_threads, 1, 4096)
         if max_num_batched_tokens is not None:
@@ -238,7 +248,9 @@ class LLM:
                              enable_chunked_prefill=enable_chunked_prefill,
                              enable_prefix_caching=enable_prefix_caching, seed=seed,
                              graph_batch_sizes=graph_sizes),
-                extra_stop_token_ids=eos_ids[1:], retry_failed_steps=retry_failed_steps)
+                extra_stop_token_ids=eos_ids[1:], retry_failed_steps=retry_failed_steps,
+                overlap_scheduling=(use_graphs and group is None) if overlap_scheduling is None
+                else overlap_scheduling)
             self.device, self.dtype = dev, tdtype
             self.backend = where.backend  # the backend serving the runtime: "cuda", "ascend" or "cpu"
             if graph_sizes is not None:
@@ -257,7 +269,8 @@ class LLM:
         graphs = "off" if self.runner.graphs is None else f"{len(self.runner.graphs.batch_sizes)} decode graphs"
         tp = f", tensor_parallel_size={self.tensor_parallel_size}" if self.tensor_parallel_size > 1 else ""
         return (f"LLM(model={self.model_path!r}, backend={self.backend!r}, device={str(self.device)!r}, "
-                f"dtype={str(self.dtype).replace('torch.', '')!r}, cuda_graphs={graphs}{tp})")
+                f"dtype={str(self.dtype).replace('torch.', '')!r}, cuda_graphs={graphs}{tp}, "
+                f"overlap_scheduling={self.engine.overlap is not None})")
 
     def close(self) -> None:
         """Stop the other tensor-parallel ranks (a no-op with one); the LLM cannot generate after.

@@ -67,7 +67,7 @@ class ModelRunner:
             cache[:, d] = cache[:, s]
 
     @torch.inference_mode()
-    def execute(self, *, input_ids: np.ndarray, positions: np.ndarray, slot_mapping: np.ndarray,
+    def execute(self, *, input_ids: np.ndarray | torch.Tensor, positions: np.ndarray, slot_mapping: np.ndarray,
                 query_start_loc: np.ndarray, seq_lens: np.ndarray, block_tables: np.ndarray,
                 logits_indices: np.ndarray) -> torch.Tensor:
         """Float32 logits [len(logits_indices), vocab] for one step in the var-len layout."""
@@ -75,7 +75,10 @@ class ModelRunner:
             slot_mapping=np.asarray(slot_mapping), query_start_loc=np.asarray(query_start_loc),
             seq_lens=np.asarray(seq_lens), block_tables=np.asarray(block_tables),
             block_size=self.block_size, scratch_slot=self.scratch_slot, device=self.device)
-        ids = torch.from_numpy(np.ascontiguousarray(input_ids, dtype=np.int64)).to(self.device)
+        if isinstance(input_ids, torch.Tensor):  # (the overlap loop's ids, gathered on the device)
+            ids = input_ids.to(device=self.device, dtype=torch.int64)
+        else:
+            ids = torch.from_numpy(np.ascontiguousarray(input_ids, dtype=np.int64)).to(self.device)
         pos = torch.from_numpy(np.ascontiguousarray(positions, dtype=np.int64)).to(self.device)
         hidden = self.model(ids, pos, self.kv_caches, meta, self.attention)
         rows = torch.from_numpy(np.ascontiguousarray(logits_indices, dtype=np.int64)).to(self.device)

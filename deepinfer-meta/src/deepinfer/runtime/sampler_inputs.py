@@ -44,6 +44,11 @@ class PenaltyTables:
         self.seen = torch.zeros((0, 0), dtype=torch.bool, device=self.device)
         self.applied_calls = 0  # SamplerInputs.num_calls of the last call applied
 
+    def grow(self, slots: int, width: int) -> None:
+        """Room for ``slots`` slots and tokens below ``width`` (the overlap loop counts tokens the
+        tables have not seen yet)."""
+        self._grow(slots, width)
+
     def _grow(self, slots: int, width: int) -> None:
         s0, w0 = self.counts.shape
         if slots <= s0 and width <= w0:

@@ -12,7 +12,7 @@ import torch
 
 # name -> (dtype, per-row count kind): "t" token rows, "s" sequence rows, "s1" sequence rows + 1
 _TOKEN_ARRAYS = (("input_ids", np.int32), ("positions", np.int32), ("slot_mapping", np.int64),
-                 ("logits_indices", np.int32))
+                 ("logits_indices", np.int32), ("zos_source_index", np.int32))
 _SEQ_ARRAYS = (("query_start_loc", np.int32, 1), ("seq_lens", np.int32, 0))
 
 

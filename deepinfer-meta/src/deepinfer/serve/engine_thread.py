@@ -70,12 +70,13 @@ def rebuild_if_stuck(llm: Any) -> bool:
     step's tokens (a failure the loop could not abandon), give the LLM a fresh engine loop over
     the same model runner and KV cache and return True (every live request has failed)."""
     engine = llm.engine
-    if not engine.scheduler.step_in_flight:
+    if not engine.stuck:  # (a decode step launched ahead by the overlap loop is not stuck)
         return False
     from deepinfer.runtime.engine_loop import EngineLoop
 
     llm.engine = EngineLoop(engine.runner, engine.tokenizer, engine.cfg,
-                            extra_stop_token_ids=engine.extra_stop_token_ids)
+                            extra_stop_token_ids=engine.extra_stop_token_ids,
+                            overlap_scheduling=engine.overlap is not None)
     return True
 
 

@@ -28,6 +28,7 @@ Scheduler::Scheduler(const SchedulerConfig& cfg)
     : cfg_(cfg.validated()),
       bm_(cfg.num_blocks, cfg.block_size, cfg.enable_prefix_caching, watermark_blocks_of(cfg), cfg.hash_bits) {
   out_.store = &store_;
+  behind_.store = &store_;
   for (int32_t i = cfg.num_state_slots - 1; i >= 0; --i) free_state_slots_.push_back(i);
   running_.reserve(static_cast<size_t>(cfg.max_num_seqs) + 1);
   out_.scheduled.reserve(static_cast<size_t>(cfg.max_num_seqs) + 1);
@@ -232,6 +233,10 @@ void Scheduler::abandon_step(bool fail, std::vector<GroupIndex>& groups) {
   std::vector<SeqIndex> step_seqs;
   for (const ScheduledSeq& e : out_.scheduled)
     if (!is_finished(store_.seq(e.seq).status)) step_seqs.push_back(e.seq);
+  // Overlap: the older step in flight too (schedule_ahead admits only steps without device work).
+  if (ahead_)
+    for (const ScheduledSeq& e : behind_.scheduled)
+      if (!is_finished(store_.seq(e.seq).status)) step_seqs.push_back(e.seq);
   // Owners of the step's device work: each destination block / slot belongs to one running
   // sequence (a fresh block or slot from a fork, a copy-on-write or an admission).
   std::vector<SeqIndex> owners;
@@ -267,32 +272,54 @@ void Scheduler::abandon_step(bool fail, std::vector<GroupIndex>& groups) {
     if (!fail) add_group(store_.seq(s).group);
     reset_for_recompute(s);
   }
-  out_.scheduled.clear();
-  out_.num_decodes = out_.num_batched_tokens = out_.num_prefill_tokens = out_.num_decode_tokens = 0;
-  out_.num_sample_rows = 0;
-  out_.max_logprobs = -1;
-  out_.blocks_to_copy.clear();
-  out_.states_to_clone.clear();
-  out_.states_to_zero.clear();
+  clear_step(out_);
+  clear_step(behind_);
   finished_in_update_ = 0;
-  in_flight_ = false;
+  in_flight_ = ahead_ = overlapped_ = false;
+}
+
+void Scheduler::clear_step(SchedulerOutputs& o) {
+  o.scheduled.clear();
+  o.num_decodes = o.num_batched_tokens = o.num_prefill_tokens = o.num_decode_tokens = 0;
+  o.num_sample_rows = 0;
+  o.max_logprobs = -1;
+  o.blocks_to_copy.clear();
+  o.states_to_clone.clear();
+  o.states_to_zero.clear();
+}
+
+bool Scheduler::group_in_flight(GroupIndex g) const {
+  for (const ScheduledSeq& e : out_.scheduled)
+    if (store_.seq(e.seq).group == g) return true;
+  if (ahead_)
+    for (const ScheduledSeq& e : behind_.scheduled)
+      if (store_.seq(e.seq).group == g) return true;
+  return false;
 }
 
 void Scheduler::release_finished_groups() {
+  size_t kept = 0;
   for (GroupIndex g : groups_to_release_) {
     SequenceGroup& gr = store_.groups[g];
     if (!gr.alive) continue;
+    // Overlap: a step in flight still names its sequences (update skips them), or the request's
+    // final output is still to be built (an abort while a step was in flight): release later.
+    if (in_flight_ && (!gr.final_output_sent || group_in_flight(g))) {
+      groups_to_release_[kept++] = g;
+      continue;
+    }
     forget_request_id(g);
     for (SeqIndex s : gr.seqs) by_seq_id_.erase(store_.seq(s).seq_id);
     store_.release_group(g);
   }
-  groups_to_release_.clear();
+  groups_to_release_.resize(kept);
 }
 
 const SchedulerOutputs& Scheduler::schedule() {
   if (in_flight_) throw std::logic_error("schedule() called again before update() of step " + std::to_string(out_.step));
   release_finished_groups();
   finished_.clear();
+  finished_reported_ = 0;
   drain_updated_seqs();
   for (SeqIndex s : deferred_finished_) report_finished(s);
   deferred_finished_.clear();
@@ -454,6 +481,7 @@ const SchedulerOutputs& Scheduler::schedule() {
   for (const ScheduledSeq& e : out_.scheduled) rows += e.num_samples;
   out_.num_sample_rows = rows;
   in_flight_ = true;
+  overlapped_ = false;
   return out_;
 }
 
@@ -547,7 +575,9 @@ void Scheduler::end_update() {
                                   [this](SeqIndex s) { return is_finished(store_.seq(s).status); }),
                    running_.end());
   finished_in_update_ = 0;
-  in_flight_ = false;
+  finished_reported_ = finished_.size();
+  if (ahead_) ahead_ = false;  // the step scheduled ahead stays in flight
+  else in_flight_ = false;
 }
 
 void Scheduler::update(const int32_t* tokens, const float* logprobs, const int32_t* topk_ids,
@@ -555,10 +585,11 @@ void Scheduler::update(const int32_t* tokens, const float* logprobs, const int32
   begin_update();
   int32_t row = 0;
   // Entries are read by index: fork() may add sequences (the slab may move), never entries.
-  const size_t num = out_.scheduled.size();
+  const std::vector<ScheduledSeq>& entries = update_target().scheduled;  // the older step when one runs ahead
+  const size_t num = entries.size();
   for (size_t i = 0; i < num; ++i) {
-    prefetch_seq(i + 8 < num ? out_.scheduled[i + 8].seq : kNoSeq, i + 4 < num ? out_.scheduled[i + 4].seq : kNoSeq);
-    const ScheduledSeq e = out_.scheduled[i];
+    prefetch_seq(i + 8 < num ? entries[i + 8].seq : kNoSeq, i + 4 < num ? entries[i + 4].seq : kNoSeq);
+    const ScheduledSeq e = entries[i];
     if (is_finished(store_.seq(e.seq).status)) {  // aborted while the step ran
       row += e.num_samples;
       continue;
@@ -719,13 +750,15 @@ std::string Scheduler::check_invariants() const {
     for (int32_t o : slot_owner) used += o;
     if (used + static_cast<int32_t>(free_state_slots_.size()) != cfg_.num_state_slots) return "state slots leaked";
   }
-  if (in_flight_)
-    for (const ScheduledSeq& e : out_.scheduled) {
+  for (const SchedulerOutputs* o : {&out_, &behind_}) {
+    if (!in_flight_ || (o == &behind_ && !ahead_)) continue;
+    for (const ScheduledSeq& e : o->scheduled) {
       const Sequence& q = store_.seq(e.seq);
       if (q.status == SequenceStatus::RUNNING &&
           bm_.blocks_for(e.num_computed_before + e.num_tokens) > static_cast<int32_t>(q.block_table.size()))
         return "sequence " + std::to_string(q.seq_id) + " lacks slots for its scheduled tokens";
     }
+  }
   size_t running = 0;
   for (SeqIndex s : running_) {
     if (store_.seq(s).status != SequenceStatus::RUNNING) return "finished sequence left in the running list";

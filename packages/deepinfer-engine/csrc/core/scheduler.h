@@ -102,6 +102,14 @@ class Scheduler {
   const SchedulerOutputs& last_outputs() const { return out_; }
   uint64_t step() const { return out_.step; }
   bool step_in_flight() const { return in_flight_; }
+  // Overlap (ZOS): a step was scheduled ahead (schedule_ahead) and the step before it still awaits
+  // its update: two steps in flight, last_outputs() is the newer one.
+  bool step_ahead() const { return ahead_; }
+  // The step that the next update() applies: the older one while a step runs ahead.
+  const SchedulerOutputs& update_target() const { return ahead_ ? behind_ : out_; }
+  // Whether the outputs of the last update may be built: no update pending, or only that of a
+  // step scheduled ahead (whose predecessor was updated).
+  bool outputs_ready() const { return !in_flight_ || (overlapped_ && !ahead_); }
 
   // ---- requests ----
   // Throws InvalidArgument naming what is wrong with a request (its id reserved or in use, an
@@ -125,6 +133,18 @@ class Scheduler {
 
   // ---- one step ----
   const SchedulerOutputs& schedule();
+
+  // Overlap (ZOS, scheduler_overlap.cpp): schedules step N+1 while step N is in flight, before
+  // step N's tokens are known, assuming each of its sequences gets one new token. Only a
+  // decode-only step may run ahead of a decode-only step: nullptr (nothing changed) when step N
+  // is not plain decodes (prefill, drafts, n > 1 samples, device work), when a request waits or
+  // a preempted one would resume, when a sequence needs a copy-on-write or the blocks for its
+  // next slot are not free (preemption), or when every sequence surely finishes at N. The caller
+  // then updates step N and schedules synchronously. Sequences that surely finish at N
+  // (max_tokens, max_model_len) are left out. The next update() applies step N (update_target());
+  // a sequence that finishes there keeps its step N+1 row, which update() then skips.
+  // Requires step_in_flight() and !step_ahead() (the binding raises otherwise).
+  const SchedulerOutputs* schedule_ahead();
 
   // The update after the model ran. update() = begin_update + for each scheduled sequence
   // (advance_computed, then append_token per sample row) + end_update.
@@ -226,6 +246,9 @@ class Scheduler {
   void prefetch_seq(SeqIndex far, SeqIndex near) const;
   void report_finished(SeqIndex s);
   void release_finished_groups();
+  // Whether the group has a sequence in a step in flight (its release must wait for the update).
+  bool group_in_flight(GroupIndex g) const;
+  void clear_step(SchedulerOutputs& o);  // an abandoned step: no entries, no device work
   void forget_request_id(GroupIndex g);  // unless the id was reused since
   int32_t seq_cost(SeqIndex s) const;  // max_num_seqs units held by a running sequence
 
@@ -234,6 +257,10 @@ class Scheduler {
   BlockManager bm_;
   SchedulerOutputs out_;
   bool in_flight_ = false;
+  bool ahead_ = false;       // overlap: out_ runs ahead of behind_, whose update is pending
+  bool overlapped_ = false;  // out_ was scheduled ahead of its predecessor
+  SchedulerOutputs behind_;  // overlap: the older step in flight while ahead_
+  size_t finished_reported_ = 0;  // finished_ entries up to the last end_update
   std::vector<SeqIndex> running_;
   std::deque<SeqIndex> waiting_;
   std::deque<SeqIndex> preempted_;

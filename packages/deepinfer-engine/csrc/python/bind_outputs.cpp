@@ -137,8 +137,9 @@ void bind_outputs(py::module_& m) {
       "build_request_outputs",
       [](Scheduler& s, RequestOutputPool& pool) {
         BusyGuard busy_guard(s.busy, "Scheduler", "build_request_outputs");
-        if (s.step_in_flight())
-          throw py::value_error("build_request_outputs: step " + std::to_string(s.step()) + " is waiting for update()");
+        if (!s.outputs_ready())  // (a step scheduled ahead may run: the outputs are those of its predecessor)
+          throw py::value_error("build_request_outputs: step " + std::to_string(s.update_target().step) +
+                                " is waiting for update()");
         return py::typing::List<RequestOutputData>(request_output_list(s, pool));
       },
       py::arg("scheduler"), py::arg("pool"),

@@ -519,23 +519,57 @@ void bind_scheduler(py::module_& m) {
           "were still unfinished. Raises ValueError for an unknown id (nothing is aborted then).")
       .def(
           "schedule",
-          [](Scheduler& s) -> const SchedulerOutputs& {
+          [](py::object self, bool overlap) -> py::typing::Optional<SchedulerOutputs> {
+            Scheduler& s = self.cast<Scheduler&>();
             BusyGuard busy_guard(s.busy, "Scheduler", "Scheduler.schedule");
-            if (s.step_in_flight())
-              throw py::value_error("schedule: step " + std::to_string(s.step()) + " is still waiting for update()");
-            py::gil_scoped_release nogil;
-            return s.schedule();
+            const SchedulerOutputs* out = nullptr;
+            if (overlap) {
+              if (!s.step_in_flight())
+                throw py::value_error("schedule(overlap=True): no step in flight to run ahead of "
+                                      "(call schedule() first)");
+              if (s.step_ahead())
+                throw py::value_error("schedule(overlap=True): step " + std::to_string(s.step()) +
+                                      " already runs ahead of step " + std::to_string(s.step() - 1) +
+                                      " (call update() for step " + std::to_string(s.step() - 1) + " first)");
+              py::gil_scoped_release nogil;
+              out = s.schedule_ahead();
+            } else {
+              if (s.step_in_flight())
+                throw py::value_error("schedule: step " + std::to_string(s.update_target().step) +
+                                      " is still waiting for update()");
+              py::gil_scoped_release nogil;
+              out = &s.schedule();
+            }
+            if (out == nullptr) return py::reinterpret_borrow<py::typing::Optional<SchedulerOutputs>>(py::none());
+            return py::reinterpret_steal<py::typing::Optional<SchedulerOutputs>>(
+                py::cast(out, py::return_value_policy::reference_internal, self).release());
           },
-          py::return_value_policy::reference_internal,
+          py::arg("overlap") = false,
           "Schedule the next step (releases the GIL). Returns the scheduler's SchedulerOutputs (rewritten by "
-          "the next call). Raises ValueError if the previous step has not been updated.")
+          "the next call). Raises ValueError if the previous step has not been updated.\n\n"
+          "overlap=True (ZOS): schedule step N+1 while step N is in flight, before its tokens are known, "
+          "assuming one new token per sequence of step N (the ZOS builders then take each row's input token "
+          "from step N's sampled tokens on the device). Returns None, changing nothing, when step N+1 cannot "
+          "run ahead: step N is not plain decodes (prefill chunks, drafts, n > 1 samples, block copies), a "
+          "request waits or a preempted one would resume, a sequence needs a copy-on-write or blocks that are "
+          "not free (preemption), or every sequence surely finishes at step N; then update step N and schedule "
+          "synchronously. Sequences that surely finish at step N (max_tokens, max_model_len) are left out of "
+          "step N+1. While a step runs ahead (step_ahead), update() applies step N, and a sequence that "
+          "finishes there (EOS, stop token, stop_sequence, abort) keeps its step N+1 row, whose token update() "
+          "then ignores. ValueError when no step is in flight or a step already runs ahead.")
       .def(
           "update",
           [](Scheduler& s, const py::object& sampled_token_ids, const py::object& logprobs,
              const py::object& topk_token_ids, const py::object& topk_logprobs) {
             BusyGuard busy_guard(s.busy, "Scheduler", "Scheduler.update");
             if (!s.step_in_flight()) throw py::value_error("update: no scheduled step (call schedule() first)");
-            const SchedulerOutputs& o = s.last_outputs();
+            const SchedulerOutputs& o = s.update_target();  // the older step when one runs ahead
+            if (s.step_ahead() && py::hasattr(sampled_token_ids, "__len__") &&
+                py::len(sampled_token_ids) != static_cast<size_t>(o.num_sample_rows))
+              buf::fail("sampled_token_ids",
+                        "update applies step " + std::to_string(o.step) + " (step " + std::to_string(s.step()) +
+                            " runs ahead of it), which has " + std::to_string(o.num_sample_rows) +
+                            " sample rows; got " + std::to_string(py::len(sampled_token_ids)) + " tokens");
             // A decode with drafts computes 1 + k tokens but update appends one per row: only
             // process_MTPInfo knows how many drafts were accepted.
             if (o.num_decode_tokens != o.num_decodes)
@@ -640,7 +674,7 @@ void bind_scheduler(py::module_& m) {
           "(finish_reason 'error'); get_finished_seqs_info and build_request_outputs report them now. In both "
           "modes the sequences that the step's blocks_to_copy / states_to_clone / states_to_zero write (fork "
           "children, copy-on-write, new slots) are recomputed and that device work is dropped: nothing of "
-          "the step reaches a later one. Returns the request ids concerned (failed, or with a recomputed "
+          "the step reaches a later one. With a step scheduled ahead (step_ahead), both steps in flight are abandoned together. Returns the request ids concerned (failed, or with a recomputed "
           "sequence), sorted; [] and no change when no step is in flight (safe in any except clause). Raises "
           "ValueError naming action for any other value.")
       .def(
@@ -734,8 +768,11 @@ void bind_scheduler(py::module_& m) {
           },
           "int64: preempted and waiting sequences, in admission order (by priority under the 'priority' "
           "policy, preempted ones first on ties; then arrival_time and add order).")
+      .def_property_readonly("step_ahead", &Scheduler::step_ahead,
+                             "True while a step scheduled with schedule(overlap=True) runs ahead of the step "
+                             "before it, whose update() is still due (two steps in flight).")
       .def_property_readonly("step_in_flight", &Scheduler::step_in_flight,
-                             "True between schedule() and update().")
+                             "True between schedule() and update() (with a step scheduled ahead: until the update of the newer step).")
       .def_property_readonly("block_manager", [](Scheduler& s) -> BlockManager& { return s.block_manager(); },
                              py::return_value_policy::reference_internal, "Its BlockManager.")
       .def_property_readonly("max_model_len", [](const Scheduler& s) { return s.config().max_model_len; },

@@ -17,6 +17,11 @@ void bind_updates(py::module_& m) {
          const py::object& logprobs) {
         BusyGuard busy_guard(s.busy, "Scheduler", "process_MTPInfo");
         if (!s.step_in_flight()) throw py::value_error("scheduler: no scheduled step (call schedule() first)");
+        if (s.step_ahead())
+          throw py::value_error("process_MTPInfo: step " + std::to_string(s.step()) + " runs ahead of step " +
+                                std::to_string(s.update_target().step) +
+                                " (schedule(overlap=True)); apply step " + std::to_string(s.update_target().step) +
+                                " with update() first (speculative steps never run ahead)");
         const SchedulerOutputs& out = s.last_outputs();
         const int32_t rows = out.num_sample_rows;
         auto acc = buf::check_input_1d<int32_t>(num_accepted, "num_accepted", rows);
