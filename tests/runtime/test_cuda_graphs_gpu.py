@@ -274,22 +274,24 @@ def test_a_fault_inside_a_replayed_graph_raises(shape_dir, overlap):
     assert "raised RuntimeError" in out.stdout
 
 
-def test_a_failed_replay_fails_its_step_and_the_engine_goes_on(shape_dir):
+@pytest.mark.parametrize("overlap", [True, False], ids=["zos", "sync"])
+def test_a_failed_replay_fails_its_step_and_the_engine_goes_on(shape_dir, overlap):
     """An exception raised in the replay path (after earlier replays of the same requests) fails
     that step's requests only: ``generate`` raises it, nothing stays scheduled, and later requests
-    replay the graphs again and give the eager path's greedy tokens."""
+    replay the graphs again and give the eager path's greedy tokens — with the overlap loop (a
+    step may be running ahead when the replay fails) and without."""
     from deepinfer import SamplingParams
 
-    llm = _llm(shape_dir)
+    llm = _llm(shape_dir, overlap_scheduling=overlap)
     graphs = llm.runner.graphs
     inner = graphs.replay
     calls = {"n": 0}
 
-    def flaky(rows):
+    def flaky(rows, **kw):  # kw: the overlap loop's host buffers and id resolution
         calls["n"] += 1
         if calls["n"] == 3:
             raise RuntimeError("injected replay failure")
-        return inner(rows)
+        return inner(rows, **kw)
 
     graphs.replay = flaky
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
