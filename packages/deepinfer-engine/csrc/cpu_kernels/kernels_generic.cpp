@@ -1,0 +1,128 @@
+// Portable kernels (any CPU): the reference the vector ones are tested against, and the
+// fallback where no vector table applies.
+#include <cmath>
+#include <cstring>
+
+#include "cpu_kernels/kernels.h"
+
+namespace deepinfer::cpu {
+
+float fp16_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1Fu;
+  const uint32_t mant = h & 0x3FFu;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: value = mant * 2^-24
+      float f = std::ldexp(static_cast<float>(mant), -24);
+      std::memcpy(&bits, &f, 4);
+      bits |= sign;
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7F800000u | (mant << 13);
+  } else {
+    bits = sign | ((exp + 112) << 23) | (mant << 13);
+  }
+  float out;
+  std::memcpy(&out, &bits, 4);
+  return out;
+}
+
+namespace {
+
+inline float half_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return fp16_to_float(h);
+}
+
+float block_dot(WeightKind kind, const uint8_t* w, const ActBlock& x) {
+  int32_t sum = 0;
+  switch (kind) {
+    case WeightKind::Q4_0: {
+      const uint8_t* qs = w + 2;
+      for (int j = 0; j < 16; ++j) sum += (qs[j] & 0x0F) * x.qs[j] + (qs[j] >> 4) * x.qs[j + 16];
+      return half_at(w) * (x.d * static_cast<float>(sum) - 8.0f * x.s);
+    }
+    case WeightKind::Q4_1: {
+      const uint8_t* qs = w + 4;
+      for (int j = 0; j < 16; ++j) sum += (qs[j] & 0x0F) * x.qs[j] + (qs[j] >> 4) * x.qs[j + 16];
+      return half_at(w) * x.d * static_cast<float>(sum) + half_at(w + 2) * x.s;
+    }
+    case WeightKind::Q8_0: {
+      const int8_t* qs = reinterpret_cast<const int8_t*>(w + 2);
+      for (int j = 0; j < kBlock; ++j) sum += qs[j] * x.qs[j];
+      return half_at(w) * x.d * static_cast<float>(sum);
+    }
+    case WeightKind::F32: break;
+  }
+  return 0.0f;
+}
+
+void gemv_quant(WeightKind kind, const uint8_t* w, size_t row_bytes, int k, const ActBlock* x, int rows,
+                float* y, int ldy, int n0, int n1) {
+  const int nb = k / kBlock;
+  const size_t bb = block_bytes(kind);
+  for (int n = n0; n < n1; ++n) {
+    const uint8_t* row = w + static_cast<size_t>(n) * row_bytes;
+    for (int b = 0; b < rows; ++b) {
+      const ActBlock* xb = x + static_cast<size_t>(b) * nb;
+      float acc = 0.0f;
+      for (int i = 0; i < nb; ++i) acc += block_dot(kind, row + i * bb, xb[i]);
+      y[static_cast<size_t>(b) * ldy + n] = acc;
+    }
+  }
+}
+
+float dot(const float* a, const float* b, int n) {
+  float acc = 0.0f;
+  for (int i = 0; i < n; ++i) acc += a[i] * b[i];
+  return acc;
+}
+
+void gemv_f32(const float* w, int k, const float* x, int rows, float* y, int ldy, int n0, int n1) {
+  for (int n = n0; n < n1; ++n)
+    for (int b = 0; b < rows; ++b)
+      y[static_cast<size_t>(b) * ldy + n] = dot(w + static_cast<size_t>(n) * k, x + static_cast<size_t>(b) * k, k);
+}
+
+void quantize_row(const float* x, int k, ActBlock* out) {
+  for (int i = 0; i < k / kBlock; ++i) {
+    const float* v = x + i * kBlock;
+    float amax = 0.0f;
+    for (int j = 0; j < kBlock; ++j) amax = std::fmax(amax, std::fabs(v[j]));
+    const float d = amax / 127.0f;
+    const float id = d > 0.0f ? 1.0f / d : 0.0f;
+    int32_t sum = 0;
+    for (int j = 0; j < kBlock; ++j) {
+      const int q = static_cast<int>(std::nearbyint(v[j] * id));
+      out[i].qs[j] = static_cast<int8_t>(q);
+      sum += q;
+    }
+    out[i].d = d;
+    out[i].s = d * static_cast<float>(sum);
+  }
+}
+
+void axpy(float a, const float* x, float* y, int n) {
+  for (int i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+const Kernels kGeneric{"generic", gemv_quant, gemv_f32, quantize_row, dot, axpy};
+
+}  // namespace
+
+const Kernels& generic_kernels() { return kGeneric; }
+
+const Kernels& best_kernels() {
+#if defined(DEEPINFER_HAVE_AVX2_KERNELS)
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                           __builtin_cpu_supports("f16c");
+  if (avx2) return avx2_kernels();
+#endif
+  return kGeneric;
+}
+
+}  // namespace deepinfer::cpu
