@@ -24,6 +24,9 @@ class LoadedModel:
     model: LlamaForCausalLM
     config: ModelConfig
     path: str
+    # The memory-mapped GGUF file of a model whose layers kept its quantization: the native CPU
+    # decode path reads their blocks from it (models.native_decode).
+    gguf: GGUFModel | None = None
 
 
 def resolve_model_path(model: str | os.PathLike[str] | None) -> str:
@@ -97,12 +100,18 @@ def load_model(path: str, *, device: torch.device, dtype: torch.dtype, dummy_wei
 
             model.load_weights(iter_safetensors(path))
     model.eval()
-    if device.type == "cpu":  # faster few-row matmuls on CPU (see the method)
-        model.store_wide_projections_input_major()
+    if device.type == "cpu":
+        from deepinfer.runtime.models.native_decode import native_decode_wanted
+
+        # The native decode kernels read [out, in] rows; torch's few-row matmuls are faster
+        # over [in, out] (see the method), which only matters when torch runs decode steps.
+        if not native_decode_wanted():
+            model.store_wide_projections_input_major()
     # cos/sin tables are built on the device in float32: .to(dtype) would round them
     model.rotary = RotaryEmbedding(config.head_dim, max_positions or config.max_position_embeddings,
                                    config.rope_theta, config.rope_scaling, freq_factors).to(device)
-    return LoadedModel(model=model, config=config, path=path)
+    return LoadedModel(model=model, config=config, path=path,
+                       gguf=gguf_model if keep_quantized and not dummy_weights else None)
 
 
 def materialize(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> None:

@@ -1,8 +1,11 @@
-// A small persistent thread pool for the decode step: run(fn) calls fn(thread_index) on every
-// thread (the caller is thread 0) and returns when all are done. Work inside fn is shared
-// through atomic counters (dynamic chunks), so a descheduled thread on a busy machine delays a
-// step by one chunk, not by its whole share. Workers spin briefly between the ~150 parallel
-// regions of a step, then sleep (futex) until the next one.
+// A small persistent thread pool for the decode step: run(fn) calls fn(thread_index) on the
+// caller (index 0) and on every worker that joins the region in time, and returns when the
+// caller's fn returned and every joined worker finished.
+//
+// fn shares its work through atomic counters (dynamic chunks) and returns when none is left, so
+// a worker that is not scheduled while a region runs (a busy machine) simply does not join it:
+// the caller and the other workers do its share, and the step never waits for a thread that has
+// not started. Workers spin briefly between the ~150 regions of a step, then sleep (futex).
 #pragma once
 
 #include <atomic>
@@ -20,8 +23,8 @@ class ThreadPool {
     for (int i = 1; i < n_; ++i) workers_.emplace_back([this, i] { loop(i); });
   }
   ~ThreadPool() {
-    stop_.store(true, std::memory_order_relaxed);
-    generation_.fetch_add(1, std::memory_order_release);
+    stop_.store(true);
+    generation_.fetch_add(1);
     generation_.notify_all();
     for (auto& t : workers_) t.join();
   }
@@ -30,22 +33,25 @@ class ThreadPool {
 
   int size() const { return n_; }
 
-  // Not reentrant; one caller at a time (the model serialises its steps).
+  // One caller at a time (the model serialises its steps).
   void run(const std::function<void(int)>& fn) {
     if (n_ == 1) {
       fn(0);
       return;
     }
     job_ = &fn;
-    pending_.store(n_ - 1, std::memory_order_relaxed);
-    generation_.fetch_add(1, std::memory_order_release);
+    open_.store(true);
+    generation_.fetch_add(1);
     generation_.notify_all();
     fn(0);
-    for (int spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
+    // Close the region, then wait for the workers that joined it (seq_cst on both sides: a
+    // worker either sees it closed or is counted in joined_ here).
+    open_.store(false);
+    for (int spins = 0; joined_.load() != 0; ++spins) {
       if (spins < 4096) {
         pause();
       } else {
-        std::this_thread::yield();  // a worker was descheduled: give the core back
+        std::this_thread::yield();  // a joined worker was descheduled mid-chunk
       }
     }
   }
@@ -61,27 +67,26 @@ class ThreadPool {
     uint64_t seen = 0;
     using clock = std::chrono::steady_clock;
     for (;;) {
-      // spin ~200 us for the next region, then sleep until notified
       const auto until = clock::now() + std::chrono::microseconds(200);
-      uint64_t g = generation_.load(std::memory_order_acquire);
+      uint64_t g = generation_.load();
       for (int spins = 0; g == seen; ++spins) {
         pause();
-        if ((spins & 255) == 255 && clock::now() > until) {
-          generation_.wait(seen, std::memory_order_acquire);
-        }
-        g = generation_.load(std::memory_order_acquire);
+        if ((spins & 255) == 255 && clock::now() > until) generation_.wait(seen);
+        g = generation_.load();
       }
       seen = g;
-      if (stop_.load(std::memory_order_relaxed)) return;
-      (*job_)(index);
-      pending_.fetch_sub(1, std::memory_order_release);
+      if (stop_.load()) return;
+      joined_.fetch_add(1);
+      if (open_.load() && generation_.load() == g) (*job_)(index);
+      joined_.fetch_sub(1);
     }
   }
 
   const int n_;
   std::vector<std::thread> workers_;
   std::atomic<uint64_t> generation_{0};
-  std::atomic<int> pending_{0};
+  std::atomic<int> joined_{0};
+  std::atomic<bool> open_{false};
   std::atomic<bool> stop_{false};
   const std::function<void(int)>* job_ = nullptr;
 };
