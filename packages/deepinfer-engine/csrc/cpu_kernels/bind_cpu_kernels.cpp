@@ -88,8 +88,12 @@ const Kernels& kernels_named(const std::string& isa) {
   if (isa == "generic") return generic_kernels();
 #if defined(DEEPINFER_HAVE_AVX2_KERNELS)
   if (isa == "avx2") {
-    if (&best_kernels() != &avx2_kernels()) throw py::value_error("isa='avx2': this CPU lacks AVX2/FMA/F16C");
+    if (&best_kernels() == &generic_kernels()) throw py::value_error("isa='avx2': this CPU lacks AVX2/FMA/F16C");
     return avx2_kernels();
+  }
+  if (isa == "avx512vnni") {
+    if (&best_kernels() != &avx512_kernels()) throw py::value_error("isa='avx512vnni': this CPU lacks AVX-512 VNNI");
+    return avx512_kernels();
   }
 #endif
   throw py::value_error("isa must be 'best', 'generic' or an instruction set this build has (see available_isas()), got '" + isa + "'");
@@ -125,7 +129,7 @@ class PyDecodeModel {
     const Linear h = parse_linear(head, "lm_head", shape().vocab, shape().hidden, keep_);
     check_activation_blocks(h, "lm_head");
     model_->final_norm = vector_of(norm, "final_norm", shape().hidden, keep_);
-    model_->head = h;
+    model_->head = model_->regrouped(h);
   }
 
   void set_rotary(const py::handle& cos, const py::handle& sin) {
@@ -170,6 +174,7 @@ class PyDecodeModel {
     model_->cache_blocks = nb;
     model_->block_size = bs;
     keep_.push_back(c);
+    for (Linear* w : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) *w = model_->regrouped(*w);
     l.kv_cache = static_cast<float*>(c.mutable_data());
     l.set = true;
     model_->layers[static_cast<size_t>(index)] = l;
@@ -264,11 +269,12 @@ py::array_t<float> linear(const py::handle& weight, const py::handle& x_o, int t
   const int rows = static_cast<int>(x.shape(0));
   py::array_t<float> y({static_cast<py::ssize_t>(rows), static_cast<py::ssize_t>(w.rows)});
   DecodeModel m(ModelShape{1, 1, 1, 1, 1, 2, 1, 1e-5f}, threads, kernels_named(isa));
+  const Linear wr = m.regrouped(w);
   const float* xp = static_cast<const float*>(x.data());
   float* yp = y.mutable_data();
   {
     py::gil_scoped_release nogil;
-    if (rows > 0) m.linear(w, xp, rows, yp);
+    if (rows > 0) m.linear(wr, xp, rows, yp);
   }
   return y;
 }
@@ -280,7 +286,8 @@ PYBIND11_MODULE(_cpu_kernels, m) {
   m.def("available_isas", [] {
     std::vector<std::string> out{"generic"};
 #if defined(DEEPINFER_HAVE_AVX2_KERNELS)
-    if (&best_kernels() == &avx2_kernels()) out.emplace_back("avx2");
+    if (&best_kernels() != &generic_kernels()) out.emplace_back("avx2");
+    if (&best_kernels() == &avx512_kernels()) out.emplace_back("avx512vnni");
 #endif
     return out;
   }, "Kernel tables this build has and this CPU runs ('generic' always).");

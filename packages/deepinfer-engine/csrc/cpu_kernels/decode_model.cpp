@@ -66,8 +66,8 @@ void DecodeModel::ensure_scratch(int rows, int max_len) {
     gate_.resize(r * s.intermediate);
     up_.resize(r * s.intermediate);
     act_.resize(r * s.intermediate);
-    hq_.resize(r * (s.hidden / kBlock));
-    aq_.resize(r * (std::max(s.heads * s.head_dim, s.intermediate) / kBlock));
+    hq_.reserve(r, static_cast<size_t>(s.hidden));
+    aq_.reserve(r, static_cast<size_t>(std::max(s.heads * s.head_dim, s.intermediate)));
     scratch_rows_ = rows;
   }
   if (max_len > scratch_len_) {
@@ -88,12 +88,26 @@ void DecodeModel::rms_norm(const float* x, const float* w, float* out, int rows)
   }
 }
 
-void DecodeModel::quantize(const float* x, int rows, int k, std::vector<ActBlock>& out) const {
+void DecodeModel::quantize(const float* x, int rows, int k, ActBuffer& out) const {
+  const size_t nb = static_cast<size_t>(k / kBlock);
   for (int b = 0; b < rows; ++b)
-    kernels_->quantize_row(x + static_cast<size_t>(b) * k, k, out.data() + static_cast<size_t>(b) * (k / kBlock));
+    kernels_->quantize_row(x + static_cast<size_t>(b) * k, k, out.qs.data() + static_cast<size_t>(b) * k,
+                           out.d.data() + b * nb, out.s.data() + b * nb);
 }
 
-void DecodeModel::run_linears(const Linear* const* parts, int num_parts, const float* xf, const ActBlock* xq,
+Linear DecodeModel::regrouped(const Linear& ggml) {
+  if (!quantized(ggml)) return ggml;
+  auto buf = std::make_unique<uint8_t[]>(static_cast<size_t>(ggml.rows) * ggml.row_bytes);
+  for (int r = 0; r < ggml.rows; ++r)
+    repack_row(ggml.kind, ggml.data + static_cast<size_t>(r) * ggml.row_bytes, ggml.cols / kBlock,
+               buf.get() + static_cast<size_t>(r) * ggml.row_bytes);
+  Linear out = ggml;
+  out.data = buf.get();
+  owned_.push_back(std::move(buf));
+  return out;
+}
+
+void DecodeModel::run_linears(const Linear* const* parts, int num_parts, const float* xf, const Acts& xq,
                               int rows, float* y, int ldy) {
   int total = 0;
   for (int p = 0; p < num_parts; ++p) total += parts[p]->rows;
@@ -122,13 +136,13 @@ void DecodeModel::run_linears(const Linear* const* parts, int num_parts, const f
 }
 
 void DecodeModel::linear(const Linear& w, const float* x, int rows, float* y) {
-  std::vector<ActBlock> xq;
+  ActBuffer xq;
   if (quantized(w)) {
-    xq.resize(static_cast<size_t>(rows) * (w.cols / kBlock));
+    xq.reserve(static_cast<size_t>(rows), static_cast<size_t>(w.cols));
     quantize(x, rows, w.cols, xq);
   }
   const Linear* parts[] = {&w};
-  run_linears(parts, 1, x, xq.data(), rows, y, w.rows);
+  run_linears(parts, 1, x, xq.view(), rows, y, w.rows);
 }
 
 void DecodeModel::attention(const StepInputs& in, LayerWeights& layer) {
@@ -188,7 +202,7 @@ void DecodeModel::decode(const StepInputs& in, float* logits) {
     rms_norm(x, layer.attn_norm, h, rows);
     if (quantized(layer.q) || quantized(layer.k) || quantized(layer.v)) quantize(h, rows, H, hq_);
     const Linear* qkv_parts[] = {&layer.q, &layer.k, &layer.v};
-    run_linears(qkv_parts, 3, h, hq_.data(), rows, qkv_.data(), qkv_width);
+    run_linears(qkv_parts, 3, h, hq_.view(), rows, qkv_.data(), qkv_width);
     for (int b = 0; b < rows; ++b) {
       float* row = qkv_.data() + static_cast<size_t>(b) * qkv_width;
       if (layer.qkv_bias)
@@ -214,7 +228,7 @@ void DecodeModel::decode(const StepInputs& in, float* logits) {
     attention(in, layer);
     if (quantized(layer.o)) quantize(attn_.data(), rows, q_width, aq_);
     const Linear* o_parts[] = {&layer.o};
-    run_linears(o_parts, 1, attn_.data(), aq_.data(), rows, tmp, H);
+    run_linears(o_parts, 1, attn_.data(), aq_.view(), rows, tmp, H);
     for (size_t i = 0; i < static_cast<size_t>(rows) * H; ++i) x[i] += tmp[i];
     // MLP block
     rms_norm(x, layer.ffn_norm, h, rows);
@@ -229,7 +243,7 @@ void DecodeModel::decode(const StepInputs& in, float* logits) {
         for (const auto* wp : {&layer.gate, &layer.up}) {
           float* y = wp == &layer.gate ? gate_.data() : up_.data();
           if (quantized(*wp)) {
-            k.gemv_quant(wp->kind, wp->data, wp->row_bytes, H, hq_.data(), rows, y, I, j0, j1);
+            k.gemv_quant(wp->kind, wp->data, wp->row_bytes, H, hq_.view(), rows, y, I, j0, j1);
           } else {
             k.gemv_f32(reinterpret_cast<const float*>(wp->data), H, h, rows, y, I, j0, j1);
           }
@@ -245,13 +259,13 @@ void DecodeModel::decode(const StepInputs& in, float* logits) {
     });
     if (quantized(layer.down)) quantize(act_.data(), rows, I, aq_);
     const Linear* down_parts[] = {&layer.down};
-    run_linears(down_parts, 1, act_.data(), aq_.data(), rows, tmp, H);
+    run_linears(down_parts, 1, act_.data(), aq_.view(), rows, tmp, H);
     for (size_t i = 0; i < static_cast<size_t>(rows) * H; ++i) x[i] += tmp[i];
   }
   rms_norm(x, final_norm, h, rows);
   if (quantized(head)) quantize(h, rows, H, hq_);
   const Linear* head_parts[] = {&head};
-  run_linears(head_parts, 1, h, hq_.data(), rows, logits, head.rows);
+  run_linears(head_parts, 1, h, hq_.view(), rows, logits, head.rows);
 }
 
 }  // namespace deepinfer::cpu

@@ -28,6 +28,20 @@ struct Linear {
   size_t row_bytes = 0;
 };
 
+// Quantized activation rows (codes, scales, sums), grown on demand.
+struct ActBuffer {
+  std::vector<int8_t> qs;
+  std::vector<float> d, s;
+  void reserve(size_t rows, size_t k) {
+    if (qs.size() < rows * k) {
+      qs.resize(rows * k);
+      d.resize(rows * k / kBlock);
+      s.resize(rows * k / kBlock);
+    }
+  }
+  Acts view() const { return Acts{qs.data(), d.data(), s.data()}; }
+};
+
 struct LayerWeights {
   const float* attn_norm = nullptr;
   Linear q, k, v, o;
@@ -69,6 +83,10 @@ class DecodeModel {
   // logits [rows, vocab]. Runs without the GIL.
   void decode(const StepInputs& in, float* logits);
 
+  // A copy of a quantized weight in ggml's layout, regrouped for the kernels (see kernels.h)
+  // and owned by the model; F32 weights are returned as they are (not copied).
+  Linear regrouped(const Linear& ggml);
+
   // y [rows, w.rows] = x [rows, w.cols] @ w^T with this model's kernels and threads (activations
   // quantized first for a quantized w): the building block, exposed for the kernel tests.
   void linear(const Linear& w, const float* x, int rows, float* y);
@@ -76,9 +94,9 @@ class DecodeModel {
  private:
   void ensure_scratch(int rows, int max_len);
   void rms_norm(const float* x, const float* w, float* out, int rows) const;
-  void quantize(const float* x, int rows, int k, std::vector<ActBlock>& out) const;
+  void quantize(const float* x, int rows, int k, ActBuffer& out) const;
   // rows of y [rows, ldy] at column offset col0 .. for the linears of `parts`, split over threads
-  void run_linears(const Linear* const* parts, int num_parts, const float* xf, const ActBlock* xq, int rows,
+  void run_linears(const Linear* const* parts, int num_parts, const float* xf, const Acts& xq, int rows,
                    float* y, int ldy);
   void attention(const StepInputs& in, LayerWeights& layer);
 
@@ -87,7 +105,8 @@ class DecodeModel {
   ThreadPool pool_;
   // scratch, grown on demand
   std::vector<float> x_, h_, qkv_, attn_, tmp_, gate_, up_, act_;
-  std::vector<ActBlock> hq_, aq_;
+  ActBuffer hq_, aq_;
+  std::vector<std::unique_ptr<uint8_t[]>> owned_;  // regrouped weights
   std::vector<std::vector<float>> scores_;  // per thread
   int scratch_rows_ = 0, scratch_len_ = 0;
 };

@@ -37,59 +37,86 @@ inline __m256 dot_u8_s8(__m256i u, __m256i s) {
   return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
 }
 
-// R activation rows against one weight row of nb blocks. Two accumulators per row (even and
-// odd blocks) hide the FMA latency when R is small.
+constexpr int kChunk = 64;  // blocks whose scale products are kept on the stack at once
+
+// R activation rows against one regrouped weight row of nb blocks. Per chunk of blocks, the
+// products of weight and activation scales (and the offset terms of Q4_0/Q4_1) are computed 8
+// at a time; the block loop then does only the integer dot and one FMA. Two accumulators per
+// row (even and odd blocks) hide the FMA latency when R is small.
 template <int R, WeightKind K>
-void row_dots(const uint8_t* row, int nb, const ActBlock* x, int x_stride, float* y, int ldy) {
-  constexpr size_t bb = block_bytes(K);
-  __m256 acc[R][2];
-  float extra[R];
+void row_dots(const uint8_t* row, int nb, int k, const Acts& x, float* y, int ldy) {
+  constexpr size_t cb = code_bytes(K);
+  const uint8_t* d_half = row + static_cast<size_t>(nb) * cb;
+  const uint8_t* m_half = d_half + 2 * static_cast<size_t>(nb);
+  __m256 acc[R][2], off[R];
+  float off_tail[R];
+  alignas(32) float ds[R][kChunk];
   for (int r = 0; r < R; ++r) {
-    acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    extra[r] = 0.0f;
+    acc[r][0] = acc[r][1] = off[r] = _mm256_setzero_ps();
+    off_tail[r] = 0.0f;
   }
-  for (int i = 0; i < nb; ++i) {
-    const uint8_t* blk = row + i * bb;
-    const float dw = half_at(blk);
-    __m256i wq;
-    if constexpr (K == WeightKind::Q8_0) {
-      wq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
-    } else {
-      wq = nibbles(blk + (K == WeightKind::Q4_1 ? 4 : 2));
+  for (int c0 = 0; c0 < nb; c0 += kChunk) {
+    const int c1 = nb < c0 + kChunk ? nb : c0 + kChunk;
+    int i = c0;
+    for (; i + 8 <= c1; i += 8) {
+      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d_half + 2 * i)));
+      __m256 mw = _mm256_setzero_ps();
+      if constexpr (K == WeightKind::Q4_1) mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(m_half + 2 * i)));
+      if constexpr (K == WeightKind::Q4_0) mw = _mm256_mul_ps(dw, _mm256_set1_ps(-8.0f));
+      for (int r = 0; r < R; ++r) {
+        const size_t at = static_cast<size_t>(r) * nb + i;
+        _mm256_store_ps(ds[r] + (i - c0), _mm256_mul_ps(dw, _mm256_loadu_ps(x.d + at)));
+        if constexpr (K != WeightKind::Q8_0) off[r] = _mm256_fmadd_ps(mw, _mm256_loadu_ps(x.s + at), off[r]);
+      }
     }
-    const __m256i wabs = K == WeightKind::Q8_0 ? _mm256_sign_epi8(wq, wq) : wq;
-    float mw = 0.0f;
-    if constexpr (K == WeightKind::Q4_1) mw = half_at(blk + 2);
-    if constexpr (K == WeightKind::Q4_0) mw = -8.0f * dw;
-    for (int r = 0; r < R; ++r) {
-      const ActBlock& a = x[static_cast<size_t>(r) * x_stride + i];
-      __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.qs));
-      if constexpr (K == WeightKind::Q8_0) xq = _mm256_sign_epi8(xq, wq);
-      acc[r][i & 1] = _mm256_fmadd_ps(_mm256_set1_ps(dw * a.d), dot_u8_s8(wabs, xq), acc[r][i & 1]);
-      if constexpr (K != WeightKind::Q8_0) extra[r] += mw * a.s;
+    for (; i < c1; ++i) {
+      const float dw = half_at(d_half + 2 * i);
+      const float mw = K == WeightKind::Q4_1 ? half_at(m_half + 2 * i) : -8.0f * dw;
+      for (int r = 0; r < R; ++r) {
+        const size_t at = static_cast<size_t>(r) * nb + i;
+        ds[r][i - c0] = dw * x.d[at];
+        if constexpr (K != WeightKind::Q8_0) off_tail[r] += mw * x.s[at];
+      }
+    }
+    for (i = c0; i < c1; ++i) {
+      const uint8_t* codes = row + static_cast<size_t>(i) * cb;
+      __m256i wq;
+      if constexpr (K == WeightKind::Q8_0) {
+        wq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes));
+      } else {
+        wq = nibbles(codes);
+      }
+      const __m256i wabs = K == WeightKind::Q8_0 ? _mm256_sign_epi8(wq, wq) : wq;
+      for (int r = 0; r < R; ++r) {
+        __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + static_cast<size_t>(r) * k + i * kBlock));
+        if constexpr (K == WeightKind::Q8_0) xq = _mm256_sign_epi8(xq, wq);
+        acc[r][i & 1] = _mm256_fmadd_ps(_mm256_broadcast_ss(&ds[r][i - c0]), dot_u8_s8(wabs, xq), acc[r][i & 1]);
+      }
     }
   }
-  for (int r = 0; r < R; ++r) y[static_cast<size_t>(r) * ldy] = hsum(_mm256_add_ps(acc[r][0], acc[r][1])) + extra[r];
+  for (int r = 0; r < R; ++r)
+    y[static_cast<size_t>(r) * ldy] = hsum(_mm256_add_ps(acc[r][0], acc[r][1])) + hsum(off[r]) + off_tail[r];
 }
 
 template <WeightKind K>
-void gemv_kind(const uint8_t* w, size_t row_bytes, int k, const ActBlock* x, int rows, float* y, int ldy, int n0,
-               int n1) {
+void gemv_kind(const uint8_t* w, size_t row_bytes, int k, const Acts& x, int rows, float* y, int ldy, int n0, int n1) {
   const int nb = k / kBlock;
   for (int n = n0; n < n1; ++n) {
     const uint8_t* row = w + static_cast<size_t>(n) * row_bytes;
-    int b = 0;
-    for (; b + 4 <= rows; b += 4) row_dots<4, K>(row, nb, x + static_cast<size_t>(b) * nb, nb, y + static_cast<size_t>(b) * ldy + n, ldy);
-    switch (rows - b) {
-      case 3: row_dots<3, K>(row, nb, x + static_cast<size_t>(b) * nb, nb, y + static_cast<size_t>(b) * ldy + n, ldy); break;
-      case 2: row_dots<2, K>(row, nb, x + static_cast<size_t>(b) * nb, nb, y + static_cast<size_t>(b) * ldy + n, ldy); break;
-      case 1: row_dots<1, K>(row, nb, x + static_cast<size_t>(b) * nb, nb, y + static_cast<size_t>(b) * ldy + n, ldy); break;
-      default: break;
+    for (int b = 0; b < rows;) {
+      const Acts xb{x.qs + static_cast<size_t>(b) * k, x.d + static_cast<size_t>(b) * nb, x.s + static_cast<size_t>(b) * nb};
+      float* yb = y + static_cast<size_t>(b) * ldy + n;
+      switch (rows - b) {
+        case 1: row_dots<1, K>(row, nb, k, xb, yb, ldy); b += 1; break;
+        case 2: row_dots<2, K>(row, nb, k, xb, yb, ldy); b += 2; break;
+        case 3: row_dots<3, K>(row, nb, k, xb, yb, ldy); b += 3; break;
+        default: row_dots<4, K>(row, nb, k, xb, yb, ldy); b += 4; break;
+      }
     }
   }
 }
 
-void gemv_quant(WeightKind kind, const uint8_t* w, size_t row_bytes, int k, const ActBlock* x, int rows,
+void gemv_quant(WeightKind kind, const uint8_t* w, size_t row_bytes, int k, const Acts& x, int rows,
                 float* y, int ldy, int n0, int n1) {
   switch (kind) {
     case WeightKind::Q4_0: gemv_kind<WeightKind::Q4_0>(w, row_bytes, k, x, rows, y, ldy, n0, n1); break;

@@ -30,6 +30,18 @@ float fp16_to_float(uint16_t h) {
   return out;
 }
 
+void repack_row(WeightKind kind, const uint8_t* src, int nb, uint8_t* dst) {
+  const size_t bb = block_bytes(kind), cb = code_bytes(kind);
+  const size_t head = bb - cb;  // fp16 d (and m) before the codes
+  uint8_t* scales = dst + nb * cb;
+  for (int i = 0; i < nb; ++i) {
+    const uint8_t* blk = src + i * bb;
+    std::memcpy(dst + i * cb, blk + head, cb);
+    std::memcpy(scales + 2 * i, blk, 2);
+    if (kind == WeightKind::Q4_1) std::memcpy(scales + 2 * (nb + i), blk + 2, 2);
+  }
+}
+
 namespace {
 
 inline float half_at(const uint8_t* p) {
@@ -38,39 +50,33 @@ inline float half_at(const uint8_t* p) {
   return fp16_to_float(h);
 }
 
-float block_dot(WeightKind kind, const uint8_t* w, const ActBlock& x) {
-  int32_t sum = 0;
-  switch (kind) {
-    case WeightKind::Q4_0: {
-      const uint8_t* qs = w + 2;
-      for (int j = 0; j < 16; ++j) sum += (qs[j] & 0x0F) * x.qs[j] + (qs[j] >> 4) * x.qs[j + 16];
-      return half_at(w) * (x.d * static_cast<float>(sum) - 8.0f * x.s);
-    }
-    case WeightKind::Q4_1: {
-      const uint8_t* qs = w + 4;
-      for (int j = 0; j < 16; ++j) sum += (qs[j] & 0x0F) * x.qs[j] + (qs[j] >> 4) * x.qs[j + 16];
-      return half_at(w) * x.d * static_cast<float>(sum) + half_at(w + 2) * x.s;
-    }
-    case WeightKind::Q8_0: {
-      const int8_t* qs = reinterpret_cast<const int8_t*>(w + 2);
-      for (int j = 0; j < kBlock; ++j) sum += qs[j] * x.qs[j];
-      return half_at(w) * x.d * static_cast<float>(sum);
-    }
-    case WeightKind::F32: break;
-  }
-  return 0.0f;
-}
-
-void gemv_quant(WeightKind kind, const uint8_t* w, size_t row_bytes, int k, const ActBlock* x, int rows,
+void gemv_quant(WeightKind kind, const uint8_t* w, size_t row_bytes, int k, const Acts& x, int rows,
                 float* y, int ldy, int n0, int n1) {
   const int nb = k / kBlock;
-  const size_t bb = block_bytes(kind);
+  const size_t cb = code_bytes(kind);
   for (int n = n0; n < n1; ++n) {
     const uint8_t* row = w + static_cast<size_t>(n) * row_bytes;
+    const uint8_t* scales = row + nb * cb;
     for (int b = 0; b < rows; ++b) {
-      const ActBlock* xb = x + static_cast<size_t>(b) * nb;
+      const int8_t* xq = x.qs + static_cast<size_t>(b) * k;
+      const float* xd = x.d + static_cast<size_t>(b) * nb;
+      const float* xs = x.s + static_cast<size_t>(b) * nb;
       float acc = 0.0f;
-      for (int i = 0; i < nb; ++i) acc += block_dot(kind, row + i * bb, xb[i]);
+      for (int i = 0; i < nb; ++i) {
+        const float dw = half_at(scales + 2 * i);
+        const int8_t* xi = xq + i * kBlock;
+        int32_t sum = 0;
+        if (kind == WeightKind::Q8_0) {
+          const int8_t* qs = reinterpret_cast<const int8_t*>(row + i * cb);
+          for (int j = 0; j < kBlock; ++j) sum += qs[j] * xi[j];
+          acc += dw * xd[i] * static_cast<float>(sum);
+          continue;
+        }
+        const uint8_t* qs = row + i * cb;
+        for (int j = 0; j < 16; ++j) sum += (qs[j] & 0x0F) * xi[j] + (qs[j] >> 4) * xi[j + 16];
+        const float offset = kind == WeightKind::Q4_1 ? half_at(scales + 2 * (nb + i)) : -8.0f * dw;
+        acc += dw * xd[i] * static_cast<float>(sum) + offset * xs[i];
+      }
       y[static_cast<size_t>(b) * ldy + n] = acc;
     }
   }
@@ -88,7 +94,7 @@ void gemv_f32(const float* w, int k, const float* x, int rows, float* y, int ldy
       y[static_cast<size_t>(b) * ldy + n] = dot(w + static_cast<size_t>(n) * k, x + static_cast<size_t>(b) * k, k);
 }
 
-void quantize_row(const float* x, int k, ActBlock* out) {
+void quantize_row(const float* x, int k, int8_t* qs, float* d_out, float* s_out) {
   for (int i = 0; i < k / kBlock; ++i) {
     const float* v = x + i * kBlock;
     float amax = 0.0f;
@@ -98,11 +104,11 @@ void quantize_row(const float* x, int k, ActBlock* out) {
     int32_t sum = 0;
     for (int j = 0; j < kBlock; ++j) {
       const int q = static_cast<int>(std::nearbyint(v[j] * id));
-      out[i].qs[j] = static_cast<int8_t>(q);
+      qs[i * kBlock + j] = static_cast<int8_t>(q);
       sum += q;
     }
-    out[i].d = d;
-    out[i].s = d * static_cast<float>(sum);
+    d_out[i] = d;
+    s_out[i] = d * static_cast<float>(sum);
   }
 }
 
@@ -120,6 +126,9 @@ const Kernels& best_kernels() {
 #if defined(DEEPINFER_HAVE_AVX2_KERNELS)
   static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                            __builtin_cpu_supports("f16c");
+  static const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+  if (avx512) return avx512_kernels();
   if (avx2) return avx2_kernels();
 #endif
   return kGeneric;
