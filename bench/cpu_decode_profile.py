@@ -29,7 +29,6 @@ def main() -> None:
     if args.native is not None:
         os.environ["DEEPINFER_CPU_NATIVE"] = args.native
     import torch
-
     from deepinfer.runtime.model_loader import load_model, resolve_model_path
     from deepinfer.runtime.model_runner import ModelRunner
 
