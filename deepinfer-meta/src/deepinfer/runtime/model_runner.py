@@ -78,13 +78,13 @@ class ModelRunner:
                 query_start_loc: np.ndarray, seq_lens: np.ndarray, block_tables: np.ndarray,
                 logits_indices: np.ndarray) -> torch.Tensor:
         """Float32 logits [len(logits_indices), vocab] for one step in the var-len layout."""
-        rows = len(input_ids)
-        if (self.native_decode is not None and rows == len(seq_lens)
-                and np.array_equal(query_start_loc, np.arange(rows + 1))):
+        num_rows = len(input_ids)
+        if (self.native_decode is not None and num_rows == len(seq_lens)
+                and np.array_equal(query_start_loc, np.arange(num_rows + 1))):
             # decode-only step (one token per sequence, no padding rows): one native call
             logits = self.native_decode(input_ids, positions, slot_mapping, seq_lens, block_tables)
             picked = np.asarray(logits_indices)
-            return logits if np.array_equal(picked, np.arange(rows)) else logits[torch.from_numpy(
+            return logits if np.array_equal(picked, np.arange(num_rows)) else logits[torch.from_numpy(
                 np.ascontiguousarray(picked, dtype=np.int64))]
         meta = build_attention_metadata(
             slot_mapping=np.asarray(slot_mapping), query_start_loc=np.asarray(query_start_loc),

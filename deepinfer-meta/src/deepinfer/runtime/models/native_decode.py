@@ -128,7 +128,7 @@ def _build(model: LlamaForCausalLM, gguf: GGUFModel | None, kv_caches: list[torc
     if isinstance(model.embed_tokens, Q8Embedding):
         native.set_embedding(weights.gguf_blocks(embed_name))
     else:
-        native.set_embedding(("F32", _f32(cast(nn.Embedding, model.embed_tokens).weight)))
+        native.set_embedding(("F32", _f32(model.embed_tokens.weight)))
     head_name = embed_name if model.config.tie_word_embeddings else "lm_head.weight"
     if isinstance(model.quantized_head, Int4Linear):
         head = weights.gguf_blocks(head_name)
@@ -150,7 +150,7 @@ def _build(model: LlamaForCausalLM, gguf: GGUFModel | None, kv_caches: list[torc
         down = weights.linear(layer.down_proj, [p + "mlp.down_proj.weight"], [slice(None)])
         bias = getattr(layer.qkv_proj, "bias", None)
         quantized = quantized or isinstance(layer.gate_up_proj, Int4Linear)
-        native.set_layer(i, _f32(layer.input_layernorm.weight), *qkv, o[0],
-                         _f32(layer.post_attention_layernorm.weight), *gate_up, down[0],
+        native.set_layer(i, _f32(layer.input_layernorm.weight), qkv[0], qkv[1], qkv[2], o[0],
+                         _f32(layer.post_attention_layernorm.weight), gate_up[0], gate_up[1], down[0],
                          None if bias is None else _f32(bias), kv_caches[i].numpy())
     return NativeDecode(native, "quantized" if quantized else "float32")
