@@ -103,7 +103,8 @@ void quantize_row(const float* x, int k, int8_t* qs, float* d_out, float* s_out)
     const float id = d > 0.0f ? 1.0f / d : 0.0f;
     int32_t sum = 0;
     for (int j = 0; j < kBlock; ++j) {
-      const int q = static_cast<int>(std::nearbyint(v[j] * id));
+      const float r = std::nearbyint(v[j] * id);
+      const int q = r >= -127.0f && r <= 127.0f ? static_cast<int>(r) : 0;  // NaN/inf input: 0, not UB
       qs[i * kBlock + j] = static_cast<int8_t>(q);
       sum += q;
     }
