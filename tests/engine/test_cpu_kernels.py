@@ -82,6 +82,17 @@ def test_activation_rounding_is_what_the_bound_allows():
         assert y[0, 0] == pytest.approx(1.0, abs=1e-6)
 
 
+@pytest.mark.parametrize("kind", sorted(BLOCK_BYTES))
+def test_non_finite_activations_give_nan_not_garbage(kind):
+    rng = np.random.default_rng(5)
+    raw = random_blocks(rng, kind, 8, 64)
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    x[1, 40], x[2, 3] = np.nan, np.inf
+    for isa in ISAS:
+        y = ck.linear((kind, raw), x, isa=isa)
+        assert np.isfinite(y[0]).all() and np.isnan(y[1]).all() and np.isnan(y[2]).all()
+
+
 def test_f32_gemv_matches_numpy():
     rng = np.random.default_rng(2)
     for n, k in [(64, 576), (7, 13), (130, 1536)]:

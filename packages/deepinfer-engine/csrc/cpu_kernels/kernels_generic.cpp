@@ -98,7 +98,11 @@ void quantize_row(const float* x, int k, int8_t* qs, float* d_out, float* s_out)
   for (int i = 0; i < k / kBlock; ++i) {
     const float* v = x + i * kBlock;
     float amax = 0.0f;
-    for (int j = 0; j < kBlock; ++j) amax = std::fmax(amax, std::fabs(v[j]));
+    bool finite = true;
+    for (int j = 0; j < kBlock; ++j) {
+      amax = std::fmax(amax, std::fabs(v[j]));
+      finite = finite && std::isfinite(v[j]);
+    }
     const float d = amax / 127.0f;
     const float id = d > 0.0f ? 1.0f / d : 0.0f;
     int32_t sum = 0;
@@ -108,8 +112,9 @@ void quantize_row(const float* x, int k, int8_t* qs, float* d_out, float* s_out)
       qs[i * kBlock + j] = static_cast<int8_t>(q);
       sum += q;
     }
-    d_out[i] = d;
-    s_out[i] = d * static_cast<float>(sum);
+    // a NaN/inf activation makes its block's scale NaN: the products say so, as float ones would
+    d_out[i] = finite ? d : NAN;
+    s_out[i] = finite ? d * static_cast<float>(sum) : NAN;
   }
 }
 
