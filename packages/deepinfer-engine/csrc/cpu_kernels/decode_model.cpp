@@ -9,7 +9,16 @@ namespace deepinfer::cpu {
 
 namespace {
 
-constexpr int kChunkRows = 16;  // output rows per unit of work handed to a thread
+constexpr int kMinChunkRows = 16;
+constexpr int kChunksPerThread = 4;
+
+// Output rows per unit of work handed to a thread: about kChunksPerThread units per thread
+// (few shared-counter updates, which cross cores), small enough that a late thread still
+// finds work.
+int chunk_rows(int total, int threads) {
+  const int c = (total + threads * kChunksPerThread - 1) / (threads * kChunksPerThread);
+  return std::max(kMinChunkRows, (c + kMinChunkRows - 1) / kMinChunkRows * kMinChunkRows);
+}
 
 bool quantized(const Linear& w) { return w.kind != WeightKind::F32; }
 
@@ -113,11 +122,12 @@ void DecodeModel::run_linears(const Linear* const* parts, int num_parts, const f
   for (int p = 0; p < num_parts; ++p) total += parts[p]->rows;
   std::atomic<int> next{0};
   const Kernels& k = *kernels_;
+  const int chunk = chunk_rows(total, pool_.size());
   pool_.run([&](int) {
     for (;;) {
-      const int c0 = next.fetch_add(kChunkRows, std::memory_order_relaxed);
+      const int c0 = next.fetch_add(chunk, std::memory_order_relaxed);
       if (c0 >= total) return;
-      const int c1 = std::min(c0 + kChunkRows, total);
+      const int c1 = std::min(c0 + chunk, total);
       int start = 0;
       for (int p = 0; p < num_parts; ++p) {
         const Linear& w = *parts[p];
@@ -235,11 +245,12 @@ void DecodeModel::decode(const StepInputs& in, float* logits) {
     if (quantized(layer.gate) || quantized(layer.up)) quantize(h, rows, H, hq_);
     next.store(0, std::memory_order_relaxed);
     const Kernels& k = *kernels_;
+    const int chunk = chunk_rows(I, pool_.size());
     pool_.run([&](int) {
       for (;;) {
-        const int j0 = next.fetch_add(kChunkRows, std::memory_order_relaxed);
+        const int j0 = next.fetch_add(chunk, std::memory_order_relaxed);
         if (j0 >= I) return;
-        const int j1 = std::min(j0 + kChunkRows, I);
+        const int j1 = std::min(j0 + chunk, I);
         for (const auto* wp : {&layer.gate, &layer.up}) {
           float* y = wp == &layer.gate ? gate_.data() : up_.data();
           if (quantized(*wp)) {
@@ -266,6 +277,7 @@ void DecodeModel::decode(const StepInputs& in, float* logits) {
   if (quantized(head)) quantize(h, rows, H, hq_);
   const Linear* head_parts[] = {&head};
   run_linears(head_parts, 1, h, hq_.view(), rows, logits, head.rows);
+  pool_.park();
 }
 
 }  // namespace deepinfer::cpu

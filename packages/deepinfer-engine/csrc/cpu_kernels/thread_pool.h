@@ -5,7 +5,8 @@
 // fn shares its work through atomic counters (dynamic chunks) and returns when none is left, so
 // a worker that is not scheduled while a region runs (a busy machine) simply does not join it:
 // the caller and the other workers do its share, and the step never waits for a thread that has
-// not started. Workers spin briefly between the ~150 regions of a step, then sleep (futex).
+// not started. Workers spin briefly between the ~150 regions of a step, and sleep (futex) once
+// the caller parks the pool or after ~200 us without work.
 #pragma once
 
 #include <atomic>
@@ -33,6 +34,10 @@ class ThreadPool {
 
   int size() const { return n_; }
 
+  // The caller's parallel work is over for now (end of a step): workers sleep at once instead
+  // of spinning, leaving the cores to the Python and torch work between steps.
+  void park() { parked_.store(true, std::memory_order_relaxed); }
+
   // One caller at a time (the model serialises its steps).
   void run(const std::function<void(int)>& fn) {
     if (n_ == 1) {
@@ -40,6 +45,7 @@ class ThreadPool {
       return;
     }
     job_ = &fn;
+    parked_.store(false, std::memory_order_relaxed);
     open_.store(true);
     generation_.fetch_add(1);
     generation_.notify_all();
@@ -71,7 +77,8 @@ class ThreadPool {
       uint64_t g = generation_.load();
       for (int spins = 0; g == seen; ++spins) {
         pause();
-        if ((spins & 255) == 255 && clock::now() > until) generation_.wait(seen);
+        if (parked_.load(std::memory_order_relaxed) || ((spins & 255) == 255 && clock::now() > until))
+          generation_.wait(seen);
         g = generation_.load();
       }
       seen = g;
@@ -88,6 +95,7 @@ class ThreadPool {
   std::atomic<int> joined_{0};
   std::atomic<bool> open_{false};
   std::atomic<bool> stop_{false};
+  std::atomic<bool> parked_{false};
   const std::function<void(int)>* job_ = nullptr;
 };
 
