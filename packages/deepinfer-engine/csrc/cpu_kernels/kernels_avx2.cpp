@@ -133,6 +133,9 @@ void row_dots_f32(const float* w, int k, const float* x, float* y, int ldy) {
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   int i = 0;
   for (; i + 16 <= k; i += 16) {
+    // 4 KiB ahead: the next rows, across the page boundary where the hardware prefetcher stops
+    // (a prefetch never faults, also past the end of the weight)
+    _mm_prefetch(reinterpret_cast<const char*>(w + i + 1024), _MM_HINT_T0);
     const __m256 w0 = _mm256_loadu_ps(w + i), w1 = _mm256_loadu_ps(w + i + 8);
     for (int r = 0; r < R; ++r) {
       const float* xr = x + static_cast<size_t>(r) * k + i;
