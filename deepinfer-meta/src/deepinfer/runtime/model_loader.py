@@ -103,9 +103,10 @@ def load_model(path: str, *, device: torch.device, dtype: torch.dtype, dummy_wei
     if device.type == "cpu":
         from deepinfer.runtime.models.native_decode import native_decode_wanted
 
-        # The native decode kernels read [out, in] rows; torch's few-row matmuls are faster
-        # over [in, out] (see the method), which only matters when torch runs decode steps.
-        if not native_decode_wanted():
+        # The native decode kernels (float32 models) read [out, in] rows; torch's few-row
+        # matmuls are faster over [in, out] (see the method), which matters when torch runs
+        # decode steps.
+        if dtype != torch.float32 or not native_decode_wanted():
             model.store_wide_projections_input_major()
     # cos/sin tables are built on the device in float32: .to(dtype) would round them
     model.rotary = RotaryEmbedding(config.head_dim, max_positions or config.max_position_embeddings,
