@@ -25,6 +25,9 @@ class LoadedModel:
     model: LlamaForCausalLM
     config: ModelConfig  # the shape this process holds (per-rank head counts under tensor parallelism)
     path: str
+    # The memory-mapped GGUF file of a model whose layers kept its quantization: the native CPU
+    # decode path reads their blocks from it (models.native_decode).
+    gguf: GGUFModel | None = None
 
 
 def resolve_model_path(model: str | os.PathLike[str] | None) -> str:
@@ -121,12 +124,19 @@ def load_model(path: str, *, device: torch.device, dtype: torch.dtype, dummy_wei
 
             model.load_weights(iter_safetensors_shard(path, shard.rank, shard.world_size))
     model.eval()
-    if device.type == "cpu":  # faster few-row matmuls on CPU (see the method)
-        model.store_wide_projections_input_major()
+    if device.type == "cpu":
+        from deepinfer.runtime.models.native_decode import native_decode_wanted
+
+        # The native decode kernels (float32 models) read [out, in] rows; torch's few-row
+        # matmuls are faster over [in, out] (see the method), which matters when torch runs
+        # decode steps.
+        if dtype != torch.float32 or not native_decode_wanted():
+            model.store_wide_projections_input_major()
     # cos/sin tables are built on the device in float32: .to(dtype) would round them
     model.rotary = RotaryEmbedding(config.head_dim, max_positions or config.max_position_embeddings,
                                    config.rope_theta, config.rope_scaling, freq_factors).to(device)
-    return LoadedModel(model=model, config=model.config, path=path)
+    return LoadedModel(model=model, config=model.config, path=path,
+                       gguf=gguf_model if keep_quantized and not dummy_weights else None)
 
 
 def materialize(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> None:

@@ -13,6 +13,7 @@ from deepinfer.runtime.model_loader import LoadedModel
 
 if TYPE_CHECKING:
     from deepinfer.runtime.cuda_graph_runner import CudaGraphRunner
+    from deepinfer.runtime.models.native_decode import NativeDecode
 
 
 def select_attention(device: torch.device, backend: str | None = None, block_size: int = 16):  # type: ignore[no-untyped-def]
@@ -56,6 +57,12 @@ class ModelRunner:
         self.scratch_slot = num_blocks * block_size  # first slot of the extra scratch block
         self.attention = select_attention(device, attention_backend, block_size)
         self.graphs: CudaGraphRunner | None = None  # decode steps replayed from CUDA graphs, when captured
+        # CPU, float32 KV cache: decode-only steps run natively (models.native_decode), else None
+        self.native_decode: NativeDecode | None = None
+        if device.type == "cpu" and dtype == torch.float32:
+            from deepinfer.runtime.models.native_decode import build_native_decode
+
+            self.native_decode = build_native_decode(self.model, loaded.gguf, self.kv_caches)
 
     def copy_blocks(self, src: np.ndarray, dst: np.ndarray) -> None:
         """Copy KV blocks ``src[i]`` -> ``dst[i]`` in every layer (fork of a partial block)."""
@@ -71,6 +78,14 @@ class ModelRunner:
                 query_start_loc: np.ndarray, seq_lens: np.ndarray, block_tables: np.ndarray,
                 logits_indices: np.ndarray) -> torch.Tensor:
         """Float32 logits [len(logits_indices), vocab] for one step in the var-len layout."""
+        num_rows = len(input_ids)
+        if (self.native_decode is not None and num_rows == len(seq_lens)
+                and np.array_equal(query_start_loc, np.arange(num_rows + 1))):
+            # decode-only step (one token per sequence, no padding rows): one native call
+            logits = self.native_decode(input_ids, positions, slot_mapping, seq_lens, block_tables)
+            picked = np.asarray(logits_indices)
+            return logits if np.array_equal(picked, np.arange(num_rows)) else logits[torch.from_numpy(
+                np.ascontiguousarray(picked, dtype=np.int64))]
         meta = build_attention_metadata(
             slot_mapping=np.asarray(slot_mapping), query_start_loc=np.asarray(query_start_loc),
             seq_lens=np.asarray(seq_lens), block_tables=np.asarray(block_tables),

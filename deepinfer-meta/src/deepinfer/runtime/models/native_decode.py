@@ -1,0 +1,161 @@
+"""The native CPU decode path: whole decode steps in ``deepinfer_engine._cpu_kernels``.
+
+On CPU with a float32 KV cache, a step whose rows are all decode rows (one new token per
+sequence) runs every layer in one native call: GEMVs over the GGUF file's own Q4_0/Q4_1/Q8_0
+blocks (read from the memory-mapped file, activations quantized to 8 bits per 32 values as
+llama.cpp does) or over the float32 parameters (``dtype="float32"``), fused RMSNorm, rotary,
+SiLU·mul and paged attention over the runtime's KV cache layout, on a persistent pool of
+``torch.get_num_threads()`` threads, without the GIL. Prefill and mixed steps stay on torch and
+share the same KV cache. ``DEEPINFER_CPU_NATIVE=0`` turns the path off (torch for every step).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+import torch
+from torch import nn
+
+from deepinfer.runtime.models.llama import LlamaForCausalLM, LlamaLayer
+
+if TYPE_CHECKING:
+    from deepinfer.runtime.gguf_loader import GGUFModel
+
+ENV_SWITCH = "DEEPINFER_CPU_NATIVE"
+NATIVE_TYPES = ("Q4_0", "Q4_1", "Q8_0")
+WeightSpec = tuple[str, np.ndarray]
+
+
+def native_decode_wanted() -> bool:
+    """Whether the native decode path may be used: not switched off by ``DEEPINFER_CPU_NATIVE=0``
+    and the engine wheel has the ``_cpu_kernels`` extension."""
+    if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    try:
+        import deepinfer_engine._cpu_kernels  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class Unsupported(Exception):
+    """The model has a part the native path does not run (the reason is the message)."""
+
+
+class NativeDecode:
+    """A registered ``_cpu_kernels.DecodeModel``; calling it runs one decode-only step."""
+
+    def __init__(self, native: Any, kind: str) -> None:
+        self.native = native
+        self.kind = kind  # "quantized" or "float32"
+
+    def __call__(self, input_ids: np.ndarray, positions: np.ndarray, slot_mapping: np.ndarray,
+                 seq_lens: np.ndarray, block_tables: np.ndarray) -> torch.Tensor:
+        rows = len(input_ids)
+        logits = self.native.decode(
+            np.ascontiguousarray(input_ids, dtype=np.int64), np.ascontiguousarray(positions, dtype=np.int64),
+            np.ascontiguousarray(slot_mapping, dtype=np.int64), np.ascontiguousarray(seq_lens[:rows], dtype=np.int64),
+            np.ascontiguousarray(block_tables[:rows], dtype=np.int64))
+        return torch.from_numpy(logits)
+
+
+def _f32(t: torch.Tensor) -> np.ndarray:
+    if t.dtype != torch.float32:
+        raise Unsupported(f"a {t.dtype} parameter (the native path runs float32 or GGUF blocks)")
+    return t.detach().contiguous().numpy()
+
+
+class _Weights:
+    """Where each projection's weight comes from: the GGUF file's blocks (quantized layers) or the
+    float32 parameter."""
+
+    def __init__(self, model: LlamaForCausalLM, gguf: GGUFModel | None) -> None:
+        self.model, self.gguf = model, gguf
+
+    def gguf_blocks(self, name: str) -> WeightSpec:
+        from deepinfer.runtime import gguf_blocks
+
+        if self.gguf is None or name not in self.gguf.tensors:
+            raise Unsupported(f"{name}: quantized layer without its GGUF tensor")
+        t = self.gguf.tensors[name]
+        kind = t.tensor_type.name
+        if kind not in NATIVE_TYPES or len(t.shape) != 2:
+            raise Unsupported(f"{name}: GGUF type {kind} (native kernels: {', '.join(NATIVE_TYPES)})")
+        rows = int(t.shape[1])
+        raw = gguf_blocks.raw_blocks(t.data, rows).numpy()
+        index = self.gguf._row_index(name, rows)  # llama.cpp's q/k row permutation, undone
+        return kind, (raw if index is None else np.ascontiguousarray(raw[index.numpy()]))
+
+    def linear(self, module: nn.Module, names: list[str], rows: list[slice]) -> list[WeightSpec]:
+        from deepinfer.runtime.models.quantized import Int4Linear
+
+        if isinstance(module, Int4Linear):
+            return [self.gguf_blocks(n) for n in names]
+        if isinstance(module, nn.Linear):
+            w = _f32(module.weight)
+            return [("F32", np.ascontiguousarray(w[r])) for r in rows]
+        raise Unsupported(f"{names[0]}: layer type {type(module).__name__}")
+
+
+def build_native_decode(model: LlamaForCausalLM, gguf: GGUFModel | None, kv_caches: list[torch.Tensor],
+                        num_threads: int | None = None) -> NativeDecode | None:
+    """Register ``model`` (and its KV caches) with the native decode kernels; None when the path
+    is switched off, not built, or the model has a part it does not run."""
+    if not native_decode_wanted():
+        return None
+    try:
+        return _build(model, gguf, kv_caches, num_threads or torch.get_num_threads())
+    except Unsupported:
+        return None
+
+
+def _build(model: LlamaForCausalLM, gguf: GGUFModel | None, kv_caches: list[torch.Tensor],
+           num_threads: int) -> NativeDecode:
+    from deepinfer_engine import _cpu_kernels
+
+    from deepinfer.runtime.models.quantized import Int4Linear, Q8Embedding
+
+    cfg = model.config
+    if any(c.dtype != torch.float32 or c.device.type != "cpu" for c in kv_caches):
+        raise Unsupported("the KV cache is not float32 on CPU")
+    if type(model) is not LlamaForCausalLM:
+        # a tensor-parallel shard: its projections all-reduce across ranks, which the kernels don't
+        raise Unsupported(f"{type(model).__name__} is not the single-process model")
+    if any(cast(LlamaLayer, layer).q_norm is not None for layer in model.layers):
+        raise Unsupported("per-head q/k norms (Qwen3) are not in the native kernels")
+    native = _cpu_kernels.DecodeModel(cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers,
+                                      cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+                                      cfg.vocab_size, cfg.rms_norm_eps, num_threads=num_threads)
+    weights = _Weights(model, gguf)
+    embed_name = "model.embed_tokens.weight"
+    if isinstance(model.embed_tokens, Q8Embedding):
+        native.set_embedding(weights.gguf_blocks(embed_name))
+    else:
+        native.set_embedding(("F32", _f32(model.embed_tokens.weight)))
+    head_name = embed_name if model.config.tie_word_embeddings else "lm_head.weight"
+    if isinstance(model.quantized_head, Int4Linear):
+        head = weights.gguf_blocks(head_name)
+    else:
+        head = ("F32", _f32(model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight))
+    native.set_output(_f32(model.norm.weight), head)
+    native.set_rotary(_f32(model.rotary.cos), _f32(model.rotary.sin))
+    quantized = isinstance(model.quantized_head, Int4Linear)
+    for i, module in enumerate(model.layers):
+        layer = cast(LlamaLayer, module)
+        p = f"model.layers.{i}."
+        q, kv = layer.split[0], layer.split[1]
+        m = layer.intermediate_size
+        qkv = weights.linear(layer.qkv_proj, [p + f"self_attn.{n}_proj.weight" for n in "qkv"],
+                             [slice(0, q), slice(q, q + kv), slice(q + kv, q + 2 * kv)])
+        o = weights.linear(layer.o_proj, [p + "self_attn.o_proj.weight"], [slice(None)])
+        gate_up = weights.linear(layer.gate_up_proj, [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"],
+                                 [slice(0, m), slice(m, 2 * m)])
+        down = weights.linear(layer.down_proj, [p + "mlp.down_proj.weight"], [slice(None)])
+        bias = getattr(layer.qkv_proj, "bias", None)
+        quantized = quantized or isinstance(layer.gate_up_proj, Int4Linear)
+        native.set_layer(i, _f32(layer.input_layernorm.weight), qkv[0], qkv[1], qkv[2], o[0],
+                         _f32(layer.post_attention_layernorm.weight), gate_up[0], gate_up[1], down[0],
+                         None if bias is None else _f32(bias), kv_caches[i].numpy())
+    return NativeDecode(native, "quantized" if quantized else "float32")

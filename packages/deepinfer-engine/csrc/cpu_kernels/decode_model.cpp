@@ -1,0 +1,283 @@
+#include "cpu_kernels/decode_model.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+
+namespace deepinfer::cpu {
+
+namespace {
+
+constexpr int kMinChunkRows = 16;
+constexpr int kChunksPerThread = 4;
+
+// Output rows per unit of work handed to a thread: about kChunksPerThread units per thread
+// (few shared-counter updates, which cross cores), small enough that a late thread still
+// finds work.
+int chunk_rows(int total, int threads) {
+  const int c = (total + threads * kChunksPerThread - 1) / (threads * kChunksPerThread);
+  return std::max(kMinChunkRows, (c + kMinChunkRows - 1) / kMinChunkRows * kMinChunkRows);
+}
+
+bool quantized(const Linear& w) { return w.kind != WeightKind::F32; }
+
+// Row r of an embedding table as float32 (the same products a dequantized table holds).
+void dequantize_row(const Linear& w, int r, float* out) {
+  const uint8_t* row = w.data + static_cast<size_t>(r) * w.row_bytes;
+  if (w.kind == WeightKind::F32) {
+    std::memcpy(out, row, sizeof(float) * w.cols);
+    return;
+  }
+  const size_t bb = block_bytes(w.kind);
+  for (int i = 0; i < w.cols / kBlock; ++i) {
+    const uint8_t* blk = row + i * bb;
+    uint16_t h;
+    std::memcpy(&h, blk, 2);
+    const float d = fp16_to_float(h);
+    float* o = out + i * kBlock;
+    if (w.kind == WeightKind::Q8_0) {
+      for (int j = 0; j < kBlock; ++j) o[j] = static_cast<float>(static_cast<int8_t>(blk[2 + j])) * d;
+    } else if (w.kind == WeightKind::Q4_0) {
+      for (int j = 0; j < 16; ++j) {
+        o[j] = static_cast<float>((blk[2 + j] & 0x0F) - 8) * d;
+        o[j + 16] = static_cast<float>((blk[2 + j] >> 4) - 8) * d;
+      }
+    } else {  // Q4_1
+      std::memcpy(&h, blk + 2, 2);
+      const float m = fp16_to_float(h);
+      for (int j = 0; j < 16; ++j) {
+        o[j] = d * static_cast<float>(blk[4 + j] & 0x0F) + m;
+        o[j + 16] = d * static_cast<float>(blk[4 + j] >> 4) + m;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+DecodeModel::DecodeModel(const ModelShape& shape, int threads, const Kernels& kernels)
+    : shape_(shape), kernels_(&kernels), pool_(threads) {
+  layers.resize(static_cast<size_t>(shape.layers));
+  scores_.resize(static_cast<size_t>(pool_.size()));
+}
+
+void DecodeModel::ensure_scratch(int rows, int max_len) {
+  const auto& s = shape_;
+  if (rows > scratch_rows_) {
+    const size_t r = static_cast<size_t>(rows);
+    const size_t qkv = static_cast<size_t>((s.heads + 2 * s.kv_heads) * s.head_dim);
+    x_.resize(r * s.hidden);
+    h_.resize(r * s.hidden);
+    tmp_.resize(r * s.hidden);
+    qkv_.resize(r * qkv);
+    attn_.resize(r * s.heads * s.head_dim);
+    gate_.resize(r * s.intermediate);
+    up_.resize(r * s.intermediate);
+    act_.resize(r * s.intermediate);
+    hq_.reserve(r, static_cast<size_t>(s.hidden));
+    aq_.reserve(r, static_cast<size_t>(std::max(s.heads * s.head_dim, s.intermediate)));
+    scratch_rows_ = rows;
+  }
+  if (max_len > scratch_len_) {
+    for (auto& v : scores_) v.resize(static_cast<size_t>(max_len));
+    scratch_len_ = max_len;
+  }
+}
+
+void DecodeModel::rms_norm(const float* x, const float* w, float* out, int rows) const {
+  const int n = shape_.hidden;
+  for (int b = 0; b < rows; ++b) {
+    const float* xr = x + static_cast<size_t>(b) * n;
+    float* o = out + static_cast<size_t>(b) * n;
+    double ss = 0.0;
+    for (int i = 0; i < n; ++i) ss += static_cast<double>(xr[i]) * xr[i];
+    const float r = 1.0f / std::sqrt(static_cast<float>(ss / n) + shape_.eps);
+    for (int i = 0; i < n; ++i) o[i] = w[i] * (xr[i] * r);
+  }
+}
+
+void DecodeModel::quantize(const float* x, int rows, int k, ActBuffer& out) const {
+  const size_t nb = static_cast<size_t>(k / kBlock);
+  for (int b = 0; b < rows; ++b)
+    kernels_->quantize_row(x + static_cast<size_t>(b) * k, k, out.qs.data() + static_cast<size_t>(b) * k,
+                           out.d.data() + b * nb, out.s.data() + b * nb);
+}
+
+Linear DecodeModel::regrouped(const Linear& ggml) {
+  if (!quantized(ggml)) return ggml;
+  auto buf = std::make_unique<uint8_t[]>(static_cast<size_t>(ggml.rows) * ggml.row_bytes);
+  for (int r = 0; r < ggml.rows; ++r)
+    repack_row(ggml.kind, ggml.data + static_cast<size_t>(r) * ggml.row_bytes, ggml.cols / kBlock,
+               buf.get() + static_cast<size_t>(r) * ggml.row_bytes);
+  Linear out = ggml;
+  out.data = buf.get();
+  owned_.push_back(std::move(buf));
+  return out;
+}
+
+void DecodeModel::run_linears(const Linear* const* parts, int num_parts, const float* xf, const Acts& xq,
+                              int rows, float* y, int ldy) {
+  int total = 0;
+  for (int p = 0; p < num_parts; ++p) total += parts[p]->rows;
+  std::atomic<int> next{0};
+  const Kernels& k = *kernels_;
+  const int chunk = chunk_rows(total, pool_.size());
+  pool_.run([&](int) {
+    for (;;) {
+      const int c0 = next.fetch_add(chunk, std::memory_order_relaxed);
+      if (c0 >= total) return;
+      const int c1 = std::min(c0 + chunk, total);
+      int start = 0;
+      for (int p = 0; p < num_parts; ++p) {
+        const Linear& w = *parts[p];
+        const int lo = std::max(c0, start) - start, hi = std::min(c1, start + w.rows) - start;
+        if (lo < hi) {
+          if (quantized(w)) {
+            k.gemv_quant(w.kind, w.data, w.row_bytes, w.cols, xq, rows, y + start, ldy, lo, hi);
+          } else {
+            k.gemv_f32(reinterpret_cast<const float*>(w.data), w.cols, xf, rows, y + start, ldy, lo, hi);
+          }
+        }
+        start += w.rows;
+      }
+    }
+  });
+}
+
+void DecodeModel::linear(const Linear& w, const float* x, int rows, float* y) {
+  ActBuffer xq;
+  if (quantized(w)) {
+    xq.reserve(static_cast<size_t>(rows), static_cast<size_t>(w.cols));
+    quantize(x, rows, w.cols, xq);
+  }
+  const Linear* parts[] = {&w};
+  run_linears(parts, 1, x, xq.view(), rows, y, w.rows);
+}
+
+void DecodeModel::attention(const StepInputs& in, LayerWeights& layer) {
+  const auto& s = shape_;
+  const int d = s.head_dim, group = s.heads / s.kv_heads;
+  const int qkv_width = (s.heads + 2 * s.kv_heads) * d;
+  const size_t token_stride = static_cast<size_t>(s.kv_heads) * d;
+  const float* k_cache = layer.kv_cache;
+  const float* v_cache = layer.kv_cache + static_cast<size_t>(cache_blocks) * block_size * token_stride;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+  const int items = in.rows * s.heads;
+  std::atomic<int> next{0};
+  const Kernels& k = *kernels_;
+  pool_.run([&](int tid) {
+    float* scores = scores_[static_cast<size_t>(tid)].data();
+    for (;;) {
+      const int item = next.fetch_add(1, std::memory_order_relaxed);
+      if (item >= items) return;
+      const int b = item / s.heads, h = item % s.heads, g = h / group;
+      const int len = static_cast<int>(in.seq_lens[b]);
+      const int64_t* table = in.block_tables + static_cast<size_t>(b) * in.table_width;
+      const float* q = qkv_.data() + static_cast<size_t>(b) * qkv_width + static_cast<size_t>(h) * d;
+      float m = -INFINITY;
+      for (int t = 0; t < len; ++t) {
+        const size_t slot = static_cast<size_t>(table[t / block_size]) * block_size + t % block_size;
+        scores[t] = k.dot(q, k_cache + slot * token_stride + static_cast<size_t>(g) * d, d) * scale;
+        m = std::max(m, scores[t]);
+      }
+      float* out = attn_.data() + (static_cast<size_t>(b) * s.heads + h) * d;
+      std::fill(out, out + d, 0.0f);
+      float sum = 0.0f;
+      for (int t = 0; t < len; ++t) {
+        const float p = std::exp(scores[t] - m);
+        sum += p;
+        const size_t slot = static_cast<size_t>(table[t / block_size]) * block_size + t % block_size;
+        k.axpy(p, v_cache + slot * token_stride + static_cast<size_t>(g) * d, out, d);
+      }
+      const float inv = 1.0f / sum;
+      for (int i = 0; i < d; ++i) out[i] *= inv;
+    }
+  });
+}
+
+void DecodeModel::decode(const StepInputs& in, float* logits) {
+  const auto& s = shape_;
+  const int rows = in.rows, H = s.hidden, I = s.intermediate, d = s.head_dim;
+  const int q_width = s.heads * d, kv_width = s.kv_heads * d, qkv_width = q_width + 2 * kv_width;
+  int max_len = 1;
+  for (int b = 0; b < rows; ++b) max_len = std::max(max_len, static_cast<int>(in.seq_lens[b]));
+  ensure_scratch(rows, max_len);
+  float *x = x_.data(), *h = h_.data(), *tmp = tmp_.data();
+  for (int b = 0; b < rows; ++b) dequantize_row(embedding, static_cast<int>(in.ids[b]), x + static_cast<size_t>(b) * H);
+  const size_t token_stride = static_cast<size_t>(kv_width);
+  std::atomic<int> next{0};
+  for (auto& layer : layers) {
+    // attention block
+    rms_norm(x, layer.attn_norm, h, rows);
+    if (quantized(layer.q) || quantized(layer.k) || quantized(layer.v)) quantize(h, rows, H, hq_);
+    const Linear* qkv_parts[] = {&layer.q, &layer.k, &layer.v};
+    run_linears(qkv_parts, 3, h, hq_.view(), rows, qkv_.data(), qkv_width);
+    for (int b = 0; b < rows; ++b) {
+      float* row = qkv_.data() + static_cast<size_t>(b) * qkv_width;
+      if (layer.qkv_bias)
+        for (int i = 0; i < qkv_width; ++i) row[i] += layer.qkv_bias[i];
+      // rotary (rotate_half layout) on the q and k heads, which sit side by side
+      const float* cos = rope_cos + static_cast<size_t>(in.positions[b]) * d;
+      const float* sin = rope_sin + static_cast<size_t>(in.positions[b]) * d;
+      const int half = d / 2;
+      for (int head = 0; head < s.heads + s.kv_heads; ++head) {
+        float* v = row + head * d;
+        for (int i = 0; i < half; ++i) {
+          const float x1 = v[i], x2 = v[i + half];
+          v[i] = x1 * cos[i] + (-x2) * sin[i];
+          v[i + half] = x2 * cos[i + half] + x1 * sin[i + half];
+        }
+      }
+      const size_t slot = static_cast<size_t>(in.slots[b]);
+      float* k_dst = layer.kv_cache + slot * token_stride;
+      float* v_dst = layer.kv_cache + (static_cast<size_t>(cache_blocks) * block_size + slot) * token_stride;
+      std::memcpy(k_dst, row + q_width, sizeof(float) * kv_width);
+      std::memcpy(v_dst, row + q_width + kv_width, sizeof(float) * kv_width);
+    }
+    attention(in, layer);
+    if (quantized(layer.o)) quantize(attn_.data(), rows, q_width, aq_);
+    const Linear* o_parts[] = {&layer.o};
+    run_linears(o_parts, 1, attn_.data(), aq_.view(), rows, tmp, H);
+    for (size_t i = 0; i < static_cast<size_t>(rows) * H; ++i) x[i] += tmp[i];
+    // MLP block
+    rms_norm(x, layer.ffn_norm, h, rows);
+    if (quantized(layer.gate) || quantized(layer.up)) quantize(h, rows, H, hq_);
+    next.store(0, std::memory_order_relaxed);
+    const Kernels& k = *kernels_;
+    const int chunk = chunk_rows(I, pool_.size());
+    pool_.run([&](int) {
+      for (;;) {
+        const int j0 = next.fetch_add(chunk, std::memory_order_relaxed);
+        if (j0 >= I) return;
+        const int j1 = std::min(j0 + chunk, I);
+        for (const auto* wp : {&layer.gate, &layer.up}) {
+          float* y = wp == &layer.gate ? gate_.data() : up_.data();
+          if (quantized(*wp)) {
+            k.gemv_quant(wp->kind, wp->data, wp->row_bytes, H, hq_.view(), rows, y, I, j0, j1);
+          } else {
+            k.gemv_f32(reinterpret_cast<const float*>(wp->data), H, h, rows, y, I, j0, j1);
+          }
+        }
+        for (int b = 0; b < rows; ++b) {
+          const size_t o = static_cast<size_t>(b) * I;
+          for (int j = j0; j < j1; ++j) {
+            const float g = gate_[o + j];
+            act_[o + j] = g / (1.0f + std::exp(-g)) * up_[o + j];
+          }
+        }
+      }
+    });
+    if (quantized(layer.down)) quantize(act_.data(), rows, I, aq_);
+    const Linear* down_parts[] = {&layer.down};
+    run_linears(down_parts, 1, act_.data(), aq_.view(), rows, tmp, H);
+    for (size_t i = 0; i < static_cast<size_t>(rows) * H; ++i) x[i] += tmp[i];
+  }
+  rms_norm(x, final_norm, h, rows);
+  if (quantized(head)) quantize(h, rows, H, hq_);
+  const Linear* head_parts[] = {&head};
+  run_linears(head_parts, 1, h, hq_.view(), rows, logits, head.rows);
+  pool_.park();
+}
+
+}  // namespace deepinfer::cpu

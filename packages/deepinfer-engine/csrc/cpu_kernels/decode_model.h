@@ -1,0 +1,114 @@
+// A Llama-family model's decode step (one new token per sequence) over the runtime's paged KV
+// cache, all layers in one call: embedding, per layer RMSNorm -> fused q/k/v -> rotary -> KV
+// write -> attention -> o_proj + residual -> RMSNorm -> gate/up -> SiLU * up -> down + residual,
+// final norm and LM head. Weights, norms, rotary tables and KV caches are registered once
+// (pointers into buffers the Python side keeps alive and validated at registration); a step
+// passes only the step's small index arrays. No Python and no allocation per layer.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "cpu_kernels/kernels.h"
+#include "cpu_kernels/thread_pool.h"
+
+namespace deepinfer::cpu {
+
+struct ModelShape {
+  int hidden = 0, intermediate = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0, vocab = 0;
+  float eps = 1e-5f;
+};
+
+// A weight [rows, cols] in one of the WeightKinds, rows row_bytes apart.
+struct Linear {
+  WeightKind kind = WeightKind::F32;
+  const uint8_t* data = nullptr;
+  int rows = 0, cols = 0;
+  size_t row_bytes = 0;
+};
+
+// Quantized activation rows (codes, scales, sums), grown on demand.
+struct ActBuffer {
+  std::vector<int8_t> qs;
+  std::vector<float> d, s;
+  void reserve(size_t rows, size_t k) {
+    if (qs.size() < rows * k) {
+      qs.resize(rows * k);
+      d.resize(rows * k / kBlock);
+      s.resize(rows * k / kBlock);
+    }
+  }
+  Acts view() const { return Acts{qs.data(), d.data(), s.data()}; }
+};
+
+struct LayerWeights {
+  const float* attn_norm = nullptr;
+  Linear q, k, v, o;
+  const float* qkv_bias = nullptr;  // [q + 2 kv] or null
+  const float* ffn_norm = nullptr;
+  Linear gate, up, down;
+  float* kv_cache = nullptr;  // [2, cache_blocks, block_size, kv_heads, head_dim]
+  bool set = false;
+};
+
+// One step's inputs (validated by the caller).
+struct StepInputs {
+  int rows = 0;
+  const int64_t* ids = nullptr;
+  const int64_t* positions = nullptr;
+  const int64_t* slots = nullptr;
+  const int64_t* seq_lens = nullptr;
+  const int64_t* block_tables = nullptr;  // [rows, table_width]
+  int table_width = 0;
+};
+
+class DecodeModel {
+ public:
+  DecodeModel(const ModelShape& shape, int threads, const Kernels& kernels);
+
+  const ModelShape& shape() const { return shape_; }
+  const Kernels& kernels() const { return *kernels_; }
+  int threads() const { return pool_.size(); }
+
+  Linear embedding;
+  const float* final_norm = nullptr;
+  Linear head;
+  const float* rope_cos = nullptr;  // [rope_positions, head_dim]
+  const float* rope_sin = nullptr;
+  int rope_positions = 0;
+  int cache_blocks = 0, block_size = 0;  // of every layer's KV cache
+  std::vector<LayerWeights> layers;
+
+  // logits [rows, vocab]. Runs without the GIL.
+  void decode(const StepInputs& in, float* logits);
+
+  // A copy of a quantized weight in ggml's layout, regrouped for the kernels (see kernels.h)
+  // and owned by the model; F32 weights are returned as they are (not copied).
+  Linear regrouped(const Linear& ggml);
+
+  // y [rows, w.rows] = x [rows, w.cols] @ w^T with this model's kernels and threads (activations
+  // quantized first for a quantized w): the building block, exposed for the kernel tests.
+  void linear(const Linear& w, const float* x, int rows, float* y);
+
+ private:
+  void ensure_scratch(int rows, int max_len);
+  void rms_norm(const float* x, const float* w, float* out, int rows) const;
+  void quantize(const float* x, int rows, int k, ActBuffer& out) const;
+  // rows of y [rows, ldy] at column offset col0 .. for the linears of `parts`, split over threads
+  void run_linears(const Linear* const* parts, int num_parts, const float* xf, const Acts& xq, int rows,
+                   float* y, int ldy);
+  void attention(const StepInputs& in, LayerWeights& layer);
+
+  ModelShape shape_;
+  const Kernels* kernels_;
+  ThreadPool pool_;
+  // scratch, grown on demand
+  std::vector<float> x_, h_, qkv_, attn_, tmp_, gate_, up_, act_;
+  ActBuffer hq_, aq_;
+  std::vector<std::unique_ptr<uint8_t[]>> owned_;  // regrouped weights
+  std::vector<std::vector<float>> scores_;  // per thread
+  int scratch_rows_ = 0, scratch_len_ = 0;
+};
+
+}  // namespace deepinfer::cpu

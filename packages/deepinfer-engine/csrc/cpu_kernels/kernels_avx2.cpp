@@ -1,0 +1,195 @@
+// AVX2 + FMA + F16C kernels (x86-64). This file alone is compiled with -mavx2 -mfma -mf16c and is
+// only called after best_kernels() found those features at run time; it uses no inline functions
+// or templates shared with other files (a shared one could be linked in its AVX2 form and run
+// on a CPU without AVX2).
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "cpu_kernels/kernels.h"
+
+namespace deepinfer::cpu {
+namespace {
+
+inline float half_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// 32 nibbles of a Q4 block as bytes 0..15, in element order (low halves, then high halves).
+inline __m256i nibbles(const uint8_t* p) {
+  const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m256i b = _mm256_insertf128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1);
+  return _mm256_and_si256(b, _mm256_set1_epi8(0x0F));
+}
+
+// Sum of the 32 products of unsigned bytes u and signed bytes s, as 8 float partial sums.
+inline __m256 dot_u8_s8(__m256i u, __m256i s) {
+  const __m256i p16 = _mm256_maddubs_epi16(u, s);
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+}
+
+constexpr int kChunk = 64;  // blocks whose scale products are kept on the stack at once
+
+// R activation rows against one regrouped weight row of nb blocks. Per chunk of blocks, the
+// products of weight and activation scales (and the offset terms of Q4_0/Q4_1) are computed 8
+// at a time; the block loop then does only the integer dot and one FMA. Two accumulators per
+// row (even and odd blocks) hide the FMA latency when R is small.
+template <int R, WeightKind K>
+void row_dots(const uint8_t* row, int nb, int k, const Acts& x, float* y, int ldy) {
+  constexpr size_t cb = code_bytes(K);
+  const uint8_t* d_half = row + static_cast<size_t>(nb) * cb;
+  const uint8_t* m_half = d_half + 2 * static_cast<size_t>(nb);
+  __m256 acc[R][2], off[R];
+  float off_tail[R];
+  alignas(32) float ds[R][kChunk];
+  for (int r = 0; r < R; ++r) {
+    acc[r][0] = acc[r][1] = off[r] = _mm256_setzero_ps();
+    off_tail[r] = 0.0f;
+  }
+  for (int c0 = 0; c0 < nb; c0 += kChunk) {
+    const int c1 = nb < c0 + kChunk ? nb : c0 + kChunk;
+    int i = c0;
+    for (; i + 8 <= c1; i += 8) {
+      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d_half + 2 * i)));
+      __m256 mw = _mm256_setzero_ps();
+      if constexpr (K == WeightKind::Q4_1) mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(m_half + 2 * i)));
+      if constexpr (K == WeightKind::Q4_0) mw = _mm256_mul_ps(dw, _mm256_set1_ps(-8.0f));
+      for (int r = 0; r < R; ++r) {
+        const size_t at = static_cast<size_t>(r) * nb + i;
+        _mm256_store_ps(ds[r] + (i - c0), _mm256_mul_ps(dw, _mm256_loadu_ps(x.d + at)));
+        if constexpr (K != WeightKind::Q8_0) off[r] = _mm256_fmadd_ps(mw, _mm256_loadu_ps(x.s + at), off[r]);
+      }
+    }
+    for (; i < c1; ++i) {
+      const float dw = half_at(d_half + 2 * i);
+      const float mw = K == WeightKind::Q4_1 ? half_at(m_half + 2 * i) : -8.0f * dw;
+      for (int r = 0; r < R; ++r) {
+        const size_t at = static_cast<size_t>(r) * nb + i;
+        ds[r][i - c0] = dw * x.d[at];
+        if constexpr (K != WeightKind::Q8_0) off_tail[r] += mw * x.s[at];
+      }
+    }
+    for (i = c0; i < c1; ++i) {
+      const uint8_t* codes = row + static_cast<size_t>(i) * cb;
+      __m256i wq;
+      if constexpr (K == WeightKind::Q8_0) {
+        wq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes));
+      } else {
+        wq = nibbles(codes);
+      }
+      const __m256i wabs = K == WeightKind::Q8_0 ? _mm256_sign_epi8(wq, wq) : wq;
+      for (int r = 0; r < R; ++r) {
+        __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + static_cast<size_t>(r) * k + i * kBlock));
+        if constexpr (K == WeightKind::Q8_0) xq = _mm256_sign_epi8(xq, wq);
+        acc[r][i & 1] = _mm256_fmadd_ps(_mm256_broadcast_ss(&ds[r][i - c0]), dot_u8_s8(wabs, xq), acc[r][i & 1]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    y[static_cast<size_t>(r) * ldy] = hsum(_mm256_add_ps(acc[r][0], acc[r][1])) + hsum(off[r]) + off_tail[r];
+}
+
+template <WeightKind K>
+void gemv_kind(const uint8_t* w, size_t row_bytes, int k, const Acts& x, int rows, float* y, int ldy, int n0, int n1) {
+  const int nb = k / kBlock;
+  for (int n = n0; n < n1; ++n) {
+    const uint8_t* row = w + static_cast<size_t>(n) * row_bytes;
+    for (int b = 0; b < rows;) {
+      const Acts xb{x.qs + static_cast<size_t>(b) * k, x.d + static_cast<size_t>(b) * nb, x.s + static_cast<size_t>(b) * nb};
+      float* yb = y + static_cast<size_t>(b) * ldy + n;
+      switch (rows - b) {
+        case 1: row_dots<1, K>(row, nb, k, xb, yb, ldy); b += 1; break;
+        case 2: row_dots<2, K>(row, nb, k, xb, yb, ldy); b += 2; break;
+        case 3: row_dots<3, K>(row, nb, k, xb, yb, ldy); b += 3; break;
+        default: row_dots<4, K>(row, nb, k, xb, yb, ldy); b += 4; break;
+      }
+    }
+  }
+}
+
+void gemv_quant(WeightKind kind, const uint8_t* w, size_t row_bytes, int k, const Acts& x, int rows,
+                float* y, int ldy, int n0, int n1) {
+  switch (kind) {
+    case WeightKind::Q4_0: gemv_kind<WeightKind::Q4_0>(w, row_bytes, k, x, rows, y, ldy, n0, n1); break;
+    case WeightKind::Q4_1: gemv_kind<WeightKind::Q4_1>(w, row_bytes, k, x, rows, y, ldy, n0, n1); break;
+    case WeightKind::Q8_0: gemv_kind<WeightKind::Q8_0>(w, row_bytes, k, x, rows, y, ldy, n0, n1); break;
+    case WeightKind::F32: break;
+  }
+}
+
+// F32: R activation rows against one weight row, 16 floats a step (two accumulators per row).
+template <int R>
+void row_dots_f32(const float* w, int k, const float* x, float* y, int ldy) {
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  int i = 0;
+  for (; i + 16 <= k; i += 16) {
+    // 4 KiB ahead: the next rows, across the page boundary where the hardware prefetcher stops
+    // (a prefetch never faults, also past the end of the weight)
+    _mm_prefetch(reinterpret_cast<const char*>(w + i + 1024), _MM_HINT_T0);
+    const __m256 w0 = _mm256_loadu_ps(w + i), w1 = _mm256_loadu_ps(w + i + 8);
+    for (int r = 0; r < R; ++r) {
+      const float* xr = x + static_cast<size_t>(r) * k + i;
+      acc[r][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xr), acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xr + 8), acc[r][1]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    float s = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
+    const float* xr = x + static_cast<size_t>(r) * k;
+    for (int j = i; j < k; ++j) s += w[j] * xr[j];
+    y[static_cast<size_t>(r) * ldy] = s;
+  }
+}
+
+void gemv_f32(const float* w, int k, const float* x, int rows, float* y, int ldy, int n0, int n1) {
+  for (int n = n0; n < n1; ++n) {
+    const float* row = w + static_cast<size_t>(n) * k;
+    int b = 0;
+    for (; b + 4 <= rows; b += 4) row_dots_f32<4>(row, k, x + static_cast<size_t>(b) * k, y + static_cast<size_t>(b) * ldy + n, ldy);
+    switch (rows - b) {
+      case 3: row_dots_f32<3>(row, k, x + static_cast<size_t>(b) * k, y + static_cast<size_t>(b) * ldy + n, ldy); break;
+      case 2: row_dots_f32<2>(row, k, x + static_cast<size_t>(b) * k, y + static_cast<size_t>(b) * ldy + n, ldy); break;
+      case 1: row_dots_f32<1>(row, k, x + static_cast<size_t>(b) * k, y + static_cast<size_t>(b) * ldy + n, ldy); break;
+      default: break;
+    }
+  }
+}
+
+float dot(const float* a, const float* b, int n) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+  }
+  float s = hsum(_mm256_add_ps(acc0, acc1));
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+void axpy(float a, const float* x, float* y, int n) {
+  const __m256 va = _mm256_set1_ps(a);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; ++i) y[i] += a * x[i];
+}
+
+}  // namespace
+
+const Kernels& avx2_kernels() {
+  // quantize_row is the generic one: both tables quantize activations bitwise alike.
+  static const Kernels table{"avx2", gemv_quant, gemv_f32, generic_kernels().quantize_row, dot, axpy};
+  return table;
+}
+
+}  // namespace deepinfer::cpu

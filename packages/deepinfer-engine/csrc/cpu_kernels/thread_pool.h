@@ -1,0 +1,102 @@
+// A small persistent thread pool for the decode step: run(fn) calls fn(thread_index) on the
+// caller (index 0) and on every worker that joins the region in time, and returns when the
+// caller's fn returned and every joined worker finished.
+//
+// fn shares its work through atomic counters (dynamic chunks) and returns when none is left, so
+// a worker that is not scheduled while a region runs (a busy machine) simply does not join it:
+// the caller and the other workers do its share, and the step never waits for a thread that has
+// not started. Workers spin briefly between the ~150 regions of a step, and sleep (futex) once
+// the caller parks the pool or after ~200 us without work.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <thread>
+#include <vector>
+
+namespace deepinfer::cpu {
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int threads) : n_(threads < 1 ? 1 : threads) {
+    for (int i = 1; i < n_; ++i) workers_.emplace_back([this, i] { loop(i); });
+  }
+  ~ThreadPool() {
+    stop_.store(true);
+    generation_.fetch_add(1);
+    generation_.notify_all();
+    for (auto& t : workers_) t.join();
+  }
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return n_; }
+
+  // The caller's parallel work is over for now (end of a step): workers sleep at once instead
+  // of spinning, leaving the cores to the Python and torch work between steps.
+  void park() { parked_.store(true, std::memory_order_relaxed); }
+
+  // One caller at a time (the model serialises its steps).
+  void run(const std::function<void(int)>& fn) {
+    if (n_ == 1) {
+      fn(0);
+      return;
+    }
+    job_ = &fn;
+    parked_.store(false, std::memory_order_relaxed);
+    open_.store(true);
+    generation_.fetch_add(1);
+    generation_.notify_all();
+    fn(0);
+    // Close the region, then wait for the workers that joined it (seq_cst on both sides: a
+    // worker either sees it closed or is counted in joined_ here).
+    open_.store(false);
+    for (int spins = 0; joined_.load() != 0; ++spins) {
+      if (spins < 4096) {
+        pause();
+      } else {
+        std::this_thread::yield();  // a joined worker was descheduled mid-chunk
+      }
+    }
+  }
+
+ private:
+  static void pause() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  }
+
+  void loop(int index) {
+    uint64_t seen = 0;
+    using clock = std::chrono::steady_clock;
+    for (;;) {
+      const auto until = clock::now() + std::chrono::microseconds(200);
+      uint64_t g = generation_.load();
+      for (int spins = 0; g == seen; ++spins) {
+        pause();
+        if (parked_.load(std::memory_order_relaxed) || ((spins & 255) == 255 && clock::now() > until))
+          generation_.wait(seen);
+        g = generation_.load();
+      }
+      seen = g;
+      if (stop_.load()) return;
+      joined_.fetch_add(1);
+      if (open_.load() && generation_.load() == g) (*job_)(index);
+      joined_.fetch_sub(1);
+    }
+  }
+
+  const int n_;
+  std::vector<std::thread> workers_;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> joined_{0};
+  std::atomic<bool> open_{false};
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> parked_{false};
+  const std::function<void(int)>* job_ = nullptr;
+};
+
+}  // namespace deepinfer::cpu

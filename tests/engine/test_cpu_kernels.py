@@ -1,0 +1,269 @@
+"""deepinfer_engine._cpu_kernels: the native CPU decode kernels against independent references.
+
+* Quantized GEMV (ggml Q4_0/Q4_1/Q8_0 blocks, activations quantized to 8 bits per 32 values)
+  against the float64 product with the weight dequantized by ``gguf.quants`` (not our decoder):
+  |y - x W^T| <= sum over blocks of max|x_block| / 254 * sum|W_block| (the activation rounding
+  bound) plus float32 summation slack, for random shapes, 1-16 rows, every instruction set this
+  CPU runs, 1 and 2 threads.
+* F32 GEMV against numpy in float64, within float32 summation error.
+* A whole decode step of a random model against a numpy implementation of the same layer math.
+* Bad input: TypeError/ValueError naming the argument.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+ck = pytest.importorskip("deepinfer_engine._cpu_kernels", reason="engine built without _cpu_kernels")
+gguf = pytest.importorskip("gguf", reason="gguf (reference dequantizer) is not installed")
+
+BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+ISAS = ck.available_isas()
+
+
+def random_blocks(rng: np.random.Generator, kind: str, n: int, k: int, scale: float = 0.02) -> np.ndarray:
+    """[n, k / 32 blocks] of random codes with fp16 scales below ``scale`` (and Q4_1 minimums)."""
+    bb = BLOCK_BYTES[kind]
+    raw = rng.integers(0, 256, (n, k // 32 * bb), dtype=np.uint8)
+    blocks = raw.reshape(n, k // 32, bb)
+    blocks[..., 0:2] = (rng.random((n, k // 32, 1)) * scale).astype(np.float16).view(np.uint8)
+    if kind == "Q4_1":  # minimum near -7.5 d: weights centred on 0, as in real files
+        d = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)
+        m = -7.5 * d + rng.standard_normal((n, k // 32, 1)) * scale
+        blocks[..., 2:4] = m.astype(np.float16).view(np.uint8)
+    return raw
+
+
+def dequantized(kind: str, raw: np.ndarray) -> np.ndarray:
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    return dequantize(raw, GGMLQuantizationType[kind]).astype(np.float64)
+
+
+def activation_bound(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """[rows, n]: the error bound of 8-bit-per-32 activations (rounding <= max|x_block| / 254)."""
+    rows, k = x.shape
+    amax = np.abs(x).reshape(rows, k // 32, 32).max(-1)  # [rows, blocks]
+    wsum = np.abs(w).reshape(w.shape[0], k // 32, 32).sum(-1)  # [n, blocks]
+    slack = 1e-5 * (np.abs(x).astype(np.float64) @ np.abs(w).T)
+    return amax @ wsum.T / 254 + slack
+
+
+@pytest.mark.parametrize("kind", sorted(BLOCK_BYTES))
+def test_quantized_gemv_within_the_activation_rounding_bound(kind):
+    rng = np.random.default_rng(1)
+    for n, k in [(96, 576), (40, 96), (33, 288), (17, 32), (130, 1536)]:
+        raw = random_blocks(rng, kind, n, k)
+        w = dequantized(kind, raw)
+        for rows in (1, 2, 3, 4, 5, 7, 16):
+            x = rng.standard_normal((rows, k)).astype(np.float32)
+            ref = x.astype(np.float64) @ w.T
+            bound = activation_bound(x, w)
+            for isa in ISAS:
+                for threads in (1, 2):
+                    y = ck.linear((kind, raw), x, num_threads=threads, isa=isa)
+                    assert y.shape == (rows, n) and y.dtype == np.float32
+                    excess = np.abs(y - ref) - bound
+                    assert excess.max() <= 0, f"{kind} {n}x{k} rows={rows} {isa}: over the bound by {excess.max()}"
+
+
+def test_activation_rounding_is_what_the_bound_allows():
+    """The bound is not vacuous: an activation whose values fall between 8-bit steps gives an
+    error of the predicted size (one block, a weight of ones)."""
+    raw = np.zeros((1, 34), dtype=np.uint8)
+    raw[0, :2] = np.array([1.0], dtype=np.float16).view(np.uint8)
+    raw[0, 2:] = 1  # Q8_0 codes 1: w = 1
+    x = np.full((1, 32), 0.5 / 127, dtype=np.float32)
+    x[0, 0] = 1.0  # scale 1/127: every 0.5/127 rounds to 0 (even) -> y = 1 instead of 1 + 31 * 0.5/127
+    for isa in ISAS:
+        y = ck.linear(("Q8_0", raw), x, isa=isa)
+        assert y[0, 0] == pytest.approx(1.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("kind", sorted(BLOCK_BYTES))
+def test_non_finite_activations_give_nan_not_garbage(kind):
+    rng = np.random.default_rng(5)
+    raw = random_blocks(rng, kind, 8, 64)
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    x[1, 40], x[2, 3] = np.nan, np.inf
+    for isa in ISAS:
+        y = ck.linear((kind, raw), x, isa=isa)
+        assert np.isfinite(y[0]).all() and np.isnan(y[1]).all() and np.isnan(y[2]).all()
+
+
+def test_f32_gemv_matches_numpy():
+    rng = np.random.default_rng(2)
+    for n, k in [(64, 576), (7, 13), (130, 1536)]:
+        w = rng.standard_normal((n, k)).astype(np.float32)
+        for rows in (1, 3, 4, 16):
+            x = rng.standard_normal((rows, k)).astype(np.float32)
+            ref = x.astype(np.float64) @ w.T.astype(np.float64)
+            tol = 1e-6 * k * (np.abs(x) @ np.abs(w).T)
+            for isa in ISAS:
+                for threads in (1, 2):
+                    y = ck.linear(("F32", w), x, num_threads=threads, isa=isa)
+                    assert np.all(np.abs(y - ref) <= tol), (n, k, rows, isa)
+
+
+# ---- a whole decode step against numpy ------------------------------------------------------------
+H, I, LAYERS, HEADS, KV_HEADS, D, V, EPS, BS = 64, 96, 2, 4, 2, 16, 50, 1e-5, 4
+
+
+def rms(x, w):
+    return w * (x / np.sqrt((x * x).mean(-1, keepdims=True) + EPS))
+
+
+def rotate(x, cos, sin):  # x [heads, d], rotate_half layout
+    half = x.shape[-1] // 2
+    return x * cos + np.concatenate((-x[:, half:], x[:, :half]), -1) * sin
+
+
+class RandomModel:
+    def __init__(self, rng, kind: str):
+        self.kind = kind
+
+        def weight(n, k):
+            if kind == "F32":
+                w = (rng.standard_normal((n, k)) * 0.2).astype(np.float32)
+                return ("F32", w), w.astype(np.float64)
+            raw = random_blocks(rng, kind, n, k, scale=0.1 if kind == "Q8_0" else 0.05)  # weights ~0.2-0.4
+            return (kind, raw), dequantized(kind, raw)
+
+        self.embed = weight(V, H)
+        self.head = weight(V, H)
+        self.norm = (1 + 0.1 * rng.standard_normal(H)).astype(np.float32)
+        self.layers = []
+        for _ in range(LAYERS):
+            self.layers.append(dict(
+                attn_norm=(1 + 0.1 * rng.standard_normal(H)).astype(np.float32),
+                ffn_norm=(1 + 0.1 * rng.standard_normal(H)).astype(np.float32),
+                q=weight(HEADS * D, H), k=weight(KV_HEADS * D, H), v=weight(KV_HEADS * D, H),
+                o=weight(H, HEADS * D), gate=weight(I, H), up=weight(I, H), down=weight(H, I),
+                bias=(0.1 * rng.standard_normal((HEADS + 2 * KV_HEADS) * D)).astype(np.float32)))
+        pos = np.arange(64)[:, None]
+        inv = 1.0 / (10000 ** (np.arange(0, D, 2) / D))
+        ang = np.concatenate((pos * inv, pos * inv), -1)
+        self.cos, self.sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+    def native(self, caches, threads=1, isa="best"):
+        m = ck.DecodeModel(H, I, LAYERS, HEADS, KV_HEADS, D, V, EPS, num_threads=threads, isa=isa)
+        m.set_embedding(self.embed[0])
+        m.set_output(self.norm, self.head[0])
+        m.set_rotary(self.cos, self.sin)
+        for i, l in enumerate(self.layers):
+            m.set_layer(i, l["attn_norm"], l["q"][0], l["k"][0], l["v"][0], l["o"][0], l["ffn_norm"],
+                        l["gate"][0], l["up"][0], l["down"][0], l["bias"], caches[i])
+        return m
+
+    def reference(self, ids, positions, slots, lens, tables, caches):
+        """numpy float64 of the same step (writes k/v into ``caches`` like the native call)."""
+        out = []
+        x = self.embed[1][ids]
+        for i, l in enumerate(self.layers):
+            h = rms(x, l["attn_norm"])
+            qkv = np.concatenate([h @ l[n][1].T for n in "qkv"], -1) + l["bias"]
+            attn = np.zeros((len(ids), HEADS * D))
+            for b in range(len(ids)):
+                q = rotate(qkv[b, :HEADS * D].reshape(HEADS, D), self.cos[positions[b]], self.sin[positions[b]])
+                k = rotate(qkv[b, HEADS * D:(HEADS + KV_HEADS) * D].reshape(KV_HEADS, D),
+                           self.cos[positions[b]], self.sin[positions[b]])
+                v = qkv[b, (HEADS + KV_HEADS) * D:].reshape(KV_HEADS, D)
+                flat = caches[i].reshape(2, -1, KV_HEADS, D)
+                flat[0, slots[b]], flat[1, slots[b]] = k, v
+                ctx = [tables[b, t // BS] * BS + t % BS for t in range(lens[b])]
+                for hd in range(HEADS):
+                    g = hd // (HEADS // KV_HEADS)
+                    s = flat[0, ctx, g].astype(np.float64) @ q[hd] / np.sqrt(D)
+                    p = np.exp(s - s.max())
+                    attn[b, hd * D:(hd + 1) * D] = (p / p.sum()) @ flat[1, ctx, g]
+            x = x + attn @ l["o"][1].T
+            h = rms(x, l["ffn_norm"])
+            gate, up = h @ l["gate"][1].T, h @ l["up"][1].T
+            x = x + (gate / (1 + np.exp(-gate)) * up) @ l["down"][1].T
+            out.append(x)
+        return rms(x, self.norm) @ self.head[1].T
+
+
+@pytest.mark.parametrize("kind", ["F32", "Q8_0", "Q4_1", "Q4_0"])
+def test_decode_step_matches_a_numpy_reference(kind):
+    rng = np.random.default_rng(3)
+    model = RandomModel(rng, kind)
+    blocks = 12
+    lens = np.array([1, 6, 11], dtype=np.int64)  # three sequences, non-contiguous block tables
+    tables = np.array([[5, 0, 0], [2, 7, 0], [9, 1, 4]], dtype=np.int64)
+    positions = lens - 1
+    slots = np.array([tables[b, p // BS] * BS + p % BS for b, p in enumerate(positions)], dtype=np.int64)
+    ids = np.array([3, 17, 42], dtype=np.int64)
+    context = (rng.standard_normal((LAYERS, 2, blocks, BS, KV_HEADS, D)) * 0.5).astype(np.float32)
+    ref_caches = [c.copy() for c in context]
+    ref = model.reference(ids, positions, slots, lens, tables, ref_caches)
+    # quantized activations: the tolerance is relative to the logits' spread
+    tol = 2e-4 if kind == "F32" else 0.05
+    for isa in ISAS:
+        for threads in (1, 2):
+            caches = [c.copy() for c in context]
+            logits = model.native(caches, threads, isa).decode(ids, positions, slots, lens, tables)
+            assert logits.shape == (3, V)
+            scale = np.abs(ref).max()
+            assert np.abs(logits - ref).max() <= tol * scale, (kind, isa, threads, np.abs(logits - ref).max() / scale)
+            for c, rc in zip(caches, ref_caches, strict=True):  # the new k/v went to their slots only
+                np.testing.assert_allclose(c, rc, rtol=0, atol=(1e-5 if kind == "F32" else 0.05) * np.abs(rc).max())
+
+
+# ---- bad input -----------------------------------------------------------------------------------
+def test_bad_weights_are_rejected():
+    x = np.zeros((1, 64), np.float32)
+    with pytest.raises(ValueError, match="weight type"):
+        ck.linear(("Q5_K", np.zeros((2, 36), np.uint8)), x)
+    with pytest.raises(TypeError, match="weight: expected dtype"):
+        ck.linear(("Q8_0", np.zeros((2, 68), np.int32)), x)
+    with pytest.raises(ValueError, match="whole 34-byte blocks"):
+        ck.linear(("Q8_0", np.zeros((2, 67), np.uint8)), x)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        ck.linear(("F32", np.zeros((64, 4), np.float32).T), np.zeros((1, 64), np.float32))
+    with pytest.raises(ValueError, match="x: expected 64 columns"):
+        ck.linear(("Q8_0", np.zeros((2, 68), np.uint8)), np.zeros((1, 32), np.float32))
+    with pytest.raises(TypeError, match="expected a \\(weight type, numpy array\\) tuple"):
+        ck.linear(np.zeros((2, 68), np.uint8), x)
+    with pytest.raises(ValueError, match="isa must be"):
+        ck.linear(("F32", np.zeros((2, 64), np.float32)), x, isa="sse9")
+
+
+def test_bad_step_inputs_are_rejected():
+    rng = np.random.default_rng(4)
+    model = RandomModel(rng, "Q8_0")
+    caches = [np.zeros((2, 3, BS, KV_HEADS, D), np.float32) for _ in range(LAYERS)]
+    m = model.native(caches)
+    one = np.array([0], dtype=np.int64)
+    ok = dict(input_ids=one, positions=one, slot_mapping=one, seq_lens=np.array([1]),
+              block_tables=np.zeros((1, 2), np.int64))
+    m.decode(**ok)
+    for key, value, match in [
+        ("input_ids", np.array([V]), "input_ids\\[0\\]=50 out of range"),
+        ("positions", np.array([64]), "positions\\[0\\]=64 out of range"),
+        ("slot_mapping", np.array([3 * BS]), "slot_mapping\\[0\\]=12 out of range"),
+        ("seq_lens", np.array([0]), "seq_lens\\[0\\]=0 out of range"),
+        ("seq_lens", np.array([9]), "seq_lens\\[0\\]=9 out of range"),
+        ("block_tables", np.array([[3, 0]]), "block_tables\\[0, 0\\]=3 out of range"),
+        ("positions", np.array([0, 0]), "positions: expected 1 entries"),
+        ("block_tables", np.zeros((0, 2), np.int64), "block_tables: expected at least 1 rows"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            m.decode(**{**ok, key: value})
+    with pytest.raises(TypeError, match="input_ids: expected dtype int64"):
+        m.decode(**{**ok, "input_ids": np.array([0], np.int32)})
+    with pytest.raises(ValueError, match="layer 0 kv_cache: expected"):
+        m.set_layer(0, *[model.layers[0][n] if isinstance(model.layers[0][n], np.ndarray) else model.layers[0][n][0]
+                         for n in ("attn_norm", "q", "k", "v", "o", "ffn_norm", "gate", "up", "down", "bias")],
+                    np.zeros((2, 3, BS, KV_HEADS + 1, D), np.float32))
+    with pytest.raises(ValueError, match="layer 0 q_proj: expected a \\[64, 64\\] weight"):
+        m.set_layer(0, model.layers[0]["attn_norm"], model.layers[0]["k"][0], *[model.layers[0][n][0] for n in "kvo"],
+                    model.layers[0]["ffn_norm"], *[model.layers[0][n][0] for n in ("gate", "up", "down")], None,
+                    caches[0])
+    fresh = ck.DecodeModel(H, I, LAYERS, HEADS, KV_HEADS, D, V, EPS)
+    with pytest.raises(ValueError, match="set_embedding was not called"):
+        fresh.decode(**ok)
+    with pytest.raises(ValueError, match="num_heads must be a multiple of num_kv_heads"):
+        ck.DecodeModel(H, I, LAYERS, 5, 2, D, V, EPS)
