@@ -87,3 +87,13 @@ def test_bfloat16_and_switched_off_runners_use_torch(tmp_path, monkeypatch):
 def test_default_gguf_decodes_natively_on_its_quantized_blocks(default_gguf, monkeypatch):
     runner = runner_for(default_gguf, True, monkeypatch, keep_quantized=True)
     assert runner.native_decode is not None and runner.native_decode.kind == "quantized"
+
+
+def test_models_the_kernels_do_not_run_stay_on_torch(tmp_path, monkeypatch):
+    """Qwen3's per-head q/k norms are not in the native kernels: its decode steps stay on torch
+    (running them natively would silently skip the norms)."""
+    save_tiny_model(tmp_path, "qwen3")
+    monkeypatch.setenv("DEEPINFER_CPU_NATIVE", "1")
+    loaded = load_model(str(tmp_path), device=CPU, dtype=torch.float32, max_positions=128)
+    runner = ModelRunner(loaded, num_blocks=32, block_size=BS, device=CPU, dtype=torch.float32)
+    assert runner.native_decode is None
