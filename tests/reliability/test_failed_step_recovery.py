@@ -63,8 +63,9 @@ class _EngineModule:
         return self._fault(attr) if name == "build_request_outputs" else attr
 
 
-def _inject(monkeypatch, llm, point, error, at=3):
-    """Make the ``at``-th call at ``point`` raise ``error`` (once)."""
+def _fault_at(at, error):
+    """A wrapper factory: the ``at``-th call through any wrapped function raises ``error`` (once);
+    with the one-item list counting the calls."""
     calls = [0]
 
     def fault(fn):
@@ -74,6 +75,12 @@ def _inject(monkeypatch, llm, point, error, at=3):
                 raise error
             return fn(*args, **kwargs)
         return wrapped
+    return fault, calls
+
+
+def _inject(monkeypatch, llm, point, error, at=3):
+    """Make the ``at``-th call at ``point`` raise ``error`` (once)."""
+    fault, calls = _fault_at(at, error)
 
     eng = llm.engine
     if point == "before_model":
@@ -244,15 +251,7 @@ def _inject_overlap(monkeypatch, llm, point, error, at=3):
     """As ``_inject``, at the overlap loop's own call sites (a launch replaces _run_model)."""
     from deepinfer.runtime import overlap_loop
 
-    calls = [0]
-
-    def fault(fn):
-        def wrapped(*args, **kwargs):
-            calls[0] += 1
-            if calls[0] == at:
-                raise error
-            return fn(*args, **kwargs)
-        return wrapped
+    fault, calls = _fault_at(at, error)
 
     eng = llm.engine
     if point == "before_model":
