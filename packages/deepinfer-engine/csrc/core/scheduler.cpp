@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <stdexcept>
 #include <string>
 
@@ -148,20 +149,17 @@ bool Scheduler::abort_request(const std::string& request_id) {
   return any;
 }
 
-void Scheduler::mark_updated(SeqIndex s) {
-  Sequence& q = store_.seq(s);
-  if (q.updated_epoch != update_epoch_) {
-    q.updated_epoch = update_epoch_;
-    updated_seqs_.push_back(s);
-  }
-}
-
 void Scheduler::unmark_updated(SeqIndex s) {
   Sequence& q = store_.seq(s);
   if (q.updated_epoch != update_epoch_) return;
-  updated_seqs_.erase(std::find(updated_seqs_.begin(), updated_seqs_.end(), s));
+  const auto end = updated_seqs_.begin() + static_cast<std::ptrdiff_t>(num_updated_);
+  const auto it = std::find(updated_seqs_.begin(), end, s);
+  std::copy(it + 1, end, it);
+  --num_updated_;
   q.updated_epoch = 0;
 }
+
+void Scheduler::grow_updated_seqs() { updated_seqs_.resize(std::max<size_t>(64, 2 * updated_seqs_.size())); }
 
 void Scheduler::report_finished(SeqIndex s) {
   Sequence& q = store_.seq(s);
