@@ -582,9 +582,10 @@ void Scheduler::update(const int32_t* tokens, const float* logprobs, const int32
                        const float* topk_logprobs, int32_t k) {
   begin_update();
   int32_t row = 0;
-  // Entries are read by index: fork() may add sequences (the slab may move), never entries.
-  const std::vector<ScheduledSeq>& entries = update_target().scheduled;  // the older step when one runs ahead
-  const size_t num = entries.size();
+  // fork() may add sequences (the slab may move), never entries: the entry array stays put.
+  const std::vector<ScheduledSeq>& target = update_target().scheduled;  // the older step when one runs ahead
+  const ScheduledSeq* const entries = target.data();
+  const size_t num = target.size();
   for (size_t i = 0; i < num; ++i) {
     prefetch_seq(i + 8 < num ? entries[i + 8].seq : kNoSeq, i + 4 < num ? entries[i + 4].seq : kNoSeq);
     const ScheduledSeq e = entries[i];
