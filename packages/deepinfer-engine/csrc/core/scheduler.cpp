@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <stdexcept>
 #include <string>
 
@@ -148,20 +149,17 @@ bool Scheduler::abort_request(const std::string& request_id) {
   return any;
 }
 
-void Scheduler::mark_updated(SeqIndex s) {
-  Sequence& q = store_.seq(s);
-  if (q.updated_epoch != update_epoch_) {
-    q.updated_epoch = update_epoch_;
-    updated_seqs_.push_back(s);
-  }
-}
-
 void Scheduler::unmark_updated(SeqIndex s) {
   Sequence& q = store_.seq(s);
   if (q.updated_epoch != update_epoch_) return;
-  updated_seqs_.erase(std::find(updated_seqs_.begin(), updated_seqs_.end(), s));
+  const auto end = updated_seqs_.begin() + static_cast<std::ptrdiff_t>(num_updated_);
+  const auto it = std::find(updated_seqs_.begin(), end, s);
+  std::copy(it + 1, end, it);
+  --num_updated_;
   q.updated_epoch = 0;
 }
+
+void Scheduler::grow_updated_seqs() { updated_seqs_.resize(std::max<size_t>(64, 2 * updated_seqs_.size())); }
 
 void Scheduler::report_finished(SeqIndex s) {
   Sequence& q = store_.seq(s);
@@ -584,9 +582,10 @@ void Scheduler::update(const int32_t* tokens, const float* logprobs, const int32
                        const float* topk_logprobs, int32_t k) {
   begin_update();
   int32_t row = 0;
-  // Entries are read by index: fork() may add sequences (the slab may move), never entries.
-  const std::vector<ScheduledSeq>& entries = update_target().scheduled;  // the older step when one runs ahead
-  const size_t num = entries.size();
+  // fork() may add sequences (the slab may move), never entries: the entry array stays put.
+  const std::vector<ScheduledSeq>& target = update_target().scheduled;  // the older step when one runs ahead
+  const ScheduledSeq* const entries = target.data();
+  const size_t num = target.size();
   for (size_t i = 0; i < num; ++i) {
     prefetch_seq(i + 8 < num ? entries[i + 8].seq : kNoSeq, i + 4 < num ? entries[i + 4].seq : kNoSeq);
     const ScheduledSeq e = entries[i];

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -144,7 +145,8 @@ class Scheduler {
   // (max_tokens, max_model_len) are left out. The next update() applies step N (update_target());
   // a sequence that finishes there keeps its step N+1 row, which update() then skips.
   // Requires step_in_flight() and !step_ahead() (the binding raises otherwise).
-  const SchedulerOutputs* schedule_ahead();
+  // Kept out of line: inlined into the binding next to schedule(), it changed that hot code.
+  [[gnu::noinline]] const SchedulerOutputs* schedule_ahead();
 
   // The update after the model ran. update() = begin_update + for each scheduled sequence
   // (advance_computed, then append_token per sample row) + end_update.
@@ -209,9 +211,12 @@ class Scheduler {
   const std::vector<FinishedSeq>& finished() const { return finished_; }
   // Sequences with new output (tokens or a finish) since the last schedule() or drain, each once
   // (build_request_outputs groups them by request).
-  const std::vector<SeqIndex>& updated_seqs() const { return updated_seqs_; }
+  std::span<const SeqIndex> updated_seqs() const { return {updated_seqs_.data(), num_updated_}; }
   uint64_t update_epoch() const { return update_epoch_; }
-  void drain_updated_seqs() { updated_seqs_.clear(); ++update_epoch_; }
+  void drain_updated_seqs() {
+    num_updated_ = 0;
+    ++update_epoch_;
+  }
   // Takes a sequence out of updated_seqs() (its output was corrected in place after a stop string).
   void unmark_updated(SeqIndex s);
   // Free max_num_seqs units / state slots (fork from Python checks them).
@@ -242,7 +247,17 @@ class Scheduler {
   // deferred: the finish happened while no step was in flight and is reported with the next
   // step (abort between update and schedule), so no report is lost.
   [[gnu::cold]] void finish(SeqIndex s, SequenceStatus status, bool deferred);  // off the step loops
-  void mark_updated(SeqIndex s);
+  // Once per appended token, so inline with a plain store: the LTO inliner kept
+  // std::vector::push_back out of line once the module had more call sites of it (a call per
+  // sequence in update()); updated_seqs_ only grows, num_updated_ is its used length.
+  void mark_updated(SeqIndex s) {
+    Sequence& q = store_.seq(s);
+    if (q.updated_epoch == update_epoch_) return;
+    q.updated_epoch = update_epoch_;
+    if (num_updated_ == updated_seqs_.size()) grow_updated_seqs();
+    updated_seqs_[num_updated_++] = s;
+  }
+  [[gnu::cold, gnu::noinline]] void grow_updated_seqs();
   void prefetch_seq(SeqIndex far, SeqIndex near) const;
   void report_finished(SeqIndex s);
   void release_finished_groups();
@@ -257,10 +272,6 @@ class Scheduler {
   BlockManager bm_;
   SchedulerOutputs out_;
   bool in_flight_ = false;
-  bool ahead_ = false;       // overlap: out_ runs ahead of behind_, whose update is pending
-  bool overlapped_ = false;  // out_ was scheduled ahead of its predecessor
-  SchedulerOutputs behind_;  // overlap: the older step in flight while ahead_
-  size_t finished_reported_ = 0;  // finished_ entries up to the last end_update
   std::vector<SeqIndex> running_;
   std::deque<SeqIndex> waiting_;
   std::deque<SeqIndex> preempted_;
@@ -268,7 +279,8 @@ class Scheduler {
   std::unordered_map<int64_t, SeqIndex> by_seq_id_;
   std::vector<int32_t> free_state_slots_;
   std::vector<FinishedSeq> finished_;
-  std::vector<SeqIndex> updated_seqs_;
+  std::vector<SeqIndex> updated_seqs_;  // the first num_updated_ entries are updated_seqs()
+  size_t num_updated_ = 0;
   uint64_t update_epoch_ = 1;
   std::vector<GroupIndex> groups_to_release_;
   std::vector<SeqIndex> deferred_finished_;
@@ -283,6 +295,12 @@ class Scheduler {
   uint64_t arrival_counter_ = 0;
   int64_t preemptions_total_ = 0;
   double step_now_ = 0.0;
+  // Overlap state, after the members of the synchronous step loops so that their layout (cache
+  // lines, short displacements) stays as without it.
+  bool ahead_ = false;       // overlap: out_ runs ahead of behind_, whose update is pending
+  bool overlapped_ = false;  // out_ was scheduled ahead of its predecessor
+  size_t finished_reported_ = 0;  // finished_ entries up to the last end_update
+  SchedulerOutputs behind_;  // overlap: the older step in flight while ahead_
 
  public:
   // Taken by every mutating Python entry point (busy_flag.h). Last: the hot members keep their offsets.
