@@ -134,8 +134,9 @@ def build(session: nox.Session) -> None:
 # -- tests ---------------------------------------------------------------------------------
 @nox.session
 def tests_engine(session: nox.Session) -> None:
-    """deepinfer-engine: scheduler, blocks, inputs, sampler inputs, outputs (tests/engine)."""
-    _install(session, *TEST_DEPS)
+    """deepinfer-engine: scheduler, blocks, inputs, sampler inputs, outputs, CPU decode kernels
+    (tests/engine; gguf is the kernels' reference dequantizer)."""
+    _install(session, *TEST_DEPS, "gguf")
     _install_ours(session, "deepinfer-engine", "deepinfer")
     session.run("pytest", "-q", "tests/engine", *session.posargs)
 
@@ -242,7 +243,7 @@ def packaging(session: nox.Session) -> None:
 def sanitize(session: nox.Session) -> None:
     """Engine built with AddressSanitizer + UBSan; the engine tests (C++ and Python), the state
     machine and the runtime's thread and failed-step tests run under it."""
-    _install(session, *TEST_DEPS, *BUILD_DEPS)
+    _install(session, *TEST_DEPS, *BUILD_DEPS, "gguf")
     asan_cpp = ROOT / "build" / "asan-cpp-tests"
     shutil.rmtree(asan_cpp, ignore_errors=True)
     _engine_cpp_tests(session, asan_cpp, "-DDEEPINFER_SANITIZE=address,undefined")
