@@ -1,4 +1,4 @@
-"""Shared, session-scoped fixtures: the default model (ours and transformers'), its tokenizer."""
+"""Shared fixtures: the default model (ours and transformers'), its tokenizer, tiny random models."""
 
 from __future__ import annotations
 
@@ -99,6 +99,17 @@ def hf_greedy(hf_default):
         return cache[key]
 
     return run
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def tiny_model_dir(request, tmp_path_factory) -> str:
+    """A tiny random Llama, then a tiny random Qwen2 (with a tokenizer), saved once per module."""
+    from tiny_models import save_tiny_model, save_tiny_tokenizer
+
+    path = tmp_path_factory.mktemp(request.param)
+    save_tiny_model(path, request.param)
+    save_tiny_tokenizer(path)
+    return str(path)
 
 
 @pytest.fixture

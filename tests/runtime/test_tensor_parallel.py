@@ -28,25 +28,17 @@ LLM_ARGS = dict(num_kv_blocks=96, block_size=4, max_model_len=128, max_num_batch
                 enable_prefix_caching=False)
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2"])
-def tiny_dir(request, tmp_path_factory):
-    path = tmp_path_factory.mktemp(request.param)
-    save_tiny_model(path, request.param)
-    save_tiny_tokenizer(path)
-    return str(path)
-
-
 @pytest.fixture(scope="module")
-def pair(tiny_dir):
+def pair(tiny_model_dir):
     from deepinfer import LLM
 
-    one = LLM(tiny_dir, **LLM_ARGS)
+    one = LLM(tiny_model_dir, **LLM_ARGS)
     # gloo usually sees a dead peer at once, but on a busy machine a collective to it can wait
     # for the timeout: a short one bounds the killed-rank test whichever way the error comes
     saved = os.environ.get("DEEPINFER_TP_TIMEOUT_S")
     os.environ["DEEPINFER_TP_TIMEOUT_S"] = "30"
     try:
-        two = LLM(tiny_dir, tensor_parallel_size=2, **LLM_ARGS)
+        two = LLM(tiny_model_dir, tensor_parallel_size=2, **LLM_ARGS)
     finally:
         if saved is None:
             del os.environ["DEEPINFER_TP_TIMEOUT_S"]
@@ -206,11 +198,11 @@ def test_gguf_shards_are_slices_of_the_dense_tensors(default_gguf):
             assert torch.equal(gguf_shard(model, name, rank, 3), expected), (name, rank)
 
 
-def test_one_tensor_parallel_llm_per_process(pair, tiny_dir):
+def test_one_tensor_parallel_llm_per_process(pair, tiny_model_dir):
     from deepinfer import LLM
 
     with pytest.raises(RuntimeError, match="process group is already active"):
-        LLM(tiny_dir, tensor_parallel_size=2, **LLM_ARGS)
+        LLM(tiny_model_dir, tensor_parallel_size=2, **LLM_ARGS)
 
 
 def test_a_killed_rank_ends_the_llm_with_an_error_naming_it(pair):

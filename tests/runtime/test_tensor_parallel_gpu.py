@@ -14,16 +14,6 @@ pytest.importorskip("triton", reason="Triton is not installed (it ships with tor
 PROMPTS = [[5, 17, 33, 2, 99, 140, 7], [7, 8, 250, 3, 11, 12, 13, 14, 15, 16, 17, 18, 19], [300, 4], [9] * 40]
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2"])
-def tiny_dir(request, tmp_path_factory):
-    from tiny_models import save_tiny_model, save_tiny_tokenizer
-
-    path = tmp_path_factory.mktemp(request.param)
-    save_tiny_model(path, request.param)
-    save_tiny_tokenizer(path)
-    return str(path)
-
-
 def _greedy(path, tp, dtype, eager):
     from deepinfer import LLM, SamplingParams
 
@@ -38,8 +28,8 @@ def _greedy(path, tp, dtype, eager):
 
 @pytest.mark.parametrize("eager", [False, True], ids=["graphs", "eager"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_two_gpus_give_one_gpus_greedy_tokens(tiny_dir, dtype, eager):
-    one = _greedy(tiny_dir, 1, dtype, eager)
-    two = _greedy(tiny_dir, 2, dtype, eager)
+def test_two_gpus_give_one_gpus_greedy_tokens(tiny_model_dir, dtype, eager):
+    one = _greedy(tiny_model_dir, 1, dtype, eager)
+    two = _greedy(tiny_model_dir, 2, dtype, eager)
     assert two == one
     assert all(len(t) == 16 for t in one)
