@@ -274,6 +274,15 @@ def test_bad_tensor_parallel_size(tmp_path, value, error):
         LLM(str(tmp_path), tensor_parallel_size=value, **LLM_ARGS)
 
 
+def test_overlap_scheduling_is_refused_with_tensor_parallelism(tmp_path):
+    from deepinfer import LLM
+
+    save_tiny_model(tmp_path, "llama")
+    save_tiny_tokenizer(tmp_path)
+    with pytest.raises(ValueError, match="overlap_scheduling=True does not run with tensor_parallel_size=2"):
+        LLM(str(tmp_path), tensor_parallel_size=2, overlap_scheduling=True, **LLM_ARGS)
+
+
 def test_torchrun_world_size_must_match(tmp_path, monkeypatch):
     from deepinfer import LLM
 
