@@ -17,7 +17,12 @@
 namespace deepinfer::cpu {
 namespace {
 
-constexpr int kTile = 4;   // weight rows and activation rows of a GEMV tile
+// Tile sizes (measured on Zen 5, one thread): activation rows per tile; quantized weight rows
+// per tile for one activation row and for several (more would spill the accumulators); float32
+// weight rows for one activation row (8 streams keep the loads in flight) and for several.
+constexpr int kActTile = 4;
+constexpr int kQuantTile1 = 4, kQuantTileN = 2;
+constexpr int kF32Tile1 = 8, kF32TileN = 4;
 constexpr int kGroup = 8;  // blocks whose scales convert and multiply together
 
 // permutexvar indices: lanes 0-7 take scale 2p of a group, lanes 8-15 scale 2p + 1
@@ -28,17 +33,26 @@ alignas(64) constexpr int32_t kPairIndex[kGroup / 2][16] = {
     {6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7},
 };
 
-// The 64 codes of blocks i, i + 1 (regrouped layout, see kernels.h) in element order.
+// The 64 codes of blocks i, i + 1 (regrouped layout, see kernels.h) in element order. Q4: the
+// pair's 32 bytes in both halves, masked to the low nibbles in the lower half and to the high
+// nibbles in the upper one -- block i + 1's codes times 16 (no shift; its scale carries the 1/16).
 template <WeightKind K>
 inline __m512i pair_codes(const uint8_t* codes) {
   if constexpr (K == WeightKind::Q8_0) {
     return _mm512_loadu_si512(codes);
   } else {
-    // the pair's 32 bytes in both halves; the upper half shifted by 4: [low nibbles | high nibbles]
     const __m512i b = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes)));
-    const __m512i shift = _mm512_set_epi64(0x0004000400040004LL, 0x0004000400040004LL, 0x0004000400040004LL,
-                                           0x0004000400040004LL, 0, 0, 0, 0);
-    return _mm512_and_si512(_mm512_srlv_epi16(b, shift), _mm512_set1_epi8(0x0F));
+    return _mm512_and_si512(b, _mm512_inserti64x4(_mm512_set1_epi8(0x0F), _mm256_set1_epi8(static_cast<char>(0xF0)), 1));
+  }
+}
+
+// Per block of a group: 1, or 1/16 for the second block of a Q4 pair (its codes come times 16).
+template <WeightKind K>
+inline __m256 pair_code_scale() {
+  if constexpr (K == WeightKind::Q8_0) {
+    return _mm256_set1_ps(1.0f);
+  } else {
+    return _mm256_setr_ps(1.0f, 0.0625f, 1.0f, 0.0625f, 1.0f, 0.0625f, 1.0f, 0.0625f);
   }
 }
 
@@ -81,8 +95,9 @@ void quant_tile(const uint8_t* w, size_t row_bytes, int nb, int k, const Acts& x
       __m256 mw = _mm256_setzero_ps();
       if constexpr (K == WeightKind::Q4_1) mw = _mm256_cvtph_ps(_mm_maskz_loadu_epi16(m8, scales + 2 * (nb + g)));
       if constexpr (K == WeightKind::Q4_0) mw = _mm256_mul_ps(dw, _mm256_set1_ps(-8.0f));
+      const __m256 dwc = _mm256_mul_ps(dw, pair_code_scale<K>());  // exact: a power of two
       for (int r = 0; r < R; ++r) {
-        _mm256_store_ps(ds[j][r], _mm256_mul_ps(dw, dx[r]));
+        _mm256_store_ps(ds[j][r], _mm256_mul_ps(dwc, dx[r]));
         if constexpr (K != WeightKind::Q8_0)
           acc[j][r] = _mm512_add_ps(acc[j][r], _mm512_zextps256_ps512(_mm256_mul_ps(mw, sx[r])));
       }
@@ -137,10 +152,10 @@ void quant_tile(const uint8_t* w, size_t row_bytes, int nb, int k, const Acts& x
 
 template <WeightKind K, int NR>
 void quant_rows(const uint8_t* w, size_t row_bytes, int nb, int k, const Acts& x, int rows, float* y, int ldy) {
-  for (int b = 0; b < rows; b += kTile) {
+  for (int b = 0; b < rows; b += kActTile) {
     const Acts xb{x.qs + static_cast<size_t>(b) * k, x.d + static_cast<size_t>(b) * nb, x.s + static_cast<size_t>(b) * nb};
     float* yb = y + static_cast<size_t>(b) * ldy;
-    switch (rows - b < kTile ? rows - b : kTile) {
+    switch (rows - b < kActTile ? rows - b : kActTile) {
       case 1: quant_tile<K, NR, 1>(w, row_bytes, nb, k, xb, yb, ldy); break;
       case 2: quant_tile<K, NR, 2>(w, row_bytes, nb, k, xb, yb, ldy); break;
       case 3: quant_tile<K, NR, 3>(w, row_bytes, nb, k, xb, yb, ldy); break;
@@ -152,9 +167,10 @@ void quant_rows(const uint8_t* w, size_t row_bytes, int nb, int k, const Acts& x
 template <WeightKind K>
 void gemv_kind(const uint8_t* w, size_t row_bytes, int k, const Acts& x, int rows, float* y, int ldy, int n0, int n1) {
   const int nb = k / kBlock;
-  for (int n = n0; n < n1; n += kTile) {
+  const int tile = rows == 1 ? kQuantTile1 : kQuantTileN;
+  for (int n = n0; n < n1; n += tile) {
     const uint8_t* wn = w + static_cast<size_t>(n) * row_bytes;
-    switch (n1 - n < kTile ? n1 - n : kTile) {
+    switch (n1 - n < tile ? n1 - n : tile) {
       case 1: quant_rows<K, 1>(wn, row_bytes, nb, k, x, rows, y + n, ldy); break;
       case 2: quant_rows<K, 2>(wn, row_bytes, nb, k, x, rows, y + n, ldy); break;
       case 3: quant_rows<K, 3>(wn, row_bytes, nb, k, x, rows, y + n, ldy); break;
@@ -209,10 +225,10 @@ void f32_tile(const float* w, int k, const float* x, float* y, int ldy) {
 
 template <int NR>
 void f32_rows(const float* w, int k, const float* x, int rows, float* y, int ldy) {
-  for (int b = 0; b < rows; b += kTile) {
+  for (int b = 0; b < rows; b += kActTile) {
     const float* xb = x + static_cast<size_t>(b) * k;
     float* yb = y + static_cast<size_t>(b) * ldy;
-    switch (rows - b < kTile ? rows - b : kTile) {
+    switch (rows - b < kActTile ? rows - b : kActTile) {
       case 1: f32_tile<NR, 1>(w, k, xb, yb, ldy); break;
       case 2: f32_tile<NR, 2>(w, k, xb, yb, ldy); break;
       case 3: f32_tile<NR, 3>(w, k, xb, yb, ldy); break;
@@ -222,9 +238,15 @@ void f32_rows(const float* w, int k, const float* x, int rows, float* y, int ldy
 }
 
 void gemv_f32(const float* w, int k, const float* x, int rows, float* y, int ldy, int n0, int n1) {
-  for (int n = n0; n < n1; n += kTile) {
+  const int tile = rows == 1 ? kF32Tile1 : kF32TileN;
+  for (int n = n0; n < n1; n += tile) {
     const float* wn = w + static_cast<size_t>(n) * k;
-    switch (n1 - n < kTile ? n1 - n : kTile) {
+    switch (n1 - n < tile ? n1 - n : tile) {
+      case 8: f32_rows<8>(wn, k, x, rows, y + n, ldy); break;
+      case 7: f32_rows<7>(wn, k, x, rows, y + n, ldy); break;
+      case 6: f32_rows<6>(wn, k, x, rows, y + n, ldy); break;
+      case 5: f32_rows<5>(wn, k, x, rows, y + n, ldy); break;
+      case 4: f32_rows<4>(wn, k, x, rows, y + n, ldy); break;
       case 1: f32_rows<1>(wn, k, x, rows, y + n, ldy); break;
       case 2: f32_rows<2>(wn, k, x, rows, y + n, ldy); break;
       case 3: f32_rows<3>(wn, k, x, rows, y + n, ldy); break;
@@ -308,8 +330,21 @@ void axpy(float a, const float* x, float* y, int n) {
   }
 }
 
-// One head with d = 16 C: q and the output stay in registers; scores, then their exponentials 16
-// at a time, then the weighted sum of the values.
+// The 16 sums of s[0..15] as one vector (lane u = sum of s[u]): a transposing tree of 15 adds.
+inline __m512 sums16(const __m512* s) {
+  __m512 t[8], u[4], v[2];
+  for (int i = 0; i < 8; ++i)
+    t[i] = _mm512_add_ps(_mm512_unpacklo_ps(s[2 * i], s[2 * i + 1]), _mm512_unpackhi_ps(s[2 * i], s[2 * i + 1]));
+  for (int i = 0; i < 4; ++i)
+    u[i] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * i], t[2 * i + 1], 0x44), _mm512_shuffle_ps(t[2 * i], t[2 * i + 1], 0xEE));
+  for (int i = 0; i < 2; ++i)
+    v[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x88), _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(v[0], v[1], 0x88), _mm512_shuffle_f32x4(v[0], v[1], 0xDD));
+}
+
+// One head with d = 16 C: q and the output stay in registers; scores 16 tokens at a time (one
+// transposing reduction for the 16 dots), then their exponentials, then the weighted sum of the
+// values.
 template <int C>
 void attend_regs(const float* q, const float* k, const float* v, size_t stride, const int64_t* table, int block_size,
                  int len, float scale, float* scores, float* out) {
@@ -318,16 +353,27 @@ void attend_regs(const float* q, const float* k, const float* v, size_t stride, 
     qv[c] = _mm512_mul_ps(_mm512_loadu_ps(q + 16 * c), _mm512_set1_ps(scale));
     acc[c] = _mm512_setzero_ps();
   }
-  float m = -INFINITY;
-  for (int t = 0; t < len; ++t) {
-    const float* kt = k + (static_cast<size_t>(table[t / block_size]) * block_size + t % block_size) * stride;
-    __m512 s = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kt));
-    for (int c = 1; c < C; ++c) s = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kt + 16 * c), s);
-    scores[t] = _mm512_reduce_add_ps(s);
-    m = std::fmax(m, scores[t]);
+  __m512 vmax = _mm512_set1_ps(-INFINITY);
+  for (int t0 = 0; t0 < len; t0 += 16) {
+    const int n = len - t0 < 16 ? len - t0 : 16;
+    __m512 s[16];
+    for (int u = 0; u < 16; ++u) {
+      if (u >= n) {
+        s[u] = _mm512_setzero_ps();
+        continue;
+      }
+      const int t = t0 + u;
+      const float* kt = k + (static_cast<size_t>(table[t / block_size]) * block_size + t % block_size) * stride;
+      s[u] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kt));
+      for (int c = 1; c < C; ++c) s[u] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kt + 16 * c), s[u]);
+    }
+    const __mmask16 mk = static_cast<__mmask16>((1u << n) - 1);
+    const __m512 sc = sums16(s);
+    _mm512_mask_storeu_ps(scores + t0, mk, sc);
+    vmax = _mm512_mask_max_ps(vmax, mk, vmax, sc);
   }
   __m512 sum = _mm512_setzero_ps();
-  const __m512 vm = _mm512_set1_ps(m);
+  const __m512 vm = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
   for (int t = 0; t < len; t += 16) {
     const __mmask16 mk = len - t >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (len - t)) - 1);
     const __m512 p = _mm512_maskz_mov_ps(mk, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, scores + t), vm)));
