@@ -232,6 +232,25 @@ def test_decode_step_long_contexts(d):
             assert np.abs(logits - ref).max() <= 2e-4 * np.abs(ref).max(), (d, isa, threads)
 
 
+def test_phase_timer_counts_steps_while_on_and_resets_when_read():
+    rng = np.random.default_rng(7)
+    model = RandomModel(rng, "Q8_0")
+    m = model.native([np.zeros((2, 3, BS, KV_HEADS, D), np.float32) for _ in range(LAYERS)])
+    step = dict(input_ids=np.array([1], np.int64), positions=np.array([0], np.int64),
+                slot_mapping=np.array([0], np.int64), seq_lens=np.array([1], np.int64),
+                block_tables=np.zeros((1, 2), np.int64))
+    names = ["norm_quantize", "qkv", "rotary_kv_write", "attention", "o_proj", "gate_up_silu", "down", "lm_head"]
+    assert not m.profiling
+    m.decode(**step)
+    assert m.phase_times() == dict.fromkeys(names, 0.0)  # off: nothing counted
+    m.profiling = True
+    m.decode(**step)
+    m.decode(**step)
+    times = m.phase_times()
+    assert list(times) == names and all(t >= 0 for t in times.values()) and sum(times.values()) > 0
+    assert m.phase_times() == dict.fromkeys(names, 0.0)  # read: reset
+
+
 # ---- bad input -----------------------------------------------------------------------------------
 def test_bad_weights_are_rejected():
     x = np.zeros((1, 64), np.float32)
