@@ -10,6 +10,8 @@ namespace deepinfer::cpu {
 namespace {
 
 constexpr int kMinChunkRows = 16;
+constexpr double kMaxWaitShare = 0.1;
+constexpr int kMinSoloSteps = 4, kMaxSoloSteps = 256;
 constexpr int kChunksPerThread = 4;
 
 // Output rows per unit of work handed to a thread: about kChunksPerThread units per thread
@@ -183,6 +185,25 @@ void DecodeModel::attention(const StepInputs& in, LayerWeights& layer) {
 }
 
 void DecodeModel::decode(const StepInputs& in, float* logits) {
+  const auto step_start = std::chrono::steady_clock::now();
+  pool_.set_solo(solo_steps_left_ > 0);
+  if (solo_steps_left_ > 0) --solo_steps_left_;
+  decode_layers(in, logits);
+  pool_.park();
+  if (pool_.solo()) return;
+  // A step whose caller spent over a tenth of it waiting on workers that lost their core (a busy
+  // machine) is slower than one thread alone: run the next steps alone, 4, 8, ... up to 256 of
+  // them while that keeps happening, then try the pool again.
+  const double step = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
+  if (pool_.take_wait_seconds() > kMaxWaitShare * step) {
+    solo_backoff_ = std::min(kMaxSoloSteps, std::max(kMinSoloSteps, 2 * solo_backoff_));
+    solo_steps_left_ = solo_backoff_;
+  } else {
+    solo_backoff_ /= 2;
+  }
+}
+
+void DecodeModel::decode_layers(const StepInputs& in, float* logits) {
   const auto& s = shape_;
   const int rows = in.rows, H = s.hidden, I = s.intermediate, d = s.head_dim;
   const int q_width = s.heads * d, kv_width = s.kv_heads * d, qkv_width = q_width + 2 * kv_width;
@@ -282,7 +303,6 @@ void DecodeModel::decode(const StepInputs& in, float* logits) {
   run_linears(head_parts, 1, h, hq_.view(), rows, logits, head.rows);
   mark(kHead);
   if (profiling) ++profiled_steps;
-  pool_.park();
 }
 
 }  // namespace deepinfer::cpu

@@ -105,6 +105,7 @@ class DecodeModel {
   void linear(const Linear& w, const float* x, int rows, float* y);
 
  private:
+  void decode_layers(const StepInputs& in, float* logits);
   void ensure_scratch(int rows, int max_len);
   void rms_norm(const float* x, const float* w, float* out, int rows) const;
   void quantize(const float* x, int rows, int k, ActBuffer& out) const;
@@ -122,6 +123,9 @@ class DecodeModel {
   std::vector<std::unique_ptr<uint8_t[]>> owned_;  // regrouped weights
   std::vector<std::vector<float>> scores_;  // per thread
   int scratch_rows_ = 0, scratch_len_ = 0;
+  // Contention back-off: steps left to run on the calling thread alone, and the length of the
+  // next back-off (doubles while steps keep waiting on descheduled workers).
+  int solo_steps_left_ = 0, solo_backoff_ = 0;
 };
 
 }  // namespace deepinfer::cpu

@@ -330,6 +330,21 @@ void axpy(float a, const float* x, float* y, int n) {
   }
 }
 
+// The cache slots of tokens 0, 1, 2, ... of a sequence, without a division per token.
+struct TokenWalk {
+  const int64_t* table;
+  int block_size;
+  int offset = 0;
+  size_t next() {
+    const size_t slot = static_cast<size_t>(*table) * block_size + offset;
+    if (++offset == block_size) {
+      offset = 0;
+      ++table;
+    }
+    return slot;
+  }
+};
+
 // The 16 sums of s[0..15] as one vector (lane u = sum of s[u]): a transposing tree of 15 adds.
 inline __m512 sums16(const __m512* s) {
   __m512 t[8], u[4], v[2];
@@ -354,6 +369,7 @@ void attend_regs(const float* q, const float* k, const float* v, size_t stride, 
     acc[c] = _mm512_setzero_ps();
   }
   __m512 vmax = _mm512_set1_ps(-INFINITY);
+  TokenWalk kw{table, block_size};
   for (int t0 = 0; t0 < len; t0 += 16) {
     const int n = len - t0 < 16 ? len - t0 : 16;
     __m512 s[16];
@@ -362,8 +378,7 @@ void attend_regs(const float* q, const float* k, const float* v, size_t stride, 
         s[u] = _mm512_setzero_ps();
         continue;
       }
-      const int t = t0 + u;
-      const float* kt = k + (static_cast<size_t>(table[t / block_size]) * block_size + t % block_size) * stride;
+      const float* kt = k + kw.next() * stride;
       s[u] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kt));
       for (int c = 1; c < C; ++c) s[u] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kt + 16 * c), s[u]);
     }
@@ -380,8 +395,9 @@ void attend_regs(const float* q, const float* k, const float* v, size_t stride, 
     _mm512_mask_storeu_ps(scores + t, mk, p);
     sum = _mm512_add_ps(sum, p);
   }
+  TokenWalk vw{table, block_size};
   for (int t = 0; t < len; ++t) {
-    const float* vt = v + (static_cast<size_t>(table[t / block_size]) * block_size + t % block_size) * stride;
+    const float* vt = v + vw.next() * stride;
     const __m512 p = _mm512_set1_ps(scores[t]);
     for (int c = 0; c < C; ++c) acc[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vt + 16 * c), acc[c]);
   }
