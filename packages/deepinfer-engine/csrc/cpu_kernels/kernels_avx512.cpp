@@ -105,24 +105,37 @@ void quant_tile(const uint8_t* w, size_t row_bytes, int nb, int k, const Acts& x
     for (int p = 0; p < count / 2; ++p) {
       const size_t i = static_cast<size_t>(g + 2 * p);
       const __m512i index = _mm512_load_si512(kPairIndex[p]);
-      __m512i wu[NR];
+      // Q4: codes unsigned, activations signed; each dot starts at 0. Q8_0, both signed:
+      // - one activation row: |w| times x with w's sign;
+      // - several: the activations go unsigned as x + 128 (xor 0x80) and each dot starts at
+      //   -128 * sum(w) (one vpdpbusd per weight vector), no sign transfer per (weight row,
+      //   activation row). Both exact.
+      constexpr bool q8_offset = K == WeightKind::Q8_0 && R > 1;
+      __m512i wv[NR], start[NR];
       __mmask64 neg[NR];
       for (int j = 0; j < NR; ++j) {
-        const __m512i wq = pair_codes<K>(w + j * row_bytes + i * cb);
-        if constexpr (K == WeightKind::Q8_0) {  // |w| * (x with w's sign): vpdpbusd wants one unsigned side
-          wu[j] = _mm512_abs_epi8(wq);
-          neg[j] = _mm512_movepi8_mask(wq);
-        } else {
-          wu[j] = wq;
-          neg[j] = 0;
+        wv[j] = pair_codes<K>(w + j * row_bytes + i * cb);
+        start[j] = _mm512_setzero_si512();
+        neg[j] = 0;
+        if constexpr (q8_offset) {
+          start[j] = _mm512_sub_epi32(start[j], _mm512_dpbusd_epi32(start[j], _mm512_set1_epi8(static_cast<char>(0x80)), wv[j]));
+        } else if constexpr (K == WeightKind::Q8_0) {
+          neg[j] = _mm512_movepi8_mask(wv[j]);
+          wv[j] = _mm512_abs_epi8(wv[j]);
         }
       }
       for (int r = 0; r < R; ++r) {
-        const __m512i xq = _mm512_loadu_si512(x.qs + static_cast<size_t>(r) * k + i * kBlock);
+        __m512i xq = _mm512_loadu_si512(x.qs + static_cast<size_t>(r) * k + i * kBlock);
+        if constexpr (q8_offset) xq = _mm512_xor_si512(xq, _mm512_set1_epi8(static_cast<char>(0x80)));
         for (int j = 0; j < NR; ++j) {
-          __m512i xs = xq;
-          if constexpr (K == WeightKind::Q8_0) xs = _mm512_mask_sub_epi8(xq, neg[j], _mm512_setzero_si512(), xq);
-          const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wu[j], xs);
+          __m512i dot;
+          if constexpr (q8_offset) {
+            dot = _mm512_dpbusd_epi32(start[j], xq, wv[j]);
+          } else if constexpr (K == WeightKind::Q8_0) {
+            dot = _mm512_dpbusd_epi32(start[j], wv[j], _mm512_mask_sub_epi8(xq, neg[j], _mm512_setzero_si512(), xq));
+          } else {
+            dot = _mm512_dpbusd_epi32(start[j], wv[j], xq);
+          }
           const __m512 scale = _mm512_permutexvar_ps(index, _mm512_castps256_ps512(_mm256_load_ps(ds[j][r])));
           acc[j][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[j][r]);
         }
