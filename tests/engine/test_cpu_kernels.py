@@ -252,6 +252,17 @@ def test_phase_timer_counts_steps_while_on_and_resets_when_read():
 
 
 # ---- bad input -----------------------------------------------------------------------------------
+def test_weights_of_an_equivalent_dtype_object_are_accepted():
+    """gguf's memory-mapped tensors carry a uint8 dtype object of their own, not numpy's
+    canonical one (a byte has no byte order: '>' gives such an object)."""
+    rng = np.random.default_rng(8)
+    raw = random_blocks(rng, "Q8_0", 4, 64)
+    odd = raw.view(np.dtype(np.uint8).newbyteorder(">"))
+    assert odd.dtype == np.uint8 and odd.dtype is not np.dtype(np.uint8)
+    x = rng.standard_normal((2, 64)).astype(np.float32)
+    np.testing.assert_array_equal(ck.linear(("Q8_0", odd), x), ck.linear(("Q8_0", raw), x))
+
+
 def test_bad_weights_are_rejected():
     x = np.zeros((1, 64), np.float32)
     with pytest.raises(ValueError, match="weight type"):

@@ -29,7 +29,8 @@ py::array checked(const py::handle& obj, const std::string& name, int ndim, bool
   if (!py::isinstance<py::array>(obj))
     throw py::type_error(name + ": expected a numpy.ndarray, got " + std::string(py::str(py::type::of(obj).attr("__name__"))));
   auto a = py::reinterpret_borrow<py::array>(obj);
-  if (!a.dtype().is(py::dtype::of<T>()))
+  // equivalence, not identity: a memory-mapped file's uint8 is another dtype object
+  if (!py::detail::npy_api::get().PyArray_EquivTypes_(a.dtype().ptr(), py::dtype::of<T>().ptr()))
     throw py::type_error(name + ": expected dtype " + std::string(py::str(py::dtype::of<T>())) + ", got " +
                          std::string(py::str(a.dtype())));
   if (a.ndim() != ndim)
