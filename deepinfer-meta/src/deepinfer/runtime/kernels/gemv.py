@@ -21,36 +21,64 @@ import torch
 import triton
 import triton.language as tl
 
+from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch
+
 # (BLOCK_N, BLOCK_K, num_warps, num_stages): picked on the H200 (bench/gemv_bench.py) for the
 # Llama-3-8B projections; any values give the same results up to the float32 summation order.
 DEFAULT_CONFIG = (8, 512, 4, 4)
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, max_ptr, arg_ptr, n, k, stride_w,
+def _activation_chunk(x_ptr, nw_ptr, out_ptr, c, c_ok, k, rstd, SILU_MUL: tl.constexpr, NORM: tl.constexpr):
+    """Columns ``c`` of the activation row, float32 (rounded to the output dtype where torch's ops round)."""
+    dt = out_ptr.dtype.element_ty
+    if SILU_MUL:
+        g = tl.load(x_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
+        u = tl.load(x_ptr + k + c, mask=c_ok, other=0.0).to(tl.float32)
+        act = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
+        xv = (act * u).to(dt).to(tl.float32)
+    elif NORM:  # RMSNorm(x) * weight, rounded where fused_ops.add_rmsnorm rounds
+        xv = tl.load(x_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
+        nw = tl.load(nw_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
+        xv = (nw * (xv * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    else:
+        xv = tl.load(x_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
+    return xv
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, max_ptr, arg_ptr, n, k, stride_w, eps,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SILU_MUL: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 ARGMAX: tl.constexpr):
+                 ARGMAX: tl.constexpr, NORM: tl.constexpr, NORM_BLOCK: tl.constexpr, RESIDUAL: tl.constexpr,
+                 PDL: tl.constexpr):
     pid = tl.program_id(0)
     rows = (pid * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     row_ok = rows < n
     cols = tl.arange(0, BLOCK_K)
     dt = out_ptr.dtype.element_ty
-    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    for k0 in range(0, k, BLOCK_K):
+    # The first weight tile is read before waiting for the previous kernel (no kernel of a step
+    # writes weights): with PDL its loads overlap that kernel's tail.
+    w_first = tl.load(w_ptr + rows[:, None] * stride_w + cols[None, :], mask=row_ok[:, None] & (cols < k)[None, :],
+                      other=0.0)
+    pdl_begin(PDL)
+    rstd = 0.0
+    if NORM:  # every program computes the row's RMS itself (K values from L2): no separate norm launch
+        nc = tl.arange(0, NORM_BLOCK)
+        xn = tl.load(x_ptr + nc, mask=nc < k, other=0.0).to(tl.float32)
+        rstd = tl.math.rsqrt(tl.sum(xn * xn, axis=0) / k + eps)
+    acc = w_first.to(tl.float32) * _activation_chunk(x_ptr, nw_ptr, out_ptr, cols, cols < k, k, rstd, SILU_MUL,
+                                                     NORM)[None, :]
+    for k0 in range(BLOCK_K, k, BLOCK_K):
         c = k0 + cols
         c_ok = c < k
-        if SILU_MUL:
-            g = tl.load(x_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
-            u = tl.load(x_ptr + k + c, mask=c_ok, other=0.0).to(tl.float32)
-            act = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
-            xv = (act * u).to(dt).to(tl.float32)
-        else:
-            xv = tl.load(x_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
+        xv = _activation_chunk(x_ptr, nw_ptr, out_ptr, c, c_ok, k, rstd, SILU_MUL, NORM)
         w = tl.load(w_ptr + rows[:, None] * stride_w + c[None, :], mask=row_ok[:, None] & c_ok[None, :], other=0.0)
         acc += w.to(tl.float32) * xv[None, :]
     y = tl.sum(acc, axis=1)
     if HAS_BIAS:
         y += tl.load(b_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+    if RESIDUAL:  # torch: the projection rounds, then the residual add rounds
+        y = y.to(dt).to(tl.float32) + tl.load(res_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + rows, y.to(dt), mask=row_ok)
     if ARGMAX:  # this program's largest logit (as rounded to dt) and its first index
         yr = tl.where(row_ok, y.to(dt).to(tl.float32), float("-inf"))
@@ -61,7 +89,8 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, max_ptr, arg_ptr, n, k, stride_w,
 
 
 @triton.jit
-def _argmax_partials_kernel(max_ptr, arg_ptr, out_ptr, num, BLOCK: tl.constexpr):
+def _argmax_partials_kernel(max_ptr, arg_ptr, out_ptr, num, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_begin(PDL)
     i = tl.arange(0, BLOCK)
     best = tl.full([BLOCK], float("-inf"), tl.float32)
     best_arg = tl.full([BLOCK], 2**62, tl.int64)
@@ -77,25 +106,39 @@ def _argmax_partials_kernel(max_ptr, arg_ptr, out_ptr, num, BLOCK: tl.constexpr)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, silu_mul: bool = False,
+         norm: tuple[torch.Tensor, float] | None = None, residual: torch.Tensor | None = None,
          config: tuple[int, int, int, int] = DEFAULT_CONFIG, out: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for one row ``x`` [1, K] and ``weight`` [N, K] with contiguous
-    rows; with ``silu_mul`` ``x`` is [1, 2*K] (gate then up) and the product uses SiLU(gate) * up.
-    Returns [1, N] in ``x``'s dtype."""
+    rows; returns [1, N] in ``x``'s dtype.
+
+    ``silu_mul``: ``x`` is [1, 2*K] (gate then up) and the product uses SiLU(gate) * up.
+    ``norm`` (weight [K], eps): the product uses RMSNorm(x) * weight (``add_rmsnorm`` without a
+    residual), computed inside the kernel. ``residual`` [1, N]: returns ``F.linear(...) + residual``
+    (each rounded as torch rounds), the residual add of the layer."""
     if x.dim() != 2 or x.shape[0] != 1 or x.stride(1) != 1:
         raise ValueError(f"gemv: x must be one contiguous row [1, K], got shape {tuple(x.shape)}")
     if weight.dim() != 2 or weight.stride(1) != 1:
         raise ValueError(f"gemv: weight must be [N, K] with contiguous rows, got shape {tuple(weight.shape)}")
     n, k = weight.shape
+    if silu_mul and norm is not None:
+        raise ValueError("gemv: silu_mul and norm cannot be combined")
     if x.shape[1] != (2 * k if silu_mul else k):
         raise ValueError(f"gemv: x has {x.shape[1]} columns, weight [{n}, {k}] needs {2 * k if silu_mul else k}")
     if bias is not None and (bias.shape != (n,) or not bias.is_contiguous()):
         raise ValueError(f"gemv: bias must be a contiguous [{n}] vector, got shape {tuple(bias.shape)}")
+    if norm is not None and (norm[0].shape != (k,) or not norm[0].is_contiguous()):
+        raise ValueError(f"gemv: the norm weight must be a contiguous [{k}] vector, got shape {tuple(norm[0].shape)}")
+    if residual is not None and (residual.shape != (1, n) or residual.stride(1) != 1):
+        raise ValueError(f"gemv: residual must be one contiguous row [1, {n}], got shape {tuple(residual.shape)}")
     out = torch.empty((1, n), dtype=x.dtype, device=x.device) if out is None else out
     block_n, block_k, warps, stages = config
     _gemv_kernel[(triton.cdiv(n, block_n),)](
-        x, weight, bias if bias is not None else weight, out, out, out, n, k, weight.stride(0),
+        x, weight, bias if bias is not None else weight, norm[0] if norm is not None else weight,
+        residual if residual is not None else out, out, out, out, n, k, weight.stride(0),
+        norm[1] if norm is not None else 0.0,
         BLOCK_N=block_n, BLOCK_K=block_k, SILU_MUL=silu_mul, HAS_BIAS=bias is not None, ARGMAX=False,
-        num_warps=warps, num_stages=stages)
+        NORM=norm is not None, NORM_BLOCK=triton.next_power_of_2(k) if norm is not None else 1,
+        RESIDUAL=residual is not None, num_warps=warps, num_stages=stages, **pdl_launch(x.device))
     return out
 
 
@@ -115,10 +158,11 @@ def gemv_argmax(x: torch.Tensor, weight: torch.Tensor, config: tuple[int, int, i
     maxes = torch.empty(programs, dtype=torch.float32, device=x.device)
     args = torch.empty(programs, dtype=torch.int64, device=x.device)
     greedy = torch.empty(1, dtype=torch.int64, device=x.device)
-    _gemv_kernel[(programs,)](x, weight, weight, out, maxes, args, n, k, weight.stride(0),
+    pdl = pdl_launch(x.device)
+    _gemv_kernel[(programs,)](x, weight, weight, weight, out, out, maxes, args, n, k, weight.stride(0), 0.0,
                               BLOCK_N=block_n, BLOCK_K=block_k, SILU_MUL=False, HAS_BIAS=False, ARGMAX=True,
-                              num_warps=warps, num_stages=stages)
+                              NORM=False, NORM_BLOCK=1, RESIDUAL=False, num_warps=warps, num_stages=stages, **pdl)
     # wide: with 1024 lanes the 32k partials of a 128k vocabulary took 29 us of serial loads
     _argmax_partials_kernel[(1,)](maxes, args, greedy, programs, BLOCK=min(8192, triton.next_power_of_2(programs)),
-                                  num_warps=16)
+                                  num_warps=16, **pdl)
     return out, greedy
