@@ -1,13 +1,13 @@
 """Kernel times of one replayed decode graph (torch.profiler), bf16 random weights of a named shape.
 
     python bench/decode_profile.py --shape llama3-8b --batch 1 --context 256
-    python bench/decode_profile.py --variants "pdl off:DEEPINFER_PDL=0;cublas:DEEPINFER_ONE_ROW_GEMV=none"
+    python bench/decode_profile.py --variants "pdl off:DEEPINFER_PDL=0|no qkv:DEEPINFER_ONE_ROW_GEMV=o,gate_up,down"
 
 Runs a short generate to fill the KV cache, then profiles ``--steps`` replays of the decode graph
 of ``--batch`` rows and prints each kernel's device time per step (grouped by kernel name), the
 sum, and the step's wall time between CUDA events. ``--variants`` then captures the graphs again
 under each named set of environment switches (``DEEPINFER_PDL``, ``DEEPINFER_ONE_ROW_GEMV``,
-``DEEPINFER_FOLD_MERGE``) and prints each one's replay time beside the default's.
+``DEEPINFER_FOLD_MERGE``, ``DEEPINFER_ONE_ROW_TILES``; several joined by ``&``) and prints each one's replay time beside the default's.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--context", type=int, default=256)
     p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--variants", default="", help="'name:VAR=VALUE,VAR=VALUE;name2:...' (recaptured, timed only)")
+    p.add_argument("--variants", default="", help="'name:VAR=VALUE&VAR=VALUE|name2:...' (recaptured, timed only)")
     args = p.parse_args()
     import deepinfer.runtime.model_loader as ml
     from deepinfer import LLM, SamplingParams
@@ -90,10 +90,10 @@ def compare_variants(llm, rows: int, steps: int, spec: str, default_ms: float) -
     old = llm.runner.graphs
     sizes, max_len = old.batch_sizes, old.max_model_len
     results = [("default", replay_ms(old, rows, steps))]
-    for item in spec.split(";"):
+    for item in spec.split("|"):
         name, _, assigns = item.partition(":")
         saved = dict(os.environ)
-        os.environ.update(dict(a.split("=", 1) for a in assigns.split(",") if a))
+        os.environ.update(dict(a.split("=", 1) for a in assigns.split("&") if a))
         try:
             llm.runner.graphs = None
             del old

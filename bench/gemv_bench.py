@@ -34,7 +34,9 @@ SHAPES = {
     "smollm2-135m": {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536),
                      "lm_head": (49152, 576)},
 }
-DEFAULT_CONFIGS = [(8, 512, 4, 4), (4, 512, 4, 3)]
+DEFAULT_CONFIGS = [(2, 1024, 4, 3), (4, 2048, 8, 1)]
+SPLIT_K = [(2, 1024, 4, 3), (4, 2048, 8, 1), (2, 1024, 4, 3, 2), (4, 1024, 4, 2, 2), (4, 1024, 4, 1, 4),
+           (8, 1024, 8, 1, 4), (4, 2048, 8, 1, 2), (8, 2048, 8, 1, 2), (2, 2048, 4, 1, 2), (8, 1024, 8, 1, 2)]
 SWEEP = [(4, 512, 4, 3), (8, 512, 4, 4), (8, 512, 8, 4), (16, 512, 8, 3), (16, 256, 4, 4), (4, 256, 4, 4),
          (4, 1024, 4, 2), (8, 1024, 8, 2), (2, 1024, 4, 3), (4, 2048, 8, 1), (2, 2048, 4, 1), (2, 256, 4, 3)]
 
@@ -63,14 +65,16 @@ def time_graph(fn, copies: int, reps: int = 5) -> float:  # type: ignore[no-unty
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", default="llama3-8b", choices=sorted(SHAPES))
-    p.add_argument("--configs", default="default", choices=("default", "sweep"))
+    p.add_argument("--configs", default="default", choices=("default", "sweep", "splitk"))
     args = p.parse_args()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; bf16, one activation row, {args.shape}")
-    for name, (n, k) in SHAPES[args.shape].items():
-        bench_shape(name, n, k, DEFAULT_CONFIGS if args.configs == "default" else SWEEP)
+    configs = {"default": DEFAULT_CONFIGS, "sweep": SWEEP, "splitk": SPLIT_K}[args.configs]
+    best = {name: bench_shape(name, n, k, configs) for name, (n, k) in SHAPES[args.shape].items()}
+    # the fastest tile of each decode-layer projection, as DEEPINFER_ONE_ROW_TILES takes it
+    print("TILES " + ";".join(f"{name}={','.join(map(str, cfg))}" for name, cfg in best.items() if name != "lm_head"))
 
 
-def bench_shape(name: str, n: int, k: int, configs: list[tuple[int, int, int, int]]) -> None:
+def bench_shape(name: str, n: int, k: int, configs: list[tuple[int, ...]]) -> tuple[int, ...]:
     dev = torch.device("cuda")
     nbytes = n * k * 2
     copies = max(2, -(-(512 << 20) // nbytes))
@@ -89,7 +93,7 @@ def bench_shape(name: str, n: int, k: int, configs: list[tuple[int, int, int, in
             return F.linear(silu_mul(x), ws[i])
         return F.linear(xs, ws[i])
 
-    def fused(i: int, cfg: tuple[int, int, int, int]) -> torch.Tensor:
+    def fused(i: int, cfg: tuple[int, ...]) -> torch.Tensor:
         if name in ("qkv", "gate_up"):
             return gemv(xs, ws[i], norm=(nw, 1e-5), config=cfg)
         if name == "down":
@@ -109,6 +113,7 @@ def bench_shape(name: str, n: int, k: int, configs: list[tuple[int, int, int, in
                       sorted(row.items(), key=lambda kv: kv[1])[:5])
     print(f"{name} [{n}x{k}] cublas+kernels {base:.2f}us ({base_no_pdl:.2f} pdl off) {nbytes / base / 1e3:.0f}GB/s | "
           f"gemv best {best} {row[best]:.2f}us ({no_pdl:.2f} pdl off) | {cells}", flush=True)
+    return best
 
 
 if __name__ == "__main__":

@@ -129,6 +129,14 @@ def check_gemv(dtype: torch.dtype, g: torch.Generator) -> None:
         torch.testing.assert_close(gemv(x, w, residual=res, config=config), F.linear(x, w) + res, **TOL[dtype])
         torch.testing.assert_close(gemv(gu, w, silu_mul=True, residual=res, config=config),
                                    F.linear(silu_mul(gu), w) + res, **TOL[dtype])
+    # split-K: the last program of each row block adds the partials (6 splits: the last one empty)
+    for config in ((4, 256, 4, 2, 3), (8, 256, 4, 2, 6), (4, 512, 4, 3, 2)):
+        torch.testing.assert_close(gemv(x, w, bias, config=config), F.linear(x, w, bias), **TOL[dtype])
+        torch.testing.assert_close(gemv(gu, w, silu_mul=True, residual=res, config=config),
+                                   F.linear(silu_mul(gu), w) + res, **TOL[dtype])
+        torch.testing.assert_close(gemv(xs, w, norm=(nw, 1e-5), config=config), F.linear(h_ref, w), **TOL[dtype])
+    from deepinfer.runtime.kernels.gemv import _COUNTERS
+    assert all(int(c.abs().sum()) == 0 for c in _COUNTERS.values())  # left at 0 for the next call
     for bad in (dict(norm=(nw[:-1], 1e-5)), dict(residual=res[:, :-1]), dict(norm=(nw, 1e-5), silu_mul=True)):
         try:
             gemv(gu if bad.get("silu_mul") else xs, w, **bad)  # type: ignore[arg-type]

@@ -26,14 +26,19 @@ from deepinfer.runtime.models.llama import LlamaForCausalLM, LlamaLayer, RMSNorm
 
 Region = Callable[[str], AbstractContextManager[None]]
 
-# Tiles (BLOCK_N, BLOCK_K, num_warps, num_stages) of the one-row projections through the Triton
-# GEMV, picked on the H200 (bench/gemv_bench.py): for the Llama-3-8B shapes (K >= 2048) and the
-# SmolLM2-135M ones (smaller K).
-ONE_ROW_CONFIGS = {"qkv": (8, 512, 4, 4), "o": (4, 512, 4, 3), "gate_up": (8, 512, 4, 4), "down": (8, 512, 4, 4)}
-SMALL_K_CONFIGS = {"qkv": (4, 256, 4, 3), "o": (4, 256, 4, 3), "gate_up": (4, 256, 4, 3), "down": (4, 256, 4, 3)}
+# Tiles (BLOCK_N, BLOCK_K, num_warps, num_stages[, split_k]) of the one-row projections through the
+# Triton GEMV, picked on the H200 (bench/gemv_bench.py --configs sweep): for the Llama-3-8B shapes
+# (K >= 2048) and the SmolLM2-135M ones (smaller K).
+ONE_ROW_CONFIGS = {"qkv": (2, 1024, 4, 3), "o": (2, 1024, 4, 3), "gate_up": (2, 1024, 4, 3), "down": (4, 2048, 8, 1)}
+SMALL_K_CONFIGS = {"qkv": (4, 1024, 4, 2), "o": (2, 1024, 4, 3), "gate_up": (8, 1024, 8, 2), "down": (4, 2048, 8, 1)}
 
 
-def _tile(name: str, weight: torch.Tensor) -> tuple[int, int, int, int]:
+def _tile(name: str, weight: torch.Tensor) -> tuple[int, ...]:
+    # DEEPINFER_ONE_ROW_TILES="down=4,2048,8,1,2;o=..." overrides tiles (benchmarks)
+    for item in os.environ.get("DEEPINFER_ONE_ROW_TILES", "").split(";"):
+        key, _, value = item.partition("=")
+        if key == name and value:
+            return tuple(int(v) for v in value.split(","))
     return (ONE_ROW_CONFIGS if weight.shape[1] >= 2048 else SMALL_K_CONFIGS)[name]
 
 
