@@ -130,7 +130,7 @@ def check_gemv(dtype: torch.dtype, g: torch.Generator) -> None:
         torch.testing.assert_close(gemv(gu, w, silu_mul=True, residual=res, config=config),
                                    F.linear(silu_mul(gu), w) + res, **TOL[dtype])
     # split-K: the last program of each row block adds the partials (6 splits: the last one empty)
-    for config in ((4, 256, 4, 2, 3), (8, 256, 4, 2, 6), (4, 512, 4, 3, 2)):
+    for config in ((4, 256, 4, 2, 3), (8, 256, 4, 2, 6)):
         torch.testing.assert_close(gemv(x, w, bias, config=config), F.linear(x, w, bias), **TOL[dtype])
         torch.testing.assert_close(gemv(gu, w, silu_mul=True, residual=res, config=config),
                                    F.linear(silu_mul(gu), w) + res, **TOL[dtype])
@@ -236,6 +236,5 @@ for dt in DTYPES:
     check_decode_attention(dt, gen)
 check_decode_attention(torch.float32, gen, bs=24)  # a block size that is no power of two
 check_one_row_forward("llama")
-check_one_row_forward("qwen2")  # qkv bias
-check_one_row_forward("qwen3")  # q/k norm
+check_one_row_forward("qwen3")  # q/k norm (qkv bias: the GEMV's bias in check_gemv)
 print("ok")

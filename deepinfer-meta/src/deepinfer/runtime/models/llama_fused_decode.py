@@ -1,10 +1,16 @@
 """The decode forward of ``LlamaForCausalLM`` on CUDA with fused Triton kernels (graph-capturable).
 
 Same math as ``LlamaForCausalLM.forward`` for one token per sequence, with the residual add
-carried into the next RMSNorm (``add_rmsnorm``), (Qwen3's q/k norm +) rotary + KV-cache store in one kernel, SiLU·mul
-in one kernel and the split-K decode attention. Every input is a device tensor, so the whole
-forward can be captured once per batch size and replayed. ``region(name)`` brackets the
-attention and MLP blocks (a GraphTimer's ``region`` during capture, or a no-op).
+carried into the next RMSNorm (``add_rmsnorm``), (Qwen3's q/k norm +) rotary + KV-cache store in
+one kernel, SiLU·mul in one kernel and the split-K decode attention (its merge folded into the
+last split program). Every input is a device tensor, so the whole forward can be captured once
+per batch size and replayed. ``region(name)`` brackets the attention and MLP blocks (a
+GraphTimer's ``region`` during capture, or a no-op).
+
+A step of one sequence (batch 1) runs each projection as the Triton GEMV with its neighbours
+fused in, 6 kernels per layer instead of 11: qkv and gate_up compute the RMSNorm of the residual
+stream in their prologue, o and down add their output to the stream in their epilogue, down
+takes SiLU·mul of gate/up as its input. Larger batches keep cuBLAS and the separate kernels.
 """
 
 from __future__ import annotations
@@ -44,9 +50,9 @@ def _tile(name: str, weight: torch.Tensor) -> tuple[int, ...]:
 
 def one_row_gemv_projections() -> frozenset[str]:
     """Projections of a one-row step that run through the GEMV with their neighbours fused in
-    (qkv and gate_up: the RMSNorm; o and down: the residual add; down: SiLU·mul). The others run
-    cuBLAS with the separate kernels. ``DEEPINFER_ONE_ROW_GEMV`` ("qkv,o,gate_up,down", "none")
-    overrides the choice (benchmarks)."""
+    (qkv and gate_up: the RMSNorm; o and down: the residual add; down: SiLU·mul); the others run
+    cuBLAS with the separate kernels. All four by default (on the H200 each fused GEMV beat cuBLAS
+    with its separate kernels); ``DEEPINFER_ONE_ROW_GEMV`` ("qkv,o", "none") picks fewer (benchmarks)."""
     names = os.environ.get("DEEPINFER_ONE_ROW_GEMV", "qkv,o,gate_up,down")
     return frozenset() if names == "none" else frozenset(names.split(","))
 
@@ -56,12 +62,14 @@ def no_region(name: str) -> AbstractContextManager[None]:
 
 
 class _Stream:
-    """The residual stream of a one-token step: ``stream`` (the sum so far) and ``pending`` (a
-    block's output not yet added to it), so that the add lands in whichever kernel comes next:
-    a GEMV epilogue, a GEMV's norm prologue can only read a finished sum, ``add_rmsnorm`` does both."""
+    """The residual stream of a decode step: ``stream`` (the sum so far) and ``pending`` (a block's
+    output not yet added to it). A GEMV adds its output in its epilogue (nothing pending); a
+    cuBLAS projection leaves it pending for the next ``add_rmsnorm``, which adds and normalises.
+    The GEMV's norm prologue reads a finished sum, so it runs only when nothing is pending."""
 
     def __init__(self, x: torch.Tensor) -> None:
-        self.stream, self.pending = x, cast(torch.Tensor | None, None)
+        self.stream: torch.Tensor = x
+        self.pending: torch.Tensor | None = None
 
     def normed(self, norm: RMSNorm) -> torch.Tensor:
         """RMSNorm(stream + pending) * weight, with the add carried into the stream."""
