@@ -1,7 +1,7 @@
 """One-row (decode, batch 1) projections in bf16: cuBLAS with the separate kernels around it
 against the Triton GEMV (``runtime/kernels/gemv.py``) with those kernels fused in, over tile configs.
 
-    python bench/gemv_bench.py [--shape llama3-8b|smollm2-135m] [--configs default|sweep]
+    python bench/gemv_bench.py [--shape llama3-8b|smollm2-135m] [--configs default|sweep|splitk]
 
 Per projection of a layer, what the one-row decode graph runs in each form:
 
@@ -15,7 +15,8 @@ Each contender runs inside a CUDA graph over enough weight copies (> 512 MiB) th
 still in L2 when it is read again, so the figure is the weight-streaming rate a decode step gets;
 the Triton kernels launch with programmatic dependent launch where the device has it (as in the
 decode graphs) and, for the best tile, without (``pdl off``). Prints microseconds per call and
-GB/s of weights read.
+GB/s of weights read; the last line (``TILES ...``) is the best tile of each projection as
+``DEEPINFER_ONE_ROW_TILES`` takes it (``bench/decode_profile.py --variants``).
 """
 
 from __future__ import annotations
