@@ -4,9 +4,11 @@ Why split-K: a decode step has one query row per sequence, so a kernel with one 
 (sequence, kv head) runs B * KVH programs — 8 for a Llama-3-8B batch of one on a GPU of 132
 multiprocessors — each walking the whole context alone. Here the context is cut into
 ``num_splits`` chunks processed by separate programs that each write a partial (max, sum,
-weighted values); a second kernel merges the partials with the log-sum-exp rule. Every input is
-a device tensor (no host-side lengths), so the pair can be captured in a CUDA graph and replayed
-for any sequence lengths; ``num_splits`` is fixed per captured batch size.
+weighted values); the last of them to finish (an integer arrival counter per (sequence, kv
+head), so the merge order is fixed) merges the partials with the log-sum-exp rule, or, with
+``fold_merge=False``, a second kernel does. Every input is a device tensor (no host-side
+lengths), so the kernels can be captured in a CUDA graph and replayed for any sequence lengths;
+``num_splits`` is fixed per captured batch size.
 """
 
 from __future__ import annotations
