@@ -19,11 +19,14 @@ import torch
 import triton
 import triton.language as tl
 
+from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch
+
 
 @triton.jit
 def _add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
                         stride_x, stride_r, stride_o, stride_ro,
-                        HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+                        HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_begin(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -52,7 +55,8 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Te
     if t:
         _add_rmsnorm_kernel[(t,)](x, r, weight, out, res_out, h, eps, x.stride(0), r.stride(0), out.stride(0),
                                   res_out.stride(0), HAS_RESIDUAL=residual is not None,
-                                  BLOCK=triton.next_power_of_2(h), num_warps=4 if h <= 2048 else 8)
+                                  BLOCK=triton.next_power_of_2(h), num_warps=4 if h <= 2048 else 8,
+                                  **pdl_launch(x.device))
     return out, res_out
 
 
@@ -60,7 +64,8 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Te
 def _rotary_kv_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, q_out_ptr, cache_ptr, qn_ptr, kn_ptr, eps,
                       stride_qkv, stride_qo_t, stride_qo_h, stride_cos, plane, stride_slot, stride_kvh,
                       NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                      HALF_PAD: tl.constexpr, QK_NORM: tl.constexpr):
+                      HALF_PAD: tl.constexpr, QK_NORM: tl.constexpr, PDL: tl.constexpr):
+    pdl_begin(PDL)
     tok = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     half: tl.constexpr = HEAD_DIM // 2
@@ -135,12 +140,13 @@ def rotary_kv_write(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tenso
             qkv.stride(0), q.stride(0), q.stride(1), cos.stride(0), kv_cache.stride(0), kv_cache.stride(2),
             kv_cache.stride(3),
             NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=d, HALF_PAD=triton.next_power_of_2(d // 2),
-            QK_NORM=qk_norm is not None, num_warps=1)
+            QK_NORM=qk_norm is not None, num_warps=1, **pdl_launch(qkv.device))
     return q
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, n_cols, stride_gu, stride_o, BLOCK: tl.constexpr):
+def _silu_mul_kernel(gu_ptr, out_ptr, n_cols, stride_gu, stride_o, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_begin(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -159,5 +165,6 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty((t, n), dtype=gate_up.dtype, device=gate_up.device)
     block = min(1024, triton.next_power_of_2(n))
     if t:
-        _silu_mul_kernel[(t, triton.cdiv(n, block))](gate_up, out, n, gate_up.stride(0), out.stride(0), BLOCK=block)
+        _silu_mul_kernel[(t, triton.cdiv(n, block))](gate_up, out, n, gate_up.stride(0), out.stride(0), BLOCK=block,
+                                                          **pdl_launch(gate_up.device))
     return out
