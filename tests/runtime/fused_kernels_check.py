@@ -15,7 +15,12 @@ import torch.nn.functional as F
 from deepinfer.runtime.attention import torch_paged
 from deepinfer.runtime.attention.metadata import build_attention_metadata
 from deepinfer.runtime.attention.triton_decode import DecodeWorkspace, decode_attention
-from deepinfer.runtime.kernels.fused_ops import add_rmsnorm, rotary_kv_write, silu_mul
+from deepinfer.runtime.kernels.fused_ops import (
+    ROTARY_ALL_HEADS_FROM,
+    add_rmsnorm,
+    rotary_kv_write,
+    silu_mul,
+)
 from deepinfer.runtime.kernels.gemv import _argmax_partials_kernel, gemv, gemv_argmax
 from deepinfer.runtime.models.llama import RMSNorm
 from deepinfer.runtime.models.rotary import RotaryEmbedding
@@ -66,13 +71,18 @@ def check_add_rmsnorm(dtype: torch.dtype, g: torch.Generator) -> None:
         torch.testing.assert_close(out1, norm(x), **TOL[dtype])
 
 
-def check_rotary_kv(dtype: torch.dtype, g: torch.Generator, qk_norm: bool = False) -> None:
-    heads, kvh, d, bs, nb = 4, 2, 32, 16, 6
+def check_rotary_kv(dtype: torch.dtype, g: torch.Generator, qk_norm: bool = False, t: int = 5) -> None:
+    """``t`` >= ROTARY_ALL_HEADS_FROM: one program per token (10 heads in a 16-head tile), else one per head."""
+    heads, kvh, d, bs, nb = 6, 2, 32, 16, 8
     rot = RotaryEmbedding(d, 256, 10000.0, None).to(DEV)
-    t = 5
     qkv = torch.randn(t, (heads + 2 * kvh) * d, generator=g).to(DEV, dtype)
-    pos = torch.tensor([0, 7, 31, 100, 255], dtype=torch.int32, device=DEV)
-    slots = torch.tensor([3, 17, -1, 40, 95], dtype=torch.int64, device=DEV)
+    if t == 5:
+        pos = torch.tensor([0, 7, 31, 100, 255], dtype=torch.int32, device=DEV)
+        slots = torch.tensor([3, 17, -1, 40, 95], dtype=torch.int64, device=DEV)
+    else:
+        pos = torch.randint(0, 256, (t,), generator=g, dtype=torch.int32).to(DEV)
+        slots = torch.randperm(nb * bs, generator=g)[:t].to(DEV)
+        slots[::7] = -1  # padding rows
     cache = torch.randn(2, nb, bs, kvh, d, generator=g).to(DEV, dtype)
     ref_cache = cache.clone()
     qn, kn = RMSNorm(d, 1e-6).to(DEV, dtype), RMSNorm(d, 1e-6).to(DEV, dtype)
@@ -231,6 +241,8 @@ for dt in DTYPES:
     check_add_rmsnorm(dt, gen)
     check_rotary_kv(dt, gen)
     check_rotary_kv(dt, gen, qk_norm=True)
+    check_rotary_kv(dt, gen, t=ROTARY_ALL_HEADS_FROM + 6)
+    check_rotary_kv(dt, gen, qk_norm=True, t=ROTARY_ALL_HEADS_FROM + 6)
     check_silu_mul(dt, gen)
     check_gemv(dt, gen)
     check_decode_attention(dt, gen)
