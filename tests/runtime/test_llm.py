@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from deepinfer.runtime.sampling_params import SamplingParams
 
@@ -83,6 +84,19 @@ def test_bad_input_is_rejected_clearly(llm):
     # the LLM still works after the rejected calls
     (ok,) = llm.generate("Hi", SamplingParams(temperature=0.0, max_tokens=2), use_tqdm=False)
     assert len(ok.outputs[0].token_ids) >= 1
+
+
+def test_prompt_token_ids_are_checked_whatever_their_int_type(llm):
+    """Lists of Python ints take a fast check; numpy ints take the general one; bools are no ids."""
+    with pytest.raises(ValueError, match="token id -1 is outside the vocabulary"):
+        llm.generate([[5, -1, 7]], use_tqdm=False)
+    with pytest.raises(TypeError, match="prompt"):
+        llm.generate([[5, True, 7]], use_tqdm=False)
+    params = SamplingParams(temperature=0.0, max_tokens=2)
+    (a,) = llm.generate([[5, 6, 7]], params, use_tqdm=False)
+    (b,) = llm.generate([[np.int64(5), np.int32(6), 7]], params, use_tqdm=False)
+    assert list(b.prompt_token_ids) == [5, 6, 7]
+    assert list(a.outputs[0].token_ids) == list(b.outputs[0].token_ids)
 
 
 def test_too_long_prompt_is_refused_with_both_counts_and_nothing_runs(llm):
