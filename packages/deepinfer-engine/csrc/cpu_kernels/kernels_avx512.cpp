@@ -17,11 +17,12 @@
 namespace deepinfer::cpu {
 namespace {
 
-// Tile sizes (measured on Zen 5, one thread): activation rows per tile; quantized weight rows
-// per tile for one activation row and for several (more would spill the accumulators); float32
-// weight rows for several activation rows (one row: f32_single).
+// Tile sizes (measured on this Zen 5 VM, one and two threads): activation rows per tile;
+// quantized weight rows per tile for one activation row (Q4: 2, Q8_0: 1 -- more rows are more
+// concurrent streams and registers, and were slower) and for several (more would spill the
+// accumulators); float32 weight rows for several activation rows (one row: f32_single).
 constexpr int kActTile = 4;
-constexpr int kQuantTile1 = 4, kQuantTileN = 2;
+constexpr int kQ4Tile1 = 2, kQ8Tile1 = 1, kQuantTileN = 2;
 constexpr int kF32Tile = 4;
 constexpr int kGroup = 8;  // blocks whose scales convert and multiply together
 
@@ -180,7 +181,7 @@ void quant_rows(const uint8_t* w, size_t row_bytes, int nb, int k, const Acts& x
 template <WeightKind K>
 void gemv_kind(const uint8_t* w, size_t row_bytes, int k, const Acts& x, int rows, float* y, int ldy, int n0, int n1) {
   const int nb = k / kBlock;
-  const int tile = rows == 1 ? kQuantTile1 : kQuantTileN;
+  const int tile = rows > 1 ? kQuantTileN : K == WeightKind::Q8_0 ? kQ8Tile1 : kQ4Tile1;
   for (int n = n0; n < n1; n += tile) {
     const uint8_t* wn = w + static_cast<size_t>(n) * row_bytes;
     switch (n1 - n < tile ? n1 - n : tile) {
