@@ -2,11 +2,11 @@
 // built for its instruction set, only called after best_kernels() found it at run time, and
 // shares no inline functions or templates with other files.
 //
-// GEMVs work on tiles of up to 4 weight rows x 4 activation rows: each weight vector loaded (and,
-// for Q4, unpacked) once serves up to 4 activation rows, each activation vector up to 4 weight
-// rows, and a step over 16 rows reads every weight once while its tile sits in L1. The quantized
-// tile takes two blocks per 512-bit integer dot (vpdpbusd); the float one streams weight rows
-// with 512-bit FMAs and a software prefetch of the next tile.
+// GEMVs over several activation rows work on tiles of weight rows x 4 activation rows: each
+// weight vector loaded (and, for Q4, unpacked) once serves up to 4 activation rows, and a step
+// over 16 rows reads every weight once while its tile sits in L1. The quantized tile takes two
+// blocks per 512-bit integer dot (vpdpbusd). One activation row: small quantized tiles, and
+// float32 rows read as one sequential stream (f32_single).
 #include <immintrin.h>
 
 #include <cmath>
