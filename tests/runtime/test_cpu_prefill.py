@@ -207,3 +207,19 @@ def test_chunked_prefill_attention_matches_dense_reference():
                                past, scale)
         np.testing.assert_allclose(out[row:row + new].double().numpy(), ref, atol=2e-5, err_msg=f"sequence {i}")
         row += new
+
+
+def test_cpu_rotary_matches_rotate_half_formula():
+    """The three-pass CPU rotation equals x·cos + rotate_half(x)·sin (Hugging Face's form),
+    computed in float64, on a strided q/k view as the layer passes it."""
+    from deepinfer.runtime.models.rotary import RotaryEmbedding
+
+    rope = RotaryEmbedding(64, 300, 10000.0, None)
+    positions = torch.tensor([0, 1, 7, 150, 299])
+    qkv = torch.randn(5, 20 * 64)
+    x = qkv[:, :12 * 64].view(5, 12, 64)  # rows 20 heads apart, like q and k inside qkv
+    got = RotaryEmbedding.rotate_one(rope.tables(positions, torch.float32), x)
+    cos, sin = rope.cos[positions].double()[:, None], rope.sin[positions].double()[:, None]
+    xd = x.double()
+    ref = xd * cos + torch.cat((-xd[..., 32:], xd[..., :32]), dim=-1) * sin
+    assert torch.allclose(got.double(), ref, rtol=0, atol=1e-6)
