@@ -223,3 +223,6 @@ def test_cpu_rotary_matches_rotate_half_formula():
     xd = x.double()
     ref = xd * cos + torch.cat((-xd[..., 32:], xd[..., :32]), dim=-1) * sin
     assert torch.allclose(got.double(), ref, rtol=0, atol=1e-6)
+    # and bitwise what the two-rounding float32 form (Hugging Face's, the CUDA path's) gives
+    cos32, sin32 = rope.tables(positions, torch.float32)
+    assert torch.equal(got, x * cos32 + torch.cat((-x[..., 32:], x[..., :32]), dim=-1) * sin32)

@@ -80,12 +80,11 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def _rotate_cpu(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """``x * cos + rotate_half(x) * sin`` in three passes instead of five (no rotated copy of
-    ``x``, no negation pass): 1.76 -> 0.83 ms for SmolLM2's 512 x 12 heads at one thread. The
-    halves' products are added with ``addcmul_`` (a fused multiply-add: within an ulp of the
-    two-rounding form)."""
+    """``x * cos + rotate_half(x) * sin`` without the rotated, negated copy of ``x``: each half's
+    sin product is subtracted from / added to ``x * cos`` in place (bitwise the same values; 1.71
+    -> 0.89 ms for SmolLM2's 512 tokens x 12 q/k heads at one thread)."""
     half = x.shape[-1] // 2
     out = x * cos
-    out[..., :half].addcmul_(x[..., half:], sin[..., :half], value=-1)
-    out[..., half:].addcmul_(x[..., :half], sin[..., half:])
+    out[..., :half] -= x[..., half:] * sin[..., :half]
+    out[..., half:] += x[..., :half] * sin[..., half:]
     return out
