@@ -1,10 +1,13 @@
 """Kernel times of one replayed decode graph (torch.profiler), bf16 random weights of a named shape.
 
     python bench/decode_profile.py --shape llama3-8b --batch 1 --context 256
+    python bench/decode_profile.py --variants "pdl off:DEEPINFER_PDL=0|no qkv:DEEPINFER_ONE_ROW_GEMV=o,gate_up,down"
 
 Runs a short generate to fill the KV cache, then profiles ``--steps`` replays of the decode graph
 of ``--batch`` rows and prints each kernel's device time per step (grouped by kernel name), the
-sum, and the step's wall time between CUDA events.
+sum, and the step's wall time between CUDA events. ``--variants`` then captures the graphs again
+under each named set of environment switches (``DEEPINFER_PDL``, ``DEEPINFER_ONE_ROW_GEMV``,
+``DEEPINFER_FOLD_MERGE``, ``DEEPINFER_ONE_ROW_TILES``; several joined by ``&``) and prints each one's replay time beside the default's.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--context", type=int, default=256)
     p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--variants", default="", help="'name:VAR=VALUE&VAR=VALUE|name2:...' (recaptured, timed only)")
     args = p.parse_args()
     import deepinfer.runtime.model_loader as ml
     from deepinfer import LLM, SamplingParams
@@ -41,16 +45,7 @@ def main() -> None:
     llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True), use_tqdm=False)
     graphs = llm.runner.graphs
     rows = min(b for b in graphs.batch_sizes if b >= args.batch)
-    for _ in range(5):
-        graphs.replay(rows)
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(args.steps):
-        graphs.replay(rows)
-    end.record()
-    end.synchronize()
-    step_ms = start.elapsed_time(end) / args.steps
+    step_ms = replay_ms(graphs, rows, args.steps)
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -68,6 +63,49 @@ def main() -> None:
     for name, times in sorted(per_kernel.items(), key=lambda kv: -sum(kv[1]))[:25]:
         print(f"  {sum(times) / args.steps:8.1f} us/step  {len(times) / args.steps:5.0f}x  "
               f"mean {sum(times) / len(times):7.2f} us  {name[:110]}")
+    if args.variants:
+        compare_variants(llm, rows, args.steps, args.variants, step_ms)
+
+
+def replay_ms(graphs, rows: int, steps: int) -> float:  # type: ignore[no-untyped-def]
+    """Milliseconds per replay of the graph of ``rows``: the best of 3 runs of ``steps`` replays."""
+    for _ in range(5):
+        graphs.replay(rows)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    best = float("inf")
+    for _ in range(3):
+        start.record()
+        for _ in range(steps):
+            graphs.replay(rows)
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / steps)
+    return best
+
+
+def compare_variants(llm, rows: int, steps: int, spec: str, default_ms: float) -> None:  # type: ignore[no-untyped-def]
+    from deepinfer.runtime.cuda_graph_runner import capture_decode_graphs
+
+    old = llm.runner.graphs
+    sizes, max_len = old.batch_sizes, old.max_model_len
+    results = [("default", replay_ms(old, rows, steps))]
+    for item in spec.split("|"):
+        name, _, assigns = item.partition(":")
+        saved = dict(os.environ)
+        os.environ.update(dict(a.split("=", 1) for a in assigns.split("&") if a))
+        try:
+            llm.runner.graphs = None
+            del old
+            torch.cuda.empty_cache()
+            old = capture_decode_graphs(llm.runner, llm.engine.step_buffers, sizes, max_len)
+            results.append((name, replay_ms(old, rows, steps)))
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+    print(f"  (first replay timing above: {default_ms * 1000:.0f} us)")
+    for name, ms in results:
+        print(f"  variant {name:24s} replay {ms * 1000:7.0f} us per step ({ms / results[0][1]:.3f} of default)")
 
 
 if __name__ == "__main__":

@@ -14,8 +14,13 @@ import torch
 import torch.nn.functional as F
 from deepinfer.runtime.attention import torch_paged
 from deepinfer.runtime.attention.metadata import build_attention_metadata
-from deepinfer.runtime.attention.triton_decode import decode_attention
-from deepinfer.runtime.kernels.fused_ops import add_rmsnorm, rotary_kv_write, silu_mul
+from deepinfer.runtime.attention.triton_decode import DecodeWorkspace, decode_attention
+from deepinfer.runtime.kernels.fused_ops import (
+    ROTARY_ALL_HEADS_FROM,
+    add_rmsnorm,
+    rotary_kv_write,
+    silu_mul,
+)
 from deepinfer.runtime.kernels.gemv import _argmax_partials_kernel, gemv, gemv_argmax
 from deepinfer.runtime.models.llama import RMSNorm
 from deepinfer.runtime.models.rotary import RotaryEmbedding
@@ -66,13 +71,18 @@ def check_add_rmsnorm(dtype: torch.dtype, g: torch.Generator) -> None:
         torch.testing.assert_close(out1, norm(x), **TOL[dtype])
 
 
-def check_rotary_kv(dtype: torch.dtype, g: torch.Generator, qk_norm: bool = False) -> None:
-    heads, kvh, d, bs, nb = 4, 2, 32, 16, 6
+def check_rotary_kv(dtype: torch.dtype, g: torch.Generator, qk_norm: bool = False, t: int = 5) -> None:
+    """``t`` >= ROTARY_ALL_HEADS_FROM: one program per token (10 heads in a 16-head tile), else one per head."""
+    heads, kvh, d, bs, nb = 6, 2, 32, 16, 8
     rot = RotaryEmbedding(d, 256, 10000.0, None).to(DEV)
-    t = 5
     qkv = torch.randn(t, (heads + 2 * kvh) * d, generator=g).to(DEV, dtype)
-    pos = torch.tensor([0, 7, 31, 100, 255], dtype=torch.int32, device=DEV)
-    slots = torch.tensor([3, 17, -1, 40, 95], dtype=torch.int64, device=DEV)
+    if t == 5:
+        pos = torch.tensor([0, 7, 31, 100, 255], dtype=torch.int32, device=DEV)
+        slots = torch.tensor([3, 17, -1, 40, 95], dtype=torch.int64, device=DEV)
+    else:
+        pos = torch.randint(0, 256, (t,), generator=g, dtype=torch.int32).to(DEV)
+        slots = torch.randperm(nb * bs, generator=g)[:t].to(DEV)
+        slots[::7] = -1  # padding rows
     cache = torch.randn(2, nb, bs, kvh, d, generator=g).to(DEV, dtype)
     ref_cache = cache.clone()
     qn, kn = RMSNorm(d, 1e-6).to(DEV, dtype), RMSNorm(d, 1e-6).to(DEV, dtype)
@@ -113,6 +123,37 @@ def check_gemv(dtype: torch.dtype, g: torch.Generator) -> None:
         logits, greedy = gemv_argmax(x, w, config)
         torch.testing.assert_close(logits, F.linear(x, w), **TOL[dtype])
         assert greedy.dtype == torch.int64 and int(greedy) == int(logits.argmax()), (greedy, logits.argmax())
+    # the RMSNorm prologue (add_rmsnorm without a residual, then the projection) and the residual
+    # add epilogue (the projection rounds, then the add rounds, as torch's ops)
+    nw = (torch.rand(k, generator=g) + 0.5).to(DEV, dtype)
+    xs = torch.randn(1, k, generator=g).to(DEV, dtype)
+    res = torch.randn(1, n, generator=g).to(DEV, dtype)
+    h_ref, _ = add_rmsnorm(xs, None, nw, 1e-5)
+    with torch.no_grad():
+        h_torch = RMSNorm(k, 1e-5).to(DEV, dtype)
+        h_torch.weight.copy_(nw)
+        torch.testing.assert_close(h_ref, h_torch(xs), **TOL[dtype])
+    for config in ((4, 256, 4, 2), (8, 512, 4, 3)):
+        torch.testing.assert_close(gemv(xs, w, bias, norm=(nw, 1e-5), config=config), F.linear(h_ref, w, bias),
+                                   **TOL[dtype])
+        torch.testing.assert_close(gemv(x, w, residual=res, config=config), F.linear(x, w) + res, **TOL[dtype])
+        torch.testing.assert_close(gemv(gu, w, silu_mul=True, residual=res, config=config),
+                                   F.linear(silu_mul(gu), w) + res, **TOL[dtype])
+    # split-K: the last program of each row block adds the partials (6 splits: the last one empty)
+    for config in ((4, 256, 4, 2, 3), (8, 256, 4, 2, 6)):
+        torch.testing.assert_close(gemv(x, w, bias, config=config), F.linear(x, w, bias), **TOL[dtype])
+        torch.testing.assert_close(gemv(gu, w, silu_mul=True, residual=res, config=config),
+                                   F.linear(silu_mul(gu), w) + res, **TOL[dtype])
+        torch.testing.assert_close(gemv(xs, w, norm=(nw, 1e-5), config=config), F.linear(h_ref, w), **TOL[dtype])
+    from deepinfer.runtime.kernels.gemv import _COUNTERS
+    assert all(int(c.abs().sum()) == 0 for c in _COUNTERS.values())  # left at 0 for the next call
+    for bad in (dict(norm=(nw[:-1], 1e-5)), dict(residual=res[:, :-1]), dict(norm=(nw, 1e-5), silu_mul=True)):
+        try:
+            gemv(gu if bad.get("silu_mul") else xs, w, **bad)  # type: ignore[arg-type]
+        except ValueError:
+            pass
+        else:
+            raise AssertionError(f"gemv accepted {bad}")
     # ties inside one program (77, 78) and across programs: the first index wins, as in torch.argmax
     xt = torch.zeros(1, k, dtype=dtype, device=DEV)
     xt[0, 5] = 5.0
@@ -143,8 +184,56 @@ def check_decode_attention(dtype: torch.dtype, g: torch.Generator, bs: int = 16)
     bt = torch.from_numpy(tables).to(DEV)
     sl = torch.tensor(lens, dtype=torch.int32, device=DEV)
     for splits in (1, 3, 8):
-        out = decode_attention(q, cache, bt, sl, d ** -0.5, splits)
+        out = decode_attention(q, cache, bt, sl, d ** -0.5, splits, fold_merge=False)
         torch.testing.assert_close(out, ref, **TOL[dtype])
+    # the merge folded into the last split program: its counters go back to 0, so a second call
+    # over the same workspace (as in a replayed graph) merges again
+    ws = DecodeWorkspace(len(lens) * 8, heads, d, DEV)
+    for splits in (3, 8, 8):
+        out = decode_attention(q, cache, bt, sl, d ** -0.5, splits, ws)
+        torch.testing.assert_close(out, ref, **TOL[dtype])
+        assert int(ws.counters.abs().sum()) == 0
+
+
+def check_one_row_forward(arch: str) -> None:
+    """The decode forward of one sequence with the GEMV fusions (norm prologue, residual and
+    SiLU·mul epilogues) gives the eager step's logits, and so does the cuBLAS + separate kernels path."""
+    import os
+    import tempfile
+
+    from deepinfer.runtime.model_loader import load_model
+    from deepinfer.runtime.model_runner import ModelRunner
+    from deepinfer.runtime.models.llama_fused_decode import fused_decode_forward
+    from tiny_models import save_tiny_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        save_tiny_model(tmp, arch)
+        runner = ModelRunner(load_model(tmp, device=DEV, dtype=torch.float32), num_blocks=8, block_size=4, device=DEV,
+                             dtype=torch.float32)
+    prompt, table = [5, 17, 33, 2, 99, 140, 7], np.array([[1, 2, 3]])
+    n = len(prompt)
+    pos = np.arange(n)
+    runner.execute(input_ids=np.array(prompt), positions=pos, slot_mapping=table[0][pos // 4] * 4 + pos % 4,
+                   query_start_loc=np.array([0, n]), seq_lens=np.array([n]), block_tables=table,
+                   logits_indices=np.array([n - 1]))
+    slot = int(table[0][n // 4] * 4 + n % 4)
+    cfg = runner.config
+    got = {}
+    for names in ("qkv,o,gate_up,down", "none"):
+        os.environ["DEEPINFER_ONE_ROW_GEMV"] = names
+        hidden = fused_decode_forward(
+            runner.model, torch.tensor([12], dtype=torch.int32, device=DEV),
+            torch.tensor([n], dtype=torch.int32, device=DEV), runner.kv_caches,
+            torch.tensor([slot], device=DEV), torch.tensor(table, dtype=torch.int32, device=DEV),
+            torch.tensor([n + 1], dtype=torch.int32, device=DEV),
+            DecodeWorkspace(2, cfg.num_attention_heads, cfg.head_dim, DEV), 2)
+        got[names] = runner.model.head_logits(hidden).float()
+    del os.environ["DEEPINFER_ONE_ROW_GEMV"]
+    ref = runner.execute(input_ids=np.array([12]), positions=np.array([n]), slot_mapping=np.array([slot]),
+                         query_start_loc=np.array([0, 1]), seq_lens=np.array([n + 1]), block_tables=table,
+                         logits_indices=np.array([0]))
+    for logits in got.values():
+        torch.testing.assert_close(logits, ref.to(DEV), atol=1e-4, rtol=1e-4)
 
 
 gen = torch.Generator().manual_seed(0)
@@ -152,8 +241,12 @@ for dt in DTYPES:
     check_add_rmsnorm(dt, gen)
     check_rotary_kv(dt, gen)
     check_rotary_kv(dt, gen, qk_norm=True)
+    check_rotary_kv(dt, gen, t=ROTARY_ALL_HEADS_FROM + 6)
+    check_rotary_kv(dt, gen, qk_norm=True, t=ROTARY_ALL_HEADS_FROM + 6)
     check_silu_mul(dt, gen)
     check_gemv(dt, gen)
     check_decode_attention(dt, gen)
 check_decode_attention(torch.float32, gen, bs=24)  # a block size that is no power of two
+check_one_row_forward("llama")
+check_one_row_forward("qwen3")  # q/k norm (qkv bias: the GEMV's bias in check_gemv)
 print("ok")

@@ -97,3 +97,44 @@ def test_models_the_kernels_do_not_run_stay_on_torch(tmp_path, monkeypatch):
     loaded = load_model(str(tmp_path), device=CPU, dtype=torch.float32, max_positions=128)
     runner = ModelRunner(loaded, num_blocks=32, block_size=BS, device=CPU, dtype=torch.float32)
     assert runner.native_decode is None
+
+
+def test_torch_runs_on_one_thread_while_steps_are_native(tmp_path, monkeypatch):
+    """torch's OpenMP workers spin after each parallel region, on the cores the native pool needs:
+    torch runs on one thread from a native step on, gets its own count back for its forward passes
+    (prefill) and when the engine has no work left."""
+    import deepinfer.runtime.engine_loop as engine_loop
+    from deepinfer import LLM, SamplingParams
+    from tiny_models import save_tiny_tokenizer
+
+    save_tiny_model(tmp_path)
+    save_tiny_tokenizer(tmp_path)
+    monkeypatch.setenv("DEEPINFER_CPU_NATIVE", "1")
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        llm = LLM(str(tmp_path), device="cpu", dtype="float32", max_model_len=64, enable_prefix_caching=False)
+        runner = llm.runner
+        assert runner.native_decode is not None
+        seen: list[tuple[str, int]] = []
+        native, forward, sample = runner.native_decode, runner.model.forward, engine_loop.sample
+
+        def spy(kind, fn):
+            def call(*args, **kwargs):
+                seen.append((kind, torch.get_num_threads()))
+                return fn(*args, **kwargs)
+            return call
+
+        monkeypatch.setattr(runner, "native_decode", spy("native", native))
+        monkeypatch.setattr(runner.model, "forward", spy("torch", forward))
+        monkeypatch.setattr(engine_loop, "sample", spy("sample", sample))
+        params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+        llm.generate([{"prompt_token_ids": [5, 9, 13]}, {"prompt_token_ids": [7, 8]}], params, use_tqdm=False)
+        assert torch.get_num_threads() == 2, "the engine ran out of work: torch must have its threads back"
+        llm.generate([{"prompt_token_ids": [11, 12, 13, 14]}], params, use_tqdm=False)
+    finally:
+        torch.set_num_threads(before)
+    # per generate: one prefill on torch (2 threads) and its sampling, then 3 native decode steps
+    # whose sampling also runs on one thread
+    one_call = [("torch", 2), ("sample", 2)] + [("native", 1), ("sample", 1)] * 3
+    assert seen == one_call * 2

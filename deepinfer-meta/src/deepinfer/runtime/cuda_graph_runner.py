@@ -37,9 +37,11 @@ if TYPE_CHECKING:
     from deepinfer.runtime.model_runner import ModelRunner
 
 
-# The LM head + argmax of a one-row graph (kernels/gemv.py; tile picked on the H200, where it read a
-# 128k-vocabulary head at cuBLAS's rate and saved torch's separate argmax pass).
-LM_HEAD_GEMV_CONFIG = (4, 512, 4, 4)
+# The LM head + argmax of a one-row graph (kernels/gemv.py; tiles picked on the H200 with
+# bench/gemv_bench.py: a 128k x 4096 head at 4.35 TB/s, a 49k x 576 one at 3.2): saves torch's
+# separate argmax pass.
+LM_HEAD_GEMV_CONFIG = (2, 1024, 4, 3)
+LM_HEAD_GEMV_CONFIG_SMALL_K = (4, 1024, 4, 2)
 
 
 def default_graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -136,7 +138,7 @@ class CudaGraphRunner:
             from deepinfer.runtime.kernels.gemv import gemv_argmax
 
             with self._region("lm_head"):  # the argmax is folded into the LM head's kernels
-                return gemv_argmax(hidden, w, LM_HEAD_GEMV_CONFIG)
+                return gemv_argmax(hidden, w, LM_HEAD_GEMV_CONFIG if w.shape[1] >= 2048 else LM_HEAD_GEMV_CONFIG_SMALL_K)
         with self._region("lm_head"):
             # logits in the model's dtype: the sampler casts the rows it uses to float32, and
             # the argmax of bf16 logits is the argmax of their float32 copy

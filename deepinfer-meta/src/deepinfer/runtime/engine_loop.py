@@ -377,6 +377,8 @@ class EngineLoop:
                 return self._step()
             finally:
                 self._in_step = False
+                if not self.scheduler.num_unfinished_requests:
+                    self.runner.restore_torch_threads()
 
     @property
     def stuck(self) -> bool:

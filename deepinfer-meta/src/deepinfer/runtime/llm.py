@@ -299,12 +299,18 @@ class LLM:
             if "prompt" in prompt:
                 return self._prompt_ids(prompt["prompt"], where)
             raise ValueError(f"{where}: a dict prompt needs 'prompt' or 'prompt_token_ids', got keys {sorted(prompt)}")
-        if isinstance(prompt, Sequence) and all(_is_int(t) for t in prompt):
+        if isinstance(prompt, list) and all(type(t) is int for t in prompt):
+            ids = list(prompt)  # the common case, checked at C speed (256 prompts x 128 ids: ~1 ms, not ~20)
+        elif isinstance(prompt, Sequence) and all(_is_int(t) for t in prompt):
+            ids = [int(t) for t in prompt]
+        else:
+            ids = None
+        if ids is not None:
             vocab = self.model_config.vocab_size
-            bad = [t for t in prompt if not 0 <= t < vocab]
-            if bad:
-                raise ValueError(f"{where}: token id {bad[0]} is outside the vocabulary (size {vocab})")
-            return [int(t) for t in prompt]
+            if ids and (min(ids) < 0 or max(ids) >= vocab):
+                bad = next(t for t in ids if not 0 <= t < vocab)
+                raise ValueError(f"{where}: token id {bad} is outside the vocabulary (size {vocab})")
+            return ids
         raise TypeError(f"{where}: a prompt must be a string, a list of token ids or a dict, got {type(prompt).__name__}")
 
     def _normalise(self, prompts: PromptType | Sequence[PromptType],

@@ -44,6 +44,11 @@ def select_attention(device: torch.device, backend: str | None = None, block_siz
     raise ValueError(f"attention_backend must be 'torch' or 'triton', got {backend!r}")
 
 
+def _set_torch_threads(n: int) -> None:
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+
+
 class ModelRunner:
     """Owns the model, its KV cache and the attention backend; ``execute`` runs one step."""
 
@@ -63,6 +68,17 @@ class ModelRunner:
             from deepinfer.runtime.models.native_decode import build_native_decode
 
             self.native_decode = build_native_decode(self.model, loaded.gguf, self.kv_caches)
+        # While steps run natively, torch runs on one thread: its OpenMP workers spin for a while
+        # after every parallel region (libgomp's default wait policy), and spinning between native
+        # steps takes a core from the native pool (measured: up to 3x slower batch-1 decode on two
+        # cores). torch gets its thread count back for its own forward passes (prefill, mixed
+        # steps) and when the engine runs out of work (restore_torch_threads).
+        self.torch_threads = torch.get_num_threads()
+
+    def restore_torch_threads(self) -> None:
+        """Give torch its thread count back (the engine has no work left; see ``__init__``)."""
+        if self.native_decode is not None:
+            _set_torch_threads(self.torch_threads)
 
     def copy_blocks(self, src: np.ndarray, dst: np.ndarray) -> None:
         """Copy KV blocks ``src[i]`` -> ``dst[i]`` in every layer (fork of a partial block)."""
@@ -82,10 +98,13 @@ class ModelRunner:
         if (self.native_decode is not None and num_rows == len(seq_lens)
                 and np.array_equal(query_start_loc, np.arange(num_rows + 1))):
             # decode-only step (one token per sequence, no padding rows): one native call
+            _set_torch_threads(1)
             logits = self.native_decode(input_ids, positions, slot_mapping, seq_lens, block_tables)
             picked = np.asarray(logits_indices)
             return logits if np.array_equal(picked, np.arange(num_rows)) else logits[torch.from_numpy(
                 np.ascontiguousarray(picked, dtype=np.int64))]
+        if self.native_decode is not None:
+            _set_torch_threads(self.torch_threads)
         meta = build_attention_metadata(
             slot_mapping=np.asarray(slot_mapping), query_start_loc=np.asarray(query_start_loc),
             seq_lens=np.asarray(seq_lens), block_tables=np.asarray(block_tables),

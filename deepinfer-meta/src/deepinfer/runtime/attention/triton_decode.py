@@ -4,9 +4,11 @@ Why split-K: a decode step has one query row per sequence, so a kernel with one 
 (sequence, kv head) runs B * KVH programs — 8 for a Llama-3-8B batch of one on a GPU of 132
 multiprocessors — each walking the whole context alone. Here the context is cut into
 ``num_splits`` chunks processed by separate programs that each write a partial (max, sum,
-weighted values); a second kernel merges the partials with the log-sum-exp rule. Every input is
-a device tensor (no host-side lengths), so the pair can be captured in a CUDA graph and replayed
-for any sequence lengths; ``num_splits`` is fixed per captured batch size.
+weighted values); the last of them to finish (an integer arrival counter per (sequence, kv
+head), so the merge order is fixed) merges the partials with the log-sum-exp rule, or, with
+``fold_merge=False``, a second kernel does. Every input is a device tensor (no host-side
+lengths), so the kernels can be captured in a CUDA graph and replayed for any sequence lengths;
+``num_splits`` is fixed per captured batch size.
 """
 
 from __future__ import annotations
@@ -16,16 +18,19 @@ import triton
 import triton.language as tl
 
 from deepinfer.runtime.attention.triton_softmax import online_softmax_block
+from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch
 
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, k_ptr, v_ptr, block_tables_ptr, seq_lens_ptr, part_o_ptr, part_ml_ptr, o_ptr,
+    q_ptr, k_ptr, v_ptr, block_tables_ptr, seq_lens_ptr, part_o_ptr, part_ml_ptr, o_ptr, count_ptr,
     scale, num_splits,
     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt, stride_ot, stride_oh,
     GROUP: tl.constexpr, M: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, IEEE: tl.constexpr, DIRECT: tl.constexpr,
+    FOLD_MERGE: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_begin(PDL)
     seq = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -65,11 +70,40 @@ def _decode_split_kernel(
     tl.store(part_o_ptr + pidx[:, None] * HEAD_DIM + d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
     tl.store(part_ml_ptr + pidx * 2, m_i, mask=row_ok)
     tl.store(part_ml_ptr + pidx * 2 + 1, l_i, mask=row_ok)
+    if FOLD_MERGE:
+        # The last split program of this (sequence, kv head) to finish merges all of them (no
+        # merge launch). The counter is an integer (the merge order is fixed: deterministic) and
+        # the merging program sets it back to 0 for the next call.
+        tl.debug_barrier()  # every thread's partial stores before the release below
+        counter = count_ptr + seq * tl.num_programs(1) + kvh
+        if tl.atomic_add(counter, 1, sem="acq_rel") == num_splits - 1:
+            tl.store(counter, 0)
+            base = (seq * num_heads + head) * num_splits
+            m_max = tl.full([M], float("-inf"), tl.float32)
+            for s in range(0, num_splits):
+                m_s = tl.load(part_ml_ptr + (base + s) * 2, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
+                m_max = tl.maximum(m_max, m_s)
+            m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+            total = tl.zeros([M], tl.float32)
+            merged = tl.zeros([M, HEAD_DIM_PAD], tl.float32)
+            for s in range(0, num_splits):
+                m_s = tl.load(part_ml_ptr + (base + s) * 2, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
+                l_s = tl.load(part_ml_ptr + (base + s) * 2 + 1, mask=row_ok, other=0.0, cache_modifier=".cg")
+                w_s = tl.where(m_s > float("-inf"), tl.exp(m_s - m_max), 0.0)
+                total += w_s * l_s
+                po = tl.load(part_o_ptr + (base + s)[:, None] * HEAD_DIM + d[None, :],
+                             mask=row_ok[:, None] & d_ok[None, :], other=0.0, cache_modifier=".cg")
+                merged += po * w_s[:, None]
+            out = merged / tl.where(total == 0.0, 1.0, total)[:, None]
+            tl.store(o_ptr + seq * stride_ot + head[:, None] * stride_oh + d[None, :],
+                     out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
 
 @triton.jit
 def _decode_merge_kernel(part_o_ptr, part_ml_ptr, o_ptr, num_splits, stride_ot, stride_oh,
-                         SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
+                         SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+                         PDL: tl.constexpr):
+    pdl_begin(PDL)
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     num_heads = tl.num_programs(1)
@@ -105,15 +139,20 @@ class DecodeWorkspace:
     def __init__(self, max_partials: int, num_heads: int, head_dim: int, device: torch.device) -> None:
         self.part_o = torch.empty(max_partials * num_heads * head_dim, dtype=torch.float32, device=device)
         self.part_ml = torch.empty(max_partials * num_heads * 2, dtype=torch.float32, device=device)
+        # finished splits per (sequence, kv head) for the folded merge; each call leaves them at 0
+        self.counters = torch.zeros(max_partials * num_heads, dtype=torch.int32, device=device)
         self.max_partials = max_partials
 
 
 def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
                      scale: float, num_splits: int, workspace: DecodeWorkspace | None = None,
-                     out: torch.Tensor | None = None) -> torch.Tensor:
+                     out: torch.Tensor | None = None, fold_merge: bool = True) -> torch.Tensor:
     """Attention of one query token per sequence ``q`` [B, H, D] over its first ``seq_lens[b]``
     cached tokens (block table row ``block_tables[b]``) in ``kv_cache`` [2, blocks, bs, KVH, D];
-    the new token's k/v must already be in the cache. Returns [B, H, D]."""
+    the new token's k/v must already be in the cache. Returns [B, H, D].
+
+    ``fold_merge``: the last split program of each (sequence, kv head) merges the partials (one
+    launch); False merges them in a second kernel."""
     b, num_heads, head_dim = q.shape
     kv_heads, block_size = kv_cache.shape[3], kv_cache.shape[2]
     if num_heads % kv_heads:
@@ -132,17 +171,19 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torc
     part_o, part_ml = workspace.part_o, workspace.part_ml
     k_cache, v_cache = kv_cache[0], kv_cache[1]
     block_n = max(64, triton.next_power_of_2(block_size))
+    pdl = pdl_launch(q.device)
+    fold = fold_merge and num_splits > 1
     _decode_split_kernel[(b, kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, seq_lens, part_o, part_ml, out, scale, num_splits,
+        q, k_cache, v_cache, block_tables, seq_lens, part_o, part_ml, out, workspace.counters, scale, num_splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         out.stride(0), out.stride(1),
         GROUP=group, M=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size, BLOCK_N=block_n,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=triton.next_power_of_2(head_dim), IEEE=q.dtype == torch.float32,
-        DIRECT=num_splits == 1, num_warps=4)
-    if num_splits == 1:
+        DIRECT=num_splits == 1, FOLD_MERGE=fold, num_warps=4, **pdl)
+    if num_splits == 1 or fold:
         return out
     _decode_merge_kernel[(b, num_heads)](
         part_o, part_ml, out, num_splits, out.stride(0), out.stride(1),
         SPLITS_PAD=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim,
-        HEAD_DIM_PAD=triton.next_power_of_2(head_dim), num_warps=1)
+        HEAD_DIM_PAD=triton.next_power_of_2(head_dim), num_warps=1, **pdl)
     return out

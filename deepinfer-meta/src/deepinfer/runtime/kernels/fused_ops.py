@@ -19,11 +19,14 @@ import torch
 import triton
 import triton.language as tl
 
+from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch
+
 
 @triton.jit
 def _add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
                         stride_x, stride_r, stride_o, stride_ro,
-                        HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+                        HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_begin(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -52,7 +55,8 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Te
     if t:
         _add_rmsnorm_kernel[(t,)](x, r, weight, out, res_out, h, eps, x.stride(0), r.stride(0), out.stride(0),
                                   res_out.stride(0), HAS_RESIDUAL=residual is not None,
-                                  BLOCK=triton.next_power_of_2(h), num_warps=4 if h <= 2048 else 8)
+                                  BLOCK=triton.next_power_of_2(h), num_warps=4 if h <= 2048 else 8,
+                                  **pdl_launch(x.device))
     return out, res_out
 
 
@@ -60,54 +64,58 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Te
 def _rotary_kv_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, q_out_ptr, cache_ptr, qn_ptr, kn_ptr, eps,
                       stride_qkv, stride_qo_t, stride_qo_h, stride_cos, plane, stride_slot, stride_kvh,
                       NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                      HALF_PAD: tl.constexpr, QK_NORM: tl.constexpr):
+                      HALF_PAD: tl.constexpr, HEAD_BLOCK: tl.constexpr, QK_NORM: tl.constexpr, PDL: tl.constexpr):
+    # one program: HEAD_BLOCK heads (q, k or v) of one token, as a [HEAD_BLOCK, HALF_PAD] tile of
+    # first halves and one of second halves
+    pdl_begin(PDL)
     tok = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
+    head = (tl.program_id(1) * HEAD_BLOCK + tl.arange(0, HEAD_BLOCK))[:, None]
     half: tl.constexpr = HEAD_DIM // 2
-    i = tl.arange(0, HALF_PAD)
-    mask = i < half
+    i = tl.arange(0, HALF_PAD)[None, :]
+    col_ok = i < half
+    is_q = head < NUM_HEADS
+    is_k = (head >= NUM_HEADS) & (head < NUM_HEADS + NUM_KV_HEADS)
+    is_v = (head >= NUM_HEADS + NUM_KV_HEADS) & (head < NUM_HEADS + 2 * NUM_KV_HEADS)
+    ok = (is_q | is_k | is_v) & col_ok
     pos = tl.load(pos_ptr + tok).to(tl.int64)
     dt = qkv_ptr.dtype.element_ty
     # cos/sin rows are float32 tables; torch rounds them to the activation dtype first
-    c1 = tl.load(cos_ptr + pos * stride_cos + i, mask=mask, other=0.0).to(dt).to(tl.float32)
-    c2 = tl.load(cos_ptr + pos * stride_cos + half + i, mask=mask, other=0.0).to(dt).to(tl.float32)
-    s1 = tl.load(sin_ptr + pos * stride_cos + i, mask=mask, other=0.0).to(dt).to(tl.float32)
-    s2 = tl.load(sin_ptr + pos * stride_cos + half + i, mask=mask, other=0.0).to(dt).to(tl.float32)
-    if head < NUM_HEADS + NUM_KV_HEADS:  # q or k head: rotate
-        base = qkv_ptr + tok * stride_qkv + head * HEAD_DIM
-        x1 = tl.load(base + i, mask=mask, other=0.0).to(tl.float32)
-        x2 = tl.load(base + half + i, mask=mask, other=0.0).to(tl.float32)
-        if QK_NORM:  # RMSNorm of the head (as models.llama.RMSNorm rounds), then rotate
-            r = tl.math.rsqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / HEAD_DIM + eps)
-            if head < NUM_HEADS:
-                w1 = tl.load(qn_ptr + i, mask=mask, other=0.0).to(tl.float32)
-                w2 = tl.load(qn_ptr + half + i, mask=mask, other=0.0).to(tl.float32)
-            else:
-                w1 = tl.load(kn_ptr + i, mask=mask, other=0.0).to(tl.float32)
-                w2 = tl.load(kn_ptr + half + i, mask=mask, other=0.0).to(tl.float32)
-            x1 = (w1 * (x1 * r).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-            x2 = (w2 * (x2 * r).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-        # torch: x * cos + rotate_half(x) * sin, each product and the sum rounded to dt
-        o1 = ((x1 * c1).to(dt).to(tl.float32) + (-x2 * s1).to(dt).to(tl.float32)).to(dt)
-        o2 = ((x2 * c2).to(dt).to(tl.float32) + (x1 * s2).to(dt).to(tl.float32)).to(dt)
-        if head < NUM_HEADS:
-            qo = q_out_ptr + tok * stride_qo_t + head * stride_qo_h
-            tl.store(qo + i, o1, mask=mask)
-            tl.store(qo + half + i, o2, mask=mask)
-        else:
-            slot = tl.load(slot_ptr + tok)
-            if slot >= 0:  # padding rows (slot -1) write nothing
-                dst = cache_ptr + slot * stride_slot + (head - NUM_HEADS) * stride_kvh
-                tl.store(dst + i, o1, mask=mask)
-                tl.store(dst + half + i, o2, mask=mask)
-    else:  # v head: store as is
-        slot = tl.load(slot_ptr + tok)
-        if slot >= 0:
-            kvh = head - NUM_HEADS - NUM_KV_HEADS
-            src = qkv_ptr + tok * stride_qkv + head * HEAD_DIM
-            dst = cache_ptr + plane + slot * stride_slot + kvh * stride_kvh
-            tl.store(dst + i, tl.load(src + i, mask=mask), mask=mask)
-            tl.store(dst + half + i, tl.load(src + half + i, mask=mask), mask=mask)
+    c1 = tl.load(cos_ptr + pos * stride_cos + i, mask=col_ok, other=0.0).to(dt).to(tl.float32)
+    c2 = tl.load(cos_ptr + pos * stride_cos + half + i, mask=col_ok, other=0.0).to(dt).to(tl.float32)
+    s1 = tl.load(sin_ptr + pos * stride_cos + i, mask=col_ok, other=0.0).to(dt).to(tl.float32)
+    s2 = tl.load(sin_ptr + pos * stride_cos + half + i, mask=col_ok, other=0.0).to(dt).to(tl.float32)
+    base = qkv_ptr + tok * stride_qkv + head * HEAD_DIM
+    raw1 = tl.load(base + i, mask=ok, other=0.0)
+    raw2 = tl.load(base + half + i, mask=ok, other=0.0)
+    x1 = raw1.to(tl.float32)
+    x2 = raw2.to(tl.float32)
+    if QK_NORM:  # RMSNorm of each q/k head (as models.llama.RMSNorm rounds), then rotate
+        r = tl.math.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / HEAD_DIM + eps)[:, None]
+        w1 = tl.where(is_q, tl.load(qn_ptr + i, mask=col_ok, other=0.0).to(tl.float32),
+                      tl.load(kn_ptr + i, mask=col_ok, other=0.0).to(tl.float32))
+        w2 = tl.where(is_q, tl.load(qn_ptr + half + i, mask=col_ok, other=0.0).to(tl.float32),
+                      tl.load(kn_ptr + half + i, mask=col_ok, other=0.0).to(tl.float32))
+        x1 = (w1 * (x1 * r).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+        x2 = (w2 * (x2 * r).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    # torch: x * cos + rotate_half(x) * sin, each product and the sum rounded to dt
+    o1 = ((x1 * c1).to(dt).to(tl.float32) + (-x2 * s1).to(dt).to(tl.float32)).to(dt)
+    o2 = ((x2 * c2).to(dt).to(tl.float32) + (x1 * s2).to(dt).to(tl.float32)).to(dt)
+    qo = q_out_ptr + tok * stride_qo_t + head * stride_qo_h
+    tl.store(qo + i, o1, mask=is_q & col_ok)
+    tl.store(qo + half + i, o2, mask=is_q & col_ok)
+    slot = tl.load(slot_ptr + tok)
+    if slot >= 0:  # padding rows (slot -1) write nothing; v heads are stored as they are
+        k_dst = cache_ptr + slot * stride_slot + (head - NUM_HEADS) * stride_kvh
+        tl.store(k_dst + i, o1, mask=is_k & col_ok)
+        tl.store(k_dst + half + i, o2, mask=is_k & col_ok)
+        v_dst = cache_ptr + plane + slot * stride_slot + (head - NUM_HEADS - NUM_KV_HEADS) * stride_kvh
+        tl.store(v_dst + i, raw1, mask=is_v & col_ok)
+        tl.store(v_dst + half + i, raw2, mask=is_v & col_ok)
+
+
+# Tokens from which one program rotates all heads of a token (fewer, larger programs: at 256
+# decode rows of the SmolLM2 shape 256 programs instead of 3,840); below it one head a program.
+ROTARY_ALL_HEADS_FROM = 64
 
 
 def rotary_kv_write(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -129,18 +137,23 @@ def rotary_kv_write(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tenso
                          f"{tuple(qk_norm[1].shape)}")
     qn, kn, eps = qk_norm if qk_norm is not None else (qkv, qkv, 0.0)
     q = torch.empty((t, num_heads, d), dtype=qkv.dtype, device=qkv.device)
+    heads = num_heads + 2 * num_kv_heads
+    head_block = triton.next_power_of_2(heads) if t >= ROTARY_ALL_HEADS_FROM else 1
+    half_pad = triton.next_power_of_2(d // 2)
     if t:
-        _rotary_kv_kernel[(t, num_heads + 2 * num_kv_heads)](
+        _rotary_kv_kernel[(t, triton.cdiv(heads, head_block))](
             qkv, positions, cos, sin, slot_mapping, q, kv_cache, qn, kn, eps,
             qkv.stride(0), q.stride(0), q.stride(1), cos.stride(0), kv_cache.stride(0), kv_cache.stride(2),
             kv_cache.stride(3),
-            NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=d, HALF_PAD=triton.next_power_of_2(d // 2),
-            QK_NORM=qk_norm is not None, num_warps=1)
+            NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=d, HALF_PAD=half_pad, HEAD_BLOCK=head_block,
+            QK_NORM=qk_norm is not None, num_warps=max(1, min(8, head_block * half_pad // 256)),
+            **pdl_launch(qkv.device))
     return q
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, n_cols, stride_gu, stride_o, BLOCK: tl.constexpr):
+def _silu_mul_kernel(gu_ptr, out_ptr, n_cols, stride_gu, stride_o, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_begin(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -159,5 +172,6 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty((t, n), dtype=gate_up.dtype, device=gate_up.device)
     block = min(1024, triton.next_power_of_2(n))
     if t:
-        _silu_mul_kernel[(t, triton.cdiv(n, block))](gate_up, out, n, gate_up.stride(0), out.stride(0), BLOCK=block)
+        _silu_mul_kernel[(t, triton.cdiv(n, block))](gate_up, out, n, gate_up.stride(0), out.stride(0), BLOCK=block,
+                                                          **pdl_launch(gate_up.device))
     return out

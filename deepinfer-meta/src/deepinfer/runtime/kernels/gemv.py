@@ -1,14 +1,27 @@
-"""Matrix-vector product for decode steps of one sequence (Triton), optionally with SiLU·mul fused in.
+"""Matrix-vector product for decode steps of one sequence (Triton), with the layer's neighbouring
+elementwise work fused in.
 
 A decode step of a single sequence multiplies one activation row by every weight matrix, so it is
-bound by how fast the weights stream from device memory. For that shape (M = 1, bf16) cuBLAS's
-choice left a Llama-3-8B step well short of the memory roofline; this kernel has each program
-stream ``BLOCK_N`` contiguous weight rows in ``BLOCK_K`` chunks with the loads software-pipelined
-(``num_stages``), and accumulates in float32 (one rounding at the end, as cuBLAS does).
+bound by how fast the weights stream from device memory. Each program streams ``BLOCK_N``
+contiguous weight rows in ``BLOCK_K`` chunks (16-byte loads) and accumulates in float32 (one
+rounding at the end, as cuBLAS does). Its first weight tile is loaded before the program waits
+for the previous kernel (programmatic dependent launch, ``kernels/pdl.py``), so weight streaming
+starts during that kernel's tail. On the H200 this read the Llama-3-8B projections at 3.4-4.4
+TB/s, as fast as or faster than cuBLAS (bench/gemv_bench.py).
 
-``silu_mul=True`` takes the gate/up activations [1, 2*K] and computes SiLU(gate) * up on the fly
-(rounded to the activation dtype where ``fused_ops.silu_mul`` rounds), which saves the separate
-SiLU·mul launch before the down projection.
+Fused in, each saving a launch and a round trip of the activations through memory:
+
+- ``norm=(weight, eps)``: RMSNorm of the input row (``add_rmsnorm`` without a residual). Every
+  program computes the row's sum of squares itself (K values from L2), so no program waits
+  for another;
+- ``residual``: the layer's residual add in the epilogue (the product rounds, then the add);
+- ``silu_mul=True``: SiLU(gate) * up of gate/up activations [1, 2*K] as the input row;
+- split-K (``config[4]``): K cut over several programs per row block whose float32 partials the
+  last one to finish adds in a fixed order (an integer arrival counter; no float atomics, so
+  results are deterministic). It lost to one program per row block on every Llama-3-8B shape
+  on the H200 and is used by no default tile.
+
+Rounding follows the torch ops (``fused_ops.add_rmsnorm``, ``silu_mul``, the add).
 
 ``gemv_argmax`` is the LM head of a greedy step: each program also keeps the largest of its
 (rounded) logits, and a one-program kernel reduces those to the argmax (first index on ties, as
@@ -21,36 +34,39 @@ import torch
 import triton
 import triton.language as tl
 
-# (BLOCK_N, BLOCK_K, num_warps, num_stages): picked on the H200 (bench/gemv_bench.py) for the
-# Llama-3-8B projections; any values give the same results up to the float32 summation order.
-DEFAULT_CONFIG = (8, 512, 4, 4)
+from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch
+
+# (BLOCK_N, BLOCK_K, num_warps, num_stages): the best tile of most Llama-3-8B projections on the
+# H200 (bench/gemv_bench.py); any values give the same results up to the float32 summation order.
+DEFAULT_CONFIG = (2, 1024, 4, 3)
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, max_ptr, arg_ptr, n, k, stride_w,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SILU_MUL: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 ARGMAX: tl.constexpr):
-    pid = tl.program_id(0)
-    rows = (pid * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
-    row_ok = rows < n
-    cols = tl.arange(0, BLOCK_K)
+def _activation_chunk(x_ptr, nw_ptr, out_ptr, c, c_ok, k, rstd, SILU_MUL: tl.constexpr, NORM: tl.constexpr):
+    """Columns ``c`` of the activation row, float32 (rounded to the output dtype where torch's ops round)."""
     dt = out_ptr.dtype.element_ty
-    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    for k0 in range(0, k, BLOCK_K):
-        c = k0 + cols
-        c_ok = c < k
-        if SILU_MUL:
-            g = tl.load(x_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
-            u = tl.load(x_ptr + k + c, mask=c_ok, other=0.0).to(tl.float32)
-            act = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
-            xv = (act * u).to(dt).to(tl.float32)
-        else:
-            xv = tl.load(x_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + rows[:, None] * stride_w + c[None, :], mask=row_ok[:, None] & c_ok[None, :], other=0.0)
-        acc += w.to(tl.float32) * xv[None, :]
-    y = tl.sum(acc, axis=1)
+    if SILU_MUL:
+        g = tl.load(x_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
+        u = tl.load(x_ptr + k + c, mask=c_ok, other=0.0).to(tl.float32)
+        act = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
+        xv = (act * u).to(dt).to(tl.float32)
+    elif NORM:  # RMSNorm(x) * weight, rounded where fused_ops.add_rmsnorm rounds
+        xv = tl.load(x_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
+        nw = tl.load(nw_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
+        xv = (nw * (xv * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    else:
+        xv = tl.load(x_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
+    return xv
+
+
+@triton.jit
+def _gemv_epilogue(y, rows, row_ok, pid, n, b_ptr, res_ptr, out_ptr, max_ptr, arg_ptr, HAS_BIAS: tl.constexpr,
+                   RESIDUAL: tl.constexpr, ARGMAX: tl.constexpr):
+    dt = out_ptr.dtype.element_ty
     if HAS_BIAS:
         y += tl.load(b_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+    if RESIDUAL:  # torch: the projection rounds, then the residual add rounds
+        y = y.to(dt).to(tl.float32) + tl.load(res_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + rows, y.to(dt), mask=row_ok)
     if ARGMAX:  # this program's largest logit (as rounded to dt) and its first index
         yr = tl.where(row_ok, y.to(dt).to(tl.float32), float("-inf"))
@@ -61,7 +77,56 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, max_ptr, arg_ptr, n, k, stride_w,
 
 
 @triton.jit
-def _argmax_partials_kernel(max_ptr, arg_ptr, out_ptr, num, BLOCK: tl.constexpr):
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, max_ptr, arg_ptr, part_ptr, count_ptr, n, k, k_per,
+                 stride_w, eps,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SILU_MUL: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 ARGMAX: tl.constexpr, NORM: tl.constexpr, NORM_BLOCK: tl.constexpr, RESIDUAL: tl.constexpr,
+                 SPLIT_K: tl.constexpr, PDL: tl.constexpr):
+    pid = tl.program_id(0)
+    rows = (pid * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    row_ok = rows < n
+    cols = tl.arange(0, BLOCK_K)
+    k_lo = tl.program_id(1) * k_per  # this program's share of K (split-K), a multiple of BLOCK_K
+    k_hi = tl.minimum(k_lo + k_per, k)
+    c0 = k_lo + cols
+    # The first weight tile is read before waiting for the previous kernel (no kernel of a step
+    # writes weights): with PDL its loads overlap that kernel's tail.
+    w_first = tl.load(w_ptr + rows[:, None] * stride_w + c0[None, :], mask=row_ok[:, None] & (c0 < k_hi)[None, :],
+                      other=0.0)
+    pdl_begin(PDL)
+    rstd = 0.0
+    if NORM:  # every program computes the row's RMS itself (K values from L2): no separate norm launch
+        nc = tl.arange(0, NORM_BLOCK)
+        xn = tl.load(x_ptr + nc, mask=nc < k, other=0.0).to(tl.float32)
+        rstd = tl.math.rsqrt(tl.sum(xn * xn, axis=0) / k + eps)
+    acc = w_first.to(tl.float32) * _activation_chunk(x_ptr, nw_ptr, out_ptr, c0, c0 < k_hi, k, rstd, SILU_MUL,
+                                                     NORM)[None, :]
+    for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
+        c = k0 + cols
+        c_ok = c < k_hi
+        xv = _activation_chunk(x_ptr, nw_ptr, out_ptr, c, c_ok, k, rstd, SILU_MUL, NORM)
+        w = tl.load(w_ptr + rows[:, None] * stride_w + c[None, :], mask=row_ok[:, None] & c_ok[None, :], other=0.0)
+        acc += w.to(tl.float32) * xv[None, :]
+    y = tl.sum(acc, axis=1)
+    if SPLIT_K == 1:
+        _gemv_epilogue(y, rows, row_ok, pid, n, b_ptr, res_ptr, out_ptr, max_ptr, arg_ptr, HAS_BIAS, RESIDUAL, ARGMAX)
+    else:
+        # The last of the SPLIT_K programs of these rows to finish adds the partial sums in split
+        # order (deterministic, no float atomics) and writes the rows; it sets the counter back to 0.
+        tl.store(part_ptr + tl.program_id(1) * n + rows, y, mask=row_ok)
+        tl.debug_barrier()  # every thread's partial stores before the release below
+        if tl.atomic_add(count_ptr + pid, 1, sem="acq_rel") == SPLIT_K - 1:
+            tl.store(count_ptr + pid, 0)
+            total = tl.zeros([BLOCK_N], tl.float32)
+            for s in tl.static_range(SPLIT_K):
+                total += tl.load(part_ptr + s * n + rows, mask=row_ok, other=0.0, cache_modifier=".cg")
+            _gemv_epilogue(total, rows, row_ok, pid, n, b_ptr, res_ptr, out_ptr, max_ptr, arg_ptr, HAS_BIAS, RESIDUAL,
+                           ARGMAX)
+
+
+@triton.jit
+def _argmax_partials_kernel(max_ptr, arg_ptr, out_ptr, num, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_begin(PDL)
     i = tl.arange(0, BLOCK)
     best = tl.full([BLOCK], float("-inf"), tl.float32)
     best_arg = tl.full([BLOCK], 2**62, tl.int64)
@@ -77,26 +142,67 @@ def _argmax_partials_kernel(max_ptr, arg_ptr, out_ptr, num, BLOCK: tl.constexpr)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, silu_mul: bool = False,
-         config: tuple[int, int, int, int] = DEFAULT_CONFIG, out: torch.Tensor | None = None) -> torch.Tensor:
+         norm: tuple[torch.Tensor, float] | None = None, residual: torch.Tensor | None = None,
+         config: tuple[int, ...] = DEFAULT_CONFIG, out: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for one row ``x`` [1, K] and ``weight`` [N, K] with contiguous
-    rows; with ``silu_mul`` ``x`` is [1, 2*K] (gate then up) and the product uses SiLU(gate) * up.
-    Returns [1, N] in ``x``'s dtype."""
+    rows; returns [1, N] in ``x``'s dtype.
+
+    ``silu_mul``: ``x`` is [1, 2*K] (gate then up) and the product uses SiLU(gate) * up.
+    ``norm`` (weight [K], eps): the product uses RMSNorm(x) * weight (``add_rmsnorm`` without a
+    residual), computed inside the kernel. ``residual`` [1, N]: returns ``F.linear(...) + residual``
+    (each rounded as torch rounds), the residual add of the layer. ``config``: (BLOCK_N, BLOCK_K,
+    num_warps, num_stages[, split_k]); with split_k > 1 each row block's K is cut into split_k
+    programs whose float32 partial sums the last of them adds up, in a fixed order."""
     if x.dim() != 2 or x.shape[0] != 1 or x.stride(1) != 1:
         raise ValueError(f"gemv: x must be one contiguous row [1, K], got shape {tuple(x.shape)}")
     if weight.dim() != 2 or weight.stride(1) != 1:
         raise ValueError(f"gemv: weight must be [N, K] with contiguous rows, got shape {tuple(weight.shape)}")
     n, k = weight.shape
+    if silu_mul and norm is not None:
+        raise ValueError("gemv: silu_mul and norm cannot be combined")
     if x.shape[1] != (2 * k if silu_mul else k):
         raise ValueError(f"gemv: x has {x.shape[1]} columns, weight [{n}, {k}] needs {2 * k if silu_mul else k}")
     if bias is not None and (bias.shape != (n,) or not bias.is_contiguous()):
         raise ValueError(f"gemv: bias must be a contiguous [{n}] vector, got shape {tuple(bias.shape)}")
+    if norm is not None and (norm[0].shape != (k,) or not norm[0].is_contiguous()):
+        raise ValueError(f"gemv: the norm weight must be a contiguous [{k}] vector, got shape {tuple(norm[0].shape)}")
+    if residual is not None and (residual.shape != (1, n) or residual.stride(1) != 1):
+        raise ValueError(f"gemv: residual must be one contiguous row [1, {n}], got shape {tuple(residual.shape)}")
+    block_n, block_k, warps, stages, split_k = (*config, 1)[:5]
+    if len(config) not in (4, 5) or min(block_n, block_k, warps, stages, split_k) < 1:
+        raise ValueError(f"gemv: config must be (BLOCK_N, BLOCK_K, num_warps, num_stages[, split_k]) of positive "
+                         f"integers, got {config!r}")
     out = torch.empty((1, n), dtype=x.dtype, device=x.device) if out is None else out
-    block_n, block_k, warps, stages = config
-    _gemv_kernel[(triton.cdiv(n, block_n),)](
-        x, weight, bias if bias is not None else weight, out, out, out, n, k, weight.stride(0),
+    programs = triton.cdiv(n, block_n)
+    k_per = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
+    if split_k > 1:
+        part = torch.empty(split_k * n, dtype=torch.float32, device=x.device)
+        counters = _split_counters(x.device, programs)
+    else:
+        part = counters = out
+    _gemv_kernel[(programs, split_k)](
+        x, weight, bias if bias is not None else weight, norm[0] if norm is not None else weight,
+        residual if residual is not None else out, out, out, out, part, counters, n, k, k_per, weight.stride(0),
+        norm[1] if norm is not None else 0.0,
         BLOCK_N=block_n, BLOCK_K=block_k, SILU_MUL=silu_mul, HAS_BIAS=bias is not None, ARGMAX=False,
-        num_warps=warps, num_stages=stages)
+        NORM=norm is not None, NORM_BLOCK=triton.next_power_of_2(k) if norm is not None else 1,
+        RESIDUAL=residual is not None, SPLIT_K=split_k, num_warps=warps, num_stages=stages, **pdl_launch(x.device))
     return out
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _split_counters(device: torch.device, programs: int) -> torch.Tensor:
+    """The zeroed arrival counters of split-K (one per row block), shared by every split-K GEMV on
+    ``device``: each call leaves them at 0 and calls on one stream run one after another. Made
+    on the first call, which must not be inside a graph capture (the decode graphs warm up first)."""
+    have = _COUNTERS.get(device)
+    if have is None or have.numel() < programs:
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("gemv: run a split-K GEMV of this size once before capturing it in a CUDA graph")
+        have = _COUNTERS[device] = torch.zeros(max(programs, 1 << 16), dtype=torch.int32, device=device)
+    return have
 
 
 def gemv_argmax(x: torch.Tensor, weight: torch.Tensor, config: tuple[int, int, int, int] = DEFAULT_CONFIG
@@ -115,10 +221,12 @@ def gemv_argmax(x: torch.Tensor, weight: torch.Tensor, config: tuple[int, int, i
     maxes = torch.empty(programs, dtype=torch.float32, device=x.device)
     args = torch.empty(programs, dtype=torch.int64, device=x.device)
     greedy = torch.empty(1, dtype=torch.int64, device=x.device)
-    _gemv_kernel[(programs,)](x, weight, weight, out, maxes, args, n, k, weight.stride(0),
-                              BLOCK_N=block_n, BLOCK_K=block_k, SILU_MUL=False, HAS_BIAS=False, ARGMAX=True,
-                              num_warps=warps, num_stages=stages)
+    pdl = pdl_launch(x.device)
+    _gemv_kernel[(programs, 1)](x, weight, weight, weight, out, out, maxes, args, out, out, n, k, k, weight.stride(0),
+                                0.0, BLOCK_N=block_n, BLOCK_K=block_k, SILU_MUL=False, HAS_BIAS=False, ARGMAX=True,
+                                NORM=False, NORM_BLOCK=1, RESIDUAL=False, SPLIT_K=1, num_warps=warps,
+                                num_stages=stages, **pdl)
     # wide: with 1024 lanes the 32k partials of a 128k vocabulary took 29 us of serial loads
     _argmax_partials_kernel[(1,)](maxes, args, greedy, programs, BLOCK=min(8192, triton.next_power_of_2(programs)),
-                                  num_warps=16)
+                                  num_warps=16, **pdl)
     return out, greedy

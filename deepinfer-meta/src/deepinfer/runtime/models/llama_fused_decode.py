@@ -1,15 +1,22 @@
 """The decode forward of ``LlamaForCausalLM`` on CUDA with fused Triton kernels (graph-capturable).
 
 Same math as ``LlamaForCausalLM.forward`` for one token per sequence, with the residual add
-carried into the next RMSNorm (``add_rmsnorm``), (Qwen3's q/k norm +) rotary + KV-cache store in one kernel, SiLU·mul
-in one kernel and the split-K decode attention. Every input is a device tensor, so the whole
-forward can be captured once per batch size and replayed. ``region(name)`` brackets the
-attention and MLP blocks (a GraphTimer's ``region`` during capture, or a no-op).
+carried into the next RMSNorm (``add_rmsnorm``), (Qwen3's q/k norm +) rotary + KV-cache store in
+one kernel, SiLU·mul in one kernel and the split-K decode attention (its merge folded into the
+last split program). Every input is a device tensor, so the whole forward can be captured once
+per batch size and replayed. ``region(name)`` brackets the attention and MLP blocks (a
+GraphTimer's ``region`` during capture, or a no-op).
+
+A step of one sequence (batch 1) runs each projection as the Triton GEMV with its neighbours
+fused in, 6 kernels per layer instead of 11: qkv and gate_up compute the RMSNorm of the residual
+stream in their prologue, o and down add their output to the stream in their epilogue, down
+takes SiLU·mul of gate/up as its input. Larger batches keep cuBLAS and the separate kernels.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import cast
@@ -21,18 +28,87 @@ from torch import nn
 from deepinfer.runtime.attention.triton_decode import DecodeWorkspace, decode_attention
 from deepinfer.runtime.kernels.fused_ops import add_rmsnorm, rotary_kv_write, silu_mul
 from deepinfer.runtime.kernels.gemv import gemv
-from deepinfer.runtime.models.llama import LlamaForCausalLM, LlamaLayer
+from deepinfer.runtime.models.llama import LlamaForCausalLM, LlamaLayer, RMSNorm
 
 Region = Callable[[str], AbstractContextManager[None]]
 
-# One-row o_proj through the Triton GEMV where it beat cuBLAS on the H200 (bench/gemv_bench.py:
-# 4096x4096 bf16 in 11.0 us against 12.8 us + a split-K reduce); smaller matrices stay cuBLAS.
-GEMV_MIN_WEIGHT = 1 << 24
-O_PROJ_CONFIG = (4, 512, 4, 3)
+# Tiles (BLOCK_N, BLOCK_K, num_warps, num_stages[, split_k]) of the one-row projections through the
+# Triton GEMV, picked on the H200 (bench/gemv_bench.py --configs sweep): for the Llama-3-8B shapes
+# (K >= 2048) and the SmolLM2-135M ones (smaller K).
+ONE_ROW_CONFIGS = {"qkv": (2, 1024, 4, 3), "o": (2, 1024, 4, 3), "gate_up": (2, 1024, 4, 3), "down": (4, 2048, 8, 1)}
+SMALL_K_CONFIGS = {"qkv": (4, 1024, 4, 2), "o": (2, 1024, 4, 3), "gate_up": (8, 1024, 8, 2), "down": (4, 2048, 8, 1)}
+
+
+def _tile(name: str, weight: torch.Tensor) -> tuple[int, ...]:
+    # DEEPINFER_ONE_ROW_TILES="down=4,2048,8,1,2;o=..." overrides tiles (benchmarks)
+    for item in os.environ.get("DEEPINFER_ONE_ROW_TILES", "").split(";"):
+        key, _, value = item.partition("=")
+        if key == name and value:
+            return tuple(int(v) for v in value.split(","))
+    return (ONE_ROW_CONFIGS if weight.shape[1] >= 2048 else SMALL_K_CONFIGS)[name]
+
+
+def one_row_gemv_projections() -> frozenset[str]:
+    """Projections of a one-row step that run through the GEMV with their neighbours fused in
+    (qkv and gate_up: the RMSNorm; o and down: the residual add; down: SiLU·mul); the others run
+    cuBLAS with the separate kernels. All four by default (on the H200 each fused GEMV beat cuBLAS
+    with its separate kernels); ``DEEPINFER_ONE_ROW_GEMV`` ("qkv,o", "none") picks fewer (benchmarks)."""
+    names = os.environ.get("DEEPINFER_ONE_ROW_GEMV", "qkv,o,gate_up,down")
+    return frozenset() if names == "none" else frozenset(names.split(","))
 
 
 def no_region(name: str) -> AbstractContextManager[None]:
     return contextlib.nullcontext()
+
+
+class _Stream:
+    """The residual stream of a decode step: ``stream`` (the sum so far) and ``pending`` (a block's
+    output not yet added to it). A GEMV adds its output in its epilogue (nothing pending); a
+    cuBLAS projection leaves it pending for the next ``add_rmsnorm``, which adds and normalises.
+    The GEMV's norm prologue reads a finished sum, so it runs only when nothing is pending."""
+
+    def __init__(self, x: torch.Tensor) -> None:
+        self.stream: torch.Tensor = x
+        self.pending: torch.Tensor | None = None
+
+    def normed(self, norm: RMSNorm) -> torch.Tensor:
+        """RMSNorm(stream + pending) * weight, with the add carried into the stream."""
+        if self.pending is None:
+            h, _ = add_rmsnorm(self.stream, None, norm.weight, norm.eps)
+        else:
+            h, self.stream = add_rmsnorm(self.pending, self.stream, norm.weight, norm.eps)
+            self.pending = None
+        return h
+
+
+def _gemv_ok(b: int, proj: nn.Module, enabled: bool) -> bool:
+    # the one-row GEMV reads the whole weight: a tensor-parallel projection (a subclass) goes
+    # through its own forward, which gathers or all-reduces
+    w = cast(torch.Tensor, getattr(proj, "weight", None))
+    return enabled and b == 1 and type(proj) is nn.Linear and w.stride(1) == 1
+
+
+def _norm_linear(st: _Stream, norm: RMSNorm, proj: nn.Linear, name: str, gemv_names: frozenset[str],
+                 b: int) -> torch.Tensor:
+    """proj(RMSNorm(residual stream)): the norm inside the GEMV where it runs, else add_rmsnorm + cuBLAS."""
+    if st.pending is None and _gemv_ok(b, proj, name in gemv_names):
+        return gemv(st.stream, proj.weight, proj.bias, norm=(norm.weight, norm.eps),
+                    config=_tile(name, proj.weight))
+    return F.linear(st.normed(norm), proj.weight, proj.bias)
+
+
+def _residual_linear(st: _Stream, a: torch.Tensor, proj: nn.Module, name: str, gemv_names: frozenset[str], b: int,
+                     silu: bool = False) -> None:
+    """stream += proj(a) (SiLU·mul of a first with ``silu``): in the GEMV's epilogue where it runs,
+    else left pending for the next add_rmsnorm."""
+    if _gemv_ok(b, proj, name in gemv_names):
+        assert st.pending is None
+        lin = cast(nn.Linear, proj)
+        st.stream = gemv(a, lin.weight, lin.bias, silu_mul=silu, residual=st.stream,
+                         config=_tile(name, lin.weight))
+        return
+    assert st.pending is None
+    st.pending = proj.forward(silu_mul(a) if silu else a)
 
 
 def fused_decode_forward(model: LlamaForCausalLM, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -42,31 +118,25 @@ def fused_decode_forward(model: LlamaForCausalLM, input_ids: torch.Tensor, posit
     """Final hidden states [B, hidden] of one decode token per sequence (rows with slot -1 are
     padding: they write no KV)."""
     b = input_ids.shape[0]
+    gemv_names = one_row_gemv_projections()
+    fold_merge = os.environ.get("DEEPINFER_FOLD_MERGE", "1") != "0"
     with region("embed"):
-        x = model.embed_tokens.forward(input_ids)  # a module call: the vocabulary-parallel one all-reduces
+        st = _Stream(model.embed_tokens.forward(input_ids))  # a module call: the vocabulary-parallel one all-reduces
     cos, sin = model.rotary.cos, model.rotary.sin
-    residual: torch.Tensor | None = None
     for module, cache in zip(model.layers, kv_caches, strict=True):
         layer = cast(LlamaLayer, module)
         with region("attention"):
-            h, residual = add_rmsnorm(x, residual, layer.input_layernorm.weight, layer.input_layernorm.eps)
-            qkv = F.linear(h, layer.qkv_proj.weight, layer.qkv_proj.bias)
+            qkv = _norm_linear(st, layer.input_layernorm, layer.qkv_proj, "qkv", gemv_names, b)
             qk_norm = None if layer.q_norm is None or layer.k_norm is None else (
                 layer.q_norm.weight, layer.k_norm.weight, layer.q_norm.eps)
             q = rotary_kv_write(qkv, positions, cos, sin, slot_mapping, cache, layer.num_heads, layer.num_kv_heads,
                                 qk_norm)
-            o = decode_attention(q, cache, block_tables, seq_lens, layer.scale, num_splits, workspace)
-            w_o = layer.o_proj.weight
-            # the one-row GEMV reads the whole weight: a row-parallel o_proj (tensor parallelism,
-            # a subclass) goes through its own forward, which all-reduces
-            if b == 1 and type(layer.o_proj) is nn.Linear and w_o.numel() >= GEMV_MIN_WEIGHT and w_o.stride(1) == 1:
-                x = gemv(o.view(1, -1), w_o, config=O_PROJ_CONFIG)
-            else:
-                x = layer.o_proj.forward(o.view(b, -1))
+            o = decode_attention(q, cache, block_tables, seq_lens, layer.scale, num_splits, workspace,
+                                 fold_merge=fold_merge)
+            _residual_linear(st, o.view(b, -1), layer.o_proj, "o", gemv_names, b)
         with region("mlp"):
-            h, residual = add_rmsnorm(x, residual, layer.post_attention_layernorm.weight,
-                                      layer.post_attention_layernorm.eps)
-            x = layer.down_proj.forward(silu_mul(F.linear(h, layer.gate_up_proj.weight)))
+            gate_up = _norm_linear(st, layer.post_attention_layernorm, layer.gate_up_proj, "gate_up", gemv_names, b)
+            _residual_linear(st, gate_up, layer.down_proj, "down", gemv_names, b, silu=True)
     with region("final_norm"):
-        h, _ = add_rmsnorm(x, residual, model.norm.weight, model.norm.eps)
+        h = st.normed(model.norm)
     return h

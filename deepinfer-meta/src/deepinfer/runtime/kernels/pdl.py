@@ -1,0 +1,57 @@
+"""Programmatic dependent launch (PDL) for the decode kernels: each kernel's launch and start-up
+overlap the tail of the kernel before it.
+
+A replayed decode step of one sequence is a chain of a few hundred short kernels; between two of
+them the GPU drains the first grid, then launches and ramps up the next. With PDL (Hopper and
+later) a kernel launched with ``launch_pdl=True`` may start while its predecessor still runs:
+every kernel here first waits for its predecessor's completion (``gdc_wait``: all of its memory
+writes are then visible) and then lets its own successor launch (``gdc_launch_dependents``), so
+what overlaps is launch latency and block scheduling, never a read of unfinished data. CUDA graph
+capture keeps such launches as programmatic edges (cuBLAS launches its GEMMs the same way).
+
+``DEEPINFER_PDL=0`` turns it off (to measure against, or to rule it out).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+try:  # Triton >= 3.4 (torch 2.8's and later)
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - older Triton: PDL stays off
+    gdc_wait = gdc_launch_dependents = None
+
+
+@triton.jit
+def pdl_begin(PDL: tl.constexpr):
+    """At a kernel's start: wait for the previous kernel, then let the next one launch."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
+
+_ENABLED: dict[int, bool] = {}
+
+
+def pdl_enabled(device: torch.device) -> bool:
+    """True where the kernels launch with PDL: a CUDA device of compute capability >= 9, a Triton
+    that has the grid-dependency ops, not Triton's CPU interpreter, and ``DEEPINFER_PDL`` not 0."""
+    if device.type != "cuda" or gdc_wait is None or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    if os.environ.get("DEEPINFER_PDL", "1") == "0":
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _ENABLED:
+        _ENABLED[index] = torch.cuda.get_device_capability(index)[0] >= 9
+    return _ENABLED[index]
+
+
+def pdl_launch(device: torch.device) -> dict[str, Any]:
+    """The constexpr and launch option of a PDL kernel on ``device``: ``kernel[grid](..., **pdl_launch(dev))``."""
+    on = pdl_enabled(device)
+    return {"PDL": on, "launch_pdl": True} if on else {"PDL": False}
