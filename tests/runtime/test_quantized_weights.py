@@ -69,6 +69,18 @@ def test_packing_matches_aten(n, k):
     assert torch.equal(pack_int4(q), torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.int(), 1))
 
 
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+def test_bf16_weight_is_the_int4_form_rounded_to_bfloat16(kind):
+    """The long-prefill branch's decoded weight: ``(q - 8)·s + z`` per group of 32, each step
+    rounded to bfloat16 as the kernel's inputs are, in the Hugging Face row order."""
+    raw = torch.from_numpy(random_blocks(kind, 192, 96, seed=5))
+    parts = gguf_blocks.int4_groups(raw, kind)
+    layer = Int4Linear(parts)
+    expected = torch.cat([(p.q.to(torch.bfloat16) - 8) * p.scale.to(torch.bfloat16).repeat_interleave(32, 1)
+                          + p.zero.to(torch.bfloat16).repeat_interleave(32, 1) for p in parts])
+    assert torch.equal(layer.bf16_weight(), expected)
+
+
 def test_int4_linear_matches_the_dequantized_reference_over_random_shapes():
     gen = np.random.default_rng(3)
     for trial in range(14):

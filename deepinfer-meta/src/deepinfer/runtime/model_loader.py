@@ -132,6 +132,7 @@ def load_model(path: str, *, device: torch.device, dtype: torch.dtype, dummy_wei
         # decode steps.
         if dtype != torch.float32 or not native_decode_wanted():
             model.store_wide_projections_input_major()
+        model.use_cpu_linears()
     # cos/sin tables are built on the device in float32: .to(dtype) would round them
     model.rotary = RotaryEmbedding(config.head_dim, max_positions or config.max_position_embeddings,
                                    config.rope_theta, config.rope_scaling, freq_factors).to(device)

@@ -99,7 +99,8 @@ class ModelRunner:
                 and np.array_equal(query_start_loc, np.arange(num_rows + 1))):
             # decode-only step (one token per sequence, no padding rows): one native call
             _set_torch_threads(1)
-            logits = self.native_decode(input_ids, positions, slot_mapping, seq_lens, block_tables)
+            host_ids = input_ids.cpu().numpy() if isinstance(input_ids, torch.Tensor) else input_ids
+            logits = self.native_decode(host_ids, positions, slot_mapping, seq_lens, block_tables)
             picked = np.asarray(logits_indices)
             return logits if np.array_equal(picked, np.arange(num_rows)) else logits[torch.from_numpy(
                 np.ascontiguousarray(picked, dtype=np.int64))]

@@ -77,7 +77,7 @@ class LlamaLayer(nn.Module):
         x = x + self.o_proj.forward(o.reshape(t, -1))
         h = self.post_attention_layernorm(x)
         gate, up = self.gate_up_proj.forward(h).split(self.intermediate_size, dim=-1)
-        return x + self.down_proj.forward(F.silu(gate) * up)
+        return x + self.down_proj.forward(F.silu(gate).mul_(up))  # in place: one [T, I] tensor fewer
 
 
 class LlamaForCausalLM(nn.Module):
@@ -96,6 +96,8 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         # Set by the loader when the output projection keeps a GGUF quantization (Int4Linear).
         self.quantized_head: nn.Module | None = None
+        # The LM head's matmul: F.linear, or models.cpu_linear's on CPU (use_cpu_linears)
+        self.head_linear: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.linear
         with torch.device("cpu"):  # real tables even when built on meta (torch's meta refs import sympy)
             self.rotary = RotaryEmbedding(cfg.head_dim, max_positions or cfg.max_position_embeddings,
                                           cfg.rope_theta, cfg.rope_scaling, rope_freq_factors)
@@ -115,7 +117,7 @@ class LlamaForCausalLM(nn.Module):
         if self.quantized_head is not None:
             return self.quantized_head.forward(hidden)
         w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, w)
+        return self.head_linear(hidden, w)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits [rows, vocab] of the given hidden rows."""
@@ -183,6 +185,18 @@ class LlamaForCausalLM(nn.Module):
         """Copy Hugging Face-named weights (numpy arrays or tensors) in, fusing qkv and gate/up."""
         self.load_weights((name, w if isinstance(w, torch.Tensor) else torch.from_numpy(w))  # type: ignore[arg-type]
                           for name, w in weights.items())
+
+    def use_cpu_linears(self) -> None:
+        """Run the float32 projections and LM head of this CPU model through
+        ``models.cpu_linear`` (oneDNN from a few rows on); the parameters stay the same tensors."""
+        from deepinfer.runtime.models.cpu_linear import CpuLinear, cpu_linear
+
+        for module in self.layers:
+            for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
+                linear = getattr(module, name)
+                if type(linear) is nn.Linear:  # not quantized layers, not tensor-parallel ones
+                    setattr(module, name, CpuLinear.sharing(linear))
+        self.head_linear = cpu_linear
 
     @torch.no_grad()
     def store_wide_projections_input_major(self) -> None:

