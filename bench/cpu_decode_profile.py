@@ -3,9 +3,11 @@
     python bench/cpu_decode_profile.py [--threads 2] [--dtype float32] [--steps 64] [--native 0|1]
 
 Loads the default model (or ``--model``) as ``LLM`` would on CPU, prefills a 64-token prompt
-through ``ModelRunner`` and times ``--steps`` decode steps: the mean step time, and with
-``--profile`` torch.profiler's table of the ops (self CPU time). ``--native 0`` turns the native
-decode kernels off (``DEEPINFER_CPU_NATIVE=0``). Prints the 1-minute load average beside it.
+through ``ModelRunner`` and times ``--steps`` decode steps: the mean step time; on the native
+decode path the mean time of each phase of its steps (``DecodeModel.phase_times``: norms and
+activation quantization, q/k/v, attention, ...); with ``--profile`` torch.profiler's table of
+the ops (self CPU time). ``--native 0`` turns the native decode kernels off
+(``DEEPINFER_CPU_NATIVE=0``). Prints the 1-minute load average beside it.
 """
 
 from __future__ import annotations
@@ -61,6 +63,14 @@ def main() -> None:
     native = getattr(runner, "native_decode", None) is not None
     print(f"threads={args.threads} dtype={args.dtype or 'default'} native={native} "
           f"step={dt * 1e3:.2f} ms ({1 / dt:.1f} tok/s) load_avg={os.getloadavg()[0]:.2f}")
+    if runner.native_decode is not None:  # where the native step goes: its phase timer
+        nd = runner.native_decode.native
+        nd.profiling = True
+        for _ in range(args.steps):
+            ids.append(step(len(ids) - 1))
+        phases = nd.phase_times()
+        nd.profiling = False
+        print("native phases (ms/step): " + "  ".join(f"{k}={v * 1e3:.2f}" for k, v in phases.items()))
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 

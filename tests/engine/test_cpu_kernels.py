@@ -121,8 +121,8 @@ def rotate(x, cos, sin):  # x [heads, d], rotate_half layout
 
 
 class RandomModel:
-    def __init__(self, rng, kind: str):
-        self.kind = kind
+    def __init__(self, rng, kind: str, d: int = D):
+        self.kind, self.d = kind, d
 
         def weight(n, k):
             if kind == "F32":
@@ -139,16 +139,16 @@ class RandomModel:
             self.layers.append(dict(
                 attn_norm=(1 + 0.1 * rng.standard_normal(H)).astype(np.float32),
                 ffn_norm=(1 + 0.1 * rng.standard_normal(H)).astype(np.float32),
-                q=weight(HEADS * D, H), k=weight(KV_HEADS * D, H), v=weight(KV_HEADS * D, H),
-                o=weight(H, HEADS * D), gate=weight(I, H), up=weight(I, H), down=weight(H, I),
-                bias=(0.1 * rng.standard_normal((HEADS + 2 * KV_HEADS) * D)).astype(np.float32)))
+                q=weight(HEADS * self.d, H), k=weight(KV_HEADS * self.d, H), v=weight(KV_HEADS * self.d, H),
+                o=weight(H, HEADS * self.d), gate=weight(I, H), up=weight(I, H), down=weight(H, I),
+                bias=(0.1 * rng.standard_normal((HEADS + 2 * KV_HEADS) * self.d)).astype(np.float32)))
         pos = np.arange(64)[:, None]
-        inv = 1.0 / (10000 ** (np.arange(0, D, 2) / D))
+        inv = 1.0 / (10000 ** (np.arange(0, self.d, 2) / self.d))
         ang = np.concatenate((pos * inv, pos * inv), -1)
         self.cos, self.sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
 
     def native(self, caches, threads=1, isa="best"):
-        m = ck.DecodeModel(H, I, LAYERS, HEADS, KV_HEADS, D, V, EPS, num_threads=threads, isa=isa)
+        m = ck.DecodeModel(H, I, LAYERS, HEADS, KV_HEADS, self.d, V, EPS, num_threads=threads, isa=isa)
         m.set_embedding(self.embed[0])
         m.set_output(self.norm, self.head[0])
         m.set_rotary(self.cos, self.sin)
@@ -164,20 +164,20 @@ class RandomModel:
         for i, l in enumerate(self.layers):
             h = rms(x, l["attn_norm"])
             qkv = np.concatenate([h @ l[n][1].T for n in "qkv"], -1) + l["bias"]
-            attn = np.zeros((len(ids), HEADS * D))
+            attn = np.zeros((len(ids), HEADS * self.d))
             for b in range(len(ids)):
-                q = rotate(qkv[b, :HEADS * D].reshape(HEADS, D), self.cos[positions[b]], self.sin[positions[b]])
-                k = rotate(qkv[b, HEADS * D:(HEADS + KV_HEADS) * D].reshape(KV_HEADS, D),
+                q = rotate(qkv[b, :HEADS * self.d].reshape(HEADS, self.d), self.cos[positions[b]], self.sin[positions[b]])
+                k = rotate(qkv[b, HEADS * self.d:(HEADS + KV_HEADS) * self.d].reshape(KV_HEADS, self.d),
                            self.cos[positions[b]], self.sin[positions[b]])
-                v = qkv[b, (HEADS + KV_HEADS) * D:].reshape(KV_HEADS, D)
-                flat = caches[i].reshape(2, -1, KV_HEADS, D)
+                v = qkv[b, (HEADS + KV_HEADS) * self.d:].reshape(KV_HEADS, self.d)
+                flat = caches[i].reshape(2, -1, KV_HEADS, self.d)
                 flat[0, slots[b]], flat[1, slots[b]] = k, v
                 ctx = [tables[b, t // BS] * BS + t % BS for t in range(lens[b])]
                 for hd in range(HEADS):
                     g = hd // (HEADS // KV_HEADS)
-                    s = flat[0, ctx, g].astype(np.float64) @ q[hd] / np.sqrt(D)
+                    s = flat[0, ctx, g].astype(np.float64) @ q[hd] / np.sqrt(self.d)
                     p = np.exp(s - s.max())
-                    attn[b, hd * D:(hd + 1) * D] = (p / p.sum()) @ flat[1, ctx, g]
+                    attn[b, hd * self.d:(hd + 1) * self.d] = (p / p.sum()) @ flat[1, ctx, g]
             x = x + attn @ l["o"][1].T
             h = rms(x, l["ffn_norm"])
             gate, up = h @ l["gate"][1].T, h @ l["up"][1].T
@@ -212,7 +212,57 @@ def test_decode_step_matches_a_numpy_reference(kind):
                 np.testing.assert_allclose(c, rc, rtol=0, atol=(1e-5 if kind == "F32" else 0.05) * np.abs(rc).max())
 
 
+@pytest.mark.parametrize("d", [16, 48, 64])
+def test_decode_step_long_contexts(d):
+    """Contexts over several 16-token chunks of the vector attention (full and partial chunks),
+    head sizes it keeps in registers (16, 64) and one it does not (48)."""
+    rng = np.random.default_rng(6)
+    model = RandomModel(rng, "F32", d)
+    blocks, width = 40, 12
+    lens = np.array([16, 33, 47], dtype=np.int64)
+    tables = rng.permutation(blocks)[:3 * width].reshape(3, width).astype(np.int64)
+    positions = lens - 1
+    slots = np.array([tables[b, p // BS] * BS + p % BS for b, p in enumerate(positions)], dtype=np.int64)
+    ids = np.array([4, 9, 31], dtype=np.int64)
+    context = (rng.standard_normal((LAYERS, 2, blocks, BS, KV_HEADS, d)) * 0.5).astype(np.float32)
+    ref = model.reference(ids, positions, slots, lens, tables, [c.copy() for c in context])
+    for isa in ISAS:
+        for threads in (1, 2):
+            logits = model.native([c.copy() for c in context], threads, isa).decode(ids, positions, slots, lens, tables)
+            assert np.abs(logits - ref).max() <= 2e-4 * np.abs(ref).max(), (d, isa, threads)
+
+
+def test_phase_timer_counts_steps_while_on_and_resets_when_read():
+    rng = np.random.default_rng(7)
+    model = RandomModel(rng, "Q8_0")
+    m = model.native([np.zeros((2, 3, BS, KV_HEADS, D), np.float32) for _ in range(LAYERS)])
+    step = dict(input_ids=np.array([1], np.int64), positions=np.array([0], np.int64),
+                slot_mapping=np.array([0], np.int64), seq_lens=np.array([1], np.int64),
+                block_tables=np.zeros((1, 2), np.int64))
+    names = ["norm_quantize", "qkv", "rotary_kv_write", "attention", "o_proj", "gate_up_silu", "down", "lm_head"]
+    assert not m.profiling
+    m.decode(**step)
+    assert m.phase_times() == dict.fromkeys(names, 0.0)  # off: nothing counted
+    m.profiling = True
+    m.decode(**step)
+    m.decode(**step)
+    times = m.phase_times()
+    assert list(times) == names and all(t >= 0 for t in times.values()) and sum(times.values()) > 0
+    assert m.phase_times() == dict.fromkeys(names, 0.0)  # read: reset
+
+
 # ---- bad input -----------------------------------------------------------------------------------
+def test_weights_of_an_equivalent_dtype_object_are_accepted():
+    """gguf's memory-mapped tensors carry a uint8 dtype object of their own, not numpy's
+    canonical one (a byte has no byte order: '>' gives such an object)."""
+    rng = np.random.default_rng(8)
+    raw = random_blocks(rng, "Q8_0", 4, 64)
+    odd = raw.view(np.dtype(np.uint8).newbyteorder(">"))
+    assert odd.dtype == np.uint8 and odd.dtype is not np.dtype(np.uint8)
+    x = rng.standard_normal((2, 64)).astype(np.float32)
+    np.testing.assert_array_equal(ck.linear(("Q8_0", odd), x), ck.linear(("Q8_0", raw), x))
+
+
 def test_bad_weights_are_rejected():
     x = np.zeros((1, 64), np.float32)
     with pytest.raises(ValueError, match="weight type"):

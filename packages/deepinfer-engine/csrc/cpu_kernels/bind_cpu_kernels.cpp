@@ -29,7 +29,8 @@ py::array checked(const py::handle& obj, const std::string& name, int ndim, bool
   if (!py::isinstance<py::array>(obj))
     throw py::type_error(name + ": expected a numpy.ndarray, got " + std::string(py::str(py::type::of(obj).attr("__name__"))));
   auto a = py::reinterpret_borrow<py::array>(obj);
-  if (!a.dtype().is(py::dtype::of<T>()))
+  // equivalence, not identity: a memory-mapped file's uint8 is another dtype object
+  if (!py::detail::npy_api::get().PyArray_EquivTypes_(a.dtype().ptr(), py::dtype::of<T>().ptr()))
     throw py::type_error(name + ": expected dtype " + std::string(py::str(py::dtype::of<T>())) + ", got " +
                          std::string(py::str(a.dtype())));
   if (a.ndim() != ndim)
@@ -232,6 +233,25 @@ class PyDecodeModel {
     return logits;
   }
 
+  // {phase: mean seconds per step} since the last call (then reset); enabling starts a fresh count
+  py::dict phase_times() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& m = *model_;
+    py::dict out;
+    for (int p = 0; p < kPhases; ++p)
+      out[kPhaseNames[p]] = m.profiled_steps ? m.phase_seconds[static_cast<size_t>(p)] / m.profiled_steps : 0.0;
+    m.phase_seconds.fill(0.0);
+    m.profiled_steps = 0;
+    return out;
+  }
+  bool profiling() const { return model_->profiling; }
+  void set_profiling(bool on) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    model_->profiling = on;
+    model_->phase_seconds.fill(0.0);
+    model_->profiled_steps = 0;
+  }
+
   const ModelShape& shape() const { return model_->shape(); }
   int threads() const { return model_->threads(); }
   std::string isa() const { return model_->kernels().name; }
@@ -311,6 +331,11 @@ PYBIND11_MODULE(_cpu_kernels, m) {
            py::arg("seq_lens"), py::arg("block_tables"),
            "Float32 logits [rows, vocab] of one decode step (one new token per row); writes each row's k/v into "
            "its slot of every layer's KV cache. Releases the GIL.")
+      .def_property("profiling", &PyDecodeModel::profiling, &PyDecodeModel::set_profiling,
+                    "Phase timer of decode steps (off by default; on costs a clock read per phase).")
+      .def("phase_times", &PyDecodeModel::phase_times,
+           "{phase: mean wall seconds per step} of the steps since profiling was turned on or the last call "
+           "(which resets the count).")
       .def_property_readonly("num_threads", &PyDecodeModel::threads)
       .def_property_readonly("isa", &PyDecodeModel::isa);
 }

@@ -10,6 +10,8 @@ namespace deepinfer::cpu {
 namespace {
 
 constexpr int kMinChunkRows = 16;
+constexpr double kMaxWaitShare = 0.1;
+constexpr int kMinSoloSteps = 4, kMaxSoloSteps = 256;
 constexpr int kChunksPerThread = 4;
 
 // Output rows per unit of work handed to a thread: about kChunksPerThread units per thread
@@ -175,28 +177,33 @@ void DecodeModel::attention(const StepInputs& in, LayerWeights& layer) {
       const int len = static_cast<int>(in.seq_lens[b]);
       const int64_t* table = in.block_tables + static_cast<size_t>(b) * in.table_width;
       const float* q = qkv_.data() + static_cast<size_t>(b) * qkv_width + static_cast<size_t>(h) * d;
-      float m = -INFINITY;
-      for (int t = 0; t < len; ++t) {
-        const size_t slot = static_cast<size_t>(table[t / block_size]) * block_size + t % block_size;
-        scores[t] = k.dot(q, k_cache + slot * token_stride + static_cast<size_t>(g) * d, d) * scale;
-        m = std::max(m, scores[t]);
-      }
       float* out = attn_.data() + (static_cast<size_t>(b) * s.heads + h) * d;
-      std::fill(out, out + d, 0.0f);
-      float sum = 0.0f;
-      for (int t = 0; t < len; ++t) {
-        const float p = std::exp(scores[t] - m);
-        sum += p;
-        const size_t slot = static_cast<size_t>(table[t / block_size]) * block_size + t % block_size;
-        k.axpy(p, v_cache + slot * token_stride + static_cast<size_t>(g) * d, out, d);
-      }
-      const float inv = 1.0f / sum;
-      for (int i = 0; i < d; ++i) out[i] *= inv;
+      const size_t head_at = static_cast<size_t>(g) * d;
+      k.attend(q, d, k_cache + head_at, v_cache + head_at, token_stride, table, block_size, len, scale, scores, out);
     }
   });
 }
 
 void DecodeModel::decode(const StepInputs& in, float* logits) {
+  const auto step_start = std::chrono::steady_clock::now();
+  pool_.set_solo(solo_steps_left_ > 0);
+  if (solo_steps_left_ > 0) --solo_steps_left_;
+  decode_layers(in, logits);
+  pool_.park();
+  if (pool_.solo()) return;
+  // A step whose caller spent over a tenth of it waiting on workers that lost their core (a busy
+  // machine) is slower than one thread alone: run the next steps alone, 4, 8, ... up to 256 of
+  // them while that keeps happening, then try the pool again.
+  const double step = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
+  if (pool_.take_wait_seconds() > kMaxWaitShare * step) {
+    solo_backoff_ = std::min(kMaxSoloSteps, std::max(kMinSoloSteps, 2 * solo_backoff_));
+    solo_steps_left_ = solo_backoff_;
+  } else {
+    solo_backoff_ /= 2;
+  }
+}
+
+void DecodeModel::decode_layers(const StepInputs& in, float* logits) {
   const auto& s = shape_;
   const int rows = in.rows, H = s.hidden, I = s.intermediate, d = s.head_dim;
   const int q_width = s.heads * d, kv_width = s.kv_heads * d, qkv_width = q_width + 2 * kv_width;
@@ -207,12 +214,23 @@ void DecodeModel::decode(const StepInputs& in, float* logits) {
   for (int b = 0; b < rows; ++b) dequantize_row(embedding, static_cast<int>(in.ids[b]), x + static_cast<size_t>(b) * H);
   const size_t token_stride = static_cast<size_t>(kv_width);
   std::atomic<int> next{0};
+  using clock = std::chrono::steady_clock;
+  auto last = profiling ? clock::now() : clock::time_point{};
+  // phase timer: the time since the previous mark goes to `phase`
+  auto mark = [&](Phase phase) {
+    if (!profiling) return;
+    const auto t = clock::now();
+    phase_seconds[phase] += std::chrono::duration<double>(t - last).count();
+    last = t;
+  };
   for (auto& layer : layers) {
     // attention block
     rms_norm(x, layer.attn_norm, h, rows);
     if (quantized(layer.q) || quantized(layer.k) || quantized(layer.v)) quantize(h, rows, H, hq_);
     const Linear* qkv_parts[] = {&layer.q, &layer.k, &layer.v};
+    mark(kNormQuant);
     run_linears(qkv_parts, 3, h, hq_.view(), rows, qkv_.data(), qkv_width);
+    mark(kQkv);
     for (int b = 0; b < rows; ++b) {
       float* row = qkv_.data() + static_cast<size_t>(b) * qkv_width;
       if (layer.qkv_bias)
@@ -235,14 +253,19 @@ void DecodeModel::decode(const StepInputs& in, float* logits) {
       std::memcpy(k_dst, row + q_width, sizeof(float) * kv_width);
       std::memcpy(v_dst, row + q_width + kv_width, sizeof(float) * kv_width);
     }
+    mark(kRotaryKv);
     attention(in, layer);
+    mark(kAttention);
     if (quantized(layer.o)) quantize(attn_.data(), rows, q_width, aq_);
+    mark(kNormQuant);
     const Linear* o_parts[] = {&layer.o};
     run_linears(o_parts, 1, attn_.data(), aq_.view(), rows, tmp, H);
     for (size_t i = 0; i < static_cast<size_t>(rows) * H; ++i) x[i] += tmp[i];
+    mark(kOProj);
     // MLP block
     rms_norm(x, layer.ffn_norm, h, rows);
     if (quantized(layer.gate) || quantized(layer.up)) quantize(h, rows, H, hq_);
+    mark(kNormQuant);
     next.store(0, std::memory_order_relaxed);
     const Kernels& k = *kernels_;
     const int chunk = chunk_rows(I, pool_.size());
@@ -260,24 +283,26 @@ void DecodeModel::decode(const StepInputs& in, float* logits) {
           }
         }
         for (int b = 0; b < rows; ++b) {
-          const size_t o = static_cast<size_t>(b) * I;
-          for (int j = j0; j < j1; ++j) {
-            const float g = gate_[o + j];
-            act_[o + j] = g / (1.0f + std::exp(-g)) * up_[o + j];
-          }
+          const size_t o = static_cast<size_t>(b) * I + j0;
+          k.silu_mul(gate_.data() + o, up_.data() + o, act_.data() + o, j1 - j0);
         }
       }
     });
+    mark(kGateUp);
     if (quantized(layer.down)) quantize(act_.data(), rows, I, aq_);
+    mark(kNormQuant);
     const Linear* down_parts[] = {&layer.down};
     run_linears(down_parts, 1, act_.data(), aq_.view(), rows, tmp, H);
     for (size_t i = 0; i < static_cast<size_t>(rows) * H; ++i) x[i] += tmp[i];
+    mark(kDown);
   }
   rms_norm(x, final_norm, h, rows);
   if (quantized(head)) quantize(h, rows, H, hq_);
   const Linear* head_parts[] = {&head};
+  mark(kNormQuant);
   run_linears(head_parts, 1, h, hq_.view(), rows, logits, head.rows);
-  pool_.park();
+  mark(kHead);
+  if (profiling) ++profiled_steps;
 }
 
 }  // namespace deepinfer::cpu

@@ -6,6 +6,8 @@
 // passes only the step's small index arrays. No Python and no allocation per layer.
 #pragma once
 
+#include <array>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -63,6 +65,11 @@ struct StepInputs {
   int table_width = 0;
 };
 
+// Parts of a decode step the optional phase timer tells apart (wall time on the calling thread).
+enum Phase : int { kNormQuant = 0, kQkv, kRotaryKv, kAttention, kOProj, kGateUp, kDown, kHead, kPhases };
+inline constexpr const char* kPhaseNames[kPhases] = {"norm_quantize", "qkv", "rotary_kv_write", "attention",
+                                                     "o_proj", "gate_up_silu", "down", "lm_head"};
+
 class DecodeModel {
  public:
   DecodeModel(const ModelShape& shape, int threads, const Kernels& kernels);
@@ -83,6 +90,12 @@ class DecodeModel {
   // logits [rows, vocab]. Runs without the GIL.
   void decode(const StepInputs& in, float* logits);
 
+  // Phase timer (off by default): when on, each step adds the wall time of its phases to
+  // phase_seconds (read and reset by the caller).
+  bool profiling = false;
+  std::array<double, kPhases> phase_seconds{};
+  int profiled_steps = 0;
+
   // A copy of a quantized weight in ggml's layout, regrouped for the kernels (see kernels.h)
   // and owned by the model; F32 weights are returned as they are (not copied).
   Linear regrouped(const Linear& ggml);
@@ -92,6 +105,7 @@ class DecodeModel {
   void linear(const Linear& w, const float* x, int rows, float* y);
 
  private:
+  void decode_layers(const StepInputs& in, float* logits);
   void ensure_scratch(int rows, int max_len);
   void rms_norm(const float* x, const float* w, float* out, int rows) const;
   void quantize(const float* x, int rows, int k, ActBuffer& out) const;
@@ -109,6 +123,9 @@ class DecodeModel {
   std::vector<std::unique_ptr<uint8_t[]>> owned_;  // regrouped weights
   std::vector<std::vector<float>> scores_;  // per thread
   int scratch_rows_ = 0, scratch_len_ = 0;
+  // Contention back-off: steps left to run on the calling thread alone, and the length of the
+  // next back-off (doubles while steps keep waiting on descheduled workers).
+  int solo_steps_left_ = 0, solo_backoff_ = 0;
 };
 
 }  // namespace deepinfer::cpu

@@ -7,7 +7,10 @@
 // (nibble j of a block: low half of byte j for j < 16, high half of byte j - 16 otherwise), and
 // are regrouped once at registration, row by row and with the same bytes per row, as
 //   [codes of every block][fp16 d of every block]([fp16 m of every block] for Q4_1)
-// so that a row's scales convert and multiply 8 at a time (repack_row).
+// so that a row's scales convert and multiply 8 at a time (repack_row). Q4 codes go in pairs of
+// blocks: byte j of pair (2p, 2p + 1) holds weight j of block 2p in its low nibble and weight j
+// of block 2p + 1 in its high one (j < 32), so one 32-byte load, a shift and a mask give both
+// blocks' 64 codes in element order; an odd last block keeps ggml's 16-byte layout.
 // Activations multiplied by quantized weights are quantized to 8 bits per block of 32 (as
 // ggml's Q8_1): x ~= q * d, |x - q * d| <= d / 2 with d = max|x| / 127, and s = d * sum(q).
 #pragma once
@@ -58,9 +61,20 @@ struct Kernels {
   void (*quantize_row)(const float* x, int k, int8_t* qs, float* d, float* s);
   float (*dot)(const float* a, const float* b, int n);
   void (*axpy)(float a, const float* x, float* y, int n);  // y += a * x
+  // out[i] = silu(gate[i]) * up[i]
+  void (*silu_mul)(const float* gate, const float* up, float* out, int n);
+  // One query head q [d] over `len` cached tokens: out [d] = softmax(scale * q.k_t) . v_t, token
+  // t's k and v at k / v + slot(t) * stride, slot(t) = table[t / block_size] * block_size +
+  // t % block_size. scores: room for len floats.
+  void (*attend)(const float* q, int d, const float* k, const float* v, size_t stride, const int64_t* table,
+                 int block_size, int len, float scale, float* scores, float* out);
 };
 
 const Kernels& generic_kernels();
+// The portable attention over a table's own dot/axpy (the vector tables' fallback).
+void attend_with(float (*dot_fn)(const float*, const float*, int), void (*axpy_fn)(float, const float*, float*, int),
+                 const float* q, int d, const float* k, const float* v, size_t stride, const int64_t* table,
+                 int block_size, int len, float scale, float* scores, float* out);
 #if defined(DEEPINFER_HAVE_AVX2_KERNELS)
 const Kernels& avx2_kernels();
 const Kernels& avx512_kernels();  // AVX-512 VNNI quantized GEMV, AVX2 float kernels

@@ -24,7 +24,7 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// 32 nibbles of a Q4 block as bytes 0..15, in element order (low halves, then high halves).
+// 32 nibbles of a Q4 block in ggml's layout as bytes 0..15, in element order (low halves, then high halves).
 inline __m256i nibbles(const uint8_t* p) {
   const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   const __m256i b = _mm256_insertf128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1);
@@ -83,8 +83,11 @@ void row_dots(const uint8_t* row, int nb, int k, const Acts& x, float* y, int ld
       __m256i wq;
       if constexpr (K == WeightKind::Q8_0) {
         wq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes));
-      } else {
-        wq = nibbles(codes);
+      } else if ((nb & 1) && i == nb - 1) {
+        wq = nibbles(codes);  // odd last block: ggml's layout
+      } else {  // a pair of blocks: this one's codes are the low (even i) or high nibbles
+        const __m256i t = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + static_cast<size_t>(i & ~1) * cb));
+        wq = _mm256_and_si256(i & 1 ? _mm256_srli_epi16(t, 4) : t, _mm256_set1_epi8(0x0F));
       }
       const __m256i wabs = K == WeightKind::Q8_0 ? _mm256_sign_epi8(wq, wq) : wq;
       for (int r = 0; r < R; ++r) {
@@ -184,11 +187,17 @@ void axpy(float a, const float* x, float* y, int n) {
   for (; i < n; ++i) y[i] += a * x[i];
 }
 
+void attend(const float* q, int d, const float* k, const float* v, size_t stride, const int64_t* table,
+            int block_size, int len, float scale, float* scores, float* out) {
+  attend_with(dot, axpy, q, d, k, v, stride, table, block_size, len, scale, scores, out);
+}
+
 }  // namespace
 
 const Kernels& avx2_kernels() {
   // quantize_row is the generic one: both tables quantize activations bitwise alike.
-  static const Kernels table{"avx2", gemv_quant, gemv_f32, generic_kernels().quantize_row, dot, axpy};
+  static const Kernels table{"avx2", gemv_quant, gemv_f32, generic_kernels().quantize_row, dot, axpy,
+                             generic_kernels().silu_mul, attend};
   return table;
 }
 

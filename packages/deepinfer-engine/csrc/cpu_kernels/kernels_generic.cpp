@@ -1,5 +1,6 @@
 // Portable kernels (any CPU): the reference the vector ones are tested against, and the
 // fallback where no vector table applies.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -36,13 +37,38 @@ void repack_row(WeightKind kind, const uint8_t* src, int nb, uint8_t* dst) {
   uint8_t* scales = dst + nb * cb;
   for (int i = 0; i < nb; ++i) {
     const uint8_t* blk = src + i * bb;
-    std::memcpy(dst + i * cb, blk + head, cb);
     std::memcpy(scales + 2 * i, blk, 2);
     if (kind == WeightKind::Q4_1) std::memcpy(scales + 2 * (nb + i), blk + 2, 2);
   }
+  if (kind == WeightKind::Q8_0) {
+    for (int i = 0; i < nb; ++i) std::memcpy(dst + i * cb, src + i * bb + head, cb);
+    return;
+  }
+  int i = 0;
+  for (; i + 2 <= nb; i += 2) {  // Q4 pairs: weight j of block i low, of block i + 1 high
+    const uint8_t* a = src + i * bb + head;
+    const uint8_t* b = a + bb;
+    uint8_t* out = dst + i * cb;
+    for (int j = 0; j < 32; ++j) {
+      const int qa = j < 16 ? a[j] & 0x0F : a[j - 16] >> 4;
+      const int qb = j < 16 ? b[j] & 0x0F : b[j - 16] >> 4;
+      out[j] = static_cast<uint8_t>(qa | qb << 4);
+    }
+  }
+  if (i < nb) std::memcpy(dst + i * cb, src + i * bb + head, cb);  // odd last block: ggml's layout
 }
 
 namespace {
+
+// Code j (< 32) of block i of a regrouped Q4 row of nb blocks.
+int q4_code(const uint8_t* codes, int nb, int i, int j) {
+  if ((nb & 1) && i == nb - 1) {
+    const uint8_t b = codes[i * 16 + (j & 15)];
+    return j < 16 ? b & 0x0F : b >> 4;
+  }
+  const uint8_t b = codes[(i & ~1) * 16 + j];
+  return (i & 1) ? b >> 4 : b & 0x0F;
+}
 
 inline float half_at(const uint8_t* p) {
   uint16_t h;
@@ -72,8 +98,7 @@ void gemv_quant(WeightKind kind, const uint8_t* w, size_t row_bytes, int k, cons
           acc += dw * xd[i] * static_cast<float>(sum);
           continue;
         }
-        const uint8_t* qs = row + i * cb;
-        for (int j = 0; j < 16; ++j) sum += (qs[j] & 0x0F) * xi[j] + (qs[j] >> 4) * xi[j + 16];
+        for (int j = 0; j < kBlock; ++j) sum += q4_code(row, nb, i, j) * xi[j];
         const float offset = kind == WeightKind::Q4_1 ? half_at(scales + 2 * (nb + i)) : -8.0f * dw;
         acc += dw * xd[i] * static_cast<float>(sum) + offset * xs[i];
       }
@@ -122,7 +147,41 @@ void axpy(float a, const float* x, float* y, int n) {
   for (int i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
-const Kernels kGeneric{"generic", gemv_quant, gemv_f32, quantize_row, dot, axpy};
+void silu_mul(const float* gate, const float* up, float* out, int n) {
+  for (int i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+}
+
+}  // namespace
+
+void attend_with(float (*dot_fn)(const float*, const float*, int), void (*axpy_fn)(float, const float*, float*, int),
+                 const float* q, int d, const float* k, const float* v, size_t stride, const int64_t* table,
+                 int block_size, int len, float scale, float* scores, float* out) {
+  float m = -INFINITY;
+  for (int t = 0; t < len; ++t) {
+    const size_t slot = static_cast<size_t>(table[t / block_size]) * block_size + t % block_size;
+    scores[t] = dot_fn(q, k + slot * stride, d) * scale;
+    m = std::fmax(m, scores[t]);
+  }
+  std::fill(out, out + d, 0.0f);
+  float sum = 0.0f;
+  for (int t = 0; t < len; ++t) {
+    const float p = std::exp(scores[t] - m);
+    sum += p;
+    const size_t slot = static_cast<size_t>(table[t / block_size]) * block_size + t % block_size;
+    axpy_fn(p, v + slot * stride, out, d);
+  }
+  const float inv = 1.0f / sum;
+  for (int i = 0; i < d; ++i) out[i] *= inv;
+}
+
+namespace {
+
+void attend(const float* q, int d, const float* k, const float* v, size_t stride, const int64_t* table,
+            int block_size, int len, float scale, float* scores, float* out) {
+  attend_with(dot, axpy, q, d, k, v, stride, table, block_size, len, scale, scores, out);
+}
+
+const Kernels kGeneric{"generic", gemv_quant, gemv_f32, quantize_row, dot, axpy, silu_mul, attend};
 
 }  // namespace
 

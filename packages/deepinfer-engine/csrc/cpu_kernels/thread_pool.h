@@ -6,7 +6,10 @@
 // a worker that is not scheduled while a region runs (a busy machine) simply does not join it:
 // the caller and the other workers do its share, and the step never waits for a thread that has
 // not started. Workers spin briefly between the ~150 regions of a step, and sleep (futex) once
-// the caller parks the pool or after ~200 us without work.
+// the caller parks the pool or after ~200 us without work. A worker that joined a region and
+// then lost its core (another process took it) does hold the caller up until it is scheduled
+// again: the caller measures those waits (take_wait_seconds) and may run alone for a while
+// (set_solo), see DecodeModel.
 #pragma once
 
 #include <atomic>
@@ -38,9 +41,21 @@ class ThreadPool {
   // of spinning, leaving the cores to the Python and torch work between steps.
   void park() { parked_.store(true, std::memory_order_relaxed); }
 
+  // Solo: the caller runs every region alone (workers stay asleep) until set back.
+  void set_solo(bool solo) { solo_ = solo; }
+  bool solo() const { return n_ == 1 || solo_; }
+
+  // Seconds the caller spent waiting, after its own share, for workers to finish theirs (since
+  // the last call; resets). Long waits mean a worker lost its core mid-region.
+  double take_wait_seconds() {
+    const double w = wait_seconds_;
+    wait_seconds_ = 0.0;
+    return w;
+  }
+
   // One caller at a time (the model serialises its steps).
   void run(const std::function<void(int)>& fn) {
-    if (n_ == 1) {
+    if (solo()) {
       fn(0);
       return;
     }
@@ -53,6 +68,8 @@ class ThreadPool {
     // Close the region, then wait for the workers that joined it (seq_cst on both sides: a
     // worker either sees it closed or is counted in joined_ here).
     open_.store(false);
+    if (joined_.load() == 0) return;
+    const auto t0 = std::chrono::steady_clock::now();
     for (int spins = 0; joined_.load() != 0; ++spins) {
       if (spins < 4096) {
         pause();
@@ -60,6 +77,7 @@ class ThreadPool {
         std::this_thread::yield();  // a joined worker was descheduled mid-chunk
       }
     }
+    wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
  private:
@@ -97,6 +115,8 @@ class ThreadPool {
   std::atomic<bool> stop_{false};
   std::atomic<bool> parked_{false};
   const std::function<void(int)>* job_ = nullptr;
+  bool solo_ = false;
+  double wait_seconds_ = 0.0;
 };
 
 }  // namespace deepinfer::cpu
