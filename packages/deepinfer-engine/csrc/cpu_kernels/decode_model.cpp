@@ -1,7 +1,6 @@
 #include "cpu_kernels/decode_model.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 
@@ -122,27 +121,20 @@ void DecodeModel::run_linears(const Linear* const* parts, int num_parts, const f
                               int rows, float* y, int ldy) {
   int total = 0;
   for (int p = 0; p < num_parts; ++p) total += parts[p]->rows;
-  std::atomic<int> next{0};
   const Kernels& k = *kernels_;
-  const int chunk = chunk_rows(total, pool_.size());
-  pool_.run([&](int) {
-    for (;;) {
-      const int c0 = next.fetch_add(chunk, std::memory_order_relaxed);
-      if (c0 >= total) return;
-      const int c1 = std::min(c0 + chunk, total);
-      int start = 0;
-      for (int p = 0; p < num_parts; ++p) {
-        const Linear& w = *parts[p];
-        const int lo = std::max(c0, start) - start, hi = std::min(c1, start + w.rows) - start;
-        if (lo < hi) {
-          if (quantized(w)) {
-            k.gemv_quant(w.kind, w.data, w.row_bytes, w.cols, xq, rows, y + start, ldy, lo, hi);
-          } else {
-            k.gemv_f32(reinterpret_cast<const float*>(w.data), w.cols, xf, rows, y + start, ldy, lo, hi);
-          }
+  pool_.run_chunks(total, chunk_rows(total, pool_.size()), [&](int, int c0, int c1) {
+    int start = 0;
+    for (int p = 0; p < num_parts; ++p) {
+      const Linear& w = *parts[p];
+      const int lo = std::max(c0, start) - start, hi = std::min(c1, start + w.rows) - start;
+      if (lo < hi) {
+        if (quantized(w)) {
+          k.gemv_quant(w.kind, w.data, w.row_bytes, w.cols, xq, rows, y + start, ldy, lo, hi);
+        } else {
+          k.gemv_f32(reinterpret_cast<const float*>(w.data), w.cols, xf, rows, y + start, ldy, lo, hi);
         }
-        start += w.rows;
       }
+      start += w.rows;
     }
   });
 }
@@ -165,22 +157,16 @@ void DecodeModel::attention(const StepInputs& in, LayerWeights& layer) {
   const float* k_cache = layer.kv_cache;
   const float* v_cache = layer.kv_cache + static_cast<size_t>(cache_blocks) * block_size * token_stride;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
-  const int items = in.rows * s.heads;
-  std::atomic<int> next{0};
   const Kernels& k = *kernels_;
-  pool_.run([&](int tid) {
+  pool_.run_chunks(in.rows * s.heads, 1, [&](int tid, int item, int) {
     float* scores = scores_[static_cast<size_t>(tid)].data();
-    for (;;) {
-      const int item = next.fetch_add(1, std::memory_order_relaxed);
-      if (item >= items) return;
-      const int b = item / s.heads, h = item % s.heads, g = h / group;
-      const int len = static_cast<int>(in.seq_lens[b]);
-      const int64_t* table = in.block_tables + static_cast<size_t>(b) * in.table_width;
-      const float* q = qkv_.data() + static_cast<size_t>(b) * qkv_width + static_cast<size_t>(h) * d;
-      float* out = attn_.data() + (static_cast<size_t>(b) * s.heads + h) * d;
-      const size_t head_at = static_cast<size_t>(g) * d;
-      k.attend(q, d, k_cache + head_at, v_cache + head_at, token_stride, table, block_size, len, scale, scores, out);
-    }
+    const int b = item / s.heads, h = item % s.heads, g = h / group;
+    const int len = static_cast<int>(in.seq_lens[b]);
+    const int64_t* table = in.block_tables + static_cast<size_t>(b) * in.table_width;
+    const float* q = qkv_.data() + static_cast<size_t>(b) * qkv_width + static_cast<size_t>(h) * d;
+    float* out = attn_.data() + (static_cast<size_t>(b) * s.heads + h) * d;
+    const size_t head_at = static_cast<size_t>(g) * d;
+    k.attend(q, d, k_cache + head_at, v_cache + head_at, token_stride, table, block_size, len, scale, scores, out);
   });
 }
 
@@ -213,7 +199,6 @@ void DecodeModel::decode_layers(const StepInputs& in, float* logits) {
   float *x = x_.data(), *h = h_.data(), *tmp = tmp_.data();
   for (int b = 0; b < rows; ++b) dequantize_row(embedding, static_cast<int>(in.ids[b]), x + static_cast<size_t>(b) * H);
   const size_t token_stride = static_cast<size_t>(kv_width);
-  std::atomic<int> next{0};
   using clock = std::chrono::steady_clock;
   auto last = profiling ? clock::now() : clock::time_point{};
   // phase timer: the time since the previous mark goes to `phase`
@@ -266,26 +251,19 @@ void DecodeModel::decode_layers(const StepInputs& in, float* logits) {
     rms_norm(x, layer.ffn_norm, h, rows);
     if (quantized(layer.gate) || quantized(layer.up)) quantize(h, rows, H, hq_);
     mark(kNormQuant);
-    next.store(0, std::memory_order_relaxed);
     const Kernels& k = *kernels_;
-    const int chunk = chunk_rows(I, pool_.size());
-    pool_.run([&](int) {
-      for (;;) {
-        const int j0 = next.fetch_add(chunk, std::memory_order_relaxed);
-        if (j0 >= I) return;
-        const int j1 = std::min(j0 + chunk, I);
-        for (const auto* wp : {&layer.gate, &layer.up}) {
-          float* y = wp == &layer.gate ? gate_.data() : up_.data();
-          if (quantized(*wp)) {
-            k.gemv_quant(wp->kind, wp->data, wp->row_bytes, H, hq_.view(), rows, y, I, j0, j1);
-          } else {
-            k.gemv_f32(reinterpret_cast<const float*>(wp->data), H, h, rows, y, I, j0, j1);
-          }
+    pool_.run_chunks(I, chunk_rows(I, pool_.size()), [&](int, int j0, int j1) {
+      for (const auto* wp : {&layer.gate, &layer.up}) {
+        float* y = wp == &layer.gate ? gate_.data() : up_.data();
+        if (quantized(*wp)) {
+          k.gemv_quant(wp->kind, wp->data, wp->row_bytes, H, hq_.view(), rows, y, I, j0, j1);
+        } else {
+          k.gemv_f32(reinterpret_cast<const float*>(wp->data), H, h, rows, y, I, j0, j1);
         }
-        for (int b = 0; b < rows; ++b) {
-          const size_t o = static_cast<size_t>(b) * I + j0;
-          k.silu_mul(gate_.data() + o, up_.data() + o, act_.data() + o, j1 - j0);
-        }
+      }
+      for (int b = 0; b < rows; ++b) {
+        const size_t o = static_cast<size_t>(b) * I + j0;
+        k.silu_mul(gate_.data() + o, up_.data() + o, act_.data() + o, j1 - j0);
       }
     });
     mark(kGateUp);

@@ -12,6 +12,7 @@
 // (set_solo), see DecodeModel.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -51,6 +52,20 @@ class ThreadPool {
     const double w = wait_seconds_;
     wait_seconds_ = 0.0;
     return w;
+  }
+
+  // run() over the range [0, total), handed out in pieces of `chunk` from one shared counter:
+  // fn(thread_index, lo, hi) for each piece a thread takes.
+  template <class Fn>
+  void run_chunks(int total, int chunk, Fn&& fn) {
+    std::atomic<int> next{0};
+    run([&](int index) {
+      for (;;) {
+        const int lo = next.fetch_add(chunk, std::memory_order_relaxed);
+        if (lo >= total) return;
+        fn(index, lo, std::min(lo + chunk, total));
+      }
+    });
   }
 
   // One caller at a time (the model serialises its steps).
