@@ -59,7 +59,7 @@ def main() -> None:
     ms = np.array(times) * 1e3
     print(f"{nd.kind} isa={nd.native.isa} threads={args.threads} rows={rows}: median {np.median(ms):.2f} ms "
           f"p10 {np.percentile(ms, 10):.2f} min {ms.min():.2f} ({rows * 1e3 / np.median(ms):.0f} tok/s) "
-          f"load_avg={os.getloadavg()[0]:.2f}")
+          f"solo_steps={getattr(nd.native, 'solo_steps', '?')} load_avg={os.getloadavg()[0]:.2f}")
     nd.native.profiling = True
     for i in range(args.steps):
         step(64 + i % 64)

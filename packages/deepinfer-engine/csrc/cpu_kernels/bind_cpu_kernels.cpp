@@ -252,6 +252,10 @@ class PyDecodeModel {
     model_->profiled_steps = 0;
   }
 
+  int64_t solo_steps() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return model_->solo_steps;
+  }
   const ModelShape& shape() const { return model_->shape(); }
   int threads() const { return model_->threads(); }
   std::string isa() const { return model_->kernels().name; }
@@ -336,6 +340,10 @@ PYBIND11_MODULE(_cpu_kernels, m) {
       .def("phase_times", &PyDecodeModel::phase_times,
            "{phase: mean wall seconds per step} of the steps since profiling was turned on or the last call "
            "(which resets the count).")
+      .def_property_readonly("solo_steps", &PyDecodeModel::solo_steps,
+                             "Decode steps run on the calling thread alone by the contention back-off (a step "
+                             "that waited over a tenth of its time on descheduled workers sends the next 4..256 "
+                             "steps to one thread), since the model was created.")
       .def_property_readonly("num_threads", &PyDecodeModel::threads)
       .def_property_readonly("isa", &PyDecodeModel::isa);
 }

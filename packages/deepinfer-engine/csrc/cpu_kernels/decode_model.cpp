@@ -8,18 +8,11 @@ namespace deepinfer::cpu {
 
 namespace {
 
-constexpr int kMinChunkRows = 16;
+// Output rows of a linear handed to a thread at the least (ThreadPool::run_chunks hands out
+// larger pieces first): a multiple of every tile height.
+constexpr int kRowGranule = 16;
 constexpr double kMaxWaitShare = 0.1;
 constexpr int kMinSoloSteps = 4, kMaxSoloSteps = 256;
-constexpr int kChunksPerThread = 4;
-
-// Output rows per unit of work handed to a thread: about kChunksPerThread units per thread
-// (few shared-counter updates, which cross cores), small enough that a late thread still
-// finds work.
-int chunk_rows(int total, int threads) {
-  const int c = (total + threads * kChunksPerThread - 1) / (threads * kChunksPerThread);
-  return std::max(kMinChunkRows, (c + kMinChunkRows - 1) / kMinChunkRows * kMinChunkRows);
-}
 
 bool quantized(const Linear& w) { return w.kind != WeightKind::F32; }
 
@@ -122,7 +115,7 @@ void DecodeModel::run_linears(const Linear* const* parts, int num_parts, const f
   int total = 0;
   for (int p = 0; p < num_parts; ++p) total += parts[p]->rows;
   const Kernels& k = *kernels_;
-  pool_.run_chunks(total, chunk_rows(total, pool_.size()), [&](int, int c0, int c1) {
+  pool_.run_chunks(total, kRowGranule, [&](int, int c0, int c1) {
     int start = 0;
     for (int p = 0; p < num_parts; ++p) {
       const Linear& w = *parts[p];
@@ -158,22 +151,27 @@ void DecodeModel::attention(const StepInputs& in, LayerWeights& layer) {
   const float* v_cache = layer.kv_cache + static_cast<size_t>(cache_blocks) * block_size * token_stride;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
   const Kernels& k = *kernels_;
-  pool_.run_chunks(in.rows * s.heads, 1, [&](int tid, int item, int) {
+  pool_.run_chunks(in.rows * s.heads, 1, [&](int tid, int item0, int item1) {
     float* scores = scores_[static_cast<size_t>(tid)].data();
-    const int b = item / s.heads, h = item % s.heads, g = h / group;
-    const int len = static_cast<int>(in.seq_lens[b]);
-    const int64_t* table = in.block_tables + static_cast<size_t>(b) * in.table_width;
-    const float* q = qkv_.data() + static_cast<size_t>(b) * qkv_width + static_cast<size_t>(h) * d;
-    float* out = attn_.data() + (static_cast<size_t>(b) * s.heads + h) * d;
-    const size_t head_at = static_cast<size_t>(g) * d;
-    k.attend(q, d, k_cache + head_at, v_cache + head_at, token_stride, table, block_size, len, scale, scores, out);
+    for (int item = item0; item < item1; ++item) {  // (row, head) pairs
+      const int b = item / s.heads, h = item % s.heads, g = h / group;
+      const int len = static_cast<int>(in.seq_lens[b]);
+      const int64_t* table = in.block_tables + static_cast<size_t>(b) * in.table_width;
+      const float* q = qkv_.data() + static_cast<size_t>(b) * qkv_width + static_cast<size_t>(h) * d;
+      float* out = attn_.data() + (static_cast<size_t>(b) * s.heads + h) * d;
+      const size_t head_at = static_cast<size_t>(g) * d;
+      k.attend(q, d, k_cache + head_at, v_cache + head_at, token_stride, table, block_size, len, scale, scores, out);
+    }
   });
 }
 
 void DecodeModel::decode(const StepInputs& in, float* logits) {
   const auto step_start = std::chrono::steady_clock::now();
   pool_.set_solo(solo_steps_left_ > 0);
-  if (solo_steps_left_ > 0) --solo_steps_left_;
+  if (solo_steps_left_ > 0) {
+    --solo_steps_left_;
+    ++solo_steps;
+  }
   decode_layers(in, logits);
   pool_.park();
   if (pool_.solo()) return;
@@ -252,7 +250,7 @@ void DecodeModel::decode_layers(const StepInputs& in, float* logits) {
     if (quantized(layer.gate) || quantized(layer.up)) quantize(h, rows, H, hq_);
     mark(kNormQuant);
     const Kernels& k = *kernels_;
-    pool_.run_chunks(I, chunk_rows(I, pool_.size()), [&](int, int j0, int j1) {
+    pool_.run_chunks(I, kRowGranule, [&](int, int j0, int j1) {
       for (const auto* wp : {&layer.gate, &layer.up}) {
         float* y = wp == &layer.gate ? gate_.data() : up_.data();
         if (quantized(*wp)) {

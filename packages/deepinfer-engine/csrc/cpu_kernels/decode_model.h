@@ -96,6 +96,9 @@ class DecodeModel {
   std::array<double, kPhases> phase_seconds{};
   int profiled_steps = 0;
 
+  // Steps the contention back-off ran on the calling thread alone (since creation).
+  int64_t solo_steps = 0;
+
   // A copy of a quantized weight in ggml's layout, regrouped for the kernels (see kernels.h)
   // and owned by the model; F32 weights are returned as they are (not copied).
   Linear regrouped(const Linear& ggml);

@@ -253,16 +253,14 @@ void f32_rows(const float* w, int k, const float* x, int rows, float* y, int ldy
 
 // One activation row: the weight rows one after another, a single sequential stream (with two
 // threads streaming, tiles of several rows -- several streams each -- read ~15 % slower), four
-// accumulators, a software prefetch 1 KiB ahead.
+// accumulators. No software prefetch: the hardware prefetcher follows the stream, and a prefetch
+// 1 KiB or 8 KiB ahead measured 5-15 % slower at one thread (bench/cpu_native_step.py).
 void f32_single(const float* w, int k, const float* x, float* y, int n0, int n1) {
-  constexpr int kAhead = 256;  // floats
   for (int n = n0; n < n1; ++n) {
     const float* wr = w + static_cast<size_t>(n) * k;
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     int i = 0;
     for (; i + 64 <= k; i += 64) {
-      for (int c = 0; c < 64; c += 16)  // a prefetch never faults, also past the end of the weight
-        _mm_prefetch(reinterpret_cast<const char*>(wr + i + kAhead + c), _MM_HINT_T0);
       a0 = _mm512_fmadd_ps(_mm512_loadu_ps(wr + i), _mm512_loadu_ps(x + i), a0);
       a1 = _mm512_fmadd_ps(_mm512_loadu_ps(wr + i + 16), _mm512_loadu_ps(x + i + 16), a1);
       a2 = _mm512_fmadd_ps(_mm512_loadu_ps(wr + i + 32), _mm512_loadu_ps(x + i + 32), a2);

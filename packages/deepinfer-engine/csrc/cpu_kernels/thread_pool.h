@@ -54,16 +54,26 @@ class ThreadPool {
     return w;
   }
 
-  // run() over the range [0, total), handed out in pieces of `chunk` from one shared counter:
+  // run() over the range [0, total), handed out from one shared counter in pieces that shrink
+  // as the range runs out (guided scheduling): a piece is a multiple of `granule`, about
+  // 1 / (2 * threads) of what is left, at least one granule. Large first pieces keep the
+  // counter updates few; small last ones leave the threads at most one granule apart at the
+  // end of the region, instead of one thread idling for most of a large last piece.
   // fn(thread_index, lo, hi) for each piece a thread takes.
   template <class Fn>
-  void run_chunks(int total, int chunk, Fn&& fn) {
+  void run_chunks(int total, int granule, Fn&& fn) {
     std::atomic<int> next{0};
+    const int parts = 2 * size();
     run([&](int index) {
+      int lo = next.load(std::memory_order_relaxed);
       for (;;) {
-        const int lo = next.fetch_add(chunk, std::memory_order_relaxed);
         if (lo >= total) return;
-        fn(index, lo, std::min(lo + chunk, total));
+        const int want = (total - lo) / parts;
+        const int piece = std::max(granule, (want + granule - 1) / granule * granule);
+        const int hi = std::min(lo + piece, total);
+        if (!next.compare_exchange_weak(lo, hi, std::memory_order_relaxed)) continue;  // lo reloaded
+        fn(index, lo, hi);
+        lo = next.load(std::memory_order_relaxed);
       }
     });
   }
