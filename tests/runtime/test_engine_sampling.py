@@ -118,3 +118,24 @@ def test_engine_sampler_inputs_drive_penalties_bias_and_bans(loop, tokenizer):
         if len(outputs) == params.max_tokens or rid not in loop.requests:
             break
     assert checked >= 4
+
+
+def test_plain_greedy_steps_take_the_argmax_without_the_sampler(loop, prompt_ids, monkeypatch):
+    # Plain-greedy steps skip SamplingBatch and sample(): the same tokens as the full sampler,
+    # alone and batched with a request that does need it (then the whole step goes through it).
+    from deepinfer.runtime import engine_loop
+
+    greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    penalized = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, repetition_penalty=1.3)
+    calls = []
+    real_sample = engine_loop.sample
+    monkeypatch.setattr(engine_loop, "sample", lambda *a, **k: calls.append(1) or real_sample(*a, **k))
+    fast, _ = run_all(loop, prompt_ids, greedy)
+    assert not calls  # every step of an all-greedy batch took the argmax path
+    fast_mixed, _ = run_all(loop, prompt_ids, [greedy, penalized, greedy])
+    assert calls  # the penalized request sends its steps through the sampler
+    monkeypatch.setattr(engine_loop, "is_plain_greedy", lambda si: False)
+    full, _ = run_all(loop, prompt_ids, greedy)
+    full_mixed, _ = run_all(loop, prompt_ids, [greedy, penalized, greedy])
+    for a, b in [(fast, full), (fast_mixed, full_mixed)]:
+        assert [list(r.outputs[0].token_ids) for r in a] == [list(r.outputs[0].token_ids) for r in b]

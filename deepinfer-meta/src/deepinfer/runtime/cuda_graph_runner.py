@@ -272,17 +272,3 @@ def capture_decode_graphs(runner: ModelRunner, buffers: StepBuffers, batch_sizes
     graphs.capture()
     runner.graphs = graphs
     return graphs
-
-
-def greedy_tokens(si: Any, greedy: torch.Tensor, penalty_tables: Any) -> np.ndarray | None:
-    """The sampled tokens of a replayed decode step when every row is plain greedy (no penalties,
-    bias, masks or logprobs): the graph's argmax, read back in one copy. None otherwise (the
-    caller runs the full sampler on the graph's logits)."""
-    k, tr = si.kernel, si.transform
-    if not (k.all_greedy and tr.no_penalties and tr.no_logit_bias and tr.no_banned and tr.no_allowed
-            and int(si.driver.max_num_logprobs) < 0):
-        return None
-    penalty_tables.apply(si)  # it must see every prepare_sampler_inputs call
-    real = int(si.driver.num_real_rows)
-    host = greedy.cpu().numpy()
-    return np.ascontiguousarray(host[np.asarray(k.logits_rows)[:real]], dtype=np.int32)

@@ -36,12 +36,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from deepinfer.runtime.cuda_graph_runner import greedy_tokens
 from deepinfer.runtime.detokenizer import IncrementalDetokenizer, decode_completion
 from deepinfer.runtime.model_runner import ModelRunner
 from deepinfer.runtime.overlap_loop import OverlapDecoder, blocks_overlap, is_plain_decode
 from deepinfer.runtime.sampler import prompt_logprobs, sample
-from deepinfer.runtime.sampler_inputs import PenaltyTables, sampling_batch_from_engine
+from deepinfer.runtime.sampler_inputs import (
+    PenaltyTables,
+    greedy_tokens,
+    is_plain_greedy,
+    sampling_batch_from_engine,
+)
 from deepinfer.runtime.sampling_params import SamplingParams
 from deepinfer.runtime.step_buffers import StepBuffers
 
@@ -537,6 +541,11 @@ class EngineLoop:
             E.update_prompt_logprobs(self.scheduler, si, lp.cpu().numpy(),
                                      None if ids is None else ids.to(torch.int32).cpu().numpy(),
                                      None if vals is None else vals.cpu().numpy())
+        # plain greedy: the argmax alone, no SamplingBatch (~0.4 ms of a CPU decode step)
+        tokens = greedy_tokens(si, logits.argmax(dim=-1), self.penalty_tables) if is_plain_greedy(si) else None
+        if tokens is not None:
+            self.scheduler.update(tokens)
+            return
         self._sample(si, logits)
 
     def _sample(self, si: Any, logits: torch.Tensor) -> None:
