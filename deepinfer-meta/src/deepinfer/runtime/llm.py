@@ -108,6 +108,13 @@ class LLM:
             holding 1/N of the weights and KV cache; see docs/guide/11-scaling.md. 1 (default):
             no other process. Under ``torchrun`` it must equal WORLD_SIZE.
 
+    Tokenizers: ``llm.text_tokenizer`` is the one the runtime uses (prompts, detokenization,
+    chat templates): a ``deepinfer.runtime.text_tokenizer.TextTokenizer`` over the
+    ``tokenizers`` library, giving the same ids, text and chat prompts as the transformers
+    tokenizer without importing transformers (a snapshot of it cached under
+    ``$DEEPINFER_CACHE``). ``llm.tokenizer`` is the transformers tokenizer itself, loaded on
+    first access (about a second in a fresh process: it imports transformers).
+
     The device defaults to the one of the backend the plugin registry selects (``backend``:
     "cuda" -> the CUDA device, "ascend" -> the torch_npu device, none -> "cpu"); on CUDA,
     decode steps replay CUDA graphs captured at start-up (see docs/guide/08-gpu.md).
