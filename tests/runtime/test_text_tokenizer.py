@@ -244,6 +244,15 @@ def test_a_model_specific_transformers_tokenizer_is_used_as_it_is(tmp_path, cach
     assert not os.path.exists(text_tokenizer_dir(path))
 
 
+def test_transformers_without_its_tokenizers_backend_is_not_mirrored(tmp_path, cache, monkeypatch):
+    """transformers 4 (no TokenizersBackend) decodes and fills templates otherwise: its tokenizer
+    is used as it is."""
+    path = _word_level_dir(tmp_path / "model")
+    hf = load_tokenizer(path)
+    monkeypatch.setitem(sys.modules, "transformers.tokenization_utils_tokenizers", None)  # import fails
+    assert not TextTokenizer.mirrors(hf)
+
+
 # ---- LLM() imports no transformers --------------------------------------------------------------
 IMPORT_CHECK = r"""
 import sys

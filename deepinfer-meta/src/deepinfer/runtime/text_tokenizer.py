@@ -77,8 +77,12 @@ class TextTokenizer:
     @staticmethod
     def mirrors(tok: Any) -> bool:
         """Whether a snapshot of the transformers tokenizer ``tok`` behaves exactly like it: a
-        tokenizers-backed tokenizer whose encode/decode/chat methods are transformers' own."""
-        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+        tokenizers-backed tokenizer whose encode/decode/chat methods are transformers' own
+        (transformers 5; older versions decode and fill templates differently: not mirrored)."""
+        try:
+            from transformers.tokenization_utils_tokenizers import TokenizersBackend
+        except ImportError:
+            return False
 
         return isinstance(tok, TokenizersBackend) and all(
             getattr(type(tok), name) is getattr(TokenizersBackend, name) for name in _MIRRORED)
@@ -266,6 +270,10 @@ def _compile(source: str) -> Any:
     import jinja2
     import jinja2.ext
     from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    if tuple(int(x) for x in jinja2.__version__.split(".")[:3] if x.isdigit()) < (3, 1, 6):
+        # older versions have known sandbox escapes, and chat templates are untrusted code
+        raise ImportError(f"chat templates need jinja2>=3.1.6, found {jinja2.__version__}: pip install -U jinja2")
 
     class Generation(jinja2.ext.Extension):
         # marks assistant text for transformers' assistant masks; rendering keeps the body as is
