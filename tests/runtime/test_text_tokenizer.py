@@ -201,6 +201,13 @@ def test_missing_or_damaged_snapshot_files_fall_back_to_transformers(tmp_path, c
     assert again.transformers_tokenizer is not None
     assert load_text_tokenizer(path).transformers_tokenizer is None  # rewritten whole
     assert_same(again, load_tokenizer(path))
+    for meta in ("{not json", "[]", '{"format": 1}', '{"format": 999}'):
+        with open(os.path.join(folder, "meta.json"), "w") as f:
+            f.write(meta)
+        with pytest.raises(ValueError):
+            TextTokenizer.load(folder)
+        assert load_text_tokenizer(path).transformers_tokenizer is not None  # rebuilt by transformers
+        assert load_text_tokenizer(path).transformers_tokenizer is None
 
 
 def test_a_changed_tokenizer_file_takes_a_new_snapshot(tmp_path, cache):

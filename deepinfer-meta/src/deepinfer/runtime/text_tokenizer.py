@@ -122,11 +122,14 @@ class TextTokenizer:
             raise ValueError(f"{folder}: not a text-tokenizer snapshot of format {FORMAT}")
         try:
             backend = Tokenizer.from_file(os.path.join(folder, BACKEND_FILE))
-            return cls(backend, meta)
-        except Exception as exc:  # tokenizers raises its own Exception subclass on a bad file
+        except Exception as exc:  # tokenizers raises a plain Exception on a bad file
             if isinstance(exc, OSError):
                 raise
             raise ValueError(f"{folder}: unreadable snapshot ({exc})") from exc
+        try:
+            return cls(backend, meta)
+        except (KeyError, TypeError, AttributeError) as exc:  # fields missing or of the wrong type
+            raise ValueError(f"{folder}: damaged snapshot ({exc!r})") from exc
 
     def save(self, folder: str) -> None:
         """Write the snapshot into ``folder`` (created)."""
