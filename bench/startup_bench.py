@@ -7,12 +7,14 @@ and the first step are all counted) and times, from just before the process is s
 
 - ``cli``: ``python -m deepinfer generate PROMPT --max-tokens 8`` until its first byte of
   completion text reaches stdout (progress goes to stderr, so stdout holds only the completion);
-- ``api``: a script doing ``from deepinfer import LLM`` → ``LLM()`` → ``llm.stream(PROMPT)``
-  until its first delta with a token; the script also reports when its imports finished and
-  when ``LLM()`` returned, which splits the figure into import / load / first-step parts.
+- ``api``: a script doing ``from deepinfer import LLM`` → ``import torch`` → ``LLM()`` →
+  ``llm.stream(PROMPT)`` until its first delta with a token; the script also reports when its
+  imports finished and when ``LLM()`` returned, which splits the figure into import / load /
+  first-step parts. ``first LLM()`` is the ``LLM()`` call alone (torch already imported): the
+  load of the model, its tokenizer and the KV cache in a fresh process.
 
 The contenders alternate (cli, api, cli, api, …) so machine load hits both alike; medians are
-printed with the load average before and after. The ``deepinfer --version`` and ``--help``
+printed with the load average before and after (``--no-cli``: the API script only). The ``deepinfer --version`` and ``--help``
 start-up times (which must not import torch) are printed too.
 
 ``--baseline-src DIR`` measures a second copy of the ``deepinfer`` sources (e.g. an older
@@ -36,13 +38,15 @@ import sys, time
 t0 = float(sys.argv[1])
 from deepinfer import LLM, SamplingParams
 t_import = time.time()
+import torch
+t_torch = time.time()
 llm = LLM(sys.argv[2] or None, device="cpu", num_threads=int(sys.argv[3]) if sys.argv[3] else None)
 t_load = time.time()
 for delta in llm.stream(sys.argv[4], SamplingParams(temperature=0.0, max_tokens=8)):
     if delta.outputs[0].token_ids:
         break
 t_first = time.time()
-print(f"{t_import - t0:.3f} {t_load - t0:.3f} {t_first - t0:.3f}", flush=True)
+print(f"{t_import - t0:.3f} {t_torch - t0:.3f} {t_load - t0:.3f} {t_first - t0:.3f}", flush=True)
 """
 
 
@@ -60,12 +64,12 @@ def _first_stdout_byte(cmd: list[str], env: dict[str, str]) -> float:
     return dt
 
 
-def _api(model: str, threads: str, env: dict[str, str]) -> tuple[float, float, float]:
+def _api(model: str, threads: str, env: dict[str, str]) -> tuple[float, float, float, float]:
     t0 = time.time()
     out = subprocess.run([sys.executable, "-c", API_SCRIPT, repr(t0), model, threads, PROMPT],
                          capture_output=True, text=True, env=env, check=True)
-    imp, load, first = (float(x) for x in out.stdout.split())
-    return imp, load, first
+    imp, torch_done, load, first = (float(x) for x in out.stdout.split())
+    return imp, torch_done, load, first
 
 
 def _wall(cmd: list[str], env: dict[str, str]) -> float:
@@ -74,22 +78,29 @@ def _wall(cmd: list[str], env: dict[str, str]) -> float:
     return time.perf_counter() - t0
 
 
-def _measure(env: dict[str, str], cli: list[str], model: str, threads: str,
+def _measure(env: dict[str, str], cli: list[str] | None, model: str, threads: str,
              runs: dict[str, list[float]]) -> None:
-    runs.setdefault("cli", []).append(_first_stdout_byte(cli, env))
-    imp, load, first = _api(model, threads, env)
+    if cli is not None:
+        runs.setdefault("cli", []).append(_first_stdout_byte(cli, env))
+    imp, torch_done, load, first = _api(model, threads, env)
     runs.setdefault("api", []).append(first)
     runs.setdefault("api_import", []).append(imp)
     runs.setdefault("api_loaded", []).append(load)
+    runs.setdefault("llm", []).append(load - torch_done)
+    runs.setdefault("load_average", []).append(os.getloadavg()[0])
 
 
 def _report(name: str, runs: dict[str, list[float]]) -> None:
     med = statistics.median
-    print(f"[{name}] cli: start -> first token  {med(runs['cli']):6.2f} s   "
-          f"(runs: {', '.join(f'{x:.2f}' for x in runs['cli'])})")
+    if "cli" in runs:
+        print(f"[{name}] cli: start -> first token  {med(runs['cli']):6.2f} s   "
+              f"(runs: {', '.join(f'{x:.2f}' for x in runs['cli'])})")
     print(f"[{name}] api: start -> first token  {med(runs['api']):6.2f} s   (imports done "
           f"{med(runs['api_import']):.2f} s, LLM() done {med(runs['api_loaded']):.2f} s; "
           f"runs: {', '.join(f'{x:.2f}' for x in runs['api'])})")
+    print(f"[{name}] first LLM() (torch imported)  {med(runs['llm']):6.2f} s   (runs: "
+          f"{', '.join(f'{x:.2f}' for x in runs['llm'])}; load average after each: "
+          f"{', '.join(f'{x:.2f}' for x in runs['load_average'])})")
 
 
 def main() -> None:
@@ -99,6 +110,7 @@ def main() -> None:
     parser.add_argument("--threads", default="", help="torch threads for both (default: torch's)")
     parser.add_argument("--baseline-src", default="",
                         help="another deepinfer source folder to compare with (put first on PYTHONPATH)")
+    parser.add_argument("--no-cli", action="store_true", help="measure the API script only")
     args = parser.parse_args()
     env = dict(os.environ)
     cli = [sys.executable, "-m", "deepinfer", "generate", PROMPT, "--max-tokens", "8", "--device", "cpu"]
@@ -112,6 +124,7 @@ def main() -> None:
             [args.baseline_src, *filter(None, [env.get("PYTHONPATH")])])}
         if args.threads:  # the baseline may predate --threads: the API path sets it for both
             cli = cli[:-2]
+    cli_cmd = None if args.no_cli else cli
 
     load_before = os.getloadavg()
     version = [_wall([sys.executable, "-m", "deepinfer", "--version"], env) for _ in range(args.repeats)]
@@ -120,7 +133,7 @@ def main() -> None:
     for i in range(args.repeats):
         order = list(contenders) if i % 2 == 0 else list(reversed(contenders))
         for name in order:
-            _measure(contenders[name], cli, args.model, args.threads, runs[name])
+            _measure(contenders[name], cli_cmd, args.model, args.threads, runs[name])
     load_after = os.getloadavg()
 
     med = statistics.median
@@ -129,7 +142,9 @@ def main() -> None:
     for name in contenders:
         _report(name, runs[name])
     if "baseline" in runs:
-        for kind in ("cli", "api"):
+        for kind in ("cli", "api", "llm", "api_import"):
+            if kind not in runs["current"]:
+                continue
             ratios = [b / c for b, c in zip(runs["baseline"][kind], runs["current"][kind], strict=True)]
             print(f"baseline / current, {kind}: {med(ratios):.2f}x (per round: "
                   f"{', '.join(f'{r:.2f}' for r in ratios)})")

@@ -18,7 +18,7 @@ class TemplateOnly:
     apply_chat_template = LLM.apply_chat_template
 
     def __init__(self, tokenizer) -> None:
-        self.tokenizer = tokenizer
+        self.text_tokenizer = tokenizer
         self.model_path = "default"
 
 
@@ -90,7 +90,7 @@ def test_chat_refuses_a_model_without_a_chat_template(monkeypatch, capsys):
 
     from deepinfer.runtime import commands
 
-    base_model = SimpleNamespace(tokenizer=SimpleNamespace(chat_template=None), model_path="/models/base")
+    base_model = SimpleNamespace(text_tokenizer=SimpleNamespace(chat_template=None), model_path="/models/base")
     monkeypatch.setattr(commands, "_llm", lambda args: base_model)
     parser = argparse.ArgumentParser(prog="deepinfer")
     commands.register(parser.add_subparsers(dest="command"))

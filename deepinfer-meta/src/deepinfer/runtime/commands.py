@@ -91,7 +91,7 @@ def context_len(llm: Any) -> int:
 
 def _prompt_ids(llm: Any, prompt: str) -> list[int]:
     """Token ids of ``prompt``; ValueError with both counts when it leaves no room to generate."""
-    ids = list(llm.tokenizer(prompt).input_ids)
+    ids = list(llm.text_tokenizer(prompt).input_ids)
     limit = context_len(llm)
     if len(ids) >= limit:
         raise ValueError(f"the prompt is {len(ids)} tokens but the context holds {limit} "
@@ -162,7 +162,7 @@ def _chat(args: argparse.Namespace) -> int:
 
     params = _sampling_params(args)
     llm = _llm(args)
-    if not getattr(llm.tokenizer, "chat_template", None):
+    if not getattr(llm.text_tokenizer, "chat_template", None):
         raise ValueError(f"the model at {llm.model_path!r} has no chat template: use deepinfer generate")
     session = ChatSession(llm, params, context_len(llm), system=args.system)
     return run_chat(session, once=args.message)

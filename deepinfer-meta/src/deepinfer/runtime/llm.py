@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numbers
 import os
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -107,6 +108,13 @@ class LLM:
             holding 1/N of the weights and KV cache; see docs/guide/11-scaling.md. 1 (default):
             no other process. Under ``torchrun`` it must equal WORLD_SIZE.
 
+    Tokenizers: ``llm.text_tokenizer`` is the one the runtime uses (prompts, detokenization,
+    chat templates): a ``deepinfer.runtime.text_tokenizer.TextTokenizer`` over the
+    ``tokenizers`` library, giving the same ids, text and chat prompts as the transformers
+    tokenizer without importing transformers (a snapshot of it cached under
+    ``$DEEPINFER_CACHE``). ``llm.tokenizer`` is the transformers tokenizer itself, loaded on
+    first access (about a second in a fresh process: it imports transformers).
+
     The device defaults to the one of the backend the plugin registry selects (``backend``:
     "cuda" -> the CUDA device, "ascend" -> the torch_npu device, none -> "cpu"); on CUDA,
     decode steps replay CUDA graphs captured at start-up (see docs/guide/08-gpu.md).
@@ -134,7 +142,7 @@ class LLM:
         from deepinfer.runtime.kv_cache import bytes_per_block, num_blocks_for
         from deepinfer.runtime.model_loader import load_model, read_config, resolve_model_path
         from deepinfer.runtime.model_runner import ModelRunner
-        from deepinfer.runtime.tokenizer_loader import load_tokenizer
+        from deepinfer.runtime.tokenizer_loader import load_text_tokenizer
 
         path = resolve_model_path(model)
         if not (os.path.isfile(path) or os.path.isdir(path)):
@@ -186,7 +194,11 @@ class LLM:
         if not enable_chunked_prefill and max_num_batched_tokens < max_model_len:
             raise ValueError(f"max_num_batched_tokens={max_num_batched_tokens} must be >= max_model_len="
                              f"{max_model_len} when chunked prefill is off")
-        self.tokenizer = load_tokenizer(path)
+        # the runtime's tokenizer (ids, text, chat prompts); ``tokenizer``, the transformers one,
+        # loads on first access
+        self.text_tokenizer = load_text_tokenizer(path)
+        self._tokenizer: Any = None
+        self._tokenizer_lock = threading.Lock()
         use_graphs = dev.type == "cuda" and not enforce_eager
         graph_sizes = default_graph_batch_sizes(max_num_seqs) if use_graphs else None
         self.tensor_parallel_size = tp_size
@@ -237,11 +249,11 @@ class LLM:
                                            block_size=block_size, device=dev, dtype=tdtype,
                                            attention_backend=attention_backend)
             eos_ids = list(loaded.config.eos_token_ids)
-            tok_eos = getattr(self.tokenizer, "eos_token_id", None)
+            tok_eos = getattr(self.text_tokenizer, "eos_token_id", None)
             if not eos_ids and tok_eos is not None:
                 eos_ids = [int(tok_eos)]
             self.engine = EngineLoop(
-                self.runner, self.tokenizer,
+                self.runner, self.text_tokenizer,
                 EngineConfig(block_size=block_size, num_blocks=num_kv_blocks, max_num_seqs=max_num_seqs,
                              max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
                              vocab_size=loaded.config.vocab_size, eos_token_id=eos_ids[0] if eos_ids else -1,
@@ -264,6 +276,24 @@ class LLM:
 
                 stop_group(self._workers)
             raise
+
+    @property
+    def tokenizer(self) -> Any:
+        """The model's transformers tokenizer (``batch_decode``, ``apply_chat_template(...,
+        tokenize=True)``, ...), loaded on first access: the runtime itself uses
+        ``text_tokenizer``, which gives the same ids and text without importing transformers."""
+        if self._tokenizer is None:
+            with self._tokenizer_lock:
+                if self._tokenizer is None:
+                    from deepinfer.runtime.text_tokenizer import TextTokenizer
+                    from deepinfer.runtime.tokenizer_loader import load_tokenizer
+
+                    text = self.text_tokenizer
+                    if not isinstance(text, TextTokenizer):  # already the transformers tokenizer
+                        self._tokenizer = text
+                    else:
+                        self._tokenizer = text.transformers_tokenizer or load_tokenizer(self.model_path)
+        return self._tokenizer
 
     def __repr__(self) -> str:
         graphs = "off" if self.runner.graphs is None else f"{len(self.runner.graphs.batch_sizes)} decode graphs"
@@ -289,7 +319,7 @@ class LLM:
     def _prompt_ids(self, prompt: Any, where: str) -> list[int]:
         if isinstance(prompt, str):
             _check_text(prompt, where)
-            return list(self.tokenizer(prompt).input_ids)
+            return list(self.text_tokenizer(prompt).input_ids)
         if isinstance(prompt, (bytes, bytearray, memoryview)):
             raise TypeError(f"{where}: a prompt must be a str or a list of token ids, got "
                             f"{type(prompt).__name__} (decode it first, e.g. prompt.decode('utf-8'))")
@@ -410,7 +440,7 @@ class LLM:
     def apply_chat_template(self, conversation: Sequence[dict[str, str]], add_generation_prompt: bool = True
                             ) -> dict[str, list[int]]:
         """Token ids of ``conversation`` formatted with the tokenizer's chat template."""
-        return chat_prompt(self.tokenizer, self.model_path, conversation, add_generation_prompt)
+        return chat_prompt(self.text_tokenizer, self.model_path, conversation, add_generation_prompt)
 
     def stream(self, prompt: PromptType, sampling_params: SamplingParams | None = None) -> RequestStream:
         """Start one prompt and return an iterator of its delta RequestOutputs as tokens arrive:

@@ -2,13 +2,21 @@
 
 Converting a GGUF vocabulary takes seconds, so the converted tokenizer is saved once under
 ``$DEEPINFER_CACHE`` (default ``~/.cache/deepinfer``) keyed by the file's path, size and mtime.
+
+``load_tokenizer`` gives the transformers tokenizer (``LLM.tokenizer``); ``load_text_tokenizer``
+the runtime's ``TextTokenizer``, a snapshot of it kept under ``$DEEPINFER_CACHE/text-tokenizers``
+that loads without importing transformers (see ``text_tokenizer``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 from typing import Any
+
+# files of a model directory that are not the tokenizer's (their changes need no new snapshot)
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".onnx", ".ckpt")
 
 
 def _offline() -> None:
@@ -45,3 +53,71 @@ def load_tokenizer(model_path: str) -> Any:
     except OSError:  # read-only home: run without the cache
         pass
     return tok
+
+
+def _transformers_identity() -> str:
+    # the installed transformers (path, size and mtime of its __init__.py, found without importing
+    # it): a snapshot taken with another version is retaken
+    import importlib.util
+
+    spec = importlib.util.find_spec("transformers")
+    if spec is None or not spec.origin:
+        return "no transformers"
+    st = os.stat(spec.origin)
+    return f"{spec.origin}|{st.st_size}|{st.st_mtime_ns}"
+
+
+def _source_stats(model_path: str) -> list[str]:
+    """Name, size and mtime of what the tokenizer is built from: the GGUF file, or a model
+    directory's files (weights aside) and its additional chat templates."""
+    if not os.path.isdir(model_path):
+        st = os.stat(model_path)
+        return [f"{st.st_size}|{st.st_mtime_ns}"]
+    out = []
+    for sub in ("", "additional_chat_templates"):
+        folder = os.path.join(model_path, sub)
+        if not os.path.isdir(folder):
+            continue
+        with os.scandir(folder) as entries:
+            for e in entries:
+                if e.is_file() and not e.name.endswith(_WEIGHT_SUFFIXES):
+                    st = e.stat()
+                    out.append(f"{sub}/{e.name}|{st.st_size}|{st.st_mtime_ns}")
+    return sorted(out)
+
+
+def text_tokenizer_dir(model_path: str) -> str:
+    """Where the ``TextTokenizer`` snapshot of ``model_path``'s tokenizer is kept."""
+    import tokenizers
+
+    parts = [os.path.abspath(model_path), _transformers_identity(), f"tokenizers {tokenizers.__version__}",
+             *_source_stats(model_path)]
+    key = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+    return os.path.join(cache_dir(), "text-tokenizers", key)
+
+
+def load_text_tokenizer(model_path: str) -> Any:
+    """The runtime's tokenizer of a model directory or GGUF file: a ``TextTokenizer`` equal to the
+    transformers tokenizer ``load_tokenizer`` gives, from its cached snapshot (no transformers
+    import). Without a snapshot (first use, damaged or unreadable files) the transformers
+    tokenizer is loaded and the snapshot written; a model-specific transformers tokenizer that a
+    snapshot cannot reproduce is returned as it is."""
+    from deepinfer.runtime.text_tokenizer import TextTokenizer
+
+    folder = text_tokenizer_dir(model_path)
+    try:
+        return TextTokenizer.load(folder)
+    except (OSError, ValueError):  # none yet, or damaged: take it again below
+        pass
+    tok = load_tokenizer(model_path)
+    if not TextTokenizer.mirrors(tok):
+        return tok
+    text = TextTokenizer.from_transformers(tok)
+    tmp = f"{folder}.tmp{os.getpid()}"
+    try:
+        text.save(tmp)
+        shutil.rmtree(folder, ignore_errors=True)  # a damaged snapshot
+        os.replace(tmp, folder)
+    except OSError:  # read-only cache: this process keeps its snapshot in memory
+        shutil.rmtree(tmp, ignore_errors=True)
+    return text

@@ -65,7 +65,7 @@ class ServingState:
         from deepinfer.serve.replicas import ReplicaSet
 
         self.llm, self.config = llm, config
-        self.tokenizer = llm.tokenizer
+        self.tokenizer = llm.text_tokenizer  # the runtime's (no transformers import)
         name = config.served_model_names[0]
         self.engine: EngineThread | ReplicaSet
         if isinstance(llm, ReplicaSet):

@@ -160,7 +160,7 @@ class ReplicaSet:
     def __init__(self, llm_kwargs: dict[str, Any], data_parallel_size: int, tensor_parallel_size: int = 1,
                  log_level: str = "info") -> None:
         from deepinfer.runtime.model_loader import resolve_model_path
-        from deepinfer.runtime.tokenizer_loader import load_tokenizer
+        from deepinfer.runtime.tokenizer_loader import load_text_tokenizer
 
         kwargs = dict(llm_kwargs)
         placements = plan_replicas(kwargs.pop("device", None), data_parallel_size, tensor_parallel_size,
@@ -189,7 +189,8 @@ class ReplicaSet:
                 self._replicas.append(_Replica(i, proc, commands, reader))
                 log.info("replica %d: pid %d, device %s%s", i, proc.pid, place.device,
                          "".join(f", {k}={v}" for k, v in place.env.items()))
-            self.tokenizer = load_tokenizer(self.model_path)  # while the replicas load their models
+            # while the replicas load their models
+            self.text_tokenizer = load_text_tokenizer(self.model_path)
             for r in self._replicas:
                 r.info = self._wait_ready(r)
         except BaseException:
@@ -220,7 +221,7 @@ class ReplicaSet:
                             ) -> dict[str, list[int]]:
         from deepinfer.runtime.llm import chat_prompt
 
-        return chat_prompt(self.tokenizer, self.model_path, conversation, add_generation_prompt)
+        return chat_prompt(self.text_tokenizer, self.model_path, conversation, add_generation_prompt)
 
     def attach_metrics(self, metrics: Sequence[ServerMetrics]) -> None:
         """Each replica's metrics (the front end replays its recorded updates on them)."""
