@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from typing import Any
 
 import numpy as np
 
@@ -26,6 +27,9 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=1)
     p.add_argument("--dtype", default=None, choices=[None, "float32"])
     p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--compare-backoff", type=int, default=0, metavar="ROUNDS",
+                   help="instead: ROUNDS rounds of --steps steps each with the contention back-off on, off, "
+                        "and on one thread, interleaved in this process (median step time per round)")
     args = p.parse_args()
     import torch
     from deepinfer.runtime.model_loader import load_model, resolve_model_path
@@ -51,6 +55,9 @@ def main() -> None:
 
     for pos in range(64, 72):  # warm-up
         step(pos)
+    if args.compare_backoff:
+        compare_backoff(args, step, nd, build_native_decode(loaded.model, loaded.gguf, kv, 1))
+        return
     times = []
     for i in range(args.steps):
         t = time.perf_counter()
@@ -66,6 +73,39 @@ def main() -> None:
     phases = nd.native.phase_times()
     nd.native.profiling = False
     print("phases (ms/step): " + "  ".join(f"{k}={v * 1e3:.2f}" for k, v in phases.items()))
+
+
+def compare_backoff(args: argparse.Namespace, step: Any, nd: Any, single: Any) -> None:
+    """Rounds of steps with the back-off on, off and on one thread, interleaved (the machine's
+    drift hits all three alike); median step time of each round, and the ratios."""
+    pooled = nd.native
+
+    def run(model: Any) -> float:
+        nd.native = model
+        times = []
+        for i in range(args.steps):
+            t = time.perf_counter()
+            step(64 + i % 64)
+            times.append(time.perf_counter() - t)
+        return float(np.median(times)) * 1e3
+
+    rows: dict[str, list[float]] = {"back-off on": [], "back-off off": [], "one thread": []}
+    solo = []
+    for _ in range(args.compare_backoff):
+        pooled.contention_backoff = True
+        before = pooled.solo_steps
+        rows["back-off on"].append(run(pooled))
+        solo.append(pooled.solo_steps - before)
+        pooled.contention_backoff = False
+        rows["back-off off"].append(run(pooled))
+        rows["one thread"].append(run(single.native))
+    pooled.contention_backoff = True
+    for name, ms in rows.items():
+        print(f"{name:13s} median step ms per round: " + ", ".join(f"{m:.2f}" for m in ms))
+    print("steps run alone per round (back-off on): " + ", ".join(map(str, solo)))
+    on, off = np.array(rows["back-off on"]), np.array(rows["back-off off"])
+    print("off / on time ratio per round: " + ", ".join(f"{r:.2f}" for r in off / on)
+          + f"; load_avg={os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -249,6 +251,41 @@ def test_phase_timer_counts_steps_while_on_and_resets_when_read():
     times = m.phase_times()
     assert list(times) == names and all(t >= 0 for t in times.values()) and sum(times.values()) > 0
     assert m.phase_times() == dict.fromkeys(names, 0.0)  # read: reset
+
+
+def test_contention_backoff_switch_and_solo_step_count():
+    """The back-off is on by default and can be turned off; it never runs a step alone while off
+    (here with a competing thread on the cores) or with a one-thread pool, and the logits do not
+    depend on it (each row's sums are taken in the same order on any number of threads)."""
+    rng = np.random.default_rng(8)
+    model = RandomModel(rng, "Q4_1")
+    caches = [np.zeros((2, 3, BS, KV_HEADS, D), np.float32) for _ in range(LAYERS)]
+    step = dict(input_ids=np.array([1], np.int64), positions=np.array([0], np.int64),
+                slot_mapping=np.array([0], np.int64), seq_lens=np.array([1], np.int64),
+                block_tables=np.zeros((1, 2), np.int64))
+    single, pooled = model.native(caches, 1), model.native(caches, 2)
+    assert pooled.contention_backoff and pooled.solo_steps == 0
+    pooled.contention_backoff = False
+    assert not pooled.contention_backoff
+    stop = threading.Event()
+
+    def spin() -> None:  # holds a core while the steps run
+        while not stop.is_set():
+            pass
+
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    try:
+        reference = single.decode(**step)
+        for _ in range(50):
+            np.testing.assert_array_equal(pooled.decode(**step), reference)
+            single.decode(**step)
+    finally:
+        stop.set()
+        spinner.join()
+    assert pooled.solo_steps == 0 and single.solo_steps == 0
+    pooled.contention_backoff = True
+    np.testing.assert_array_equal(pooled.decode(**step), reference)
 
 
 # ---- bad input -----------------------------------------------------------------------------------

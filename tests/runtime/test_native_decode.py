@@ -128,7 +128,8 @@ def test_torch_runs_on_one_thread_while_steps_are_native(tmp_path, monkeypatch):
         monkeypatch.setattr(runner, "native_decode", spy("native", native))
         monkeypatch.setattr(runner.model, "forward", spy("torch", forward))
         monkeypatch.setattr(engine_loop, "sample", spy("sample", sample))
-        params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+        # sampled, not greedy: greedy steps take the argmax without calling sample()
+        params = SamplingParams(max_tokens=4, temperature=0.8, seed=1, ignore_eos=True)
         llm.generate([{"prompt_token_ids": [5, 9, 13]}, {"prompt_token_ids": [7, 8]}], params, use_tqdm=False)
         assert torch.get_num_threads() == 2, "the engine ran out of work: torch must have its threads back"
         llm.generate([{"prompt_token_ids": [11, 12, 13, 14]}], params, use_tqdm=False)

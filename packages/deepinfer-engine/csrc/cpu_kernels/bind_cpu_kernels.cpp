@@ -252,6 +252,11 @@ class PyDecodeModel {
     model_->profiled_steps = 0;
   }
 
+  bool contention_backoff() const { return model_->contention_backoff; }
+  void set_contention_backoff(bool on) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    model_->contention_backoff = on;
+  }
   int64_t solo_steps() {
     std::lock_guard<std::mutex> lock(mutex_);
     return model_->solo_steps;
@@ -340,6 +345,9 @@ PYBIND11_MODULE(_cpu_kernels, m) {
       .def("phase_times", &PyDecodeModel::phase_times,
            "{phase: mean wall seconds per step} of the steps since profiling was turned on or the last call "
            "(which resets the count).")
+      .def_property("contention_backoff", &PyDecodeModel::contention_backoff, &PyDecodeModel::set_contention_backoff,
+                    "Run the next steps on one thread after a step that waited over a tenth of its time on "
+                    "descheduled workers (on by default).")
       .def_property_readonly("solo_steps", &PyDecodeModel::solo_steps,
                              "Decode steps run on the calling thread alone by the contention back-off (a step "
                              "that waited over a tenth of its time on descheduled workers sends the next 4..256 "

@@ -13,6 +13,7 @@ namespace {
 constexpr int kRowGranule = 16;
 constexpr double kMaxWaitShare = 0.1;
 constexpr int kMinSoloSteps = 4, kMaxSoloSteps = 256;
+constexpr int kRemeasureSteps = 256;
 
 bool quantized(const Linear& w) { return w.kind != WeightKind::F32; }
 
@@ -167,19 +168,36 @@ void DecodeModel::attention(const StepInputs& in, LayerWeights& layer) {
 
 void DecodeModel::decode(const StepInputs& in, float* logits) {
   const auto step_start = std::chrono::steady_clock::now();
-  pool_.set_solo(solo_steps_left_ > 0);
-  if (solo_steps_left_ > 0) {
+  if (!contention_backoff) solo_steps_left_ = solo_backoff_ = 0;
+  const bool solo = solo_steps_left_ > 0;
+  pool_.set_solo(solo);
+  if (solo) {
     --solo_steps_left_;
     ++solo_steps;
   }
   decode_layers(in, logits);
   pool_.park();
-  if (pool_.solo()) return;
-  // A step whose caller spent over a tenth of it waiting on workers that lost their core (a busy
-  // machine) is slower than one thread alone: run the next steps alone, 4, 8, ... up to 256 of
-  // them while that keeps happening, then try the pool again.
+  if (pool_.size() == 1) return;
   const double step = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
+  if (solo) {
+    solo_time_.add(step, in.rows);
+    return;
+  }
+  pool_time_.add(step, in.rows);
+  // A step whose caller spent over a tenth of it waiting on workers that lost their core (a busy
+  // machine) may be slower than one thread alone: run the next steps alone, 4, 8, ... up to 256
+  // of them while that keeps happening, then try the pool again -- unless one thread alone,
+  // measured at this batch size, was no faster than the pool with its waits (a VM whose vCPUs
+  // are briefly preempted: the pool still wins). That measure is dropped now and then
+  // (kRemeasureSteps contended steps) so the choice follows the machine.
   if (pool_.take_wait_seconds() > kMaxWaitShare * step) {
+    if (solo_time_.known(in.rows) && solo_time_.seconds >= pool_time_.seconds) {
+      if (++pool_kept_ >= kRemeasureSteps) {
+        solo_time_ = {};
+        pool_kept_ = 0;
+      }
+      return;
+    }
     solo_backoff_ = std::min(kMaxSoloSteps, std::max(kMinSoloSteps, 2 * solo_backoff_));
     solo_steps_left_ = solo_backoff_;
   } else {

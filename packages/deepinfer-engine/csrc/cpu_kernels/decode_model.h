@@ -96,7 +96,10 @@ class DecodeModel {
   std::array<double, kPhases> phase_seconds{};
   int profiled_steps = 0;
 
-  // Steps the contention back-off ran on the calling thread alone (since creation).
+  // Contention back-off (on by default): after a step that waited over a tenth of its time on
+  // descheduled workers, run the next steps on the calling thread alone. solo_steps counts the
+  // steps it ran alone since creation.
+  bool contention_backoff = true;
   int64_t solo_steps = 0;
 
   // A copy of a quantized weight in ggml's layout, regrouped for the kernels (see kernels.h)
@@ -129,6 +132,19 @@ class DecodeModel {
   // Contention back-off: steps left to run on the calling thread alone, and the length of the
   // next back-off (doubles while steps keep waiting on descheduled workers).
   int solo_steps_left_ = 0, solo_backoff_ = 0;
+  // Recent step time (moving average) of each mode, for the batch size it was measured at
+  // (another batch size starts it over).
+  struct StepTime {
+    double seconds = 0.0;
+    int rows = 0;
+    void add(double t, int r) {
+      seconds = r == rows ? 0.75 * seconds + 0.25 * t : t;
+      rows = r;
+    }
+    bool known(int r) const { return rows == r; }
+  };
+  StepTime pool_time_, solo_time_;
+  int pool_kept_ = 0;  // contended steps kept on the pool since one thread was last measured
 };
 
 }  // namespace deepinfer::cpu
