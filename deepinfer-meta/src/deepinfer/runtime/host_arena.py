@@ -7,17 +7,24 @@ pages the native float32 step measured ~12 % faster (rounds interleaved in one p
 docs/guide/05). Linux only: a private anonymous mapping with ``MADV_HUGEPAGE`` (honoured when
 ``/sys/kernel/mm/transparent_hugepage/enabled`` is ``always`` or ``madvise``); pages are given
 on first write, so parameters that are never written (replaced by quantized layers) cost nothing.
-Elsewhere ``host_arena_tensors`` returns None and the caller allocates as usual.
+Elsewhere, or with ``DEEPINFER_CPU_HUGE_PAGES=0``, ``host_arena_tensors`` returns None and the
+caller allocates as usual.
+
+The first write of a 2 MiB page costs the kernel a 2 MiB clear, and on some VMs the host backs
+the page on first use (~2.4 ms a page measured on the 2-core VM of docs/guide/05: a float32 load
+of the default model 0.7 -> 2.2 s there; the page-clearing cost alone is ~0.1 s).
 """
 
 from __future__ import annotations
 
 import math
 import mmap
+import os
 import sys
 
 import torch
 
+ENV_SWITCH = "DEEPINFER_CPU_HUGE_PAGES"
 HUGE_PAGE = 2 << 20
 _ALIGN = 64  # bytes, as torch's own CPU allocator
 
@@ -26,6 +33,8 @@ def host_arena_tensors(shapes: list[torch.Size], dtype: torch.dtype) -> list[tor
     """Uninitialised CPU tensors of ``shapes`` in ``dtype``, views of one huge-page-backed mapping
     (kept alive by the views), or None where that is not available."""
     if not sys.platform.startswith("linux") or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return None
+    if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
         return None
     itemsize = torch.empty((), dtype=dtype).element_size()
     offsets, end = [], 0

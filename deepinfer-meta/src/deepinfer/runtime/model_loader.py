@@ -101,7 +101,8 @@ def load_model(path: str, *, device: torch.device, dtype: torch.dtype, dummy_wei
             from deepinfer.runtime.distributed.parallel_layers import TensorParallelLlama
 
             model = TensorParallelLlama(config, shard, max_positions=1, rope_freq_factors=freq_factors)
-    materialize(model, device, dtype)
+    # dense weights that decode steps will stream go on 2 MiB pages (not the int4 path's)
+    materialize(model, device, dtype, huge_pages=device.type == "cpu" and not keep_quantized)
     with torch.no_grad():
         if dummy_weights:
             model.init_dummy_weights(seed)
@@ -140,15 +141,15 @@ def load_model(path: str, *, device: torch.device, dtype: torch.dtype, dummy_wei
                        gguf=gguf_model if keep_quantized and not dummy_weights else None)
 
 
-def materialize(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> None:
+def materialize(model: torch.nn.Module, device: torch.device, dtype: torch.dtype, huge_pages: bool = False) -> None:
     """Give every meta parameter and buffer uninitialised storage on ``device`` (floating ones in
     ``dtype``). Does what ``to(dtype).to_empty(device)`` does, without the sympy import that
-    ``to_empty`` triggers (0.3 s of CPU). On CPU the floating parameters share one mapping on
-    2 MiB pages where the OS allows (``host_arena``: decode steps stream them every token)."""
+    ``to_empty`` triggers (0.3 s of CPU). ``huge_pages`` (CPU): the floating parameters share one
+    mapping on 2 MiB pages where the OS allows (``host_arena``: decode steps stream them)."""
     slots = [(store, name, t, store is module._parameters) for module in model.modules()
              for store in (module._parameters, module._buffers) for name, t in store.items() if t is not None]
     in_arena = [i for i, (_, _, t, is_param) in enumerate(slots)
-                if is_param and device.type == "cpu" and t.is_floating_point()]
+                if huge_pages and is_param and device.type == "cpu" and t.is_floating_point()]
     given: dict[int, torch.Tensor] = {}
     if in_arena:
         from deepinfer.runtime.host_arena import host_arena_tensors
