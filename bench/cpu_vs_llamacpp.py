@@ -1,6 +1,6 @@
 """DeepInfer vs llama.cpp vs transformers on the same GGUF file, CPU, interleaved rounds.
 
-    python bench/cpu_vs_llamacpp.py [--rounds 3] [--threads 2] [--only dq df lq lf tf]
+    python bench/cpu_vs_llamacpp.py [--rounds 3] [--repeats 1] [--threads 2] [--only dq df lq lf tf]
 
 Contenders (all greedy, EOS ignored, ``--threads`` intra-op threads each):
   lq  llama.cpp (``llama-cpp-python``, low-level API) on the file as shipped (Q4_1 + Q8_0)
@@ -16,7 +16,9 @@ sequences of one batch, its "parallel slots"; transformers as one static batch).
 
 Every round loads and measures each contender once, in an order that rotates from round to
 round; each figure is printed with the 1-minute load average when it was taken, and the ratios
-DeepInfer / llama.cpp are per round (taken minutes apart at most). llama.cpp is skipped, with
+DeepInfer / llama.cpp are per round (taken minutes apart at most). ``--repeats N``: each
+figure of a round (but load) is the median of N runs after the warm-up, which smooths a
+machine whose speed moves within seconds (a VM whose host is shared). llama.cpp is skipped, with
 the reason, when ``llama_cpp`` does not import. The machine this runs on may be shared: read the
 load averages before the figures.
 """
@@ -232,6 +234,7 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="GGUF file (default: the embedded SmolLM2 Q4_1)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=1, help="runs per figure of a round (median), load excepted")
     parser.add_argument("--only", nargs="+", default=["lq", "lf", "dq", "df", "tf"],
                         choices=["lq", "lf", "dq", "df", "tf"])
     parser.add_argument("--measures", nargs="+", default=["load", "decode1", "long_prompt", "concurrent"],
@@ -271,7 +274,8 @@ def main() -> None:
         "long_prompt": lambda c: c.long_prompt(long_prompt), "concurrent": lambda c: c.concurrent(conc)}
     units = {"load": "s", "decode1": "tok/s", "long_prompt": "prompt tok/s", "concurrent": "tok/s total"}
     results: dict[tuple[str, str], list[float]] = {}
-    print(f"threads={args.threads} rounds={args.rounds} cpus={os.cpu_count()} file={os.path.basename(path)}")
+    print(f"threads={args.threads} rounds={args.rounds} repeats={args.repeats} cpus={os.cpu_count()} "
+          f"file={os.path.basename(path)}")
     for r in range(args.rounds):
         order = contenders[r % len(contenders):] + contenders[:r % len(contenders)]
         for c in order:
@@ -280,7 +284,8 @@ def main() -> None:
             for m in args.measures:
                 if m != "load":
                     measures[m](c)  # warm-up run, not counted (first-call allocations, thread pools)
-                value = measures[m](c) if m != "load" else c.load()
+                value = (statistics.median(measures[m](c) for _ in range(args.repeats)) if m != "load"
+                         else c.load())
                 results.setdefault((c.name, m), []).append(value)
                 print(f"round {r + 1}  {c.name:32s} {m:12s} {value:9.2f} {units[m]:14s} load avg {load_avg():5.2f}",
                       flush=True)
