@@ -36,7 +36,7 @@ def host_arena_tensors(shapes: list[torch.Size], dtype: torch.dtype) -> list[tor
         return None
     if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
         return None
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    itemsize = dtype.itemsize
     offsets, end = [], 0
     for shape in shapes:
         end = -(-end // _ALIGN) * _ALIGN
