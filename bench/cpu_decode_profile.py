@@ -31,8 +31,8 @@ def main() -> None:
     if args.native is not None:
         os.environ["DEEPINFER_CPU_NATIVE"] = args.native
     import torch
-    from deepinfer.runtime.model_loader import load_model, resolve_model_path
-    from deepinfer.runtime.model_runner import ModelRunner
+    from deepinfer.runtime.loading.model_loader import load_model, resolve_model_path
+    from deepinfer.runtime.worker.model_runner import ModelRunner
 
     torch.set_num_threads(args.threads)
     path = resolve_model_path(args.model)

@@ -3,7 +3,7 @@
     python bench/cpu_huge_pages.py [--dtype float32] [--rounds 7]
 
 Loads the default model (or ``--model``) twice as ``LLM`` on CPU: once as usual (a dense load
-puts its parameters on 2 MiB transparent huge pages, ``runtime/host_arena.py``) and once with
+puts its parameters on 2 MiB transparent huge pages, ``runtime/loading/host_arena.py``) and once with
 the arena turned off (4 KiB pages), then alternates one batch-1 generation (64-token prompt, 128
 greedy tokens) on each. Prints each load time, tok/s per round and the per-round ratio, with the
 load average. Both models in one process see the same machine drift.
@@ -24,7 +24,7 @@ def main() -> None:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--rounds", type=int, default=7)
     args = p.parse_args()
-    import deepinfer.runtime.host_arena as host_arena
+    import deepinfer.runtime.loading.host_arena as host_arena
     from deepinfer import LLM, SamplingParams
 
     def load() -> tuple[LLM, float]:

@@ -32,8 +32,8 @@ def main() -> None:
                         "and on one thread, interleaved in this process (median step time per round)")
     args = p.parse_args()
     import torch
-    from deepinfer.runtime.model_loader import load_model, resolve_model_path
-    from deepinfer.runtime.models.native_decode import build_native_decode
+    from deepinfer.runtime.loading.model_loader import load_model, resolve_model_path
+    from deepinfer.runtime.worker.native_decode import build_native_decode
 
     torch.set_num_threads(args.threads)
     loaded = load_model(resolve_model_path(args.model), device=torch.device("cpu"), dtype=torch.float32,

@@ -245,7 +245,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from deepinfer.runtime.default_model import default_model_path
+    from deepinfer.runtime.loading.default_model import default_model_path
 
     path = args.model or default_model_path()
     contenders: list[Contender] = []

@@ -32,7 +32,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--variants", default="", help="'name:VAR=VALUE&VAR=VALUE|name2:...' (recaptured, timed only)")
     args = p.parse_args()
-    import deepinfer.runtime.model_loader as ml
+    import deepinfer.runtime.loading.model_loader as ml
     from deepinfer import LLM, SamplingParams
     from gpu_bench import _load_on_device
     from gpu_shapes import write_shape_dir
@@ -85,7 +85,7 @@ def replay_ms(graphs, rows: int, steps: int) -> float:  # type: ignore[no-untype
 
 
 def compare_variants(llm, rows: int, steps: int, spec: str, default_ms: float) -> None:  # type: ignore[no-untyped-def]
-    from deepinfer.runtime.cuda_graph_runner import capture_decode_graphs
+    from deepinfer.runtime.worker.cuda_graph_runner import capture_decode_graphs
 
     old = llm.runner.graphs
     sizes, max_len = old.batch_sizes, old.max_model_len

@@ -12,9 +12,9 @@ import os
 import time
 from typing import Any
 
-from deepinfer.runtime.default_model import default_model_path
-from deepinfer.runtime.detokenizer import IncrementalDetokenizer
-from deepinfer.runtime.tokenizer_loader import load_tokenizer
+from deepinfer.runtime.engine.detokenizer import IncrementalDetokenizer
+from deepinfer.runtime.loading.default_model import default_model_path
+from deepinfer.runtime.loading.tokenizer_loader import load_tokenizer
 
 
 class PythonWindow(IncrementalDetokenizer):

@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "runti
 
 
 def _load_on_device(path, *, device, dtype, dummy_weights=False, max_positions=None, seed=0, **_ignored):  # type: ignore[no-untyped-def]
-    from deepinfer.runtime.model_loader import LoadedModel, read_config
+    from deepinfer.runtime.loading.model_loader import LoadedModel, read_config
     from deepinfer.runtime.models.llama import LlamaForCausalLM
     from deepinfer.runtime.models.rotary import RotaryEmbedding
 
@@ -104,7 +104,7 @@ def nanovllm_workload() -> tuple[list[list[int]], list[int]]:
 def run_deepinfer(shape_dir: str, prompts: list[list[int]], out_len: int | list[int], runs: int, *, eager: bool,
                   profile: bool, temperature: float = 0.0, max_model_len: int | None = None,
                   overlap: bool = True) -> list[float]:
-    import deepinfer.runtime.model_loader as ml
+    import deepinfer.runtime.loading.model_loader as ml
     from deepinfer import LLM, SamplingParams
     from deepinfer.runtime.bench_metrics import measure_generate
 

@@ -63,7 +63,7 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     from deepinfer import LLM, SamplingParams
-    from deepinfer.runtime.default_model import default_model_path
+    from deepinfer.runtime.loading.default_model import default_model_path
     path = args.model or default_model_path()
     llm = LLM(path, device="cpu", dtype="float32")
     hf = load_transformers_gguf(path)

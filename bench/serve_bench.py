@@ -176,7 +176,7 @@ def main() -> None:
 
 def compare_replicas(args: argparse.Namespace) -> None:
     """A server of N replicas vs a one-replica server on the same requests, one after the other."""
-    from deepinfer.runtime.model_loader import read_config, resolve_model_path
+    from deepinfer.runtime.loading.model_loader import read_config, resolve_model_path
 
     vocab = read_config(resolve_model_path(args.model)).vocab_size
     max_seqs = max(args.clients)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from deepinfer.runtime.commands import add_bench_args, run_bench
+from deepinfer.cli.commands import add_bench_args, run_bench
 
 
 def main() -> int:

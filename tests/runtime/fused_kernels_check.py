@@ -201,9 +201,9 @@ def check_one_row_forward(arch: str) -> None:
     import os
     import tempfile
 
-    from deepinfer.runtime.model_loader import load_model
-    from deepinfer.runtime.model_runner import ModelRunner
+    from deepinfer.runtime.loading.model_loader import load_model
     from deepinfer.runtime.models.llama_fused_decode import fused_decode_forward
+    from deepinfer.runtime.worker.model_runner import ModelRunner
     from tiny_models import save_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:

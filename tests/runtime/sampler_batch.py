@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from deepinfer.runtime.sampler import SamplingBatch
+from deepinfer.runtime.sampling.sampler import SamplingBatch
 
 
 def make_batch(rows: list[dict], max_logprobs: int = -1) -> SamplingBatch:

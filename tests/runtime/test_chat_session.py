@@ -7,7 +7,7 @@ chat template (``LLM.apply_chat_template`` itself) without loading the weights.
 from __future__ import annotations
 
 import pytest
-from deepinfer.runtime.chat_repl import ChatSession, Reply, _notice
+from deepinfer.cli.chat_repl import ChatSession, Reply, _notice
 from deepinfer.runtime.llm import LLM
 from deepinfer.runtime.sampling_params import SamplingParams
 
@@ -88,7 +88,7 @@ def test_chat_refuses_a_model_without_a_chat_template(monkeypatch, capsys):
     import argparse
     from types import SimpleNamespace
 
-    from deepinfer.runtime import commands
+    from deepinfer.cli import commands
 
     base_model = SimpleNamespace(text_tokenizer=SimpleNamespace(chat_template=None), model_path="/models/base")
     monkeypatch.setattr(commands, "_llm", lambda args: base_model)

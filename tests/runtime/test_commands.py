@@ -6,7 +6,7 @@ import argparse
 import sys
 
 import pytest
-from deepinfer.runtime import commands
+from deepinfer.cli import commands
 
 
 def _parser():
@@ -19,7 +19,7 @@ def _parser():
 def test_import_does_not_load_torch():
     import subprocess
 
-    code = "import deepinfer, deepinfer.runtime.commands, sys; print('torch' in sys.modules)"
+    code = "import deepinfer, deepinfer.cli.commands, sys; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -8,7 +8,7 @@ import signal
 import time
 
 import pytest
-from deepinfer.runtime.console import deferred_interrupt, status
+from deepinfer.cli.console import deferred_interrupt, status
 
 
 class FakeTerminal(io.StringIO):

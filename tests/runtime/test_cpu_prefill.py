@@ -101,8 +101,8 @@ def test_cpu_linear_module_shares_the_parameters():
 
 
 def _hidden(model, ids: list[int]) -> torch.Tensor:
-    from deepinfer.runtime.model_loader import LoadedModel
-    from deepinfer.runtime.model_runner import ModelRunner
+    from deepinfer.runtime.loading.model_loader import LoadedModel
+    from deepinfer.runtime.worker.model_runner import ModelRunner
 
     runner = ModelRunner(LoadedModel(model=model, config=model.config, path=""), num_blocks=8, block_size=16,
                          device=torch.device("cpu"), dtype=torch.float32)
@@ -115,7 +115,7 @@ def _hidden(model, ids: list[int]) -> torch.Tensor:
 def test_loaded_cpu_model_runs_its_projections_on_cpu_linear(tiny_model_dir, fresh_check):
     """The loader swaps the float32 CPU projections for CpuLinear over the same parameters (the
     loaded weights, what weight_slots points at), and the logits of every row agree with F.linear's."""
-    from deepinfer.runtime.model_loader import load_model
+    from deepinfer.runtime.loading.model_loader import load_model
 
     model = load_model(tiny_model_dir, device=torch.device("cpu"), dtype=torch.float32).model
     slots = model.weight_slots()
@@ -134,7 +134,7 @@ def test_loaded_cpu_model_runs_its_projections_on_cpu_linear(tiny_model_dir, fre
 def test_long_prompt_greedy_equals_transformers(loaded_default, hf_greedy, tokenizer):
     """A prompt of a few hundred tokens (oneDNN linears, several attention chunks) continues as
     transformers continues it."""
-    from deepinfer.runtime.model_runner import ModelRunner
+    from deepinfer.runtime.worker.model_runner import ModelRunner
     from reference_driver import greedy_generate
 
     text = ("The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "

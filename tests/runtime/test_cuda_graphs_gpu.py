@@ -73,7 +73,7 @@ def _scenario(llm):
 
 
 def test_graph_decode_matches_eager_greedy(shape_dir):
-    from deepinfer.runtime.cuda_graph_runner import capture_decode_graphs
+    from deepinfer.runtime.worker.cuda_graph_runner import capture_decode_graphs
 
     eager, _ = _scenario(_llm(shape_dir, enforce_eager=True))
     llm = _llm(shape_dir)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from deepinfer.runtime.detokenizer import IncrementalDetokenizer, decode_completion
+from deepinfer.runtime.engine.detokenizer import IncrementalDetokenizer, decode_completion
 
 TEXTS = [
     "Hello, world! The café costs 3€ — naïve 日本語 テキスト 🙂 done.",

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from deepinfer.runtime.sampler import apply_logits_processing
-from deepinfer.runtime.sampler_inputs import sampling_batch_from_engine
+from deepinfer.runtime.sampling.sampler import apply_logits_processing
+from deepinfer.runtime.sampling.sampler_inputs import sampling_batch_from_engine
 from deepinfer.runtime.sampling_params import SamplingParams
 from engine_helpers import make_loop, run_all
 from numpy_reference import log_softmax, process_row
@@ -123,7 +123,7 @@ def test_engine_sampler_inputs_drive_penalties_bias_and_bans(loop, tokenizer):
 def test_plain_greedy_steps_take_the_argmax_without_the_sampler(loop, prompt_ids, monkeypatch):
     # Plain-greedy steps skip SamplingBatch and sample(): the same tokens as the full sampler,
     # alone and batched with a request that does need it (then the whole step goes through it).
-    from deepinfer.runtime import engine_loop
+    from deepinfer.runtime.engine import loop as engine_loop
 
     greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     penalized = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, repetition_penalty=1.3)

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import torch
-from deepinfer.runtime.host_arena import HUGE_PAGE, host_arena_tensors
+from deepinfer.runtime.loading.host_arena import HUGE_PAGE, host_arena_tensors
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="huge-page arena is Linux only")
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from deepinfer.runtime import engine_loop
-from deepinfer.runtime.detokenizer import decode_completion
+from deepinfer.runtime.engine import loop as engine_loop
+from deepinfer.runtime.engine.detokenizer import decode_completion
 from deepinfer.runtime.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)

@@ -8,9 +8,9 @@ import os
 import numpy as np
 import pytest
 import torch
-from deepinfer.runtime.gguf_loader import GGUFError
-from deepinfer.runtime.model_loader import load_model, resolve_model_path
-from deepinfer.runtime.model_runner import ModelRunner
+from deepinfer.runtime.loading.gguf_loader import GGUFError
+from deepinfer.runtime.loading.model_loader import load_model, resolve_model_path
+from deepinfer.runtime.worker.model_runner import ModelRunner
 from tiny_models import save_tiny_model
 
 
@@ -81,7 +81,7 @@ def test_default_model_missing_names_the_pip_command(monkeypatch):
     import importlib.metadata
     import importlib.util
 
-    from deepinfer.runtime import default_model
+    from deepinfer.runtime.loading import default_model
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
 
@@ -115,7 +115,7 @@ def _count_alive_while_streaming(monkeypatch, module, attr):
 
 
 def test_safetensors_are_loaded_one_tensor_at_a_time(tmp_path, monkeypatch):
-    import deepinfer.runtime.safetensors_loader as st
+    import deepinfer.runtime.loading.safetensors_loader as st
 
     save_tiny_model(tmp_path, "llama")
     alive = _count_alive_while_streaming(monkeypatch, st, "iter_safetensors")
@@ -125,7 +125,7 @@ def test_safetensors_are_loaded_one_tensor_at_a_time(tmp_path, monkeypatch):
 
 
 def test_gguf_tensors_are_dequantized_one_at_a_time(default_gguf, monkeypatch):
-    from deepinfer.runtime.gguf_loader import GGUFModel
+    from deepinfer.runtime.loading.gguf_loader import GGUFModel
 
     alive = _count_alive_while_streaming(monkeypatch, GGUFModel, "dense_tensors")
     load_model(default_gguf, device=torch.device("cpu"), dtype=torch.float32, max_positions=64)

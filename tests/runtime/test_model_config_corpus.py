@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 import pytest
-from deepinfer.runtime.model_loader import read_config
+from deepinfer.runtime.loading.model_loader import read_config
 
 gguf = pytest.importorskip("gguf")
 
@@ -80,7 +80,7 @@ def test_the_unmutated_tiny_gguf_is_accepted(tmp_path):
 
 @pytest.mark.parametrize(("key", "value"), GGUF_CASES, ids=[f"{k}={v[1]!r}" for k, v in GGUF_CASES])
 def test_a_corrupt_gguf_field_is_a_value_error_naming_file_and_field(tmp_path, key, value):
-    from deepinfer.runtime.gguf_loader import load_gguf
+    from deepinfer.runtime.loading.gguf_loader import load_gguf
 
     path = _write_gguf(tmp_path / "bad.gguf", {**GOOD, key: value}, _tensors())
     for load in (read_config, load_gguf):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from deepinfer.runtime.model_runner import ModelRunner
+from deepinfer.runtime.worker.model_runner import ModelRunner
 from reference_driver import greedy_generate
 
 PROMPTS = [

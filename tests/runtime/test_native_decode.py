@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from deepinfer.runtime.model_loader import load_model
-from deepinfer.runtime.model_runner import ModelRunner
+from deepinfer.runtime.loading.model_loader import load_model
+from deepinfer.runtime.worker.model_runner import ModelRunner
 from tiny_models import save_tiny_model
 
 pytest.importorskip("deepinfer_engine._cpu_kernels", reason="engine built without _cpu_kernels")
@@ -103,7 +103,7 @@ def test_torch_runs_on_one_thread_while_steps_are_native(tmp_path, monkeypatch):
     """torch's OpenMP workers spin after each parallel region, on the cores the native pool needs:
     torch runs on one thread from a native step on, gets its own count back for its forward passes
     (prefill) and when the engine has no work left."""
-    import deepinfer.runtime.engine_loop as engine_loop
+    import deepinfer.runtime.engine.loop as engine_loop
     from deepinfer import LLM, SamplingParams
     from tiny_models import save_tiny_tokenizer
 

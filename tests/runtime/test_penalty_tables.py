@@ -10,8 +10,8 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from deepinfer.runtime.sampler import apply_logits_processing, sample
-from deepinfer.runtime.sampler_inputs import PenaltyTables, sampling_batch_from_engine
+from deepinfer.runtime.sampling.sampler import apply_logits_processing, sample
+from deepinfer.runtime.sampling.sampler_inputs import PenaltyTables, sampling_batch_from_engine
 from deepinfer.runtime.sampling_params import SamplingParams
 from engine_helpers import make_loop, run_all
 from numpy_reference import process_row

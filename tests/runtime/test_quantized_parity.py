@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from deepinfer.runtime.model_loader import load_model
-from deepinfer.runtime.model_runner import ModelRunner
+from deepinfer.runtime.loading.model_loader import load_model
+from deepinfer.runtime.worker.model_runner import ModelRunner
 
 N_NEW = 16
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 4,",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from deepinfer.runtime import gguf_blocks
+from deepinfer.runtime.kernels import gguf_blocks
 from deepinfer.runtime.models.quantized import Int4Linear, Q8Embedding, pack_int4
 from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from deepinfer.plugins import env_report
 from deepinfer.plugins.registry import BackendUnavailableError, registry
-from deepinfer.runtime import device as rd
+from deepinfer.runtime.worker import device as rd
 
 
 class _Record:

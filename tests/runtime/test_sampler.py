@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from deepinfer.runtime.sampler import (
+from deepinfer.runtime.sampling.sampler import (
     apply_logits_processing,
     prompt_logprobs,
     sample,

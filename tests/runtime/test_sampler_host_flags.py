@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-from deepinfer.runtime.sampler import sample
+from deepinfer.runtime.sampling.sampler import sample
 from sampler_batch import make_batch
 
 ROWS = [

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from deepinfer.runtime.cuda_graph_runner import CudaGraphRunner, default_graph_batch_sizes
-from deepinfer.runtime.step_buffers import StepBuffers
+from deepinfer.runtime.worker.cuda_graph_runner import CudaGraphRunner, default_graph_batch_sizes
+from deepinfer.runtime.worker.step_buffers import StepBuffers
 
 
 def test_views_share_one_allocation_and_a_prefix_carries_a_batch():

@@ -104,8 +104,8 @@ def test_fused_decode_forward_split_two_ways_gives_the_unsplit_logits(tmp_path):
 
 def test_sharded_loading_reads_only_each_ranks_slices(tmp_path, monkeypatch):
     import safetensors
-    from deepinfer.runtime.distributed.process_group import TensorParallelGroup
-    from deepinfer.runtime.model_loader import load_model
+    from deepinfer.runtime.loading.model_loader import load_model
+    from deepinfer.runtime.parallel.process_group import TensorParallelGroup
 
     save_tiny_model(tmp_path, "llama")
     full = {}
@@ -183,8 +183,8 @@ def test_gguf_shards_are_slices_of_the_dense_tensors(default_gguf):
     """SmolLM2 (9 q heads, 3 kv heads) split 3 ways: each rank's rows/columns, read from the
     quantized blocks, equal the same slice of the whole dequantized tensor (the Q/K rotary
     un-permutation included)."""
-    from deepinfer.runtime.distributed.sharded_loading import gguf_shard
-    from deepinfer.runtime.gguf_loader import GGUFModel
+    from deepinfer.runtime.loading.gguf_loader import GGUFModel
+    from deepinfer.runtime.loading.sharded_loading import gguf_shard
 
     model = GGUFModel(default_gguf)
     names = ["model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
@@ -244,8 +244,8 @@ def test_a_shape_that_does_not_split_is_a_value_error(tmp_path, n, field, value)
 
 @pytest.mark.parametrize(("field", "value"), [("intermediate_size", 90), ("vocab_size", 321)])
 def test_intermediate_and_vocab_must_divide(field, value):
-    from deepinfer.runtime.distributed.process_group import check_divisible
-    from deepinfer.runtime.model_config import ModelConfig
+    from deepinfer.runtime.models.config import ModelConfig
+    from deepinfer.runtime.parallel.process_group import check_divisible
 
     shape = dict(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=4, head_dim=16)
@@ -256,7 +256,7 @@ def test_intermediate_and_vocab_must_divide(field, value):
 
 
 def test_more_ranks_than_cuda_devices_is_a_value_error():
-    from deepinfer.runtime.distributed.process_group import check_devices
+    from deepinfer.runtime.parallel.process_group import check_devices
 
     count = torch.cuda.device_count()
     with pytest.raises(ValueError, match=rf"tensor_parallel_size={count + 1} .* {count} are present"):
@@ -328,7 +328,7 @@ def test_env_report_says_what_tensor_parallelism_can_use():
 
 def _worker_on_a_bad_device(rank, spec, errors):
     """A spawned rank whose device cannot exist: it fails before reaching rank 0's store."""
-    from deepinfer.runtime.distributed.worker import worker_main
+    from deepinfer.runtime.distributed.rank import worker_main
 
     spec.devices[rank] = "no-such-device"
     worker_main(rank, spec, errors)

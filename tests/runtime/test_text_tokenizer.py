@@ -11,8 +11,8 @@ import subprocess
 import sys
 
 import pytest
-from deepinfer.runtime.text_tokenizer import TextTokenizer
-from deepinfer.runtime.tokenizer_loader import (
+from deepinfer.runtime.loading.text_tokenizer import TextTokenizer
+from deepinfer.runtime.loading.tokenizer_loader import (
     load_text_tokenizer,
     load_tokenizer,
     text_tokenizer_dir,
@@ -236,7 +236,7 @@ def test_read_only_cache_still_gives_the_tokenizer(tmp_path, monkeypatch):
 
 
 def test_a_model_specific_transformers_tokenizer_is_used_as_it_is(tmp_path, cache, monkeypatch):
-    from deepinfer.runtime import tokenizer_loader
+    from deepinfer.runtime.loading import tokenizer_loader
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
     class Shouting(TokenizersBackend):

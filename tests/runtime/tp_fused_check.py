@@ -25,9 +25,9 @@ BLOCK = 4
 
 def run_steps(path: str, group) -> torch.Tensor:  # type: ignore[no-untyped-def]
     from deepinfer.runtime.attention.triton_decode import DecodeWorkspace
-    from deepinfer.runtime.model_loader import load_model
-    from deepinfer.runtime.model_runner import ModelRunner
+    from deepinfer.runtime.loading.model_loader import load_model
     from deepinfer.runtime.models.llama_fused_decode import fused_decode_forward
+    from deepinfer.runtime.worker.model_runner import ModelRunner
 
     cpu = torch.device("cpu")
     loaded = load_model(path, device=cpu, dtype=torch.float32, tensor_parallel=group)
@@ -53,7 +53,7 @@ def run_steps(path: str, group) -> torch.Tensor:  # type: ignore[no-untyped-def]
 
 
 def rank_main(rank: int, port: int, path: str, results) -> None:  # type: ignore[no-untyped-def]
-    from deepinfer.runtime.distributed.process_group import init_groups
+    from deepinfer.runtime.parallel.process_group import init_groups
 
     group = init_groups(rank, 2, torch.device("cpu"), f"tcp://127.0.0.1:{port}", 120.0)
     logits = run_steps(path, group)
@@ -66,7 +66,7 @@ def rank_main(rank: int, port: int, path: str, results) -> None:  # type: ignore
 def main() -> None:
     import socket
 
-    from deepinfer.runtime.distributed.process_group import single_rank
+    from deepinfer.runtime.parallel.process_group import single_rank
 
     path = sys.argv[1]
     expected = run_steps(path, single_rank(torch.device("cpu")))

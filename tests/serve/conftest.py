@@ -32,8 +32,8 @@ LLM_KWARGS: dict[str, Any] = {"max_model_len": 512, "cpu_kv_cache_bytes": 48 << 
 
 
 def _llm(**overrides: Any) -> Any:
-    from deepinfer.runtime.default_model import default_model_path
     from deepinfer.runtime.llm import LLM
+    from deepinfer.runtime.loading.default_model import default_model_path
 
     try:
         default_model_path()
@@ -135,7 +135,7 @@ def start_serve_process(*extra: str) -> Any:
     import subprocess
     import sys
 
-    from deepinfer.runtime.default_model import default_model_path
+    from deepinfer.runtime.loading.default_model import default_model_path
 
     try:
         default_model_path()

@@ -82,7 +82,7 @@ def test_plan_gives_each_replica_its_gpu_group_and_refuses_more_replicas_than_gp
 def test_cli_refuses_more_replicas_than_gpus_naming_both_numbers(monkeypatch, capsys):
     import argparse
 
-    from deepinfer.serve.cli import add_serve_args, run_serve
+    from deepinfer.cli.serve import add_serve_args, run_serve
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     parser = argparse.ArgumentParser()
@@ -106,7 +106,7 @@ def test_a_replica_that_cannot_load_raises_its_error_and_no_replica_process_stay
 # ---- two CPU replicas in this process's front end ------------------------------------------------
 @pytest.fixture(scope="module")
 def dp_server():
-    from deepinfer.runtime.default_model import default_model_path
+    from deepinfer.runtime.loading.default_model import default_model_path
     from deepinfer.serve import ServeConfig, build_app
     from deepinfer.serve.replicas import ReplicaSet
 

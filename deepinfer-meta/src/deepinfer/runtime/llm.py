@@ -109,7 +109,7 @@ class LLM:
             no other process. Under ``torchrun`` it must equal WORLD_SIZE.
 
     Tokenizers: ``llm.text_tokenizer`` is the one the runtime uses (prompts, detokenization,
-    chat templates): a ``deepinfer.runtime.text_tokenizer.TextTokenizer`` over the
+    chat templates): a ``deepinfer.runtime.loading.text_tokenizer.TextTokenizer`` over the
     ``tokenizers`` library, giving the same ids, text and chat prompts as the transformers
     tokenizer without importing transformers (a snapshot of it cached under
     ``$DEEPINFER_CACHE``). ``llm.tokenizer`` is the transformers tokenizer itself, loaded on
@@ -136,13 +136,17 @@ class LLM:
                  tensor_parallel_size: int = 1, overlap_scheduling: bool | None = None) -> None:
         import torch
 
-        from deepinfer.runtime.cuda_graph_runner import default_graph_batch_sizes
-        from deepinfer.runtime.device import resolve_runtime_device
-        from deepinfer.runtime.engine_loop import EngineConfig, EngineLoop
-        from deepinfer.runtime.kv_cache import bytes_per_block, num_blocks_for
-        from deepinfer.runtime.model_loader import load_model, read_config, resolve_model_path
-        from deepinfer.runtime.model_runner import ModelRunner
-        from deepinfer.runtime.tokenizer_loader import load_text_tokenizer
+        from deepinfer.runtime.engine.loop import EngineConfig, EngineLoop
+        from deepinfer.runtime.loading.model_loader import (
+            load_model,
+            read_config,
+            resolve_model_path,
+        )
+        from deepinfer.runtime.loading.tokenizer_loader import load_text_tokenizer
+        from deepinfer.runtime.worker.cuda_graph_runner import default_graph_batch_sizes
+        from deepinfer.runtime.worker.device import resolve_runtime_device
+        from deepinfer.runtime.worker.kv_cache import bytes_per_block, num_blocks_for
+        from deepinfer.runtime.worker.model_runner import ModelRunner
 
         path = resolve_model_path(model)
         if not (os.path.isfile(path) or os.path.isdir(path)):
@@ -206,8 +210,8 @@ class LLM:
         group = None
         if tp_size > 1:
             from deepinfer.runtime.distributed.launcher import start_group
-            from deepinfer.runtime.distributed.process_group import collective_timeout_s
-            from deepinfer.runtime.distributed.worker import RankSpec
+            from deepinfer.runtime.distributed.rank import RankSpec
+            from deepinfer.runtime.parallel.process_group import collective_timeout_s
 
             spec = RankSpec(
                 model_path=path, dtype=str(tdtype).replace("torch.", ""), devices=[],
@@ -242,7 +246,7 @@ class LLM:
                                           dtype=tdtype, attention_backend=attention_backend)
             else:
                 from deepinfer.runtime.distributed.driver import DriverRunner
-                from deepinfer.runtime.distributed.worker import agree_num_blocks
+                from deepinfer.runtime.distributed.rank import agree_num_blocks
 
                 num_kv_blocks = agree_num_blocks(group, num_kv_blocks)
                 self.runner = DriverRunner(loaded, group=group, workers=self._workers, num_blocks=num_kv_blocks,
@@ -266,7 +270,7 @@ class LLM:
             self.device, self.dtype = dev, tdtype
             self.backend = where.backend  # the backend serving the runtime: "cuda", "ascend" or "cpu"
             if graph_sizes is not None:
-                from deepinfer.runtime.cuda_graph_runner import capture_decode_graphs
+                from deepinfer.runtime.worker.cuda_graph_runner import capture_decode_graphs
 
                 capture_decode_graphs(self.runner, self.engine.step_buffers, graph_sizes, max_model_len,
                                       timed=group is None)
@@ -285,8 +289,8 @@ class LLM:
         if self._tokenizer is None:
             with self._tokenizer_lock:
                 if self._tokenizer is None:
-                    from deepinfer.runtime.text_tokenizer import TextTokenizer
-                    from deepinfer.runtime.tokenizer_loader import load_tokenizer
+                    from deepinfer.runtime.loading.text_tokenizer import TextTokenizer
+                    from deepinfer.runtime.loading.tokenizer_loader import load_tokenizer
 
                     text = self.text_tokenizer
                     if not isinstance(text, TextTokenizer):  # already the transformers tokenizer

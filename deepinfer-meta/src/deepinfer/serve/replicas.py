@@ -75,7 +75,7 @@ def plan_replicas(device: str | None, data_parallel_size: int, tensor_parallel_s
     n = _count("data_parallel_size", data_parallel_size)
     tp = _count("tensor_parallel_size", tensor_parallel_size)
     if device is None:
-        from deepinfer.runtime.device import resolve_runtime_device
+        from deepinfer.runtime.worker.device import resolve_runtime_device
 
         device = resolve_runtime_device(None).device
     if not isinstance(device, str) or not device:
@@ -159,8 +159,8 @@ class ReplicaSet:
 
     def __init__(self, llm_kwargs: dict[str, Any], data_parallel_size: int, tensor_parallel_size: int = 1,
                  log_level: str = "info") -> None:
-        from deepinfer.runtime.model_loader import resolve_model_path
-        from deepinfer.runtime.tokenizer_loader import load_text_tokenizer
+        from deepinfer.runtime.loading.model_loader import resolve_model_path
+        from deepinfer.runtime.loading.tokenizer_loader import load_text_tokenizer
 
         kwargs = dict(llm_kwargs)
         placements = plan_replicas(kwargs.pop("device", None), data_parallel_size, tensor_parallel_size,

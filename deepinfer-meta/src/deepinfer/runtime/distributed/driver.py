@@ -17,7 +17,6 @@ import numpy as np
 import torch
 
 from deepinfer.runtime.distributed.launcher import TensorParallelError, WorkerProcesses, stop_group
-from deepinfer.runtime.distributed.process_group import TensorParallelGroup
 from deepinfer.runtime.distributed.step_channel import (
     OP_COPY_BLOCKS,
     OP_EXECUTE,
@@ -26,8 +25,9 @@ from deepinfer.runtime.distributed.step_channel import (
     StepChannel,
     pack_execute,
 )
-from deepinfer.runtime.engine_loop import _sigint_deferred
-from deepinfer.runtime.model_runner import ModelRunner
+from deepinfer.runtime.engine.loop import _sigint_deferred
+from deepinfer.runtime.parallel.process_group import TensorParallelGroup
+from deepinfer.runtime.worker.model_runner import ModelRunner
 
 T = TypeVar("T")
 

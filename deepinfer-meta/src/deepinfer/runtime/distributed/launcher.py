@@ -27,12 +27,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from deepinfer.runtime.distributed.process_group import (
+from deepinfer.runtime.distributed.rank import RankSpec, run_rank, worker_main
+from deepinfer.runtime.parallel.process_group import (
     TensorParallelGroup,
     init_groups,
     torchrun_rank,
 )
-from deepinfer.runtime.distributed.worker import RankSpec, run_rank, worker_main
 
 #: How long a failed collective waits for the rank that caused it to be seen exiting.
 _DEATH_GRACE_S = 5.0
@@ -197,7 +197,7 @@ def start_group(spec: RankSpec, cfg: Any, tp_size: int,
     (ValueError naming both numbers otherwise)."""
     import os
 
-    from deepinfer.runtime.distributed.process_group import check_devices, check_divisible
+    from deepinfer.runtime.parallel.process_group import check_devices, check_divisible
 
     env = torchrun_rank()
     if env is not None and env[1] != tp_size:

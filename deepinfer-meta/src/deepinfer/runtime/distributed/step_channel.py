@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from deepinfer.runtime.distributed.process_group import TensorParallelGroup
+from deepinfer.runtime.parallel.process_group import TensorParallelGroup
 
 OP_EXECUTE, OP_COPY_BLOCKS, OP_REPLAY, OP_SHUTDOWN = 1, 2, 3, 4
 _HEADER = 8

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from deepinfer.runtime.attention.metadata import AttentionMetadata
-from deepinfer.runtime.model_config import ModelConfig
+from deepinfer.runtime.models.config import ModelConfig
 from deepinfer.runtime.models.rotary import RotaryEmbedding
 
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata, float],

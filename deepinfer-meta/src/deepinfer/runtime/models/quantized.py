@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from deepinfer.runtime.gguf_blocks import GROUP, Int4Groups
+from deepinfer.runtime.kernels.gguf_blocks import GROUP, Int4Groups
 
 _int4_mm = torch.ops.aten._weight_int4pack_mm_for_cpu
 _pack = torch.ops.aten._convert_weight_to_int4pack_for_cpu

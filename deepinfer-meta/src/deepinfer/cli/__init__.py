@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     env.set_defaults(func=_env)
 
     try:
-        import deepinfer.runtime.commands as commands
+        import deepinfer.cli.commands as commands
     except ImportError as exc:  # the runtime's own dependencies are missing: env still works
         runtime_error = exc
 

@@ -21,7 +21,7 @@ from torch import nn
 from deepinfer.runtime.models.llama import LlamaForCausalLM, LlamaLayer
 
 if TYPE_CHECKING:
-    from deepinfer.runtime.gguf_loader import GGUFModel
+    from deepinfer.runtime.loading.gguf_loader import GGUFModel
 
 ENV_SWITCH = "DEEPINFER_CPU_NATIVE"
 NATIVE_TYPES = ("Q4_0", "Q4_1", "Q8_0")
@@ -75,7 +75,7 @@ class _Weights:
         self.model, self.gguf = model, gguf
 
     def gguf_blocks(self, name: str) -> WeightSpec:
-        from deepinfer.runtime import gguf_blocks
+        from deepinfer.runtime.kernels import gguf_blocks
 
         if self.gguf is None or name not in self.gguf.tensors:
             raise Unsupported(f"{name}: quantized layer without its GGUF tensor")

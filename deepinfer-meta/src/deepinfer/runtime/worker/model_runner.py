@@ -8,12 +8,12 @@ import numpy as np
 import torch
 
 from deepinfer.runtime.attention.metadata import build_attention_metadata
-from deepinfer.runtime.kv_cache import allocate_kv_caches
-from deepinfer.runtime.model_loader import LoadedModel
+from deepinfer.runtime.loading.model_loader import LoadedModel
+from deepinfer.runtime.worker.kv_cache import allocate_kv_caches
 
 if TYPE_CHECKING:
-    from deepinfer.runtime.cuda_graph_runner import CudaGraphRunner
-    from deepinfer.runtime.models.native_decode import NativeDecode
+    from deepinfer.runtime.worker.cuda_graph_runner import CudaGraphRunner
+    from deepinfer.runtime.worker.native_decode import NativeDecode
 
 
 def select_attention(device: torch.device, backend: str | None = None, block_size: int = 16):  # type: ignore[no-untyped-def]
@@ -65,7 +65,7 @@ class ModelRunner:
         # CPU, float32 KV cache: decode-only steps run natively (models.native_decode), else None
         self.native_decode: NativeDecode | None = None
         if device.type == "cpu" and dtype == torch.float32:
-            from deepinfer.runtime.models.native_decode import build_native_decode
+            from deepinfer.runtime.worker.native_decode import build_native_decode
 
             self.native_decode = build_native_decode(self.model, loaded.gguf, self.kv_caches)
         # While steps run natively, torch runs on one thread: its OpenMP workers spin for a while

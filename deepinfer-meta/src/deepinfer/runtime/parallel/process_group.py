@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from deepinfer.runtime.model_config import ModelConfig
+from deepinfer.runtime.models.config import ModelConfig
 
 #: Seconds a collective of a step may take before the step fails (``DEEPINFER_TP_TIMEOUT_S``).
 DEFAULT_TIMEOUT_S = 120.0

@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Any
 
-from deepinfer.runtime.console import deferred_interrupt, status
+from deepinfer.cli.console import deferred_interrupt, status
 
 EXIT_USAGE = 2
 
@@ -158,7 +158,7 @@ def register_generate(subparsers: Any) -> argparse.ArgumentParser:
 
 # ---- chat -------------------------------------------------------------------------------------
 def _chat(args: argparse.Namespace) -> int:
-    from deepinfer.runtime.chat_repl import ChatSession, run_chat
+    from deepinfer.cli.chat_repl import ChatSession, run_chat
 
     params = _sampling_params(args)
     llm = _llm(args)
@@ -254,6 +254,6 @@ def register(subparsers: Any) -> None:
     register_chat(subparsers)
     register_bench(subparsers)
 
-    from deepinfer.serve.cli import register as register_serve
+    from deepinfer.cli.serve import register as register_serve
 
     register_serve(subparsers)

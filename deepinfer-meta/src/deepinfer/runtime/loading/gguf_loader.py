@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from deepinfer.runtime import gguf_blocks
-from deepinfer.runtime.gguf_file import GGUFFile
-from deepinfer.runtime.model_config import ModelConfig, check_gguf_metadata, check_tensor_shapes
+from deepinfer.runtime.kernels import gguf_blocks
+from deepinfer.runtime.loading.gguf_file import GGUFFile
+from deepinfer.runtime.models.config import ModelConfig, check_gguf_metadata, check_tensor_shapes
 
 # GGUF tensor name (after "blk.N.") -> HF name (after "model.layers.N.")
 _LAYER_NAMES = {

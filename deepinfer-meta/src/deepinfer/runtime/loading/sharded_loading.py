@@ -17,11 +17,11 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 import torch
 
-from deepinfer.runtime import gguf_blocks
-from deepinfer.runtime.distributed.parallel_layers import shard_dim, shard_range
-from deepinfer.runtime.gguf_file import TensorInfo
-from deepinfer.runtime.gguf_loader import GGUFError, GGUFModel, _unpermute_index
-from deepinfer.runtime.safetensors_loader import safetensors_files
+from deepinfer.runtime.kernels import gguf_blocks
+from deepinfer.runtime.loading.gguf_file import TensorInfo
+from deepinfer.runtime.loading.gguf_loader import GGUFError, GGUFModel, _unpermute_index
+from deepinfer.runtime.loading.safetensors_loader import safetensors_files
+from deepinfer.runtime.parallel.layers import shard_dim, shard_range
 
 
 def iter_safetensors_shard(model_dir: str, rank: int, world_size: int) -> Iterator[tuple[str, torch.Tensor]]:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from deepinfer.runtime.sampler import SamplingBatch
+from deepinfer.runtime.sampling.sampler import SamplingBatch
 
 
 def _t(a: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

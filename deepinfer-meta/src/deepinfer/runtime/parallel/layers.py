@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from deepinfer.runtime.distributed.process_group import TensorParallelGroup
-from deepinfer.runtime.model_config import ModelConfig
+from deepinfer.runtime.models.config import ModelConfig
 from deepinfer.runtime.models.llama import LlamaForCausalLM, LlamaLayer
+from deepinfer.runtime.parallel.process_group import TensorParallelGroup
 
 # Hugging Face tensor name (suffix) -> the dimension split across ranks; names not listed are replicated.
 _ROW_SHARDED = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",

@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from deepinfer.runtime.console import deferred_interrupt
+from deepinfer.cli.console import deferred_interrupt
 
 COMMANDS = {
     "/reset": "forget the conversation (the system prompt stays)",

@@ -18,7 +18,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from deepinfer.runtime.distributed.process_group import TensorParallelGroup, init_groups
 from deepinfer.runtime.distributed.step_channel import (
     OP_COPY_BLOCKS,
     OP_EXECUTE,
@@ -27,6 +26,7 @@ from deepinfer.runtime.distributed.step_channel import (
     StepChannel,
     unpack_execute,
 )
+from deepinfer.runtime.parallel.process_group import TensorParallelGroup, init_groups
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -75,10 +75,10 @@ def step_buffer_dims(spec: RankSpec) -> tuple[int, int, int]:
 
 def run_rank(spec: RankSpec, group: TensorParallelGroup) -> None:
     """Build this rank's model, KV cache and graphs, then serve steps until rank 0 shuts down."""
-    from deepinfer.runtime.kv_cache import num_blocks_for
-    from deepinfer.runtime.model_loader import load_model
-    from deepinfer.runtime.model_runner import ModelRunner
-    from deepinfer.runtime.step_buffers import StepBuffers
+    from deepinfer.runtime.loading.model_loader import load_model
+    from deepinfer.runtime.worker.kv_cache import num_blocks_for
+    from deepinfer.runtime.worker.model_runner import ModelRunner
+    from deepinfer.runtime.worker.step_buffers import StepBuffers
 
     dev, dtype = group.device, _DTYPES[spec.dtype]
     if spec.num_threads is not None:
@@ -95,7 +95,7 @@ def run_rank(spec: RankSpec, group: TensorParallelGroup) -> None:
                          attention_backend=spec.attention_backend)
     buffers = StepBuffers(*step_buffer_dims(spec), pin=dev.type == "cuda")
     if spec.graph_batch_sizes is not None:
-        from deepinfer.runtime.cuda_graph_runner import capture_decode_graphs
+        from deepinfer.runtime.worker.cuda_graph_runner import capture_decode_graphs
 
         capture_decode_graphs(runner, buffers, spec.graph_batch_sizes, spec.max_model_len, timed=False)
     serve_steps(runner, StepChannel(group), buffers)

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import torch
 
-from deepinfer.runtime.model_config import ModelConfig, check_tensor_shapes
+from deepinfer.runtime.models.config import ModelConfig, check_tensor_shapes
 
 
 def safetensors_shapes(model_dir: str) -> dict[str, tuple[int, ...]]:

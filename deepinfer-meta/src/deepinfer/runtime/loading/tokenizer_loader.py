@@ -102,7 +102,7 @@ def load_text_tokenizer(model_path: str) -> Any:
     import). Without a snapshot (first use, damaged or unreadable files) the transformers
     tokenizer is loaded and the snapshot written; a model-specific transformers tokenizer that a
     snapshot cannot reproduce is returned as it is."""
-    from deepinfer.runtime.text_tokenizer import TextTokenizer
+    from deepinfer.runtime.loading.text_tokenizer import TextTokenizer
 
     folder = text_tokenizer_dir(model_path)
     try:

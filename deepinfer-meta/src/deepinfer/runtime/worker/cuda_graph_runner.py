@@ -31,10 +31,10 @@ import torch
 
 from deepinfer.runtime.attention.metadata import AttentionMetadata
 from deepinfer.runtime.models.llama import LlamaForCausalLM
-from deepinfer.runtime.step_buffers import StepBuffers
+from deepinfer.runtime.worker.step_buffers import StepBuffers
 
 if TYPE_CHECKING:
-    from deepinfer.runtime.model_runner import ModelRunner
+    from deepinfer.runtime.worker.model_runner import ModelRunner
 
 
 # The LM head + argmax of a one-row graph (kernels/gemv.py; tiles picked on the H200 with

@@ -36,18 +36,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from deepinfer.runtime.detokenizer import IncrementalDetokenizer, decode_completion
-from deepinfer.runtime.model_runner import ModelRunner
-from deepinfer.runtime.overlap_loop import OverlapDecoder, blocks_overlap, is_plain_decode
-from deepinfer.runtime.sampler import prompt_logprobs, sample
-from deepinfer.runtime.sampler_inputs import (
+from deepinfer.runtime.engine.detokenizer import IncrementalDetokenizer, decode_completion
+from deepinfer.runtime.engine.overlap import OverlapDecoder, blocks_overlap, is_plain_decode
+from deepinfer.runtime.sampling.sampler import prompt_logprobs, sample
+from deepinfer.runtime.sampling.sampler_inputs import (
     PenaltyTables,
     greedy_tokens,
     is_plain_greedy,
     sampling_batch_from_engine,
 )
 from deepinfer.runtime.sampling_params import SamplingParams
-from deepinfer.runtime.step_buffers import StepBuffers
+from deepinfer.runtime.worker.model_runner import ModelRunner
+from deepinfer.runtime.worker.step_buffers import StepBuffers
 
 _log = logging.getLogger(__name__)
 

@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from deepinfer.runtime.sampler import sample
-from deepinfer.runtime.sampler_inputs import sampling_batch_from_engine
-from deepinfer.runtime.step_buffers import StepBuffers
+from deepinfer.runtime.sampling.sampler import sample
+from deepinfer.runtime.sampling.sampler_inputs import sampling_batch_from_engine
+from deepinfer.runtime.worker.step_buffers import StepBuffers
 
 if TYPE_CHECKING:
-    from deepinfer.runtime.engine_loop import EngineLoop
+    from deepinfer.runtime.engine.loop import EngineLoop
     from deepinfer.runtime.sampling_params import SamplingParams
 
 

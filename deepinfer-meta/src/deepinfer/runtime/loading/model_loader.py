@@ -8,14 +8,14 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 
-from deepinfer.runtime.gguf_blocks import Int4Groups
-from deepinfer.runtime.model_config import ModelConfig
+from deepinfer.runtime.kernels.gguf_blocks import Int4Groups
+from deepinfer.runtime.models.config import ModelConfig
 from deepinfer.runtime.models.llama import LlamaForCausalLM, LlamaLayer
 from deepinfer.runtime.models.rotary import RotaryEmbedding
 
 if TYPE_CHECKING:
-    from deepinfer.runtime.distributed.process_group import TensorParallelGroup
-    from deepinfer.runtime.gguf_loader import GGUFModel
+    from deepinfer.runtime.loading.gguf_loader import GGUFModel
+    from deepinfer.runtime.parallel.process_group import TensorParallelGroup
 
 
 @dataclass
@@ -33,7 +33,7 @@ class LoadedModel:
 def resolve_model_path(model: str | os.PathLike[str] | None) -> str:
     """The model path to load: the embedded default when ``model`` is None."""
     if model is None:
-        from deepinfer.runtime.default_model import default_model_path
+        from deepinfer.runtime.loading.default_model import default_model_path
 
         return default_model_path()
     path = os.fspath(model)
@@ -51,10 +51,10 @@ def resolve_model_path(model: str | os.PathLike[str] | None) -> str:
 def read_config(path: str) -> ModelConfig:
     """Only the architecture of the model at ``path`` (cheap: no weights are dequantized)."""
     if os.path.isdir(path):
-        from deepinfer.runtime.safetensors_loader import load_hf_config
+        from deepinfer.runtime.loading.safetensors_loader import load_hf_config
 
         return load_hf_config(path)
-    from deepinfer.runtime.gguf_loader import gguf_config, open_gguf
+    from deepinfer.runtime.loading.gguf_loader import gguf_config, open_gguf
 
     return gguf_config(open_gguf(path), path)
 
@@ -77,13 +77,13 @@ def load_model(path: str, *, device: torch.device, dtype: torch.dtype, dummy_wei
     shard = tensor_parallel if tensor_parallel is not None and tensor_parallel.world_size > 1 else None
     gguf_model = None
     if os.path.isdir(path):
-        from deepinfer.runtime.safetensors_loader import load_hf_config
+        from deepinfer.runtime.loading.safetensors_loader import load_hf_config
 
         config = load_hf_config(path)
     elif dummy_weights:
         config = read_config(path)
     else:
-        from deepinfer.runtime.gguf_loader import GGUFModel
+        from deepinfer.runtime.loading.gguf_loader import GGUFModel
 
         gguf_model = GGUFModel(path)
         config = gguf_model.config
@@ -98,7 +98,7 @@ def load_model(path: str, *, device: torch.device, dtype: torch.dtype, dummy_wei
         if shard is None:
             model = LlamaForCausalLM(config, max_positions=1, rope_freq_factors=freq_factors)
         else:
-            from deepinfer.runtime.distributed.parallel_layers import TensorParallelLlama
+            from deepinfer.runtime.parallel.layers import TensorParallelLlama
 
             model = TensorParallelLlama(config, shard, max_positions=1, rope_freq_factors=freq_factors)
     # dense weights that decode steps will stream go on 2 MiB pages (not the int4 path's)
@@ -113,20 +113,20 @@ def load_model(path: str, *, device: torch.device, dtype: torch.dtype, dummy_wei
             if shard is None:
                 model.load_weights(gguf_model.dense_tensors(names))
             else:
-                from deepinfer.runtime.distributed.sharded_loading import iter_gguf_shard
+                from deepinfer.runtime.loading.sharded_loading import iter_gguf_shard
 
                 model.load_weights(iter_gguf_shard(gguf_model, names, shard.rank, shard.world_size))
         elif shard is None:
-            from deepinfer.runtime.safetensors_loader import iter_safetensors
+            from deepinfer.runtime.loading.safetensors_loader import iter_safetensors
 
             model.load_weights(iter_safetensors(path))
         else:
-            from deepinfer.runtime.distributed.sharded_loading import iter_safetensors_shard
+            from deepinfer.runtime.loading.sharded_loading import iter_safetensors_shard
 
             model.load_weights(iter_safetensors_shard(path, shard.rank, shard.world_size))
     model.eval()
     if device.type == "cpu":
-        from deepinfer.runtime.models.native_decode import native_decode_wanted
+        from deepinfer.runtime.worker.native_decode import native_decode_wanted
 
         # The native decode kernels (float32 models) read [out, in] rows; torch's few-row
         # matmuls are faster over [in, out] (see the method), which matters when torch runs
@@ -152,7 +152,7 @@ def materialize(model: torch.nn.Module, device: torch.device, dtype: torch.dtype
                 if huge_pages and is_param and device.type == "cpu" and t.is_floating_point()]
     given: dict[int, torch.Tensor] = {}
     if in_arena:
-        from deepinfer.runtime.host_arena import host_arena_tensors
+        from deepinfer.runtime.loading.host_arena import host_arena_tensors
 
         arena = host_arena_tensors([slots[i][2].shape for i in in_arena], dtype)
         if arena is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer.runtime.model_config import ModelConfig
+from deepinfer.runtime.models.config import ModelConfig
 
 DEFAULT_CPU_KV_BYTES = 1 << 30  # 1 GiB
 

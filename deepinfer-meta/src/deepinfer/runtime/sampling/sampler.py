@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from deepinfer.runtime.random_streams import exponential_noise, stream_keys
+from deepinfer.runtime.sampling.random_streams import exponential_noise, stream_keys
 from deepinfer.runtime.sampling_params import GREEDY_TEMPERATURE_THRESHOLD
 
 
