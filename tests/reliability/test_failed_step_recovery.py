@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+from deepinfer.runtime.engine import executor as engine_executor
 from deepinfer.runtime.engine import loop as engine_loop
 from deepinfer.runtime.sampling_params import SamplingParams
 
@@ -81,18 +82,20 @@ def _fault_at(at, error):
 
 
 def _inject(monkeypatch, llm, point, error, at=3):
-    """Make the ``at``-th call at ``point`` raise ``error`` (once)."""
+    """Make the ``at``-th call at ``point`` raise ``error`` (once). The synchronous and the
+    overlap loop launch every step through the one executor: the same points serve both."""
     fault, calls = _fault_at(at, error)
 
     eng = llm.engine
     if point == "before_model":
-        monkeypatch.setattr(eng, "_run_model", fault(eng._run_model))
+        monkeypatch.setattr(eng.executor, "launch", fault(eng.executor.launch))
     elif point == "in_model":
         monkeypatch.setattr(eng.runner, "execute", fault(eng.runner.execute))
     elif point == "sampler_inputs":
-        monkeypatch.setattr(engine_loop, "sampling_batch_from_engine", fault(engine_loop.sampling_batch_from_engine))
+        monkeypatch.setattr(engine_executor, "sampling_batch_from_engine",
+                            fault(engine_executor.sampling_batch_from_engine))
     elif point == "sampler":
-        monkeypatch.setattr(engine_loop, "sample", fault(engine_loop.sample))
+        monkeypatch.setattr(engine_executor, "sample", fault(engine_executor.sample))
     else:
         monkeypatch.setattr(eng, "_E", _EngineModule(eng._E, fault))
     return calls
@@ -249,26 +252,6 @@ def zos_fresh(llm, zos_llm):
     return expected
 
 
-def _inject_overlap(monkeypatch, llm, point, error, at=3):
-    """As ``_inject``, at the overlap loop's own call sites (a launch replaces _run_model)."""
-    from deepinfer.runtime.engine import overlap as overlap_loop
-
-    fault, calls = _fault_at(at, error)
-
-    eng = llm.engine
-    if point == "before_model":
-        monkeypatch.setattr(eng.overlap, "launch", fault(eng.overlap.launch))
-    elif point == "in_model":
-        monkeypatch.setattr(eng.runner, "execute", fault(eng.runner.execute))
-    elif point == "sampler_inputs":
-        monkeypatch.setattr(overlap_loop, "sampling_batch_from_engine", fault(overlap_loop.sampling_batch_from_engine))
-    elif point == "sampler":
-        monkeypatch.setattr(overlap_loop, "sample", fault(overlap_loop.sample))
-    else:
-        monkeypatch.setattr(eng, "_E", _EngineModule(eng._E, fault))
-    return calls
-
-
 def _assert_zos_recovered(llm, start, fresh):
     _assert_clean(llm, start)
     assert not llm.engine.scheduler.step_in_flight and llm.engine.overlap.in_flight is None
@@ -280,7 +263,7 @@ def _assert_zos_recovered(llm, start, fresh):
 @pytest.mark.parametrize("point", POINTS)
 def test_overlap_a_failed_step_fails_its_requests_and_the_llm_stays_usable(zos_llm, zos_fresh, monkeypatch, point):
     start = zos_llm.engine.scheduler.block_manager.num_free_blocks
-    calls = _inject_overlap(monkeypatch, zos_llm, point, Injected(f"fault {point}"))
+    calls = _inject(monkeypatch, zos_llm, point, Injected(f"fault {point}"))
     with pytest.raises(Injected, match=f"fault {point}"):
         zos_llm.generate(PROMPTS, OVERLAP_PARAMS, use_tqdm=False)
     assert calls[0] >= 3
@@ -293,7 +276,7 @@ def test_overlap_with_retry_a_failed_step_is_recomputed_and_outputs_are_unchange
                                                                                   point):
     start = zos_llm.engine.scheduler.block_manager.num_free_blocks
     monkeypatch.setattr(zos_llm.engine, "retry_failed_steps", True)
-    _inject_overlap(monkeypatch, zos_llm, point, Injected(f"fault {point}"))
+    _inject(monkeypatch, zos_llm, point, Injected(f"fault {point}"))
     assert _tokens(zos_llm.generate(PROMPTS, OVERLAP_PARAMS, use_tqdm=False)) == zos_fresh
     monkeypatch.undo()
     _assert_clean(zos_llm, start)
@@ -303,7 +286,7 @@ def test_overlap_keyboard_interrupt_aborts_the_interrupted_call_only(zos_llm, zo
     start = zos_llm.engine.scheduler.block_manager.num_free_blocks
     stream = zos_llm.stream(PROMPTS[0], OVERLAP_PARAMS[0])
     got = list(next(stream).outputs[0].token_ids)
-    _inject_overlap(monkeypatch, zos_llm, "before_model", KeyboardInterrupt(), at=2)
+    _inject(monkeypatch, zos_llm, "before_model", KeyboardInterrupt(), at=2)
     with pytest.raises(KeyboardInterrupt):
         zos_llm.generate(PROMPTS[1:], OVERLAP_PARAMS[1:], use_tqdm=False)
     monkeypatch.undo()

@@ -65,7 +65,7 @@ def _scenario(llm):
             eng.abort("s5-0")
         for ro in eng.step():
             tokens[ro.request_id] = list(ro.outputs[0].token_ids)
-        rows_seen.add(int(eng.args.num_rows))
+        rows_seen.add(int(eng.executor.args[eng.executor.side].num_rows))
         step += 1
         if not eng.has_unfinished() and step > max(plan):
             break
@@ -248,7 +248,7 @@ llm = LLM(sys.argv[1], device="cuda", dtype="float32", dummy_weights=True, max_m
           max_num_seqs=8, overlap_scheduling=sys.argv[3] == "1")
 graphs = llm.runner.graphs
 inner = graphs.replay
-sides = [llm.engine.buffers] + ([b.arrays for b in llm.engine.overlap.buffers] if llm.engine.overlap else [])
+sides = [b.arrays for b in llm.engine.executor.buffers]
 def corrupt(rows, **kw):
     for arrays in sides:  # (the overlap loop alternates two host buffer sets)
         arrays["block_tables"][:rows] = 2 ** 30  # far outside the KV cache: the kernels fault

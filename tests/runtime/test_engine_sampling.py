@@ -96,11 +96,12 @@ def test_engine_sampler_inputs_drive_penalties_bias_and_bans(loop, tokenizer):
     checked = 0
     while True:
         out = loop.scheduler.schedule()
-        loop.metadata.build(loop.scheduler)
-        n = (E.prepare_decode_v4 if out.num_decodes == len(loop.metadata) else E.prepare_prompt_v4)(
-            loop.args, loop.metadata)
-        si = E.prepare_sampler_inputs(loop.args, loop.metadata, loop.sampler_inputs)
-        _, batch = sampling_batch_from_engine(si, torch.device("cpu"), loop.penalty_tables)
+        ex = loop.executor
+        ex.metadata.build(loop.scheduler)
+        n = (E.prepare_decode_v4 if out.num_decodes == len(ex.metadata) else E.prepare_prompt_v4)(
+            ex.args[0], ex.metadata)
+        si = E.prepare_sampler_inputs(ex.args[0], ex.metadata, ex.sampler_inputs)
+        _, batch = sampling_batch_from_engine(si, torch.device("cpu"), ex.penalty_tables)
         fake = torch.from_numpy(np.random.default_rng(len(outputs)).normal(0, 3, (1, loop.cfg.vocab_size))
                                 .astype(np.float32))
         got = apply_logits_processing(fake, batch)[0].numpy()
@@ -123,18 +124,18 @@ def test_engine_sampler_inputs_drive_penalties_bias_and_bans(loop, tokenizer):
 def test_plain_greedy_steps_take_the_argmax_without_the_sampler(loop, prompt_ids, monkeypatch):
     # Plain-greedy steps skip SamplingBatch and sample(): the same tokens as the full sampler,
     # alone and batched with a request that does need it (then the whole step goes through it).
-    from deepinfer.runtime.engine import loop as engine_loop
+    from deepinfer.runtime.engine import executor as engine_executor
 
     greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     penalized = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, repetition_penalty=1.3)
     calls = []
-    real_sample = engine_loop.sample
-    monkeypatch.setattr(engine_loop, "sample", lambda *a, **k: calls.append(1) or real_sample(*a, **k))
+    real_sample = engine_executor.sample
+    monkeypatch.setattr(engine_executor, "sample", lambda *a, **k: calls.append(1) or real_sample(*a, **k))
     fast, _ = run_all(loop, prompt_ids, greedy)
     assert not calls  # every step of an all-greedy batch took the argmax path
     fast_mixed, _ = run_all(loop, prompt_ids, [greedy, penalized, greedy])
     assert calls  # the penalized request sends its steps through the sampler
-    monkeypatch.setattr(engine_loop, "is_plain_greedy", lambda si: False)
+    monkeypatch.setattr(engine_executor, "is_plain_greedy", lambda si: False)
     full, _ = run_all(loop, prompt_ids, greedy)
     full_mixed, _ = run_all(loop, prompt_ids, [greedy, penalized, greedy])
     for a, b in [(fast, full), (fast_mixed, full_mixed)]:

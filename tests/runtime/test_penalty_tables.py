@@ -137,9 +137,9 @@ def test_serving_loop_gives_the_same_tokens_in_both_modes(loaded_default, tokeni
     for mode in ("incremental", "full"):
         loop = make_loop(loaded_default, tokenizer, num_blocks=12, block_size=16, max_model_len=128,
                          max_num_seqs=8, max_num_batched_tokens=64)
-        assert loop.sampler_inputs.penalty_counts == "incremental"
+        assert loop.executor.sampler_inputs.penalty_counts == "incremental"
         if mode == "full":
-            loop.sampler_inputs = E.SamplerInputs(loop.cfg.seed, penalty_counts="full")
+            loop.executor.sampler_inputs = E.SamplerInputs(loop.cfg.seed, penalty_counts="full")
         outs, _ = run_all(loop, prompts, params)
         results[mode] = [[list(c.token_ids) for c in sorted(o.outputs, key=lambda c: c.index)] for o in outs]
     assert results["incremental"] == results["full"]

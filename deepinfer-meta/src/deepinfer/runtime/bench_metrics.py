@@ -135,33 +135,22 @@ class StepMeter:
         self._patched.append((obj, name))
 
     def __enter__(self) -> StepMeter:
-        engine, inner = self.engine, self.engine._run_model
-        buffers, args = engine.buffers, engine.args
+        executor = self.engine.executor
+        launch = executor.launch
 
-        def run_model(n_tokens: int, decode: bool = False) -> None:
-            inner(n_tokens, decode)
-            n = int(args.num_seqs)  # real rows: padding rows are not the model's work
-            q = np.diff(buffers["query_start_loc"][:n + 1])
-            self.flops += float(self.estimator.step_flops(q, buffers["seq_lens"][:n], n))
-            self.steps += 1
-
-        engine._run_model = run_model
-        self._patched.append((engine, "_run_model"))
-        ov = engine.overlap
-        if ov is not None:  # decode steps of the overlap loop are launched without _run_model
-            launch = ov.launch
-
-            def launch_counted(out: Any, prev: Any) -> Any:
-                step = launch(out, prev)
-                a = ov.buffers[ov.side].arrays
-                n = int(step.args.num_seqs)
+        def launch_counted(*args: Any, **kwargs: Any) -> Any:
+            # every step, synchronous or launched ahead (overlap), goes through the one executor
+            step = launch(*args, **kwargs)
+            if step.logits_rows is not None:  # the model ran
+                a = executor.buffers[executor.side].arrays
+                n = int(step.args.num_seqs)  # real rows: padding rows are not the model's work
                 self.flops += float(self.estimator.step_flops(np.diff(a["query_start_loc"][:n + 1]),
                                                               a["seq_lens"][:n], n))
                 self.steps += 1
-                return step
+            return step
 
-            ov.launch = launch_counted
-            self._patched.append((ov, "launch"))
+        executor.launch = launch_counted
+        self._patched.append((executor, "launch"))
         if self.cuda:
             self._timed(self.llm.runner, "execute")
             if self.llm.runner.graphs is not None:

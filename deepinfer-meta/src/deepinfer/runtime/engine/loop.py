@@ -15,9 +15,10 @@ abandons the step (``Scheduler.abandon_step``): its requests fail with that exce
 and is re-raised to the caller, which aborts its own requests. An exception while one request's
 output is built fails that request only. The loop stays usable in every case.
 
-Overlap (``overlap_scheduling``, see ``overlap_loop``): in steady decode a step returns while the
-next one runs on the device; a failure before a step's tokens are applied abandons both steps in
-flight, as above.
+Every step is launched by the one step executor (``engine.executor``: inputs, graph or eager,
+greedy or sampled, penalties). Overlap (``overlap_scheduling``, ``engine.overlap``): in steady
+decode a step returns while the next one runs on the device; a failure before a step's tokens
+are applied abandons both steps in flight, as above.
 """
 
 from __future__ import annotations
@@ -34,20 +35,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
 from deepinfer.runtime.engine.detokenizer import IncrementalDetokenizer, decode_completion
-from deepinfer.runtime.engine.overlap import OverlapDecoder, blocks_overlap, is_plain_decode
-from deepinfer.runtime.sampling.sampler import prompt_logprobs, sample
-from deepinfer.runtime.sampling.sampler_inputs import (
-    PenaltyTables,
-    greedy_tokens,
-    is_plain_greedy,
-    sampling_batch_from_engine,
-)
+from deepinfer.runtime.engine.executor import StepExecutor, StepShape
+from deepinfer.runtime.engine.overlap import Overlap
 from deepinfer.runtime.sampling_params import SamplingParams
 from deepinfer.runtime.worker.model_runner import ModelRunner
-from deepinfer.runtime.worker.step_buffers import StepBuffers
 
 _log = logging.getLogger(__name__)
 
@@ -187,17 +180,16 @@ class EngineLoop:
             vocab_size=cfg.vocab_size, eos_token_id=cfg.eos_token_id if cfg.eos_token_id >= 0 else None,
             enable_chunked_prefill=cfg.enable_chunked_prefill,
             enable_prefix_caching=cfg.enable_prefix_caching)
-        t = max(cfg.max_num_batched_tokens, cfg.max_num_seqs)
-        s = cfg.max_num_seqs
-        w = (cfg.max_model_len + cfg.block_size - 1) // cfg.block_size
-        # One host allocation (pinned on CUDA: a replayed decode step copies it up in one go).
-        self.step_buffers = StepBuffers(t, s, w, pin=runner.device.type == "cuda")
-        self.buffers: dict[str, np.ndarray] = self.step_buffers.arrays
-        self.args = E.PrepareArgs(block_size=cfg.block_size, max_model_len=cfg.max_model_len,
-                                  graph_batch_sizes=cfg.graph_batch_sizes, **self.buffers)
-        self.metadata = E.SequenceMetadataPool()
-        self.sampler_inputs = E.SamplerInputs(cfg.seed)
-        self.penalty_tables = PenaltyTables(runner.device)  # fed by sampler_inputs, step by step
+        # The one step executor: builds each step's inputs, runs the model (graph or eager) and
+        # picks its tokens (greedy or sampled), for the synchronous and the overlap loop alike.
+        # Its first host buffer set is pinned on CUDA: a replayed decode step copies it up in one go.
+        self.executor = StepExecutor(
+            runner, self.scheduler,
+            StepShape(block_size=cfg.block_size, max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs,
+                      max_num_batched_tokens=cfg.max_num_batched_tokens, seed=cfg.seed,
+                      graph_batch_sizes=cfg.graph_batch_sizes),
+            buffer_sets=2 if overlap_scheduling else 1)
+        self.step_buffers = self.executor.buffers[0]  # what the CUDA graphs are captured over
         self.output_pool = E.RequestOutputPool(4 * cfg.max_num_seqs)
         self.requests: dict[str, _RequestState] = {}
         # Outputs kept for their owner (a stream, a generate call): whichever caller runs a step,
@@ -212,8 +204,7 @@ class EngineLoop:
         self._in_step = False
         self._pending_releases: deque[str] = deque()  # released where the lock was not free
         # ZOS: decode steps launched ahead of the previous step's tokens (None: synchronous loop).
-        self.overlap = OverlapDecoder(self) if overlap_scheduling else None
-        self._overlap_blockers: set[str] = set()  # live requests that keep the loop synchronous
+        self.overlap = Overlap() if overlap_scheduling else None
 
     # ---- requests ---------------------------------------------------------------------------
     def new_request_id(self) -> str:
@@ -261,8 +252,8 @@ class EngineLoop:
             logprobs=params.logprobs, prompt_logprobs=params.prompt_logprobs,
             logit_bias=dict(params.logit_bias or {}), output_kind="final_only" if quiet else output_kind)
         delta = output_kind == "delta"
-        if blocks_overlap(params):
-            self._overlap_blockers.add(request_id)
+        if self.overlap is not None:
+            self.overlap.track(request_id, params)
         self.requests[request_id] = _RequestState(params, list(prompt_ids), {}, {}, delta,
                                                   final_text_only and not delta and not params.stop_strings)
         if collect is not None:
@@ -390,24 +381,19 @@ class EngineLoop:
         not abandon); a step launched ahead by the overlap loop is not stuck."""
         return bool(self.scheduler.step_in_flight) and (self.overlap is None or self.overlap.in_flight is None)
 
-    def _overlap_allowed(self) -> bool:
-        if self._overlap_blockers:
-            self._overlap_blockers.intersection_update(self.requests)
-        return not self._overlap_blockers
-
     def _step(self) -> list[Any]:
         if self.overlap is not None:
             return self._step_overlapped(self.overlap)
         out = self.scheduler.schedule()
         self.num_steps += 1
         try:
-            self._run_scheduled(out)
+            self.executor.launch(out).apply(self.scheduler)
         except BaseException as err:  # noqa: BLE001 - re-raised by _abandon_step unless delivered
             self._abandon_step(err)
             return []
         return self._step_outputs(out)
 
-    def _step_overlapped(self, ov: OverlapDecoder) -> list[Any]:
+    def _step_overlapped(self, ov: Overlap) -> list[Any]:
         """One step of the overlap loop: apply the decode step in flight (launching the next one
         ahead of its tokens when the scheduler allows it), or run a step synchronously."""
         launched = ov.in_flight
@@ -417,16 +403,17 @@ class EngineLoop:
             if launched is None:
                 out = self.scheduler.schedule()
                 self.num_steps += 1
-                if not (is_plain_decode(out) and self._overlap_allowed()):
-                    self._run_scheduled(out)
+                if not ov.may_run_ahead(out, self.requests):
+                    self.executor.launch(out).apply(self.scheduler)
                     return self._step_outputs(out)
-                launched = ov.launch(out, None)
-            ahead = self.scheduler.schedule(overlap=True) if self._overlap_allowed() else None
+                launched = self.executor.launch(out, copy_ahead=True)
+            ahead = self.scheduler.schedule(overlap=True) if ov.allowed(self.requests) else None
             if ahead is not None:
                 out = ahead
                 self.num_steps += 1
-                ov.in_flight = ov.launch(ahead, launched)
-            self.scheduler.update(launched.tokens())
+                ov.in_flight = self.executor.launch(ahead, launched, copy_ahead=True)
+                ov.num_ahead += 1
+            launched.apply(self.scheduler)
         except BaseException as err:  # noqa: BLE001 - re-raised by _abandon_step unless delivered
             ov.in_flight = None
             self._abandon_step(err)  # both steps in flight, when one was launched ahead
@@ -438,7 +425,7 @@ class EngineLoop:
                 # Nothing runs on: apply the step ahead now (every row is ignored) so the loop is idle.
                 launched, ov.in_flight = ov.in_flight, None
                 try:
-                    self.scheduler.update(launched.tokens())
+                    launched.apply(self.scheduler)
                 except BaseException as err:  # noqa: BLE001
                     self._abandon_step(err)
 
@@ -451,31 +438,13 @@ class EngineLoop:
                 self._fail_requests([r for r in dict.fromkeys(ids) if r in self.requests], err)
                 raise
 
-    def _run_scheduled(self, out: Any) -> None:
-        E = self._E
-        copies = np.asarray(out.blocks_to_copy).reshape(-1, 2)
-        if len(copies):
-            self.runner.copy_blocks(copies[:, 0], copies[:, 1])
-        self.metadata.build(self.scheduler)
-        if len(self.metadata):
-            decode = out.num_decodes == len(self.metadata)
-            if decode:
-                n_tokens = E.prepare_decode_v4(self.args, self.metadata)
-            else:
-                n_tokens = E.prepare_prompt_v4(self.args, self.metadata)
-            self._run_model(n_tokens, decode)
-        else:
-            self.scheduler.update(np.zeros(0, np.int32))
-
     def _abandon_step(self, err: BaseException) -> None:
         """The step in flight raised ``err``: give its requests back or fail them, then re-raise
         ``err`` unless every failed request's owner will see it in its queue."""
         interrupted = not isinstance(err, Exception)
         retry = interrupted or self.retry_failed_steps
         ids = list(self.scheduler.abandon_step(action="recompute" if retry else "fail"))
-        # The sampler inputs may have sent penalty updates the tables never applied.
-        self.sampler_inputs.reset_penalty_tables()
-        self.penalty_tables.reset()
+        self.executor.reset_penalties()  # updates the tables never applied may have been sent
         if interrupted:
             raise err  # the requests run on; the interrupted caller aborts its own
         if retry:
@@ -513,53 +482,6 @@ class EngineLoop:
             else:
                 q.append(_Failure(error))
         return owned
-
-    def _run_model(self, n_tokens: int, decode: bool = False) -> None:
-        E, b, args = self._E, self.buffers, self.args
-        si = E.prepare_sampler_inputs(args, self.metadata, self.sampler_inputs)
-        graphs = self.runner.graphs
-        if decode and graphs is not None and graphs.can_replay(args):
-            logits, greedy = graphs.replay(args.num_rows)
-            tokens = greedy_tokens(si, greedy, self.penalty_tables)
-            if tokens is not None:
-                self.scheduler.update(tokens)
-                return
-            self._sample(si, logits)
-            return
-        n_seqs = args.num_seqs if args.num_rows == 0 else args.num_rows
-        logits = self.runner.execute(
-            input_ids=b["input_ids"][:n_tokens], positions=b["positions"][:n_tokens],
-            slot_mapping=b["slot_mapping"][:n_tokens], query_start_loc=b["query_start_loc"][:n_seqs + 1],
-            seq_lens=b["seq_lens"][:n_seqs], block_tables=b["block_tables"][:n_seqs],
-            logits_indices=b["logits_indices"][:args.num_logits])
-        pl = si.prompt_logprobs
-        if pl.num_rows:
-            rows = torch.from_numpy(np.array(pl.logits_rows, dtype=np.int64)).to(logits.device)
-            k = max(int(pl.max_num_logprobs), 0)
-            targets = torch.from_numpy(np.array(pl.target_token_ids)).to(logits.device)
-            lp, ids, vals = prompt_logprobs(logits[rows], targets, k)
-            E.update_prompt_logprobs(self.scheduler, si, lp.cpu().numpy(),
-                                     None if ids is None else ids.to(torch.int32).cpu().numpy(),
-                                     None if vals is None else vals.cpu().numpy())
-        # plain greedy: the argmax alone, no SamplingBatch (~0.4 ms of a CPU decode step)
-        tokens = greedy_tokens(si, logits.argmax(dim=-1), self.penalty_tables) if is_plain_greedy(si) else None
-        if tokens is not None:
-            self.scheduler.update(tokens)
-            return
-        self._sample(si, logits)
-
-    def _sample(self, si: Any, logits: torch.Tensor) -> None:
-        rows, batch = sampling_batch_from_engine(si, logits.device, self.penalty_tables)
-        res = sample(logits[rows], batch)
-        real = si.driver.num_real_rows
-        tokens = res.tokens[:real].to(torch.int32).cpu().numpy()
-        if res.logprobs is None:
-            self.scheduler.update(tokens)
-        else:
-            self.scheduler.update(
-                tokens, res.logprobs[:real].cpu().numpy(),
-                None if res.topk_ids is None else res.topk_ids[:real].to(torch.int32).cpu().numpy(),
-                None if res.topk_logprobs is None else res.topk_logprobs[:real].cpu().numpy())
 
     # ---- outputs ----------------------------------------------------------------------------
     def _detokenizer(self, state: _RequestState, index: int) -> IncrementalDetokenizer:

@@ -178,15 +178,3 @@ def is_plain_greedy(si: Any) -> bool:
     k, tr = si.kernel, si.transform
     return bool(k.all_greedy and tr.no_penalties and tr.no_logit_bias and tr.no_banned and tr.no_allowed
                 and int(si.driver.max_num_logprobs) < 0)
-
-
-def greedy_tokens(si: Any, greedy: torch.Tensor, penalty_tables: PenaltyTables) -> np.ndarray | None:
-    """The sampled tokens (int32) of a plain-greedy step (``is_plain_greedy``) from the argmax of
-    every logits row (``greedy``, e.g. computed inside a device graph), read back in one copy. None
-    otherwise (the caller runs the full sampler on the logits)."""
-    if not is_plain_greedy(si):
-        return None
-    penalty_tables.apply(si)  # it must see every prepare_sampler_inputs call
-    real = int(si.driver.num_real_rows)
-    host = greedy.cpu().numpy()
-    return np.ascontiguousarray(host[np.asarray(si.kernel.logits_rows)[:real]], dtype=np.int32)

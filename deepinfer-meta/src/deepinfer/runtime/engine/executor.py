@@ -1,0 +1,241 @@
+"""The one step executor: launch a scheduled engine step on the model runner.
+
+``StepExecutor.launch(scheduled, prev)`` does everything between the scheduler's decision and
+the step's sampled tokens, for the synchronous loop and the overlap loop alike:
+
+1. copy the KV blocks the scheduler asked for (forks of a partial block);
+2. build the step's model inputs in one of the host buffer sets: ``prepare_prompt_v4`` (prefill
+   or mixed), ``prepare_decode_v4`` (decode), or ``prepare_decode_zos_inputs`` when the step
+   runs ahead of ``prev`` (its input ids then come from prev's sampled ids on the device);
+3. build the sampler inputs (``prepare_sampler_inputs``) and keep the penalty tables in step;
+4. run the model: replay a captured decode graph, or the eager forward;
+5. prompt logprobs, when asked (a host sync: such steps never run ahead);
+6. pick the tokens: the argmax for plain-greedy steps, else the sampler (penalties, bias, masks,
+   seeds, logprobs).
+
+It returns a ``LaunchedStep`` that may still be running on the device; ``apply`` waits for its
+tokens and hands them to the scheduler (``Scheduler.update``). The engine loop decides when to
+launch and when to apply (``engine.overlap``); nothing here reads the loop's state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from deepinfer.runtime.engine.overlap import count_pending_tokens, gather_ids, resolve_ids
+from deepinfer.runtime.sampling.sampler import sample
+from deepinfer.runtime.sampling.sampler_inputs import (
+    PenaltyTables,
+    is_plain_greedy,
+    sampling_batch_from_engine,
+)
+from deepinfer.runtime.worker.step_buffers import StepBuffers
+
+
+@dataclass
+class StepShape:
+    """The sizes the executor's buffers and PrepareArgs are built for (from the engine config)."""
+
+    block_size: int
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    seed: int = 0
+    graph_batch_sizes: list[int] | None = None  # decode-only steps are padded to these (CUDA graphs)
+
+
+@dataclass
+class LaunchedStep:
+    """A step launched on the device; ``apply`` waits for its tokens and updates the scheduler.
+
+    ``row_tokens``: the sampled (or argmax) token of each logits row, on the device — what a step
+    launched ahead of this one gathers its input ids from. ``sample_tokens``: the sampler's tokens
+    by sample row (None for argmax steps, read from ``row_tokens``)."""
+
+    args: Any  # the PrepareArgs it was built in (the ZOS builder's ``prev`` for the next step)
+    scheduled: Any  # the SchedulerOutputs it was launched from (request ids when outputs fail)
+    num_real_rows: int = 0
+    logits_rows: np.ndarray | None = None  # the logits row of each real sample row
+    row_tokens: torch.Tensor | None = None
+    sample_tokens: torch.Tensor | None = None
+    logprobs: tuple[Any, Any, Any] | None = None  # (sampled, top-k ids, top-k logprobs), by sample row
+    host: torch.Tensor | None = None  # pinned copy of row_tokens under way (overlap on CUDA)
+    event: Any = None  # CUDA event recorded after that copy
+
+    def tokens(self) -> np.ndarray:
+        """int32 tokens of the step's real sample rows (``Scheduler.update``'s input); waits for
+        the device."""
+        if self.logits_rows is None:  # nothing was scheduled to run
+            return np.zeros(0, np.int32)
+        if self.sample_tokens is not None:
+            return self.sample_tokens[:self.num_real_rows].to(torch.int32).cpu().numpy()
+        if self.event is not None:
+            self.event.synchronize()
+        assert self.row_tokens is not None
+        src = self.row_tokens.cpu() if self.host is None else self.host
+        return np.ascontiguousarray(src.numpy()[self.logits_rows], dtype=np.int32)
+
+    def apply(self, scheduler: Any) -> None:
+        """Wait for the step's tokens and give them (and logprobs, when asked) to ``scheduler``."""
+        tokens = self.tokens()
+        if self.logprobs is None:
+            scheduler.update(tokens)
+            return
+        real = self.num_real_rows
+        lp, ids, vals = self.logprobs
+        scheduler.update(tokens, lp[:real].cpu().numpy(),
+                         None if ids is None else ids[:real].to(torch.int32).cpu().numpy(),
+                         None if vals is None else vals[:real].cpu().numpy())
+
+
+class StepExecutor:
+    """Builds and launches engine steps on ``runner`` (a ModelRunner or tensor-parallel driver).
+
+    ``buffer_sets``: 1 for the synchronous loop; 2 for the overlap loop, whose step N+1 is
+    written in one set while step N's host-to-device copy may still read the other."""
+
+    def __init__(self, runner: Any, scheduler: Any, shape: StepShape, *, buffer_sets: int = 1,
+                 step_buffers: StepBuffers | None = None) -> None:
+        from deepinfer._C import engine
+
+        self.E: Any = engine  # the native module (its stub may lag behind the build)
+        self.runner, self.scheduler = runner, scheduler
+        self.cuda = runner.device.type == "cuda"
+        rows = max(shape.max_num_batched_tokens, shape.max_num_seqs)
+        width = -(-shape.max_model_len // shape.block_size)
+        first = step_buffers or StepBuffers(rows, shape.max_num_seqs, width, pin=self.cuda)
+        self.buffers = [first] + [StepBuffers(rows, shape.max_num_seqs, width, pin=self.cuda)
+                                  for _ in range(buffer_sets - 1)]
+        self.args = [self.E.PrepareArgs(block_size=shape.block_size, max_model_len=shape.max_model_len,
+                                        graph_batch_sizes=shape.graph_batch_sizes, **b.arrays)
+                     for b in self.buffers]
+        self.metadata = self.E.SequenceMetadataPool()
+        self.sampler_inputs = self.E.SamplerInputs(shape.seed)
+        self.penalty_tables = PenaltyTables(runner.device)  # fed by sampler_inputs, step by step
+        self.side = 0  # the buffer set of the last launch
+        # (overlap on CUDA) pinned landing place of each set's sampled ids, and its event
+        self._host_tokens = [torch.zeros(rows, dtype=torch.int64, pin_memory=True) if self.cuda and buffer_sets > 1
+                             else None for _ in self.buffers]
+        self._events = [torch.cuda.Event() if self.cuda and buffer_sets > 1 else None for _ in self.buffers]
+        self.num_launched = 0
+
+    def reset_penalties(self) -> None:
+        """After an abandoned step: the sampler inputs may have sent penalty updates the tables
+        never applied; both start over (the next call sends every table whole)."""
+        self.sampler_inputs.reset_penalty_tables()
+        self.penalty_tables.reset()
+
+    # ---- launch ------------------------------------------------------------------------------
+    def launch(self, scheduled: Any, prev: LaunchedStep | None = None, *, copy_ahead: bool = False
+               ) -> LaunchedStep:
+        """Build and launch the step ``scheduled`` (just returned by ``Scheduler.schedule``).
+
+        ``prev``: the step still in flight that this plain decode step runs ahead of (overlap
+        loop): its input ids are gathered on the device from prev's tokens. ``copy_ahead``: the
+        step may itself be a ``prev`` (overlap loop): its tokens are kept by logits row and, on
+        CUDA, copied to pinned host memory behind the step (no sync)."""
+        E, runner = self.E, self.runner
+        copies = np.asarray(scheduled.blocks_to_copy).reshape(-1, 2)
+        if len(copies):
+            runner.copy_blocks(copies[:, 0], copies[:, 1])
+        if len(self.buffers) > 1:
+            self.side ^= 1
+        args, bufs = self.args[self.side], self.buffers[self.side]
+        self.metadata.build(self.scheduler)
+        step = LaunchedStep(args, scheduled)
+        if not len(self.metadata):
+            return step  # nothing runs (e.g. every request was aborted); update() takes no tokens
+        if prev is not None:
+            E.prepare_decode_zos_inputs(args, self.metadata, prev.args)
+        elif scheduled.num_decodes == len(self.metadata):
+            E.prepare_decode_v4(args, self.metadata)
+        else:
+            E.prepare_prompt_v4(args, self.metadata)
+        si = E.prepare_sampler_inputs(args, self.metadata, self.sampler_inputs)
+        step.num_real_rows = int(si.driver.num_real_rows)
+        # the engine reuses its storage next step: copy the rows now
+        step.logits_rows = np.array(si.kernel.logits_rows[:step.num_real_rows], dtype=np.int64)
+        logits, greedy = self._forward(args, bufs, prev)
+        if int(si.prompt_logprobs.num_rows):
+            self._prompt_logprobs(si, logits)
+        if is_plain_greedy(si):
+            self.penalty_tables.apply(si)  # it must see every prepare_sampler_inputs call
+            step.row_tokens = logits.argmax(dim=-1) if greedy is None else greedy
+        else:
+            self._sample(si, logits, prev, step, by_row=copy_ahead)
+        if copy_ahead:
+            self._copy_tokens_behind(step)
+        self.num_launched += 1
+        return step
+
+    def _forward(self, args: Any, bufs: StepBuffers, prev: LaunchedStep | None
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(logits of the step's logits rows, their argmax when a graph computed it, else None)."""
+        graphs = self.runner.graphs
+        rows = int(args.num_rows)
+        if graphs is not None and graphs.can_replay(args):
+            if prev is None and self.side == 0:
+                return graphs.replay(rows)  # type: ignore[no-any-return]
+            prev_tokens = None if prev is None else prev.row_tokens
+            resolve = None if prev_tokens is None else (
+                lambda views, n: resolve_ids(views["input_ids"][:n], views["zos_source_index"][:n], prev_tokens))
+            return graphs.replay(rows, host=bufs.host, before_replay=resolve)  # type: ignore[no-any-return]
+        a = bufs.arrays
+        n_tokens = int(args.num_tokens)
+        n_seqs = rows or int(args.num_seqs)
+        ids: np.ndarray | torch.Tensor = a["input_ids"][:n_tokens]
+        if prev is not None and prev.row_tokens is not None:
+            dev = self.runner.device
+            src = torch.from_numpy(a["zos_source_index"][:n_tokens].astype(np.int64)).to(dev)
+            ids = gather_ids(torch.from_numpy(np.asarray(ids).astype(np.int64)).to(dev), src, prev.row_tokens)
+        logits = self.runner.execute(
+            input_ids=ids, positions=a["positions"][:n_tokens], slot_mapping=a["slot_mapping"][:n_tokens],
+            query_start_loc=a["query_start_loc"][:n_seqs + 1], seq_lens=a["seq_lens"][:n_seqs],
+            block_tables=a["block_tables"][:n_seqs], logits_indices=a["logits_indices"][:int(args.num_logits)])
+        return logits, None
+
+    def _prompt_logprobs(self, si: Any, logits: torch.Tensor) -> None:
+        from deepinfer.runtime.sampling.sampler import prompt_logprobs
+
+        pl = si.prompt_logprobs
+        rows = torch.from_numpy(np.array(pl.logits_rows, dtype=np.int64)).to(logits.device)
+        k = max(int(pl.max_num_logprobs), 0)
+        targets = torch.from_numpy(np.array(pl.target_token_ids)).to(logits.device)
+        lp, ids, vals = prompt_logprobs(logits[rows], targets, k)
+        self.E.update_prompt_logprobs(self.scheduler, si, lp.cpu().numpy(),
+                                      None if ids is None else ids.to(torch.int32).cpu().numpy(),
+                                      None if vals is None else vals.cpu().numpy())
+
+    def _sample(self, si: Any, logits: torch.Tensor, prev: LaunchedStep | None, step: LaunchedStep,
+                by_row: bool) -> None:
+        tables, tr = self.penalty_tables, si.transform
+        if prev is not None and not tr.no_penalties:
+            tables.grow(int(tr.num_penalty_slots), int(logits.shape[-1]))  # room for any pending token
+        rows, batch = sampling_batch_from_engine(si, logits.device, tables)
+        if prev is not None and prev.row_tokens is not None and batch.penalty_rows is not None \
+                and batch.penalty_rows.numel():
+            # Penalties of a step launched ahead count step N's token on the device (the engine's
+            # ``penalty_pending_source``; the host sends it to the tables a step later).
+            count_pending_tokens(batch.penalty_rows, batch.penalty_counts, batch.penalty_seen,
+                           np.asarray(tr.penalty_pending_source), prev.row_tokens)
+        res = sample(logits[rows], batch)
+        if res.logprobs is not None:
+            step.logprobs = (res.logprobs, res.topk_ids, res.topk_logprobs)
+        if by_row:  # a plain decode step another may run ahead of: tokens by logits row
+            step.row_tokens = torch.zeros(logits.shape[0], dtype=torch.int64, device=logits.device)
+            step.row_tokens[rows] = res.tokens
+        else:
+            step.sample_tokens = res.tokens
+
+    def _copy_tokens_behind(self, step: LaunchedStep) -> None:
+        host, event = self._host_tokens[self.side], self._events[self.side]
+        if event is None or step.row_tokens is None:
+            return
+        n = int(step.row_tokens.shape[0])
+        host[:n].copy_(step.row_tokens[:n], non_blocking=True)
+        event.record()
+        step.host, step.event = host[:n], event
