@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 from deepinfer.runtime.sampling_params import SamplingParams
-
 from engine_helpers import run_all
 
 pytest.importorskip("deepinfer_engine", reason="the C++ engine (deepinfer-engine) is not built/installed")
