@@ -167,12 +167,38 @@ def test_bad_input():
         timer.add_kernel_region(fake.FakeGraph(), "empty", 0, 0)
 
 
-def test_default_backend_is_looked_up_at_run_time(monkeypatch):
-    module = types.ModuleType("deepinfer._C.graph_timer")
+def test_default_backend_is_looked_up_at_run_time_through_the_entry_point(monkeypatch):
+    # The graph-timer wheel names no package of ours: the default handles are the module the
+    # entry-point group deepinfer.graph_timer registers (the deepinfer package's _C.graph_timer).
+    from importlib.metadata import EntryPoint
+
+    import deepinfer_graph_timer.timer as timer_module
+
+    module = types.ModuleType("fake_handles_for_test")
     module.__dict__.update({k: getattr(fake, k) for k in ("EventHandle", "EventRecordNodeHandle", "GraphHandle")})
-    monkeypatch.setitem(sys.modules, "deepinfer._C.graph_timer", module)
+    monkeypatch.setitem(sys.modules, "fake_handles_for_test", module)
+    ep = EntryPoint(name="handles", value="fake_handles_for_test", group=timer_module.HANDLES_GROUP)
+    monkeypatch.setattr("importlib.metadata.entry_points",
+                        lambda group=None: [ep] if group == timer_module.HANDLES_GROUP else [])
     timer = GraphTimer()
     assert timer.graph_timer is module
+
+
+def test_without_a_registered_handles_module_the_error_says_what_to_install(monkeypatch):
+    monkeypatch.setattr("importlib.metadata.entry_points", lambda group=None: [])
+    with pytest.raises(ImportError, match=r"deepinfer\[cuda\].*graph_timer="):
+        GraphTimer().graph_timer
+
+
+def test_the_installed_deepinfer_package_registers_its_handles():
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        eps = distribution("deepinfer").entry_points
+    except PackageNotFoundError:
+        pytest.skip("the deepinfer wheel is not installed here (a source-tree run)")
+    assert [(e.name, e.value) for e in eps if e.group == "deepinfer.graph_timer"] == \
+        [("handles", "deepinfer._C.graph_timer")]
 
 
 def test_percentile_matches_the_linear_definition():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from deepinfer.plugins import devices as backend_devices
 from deepinfer.plugins import env_report
 from deepinfer.plugins.registry import BackendUnavailableError, registry
 from deepinfer.runtime.worker import device as rd
@@ -27,25 +28,25 @@ def selected(monkeypatch):
 
 def test_cuda_backend_gives_the_cuda_device_when_torch_has_cuda(selected, monkeypatch):
     selected("cuda")
-    monkeypatch.setattr(rd, "_torch_cuda_available", lambda: True)
+    monkeypatch.setattr(backend_devices, "_torch_cuda_available", lambda: True)
     assert rd.resolve_runtime_device(None) == rd.RuntimeDevice("cuda", "cuda", "the CUDA backend is selected")
-    monkeypatch.setattr(rd, "_torch_cuda_available", lambda: False)
+    monkeypatch.setattr(backend_devices, "_torch_cuda_available", lambda: False)
     where = rd.resolve_runtime_device(None)
     assert (where.device, where.backend) == ("cpu", "cpu") and "no CUDA" in where.reason
 
 
 def test_ascend_backend_gives_the_npu_device_only_when_torch_npu_works(selected, monkeypatch):
     selected("ascend")
-    monkeypatch.setattr(rd, "_torch_npu_available", lambda: True)
+    monkeypatch.setattr(backend_devices, "_torch_npu_available", lambda: True)
     assert rd.resolve_runtime_device(None).device == "npu"
-    monkeypatch.setattr(rd, "_torch_npu_available", lambda: False)
+    monkeypatch.setattr(backend_devices, "_torch_npu_available", lambda: False)
     where = rd.resolve_runtime_device(None)
     assert where.device == "cpu" and "torch_npu" in where.reason
 
 
 def test_no_backend_gives_cpu_and_ignores_torch_cuda(selected, monkeypatch):
     selected(None)
-    monkeypatch.setattr(rd, "_torch_cuda_available", lambda: True)  # CUDA alone does not pick the device
+    monkeypatch.setattr(backend_devices, "_torch_cuda_available", lambda: True)  # CUDA alone does not pick the device
     assert rd.resolve_runtime_device(None) == rd.RuntimeDevice("cpu", "cpu", "no accelerator backend is available")
 
 
@@ -59,7 +60,7 @@ def test_an_explicit_device_wins_and_bad_ones_are_refused(selected):
 
 def test_env_report_says_which_backend_serves_the_runtime(selected, monkeypatch):
     selected("cuda")
-    monkeypatch.setattr(rd, "_torch_cuda_available", lambda: True)
+    monkeypatch.setattr(backend_devices, "_torch_cuda_available", lambda: True)
     monkeypatch.setattr(registry, "discover", lambda: [])
     report = env_report.collect()
     assert report["runtime"] == {"device": "cuda", "backend": "cuda", "reason": "the CUDA backend is selected"}

@@ -59,7 +59,7 @@ def _record_dict(r: BackendRecord) -> dict[str, Any]:
 def _runtime(selected: str | None) -> dict[str, str]:
     """Where deepinfer.LLM runs by default: the selected backend's torch device."""
     try:
-        from deepinfer.runtime.worker.device import device_for_backend
+        from deepinfer.plugins.devices import device_for_backend
 
         where = device_for_backend(selected)
     except ImportError as exc:  # torch missing: the runtime cannot run at all

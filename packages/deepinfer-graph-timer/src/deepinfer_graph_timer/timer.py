@@ -1,7 +1,9 @@
 """GraphTimer: named regions timed inside replayed device graphs.
 
 Works on any backend's ``graph_timer`` handles (``EventHandle``, ``EventRecordNodeHandle``,
-``GraphHandle``): by default the ones ``deepinfer._C.graph_timer`` resolves at run time.
+``GraphHandle``): by default the ones registered under the entry-point group
+``deepinfer.graph_timer`` (the ``deepinfer`` package registers ``deepinfer._C.graph_timer``,
+the selected backend's), looked up at first use. This wheel imports no package of ours by name.
 
 How a sample is taken: every region is a pair of event-record nodes in the graph. After
 each replay, ``step()`` keeps the events that replay records and swaps fresh events from a
@@ -14,7 +16,6 @@ the timing itself, is subtracted from every region.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -77,11 +78,34 @@ class _GraphEntry:
         return [n for r in self.regions for n in (r.start, r.end)]
 
 
+#: Entry-point group of the module that provides the selected backend's handles.
+HANDLES_GROUP = "deepinfer.graph_timer"
+
+
+def default_handles() -> ModuleType:
+    """The graph_timer handles registered under the entry-point group ``deepinfer.graph_timer``
+    (the ``deepinfer`` package's entry ``handles = "deepinfer._C.graph_timer"``: the backend its
+    plugin registry selects). Found through package metadata, as backends are, so this wheel
+    names no package of ours; ImportError says what to install when none is registered."""
+    from importlib.metadata import entry_points
+
+    found = sorted(entry_points(group=HANDLES_GROUP), key=lambda ep: ep.name)
+    if not found:
+        raise ImportError(
+            f"no graph_timer handles are registered (entry-point group {HANDLES_GROUP!r}): install "
+            '"deepinfer[cuda]" or "deepinfer[ascend]", or pass graph_timer=<a backend\'s graph_timer module>')
+    module = found[0].load()
+    if not isinstance(module, ModuleType):
+        raise ImportError(f"entry point {found[0].name!r} of group {HANDLES_GROUP!r} is not a module: {found[0].value}")
+    return module
+
+
 class GraphTimer:
     """Time named regions inside replayed device graphs.
 
-    graph_timer: the backend's graph_timer module (default: ``deepinfer._C.graph_timer``,
-    looked up at first use). device: the device index the graphs run on (-1: current).
+    graph_timer: the backend's graph_timer module (default: the one registered under the
+    entry-point group ``deepinfer.graph_timer`` — ``deepinfer._C.graph_timer`` when the
+    ``deepinfer`` package is installed — looked up at first use). device: the device index the graphs run on (-1: current).
     pool_size: how many replays of one graph may be in flight before ``step()`` waits for
     the oldest to finish. enabled: start with timing on (False keeps every timer node out
     of the executable graphs until :meth:`enable`).
@@ -113,7 +137,7 @@ class GraphTimer:
     def graph_timer(self) -> ModuleType:
         """The backend module providing EventHandle / GraphHandle."""
         if self._module is None:
-            self._module = importlib.import_module("deepinfer._C.graph_timer")
+            self._module = default_handles()
         return self._module
 
     def _new_event(self) -> Any:

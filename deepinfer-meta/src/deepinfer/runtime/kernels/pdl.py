@@ -21,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from deepinfer.runtime import switches
+
 try:  # Triton >= 3.4 (torch 2.8's and later)
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # pragma: no cover - older Triton: PDL stays off
@@ -43,7 +45,7 @@ def pdl_enabled(device: torch.device) -> bool:
     that has the grid-dependency ops, not Triton's CPU interpreter, and ``DEEPINFER_PDL`` not 0."""
     if device.type != "cuda" or gdc_wait is None or os.environ.get("TRITON_INTERPRET") == "1":
         return False
-    if os.environ.get("DEEPINFER_PDL", "1") == "0":
+    if not switches.enabled("DEEPINFER_PDL"):
         return False
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _ENABLED:

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import math
 import mmap
-import os
 import sys
 
 import torch
+
+from deepinfer.runtime import switches
 
 ENV_SWITCH = "DEEPINFER_CPU_HUGE_PAGES"
 HUGE_PAGE = 2 << 20
@@ -34,7 +35,7 @@ def host_arena_tensors(shapes: list[torch.Size], dtype: torch.dtype) -> list[tor
     (kept alive by the views), or None where that is not available."""
     if not sys.platform.startswith("linux") or not hasattr(mmap, "MADV_HUGEPAGE"):
         return None
-    if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
+    if not switches.enabled(ENV_SWITCH):
         return None
     itemsize = dtype.itemsize
     offsets, end = [], 0

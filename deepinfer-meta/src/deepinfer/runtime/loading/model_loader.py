@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 
+from deepinfer.runtime import switches
 from deepinfer.runtime.kernels.gguf_blocks import Int4Groups
 from deepinfer.runtime.models.config import ModelConfig
 from deepinfer.runtime.models.llama import LlamaForCausalLM, LlamaLayer
@@ -126,12 +127,10 @@ def load_model(path: str, *, device: torch.device, dtype: torch.dtype, dummy_wei
             model.load_weights(iter_safetensors_shard(path, shard.rank, shard.world_size))
     model.eval()
     if device.type == "cpu":
-        from deepinfer.runtime.worker.native_decode import native_decode_wanted
-
         # The native decode kernels (float32 models) read [out, in] rows; torch's few-row
         # matmuls are faster over [in, out] (see the method), which matters when torch runs
         # decode steps.
-        if dtype != torch.float32 or not native_decode_wanted():
+        if dtype != torch.float32 or not switches.native_cpu_decode_wanted():
             model.store_wide_projections_input_major()
         model.use_cpu_linears()
     # cos/sin tables are built on the device in float32: .to(dtype) would round them

@@ -15,6 +15,8 @@ import os
 import shutil
 from typing import Any
 
+from deepinfer.runtime import switches
+
 # files of a model directory that are not the tokenizer's (their changes need no new snapshot)
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".onnx", ".ckpt")
 
@@ -26,7 +28,7 @@ def _offline() -> None:
 
 def cache_dir() -> str:
     """Folder where converted GGUF tokenizers are kept."""
-    return os.environ.get("DEEPINFER_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "deepinfer")
+    return switches.raw("DEEPINFER_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "deepinfer")
 
 
 def load_tokenizer(model_path: str) -> Any:

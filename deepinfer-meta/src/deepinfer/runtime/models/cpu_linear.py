@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from collections.abc import Callable
 from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from deepinfer.runtime import switches
 
 ENV_SWITCH = "DEEPINFER_CPU_ONEDNN"
 # From this many rows oneDNN is the faster of the two (one row: equal, so F.linear stays).
@@ -41,7 +42,7 @@ def onednn_unavailable_reason() -> str | None:
 
 
 def _check() -> str | None:
-    if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
+    if not switches.enabled(ENV_SWITCH):
         return f"switched off by {ENV_SWITCH}=0"
     if not torch.backends.mkldnn.is_available():
         return "this torch build has no oneDNN (torch.backends.mkldnn.is_available() is False)"

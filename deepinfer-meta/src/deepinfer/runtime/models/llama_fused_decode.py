@@ -16,7 +16,6 @@ takes SiLU·mul of gate/up as its input. Larger batches keep cuBLAS and the sepa
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import cast
@@ -25,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from deepinfer.runtime import switches
 from deepinfer.runtime.attention.triton_decode import DecodeWorkspace, decode_attention
 from deepinfer.runtime.kernels.fused_ops import add_rmsnorm, rotary_kv_write, silu_mul
 from deepinfer.runtime.kernels.gemv import gemv
@@ -41,7 +41,7 @@ SMALL_K_CONFIGS = {"qkv": (4, 1024, 4, 2), "o": (2, 1024, 4, 3), "gate_up": (8, 
 
 def _tile(name: str, weight: torch.Tensor) -> tuple[int, ...]:
     # DEEPINFER_ONE_ROW_TILES="down=4,2048,8,1,2;o=..." overrides tiles (benchmarks)
-    for item in os.environ.get("DEEPINFER_ONE_ROW_TILES", "").split(";"):
+    for item in switches.value("DEEPINFER_ONE_ROW_TILES").split(";"):
         key, _, value = item.partition("=")
         if key == name and value:
             return tuple(int(v) for v in value.split(","))
@@ -53,7 +53,7 @@ def one_row_gemv_projections() -> frozenset[str]:
     (qkv and gate_up: the RMSNorm; o and down: the residual add; down: SiLU·mul); the others run
     cuBLAS with the separate kernels. All four by default (on the H200 each fused GEMV beat cuBLAS
     with its separate kernels); ``DEEPINFER_ONE_ROW_GEMV`` ("qkv,o", "none") picks fewer (benchmarks)."""
-    names = os.environ.get("DEEPINFER_ONE_ROW_GEMV", "qkv,o,gate_up,down")
+    names = switches.value("DEEPINFER_ONE_ROW_GEMV")
     return frozenset() if names == "none" else frozenset(names.split(","))
 
 
@@ -119,7 +119,7 @@ def fused_decode_forward(model: LlamaForCausalLM, input_ids: torch.Tensor, posit
     padding: they write no KV)."""
     b = input_ids.shape[0]
     gemv_names = one_row_gemv_projections()
-    fold_merge = os.environ.get("DEEPINFER_FOLD_MERGE", "1") != "0"
+    fold_merge = switches.enabled("DEEPINFER_FOLD_MERGE")
     with region("embed"):
         st = _Stream(model.embed_tokens.forward(input_ids))  # a module call: the vocabulary-parallel one all-reduces
     cos, sin = model.rotary.cos, model.rotary.sin

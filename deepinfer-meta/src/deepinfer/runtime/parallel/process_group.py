@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from deepinfer.runtime import switches
 from deepinfer.runtime.models.config import ModelConfig
 
 #: Seconds a collective of a step may take before the step fails (``DEEPINFER_TP_TIMEOUT_S``).
@@ -31,7 +32,7 @@ _IDLE_TIMEOUT = datetime.timedelta(days=365)
 
 
 def collective_timeout_s() -> float:
-    raw = os.environ.get("DEEPINFER_TP_TIMEOUT_S")
+    raw = switches.raw("DEEPINFER_TP_TIMEOUT_S")
     if raw is None:
         return DEFAULT_TIMEOUT_S
     try:

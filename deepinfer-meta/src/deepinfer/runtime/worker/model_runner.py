@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -12,8 +12,20 @@ from deepinfer.runtime.loading.model_loader import LoadedModel
 from deepinfer.runtime.worker.kv_cache import allocate_kv_caches
 
 if TYPE_CHECKING:
-    from deepinfer.runtime.worker.cuda_graph_runner import CudaGraphRunner
     from deepinfer.runtime.worker.native_decode import NativeDecode
+
+
+class DecodeGraphs(Protocol):
+    """What the step executor needs of captured decode graphs (``cuda_graph_runner``
+    implements it; the runner does not import that module, which builds on this one)."""
+
+    batch_sizes: list[int]
+    timer: Any
+
+    def can_replay(self, args: Any) -> bool: ...
+
+    def replay(self, rows: int, host: torch.Tensor | None = None,
+               before_replay: Any | None = None) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 def select_attention(device: torch.device, backend: str | None = None, block_size: int = 16):  # type: ignore[no-untyped-def]
@@ -61,7 +73,7 @@ class ModelRunner:
         self.kv_caches = allocate_kv_caches(self.config, num_blocks, block_size, dtype, device)
         self.scratch_slot = num_blocks * block_size  # first slot of the extra scratch block
         self.attention = select_attention(device, attention_backend, block_size)
-        self.graphs: CudaGraphRunner | None = None  # decode steps replayed from CUDA graphs, when captured
+        self.graphs: DecodeGraphs | None = None  # decode steps replayed from CUDA graphs, when captured
         # CPU, float32 KV cache: decode-only steps run natively (models.native_decode), else None
         self.native_decode: NativeDecode | None = None
         if device.type == "cpu" and dtype == torch.float32:

@@ -11,13 +11,13 @@ share the same KV cache. ``DEEPINFER_CPU_NATIVE=0`` turns the path off (torch fo
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
 from torch import nn
 
+from deepinfer.runtime import switches
 from deepinfer.runtime.models.llama import LlamaForCausalLM, LlamaLayer
 
 if TYPE_CHECKING:
@@ -28,16 +28,7 @@ NATIVE_TYPES = ("Q4_0", "Q4_1", "Q8_0")
 WeightSpec = tuple[str, np.ndarray]
 
 
-def native_decode_wanted() -> bool:
-    """Whether the native decode path may be used: not switched off by ``DEEPINFER_CPU_NATIVE=0``
-    and the engine wheel has the ``_cpu_kernels`` extension."""
-    if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
-        return False
-    try:
-        import deepinfer_engine._cpu_kernels  # noqa: F401
-    except ImportError:
-        return False
-    return True
+native_decode_wanted = switches.native_cpu_decode_wanted
 
 
 class Unsupported(Exception):

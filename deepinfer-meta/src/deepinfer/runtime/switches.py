@@ -1,0 +1,74 @@
+"""Every environment switch the runtime reads, in one place.
+
+Most are benchmark switches: they turn one optimisation off (or pick a tile) so its effect can be
+measured in the same build; the defaults are what ships. ``SWITCHES`` is the table that
+docs/guide/08-gpu.md ("Environment switches") shows; a test keeps the two equal and checks that
+no other runtime module reads a ``DEEPINFER_*`` variable.
+
+A boolean switch is off for "0", "false", "no" or "off" (any case), on otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Switch:
+    name: str
+    default: str
+    read_by: str  # the module that acts on it
+    what: str
+
+
+SWITCHES: dict[str, Switch] = {s.name: s for s in (
+    Switch("DEEPINFER_CPU_NATIVE", "1", "worker/native_decode.py",
+           "CPU decode steps run the native C++ kernels (0: every step on torch); read at load"),
+    Switch("DEEPINFER_CPU_ONEDNN", "1", "models/cpu_linear.py",
+           "float32 CPU linears of several rows use oneDNN (0: F.linear / MKL)"),
+    Switch("DEEPINFER_CPU_HUGE_PAGES", "1", "loading/host_arena.py",
+           "a dense CPU model's parameters on 2 MiB transparent huge pages (0: ordinary allocation)"),
+    Switch("DEEPINFER_PDL", "1", "kernels/pdl.py",
+           "Triton kernels of the decode graph launch with programmatic dependent launch (0: off)"),
+    Switch("DEEPINFER_ONE_ROW_GEMV", "qkv,o,gate_up,down", "models/llama_fused_decode.py",
+           "projections of a one-row step that run the fused Triton GEMV (\"none\": cuBLAS for all)"),
+    Switch("DEEPINFER_ONE_ROW_TILES", "", "models/llama_fused_decode.py",
+           "tile overrides of the one-row GEMVs, \"down=4,2048,8,1,2;o=...\" (benchmarks)"),
+    Switch("DEEPINFER_FOLD_MERGE", "1", "models/llama_fused_decode.py",
+           "the split-KV attention merge folded into the split kernel (0: a second kernel)"),
+    Switch("DEEPINFER_TP_TIMEOUT_S", "120", "parallel/process_group.py",
+           "seconds a tensor-parallel rendezvous or collective may wait before failing"),
+    Switch("DEEPINFER_CACHE", "~/.cache/deepinfer", "loading/tokenizer_loader.py",
+           "where tokenizer snapshots of GGUF models are cached"),
+)}
+
+_OFF = ("0", "false", "no", "off")
+
+
+def value(name: str) -> str:
+    """The switch's value in the environment, or its default."""
+    return os.environ.get(name, SWITCHES[name].default)
+
+
+def raw(name: str) -> str | None:
+    """The switch's value in the environment, or None when it is not set."""
+    assert name in SWITCHES, name
+    return os.environ.get(name)
+
+
+def enabled(name: str) -> bool:
+    """A boolean switch: off for 0/false/no/off, else on (its default when unset)."""
+    return value(name).strip().lower() not in _OFF
+
+
+def native_cpu_decode_wanted() -> bool:
+    """Whether the native CPU decode path may be used: not switched off by ``DEEPINFER_CPU_NATIVE=0``
+    and the engine wheel has the ``_cpu_kernels`` extension."""
+    if not enabled("DEEPINFER_CPU_NATIVE"):
+        return False
+    try:
+        import deepinfer_engine._cpu_kernels  # noqa: F401
+    except ImportError:
+        return False
+    return True

@@ -1,0 +1,56 @@
+"""Every DEEPINFER_* switch of the runtime is read in runtime/switches.py and listed in one doc table."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from deepinfer.runtime import switches
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
+
+
+def _runtime_files():
+    import deepinfer.runtime
+
+    return sorted(Path(deepinfer.runtime.__file__).parent.rglob("*.py"))
+
+
+def test_no_other_runtime_module_reads_a_deepinfer_variable():
+    reads = re.compile(r"(os\.environ|os\.getenv|environ\.get)[^\n]*DEEPINFER_")
+    offenders = [f"{p.name}: {m.group(0)}" for p in _runtime_files() if p.name != "switches.py"
+                 for m in reads.finditer(p.read_text(encoding="utf-8"))]
+    assert not offenders, offenders
+
+
+def test_every_named_switch_constant_is_in_the_table():
+    named = set()
+    for p in _runtime_files():
+        named |= set(re.findall(r"\"(DEEPINFER_[A-Z0-9_]+)\"", p.read_text(encoding="utf-8")))
+    assert named <= set(switches.SWITCHES), named - set(switches.SWITCHES)
+
+
+def test_the_doc_table_lists_exactly_the_switches():
+    if not DOC.is_file():
+        pytest.skip("docs/ is not beside the tests (an installed-only run)")
+    text = DOC.read_text(encoding="utf-8")
+    section = text.split("### Environment switches", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `(DEEPINFER_[A-Z0-9_]+)` \| `?([^|`]*)`? \|", section, re.M)
+    assert {name: default.strip() for name, default in rows} == \
+        {s.name: s.default for s in switches.SWITCHES.values()}
+
+
+@pytest.mark.parametrize("text,on", [("0", False), ("false", False), ("No", False), (" off ", False),
+                                     ("1", True), ("yes", True), ("", True)])
+def test_boolean_switches(monkeypatch, text, on):
+    monkeypatch.setenv("DEEPINFER_PDL", text)
+    assert switches.enabled("DEEPINFER_PDL") is on
+
+
+def test_unset_switch_takes_its_default(monkeypatch):
+    monkeypatch.delenv("DEEPINFER_ONE_ROW_GEMV", raising=False)
+    assert switches.value("DEEPINFER_ONE_ROW_GEMV") == "qkv,o,gate_up,down"
+    assert switches.raw("DEEPINFER_ONE_ROW_GEMV") is None
+    monkeypatch.setenv("DEEPINFER_CPU_NATIVE", "0")
+    assert switches.native_cpu_decode_wanted() is False
