@@ -187,7 +187,7 @@ def test_default_backend_is_looked_up_at_run_time_through_the_entry_point(monkey
 def test_without_a_registered_handles_module_the_error_says_what_to_install(monkeypatch):
     monkeypatch.setattr("importlib.metadata.entry_points", lambda group=None: [])
     with pytest.raises(ImportError, match=r"deepinfer\[cuda\].*graph_timer="):
-        GraphTimer().graph_timer
+        _ = GraphTimer().graph_timer
 
 
 def test_the_installed_deepinfer_package_registers_its_handles():
