@@ -118,7 +118,7 @@ def _gguf_config(reader: GGUFFile, path: str) -> ModelConfig:
     )
 
 
-def _unpermute_index(rows: int, n_head: int) -> torch.Tensor:
+def unpermute_index(rows: int, n_head: int) -> torch.Tensor:
     """Row order that undoes llama.cpp's interleaving of each head's rotary halves (its convert
     script's permute), as transformers' GGUF loader does."""
     dim = rows // n_head // 2
@@ -152,16 +152,18 @@ class GGUFModel:
     def type_name(self, name: str) -> str:
         return str(self.tensors[name].tensor_type.name)
 
-    def _row_index(self, name: str, rows: int) -> torch.Tensor | None:
+    def row_index(self, name: str, rows: int) -> torch.Tensor | None:
+        """The row order that undoes llama.cpp's q/k permutation for tensor ``name``, or None."""
         if self.config.architecture != "llama":
             return None
         if ".self_attn.q_proj." in name:
-            return _unpermute_index(rows, self.config.num_attention_heads)
+            return unpermute_index(rows, self.config.num_attention_heads)
         if ".self_attn.k_proj." in name:
-            return _unpermute_index(rows, self.config.num_key_value_heads)
+            return unpermute_index(rows, self.config.num_key_value_heads)
         return None
 
-    def _fail(self, name: str, exc: Exception) -> GGUFError:
+    def load_error(self, name: str, exc: Exception) -> GGUFError:
+        """The GGUFError to raise when tensor ``name`` cannot be read (``exc``: why)."""
         t = self.tensors[name]
         return GGUFError(f"model: GGUF {self.path!r} tensor {t.name!r} of type {t.tensor_type.name} "
                          f"cannot be read: {exc}")
@@ -173,10 +175,10 @@ class GGUFModel:
         try:
             w = gguf_blocks.dequantize(t)
         except Exception as exc:
-            raise self._fail(name, exc) from exc
+            raise self.load_error(name, exc) from exc
         if w.numel() != int(np.prod(expected)):
             raise GGUFError(f"model: GGUF {self.path!r} tensor {t.name!r} is truncated")
-        index = self._row_index(name, w.shape[0])
+        index = self.row_index(name, w.shape[0])
         return w if index is None else w[index]
 
     def int4(self, name: str) -> list[gguf_blocks.Int4Groups] | None:
@@ -189,8 +191,8 @@ class GGUFModel:
         try:
             parts = gguf_blocks.int4_groups(gguf_blocks.raw_blocks(t.data, rows), kind)
         except Exception as exc:
-            raise self._fail(name, exc) from exc
-        index = self._row_index(name, rows)
+            raise self.load_error(name, exc) from exc
+        index = self.row_index(name, rows)
         return parts if index is None else [p.permute_rows(index) for p in parts]
 
     def q8_codes(self, name: str) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -19,7 +19,7 @@ import torch
 
 from deepinfer.runtime.kernels import gguf_blocks
 from deepinfer.runtime.loading.gguf_file import TensorInfo
-from deepinfer.runtime.loading.gguf_loader import GGUFError, GGUFModel, _unpermute_index
+from deepinfer.runtime.loading.gguf_loader import GGUFError, GGUFModel, unpermute_index
 from deepinfer.runtime.loading.safetensors_loader import safetensors_files
 from deepinfer.runtime.parallel.layers import shard_dim, shard_range
 
@@ -65,7 +65,7 @@ def gguf_shard(model: GGUFModel, name: str, rank: int, world_size: int) -> torch
             heads = {"q_proj": model.config.num_attention_heads, "k_proj": model.config.num_key_value_heads}
             kind = name.rsplit(".", 2)[-2]
             if model.config.architecture == "llama" and kind in heads:
-                w = w[_unpermute_index(b - a, heads[kind] // world_size)]
+                w = w[unpermute_index(b - a, heads[kind] // world_size)]
             return w
         a, b = shard_range(cols, rank, world_size)
         if a % block or b % block:
@@ -75,7 +75,7 @@ def gguf_shard(model: GGUFModel, name: str, rank: int, world_size: int) -> torch
     except GGUFError:
         raise
     except Exception as exc:
-        raise model._fail(name, exc) from exc
+        raise model.load_error(name, exc) from exc
 
 
 def iter_gguf_shard(model: GGUFModel, names: Iterable[str], rank: int,

@@ -76,7 +76,7 @@ class _Weights:
             raise Unsupported(f"{name}: GGUF type {kind} (native kernels: {', '.join(NATIVE_TYPES)})")
         rows = int(t.shape[1])
         raw = gguf_blocks.raw_blocks(t.data, rows).numpy()
-        index = self.gguf._row_index(name, rows)  # llama.cpp's q/k row permutation, undone
+        index = self.gguf.row_index(name, rows)  # llama.cpp's q/k row permutation, undone
         return kind, (raw if index is None else np.ascontiguousarray(raw[index.numpy()]))
 
     def linear(self, module: nn.Module, names: list[str], rows: list[slice]) -> list[WeightSpec]:
