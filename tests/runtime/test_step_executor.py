@@ -214,3 +214,24 @@ def test_default_model_sync_and_overlap_give_the_same_tokens(loaded_default, tok
         if overlap:
             assert loop.overlap.num_ahead > 0
     assert got[True] == got[False]
+
+
+def test_a_rebuilt_engine_loop_writes_into_the_buffers_the_graphs_replay(monkeypatch):
+    # The server gives a stuck LLM a fresh engine loop over the same runner: its steps must be
+    # written where the captured graphs read them (the worker's step buffers), not into new ones.
+    from deepinfer.serve.engine_thread import rebuild_if_stuck
+
+    loop, runner = make_fake_loop(graphs=True)
+    buffers = loop.step_buffers
+
+    class Stuck:
+        engine = loop
+
+    monkeypatch.setattr(type(loop), "stuck", property(lambda self: True))
+    llm = Stuck()
+    assert rebuild_if_stuck(llm)
+    assert llm.engine is not loop and llm.engine.step_buffers is buffers
+    assert llm.engine.executor.buffers[0] is buffers
+    monkeypatch.undo()
+    outs, _ = run_all(llm.engine, PROMPTS[:2], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
+    assert _tokens(outs) == [[chain(p[-1], 6)] for p in PROMPTS[:2]] and runner.graphs.replays > 0

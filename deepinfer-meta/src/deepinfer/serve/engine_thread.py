@@ -76,7 +76,8 @@ def rebuild_if_stuck(llm: Any) -> bool:
 
     llm.engine = EngineLoop(engine.runner, engine.tokenizer, engine.cfg,
                             extra_stop_token_ids=engine.extra_stop_token_ids,
-                            overlap_scheduling=engine.overlap is not None)
+                            overlap_scheduling=engine.overlap is not None,
+                            step_buffers=engine.step_buffers)  # what the CUDA graphs replay from
     return True
 
 

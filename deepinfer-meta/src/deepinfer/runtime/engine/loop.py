@@ -41,6 +41,7 @@ from deepinfer.runtime.engine.executor import StepExecutor, StepShape
 from deepinfer.runtime.engine.overlap import Overlap
 from deepinfer.runtime.sampling_params import SamplingParams
 from deepinfer.runtime.worker.model_runner import ModelRunner
+from deepinfer.runtime.worker.step_buffers import StepBuffers
 
 _log = logging.getLogger(__name__)
 
@@ -167,7 +168,9 @@ class EngineLoop:
 
     def __init__(self, runner: ModelRunner, tokenizer: Any, cfg: EngineConfig,
                  extra_stop_token_ids: list[int] | None = None, retry_failed_steps: bool = False,
-                 overlap_scheduling: bool = False) -> None:
+                 overlap_scheduling: bool = False, step_buffers: StepBuffers | None = None) -> None:
+        """``step_buffers``: the host buffers the engine writes each step into (the worker's, which
+        its CUDA graphs are captured over); None: the loop allocates them."""
         from deepinfer._C import engine
 
         E: Any = engine  # the native module (its stub may lag behind the build)
@@ -188,7 +191,7 @@ class EngineLoop:
             StepShape(block_size=cfg.block_size, max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs,
                       max_num_batched_tokens=cfg.max_num_batched_tokens, seed=cfg.seed,
                       graph_batch_sizes=cfg.graph_batch_sizes),
-            buffer_sets=2 if overlap_scheduling else 1)
+            buffer_sets=2 if overlap_scheduling else 1, step_buffers=step_buffers)
         self.step_buffers = self.executor.buffers[0]  # what the CUDA graphs are captured over
         self.output_pool = E.RequestOutputPool(4 * cfg.max_num_seqs)
         self.requests: dict[str, _RequestState] = {}
