@@ -221,19 +221,20 @@ class StepExecutor:
             # Penalties of a step launched ahead count step N's token on the device (the engine's
             # ``penalty_pending_source``; the host sends it to the tables a step later).
             count_pending_tokens(batch.penalty_rows, batch.penalty_counts, batch.penalty_seen,
-                           np.asarray(tr.penalty_pending_source), prev.row_tokens)
+                                 np.asarray(tr.penalty_pending_source), prev.row_tokens)
         res = sample(logits[rows], batch)
         if res.logprobs is not None:
             step.logprobs = (res.logprobs, res.topk_ids, res.topk_logprobs)
         if by_row:  # a plain decode step another may run ahead of: tokens by logits row
-            step.row_tokens = torch.zeros(logits.shape[0], dtype=torch.int64, device=logits.device)
-            step.row_tokens[rows] = res.tokens
+            by_logits_row = torch.zeros(logits.shape[0], dtype=torch.int64, device=logits.device)
+            by_logits_row[rows] = res.tokens
+            step.row_tokens = by_logits_row
         else:
             step.sample_tokens = res.tokens
 
     def _copy_tokens_behind(self, step: LaunchedStep) -> None:
         host, event = self._host_tokens[self.side], self._events[self.side]
-        if event is None or step.row_tokens is None:
+        if host is None or event is None or step.row_tokens is None:
             return
         n = int(step.row_tokens.shape[0])
         host[:n].copy_(step.row_tokens[:n], non_blocking=True)
