@@ -25,7 +25,7 @@ from deepinfer.runtime.distributed.step_channel import (
     StepChannel,
     pack_execute,
 )
-from deepinfer.runtime.engine.loop import _sigint_deferred
+from deepinfer.runtime.interrupts import sigint_deferred as _sigint_deferred
 from deepinfer.runtime.parallel.process_group import TensorParallelGroup
 from deepinfer.runtime.worker.model_runner import ModelRunner
 

@@ -24,12 +24,9 @@ from __future__ import annotations
 
 import itertools
 import logging
-import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +35,7 @@ import torch
 
 from deepinfer.runtime.engine.detokenizer import IncrementalDetokenizer, decode_completion
 from deepinfer.runtime.engine.overlap import OverlapDecoder, blocks_overlap, is_plain_decode
+from deepinfer.runtime.interrupts import sigint_deferred as _sigint_deferred
 from deepinfer.runtime.sampling.sampler import prompt_logprobs, sample
 from deepinfer.runtime.sampling.sampler_inputs import (
     PenaltyTables,
@@ -47,7 +45,7 @@ from deepinfer.runtime.sampling.sampler_inputs import (
 )
 from deepinfer.runtime.sampling_params import SamplingParams
 from deepinfer.runtime.worker.model_runner import ModelRunner
-from deepinfer.runtime.worker.step_buffers import StepBuffers
+from deepinfer.runtime.worker.step_buffers import StepBuffers, step_buffer_dims
 
 _log = logging.getLogger(__name__)
 
@@ -116,31 +114,6 @@ class _Failure:
     error: BaseException
 
 
-@contextmanager
-def _sigint_deferred() -> Iterator[None]:
-    # Outputs are built after the engine took the step's tokens: an interrupt there would lose
-    # other requests' tokens, so a Ctrl-C (main thread only) is delivered once they are queued.
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    try:
-        previous = signal.getsignal(signal.SIGINT)
-    except ValueError:  # no signal support here
-        yield
-        return
-    if previous is not signal.default_int_handler:
-        yield  # a custom handler: leave it alone
-        return
-    caught: list[Any] = []
-    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(frame))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if caught:
-        raise KeyboardInterrupt
-
-
 @dataclass
 class EngineConfig:
     """Scheduler and input-buffer sizes of an EngineLoop."""
@@ -174,7 +147,7 @@ class EngineLoop:
 
     def __init__(self, runner: ModelRunner, tokenizer: Any, cfg: EngineConfig,
                  extra_stop_token_ids: list[int] | None = None, retry_failed_steps: bool = False,
-                 overlap_scheduling: bool = False) -> None:
+                 overlap_scheduling: bool = False, step_buffers: StepBuffers | None = None) -> None:
         from deepinfer._C import engine
 
         E: Any = engine  # the native module (its stub may lag behind the build)
@@ -187,11 +160,11 @@ class EngineLoop:
             vocab_size=cfg.vocab_size, eos_token_id=cfg.eos_token_id if cfg.eos_token_id >= 0 else None,
             enable_chunked_prefill=cfg.enable_chunked_prefill,
             enable_prefix_caching=cfg.enable_prefix_caching)
-        t = max(cfg.max_num_batched_tokens, cfg.max_num_seqs)
-        s = cfg.max_num_seqs
-        w = (cfg.max_model_len + cfg.block_size - 1) // cfg.block_size
-        # One host allocation (pinned on CUDA: a replayed decode step copies it up in one go).
-        self.step_buffers = StepBuffers(t, s, w, pin=runner.device.type == "cuda")
+        # One host allocation (pinned on CUDA: a replayed decode step copies it up in one go);
+        # ``step_buffers``: the worker's (the ones its decode graphs read), else made here.
+        self.step_buffers = step_buffers if step_buffers is not None else StepBuffers(
+            *step_buffer_dims(cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.max_model_len, cfg.block_size),
+            pin=runner.device.type == "cuda")
         self.buffers: dict[str, np.ndarray] = self.step_buffers.arrays
         self.args = E.PrepareArgs(block_size=cfg.block_size, max_model_len=cfg.max_model_len,
                                   graph_batch_sizes=cfg.graph_batch_sizes, **self.buffers)
