@@ -23,7 +23,7 @@ import sys
 import threading
 import traceback
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -122,21 +122,22 @@ def rank_main(rank: int, spec: RankSpec) -> None:
     dist.destroy_process_group()
 
 
-def _read_exact(stream: BinaryIO, n: int) -> bytes:
+def _read_exact(fd: int, n: int) -> bytes:
     data = b""
     while len(data) < n:
-        chunk = stream.read(n - len(data))
+        chunk = os.read(fd, n - len(data))
         if not chunk:
             raise EOFError(f"rank 0 closed the spec pipe after {len(data)} of {n} bytes")
         data += chunk
     return data
 
 
-def _exit_when_rank0_is_gone(stream: BinaryIO, rank: int) -> None:
+def _exit_when_rank0_is_gone(fd: int, rank: int) -> None:
     """Rank 0 holds our stdin open as long as it runs: its end (a crash, a kill) ends this rank,
-    which would otherwise wait for rank 0's next step for ever."""
+    which would otherwise wait for rank 0's next step for ever. (Raw reads of the descriptor: a
+    daemon thread blocked inside ``sys.stdin`` would hold its lock at interpreter shutdown.)"""
     try:
-        while stream.read(4096):
+        while os.read(fd, 4096):
             pass
     except (OSError, ValueError):
         pass
@@ -151,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     rank = int(argv[0])
     try:
-        stdin = sys.stdin.buffer
+        stdin = sys.stdin.fileno()
         size = int.from_bytes(_read_exact(stdin, 8), "little")
         spec: RankSpec = pickle.loads(_read_exact(stdin, size))
         threading.Thread(target=_exit_when_rank0_is_gone, args=(stdin, rank), name="deepinfer-rank0-watch",
