@@ -78,8 +78,11 @@ class RankProcess:
         self.report: str | None = None
         read_end, write_end = os.pipe()
         try:
+            # its own session: a Ctrl-C at the terminal is rank 0's to handle (even while the
+            # rank is still importing); rank 0 ends it (its stdin, then signals)
             self.popen = subprocess.Popen(rank_command(rank), stdin=subprocess.PIPE, stdout=write_end,
-                                          stderr=write_end, env=_rank_environment(), close_fds=True)
+                                          stderr=write_end, env=_rank_environment(), close_fds=True,
+                                          start_new_session=True)
         finally:
             os.close(write_end)
         self.pid = self.popen.pid
