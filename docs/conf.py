@@ -35,5 +35,22 @@ def _keep_engine_property_docs(app, what, name, obj, options, lines):
         lines[:] = obj.__doc__.strip().splitlines()
 
 
+def _check_engine_args_tables(app):
+    """The engine options tables (docs/guide/09-command-line.md, docs/api/runtime.md) must be
+    what ``EngineArgs`` generates: a stale one is a warning, an error under ``-W``."""
+    from sphinx.util import logging
+
+    scripts = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts")
+    sys.path.insert(0, scripts)
+    try:
+        import gen_engine_args_docs
+    finally:
+        sys.path.remove(scripts)
+    for page in gen_engine_args_docs.stale_pages():
+        logging.getLogger(__name__).warning(
+            "%s: the engine options table differs from EngineArgs; run python scripts/gen_engine_args_docs.py", page)
+
+
 def setup(app):
     app.connect("autodoc-process-docstring", _keep_engine_property_docs, priority=900)
+    app.connect("builder-inited", _check_engine_args_tables)

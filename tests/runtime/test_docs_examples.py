@@ -8,7 +8,7 @@ them (each example still builds and uses a real LLM).
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
 import re
 import runpy
 import sys
@@ -34,19 +34,18 @@ def shared_llm():
     pytest.importorskip("deepinfer_engine", reason="the C++ engine (deepinfer-engine) is not built/installed")
     import torch
     from deepinfer.runtime import llm as llm_module
+    from deepinfer.runtime.engine_args import EngineArgs
 
     real = llm_module.LLM
-    signature = inspect.signature(real)
     built: dict[str, object] = {}
 
-    def make(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        if bound.arguments["device"] is None and not torch.cuda.is_available():
-            bound.arguments["device"] = "cpu"
-        key = repr(sorted(bound.arguments.items()))
+    def make(model=None, **kwargs):
+        args = EngineArgs.from_kwargs(model, kwargs)  # every option, defaults filled
+        if args.device is None and not torch.cuda.is_available():
+            args = dataclasses.replace(args, device="cpu")
+        key = repr(args)
         if key not in built:
-            built[key] = real(*bound.args, **bound.kwargs)
+            built[key] = real(**args.to_kwargs())
         return built[key]
 
     return make

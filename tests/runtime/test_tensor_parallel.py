@@ -7,8 +7,11 @@ the divisibility errors are the arithmetic of the model's shape.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
+import sys
 import time
 
 import numpy as np
@@ -326,25 +329,136 @@ def test_env_report_says_what_tensor_parallelism_can_use():
     assert "DEEPINFER_TP_TIMEOUT_S=" in text
 
 
-def _worker_on_a_bad_device(rank, spec, errors):
-    """A spawned rank whose device cannot exist: it fails before reaching rank 0's store."""
-    from deepinfer.runtime.distributed.rank import worker_main
-
-    spec.devices[rank] = "no-such-device"
-    worker_main(rank, spec, errors)
-
-
-def test_a_rank_failing_at_start_is_reported_at_once(tmp_path, monkeypatch):
+def test_a_rank_failing_at_start_reports_its_error_and_stderr_at_once(tmp_path, monkeypatch):
+    # rank 1 alone gets a device that cannot exist: it fails in its own process, before it
+    # reaches rank 0's store, with torch's own error
     from deepinfer import LLM
     from deepinfer.runtime.distributed import launcher
 
     save_tiny_model(tmp_path, "llama")
     save_tiny_tokenizer(tmp_path)
-    monkeypatch.setattr(launcher, "worker_main", _worker_on_a_bad_device)
+    monkeypatch.setattr(launcher, "check_devices", lambda n, device: ["cpu"] + ["no-such-device"] * (n - 1))
     start = time.monotonic()
-    with pytest.raises(launcher.TensorParallelError,
-                       match=r"rank 1 \(pid \d+\) exited with code 1: RuntimeError: .*no-such-device.*could not start"):
+    with pytest.raises(launcher.TensorParallelError) as info:
         LLM(str(tmp_path), tensor_parallel_size=2, **LLM_ARGS)
     assert time.monotonic() - start < 60  # not the rendezvous timeout
+    message = str(info.value)
+    first, _, tail = message.partition("\n")
+    assert re.match(r"tensor-parallel rank 1 \(pid \d+\) exited with code 1: RuntimeError: .*no-such-device.*; "
+                    r"the tensor-parallel LLM could not start$", first), message
+    # the rank's stderr: its traceback, down to the line that failed
+    assert tail.startswith("last ") and "lines of rank 1's stderr:" in tail, message
+    assert "Traceback (most recent call last):" in tail and "torch.device(spec.devices[rank])" in tail, message
+    assert "tensor-parallel rank 1 stops: RuntimeError" in tail, message
     assert not torch.distributed.is_initialized()
 
+
+def test_a_rank_that_dies_before_reporting_is_named_with_its_stderr(tmp_path, monkeypatch):
+    # a rank process that never gets to run deepinfer (a broken environment): no report of its
+    # own, so its exit status and the last lines it printed are what the error says
+    from deepinfer import LLM
+    from deepinfer.runtime.distributed import launcher
+
+    save_tiny_model(tmp_path, "llama")
+    save_tiny_tokenizer(tmp_path)
+    code = ("import sys\nfor i in range(30): print('noise', i, file=sys.stderr)\n"
+            "print('rank', sys.argv[1], 'cannot import its runtime', file=sys.stderr)\nsys.exit(3)")
+    monkeypatch.setattr(launcher, "rank_command", lambda rank: [sys.executable, "-c", code, str(rank)])
+    start = time.monotonic()
+    with pytest.raises(launcher.TensorParallelError) as info:
+        LLM(str(tmp_path), tensor_parallel_size=2, **LLM_ARGS)
+    assert time.monotonic() - start < 30
+    message = str(info.value)
+    assert re.match(r"tensor-parallel rank 1 \(pid \d+\) exited with code 3; the tensor-parallel LLM could "
+                    r"not start\nlast 20 lines of rank 1's stderr:\n", message), message
+    lines = message.splitlines()
+    assert lines[-1] == "  | rank 1 cannot import its runtime"
+    assert lines[2] == "  | noise 11"  # the last 20 lines only
+    assert not torch.distributed.is_initialized()
+
+
+# ---- ranks are started as a module, never by importing the user's __main__ ----------------------
+SCRIPT = """\
+import os, sys
+from deepinfer import LLM, SamplingParams
+print("BODY RAN", os.getpid(), flush=True)  # no main guard: must run once, in this process only
+llm = LLM({path!r}, tensor_parallel_size=2, **{args!r})
+outs = llm.generate({prompts!r}, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
+print("TOKENS", [list(o.outputs[0].token_ids) for o in outs], flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def script_model(tmp_path_factory):
+    """A tiny Llama, its TP=1 greedy tokens, and the script that runs it with two ranks (no
+    ``if __name__ == "__main__":`` guard, no ``close()``: the ranks stop when it exits)."""
+    from deepinfer import LLM
+
+    path = tmp_path_factory.mktemp("script_model")
+    save_tiny_model(path, "llama")
+    save_tiny_tokenizer(path)
+    with LLM(str(path), **LLM_ARGS) as one:
+        sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+        want = [list(o.outputs[0].token_ids) for o in one.generate(PROMPTS, sp, use_tqdm=False)]
+    return path, want, SCRIPT.format(path=str(path), args=LLM_ARGS, prompts=PROMPTS)
+
+
+def _env():
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+@pytest.mark.parametrize("how", ["script file", "stdin", "-c"])
+def test_two_ranks_from_a_script_without_main_guard_stdin_and_dash_c(script_model, tmp_path, how):
+    import subprocess
+
+    _, want, script = script_model
+    cmd, stdin = [sys.executable, "-c", script], None
+    if how == "script file":
+        (tmp_path / "no_guard.py").write_text(script)
+        cmd = [sys.executable, str(tmp_path / "no_guard.py")]
+    elif how == "stdin":
+        cmd, stdin = [sys.executable, "-"], script
+    out = subprocess.run(cmd, input=stdin, capture_output=True, text=True, env=_env(), timeout=240,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    body = [line for line in out.stdout.splitlines() if line.startswith("BODY RAN")]
+    assert len(body) == 1, out.stdout  # the script's body ran once (rank 1 did not import it)
+    (tokens,) = [line for line in out.stdout.splitlines() if line.startswith("TOKENS ")]
+    assert json.loads(tokens[len("TOKENS "):]) == want
+    assert "Traceback" not in out.stderr and "gone away" not in out.stderr, out.stderr
+
+
+def test_ranks_end_when_rank_0_is_killed(script_model, tmp_path):
+    """Rank 0 killed (no atexit, no close): rank 1 sees its stdin end and exits instead of
+    waiting for the next step for ever."""
+    import subprocess
+
+    path, _, _ = script_model
+    script = (f"import sys, time\nfrom deepinfer import LLM\n"
+              f"llm = LLM({str(path)!r}, tensor_parallel_size=2, **{LLM_ARGS!r})\n"
+              "print('RANK1', llm.runner.workers.procs[1].pid, flush=True)\ntime.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True, env=_env())
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("RANK1 "), line
+        rank1 = int(line.split()[1])
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        deadline = time.monotonic() + 30
+        while _alive(rank1) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(rank1), "rank 1 outlived rank 0"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def _alive(pid: int) -> bool:
+    """The process runs (not gone, not a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -29,22 +29,10 @@ def _positive_int(text: str) -> int:
 
 # ---- options shared by the subcommands --------------------------------------------------------
 def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, metavar="PATH",
-                   help="GGUF file or Hugging Face model directory (default: the embedded "
-                        "SmolLM2-135M-Instruct)")
-    p.add_argument("--device", default=None, metavar="DEVICE", help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
-    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                   help="weights and KV cache (default: float32 on CPU, bfloat16 on CUDA)")
-    p.add_argument("--max-model-len", type=_positive_int, metavar="N", default=None,
-                   help="context length: prompt + completion tokens (default: the model's)")
-    p.add_argument("--threads", type=_positive_int, metavar="N", default=None,
-                   help="CPU threads of torch (torch.set_num_threads; default: torch's, one per core)")
-    p.add_argument("--seed", type=int, metavar="N", default=0, help="seed of requests without --sample-seed")
-    p.add_argument("--tensor-parallel-size", type=_positive_int, metavar="N", default=1,
-                   help="split the model over N processes, one per device (CUDA: NCCL; CPU: gloo)")
-    p.add_argument("--overlap-scheduling", action=argparse.BooleanOptionalAction, default=None,
-                   help="zero-overhead scheduling: prepare the next decode step while the device runs "
-                        "this one (default: on with CUDA graphs)")
+    """The model and engine options: one per ``EngineArgs`` field (``serve`` takes the same)."""
+    from deepinfer.runtime.engine_args import EngineArgs
+
+    EngineArgs.add_cli_args(p)
 
 
 def _sampling_args(p: argparse.ArgumentParser, max_tokens: int = 128) -> None:
@@ -73,15 +61,16 @@ def _sampling_params(args: argparse.Namespace) -> Any:
         min_tokens=args.min_tokens)
 
 
-def _llm(args: argparse.Namespace, **extra: Any) -> Any:
-    """The LLM of the command's model options, with a status line while it loads."""
+def _llm(args: argparse.Namespace) -> Any:
+    """The LLM of the command's model and engine options, with a status line while it loads."""
+    from deepinfer.runtime.engine_args import EngineArgs
+
+    options = EngineArgs.from_cli_args(args).to_kwargs()  # bad combinations fail before loading
     name = os.path.basename(os.path.normpath(args.model)) if args.model else "the default model"
     with status(f"loading {name}"):
         from deepinfer.runtime.llm import LLM
 
-        return LLM(args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
-                   seed=args.seed, num_threads=args.threads, tensor_parallel_size=args.tensor_parallel_size,
-                   overlap_scheduling=args.overlap_scheduling, **extra)
+        return LLM(**options)
 
 
 def context_len(llm: Any) -> int:
@@ -200,7 +189,7 @@ def _bench(args: argparse.Namespace) -> int:
     from deepinfer.runtime.bench_metrics import measure_generate
     from deepinfer.runtime.sampling_params import SamplingParams
 
-    llm = _llm(args, dummy_weights=args.dummy_weights, enforce_eager=args.enforce_eager)
+    llm = _llm(args)
     limit = context_len(llm)
     if args.input_len + args.output_len > limit:
         raise ValueError(f"--input-len {args.input_len} + --output-len {args.output_len} tokens do not "
@@ -225,9 +214,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-prompts", type=_positive_int, metavar="N", default=32, help="requests in the batch")
     p.add_argument("--input-len", type=_positive_int, metavar="N", default=128, help="prompt tokens per request")
     p.add_argument("--output-len", type=_positive_int, metavar="N", default=64, help="generated tokens per request")
-    p.add_argument("--dummy-weights", action="store_true", help="random weights of the model's shape")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (decode steps run eagerly)")
     p.add_argument("--profile", action="store_true", help="GraphTimer region times inside the decode graphs")
 
 

@@ -24,19 +24,9 @@ def _origins(value: str) -> list[str]:
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     """Options of ``deepinfer serve`` (every one is documented in docs/guide/10-serving.md)."""
-    m = p.add_argument_group("model and engine")
-    m.add_argument("--model", default=None, help="GGUF file or HF model directory (default: SmolLM2-135M-Instruct)")
-    m.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if available)")
-    m.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
-    m.add_argument("--max-model-len", type=int, default=None, help="longest prompt + completion")
-    m.add_argument("--max-num-seqs", type=int, default=256, help="most sequences in one batch")
-    m.add_argument("--max-num-batched-tokens", type=int, default=None, help="most tokens in one step")
-    m.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="CUDA: memory fraction for the model")
-    m.add_argument("--cpu-kv-cache-bytes", type=int, default=None, help="CPU: KV-cache bytes (default 1 GiB)")
-    m.add_argument("--seed", type=int, default=0, help="seed of requests without their own seed")
-    m.add_argument("--threads", type=int, default=None, help="torch intra-op threads (CPU)")
-    m.add_argument("--tensor-parallel-size", type=int, default=1,
-                   help="split the model over N processes, one per device (CUDA: NCCL; CPU: gloo)")
+    from deepinfer.runtime.engine_args import EngineArgs
+
+    m = EngineArgs.add_cli_args(p)  # the options generate, chat and bench take
     m.add_argument("--data-parallel-size", type=int, default=1,
                    help="independent engine replicas, one process per group of --tensor-parallel-size "
                         "GPUs (or N CPU replicas, --threads each: default the cores divided among them)")
@@ -60,9 +50,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
 def _check(args: argparse.Namespace) -> None:
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
-    for name in ("max_num_seqs", "data_parallel_size", "tensor_parallel_size"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.data_parallel_size < 1:
+        raise ValueError(f"--data-parallel-size must be >= 1, got {args.data_parallel_size}")
     if args.max_queue < 0:
         raise ValueError(f"--max-queue must be >= 0, got {args.max_queue}")
     if args.shutdown_timeout < 0:
@@ -155,19 +144,15 @@ def run_serve(args: argparse.Namespace) -> int:
 
 def _load(args: argparse.Namespace) -> Any:
     """The in-process LLM, or with --data-parallel-size N > 1 the N replica processes."""
-    kwargs: dict[str, Any] = dict(
-        model=args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        gpu_memory_utilization=args.gpu_memory_utilization, cpu_kv_cache_bytes=args.cpu_kv_cache_bytes,
-        seed=args.seed, num_threads=args.threads)
+    from deepinfer.runtime.engine_args import EngineArgs
+
+    kwargs = EngineArgs.from_cli_args(args).to_kwargs()
     if args.data_parallel_size > 1:
         from deepinfer.serve.replicas import ReplicaSet
 
         return ReplicaSet(kwargs, args.data_parallel_size, args.tensor_parallel_size, log_level=args.log_level)
     from deepinfer.runtime.llm import LLM
 
-    if args.tensor_parallel_size != 1:
-        kwargs["tensor_parallel_size"] = args.tensor_parallel_size
     return LLM(**kwargs)
 
 

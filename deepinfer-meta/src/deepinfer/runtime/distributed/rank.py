@@ -1,16 +1,26 @@
-"""What ranks > 0 run: load their shard, size their KV cache, then serve rank 0's steps.
+"""What ranks > 0 run: build their ``Worker``, then serve rank 0's steps.
 
-``RankSpec`` is everything a rank needs to build its half of the ``LLM`` (picklable, sent to
-spawned processes). ``run_rank`` is the same sequence rank 0 runs in ``LLM.__init__`` (load,
-agree on the KV block count, capture the same decode graphs), so the collectives of start-up
-pair up; then ``serve_steps`` replays rank 0's step messages until it says shut down.
+A spawned rank is a fresh interpreter started as ``python -m deepinfer.runtime.distributed.rank
+RANK`` (never by importing the user's ``__main__``, so scripts without a main guard, ``python -``,
+``python -c`` and notebooks work). Its ``RankSpec`` (picklable) arrives on stdin, length-prefixed;
+stdin then stays open, and its end (rank 0's process is gone) ends this rank. A failure is
+reported to rank 0 as one ``REPORT_PREFIX`` line on stderr (the exception's type and text), the
+traceback follows, and the process exits with status 1.
+
+``run_rank`` builds the same ``Worker`` rank 0 builds (load, agree on the KV block count,
+capture the same decode graphs), so the collectives of start-up pair up; then ``serve_steps``
+replays rank 0's step messages until it says shut down.
 """
 
 from __future__ import annotations
 
 import datetime
+import json
+import os
+import pickle
 import signal
 import sys
+import threading
 import traceback
 from dataclasses import dataclass
 from typing import Any
@@ -26,30 +36,27 @@ from deepinfer.runtime.distributed.step_channel import (
     StepChannel,
     unpack_execute,
 )
-from deepinfer.runtime.parallel.process_group import TensorParallelGroup, init_groups
+from deepinfer.runtime.engine_args import EngineArgs
+from deepinfer.runtime.parallel.process_group import (
+    TensorParallelGroup,
+    agree_num_blocks,
+    init_groups,
+)
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+__all__ = ["REPORT_PREFIX", "RankSpec", "agree_num_blocks", "rank_main", "run_rank", "serve_steps"]
+
+#: Starts the stderr line in which a failing rank reports its exception to rank 0.
+REPORT_PREFIX = "deepinfer-tp-report: "
 
 
 @dataclass
 class RankSpec:
-    """The model and engine settings every rank builds from (rank 0's ``LLM`` arguments)."""
+    """What every rank builds from: rank 0's engine options (model defaults filled), the model
+    path, one device per rank and the rendezvous."""
 
+    args: EngineArgs
     model_path: str
-    dtype: str
     devices: list[str]  # one per rank
-    max_model_len: int
-    block_size: int
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    num_kv_blocks: int | None
-    gpu_memory_utilization: float
-    cpu_kv_cache_bytes: int | None
-    dummy_weights: bool
-    seed: int
-    attention_backend: str | None
-    num_threads: int | None
-    graph_batch_sizes: list[int] | None
     timeout_s: float
     init_method: str  # tcp://host:port of rank 0's store, or env:// under torchrun
 
@@ -58,47 +65,19 @@ class RankSpec:
         return len(self.devices)
 
 
-def agree_num_blocks(group: TensorParallelGroup, num_blocks: int) -> int:
-    """The fewest KV blocks any rank can hold (the scheduler on rank 0 plans for every rank)."""
-    if group.world_size == 1:
-        return num_blocks
-    t = torch.tensor([num_blocks], dtype=torch.int64)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group.control_group)
-    return int(t.item())
-
-
-def step_buffer_dims(spec: RankSpec) -> tuple[int, int, int]:
-    """(token rows, sequences, block-table width) of the engine's step buffers (as EngineLoop sizes them)."""
-    return (max(spec.max_num_batched_tokens, spec.max_num_seqs), spec.max_num_seqs,
-            -(-spec.max_model_len // spec.block_size))
+def started_key(rank: int) -> str:
+    """The store key a spawned rank sets once it runs and reached rank 0's store."""
+    return f"deepinfer_tp_started_{rank}"
 
 
 def run_rank(spec: RankSpec, group: TensorParallelGroup) -> None:
-    """Build this rank's model, KV cache and graphs, then serve steps until rank 0 shuts down."""
-    from deepinfer.runtime.loading.model_loader import load_model
-    from deepinfer.runtime.worker.kv_cache import num_blocks_for
-    from deepinfer.runtime.worker.model_runner import ModelRunner
-    from deepinfer.runtime.worker.step_buffers import StepBuffers
+    """Build this rank's worker (model shard, KV cache, graphs), then serve steps until rank 0
+    shuts down."""
+    from deepinfer.runtime.worker.worker import Worker
 
-    dev, dtype = group.device, _DTYPES[spec.dtype]
-    if spec.num_threads is not None:
-        torch.set_num_threads(spec.num_threads)
-    loaded = load_model(spec.model_path, device=dev, dtype=dtype, dummy_weights=spec.dummy_weights,
-                        max_positions=spec.max_model_len, seed=spec.seed, tensor_parallel=group)
-    num_blocks = spec.num_kv_blocks
-    if num_blocks is None:
-        num_blocks = num_blocks_for(loaded.config, spec.block_size, dtype, dev,
-                                    gpu_memory_utilization=spec.gpu_memory_utilization,
-                                    cpu_kv_cache_bytes=spec.cpu_kv_cache_bytes)
-    num_blocks = agree_num_blocks(group, num_blocks)
-    runner = ModelRunner(loaded, num_blocks=num_blocks, block_size=spec.block_size, device=dev, dtype=dtype,
-                         attention_backend=spec.attention_backend)
-    buffers = StepBuffers(*step_buffer_dims(spec), pin=dev.type == "cuda")
-    if spec.graph_batch_sizes is not None:
-        from deepinfer.runtime.worker.cuda_graph_runner import capture_decode_graphs
-
-        capture_decode_graphs(runner, buffers, spec.graph_batch_sizes, spec.max_model_len, timed=False)
-    serve_steps(runner, StepChannel(group), buffers)
+    worker = Worker(spec.args, spec.model_path, group.device, group=group)
+    worker.capture_graphs()
+    serve_steps(worker.runner, StepChannel(group), worker.step_buffers)
 
 
 def serve_steps(runner: Any, channel: StepChannel, buffers: Any) -> None:
@@ -125,30 +104,72 @@ def serve_steps(runner: Any, channel: StepChannel, buffers: Any) -> None:
             raise RuntimeError(f"tensor-parallel rank {channel.group.rank}: unknown step message {op}")
 
 
-def worker_main(rank: int, spec: RankSpec, errors: Any) -> None:
-    """Entry point of a spawned rank: any failure is reported to rank 0 (``errors`` queue) and
-    ends this process with exit status 1."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is rank 0's to handle
+def rank_main(rank: int, spec: RankSpec) -> None:
+    """Join rank 0's group as ``rank`` and serve it (what a spawned rank runs)."""
+    # what can fail here locally fails before rank 0 is told this rank started (then it
+    # reports the failure at once instead of waiting in the rendezvous)
+    dev = torch.device(spec.devices[rank])
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    store = None
+    if spec.init_method.startswith("tcp://"):  # rank 0's store (see launcher.start_tensor_parallel)
+        host, port = spec.init_method[len("tcp://"):].rsplit(":", 1)
+        store = dist.TCPStore(host, int(port), spec.world_size, is_master=False,
+                              timeout=datetime.timedelta(seconds=spec.timeout_s))
+        store.set(started_key(rank), "1")  # rank 0 waits for it
+    group = init_groups(rank, spec.world_size, dev, spec.init_method, spec.timeout_s, store=store)
+    run_rank(spec, group)
+    dist.destroy_process_group()
+
+
+def _read_exact(fd: int, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = os.read(fd, n - len(data))
+        if not chunk:
+            raise EOFError(f"rank 0 closed the spec pipe after {len(data)} of {n} bytes")
+        data += chunk
+    return data
+
+
+def _exit_when_rank0_is_gone(fd: int, rank: int) -> None:
+    """Rank 0 holds our stdin open as long as it runs: its end (a crash, a kill) ends this rank,
+    which would otherwise wait for rank 0's next step for ever. (Raw reads of the descriptor: a
+    daemon thread blocked inside ``sys.stdin`` would hold its lock at interpreter shutdown.)"""
     try:
-        # what can fail here locally fails before rank 0 is told this rank started (then it
-        # reports the failure at once instead of waiting in the rendezvous)
-        dev = torch.device(spec.devices[rank])
-        if dev.type == "cuda":
-            torch.cuda.set_device(dev)
-        store = None
-        if spec.init_method.startswith("tcp://"):  # rank 0's store (see launcher.start_tensor_parallel)
-            host, port = spec.init_method[len("tcp://"):].rsplit(":", 1)
-            store = dist.TCPStore(host, int(port), spec.world_size, is_master=False,
-                                  timeout=datetime.timedelta(seconds=spec.timeout_s))
-            store.set(f"deepinfer_tp_started_{rank}", "1")  # launcher.started_key: rank 0 waits for it
-        group = init_groups(rank, spec.world_size, dev, spec.init_method, spec.timeout_s, store=store)
-        run_rank(spec, group)
-        dist.destroy_process_group()
-    except BaseException as exc:  # noqa: BLE001 - reported, then the process ends
-        try:
-            errors.put((rank, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
-        except Exception:  # noqa: BLE001 - rank 0 may be gone
+        while os.read(fd, 4096):
             pass
+    except (OSError, ValueError):
+        pass
+    print(f"deepinfer: tensor-parallel rank {rank}: rank 0 (pid {os.getppid()}) has gone away; stopping",
+          file=sys.stderr, flush=True)
+    os._exit(1)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m deepinfer.runtime.distributed.rank RANK``: the spec arrives on stdin."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is rank 0's to handle
+    argv = sys.argv[1:] if argv is None else argv
+    rank = int(argv[0])
+    try:
+        stdin = sys.stdin.fileno()
+        size = int.from_bytes(_read_exact(stdin, 8), "little")
+        spec: RankSpec = pickle.loads(_read_exact(stdin, size))
+        threading.Thread(target=_exit_when_rank0_is_gone, args=(stdin, rank), name="deepinfer-rank0-watch",
+                         daemon=True).start()
+        rank_main(rank, spec)
+    except BaseException as exc:  # noqa: BLE001 - reported, then the process ends
+        report = json.dumps({"rank": rank, "error": f"{type(exc).__name__}: {exc}"})
+        sys.stderr.write(f"{REPORT_PREFIX}{report}\n")
+        traceback.print_exc()
         print(f"deepinfer: tensor-parallel rank {rank} stops: {type(exc).__name__}: {exc}", file=sys.stderr)
         sys.stderr.flush()
         raise SystemExit(1) from None
+
+
+if __name__ == "__main__":
+    # run the canonical module's main (not this __main__ copy's), so that the spec's classes
+    # unpickle as the ones every other module uses
+    from deepinfer.runtime.distributed.rank import main as _main
+
+    _main()

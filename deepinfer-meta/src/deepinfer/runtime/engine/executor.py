@@ -33,7 +33,7 @@ from deepinfer.runtime.sampling.sampler_inputs import (
     is_plain_greedy,
     sampling_batch_from_engine,
 )
-from deepinfer.runtime.worker.step_buffers import StepBuffers
+from deepinfer.runtime.worker.step_buffers import StepBuffers, step_buffer_dims
 
 
 @dataclass
@@ -105,11 +105,11 @@ class StepExecutor:
         self.E: Any = engine  # the native module (its stub may lag behind the build)
         self.runner, self.scheduler = runner, scheduler
         self.cuda = runner.device.type == "cuda"
-        rows = max(shape.max_num_batched_tokens, shape.max_num_seqs)
-        width = -(-shape.max_model_len // shape.block_size)
-        first = step_buffers or StepBuffers(rows, shape.max_num_seqs, width, pin=self.cuda)
-        self.buffers = [first] + [StepBuffers(rows, shape.max_num_seqs, width, pin=self.cuda)
-                                  for _ in range(buffer_sets - 1)]
+        dims = step_buffer_dims(shape.max_num_batched_tokens, shape.max_num_seqs, shape.max_model_len,
+                                shape.block_size)
+        rows = dims[0]
+        first = step_buffers or StepBuffers(*dims, pin=self.cuda)
+        self.buffers = [first] + [StepBuffers(*dims, pin=self.cuda) for _ in range(buffer_sets - 1)]
         self.args = [self.E.PrepareArgs(block_size=shape.block_size, max_model_len=shape.max_model_len,
                                         graph_batch_sizes=shape.graph_batch_sizes, **b.arrays)
                      for b in self.buffers]

@@ -25,12 +25,9 @@ from __future__ import annotations
 
 import itertools
 import logging
-import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +36,7 @@ import numpy as np
 from deepinfer.runtime.engine.detokenizer import IncrementalDetokenizer, decode_completion
 from deepinfer.runtime.engine.executor import StepExecutor, StepShape
 from deepinfer.runtime.engine.overlap import Overlap
+from deepinfer.runtime.interrupts import sigint_deferred as _sigint_deferred
 from deepinfer.runtime.sampling_params import SamplingParams
 from deepinfer.runtime.worker.model_runner import ModelRunner
 from deepinfer.runtime.worker.step_buffers import StepBuffers
@@ -108,31 +106,6 @@ class _Failure:
     """Queued in place of an output: the request failed; taking it raises ``error``."""
 
     error: BaseException
-
-
-@contextmanager
-def _sigint_deferred() -> Iterator[None]:
-    # Outputs are built after the engine took the step's tokens: an interrupt there would lose
-    # other requests' tokens, so a Ctrl-C (main thread only) is delivered once they are queued.
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    try:
-        previous = signal.getsignal(signal.SIGINT)
-    except ValueError:  # no signal support here
-        yield
-        return
-    if previous is not signal.default_int_handler:
-        yield  # a custom handler: leave it alone
-        return
-    caught: list[Any] = []
-    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(frame))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if caught:
-        raise KeyboardInterrupt
 
 
 @dataclass

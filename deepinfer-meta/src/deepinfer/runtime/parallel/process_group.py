@@ -97,6 +97,15 @@ def init_groups(rank: int, world_size: int, device: torch.device, init_method: s
                                control_group=control, timeout_s=timeout_s)
 
 
+def agree_num_blocks(group: TensorParallelGroup, num_blocks: int) -> int:
+    """The fewest KV blocks any rank can hold (the scheduler on rank 0 plans for every rank)."""
+    if group.world_size == 1:
+        return num_blocks
+    t = torch.tensor([num_blocks], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group.control_group)
+    return int(t.item())
+
+
 def check_divisible(cfg: ModelConfig, n: int) -> None:
     """ValueError naming both numbers when a dimension that is split N ways does not divide."""
     for name, value in (("num_attention_heads", cfg.num_attention_heads),

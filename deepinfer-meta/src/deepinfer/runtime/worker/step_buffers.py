@@ -59,3 +59,11 @@ class StepBuffers:
             n = int(np.prod(shape)) * dt.itemsize
             views[name] = dev[self.offsets[name]:self.offsets[name] + n].view(tdt[dt]).view(shape)
         return views
+
+
+def step_buffer_dims(max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int,
+                     block_size: int) -> tuple[int, int, int]:
+    """(token rows, sequences, block-table width) of the engine's step buffers: every rank's
+    worker and the engine loop size them with this one function (a replayed decode graph's
+    bytes are rank 0's buffers copied into the other ranks')."""
+    return (max(max_num_batched_tokens, max_num_seqs), max_num_seqs, -(-max_model_len // block_size))

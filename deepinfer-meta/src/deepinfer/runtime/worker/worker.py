@@ -1,0 +1,139 @@
+"""``Worker``: one rank's share of an ``LLM``, built the same way on every rank.
+
+A worker holds the device, the loaded model (its shard under tensor parallelism), the KV cache
+sized for the device (the fewest blocks any rank can hold), the ``ModelRunner``, the engine's
+step buffers and the decode graphs. Rank 0 of a tensor-parallel group runs a ``DriverRunner``
+(it announces every step to the other ranks); ranks > 0 serve rank 0's step messages with
+their worker's runner and buffers (``distributed.rank``). With one rank there is no group.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from deepinfer.runtime.engine_args import EngineArgs, physical_memory_bytes
+from deepinfer.runtime.worker.step_buffers import StepBuffers, step_buffer_dims
+
+if TYPE_CHECKING:
+    from deepinfer.runtime.parallel.process_group import TensorParallelGroup
+    from deepinfer.runtime.worker.device import RuntimeDevice
+    from deepinfer.runtime.worker.model_runner import ModelRunner
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def runtime_device(device: str | None) -> tuple[torch.device, RuntimeDevice]:
+    """The torch device of the ``device`` option (None: the selected backend's) and where it
+    came from; ValueError when it is a CUDA device this torch cannot use."""
+    from deepinfer.runtime.worker.device import resolve_runtime_device
+
+    where = resolve_runtime_device(device)
+    dev = torch.device(where.device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r}: CUDA is not available in this torch build/machine")
+    return dev, where
+
+
+def model_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
+    """The ``dtype`` option as a torch dtype (None: float32 on CPU, bfloat16 elsewhere)."""
+    if dtype is not None:
+        return _DTYPES[dtype]
+    return torch.float32 if device.type == "cpu" else torch.bfloat16
+
+
+def model_path(model: str | None) -> str:
+    """The path the ``model`` option names (None: the embedded default), checked to be a file or
+    a directory."""
+    from deepinfer.runtime.loading.model_loader import resolve_model_path
+
+    path = resolve_model_path(model)
+    if not (os.path.isfile(path) or os.path.isdir(path)):
+        raise ValueError(f"model={path!r} is neither a regular file (GGUF) nor a model directory")
+    return path
+
+
+class Worker:
+    """Device, model, KV cache, runner, step buffers and decode graphs of one rank.
+
+    ``args``: the engine options with the model's defaults filled (``EngineArgs.for_model``);
+    ``device``: this rank's device; ``group``: its tensor-parallel group (None with one rank);
+    ``runner_factory``: what builds the runner from the loaded model and the ``ModelRunner``
+    keywords (default ``ModelRunner``; rank 0 of a tensor-parallel group passes the
+    ``DriverRunner`` that announces each step to the other ranks). Graphs are captured by ``capture_graphs`` (after the engine loop exists on rank
+    0; at once on the other ranks: the captures meet in the same collectives).
+    """
+
+    def __init__(self, args: EngineArgs, model_path: str, device: torch.device, *,
+                 group: TensorParallelGroup | None = None,
+                 runner_factory: Callable[..., ModelRunner] | None = None) -> None:
+        from deepinfer.runtime.loading.model_loader import load_model
+        from deepinfer.runtime.worker.cuda_graph_runner import default_graph_batch_sizes
+
+        assert args.max_model_len is not None and args.max_num_batched_tokens is not None, "args.for_model first"
+        self.args, self.device, self.group = args, device, group
+        self.dtype = model_dtype(args.dtype, device)
+        self.parallel = group is not None and group.world_size > 1
+        if args.num_threads is not None:
+            torch.set_num_threads(args.num_threads)
+        # CPU + GGUF + no dtype asked + one rank: keep the file's quantized projections (see load_model)
+        keep_quantized = (args.dtype is None and device.type == "cpu" and os.path.isfile(model_path)
+                          and not self.parallel)
+        self.loaded = load_model(model_path, device=device, dtype=self.dtype, dummy_weights=args.dummy_weights,
+                                 max_positions=args.max_model_len, seed=args.seed,
+                                 tensor_parallel=group if self.parallel else None, keep_quantized=keep_quantized)
+        self.num_blocks = self._num_kv_blocks()
+        kwargs: dict[str, Any] = dict(num_blocks=self.num_blocks, block_size=args.block_size, device=device,
+                                      dtype=self.dtype, attention_backend=args.attention_backend)
+        from deepinfer.runtime.worker.model_runner import ModelRunner
+
+        self.runner: Any = (runner_factory or ModelRunner)(self.loaded, **kwargs)
+        self.step_buffers = StepBuffers(*step_buffer_dims(args.max_num_batched_tokens, args.max_num_seqs,
+                                                          args.max_model_len, args.block_size),
+                                        pin=device.type == "cuda")
+        use_graphs = device.type == "cuda" and not args.enforce_eager
+        self.graph_batch_sizes = default_graph_batch_sizes(args.max_num_seqs) if use_graphs else None
+
+    def _num_kv_blocks(self) -> int:
+        """``num_kv_blocks`` when it fits the device's memory, else the blocks the memory budget
+        holds; with several ranks, the fewest any rank can hold."""
+        from deepinfer.runtime.worker.kv_cache import bytes_per_block, num_blocks_for
+
+        args, dev, cfg = self.args, self.device, self.loaded.config
+        blocks = args.num_kv_blocks
+        if blocks is None:
+            blocks = num_blocks_for(cfg, args.block_size, self.dtype, dev,
+                                    gpu_memory_utilization=args.gpu_memory_utilization,
+                                    cpu_kv_cache_bytes=args.cpu_kv_cache_bytes)
+        else:
+            per_block = bytes_per_block(cfg, args.block_size, self.dtype)
+            room = torch.cuda.mem_get_info(dev)[0] if dev.type == "cuda" else physical_memory_bytes()
+            if blocks * per_block > room:
+                raise ValueError(f"num_kv_blocks={blocks} needs {blocks * per_block} bytes of KV "
+                                 f"cache ({per_block} per block), more than the {room} bytes available on {dev}")
+        if self.parallel and self.group is not None:
+            from deepinfer.runtime.parallel.process_group import agree_num_blocks
+
+            blocks = agree_num_blocks(self.group, blocks)
+        return int(blocks)
+
+    def eos_token_ids(self, tokenizer: Any) -> list[int]:
+        """The model's end-of-sequence ids (the tokenizer's when the model names none)."""
+        ids = list(self.loaded.config.eos_token_ids)
+        tok_eos = getattr(tokenizer, "eos_token_id", None)
+        if not ids and tok_eos is not None:
+            ids = [int(tok_eos)]
+        return ids
+
+    def capture_graphs(self) -> None:
+        """Capture the decode graphs over the step buffers (CUDA without ``enforce_eager``; a
+        no-op elsewhere). Tensor-parallel ranks capture without GraphTimer regions."""
+        if self.graph_batch_sizes is None:
+            return
+        from deepinfer.runtime.worker.cuda_graph_runner import capture_decode_graphs
+
+        capture_decode_graphs(self.runner, self.step_buffers, self.graph_batch_sizes, self.args.max_model_len,
+                              timed=not self.parallel)
