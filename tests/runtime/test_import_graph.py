@@ -23,7 +23,6 @@ ROOMS: list[tuple[str, ...]] = [
     ("deepinfer",),  # the package root: lazy LLM / SamplingParams
     ("deepinfer.runtime", "deepinfer.runtime.llm"),
     ("deepinfer.runtime.bench_metrics",),
-    ("deepinfer.runtime.engine_args",),
     ("deepinfer.runtime.engine",),
     ("deepinfer.runtime.distributed",),
     ("deepinfer.runtime.worker",),
@@ -33,7 +32,8 @@ ROOMS: list[tuple[str, ...]] = [
     ("deepinfer.runtime.models",),
     ("deepinfer.runtime.attention",),
     ("deepinfer.runtime.kernels",),
-    ("deepinfer.runtime.sampling_params", "deepinfer.runtime.interrupts", "deepinfer.runtime.switches"),
+    ("deepinfer.runtime.engine_args", "deepinfer.runtime.sampling_params", "deepinfer.runtime.interrupts",
+     "deepinfer.runtime.switches"),
     ("deepinfer.timer",),
     ("deepinfer._C",),
     ("deepinfer.plugins",),
