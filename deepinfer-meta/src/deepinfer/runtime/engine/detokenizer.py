@@ -12,10 +12,22 @@ A stop string ends the text at the character where it starts (or ends, with
 ``include_stop_str_in_output``); it is looked for only once ``min_tokens`` tokens exist. When
 streaming, the last ``len(longest stop) - 1`` characters are held back so a partial stop string
 is never emitted.
+
+Stop strings are found by one Aho–Corasick automaton per stop list (``StopAutomaton``), shared
+by every sample of a request; each sample's ``StopMatcher`` feeds every new character through it
+once, so a token costs O(its new text) whatever the number of stop strings (a search per string
+cost O(strings x text) per token: 60,000 stop strings made every other request 15-19x slower).
+The automaton is written here rather than taken from pyahocorasick: the one feature of that
+library that makes a stream O(new text), resuming a search (``AutomatonSearchIter.set(s,
+reset=False)``), corrupts the heap once the text holds a character beyond U+FFFF (pyahocorasick
+2.3.1, its issue #221; reproduced here within a few thousand random emoji texts), and model
+output is full of emoji.
 """
 
 from __future__ import annotations
 
+import functools
+from array import array
 from collections.abc import Sequence
 from typing import Any
 
@@ -42,6 +54,7 @@ class IncrementalDetokenizer:
         self.include_stop = include_stop_str_in_output
         self.min_tokens = min_tokens
         self._hold = max((len(s) for s in self.stop), default=1) - 1
+        self._matcher = StopMatcher(self.stop) if self.stop else None
         self._emitted = 0  # characters of self.text already returned as deltas
         self.stop_reason: str | None = None
         self.finished = False
@@ -97,11 +110,19 @@ class IncrementalDetokenizer:
         return self._flush() if final else None
 
     def _extend(self, delta: str) -> str | None:
-        start = len(self.text)
         self.text += delta
-        if self.num_output_tokens < self.min_tokens:
+        if self._matcher is None:
             return None
-        return self._find_stop(start, len(delta))
+        # every character goes through the automaton (its state must follow the text); only a
+        # stop string that ends in the new characters once min_tokens tokens exist counts
+        hit = self._matcher.feed(delta, report=self.num_output_tokens >= self.min_tokens)
+        if hit is None:
+            return None
+        i, s = hit
+        self.text = self.text[: i + len(s)] if self.include_stop else self.text[:i]
+        self.stop_reason = s
+        self.finished = True
+        return s
 
     def _flush(self) -> str | None:
         # The whole completion decoded at once; the incremental text is a prefix of it except
@@ -116,21 +137,6 @@ class IncrementalDetokenizer:
         self._prefix_offset = self._read_offset = len(self._ids)
         return self._extend(tail) if tail else None
 
-    def _find_stop(self, new_start: int, new_len: int) -> str | None:
-        best: tuple[int, str] | None = None
-        for s in self.stop:
-            # only a match that overlaps the new characters is new
-            i = self.text.find(s, max(0, new_start - len(s) + 1))
-            if i != -1 and (best is None or i < best[0]):
-                best = (i, s)
-        if best is None:
-            return None
-        i, s = best
-        self.text = self.text[: i + len(s)] if self.include_stop else self.text[:i]
-        self.stop_reason = s
-        self.finished = True
-        return s
-
     def finish(self) -> None:
         """Mark the sample finished (no more tokens): the held-back characters become final."""
         self.finished = True
@@ -141,6 +147,111 @@ class IncrementalDetokenizer:
         delta = self.text[self._emitted:end]
         self._emitted = end
         return delta
+
+
+class StopMatcher:
+    """The stop strings of one sample, found in its text as the text grows.
+
+    ``feed(new)`` takes the characters appended to the text and returns ``(start, stop)`` of the
+    stop string that starts earliest among those ending in ``new`` (equal starts: the one listed
+    first), or None. The automaton is built once per stop list (cached: the ``n`` samples of a
+    request share it); each sample keeps its own state in it, so a call costs O(len(new)),
+    amortized, whatever the number and length of the stop strings.
+    """
+
+    __slots__ = ("_automaton", "_pos", "_state")
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self._automaton = stop_automaton(tuple(stops))
+        self._state = 0  # the automaton's state after the text so far
+        self._pos = 0  # characters fed so far
+
+    def feed(self, new: str, report: bool = True) -> tuple[int, str] | None:
+        """Advance over ``new``; when ``report``, the earliest stop string ending in it."""
+        a = self._automaton
+        goto, fail, out_len, out_order = a.goto, a.fail, a.out_len, a.out_order
+        state, pos = self._state, self._pos
+        best_start = best_order = -1
+        for ch in new:
+            c = ord(ch)
+            while True:
+                nxt = goto.get(state << _CHAR_BITS | c)
+                if nxt is not None:
+                    state = nxt
+                    break
+                if state == 0:
+                    break
+                state = fail[state]
+            n = out_len[state]  # the longest stop string ending here (0: none)
+            if n and report:
+                start = pos - n + 1
+                if best_start < 0 or (start, out_order[state]) < (best_start, best_order):
+                    best_start, best_order = start, out_order[state]
+            pos += 1
+            if best_start >= 0 and pos - a.longest > best_start:
+                break  # no later match can start at or before the best one (the sample ends here)
+        self._state, self._pos = state, pos
+        return None if best_start < 0 else (best_start, a.stops[best_order])
+
+
+_CHAR_BITS = 21  # code points are < 2**21: (state << 21 | code point) keys one transition
+
+
+class StopAutomaton:
+    """The Aho–Corasick automaton of a stop list: the trie of the strings (``goto``: one dict
+    of every edge), failure links, and per state the longest stop string that is a suffix of
+    it (``out_len``, 0 for none; ``out_order``: its first position in the list)."""
+
+    __slots__ = ("fail", "goto", "longest", "out_len", "out_order", "stops")
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        if not stops or "" in stops:
+            raise ValueError(f"stop strings must be a non-empty list of non-empty strings, got {stops!r:.80}")
+        goto: dict[int, int] = {}
+        parent, char, depth = array("i", [0]), array("i", [0]), array("i", [0])
+        first: dict[int, int] = {}  # state where a stop string ends -> its first position
+        for order, stop in enumerate(stops):
+            state = 0
+            for ch in stop:
+                key = state << _CHAR_BITS | ord(ch)
+                nxt = goto.get(key)
+                if nxt is None:
+                    nxt = goto[key] = len(parent)
+                    parent.append(state)
+                    char.append(ord(ch))
+                    depth.append(depth[state] + 1)
+                state = nxt
+            first.setdefault(state, order)
+        size = len(parent)
+        fail, out_len, out_order = (array("i", bytes(4 * size)) for _ in range(3))
+        # failure links in breadth-first order: a state's link is shallower, so already known
+        for s in sorted(range(1, size), key=depth.__getitem__):
+            p, c, f = parent[s], char[s], 0
+            if p != 0:
+                f = fail[p]
+                while True:
+                    nxt = goto.get(f << _CHAR_BITS | c)
+                    if nxt is not None:
+                        f = nxt
+                        break
+                    if f == 0:
+                        break
+                    f = fail[f]
+            fail[s] = f
+            if s in first:  # its own string is the longest suffix that is a stop string
+                out_len[s], out_order[s] = depth[s], first[s]
+            else:
+                out_len[s], out_order[s] = out_len[f], out_order[f]
+        self.goto, self.fail, self.out_len, self.out_order = goto, fail, out_len, out_order
+        self.stops = stops
+        self.longest = max(len(s) for s in stops)
+
+
+@functools.lru_cache(maxsize=8)
+def stop_automaton(stops: tuple[str, ...]) -> StopAutomaton:
+    """The automaton of ``stops``, built once per list (the samples of a request, and requests
+    with the same list, share it; a server builds it off the engine thread first)."""
+    return StopAutomaton(stops)
 
 
 def _decoder(tokenizer: Any) -> Any:
