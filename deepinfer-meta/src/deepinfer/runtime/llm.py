@@ -40,8 +40,13 @@ def chat_prompt(tokenizer: Any, model_path: str, conversation: Sequence[dict[str
             if not isinstance(m[key], str):
                 raise TypeError(f"messages[{i}][{key!r}] must be a str, got {m[key]!r}")
         _check_text(m["content"], f"messages[{i}]['content']")
-    text = tokenizer.apply_chat_template(list(conversation), tokenize=False,
-                                         add_generation_prompt=add_generation_prompt)
+    from jinja2 import TemplateError
+
+    try:
+        text = tokenizer.apply_chat_template(list(conversation), tokenize=False,
+                                             add_generation_prompt=add_generation_prompt)
+    except TemplateError as exc:  # e.g. raise_exception("roles must alternate"): the caller's input
+        raise ValueError(f"the chat template refused these messages: {exc}") from exc
     return {"prompt_token_ids": list(tokenizer(text, add_special_tokens=False).input_ids)}
 
 

@@ -167,7 +167,9 @@ class TextTokenizer:
         """Token ids of ``text`` (with the post-processor's special tokens if ``add_special_tokens``)."""
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
-        return list(self._backend.encode(text, add_special_tokens=add_special_tokens).ids)
+        # encode_batch, unlike encode, releases the GIL while it works (same ids): a long text
+        # must not stop the caller's other threads (a server's event loop, the engine thread)
+        return list(self._backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids)
 
     def decode(self, token_ids: int | Sequence[int], skip_special_tokens: bool = False) -> str:
         """Text of ``token_ids`` (one id or a sequence), cleaned up as transformers does."""
