@@ -1,5 +1,6 @@
 """``deepinfer serve`` as a process: the address it prints, SIGTERM with requests in flight (the
-short one finishes, the long one is cut at --shutdown-timeout, exit status 0), the access log."""
+short one finishes, the long one is cut at --shutdown-timeout with an error event, exit status
+0), the access log."""
 
 from __future__ import annotations
 
@@ -56,7 +57,11 @@ def test_sigterm_lets_short_requests_finish_cuts_long_ones_and_exits_0():
     assert events["short"][-1] == "data: [DONE]"
     chunks = [json.loads(e[6:]) for e in events["short"][:-1]]
     assert [c["choices"][0]["finish_reason"] for c in chunks].count("length") == 1
-    assert "data: [DONE]" not in events["long"]  # cut at the shutdown timeout, not finished
+    # cut at the shutdown timeout, not finished: an error event (503), then [DONE] (issue 29)
+    assert events["long"][-1] == "data: [DONE]", events["long"][-3:]
+    cut = json.loads(events["long"][-2][6:])["error"]
+    assert cut["type"] == "service_unavailable" and "shutting down" in cut["message"]
+    assert not any('"finish_reason":"length"' in e for e in events["long"])
     text = "".join(lines)
     access = [line for line in lines if "deepinfer.serve.access" in line and "/v1/completions" in line]
     assert len(access) == 2, text  # one line per request

@@ -42,6 +42,14 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="requests that may wait beyond --max-num-seqs; more get 503")
     h.add_argument("--allowed-origins", type=_origins, default=[],
                    help="comma-separated CORS origins ('*' for any; default: no CORS)")
+    # request limits and cross-site checks (issue 29; docs/guide/10-serving.md, "Limits")
+    h.add_argument("--allowed-hosts", type=_origins, default=[],
+                   help="comma-separated names the Host header may give besides IP addresses, localhost and "
+                        "--host ('.example.com': the domain and its subdomains; '*': any)")
+    h.add_argument("--max-request-bytes", type=int, default=4 << 20,
+                   help="largest request body; larger ones get 413 (default 4 MiB)")
+    h.add_argument("--max-stop-strings", type=int, default=4,
+                   help="most strings in a request's stop list (OpenAI's limit, 4); more get 400")
     h.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="on SIGTERM/SIGINT, seconds in-flight requests may take before they are aborted")
     h.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -58,6 +66,10 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
     if args.api_key == "":
         raise ValueError("--api-key must not be empty")
+    if args.max_request_bytes < 1:
+        raise ValueError(f"--max-request-bytes must be >= 1, got {args.max_request_bytes}")
+    if args.max_stop_strings < 0:
+        raise ValueError(f"--max-stop-strings must be >= 0, got {args.max_stop_strings}")
 
 
 def default_served_name(model_path: str) -> str:
@@ -121,7 +133,10 @@ def run_serve(args: argparse.Namespace) -> int:
         try:
             names = args.served_model_name or [default_served_name(llm.model_path)]
             app = build_app(llm, ServeConfig(served_model_names=names, api_key=args.api_key,
-                                             max_queue=args.max_queue, allowed_origins=args.allowed_origins))
+                                             max_queue=args.max_queue, allowed_origins=args.allowed_origins,
+                                             host=args.host, allowed_hosts=args.allowed_hosts,
+                                             max_request_bytes=args.max_request_bytes,
+                                             max_stop_strings=args.max_stop_strings))
         except BaseException:
             _stop_replicas(llm)
             raise

@@ -4,21 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
+import logging
 import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from deepinfer.runtime.engine.detokenizer import stop_automaton
 from deepinfer.runtime.sampling_params import SamplingParams
 from deepinfer.serve.access_log import AccessLogMiddleware, AccessRecord
 from deepinfer.serve.engine_thread import EngineThread, RequestDelta, RequestFailed
+from deepinfer.serve.guard import SHUTDOWN_MESSAGE, HostPolicy, RequestGuard, internal_error
 from deepinfer.serve.metrics import MetricFamilies, ServerMetrics
 from deepinfer.serve.protocol import (
     APIError,
@@ -27,21 +32,40 @@ from deepinfer.serve.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
     chat_messages,
+    check_stop,
+    check_text,
     completion_prompts,
     parse_body,
     sampling_params,
 )
 from deepinfer.serve.responses import ResponseBuilder, TokenStrings
 
+log = logging.getLogger("deepinfer.serve")
+T = TypeVar("T")
+
+DEFAULT_MAX_REQUEST_BYTES = 4 << 20
+# Request input (prompt characters, token ids) up to this size is tokenized on the event loop;
+# more goes to the input threads (a thread hop costs more than tokenizing a short prompt).
+INLINE_INPUT = 4096
+INPUT_THREADS = 4
+
 
 @dataclass
 class ServeConfig:
-    """What the server needs besides the LLM (the CLI flags of the same names)."""
+    """What the server needs besides the LLM (the CLI flags of the same names).
+
+    ``host``: the address the server listens on (the Host check accepts its name);
+    ``allowed_hosts``: more names the Host header may give (``*``: any); ``max_request_bytes``:
+    larger bodies get a 413; ``max_stop_strings``: longer ``stop`` lists get a 400."""
 
     served_model_names: list[str]
     api_key: str | None = None
     max_queue: int = 1024
     allowed_origins: list[str] = field(default_factory=list)
+    host: str = "127.0.0.1"
+    allowed_hosts: list[str] = field(default_factory=list)
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    max_stop_strings: int = 4
 
 
 class ClientGone(Exception):
@@ -62,6 +86,10 @@ class ServingState:
             raise ValueError(f"max_queue must be >= 0, got {config.max_queue}")
         if config.api_key == "":
             raise ValueError("api_key must not be empty (None: no key)")
+        if config.max_request_bytes < 1:
+            raise ValueError(f"max_request_bytes must be >= 1, got {config.max_request_bytes}")
+        if config.max_stop_strings < 0:
+            raise ValueError(f"max_stop_strings must be >= 0, got {config.max_stop_strings}")
         from deepinfer.serve.replicas import ReplicaSet
 
         self.llm, self.config = llm, config
@@ -90,6 +118,16 @@ class ServingState:
         self.token_ids = self.strings.ids()
         self.capacity = (llm.size if isinstance(llm, ReplicaSet) else 1) * self.max_num_seqs + config.max_queue
         self.in_flight = 0  # engine requests admitted and not yet finished (event-loop thread only)
+        # Tokenizing and chat templates run here, off the event loop: a long prompt must not
+        # stall every other stream and /health (the tokenizer releases the GIL while it works).
+        self.input_pool = ThreadPoolExecutor(INPUT_THREADS, thread_name_prefix="deepinfer-input")
+
+    async def off_loop(self, size: int, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on an input thread, or inline when the input is small (``size``:
+        characters or token ids)."""
+        if size <= INLINE_INPUT:
+            return fn(*args)
+        return await asyncio.get_running_loop().run_in_executor(self.input_pool, functools.partial(fn, *args))
 
     # ---- checks ----------------------------------------------------------------------------
     def authorize(self, request: Request) -> None:
@@ -121,7 +159,7 @@ class ServingState:
 
     def prompt_ids(self, prompt: str | list[int], param: str) -> list[int]:
         if isinstance(prompt, str):
-            ids = list(self.tokenizer(prompt).input_ids)
+            ids = list(self.tokenizer(check_text(prompt, param)).input_ids)
         else:
             bad = [t for t in prompt if not 0 <= t < self.vocab_size]
             if bad:
@@ -245,14 +283,20 @@ def _sse(data: Any) -> bytes:
 async def _event_stream(request: Request, chunks: AsyncIterator[dict[str, Any]], record: AccessRecord,
                         close: Callable[[], None]) -> AsyncIterator[bytes]:
     """SSE framing of ``chunks``; ends as soon as the client goes away, whether or not a chunk is
-    due, and turns an error into an error event. ``close`` (synchronous: cleanup must not await,
-    the task may be cancelled) aborts the requests on every way out."""
+    due. An error, a failure of the server's own (its id logged once) or the cut-off at the end
+    of --shutdown-timeout (uvicorn cancels the task) becomes an error event, then ``[DONE]``.
+    ``close`` (synchronous: cleanup must not await) aborts the requests on every way out."""
     watcher = asyncio.ensure_future(_disconnected(request))
     nxt: asyncio.Future[dict[str, Any]] | None = None
     try:
         while True:
             nxt = asyncio.ensure_future(chunks.__anext__())
-            done, _ = await asyncio.wait({nxt, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            try:
+                done, _ = await asyncio.wait({nxt, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:
+                record.note = "cut off at shutdown"
+                yield _sse(APIError(503, SHUTDOWN_MESSAGE).body())
+                break
             if nxt not in done:
                 record.note = "client disconnected"
                 return
@@ -264,6 +308,12 @@ async def _event_stream(request: Request, chunks: AsyncIterator[dict[str, Any]],
                 record.note = f"error {exc.status}"
                 yield _sse(exc.body())
                 break
+            except Exception as exc:  # an error event, never a stream that just stops
+                error_id = f"err-{uuid.uuid4().hex[:16]}"
+                log.exception("unhandled error %s in the stream of %s", error_id, record.request_id)
+                record.note = f"error 500 {error_id}"
+                yield _sse(internal_error(error_id, exc).body())
+                break
             yield _sse(chunk)
         yield b"data: [DONE]\n\n"
     finally:
@@ -271,6 +321,36 @@ async def _event_stream(request: Request, chunks: AsyncIterator[dict[str, Any]],
         if nxt is not None and not nxt.done():
             nxt.cancel()
         close()
+
+
+class EventStream(Response):
+    """A ``text/event-stream`` response sent straight from ``events``.
+
+    Not Starlette's StreamingResponse: under an ASGI 2.3 server that one runs the body in an
+    anyio task group whose cancel scope cancels every later await once uvicorn cancels the
+    request at the end of --shutdown-timeout, so the stream could not send its closing error
+    event. Disconnects are ``_event_stream``'s business (it watches ``receive`` itself)."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, events: AsyncIterator[bytes]) -> None:
+        self.events = events
+        self.status_code = 200
+        self.background = None
+        self.init_headers({"cache-control": "no-cache"})
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        try:
+            async for chunk in self.events:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except OSError:  # the client went away while a chunk was sent
+            pass
+        finally:
+            aclose = getattr(self.events, "aclose", None)
+            if aclose is not None:
+                await aclose()
 
 
 def build_app(llm: Any, config: ServeConfig) -> FastAPI:
@@ -285,14 +365,18 @@ def build_app(llm: Any, config: ServeConfig) -> FastAPI:
             yield
         finally:
             await asyncio.to_thread(state.engine.stop)
+            state.input_pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="deepinfer", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.serving = state
+    # outermost first: access log, guard (Host, Origin, catch-all), CORS, the routes
     if config.allowed_origins:
         from starlette.middleware.cors import CORSMiddleware
 
         app.add_middleware(CORSMiddleware, allow_origins=config.allowed_origins, allow_methods=["*"],
                            allow_headers=["*"])
+    app.add_middleware(RequestGuard, hosts=HostPolicy(config.host, config.allowed_hosts),
+                       allowed_origins=config.allowed_origins)
     app.add_middleware(AccessLogMiddleware)
 
     @app.exception_handler(APIError)
@@ -309,10 +393,32 @@ def build_app(llm: Any, config: ServeConfig) -> FastAPI:
         return Response(status_code=499)
 
     async def body_of(request: Request, model: Any) -> Any:
+        """The request's JSON body validated as ``model``: 401 (key), 415 (not JSON: a browser
+        sends text/plain and form bodies without asking first), 413 (over --max-request-bytes,
+        from Content-Length or while a chunked body arrives), 400 (malformed)."""
         state.authorize(request)
+        ctype = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if ctype != "application/json" and not (ctype.startswith("application/") and ctype.endswith("+json")):
+            raise APIError(415, "the request body must be JSON sent with 'Content-Type: application/json', got "
+                                f"{ctype or 'no Content-Type'!r}", code="unsupported_media_type")
+        limit = config.max_request_bytes
+        too_large = APIError(413, f"the request body is larger than this server takes ({limit} bytes, "
+                                  "--max-request-bytes)", code="request_too_large")
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.strip().isdigit() and int(declared) > limit:
+            raise too_large
+        parts, size = [], 0
+        async for part in request.stream():
+            size += len(part)
+            if size > limit:
+                raise too_large
+            parts.append(part)
+        body = b"".join(parts)
         try:
-            raw = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raw = json.loads(body)
+        except RecursionError:
+            raise APIError(400, "the request body is not valid JSON: nested too deeply") from None
+        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer of > 4300 digits
             raise APIError(400, f"the request body is not valid JSON: {exc}") from None
         return parse_body(model, raw)
 
@@ -359,28 +465,38 @@ def build_app(llm: Any, config: ServeConfig) -> FastAPI:
         if (req.prompt is None) == (req.messages is None):
             raise APIError(400, "give exactly one of prompt and messages", "prompt")
         if req.messages is not None:
-            ids = _chat_ids(state, chat_messages(req.messages), req.add_generation_prompt)
+            messages = chat_messages(req.messages)
+            ids = await state.off_loop(_chat_size(messages), _chat_ids, state, messages, req.add_generation_prompt)
         else:
-            ids = list(state.tokenizer(req.prompt, add_special_tokens=req.add_special_tokens).input_ids)
+            prompt = check_text(req.prompt, "prompt")
+            ids = await state.off_loop(len(prompt), lambda: list(
+                state.tokenizer(prompt, add_special_tokens=req.add_special_tokens).input_ids))
         return {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids}
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> dict[str, Any]:
         req = await body_of(request, DetokenizeRequest)
         state.model_name(req.model)
-        if req.tokens:
-            state.prompt_ids(req.tokens, "tokens")  # 400 for ids outside the vocabulary
-        return {"prompt": state.tokenizer.decode(req.tokens)}
+        def decode() -> str:
+            if req.tokens:
+                state.prompt_ids(req.tokens, "tokens")  # 400 for ids outside the vocabulary
+            return str(state.tokenizer.decode(req.tokens))
+
+        return {"prompt": await state.off_loop(len(req.tokens), decode)}
 
     # ---- generation ------------------------------------------------------------------------
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         req: CompletionRequest = await body_of(request, CompletionRequest)
         name = state.model_name(req.model)
-        prompts = [state.prompt_ids(p, "prompt") for p in completion_prompts(req.prompt)]
+        check_stop(req.stop, config.max_stop_strings)
+        raw = completion_prompts(req.prompt)
+        prompts = await state.off_loop(sum(len(p) for p in raw),
+                                       lambda: [state.prompt_ids(p, "prompt") for p in raw])
         params = [state.checked(sampling_params(
             req, state.max_tokens(len(p), req.max_tokens, 16, "prompt", "max_tokens"), req.logprobs, {}))
             for p in prompts]
+        await _build_stop_automaton(state, params[0])
         builder = ResponseBuilder("completion", f"cmpl-{uuid.uuid4().hex}", name, req.n,
                                   [len(p) for p in prompts], _strings(state, req), req.logprobs)
         return await _respond(request, state, builder, prompts, params, req)
@@ -389,7 +505,9 @@ def build_app(llm: Any, config: ServeConfig) -> FastAPI:
     async def chat_completions(request: Request) -> Response:
         req: ChatCompletionRequest = await body_of(request, ChatCompletionRequest)
         name = state.model_name(req.model)
-        prompt = _chat_ids(state, chat_messages(req.messages), req.add_generation_prompt)
+        check_stop(req.stop, config.max_stop_strings)
+        messages = chat_messages(req.messages)
+        prompt = await state.off_loop(_chat_size(messages), _chat_ids, state, messages, req.add_generation_prompt)
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
         top = (req.top_logprobs or 0) if req.logprobs else None
@@ -398,11 +516,25 @@ def build_app(llm: Any, config: ServeConfig) -> FastAPI:
         budget = state.max_tokens(len(prompt), requested, None, "messages", tokens_param)
         params = state.checked(sampling_params(req, budget, top, {"logprobs": "top_logprobs",
                                                                   "max_tokens": tokens_param}))
+        await _build_stop_automaton(state, params)
         builder = ResponseBuilder("chat", f"chatcmpl-{uuid.uuid4().hex}", name, req.n, [len(prompt)],
                                   _strings(state, req), top)
         return await _respond(request, state, builder, [prompt], [params], req)
 
     return app
+
+
+def _chat_size(messages: list[dict[str, str]]) -> int:
+    return sum(len(m["content"]) + len(m["role"]) for m in messages)
+
+
+async def _build_stop_automaton(state: ServingState, params: SamplingParams) -> None:
+    """Build (and cache) the stop strings' automaton here, off the engine thread, when it is
+    large (an operator raised --max-stop-strings); the engine thread finds it built."""
+    stops = tuple(params.stop or ())
+    size = sum(len(s) for s in stops)
+    if size > INLINE_INPUT:
+        await state.off_loop(size, stop_automaton, stops)
 
 
 def _strings(state: ServingState, req: Any) -> TokenStrings:
@@ -453,5 +585,5 @@ async def _respond(request: Request, state: ServingState, builder: ResponseBuild
         record.completion_tokens = builder.completion_tokens
         deltas.close()
 
-    return StreamingResponse(_event_stream(request, chunks(), record, close), media_type="text/event-stream")
+    return EventStream(_event_stream(request, chunks(), record, close))
 

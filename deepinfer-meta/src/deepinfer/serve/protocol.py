@@ -19,16 +19,34 @@ from deepinfer.runtime.sampling_params import SamplingParams
 class APIError(Exception):
     """An error returned to the client as ``{"error": {message, type, param, code}}``."""
 
-    TYPES: ClassVar[dict[int, str]] = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-             500: "internal_server_error", 503: "service_unavailable"}
+    TYPES: ClassVar[dict[int, str]] = {
+        400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+        413: "invalid_request_error", 415: "invalid_request_error", 500: "internal_server_error",
+        503: "service_unavailable"}
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.TYPES.get(self.status, "error"),
-                          "param": self.param, "code": self.code}}
+        return {"error": {"message": _printable(self.message), "type": self.TYPES.get(self.status, "error"),
+                          "param": None if self.param is None else _printable(self.param), "code": self.code}}
+
+
+def _printable(text: str) -> str:
+    """``text`` with lone surrogates (from the request, e.g. a field's name) as ``\\udXXX``: an
+    error body must encode as UTF-8 whatever the request held."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def check_text(text: str, param: str) -> str:
+    """A 400 naming ``param`` for text that is not valid Unicode (a lone surrogate, which JSON's
+    ``\\ud800`` escapes can carry and no tokenizer takes)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise APIError(400, f"{param} is not valid Unicode text ({exc.reason} at index {exc.start})", param) from None
+    return text
 
 
 # Fields of the OpenAI API this server does not implement: refused with a 400 naming them
@@ -134,7 +152,8 @@ def parse_body(model: type[_Body], body: Any) -> Any:
         param = ".".join(loc) if loc else None
         if err["type"] == "extra_forbidden":
             raise APIError(400, f"unrecognized request argument: {param}", param) from None
-        raise APIError(400, f"{param}: {err['msg']} (got {err.get('input')!r})", param) from None
+        where = f"{param}: " if param else ""
+        raise APIError(400, f"{where}{err['msg']} (got {err.get('input')!r:.100})", param) from None
     for name, off in _UNSUPPORTED_OFF_VALUES.items():
         value = getattr(req, name, None)
         if value not in off:
@@ -180,6 +199,13 @@ def sampling_params(req: _SamplingBody, max_tokens: int, logprobs: int | None,
             field = "logit_bias"
         param = renames.get(field, field) if field else None
         raise APIError(400, str(exc).replace("SamplingParams.", ""), param) from None
+
+
+def check_stop(stop: str | list[str] | None, max_stop_strings: int) -> None:
+    """A 400 when ``stop`` lists more strings than the server takes (OpenAI: 4)."""
+    if isinstance(stop, list) and len(stop) > max_stop_strings:
+        raise APIError(400, f"stop may hold at most {max_stop_strings} strings, got {len(stop)} (the server's "
+                            "--max-stop-strings sets the limit)", "stop")
 
 
 def chat_messages(messages: Any) -> list[dict[str, str]]:
