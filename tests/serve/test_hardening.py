@@ -103,6 +103,7 @@ def test_health_answers_while_a_long_prompt_is_tokenized(server):
                                         timeout=300)
 
     t = threading.Thread(target=big)
+    started = time.monotonic()
     t.start()
     time.sleep(0.3)  # the body is in; its tokenization starts
     latencies = []
@@ -112,10 +113,14 @@ def test_health_answers_while_a_long_prompt_is_tokenized(server):
         latencies.append(time.monotonic() - t0)
         time.sleep(0.05)
     t.join(300)
+    took = time.monotonic() - started
     err = _error(result["response"], 400)
     assert "maximum context length" in err["message"] and err["param"] == "prompt"
-    assert len(latencies) >= 3, "the long prompt was tokenized too fast to test anything"
-    assert max(latencies) < 1.5, latencies
+    # Tokenized on the event loop holding the GIL, the prompt froze the server and, the server
+    # being a thread of this process, this loop too: one or two polls in all. Now /health answers
+    # all along (bounds relative to the whole: a loaded 2-core machine stretches both alike).
+    assert len(latencies) >= 5, f"/health answered {len(latencies)} times in {took:.1f} s: {latencies}"
+    assert max(latencies) < took / 3, (took, sorted(latencies)[-5:])
 
 
 # ---- 2. the stop list's cap ------------------------------------------------------------------

@@ -266,6 +266,9 @@ async def _unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
     watcher = asyncio.ensure_future(_disconnected(request))
     try:
         done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # cancelled (the shutdown timeout): the work ends too, its requests aborted
+        task.cancel()
+        raise
     finally:
         watcher.cancel()
     if task in done:
