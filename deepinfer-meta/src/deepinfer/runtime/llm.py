@@ -107,6 +107,8 @@ class LLM:
             ``device``'s index and the next ones, over NCCL; CPU: any number, over gloo), each
             holding 1/N of the weights and KV cache; see docs/guide/11-scaling.md. 1 (default):
             no other process. Under ``torchrun`` it must equal WORLD_SIZE.
+        scheduling_policy: "fcfs" (default: requests in arrival order) or "priority" (vLLM: the
+            ``priority`` of ``generate``/``chat``, smaller first, then arrival order).
 
     Tokenizers: ``llm.text_tokenizer`` is the one the runtime uses (prompts, detokenization,
     chat templates): a ``deepinfer.runtime.text_tokenizer.TextTokenizer`` over the
@@ -133,7 +135,8 @@ class LLM:
                  num_kv_blocks: int | None = None, dummy_weights: bool = False,
                  attention_backend: str | None = None, seed: int = 0, num_threads: int | None = None,
                  enforce_eager: bool = False, retry_failed_steps: bool = False,
-                 tensor_parallel_size: int = 1, overlap_scheduling: bool | None = None) -> None:
+                 tensor_parallel_size: int = 1, overlap_scheduling: bool | None = None,
+                 scheduling_policy: str = "fcfs") -> None:
         import torch
 
         from deepinfer.runtime.cuda_graph_runner import default_graph_batch_sizes
@@ -163,6 +166,9 @@ class LLM:
             # the other ranks would need step N's sampled ids on their devices before its launch
             raise ValueError(f"overlap_scheduling=True does not run with tensor_parallel_size={tp_size} yet; "
                              "leave it unset (tensor-parallel steps run synchronously)")
+        if scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {scheduling_policy!r}")
+        self.scheduling_policy = scheduling_policy
         if num_threads is not None:
             num_threads = _int_arg("num_threads", num_threads, 1, 4096)
         if max_num_batched_tokens is not None:
@@ -259,7 +265,7 @@ class LLM:
                              vocab_size=loaded.config.vocab_size, eos_token_id=eos_ids[0] if eos_ids else -1,
                              enable_chunked_prefill=enable_chunked_prefill,
                              enable_prefix_caching=enable_prefix_caching, seed=seed,
-                             graph_batch_sizes=graph_sizes),
+                             graph_batch_sizes=graph_sizes, scheduling_policy=scheduling_policy),
                 extra_stop_token_ids=eos_ids[1:], retry_failed_steps=retry_failed_steps,
                 overlap_scheduling=(use_graphs and group is None) if overlap_scheduling is None
                 else overlap_scheduling)
@@ -371,7 +377,7 @@ class LLM:
     # ---- generation -------------------------------------------------------------------------
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[Any]:
+                 use_tqdm: bool = True, priority: list[int] | None = None) -> list[Any]:
         """Complete every prompt; returns the engine's RequestOutputs in prompt order, text filled.
 
         A prompt longer than ``max_model_len`` tokens, an empty prompt, token ids outside the
@@ -383,16 +389,21 @@ class LLM:
 
         May be called while ``stream`` iterators are open (e.g. inside their loop): the steps it
         runs advance their requests too, and their outputs are kept for them, none lost.
+
+        ``priority`` (vLLM): one int per prompt, smaller served first; needs
+        ``LLM(scheduling_policy="priority")`` unless every value is 0 (ValueError otherwise, as
+        for a list of another length). Outputs stay in prompt order.
         """
         ids, params = self._normalise(prompts, sampling_params)
         for i, p in enumerate(ids):
             if not p:
                 raise ValueError(f"prompts[{i}] is empty (no tokens)")
+        prio = self._priorities(priority, len(ids))
         order: dict[str, int] = {}
         try:
-            for p, sp in zip(ids, params, strict=True):
+            for p, sp, pr in zip(ids, params, prio, strict=True):
                 rid = self.engine.new_request_id()
-                self.engine.add_request(rid, p, sp, final_text_only=True, collect="final")
+                self.engine.add_request(rid, p, sp, final_text_only=True, collect="final", priority=pr)
                 order[rid] = len(order)
         except BaseException:
             for rid in order:
@@ -428,14 +439,32 @@ class LLM:
                 bar.close()
         return results
 
+    def _priorities(self, priority: Any, num_prompts: int) -> list[int]:
+        """One priority per prompt (0 each when None); ValueError as vLLM raises it."""
+        if priority is None:
+            return [0] * num_prompts
+        if isinstance(priority, (str, bytes)) or not isinstance(priority, Sequence):
+            raise TypeError(f"priority must be a list of ints, one per prompt, got {type(priority).__name__}")
+        if len(priority) != num_prompts:
+            raise ValueError(f"priority has {len(priority)} entries for {num_prompts} prompts")
+        for i, p in enumerate(priority):
+            if not _is_int(p):
+                raise TypeError(f"priority[{i}] must be an int, got {p!r}")
+        if self.scheduling_policy != "priority" and any(p != 0 for p in priority):
+            raise ValueError("priority was given but priority scheduling is not enabled: "
+                             "create the LLM with scheduling_policy='priority'")
+        return [int(p) for p in priority]
+
     def chat(self, messages: Sequence[dict[str, str]] | Sequence[Sequence[dict[str, str]]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-             use_tqdm: bool = True, add_generation_prompt: bool = True) -> list[Any]:
+             use_tqdm: bool = True, add_generation_prompt: bool = True,
+             priority: list[int] | None = None) -> list[Any]:
         """Generate replies to one conversation (a list of {"role", "content"}) or a list of them,
-        formatted with the model's chat template."""
+        formatted with the model's chat template. ``priority``: as in ``generate``."""
         convs: list[Any] = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         prompts = [self.apply_chat_template(c, add_generation_prompt) for c in convs]
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)  # type: ignore[arg-type]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm,  # type: ignore[arg-type]
+                             priority=priority)
 
     def apply_chat_template(self, conversation: Sequence[dict[str, str]], add_generation_prompt: bool = True
                             ) -> dict[str, list[int]]:

@@ -38,7 +38,7 @@ bool is_bool(const py::handle& v) {
 
 int64_t as_int64(const py::handle& v, const char* name) {
   if (is_bool(v) || !(PyLong_Check(v.ptr()) || py::hasattr(v, "__index__")))
-    throw py::type_error(std::string(name) + ": expected an int, got " + type_name(v));
+    throw py::type_error(std::string(name) + ": expected int, got " + type_name(v));
   return python_int64(v, name);
 }
 
@@ -50,7 +50,7 @@ int32_t as_int32(const py::handle& v, const char* name) {
 
 double as_double(const py::handle& v, const char* name) {
   if (is_bool(v) || !(PyFloat_Check(v.ptr()) || PyLong_Check(v.ptr()) || py::hasattr(v, "__float__")))
-    throw py::type_error(std::string(name) + ": expected a float, got " + type_name(v));
+    throw py::type_error(std::string(name) + ": expected float, got " + type_name(v));
   const double x = PyFloat_AsDouble(v.ptr());
   if (x == -1.0 && PyErr_Occurred()) {
     PyErr_Clear();  // e.g. an int too large for a double
@@ -60,7 +60,7 @@ double as_double(const py::handle& v, const char* name) {
 }
 
 bool as_bool(const py::handle& v, const char* name) {
-  if (!is_bool(v)) throw py::type_error(std::string(name) + ": expected a bool, got " + type_name(v));
+  if (!is_bool(v)) throw py::type_error(std::string(name) + ": expected bool, got " + type_name(v));
   return PyObject_IsTrue(v.ptr()) == 1;
 }
 
