@@ -172,6 +172,39 @@ for what, kw in ADD_BAD:
         request_kw = {k: kw.pop(k) for k in ("output_kind", "eos_token_id", "priority") if k in kw}
         return w.sched.add_request("bad", prompt, E.SamplingParams(**kw), **request_kw)
     case("Scheduler", f"add_request {what}", bug=ADD_BUGS.get(what))(_add)
+case("Scheduler", "add_request sampling keyword")(lambda w: w.sched.add_request("bad", [5, 6], temperature=0.5))
+case("Scheduler", "add_request params dict")(lambda w: w.sched.add_request("bad", [5, 6], {"n": 1}))
+case("Scheduler", "add_request bad word out of vocab")(
+    lambda w: w.sched.add_request("bad", [5, 6], E.SamplingParams(bad_words_token_ids=[[5, VOCAB]])))
+
+# ---------------------------------------------------------------- SamplingParams
+SP_BAD = [
+    ("positional", (1,), {}), ("unknown keyword", (), dict(colour=1)), ("n bool", (), dict(n=True)),
+    ("n float", (), dict(n=1.0)), ("n huge", (), dict(n=HUGE)), ("temperature str", (), dict(temperature="1")),
+    ("temperature numpy bool", (), dict(temperature=np.bool_(True))), ("temperature 1e300", (), dict(temperature=1e300)),
+    ("temperature int too large", (), dict(temperature=10**400)), ("top_p 1e-50", (), dict(top_p=1e-50)),
+    ("seed float", (), dict(seed=1.5)), ("seed huge", (), dict(seed=HUGE64)),
+    ("stop ids int", (), dict(stop_token_ids=5)), ("stop ids bools", (), dict(stop_token_ids=[True])),
+    ("stop ids float array", (), dict(stop_token_ids=np.array([1.5]))), ("stop ids 2-D", (), dict(stop_token_ids=[[1]])),
+    ("stop ids dict", (), dict(stop_token_ids={1: 2})), ("stop ids set", (), dict(stop_token_ids={1, 2})),
+    ("ignore_eos int", (), dict(ignore_eos=1)), ("logit_bias bool key", (), dict(logit_bias={True: 1.0})),
+    ("logit_bias huge key", (), dict(logit_bias={HUGE64: 1.0})), ("logit_bias str value", (), dict(logit_bias={1: "x"})),
+    ("allowed empty", (), dict(allowed_token_ids=[])), ("allowed str", (), dict(allowed_token_ids="12")),
+    ("banned negative", (), dict(banned_token_ids=[-1])), ("bad words flat", (), dict(bad_words_token_ids=[1, 2])),
+    ("bad words empty word", (), dict(bad_words_token_ids=[[]])), ("bad words str", (), dict(bad_words_token_ids="ab")),
+    ("bad words negative", (), dict(bad_words_token_ids=[[1, -2]])), ("bad words None word", (), dict(bad_words_token_ids=[None])),
+]
+for what, args, kw in SP_BAD:
+    case("SamplingParams", what)(lambda w, a=args, k=kw: E.SamplingParams(*a, **k))
+case("SamplingParams", "assign min_tokens > max_tokens")(lambda w: setattr(E.SamplingParams(max_tokens=2), "min_tokens", 3))
+case("SamplingParams", "assign unknown field", (AttributeError,))(lambda w: setattr(E.SamplingParams(), "temprature", 1.0))
+case("SamplingParams", "replace bad value")(lambda w: E.SamplingParams().replace(top_k=0))
+case("SamplingParams", "validate negative vocab")(lambda w: E.SamplingParams().validate(-1))
+case("SamplingParams", "validate ids past vocab")(lambda w: E.SamplingParams(stop_token_ids=[VOCAB]).validate(VOCAB))
+# (unpickling: __setstate__ on a bare instance; pybind11 ignores it on a constructed one)
+case("SamplingParams", "setstate bad dict")(
+    lambda w: E.SamplingParams.__new__(E.SamplingParams).__setstate__({"n": 0}))
+case("SamplingParams", "setstate not a dict")(lambda w: E.SamplingParams.__new__(E.SamplingParams).__setstate__([1]))
 case("Scheduler", "add_request duplicate id")(lambda w: w.sched.add_request("a", [5, 6]))
 case("Scheduler", "add_request placeholder id")(lambda w: w.sched.add_request(E.PLACEHOLDER_REQUEST_ID, [5, 6]))
 case("Scheduler", "add_request id not str")(lambda w: w.sched.add_request(7, [5, 6]))
@@ -641,7 +674,7 @@ def test_corpus_covers_every_public_name():
     covered = {c.name for c in CASES}
     assert set(E.__all__) - covered == set(), sorted(set(E.__all__) - covered)
     assert covered <= set(E.__all__), covered - set(E.__all__)
-    assert len(E.__all__) == 34
+    assert len(E.__all__) == 35  # the seed's 34 names + SamplingParams
     assert len(CASES) >= 250, len(CASES)
 
 

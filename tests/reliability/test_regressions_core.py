@@ -22,8 +22,8 @@ def _step(sched, tokens):
 def test_reset_prefix_cache_never_serves_blocks_computed_before_it():
     c = E.Scheduler(**CFG, vocab_size=40, eos_token_id=1)
     r = RefScheduler(**CFG, eos_token_id=1)
-    for s in (c, r):
-        s.add_request("a", [5, 6, 7, 8], E.SamplingParams(max_tokens=10))
+    c.add_request("a", [5, 6, 7, 8], E.SamplingParams(max_tokens=10))
+    r.add_request("a", [5, 6, 7, 8], max_tokens=10)
     for _ in range(2):
         _step(c, [9])
         r.schedule()
@@ -139,8 +139,8 @@ def test_n_gt_1_with_a_one_token_last_prompt_chunk_forks_every_sample():
                max_num_seqs=8)
     c = E.Scheduler(**cfg, vocab_size=100)
     r = RefScheduler(**cfg)
-    for s in (c, r):
-        s.add_request("r", [10, 11, 12, 13, 14], E.SamplingParams(n=2, max_tokens=2, ignore_eos=True))
+    c.add_request("r", [10, 11, 12, 13, 14], E.SamplingParams(n=2, max_tokens=2, ignore_eos=True))
+    r.add_request("r", [10, 11, 12, 13, 14], n=2, max_tokens=2, ignore_eos=True)
     samples = []
     while c.has_unfinished_requests():
         out, ref = c.schedule(), r.schedule()
