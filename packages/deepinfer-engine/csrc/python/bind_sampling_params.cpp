@@ -9,6 +9,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
+#include <optional>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -295,17 +298,41 @@ deepinfer.SamplingParams (the runtime's) holds one of these for every field the 
     cls.def(py::init([](const py::kwargs& kw) { return from_kwargs(kw); }),
             (std::string(kInitSignature) + "Keyword arguments only; see the class docstring.").c_str());
   }
-  for (const Field& f : fields()) {
-    cls.def_property(
-        f.name, [get = f.get](const SamplingParams& p) { return get(p); },
-        [set = f.set](SamplingParams& p, const py::handle& v) {
-          SamplingParams next = p;
-          set(next, v);
-          next.validate(0);
-          p = std::move(next);
-        },
-        f.doc);
-  }
+  // One property per field: a typed getter (for the stubs) and the field's checked setter.
+  auto setter = [](const char* name) {
+    return [set = find_field(name)->set](SamplingParams& p, const py::object& v) {
+      SamplingParams next = p;
+      set(next, v);
+      next.validate(0);
+      p = std::move(next);
+    };
+  };
+#define DI_PROPERTY(NAME, ...)                                                                   \
+  cls.def_property(#NAME, [](const SamplingParams& p) { return __VA_ARGS__; }, setter(#NAME), \
+                   find_field(#NAME)->doc)
+  using Ids = std::vector<int32_t>;
+  DI_PROPERTY(n, p.n);
+  DI_PROPERTY(temperature, p.temperature);
+  DI_PROPERTY(top_p, p.top_p);
+  DI_PROPERTY(top_k, p.top_k);
+  DI_PROPERTY(min_p, p.min_p);
+  DI_PROPERTY(presence_penalty, p.presence_penalty);
+  DI_PROPERTY(frequency_penalty, p.frequency_penalty);
+  DI_PROPERTY(repetition_penalty, p.repetition_penalty);
+  DI_PROPERTY(seed, p.has_seed ? std::optional<int64_t>(p.seed) : std::nullopt);
+  DI_PROPERTY(stop_token_ids, p.stop_token_ids);
+  DI_PROPERTY(ignore_eos, p.ignore_eos);
+  DI_PROPERTY(max_tokens, p.max_tokens);
+  DI_PROPERTY(min_tokens, p.min_tokens);
+  DI_PROPERTY(logprobs, p.logprobs < 0 ? std::nullopt : std::optional<int32_t>(p.logprobs));
+  DI_PROPERTY(prompt_logprobs, p.prompt_logprobs < 0 ? std::nullopt : std::optional<int32_t>(p.prompt_logprobs));
+  DI_PROPERTY(logit_bias, std::map<int32_t, double>(p.logit_bias.begin(), p.logit_bias.end()));
+  DI_PROPERTY(allowed_token_ids, p.allowed_token_ids.empty() ? std::nullopt : std::optional<Ids>(p.allowed_token_ids));
+  DI_PROPERTY(banned_token_ids, p.banned_token_ids);
+  DI_PROPERTY(bad_words_token_ids, p.bad_words_token_ids);
+#undef DI_PROPERTY
+  for (const Field& f : fields())  // (every field has its property)
+    if (!py::hasattr(cls, f.name)) throw std::logic_error(std::string("SamplingParams: no property ") + f.name);
   cls.def(
          "validate",
          [](const SamplingParams& p, int32_t vocab_size) {
