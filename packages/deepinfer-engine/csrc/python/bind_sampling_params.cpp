@@ -32,6 +32,8 @@ std::string type_name(const py::handle& v) { return std::string(py::str(py::type
 // Python's bool and numpy's bool_ (True is not a count, a token id or a temperature).
 bool is_bool(const py::handle& v) {
   if (PyBool_Check(v.ptr())) return true;
+  // the usual values first, without attribute lookups
+  if (PyLong_CheckExact(v.ptr()) || PyFloat_CheckExact(v.ptr()) || v.is_none()) return false;
   const py::handle t = py::type::of(v);
   const std::string mod = py::str(t.attr("__module__"));
   if (mod != "numpy") return false;
