@@ -41,13 +41,7 @@ def decoding_scheduler(batch: int, rng: np.random.Generator) -> E.Scheduler:
         watermark=0.0,
     )
     for i in range(batch):
-        s.add_request(
-            f"r{i}",
-            rng.integers(0, VOCAB, CONTEXT - 1, dtype=np.int32),
-            max_tokens=4000,
-            ignore_eos=True,
-            output_kind="delta",
-        )
+        s.add_request(f"r{i}", rng.integers(0, VOCAB, CONTEXT - 1, dtype=np.int32), E.SamplingParams(max_tokens=4000, ignore_eos=True), output_kind="delta")
     while True:
         out = s.schedule()
         s.update(rng.integers(0, VOCAB, out.num_sample_rows, dtype=np.int32))
@@ -97,7 +91,7 @@ def bench_admission(rng: np.random.Generator) -> tuple[float, float]:
     )
     c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
     for i, p in enumerate(prompts):
-        s.add_request(f"p{i}", p, max_tokens=1)
+        s.add_request(f"p{i}", p, E.SamplingParams(max_tokens=1))
     while s.has_unfinished_requests():
         out = s.schedule()
         s.update(tokens[: out.num_sample_rows])

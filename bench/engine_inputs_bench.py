@@ -48,7 +48,8 @@ def make_scheduler(B, rng, prompt_len=CONTEXT - 8, max_tokens=4096, penalties=Tr
                   top_p=[1.0, 0.9, 0.95, 1.0][i % 4], seed=i if i % 3 == 0 else None, ignore_eos=True)
         if penalties and i % 4 == 3:  # a quarter with penalties
             kw.update(presence_penalty=0.5, frequency_penalty=0.2, repetition_penalty=1.1)
-        s.add_request(f"r{i}", rng.integers(0, VOCAB, prompt_len, dtype=np.int32), max_tokens=max_tokens, **kw)
+        s.add_request(f"r{i}", rng.integers(0, VOCAB, prompt_len, dtype=np.int32),
+                      E.SamplingParams(max_tokens=max_tokens, **kw))
     return s
 
 
@@ -151,7 +152,7 @@ def bench_batch(B, reps, rng, penalties=True, penalty_counts="incremental"):
 def bench_prefill(rng, reps):
     s = E.Scheduler(num_blocks=8192 // BLOCK * 4 + 64, block_size=BLOCK, max_num_seqs=8, max_num_batched_tokens=8192,
                     max_model_len=8192, vocab_size=VOCAB, enable_prefix_caching=False)
-    s.add_request("p", rng.integers(0, VOCAB, 8192, dtype=np.int32), max_tokens=1, presence_penalty=0.5)
+    s.add_request("p", rng.integers(0, VOCAB, 8192, dtype=np.int32), E.SamplingParams(max_tokens=1, presence_penalty=0.5))
     s.schedule()
     bufs = buffers(8192, 8, 8192 // BLOCK)
     args = E.PrepareArgs(block_size=BLOCK, max_model_len=8192, **bufs)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import add_request
 from deepinfer_engine import _engine as E
 
 VOCAB = 100
@@ -97,7 +98,7 @@ class Driver:
 
     def add_due(self):
         for r in [r for r in self.pending if r[0] <= self.step_no]:
-            self.sched.add_request(r[1], r[2], **r[3])
+            add_request(self.sched, r[1], r[2], **r[3])
             self.pending.remove(r)
 
     def schedule(self):
@@ -280,8 +281,8 @@ def test_fail_finishes_the_step_requests_with_error(state_slots):
 
 def test_fail_reports_error_through_every_output_path():
     s = E.Scheduler(**CFG)
-    s.add_request("x", PROMPT_A, n=2, max_tokens=5, ignore_eos=True)
-    s.add_request("y", [3, 4, 5], max_tokens=5, ignore_eos=True)
+    s.add_request("x", PROMPT_A, E.SamplingParams(n=2, max_tokens=5, ignore_eos=True))
+    s.add_request("y", [3, 4, 5], E.SamplingParams(max_tokens=5, ignore_eos=True))
     pool = E.RequestOutputPool()
     for _ in range(2):
         out = s.schedule()
@@ -305,7 +306,7 @@ def test_fail_reports_error_through_every_output_path():
 def test_no_step_in_flight_changes_nothing():
     s = E.Scheduler(**CFG)
     assert s.abandon_step() == []
-    s.add_request("x", PROMPT_A, max_tokens=3)
+    s.add_request("x", PROMPT_A, E.SamplingParams(max_tokens=3))
     assert s.abandon_step("fail") == []
     out = s.schedule()
     s.update(np.full(out.num_sample_rows, 9, np.int32))
@@ -319,7 +320,7 @@ def test_no_step_in_flight_changes_nothing():
 @pytest.mark.parametrize("bad", ["", "abort", "RECOMPUTE"])
 def test_bad_action_is_refused_naming_it(bad):
     s = E.Scheduler(**CFG)
-    s.add_request("x", PROMPT_A, max_tokens=3)
+    s.add_request("x", PROMPT_A, E.SamplingParams(max_tokens=3))
     s.schedule()
     with pytest.raises(ValueError, match="action"):
         s.abandon_step(bad)
@@ -331,8 +332,8 @@ def test_bad_action_is_refused_naming_it(bad):
 def test_abort_during_the_step_then_abandon():
     """A request aborted while the step ran has finished: it is not listed, the others recompute."""
     s = E.Scheduler(**CFG)
-    s.add_request("x", PROMPT_A, max_tokens=3)
-    s.add_request("y", PROMPT_B, max_tokens=3)
+    s.add_request("x", PROMPT_A, E.SamplingParams(max_tokens=3))
+    s.add_request("y", PROMPT_B, E.SamplingParams(max_tokens=3))
     s.schedule()
     s.abort_request("x")
     assert s.abandon_step() == ["y"]

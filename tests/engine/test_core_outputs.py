@@ -20,9 +20,9 @@ def step(s, tokens, **kw):
 def test_cumulative_delta_and_final_only():
     s = make_scheduler()
     pool = E.RequestOutputPool()
-    s.add_request("cum", [2, 3], max_tokens=3, output_kind="cumulative")
-    s.add_request("dlt", [4, 5], max_tokens=3, output_kind="delta")
-    s.add_request("fin", [6, 7], max_tokens=3, output_kind="final_only")
+    s.add_request("cum", [2, 3], E.SamplingParams(max_tokens=3), output_kind="cumulative")
+    s.add_request("dlt", [4, 5], E.SamplingParams(max_tokens=3), output_kind="delta")
+    s.add_request("fin", [6, 7], E.SamplingParams(max_tokens=3), output_kind="final_only")
     seen = {"cum": [], "dlt": [], "fin": []}
     for toks in ([11, 21, 31], [12, 22, 32], [13, 23, 33]):
         step(s, toks)
@@ -44,7 +44,7 @@ def test_cumulative_delta_and_final_only():
 def test_request_output_fields_and_metrics():
     s = make_scheduler()
     t0 = time.time()
-    s.add_request("a", [2, 3, 4], max_tokens=2, logprobs=2, arrival_time=t0 - 1.0)
+    s.add_request("a", [2, 3, 4], E.SamplingParams(max_tokens=2, logprobs=2), arrival_time=t0 - 1.0)
     s.schedule()
     s.update(
         np.array([9], np.int32),
@@ -69,7 +69,7 @@ def test_request_output_fields_and_metrics():
 
 def test_n_samples_outputs_by_index():
     s = make_scheduler()
-    s.add_request("a", [2, 3], n=3, max_tokens=2, output_kind="cumulative")
+    s.add_request("a", [2, 3], E.SamplingParams(n=3, max_tokens=2), output_kind="cumulative")
     pool = E.RequestOutputPool()
     step(s, [10, 11, 12])
     (o,) = E.build_request_outputs(s, pool)
@@ -86,7 +86,7 @@ def test_n_samples_outputs_by_index():
 
 def test_abort_produces_final_output():
     s = make_scheduler()
-    s.add_request("a", [2, 3], max_tokens=5, output_kind="delta")
+    s.add_request("a", [2, 3], E.SamplingParams(max_tokens=5), output_kind="delta")
     step(s, [10])
     E.build_request_outputs(s, E.RequestOutputPool())
     s.abort_request("a")  # between update and schedule: reported with the next step
@@ -105,7 +105,7 @@ def test_pool_recycles_unreferenced_objects_only():
     s = make_scheduler()
     pool = E.RequestOutputPool(max_size=8)
     for k in range(3):
-        s.add_request(f"r{k}", [2, 3], max_tokens=10, output_kind="delta")
+        s.add_request(f"r{k}", [2, 3], E.SamplingParams(max_tokens=10), output_kind="delta")
     step(s, [5, 5, 5])
     first = E.build_request_outputs(s, pool)
     ids = {id(o) for o in first}
@@ -125,8 +125,8 @@ def test_pool_recycles_unreferenced_objects_only():
 
 def test_get_finished_seqs_info_arrays():
     s = make_scheduler()
-    a = s.add_request("a", [2, 3], max_tokens=1)
-    b = s.add_request("b", [2, 3, 4], max_tokens=3, stop_token_ids=[8])
+    a = s.add_request("a", [2, 3], E.SamplingParams(max_tokens=1))
+    b = s.add_request("b", [2, 3, 4], E.SamplingParams(max_tokens=3, stop_token_ids=[8]))
     step(s, [9, 8])
     info = E.get_finished_seqs_info(s)
     assert info["seq_ids"].dtype == np.int64 and info["statuses"].dtype == np.int32
@@ -162,9 +162,8 @@ def test_a_stop_string_corrects_the_built_output_instead_of_building_it_twice(ki
     that output in place and the request is not reported again (its outputs are built once)."""
     s = make_scheduler()
     pool = E.RequestOutputPool()
-    s.add_request("r", [2, 3], max_tokens=3 if at_max_tokens else 10, output_kind=kind, logprobs=0,
-                  ignore_eos=True)
-    s.add_request("other", [4, 5], max_tokens=10, ignore_eos=True)
+    s.add_request("r", [2, 3], E.SamplingParams(max_tokens=3 if at_max_tokens else 10, logprobs=0, ignore_eos=True), output_kind=kind)
+    s.add_request("other", [4, 5], E.SamplingParams(max_tokens=10, ignore_eos=True))
     step(s, [11, 21])
     E.build_request_outputs(s, pool)
     step(s, [12, 22])
@@ -181,7 +180,7 @@ def test_a_stop_string_corrects_the_built_output_instead_of_building_it_twice(ki
     assert E.build_request_outputs(s, pool) == []    # not built a second time
     info = E.get_finished_seqs_info(s)
     assert info["request_ids"] == ["r"] and info["statuses"].tolist() == [int(E.SequenceStatus.FINISHED_STOPPED)]
-    s.add_request("r", [2, 3], max_tokens=1)         # its id is free: its final output was returned
+    s.add_request("r", [2, 3], E.SamplingParams(max_tokens=1))         # its id is free: its final output was returned
     step(s, [24, 7])
     assert [o.request_id for o in E.build_request_outputs(s, pool)] == ["other", "r"]
 
@@ -189,8 +188,8 @@ def test_a_stop_string_corrects_the_built_output_instead_of_building_it_twice(ki
 def test_stop_sequence_output_of_an_n_gt_1_request_and_bad_outputs():
     s = make_scheduler()
     pool = E.RequestOutputPool()
-    s.add_request("r", [2, 3], n=2, max_tokens=10, ignore_eos=True)
-    s.add_request("x", [4, 5], max_tokens=10, ignore_eos=True)
+    s.add_request("r", [2, 3], E.SamplingParams(n=2, max_tokens=10, ignore_eos=True))
+    s.add_request("x", [4, 5], E.SamplingParams(max_tokens=10, ignore_eos=True))
     step(s, [11, 12, 21])
     built = {ro.request_id: ro for ro in E.build_request_outputs(s, pool)}
     child = s.get_sequences("r")[1].seq_id

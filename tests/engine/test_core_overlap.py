@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import add_request
 from deepinfer_engine import _engine as E
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -89,7 +90,7 @@ class Workload:
         def arrivals():
             while pending and pending[0]["arrive"] <= updates:
                 r = pending.pop(0)
-                sched.add_request(r["id"], r["prompt"], **r["params"])
+                add_request(sched, r["id"], r["prompt"], **r["params"])
 
         def apply(step):
             nonlocal updates
@@ -192,7 +193,7 @@ def decode_scheduler(n=2, max_tokens=10, **kw):
     s = E.Scheduler(num_blocks=32, block_size=4, max_num_seqs=4, max_num_batched_tokens=32, max_model_len=48,
                     vocab_size=VOCAB, eos_token_id=EOS, **kw)
     for i in range(n):
-        s.add_request(f"r{i}", [5, 6, 7], max_tokens=max_tokens)
+        s.add_request(f"r{i}", [5, 6, 7], E.SamplingParams(max_tokens=max_tokens))
     s.schedule()
     s.update(np.full(n, 9, np.int32))  # prefill: one token each
     s.schedule()  # step 2: plain decodes
@@ -231,12 +232,12 @@ def test_bad_calls_are_value_errors_naming_the_call():
 def test_steps_that_cannot_run_ahead_return_none_and_change_nothing():
     s = E.Scheduler(num_blocks=32, block_size=4, max_num_seqs=4, max_num_batched_tokens=32, max_model_len=48,
                     vocab_size=VOCAB)
-    s.add_request("a", [5, 6, 7], max_tokens=10)
+    s.add_request("a", [5, 6, 7], E.SamplingParams(max_tokens=10))
     s.schedule()  # a prefill
     assert s.schedule(overlap=True) is None and not s.step_ahead
     s.update(np.array([9], np.int32))
     s.schedule()
-    s.add_request("b", [5, 6], max_tokens=10)  # waiting, with room to admit it
+    s.add_request("b", [5, 6], E.SamplingParams(max_tokens=10))  # waiting, with room to admit it
     assert s.schedule(overlap=True) is None and s.check_invariants() == ""
     s.update(np.array([9], np.int32))
     s.schedule()  # a decodes, b prefills
@@ -257,7 +258,7 @@ def test_out_of_blocks_goes_synchronous():
     s = E.Scheduler(num_blocks=3, block_size=4, max_num_seqs=4, max_num_batched_tokens=32, max_model_len=12,
                     vocab_size=VOCAB, watermark=0.0)
     for i in range(2):
-        s.add_request(f"r{i}", [5, 6, 7], max_tokens=10)
+        s.add_request(f"r{i}", [5, 6, 7], E.SamplingParams(max_tokens=10))
     s.schedule()
     s.update(np.full(2, 9, np.int32))
     s.schedule()  # step 2 writes position 3: the last slot of each first block
@@ -273,7 +274,7 @@ def test_finished_request_is_released_only_after_the_step_that_names_it():
     s.update(np.array([9, 1], np.int32))  # r1: EOS
     E.build_request_outputs(s, E.RequestOutputPool())
     assert s.schedule(overlap=True) is not None  # step 4 ahead of step 3
-    s.add_request("r1", [8], max_tokens=3)  # the id is free again (its final output was built)
+    s.add_request("r1", [8], E.SamplingParams(max_tokens=3))  # the id is free again (its final output was built)
     s.update(np.array([11, 12], np.int32))  # step 3: r1's row is ignored
     new = s.get_sequences("r1")[0]
     assert new.token_ids.tolist() == [8] and s.check_invariants() == ""

@@ -11,6 +11,7 @@ import random
 import numpy as np
 import pytest
 from conftest import make_scheduler
+from deepinfer_engine import _engine as E
 
 
 def shadow_run(seed: int, hash_bits: int, steps: int = 150, num_blocks: int = 40):
@@ -39,8 +40,7 @@ def shadow_run(seed: int, hash_bits: int, steps: int = 150, num_blocks: int = 40
             s.add_request(
                 f"r{next_id}",
                 prompt or [0],
-                max_tokens=rng.randrange(1, 10),
-                n=rng.choice([1, 1, 2]),
+                E.SamplingParams(max_tokens=rng.randrange(1, 10), n=rng.choice([1, 1, 2])),
             )
             next_id += 1
         out = s.schedule()
@@ -90,7 +90,7 @@ def test_collision_hook_changes_only_hits_not_schedules_of_unshared_prompts():
     # Prompts with no common prefix: a 1-bit hash collides constantly, yet nothing is ever hit.
     s = make_scheduler(hash_bits=1)
     for k in range(6):
-        s.add_request(f"r{k}", [10 + k] * 9, max_tokens=1)
+        s.add_request(f"r{k}", [10 + k] * 9, E.SamplingParams(max_tokens=1))
     while s.has_unfinished_requests():
         out = s.schedule()
         s.update(np.full(out.num_sample_rows, 7, np.int32))

@@ -8,6 +8,7 @@ import random
 
 import numpy as np
 import pytest
+from conftest import add_request
 from deepinfer_engine import _engine as E
 from reference import RefScheduler
 from reference.scheduler import RUNNING, STOPPED
@@ -112,7 +113,7 @@ def run_workload(seed: int, cfg: dict, steps: int = 120):
             )
             rid = f"r{next_id}"
             next_id += 1
-            sid = c.add_request(rid, prompt, **params)
+            sid = add_request(c, rid, prompt, **params)
             assert sid == r.add_request(rid, prompt, **params)
             unfinished.add(rid)
         if rng.random() < 0.08:

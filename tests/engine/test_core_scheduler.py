@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import make_scheduler, run_step
+from conftest import add_request, make_scheduler, run_step
 from deepinfer_engine import _engine as E
 
 S = E.SequenceStatus
@@ -14,10 +14,10 @@ S = E.SequenceStatus
 
 def test_chunked_prefill_splits_long_prompt_and_mixes_decodes():
     s = make_scheduler(max_num_batched_tokens=8)
-    a = s.add_request("a", list(range(2, 22)), max_tokens=5)  # 20 tokens
+    a = s.add_request("a", list(range(2, 22)), E.SamplingParams(max_tokens=5))  # 20 tokens
     st = run_step(s)
     assert (st["seq_ids"], st["num_tokens"], st["computed"], st["samples"]) == ([a], [8], [0], [0])
-    b = s.add_request("b", [3, 4, 5], max_tokens=5)
+    b = s.add_request("b", [3, 4, 5], E.SamplingParams(max_tokens=5))
     st = run_step(s)  # a continues (8), budget exhausted: b waits
     assert (st["seq_ids"], st["num_tokens"], st["computed"]) == ([a], [8], [8])
     st = run_step(s)  # a's last 4 tokens complete its prompt and sample; b takes 3 of the other 4
@@ -35,8 +35,8 @@ def test_chunked_prefill_splits_long_prompt_and_mixes_decodes():
 
 def test_long_prefill_threshold_caps_each_prompt_per_step():
     s = make_scheduler(max_num_batched_tokens=32, long_prefill_token_threshold=6)
-    a = s.add_request("a", list(range(2, 16)), max_tokens=2)  # 14 tokens
-    b = s.add_request("b", [2, 3, 4], max_tokens=2)
+    a = s.add_request("a", list(range(2, 16)), E.SamplingParams(max_tokens=2))  # 14 tokens
+    b = s.add_request("b", [2, 3, 4], E.SamplingParams(max_tokens=2))
     st = run_step(s)
     assert (st["seq_ids"], st["num_tokens"]) == ([a, b], [6, 3])
     st = run_step(s)  # b decodes (listed first), a takes another 6
@@ -51,8 +51,8 @@ def test_long_prefill_threshold_caps_each_prompt_per_step():
 
 def test_no_chunking_admits_whole_prompts_only():
     s = make_scheduler(enable_chunked_prefill=False, max_num_batched_tokens=64, max_model_len=64)
-    s.add_request("a", list(range(2, 42)), max_tokens=3)  # 40
-    s.add_request("b", list(range(50, 80)), max_tokens=3)  # 30: does not fit the remaining 24
+    s.add_request("a", list(range(2, 42)), E.SamplingParams(max_tokens=3))  # 40
+    s.add_request("b", list(range(50, 80)), E.SamplingParams(max_tokens=3))  # 30: does not fit the remaining 24
     st = run_step(s)
     assert st["num_tokens"] == [40]
     st = run_step(s)
@@ -69,13 +69,9 @@ def test_preemption_victim_lowest_priority_then_latest_arrival_and_resume_first(
         policy="priority",
         enable_prefix_caching=False,
     )
-    hi = s.add_request("hi", list(range(2, 14)), priority=0, max_tokens=30, ignore_eos=True)
-    lo_old = s.add_request(
-        "lo_old", list(range(20, 32)), priority=5, max_tokens=30, ignore_eos=True
-    )
-    lo_new = s.add_request(
-        "lo_new", list(range(40, 52)), priority=5, max_tokens=30, ignore_eos=True
-    )
+    hi = s.add_request("hi", list(range(2, 14)), E.SamplingParams(max_tokens=30, ignore_eos=True), priority=0)
+    lo_old = s.add_request("lo_old", list(range(20, 32)), E.SamplingParams(max_tokens=30, ignore_eos=True), priority=5)
+    lo_new = s.add_request("lo_new", list(range(40, 52)), E.SamplingParams(max_tokens=30, ignore_eos=True), priority=5)
     st = run_step(s)
     assert st["seq_ids"] == [hi, lo_old, lo_new]
     # Decode 4 steps: positions 12..15 go to each sequence's 4th block (3 left -> all fit).
@@ -92,11 +88,11 @@ def test_preemption_victim_lowest_priority_then_latest_arrival_and_resume_first(
     # A new request of better priority, small enough to fit the 2 free blocks, goes before the
     # preempted lo_new (which needs 5 blocks for its 17 tokens): preempted requests re-enter the
     # priority order, they win only ties.
-    new = s.add_request("new", [2, 3], priority=0, max_tokens=1)
+    new = s.add_request("new", [2, 3], E.SamplingParams(max_tokens=1), priority=0)
     assert s.waiting_seq_ids.tolist() == [new, lo_new]
     st = run_step(s)
     assert st["seq_ids"] == [hi, lo_old, new] and st["preempted"] == []
-    tie = s.add_request("tie", [2, 4], priority=5, max_tokens=1)
+    tie = s.add_request("tie", [2, 4], E.SamplingParams(max_tokens=1), priority=5)
     assert s.waiting_seq_ids.tolist() == [lo_new, tie]      # same priority: the preempted one first
 
 
@@ -104,10 +100,8 @@ def test_fcfs_victim_is_latest_arrival():
     s = make_scheduler(
         num_blocks=6, max_model_len=20, max_num_batched_tokens=64, enable_prefix_caching=False
     )
-    a = s.add_request("a", list(range(2, 10)), max_tokens=20, ignore_eos=True)  # 2 blocks
-    b = s.add_request(
-        "b", list(range(10, 18)), max_tokens=20, ignore_eos=True, priority=-9
-    )  # ignored by fcfs
+    a = s.add_request("a", list(range(2, 10)), E.SamplingParams(max_tokens=20, ignore_eos=True))  # 2 blocks
+    b = s.add_request("b", list(range(10, 18)), E.SamplingParams(max_tokens=20, ignore_eos=True), priority=-9)  # ignored by fcfs
     run_step(s)  # 4 blocks used, 2 free
     run_step(s)  # token 9 of each needs a 3rd block: 0 free
     st = run_step(s)
@@ -125,8 +119,8 @@ def test_preempted_sequence_recomputes_prompt_and_outputs():
     s = make_scheduler(
         num_blocks=6, max_model_len=20, max_num_batched_tokens=64, enable_prefix_caching=False
     )
-    s.add_request("a", list(range(2, 10)), max_tokens=20, ignore_eos=True)
-    b = s.add_request("b", list(range(10, 18)), max_tokens=20, ignore_eos=True)
+    s.add_request("a", list(range(2, 10)), E.SamplingParams(max_tokens=20, ignore_eos=True))
+    b = s.add_request("b", list(range(10, 18)), E.SamplingParams(max_tokens=20, ignore_eos=True))
     seen_resume = False
     for _ in range(30):
         out = s.schedule()
@@ -151,18 +145,18 @@ def test_preempted_sequence_recomputes_prompt_and_outputs():
 def test_prefix_cache_hit_whole_blocks_and_never_the_last_token():
     s = make_scheduler()
     prompt = list(range(10, 20))  # 10 tokens: 2 full blocks of 4
-    s.add_request("a", prompt, max_tokens=1)
+    s.add_request("a", prompt, E.SamplingParams(max_tokens=1))
     run_step(s)
-    b = s.add_request("b", prompt[:8] + [30, 31, 32], max_tokens=1)
+    b = s.add_request("b", prompt[:8] + [30, 31, 32], E.SamplingParams(max_tokens=1))
     st = run_step(s)
     assert (st["seq_ids"], st["computed"], st["num_tokens"]) == ([b], [8], [3])
     assert s.get_sequence(b).num_cached_tokens == 8
     # Same 8-token prompt: both blocks cached, but the last token must run -> hit capped at 1 block.
-    c = s.add_request("c", prompt[:8], max_tokens=1)
+    c = s.add_request("c", prompt[:8], E.SamplingParams(max_tokens=1))
     st = run_step(s)
     assert (st["seq_ids"], st["computed"], st["num_tokens"]) == ([c], [4], [4])
     # A different first block: no hit at all (chained hashes), even with an equal second block.
-    d = s.add_request("d", [50, 51, 52, 53] + prompt[4:8] + [1], max_tokens=1)
+    d = s.add_request("d", [50, 51, 52, 53] + prompt[4:8] + [1], E.SamplingParams(max_tokens=1))
     st = run_step(s)
     assert (st["seq_ids"], st["computed"]) == ([d], [0])
     bm = s.block_manager
@@ -175,51 +169,49 @@ def test_prefix_cache_lru_evicts_least_recently_freed_first():
     # 8 blocks of 4, no watermark. Each prompt of 9 tokens uses 3 blocks (2 cached full ones).
     s = make_scheduler(num_blocks=8, max_model_len=16, max_num_batched_tokens=32)
     p1, p2, p3 = ([k] * 8 + [1] for k in (10, 20, 30))
-    s.add_request("a", p1, max_tokens=1)
+    s.add_request("a", p1, E.SamplingParams(max_tokens=1))
     run_step(s)
-    s.add_request("b", p2, max_tokens=1)
+    s.add_request("b", p2, E.SamplingParams(max_tokens=1))
     run_step(s)
     # 4 cached free blocks (p1 older than p2) + 4 uncached free blocks. p3 needs 3 blocks: uncached first.
     assert s.block_manager.num_cached_blocks == 4
-    s.add_request("c", p3, max_tokens=1)
+    s.add_request("c", p3, E.SamplingParams(max_tokens=1))
     run_step(s)
     assert s.block_manager.num_cached_blocks == 6 and s.block_manager.num_evictions == 0
     # LRU: a1, a0, b1, b0, c1, c0 (tables are freed last block first). d needs 3 blocks: the 2
     # uncached free ones, then the LRU head a1.
-    s.add_request("d", [40] * 8 + [1], max_tokens=1)
+    s.add_request("d", [40] * 8 + [1], E.SamplingParams(max_tokens=1))
     run_step(s)
     assert s.block_manager.num_evictions == 1
     # LRU now (oldest first): a0, b1, b0, c1, c0, d1, d0; 1 uncached free block.
-    s.add_request("e", p1, max_tokens=1)
+    s.add_request("e", p1, E.SamplingParams(max_tokens=1))
     st = run_step(s)
     assert st["computed"] == [4]  # p1's block 0 survived, its block 1 was evicted
     # e needed 2 new blocks: the uncached one, then the LRU head b1 (a0 was taken as a hit).
     assert s.block_manager.num_evictions == 2
-    s.add_request("f", p3, max_tokens=1)
+    s.add_request("f", p3, E.SamplingParams(max_tokens=1))
     st = run_step(s)
     assert st["computed"] == [8]  # p3 (more recent) fully cached, capped below the last token
-    s.add_request("g", p2, max_tokens=1)
+    s.add_request("g", p2, E.SamplingParams(max_tokens=1))
     st = run_step(s)
     assert st["computed"] == [4]  # p2 lost its block 1
 
 
 def test_reset_prefix_cache():
     s = make_scheduler()
-    s.add_request("a", list(range(10, 19)), max_tokens=1)
+    s.add_request("a", list(range(10, 19)), E.SamplingParams(max_tokens=1))
     run_step(s)
     assert s.block_manager.num_cached_blocks == 2
     assert s.reset_prefix_cache() is True
     assert s.block_manager.num_cached_blocks == 0
-    s.add_request("b", list(range(10, 19)), max_tokens=1)
+    s.add_request("b", list(range(10, 19)), E.SamplingParams(max_tokens=1))
     st = run_step(s)
     assert st["computed"] == [0]
 
 
 def test_fork_after_prefill_shares_full_blocks_and_copies_partial():
     s = make_scheduler(num_state_slots=8)
-    a = s.add_request(
-        "a", list(range(10, 16)), n=3, max_tokens=4, ignore_eos=True
-    )  # 6 tokens: 1 full + 2
+    a = s.add_request("a", list(range(10, 16)), E.SamplingParams(n=3, max_tokens=4, ignore_eos=True))  # 6 tokens: 1 full + 2
     st = run_step(s, tokens=[21, 22, 23])
     assert st["samples"] == [3] and st["rows"] == 3 and st["states_to_zero"] == [0]
     seqs = s.get_sequences("a")
@@ -251,8 +243,8 @@ def test_fork_without_free_block_shares_partial_then_copy_on_write():
         enable_prefix_caching=False,
         max_num_seqs=4,
     )
-    s.add_request("a", list(range(10, 16)), n=3, max_tokens=3, ignore_eos=True)
-    s.add_request("x", [2, 3, 4, 5], max_tokens=1)
+    s.add_request("a", list(range(10, 16)), E.SamplingParams(n=3, max_tokens=3, ignore_eos=True))
+    s.add_request("x", [2, 3, 4, 5], E.SamplingParams(max_tokens=1))
     run_step(s, tokens=[21, 22, 23, 24])
     # Fork (before X finished): child 1 copied the partial block into the one free block, child 2
     # shares it; then X finished and freed its block.
@@ -273,7 +265,7 @@ def test_fork_without_free_block_shares_partial_then_copy_on_write():
 
 def test_clone_and_zero_states_and_blocks_direct():
     s = make_scheduler(num_state_slots=8)
-    a = s.add_request("a", list(range(10, 17)), max_tokens=5, ignore_eos=True)  # 7 tokens
+    a = s.add_request("a", list(range(10, 17)), E.SamplingParams(max_tokens=5, ignore_eos=True))  # 7 tokens
     run_step(s)
     parent = s.get_sequence(a)
     ids, copies, clones, zeros = E.clone_and_zero_states_and_blocks(s, a, 2)
@@ -296,7 +288,7 @@ def test_clone_and_zero_states_and_blocks_direct():
 
 def test_lookahead_slots_reserved_for_decodes():
     s = make_scheduler(num_lookahead_slots=5)
-    a = s.add_request("a", [2, 3, 4], max_tokens=10, ignore_eos=True)
+    a = s.add_request("a", [2, 3, 4], E.SamplingParams(max_tokens=10, ignore_eos=True))
     run_step(s)  # prefill: 3 slots -> 1 block
     assert len(s.get_sequence(a).block_table) == 1
     run_step(s)  # decode of token 4 (position 3) + 5 lookahead -> 9 slots -> 3 blocks
@@ -315,7 +307,7 @@ def test_watermark_blocks_admission(watermark, admitted):
         enable_prefix_caching=False,
     )
     for k in range(3):
-        s.add_request(f"r{k}", list(range(20 * k + 2, 20 * k + 17)), max_tokens=2)
+        s.add_request(f"r{k}", list(range(20 * k + 2, 20 * k + 17)), E.SamplingParams(max_tokens=2))
     st = run_step(s)
     assert st["num_tokens"] == [15] * admitted
     assert s.block_manager.watermark_blocks == int(12 * watermark)
@@ -323,8 +315,8 @@ def test_watermark_blocks_admission(watermark, admitted):
 
 def test_max_num_seqs_counts_n_of_unforked_groups():
     s = make_scheduler(max_num_seqs=4)
-    s.add_request("a", [2, 3], n=3, max_tokens=3)
-    s.add_request("b", [4, 5], n=2, max_tokens=3)
+    s.add_request("a", [2, 3], E.SamplingParams(n=3, max_tokens=3))
+    s.add_request("b", [4, 5], E.SamplingParams(n=2, max_tokens=3))
     st = run_step(s, tokens=[9, 9, 9])
     assert len(st["seq_ids"]) == 1  # 3 + 2 > 4
     assert s.num_running == 3
@@ -332,8 +324,8 @@ def test_max_num_seqs_counts_n_of_unforked_groups():
 
 def test_ignored_prompt_too_long():
     s = make_scheduler(max_model_len=16)
-    a = s.add_request("a", list(range(2, 19)), max_tokens=1)  # 17 > 16
-    b = s.add_request("b", [2, 3], max_tokens=1)
+    a = s.add_request("a", list(range(2, 19)), E.SamplingParams(max_tokens=1))  # 17 > 16
+    b = s.add_request("b", [2, 3], E.SamplingParams(max_tokens=1))
     st = run_step(s)
     assert st["ignored"] == [a] and st["seq_ids"] == [b]
     q = s.get_sequence(a)
@@ -369,7 +361,7 @@ def test_ignored_prompt_too_long():
 )
 def test_stop_conditions(params, tokens, status, stop_reason, n_out):
     s = make_scheduler(max_model_len=16)
-    a = s.add_request("a", list(range(10, 20)), **params)
+    a = add_request(s, "a", list(range(10, 20)), **params)
     for t in tokens:
         assert s.has_unfinished_requests()
         run_step(s, tokens=[t])
@@ -381,7 +373,7 @@ def test_stop_conditions(params, tokens, status, stop_reason, n_out):
 
 def test_stop_sequence_for_stop_string_truncates():
     s = make_scheduler()
-    a = s.add_request("a", [2, 3], max_tokens=10)
+    a = s.add_request("a", [2, 3], E.SamplingParams(max_tokens=10))
     for t in (11, 12, 13):
         run_step(s, tokens=[t])
     s.stop_sequence(a, "</s>", 2)
@@ -403,8 +395,8 @@ def test_abort_at_every_stage(stage):
     s = make_scheduler(
         num_blocks=6, max_model_len=20, max_num_batched_tokens=4, enable_prefix_caching=False
     )
-    a = s.add_request("a", list(range(2, 10)), max_tokens=20, ignore_eos=True)
-    b = s.add_request("b", list(range(10, 18)), max_tokens=20, ignore_eos=True)
+    a = s.add_request("a", list(range(2, 10)), E.SamplingParams(max_tokens=20, ignore_eos=True))
+    b = s.add_request("b", list(range(10, 18)), E.SamplingParams(max_tokens=20, ignore_eos=True))
     target = b
     if stage == "mid_prefill":
         run_step(s)
@@ -441,7 +433,7 @@ def test_abort_at_every_stage(stage):
 
 def test_stop_string_on_a_sequence_that_just_hit_max_tokens():
     s = make_scheduler()
-    a = s.add_request("a", [2, 3], max_tokens=2, output_kind="delta")
+    a = s.add_request("a", [2, 3], E.SamplingParams(max_tokens=2), output_kind="delta")
     pool = E.RequestOutputPool()
     run_step(s, tokens=[11])
     E.build_request_outputs(s, pool)
@@ -463,8 +455,8 @@ def test_stop_sequence_on_a_preempted_sequence_leaves_the_queue():
     s = make_scheduler(
         num_blocks=6, max_model_len=20, max_num_batched_tokens=64, enable_prefix_caching=False
     )
-    s.add_request("a", list(range(2, 10)), max_tokens=20, ignore_eos=True)
-    b = s.add_request("b", list(range(10, 18)), max_tokens=20, ignore_eos=True)
+    s.add_request("a", list(range(2, 10)), E.SamplingParams(max_tokens=20, ignore_eos=True))
+    b = s.add_request("b", list(range(10, 18)), E.SamplingParams(max_tokens=20, ignore_eos=True))
     for _ in range(10):
         run_step(s)
         if s.get_sequence(b).status == S.PREEMPTED:
@@ -479,7 +471,7 @@ def test_stop_sequence_on_a_preempted_sequence_leaves_the_queue():
 
 def test_fork_from_python_of_an_unforked_n_group_keeps_unit_accounting():
     s = make_scheduler(max_num_seqs=4, max_num_batched_tokens=4)
-    a = s.add_request("a", list(range(2, 12)), n=3, max_tokens=4)  # 10 tokens: 3 chunked steps
+    a = s.add_request("a", list(range(2, 12)), E.SamplingParams(n=3, max_tokens=4))  # 10 tokens: 3 chunked steps
     run_step(s)  # mid-prefill, holding 3 units
     ids, *_ = E.clone_and_zero_states_and_blocks(s, a, 1)
     assert s.check_invariants() == ""  # parent now holds 1 unit, the child 1

@@ -53,8 +53,8 @@ class CallsBackDuringUpdate:
                                   "clone_and_zero_states_and_blocks", "pool.build", "update"])
 def test_a_second_thread_gets_runtime_error_while_the_scheduler_is_inside_update(call):
     s = _sched()
-    s.add_request("a", [5, 6, 7], max_tokens=4)
-    s.add_request("b", [5, 6, 8], max_tokens=4)
+    s.add_request("a", [5, 6, 7], E.SamplingParams(max_tokens=4))
+    s.add_request("b", [5, 6, 8], E.SamplingParams(max_tokens=4))
     out = s.schedule()
     s.update(np.full(out.num_sample_rows, 9, np.int32))
     s.schedule()
@@ -120,7 +120,7 @@ def _hammer(fns, seconds=0.4):
 def test_builders_on_shared_args_pool_and_sampler_inputs_from_two_threads():
     s = _sched(num_blocks=2048, max_num_seqs=256)
     for i in range(200):
-        s.add_request(f"r{i}", list(range(5, 25)), max_tokens=50, ignore_eos=True, presence_penalty=0.5)
+        s.add_request(f"r{i}", list(range(5, 25)), E.SamplingParams(max_tokens=50, ignore_eos=True, presence_penalty=0.5))
     out = s.schedule()
     s.update(np.full(out.num_sample_rows, 9, np.int32))
     assert s.schedule().num_decodes == 200
@@ -144,7 +144,7 @@ def test_scheduler_hammered_from_two_threads_stays_consistent():
     counter = iter(range(10**9))
 
     def add():
-        s.add_request(f"r{next(counter)}", list(range(5, 40)), max_tokens=3, ignore_eos=True)
+        s.add_request(f"r{next(counter)}", list(range(5, 40)), E.SamplingParams(max_tokens=3, ignore_eos=True))
 
     def step():
         if s.step_in_flight:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import make_scheduler
+from conftest import add_request, make_scheduler, run_step
 from deepinfer_engine import _engine as E
 
 
@@ -63,7 +63,7 @@ def test_add_request_errors_leave_state_unchanged(prompt, kw, exc, match):
     s = make_scheduler()
     s.add_request("first", [2, 3])
     with pytest.raises(exc, match=match):
-        s.add_request("x", prompt, **kw)
+        add_request(s, "x", prompt, **kw)
     assert s.num_waiting == 1 and s.num_unfinished_requests == 1
     s.add_request("x", [2, 3])  # the id was not taken by the rejected call
     assert s.num_waiting == 2
@@ -85,8 +85,8 @@ def test_duplicate_and_unknown_request_ids():
 
 def test_update_buffer_validation_and_state_unchanged():
     s = make_scheduler()
-    s.add_request("a", [2, 3], max_tokens=4, logprobs=2)
-    s.add_request("b", [4, 5], max_tokens=4)
+    s.add_request("a", [2, 3], E.SamplingParams(max_tokens=4, logprobs=2))
+    s.add_request("b", [4, 5], E.SamplingParams(max_tokens=4))
     with pytest.raises(ValueError, match="no scheduled step"):
         s.update(np.zeros(2, np.int32))
     out = s.schedule()
@@ -131,7 +131,7 @@ def test_update_buffer_validation_and_state_unchanged():
 
 def test_sequence_and_fork_errors():
     s = make_scheduler(max_num_seqs=2)
-    a = s.add_request("a", [2, 3], max_tokens=3)
+    a = s.add_request("a", [2, 3], E.SamplingParams(max_tokens=3))
     with pytest.raises(ValueError, match="seq_id: 99"):
         s.get_sequence(99)
     with pytest.raises(ValueError, match="seq_id: .* is not running"):
@@ -162,24 +162,37 @@ def test_sequence_and_fork_errors():
         (dict(output_kind=3), TypeError, "output_kind: expected str, got int"),
         (dict(max_tokens=2**40), ValueError, "max_tokens: 1099511627776 is out of the int32 range"),
         (dict(temprature=0.5), TypeError, "unexpected keyword argument 'temprature'"),
+        (dict(priority=True), TypeError, "priority: expected int, got bool"),
+        (dict(priority=2**31), ValueError, "priority: 2147483648 is out of the int32 range"),
     ],
 )
 def test_add_request_keyword_types(kw, exc, match):
     s = make_scheduler()
     with pytest.raises(exc, match=match):
-        s.add_request("a", [2], **kw)
+        add_request(s, "a", [2], **kw)
     assert s.num_waiting == 0
-    s.add_request(
-        "a",
-        [2],
-        seed=None,
-        logprobs=None,
-        prompt_logprobs=None,
-        eos_token_id=None,
-        arrival_time=None,
-        temperature=0,
-        top_p=1,
-    )  # None and ints for floats are accepted
+    # None and ints for floats are accepted
+    s.add_request("a", [2], E.SamplingParams(seed=None, logprobs=None, prompt_logprobs=None, temperature=0, top_p=1),
+                  eos_token_id=None, arrival_time=None)
+
+
+def test_add_request_takes_its_sampling_parameters_as_one_object():
+    s = make_scheduler()
+    with pytest.raises(TypeError, match="'temperature': sampling parameters go in a SamplingParams"):
+        s.add_request("a", [2], temperature=0.5)
+    with pytest.raises(TypeError, match="params: expected a deepinfer._C.engine.SamplingParams or None, got dict"):
+        s.add_request("a", [2], {"temperature": 0.5})
+    assert s.num_waiting == 0
+    p = E.SamplingParams(max_tokens=3, stop_token_ids=[5])
+    s.add_request("a", [2], p, priority=4, output_kind="delta")
+    p.max_tokens = 9  # the scheduler keeps its own copy
+    assert s.get_sequences("a")[0].priority == 4
+    seq = s.get_sequences("a")[0]
+    steps = 0
+    while s.has_unfinished_requests():
+        run_step(s)
+        steps += 1
+    assert steps == 3 and len(seq.output_token_ids) == 3  # the copy's max_tokens, not 9
 
 
 def test_arrival_time_must_be_finite():

@@ -65,8 +65,7 @@ class Driver:
         n = min(rng.choice([1, 1, 1, 2, 3]), self.max_num_seqs)
         rid = f"r{self.next_rid}"
         self.next_rid += 1
-        self.sched.add_request(rid, prompt, max_tokens=rng.randrange(1, 20), n=n, temperature=1.0,
-                               ignore_eos=rng.random() < 0.5)
+        self.sched.add_request(rid, prompt, E.SamplingParams(max_tokens=rng.randrange(1, 20), n=n, temperature=1.0, ignore_eos=rng.random() < 0.5))
         self.requests[rid] = n
 
     def _live_requests(self):
@@ -204,8 +203,7 @@ def test_unchanged_rows_are_skipped_and_appends_copy_only_the_new_blocks():
                         max_model_len=256, vocab_size=VOCAB, enable_prefix_caching=False)
     rng = random.Random(5)
     for i in range(B):
-        sched.add_request(f"r{i}", [rng.randrange(2, VOCAB) for _ in range(rng.randrange(3, 30))], max_tokens=100,
-                          ignore_eos=True)
+        sched.add_request(f"r{i}", [rng.randrange(2, VOCAB) for _ in range(rng.randrange(3, 30))], E.SamplingParams(max_tokens=100, ignore_eos=True))
     bufs = make_buffers(max_tokens=512, max_seqs=B, width=64)
     args = make_args(bufs, block_size=bs, max_model_len=256)
     pool = E.SequenceMetadataPool()

@@ -131,14 +131,18 @@ def test_engram_token_outside_table_writes_nothing():
     (dict(min_p=2.0), "min_p"),
     (dict(repetition_penalty=0.0), "repetition_penalty"),
     (dict(logit_bias=[1, 2]), "logit_bias"),
+    (dict(params={"temperature": 0.5}), "params"),
+    (dict(eos_token_id=-2), "eos_token_id"),
 ])
 def test_add_sequence_validates(kw, name):
     pool = E.SequenceMetadataPool()
     base = dict(seq_id=1, request_id="a", token_ids=[1, 2, 3], num_prompt_tokens=2, num_computed_tokens=2,
                 num_new_tokens=1, block_table=[0])
-    base.update(kw)
     with pytest.raises((ValueError, TypeError), match=name):
-        pool.add_sequence(**base)
+        # the sampling fields are refused by the SamplingParams the row takes
+        fields = {k: v for k, v in kw.items() if k in E.SamplingParams.FIELDS}
+        rest = {k: v for k, v in kw.items() if k not in fields}
+        pool.add_sequence(**{**base, **rest}, **({"params": E.SamplingParams(**fields)} if fields else {}))
     assert len(pool) == 0
 
 

@@ -33,13 +33,13 @@ def device_work(out):
 def test_drafts_and_an_n_gt_1_prompt_in_one_step_fork_like_update():
     mtp, twin = E.Scheduler(**CFG), E.Scheduler(**CFG)
     for s in (mtp, twin):
-        s.add_request("a", [5, 6, 7, 8, 9], max_tokens=10)
+        s.add_request("a", [5, 6, 7, 8, 9], E.SamplingParams(max_tokens=10))
         s.schedule()
     # "a" gets two drafts on mtp only (its table needs 3 blocks either way: 5 + 3 + 3 and 5 + 1 + 3 slots).
     E.process_MTPInfo(mtp, np.zeros(1, np.int32), np.array([[11]], np.int32), np.array([[12, 13]], np.int32))
     twin.update(np.array([11], np.int32))
     for s in (mtp, twin):
-        s.add_request("b", [20, 21, 22], max_tokens=10, n=2)
+        s.add_request("b", [20, 21, 22], E.SamplingParams(max_tokens=10, n=2))
     om, ot = mtp.schedule(), twin.schedule()
     assert om.num_samples.tolist() == ot.num_samples.tolist() == [1, 2]
     assert om.num_scheduled_tokens.tolist() == [3, 3] and ot.num_scheduled_tokens.tolist() == [1, 3]
@@ -65,10 +65,10 @@ def test_drafts_and_an_n_gt_1_prompt_in_one_step_fork_like_update():
 
 def test_each_sample_row_gets_its_own_token_stop_checks_and_next_drafts():
     s = E.Scheduler(**CFG)
-    s.add_request("a", [5, 6, 7, 8, 9], max_tokens=10)
+    s.add_request("a", [5, 6, 7, 8, 9], E.SamplingParams(max_tokens=10))
     s.schedule()
     E.process_MTPInfo(s, np.zeros(1, np.int32), np.array([[11]], np.int32), np.array([[12, 13]], np.int32))
-    s.add_request("b", [20, 21, 22, 23, 24], max_tokens=10, n=3)
+    s.add_request("b", [20, 21, 22, 23, 24], E.SamplingParams(max_tokens=10, n=3))
     out = s.schedule()
     assert out.num_samples.tolist() == [1, 3]
     # b's sample 1 draws EOS (finishes), samples 0 and 2 go on with their own next drafts.
@@ -91,7 +91,7 @@ def test_each_sample_row_gets_its_own_token_stop_checks_and_next_drafts():
 
 def test_bad_rows_of_an_n_gt_1_prompt_are_refused_and_change_nothing():
     s = E.Scheduler(**CFG)
-    s.add_request("b", [20, 21, 22], max_tokens=10, n=2)
+    s.add_request("b", [20, 21, 22], E.SamplingParams(max_tokens=10, n=2))
     s.schedule()
     with pytest.raises(ValueError, match=r"num_accepted.*row 1.*\[0, 0\]"):   # a prefill row has no drafts
         E.process_MTPInfo(s, np.array([0, 1], np.int32), np.array([[30, 0], [31, 0]], np.int32))
@@ -106,7 +106,7 @@ def test_bad_rows_of_an_n_gt_1_prompt_are_refused_and_change_nothing():
 
 def test_an_n_gt_1_prompt_aborted_while_its_step_runs_is_skipped():
     s = E.Scheduler(**CFG)
-    s.add_request("b", [20, 21, 22], max_tokens=10, n=2)
+    s.add_request("b", [20, 21, 22], E.SamplingParams(max_tokens=10, n=2))
     s.schedule()
     s.abort_request("b")
     assert E.process_MTPInfo(s, np.zeros(2, np.int32), np.array([[30], [31]], np.int32)).tolist() == [0, 0]
@@ -129,7 +129,7 @@ def test_process_mtp_without_drafts_equals_update_step_by_step(seed):
             prompt = prefix[: rng.randrange(0, 9)] + [rng.randrange(2, 40) for _ in range(rng.randrange(1, 6))]
             kw = dict(max_tokens=rng.randrange(1, 16), n=rng.choice([1, 2, 3]), ignore_eos=rng.random() < 0.5)
             for s in (mtp, twin):
-                s.add_request(rid, prompt, **kw)
+                s.add_request(rid, prompt, E.SamplingParams(**kw))
             rids.append(rid)
         om, ot = mtp.schedule(), twin.schedule()
         assert device_work(om) == device_work(ot)

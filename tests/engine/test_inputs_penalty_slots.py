@@ -114,7 +114,7 @@ def test_rejected_call_changes_no_slot():
 def test_n_gt_1_rows_share_the_slot_then_children_get_their_own():
     sched = E.Scheduler(num_blocks=64, block_size=16, max_num_seqs=8, max_num_batched_tokens=64,
                         max_model_len=128, vocab_size=100)
-    sched.add_request("n3", [3, 4, 3], n=3, max_tokens=4, temperature=1.0, frequency_penalty=0.5)
+    sched.add_request("n3", [3, 4, 3], E.SamplingParams(n=3, max_tokens=4, temperature=1.0, frequency_penalty=0.5))
     args = make_args(make_buffers(max_tokens=64, max_seqs=8, width=8), max_model_len=128)
     pool, si, tables = E.SequenceMetadataPool(), E.SamplerInputs(), PenaltyTables()
     sched.schedule()
@@ -171,8 +171,8 @@ def run_loop(seed, *, num_blocks, spec_k=0, max_n=1, num_requests=14):
         rid = f"q{i}"
         penalized[rid] = rng.random() < 0.6
         kw = dict(frequency_penalty=0.3, repetition_penalty=1.1) if penalized[rid] else {}
-        sched.add_request(rid, [rng.randrange(vocab) for _ in range(rng.randint(3, 60))], n=rng.randint(1, max_n),
-                          max_tokens=rng.randint(1, 30), temperature=1.0, **kw)
+        sched.add_request(rid, [rng.randrange(vocab) for _ in range(rng.randint(3, 60))],
+                          E.SamplingParams(n=rng.randint(1, max_n), max_tokens=rng.randint(1, 30), temperature=1.0, **kw))
     args = make_args(make_buffers(max_tokens=128, max_seqs=8, width=48), block_size=8, max_model_len=128,
                      graph_batch_sizes=[2, 4, 8])
     pool = E.SequenceMetadataPool()

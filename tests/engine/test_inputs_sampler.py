@@ -32,6 +32,20 @@ def rich_sampling(rng):
     return s
 
 
+def bad_words_for(rng, r):
+    """Bad words for a row: one-token words, words ending the row's output so far (they match),
+    words that do not, and one spanning the prompt's last token (never matched: only output counts)."""
+    out = [r.token(p) for p in range(r.num_prompt, len(r.tokens) + len(r.drafts))]
+    words = [[rng.randrange(1000)] for _ in range(rng.randint(0, 2))]
+    for _ in range(rng.randint(1, 3)):
+        k = rng.randint(1, 4)
+        tail = out[len(out) - k:] if k <= len(out) else [rng.randrange(1000) for _ in range(k)]
+        words.append([*tail, rng.randrange(1000)])
+    words.append([rng.randrange(1000), rng.randrange(1000), rng.randrange(1000)])
+    words.append([r.tokens[r.num_prompt - 1], *out[:1], rng.randrange(1000)])
+    return words
+
+
 def csr(offsets, values, r):
     return values[offsets[r]: offsets[r + 1]].tolist()
 
@@ -105,6 +119,8 @@ def test_random_batches_match_reference(seed, mode):
     for i in range(rng.randint(1, 14)):
         r = random_row(rng, i, 16, kind="decode" if decode_only else None)
         r.sampling = rich_sampling(rng)
+        if rng.random() < 0.4:
+            r.sampling["bad_words_token_ids"] = bad_words_for(rng, r)
         rows.append(r)
     bufs = make_buffers(max_tokens=4096, max_seqs=32, width=32)
     sizes = [4, 8, 16, 32]

@@ -34,10 +34,7 @@ def test_step_loop_matches_reference_and_update_consumes_sampler_rows(num_blocks
     plp_k = {}
     for i in range(12):
         plp_k[f"r{i}"] = rng.choice([-1, -1, 2])
-        sched.add_request(f"r{i}", [rng.randrange(VOCAB) for _ in range(rng.randint(5, 150))],
-                          max_tokens=rng.randint(1, 12), temperature=rng.choice([0.0, 1.0]),
-                          seed=rng.choice([None, 11]), presence_penalty=rng.choice([0.0, 0.5]),
-                          prompt_logprobs=None if plp_k[f"r{i}"] < 0 else plp_k[f"r{i}"])
+        sched.add_request(f"r{i}", [rng.randrange(VOCAB) for _ in range(rng.randint(5, 150))], E.SamplingParams(max_tokens=rng.randint(1, 12), temperature=rng.choice([0.0, 1.0]), seed=rng.choice([None, 11]), presence_penalty=rng.choice([0.0, 0.5]), prompt_logprobs=None if plp_k[f"r{i}"] < 0 else plp_k[f"r{i}"]))
     bufs = make_buffers(max_tokens=256, max_seqs=8, width=32)
     args = make_args(bufs, max_model_len=512)
     pool = E.SequenceMetadataPool()
@@ -80,7 +77,7 @@ def test_step_loop_matches_reference_and_update_consumes_sampler_rows(num_blocks
 def test_n_gt_1_prompt_gives_n_sample_rows_with_distinct_subsequences():
     sched = E.Scheduler(num_blocks=64, block_size=16, max_num_seqs=8, max_num_batched_tokens=64,
                         max_model_len=128, vocab_size=VOCAB)
-    sched.add_request("n3", list(range(20)), n=3, max_tokens=3, seed=77, temperature=1.0)
+    sched.add_request("n3", list(range(20)), E.SamplingParams(n=3, max_tokens=3, seed=77, temperature=1.0))
     bufs = make_buffers(max_tokens=64, max_seqs=8, width=8)
     args = make_args(bufs, max_model_len=128)
     pool, si = E.SequenceMetadataPool(), E.SamplerInputs()
@@ -110,7 +107,7 @@ def test_prompt_logprobs_attached_chunk_by_chunk():
     sched = E.Scheduler(num_blocks=256, block_size=16, max_num_seqs=4, max_num_batched_tokens=32,
                         max_model_len=256, vocab_size=VOCAB, enable_prefix_caching=False)
     prompt = [rng.randrange(VOCAB) for _ in range(70)]
-    sched.add_request("p", prompt, max_tokens=1, prompt_logprobs=1)
+    sched.add_request("p", prompt, E.SamplingParams(max_tokens=1, prompt_logprobs=1))
     bufs = make_buffers(max_tokens=64, max_seqs=4, width=32)
     args = make_args(bufs, max_model_len=256)
     pool, si = E.SequenceMetadataPool(), E.SamplerInputs()
@@ -143,7 +140,7 @@ def test_prompt_logprobs_attached_chunk_by_chunk():
 def test_prompt_logprobs_out_of_order_rejected_without_writing():
     sched = E.Scheduler(num_blocks=64, block_size=16, max_num_seqs=2, max_num_batched_tokens=16,
                         max_model_len=128, vocab_size=VOCAB, enable_prefix_caching=False)
-    sched.add_request("p", list(range(40)), max_tokens=1, prompt_logprobs=0)
+    sched.add_request("p", list(range(40)), E.SamplingParams(max_tokens=1, prompt_logprobs=0))
     bufs = make_buffers(max_tokens=64, max_seqs=2, width=8)
     args = make_args(bufs, max_model_len=128)
     pool, si = E.SequenceMetadataPool(), E.SamplerInputs()
@@ -163,8 +160,8 @@ def spec_setup(k=2, max_tokens=50, eos=None, min_tokens=0):
     sched = E.Scheduler(num_blocks=256, block_size=4, max_num_seqs=4, max_num_batched_tokens=64,
                         max_model_len=256, vocab_size=VOCAB, num_lookahead_slots=k,
                         eos_token_id=eos)
-    sched.add_request("a", [1, 2, 3, 4, 5], max_tokens=max_tokens, min_tokens=min_tokens)
-    sched.add_request("b", [7, 8, 9], max_tokens=max_tokens, min_tokens=min_tokens)
+    sched.add_request("a", [1, 2, 3, 4, 5], E.SamplingParams(max_tokens=max_tokens, min_tokens=min_tokens))
+    sched.add_request("b", [7, 8, 9], E.SamplingParams(max_tokens=max_tokens, min_tokens=min_tokens))
     sched.schedule()  # prefill both
     drafts = np.array([[100, 101], [200, 201]], np.int32)[:, :k]
     appended = E.process_MTPInfo(sched, np.zeros(2, np.int32), np.array([[10], [20]], np.int32), drafts)

@@ -100,9 +100,7 @@ class Harness:
             return
         while s.num_unfinished_requests < 4:
             self.next_id += 1
-            s.add_request(f"r{self.next_id}", [(self.next_id * 7 + i) % (VOCAB - 2) + 2 for i in range(3 + self.next_id % 9)],
-                          max_tokens=1 + self.next_id % 5, prompt_logprobs=1 if self.next_id % 3 == 0 else None,
-                          logprobs=1 if self.next_id % 4 == 0 else None)
+            s.add_request(f"r{self.next_id}", [(self.next_id * 7 + i) % (VOCAB - 2) + 2 for i in range(3 + self.next_id % 9)], E.SamplingParams(max_tokens=1 + self.next_id % 5, prompt_logprobs=1 if self.next_id % 3 == 0 else None, logprobs=1 if self.next_id % 4 == 0 else None))
         out = s.schedule()
         self.rows = out.num_sample_rows
         self.pool.build(s)
@@ -159,15 +157,16 @@ def call_one(fdp: atheris.FuzzedDataProvider):
         pool = E.SequenceMetadataPool()
         for _ in range(fdp.ConsumeIntInRange(1, 4)):
             toks = make_array(fdp, np.int32)
+            plp = fdp.ConsumeIntInRange(-1, 3)
+            params = E.SamplingParams(prompt_logprobs=None if plp < 0 else plp,
+                                      temperature=fdp.ConsumeFloat() if fdp.ConsumeBool() else 1.0,
+                                      banned_token_ids=make_array(fdp, np.int32) if fdp.ConsumeBool() else None)
             pool.add_sequence(seq_id=fdp.ConsumeIntInRange(-1, 2**40), request_id="f", token_ids=toks,
                               num_prompt_tokens=fdp.ConsumeIntInRange(-1, 80),
                               num_computed_tokens=fdp.ConsumeIntInRange(-1, 80),
                               num_new_tokens=fdp.ConsumeIntInRange(-1, 80), block_table=make_array(fdp, np.int32),
                               draft_tokens=make_array(fdp, np.int32) if fdp.ConsumeBool() else None,
-                              is_prompt=[None, True, False][fdp.ConsumeIntInRange(0, 2)],
-                              prompt_logprobs=fdp.ConsumeIntInRange(-1, 3),
-                              temperature=fdp.ConsumeFloat() if fdp.ConsumeBool() else 1.0,
-                              banned_token_ids=make_array(fdp, np.int32) if fdp.ConsumeBool() else None)
+                              is_prompt=[None, True, False][fdp.ConsumeIntInRange(0, 2)], params=params)
         fn = [E.prepare_prompt_v4, E.prepare_decode_v4, E.prepare_zos_inputs, E.prepare_decode_zos_inputs][target - 4]
         args = E.PrepareArgs(block_size=BS, max_model_len=48, **{k: v.copy() for k, v in h.bufs.items()})
         if target >= 6:
@@ -181,9 +180,7 @@ def call_one(fdp: atheris.FuzzedDataProvider):
         E.set_engram_lookup_table(table, fdp.ConsumeIntInRange(-1, 80))
         E.encode_compressed(make_array(fdp, np.int32), out=make_array(fdp, np.int32) if fdp.ConsumeBool() else None)
     elif target == 9:
-        s.add_request(f"fz{fdp.ConsumeIntInRange(0, 10**6)}", make_array(fdp, np.int32),
-                      stop_token_ids=make_array(fdp, np.int32), banned_token_ids=make_array(fdp, np.int32),
-                      max_tokens=fdp.ConsumeIntInRange(-1, 8), n=fdp.ConsumeIntInRange(-1, 3))
+        s.add_request(f"fz{fdp.ConsumeIntInRange(0, 10**6)}", make_array(fdp, np.int32), E.SamplingParams(stop_token_ids=make_array(fdp, np.int32), banned_token_ids=make_array(fdp, np.int32), max_tokens=fdp.ConsumeIntInRange(-1, 8), n=fdp.ConsumeIntInRange(-1, 3)))
     elif target == 10:
         E.FlopsEstimator(hidden_size=64, num_layers=2, num_attention_heads=4, intermediate_size=128,
                          vocab_size=100).step_flops(make_array(fdp, np.int64), make_array(fdp, np.int64),

@@ -52,8 +52,8 @@ class World:
         self.args = make_args()
         self.pool = E.SequenceMetadataPool()
         self.si = E.SamplerInputs(generator_seed=3)
-        self.sched.add_request("a", [5, 6, 7, 8, 9, 10], max_tokens=6, prompt_logprobs=2)
-        self.sched.add_request("b", [5, 6, 7, 8, 11], max_tokens=6, temperature=0.5, presence_penalty=0.3)
+        self.sched.add_request("a", [5, 6, 7, 8, 9, 10], E.SamplingParams(max_tokens=6, prompt_logprobs=2))
+        self.sched.add_request("b", [5, 6, 7, 8, 11], E.SamplingParams(max_tokens=6, temperature=0.5, presence_penalty=0.3))
         self.step(prepare=True)              # prefill
         self.sched.update(np.full(self.rows, 12, np.int32))
         E.build_request_outputs(self.sched, self.out_pool)
@@ -77,7 +77,7 @@ class World:
             self.sched.update(np.full(self.rows, 13, np.int32))
         E.build_request_outputs(self.sched, self.out_pool)
         E.get_finished_seqs_info(self.sched)
-        self.sched.add_request(f"after-{id(self)}", [7, 8, 9], max_tokens=2)
+        self.sched.add_request(f"after-{id(self)}", [7, 8, 9], E.SamplingParams(max_tokens=2))
         self.step(prepare=True)
         assert self.si.driver.num_real_rows == self.rows
         self.sched.update(np.full(self.rows, 14, np.int32))
@@ -169,8 +169,42 @@ for what, kw in ADD_BAD:
     def _add(w, kw=kw):
         kw = dict(kw)
         prompt = kw.pop("prompt_token_ids", [5, 6, 7])
-        return w.sched.add_request("bad", prompt, **kw)
+        request_kw = {k: kw.pop(k) for k in ("output_kind", "eos_token_id", "priority") if k in kw}
+        return w.sched.add_request("bad", prompt, E.SamplingParams(**kw), **request_kw)
     case("Scheduler", f"add_request {what}", bug=ADD_BUGS.get(what))(_add)
+case("Scheduler", "add_request sampling keyword")(lambda w: w.sched.add_request("bad", [5, 6], temperature=0.5))
+case("Scheduler", "add_request params dict")(lambda w: w.sched.add_request("bad", [5, 6], {"n": 1}))
+case("Scheduler", "add_request bad word out of vocab")(
+    lambda w: w.sched.add_request("bad", [5, 6], E.SamplingParams(bad_words_token_ids=[[5, VOCAB]])))
+
+# ---------------------------------------------------------------- SamplingParams
+SP_BAD = [
+    ("positional", (1,), {}), ("unknown keyword", (), dict(colour=1)), ("n bool", (), dict(n=True)),
+    ("n float", (), dict(n=1.0)), ("n huge", (), dict(n=HUGE)), ("temperature str", (), dict(temperature="1")),
+    ("temperature numpy bool", (), dict(temperature=np.bool_(True))), ("temperature 1e300", (), dict(temperature=1e300)),
+    ("temperature int too large", (), dict(temperature=10**400)), ("top_p 1e-50", (), dict(top_p=1e-50)),
+    ("seed float", (), dict(seed=1.5)), ("seed huge", (), dict(seed=HUGE64)),
+    ("stop ids int", (), dict(stop_token_ids=5)), ("stop ids bools", (), dict(stop_token_ids=[True])),
+    ("stop ids float array", (), dict(stop_token_ids=np.array([1.5]))), ("stop ids 2-D", (), dict(stop_token_ids=[[1]])),
+    ("stop ids dict", (), dict(stop_token_ids={1: 2})), ("stop ids set", (), dict(stop_token_ids={1, 2})),
+    ("ignore_eos int", (), dict(ignore_eos=1)), ("logit_bias bool key", (), dict(logit_bias={True: 1.0})),
+    ("logit_bias huge key", (), dict(logit_bias={HUGE64: 1.0})), ("logit_bias str value", (), dict(logit_bias={1: "x"})),
+    ("allowed empty", (), dict(allowed_token_ids=[])), ("allowed str", (), dict(allowed_token_ids="12")),
+    ("banned negative", (), dict(banned_token_ids=[-1])), ("bad words flat", (), dict(bad_words_token_ids=[1, 2])),
+    ("bad words empty word", (), dict(bad_words_token_ids=[[]])), ("bad words str", (), dict(bad_words_token_ids="ab")),
+    ("bad words negative", (), dict(bad_words_token_ids=[[1, -2]])), ("bad words None word", (), dict(bad_words_token_ids=[None])),
+]
+for what, args, kw in SP_BAD:
+    case("SamplingParams", what)(lambda w, a=args, k=kw: E.SamplingParams(*a, **k))
+case("SamplingParams", "assign min_tokens > max_tokens")(lambda w: setattr(E.SamplingParams(max_tokens=2), "min_tokens", 3))
+case("SamplingParams", "assign unknown field", (AttributeError,))(lambda w: setattr(E.SamplingParams(), "temprature", 1.0))
+case("SamplingParams", "replace bad value")(lambda w: E.SamplingParams().replace(top_k=0))
+case("SamplingParams", "validate negative vocab")(lambda w: E.SamplingParams().validate(-1))
+case("SamplingParams", "validate ids past vocab")(lambda w: E.SamplingParams(stop_token_ids=[VOCAB]).validate(VOCAB))
+# (unpickling: __setstate__ on a bare instance; pybind11 ignores it on a constructed one)
+case("SamplingParams", "setstate bad dict")(
+    lambda w: E.SamplingParams.__new__(E.SamplingParams).__setstate__({"n": 0}))
+case("SamplingParams", "setstate not a dict")(lambda w: E.SamplingParams.__new__(E.SamplingParams).__setstate__([1]))
 case("Scheduler", "add_request duplicate id")(lambda w: w.sched.add_request("a", [5, 6]))
 case("Scheduler", "add_request placeholder id")(lambda w: w.sched.add_request(E.PLACEHOLDER_REQUEST_ID, [5, 6]))
 case("Scheduler", "add_request id not str")(lambda w: w.sched.add_request(7, [5, 6]))
@@ -202,7 +236,7 @@ case("Scheduler", "update topk ids out of vocab")(lambda w: _topk_out_of_vocab()
 
 def _topk_out_of_vocab():
     s = E.Scheduler(**SCHED_KW, eos_token_id=1)
-    s.add_request("x", [5, 6], max_tokens=3, logprobs=2)       # top-k is read for this row
+    s.add_request("x", [5, 6], E.SamplingParams(max_tokens=3, logprobs=2))       # top-k is read for this row
     s.schedule()
     s.update(np.zeros(1, np.int32), logprobs=np.zeros(1, np.float32), topk_token_ids=np.full((1, 2), VOCAB, np.int32),
              topk_logprobs=np.zeros((1, 2), np.float32))
@@ -236,7 +270,7 @@ def _outputs(w):
 
 def _orphan_outputs_obj():
     s = E.Scheduler(**SCHED_KW)
-    s.add_request("x", [5, 6, 7], max_tokens=3)
+    s.add_request("x", [5, 6, 7], E.SamplingParams(max_tokens=3))
     out = s.schedule()
     del s
     gc.collect()
@@ -254,7 +288,7 @@ def _orphan_block_manager():
 # ---------------------------------------------------------------- Sequence / SequenceData / status
 def _released_handle(w):
     s = E.Scheduler(**SCHED_KW, eos_token_id=1)
-    s.add_request("x", [5, 6], max_tokens=1)
+    s.add_request("x", [5, 6], E.SamplingParams(max_tokens=1))
     s.schedule()
     seq = s.get_sequence(0)
     s.update(np.array([7], np.int32))
@@ -264,7 +298,7 @@ def _released_handle(w):
 
 def _orphan_sequence():
     s = E.Scheduler(**SCHED_KW, eos_token_id=1)
-    s.add_request("x", [5, 6], max_tokens=3)
+    s.add_request("x", [5, 6], E.SamplingParams(max_tokens=3))
     seq, data = s.get_sequence(0), s.get_sequence(0).data
     del s
     gc.collect()
@@ -281,7 +315,7 @@ case("SequenceData", "data of a released request")(lambda w: _released_data())
 
 def _released_data():
     s = E.Scheduler(**SCHED_KW, eos_token_id=1)
-    s.add_request("x", [5, 6], max_tokens=1)
+    s.add_request("x", [5, 6], E.SamplingParams(max_tokens=1))
     s.schedule()
     data = s.get_sequence(0).data
     s.update(np.array([7], np.int32))
@@ -342,7 +376,7 @@ def _first_output(w):
 def _orphan_outputs():
     s = E.Scheduler(**SCHED_KW, eos_token_id=1)
     p = E.RequestOutputPool()
-    s.add_request("x", [5, 6], max_tokens=3, logprobs=1)
+    s.add_request("x", [5, 6], E.SamplingParams(max_tokens=3, logprobs=1))
     s.schedule()
     s.update(np.array([7], np.int32), logprobs=np.zeros(1, np.float32), topk_token_ids=np.ones((1, 1), np.int32),
              topk_logprobs=np.zeros((1, 1), np.float32))
@@ -404,7 +438,9 @@ def _fresh_pool_rows(**over):
     kw = dict(seq_id=1, request_id="r", token_ids=[3, 4, 5, 6], num_prompt_tokens=4, num_computed_tokens=0,
               num_new_tokens=4, block_table=[0])
     kw.update(over)
-    p.add_sequence(**kw)
+    # the sampling fields go in the row's SamplingParams (a bad one is refused there)
+    fields = {k: kw.pop(k) for k in list(kw) if k in E.SamplingParams.FIELDS}
+    p.add_sequence(**kw, params=E.SamplingParams(**fields) if fields else None)
     return p
 
 
@@ -450,7 +486,7 @@ def _many_rows(n):
 
 def _pool_orphan(w, fn):
     s = E.Scheduler(**SCHED_KW, eos_token_id=1)
-    s.add_request("x", [5, 6, 7], max_tokens=3)
+    s.add_request("x", [5, 6, 7], E.SamplingParams(max_tokens=3))
     s.schedule()
     p = E.SequenceMetadataPool()
     p.build(s)
@@ -558,7 +594,7 @@ for what, call in [
 def _plp_step():
     """A scheduler with one prompt-logprob prefill step prepared: (sched, si, rows)."""
     s = E.Scheduler(**SCHED_KW, eos_token_id=1)
-    s.add_request("p", [5, 6, 7, 8, 9], max_tokens=2, prompt_logprobs=2)
+    s.add_request("p", [5, 6, 7, 8, 9], E.SamplingParams(max_tokens=2, prompt_logprobs=2))
     s.schedule()
     pool = E.SequenceMetadataPool()
     pool.build(s)
@@ -638,7 +674,7 @@ def test_corpus_covers_every_public_name():
     covered = {c.name for c in CASES}
     assert set(E.__all__) - covered == set(), sorted(set(E.__all__) - covered)
     assert covered <= set(E.__all__), covered - set(E.__all__)
-    assert len(E.__all__) == 34
+    assert len(E.__all__) == 35  # the seed's 34 names + SamplingParams
     assert len(CASES) >= 250, len(CASES)
 
 

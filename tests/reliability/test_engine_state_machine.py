@@ -296,7 +296,9 @@ class EngineMachine(RuleBasedStateMachine):
                           output_kind=rng.choice(["cumulative", "delta", "final_only"]))
             rid = f"r{self.next_rid}"
             self.next_rid += 1
-            sid = self.sched.add_request(rid, prompt, **params)
+            sid = self.sched.add_request(
+                rid, prompt, E.SamplingParams(**{k: v for k, v in params.items() if k not in ("priority", "output_kind")}),
+                priority=params["priority"], output_kind=params["output_kind"])
             self._op()
             ref_params = {k: params[k] for k in ("max_tokens", "min_tokens", "n", "priority", "ignore_eos",
                                                  "stop_token_ids")}

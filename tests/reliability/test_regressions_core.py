@@ -22,8 +22,8 @@ def _step(sched, tokens):
 def test_reset_prefix_cache_never_serves_blocks_computed_before_it():
     c = E.Scheduler(**CFG, vocab_size=40, eos_token_id=1)
     r = RefScheduler(**CFG, eos_token_id=1)
-    for s in (c, r):
-        s.add_request("a", [5, 6, 7, 8], max_tokens=10)
+    c.add_request("a", [5, 6, 7, 8], E.SamplingParams(max_tokens=10))
+    r.add_request("a", [5, 6, 7, 8], max_tokens=10)
     for _ in range(2):
         _step(c, [9])
         r.schedule()
@@ -35,7 +35,7 @@ def test_reset_prefix_cache_never_serves_blocks_computed_before_it():
     r.update([9])
     # A new request with the same prefix must not hit KV computed before the reset.
     for s in (c, r):
-        s.add_request("b", [5, 6, 7, 8, 9, 9, 3], max_tokens=4)
+        s.add_request("b", [5, 6, 7, 8, 9, 9, 3], E.SamplingParams(max_tokens=4))
     c_out, r_out = c.schedule(), r.schedule()
     hit = {sid: comp for sid, _, comp, _, _ in r_out["scheduled"]}
     assert hit[1] == 0
@@ -46,7 +46,7 @@ def test_reset_prefix_cache_never_serves_blocks_computed_before_it():
 def test_update_on_a_speculative_step_is_refused_or_rolls_back():
     s = E.Scheduler(num_blocks=40, block_size=4, max_num_seqs=4, max_num_batched_tokens=32, max_model_len=31,
                     vocab_size=40, eos_token_id=1, num_lookahead_slots=3, watermark=0.0)
-    s.add_request("a", [5, 6, 7, 8, 9], max_tokens=10)
+    s.add_request("a", [5, 6, 7, 8, 9], E.SamplingParams(max_tokens=10))
     s.schedule()
     E.process_MTPInfo(s, np.zeros(1, np.int32), np.array([[11]], np.int32), np.array([[12, 13]], np.int32))
     out = s.schedule()
@@ -63,10 +63,10 @@ def test_update_on_a_speculative_step_is_refused_or_rolls_back():
 def test_step_with_drafts_and_an_n_gt_1_prompt_can_be_applied():
     s = E.Scheduler(num_blocks=60, block_size=4, max_num_seqs=6, max_num_batched_tokens=64, max_model_len=31,
                     vocab_size=40, eos_token_id=1, num_lookahead_slots=3, watermark=0.0)
-    s.add_request("a", [5, 6, 7, 8, 9], max_tokens=10)
+    s.add_request("a", [5, 6, 7, 8, 9], E.SamplingParams(max_tokens=10))
     s.schedule()
     E.process_MTPInfo(s, np.zeros(1, np.int32), np.array([[11]], np.int32), np.array([[12, 13]], np.int32))
-    s.add_request("b", [20, 21, 22], max_tokens=10, n=2)
+    s.add_request("b", [20, 21, 22], E.SamplingParams(max_tokens=10, n=2))
     out = s.schedule()
     assert out.num_samples.tolist() == [1, 2]               # a: decode + 2 drafts; b: completes, n = 2
     # a accepts one draft (tokens 12 and the bonus 15); b's two samples 30, 31.
@@ -79,7 +79,7 @@ def test_step_with_drafts_and_an_n_gt_1_prompt_can_be_applied():
 def test_delta_stream_of_a_forked_child_is_complete():
     s = E.Scheduler(**CFG, vocab_size=40, eos_token_id=1)
     pool = E.RequestOutputPool()
-    s.add_request("a", [5, 6, 7, 8, 9], max_tokens=3, output_kind="delta")
+    s.add_request("a", [5, 6, 7, 8, 9], E.SamplingParams(max_tokens=3), output_kind="delta")
     streamed: dict[int, list[int]] = {}
 
     def collect():
@@ -124,7 +124,7 @@ def test_huge_num_blocks_is_refused_with_a_value_error():
 def test_drafts_never_scheduled_past_max_model_len():
     s = E.Scheduler(num_blocks=40, block_size=4, max_num_seqs=4, max_num_batched_tokens=32, max_model_len=10,
                     vocab_size=40, eos_token_id=1, num_lookahead_slots=3, watermark=0.0)
-    s.add_request("a", [5, 6, 7, 8, 9, 10, 11], max_tokens=3)      # 7 prompt tokens
+    s.add_request("a", [5, 6, 7, 8, 9, 10, 11], E.SamplingParams(max_tokens=3))      # 7 prompt tokens
     s.schedule()
     E.process_MTPInfo(s, np.zeros(1, np.int32), np.array([[12]], np.int32), np.array([[13, 14, 15]], np.int32))
     out = s.schedule()                                               # 8 tokens, 7 computed
@@ -139,8 +139,8 @@ def test_n_gt_1_with_a_one_token_last_prompt_chunk_forks_every_sample():
                max_num_seqs=8)
     c = E.Scheduler(**cfg, vocab_size=100)
     r = RefScheduler(**cfg)
-    for s in (c, r):
-        s.add_request("r", [10, 11, 12, 13, 14], n=2, max_tokens=2, ignore_eos=True)
+    c.add_request("r", [10, 11, 12, 13, 14], E.SamplingParams(n=2, max_tokens=2, ignore_eos=True))
+    r.add_request("r", [10, 11, 12, 13, 14], n=2, max_tokens=2, ignore_eos=True)
     samples = []
     while c.has_unfinished_requests():
         out, ref = c.schedule(), r.schedule()
@@ -165,9 +165,9 @@ def test_prompt_logprobs_after_a_prefix_hit_cover_the_whole_prompt():
     logprobs it needs (it computes them); the blocks stay cached for the others."""
     s = E.Scheduler(num_blocks=16, block_size=16, max_num_batched_tokens=128, max_model_len=128, vocab_size=100)
     prompt = list(range(40))
-    s.add_request("a", prompt, max_tokens=1)
+    s.add_request("a", prompt, E.SamplingParams(max_tokens=1))
     _step(s, [7])
-    s.add_request("b", prompt, prompt_logprobs=0, max_tokens=1)
+    s.add_request("b", prompt, E.SamplingParams(prompt_logprobs=0, max_tokens=1))
     out = s.schedule()
     assert out.num_computed_tokens.tolist() == [0]          # no hit: b needs positions 1..39
     pool, si = E.SequenceMetadataPool(), E.SamplerInputs()
@@ -183,7 +183,7 @@ def test_prompt_logprobs_after_a_prefix_hit_cover_the_whole_prompt():
     assert ro.prompt_logprobs[0] is None
     assert [list(d) for d in ro.prompt_logprobs[1:]] == [[t] for t in prompt[1:]]
     # The blocks are still cached for a request that does not ask for prompt logprobs.
-    s.add_request("c", prompt, max_tokens=1)
+    s.add_request("c", prompt, E.SamplingParams(max_tokens=1))
     assert s.schedule().num_computed_tokens.tolist() == [32]
 
 
@@ -194,8 +194,8 @@ def test_fork_copies_of_a_finished_sample_are_cancelled():
                watermark=0.0)
     for end in ("stop", "abort"):
         s = E.Scheduler(**cfg)
-        s.add_request("A", [10, 11, 12, 13, 14, 15], n=2, max_tokens=5, ignore_eos=True)
-        s.add_request("B", [20, 21, 22, 23, 24, 25], n=2, max_tokens=5, ignore_eos=True)
+        s.add_request("A", [10, 11, 12, 13, 14, 15], E.SamplingParams(n=2, max_tokens=5, ignore_eos=True))
+        s.add_request("B", [20, 21, 22, 23, 24, 25], E.SamplingParams(n=2, max_tokens=5, ignore_eos=True))
         _step(s, [4, 4, 4, 4])
         child = s.get_sequences("A")[1].seq_id
         if end == "stop":
@@ -213,10 +213,10 @@ def test_fork_copies_of_a_finished_sample_are_cancelled():
 def test_state_clone_of_an_aborted_fork_never_meets_a_zero_of_the_same_slot():
     s = E.Scheduler(num_blocks=40, block_size=4, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=20,
                     vocab_size=100, watermark=0.0, num_state_slots=4)
-    s.add_request("A", [10, 11, 12, 13, 14, 15], n=2, max_tokens=5, ignore_eos=True)
+    s.add_request("A", [10, 11, 12, 13, 14, 15], E.SamplingParams(n=2, max_tokens=5, ignore_eos=True))
     _step(s, [4, 4])
     s.abort_request("A")
-    s.add_request("C", [30, 31, 32], max_tokens=2)
+    s.add_request("C", [30, 31, 32], E.SamplingParams(max_tokens=2))
     out = s.schedule()
     targets = [d for _, d in out.states_to_clone.tolist()] + out.states_to_zero.tolist()
     assert len(targets) == len(set(targets)), (out.states_to_clone.tolist(), out.states_to_zero.tolist())
@@ -229,8 +229,8 @@ def test_a_preempted_request_does_not_block_a_higher_priority_one_that_fits():
     fit must not keep out a new priority -1 request that does."""
     s = E.Scheduler(num_blocks=8, block_size=4, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=32,
                     vocab_size=100, watermark=0.0, policy="priority")
-    s.add_request("hi", list(range(10, 22)), priority=0, max_tokens=20, ignore_eos=True)   # 3 blocks
-    s.add_request("lo", list(range(30, 42)), priority=5, max_tokens=20, ignore_eos=True)   # 3 blocks
+    s.add_request("hi", list(range(10, 22)), E.SamplingParams(max_tokens=20, ignore_eos=True), priority=0)   # 3 blocks
+    s.add_request("lo", list(range(30, 42)), E.SamplingParams(max_tokens=20, ignore_eos=True), priority=5)   # 3 blocks
     preempted = False
     for _ in range(12):
         out = _step(s, [7, 7])
@@ -238,7 +238,7 @@ def test_a_preempted_request_does_not_block_a_higher_priority_one_that_fits():
         if preempted:
             break
     assert preempted and s.get_sequences("lo")[0].status == E.SequenceStatus.PREEMPTED
-    s.add_request("urgent", [50, 51, 52], priority=-1, max_tokens=1)   # one block: fits
+    s.add_request("urgent", [50, 51, 52], E.SamplingParams(max_tokens=1), priority=-1)   # one block: fits
     out = s.schedule()
     assert "urgent" in out.request_ids, (out.request_ids, s.block_manager.num_free_blocks)
 
@@ -246,18 +246,18 @@ def test_a_preempted_request_does_not_block_a_higher_priority_one_that_fits():
 def test_arrival_time_orders_requests():
     s = E.Scheduler(num_blocks=40, block_size=4, max_num_seqs=1, max_num_batched_tokens=64, max_model_len=32,
                     vocab_size=100)
-    s.add_request("late", [5, 6, 7], max_tokens=1, arrival_time=200.0)
-    s.add_request("early", [5, 6, 8], max_tokens=1, arrival_time=100.0)
+    s.add_request("late", [5, 6, 7], E.SamplingParams(max_tokens=1), arrival_time=200.0)
+    s.add_request("early", [5, 6, 8], E.SamplingParams(max_tokens=1), arrival_time=100.0)
     assert s.schedule().request_ids == ["early"]
 
 
 def test_a_finished_request_id_is_free_once_its_final_output_was_built():
     s = E.Scheduler(num_blocks=40, block_size=4, max_num_batched_tokens=64, max_model_len=32, vocab_size=100)
-    s.add_request("a", [5, 6, 7], max_tokens=1)
+    s.add_request("a", [5, 6, 7], E.SamplingParams(max_tokens=1))
     _step(s, [9])
     (ro,) = E.build_request_outputs(s, E.RequestOutputPool())
     assert ro.finished
-    s.add_request("a", [5, 6, 7, 8], max_tokens=2)          # reused before the next schedule()
+    s.add_request("a", [5, 6, 7, 8], E.SamplingParams(max_tokens=2))          # reused before the next schedule()
     out = s.schedule()
     assert out.request_ids == ["a"] and s.get_sequences("a")[0].num_prompt_tokens == 4
     s.update(np.array([9], np.int32))
@@ -270,13 +270,13 @@ def test_update_takes_any_integer_array_and_validates_it():
                    torch.tensor([9, 8], dtype=torch.int64), torch.tensor([9, 8], dtype=torch.int32),
                    np.array([0, 9, 0, 8], np.int32)[1::2]):
         s = E.Scheduler(num_blocks=40, block_size=4, max_num_batched_tokens=64, max_model_len=32, vocab_size=100)
-        s.add_request("a", [5, 6, 7], max_tokens=3)
-        s.add_request("b", [5, 6, 8], max_tokens=3)
+        s.add_request("a", [5, 6, 7], E.SamplingParams(max_tokens=3))
+        s.add_request("b", [5, 6, 8], E.SamplingParams(max_tokens=3))
         s.schedule()
         s.update(tokens)
         assert [q.output_token_ids.tolist() for q in (s.get_sequences("a")[0], s.get_sequences("b")[0])] == [[9], [8]]
     s = E.Scheduler(num_blocks=40, block_size=4, max_num_batched_tokens=64, max_model_len=32, vocab_size=100)
-    s.add_request("a", [5, 6, 7], max_tokens=3)
+    s.add_request("a", [5, 6, 7], E.SamplingParams(max_tokens=3))
     s.schedule()
     for bad, err, match in ((np.array([1.0], np.float32), TypeError, "sampled_token_ids"),
                             (torch.tensor([1.0]), TypeError, "sampled_token_ids"),

@@ -20,8 +20,8 @@ def test_abort_after_schedule_builds_a_placeholder_row_and_the_step_still_applie
     update then skips it."""
     s = E.Scheduler(num_blocks=40, block_size=4, max_num_seqs=3, max_num_batched_tokens=43, max_model_len=31,
                     vocab_size=40, eos_token_id=1)
-    s.add_request("a", [5, 6, 7, 8, 9], max_tokens=10)
-    s.add_request("b", [5, 6, 7, 8], max_tokens=10)
+    s.add_request("a", [5, 6, 7, 8, 9], E.SamplingParams(max_tokens=10))
+    s.add_request("b", [5, 6, 7, 8], E.SamplingParams(max_tokens=10))
     s.schedule()
     s.abort_request("a")
     pool = E.SequenceMetadataPool()
@@ -44,8 +44,8 @@ def test_abort_after_schedule_builds_a_placeholder_row_and_the_step_still_applie
 def test_abort_between_schedule_and_prepare_leaves_the_other_rows_buildable():
     s = E.Scheduler(num_blocks=40, block_size=4, max_num_seqs=3, max_num_batched_tokens=43, max_model_len=31,
                     vocab_size=40, eos_token_id=1)
-    s.add_request("a", [5, 6, 7, 8, 9], max_tokens=10)
-    s.add_request("b", [5, 6, 7, 8], max_tokens=10)
+    s.add_request("a", [5, 6, 7, 8, 9], E.SamplingParams(max_tokens=10))
+    s.add_request("b", [5, 6, 7, 8], E.SamplingParams(max_tokens=10))
     s.schedule()
     s.abort_request("a")            # e.g. the client went away while the step was being built
     pool = E.SequenceMetadataPool()
@@ -67,7 +67,7 @@ def test_abort_between_schedule_and_prepare_leaves_the_other_rows_buildable():
 
 def _stale_pool_setup():
     s = E.Scheduler(num_blocks=40, block_size=4, max_num_batched_tokens=64, max_model_len=64, vocab_size=100)
-    s.add_request("a", list(range(5, 25)), max_tokens=8, ignore_eos=True)
+    s.add_request("a", list(range(5, 25)), E.SamplingParams(max_tokens=8, ignore_eos=True))
     s.schedule()
     pool = E.SequenceMetadataPool()
     pool.build(s)
@@ -97,7 +97,7 @@ def test_every_builder_refuses_a_pool_built_for_another_step():
 
 def test_sampler_input_views_are_read_only_and_valid_until_the_next_prepare():
     s = E.Scheduler(num_blocks=40, block_size=4, max_num_batched_tokens=64, max_model_len=64, vocab_size=100)
-    s.add_request("a", list(range(5, 25)), max_tokens=8, ignore_eos=True, temperature=0.5)
+    s.add_request("a", list(range(5, 25)), E.SamplingParams(max_tokens=8, ignore_eos=True, temperature=0.5))
     pool, si = E.SequenceMetadataPool(), E.SamplerInputs()
     args = E.PrepareArgs(block_size=4, max_model_len=64, **_buffers())
     s.schedule()

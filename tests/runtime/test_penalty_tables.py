@@ -38,8 +38,9 @@ def test_tables_equal_full_mode_and_numpy_over_many_steps(seed):
         p = dict(presence_penalty=rng.choice([0.0, 0.6]), frequency_penalty=rng.choice([0.0, 0.4]),
                  repetition_penalty=rng.choice([1.0, 1.3]))
         params[f"q{i}"] = p
-        sched.add_request(f"q{i}", [rng.randrange(40) for _ in range(rng.randint(2, 50))], n=rng.choice([1, 1, 2]),
-                          max_tokens=rng.randint(1, 40), temperature=rng.choice([0.0, 1.0]), seed=i, **p)
+        sched.add_request(f"q{i}", [rng.randrange(40) for _ in range(rng.randint(2, 50))],
+                          E.SamplingParams(n=rng.choice([1, 1, 2]), max_tokens=rng.randint(1, 40),
+                                           temperature=rng.choice([0.0, 1.0]), seed=i, **p))
     args = E.PrepareArgs(block_size=8, max_model_len=128, **buffers(128, 8, 16))
     pool = E.SequenceMetadataPool()
     si_inc, si_full = E.SamplerInputs(), E.SamplerInputs(penalty_counts="full")
@@ -91,7 +92,7 @@ def test_tables_equal_full_mode_and_numpy_over_many_steps(seed):
 def test_a_missed_call_is_detected_and_reset_recovers():
     sched = E.Scheduler(num_blocks=32, block_size=8, max_num_seqs=4, max_num_batched_tokens=64,
                         max_model_len=128, vocab_size=100)
-    sched.add_request("a", [5, 6, 5], max_tokens=8, temperature=0.0, frequency_penalty=0.5)
+    sched.add_request("a", [5, 6, 5], E.SamplingParams(max_tokens=8, temperature=0.0, frequency_penalty=0.5))
     args = E.PrepareArgs(block_size=8, max_model_len=128, **buffers(64, 4, 16))
     pool, si, tables = E.SequenceMetadataPool(), E.SamplerInputs(), PenaltyTables(CPU)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import pytest
 from deepinfer.runtime.sampling_params import SamplingParams
 
@@ -80,11 +82,19 @@ def test_derived_fields_follow_assignment():
         p.stop_token_ids.append(-1)  # type: ignore[union-attr]
 
 
-def test_a_logit_bias_changed_in_place_is_caught_when_the_request_is_added():
+def test_a_logit_bias_cannot_be_changed_in_place_past_validation():
     p = SamplingParams(logit_bias={1: 1.0})
-    p.logit_bias[2] = 1e6  # type: ignore[index]
-    with pytest.raises(ValueError, match=r"logit_bias\[2\]"):
-        p.validate()
+    with pytest.raises(TypeError, match="logit_bias is read-only"):
+        p.logit_bias[2] = 1e6  # type: ignore[index]
+    with pytest.raises(TypeError, match="logit_bias is read-only"):
+        p.logit_bias.update({2: 1e6})  # type: ignore[union-attr]
+    assert p.logit_bias == {1: 1.0}
+    p.validate()
+    p.logit_bias = {**p.logit_bias, 2: 5.0}  # a new dict is validated like any assignment
+    assert p.logit_bias == {1: 1.0, 2: 5.0} and p.engine.logit_bias == {1: 1.0, 2: 5.0}
+    with pytest.raises(ValueError, match=r"SamplingParams.logit_bias: bias 1e\+06 of token 2"):
+        p.logit_bias = {**p.logit_bias, 2: 1e6}
+    assert p.logit_bias == {1: 1.0, 2: 5.0}
 
 
 def test_numpy_scalars_are_accepted_where_python_numbers_are():
@@ -112,3 +122,76 @@ def test_replace_revalidates():
     assert dataclasses.replace(p, max_tokens=8).max_tokens == 8
     with pytest.raises(ValueError, match="max_tokens"):
         dataclasses.replace(p, max_tokens=-1)
+
+
+def test_engine_fields_live_in_the_engine_object_only():
+    p = SamplingParams(temperature=0.5, max_tokens=7, stop_token_ids=[9, 3, 9], allowed_token_ids=[4, 2],
+                       stop="x", bad_words=["foo"])
+    eng = p.engine
+    assert type(eng).__module__.startswith("deepinfer_engine") and type(eng).__name__ == "SamplingParams"
+    assert (eng.temperature, eng.max_tokens, eng.stop_token_ids, eng.allowed_token_ids) == (0.5, 7, [3, 9], [2, 4])
+    assert p.stop_token_ids == (3, 9) and p.allowed_token_ids == (2, 4)
+    p.max_tokens = 9  # an assignment lands in the engine object
+    assert eng.max_tokens == 9
+    eng.min_tokens = 4  # and the engine object is the field's only storage
+    assert p.min_tokens == 4
+    # no engine value is kept on the Python side
+    assert not any(k.lstrip("_") in eng.FIELDS for k in vars(p))
+
+
+def test_allowed_token_ids_and_bad_words_fields():
+    p = SamplingParams(allowed_token_ids=[5, 1, 5], bad_words="hello")
+    assert p.allowed_token_ids == (1, 5) and p.bad_words == ("hello",)
+    assert SamplingParams().allowed_token_ids is None and SamplingParams().bad_words == ()
+    for kw, exc, needle in [({"allowed_token_ids": []}, ValueError, "SamplingParams.allowed_token_ids: must not be empty"),
+                            ({"allowed_token_ids": [-1]}, ValueError, "SamplingParams.allowed_token_ids"),
+                            ({"allowed_token_ids": "ab"}, TypeError, "SamplingParams.allowed_token_ids"),
+                            ({"bad_words": [""]}, ValueError, "SamplingParams.bad_words"),
+                            ({"bad_words": [3]}, TypeError, "SamplingParams.bad_words")]:
+        with pytest.raises(exc, match=needle):
+            SamplingParams(**kw)
+    with pytest.raises(ValueError, match="allowed_token_ids: token id 7 is outside the vocabulary"):
+        SamplingParams(allowed_token_ids=[7]).check_vocab(7)
+
+
+class _Tok:
+    """A word-level tokenizer: "a b" -> ids of "a", " b" (a leading space is a different token)."""
+
+    vocab: ClassVar[dict[str, int]] = {" ": 1, "foo": 10, " foo": 11, "bar": 12, " bar": 13, "baz": 14}  # no " baz": " " + "baz"
+
+    def encode(self, text, add_special_tokens=True):
+        assert add_special_tokens is False
+        ids, word = [], ""
+        for ch in [*text, " "]:
+            if ch == " " and word.strip():
+                ids += [self.vocab[word]] if word in self.vocab else [self.vocab[" "], self.vocab[word[1:]]]
+                word = ""
+            word += ch
+        return ids
+
+
+def test_engine_params_merges_what_the_loop_decides():
+    p = SamplingParams(temperature=1e-7, stop_token_ids=[4], bad_words=["foo bar", " baz"])
+    e = p.engine_params(_Tok(), extra_stop_token_ids=[2, 4])
+    assert e is not p.engine and e.stop_token_ids == [2, 4] and e.temperature == 0.0
+    # "foo bar" at the start of a text [10, 13] and after a space [11, 13]; " baz" is two tokens
+    # [1, 14], not as many as "baz": vLLM keeps the one form then
+    assert e.bad_words_token_ids == [[10, 13], [11, 13], [14]]
+    assert p.engine.bad_words_token_ids == [] and p.engine.stop_token_ids == [4]  # p unchanged
+    plain = SamplingParams(temperature=0.5)
+    assert plain.engine_params(None) is plain.engine  # nothing to change: no copy
+    with pytest.raises(ValueError, match="bad_words: a tokenizer is needed"):
+        SamplingParams(bad_words=["x"]).engine_params(None)
+
+
+def test_copy_equality_and_pickle():
+    import copy
+    import pickle
+
+    p = SamplingParams(n=2, temperature=0.3, stop=["a"], logit_bias={3: 1.0}, bad_words=["w"], seed=5)
+    for q in (copy.copy(p), copy.deepcopy(p), pickle.loads(pickle.dumps(p)), p.clone()):
+        assert q == p and q is not p and q.engine is not p.engine
+        q.max_tokens = 99
+        assert p.max_tokens == 16 and q != p
+    assert SamplingParams(stop="a") != SamplingParams(stop="b")
+    assert "temperature=0.3" in repr(p) and "bad_words=('w',)" in repr(p)

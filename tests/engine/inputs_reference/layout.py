@@ -27,7 +27,7 @@ class RefRow:
     drafts: list[int] = field(default_factory=list)
     is_prompt: bool | None = None
     prompt_logprobs: int = -1
-    sampling: dict = field(default_factory=dict)   # keyword arguments of add_sequence
+    sampling: dict = field(default_factory=dict)   # SamplingParams fields (-1: None), plus eos_token_id
     zos_src: int = -1          # ZOS: logits row of step N holding the pending token, -1 host-known
     plp_done: int = 0          # prompt positions whose logprobs the request already holds
 
@@ -42,12 +42,25 @@ class RefRow:
     def token(self, p):
         return self.tokens[p] if p < len(self.tokens) else self.drafts[p - len(self.tokens)]
 
+    def params(self):
+        """The row's engine SamplingParams (the pool never stops a row: max_tokens only bounds min_tokens)."""
+        from deepinfer_engine import _engine as E
+
+        kw = {k: v for k, v in self.sampling.items() if k != "eos_token_id"}
+        for k in ("logprobs", "prompt_logprobs"):
+            if kw.get(k) == -1:
+                kw[k] = None
+        if self.prompt_logprobs >= 0:
+            kw["prompt_logprobs"] = self.prompt_logprobs
+        kw.setdefault("max_tokens", max(16, kw.get("min_tokens", 0)))
+        return E.SamplingParams(**kw)
+
     def add_to(self, pool):
         pool.add_sequence(seq_id=self.seq_id, request_id=self.request_id, token_ids=self.tokens,
                           num_prompt_tokens=self.num_prompt, num_computed_tokens=self.start,
                           num_new_tokens=self.num_new, block_table=self.block_table,
                           draft_tokens=self.drafts or None, is_prompt=self.is_prompt,
-                          prompt_logprobs=self.prompt_logprobs, **self.sampling)
+                          params=self.params(), eos_token_id=self.sampling.get("eos_token_id", -1))
 
 
 def next_graph_size(n, sizes):

@@ -34,6 +34,18 @@ def reference_sampler(rows, layout):
         else:
             pen = {}
         banned = set(s.get("banned_token_ids") or [])
+        # vLLM's bad words: a word's last token is banned when the output tokens before the
+        # sampled one end with its other tokens (the pending token of a ZOS row is unknown: then
+        # only one-token words)
+        words = s.get("bad_words_token_ids") or []
+        if words:
+            known_end = len(toks) + (0 if r.zos_src >= 0 else len(r.drafts))
+            hist = [r.token(p) for p in range(r.num_prompt, min(r.num_prompt + max(num_out, 0), known_end))]
+            complete = len(hist) == max(num_out, 0)
+            for w in words:
+                k = len(w) - 1
+                if k == 0 or (complete and k <= len(hist) and hist[len(hist) - k:] == w[:-1]):
+                    banned.add(w[-1])
         if num_out < s.get("min_tokens", 0):
             banned |= set(s.get("stop_token_ids") or [])
             if s.get("eos_token_id", -1) >= 0:

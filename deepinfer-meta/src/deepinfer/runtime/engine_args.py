@@ -179,6 +179,10 @@ class EngineArgs:
         "N's tokens reach the host. Default: on where it pays (CUDA with graphs, one rank); "
         "True also runs it on CPU or eagerly (same outputs, no concurrency there).",
         "bool", "--overlap-scheduling", none=True))
+    scheduling_policy: str = field(default="fcfs", metadata=_opt(
+        "fcfs: requests in arrival order; priority: the priority given with each request "
+        "(generate/chat priority=), smaller first, then arrival order (as vLLM).",
+        "choice", "--scheduling-policy", choices=("fcfs", "priority")))
 
     # ---- checks ---------------------------------------------------------------------------
     def __post_init__(self) -> None:

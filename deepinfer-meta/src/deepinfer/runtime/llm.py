@@ -80,7 +80,7 @@ def _engine_config(config_class: Any, args: EngineArgs, worker: Any, eos_ids: li
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
         vocab_size=worker.loaded.config.vocab_size, eos_token_id=eos_ids[0] if eos_ids else -1,
         enable_chunked_prefill=args.enable_chunked_prefill, enable_prefix_caching=args.enable_prefix_caching,
-        seed=args.seed, graph_batch_sizes=worker.graph_batch_sizes)
+        seed=args.seed, graph_batch_sizes=worker.graph_batch_sizes, scheduling_policy=args.scheduling_policy)
 
 
 class LLM:
@@ -240,7 +240,7 @@ class LLM:
     # ---- generation -------------------------------------------------------------------------
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[Any]:
+                 use_tqdm: bool = True, priority: list[int] | None = None) -> list[Any]:
         """Complete every prompt; returns the engine's RequestOutputs in prompt order, text filled.
 
         A prompt longer than ``max_model_len`` tokens, an empty prompt, token ids outside the
@@ -252,16 +252,21 @@ class LLM:
 
         May be called while ``stream`` iterators are open (e.g. inside their loop): the steps it
         runs advance their requests too, and their outputs are kept for them, none lost.
+
+        ``priority`` (vLLM): one int per prompt, smaller served first; needs
+        ``LLM(scheduling_policy="priority")`` unless every value is 0 (ValueError otherwise, as
+        for a list of another length). Outputs stay in prompt order.
         """
         ids, params = self._normalise(prompts, sampling_params)
         for i, p in enumerate(ids):
             if not p:
                 raise ValueError(f"prompts[{i}] is empty (no tokens)")
+        prio = self._priorities(priority, len(ids))
         order: dict[str, int] = {}
         try:
-            for p, sp in zip(ids, params, strict=True):
+            for p, sp, pr in zip(ids, params, prio, strict=True):
                 rid = self.engine.new_request_id()
-                self.engine.add_request(rid, p, sp, final_text_only=True, collect="final")
+                self.engine.add_request(rid, p, sp, final_text_only=True, collect="final", priority=pr)
                 order[rid] = len(order)
         except BaseException:
             for rid in order:
@@ -297,14 +302,32 @@ class LLM:
                 bar.close()
         return results
 
+    def _priorities(self, priority: Any, num_prompts: int) -> list[int]:
+        """One priority per prompt (0 each when None); ValueError as vLLM raises it."""
+        if priority is None:
+            return [0] * num_prompts
+        if isinstance(priority, (str, bytes)) or not isinstance(priority, Sequence):
+            raise TypeError(f"priority must be a list of ints, one per prompt, got {type(priority).__name__}")
+        if len(priority) != num_prompts:
+            raise ValueError(f"priority has {len(priority)} entries for {num_prompts} prompts")
+        for i, p in enumerate(priority):
+            if not _is_int(p):
+                raise TypeError(f"priority[{i}] must be an int, got {p!r}")
+        if self.engine_args.scheduling_policy != "priority" and any(p != 0 for p in priority):
+            raise ValueError("priority was given but priority scheduling is not enabled: "
+                             "create the LLM with scheduling_policy='priority'")
+        return [int(p) for p in priority]
+
     def chat(self, messages: Sequence[dict[str, str]] | Sequence[Sequence[dict[str, str]]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-             use_tqdm: bool = True, add_generation_prompt: bool = True) -> list[Any]:
+             use_tqdm: bool = True, add_generation_prompt: bool = True,
+             priority: list[int] | None = None) -> list[Any]:
         """Generate replies to one conversation (a list of {"role", "content"}) or a list of them,
-        formatted with the model's chat template."""
+        formatted with the model's chat template. ``priority``: as in ``generate``."""
         convs: list[Any] = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         prompts = [self.apply_chat_template(c, add_generation_prompt) for c in convs]
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)  # type: ignore[arg-type]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm,  # type: ignore[arg-type]
+                             priority=priority)
 
     def apply_chat_template(self, conversation: Sequence[dict[str, str]], add_generation_prompt: bool = True
                             ) -> dict[str, list[int]]:

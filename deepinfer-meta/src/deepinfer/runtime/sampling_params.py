@@ -1,40 +1,71 @@
-"""``SamplingParams``: how one request is sampled and when it stops, validated on every assignment."""
+"""``SamplingParams``: how one request is sampled and when it stops, validated on every assignment.
+
+Every field the engine uses is stored once, in the ``deepinfer._C.engine.SamplingParams`` this
+object holds (``engine``): the C++ ``SamplingParams::validate`` is the only copy of the rules and
+bounds, applied when the object is built and on every assignment. Python keeps only what the
+engine never sees: the stop strings, the bad words as text, and two detokenizer flags.
+"""
 
 from __future__ import annotations
 
-import math
+import dataclasses
 import numbers
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+from deepinfer._C import engine as _E
+
 # Temperatures below this are greedy (as in vLLM): dividing logits by a smaller value overflows
-# float32 (1e-37 turns a logit of 10 into inf, and softmax into NaN).
+# float32 (1e-37 turns a logit of 10 into inf, and softmax into NaN). Not a bound: the engine
+# accepts any temperature >= 0; the runtime sends 0.0 below this (``effective_temperature``).
 GREEDY_TEMPERATURE_THRESHOLD = 1e-5
 
+# The engine's fields, in the constructor's order (``deepinfer._C.engine.SamplingParams``).
+_ENGINE_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+                  "repetition_penalty", "seed", "stop_token_ids", "ignore_eos", "max_tokens", "min_tokens",
+                  "logprobs", "prompt_logprobs", "logit_bias", "allowed_token_ids")
+# What only the runtime sees (text side).
+_PYTHON_FIELDS = ("stop", "include_stop_str_in_output", "skip_special_tokens", "bad_words")
+# Every field, in the positional order of ``SamplingParams(...)``.
+_ORDER = ("n", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+          "repetition_penalty", "seed", "stop", "stop_token_ids", "ignore_eos", "max_tokens", "min_tokens",
+          "logprobs", "prompt_logprobs", "logit_bias", "include_stop_str_in_output", "skip_special_tokens",
+          "allowed_token_ids", "bad_words")
 
-def _as_int(name: str, value: Any, lo: int | None = None, hi: int | None = None) -> int:
-    # numbers.Integral covers numpy integers; bool is refused (True is not a count).
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"SamplingParams.{name} must be an int, got {value!r}")
-    value = int(value)
-    if lo is not None and value < lo:
-        raise ValueError(f"SamplingParams.{name} must be >= {lo}, got {value!r}")
-    if hi is not None and value > hi:
-        raise ValueError(f"SamplingParams.{name} must be <= {hi}, got {value!r}")
+
+def _named(exc: Exception) -> Exception:
+    """The engine's "<field>: <message>" as the runtime's "SamplingParams.<field>: <message>"."""
+    return type(exc)(f"SamplingParams.{exc}")
+
+
+class _ReadOnlyDict(dict):  # type: ignore[type-arg]
+    """``SamplingParams.logit_bias`` as read: a dict that refuses in-place changes (the value
+    lives in the engine object; assign a new dict to change it)."""
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("SamplingParams.logit_bias is read-only: assign a new dict "
+                        "(params.logit_bias = {...}) to change it")
+
+    __setitem__ = __delitem__ = __ior__ = clear = pop = popitem = setdefault = update = _refuse  # type: ignore[assignment]
+
+    def __copy__(self) -> dict[int, float]:
+        return dict(self)
+
+    def __deepcopy__(self, memo: Any) -> dict[int, float]:
+        return dict(self)
+
+    def __reduce__(self) -> Any:
+        return (dict, (dict(self),))
+
+
+def _top_k(value: Any) -> Any:
+    """vLLM's alias: top_k 0 means off, stored as the engine's -1 (any other value as given)."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and value == 0 \
+            and type(value).__name__ not in ("bool", "bool_"):
+        return -1
     return value
 
 
-def _as_float(name: str, value: Any) -> float:
-    # numbers.Real covers numpy floating and integer scalars.
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"SamplingParams.{name} must be a number, got {value!r}")
-    if not math.isfinite(value):
-        raise ValueError(f"SamplingParams.{name} must be a finite number, got {value!r}")
-    return float(value)
-
-
-def _as_bool(name: str, value: Any) -> bool:
+def _flag(name: str, value: Any) -> bool:
     if type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_"):
         return bool(value)  # numpy's bool scalar
     if not isinstance(value, bool):
@@ -42,136 +73,59 @@ def _as_bool(name: str, value: Any) -> bool:
     return value
 
 
-def _in_range(name: str, v: float, ok: bool, what: str) -> float:
-    if not ok:
-        raise ValueError(f"SamplingParams.{name} must be {what}, got {v!r}")
-    return v
-
-
-def _n(v: Any) -> int:
-    return _as_int("n", v, lo=1)
-
-
-def _temperature(v: Any) -> float:
-    t = _as_float("temperature", v)
-    return _in_range("temperature", t, t >= 0, ">= 0")
-
-
-def _top_p(v: Any) -> float:
-    p = _as_float("top_p", v)
-    return _in_range("top_p", p, 0.0 < p <= 1.0, "in (0, 1]")
-
-
-def _top_k(v: Any) -> int:
-    k = _as_int("top_k", v)
-    if k < -1:
-        raise ValueError(f"SamplingParams.top_k must be -1 (off), 0 (off) or positive, got {k!r}")
-    return -1 if k == 0 else k
-
-
-def _min_p(v: Any) -> float:
-    p = _as_float("min_p", v)
-    return _in_range("min_p", p, 0.0 <= p <= 1.0, "in [0, 1]")
-
-
-def _penalty(name: str) -> Callable[[Any], float]:
-    def check(v: Any) -> float:
-        p = _as_float(name, v)
-        return _in_range(name, p, -2.0 <= p <= 2.0, "in [-2, 2]")
-    return check
-
-
-def _repetition_penalty(v: Any) -> float:
-    p = _as_float("repetition_penalty", v)
-    return _in_range("repetition_penalty", p, p > 0, "> 0")
-
-
-def _seed(v: Any) -> int | None:
-    return None if v is None else _as_int("seed", v, lo=-(1 << 63), hi=(1 << 63) - 1)
-
-
-def _stop(v: Any) -> tuple[str, ...]:
-    if v is None:
-        stops: tuple[str, ...] = ()
-    elif isinstance(v, str):
-        stops = (v,)
-    elif isinstance(v, (list, tuple)) and all(isinstance(s, str) for s in v):
-        stops = tuple(v)
+def _strings(name: str, value: Any) -> tuple[str, ...]:
+    if value is None:
+        out: tuple[str, ...] = ()
+    elif isinstance(value, str):
+        out = (value,)
+    elif isinstance(value, (list, tuple)) and all(isinstance(s, str) for s in value):
+        out = tuple(value)
     else:
-        raise TypeError(f"SamplingParams.stop must be a string or a list of strings, got {v!r}")
-    if any(s == "" for s in stops):
-        raise ValueError(f"SamplingParams.stop must not contain an empty string, got {v!r}")
-    return stops
-
-
-def _token_ids(name: str) -> Callable[[Any], tuple[int, ...]]:
-    def check(v: Any) -> tuple[int, ...]:
-        if v is None:
-            return ()
-        if isinstance(v, (str, bytes, bytearray, dict, set)) or not hasattr(v, "__iter__"):
-            raise TypeError(f"SamplingParams.{name} must be a list of token ids, got {v!r}")
-        return tuple(_as_int(f"{name}[{i}]", t, lo=0) for i, t in enumerate(v))
-    return check
-
-
-def _positive_int(name: str) -> Callable[[Any], int]:
-    return lambda v: _as_int(name, v, lo=1)
-
-
-def _min_tokens(v: Any) -> int:
-    return _as_int("min_tokens", v, lo=0)
-
-
-def _num_logprobs(name: str) -> Callable[[Any], int | None]:
-    return lambda v: None if v is None else _as_int(name, v, lo=0, hi=20)
-
-
-def _logit_bias(v: Any) -> dict[int, float]:
-    if v is None:
-        return {}
-    if not isinstance(v, dict):
-        raise TypeError(f"SamplingParams.logit_bias must be a dict {{token id: bias}}, got {v!r}")
-    out: dict[int, float] = {}
-    for t, b in v.items():
-        tok = _as_int("logit_bias key", t, lo=0)
-        bias = _as_float(f"logit_bias[{tok}]", b)
-        out[tok] = _in_range(f"logit_bias[{tok}]", bias, -100.0 <= bias <= 100.0, "in [-100, 100]")
+        raise TypeError(f"SamplingParams.{name} must be a string or a list of strings, got {value!r}")
+    if any(s == "" for s in out):
+        raise ValueError(f"SamplingParams.{name} must not contain an empty string, got {value!r}")
     return out
 
 
-def _flag(name: str) -> Callable[[Any], bool]:
-    return lambda v: _as_bool(name, v)
-
-
-# One checker per field: it raises TypeError/ValueError naming the field, or returns the value
-# stored (normalised: Python numbers, top_k 0 -> -1, stop and stop_token_ids as tuples, so they
-# cannot be changed in place; logit_bias as a new dict, checked again by ``validate``).
-_CHECKS: dict[str, Callable[[Any], Any]] = {
-    "n": _n, "temperature": _temperature, "top_p": _top_p, "top_k": _top_k, "min_p": _min_p,
-    "presence_penalty": _penalty("presence_penalty"), "frequency_penalty": _penalty("frequency_penalty"),
-    "repetition_penalty": _repetition_penalty, "seed": _seed, "stop": _stop,
-    "stop_token_ids": _token_ids("stop_token_ids"), "ignore_eos": _flag("ignore_eos"),
-    "max_tokens": _positive_int("max_tokens"), "min_tokens": _min_tokens,
-    "logprobs": _num_logprobs("logprobs"), "prompt_logprobs": _num_logprobs("prompt_logprobs"),
-    "logit_bias": _logit_bias, "include_stop_str_in_output": _flag("include_stop_str_in_output"),
-    "skip_special_tokens": _flag("skip_special_tokens"),
+_PYTHON_CHECKS = {
+    "stop": lambda v: _strings("stop", v),
+    "bad_words": lambda v: _strings("bad_words", v),
+    "include_stop_str_in_output": lambda v: _flag("include_stop_str_in_output", v),
+    "skip_special_tokens": lambda v: _flag("skip_special_tokens", v),
 }
 
 
-@dataclass
+def bad_words_token_ids(bad_words: tuple[str, ...] | list[str], tokenizer: Any) -> list[list[int]]:
+    """vLLM's tokenization of bad words: each word (leading spaces stripped) as it reads at the
+    start of a text, and, when that is a different single word of as many tokens, as it reads
+    after a space (mid-text). ``tokenizer.encode(text, add_special_tokens=False)`` gives ids."""
+    out: list[list[int]] = []
+    for word in bad_words:
+        bare = list(tokenizer.encode(word.lstrip(), add_special_tokens=False))
+        if not bare:
+            raise ValueError(f"SamplingParams.bad_words: {word!r} has no tokens")
+        out.append(bare)
+        spaced = list(tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
+        if spaced and spaced[0] != bare[0] and len(spaced) == len(bare):
+            out.append(spaced)
+    return out
+
+
 class SamplingParams:
     """Sampling and stopping parameters of a request (vLLM's names and meanings).
 
     Every field is validated when the object is built and whenever a field is assigned later
     (``sp.max_tokens = 0`` raises and leaves ``sp`` unchanged). Numbers may be Python or numpy
-    scalars; they are stored as Python ``int``/``float``.
+    scalars; token-id lists may be lists, tuples or numpy integer arrays. Errors are
+    TypeError/ValueError naming the field ("SamplingParams.temperature: -0.5 must be a finite
+    value >= 0"); the rules of the engine fields are the engine's (``engine``).
 
     Args:
         n: samples per prompt (they share the prompt's KV blocks).
         temperature: 0 = greedy; otherwise logits are divided by it. Values below
             ``GREEDY_TEMPERATURE_THRESHOLD`` (1e-5) are greedy too.
         top_p: keep the smallest set of tokens whose probability reaches top_p, in (0, 1].
-        top_k: keep the k most likely tokens; -1 (or 0) = all.
+        top_k: keep the k most likely tokens; -1 (or 0, stored as -1) = all.
         min_p: drop tokens less likely than min_p times the most likely one, in [0, 1].
         presence_penalty, frequency_penalty: in [-2, 2], subtracted once / per occurrence for
             tokens already generated.
@@ -181,79 +135,94 @@ class SamplingParams:
         stop: strings that end the completion when they appear in its text (excluded from the
             text unless include_stop_str_in_output). Not checked before min_tokens tokens exist.
         stop_token_ids: token ids that end the completion (kept in token_ids; their text is
-            excluded from ``text`` unless include_stop_str_in_output).
+            excluded from ``text`` unless include_stop_str_in_output). Read back sorted, unique.
         ignore_eos: keep generating after the end-of-sequence token.
         max_tokens: most tokens to generate (>= 1).
         min_tokens: no EOS, stop token id or stop string ends the completion before this many tokens.
         logprobs: when set (0 <= k <= 20), report the sampled token's logprob and the top-k.
         prompt_logprobs: when set (0 <= k <= 20), report each prompt token's logprob and the top-k.
-        logit_bias: {token id: bias in [-100, 100]} added to the logits before sampling.
+        logit_bias: {token id: bias in [-100, 100]} added to the logits before sampling (read
+            back as a read-only dict: assign a new one to change it).
         include_stop_str_in_output: keep the matched stop string (or stop token's text) in the text.
         skip_special_tokens: drop special tokens from the text.
+        allowed_token_ids: only these token ids may be sampled (None: every token).
+        bad_words: words never generated (vLLM): each is tokenized when the request is added
+            (as at the start of a text and after a space); the token that would complete a
+            word's tokens is never sampled.
     """
 
-    n: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    min_p: float = 0.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    seed: int | None = None
-    stop: str | list[str] | tuple[str, ...] | None = None
-    stop_token_ids: list[int] | tuple[int, ...] | None = None
-    ignore_eos: bool = False
-    max_tokens: int = 16
-    min_tokens: int = 0
-    logprobs: int | None = None
-    prompt_logprobs: int | None = None
-    logit_bias: dict[int, float] | None = None
-    include_stop_str_in_output: bool = False
-    skip_special_tokens: bool = True
+    __hash__ = None  # type: ignore[assignment]  # mutable, compared by value
 
+    def __init__(self, n: int = 1, temperature: float = 1.0, top_p: float = 1.0, top_k: int = -1,
+                 min_p: float = 0.0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+                 repetition_penalty: float = 1.0, seed: int | None = None,
+                 stop: str | list[str] | tuple[str, ...] | None = None,
+                 stop_token_ids: Any = None, ignore_eos: bool = False, max_tokens: int = 16,
+                 min_tokens: int = 0, logprobs: int | None = None, prompt_logprobs: int | None = None,
+                 logit_bias: dict[int, float] | None = None, include_stop_str_in_output: bool = False,
+                 skip_special_tokens: bool = True, allowed_token_ids: Any = None,
+                 bad_words: str | list[str] | None = None) -> None:
+        try:
+            engine = _E.SamplingParams(
+                n=n, temperature=temperature, top_p=top_p, top_k=_top_k(top_k), min_p=min_p,
+                presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                repetition_penalty=repetition_penalty, seed=seed, stop_token_ids=stop_token_ids,
+                ignore_eos=ignore_eos, max_tokens=max_tokens, min_tokens=min_tokens, logprobs=logprobs,
+                prompt_logprobs=prompt_logprobs, logit_bias=logit_bias, allowed_token_ids=allowed_token_ids)
+        except (TypeError, ValueError) as exc:
+            raise _named(exc) from None
+        d = self.__dict__
+        d["_engine"] = engine
+        d["_stop"] = _PYTHON_CHECKS["stop"](stop)
+        d["_bad_words"] = _PYTHON_CHECKS["bad_words"](bad_words)
+        d["_include_stop_str_in_output"] = _PYTHON_CHECKS["include_stop_str_in_output"](include_stop_str_in_output)
+        d["_skip_special_tokens"] = _PYTHON_CHECKS["skip_special_tokens"](skip_special_tokens)
+        d["_bad_ids"] = None  # (tokenizer, its bad_words_token_ids), cached by engine_params
+
+    # ---- fields ------------------------------------------------------------------------------
     def __setattr__(self, name: str, value: Any) -> None:
-        check = _CHECKS.get(name)
-        if check is None:
+        if name in _ENGINE_FIELDS:
+            if name == "top_k":
+                value = _top_k(value)
+            try:
+                setattr(self._engine, name, value)
+            except (TypeError, ValueError) as exc:
+                raise _named(exc) from None
+        elif name in _PYTHON_CHECKS:
+            self.__dict__["_" + name] = _PYTHON_CHECKS[name](value)
+            if name == "bad_words":
+                self.__dict__["_bad_ids"] = None
+        else:
             raise AttributeError(f"SamplingParams has no field {name!r}")
-        value = check(value)
-        if self.__dict__.get("_ready"):
-            mn = value if name == "min_tokens" else self.min_tokens
-            mx = value if name == "max_tokens" else self.max_tokens
-            self._check_min_max(mn, mx)
-        object.__setattr__(self, name, value)
 
-    def __post_init__(self) -> None:
-        self._check_min_max(self.min_tokens, self.max_tokens)
-        object.__setattr__(self, "_ready", True)
-
-    @staticmethod
-    def _check_min_max(min_tokens: int, max_tokens: int) -> None:
-        if min_tokens > max_tokens:
-            raise ValueError(f"SamplingParams.min_tokens={min_tokens} must be <= max_tokens={max_tokens}")
-
-    def validate(self) -> None:
-        """Check every field again (the engine calls this when a request is added, which also
-        catches a ``logit_bias`` dict changed in place)."""
-        for name, check in _CHECKS.items():
-            object.__setattr__(self, name, check(getattr(self, name)))
-        self._check_min_max(self.min_tokens, self.max_tokens)
+    @property
+    def engine(self) -> Any:
+        """The ``deepinfer._C.engine.SamplingParams`` holding every engine field (shared, not a
+        copy: assigning its fields changes this object's)."""
+        return self.__dict__["_engine"]
 
     @property
     def stop_strings(self) -> list[str]:
         """``stop`` as a list (derived on every read, so it always follows ``stop``)."""
-        return list(self.stop or ())
+        return list(self._stop)
+
+    # ---- checks ------------------------------------------------------------------------------
+    def validate(self) -> None:
+        """Check every field again. Fields are validated on every assignment and the values read
+        back cannot be changed in place, so this finds nothing new; kept for callers of the
+        dataclass version (the engine loop calls it when a request is added)."""
+        try:
+            self._engine.validate(0)
+        except ValueError as exc:
+            raise _named(exc) from None
 
     def check_vocab(self, vocab_size: int) -> None:
-        """Raise ValueError if a token id (stop_token_ids, logit_bias) is outside the vocabulary."""
-        for t in self.stop_token_ids or []:
-            if t >= vocab_size:
-                raise ValueError(f"SamplingParams.stop_token_ids: token id {t} is outside the vocabulary "
-                                 f"(size {vocab_size})")
-        for t in self.logit_bias or {}:
-            if t >= vocab_size:
-                raise ValueError(f"SamplingParams.logit_bias: token id {t} is outside the vocabulary "
-                                 f"(size {vocab_size})")
+        """Raise ValueError if a token id (stop_token_ids, logit_bias, allowed_token_ids) or a
+        logprob count is outside a vocabulary of ``vocab_size`` tokens (the engine's rule)."""
+        try:
+            self._engine.validate(vocab_size)
+        except ValueError as exc:
+            raise _named(exc) from None
 
     @property
     def is_greedy(self) -> bool:
@@ -265,3 +234,102 @@ class SamplingParams:
     def effective_temperature(self) -> float:
         """The temperature the sampler uses: 0.0 (greedy) below the threshold, else ``temperature``."""
         return 0.0 if self.is_greedy else self.temperature
+
+    # ---- what the engine gets ----------------------------------------------------------------
+    def engine_params(self, tokenizer: Any = None, extra_stop_token_ids: Any = ()) -> Any:
+        """The engine SamplingParams of a request made with these parameters: ``engine`` as is,
+        or a copy with what the runtime decides — the model's extra EOS ids added to
+        stop_token_ids, the effective temperature, and ``bad_words`` tokenized with
+        ``tokenizer`` (required when there are bad words; see ``bad_words_token_ids``)."""
+        eng = self._engine
+        changes: dict[str, Any] = {}
+        if extra_stop_token_ids:
+            stops = set(eng.stop_token_ids)
+            merged = stops.union(extra_stop_token_ids)
+            if merged != stops:
+                changes["stop_token_ids"] = sorted(merged)
+        temperature = self.effective_temperature
+        if temperature != eng.temperature:
+            changes["temperature"] = temperature
+        if self._bad_words:
+            if tokenizer is None:
+                raise ValueError("SamplingParams.bad_words: a tokenizer is needed to turn them into token ids")
+            cached = self.__dict__["_bad_ids"]
+            if cached is None or cached[0] is not tokenizer:
+                cached = (tokenizer, bad_words_token_ids(self._bad_words, tokenizer))
+                self.__dict__["_bad_ids"] = cached
+            changes["bad_words_token_ids"] = cached[1]
+        if not changes:
+            return eng
+        try:
+            return eng.replace(**changes)
+        except (TypeError, ValueError) as exc:
+            raise _named(exc) from None
+
+    # ---- value semantics ---------------------------------------------------------------------
+    def _values(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in _ORDER}
+
+    def __repr__(self) -> str:
+        body = ", ".join(f"{k}={v!r}" for k, v in self._values().items())
+        return f"SamplingParams({body})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SamplingParams):
+            return NotImplemented
+        return self._engine == other._engine and all(
+            self.__dict__["_" + k] == other.__dict__["_" + k] for k in _PYTHON_CHECKS)
+
+    def clone(self) -> SamplingParams:
+        """A deep copy (vLLM's ``clone``)."""
+        new = object.__new__(SamplingParams)
+        new.__dict__.update(self.__dict__)
+        new.__dict__["_engine"] = self._engine.replace()
+        return new
+
+    __copy__ = clone
+
+    def __deepcopy__(self, memo: Any) -> SamplingParams:
+        return self.clone()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_bad_ids"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.__dict__["_bad_ids"] = None
+
+
+def _engine_property(name: str) -> property:
+    def get(self: SamplingParams) -> Any:
+        value = getattr(self.__dict__["_engine"], name)
+        if name in ("stop_token_ids", "allowed_token_ids"):
+            return value if value is None else tuple(value)  # no in-place change past validation
+        if name == "logit_bias":
+            return _ReadOnlyDict(value)
+        return value
+
+    def set_(self: SamplingParams, value: Any) -> None:
+        self.__setattr__(name, value)
+
+    return property(get, set_, doc=getattr(_E.SamplingParams, name).__doc__)
+
+
+def _python_property(name: str) -> property:
+    def get(self: SamplingParams) -> Any:
+        return self.__dict__["_" + name]
+
+    def set_(self: SamplingParams, value: Any) -> None:
+        self.__setattr__(name, value)
+
+    return property(get, set_)
+
+
+# A dataclass in name (``dataclasses.fields`` / ``replace`` work) whose fields are properties.
+SamplingParams.__annotations__ = {name: Any for name in _ORDER}
+SamplingParams = dataclasses.dataclass(init=False, repr=False, eq=False)(SamplingParams)  # type: ignore[misc]
+for _name in _ENGINE_FIELDS:
+    setattr(SamplingParams, _name, _engine_property(_name))
+for _name in _PYTHON_FIELDS:
+    setattr(SamplingParams, _name, _python_property(_name))
+del _name

@@ -4,8 +4,8 @@
 // the device: each sequence of step N is assumed to get exactly one new token there, so step
 // N+1 decodes position L (= the sequence's length before N's token) and needs a slot for it.
 // Only the steady state runs ahead (decode after decode, nothing to admit, no preemption, no
-// copy-on-write); every other case returns nullptr and the caller goes synchronous, so the
-// synchronous scheduler stays the only place with admission and preemption policy.
+// copy-on-write, no multi-token bad word); every other case returns nullptr and the caller goes
+// synchronous, so the synchronous scheduler stays the only place with admission and preemption policy.
 #include <algorithm>
 #include <cstddef>
 #include <utility>
@@ -35,6 +35,8 @@ const SchedulerOutputs* Scheduler::schedule_ahead() {
     if (is_finished(q.status)) continue;  // aborted, stopped or finished at the last update
     ++unfinished;
     if (!q.draft_tokens.empty() || q.num_computed_tokens != e.num_computed_before) return nullptr;
+    // A multi-token bad word bans by the latest tokens, which step N+1's host inputs lack.
+    if (store_.groups[q.group].params.has_multi_token_bad_words()) return nullptr;
     const int32_t L = e.num_computed_before + 1;  // its length before step N's token
     if (q.num_output_tokens() + 1 >= q.max_tokens || L + 1 >= cfg_.max_model_len) continue;  // finishes at N
     const size_t idx = static_cast<size_t>(L / cfg_.block_size);

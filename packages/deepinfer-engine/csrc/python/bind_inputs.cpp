@@ -4,6 +4,7 @@
 #include <pybind11/numpy.h>
 
 #include <pybind11/stl.h>
+#include <pybind11/typing.h>
 
 #include <algorithm>
 #include <optional>
@@ -12,6 +13,7 @@
 #include "python/buffer_check.h"
 #include "python/loose_ints.h"
 #include "python/numpy_buffer.h"
+#include "python/sampling_params_arg.h"
 #include "step/metadata.h"
 #include "step/prepare_args.h"
 #include "core/scheduler.h"
@@ -159,34 +161,15 @@ with ``add_sequence`` (standalone sequences owned by the pool until ``clear``). 
           [](SequenceMetadataPool& pool, int64_t seq_id, const std::string& request_id, const py::handle& token_ids,
              int32_t num_prompt_tokens, int32_t num_computed_tokens, int32_t num_new_tokens,
              const py::handle& block_table, const py::object& draft_tokens, int32_t state_slot,
-             std::optional<bool> is_prompt, float temperature, float top_p, int32_t top_k, float min_p,
-             float presence_penalty, float frequency_penalty, float repetition_penalty, std::optional<int64_t> seed,
-             int32_t min_tokens, int32_t eos_token_id, bool ignore_eos, const py::object& stop_token_ids,
-             int32_t logprobs, int32_t prompt_logprobs, const py::object& logit_bias,
-             const py::object& allowed_token_ids, const py::object& banned_token_ids) {
+             std::optional<bool> is_prompt, const py::typing::Optional<SamplingParams>& params, int32_t eos_token_id) {
             BusyGuard guard(pool.busy, "SequenceMetadataPool", "SequenceMetadataPool.add_sequence");
             // Validate everything before the pool changes.
+            const SamplingParams& given = sampling_params_arg(params, "params");
             auto tokens = loose_ints(token_ids, "token_ids", 0);
             auto blocks = loose_ints(block_table, "block_table", 0);
             auto drafts = draft_tokens.is_none() ? std::vector<int32_t>{} : loose_ints(draft_tokens, "draft_tokens", 0);
-            auto stops = stop_token_ids.is_none() ? std::vector<int32_t>{} : loose_ints(stop_token_ids, "stop_token_ids", 0);
-            auto allowed = allowed_token_ids.is_none() ? std::vector<int32_t>{} : loose_ints(allowed_token_ids, "allowed_token_ids", 0);
-            auto banned = banned_token_ids.is_none() ? std::vector<int32_t>{} : loose_ints(banned_token_ids, "banned_token_ids", 0);
-            std::vector<std::pair<int32_t, float>> bias;
-            if (!logit_bias.is_none()) {
-              if (!py::isinstance<py::dict>(logit_bias)) throw py::type_error("logit_bias: expected a dict {token_id: bias}");
-              for (auto kv : py::reinterpret_borrow<py::dict>(logit_bias)) {
-                const int64_t t = kv.first.cast<int64_t>();
-                if (t < 0 || t > INT32_MAX) throw py::value_error("logit_bias: token id " + std::to_string(t) + " out of range");
-                bias.emplace_back(static_cast<int32_t>(t), kv.second.cast<float>());
-              }
-              std::sort(bias.begin(), bias.end());
-            }
-            std::sort(stops.begin(), stops.end());
-            std::sort(allowed.begin(), allowed.end());
-            allowed.erase(std::unique(allowed.begin(), allowed.end()), allowed.end());
-            std::sort(banned.begin(), banned.end());
-            banned.erase(std::unique(banned.begin(), banned.end()), banned.end());
+            if (eos_token_id < -1)
+              buf::fail("eos_token_id", std::to_string(eos_token_id) + " must be a token id >= 0 or -1 (none)");
             const int32_t L = static_cast<int32_t>(tokens.size());
             if (L < 1) throw py::value_error("token_ids: must not be empty");
             if (num_prompt_tokens < 1 || num_prompt_tokens > L)
@@ -202,26 +185,8 @@ with ``add_sequence`` (standalone sequences owned by the pool until ``clear``). 
             const bool prompt = is_prompt.value_or(num_computed_tokens < L - 1);
             if (prompt && nd > 0) throw py::value_error("is_prompt: a prompt chunk cannot include draft tokens");
             if (!prompt && end < L) throw py::value_error("num_new_tokens: a decode row must reach the last token (end " + std::to_string(end) + " < " + std::to_string(L) + ")");
-            SamplingParams sp;
-            sp.temperature = temperature;
-            sp.top_p = top_p;
-            sp.top_k = top_k;
-            sp.min_p = min_p;
-            sp.presence_penalty = presence_penalty;
-            sp.frequency_penalty = frequency_penalty;
-            sp.repetition_penalty = repetition_penalty;
-            sp.has_seed = seed.has_value();
-            sp.seed = seed.value_or(0);
+            SamplingParams sp = given;  // validated when it was built (no vocabulary here)
             sp.max_tokens = INT32_MAX;  // the pool never stops a standalone row
-            sp.min_tokens = min_tokens;
-            sp.ignore_eos = ignore_eos;
-            sp.stop_token_ids = std::move(stops);
-            sp.logprobs = logprobs;
-            sp.prompt_logprobs = prompt_logprobs;
-            sp.logit_bias = std::move(bias);
-            sp.allowed_token_ids = std::move(allowed);
-            sp.banned_token_ids = std::move(banned);
-            sp.validate(0);  // no vocabulary here: token ids are only checked to be >= 0
 
             auto [s, g] = pool.add_standalone_row();
             s->seq_id = seq_id;
@@ -246,19 +211,15 @@ with ``add_sequence`` (standalone sequences owned by the pool until ``clear``). 
           py::kw_only(), py::arg("seq_id"), py::arg("request_id"), py::arg("token_ids"), py::arg("num_prompt_tokens"),
           py::arg("num_computed_tokens"), py::arg("num_new_tokens"), py::arg("block_table"),
           py::arg("draft_tokens") = py::none(), py::arg("state_slot") = -1, py::arg("is_prompt") = py::none(),
-          py::arg("temperature") = 1.0f, py::arg("top_p") = 1.0f, py::arg("top_k") = -1, py::arg("min_p") = 0.0f,
-          py::arg("presence_penalty") = 0.0f, py::arg("frequency_penalty") = 0.0f,
-          py::arg("repetition_penalty") = 1.0f, py::arg("seed") = py::none(), py::arg("min_tokens") = 0,
-          py::arg("eos_token_id") = -1, py::arg("ignore_eos") = false, py::arg("stop_token_ids") = py::none(),
-          py::arg("logprobs") = -1, py::arg("prompt_logprobs") = -1, py::arg("logit_bias") = py::none(),
-          py::arg("allowed_token_ids") = py::none(), py::arg("banned_token_ids") = py::none(),
+          py::arg("params") = py::none(), py::arg("eos_token_id") = -1,
           R"doc(Append a standalone row (a sequence the pool owns until clear()): for runtimes without a
 Scheduler and for tests. token_ids: prompt + outputs so far (loose: list or int array);
 the step computes positions [num_computed_tokens, num_computed_tokens + num_new_tokens),
 positions past the known tokens are draft_tokens (a speculative decode row). is_prompt
-defaults to num_computed_tokens < len(token_ids) - 1. The remaining keywords are the
-request's sampling parameters. Raises ValueError/TypeError naming the argument; the pool is
-unchanged on error.)doc");
+defaults to num_computed_tokens < len(token_ids) - 1. params: the request's SamplingParams
+(None: the defaults; its max_tokens is ignored, the pool never stops a row); eos_token_id:
+the request's EOS (-1: none), masked below min_tokens. Raises ValueError/TypeError naming the
+argument; the pool is unchanged on error.)doc");
 
   py::class_<PrepareArgs>(m, "PrepareArgs", R"doc(
 Static configuration of input preparation plus the persistent borrowed output buffers the

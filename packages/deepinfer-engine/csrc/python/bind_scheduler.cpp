@@ -16,21 +16,13 @@
 #include "python/buffer_check.h"
 #include "python/loose_ints.h"
 #include "python/numpy_arrays.h"
+#include "python/sampling_params_arg.h"
 #include "core/request_output.h"
 #include "python/sequence_handle.h"
 
 namespace deepinfer {
 
 namespace {
-
-// Sorted, unique token ids from a loose list (None: empty); SamplingParams::validate bounds them.
-std::vector<int32_t> token_set(const py::object& obj, const char* name) {
-  if (obj.is_none()) return {};
-  auto v = loose_ints(obj, name, 0);
-  std::sort(v.begin(), v.end());
-  v.erase(std::unique(v.begin(), v.end()), v.end());
-  return v;
-}
 
 OutputKind parse_output_kind(const std::string& s) {
   if (s == "cumulative") return OutputKind::CUMULATIVE;
@@ -59,17 +51,12 @@ py::typing::Dict<py::str, py::object> scheduler_stats(const Scheduler& s) {
   return d;
 }
 
-// The Python-side conversions of add_request's arguments (loose lists, None, dicts, strings);
-// the request and its sampling parameters are checked by Scheduler::check_request.
-int64_t add_request_typed(Scheduler& s, const std::string& request_id, const py::object& prompt_token_ids, int32_t n,
-                          float temperature, float top_p, int32_t top_k, float min_p, float presence_penalty,
-                          float frequency_penalty, float repetition_penalty, std::optional<int64_t> seed,
-                          const py::object& stop_token_ids, bool ignore_eos, int32_t max_tokens, int32_t min_tokens,
-                          std::optional<int32_t> logprobs, std::optional<int32_t> prompt_logprobs,
-                          const py::object& logit_bias, const py::object& allowed_token_ids,
-                          const py::object& banned_token_ids, int32_t priority, const std::string& output_kind,
+// Scheduler.add_request after its arguments were read: the prompt (a C-contiguous int32 array is
+// read in place, anything else converted) and a copy of the request's SamplingParams with its
+// request attributes; Scheduler::check_request validates the whole request.
+int64_t add_request_typed(Scheduler& s, const std::string& request_id, const py::object& prompt_token_ids,
+                          const SamplingParams& params, int32_t priority, OutputKind output_kind,
                           std::optional<double> arrival_time, std::optional<int64_t> eos_token_id) {
-  // A C-contiguous int32 array is read in place; anything else is converted.
   std::vector<int32_t> converted;
   const int32_t* prompt = nullptr;
   size_t prompt_len = 0;
@@ -85,53 +72,6 @@ int64_t add_request_typed(Scheduler& s, const std::string& request_id, const py:
     prompt = converted.data();
     prompt_len = converted.size();
   }
-  SamplingParams p;
-  p.n = n;
-  p.temperature = temperature;
-  p.top_p = top_p;
-  p.top_k = top_k;
-  p.min_p = min_p;
-  p.presence_penalty = presence_penalty;
-  p.frequency_penalty = frequency_penalty;
-  p.repetition_penalty = repetition_penalty;
-  if (seed) {
-    p.has_seed = true;
-    p.seed = *seed;
-  }
-  p.stop_token_ids = token_set(stop_token_ids, "stop_token_ids");
-  p.ignore_eos = ignore_eos;
-  p.max_tokens = max_tokens;
-  p.min_tokens = min_tokens;
-  // None is -1 in SamplingParams: a given value must be a count.
-  p.logprobs = logprobs ? *logprobs : -1;
-  if (logprobs && *logprobs < 0) buf::fail("logprobs", std::to_string(*logprobs) + " must be >= 0 (or None)");
-  p.prompt_logprobs = prompt_logprobs ? *prompt_logprobs : -1;
-  if (prompt_logprobs && *prompt_logprobs < 0)
-    buf::fail("prompt_logprobs", std::to_string(*prompt_logprobs) + " must be >= 0 (or None)");
-  if (!logit_bias.is_none()) {
-    if (!py::isinstance<py::dict>(logit_bias))
-      throw py::type_error("logit_bias: expected a dict {token_id: bias}, got " +
-                           std::string(py::str(py::type::of(logit_bias).attr("__name__"))));
-    for (auto [k, v] : py::reinterpret_borrow<py::dict>(logit_bias)) {
-      if (py::isinstance<py::bool_>(k) || !(py::isinstance<py::int_>(k) || py::hasattr(k, "__index__")))
-        throw py::type_error("logit_bias: keys must be int token ids, got " +
-                             std::string(py::str(py::type::of(k).attr("__name__"))) + " " + std::string(py::repr(k)));
-      if (py::isinstance<py::bool_>(v) ||
-          !(py::isinstance<py::float_>(v) || py::isinstance<py::int_>(v) || py::hasattr(v, "__float__")))
-        throw py::type_error("logit_bias: bias of token " + std::string(py::repr(k)) + " must be a float, got " +
-                             std::string(py::str(py::type::of(v).attr("__name__"))));
-      const int64_t t = python_int64(k, "logit_bias");
-      if (t < INT32_MIN || t > INT32_MAX) buf::fail("logit_bias", "token id " + std::to_string(t) + " is out of the int32 range");
-      p.logit_bias.emplace_back(static_cast<int32_t>(t), v.cast<float>());
-    }
-    std::sort(p.logit_bias.begin(), p.logit_bias.end());
-  }
-  p.allowed_token_ids = token_set(allowed_token_ids, "allowed_token_ids");
-  if (!allowed_token_ids.is_none() && p.allowed_token_ids.empty())
-    buf::fail("allowed_token_ids", "must not be empty (None allows every token)");
-  p.banned_token_ids = token_set(banned_token_ids, "banned_token_ids");
-  p.priority = priority;
-  p.output_kind = parse_output_kind(output_kind);
   int32_t eos = s.config().eos_token_id;
   if (eos_token_id) {  // None is the scheduler's default: a given value must be a token
     const int64_t e = *eos_token_id;
@@ -141,7 +81,15 @@ int64_t add_request_typed(Scheduler& s, const std::string& request_id, const py:
     eos = static_cast<int32_t>(e);
   }
   const double arrival = arrival_time ? *arrival_time : s.now();
-  const GroupIndex g = s.add_request(request_id, prompt, prompt_len, p, arrival, eos);
+  // The group stores its own copy: priority and output_kind are set on it, not on the caller's.
+  const GroupIndex g = [&] {
+    if (priority == params.priority && output_kind == params.output_kind)
+      return s.add_request(request_id, prompt, prompt_len, params, arrival, eos);
+    SamplingParams p = params;
+    p.priority = priority;
+    p.output_kind = output_kind;
+    return s.add_request(request_id, prompt, prompt_len, p, arrival, eos);
+  }();
   return s.store().seq(s.store().groups[g].seqs[0]).seq_id;
 }
 
@@ -220,72 +168,48 @@ const int32_t* sampled_token_rows(const py::object& obj, int32_t rows, int32_t v
 }
 
 
-// Keyword arguments of Scheduler.add_request: only the given ones are looked at.
+// The keyword arguments of Scheduler.add_request (only the given ones are looked at).
 int64_t add_request_kwargs(Scheduler& s, const std::string& request_id, const py::object& prompt_token_ids,
-                           const py::kwargs& kw) {
-  int32_t n = 1, top_k = -1, max_tokens = 16, min_tokens = 0, priority = 0;
-  float temperature = 1.0f, top_p = 1.0f, min_p = 0.0f, presence = 0.0f, frequency = 0.0f, repetition = 1.0f;
-  std::optional<int64_t> seed, eos;
-  std::optional<int32_t> logprobs, prompt_logprobs;
+                           const py::handle& params, const py::kwargs& kw) {
+  const SamplingParams& p = sampling_params_arg(params, "params");
+  int32_t priority = 0;
+  OutputKind output_kind = OutputKind::CUMULATIVE;
+  std::optional<int64_t> eos;
   std::optional<double> arrival;
-  bool ignore_eos = false;
-  std::string output_kind = "cumulative";
-  py::object none = py::none(), stop_ids = none, logit_bias = none, allowed = none, banned = none;
   auto type_name = [](const py::handle& v) { return std::string(py::str(py::type::of(v).attr("__name__"))); };
   auto as_int = [&](const py::handle& v, const char* name) -> int64_t {
     if (py::isinstance<py::bool_>(v) || !(py::isinstance<py::int_>(v) || py::hasattr(v, "__index__")))
       throw py::type_error(std::string(name) + ": expected int, got " + type_name(v));
     return python_int64(v, name);
   };
-  auto as_i32 = [&](const py::handle& v, const char* name) -> int32_t {
-    const int64_t x = as_int(v, name);
-    if (x < INT32_MIN || x > INT32_MAX) buf::fail(name, std::to_string(x) + " is out of the int32 range");
-    return static_cast<int32_t>(x);
-  };
-  auto as_float = [&](const py::handle& v, const char* name) -> double {
-    if (py::isinstance<py::bool_>(v) || !(py::isinstance<py::float_>(v) || py::isinstance<py::int_>(v) ||
-                                          py::hasattr(v, "__float__")))
-      throw py::type_error(std::string(name) + ": expected float, got " + type_name(v));
-    return py::cast<double>(v);
-  };
   for (auto item : kw) {
     const std::string key = py::cast<std::string>(item.first);
     const py::handle v = item.second;
     const char* k = key.c_str();
-    const bool is_none = v.is_none();
-    if (key == "n") n = as_i32(v, k);
-    else if (key == "temperature") temperature = static_cast<float>(as_float(v, k));
-    else if (key == "top_p") top_p = static_cast<float>(as_float(v, k));
-    else if (key == "top_k") top_k = as_i32(v, k);
-    else if (key == "min_p") min_p = static_cast<float>(as_float(v, k));
-    else if (key == "presence_penalty") presence = static_cast<float>(as_float(v, k));
-    else if (key == "frequency_penalty") frequency = static_cast<float>(as_float(v, k));
-    else if (key == "repetition_penalty") repetition = static_cast<float>(as_float(v, k));
-    else if (key == "seed") { if (!is_none) seed = as_int(v, k); }
-    else if (key == "stop_token_ids") stop_ids = py::reinterpret_borrow<py::object>(v);
-    else if (key == "ignore_eos") {
-      if (!py::isinstance<py::bool_>(v)) throw py::type_error("ignore_eos: expected bool, got " + type_name(v));
-      ignore_eos = py::cast<bool>(v);
-    }
-    else if (key == "max_tokens") max_tokens = as_i32(v, k);
-    else if (key == "min_tokens") min_tokens = as_i32(v, k);
-    else if (key == "logprobs") { if (!is_none) logprobs = as_i32(v, k); }
-    else if (key == "prompt_logprobs") { if (!is_none) prompt_logprobs = as_i32(v, k); }
-    else if (key == "logit_bias") logit_bias = py::reinterpret_borrow<py::object>(v);
-    else if (key == "allowed_token_ids") allowed = py::reinterpret_borrow<py::object>(v);
-    else if (key == "banned_token_ids") banned = py::reinterpret_borrow<py::object>(v);
-    else if (key == "priority") priority = as_i32(v, k);
-    else if (key == "output_kind") {
+    if (key == "priority") {
+      const int64_t x = as_int(v, k);
+      if (x < INT32_MIN || x > INT32_MAX) buf::fail(k, std::to_string(x) + " is out of the int32 range");
+      priority = static_cast<int32_t>(x);
+    } else if (key == "output_kind") {
       if (!py::isinstance<py::str>(v)) throw py::type_error("output_kind: expected str, got " + type_name(v));
-      output_kind = py::cast<std::string>(v);
+      output_kind = parse_output_kind(py::cast<std::string>(v));
+    } else if (key == "arrival_time") {
+      if (!v.is_none()) {
+        if (py::isinstance<py::bool_>(v) || !(py::isinstance<py::float_>(v) || py::isinstance<py::int_>(v) ||
+                                              py::hasattr(v, "__float__")))
+          throw py::type_error("arrival_time: expected float, got " + type_name(v));
+        arrival = py::cast<double>(v);
+      }
+    } else if (key == "eos_token_id") {
+      if (!v.is_none()) eos = as_int(v, k);
+    } else if (is_sampling_field(key)) {
+      throw py::type_error("add_request() got an unexpected keyword argument '" + key +
+                           "': sampling parameters go in a SamplingParams (params=SamplingParams(" + key + "=...))");
+    } else {
+      throw py::type_error("add_request() got an unexpected keyword argument '" + key + "'");
     }
-    else if (key == "arrival_time") { if (!is_none) arrival = as_float(v, k); }
-    else if (key == "eos_token_id") { if (!is_none) eos = as_int(v, k); }
-    else throw py::type_error("add_request() got an unexpected keyword argument '" + key + "'");
   }
-  return add_request_typed(s, request_id, prompt_token_ids, n, temperature, top_p, top_k, min_p, presence, frequency,
-                           repetition, seed, stop_ids, ignore_eos, max_tokens, min_tokens, logprobs, prompt_logprobs,
-                           logit_bias, allowed, banned, priority, output_kind, arrival, eos);
+  return add_request_typed(s, request_id, prompt_token_ids, p, priority, output_kind, arrival, eos);
 }
 
 }  // namespace
@@ -478,25 +402,23 @@ void bind_scheduler(py::module_& m) {
     sched_cls
       .def(
           "add_request",
-          [](Scheduler& s, const std::string& request_id, const py::object& prompt_token_ids, const py::kwargs& kw) {
+          [](Scheduler& s, const std::string& request_id, const py::object& prompt_token_ids,
+             const py::object& params, const py::kwargs& kw) {
             BusyGuard busy_guard(s.busy, "Scheduler", "Scheduler.add_request");
-            return add_request_kwargs(s, request_id, prompt_token_ids, kw);
+            return add_request_kwargs(s, request_id, prompt_token_ids, params, kw);
           },
-          py::arg("request_id"), py::arg("prompt_token_ids"),
-          "add_request(self, request_id: str, prompt_token_ids: typing.Any, *, n: int = 1, temperature: float = 1.0, "
-          "top_p: float = 1.0, top_k: int = -1, min_p: float = 0.0, presence_penalty: float = 0.0, "
-          "frequency_penalty: float = 0.0, repetition_penalty: float = 1.0, seed: int | None = None, "
-          "stop_token_ids: typing.Any = None, ignore_eos: bool = False, max_tokens: int = 16, min_tokens: int = 0, "
-          "logprobs: int | None = None, prompt_logprobs: int | None = None, logit_bias: dict[int, float] | None = None, "
-          "allowed_token_ids: typing.Any = None, banned_token_ids: typing.Any = None, priority: int = 0, "
-          "output_kind: str = 'cumulative', arrival_time: float | None = None, eos_token_id: int | None = None) -> int\n\n"
+          py::arg("request_id"), py::arg("prompt_token_ids"), py::arg("params") = py::none(),
+          "add_request(self, request_id: str, prompt_token_ids: typing.Any, params: SamplingParams | None = None, "
+          "*, arrival_time: float | None = None, output_kind: str = 'cumulative', priority: int = 0, "
+          "eos_token_id: int | None = None) -> int\n\n"
           "Queue a request; returns the parent sequence's id. prompt_token_ids: list or integer array "
-          "(loose). Sampling parameters are keyword arguments (n, temperature >= 0, top_p in (0, 1], "
-          "top_k = -1 or >= 1, min_p in [0, 1], penalties, seed, stop_token_ids, ignore_eos, max_tokens >= 1, "
-          "0 <= min_tokens <= max_tokens, logprobs / prompt_logprobs (top-k count or None), logit_bias "
-          "{id: bias}, allowed/banned token ids, priority, output_kind 'cumulative' | 'delta' | 'final_only'). "
-          "Raises ValueError naming the bad value (duplicate request id, token outside the vocabulary...); "
-          "nothing is queued then.")
+          "(loose). params: the request's SamplingParams (validated when it was built; None: the "
+          "defaults); the scheduler keeps a copy and bounds its token ids and logprob counts by the "
+          "vocabulary. arrival_time: time.time() value (None: now); output_kind 'cumulative' | 'delta' | "
+          "'final_only'; priority: smaller is scheduled first under the 'priority' policy (vLLM); "
+          "eos_token_id: this request's EOS (None: the scheduler's). "
+          "Raises ValueError naming the bad value (duplicate request id, token outside the vocabulary...), "
+          "TypeError for a sampling keyword (they belong in SamplingParams); nothing is queued then.")
       ;
   }
   sched_cls

@@ -6,6 +6,8 @@
 #include <pybind11/pybind11.h>
 
 namespace deepinfer {
+// SamplingParams (validated on construction and assignment).
+void bind_sampling_params(pybind11::module_& m);
 // PLACEHOLDER_REQUEST_ID, SequenceStatus.
 void bind_sequence_status(pybind11::module_& m);
 // BlockManager, SchedulerOutputs.

@@ -13,6 +13,7 @@ PYBIND11_MODULE(_engine, m) {
       PyErr_SetString(PyExc_ValueError, e.what());
     }
   });
+  deepinfer::bind_sampling_params(m);
   deepinfer::bind_sequence_status(m);
   deepinfer::bind_scheduler_outputs(m);
   deepinfer::bind_sequences(m);

@@ -19,6 +19,25 @@ uint64_t derived_seed(uint64_t generator_seed, int64_t seq_id) {
   return (x ^ (x >> 31)) & 0x7FFFFFFFFFFFFFFFull;  // non-negative int64
 }
 
+void match_bad_words(const std::vector<std::vector<int32_t>>& words, const int32_t* known, size_t n_known,
+                     const int32_t* drafts, size_t n_drafts, bool complete, std::vector<int32_t>& dst) {
+  const size_t n = n_known + n_drafts;
+  // The k-th output token (0-based) of the concatenation known ++ drafts.
+  auto at = [&](size_t k) { return k < n_known ? known[k] : drafts[k - n_known]; };
+  for (const auto& w : words) {
+    const size_t m = w.size();
+    if (m == 0) continue;  // (validate refuses empty words)
+    if (m > 1) {
+      // The word's first m - 1 tokens must be the last m - 1 output tokens.
+      if (!complete || m - 1 > n) continue;
+      bool same = true;
+      for (size_t j = 0; same && j + 1 < m; ++j) same = at(n - (m - 1) + j) == w[j];
+      if (!same) continue;
+    }
+    dst.push_back(w[m - 1]);
+  }
+}
+
 namespace {
 
 void update_counts(PenaltyCounts& c, const Sequence& s, uint64_t step) {
@@ -46,17 +65,36 @@ void update_counts(PenaltyCounts& c, const Sequence& s, uint64_t step) {
   c.last_step = step;
 }
 
-// Tokens masked for a row: banned ids, plus EOS and stop ids while below min_tokens.
-// Appends them sorted and unique to `dst` (when non-null); returns the count.
-size_t masked_tokens(const SequenceGroup& g, int32_t num_output, int32_t* dst, std::vector<int32_t>& scratch) {
+// Tokens masked for a row: banned ids, the tokens that would complete a bad word, plus EOS and
+// stop ids while below min_tokens. Appends them sorted and unique to `dst` (when non-null);
+// returns the count. `pending`: the row's latest output token is on the device (ZOS).
+size_t masked_tokens(const MetadataRow& r, int32_t num_output, bool pending, int32_t* dst,
+                     std::vector<int32_t>& scratch) {
+  const SequenceGroup& g = *r.group;
   const SamplingParams& p = g.params;
-  if (num_output >= p.min_tokens) {
+  const bool below_min = num_output < p.min_tokens;
+  if (!below_min && p.bad_words_token_ids.empty()) {
     if (dst) std::copy(p.banned_token_ids.begin(), p.banned_token_ids.end(), dst);
     return p.banned_token_ids.size();
   }
   scratch.assign(p.banned_token_ids.begin(), p.banned_token_ids.end());
-  scratch.insert(scratch.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());
-  if (g.eos_token_id >= 0) scratch.push_back(g.eos_token_id);
+  if (below_min) {
+    scratch.insert(scratch.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());
+    if (g.eos_token_id >= 0) scratch.push_back(g.eos_token_id);
+  }
+  if (!p.bad_words_token_ids.empty()) {
+    // Output positions [P, P + num_output) precede the sampled token: the sequence's tokens,
+    // then (a speculative row) its draft tokens.
+    const Sequence& s = *r.seq;
+    const int64_t P = s.num_prompt_tokens, L = static_cast<int64_t>(s.tokens.size());
+    const int64_t end = P + std::max<int32_t>(num_output, 0);
+    const int64_t n_known = std::clamp<int64_t>(std::min(end, L) - P, 0, L);
+    const int64_t n_drafts =
+        pending ? 0 : std::clamp<int64_t>(end - L, 0, static_cast<int64_t>(s.draft_tokens.size()));
+    const bool complete = n_known + n_drafts == end - P;
+    match_bad_words(p.bad_words_token_ids, s.tokens.data() + std::min(P, L), static_cast<size_t>(n_known),
+                    s.draft_tokens.data(), static_cast<size_t>(n_drafts), complete, scratch);
+  }
   std::sort(scratch.begin(), scratch.end());
   scratch.erase(std::unique(scratch.begin(), scratch.end()), scratch.end());
   if (dst) std::copy(scratch.begin(), scratch.end(), dst);
@@ -280,7 +318,7 @@ SamplerInputSizes plan_sampler_inputs(SamplerInputs& out, const PrepareArgs& a, 
       z.bias += p.logit_bias.size() * ns;
       const int32_t num_out = logit_position[row_logits_offset[i] + row_num_logits[i] - 1] + 1 - r.seq->num_prompt_tokens;
       note.num_out = num_out;
-      z.banned += masked_tokens(*r.group, num_out, nullptr, scratch) * ns;
+      z.banned += masked_tokens(r, num_out, row_zos_src[i] >= 0, nullptr, scratch) * ns;
       z.allowed += p.allowed_token_ids.size() * ns;
       if (!r.is_prompt && r.num_drafts > 0 && row_zos_src[i] < 0) {
         ++z.spec_seqs;
@@ -382,24 +420,24 @@ SamplerInputSizes plan_sampler_inputs(SamplerInputs& out, const PrepareArgs& a, 
         const SequenceGroup& g = *r->group;
         const SamplingParams& p = g.params;
         const int32_t num_out = notes[i].num_out;  // (pass 1 computed it: no second chase)
-        K_temperature[row] = p.temperature;
-        K_top_p[row] = p.top_p;
-        K_min_p[row] = p.min_p;
+        K_temperature[row] = static_cast<float>(p.temperature);
+        K_top_p[row] = static_cast<float>(p.top_p);
+        K_min_p[row] = static_cast<float>(p.min_p);
         K_top_k[row] = p.top_k;
         K_seeds[row] = p.has_seed ? p.seed : static_cast<int64_t>(derived_seed(generator_seed, s.seq_id));
         K_offsets[row] = num_out;
         K_subsequences[row] = ns > 1 ? j : s.sample_index;
-        const bool greedy = p.temperature == 0.0f;
+        const bool greedy = static_cast<float>(p.temperature) == 0.0f;  // as the kernel sees it
         all_greedy &= greedy;
         all_random &= !greedy;
         if (!greedy) {
           no_top_k &= p.top_k < 0;
-          no_top_p &= p.top_p >= 1.0f;
-          no_min_p &= p.min_p <= 0.0f;
+          no_top_p &= p.top_p >= 1.0;
+          no_min_p &= p.min_p <= 0.0;
         }
-        T_presence_penalty[row] = p.presence_penalty;
-        T_frequency_penalty[row] = p.frequency_penalty;
-        T_repetition_penalty[row] = p.repetition_penalty;
+        T_presence_penalty[row] = static_cast<float>(p.presence_penalty);
+        T_frequency_penalty[row] = static_cast<float>(p.frequency_penalty);
+        T_repetition_penalty[row] = static_cast<float>(p.repetition_penalty);
         if (p.has_penalties()) {
           no_penalties = false;
           if (incremental) {
@@ -418,9 +456,9 @@ SamplerInputSizes plan_sampler_inputs(SamplerInputs& out, const PrepareArgs& a, 
         }
         for (const auto& [t, v] : p.logit_bias) {
           T.bias_token_ids[nbias] = t;
-          T.bias_values[nbias++] = v;
+          T.bias_values[nbias++] = static_cast<float>(v);
         }
-        nban += masked_tokens(g, num_out, T.banned_token_ids.data + nban, scratch);
+        nban += masked_tokens(*r, num_out, row_zos_src[i] >= 0, T.banned_token_ids.data + nban, scratch);
         std::copy(p.allowed_token_ids.begin(), p.allowed_token_ids.end(), T.allowed_token_ids.data + nallow);
         nallow += p.allowed_token_ids.size();
         driver_seq_ids[row] = s.seq_id;

@@ -43,7 +43,8 @@ struct LogitsTransformInputs {
   OutputBuffer<int32_t> penalty_pending_source;
   OutputBuffer<int32_t> bias_offsets, bias_token_ids;
   OutputBuffer<float> bias_values;
-  // Tokens masked to -inf: banned_token_ids plus, below min_tokens, EOS and the stop token ids.
+  // Tokens masked to -inf: banned_token_ids, the tokens that would complete a bad word
+  // (match_bad_words) and, below min_tokens, EOS and the stop token ids.
   OutputBuffer<int32_t> banned_offsets, banned_token_ids;
   // Only these tokens allowed (an empty range: all allowed).
   OutputBuffer<int32_t> allowed_offsets, allowed_token_ids;
@@ -167,5 +168,14 @@ void prepare_sampler_inputs(SamplerInputs& out, const PrepareArgs& args, Sequenc
 
 // The seed of an unseeded request: a fixed function of (generator_seed, seq_id).
 uint64_t derived_seed(uint64_t generator_seed, int64_t seq_id);
+
+// vLLM's bad words for one sample row: appends to `dst` the last token of every word of `words`
+// whose other tokens equal the most recent output tokens (a one-token word: always). The
+// output so far is `known` (n_known tokens) followed by `drafts` (n_drafts tokens: the draft
+// tokens a speculative row's sampled token follows). `complete` is false when the latest output
+// token is not on the host (a ZOS row, its token of the previous step pending on the device):
+// then only one-token words can match. Appends unsorted, possibly repeated ids.
+void match_bad_words(const std::vector<std::vector<int32_t>>& words, const int32_t* known, size_t n_known,
+                     const int32_t* drafts, size_t n_drafts, bool complete, std::vector<int32_t>& dst);
 
 }  // namespace deepinfer

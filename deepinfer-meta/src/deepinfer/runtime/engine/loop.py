@@ -123,6 +123,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     seed: int = 0
     graph_batch_sizes: list[int] | None = None  # decode-only steps are padded to these (CUDA graphs)
+    scheduling_policy: str = "fcfs"  # or "priority": smaller add_request priority first (vLLM)
 
 
 @dataclass
@@ -155,7 +156,7 @@ class EngineLoop:
             max_num_batched_tokens=cfg.max_num_batched_tokens, max_model_len=cfg.max_model_len,
             vocab_size=cfg.vocab_size, eos_token_id=cfg.eos_token_id if cfg.eos_token_id >= 0 else None,
             enable_chunked_prefill=cfg.enable_chunked_prefill,
-            enable_prefix_caching=cfg.enable_prefix_caching)
+            enable_prefix_caching=cfg.enable_prefix_caching, policy=cfg.scheduling_policy)
         # The one step executor: builds each step's inputs, runs the model (graph or eager) and
         # picks its tokens (greedy or sampled), for the synchronous and the overlap loop alike.
         # Its first host buffer set is pinned on CUDA: a replayed decode step copies it up in one go.
@@ -188,7 +189,7 @@ class EngineLoop:
 
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
                     output_kind: str = "cumulative", final_text_only: bool = False,
-                    collect: str | None = None) -> None:
+                    collect: str | None = None, priority: int = 0) -> None:
         """Queue a request; ValueError (naming the problem) leaves the engine unchanged.
 
         ``final_text_only``: fill ``text`` only when a sample finishes (one decode instead of one
@@ -196,6 +197,7 @@ class EngineLoop:
         ``collect``: also keep the request's outputs in its own queue, whoever runs the steps —
         "all" (every output, read with ``next_output``) or "final" (only the finished one, read
         with ``pop_output``); None: outputs are only returned by the ``step`` that makes them.
+        ``priority``: smaller is scheduled first under the "priority" scheduling policy.
         """
         if collect not in (None, "all", "final"):
             raise ValueError(f"collect must be None, 'all' or 'final', got {collect!r}")
@@ -204,29 +206,25 @@ class EngineLoop:
         params.validate()
         with self.lock:
             self._release_pending()
-            self._add_request(request_id, prompt_ids, params, output_kind, final_text_only, collect)
+            self._add_request(request_id, prompt_ids, params, output_kind, final_text_only, collect, priority)
 
     def _add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                     output_kind: str, final_text_only: bool, collect: str | None) -> None:
+                     output_kind: str, final_text_only: bool, collect: str | None, priority: int = 0) -> None:
         if request_id in self.requests or request_id in self._queues:
             raise ValueError(f"request {request_id!r} is already in the engine")
         if len(prompt_ids) == 0:
             raise ValueError(f"request {request_id!r}: the prompt is empty (no tokens)")
         params.check_vocab(self.cfg.vocab_size)
-        stop_ids = sorted(set(params.stop_token_ids or []) | set(self.extra_stop_token_ids))
         # Only the finished output is wanted and no text is watched: the engine then builds no
         # per-step outputs for the request (per-step Python work that a GPU step cannot hide).
         quiet = (collect == "final" and final_text_only and output_kind == "cumulative"
                  and not params.stop_strings)
+        # the engine's SamplingParams, with the model's extra EOS ids, the effective temperature
+        # and the bad words as token ids
         self.scheduler.add_request(
-            request_id, np.asarray(prompt_ids, dtype=np.int32), arrival_time=time.time(),
-            n=params.n, temperature=params.effective_temperature, top_p=params.top_p, top_k=params.top_k,
-            min_p=params.min_p, presence_penalty=params.presence_penalty,
-            frequency_penalty=params.frequency_penalty, repetition_penalty=params.repetition_penalty,
-            seed=params.seed, stop_token_ids=stop_ids, ignore_eos=params.ignore_eos,
-            max_tokens=params.max_tokens, min_tokens=params.min_tokens,
-            logprobs=params.logprobs, prompt_logprobs=params.prompt_logprobs,
-            logit_bias=dict(params.logit_bias or {}), output_kind="final_only" if quiet else output_kind)
+            request_id, np.asarray(prompt_ids, dtype=np.int32),
+            params.engine_params(self.tokenizer, self.extra_stop_token_ids), arrival_time=time.time(),
+            output_kind="final_only" if quiet else output_kind, priority=priority)
         delta = output_kind == "delta"
         if self.overlap is not None:
             self.overlap.track(request_id, params)

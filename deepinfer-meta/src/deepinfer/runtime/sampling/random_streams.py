@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 _M32 = 0xFFFFFFFF
+_SMALLEST_VARIATE = 2.9802322e-08  # -log(1 - 2**-25): the variate of the largest u before rounding
 
 
 def _mix32(h: torch.Tensor) -> torch.Tensor:
@@ -33,5 +34,8 @@ def exponential_noise(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
     ids = torch.arange(vocab_size, device=keys.device, dtype=torch.int64)
     h = _mix32((ids[None, :] * 0x9E3779B1 & _M32) ^ keys[:, None])
     h = _mix32(h ^ (keys[:, None] * 0x2545F49 & _M32))
-    u = ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))  # uniform in (0, 1)
-    return -torch.log(u)
+    u = ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))  # uniform in (0, 1]
+    # (2**24 - 1) + 0.5 rounds to 2**24 in float32: u is then exactly 1 and its variate 0, and a
+    # token of probability 0 (masked: banned, outside allowed_token_ids, past top-k...) would win
+    # with 0 / 0 = NaN. Such a variate is the smallest one instead (-log(1 - 2**-25)).
+    return (-torch.log(u)).clamp_min_(_SMALLEST_VARIATE)
