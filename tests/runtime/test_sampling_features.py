@@ -111,7 +111,7 @@ def test_priority_arguments_are_checked(llm, prio_llm):
     with pytest.raises(ValueError, match="priority scheduling is not enabled"):
         llm.generate(["a"], sp, use_tqdm=False, priority=[3])
     assert len(llm.generate(["a"], sp, use_tqdm=False, priority=[0])) == 1  # all 0: fine under fcfs (vLLM)
-    with pytest.raises(ValueError, match="scheduling_policy must be 'fcfs' or 'priority'"):
+    with pytest.raises(ValueError, match=r"scheduling_policy must be one of \['fcfs', 'priority'\]"):
         from deepinfer.runtime.llm import LLM
 
         LLM(scheduling_policy="lifo")
@@ -121,7 +121,7 @@ def test_no_exponential_variate_is_zero():
     # u rounds to exactly 1 for one hash value in 2**24: its variate was 0, and a masked token
     # (probability 0) then won the race with 0 / 0 = NaN (found by the allowed_token_ids test)
     import torch
-    from deepinfer.runtime.random_streams import exponential_noise
+    from deepinfer.runtime.sampling.random_streams import exponential_noise
 
     noise = exponential_noise(torch.arange(2000, dtype=torch.int64), 49152)
     assert float(noise.min()) > 0
