@@ -103,7 +103,7 @@ def test_torch_runs_on_one_thread_while_steps_are_native(tmp_path, monkeypatch):
     """torch's OpenMP workers spin after each parallel region, on the cores the native pool needs:
     torch runs on one thread from a native step on, gets its own count back for its forward passes
     (prefill) and when the engine has no work left."""
-    import deepinfer.runtime.engine.loop as engine_loop
+    import deepinfer.runtime.engine.executor as engine_executor
     from deepinfer import LLM, SamplingParams
     from tiny_models import save_tiny_tokenizer
 
@@ -117,7 +117,7 @@ def test_torch_runs_on_one_thread_while_steps_are_native(tmp_path, monkeypatch):
         runner = llm.runner
         assert runner.native_decode is not None
         seen: list[tuple[str, int]] = []
-        native, forward, sample = runner.native_decode, runner.model.forward, engine_loop.sample
+        native, forward, sample = runner.native_decode, runner.model.forward, engine_executor.sample
 
         def spy(kind, fn):
             def call(*args, **kwargs):
@@ -127,7 +127,7 @@ def test_torch_runs_on_one_thread_while_steps_are_native(tmp_path, monkeypatch):
 
         monkeypatch.setattr(runner, "native_decode", spy("native", native))
         monkeypatch.setattr(runner.model, "forward", spy("torch", forward))
-        monkeypatch.setattr(engine_loop, "sample", spy("sample", sample))
+        monkeypatch.setattr(engine_executor, "sample", spy("sample", sample))
         # sampled, not greedy: greedy steps take the argmax without calling sample()
         params = SamplingParams(max_tokens=4, temperature=0.8, seed=1, ignore_eos=True)
         llm.generate([{"prompt_token_ids": [5, 9, 13]}, {"prompt_token_ids": [7, 8]}], params, use_tqdm=False)
