@@ -80,3 +80,12 @@ def test_repr_says_weights_q4_1_activations_float32(llm):
     assert llm.weight_format == "Q4_1"
     assert llm.precision() == "weights Q4_1, activations float32"
     assert "weights='Q4_1', activations='float32'" in repr(llm) and "dtype=" not in repr(llm)
+
+
+def test_generate_progress_bar_has_no_eta(llm, capsys):
+    import re
+
+    llm.generate(["Hi", "Hello"], SamplingParams(max_tokens=2), use_tqdm=True)
+    err = capsys.readouterr().err
+    assert "Generating" in err and "2/2" in err
+    assert re.search(r"<\d+:\d\d", err) is None  # tqdm's "elapsed<remaining"

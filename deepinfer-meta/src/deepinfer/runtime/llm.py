@@ -315,7 +315,10 @@ class LLM:
         if use_tqdm and len(order) > 1:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=len(order), desc="Generating", unit="req", dynamic_ncols=True)
+            # no ETA: requests of one batch mostly finish together at the end, so a rate over
+            # requests early on predicts nothing (it showed 15 minutes for a run ending that second)
+            bar = tqdm(total=len(order), desc="Generating", unit="req", dynamic_ncols=True,
+                       bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}]")
         try:
             pending = list(order)
             while pending:

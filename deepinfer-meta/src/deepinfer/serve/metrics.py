@@ -148,8 +148,12 @@ class ServerMetrics:
         self.queue_time = f.queue_time.labels(*key)
         self.prompt_len = f.prompt_len.labels(*key)
         self.generation_len = f.generation_len.labels(*key)
-        for name in _HISTOGRAMS[8:]:
-            setattr(self, name, getattr(f, name).labels(*key))
+        self.iteration_tokens = f.iteration_tokens.labels(*key)
+        self.n_param = f.n_param.labels(*key)
+        self.max_tokens_param = f.max_tokens_param.labels(*key)
+        self.inference_time = f.inference_time.labels(*key)
+        self.prefill_time = f.prefill_time.labels(*key)
+        self.decode_time = f.decode_time.labels(*key)
         if cache is not None:  # an info metric: a gauge of 1 whose labels carry the values
             f.cache_config.labels(*(cache[k] for k in CACHE_INFO_LABELS), *key).set(1)
         self._engine_totals: dict[str, int] = {}
@@ -190,7 +194,7 @@ class ServerMetrics:
 
 
 # the counters and histograms an engine thread updates (MetricsRecorder records them all)
-_HISTOGRAMS = ("prompt_tokens", "generation_tokens", "ttft", "itl", "e2e", "queue_time", "prompt_len",
+_RECORDED = ("prompt_tokens", "generation_tokens", "ttft", "itl", "e2e", "queue_time", "prompt_len",
                "generation_len", "iteration_tokens", "n_param", "max_tokens_param", "inference_time",
                "prefill_time", "decode_time")
 
@@ -215,7 +219,7 @@ class MetricsRecorder:
 
     def __init__(self) -> None:
         self._events: list[tuple[Any, ...]] = []
-        for name in _HISTOGRAMS:
+        for name in _RECORDED:
             setattr(self, name, _RecordedMetric(self._events, name))
         self.finished = {reason: _RecordedMetric(self._events, "finished", reason) for reason in FINISH_REASONS}
 
