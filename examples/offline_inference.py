@@ -48,7 +48,7 @@ def main() -> None:
         print(f"Completion: {completion.text.strip()!r}  ({completion.finish_reason})\n")
     prompt_tokens = sum(len(o.prompt_token_ids) for o in outputs)
     print(f"{len(outputs)} requests, {prompt_tokens} prompt + {generated} generated tokens in {elapsed:.2f} s: "
-          f"{generated / elapsed:.1f} output tok/s ({llm.device}, {str(llm.dtype).replace('torch.', '')})")
+          f"{generated / elapsed:.1f} output tok/s ({llm.device}, {llm.precision()})")
 
 
 if __name__ == "__main__":

@@ -120,8 +120,37 @@ def test_bench_prints_threads_device_and_load_beside_the_figures():
     lines = _lines(out.stdout)
     assert lines[0].startswith("2 requests in ") and "output tok/s" in lines[0]
     for line in lines:  # every figure says what it depends on
-        assert " [backend cpu, device cpu, dtype float32, threads 1, load average " in line, line
+        # the default model on CPU: what actually runs, not just the activations' dtype
+        assert " [backend cpu, device cpu, weights Q4_1, activations float32, threads 1, load average " in line, line
         assert line.endswith(" CPUs]"), line
+
+
+def test_bench_runs_prints_each_run_then_the_median_and_spread():
+    out = _run("bench", "--threads", "1", "--num-prompts", "2", "--input-len", "8", "--output-len", "2",
+               "--quiet", "--device", "cpu", "--runs", "2")
+    assert out.returncode == 0, out.stderr
+    lines = _lines(out.stdout)
+    assert [line for line in lines if line.startswith("run ")] == ["run 1 of 2:", "run 2 of 2:"]
+    assert sum(line.startswith("2 requests in ") for line in lines) == 2
+    assert lines[-1].startswith("bench: median ") and "output tok/s (spread " in lines[-1]
+    assert "%, 2 runs) [backend cpu" in lines[-1]
+
+
+@pytest.mark.parametrize("mode", [(), ("--no-stream",)])
+def test_generate_says_on_stderr_when_the_context_cut_it_short(mode):
+    out = _run("generate", PROMPT, "--max-model-len", "12", "--max-tokens", "50", "--ignore-eos", *mode)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip()
+    assert _lines(out.stderr)[-1].startswith("deepinfer generate: stopped at the context limit (12 tokens, "
+                                             "--max-model-len): the prompt left room for ")
+    fits = _run("generate", PROMPT, "--max-model-len", "64", "--max-tokens", "3", "--ignore-eos", *mode)
+    assert fits.returncode == 0 and "context limit" not in fits.stderr  # --max-tokens ended it
+
+
+def test_env_report_does_not_tell_you_to_run_itself():
+    out = _run("env")
+    assert out.returncode == 0, out.stderr
+    assert "deepinfer env" not in out.stdout
 
 
 def test_too_long_prompt_is_one_line_and_exit_2():

@@ -59,3 +59,35 @@ def test_overlap_scheduling_flag_reaches_the_llm(monkeypatch, flag, expected):
         args = _parser().parse_args([name, *(["x"] if name == "generate" else []), *flag])
         commands._llm(args)
         assert seen["overlap_scheduling"] is expected
+
+
+# ---- the guides agree with the command line (issue 26's first-hour papercuts) -----------------
+_DOCS = __import__("pathlib").Path(__file__).resolve().parents[2] / "docs" / "guide"
+
+
+def test_command_line_guide_lists_every_subcommand():
+    import re
+
+    from deepinfer.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    text = (_DOCS / "09-command-line.md").read_text()
+    listed = re.findall(r"^\| `deepinfer (\w+)", text, re.M)
+    assert sorted(listed) == sorted(sub.choices)
+    words = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven"}
+    assert f"has {words[len(sub.choices)]} subcommands" in text
+
+
+def test_every_install_line_of_the_serving_guide_is_guide_01s():
+    install = (_DOCS / "01-install.md").read_text()
+    lines = [line.split("#")[0].strip() for line in (_DOCS / "10-serving.md").read_text().splitlines()
+             if line.lstrip().startswith("pip install")]
+    assert lines
+    for line in lines:
+        assert line in install, line  # never the package index's unrelated 'deepinfer'
+
+
+def test_models_guide_says_the_default_model_runs_quantized():
+    text = (_DOCS / "04-models.md").read_text()
+    assert "no quantized kernels" not in text and "weights Q4_1, activations" in text

@@ -106,6 +106,7 @@ def _generate(args: argparse.Namespace) -> int:
     llm = _llm(args)
     prompt = {"prompt_token_ids": _prompt_ids(llm, args.prompt)}
     out = sys.stdout
+    room = context_len(llm) - len(prompt["prompt_token_ids"])
     if args.no_stream or params.n > 1:
         outputs = llm.generate(prompt, params, use_tqdm=False)  # Ctrl-C: raised at once, exit 130
         completions = outputs[0].outputs
@@ -114,12 +115,18 @@ def _generate(args: argparse.Namespace) -> int:
                 out.write(f"--- completion {c.index + 1} of {len(completions)} ---\n")
             out.write(c.text + "\n")
         out.flush()
+        if any(_cut_by_context(c.finish_reason, len(c.token_ids), room, params.max_tokens) for c in completions):
+            _context_note(llm, room)
         return 0
     stream = llm.stream(prompt, params)
+    generated, reason = 0, None
     with deferred_interrupt() as ctrl_c:  # Ctrl-C ends the stream between two engine steps
         try:
             for delta in stream:
-                out.write(delta.outputs[0].text)
+                for c in delta.outputs:
+                    generated += len(c.token_ids)
+                    reason = c.finish_reason or reason
+                out.write(delta.outputs[0].text if delta.outputs else "")
                 out.flush()
                 if ctrl_c.requested:
                     break
@@ -129,7 +136,19 @@ def _generate(args: argparse.Namespace) -> int:
             out.flush()
     if ctrl_c.requested:
         raise KeyboardInterrupt
+    if _cut_by_context(reason, generated, room, params.max_tokens):
+        _context_note(llm, room)
     return 0
+
+
+def _cut_by_context(finish_reason: str | None, generated: int, room: int, max_tokens: int | None) -> bool:
+    """Whether a completion ended because the context was full, before its --max-tokens."""
+    return finish_reason == "length" and generated >= room and (max_tokens is None or generated < max_tokens)
+
+
+def _context_note(llm: Any, room: int) -> None:
+    print(f"deepinfer generate: stopped at the context limit ({context_len(llm)} tokens, --max-model-len): the "
+          f"prompt left room for {room} tokens", file=sys.stderr)
 
 
 def register_generate(subparsers: Any) -> argparse.ArgumentParser:
@@ -179,14 +198,14 @@ def _machine_note(llm: Any) -> str:
     import torch
 
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return (f"backend {llm.backend}, device {llm.device}, dtype {str(llm.dtype).replace('torch.', '')}, "
+    return (f"backend {llm.backend}, device {llm.device}, {llm.precision()}, "
             f"threads {torch.get_num_threads()}, load average {load:.2f} on {os.cpu_count()} CPUs")
 
 
 def _bench(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from deepinfer.runtime.bench_metrics import measure_generate
+    from deepinfer.runtime.bench_metrics import measure_generate, runs_summary
     from deepinfer.runtime.sampling_params import SamplingParams
 
     llm = _llm(args)
@@ -197,14 +216,27 @@ def _bench(args: argparse.Namespace) -> int:
     vocab = llm.model_config.vocab_size
     rng = np.random.default_rng(args.seed)
     low, high = min(100, vocab // 4), max(vocab - 100, vocab // 4 + 1)  # avoid special tokens
-    prompts = [{"prompt_token_ids": rng.integers(low, high, args.input_len).tolist()}
-               for _ in range(args.num_prompts)]
+
+    def fresh_prompts() -> list[dict[str, list[int]]]:  # new ones each run: no prefix-cache hits
+        return [{"prompt_token_ids": rng.integers(low, high, args.input_len).tolist()}
+                for _ in range(args.num_prompts)]
+
     params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
-    llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True), use_tqdm=False)
-    report = measure_generate(llm, prompts, params, use_tqdm=not args.quiet, profile=args.profile)
+    # Warm up at the measured shapes (the same batch, prompt and output lengths): the timed runs
+    # must not pay first-use costs (kernel selection, compilation, allocator growth).
+    llm.generate(fresh_prompts(), params, use_tqdm=False)
     note = _machine_note(llm)
-    for line in report.lines():  # each figure with what it depends on (not the region table)
-        print(line if line.startswith(" ") or line.endswith(":") else f"{line} [{note}]")
+    rates = []
+    for run in range(args.runs):
+        report = measure_generate(llm, fresh_prompts(), params, use_tqdm=not args.quiet,
+                                  profile=args.profile and run == args.runs - 1)
+        rates.append(report.output_tok_s)
+        if args.runs > 1:
+            print(f"run {run + 1} of {args.runs}:")
+        for line in report.lines():  # each figure with what it depends on (not the region table)
+            print(line if line.startswith(" ") or line.endswith(":") else f"{line} [{note}]")
+    if args.runs > 1:
+        print(f"{runs_summary('bench', rates)} [{note}]")
     return 0
 
 
@@ -214,6 +246,9 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-prompts", type=_positive_int, metavar="N", default=32, help="requests in the batch")
     p.add_argument("--input-len", type=_positive_int, metavar="N", default=128, help="prompt tokens per request")
     p.add_argument("--output-len", type=_positive_int, metavar="N", default=64, help="generated tokens per request")
+    p.add_argument("--runs", type=_positive_int, metavar="N", default=1,
+                   help="timed runs after the warm-up (each on fresh prompts); with more than one, the "
+                        "median output tok/s and its spread are printed as bench/gpu_bench.py prints them")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--profile", action="store_true", help="GraphTimer region times inside the decode graphs")
 

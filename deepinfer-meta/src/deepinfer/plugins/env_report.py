@@ -87,7 +87,8 @@ def collect() -> dict[str, Any]:
         selected: str | None = registry.resolve().name
         selection_error = None
     except BackendUnavailableError as exc:
-        selected, selection_error = None, str(exc)
+        # (the error's own pointer to this report is no news inside it)
+        selected, selection_error = None, str(exc).replace(" Run `deepinfer env` for the full report.", "")
     return {
         "python": sys.version.split()[0],
         "python_executable": sys.executable,

@@ -45,6 +45,16 @@ def _pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
+def runs_summary(name: str, values: list[float]) -> str:
+    """``values`` (output tok/s of several runs) as ``bench/gpu_bench.py`` prints them: the
+    median with the spread (min-max, and as a percentage of the median)."""
+    import statistics
+
+    med = statistics.median(values)
+    return (f"{name}: median {med:,.1f} output tok/s (spread {min(values):,.1f}-{max(values):,.1f}, "
+            f"{100 * (max(values) - min(values)) / med if med else 0.0:.1f} %, {len(values)} runs)")
+
+
 @dataclass
 class BenchReport:
     """The figures of one measured ``generate`` call."""

@@ -95,7 +95,7 @@ def int_arg(name: str, value: Any, lo: int, hi: int, where: str = "") -> int:
     return int(value)
 
 
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
@@ -117,9 +117,11 @@ class EngineArgs:
         "selects (CUDA, Ascend, else the CPU).",
         "str", "--device", metavar="DEVICE", none=True))
     dtype: str | None = field(default=None, metadata=_opt(
-        "Weights and KV cache. Default: float32 on CPU, bfloat16 on an accelerator; on CPU "
-        "without a dtype the Q4_0/Q4_1/Q4_K/Q8_0 projections of a GGUF file stay quantized "
-        "(int4 kernels), an explicit dtype dequantizes every weight to it.",
+        "Activations, KV cache and the weights that are not kept quantized. Default (None or "
+        "auto, as vLLM's auto): float32 on CPU, bfloat16 on an accelerator; on CPU a GGUF "
+        "file's Q4_0/Q4_1/Q4_K/Q8_0 projections then stay quantized (int4 kernels: e.g. the "
+        "default model runs weights Q4_1, activations float32); an explicit dtype dequantizes "
+        "every weight to it.",
         "choice", "--dtype", choices=DTYPES, none=True))
     max_model_len: int | None = field(default=None, metadata=_opt(
         "Longest prompt + completion in tokens (the context). Default: the model's context "
@@ -179,6 +181,12 @@ class EngineArgs:
         "N's tokens reach the host. Default: on where it pays (CUDA with graphs, one rank); "
         "True also runs it on CPU or eagerly (same outputs, no concurrency there).",
         "bool", "--overlap-scheduling", none=True))
+    trust_remote_code: bool = field(default=False, metadata=_opt(
+        "Accepted for vLLM compatibility and ignored: no code from a model directory is ever "
+        "run (the Llama-family architectures are built in).", "bool", "--trust-remote-code"))
+    max_logprobs: int = field(default=20, metadata=_opt(
+        "Most logprobs (and prompt_logprobs) a request may ask for; more is a ValueError (vLLM's "
+        "option and default).", "int", "--max-logprobs", metavar="N", lo=0, hi=20))
     scheduling_policy: str = field(default="fcfs", metadata=_opt(
         "fcfs: requests in arrival order; priority: the priority given with each request "
         "(generate/chat priority=), smaller first, then arrival order (as vLLM).",
@@ -317,6 +325,8 @@ def _check(name: str, opt: Option, value: Any) -> Any:
             raise ValueError(f"{name} must be in ({opt.lo:g}, {opt.hi:g}], got {value!r}")
         return value
     if opt.kind == "choice":
+        if name == "dtype" and value == "auto":
+            return None  # the default choice per device
         if value not in opt.choices:
             raise ValueError(f"{name} must be one of {sorted(opt.choices)}, got {value!r}")
         return value

@@ -29,8 +29,15 @@ def _check_text(text: str, where: str) -> None:
 
 
 def chat_prompt(tokenizer: Any, model_path: str, conversation: Sequence[dict[str, str]],
-                add_generation_prompt: bool = True) -> dict[str, list[int]]:
+                add_generation_prompt: bool = True,
+                chat_template_kwargs: dict[str, Any] | None = None) -> dict[str, list[int]]:
     """``LLM.apply_chat_template`` on a tokenizer alone (a server front end has no model)."""
+    kwargs = dict(chat_template_kwargs or {})
+    if not all(isinstance(k, str) for k in kwargs):
+        raise TypeError("chat_template_kwargs must be a dict with str keys")
+    for reserved in ("tokenize", "add_generation_prompt", "conversation"):
+        if reserved in kwargs:
+            raise ValueError(f"chat_template_kwargs must not set {reserved!r} (it is an argument of its own)")
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(f"the model at {model_path!r} has no chat template; use generate()")
     for i, m in enumerate(conversation):
@@ -44,7 +51,7 @@ def chat_prompt(tokenizer: Any, model_path: str, conversation: Sequence[dict[str
 
     try:
         text = tokenizer.apply_chat_template(list(conversation), tokenize=False,
-                                             add_generation_prompt=add_generation_prompt)
+                                             add_generation_prompt=add_generation_prompt, **kwargs)
     except TemplateError as exc:  # e.g. raise_exception("roles must alternate"): the caller's input
         raise ValueError(f"the chat template refused these messages: {exc}") from exc
     return {"prompt_token_ids": list(tokenizer(text, add_special_tokens=False).input_ids)}
@@ -164,12 +171,38 @@ class LLM:
                         self._tokenizer = text.transformers_tokenizer or load_tokenizer(self.model_path)
         return self._tokenizer
 
+    def get_tokenizer(self) -> Any:
+        """The model's transformers tokenizer (vLLM's ``LLM.get_tokenizer()``; ``self.tokenizer``)."""
+        return self.tokenizer
+
+    @property
+    def weight_format(self) -> str:
+        """What the weights run as: the GGUF block types kept quantized (e.g. ``"Q4_1"``, run by
+        int4 kernels, activations in ``dtype``), else the dtype's name (``"float32"``)."""
+        gguf = getattr(getattr(self, "worker", None), "loaded", None)
+        gguf = getattr(gguf, "gguf", None)
+        dense = str(self.dtype).replace("torch.", "")
+        if gguf is None:
+            return dense
+        types = {gguf.type_name(n) for n in gguf.tensors if n.endswith("_proj.weight")}
+        quantized = sorted(t for t in types if t not in ("F32", "F16", "BF16"))
+        return "+".join(quantized) if quantized else dense
+
+    def precision(self) -> str:
+        """The weights and activations in words: "weights Q4_1, activations float32", or
+        "float32" when both are one dtype."""
+        dense = str(self.dtype).replace("torch.", "")
+        weights = self.weight_format
+        return dense if weights == dense else f"weights {weights}, activations {dense}"
+
     def __repr__(self) -> str:
         graphs = "off" if self.runner.graphs is None else f"{len(self.runner.graphs.batch_sizes)} decode graphs"
         tp = f", tensor_parallel_size={self.tensor_parallel_size}" if self.tensor_parallel_size > 1 else ""
+        dense = str(self.dtype).replace("torch.", "")
+        weights = self.weight_format
+        kind = f"dtype={dense!r}" if weights == dense else f"weights={weights!r}, activations={dense!r}"
         return (f"LLM(model={self.model_path!r}, backend={self.backend!r}, device={str(self.device)!r}, "
-                f"dtype={str(self.dtype).replace('torch.', '')!r}, cuda_graphs={graphs}{tp}, "
-                f"overlap_scheduling={self.engine.overlap is not None})")
+                f"{kind}, cuda_graphs={graphs}{tp}, overlap_scheduling={self.engine.overlap is not None})")
 
     def close(self) -> None:
         """Stop the other tensor-parallel ranks (a no-op with one); the LLM cannot generate after.
@@ -215,9 +248,7 @@ class LLM:
     def _normalise(self, prompts: PromptType | Sequence[PromptType],
                    sampling_params: SamplingParams | Sequence[SamplingParams] | None
                    ) -> tuple[list[list[int]], list[SamplingParams]]:
-        single = isinstance(prompts, (str, dict, bytes, bytearray, memoryview)) or (
-            isinstance(prompts, Sequence) and len(prompts) > 0 and _is_int(prompts[0]))
-        plist: list[Any] = [prompts] if single else list(prompts)  # type: ignore[arg-type]
+        plist = _as_list(prompts)
         ids = [self._prompt_ids(p, f"prompts[{i}]") for i, p in enumerate(plist)]
         if sampling_params is None:
             params = [SamplingParams() for _ in ids]
@@ -227,9 +258,15 @@ class LLM:
             params = list(sampling_params)
             if len(params) != len(ids):
                 raise ValueError(f"sampling_params has {len(params)} entries for {len(ids)} prompts")
+        cap = self.engine_args.max_logprobs
         for i, p in enumerate(params):
             if not isinstance(p, SamplingParams):
                 raise TypeError(f"sampling_params[{i}] must be a SamplingParams, got {type(p).__name__}")
+            for name in ("logprobs", "prompt_logprobs"):
+                asked = getattr(p, name)
+                if asked is not None and asked > cap:
+                    raise ValueError(f"sampling_params[{i}].{name}={asked} is more than max_logprobs={cap} "
+                                     "(raise LLM(max_logprobs=...))")
         limit = self.engine.cfg.max_model_len
         for i, prompt_ids in enumerate(ids):
             if len(prompt_ids) > limit:
@@ -261,6 +298,7 @@ class LLM:
         for i, p in enumerate(ids):
             if not p:
                 raise ValueError(f"prompts[{i}] is empty (no tokens)")
+        texts = [_prompt_text(p) for p in _as_list(prompts)]
         prio = self._priorities(priority, len(ids))
         order: dict[str, int] = {}
         try:
@@ -277,7 +315,10 @@ class LLM:
         if use_tqdm and len(order) > 1:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=len(order), desc="Generating", unit="req", dynamic_ncols=True)
+            # no ETA: requests of one batch mostly finish together at the end, so a rate over
+            # requests early on predicts nothing (it showed 15 minutes for a run ending that second)
+            bar = tqdm(total=len(order), desc="Generating", unit="req", dynamic_ncols=True,
+                       bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}]")
         try:
             pending = list(order)
             while pending:
@@ -288,7 +329,7 @@ class LLM:
                     if ro is None:
                         still.append(rid)
                         continue
-                    results[order[rid]] = ro
+                    results[order[rid]] = RequestOutput(ro, texts[order[rid]])
                     if bar is not None:
                         bar.update(1)
                 pending = still
@@ -321,18 +362,22 @@ class LLM:
     def chat(self, messages: Sequence[dict[str, str]] | Sequence[Sequence[dict[str, str]]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              use_tqdm: bool = True, add_generation_prompt: bool = True,
-             priority: list[int] | None = None) -> list[Any]:
+             priority: list[int] | None = None, chat_template_kwargs: dict[str, Any] | None = None) -> list[Any]:
         """Generate replies to one conversation (a list of {"role", "content"}) or a list of them,
-        formatted with the model's chat template. ``priority``: as in ``generate``."""
+        formatted with the model's chat template. ``priority``: as in ``generate``;
+        ``chat_template_kwargs``: more variables for the template (vLLM's, e.g.
+        ``{"enable_thinking": False}``)."""
         convs: list[Any] = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        prompts = [self.apply_chat_template(c, add_generation_prompt) for c in convs]
+        prompts = [self.apply_chat_template(c, add_generation_prompt, chat_template_kwargs) for c in convs]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm,  # type: ignore[arg-type]
                              priority=priority)
 
-    def apply_chat_template(self, conversation: Sequence[dict[str, str]], add_generation_prompt: bool = True
-                            ) -> dict[str, list[int]]:
-        """Token ids of ``conversation`` formatted with the tokenizer's chat template."""
-        return chat_prompt(self.text_tokenizer, self.model_path, conversation, add_generation_prompt)
+    def apply_chat_template(self, conversation: Sequence[dict[str, str]], add_generation_prompt: bool = True,
+                            chat_template_kwargs: dict[str, Any] | None = None) -> dict[str, list[int]]:
+        """Token ids of ``conversation`` formatted with the tokenizer's chat template
+        (``chat_template_kwargs``: more variables for the template)."""
+        return chat_prompt(self.text_tokenizer, self.model_path, conversation, add_generation_prompt,
+                           chat_template_kwargs)
 
     def stream(self, prompt: PromptType, sampling_params: SamplingParams | None = None) -> RequestStream:
         """Start one prompt and return an iterator of its delta RequestOutputs as tokens arrive:
@@ -368,6 +413,43 @@ class LLM:
 
 if LLM.__doc__:  # (python -OO drops docstrings)
     LLM.__doc__ = LLM.__doc__.replace("{engine_args}", EngineArgs.docstring_args(indent=" " * 8))
+
+
+def _as_list(prompts: Any) -> list[Any]:
+    """One prompt or a list of prompts as a list."""
+    single = isinstance(prompts, (str, dict, bytes, bytearray, memoryview)) or (
+        isinstance(prompts, Sequence) and len(prompts) > 0 and _is_int(prompts[0]))
+    return [prompts] if single else list(prompts)
+
+
+def _prompt_text(prompt: Any) -> str | None:
+    """The prompt's text as the caller gave it; None for token ids (as vLLM reports them)."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, dict) and "prompt_token_ids" not in prompt and isinstance(prompt.get("prompt"), str):
+        return str(prompt["prompt"])
+    return None
+
+
+class RequestOutput:
+    """A finished request of ``generate`` / ``chat``: the engine's output (``request_id``,
+    ``prompt_token_ids``, ``outputs``, ``finished``, ``metrics``, ``prompt_logprobs``, read
+    through) with ``prompt``, the prompt's text as given (None for token ids, as in vLLM), so
+    vLLM's ``print(output.prompt, output.outputs[0].text)`` works."""
+
+    __slots__ = ("_output", "prompt")
+
+    def __init__(self, output: Any, prompt: str | None) -> None:
+        self._output = output
+        self.prompt = prompt
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_output":  # not set yet (e.g. while unpickling)
+            raise AttributeError(name)
+        return getattr(self._output, name)
+
+    def __repr__(self) -> str:
+        return f"RequestOutput(prompt={self.prompt!r}, {repr(self._output).partition('(')[2]}"
 
 
 class RequestStream:

@@ -24,7 +24,7 @@ from deepinfer.runtime.sampling_params import SamplingParams
 from deepinfer.serve.access_log import AccessLogMiddleware, AccessRecord
 from deepinfer.serve.engine_thread import EngineThread, RequestDelta, RequestFailed
 from deepinfer.serve.guard import SHUTDOWN_MESSAGE, HostPolicy, RequestGuard, internal_error
-from deepinfer.serve.metrics import MetricFamilies, ServerMetrics
+from deepinfer.serve.metrics import MetricFamilies, ServerMetrics, cache_info
 from deepinfer.serve.protocol import (
     APIError,
     ChatCompletionRequest,
@@ -32,6 +32,7 @@ from deepinfer.serve.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
     chat_messages,
+    check_conversation,
     check_stop,
     check_text,
     completion_prompts,
@@ -101,8 +102,9 @@ class ServingState:
             self.vocab_size: int = llm.vocab_size
             self.max_num_seqs: int = llm.max_num_seqs
             families = MetricFamilies(self.max_model_len, per_engine=True)
-            llm.attach_metrics([ServerMetrics(name, self.max_model_len, blocks, families, engine=i)
-                                for i, blocks in enumerate(llm.num_blocks)])
+            llm.attach_metrics([ServerMetrics(name, self.max_model_len, blocks, families, engine=i, cache=cache)
+                                for i, (blocks, cache) in enumerate(zip(llm.num_blocks, llm.cache_infos,
+                                                                        strict=True))])
             self.engine = llm
             self.capacity_rule = f"{llm.size} replicas x max_num_seqs + max_queue"
         else:
@@ -111,7 +113,7 @@ class ServingState:
             self.max_num_seqs = llm.engine.cfg.max_num_seqs
             families = MetricFamilies(self.max_model_len)
             self.engine = EngineThread(llm, ServerMetrics(name, self.max_model_len, llm.engine.cfg.num_blocks,
-                                                          families))
+                                                          families, cache=cache_info(llm)))
             self.capacity_rule = "max_num_seqs + max_queue"
         self.metrics = families
         self.strings = TokenStrings(self.tokenizer)
@@ -175,7 +177,8 @@ class ServingState:
         limit = self.max_model_len
         if n_prompt >= limit:
             raise APIError(400, f"this model's maximum context length is {limit} tokens, but the prompt has "
-                                f"{n_prompt} tokens (no room for a completion)", prompt_param)
+                                f"{n_prompt} tokens (no room for a completion)", prompt_param,
+                           "context_length_exceeded")
         if requested is None:
             return limit - n_prompt if default is None else min(default, limit - n_prompt)
         if requested < 1:
@@ -183,13 +186,17 @@ class ServingState:
         if n_prompt + requested > limit:
             raise APIError(400, f"this model's maximum context length is {limit} tokens, but {n_prompt + requested} "
                                 f"were requested ({n_prompt} in the prompt, {requested} for the completion)",
-                           tokens_param)
+                           tokens_param, "context_length_exceeded")
         return requested
 
     def checked(self, params: SamplingParams) -> SamplingParams:
         seqs = self.max_num_seqs
         if params.n > seqs:  # its samples could never run together
             raise APIError(400, f"n={params.n} is more than the server runs at once (--max-num-seqs {seqs})", "n")
+        cap = getattr(getattr(self.llm, "engine_args", None), "max_logprobs", 20)
+        if (params.logprobs or 0) > cap or (params.prompt_logprobs or 0) > cap:
+            raise APIError(400, f"logprobs={max(params.logprobs or 0, params.prompt_logprobs or 0)} is more than "
+                                f"the server allows (--max-logprobs {cap})", "logprobs")
         try:
             params.check_vocab(self.vocab_size)
         except ValueError as exc:
@@ -376,8 +383,12 @@ def build_app(llm: Any, config: ServeConfig) -> FastAPI:
     if config.allowed_origins:
         from starlette.middleware.cors import CORSMiddleware
 
-        app.add_middleware(CORSMiddleware, allow_origins=config.allowed_origins, allow_methods=["*"],
-                           allow_headers=["*"])
+        # With credentials a browser takes only the request's own Origin echoed back, never "*":
+        # "*" is given to Starlette as a pattern matching any origin, so it echoes each one.
+        any_origin = "*" in config.allowed_origins
+        app.add_middleware(CORSMiddleware, allow_origins=[] if any_origin else config.allowed_origins,
+                           allow_origin_regex=".*" if any_origin else None, allow_credentials=True,
+                           allow_methods=["*"], allow_headers=["*"])
     app.add_middleware(RequestGuard, hosts=HostPolicy(config.host, config.allowed_hosts),
                        allowed_origins=config.allowed_origins)
     app.add_middleware(AccessLogMiddleware)
@@ -496,12 +507,18 @@ def build_app(llm: Any, config: ServeConfig) -> FastAPI:
         raw = completion_prompts(req.prompt)
         prompts = await state.off_loop(sum(len(p) for p in raw),
                                        lambda: [state.prompt_ids(p, "prompt") for p in raw])
+        echo_lp = req.logprobs if req.echo else None  # the prompt's logprobs come first
         params = [state.checked(sampling_params(
-            req, state.max_tokens(len(p), req.max_tokens, 16, "prompt", "max_tokens"), req.logprobs, {}))
-            for p in prompts]
+            req, state.max_tokens(len(p), req.max_tokens, 16, "prompt", "max_tokens"), req.logprobs, {},
+            prompt_logprobs=echo_lp)) for p in prompts]
         await _build_stop_automaton(state, params[0])
+        echo = None
+        if req.echo:  # the prompt as given; token ids decoded
+            echo = await state.off_loop(sum(len(p) for p in raw), lambda: [
+                p if isinstance(p, str) else str(state.tokenizer.decode(p)) for p in raw])
         builder = ResponseBuilder("completion", f"cmpl-{uuid.uuid4().hex}", name, req.n,
-                                  [len(p) for p in prompts], _strings(state, req), req.logprobs)
+                                  [len(p) for p in prompts], _strings(state, req), req.logprobs,
+                                  echo=echo, prompt_ids=prompts if echo is not None else None)
         return await _respond(request, state, builder, prompts, params, req)
 
     @app.post("/v1/chat/completions")
@@ -510,6 +527,7 @@ def build_app(llm: Any, config: ServeConfig) -> FastAPI:
         name = state.model_name(req.model)
         check_stop(req.stop, config.max_stop_strings)
         messages = chat_messages(req.messages)
+        check_conversation(messages)
         prompt = await state.off_loop(_chat_size(messages), _chat_ids, state, messages, req.add_generation_prompt)
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")

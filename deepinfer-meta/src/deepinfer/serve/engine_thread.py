@@ -42,6 +42,9 @@ class RequestDelta:
     tag: int  # which prompt of the HTTP request
     samples: list[SampleDelta]
     finished: bool
+    # the prompt's logprobs (None at position 0), on the first output when asked for
+    prompt_logprobs: list[dict[int, float] | None] | None = None
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache (on the finished output)
 
 
 @dataclass
@@ -59,6 +62,8 @@ class _Live:
     tag: int
     arrival: float  # time.monotonic() when the HTTP handler submitted it
     prompt_len: int
+    n: int = 1
+    max_tokens: int | None = None
     first_token: float | None = None
     last_token: float | None = None
     generated: int = 0
@@ -93,6 +98,7 @@ class EngineThread:
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None  # why the thread died, if it did
         self.num_steps = 0
+        self._step_tokens = 0  # tokens of the step being taken apart (iteration_tokens_total)
 
     # ---- called from the event loop --------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -170,7 +176,7 @@ class EngineThread:
         except (ValueError, TypeError) as exc:
             self._deliver([(sink, RequestFailed(tag, 400, str(exc)))])
             return
-        self._live[request_id] = _Live(sink, tag, arrival, len(prompt_ids))
+        self._live[request_id] = _Live(sink, tag, arrival, len(prompt_ids), params.n, params.max_tokens)
 
     def _abort(self, request_id: str) -> bool:
         if self._live.pop(request_id, None) is None:
@@ -212,6 +218,7 @@ class EngineThread:
                 self._metrics.observe_engine(self._llm.engine.scheduler.get_stats())
                 return
         self.num_steps += 1
+        self._step_tokens = 0
         now = time.monotonic()
         # Requests with news: an output of this step, or gone from the engine (finished, failed).
         ready = dict.fromkeys(ro.request_id for ro in outputs)
@@ -235,6 +242,9 @@ class EngineThread:
         self._deliver(batch)
         for rid, message in failed.items():
             self._fail([rid], 500, message)
+        # vLLM's iteration tokens: the prompts that got their first token in this step + the
+        # tokens this step generated
+        self._metrics.iteration_tokens.observe(self._step_tokens)
         self._metrics.observe_engine(engine.scheduler.get_stats())
 
     def _delta(self, ro: Any, live: _Live, now: float) -> RequestDelta:
@@ -254,13 +264,18 @@ class EngineThread:
                 live.first_token = now
                 m.ttft.observe(now - live.arrival)
                 m.prompt_tokens.inc(live.prompt_len)
+                m.n_param.observe(live.n)
+                self._step_tokens += live.prompt_len
             else:
                 m.itl.observe(now - (live.last_token or now))
             live.last_token = now
             live.generated += new
+            self._step_tokens += new
             m.generation_tokens.inc(new)
+        cached = 0
         if ro.finished:
             metrics = ro.metrics
+            cached = int(metrics.get("num_cached_tokens") or 0)
             reason = live.reasons.get(0, "stop")
             m.finished[reason if reason in m.finished else "stop"].inc()
             m.e2e.observe(now - live.arrival)
@@ -268,7 +283,18 @@ class EngineThread:
                 m.queue_time.observe(max(0.0, metrics["first_scheduled_time"] - metrics["arrival_time"]))
             m.prompt_len.observe(live.prompt_len)
             m.generation_len.observe(live.generated)
-        return RequestDelta(live.tag, samples, bool(ro.finished))
+            if live.max_tokens:
+                m.max_tokens_param.observe(live.max_tokens)
+            # vLLM's phases, from the engine's own timestamps: running = prefill + decode
+            scheduled, first, done = (metrics.get(k) for k in ("first_scheduled_time", "first_token_time",
+                                                               "finished_time"))
+            if scheduled and done:
+                m.inference_time.observe(max(0.0, done - scheduled))
+                if first:
+                    m.prefill_time.observe(max(0.0, first - scheduled))
+                    m.decode_time.observe(max(0.0, done - first))
+        plp = ro.prompt_logprobs
+        return RequestDelta(live.tag, samples, bool(ro.finished), list(plp) if plp else None, cached)
 
     def _deliver(self, batch: list[tuple[asyncio.Queue[Any], Any]]) -> None:
         if not batch or self._loop is None:

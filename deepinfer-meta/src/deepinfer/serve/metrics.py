@@ -20,6 +20,26 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                    120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 
+# vLLM's buckets of its iteration_tokens_total and request_params_n histograms.
+ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+N_BUCKETS = (1, 2, 5, 10, 20)
+
+#: label names of ``deepinfer:cache_config_info`` (vLLM's CacheConfig fields that apply here)
+CACHE_INFO_LABELS = ("block_size", "cache_dtype", "enable_prefix_caching", "gpu_memory_utilization",
+                     "num_cpu_blocks", "num_gpu_blocks")
+
+
+def cache_info(llm: Any) -> dict[str, str]:
+    """The labels of ``deepinfer:cache_config_info`` for an ``LLM`` (vLLM's names: its KV-cache
+    blocks are ``num_gpu_blocks`` whatever the device; ``num_cpu_blocks`` is vLLM's swap space,
+    which this engine does not have: ``None``)."""
+    args = llm.engine_args
+    return {"block_size": str(args.block_size), "cache_dtype": str(llm.dtype).replace("torch.", ""),
+            "enable_prefix_caching": str(args.enable_prefix_caching),
+            "gpu_memory_utilization": str(args.gpu_memory_utilization), "num_cpu_blocks": "None",
+            "num_gpu_blocks": str(llm.engine.cfg.num_blocks)}
+
+
 #: finished_reason label values of ``deepinfer:request_success_total``.
 FINISH_REASONS = ("stop", "length", "abort", "error")
 
@@ -78,6 +98,21 @@ class MetricFamilies:
         self.prompt_len = histogram("request_prompt_tokens", "Prompt length of finished requests.", lengths)
         self.generation_len = histogram("request_generation_tokens",
                                         "Generated tokens of finished requests (all samples).", lengths)
+        self.iteration_tokens = histogram("iteration_tokens_total", "Tokens per engine step.",
+                                          ITERATION_TOKEN_BUCKETS)
+        self.n_param = histogram("request_params_n", "The n request parameter.", N_BUCKETS)
+        self.max_tokens_param = histogram("request_params_max_tokens", "The max_tokens request parameter.",
+                                          lengths)
+        self.inference_time = histogram("request_inference_time_seconds",
+                                        "Time from first scheduling to the last token (RUNNING phase).",
+                                        REQUEST_BUCKETS)
+        self.prefill_time = histogram("request_prefill_time_seconds",
+                                      "Time from first scheduling to the first token (PREFILL phase).",
+                                      REQUEST_BUCKETS)
+        self.decode_time = histogram("request_decode_time_seconds",
+                                     "Time from the first token to the last (DECODE phase).", REQUEST_BUCKETS)
+        self.cache_config = Gauge("deepinfer:cache_config_info", "Information of the KV cache's configuration.",
+                                  [*CACHE_INFO_LABELS, *labels], registry=r)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -88,7 +123,8 @@ class ServerMetrics:
     ``engine`` when ``families`` is per-engine); a server of one engine makes its own families."""
 
     def __init__(self, model_name: str, max_model_len: int, num_blocks: int,
-                 families: MetricFamilies | None = None, engine: int | None = None) -> None:
+                 families: MetricFamilies | None = None, engine: int | None = None,
+                 cache: dict[str, str] | None = None) -> None:
         f = families if families is not None else MetricFamilies(max_model_len)
         if f.per_engine != (engine is not None):
             raise ValueError("engine= names the replica exactly when the families are per-engine")
@@ -112,6 +148,14 @@ class ServerMetrics:
         self.queue_time = f.queue_time.labels(*key)
         self.prompt_len = f.prompt_len.labels(*key)
         self.generation_len = f.generation_len.labels(*key)
+        self.iteration_tokens = f.iteration_tokens.labels(*key)
+        self.n_param = f.n_param.labels(*key)
+        self.max_tokens_param = f.max_tokens_param.labels(*key)
+        self.inference_time = f.inference_time.labels(*key)
+        self.prefill_time = f.prefill_time.labels(*key)
+        self.decode_time = f.decode_time.labels(*key)
+        if cache is not None:  # an info metric: a gauge of 1 whose labels carry the values
+            f.cache_config.labels(*(cache[k] for k in CACHE_INFO_LABELS), *key).set(1)
         self._engine_totals: dict[str, int] = {}
 
     def observe_engine(self, stats: dict[str, Any]) -> None:
@@ -149,6 +193,12 @@ class ServerMetrics:
         return self.families.exposition()
 
 
+# the counters and histograms an engine thread updates (MetricsRecorder records them all)
+_RECORDED = ("prompt_tokens", "generation_tokens", "ttft", "itl", "e2e", "queue_time", "prompt_len",
+               "generation_len", "iteration_tokens", "n_param", "max_tokens_param", "inference_time",
+               "prefill_time", "decode_time")
+
+
 class _RecordedMetric:
     """A counter or histogram child that records ``inc`` / ``observe`` instead of applying them."""
 
@@ -169,8 +219,7 @@ class MetricsRecorder:
 
     def __init__(self) -> None:
         self._events: list[tuple[Any, ...]] = []
-        for name in ("prompt_tokens", "generation_tokens", "ttft", "itl", "e2e", "queue_time", "prompt_len",
-                     "generation_len"):
+        for name in _RECORDED:
             setattr(self, name, _RecordedMetric(self._events, name))
         self.finished = {reason: _RecordedMetric(self._events, "finished", reason) for reason in FINISH_REASONS}
 

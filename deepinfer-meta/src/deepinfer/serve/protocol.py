@@ -52,7 +52,7 @@ def check_text(text: str, param: str) -> str:
 # Fields of the OpenAI API this server does not implement: refused with a 400 naming them
 # unless they carry their "off" value.
 _UNSUPPORTED_OFF_VALUES: dict[str, tuple[Any, ...]] = {
-    "best_of": (None, 1), "echo": (None, False), "suffix": (None, ""), "tools": (None, []),
+    "best_of": (None, 1), "suffix": (None, ""), "tools": (None, []),
     "tool_choice": (None, "none"), "functions": (None, []), "function_call": (None, "none"),
     "parallel_tool_calls": (None,), "response_format": (None, {"type": "text"}),
     "audio": (None,), "modalities": (None, ["text"]), "prediction": (None,),
@@ -107,7 +107,7 @@ class CompletionRequest(_SamplingBody):
     prompt: Any = None
     max_tokens: int | None = None
     logprobs: int | None = None
-    echo: Any = None
+    echo: bool = False  # the prompt's text first in each choice (with logprobs: its tokens' logprobs first)
     suffix: Any = None
 
 
@@ -169,7 +169,7 @@ _FIELD = re.compile(r"SamplingParams\.(\w+)")
 
 
 def sampling_params(req: _SamplingBody, max_tokens: int, logprobs: int | None,
-                    renames: dict[str, str]) -> SamplingParams:
+                    renames: dict[str, str], prompt_logprobs: int | None = None) -> SamplingParams:
     """The request's SamplingParams; a ValueError/TypeError becomes a 400 naming the API field
     (``renames`` maps SamplingParams names to this endpoint's, e.g. logprobs -> top_logprobs)."""
     bias: dict[int, float] | None = None
@@ -182,7 +182,7 @@ def sampling_params(req: _SamplingBody, max_tokens: int, logprobs: int | None,
                 raise APIError(400, f"logit_bias keys must be token ids, got {key!r}", "logit_bias") from None
     kwargs: dict[str, Any] = dict(
         n=req.n, stop=req.stop, seed=req.seed, max_tokens=max_tokens, min_tokens=req.min_tokens,
-        ignore_eos=req.ignore_eos, logprobs=logprobs, logit_bias=bias,
+        ignore_eos=req.ignore_eos, logprobs=logprobs, prompt_logprobs=prompt_logprobs, logit_bias=bias,
         stop_token_ids=req.stop_token_ids, skip_special_tokens=req.skip_special_tokens,
         include_stop_str_in_output=req.include_stop_str_in_output)
     for name, default in (("temperature", 1.0), ("top_p", 1.0), ("top_k", -1), ("min_p", 0.0),
@@ -261,7 +261,18 @@ def completion_prompts(prompt: Any) -> list[str | list[int]]:
     return prompts
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    """OpenAI's usage object; ``cached_tokens``: prompt tokens served from the prefix cache."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+
+
+def check_conversation(messages: list[dict[str, str]]) -> None:
+    """A 400 for a conversation no reply can follow: one ending in two assistant messages (the
+    model would be asked to answer itself; join them into one message)."""
+    if len(messages) >= 2 and messages[-1]["role"] == messages[-2]["role"] == "assistant":
+        i = len(messages) - 2
+        raise APIError(400, f"messages[{i}] and messages[{i + 1}] are both assistant messages: a conversation "
+                            "cannot end in two assistant turns (join them into one message)", "messages")
 

@@ -97,10 +97,13 @@ def replica_main(index: int, env: dict[str, str], llm_kwargs: dict[str, Any], co
     except BaseException as exc:  # noqa: BLE001 - reported to the front end, which raises it
         conn.send(("failed", type(exc).__name__, str(exc)))
         return
+    from deepinfer.serve.metrics import cache_info
+
     cfg = llm.engine.cfg
     conn.send(("ready", {"pid": os.getpid(), "device": str(llm.device), "model_path": str(llm.model_path),
                          "max_model_len": cfg.max_model_len, "max_num_seqs": cfg.max_num_seqs,
-                         "num_blocks": cfg.num_blocks, "vocab_size": llm.model_config.vocab_size}))
+                         "num_blocks": cfg.num_blocks, "vocab_size": llm.model_config.vocab_size,
+                         "cache": cache_info(llm)}))
     engine = ReplicaEngine(llm, commands, conn)
     engine.run()
     conn.close()

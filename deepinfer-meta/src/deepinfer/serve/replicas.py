@@ -214,6 +214,11 @@ class ReplicaSet:
         return [r.info["num_blocks"] for r in self._replicas]
 
     @property
+    def cache_infos(self) -> list[dict[str, str]]:
+        """The labels of each replica's ``cache_config_info`` metric."""
+        return [r.info["cache"] for r in self._replicas]
+
+    @property
     def pids(self) -> list[int]:
         return [r.process.pid for r in self._replicas]
 

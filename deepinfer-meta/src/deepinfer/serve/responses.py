@@ -25,6 +25,10 @@ class TokenStrings:
     def __call__(self, token_id: int) -> str:
         if self.as_ids:
             return f"token_id:{token_id}"
+        return self.text(token_id)
+
+    def text(self, token_id: int) -> str:
+        """The token's text (what ``text_offset`` counts, whichever way tokens are named)."""
         s = self._cache.get(token_id)
         if s is None:
             s = self._cache[token_id] = self._tokenizer.decode([token_id])
@@ -36,11 +40,28 @@ def completion_logprobs(sample: SampleDelta, strings: TokenStrings, offset: int)
     lps = sample.logprobs or []
     tokens = [strings(t) for t in sample.token_ids]
     offsets = []
-    for s in tokens:
+    for t in sample.token_ids:
         offsets.append(offset)
-        offset += len(s)
+        offset += len(strings.text(t))
     return {"tokens": tokens, "token_logprobs": [lp[t] for t, lp in zip(sample.token_ids, lps, strict=True)],
             "top_logprobs": [{strings(k): v for k, v in lp.items()} for lp in lps], "text_offset": offsets}
+
+
+def prompt_logprobs(prompt_ids: list[int], lps: list[dict[int, float] | None] | None,
+                    strings: TokenStrings) -> dict[str, Any]:
+    """The completions API's logprobs of the prompt's tokens (echo): the first has none, as
+    OpenAI and vLLM report it; text offsets from 0."""
+    tokens = [strings(t) for t in prompt_ids]
+    offsets, offset = [], 0
+    for t in prompt_ids:
+        offsets.append(offset)
+        offset += len(strings.text(t))
+    entries = list(lps or [])
+    entries += [None] * (len(prompt_ids) - len(entries))
+    return {"tokens": tokens,
+            "token_logprobs": [None if lp is None else lp.get(t) for t, lp in zip(prompt_ids, entries, strict=True)],
+            "top_logprobs": [None if lp is None else {strings(k): v for k, v in lp.items()} for lp in entries],
+            "text_offset": offsets}
 
 
 def chat_logprobs(sample: SampleDelta, strings: TokenStrings, top: int) -> dict[str, Any]:
@@ -64,6 +85,7 @@ class _Choice:
     logprobs: dict[str, list[Any]] | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    echoed: bool = False  # the prompt's text (echo) is in ``text`` already
 
 
 class ResponseBuilder:
@@ -73,19 +95,35 @@ class ResponseBuilder:
     """
 
     def __init__(self, kind: str, response_id: str, model: str, n: int, prompt_lens: list[int],
-                 strings: TokenStrings, logprobs: int | None) -> None:
+                 strings: TokenStrings, logprobs: int | None, echo: list[str] | None = None,
+                 prompt_ids: list[list[int]] | None = None) -> None:
         self.kind, self.id, self.model, self.n = kind, response_id, model, n
         self.prompt_tokens = sum(prompt_lens)
         self.created = int(time.time())
         self.strings, self.top = strings, logprobs
         self.choices = [_Choice() for _ in range(n * len(prompt_lens))]
+        # echo (completions): each prompt's text, its ids and its logprobs, put first in its choices
+        self.echo, self.prompt_ids = echo, prompt_ids
+        self._prompt_lps: dict[int, list[Any]] = {}
+        self.cached_tokens = 0
 
     @property
     def completion_tokens(self) -> int:
         return sum(c.num_tokens for c in self.choices)
 
-    def usage(self) -> dict[str, int]:
-        return usage(self.prompt_tokens, self.completion_tokens)
+    def usage(self) -> dict[str, Any]:
+        return usage(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
+
+    def _echo(self, tag: int, c: _Choice) -> tuple[str, dict[str, Any] | None]:
+        """The prompt's text (and logprobs) to put first in choice ``c`` of prompt ``tag``, once."""
+        if self.echo is None or c.echoed:
+            return "", None
+        c.echoed = True
+        text = self.echo[tag]
+        lp = None
+        if self.top is not None and self.prompt_ids is not None:
+            lp = prompt_logprobs(self.prompt_ids[tag], self._prompt_lps.get(tag), self.strings)
+        return text, lp
 
     def _logprobs(self, sample: SampleDelta, choice: _Choice) -> dict[str, Any] | None:
         if self.top is None or sample.logprobs is None:
@@ -97,13 +135,25 @@ class ResponseBuilder:
     def apply(self, delta: RequestDelta) -> list[tuple[int, SampleDelta, dict[str, Any] | None, bool]]:
         """Record a delta; returns (choice index, sample, its logprobs, finishes now) per sample."""
         out = []
+        if delta.prompt_logprobs:
+            self._prompt_lps.setdefault(delta.tag, []).extend(delta.prompt_logprobs)
+        if delta.finished:
+            self.cached_tokens += delta.cached_tokens
         for s in delta.samples:
             idx = delta.tag * self.n + s.index
             c = self.choices[idx]
+            echo, echo_lp = self._echo(delta.tag, c)
+            if echo:
+                c.text.append(echo)
+                c.text_len += len(echo)
             lp = self._logprobs(s, c)
+            if echo_lp is not None:
+                lp = {k: echo_lp[k] + (lp[k] if lp is not None else []) for k in echo_lp}
+            if echo:
+                s = SampleDelta(s.index, s.token_ids, echo + s.text, s.logprobs, s.finish_reason, s.stop_reason)
             finishes = s.finish_reason is not None and c.finish_reason is None
-            c.text.append(s.text)
-            c.text_len += len(s.text)
+            c.text.append(s.text[len(echo):])
+            c.text_len += len(s.text) - len(echo)
             c.num_tokens += len(s.token_ids)
             if lp is not None:
                 if c.logprobs is None:
@@ -153,9 +203,14 @@ class ResponseBuilder:
                 continue  # e.g. a possible stop string held back
             reason = self.choices[idx].finish_reason if finishes else None
             stop = self.choices[idx].stop_reason if finishes else None
-            if self.kind == "chat":
-                d = {"content": s.text} if s.text else {}
-                choice = {"index": idx, "delta": d, "logprobs": lp, "finish_reason": reason, "stop_reason": stop}
+            if self.kind == "chat":  # as OpenAI: the text, then a chunk of its own for the finish
+                if s.text or lp is not None:
+                    chunks.append(self.chunk([{"index": idx, "delta": {"content": s.text} if s.text else {},
+                                               "logprobs": lp, "finish_reason": None}], include_usage))
+                if finishes:
+                    chunks.append(self.chunk([{"index": idx, "delta": {}, "logprobs": None, "finish_reason": reason,
+                                               "stop_reason": stop}], include_usage))
+                continue
             else:
                 choice = {"index": idx, "text": s.text, "logprobs": lp, "finish_reason": reason,
                           "stop_reason": stop}

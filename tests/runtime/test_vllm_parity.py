@@ -1,0 +1,91 @@
+"""vLLM's offline API on ``LLM`` (issue 26): ``RequestOutput.prompt``, ``dtype="auto"``,
+``trust_remote_code``, ``max_logprobs``, ``get_tokenizer()``, ``chat_template_kwargs``, and
+what ``repr(LLM)`` says the default model runs as."""
+
+from __future__ import annotations
+
+import pytest
+from deepinfer.runtime.engine_args import EngineArgs
+from deepinfer.runtime.sampling_params import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def llm(default_gguf):
+    from deepinfer.runtime.llm import LLM
+
+    return LLM(default_gguf, max_model_len=256, cpu_kv_cache_bytes=16 << 20, dtype="auto",
+               trust_remote_code=True, max_logprobs=4)
+
+
+def test_vllm_quickstart_loop_prints_prompt_and_text(llm):
+    prompts = ["Hello, my name is", {"prompt": "The capital of France is"}, [1, 2, 3]]
+    outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)
+    lines = [f"{output.prompt!r} {output.outputs[0].text!r}" for output in outputs]  # vLLM's quickstart
+    assert [o.prompt for o in outputs] == ["Hello, my name is", "The capital of France is", None]
+    assert all(len(o.outputs[0].token_ids) == 3 and o.finished for o in outputs) and len(lines) == 3
+    assert outputs[0].prompt_token_ids == list(llm.text_tokenizer("Hello, my name is").input_ids)
+    assert "prompt='Hello, my name is'" in repr(outputs[0])
+    chat = llm.chat([{"role": "user", "content": "Hi"}], SamplingParams(max_tokens=2), use_tqdm=False)[0]
+    assert chat.prompt is None  # a chat prompt goes in as token ids
+
+
+def test_dtype_auto_is_the_default_choice():
+    assert EngineArgs(dtype="auto").dtype is None
+    assert EngineArgs(dtype="auto") == EngineArgs()
+    with pytest.raises(ValueError, match="dtype"):
+        EngineArgs(dtype="float64")
+
+
+def test_trust_remote_code_is_accepted_and_runs_nothing(llm):
+    assert llm.engine_args.trust_remote_code is True
+    with pytest.raises(TypeError, match="trust_remote_code"):
+        EngineArgs(trust_remote_code="yes")
+
+
+def test_max_logprobs_caps_requests(llm):
+    llm.generate("Hi", SamplingParams(max_tokens=1, logprobs=4, prompt_logprobs=4), use_tqdm=False)
+    with pytest.raises(ValueError, match="max_logprobs=4"):
+        llm.generate("Hi", SamplingParams(max_tokens=1, logprobs=5), use_tqdm=False)
+    with pytest.raises(ValueError, match="prompt_logprobs=5 is more than max_logprobs"):
+        llm.generate("Hi", SamplingParams(max_tokens=1, prompt_logprobs=5), use_tqdm=False)
+    assert EngineArgs().max_logprobs == 20  # vLLM's default
+    with pytest.raises(ValueError, match="max_logprobs"):
+        EngineArgs(max_logprobs=21)
+
+
+def test_get_tokenizer_is_the_transformers_tokenizer(llm):
+    tok = llm.get_tokenizer()
+    assert tok is llm.tokenizer
+    assert tok("Hello").input_ids == list(llm.text_tokenizer("Hello").input_ids)
+
+
+def test_chat_template_kwargs_reach_the_template(llm):
+    conv = [{"role": "user", "content": "Hi"}]
+    tok = llm.text_tokenizer
+    template = tok.chat_template
+    try:
+        tok.chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}{{ marker | default('') }}"
+        plain = llm.apply_chat_template(conv)["prompt_token_ids"]
+        marked = llm.apply_chat_template(conv, chat_template_kwargs={"marker": " MARK"})["prompt_token_ids"]
+        assert tok.decode(plain) == "Hi" and tok.decode(marked) == "Hi MARK"
+        out = llm.chat(conv, SamplingParams(max_tokens=1), use_tqdm=False, chat_template_kwargs={"marker": " MARK"})
+        assert list(out[0].prompt_token_ids) == marked
+        with pytest.raises(ValueError, match="add_generation_prompt"):
+            llm.apply_chat_template(conv, chat_template_kwargs={"add_generation_prompt": False})
+    finally:
+        tok.chat_template = template
+
+
+def test_repr_says_weights_q4_1_activations_float32(llm):
+    assert llm.weight_format == "Q4_1"
+    assert llm.precision() == "weights Q4_1, activations float32"
+    assert "weights='Q4_1', activations='float32'" in repr(llm) and "dtype=" not in repr(llm)
+
+
+def test_generate_progress_bar_has_no_eta(llm, capsys):
+    import re
+
+    llm.generate(["Hi", "Hello"], SamplingParams(max_tokens=2), use_tqdm=True)
+    err = capsys.readouterr().err
+    assert "Generating" in err and "2/2" in err
+    assert re.search(r"<\d+:\d\d", err) is None  # tqdm's "elapsed<remaining"
