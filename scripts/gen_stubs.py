@@ -83,10 +83,28 @@ def _to_facade(text: str, module: str) -> str:
     text = re.sub(rf"^import {re.escape(module)}\n", "", text, flags=re.M)
     text = text.replace(f"{module}.", "")
     text = _enum_members_as_values(text)
+    text = _unhashable_as_typeshed_writes_it(text)
     # The engine has its own class ``Sequence``; stubgen resolves that name to typing's.
     if module == "deepinfer_engine._engine":
         text = re.sub(r"\btyping\.Sequence\b(?!\[)", "Sequence", text)
     return text
+
+
+def _unhashable_as_typeshed_writes_it(text: str) -> str:
+    """A class compared by value (one ``__eq__`` taking its own type, ``__hash__ = None``) as
+    typeshed writes one, so type checkers accept the stub: both lines carry typeshed's ignore.
+    Overloaded ``__eq__`` (enums) are left as they are."""
+    out, previous = [], ""
+    for line in text.splitlines(keepends=True):
+        body = line.rstrip("\n")
+        if body == "    __hash__: typing.ClassVar[None] = None":
+            line = body + "  # type: ignore[assignment]\n"
+        elif (re.fullmatch(r"    def __eq__\(self, \w+: (?!object\b|typing\.Any\b)[^)]*\) -> bool:", body)
+              and previous.strip() != "@typing.overload"):
+            line = body + "  # type: ignore[override]\n"
+        out.append(line)
+        previous = body
+    return "".join(out)
 
 
 def _enum_members_as_values(text: str) -> str:

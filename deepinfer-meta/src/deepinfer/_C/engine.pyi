@@ -98,12 +98,12 @@ class SamplingParams:
     deepinfer.SamplingParams (the runtime's) holds one of these for every field the engine uses.
     """
     FIELDS: typing.ClassVar[tuple] = ('n', 'temperature', 'top_p', 'top_k', 'min_p', 'presence_penalty', 'frequency_penalty', 'repetition_penalty', 'seed', 'stop_token_ids', 'ignore_eos', 'max_tokens', 'min_tokens', 'logprobs', 'prompt_logprobs', 'logit_bias', 'allowed_token_ids', 'banned_token_ids', 'bad_words_token_ids')
-    __hash__: typing.ClassVar[None] = None
+    __hash__: typing.ClassVar[None] = None  # type: ignore[assignment]
     def __copy__(self) -> SamplingParams:
         ...
     def __deepcopy__(self, memo: typing.Any) -> SamplingParams:
         ...
-    def __eq__(self, arg0: SamplingParams) -> bool:
+    def __eq__(self, arg0: SamplingParams) -> bool:  # type: ignore[override]
         ...
     def __getstate__(self) -> dict:
         ...

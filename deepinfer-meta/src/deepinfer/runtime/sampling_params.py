@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deepinfer._C import engine as _E
 
@@ -152,6 +152,32 @@ class SamplingParams:
     """
 
     __hash__ = None  # type: ignore[assignment]  # mutable, compared by value
+
+    if TYPE_CHECKING:  # the fields are properties installed below; typed here for the checker
+        n: int
+        temperature: float
+        top_p: float
+        top_k: int
+        min_p: float
+        presence_penalty: float
+        frequency_penalty: float
+        repetition_penalty: float
+        seed: int | None
+        stop: tuple[str, ...]
+        stop_token_ids: tuple[int, ...] | None
+        ignore_eos: bool
+        max_tokens: int
+        min_tokens: int
+        logprobs: int | None
+        prompt_logprobs: int | None
+        logit_bias: dict[int, float]
+        include_stop_str_in_output: bool
+        skip_special_tokens: bool
+        allowed_token_ids: tuple[int, ...] | None
+        bad_words: tuple[str, ...]
+        _engine: Any
+        _stop: tuple[str, ...]
+        _bad_words: tuple[str, ...]
 
     def __init__(self, n: int = 1, temperature: float = 1.0, top_p: float = 1.0, top_k: int = -1,
                  min_p: float = 0.0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
