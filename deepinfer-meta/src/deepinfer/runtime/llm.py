@@ -133,7 +133,8 @@ class LLM:
                  num_kv_blocks: int | None = None, dummy_weights: bool = False,
                  attention_backend: str | None = None, seed: int = 0, num_threads: int | None = None,
                  enforce_eager: bool = False, retry_failed_steps: bool = False,
-                 tensor_parallel_size: int = 1, overlap_scheduling: bool | None = None) -> None:
+                 tensor_parallel_size: int = 1, overlap_scheduling: bool | None = None,
+                 deterministic: bool = False) -> None:
         import torch
 
         from deepinfer.runtime.engine.loop import EngineConfig, EngineLoop
@@ -158,7 +159,7 @@ class LLM:
         for name, flag in (("enable_prefix_caching", enable_prefix_caching),
                            ("enable_chunked_prefill", enable_chunked_prefill), ("dummy_weights", dummy_weights),
                            ("retry_failed_steps", retry_failed_steps),
-                           ("enforce_eager", enforce_eager)):
+                           ("enforce_eager", enforce_eager), ("deterministic", deterministic)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be a bool, got {flag!r}")
         if overlap_scheduling is not None and not isinstance(overlap_scheduling, bool):
@@ -243,8 +244,11 @@ class LLM:
                                      f"cache ({per_block} per block), more than the {room} bytes available on {dev}")
             if group is None:
                 self.runner = ModelRunner(loaded, num_blocks=num_kv_blocks, block_size=block_size, device=dev,
-                                          dtype=tdtype, attention_backend=attention_backend)
+                                          dtype=tdtype, attention_backend=attention_backend,
+                                          deterministic=deterministic)
             else:
+                if deterministic:
+                    raise ValueError("deterministic=True does not run with tensor_parallel_size > 1 yet")
                 from deepinfer.runtime.distributed.driver import DriverRunner
                 from deepinfer.runtime.distributed.rank import agree_num_blocks
 
