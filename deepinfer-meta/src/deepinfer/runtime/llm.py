@@ -107,6 +107,11 @@ class LLM:
             ``device``'s index and the next ones, over NCCL; CPU: any number, over gloo), each
             holding 1/N of the weights and KV cache; see docs/guide/11-scaling.md. 1 (default):
             no other process. Under ``torchrun`` it must equal WORLD_SIZE.
+        deterministic: batch-invariant steps: a request's outputs (greedy, or seeded) do not
+            depend on which other requests share its steps. CPU: every step on the native
+            kernels, a prompt one row per token (slower prompts; docs/guide/05-cpu-vs-gpu.md);
+            a ValueError where the model or device cannot (CUDA, tensor parallelism, types the
+            native kernels lack). Default False.
 
     Tokenizers: ``llm.text_tokenizer`` is the one the runtime uses (prompts, detokenization,
     chat templates): a ``deepinfer.runtime.loading.text_tokenizer.TextTokenizer`` over the
