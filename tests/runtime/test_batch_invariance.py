@@ -109,3 +109,20 @@ def test_64_greedy_requests_together_equal_alone_on_the_default_model():
     alone = [llm.generate([p], sp, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]
     differ = [i for i, (a, b) in enumerate(zip(together, alone, strict=True)) if a != b]
     assert differ == [], f"{len(differ)} of 64 differ: {differ}"
+
+
+def test_torchs_int4_kernel_rows_are_independent_of_the_batch():
+    """The default path's int4 matmul (below ``DENSE_FROM_ROWS`` rows) gives a row bitwise the same
+    alone and among others: what varies on the default path is which kernel a row meets (native
+    decode vs torch in a mixed step, the bfloat16 GEMM from 128 rows), not this kernel."""
+    from deepinfer.runtime.models.quantized import DENSE_FROM_ROWS, _int4_mm, pack_int4
+
+    gen = torch.Generator().manual_seed(0)
+    n, k = 192, 576
+    packed = pack_int4(torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=gen))
+    sz = torch.stack((torch.rand(k // 32, n, generator=gen), torch.randn(k // 32, n, generator=gen)),
+                     -1).to(torch.bfloat16).contiguous()
+    x = torch.randn(DENSE_FROM_ROWS - 1, k, generator=gen).to(torch.bfloat16)
+    alone = torch.cat([_int4_mm(x[i:i + 1], packed, 32, sz) for i in range(len(x))])
+    for rows in (2, 3, 5, 16, 33, 64, DENSE_FROM_ROWS - 1):
+        assert torch.equal(_int4_mm(x[:rows], packed, 32, sz), alone[:rows]), rows
