@@ -126,3 +126,15 @@ def test_torchs_int4_kernel_rows_are_independent_of_the_batch():
     alone = torch.cat([_int4_mm(x[i:i + 1], packed, 32, sz) for i in range(len(x))])
     for rows in (2, 3, 5, 16, 33, 64, DENSE_FROM_ROWS - 1):
         assert torch.equal(_int4_mm(x[:rows], packed, 32, sz), alone[:rows]), rows
+
+
+def test_seeded_requests_together_equal_alone_on_the_default_model():
+    from deepinfer import LLM, SamplingParams
+
+    subjects = ["the ocean", "Python", "a cat", "the moon", "bread", "music", "winter", "a robot"]
+    prompts = [f"Write one sentence about {s}." for s in subjects] * 2
+    llm = LLM(deterministic=True)
+    sps = [SamplingParams(temperature=0.9, top_p=0.95, max_tokens=16, seed=1000 + i) for i in range(len(prompts))]
+    together = [o.outputs[0].token_ids for o in llm.generate(prompts, sps, use_tqdm=False)]
+    alone = [llm.generate([p], [sp], use_tqdm=False)[0].outputs[0].token_ids for p, sp in zip(prompts, sps, strict=True)]
+    assert together == alone
