@@ -191,6 +191,12 @@ class EngineArgs:
         "fcfs: requests in arrival order; priority: the priority given with each request "
         "(generate/chat priority=), smaller first, then arrival order (as vLLM).",
         "choice", "--scheduling-policy", choices=("fcfs", "priority")))
+    deterministic: bool = field(default=False, metadata=_opt(
+        "Batch-invariant steps: a request's greedy or seeded outputs do not depend on which other "
+        "requests share its steps. CPU: every step on the native kernels, a prompt one row per "
+        "token (prompts ~0.6x as fast at one thread; see the CPU guide). A ValueError where it "
+        "cannot run: CUDA (not yet), tensor parallelism, weight types the native kernels lack.",
+        "bool", "--deterministic"))
 
     # ---- checks ---------------------------------------------------------------------------
     def __post_init__(self) -> None:
@@ -199,6 +205,8 @@ class EngineArgs:
             checked = _check(name, opt, value)
             if checked is not value:
                 object.__setattr__(self, name, checked)
+        if self.deterministic and self.tensor_parallel_size > 1:
+            raise ValueError("deterministic=True does not run with tensor_parallel_size > 1 yet")
         if self.overlap_scheduling and self.tensor_parallel_size > 1:
             # the other ranks would need step N's sampled ids on their devices before its launch
             raise ValueError(f"overlap_scheduling=True does not run with tensor_parallel_size="

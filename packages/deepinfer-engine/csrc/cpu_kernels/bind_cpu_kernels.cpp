@@ -182,7 +182,8 @@ class PyDecodeModel {
   }
 
   py::array_t<float> decode(const py::handle& ids_o, const py::handle& pos_o, const py::handle& slots_o,
-                            const py::handle& lens_o, const py::handle& tables_o) {
+                            const py::handle& lens_o, const py::handle& tables_o, const py::handle& table_rows_o,
+                            const py::handle& logit_rows_o) {
     check_ready();
     py::array ids = checked<int64_t>(ids_o, "input_ids", 1), pos = checked<int64_t>(pos_o, "positions", 1);
     py::array slots = checked<int64_t>(slots_o, "slot_mapping", 1), lens = checked<int64_t>(lens_o, "seq_lens", 1);
@@ -193,8 +194,33 @@ class PyDecodeModel {
       if (a->shape(0) != rows)
         throw py::value_error(std::string(n) + ": expected " + std::to_string(rows) + " entries (one per row), got " +
                               std::to_string(a->shape(0)));
-    if (tables.shape(0) < rows)
+    py::array table_rows, logit_rows;
+    if (!table_rows_o.is_none()) {
+      table_rows = checked<int64_t>(table_rows_o, "table_rows", 1);
+      if (table_rows.shape(0) != rows)
+        throw py::value_error("table_rows: expected " + std::to_string(rows) + " entries (one per row), got " +
+                              std::to_string(table_rows.shape(0)));
+      const auto* tr = static_cast<const int64_t*>(table_rows.data());
+      for (py::ssize_t b = 0; b < rows; ++b)
+        if (tr[b] < 0 || tr[b] >= tables.shape(0))
+          throw py::value_error("table_rows[" + std::to_string(b) + "]=" + std::to_string(tr[b]) + " out of range [0, " +
+                                std::to_string(tables.shape(0)) + ")");
+    } else if (tables.shape(0) < rows) {
       throw py::value_error("block_tables: expected at least " + std::to_string(rows) + " rows, got " + shape_str(tables));
+    }
+    py::ssize_t out_rows = rows;
+    if (!logit_rows_o.is_none()) {
+      logit_rows = checked<int64_t>(logit_rows_o, "logit_rows", 1);
+      out_rows = logit_rows.shape(0);
+      if (out_rows > rows)
+        throw py::value_error("logit_rows: at most " + std::to_string(rows) + " entries (one per row), got " +
+                              std::to_string(out_rows));
+      const auto* lr = static_cast<const int64_t*>(logit_rows.data());
+      for (py::ssize_t i = 0; i < out_rows; ++i)
+        if (lr[i] < 0 || lr[i] >= rows)
+          throw py::value_error("logit_rows[" + std::to_string(i) + "]=" + std::to_string(lr[i]) + " out of range [0, " +
+                                std::to_string(rows) + ")");
+    }
     StepInputs in;
     in.rows = static_cast<int>(rows);
     in.ids = static_cast<const int64_t*>(ids.data());
@@ -203,6 +229,11 @@ class PyDecodeModel {
     in.seq_lens = static_cast<const int64_t*>(lens.data());
     in.block_tables = static_cast<const int64_t*>(tables.data());
     in.table_width = static_cast<int>(tables.shape(1));
+    if (!table_rows_o.is_none()) in.table_rows = static_cast<const int64_t*>(table_rows.data());
+    if (!logit_rows_o.is_none()) {
+      in.logit_rows = static_cast<const int64_t*>(logit_rows.data());
+      in.num_logit_rows = static_cast<int>(out_rows);
+    }
     const auto& m = *model_;
     const int64_t bs = m.block_size, slots_total = static_cast<int64_t>(m.cache_blocks) * bs;
     for (int b = 0; b < in.rows; ++b) {
@@ -216,14 +247,16 @@ class PyDecodeModel {
       const int64_t len = in.seq_lens[b];
       if (len < 1 || len > static_cast<int64_t>(in.table_width) * bs)
         throw py::value_error("seq_lens" + at + "=" + std::to_string(len) + " out of range [1, " + std::to_string(in.table_width * bs) + "]");
+      const int64_t* table = in.table_of(b);
       for (int64_t i = 0; i < (len + bs - 1) / bs; ++i) {
-        const int64_t blk = in.block_tables[static_cast<size_t>(b) * in.table_width + i];
+        const int64_t blk = table[i];
         if (blk < 0 || blk >= m.cache_blocks)
-          throw py::value_error("block_tables[" + std::to_string(b) + ", " + std::to_string(i) + "]=" + std::to_string(blk) +
+          throw py::value_error("block_tables[" + std::to_string(in.table_rows ? in.table_rows[b] : b) + ", " +
+                                std::to_string(i) + "]=" + std::to_string(blk) +
                                 " out of range [0, " + std::to_string(m.cache_blocks) + ")");
       }
     }
-    py::array_t<float> logits({rows, static_cast<py::ssize_t>(shape().vocab)});
+    py::array_t<float> logits({out_rows, static_cast<py::ssize_t>(shape().vocab)});
     float* out = logits.mutable_data();
     {
       py::gil_scoped_release nogil;
@@ -337,9 +370,13 @@ PYBIND11_MODULE(_cpu_kernels, m) {
            py::arg("v"), py::arg("o"), py::arg("ffn_norm"), py::arg("gate"), py::arg("up"), py::arg("down"),
            py::arg("qkv_bias"), py::arg("kv_cache"))
       .def("decode", &PyDecodeModel::decode, py::arg("input_ids"), py::arg("positions"), py::arg("slot_mapping"),
-           py::arg("seq_lens"), py::arg("block_tables"),
-           "Float32 logits [rows, vocab] of one decode step (one new token per row); writes each row's k/v into "
-           "its slot of every layer's KV cache. Releases the GIL.")
+           py::arg("seq_lens"), py::arg("block_tables"), py::kw_only(), py::arg("table_rows") = py::none(),
+           py::arg("logit_rows") = py::none(),
+           "Float32 logits [rows, vocab] of one step of token rows; writes each row's k/v into its slot of every "
+           "layer's KV cache, then row b attends over seq_lens[b] tokens of its block table (row table_rows[b] of "
+           "block_tables, default b). A decode row is one new token of a sequence; a prompt chunk is one row per "
+           "token (seq_lens = position + 1, table_rows naming the sequence's table). logit_rows: only those rows' "
+           "logits, in that order. Each row's values are independent of the other rows of the step. Releases the GIL.")
       .def_property("profiling", &PyDecodeModel::profiling, &PyDecodeModel::set_profiling,
                     "Phase timer of decode steps (off by default; on costs a clock read per phase).")
       .def("phase_times", &PyDecodeModel::phase_times,

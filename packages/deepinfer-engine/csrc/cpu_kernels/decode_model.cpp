@@ -157,7 +157,7 @@ void DecodeModel::attention(const StepInputs& in, LayerWeights& layer) {
     for (int item = item0; item < item1; ++item) {  // (row, head) pairs
       const int b = item / s.heads, h = item % s.heads, g = h / group;
       const int len = static_cast<int>(in.seq_lens[b]);
-      const int64_t* table = in.block_tables + static_cast<size_t>(b) * in.table_width;
+      const int64_t* table = in.table_of(b);
       const float* q = qkv_.data() + static_cast<size_t>(b) * qkv_width + static_cast<size_t>(h) * d;
       float* out = attn_.data() + (static_cast<size_t>(b) * s.heads + h) * d;
       const size_t head_at = static_cast<size_t>(g) * d;
@@ -211,7 +211,7 @@ void DecodeModel::decode_layers(const StepInputs& in, float* logits) {
   const int q_width = s.heads * d, kv_width = s.kv_heads * d, qkv_width = q_width + 2 * kv_width;
   int max_len = 1;
   for (int b = 0; b < rows; ++b) max_len = std::max(max_len, static_cast<int>(in.seq_lens[b]));
-  ensure_scratch(rows, max_len);
+  ensure_scratch(std::max(rows, in.logit_rows ? in.num_logit_rows : 0), max_len);
   float *x = x_.data(), *h = h_.data(), *tmp = tmp_.data();
   for (int b = 0; b < rows; ++b) dequantize_row(embedding, static_cast<int>(in.ids[b]), x + static_cast<size_t>(b) * H);
   const size_t token_stride = static_cast<size_t>(kv_width);
@@ -290,11 +290,24 @@ void DecodeModel::decode_layers(const StepInputs& in, float* logits) {
     for (size_t i = 0; i < static_cast<size_t>(rows) * H; ++i) x[i] += tmp[i];
     mark(kDown);
   }
-  rms_norm(x, final_norm, h, rows);
-  if (quantized(head)) quantize(h, rows, H, hq_);
-  const Linear* head_parts[] = {&head};
-  mark(kNormQuant);
-  run_linears(head_parts, 1, h, hq_.view(), rows, logits, head.rows);
+  // LM head over the wanted rows only (a prompt chunk wants its last row's logits)
+  const float* head_x = x;
+  int head_rows = rows;
+  if (in.logit_rows) {
+    head_rows = in.num_logit_rows;
+    head_in_.resize(static_cast<size_t>(head_rows) * H);
+    for (int i = 0; i < head_rows; ++i)
+      std::memcpy(head_in_.data() + static_cast<size_t>(i) * H, x + static_cast<size_t>(in.logit_rows[i]) * H,
+                  sizeof(float) * H);
+    head_x = head_in_.data();
+  }
+  if (head_rows > 0) {
+    rms_norm(head_x, final_norm, h, head_rows);
+    if (quantized(head)) quantize(h, head_rows, H, hq_);
+    const Linear* head_parts[] = {&head};
+    mark(kNormQuant);
+    run_linears(head_parts, 1, h, hq_.view(), head_rows, logits, head.rows);
+  }
   mark(kHead);
   if (profiling) ++profiled_steps;
 }

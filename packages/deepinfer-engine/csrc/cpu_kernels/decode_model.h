@@ -54,15 +54,24 @@ struct LayerWeights {
   bool set = false;
 };
 
-// One step's inputs (validated by the caller).
+// One step's inputs (validated by the caller). A row is one token: a decode row, or one token of
+// a prompt chunk (its seq_len is its position + 1; the step writes every row's k/v before any row
+// attends, so a prompt's rows see the rows before them). Each row is computed alone, so its
+// values do not depend on the other rows of the step (batch invariance).
 struct StepInputs {
   int rows = 0;
   const int64_t* ids = nullptr;
   const int64_t* positions = nullptr;
   const int64_t* slots = nullptr;
-  const int64_t* seq_lens = nullptr;
-  const int64_t* block_tables = nullptr;  // [rows, table_width]
+  const int64_t* seq_lens = nullptr;      // keys row b attends over
+  const int64_t* block_tables = nullptr;  // [table rows, table_width]
   int table_width = 0;
+  const int64_t* table_rows = nullptr;    // row b's block table row (null: row b)
+  const int64_t* logit_rows = nullptr;    // rows whose logits are wanted, in output order (null: all)
+  int num_logit_rows = 0;
+  const int64_t* table_of(int b) const {
+    return block_tables + static_cast<size_t>(table_rows ? table_rows[b] : b) * table_width;
+  }
 };
 
 // Parts of a decode step the optional phase timer tells apart (wall time on the calling thread).
@@ -87,7 +96,7 @@ class DecodeModel {
   int cache_blocks = 0, block_size = 0;  // of every layer's KV cache
   std::vector<LayerWeights> layers;
 
-  // logits [rows, vocab]. Runs without the GIL.
+  // logits [num_logit_rows (rows when logit_rows is null), vocab]. Runs without the GIL.
   void decode(const StepInputs& in, float* logits);
 
   // Phase timer (off by default): when on, each step adds the wall time of its phases to
@@ -124,7 +133,7 @@ class DecodeModel {
   const Kernels* kernels_;
   ThreadPool pool_;
   // scratch, grown on demand
-  std::vector<float> x_, h_, qkv_, attn_, tmp_, gate_, up_, act_;
+  std::vector<float> x_, h_, qkv_, attn_, tmp_, gate_, up_, act_, head_in_;
   ActBuffer hq_, aq_;
   std::vector<std::unique_ptr<uint8_t[]>> owned_;  // regrouped weights
   std::vector<std::vector<float>> scores_;  // per thread

@@ -252,25 +252,25 @@ void f32_rows(const float* w, int k, const float* x, int rows, float* y, int ldy
 }
 
 // One activation row: the weight rows one after another, a single sequential stream (with two
-// threads streaming, tiles of several rows -- several streams each -- read ~15 % slower), four
-// accumulators. No software prefetch: the hardware prefetcher follows the stream, and a prefetch
-// 1 KiB or 8 KiB ahead measured 5-15 % slower at one thread (bench/cpu_native_step.py).
+// threads streaming, tiles of several rows -- several streams each -- read ~15 % slower). No
+// software prefetch: the hardware prefetcher follows the stream, and a prefetch 1 KiB or 8 KiB
+// ahead measured 5-15 % slower at one thread (bench/cpu_native_step.py).
+// Batch invariance: each dot is summed exactly as f32_tile sums it (one accumulator, 16 floats a
+// step in order, the masked tail last, then one reduction), so a row's outputs are bitwise the
+// same alone and in a tile of several rows. (Four accumulators here summed in another order; one
+// chain of 4-cycle FMAs still outruns the memory stream, and out-of-order execution overlaps
+// consecutive rows' chains.)
 void f32_single(const float* w, int k, const float* x, float* y, int n0, int n1) {
   for (int n = n0; n < n1; ++n) {
     const float* wr = w + static_cast<size_t>(n) * k;
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    __m512 acc = _mm512_setzero_ps();
     int i = 0;
-    for (; i + 64 <= k; i += 64) {
-      a0 = _mm512_fmadd_ps(_mm512_loadu_ps(wr + i), _mm512_loadu_ps(x + i), a0);
-      a1 = _mm512_fmadd_ps(_mm512_loadu_ps(wr + i + 16), _mm512_loadu_ps(x + i + 16), a1);
-      a2 = _mm512_fmadd_ps(_mm512_loadu_ps(wr + i + 32), _mm512_loadu_ps(x + i + 32), a2);
-      a3 = _mm512_fmadd_ps(_mm512_loadu_ps(wr + i + 48), _mm512_loadu_ps(x + i + 48), a3);
+    for (; i + 16 <= k; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(wr + i), _mm512_loadu_ps(x + i), acc);
+    if (i < k) {
+      const __mmask16 m = static_cast<__mmask16>((1u << (k - i)) - 1);
+      acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, wr + i), _mm512_maskz_loadu_ps(m, x + i), acc);
     }
-    for (; i < k; i += 16) {
-      const __mmask16 m = k - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (k - i)) - 1);
-      a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, wr + i), _mm512_maskz_loadu_ps(m, x + i), a0);
-    }
-    y[n] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+    y[n] = _mm512_reduce_add_ps(acc);
   }
 }
 

@@ -45,6 +45,44 @@ class GGUFError(ValueError):
     """The file is not a readable GGUF of a supported Llama-family model."""
 
 
+# Block types: (bytes per block, byte offsets of its fp16 scale fields). Finite scales make every
+# dequantized value finite, so a quantized tensor is checked on its scales alone (a strided read
+# of the raw blocks, no dequantization).
+_F16_SCALES: dict[str, tuple[int, tuple[int, ...]]] = {
+    "Q4_0": (18, (0,)), "Q4_1": (20, (0, 2)), "Q5_0": (22, (0,)), "Q5_1": (24, (0, 2)), "Q8_0": (34, (0,)),
+    "Q8_1": (36, (0, 2)), "Q2_K": (84, (80, 82)), "Q3_K": (110, (108,)), "Q4_K": (144, (0, 2)),
+    "Q5_K": (176, (0, 2)), "Q6_K": (210, (208,)),
+}
+# dense types: (numpy dtype read as, exponent mask of a NaN/inf as uint16 or None for float32)
+_F16_EXP, _BF16_EXP = 0x7C00, 0x7F80
+
+
+def _nonfinite(t: Any) -> tuple[int, int] | None:
+    """(count, first flat index of a bad value or block) of a GGUF tensor's non-finite values
+    (dense types) or block scales (quantized types); None when all are finite."""
+    kind = t.tensor_type.name
+    raw = np.asarray(t.data)
+    if kind == "F32":
+        bad = ~np.isfinite(raw.view(np.float32))
+    elif kind in ("F16", "BF16"):
+        mask = _F16_EXP if kind == "F16" else _BF16_EXP
+        bad = (raw.view(np.uint16) & mask) == mask
+    elif kind in _F16_SCALES:
+        block, offsets = _F16_SCALES[kind]
+        fields = raw.view(np.uint16).reshape(-1, block // 2)
+        bad = np.zeros(fields.shape[0], dtype=bool)
+        for off in offsets:
+            bad |= (fields[:, off // 2] & _F16_EXP) == _F16_EXP
+    else:  # other types (IQ*, ...): dequantize and look (slower, rare)
+        from gguf.quants import dequantize
+
+        bad = ~np.isfinite(dequantize(raw, t.tensor_type))
+    if not bad.any():
+        return None
+    bad = bad.reshape(-1)
+    return int(bad.sum()), int(np.argmax(bad))
+
+
 def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
     """Open ``path`` (memory-mapped), turning any parse failure into GGUFError."""
     path = os.fspath(path)
@@ -149,6 +187,41 @@ class GGUFModel:
             if name is not None:
                 self.tensors[name] = t
 
+    def check_values(self, names: Iterable[str] | None = None) -> None:
+        """GGUFError naming the tensor when one of ``names`` (default: all the model uses) holds a
+        NaN or infinite value -- for quantized types, a non-finite block scale. Vectorized over the
+        memory-mapped data (the default model: tens of ms)."""
+        for name in self.tensors if names is None else names:
+            t = self.tensors[name]
+            found = _nonfinite(t)
+            if found is not None:
+                count, first = found
+                what = ("block scale(s)" if t.tensor_type.name in _F16_SCALES else "value(s)")
+                raise GGUFError(f"model: GGUF {self.path!r} tensor {t.name!r} ({name}, {t.tensor_type.name}) holds "
+                                f"{count} non-finite {what} (NaN or inf; the first at {'block' if what[0] == 'b' else 'index'} "
+                                f"{first}): the weights are damaged")
+
+    def rope_freq_factors(self) -> torch.Tensor | None:
+        """The file's ``rope_freqs`` (per-frequency divisors of the rotary, Llama 3.1 style), checked:
+        head_dim / 2 values, each finite and positive (zeros would make the rotary infinite); None
+        when the file has none. A bad one is a GGUFError naming the tensor."""
+        name = "rope_freq_factors"
+        if name not in self.tensors:
+            return None
+        t = self.tensors[name]
+        want = self.config.head_dim // 2
+        shape = [int(d) for d in reversed(t.shape)]
+        if shape != [want]:
+            raise GGUFError(f"model: GGUF {self.path!r} tensor {t.name!r} has shape {shape}; the rotary needs "
+                            f"[{want}] (head_dim / 2)")
+        w = self.dense(name)
+        bad = ~(torch.isfinite(w) & (w > 0))
+        if bool(bad.any()):
+            i = int(torch.nonzero(bad)[0])
+            raise GGUFError(f"model: GGUF {self.path!r} tensor {t.name!r} must hold finite positive frequency factors; "
+                            f"{int(bad.sum())} of {want} are not (the first: index {i} = {float(w[i])})")
+        return w
+
     def type_name(self, name: str) -> str:
         return str(self.tensors[name].tensor_type.name)
 
@@ -216,4 +289,6 @@ def load_gguf(path: str | os.PathLike[str]) -> tuple[ModelConfig, dict[str, torc
     """Config and all float32 weights (HF names, HF layouts) of a GGUF file, in memory at once.
     The runtime streams them instead (``GGUFModel``); this is for tools and tests."""
     model = GGUFModel(path)
+    model.check_values()
+    model.rope_freq_factors()
     return model.config, dict(model.dense_tensors())

@@ -93,8 +93,10 @@ def load_model(path: str, *, device: torch.device, dtype: torch.dtype, dummy_wei
     if keep_quantized and device.type != "cpu":
         raise ValueError(f"keep_quantized: GGUF quantized layers run on CPU only, got device {device}")
     freq_factors = None
-    if gguf_model is not None and "rope_freq_factors" in gguf_model.tensors:
-        freq_factors = gguf_model.dense("rope_freq_factors")
+    if gguf_model is not None:
+        freq_factors = gguf_model.rope_freq_factors()  # shape and values checked
+        if not dummy_weights:
+            gguf_model.check_values()  # every tensor finite (block scales of quantized ones)
     with torch.device("meta"):
         if shard is None:
             model = LlamaForCausalLM(config, max_positions=1, rope_freq_factors=freq_factors)
@@ -166,7 +168,12 @@ def materialize(model: torch.nn.Module, device: torch.device, dtype: torch.dtype
 def keep_gguf_quantization(model: LlamaForCausalLM, gguf_model: GGUFModel) -> None:
     """Replace the projections (and a Q8_0 embedding / output head) whose GGUF types have an int4
     form with quantized layers; the rest keep their dense parameters, loaded afterwards."""
-    from deepinfer.runtime.models.quantized import Int4Linear, Q8Embedding, int4_supported
+    from deepinfer.runtime.models.quantized import (
+        ROW_MULTIPLE,
+        Int4Linear,
+        Q8Embedding,
+        int4_supported,
+    )
 
     def quantized(names: list[str], bias_names: list[str] | None = None) -> Int4Linear | None:
         if any(n not in gguf_model.tensors for n in names):
@@ -207,3 +214,11 @@ def keep_gguf_quantization(model: LlamaForCausalLM, gguf_model: GGUFModel) -> No
     codes = gguf_model.q8_codes(embed)
     if codes is not None:
         model.embed_tokens = Q8Embedding(*codes)  # type: ignore[assignment]  # same forward(ids)
+    padded = [f"{name} ({m.out_features} -> {m.padded_rows} rows)" for name, m in model.named_modules()
+              if isinstance(m, Int4Linear) and m.padded_rows != m.out_features]
+    if padded:
+        import logging
+
+        logging.getLogger(__name__).info(
+            "int4 path: %d layer(s) padded with zero rows to a multiple of %d (output sliced back): %s",
+            len(padded), ROW_MULTIPLE, ", ".join(padded))

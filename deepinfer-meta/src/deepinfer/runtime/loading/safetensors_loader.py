@@ -57,18 +57,38 @@ def safetensors_files(model_dir: str) -> list[str]:
     return files
 
 
+def check_finite(t: torch.Tensor, where: str) -> None:
+    """ValueError naming ``where`` when a floating tensor holds NaN or infinite values."""
+    if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
+        bad = ~torch.isfinite(t)
+        first = [int(i) for i in torch.nonzero(bad)[0]]
+        raise ValueError(f"model: {where} holds {int(bad.sum())} non-finite value(s) (NaN or inf; the first at "
+                         f"index {first}): the weights are damaged")
+
+
 def iter_safetensors(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) one at a time, in the file's own dtype, memory-mapped: only the tensor being
-    copied into the model is in memory beyond the model itself."""
+    copied into the model is in memory beyond the model itself. Each tensor's values are checked
+    finite (a ValueError names the file and the tensor)."""
     from safetensors import safe_open
 
     for f in safetensors_files(model_dir):
         try:
-            with safe_open(f, framework="pt", device="cpu") as st:
-                for name in st.keys():
-                    yield name, st.get_tensor(name)
+            st_cm = safe_open(f, framework="pt", device="cpu")
+            st = st_cm.__enter__()
+            names = list(st.keys())
         except Exception as exc:  # safetensors raises its own SafetensorError, OSError, ...
             raise ValueError(f"model: cannot read safetensors file {f!r}: {exc}") from exc
+        try:
+            for name in names:
+                try:
+                    t = st.get_tensor(name)
+                except Exception as exc:
+                    raise ValueError(f"model: cannot read safetensors file {f!r}: {exc}") from exc
+                check_finite(t, f"safetensors file {f!r} tensor {name!r}")
+                yield name, t
+        finally:
+            st_cm.__exit__(None, None, None)
 
 
 def load_safetensors(model_dir: str) -> dict[str, torch.Tensor]:

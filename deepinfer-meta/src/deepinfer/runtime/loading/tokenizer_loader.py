@@ -13,6 +13,9 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import tempfile
+import time
+from collections.abc import Callable
 from typing import Any
 
 from deepinfer.runtime import switches
@@ -29,6 +32,53 @@ def _offline() -> None:
 def cache_dir() -> str:
     """Folder where converted GGUF tokenizers are kept."""
     return switches.raw("DEEPINFER_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "deepinfer")
+
+
+# a writer's temporary folder older than this is left over from a killed process
+_STALE_TMP_SECONDS = 600.0
+
+
+def _sweep_stale_tmp(parent: str, now: float) -> None:
+    """Remove ``<key>.tmp*`` folders under ``parent`` left by processes killed while writing."""
+    try:
+        with os.scandir(parent) as entries:
+            for e in entries:
+                if ".tmp" in e.name and e.is_dir(follow_symlinks=False):
+                    try:
+                        if now - e.stat(follow_symlinks=False).st_mtime > _STALE_TMP_SECONDS:
+                            shutil.rmtree(e.path, ignore_errors=True)
+                    except OSError:
+                        pass
+    except OSError:
+        pass
+
+
+def publish_cache_dir(final: str, write: Callable[[str], None], *, replace_existing: bool = False) -> bool:
+    """Write a cache entry into a fresh temporary folder beside ``final`` (``write(tmp)``) and
+    rename it to ``final``; True when ``final`` is this call's. The temporary folder is removed on
+    every path: a failed write, a read-only cache, any exception, and the loser of a race between
+    processes (or threads) writing the same entry (``final`` then holds the winner's copy, which is
+    kept unless ``replace_existing``: a damaged entry the caller wants replaced)."""
+    parent = os.path.dirname(final)
+    try:
+        os.makedirs(parent, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=os.path.basename(final) + ".tmp", dir=parent)
+    except OSError:  # read-only cache
+        return False
+    try:
+        write(tmp)
+        if replace_existing:
+            shutil.rmtree(final, ignore_errors=True)
+        try:
+            os.replace(tmp, final)  # atomic; fails when another writer's non-empty final is there
+        except OSError:
+            return False
+        return True
+    except OSError:
+        return False
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # no-op once renamed
+        _sweep_stale_tmp(parent, time.time())
 
 
 def load_tokenizer(model_path: str) -> Any:
@@ -48,12 +98,10 @@ def load_tokenizer(model_path: str) -> Any:
             pass
     tok = AutoTokenizer.from_pretrained(os.path.dirname(os.path.abspath(model_path)),
                                         gguf_file=os.path.basename(model_path), local_files_only=True)
-    try:
-        tmp = f"{cached}.tmp{os.getpid()}"
-        tok.save_pretrained(tmp)
-        os.replace(tmp, cached)
-    except OSError:  # read-only home: run without the cache
-        pass
+    # a damaged entry (no tokenizer.json) is replaced; a read-only home runs without the cache
+    publish_cache_dir(cached, tok.save_pretrained,
+                      replace_existing=os.path.isdir(cached)
+                      and not os.path.isfile(os.path.join(cached, "tokenizer.json")))
     return tok
 
 
@@ -115,11 +163,14 @@ def load_text_tokenizer(model_path: str) -> Any:
     if not TextTokenizer.mirrors(tok):
         return tok
     text = TextTokenizer.from_transformers(tok)
-    tmp = f"{folder}.tmp{os.getpid()}"
-    try:
-        text.save(tmp)
-        shutil.rmtree(folder, ignore_errors=True)  # a damaged snapshot
-        os.replace(tmp, folder)
-    except OSError:  # read-only cache: this process keeps its snapshot in memory
-        shutil.rmtree(tmp, ignore_errors=True)
+    # A damaged snapshot is replaced, unless another process wrote a good one meanwhile (the race's
+    # loser keeps its copy in memory); a read-only cache: this process keeps its snapshot in memory.
+    damaged = os.path.exists(folder)
+    if damaged:
+        try:
+            TextTokenizer.load(folder)
+            damaged = False
+        except (OSError, ValueError):
+            pass
+    publish_cache_dir(folder, text.save, replace_existing=damaged)
     return text

@@ -10,6 +10,12 @@ multiplied by a bfloat16 GEMM instead, which is faster there.
 
 ``Q8Embedding`` keeps a Q8_0 embedding table as int8 codes and scales and dequantizes only the
 looked-up rows (bitwise what a dense float32 table would give).
+
+The int4 kernel's packing needs the output rows in multiples of 16 (64 for ``pack_int4``'s fast
+layout); a weight of any other row count (a 32,002-token vocabulary: Llama-2/Mistral fine-tunes
+with added tokens) is padded with zero rows up to a multiple of 64 and its output sliced back, so
+every GGUF file loads on the int4 path (logged once per padded layer at DEBUG, once per model at
+INFO by the loader).
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from deepinfer.runtime.kernels.gguf_blocks import GROUP, Int4Groups
+
+ROW_MULTIPLE = 64  # output rows are padded to a multiple of this (the packed layout's row block)
 
 _int4_mm = torch.ops.aten._weight_int4pack_mm_for_cpu
 _pack = torch.ops.aten._convert_weight_to_int4pack_for_cpu
@@ -46,8 +54,10 @@ def int4_supported(in_features: int) -> bool:
 class Int4Linear(nn.Module):
     """``y = x @ W.T (+ bias)`` with W held as packed int4 codes and per-32 bfloat16 scale/zero.
 
-    ``parts`` (1 or 2) int4 tensors of the same [N, K] shape are stacked into one [parts*N, K]
-    weight; with 2 the two output halves are summed (the Q8_0 split).
+    ``parts`` (1 or 2) int4 tensors of the same [N, K] shape are stacked into one [parts*Np, K]
+    weight, each part padded with zero rows to ``Np``, N rounded up to a multiple of
+    ``ROW_MULTIPLE`` (``padded_rows`` per part; the padding's outputs are sliced off); with 2 the
+    two output halves are summed (the Q8_0 split).
     """
 
     packed: torch.Tensor
@@ -62,9 +72,15 @@ class Int4Linear(nn.Module):
         if len(parts) not in (1, 2) or any(p.q.shape != (n, k) for p in parts):
             raise ValueError("Int4Linear: one or two int4 tensors of the same shape")
         self.in_features, self.out_features, self.num_parts = k, n, len(parts)
-        q = torch.cat([p.q for p in parts]).to(torch.uint8)
-        scale = torch.cat([p.scale for p in parts]).t()  # [K/32, parts*N]
-        zero = torch.cat([p.zero for p in parts]).t()
+        self.padded_rows = -(-n // ROW_MULTIPLE) * ROW_MULTIPLE
+        pad = self.padded_rows - n
+
+        def padded(t: torch.Tensor) -> torch.Tensor:
+            return t if pad == 0 else torch.cat([t, t.new_zeros(pad, *t.shape[1:])])
+
+        q = torch.cat([padded(p.q) for p in parts]).to(torch.uint8)
+        scale = torch.cat([padded(p.scale) for p in parts]).t()  # [K/32, parts*Np]
+        zero = torch.cat([padded(p.zero) for p in parts]).t()
         self.register_buffer("packed", pack_int4(q))
         self.register_buffer("scales_zeros", torch.stack((scale, zero), -1).to(torch.bfloat16).contiguous())
         self.register_buffer("bias", None if bias is None else bias.float().clone())
@@ -72,23 +88,25 @@ class Int4Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         xb = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        if xb.shape[0] >= DENSE_FROM_ROWS and self.packed.shape[0] % 64 == 0:
+        if xb.shape[0] >= DENSE_FROM_ROWS:
             # The int4 kernel's cost grows with the rows (it decodes the weight per row block);
             # for a long prefill, decoding once and a bfloat16 GEMM is 2x faster (measured on
             # SmolLM2's gate/up: 512 rows 19 ms vs 2.2 + 7.9 ms).
             y = F.linear(xb, self.bf16_weight())
         else:
             y = _int4_mm(xb, self.packed, GROUP, self.scales_zeros)
+        n = self.out_features
         if self.num_parts == 2:
-            n = self.out_features
-            y = y[:, :n].float() + y[:, n:]
+            y = y[:, :n].float() + y[:, self.padded_rows:self.padded_rows + n]
+        elif n != self.padded_rows:
+            y = y[:, :n]
         y = y.to(x.dtype)
         if self.bias is not None:
             y = y + self.bias.to(x.dtype)
         return y.reshape(*lead, self.out_features)
 
     def bf16_weight(self) -> torch.Tensor:
-        """The stacked [parts*N, K] weight decoded to bfloat16 (needs parts*N a multiple of 64).
+        """The stacked [parts*Np, K] weight decoded to bfloat16 (padding rows included: zeros).
         Scale and zero broadcast over each group of 32 (no repeated [N, K] copies of them) and
         the arithmetic runs in place: the same values, 2-3x faster for SmolLM2's qkv and gate/up
         measured alone (one thread), ~2 % of a 1024-row quantized prefill step."""

@@ -65,7 +65,7 @@ class ModelRunner:
     """Owns the model, its KV cache and the attention backend; ``execute`` runs one step."""
 
     def __init__(self, loaded: LoadedModel, *, num_blocks: int, block_size: int, device: torch.device,
-                 dtype: torch.dtype, attention_backend: str | None = None) -> None:
+                 dtype: torch.dtype, attention_backend: str | None = None, deterministic: bool = False) -> None:
         self.model = loaded.model
         self.config = loaded.config
         self.device, self.dtype = device, dtype
@@ -76,10 +76,16 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None  # decode steps replayed from CUDA graphs, when captured
         # CPU, float32 KV cache: decode-only steps run natively (models.native_decode), else None
         self.native_decode: NativeDecode | None = None
+        # deterministic: every step on the native kernels, each row computed alone (batch invariance)
+        self.deterministic = deterministic
+        reason = f"device {device.type} with a {dtype} KV cache (the native kernels run on CPU, float32)"
         if device.type == "cpu" and dtype == torch.float32:
-            from deepinfer.runtime.worker.native_decode import build_native_decode
+            from deepinfer.runtime.worker.native_decode import build_native_decode_explained
 
-            self.native_decode = build_native_decode(self.model, loaded.gguf, self.kv_caches)
+            self.native_decode, reason = build_native_decode_explained(self.model, loaded.gguf, self.kv_caches)
+        if deterministic and self.native_decode is None:
+            raise ValueError(f"deterministic=True: batch-invariant steps run on the native CPU kernels, which this "
+                             f"model cannot use: {reason}")
         # While steps run natively, torch runs on one thread: its OpenMP workers spin for a while
         # after every parallel region (libgomp's default wait policy), and spinning between native
         # steps takes a core from the native pool (measured: up to 3x slower batch-1 decode on two
@@ -107,6 +113,12 @@ class ModelRunner:
                 logits_indices: np.ndarray) -> torch.Tensor:
         """Float32 logits [len(logits_indices), vocab] for one step in the var-len layout."""
         num_rows = len(input_ids)
+        if self.deterministic and self.native_decode is not None:
+            # every step natively, one row per token (prompt chunks too): batch-invariant logits
+            _set_torch_threads(1)
+            host_ids = input_ids.cpu().numpy() if isinstance(input_ids, torch.Tensor) else input_ids
+            return self.native_decode.step(host_ids, positions, slot_mapping, query_start_loc, seq_lens,
+                                           block_tables, logits_indices)
         if (self.native_decode is not None and num_rows == len(seq_lens)
                 and np.array_equal(query_start_loc, np.arange(num_rows + 1))):
             # decode-only step (one token per sequence, no padding rows): one native call

@@ -7,6 +7,10 @@ llama.cpp does) or over the float32 parameters (``dtype="float32"``), fused RMSN
 SiLU·mul and paged attention over the runtime's KV cache layout, on a persistent pool of
 ``torch.get_num_threads()`` threads, without the GIL. Prefill and mixed steps stay on torch and
 share the same KV cache. ``DEEPINFER_CPU_NATIVE=0`` turns the path off (torch for every step).
+
+With ``LLM(deterministic=True)`` every step runs here (``NativeDecode.step``): a prompt chunk is
+one row per token, each row computed alone by the same kernels as a decode row, so a sequence's
+logits and KV entries do not depend on which other rows share its steps (batch invariance).
 """
 
 from __future__ import annotations
@@ -52,6 +56,30 @@ class NativeDecode:
         return torch.from_numpy(logits)
 
 
+    def step(self, input_ids: np.ndarray, positions: np.ndarray, slot_mapping: np.ndarray,
+             query_start_loc: np.ndarray, seq_lens: np.ndarray, block_tables: np.ndarray,
+             logits_indices: np.ndarray) -> torch.Tensor:
+        """Logits [len(logits_indices), vocab] of any step in the runner's var-len layout (prompt
+        chunks, decode rows, both): token row i of sequence s attends over its position + 1 keys,
+        ``seq_lens[s] - (query_start_loc[s + 1] - 1 - i)``, through sequence s's block table.
+        Rows past ``query_start_loc[-1]`` (padding) are not run."""
+        qsl = np.asarray(query_start_loc, dtype=np.int64)
+        num_seqs = len(qsl) - 1
+        rows = int(qsl[-1])
+        counts = np.diff(qsl)
+        seq_of_row = np.repeat(np.arange(num_seqs, dtype=np.int64), counts)
+        row_lens = np.asarray(seq_lens[:num_seqs], dtype=np.int64)[seq_of_row] - (qsl[1:][seq_of_row] - 1
+                                                                                - np.arange(rows, dtype=np.int64))
+        picked = np.ascontiguousarray(logits_indices, dtype=np.int64)
+        logits = self.native.decode(
+            np.ascontiguousarray(input_ids[:rows], dtype=np.int64),
+            np.ascontiguousarray(positions[:rows], dtype=np.int64),
+            np.ascontiguousarray(slot_mapping[:rows], dtype=np.int64), row_lens,
+            np.ascontiguousarray(block_tables[:num_seqs], dtype=np.int64),
+            table_rows=seq_of_row, logit_rows=picked)
+        return torch.from_numpy(logits)
+
+
 def _f32(t: torch.Tensor) -> np.ndarray:
     if t.dtype != torch.float32:
         raise Unsupported(f"a {t.dtype} parameter (the native path runs float32 or GGUF blocks)")
@@ -94,12 +122,19 @@ def build_native_decode(model: LlamaForCausalLM, gguf: GGUFModel | None, kv_cach
                         num_threads: int | None = None) -> NativeDecode | None:
     """Register ``model`` (and its KV caches) with the native decode kernels; None when the path
     is switched off, not built, or the model has a part it does not run."""
+    return build_native_decode_explained(model, gguf, kv_caches, num_threads)[0]
+
+
+def build_native_decode_explained(model: LlamaForCausalLM, gguf: GGUFModel | None, kv_caches: list[torch.Tensor],
+                                  num_threads: int | None = None) -> tuple[NativeDecode | None, str]:
+    """``build_native_decode`` and, when it gives None, why (else "")."""
     if not native_decode_wanted():
-        return None
+        return None, (f"the native CPU kernels are switched off ({ENV_SWITCH}=0) or not in this engine wheel "
+                      "(no deepinfer_engine._cpu_kernels)")
     try:
-        return _build(model, gguf, kv_caches, num_threads or torch.get_num_threads())
-    except Unsupported:
-        return None
+        return _build(model, gguf, kv_caches, num_threads or torch.get_num_threads()), ""
+    except Unsupported as exc:
+        return None, str(exc)
 
 
 def _build(model: LlamaForCausalLM, gguf: GGUFModel | None, kv_caches: list[torch.Tensor],

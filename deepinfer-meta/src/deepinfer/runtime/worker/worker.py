@@ -87,7 +87,8 @@ class Worker:
                                  tensor_parallel=group if self.parallel else None, keep_quantized=keep_quantized)
         self.num_blocks = self._num_kv_blocks()
         kwargs: dict[str, Any] = dict(num_blocks=self.num_blocks, block_size=args.block_size, device=device,
-                                      dtype=self.dtype, attention_backend=args.attention_backend)
+                                      dtype=self.dtype, attention_backend=args.attention_backend,
+                                      deterministic=args.deterministic)
         from deepinfer.runtime.worker.model_runner import ModelRunner
 
         self.runner: Any = (runner_factory or ModelRunner)(self.loaded, **kwargs)
