@@ -78,6 +78,7 @@ def bench_steps(
 
 def bench_admission(rng: np.random.Generator) -> tuple[float, float]:
     prompts = [rng.integers(0, VOCAB, 512, dtype=np.int32) for _ in range(1024)]
+    params = E.SamplingParams(max_tokens=1)  # one object for every request, as LLM.generate passes it
     tokens = np.zeros(256, dtype=np.int32)
     s = E.Scheduler(
         num_blocks=40000,
@@ -91,7 +92,7 @@ def bench_admission(rng: np.random.Generator) -> tuple[float, float]:
     )
     c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
     for i, p in enumerate(prompts):
-        s.add_request(f"p{i}", p, E.SamplingParams(max_tokens=1))
+        s.add_request(f"p{i}", p, params)
     while s.has_unfinished_requests():
         out = s.schedule()
         s.update(tokens[: out.num_sample_rows])

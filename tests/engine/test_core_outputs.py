@@ -207,3 +207,31 @@ def test_stop_sequence_output_of_an_n_gt_1_request_and_bad_outputs():
     (r_out,) = [o for o in E.build_request_outputs(s, pool) if o.request_id == "r"]
     assert [c.index for c in r_out.outputs] == [0, 1]      # cumulative: both samples, 1 stays stopped
     assert {c.index: c.finish_reason for c in r_out.outputs} == {0: None, 1: "stop"}
+
+
+def test_cumulative_logprob_is_none_unless_logprobs_were_requested():
+    # vLLM: None without logprobs (not a made-up 0.0); with logprobs=0 the sum of the sampled ones.
+    s = make_scheduler()
+    s.add_request("plain", [2, 3], E.SamplingParams(max_tokens=2))
+    s.add_request("lp", [4, 5], E.SamplingParams(max_tokens=2, logprobs=0))
+    pool = E.RequestOutputPool()
+    for toks, lps in (([11, 21], [-0.25, -0.5]), ([12, 22], [-1.0, -2.0])):
+        step(s, toks, logprobs=np.array(lps, np.float32),
+             topk_token_ids=np.zeros((2, 0), np.int32), topk_logprobs=np.zeros((2, 0), np.float32))
+        outs = {o.request_id: o.outputs[0] for o in E.build_request_outputs(s, pool)}
+        assert outs["plain"].cumulative_logprob is None
+    assert outs["lp"].cumulative_logprob == pytest.approx(-0.5 - 2.0)
+
+
+@pytest.mark.parametrize("kind", ["cumulative", "delta"])
+def test_a_one_token_prompts_prompt_logprobs_are_none_for_its_one_position(kind):
+    # vLLM gives [None] (position 0 has no logprob); a delta output reports it once.
+    s = make_scheduler()
+    s.add_request("one", [5], E.SamplingParams(max_tokens=3, prompt_logprobs=1), output_kind=kind)
+    pool = E.RequestOutputPool()
+    got = []
+    for tok in (7, 8):
+        step(s, [tok])
+        (o,) = E.build_request_outputs(s, pool)
+        got.append(o.prompt_logprobs)
+    assert got == ([[None], [None]] if kind == "cumulative" else [[None], []])

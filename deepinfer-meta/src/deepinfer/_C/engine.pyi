@@ -716,9 +716,9 @@ class RequestOutput:
         One sample of a RequestOutput (vLLM's CompletionOutput).
         """
         @property
-        def cumulative_logprob(self) -> float:
+        def cumulative_logprob(self) -> float | None:
             """
-            Sum of sampled logprobs.
+            Sum of the sampled tokens' logprobs; None when logprobs were not requested.
             """
         @property
         def finish_reason(self) -> typing.Any:

@@ -269,8 +269,10 @@ class LLM:
                                      "(raise LLM(max_logprobs=...))")
         limit = self.engine.cfg.max_model_len
         for i, prompt_ids in enumerate(ids):
-            if len(prompt_ids) > limit:
-                raise ValueError(f"prompts[{i}] has {len(prompt_ids)} tokens, more than max_model_len={limit} "
+            if len(prompt_ids) >= limit:  # max_model_len counts prompt + completion: room for one token
+                what = "more than" if len(prompt_ids) > limit else "as many as"
+                raise ValueError(f"prompts[{i}] has {len(prompt_ids)} tokens, {what} max_model_len={limit}, "
+                                 "which counts the prompt and the completion: no room for a completion "
                                  "(shorten it or raise max_model_len)")
         return ids, params
 

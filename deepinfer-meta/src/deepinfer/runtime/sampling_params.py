@@ -265,11 +265,11 @@ class SamplingParams:
     def engine_params(self, tokenizer: Any = None, extra_stop_token_ids: Any = ()) -> Any:
         """The engine SamplingParams of a request made with these parameters: ``engine`` as is,
         or a copy with what the runtime decides — the model's extra EOS ids added to
-        stop_token_ids, the effective temperature, and ``bad_words`` tokenized with
+        stop_token_ids (not with ``ignore_eos``, which ignores every EOS id), the effective temperature, and ``bad_words`` tokenized with
         ``tokenizer`` (required when there are bad words; see ``bad_words_token_ids``)."""
         eng = self._engine
         changes: dict[str, Any] = {}
-        if extra_stop_token_ids:
+        if extra_stop_token_ids and not eng.ignore_eos:  # ignore_eos ignores every EOS id (vLLM)
             stops = set(eng.stop_token_ids)
             merged = stops.union(extra_stop_token_ids)
             if merged != stops:

@@ -63,20 +63,22 @@ void build_request_outputs(Scheduler& sched, const std::function<RequestOutputDa
       if (seq_finished) q.final_output_sent = true;
     }
     d->num_completions = n;
-    // Prompt logprobs: positions 1..P-1 (position 0 has none).
+    // Prompt logprobs: positions 1..P-1 have entries; position 0 has none (reported as None),
+    // and is covered from the first output on (a one-token prompt's logprobs are [None]).
     if (p.prompt_logprobs >= 0) {
       const size_t per = static_cast<size_t>(p.prompt_logprobs) + 1;
-      const int32_t start = delta ? g.num_prompt_logprobs_returned : 0;
-      const int32_t end = g.num_prompt_logprobs;  // positions 1..end filled
+      const int32_t filled = g.num_prompt_logprobs;  // positions 1..filled have entries
+      const int32_t end = filled + 1;                // positions [0, end) are known
+      const int32_t start = delta ? g.num_prompt_positions_returned : 0;
+      const int32_t first_entry = start > 0 ? start - 1 : 0;  // entry of position max(start, 1)
       d->prompt_logprobs_per_token = static_cast<int32_t>(per);
-      // The output covers prompt positions [start_pos, end_pos); position 0 (no logprob) is None.
-      d->prompt_logprobs_start = end == 0 ? 0 : (start == 0 ? 0 : start + 1);
-      d->prompt_logprobs_end = end == 0 ? 0 : end + 1;
-      d->prompt_logprob_token_ids.assign(g.prompt_logprob_token_ids.begin() + per * start,
-                                         g.prompt_logprob_token_ids.begin() + per * end);
-      d->prompt_logprob_values.assign(g.prompt_logprob_values.begin() + per * start,
-                                      g.prompt_logprob_values.begin() + per * end);
-      g.num_prompt_logprobs_returned = end;
+      d->prompt_logprobs_start = start;
+      d->prompt_logprobs_end = end;
+      d->prompt_logprob_token_ids.assign(g.prompt_logprob_token_ids.begin() + per * first_entry,
+                                         g.prompt_logprob_token_ids.begin() + per * filled);
+      d->prompt_logprob_values.assign(g.prompt_logprob_values.begin() + per * first_entry,
+                                      g.prompt_logprob_values.begin() + per * filled);
+      g.num_prompt_positions_returned = end;
     } else {
       d->prompt_logprobs_per_token = 0;
     }

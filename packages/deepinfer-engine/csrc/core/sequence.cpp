@@ -85,7 +85,7 @@ GroupIndex SequenceStore::new_group() {
   gr.prompt_logprob_token_ids.clear();
   gr.prompt_logprob_values.clear();
   gr.num_prompt_logprobs = 0;
-  gr.num_prompt_logprobs_returned = 0;
+  gr.num_prompt_positions_returned = 0;
   gr.first_scheduled_time = gr.first_token_time = gr.finished_time = 0.0;
   gr.final_output_sent = false;
   gr.num_unfinished = 0;

@@ -129,7 +129,7 @@ struct SequenceGroup {
   std::vector<int32_t> prompt_logprob_token_ids;
   std::vector<float> prompt_logprob_values;
   int32_t num_prompt_logprobs = 0;
-  int32_t num_prompt_logprobs_returned = 0;  // positions already in an output (delta kind)
+  int32_t num_prompt_positions_returned = 0;  // prompt positions (0 included) already in an output (delta kind)
 
   // Metrics (time.time() seconds; 0 = not yet).
   double first_scheduled_time = 0.0;

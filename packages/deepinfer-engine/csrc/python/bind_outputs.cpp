@@ -2,8 +2,10 @@
 // build_request_outputs, get_finished_seqs_info.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 #include <pybind11/typing.h>
 
+#include <optional>
 #include <string>
 
 #include "python/bindings.h"
@@ -46,7 +48,13 @@ void bind_outputs(py::module_& m) {
             return l;
           },
           "list[int]: generated tokens (all, or new ones in delta kind).")
-      .def_readonly("cumulative_logprob", &CompletionData::cumulative_logprob, "Sum of sampled logprobs.")
+      .def_property_readonly(
+          "cumulative_logprob",
+          [](const CompletionData& c) -> std::optional<double> {
+            if (c.logprobs_per_token == 0) return std::nullopt;  // not asked for: vLLM's None, never a made-up 0.0
+            return c.cumulative_logprob;
+          },
+          "Sum of the sampled tokens' logprobs; None when logprobs were not requested.")
       .def_property_readonly(
           "logprobs",
           [](const CompletionData& c) -> py::object {
