@@ -109,9 +109,11 @@ def test_too_long_prompt_is_refused_with_both_counts_and_nothing_runs(llm):
     with pytest.raises(ValueError, match="300 tokens.*256"):
         llm.stream(long_prompt, sp)
     assert llm.engine.num_steps == steps and not llm.engine.requests
-    # the longest prompt that fits still runs
-    (out,) = llm.generate([long_prompt[:256]], SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
-    assert out.finished and out.outputs[0].finish_reason == "length"
+    # max_model_len counts prompt + completion: the longest prompt that fits leaves one token
+    with pytest.raises(ValueError, match=r"256 tokens, as many as max_model_len=256"):
+        llm.generate([long_prompt[:256]], sp, use_tqdm=False)
+    (out,) = llm.generate([long_prompt[:255]], SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
+    assert out.finished and out.outputs[0].finish_reason == "length" and len(out.outputs[0].token_ids) == 1
 
 
 def test_a_rejected_request_leaves_running_ones_untouched(llm):
