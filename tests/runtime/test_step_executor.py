@@ -216,22 +216,15 @@ def test_default_model_sync_and_overlap_give_the_same_tokens(loaded_default, tok
     assert got[True] == got[False]
 
 
-def test_a_rebuilt_engine_loop_writes_into_the_buffers_the_graphs_replay(monkeypatch):
-    # The server gives a stuck LLM a fresh engine loop over the same runner: its steps must be
-    # written where the captured graphs read them (the worker's step buffers), not into new ones.
-    from deepinfer.serve.engine_thread import rebuild_if_stuck
-
+def test_a_fresh_engine_loop_writes_into_the_buffers_the_graphs_replay():
+    # A server gives a stuck LLM a fresh engine loop over the same runner (serve's
+    # rebuild_if_stuck): its steps must be written where the captured graphs read them (the
+    # worker's step buffers), not into new ones, and it keeps the loop's settings.
     loop, runner = make_fake_loop(graphs=True)
-    buffers = loop.step_buffers
-
-    class Stuck:
-        engine = loop
-
-    monkeypatch.setattr(type(loop), "stuck", property(lambda self: True))
-    llm = Stuck()
-    assert rebuild_if_stuck(llm)
-    assert llm.engine is not loop and llm.engine.step_buffers is buffers
-    assert llm.engine.executor.buffers[0] is buffers
-    monkeypatch.undo()
-    outs, _ = run_all(llm.engine, PROMPTS[:2], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
+    loop.retry_failed_steps = True
+    fresh = loop.fresh()
+    assert fresh is not loop and fresh.step_buffers is loop.step_buffers
+    assert fresh.executor.buffers[0] is loop.step_buffers and fresh.retry_failed_steps
+    assert fresh.cfg is loop.cfg and not fresh.requests
+    outs, _ = run_all(fresh, PROMPTS[:2], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
     assert _tokens(outs) == [[chain(p[-1], 6)] for p in PROMPTS[:2]] and runner.graphs.replays > 0

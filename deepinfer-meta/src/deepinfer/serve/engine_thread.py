@@ -77,12 +77,7 @@ def rebuild_if_stuck(llm: Any) -> bool:
     engine = llm.engine
     if not engine.stuck:  # (a decode step launched ahead by the overlap loop is not stuck)
         return False
-    from deepinfer.runtime.engine.loop import EngineLoop
-
-    llm.engine = EngineLoop(engine.runner, engine.tokenizer, engine.cfg,
-                            extra_stop_token_ids=engine.extra_stop_token_ids,
-                            overlap_scheduling=engine.overlap is not None,
-                            step_buffers=engine.step_buffers)  # what the CUDA graphs replay from
+    llm.engine = engine.fresh()
     return True
 
 

@@ -183,6 +183,14 @@ class EngineLoop:
         # ZOS: decode steps launched ahead of the previous step's tokens (None: synchronous loop).
         self.overlap = Overlap() if overlap_scheduling else None
 
+    def fresh(self) -> EngineLoop:
+        """A new loop with no request over the same runner, tokenizer, configuration and step
+        buffers (which the CUDA graphs replay from): what a server takes after a step this loop
+        could not abandon (``stuck``)."""
+        return EngineLoop(self.runner, self.tokenizer, self.cfg, extra_stop_token_ids=self.extra_stop_token_ids,
+                          retry_failed_steps=self.retry_failed_steps, overlap_scheduling=self.overlap is not None,
+                          step_buffers=self.step_buffers)
+
     # ---- requests ---------------------------------------------------------------------------
     def new_request_id(self) -> str:
         return f"req-{next(self._ids)}"
