@@ -32,9 +32,6 @@ NATIVE_TYPES = ("Q4_0", "Q4_1", "Q8_0")
 WeightSpec = tuple[str, np.ndarray]
 
 
-native_decode_wanted = switches.native_cpu_decode_wanted
-
-
 class Unsupported(Exception):
     """The model has a part the native path does not run (the reason is the message)."""
 
@@ -128,7 +125,7 @@ def build_native_decode(model: LlamaForCausalLM, gguf: GGUFModel | None, kv_cach
 def build_native_decode_explained(model: LlamaForCausalLM, gguf: GGUFModel | None, kv_caches: list[torch.Tensor],
                                   num_threads: int | None = None) -> tuple[NativeDecode | None, str]:
     """``build_native_decode`` and, when it gives None, why (else "")."""
-    if not native_decode_wanted():
+    if not switches.native_cpu_decode_wanted():
         return None, (f"the native CPU kernels are switched off ({ENV_SWITCH}=0) or not in this engine wheel "
                       "(no deepinfer_engine._cpu_kernels)")
     try:
