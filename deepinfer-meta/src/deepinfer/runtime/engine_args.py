@@ -194,8 +194,10 @@ class EngineArgs:
     deterministic: bool = field(default=False, metadata=_opt(
         "Batch-invariant steps: a request's greedy or seeded outputs do not depend on which other "
         "requests share its steps. CPU: every step on the native kernels, a prompt one row per "
-        "token (prompts ~0.6x as fast at one thread; see the CPU guide). A ValueError where it "
-        "cannot run: CUDA (not yet), tensor parallelism, weight types the native kernels lack.",
+        "token (prompts ~0.6x as fast at one thread; see the CPU guide). CUDA: eager steps on "
+        "batch-invariant Triton matmul, RMSNorm and attention kernels (no CUDA graphs; cost in "
+        "the GPU guide). A ValueError where it cannot run: tensor parallelism, weight types the "
+        "kernels lack.",
         "bool", "--deterministic"))
 
     # ---- checks ---------------------------------------------------------------------------

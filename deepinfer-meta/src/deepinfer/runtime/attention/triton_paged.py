@@ -91,15 +91,20 @@ def _tiles(meta: AttentionMetadata, block_q: int, device: torch.device) -> tuple
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                    meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """Same contract as ``torch_paged.paged_attention``, on CUDA."""
+                    meta: AttentionMetadata, scale: float, batch_invariant: bool = False) -> torch.Tensor:
+    """Same contract as ``torch_paged.paged_attention``, on CUDA.
+
+    ``batch_invariant``: one tile shape for every step (the decode one), so a query row is
+    computed by the same instructions whether its step is a decode, a prompt chunk or a mix. A
+    row depends only on its own keys either way: a tile reads key blocks from position 0 in one
+    order, and the blocks past a row's position are masked to exactly zero weight."""
     write_kv(kv_cache, k, v, meta.slot_mapping)
     num_heads, head_dim = q.shape[1], q.shape[2]
     kv_heads = kv_cache.shape[3]
     group = num_heads // kv_heads
     group_pad = triton.next_power_of_2(group)
     # Decode-only steps: few query rows per tile (M >= 16 for tl.dot); prefill: 16 tokens per tile.
-    block_q = max(1, 16 // group_pad) if meta.max_query_len == 1 else 16
+    block_q = max(1, 16 // group_pad) if meta.max_query_len == 1 or batch_invariant else 16
     tile_seq, tile_start = _tiles(meta, block_q, q.device)
     out = torch.empty_like(q)
     k_cache, v_cache = kv_cache[0], kv_cache[1]

@@ -30,8 +30,14 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
+        # Set by LlamaForCausalLM.use_batch_invariant_kernels (deterministic=True on CUDA)
+        self.batch_invariant = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.batch_invariant:
+            from deepinfer.runtime.kernels.batch_invariant import invariant_rms_norm
+
+            return invariant_rms_norm(x, self.weight, self.eps)
         dtype = x.dtype
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -197,6 +203,30 @@ class LlamaForCausalLM(nn.Module):
                 if type(linear) is nn.Linear:  # not quantized layers, not tensor-parallel ones
                     setattr(module, name, CpuLinear.sharing(linear))
         self.head_linear = cpu_linear
+
+    def use_batch_invariant_kernels(self) -> None:
+        """Run every projection, RMSNorm and the LM head through ``kernels.batch_invariant`` (Triton),
+        whose rows do not depend on the other rows of the step: ``deterministic=True`` on CUDA.
+        The parameters stay the same tensors. ValueError for a layer kept quantized."""
+        from deepinfer.runtime.kernels.batch_invariant import InvariantLinear, invariant_linear
+
+        if self.quantized_head is not None:
+            raise ValueError("deterministic=True on CUDA: the LM head is kept quantized "
+                             f"({type(self.quantized_head).__name__}); load the model in bfloat16/float16")
+        for i, module in enumerate(self.layers):
+            layer = cast(LlamaLayer, module)
+            for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
+                linear = getattr(layer, name)
+                if type(linear) is not nn.Linear:
+                    raise ValueError(f"deterministic=True on CUDA: layers.{i}.{name} is a "
+                                     f"{type(linear).__name__}, not a plain linear layer the batch-invariant "
+                                     "kernels can run")
+                setattr(layer, name, InvariantLinear.sharing(linear))
+            for norm in (layer.input_layernorm, layer.post_attention_layernorm, layer.q_norm, layer.k_norm):
+                if norm is not None:
+                    norm.batch_invariant = True
+        self.norm.batch_invariant = True
+        self.head_linear = invariant_linear
 
     @torch.no_grad()
     def store_wide_projections_input_major(self) -> None:

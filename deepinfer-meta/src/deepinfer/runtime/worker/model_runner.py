@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -28,9 +29,11 @@ class DecodeGraphs(Protocol):
                before_replay: Any | None = None) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
-def select_attention(device: torch.device, backend: str | None = None, block_size: int = 16):  # type: ignore[no-untyped-def]
+def select_attention(device: torch.device, backend: str | None = None, block_size: int = 16,  # type: ignore[no-untyped-def]
+                     batch_invariant: bool = False):
     """The attention function for ``device``: ``"torch"`` (any device) or ``"triton"`` (CUDA;
-    the default there when Triton is installed and block_size is a power of two >= 16)."""
+    the default there when Triton is installed and block_size is a power of two >= 16).
+    ``batch_invariant`` (CUDA): the Triton kernel with one tile shape for every step."""
     if backend is None:
         backend = "torch"
         if device.type == "cuda" and block_size >= 16 and block_size & (block_size - 1) == 0:
@@ -52,7 +55,7 @@ def select_attention(device: torch.device, backend: str | None = None, block_siz
             raise ValueError(f"attention_backend='triton' needs block_size a power of two >= 16, got {block_size}")
         from deepinfer.runtime.attention.triton_paged import paged_attention as triton_attention
 
-        return triton_attention
+        return functools.partial(triton_attention, batch_invariant=True) if batch_invariant else triton_attention
     raise ValueError(f"attention_backend must be 'torch' or 'triton', got {backend!r}")
 
 
@@ -72,7 +75,10 @@ class ModelRunner:
         self.block_size, self.num_blocks = block_size, num_blocks
         self.kv_caches = allocate_kv_caches(self.config, num_blocks, block_size, dtype, device)
         self.scratch_slot = num_blocks * block_size  # first slot of the extra scratch block
-        self.attention = select_attention(device, attention_backend, block_size)
+        if deterministic and device.type == "cuda":
+            self.attention = self._batch_invariant_cuda(attention_backend, block_size)
+        else:
+            self.attention = select_attention(device, attention_backend, block_size)
         self.graphs: DecodeGraphs | None = None  # decode steps replayed from CUDA graphs, when captured
         # CPU, float32 KV cache: decode-only steps run natively (models.native_decode), else None
         self.native_decode: NativeDecode | None = None
@@ -83,7 +89,7 @@ class ModelRunner:
             from deepinfer.runtime.worker.native_decode import build_native_decode_explained
 
             self.native_decode, reason = build_native_decode_explained(self.model, loaded.gguf, self.kv_caches)
-        if deterministic and self.native_decode is None:
+        if deterministic and device.type != "cuda" and self.native_decode is None:
             raise ValueError(f"deterministic=True: batch-invariant steps run on the native CPU kernels, which this "
                              f"model cannot use: {reason}")
         # While steps run natively, torch runs on one thread: its OpenMP workers spin for a while
@@ -92,6 +98,24 @@ class ModelRunner:
         # cores). torch gets its thread count back for its own forward passes (prefill, mixed
         # steps) and when the engine runs out of work (restore_torch_threads).
         self.torch_threads = torch.get_num_threads()
+
+    def _batch_invariant_cuda(self, attention_backend: str | None, block_size: int):  # type: ignore[no-untyped-def]
+        """deterministic=True on CUDA: the model's projections, norms and LM head on the
+        batch-invariant Triton kernels, and the attention function with one tile shape."""
+        if attention_backend not in (None, "triton"):
+            raise ValueError(f"deterministic=True on CUDA runs the Triton attention kernel, not "
+                             f"attention_backend={attention_backend!r}")
+        try:
+            import triton  # noqa: F401
+        except ImportError as exc:
+            raise ValueError("deterministic=True on CUDA needs Triton (it ships with torch's CUDA wheels: "
+                             "pip install triton)") from exc
+        use = getattr(self.model, "use_batch_invariant_kernels", None)
+        if use is None:
+            raise ValueError(f"deterministic=True on CUDA: {type(self.model).__name__} has no batch-invariant "
+                             "kernels (Llama-family models have them)")
+        use()
+        return select_attention(self.device, "triton", block_size, batch_invariant=True)
 
     def restore_torch_threads(self) -> None:
         """Give torch its thread count back (the engine has no work left; see ``__init__``)."""

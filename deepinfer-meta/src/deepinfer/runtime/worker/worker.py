@@ -95,7 +95,9 @@ class Worker:
         self.step_buffers = StepBuffers(*step_buffer_dims(args.max_num_batched_tokens, args.max_num_seqs,
                                                           args.max_model_len, args.block_size),
                                         pin=device.type == "cuda")
-        use_graphs = device.type == "cuda" and not args.enforce_eager
+        # deterministic: eager steps (the decode graphs run the fused one-row kernels, not the
+        # batch-invariant ones)
+        use_graphs = device.type == "cuda" and not args.enforce_eager and not args.deterministic
         self.graph_batch_sizes = default_graph_batch_sizes(args.max_num_seqs) if use_graphs else None
 
     def _num_kv_blocks(self) -> int:
