@@ -22,6 +22,7 @@ ROOMS: list[tuple[str, ...]] = [
     ("deepinfer.serve",),
     ("deepinfer",),  # the package root: lazy LLM / SamplingParams
     ("deepinfer.runtime", "deepinfer.runtime.llm"),
+    ("deepinfer.runtime.beam_search",),
     ("deepinfer.runtime.bench_metrics",),
     ("deepinfer.runtime.engine",),
     ("deepinfer.runtime.distributed",),

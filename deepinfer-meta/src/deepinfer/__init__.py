@@ -11,14 +11,16 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     __version__: str
+    from deepinfer.runtime.beam_search import BeamSearchParams
     from deepinfer.runtime.llm import LLM
     from deepinfer.runtime.sampling_params import SamplingParams
 
-__all__ = ["LLM", "SamplingParams", "__version__"]
+__all__ = ["LLM", "BeamSearchParams", "SamplingParams", "__version__"]
 
 _LAZY = {
     "LLM": ("deepinfer.runtime.llm", "LLM"),
     "SamplingParams": ("deepinfer.runtime.sampling_params", "SamplingParams"),
+    "BeamSearchParams": ("deepinfer.runtime.beam_search", "BeamSearchParams"),
 }
 
 

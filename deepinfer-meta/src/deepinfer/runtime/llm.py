@@ -7,6 +7,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from deepinfer.runtime.beam_search import BeamSearchOutput, BeamSearchParams, run_beam_search
 from deepinfer.runtime.engine_args import EngineArgs
 from deepinfer.runtime.engine_args import is_int as _is_int
 from deepinfer.runtime.sampling_params import SamplingParams
@@ -141,7 +142,7 @@ class LLM:
         try:
             self.worker = Worker(args, path, group.device if group else device, group=group, runner_factory=factory)
             self.runner, self.device, self.dtype = self.worker.runner, self.worker.device, self.worker.dtype
-            eos_ids = self.worker.eos_token_ids(self.text_tokenizer)
+            self.eos_token_ids = eos_ids = self.worker.eos_token_ids(self.text_tokenizer)
             overlap = args.overlap_scheduling  # default: on with CUDA graphs and one rank
             self.engine = EngineLoop(
                 self.runner, self.text_tokenizer, _engine_config(EngineConfig, args, self.worker, eos_ids),
@@ -344,6 +345,19 @@ class LLM:
             if bar is not None:
                 bar.close()
         return results
+
+    def beam_search(self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams,
+                    use_tqdm: bool = False, concurrency_limit: int | None = None) -> list[BeamSearchOutput]:
+        """vLLM's ``LLM.beam_search``: the ``params.beam_width`` best sequences of each prompt, best
+        first, by ``cum_logprob / len ** length_penalty`` (``runtime/beam_search.py``). Each round
+        is one ``generate`` over every live beam (prefix caching shares their prompts' KV).
+        ``concurrency_limit``: at most that many prompts searched at once. ``use_tqdm`` is
+        accepted for vLLM's signature (no bar is drawn)."""
+        if not isinstance(params, BeamSearchParams):
+            raise TypeError(f"params must be a BeamSearchParams, got {type(params).__name__}")
+        ids, _ = self._normalise(prompts, None)
+        return run_beam_search(lambda p, sp: self.generate(p, sp, use_tqdm=False), self.text_tokenizer.decode,
+                               self.eos_token_ids, ids, params, self.engine.cfg.max_model_len, concurrency_limit)
 
     def _priorities(self, priority: Any, num_prompts: int) -> list[int]:
         """One priority per prompt (0 each when None); ValueError as vLLM raises it."""
