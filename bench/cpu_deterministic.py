@@ -34,6 +34,7 @@ def main() -> None:
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--shape", default="smollm2-135m", help="CUDA: a tests/runtime/gpu_shapes.py shape")
     args = p.parse_args()
+    import torch  # noqa: F401 - before the engine's module (docs/troubleshooting.md: import order)
     from deepinfer import LLM, SamplingParams
 
     if args.device == "cuda":
