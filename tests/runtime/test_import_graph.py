@@ -24,6 +24,7 @@ ROOMS: list[tuple[str, ...]] = [
     ("deepinfer.runtime", "deepinfer.runtime.llm"),
     ("deepinfer.runtime.bench_metrics",),
     ("deepinfer.runtime.engine",),
+    ("deepinfer.runtime.speculative",),
     ("deepinfer.runtime.distributed",),
     ("deepinfer.runtime.worker",),
     ("deepinfer.runtime.sampling",),
@@ -34,6 +35,7 @@ ROOMS: list[tuple[str, ...]] = [
     ("deepinfer.runtime.kernels",),
     ("deepinfer.runtime.engine_args", "deepinfer.runtime.sampling_params", "deepinfer.runtime.interrupts",
      "deepinfer.runtime.switches"),
+    ("deepinfer.runtime.speculative.config",),  # speculative_config's keys (read by engine_args)
     ("deepinfer.timer",),
     ("deepinfer._C",),
     ("deepinfer.plugins",),
