@@ -219,3 +219,24 @@ def test_the_speculative_sampling_inputs_name_the_bonus_row(loaded_default, toke
     loop.speculator.verify = spy
     run(loop, prompt_ids, SamplingParams(temperature=0, max_tokens=20))
     assert seen and max(seen) <= 4
+
+
+def test_torch_path_without_native_kernels(loaded_default, tokenizer, prompt_ids):
+    """Without the native CPU kernels every step (decode and verify) runs the torch forward."""
+    p = SamplingParams(temperature=0, max_tokens=30)
+    base, spec = make_loop(loaded_default, tokenizer), make_loop(loaded_default, tokenizer, NGRAM)
+    base.runner.native_decode = spec.runner.native_decode = None
+    assert tokens_of(run(spec, prompt_ids, p)) == tokens_of(run(base, prompt_ids, p))
+    assert spec.speculator.stats.num_accepted_tokens > 0
+
+
+def test_verify_steps_run_on_the_native_kernels_when_present(loaded_default, tokenizer, prompt_ids, monkeypatch):
+    spec = make_loop(loaded_default, tokenizer, NGRAM)
+    if spec.runner.native_decode is None:
+        pytest.skip("the native CPU decode kernels are not built")
+    assert spec.runner.native_verify_tokens == 5
+    calls = []
+    real = spec.runner.native_decode.step
+    monkeypatch.setattr(spec.runner.native_decode, "step", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    run(spec, prompt_ids[:1], SamplingParams(temperature=0, max_tokens=30))
+    assert calls and spec.speculator.stats.num_draft_tokens > 0
