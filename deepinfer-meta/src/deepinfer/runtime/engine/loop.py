@@ -306,6 +306,17 @@ class EngineLoop:
         while self._pending_releases:
             self._release(self._pending_releases.popleft())
 
+    def stats(self) -> dict[str, Any]:
+        """``Scheduler.get_stats()`` plus, when speculating, the ``spec_decode_*`` totals (vLLM's
+        names: num_drafts, num_draft_tokens, num_accepted_tokens, num_accepted_tokens_per_pos)."""
+        st = dict(self.scheduler.get_stats())
+        if self.speculator is not None:
+            s = self.speculator.stats
+            st.update(spec_decode_num_drafts=s.num_drafts, spec_decode_num_draft_tokens=s.num_draft_tokens,
+                      spec_decode_num_accepted_tokens=s.num_accepted_tokens,
+                      spec_decode_num_accepted_tokens_per_pos=list(s.accepted_per_pos))
+        return st
+
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
