@@ -179,10 +179,11 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     max_len = args.input_len + args.output_len + args.k + 16
     common = dict(dtype="bfloat16", dummy_weights=True, max_num_seqs=max(sizes), max_model_len=max_len,
-                  enforce_eager=args.enforce_eager, gpu_memory_utilization=0.4)
+                  enforce_eager=args.enforce_eager, num_kv_blocks=2048)
     plain = LLM(shape_dir, **common)
     spec = LLM(shape_dir, **common, speculative_config=spec_cfg)
-    print(f"== {args.shape} bf16 random weights on {torch.cuda.get_device_name()}, {plain!r}; {spec_cfg}", flush=True)
+    where = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    print(f"== {args.shape} bf16 random weights on {where}, {plain!r}; {spec_cfg}", flush=True)
     params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
     for b in sizes:
         prompts = torch.randint(100, vocab - 100, (b, args.input_len), generator=g).tolist()
