@@ -15,12 +15,15 @@ and per-position acceptance, and checks the outputs are token for token the same
 engine's output), so every draft is kept where the verify forward reproduces the decode
 forward's argmax, and drafting costs nothing: the ceiling of the verification path. With
 ``--shape`` (CUDA) the model is a random-weight bf16 model of that shape (bench/gpu_bench.py's
-loader), EOS ignored, ``--output-len`` tokens per request, ``--batch`` concurrent requests.
+loader), EOS ignored, ``--output-len`` tokens per request, ``--batch`` concurrent requests; one
+engine at a time (plain with CUDA graphs and ZOS as configured by default, then speculative),
+each run after a warm-up, medians of ``--runs``.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import sys
@@ -180,16 +183,39 @@ def main() -> None:
     max_len = args.input_len + args.output_len + args.k + 16
     common = dict(dtype="bfloat16", dummy_weights=True, max_num_seqs=max(sizes), max_model_len=max_len,
                   enforce_eager=args.enforce_eager, num_kv_blocks=2048)
-    plain = LLM(shape_dir, **common)
-    spec = LLM(shape_dir, **common, speculative_config=spec_cfg)
     where = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    print(f"== {args.shape} bf16 random weights on {where}, {plain!r}; {spec_cfg}", flush=True)
+    print(f"== {args.shape} bf16 random weights on {where}; {spec_cfg}; one engine at a time (plain, then "
+          f"speculative), medians of {args.runs} runs after a warm-up", flush=True)
     params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
+    groups = {b: [{"prompt_token_ids": q} for q in torch.randint(100, vocab - 100, (b, args.input_len),
+                                                                  generator=g).tolist()] for b in sizes}
+    rates: dict[str, dict[int, list[float]]] = {"plain": {}, "spec": {}}
+    outputs: dict[str, dict[int, list[list[int]]]] = {"plain": {}, "spec": {}}
+    for mode in ("plain", "spec"):
+        llm = LLM(shape_dir, **common, speculative_config=spec_cfg if mode == "spec" else None)
+        print(f"  {mode}: {llm!r}", flush=True)
+        for b, batch in groups.items():
+            if mode == "spec" and args.speculative_oracle:
+                for req, toks in zip(batch, outputs["plain"][b], strict=True):
+                    llm.engine.speculator.record_oracle(req["prompt_token_ids"], toks)
+            timed(llm, batch, params)  # warm-up (the plain one is the oracle's recorded greedy run)
+            if mode == "spec":
+                llm.engine.speculator.stats.__init__(args.k)
+            rates[mode][b] = []
+            for r in range(args.runs):
+                rate, toks = timed(llm, batch, params)
+                rates[mode][b].append(rate)
+                outputs[mode][b] = toks
+                print(f"  {mode} batch {b} run {r + 1}: {rate:,.1f} output tok/s", flush=True)
+            if mode == "spec":
+                print(f"  spec batch {b} stats: {report_stats(llm)}", flush=True)
+        del llm
+        gc.collect()
+        torch.cuda.empty_cache()
     for b in sizes:
-        prompts = torch.randint(100, vocab - 100, (b, args.input_len), generator=g).tolist()
-        print(f"-- batch {b} ({args.input_len} in, {args.output_len} out)", flush=True)
-        spec.engine.speculator.stats.__init__(args.k)
-        bench(plain, spec, [[{"prompt_token_ids": q} for q in prompts]], params, args.runs, args.speculative_oracle)
+        sp, pl = statistics.median(rates["spec"][b]), statistics.median(rates["plain"][b])
+        print(f"batch {b}: spec {sp:,.1f} tok/s, plain {pl:,.1f} tok/s (medians), ratio {sp / pl:.2f}x; "
+              f"outputs equal: {outputs['spec'][b] == outputs['plain'][b]}", flush=True)
 
 
 if __name__ == "__main__":
