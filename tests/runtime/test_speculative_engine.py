@@ -240,3 +240,25 @@ def test_verify_steps_run_on_the_native_kernels_when_present(loaded_default, tok
     monkeypatch.setattr(spec.runner.native_decode, "step", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     run(spec, prompt_ids[:1], SamplingParams(temperature=0, max_tokens=30))
     assert calls and spec.speculator.stats.num_draft_tokens > 0
+
+
+def test_abort_between_verify_steps_leaves_the_others_exact(loaded_default, tokenizer, prompt_ids, baseline):
+    loop = make_loop(loaded_default, tokenizer, NGRAM)
+    p = SamplingParams(temperature=0, max_tokens=40)
+    ids = []
+    for q in prompt_ids:
+        rid = loop.new_request_id()
+        loop.add_request(rid, q, p)
+        ids.append(rid)
+    done = {}
+    for n in range(500):
+        if n == 3:
+            loop.abort(ids[1])
+        for ro in loop.step():
+            if ro.finished:
+                done[ro.request_id] = ro
+        if len(done) == 3:
+            break
+    assert done[ids[1]].outputs[0].finish_reason == "abort"
+    assert [list(done[r].outputs[0].token_ids) for r in (ids[0], ids[2])] == [baseline[0][0], baseline[2][0]]
+    loop.scheduler.check_invariants()

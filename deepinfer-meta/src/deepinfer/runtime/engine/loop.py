@@ -200,8 +200,9 @@ class EngineLoop:
 
             self.speculator = Speculator(self.speculative_config, params_of, seed=cfg.seed, device=runner.device)
             self.executor.speculator = self.speculator
-            if hasattr(runner, "native_verify_tokens"):  # CPU: verify steps on the native kernels
-                runner.native_verify_tokens = self.speculative_config.num_speculative_tokens + 1
+        if hasattr(runner, "native_verify_tokens"):  # CPU: verify steps on the native kernels
+            runner.native_verify_tokens = 0 if self.speculative_config is None else \
+                self.speculative_config.num_speculative_tokens + 1
 
     def fresh(self) -> EngineLoop:
         """A new loop with no request over the same runner, tokenizer, configuration and step
