@@ -32,6 +32,7 @@ Borrowed memory
     process_MTPInfo: output_tokens              int32    (R, C) (read)
     process_MTPInfo: next_drafts                int32    (R, k) (read)
     process_MTPInfo: logprobs                   float32  (R, C) (read)
+    process_MTPInfo: topk ids/logprobs          int32/f32 (R, C, K) (read)
     update_prompt_logprobs: logprobs            float32  (N,)   (read)
     update_prompt_logprobs: topk ids/logprobs   int32/f32 (N, k) (read)
     ==========================================  =======  ================================

@@ -25,6 +25,7 @@ ROOMS: list[tuple[str, ...]] = [
     ("deepinfer.runtime.beam_search",),
     ("deepinfer.runtime.bench_metrics",),
     ("deepinfer.runtime.engine",),
+    ("deepinfer.runtime.speculative",),
     ("deepinfer.runtime.distributed",),
     ("deepinfer.runtime.worker",),
     ("deepinfer.runtime.sampling",),
@@ -35,6 +36,7 @@ ROOMS: list[tuple[str, ...]] = [
     ("deepinfer.runtime.kernels",),
     ("deepinfer.runtime.engine_args", "deepinfer.runtime.sampling_params", "deepinfer.runtime.interrupts",
      "deepinfer.runtime.switches"),
+    ("deepinfer.runtime.speculative.config",),  # speculative_config's keys (read by engine_args)
     ("deepinfer.timer",),
     ("deepinfer._C",),
     ("deepinfer.plugins",),

@@ -32,6 +32,7 @@ Borrowed memory
     process_MTPInfo: output_tokens              int32    (R, C) (read)
     process_MTPInfo: next_drafts                int32    (R, k) (read)
     process_MTPInfo: logprobs                   float32  (R, C) (read)
+    process_MTPInfo: topk ids/logprobs          int32/f32 (R, C, K) (read)
     update_prompt_logprobs: logprobs            float32  (N,)   (read)
     update_prompt_logprobs: topk ids/logprobs   int32/f32 (N, k) (read)
     ==========================================  =======  ================================
@@ -1652,7 +1653,7 @@ def prepare_zos_inputs(args: PrepareArgs, metadata: SequenceMetadataPool, prev: 
     GIL. Validates every row first (ValueError naming metadata[i] and the problem, or the buffer
     whose capacity is exceeded): nothing is written when a call is rejected.
     """
-def process_MTPInfo(scheduler: Scheduler, num_accepted: typing.Any, output_tokens: typing.Any, next_drafts: typing.Any = None, logprobs: typing.Any = None) -> numpy.typing.NDArray[numpy.int32]:
+def process_MTPInfo(scheduler: Scheduler, num_accepted: typing.Any, output_tokens: typing.Any, next_drafts: typing.Any = None, logprobs: typing.Any = None, topk_token_ids: typing.Any = None, topk_logprobs: typing.Any = None) -> numpy.typing.NDArray[numpy.int32]:
     """
     Apply a speculative-decoding step (MTP heads or any drafter) instead of Scheduler.update.
     
@@ -1660,8 +1661,10 @@ def process_MTPInfo(scheduler: Scheduler, num_accepted: typing.Any, output_token
     each scheduled sequence contributing num_samples rows, the order prepare_sampler_inputs emits
     them): num_accepted int32[R] (accepted drafts, 0..k of that row; 0 for rows without drafts),
     output_tokens int32[R, C] (the accepted drafts then the bonus/recovered token in columns
-    0..num_accepted[r]), next_drafts int32[R, k'] or None (the drafts to verify next step),
-    logprobs float32[R, C] or None. All borrowed read-only, C-contiguous.
+    0..num_accepted[r]), next_drafts int32[R, k'] or None (the drafts to verify next step; a row with fewer drafts
+    ends them with -1, and only -1 may follow), logprobs float32[R, C] or None, topk_token_ids
+    int32[R, C, K] and topk_logprobs float32[R, C, K] or None (the top-K logprobs of each appended
+    token, for sequences that asked logprobs = K; given together). All borrowed read-only, C-contiguous.
     Appends the tokens one by one with the Scheduler's stop checking (a stop inside the run drops
     the later tokens), advances computed tokens by 1 + accepted, rolls back the KV slots of
     rejected drafts, stores the next drafts. The chunk completing an n > 1 prompt has n sample

@@ -208,6 +208,13 @@ def _bench(args: argparse.Namespace) -> int:
     from deepinfer.runtime.bench_metrics import measure_generate, runs_summary
     from deepinfer.runtime.sampling_params import SamplingParams
 
+    oracle = getattr(args, "speculative_oracle", False)
+    if oracle:  # drafts from a recorded greedy run (the method "oracle"), k from --speculative-config
+        from deepinfer.runtime.speculative.config import parse_speculative_config
+
+        given = parse_speculative_config(args.speculative_config)
+        args.speculative_config = {"method": "oracle",
+                                   "num_speculative_tokens": given.num_speculative_tokens if given else 4}
     llm = _llm(args)
     limit = context_len(llm)
     if args.input_len + args.output_len > limit:
@@ -228,7 +235,11 @@ def _bench(args: argparse.Namespace) -> int:
     note = _machine_note(llm)
     rates = []
     for run in range(args.runs):
-        report = measure_generate(llm, fresh_prompts(), params, use_tqdm=not args.quiet,
+        prompts = fresh_prompts()
+        if oracle:  # the recorded greedy run of these prompts (no drafts yet: plain decoding)
+            for req, out in zip(prompts, llm.generate(prompts, params, use_tqdm=False), strict=True):
+                llm.engine.speculator.record_oracle(req["prompt_token_ids"], list(out.outputs[0].token_ids))
+        report = measure_generate(llm, prompts, params, use_tqdm=not args.quiet,
                                   profile=args.profile and run == args.runs - 1)
         rates.append(report.output_tok_s)
         if args.runs > 1:
@@ -251,6 +262,10 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                         "median output tok/s and its spread are printed as bench/gpu_bench.py prints them")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--profile", action="store_true", help="GraphTimer region times inside the decode graphs")
+    p.add_argument("--speculative-oracle", action="store_true",
+                   help="speculative decoding with drafts from a recorded greedy run of the same prompts "
+                        "(every draft kept, drafting free): the verification path's ceiling; k from "
+                        "--speculative-config (default 4)")
 
 
 def run_bench(args: argparse.Namespace) -> int:

@@ -71,6 +71,8 @@ class BenchReport:
     peak_flops: float | None = None
     regions: dict[str, dict[str, float]] = field(default_factory=dict)
     device: str = ""
+    # speculative decoding over the call: acceptance_rate, mean_accepted_length, per_position (None: off)
+    spec: dict[str, Any] | None = None
 
     @property
     def output_tok_s(self) -> float:
@@ -104,6 +106,11 @@ class BenchReport:
         out.append(f"model FLOPs: {self.flops / 1e12:.2f} TFLOP, {self.flops / self.wall_s / 1e12:.2f} TFLOP/s"
                    + (f", MFU {100 * mfu:.2f} % of {peak / 1e12:.0f} TFLOP/s bf16" if mfu is not None and peak
                       else " (MFU: unknown device peak)"))
+        if self.spec is not None:
+            pos = " ".join(f"{p:.2f}" for p in self.spec["per_position"])
+            out.append(f"speculative decoding: acceptance rate {self.spec['acceptance_rate']:.3f}, mean accepted "
+                       f"length {self.spec['mean_accepted_length']:.2f}, per-position acceptance [{pos}] "
+                       f"({self.spec['num_drafts']} verifying sequence-steps)")
         if self.regions:
             out.append("decode-graph regions (GraphTimer, per region instance):")
             width = max(len(n) for n in self.regions)
@@ -193,6 +200,8 @@ def measure_generate(llm: Any, prompts: list[Any], params: Any, *, use_tqdm: boo
 
         torch.cuda.synchronize(llm.device)
         device = f"{torch.cuda.get_device_name(llm.device)}, {'eager' if llm.runner.graphs is None else 'CUDA graphs'}"
+    speculator = getattr(getattr(llm, "engine", None), "speculator", None)
+    before = speculator.stats.snapshot() if speculator is not None else None
     meter = StepMeter(llm)
     with meter:
         t0 = time.perf_counter()
@@ -213,8 +222,19 @@ def measure_generate(llm: Any, prompts: list[Any], params: Any, *, use_tqdm: boo
         regions = timer.to_dict()
         timer.disable()
     name = device.split(",")[0]
+    spec = None
+    if speculator is not None and before is not None:
+        now = speculator.stats
+        drafts = now.num_drafts - before.num_drafts
+        dtoks = now.num_draft_tokens - before.num_draft_tokens
+        acc = now.num_accepted_tokens - before.num_accepted_tokens
+        spec = {"num_drafts": drafts, "acceptance_rate": acc / dtoks if dtoks else 0.0,
+                "mean_accepted_length": 1.0 + acc / drafts if drafts else 1.0,
+                "per_position": [(a - b) / drafts if drafts else 0.0
+                                 for a, b in zip(now.accepted_per_pos, before.accepted_per_pos, strict=True)]}
     return BenchReport(
         requests=len(outs), input_tokens=sum(len(o.prompt_token_ids) for o in outs),
         output_tokens=sum(len(c.token_ids) for o in outs for c in o.outputs), wall_s=wall, ttft_ms=ttft,
         tpot_ms=tpot, steps=meter.steps, device_busy_s=meter.device_busy_s(), flops=meter.flops,
-        peak_flops=peak_flops(name) if llm.device.type == "cuda" else None, regions=regions, device=device)
+        peak_flops=peak_flops(name) if llm.device.type == "cuda" else None, regions=regions, device=device,
+        spec=spec)

@@ -59,6 +59,8 @@ class Option:
         elif self.kind == "int":
             hi = self.hi_text or str(self.hi)
             text = f"[{self.lo}, {hi}]"
+        elif self.kind == "json":
+            text = "a dict or JSON object"
         else:
             text = "a string"
         return text + (f", {q}None{q}" if self.none else "")
@@ -200,6 +202,14 @@ class EngineArgs:
         "kernels lack.",
         "bool", "--deterministic"))
 
+    speculative_config: Any = field(default=None, metadata=_opt(
+        "Speculative decoding, vLLM's keys: {\"method\": \"ngram\", \"num_speculative_tokens\": k, "
+        "\"prompt_lookup_min\": n, \"prompt_lookup_max\": m} drafts k tokens per step from the "
+        "request's own prompt and output and verifies them in one forward pass (lossless: greedy "
+        "output unchanged, sampling by rejection). A dict, or a JSON object on the command line; "
+        "see the speculative decoding guide. Default: off.",
+        "json", "--speculative-config", metavar="JSON", none=True))
+
     # ---- checks ---------------------------------------------------------------------------
     def __post_init__(self) -> None:
         for name, opt in options():
@@ -269,7 +279,7 @@ class EngineArgs:
                 action.help = text  # BooleanOptionalAction appends a default of its own
             elif opt.kind == "choice":
                 group.add_argument(opt.flag, dest=name, default=default, choices=list(opt.choices), help=text)
-            elif opt.kind == "str":
+            elif opt.kind in ("str", "json"):
                 group.add_argument(opt.flag, dest=name, default=default, metavar=opt.metavar, help=text)
             else:
                 group.add_argument(opt.flag, dest=name, default=default, metavar=opt.metavar,
@@ -334,6 +344,10 @@ def _check(name: str, opt: Option, value: Any) -> Any:
         if not opt.lo < value <= opt.upper():  # type: ignore[operator]
             raise ValueError(f"{name} must be in ({opt.lo:g}, {opt.hi:g}], got {value!r}")
         return value
+    if opt.kind == "json":
+        from deepinfer.runtime.speculative.config import parse_speculative_config
+
+        return parse_speculative_config(value)
     if opt.kind == "choice":
         if name == "dtype" and value == "auto":
             return None  # the default choice per device

@@ -161,7 +161,7 @@ class EngineThread:
             except queue.Empty:
                 break
         if aborted:  # the blocks are free already: the gauges say so before the next step
-            self._metrics.observe_engine(self._llm.engine.scheduler.get_stats())
+            self._metrics.observe_engine(self._llm.engine.stats())
         return True
 
     def _add(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
@@ -210,7 +210,7 @@ class EngineThread:
             if rebuild_if_stuck(self._llm):
                 self._metrics.engine_replaced()
                 self._fail(list(self._live), 500, f"the engine step failed: {exc!r}")
-                self._metrics.observe_engine(self._llm.engine.scheduler.get_stats())
+                self._metrics.observe_engine(self._llm.engine.stats())
                 return
         self.num_steps += 1
         self._step_tokens = 0
@@ -240,7 +240,7 @@ class EngineThread:
         # vLLM's iteration tokens: the prompts that got their first token in this step + the
         # tokens this step generated
         self._metrics.iteration_tokens.observe(self._step_tokens)
-        self._metrics.observe_engine(engine.scheduler.get_stats())
+        self._metrics.observe_engine(engine.stats())
 
     def _delta(self, ro: Any, live: _Live, now: float) -> RequestDelta:
         m = self._metrics

@@ -111,6 +111,12 @@ class MetricFamilies:
                                       REQUEST_BUCKETS)
         self.decode_time = histogram("request_decode_time_seconds",
                                      "Time from the first token to the last (DECODE phase).", REQUEST_BUCKETS)
+        # speculative decoding (vLLM's spec_decode_* names; EngineLoop.stats() adds their totals)
+        self.spec_drafts = counter("spec_decode_num_drafts", "Sequence-steps that verified drafts.")
+        self.spec_draft_tokens = counter("spec_decode_num_draft_tokens", "Draft tokens verified.")
+        self.spec_accepted = counter("spec_decode_num_accepted_tokens", "Draft tokens accepted.")
+        self.spec_accepted_per_pos = counter("spec_decode_num_accepted_tokens_per_pos",
+                                             "Draft tokens accepted at each draft position.", ("position",))
         self.cache_config = Gauge("deepinfer:cache_config_info", "Information of the KV cache's configuration.",
                                   [*CACHE_INFO_LABELS, *labels], registry=r)
 
@@ -157,6 +163,10 @@ class ServerMetrics:
         if cache is not None:  # an info metric: a gauge of 1 whose labels carry the values
             f.cache_config.labels(*(cache[k] for k in CACHE_INFO_LABELS), *key).set(1)
         self._engine_totals: dict[str, int] = {}
+        self._key = key
+        self.spec = {"spec_decode_num_drafts": f.spec_drafts.labels(*key),
+                     "spec_decode_num_draft_tokens": f.spec_draft_tokens.labels(*key),
+                     "spec_decode_num_accepted_tokens": f.spec_accepted.labels(*key)}
 
     def observe_engine(self, stats: dict[str, Any]) -> None:
         """Gauges from ``Scheduler.get_stats()``; its running totals become counter increments."""
@@ -172,6 +182,17 @@ class ServerMetrics:
             if delta > 0:
                 metric.inc(delta)
             self._engine_totals[key] = now
+        # ---- speculative decoding: totals present only when the engine speculates
+        totals = {k: stats[k] for k in self.spec if k in stats}
+        for i, n in enumerate(stats.get("spec_decode_num_accepted_tokens_per_pos", ())):
+            totals[f"per_pos:{i}"] = n
+        for key, now in totals.items():
+            delta = int(now) - self._engine_totals.get(key, 0)
+            if delta > 0:
+                metric = self.spec[key] if key in self.spec else \
+                    self.families.spec_accepted_per_pos.labels(*self._key, key.split(":")[1])
+                metric.inc(delta)
+            self._engine_totals[key] = int(now)
 
     def engine_replaced(self) -> None:
         """A fresh scheduler counts from zero again: forget the old totals."""

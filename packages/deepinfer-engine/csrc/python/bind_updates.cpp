@@ -14,7 +14,7 @@ void bind_updates(py::module_& m) {
   m.def(
       "process_MTPInfo",
       [](Scheduler& s, const py::object& num_accepted, const py::object& output_tokens, const py::object& next_drafts,
-         const py::object& logprobs) {
+         const py::object& logprobs, const py::object& topk_token_ids, const py::object& topk_logprobs) {
         BusyGuard busy_guard(s.busy, "Scheduler", "process_MTPInfo");
         if (!s.step_in_flight()) throw py::value_error("scheduler: no scheduled step (call schedule() first)");
         if (s.step_ahead())
@@ -37,6 +37,22 @@ void bind_updates(py::module_& m) {
             buf::fail("logprobs", "expected shape (" + std::to_string(rows) + ", " + std::to_string(cols) + "), got " +
                                       buf::shape_str(l));
           lp = static_cast<const float*>(l.data());
+        }
+        const int32_t* tk_ids = nullptr;
+        const float* tk_lp = nullptr;
+        int32_t topk = 0;
+        if (!topk_token_ids.is_none() || !topk_logprobs.is_none()) {
+          if (topk_token_ids.is_none() || topk_logprobs.is_none())
+            buf::fail("topk_token_ids", "topk_token_ids and topk_logprobs must be given together");
+          py::array a = buf::check_array<int32_t>(topk_token_ids, "topk_token_ids", 3, false);
+          py::array b = buf::check_array<float>(topk_logprobs, "topk_logprobs", 3, false);
+          if (a.shape(0) != rows || a.shape(1) != cols || b.shape(0) != rows || b.shape(1) != cols ||
+              a.shape(2) != b.shape(2))
+            buf::fail("topk_token_ids", "shapes " + buf::shape_str(a) + " and " + buf::shape_str(b) + " must both be (" +
+                                            std::to_string(rows) + ", " + std::to_string(cols) + ", k)");
+          tk_ids = static_cast<const int32_t*>(a.data());
+          tk_lp = static_cast<const float*>(b.data());
+          topk = static_cast<int32_t>(a.shape(2));
         }
         const int32_t* nd = nullptr;
         int32_t next_k = 0;
@@ -67,11 +83,17 @@ void bind_updates(py::module_& m) {
                                                ", column " + std::to_string(j) + " is outside the vocabulary [0, " +
                                                std::to_string(vocab) + ")");
             }
+            bool padding = false;  // -1 ends a row's drafts: only -1 may follow
             for (int32_t j = 0; j < next_k; ++j) {
               const int32_t t = nd[static_cast<size_t>(r) * next_k + j];
-              if (t < 0 || t >= vocab)
+              if (t == -1) {
+                padding = true;
+                continue;
+              }
+              if (t < 0 || t >= vocab || padding)
                 buf::fail("next_drafts", "token id " + std::to_string(t) + " at row " + std::to_string(r) +
-                                             " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+                                             (padding ? " follows a -1 (the end of the row's drafts)"
+                                                      : " is outside the vocabulary [0, " + std::to_string(vocab) + ")"));
             }
           }
         }
@@ -79,20 +101,22 @@ void bind_updates(py::module_& m) {
         int32_t* app = appended.mutable_data();
         {
           py::gil_scoped_release nogil;
-          process_mtp_step(s, acc.data, tok, cols, lp, nd, next_k, app);
+          process_mtp_step(s, acc.data, tok, cols, lp, nd, next_k, app, tk_ids, tk_lp, topk);
         }
         return appended;
       },
       py::arg("scheduler"), py::arg("num_accepted"), py::arg("output_tokens"), py::arg("next_drafts") = py::none(),
-      py::arg("logprobs") = py::none(),
+      py::arg("logprobs") = py::none(), py::arg("topk_token_ids") = py::none(), py::arg("topk_logprobs") = py::none(),
       R"doc(Apply a speculative-decoding step (MTP heads or any drafter) instead of Scheduler.update.
 
 One entry per SAMPLE row r, in the Scheduler's order (SchedulerOutputs.num_sample_rows rows,
 each scheduled sequence contributing num_samples rows, the order prepare_sampler_inputs emits
 them): num_accepted int32[R] (accepted drafts, 0..k of that row; 0 for rows without drafts),
 output_tokens int32[R, C] (the accepted drafts then the bonus/recovered token in columns
-0..num_accepted[r]), next_drafts int32[R, k'] or None (the drafts to verify next step),
-logprobs float32[R, C] or None. All borrowed read-only, C-contiguous.
+0..num_accepted[r]), next_drafts int32[R, k'] or None (the drafts to verify next step; a row with fewer drafts
+ends them with -1, and only -1 may follow), logprobs float32[R, C] or None, topk_token_ids
+int32[R, C, K] and topk_logprobs float32[R, C, K] or None (the top-K logprobs of each appended
+token, for sequences that asked logprobs = K; given together). All borrowed read-only, C-contiguous.
 Appends the tokens one by one with the Scheduler's stop checking (a stop inside the run drops
 the later tokens), advances computed tokens by 1 + accepted, rolls back the KV slots of
 rejected drafts, stores the next drafts. The chunk completing an n > 1 prompt has n sample

@@ -65,6 +65,7 @@ class LaunchedStep:
     logprobs: tuple[Any, Any, Any] | None = None  # (sampled, top-k ids, top-k logprobs), by sample row
     host: torch.Tensor | None = None  # pinned copy of row_tokens under way (overlap on CUDA)
     event: Any = None  # CUDA event recorded after that copy
+    spec: Any = None  # (speculative decoding) the verified step, applied with process_MTPInfo
 
     def tokens(self) -> np.ndarray:
         """int32 tokens of the step's real sample rows (``Scheduler.update``'s input); waits for
@@ -81,6 +82,9 @@ class LaunchedStep:
 
     def apply(self, scheduler: Any) -> None:
         """Wait for the step's tokens and give them (and logprobs, when asked) to ``scheduler``."""
+        if self.spec is not None:  # ---- speculative decoding (runtime.speculative) ----
+            self.spec.apply(scheduler)
+            return
         tokens = self.tokens()
         if self.logprobs is None:
             scheduler.update(tokens)
@@ -122,6 +126,9 @@ class StepExecutor:
                              else None for _ in self.buffers]
         self._events = [torch.cuda.Event() if self.cuda and buffer_sets > 1 else None for _ in self.buffers]
         self.num_launched = 0
+        # ---- speculative decoding (runtime.speculative): set by the engine loop when configured;
+        # every step then goes through Speculator.verify and process_MTPInfo (synchronously).
+        self.speculator: Any = None
 
     def reset_penalties(self) -> None:
         """After an abandoned step: the sampler inputs may have sent penalty updates the tables
@@ -162,6 +169,14 @@ class StepExecutor:
         logits, greedy = self._forward(args, bufs, prev)
         if int(si.prompt_logprobs.num_rows):
             self._prompt_logprobs(si, logits)
+        if self.speculator is not None:  # ---- speculative decoding (runtime.speculative) ----
+            if prev is not None:
+                raise RuntimeError("speculative steps never run ahead (the overlap loop runs them synchronously)")
+            rows, batch = sampling_batch_from_engine(si, logits.device, self.penalty_tables)
+            res = sample(logits[rows], batch)
+            step.spec = self.speculator.verify(si, logits, rows, batch, res)
+            self.num_launched += 1
+            return step
         if is_plain_greedy(si):
             self.penalty_tables.apply(si)  # it must see every prepare_sampler_inputs call
             step.row_tokens = logits.argmax(dim=-1) if greedy is None else greedy

@@ -142,9 +142,11 @@ class EngineLoop:
 
     def __init__(self, runner: ModelRunner, tokenizer: Any, cfg: EngineConfig,
                  extra_stop_token_ids: list[int] | None = None, retry_failed_steps: bool = False,
-                 overlap_scheduling: bool = False, step_buffers: StepBuffers | None = None) -> None:
+                 overlap_scheduling: bool = False, step_buffers: StepBuffers | None = None,
+                 speculative_config: Any = None) -> None:
         """``step_buffers``: the host buffers the engine writes each step into (the worker's, which
-        its CUDA graphs are captured over); None: the loop allocates them."""
+        its CUDA graphs are captured over); None: the loop allocates them. ``speculative_config``:
+        speculative decoding (a dict, JSON string or SpeculativeConfig; None: off)."""
         from deepinfer._C import engine
 
         E: Any = engine  # the native module (its stub may lag behind the build)
@@ -182,6 +184,25 @@ class EngineLoop:
         self._pending_releases: deque[str] = deque()  # released where the lock was not free
         # ZOS: decode steps launched ahead of the previous step's tokens (None: synchronous loop).
         self.overlap = Overlap() if overlap_scheduling else None
+        # ---- speculative decoding (runtime.speculative): every step verifies the drafts the
+        # scheduler carries and applies them with process_MTPInfo; such steps run synchronously
+        # (the overlap loop then never runs a step ahead).
+        from deepinfer.runtime.speculative.config import parse_speculative_config
+
+        self.speculative_config = parse_speculative_config(speculative_config)
+        self.speculator: Any = None
+        if self.speculative_config is not None:
+            from deepinfer.runtime.speculative.speculator import Speculator
+
+            def params_of(request_id: str) -> Any:
+                state = self.requests.get(request_id)
+                return None if state is None else state.params
+
+            self.speculator = Speculator(self.speculative_config, params_of, seed=cfg.seed, device=runner.device)
+            self.executor.speculator = self.speculator
+        if hasattr(runner, "native_verify_tokens"):  # CPU: verify steps on the native kernels
+            runner.native_verify_tokens = 0 if self.speculative_config is None else \
+                self.speculative_config.num_speculative_tokens + 1
 
     def fresh(self) -> EngineLoop:
         """A new loop with no request over the same runner, tokenizer, configuration and step
@@ -189,7 +210,7 @@ class EngineLoop:
         could not abandon (``stuck``)."""
         return EngineLoop(self.runner, self.tokenizer, self.cfg, extra_stop_token_ids=self.extra_stop_token_ids,
                           retry_failed_steps=self.retry_failed_steps, overlap_scheduling=self.overlap is not None,
-                          step_buffers=self.step_buffers)
+                          step_buffers=self.step_buffers, speculative_config=self.speculative_config)
 
     # ---- requests ---------------------------------------------------------------------------
     def new_request_id(self) -> str:
@@ -285,6 +306,17 @@ class EngineLoop:
     def _release_pending(self) -> None:
         while self._pending_releases:
             self._release(self._pending_releases.popleft())
+
+    def stats(self) -> dict[str, Any]:
+        """``Scheduler.get_stats()`` plus, when speculating, the ``spec_decode_*`` totals (vLLM's
+        names: num_drafts, num_draft_tokens, num_accepted_tokens, num_accepted_tokens_per_pos)."""
+        st = dict(self.scheduler.get_stats())
+        if self.speculator is not None:
+            s = self.speculator.stats
+            st.update(spec_decode_num_drafts=s.num_drafts, spec_decode_num_draft_tokens=s.num_draft_tokens,
+                      spec_decode_num_accepted_tokens=s.num_accepted_tokens,
+                      spec_decode_num_accepted_tokens_per_pos=list(s.accepted_per_pos))
+        return st
 
     def has_unfinished(self) -> bool:
         return bool(self.requests)
@@ -385,7 +417,8 @@ class EngineLoop:
             if launched is None:
                 out = self.scheduler.schedule()
                 self.num_steps += 1
-                if not ov.may_run_ahead(out, self.requests):
+                # (speculative decoding: verify steps run synchronously, never ahead)
+                if self.speculator is not None or not ov.may_run_ahead(out, self.requests):
                     self.executor.launch(out).apply(self.scheduler)
                     return self._step_outputs(out)
                 launched = self.executor.launch(out, copy_ahead=True)

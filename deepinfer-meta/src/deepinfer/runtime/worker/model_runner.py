@@ -98,6 +98,10 @@ class ModelRunner:
         # cores). torch gets its thread count back for its own forward passes (prefill, mixed
         # steps) and when the engine runs out of work (restore_torch_threads).
         self.torch_threads = torch.get_num_threads()
+        # ---- speculative decoding: steps whose rows are all decodes of at most this many tokens
+        # (the last token + drafts) run on the native kernels too, one row per token, as decode
+        # rows are (0: off; the engine loop sets k + 1 when speculation is configured).
+        self.native_verify_tokens = 0
 
     def _batch_invariant_cuda(self, attention_backend: str | None, block_size: int):  # type: ignore[no-untyped-def]
         """deterministic=True on CUDA: the model's projections, norms and LM head on the
@@ -131,6 +135,13 @@ class ModelRunner:
         for cache in self.kv_caches:
             cache[:, d] = cache[:, s]
 
+    def _is_verify_step(self, query_start_loc: np.ndarray, seq_lens: np.ndarray) -> bool:
+        # every row a decode (it has context before its new tokens) of at most native_verify_tokens
+        qsl = np.asarray(query_start_loc)
+        q = np.diff(qsl)
+        lens = np.asarray(seq_lens)[:len(q)]
+        return bool(len(q) and q.max() <= self.native_verify_tokens and (lens > q).all())
+
     @torch.inference_mode()
     def execute(self, *, input_ids: np.ndarray | torch.Tensor, positions: np.ndarray, slot_mapping: np.ndarray,
                 query_start_loc: np.ndarray, seq_lens: np.ndarray, block_tables: np.ndarray,
@@ -152,6 +163,12 @@ class ModelRunner:
             picked = np.asarray(logits_indices)
             return logits if np.array_equal(picked, np.arange(num_rows)) else logits[torch.from_numpy(
                 np.ascontiguousarray(picked, dtype=np.int64))]
+        if self.native_decode is not None and self.native_verify_tokens and self._is_verify_step(
+                query_start_loc, seq_lens):
+            _set_torch_threads(1)  # ---- speculative decoding: a verify step, natively
+            host_ids = input_ids.cpu().numpy() if isinstance(input_ids, torch.Tensor) else input_ids
+            return self.native_decode.step(host_ids, positions, slot_mapping, query_start_loc, seq_lens,
+                                           block_tables, logits_indices)
         if self.native_decode is not None:
             _set_torch_threads(self.torch_threads)
         meta = build_attention_metadata(

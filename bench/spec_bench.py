@@ -1,0 +1,222 @@
+"""Speculative decoding against plain decoding, interleaved in one run.
+
+    python bench/spec_bench.py                                   # CPU, default model, n-gram, batch 1
+    python bench/spec_bench.py --k 4 --runs 3 --threads 2
+    python bench/spec_bench.py --shape llama3-8b --speculative-oracle --batch 1,32   # GPU, random weights
+
+CPU (default): the input-grounded workload — rewrite a ~300-token code passage with one change,
+and answer questions by quoting the prompt — one request at a time (batch 1), greedy, through
+``LLM.generate`` with and without ``speculative_config={"method": "ngram", ...}``; the two
+engines run alternately (spec, plain, spec, plain ...) so load on a shared machine hits both
+alike. Prints tok/s of each run, the median ratio, the acceptance rate, mean accepted length
+and per-position acceptance, and checks the outputs are token for token the same.
+
+``--speculative-oracle``: drafts from a recorded greedy run of the same request (the plain
+engine's output), so every draft is kept where the verify forward reproduces the decode
+forward's argmax, and drafting costs nothing: the ceiling of the verification path. With
+``--shape`` (CUDA) the model is a random-weight bf16 model of that shape (bench/gpu_bench.py's
+loader), EOS ignored, ``--output-len`` tokens per request, ``--batch`` concurrent requests; one
+engine at a time (plain with CUDA graphs and ZOS as configured by default, then speculative),
+each run after a warm-up, medians of ``--runs``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+CODE = '''def moving_average(values, window):
+    """Return the moving averages of values over a sliding window."""
+    if window <= 0:
+        raise ValueError("window must be positive")
+    averages = []
+    total = 0.0
+    for index, value in enumerate(values):
+        total += value
+        if index >= window:
+            total -= values[index - window]
+        if index + 1 >= window:
+            averages.append(total / window)
+    return averages
+
+
+def normalise(values):
+    """Scale values to the range [0, 1]."""
+    low = min(values)
+    high = max(values)
+    if high == low:
+        return [0.0 for _ in values]
+    return [(value - low) / (high - low) for value in values]
+
+
+def summary(values, window):
+    """A dictionary with the mean, the minimum, the maximum and the moving averages."""
+    return {
+        "mean": sum(values) / len(values),
+        "minimum": min(values),
+        "maximum": max(values),
+        "moving": moving_average(values, window),
+    }
+'''
+
+TEXT = ("The lighthouse stood on the northern cliff for two hundred years. Every evening the keeper "
+        "climbed the one hundred and twelve steps, trimmed the wick, polished the great lens and "
+        "watched the ships pass between the rocks. In the winter of 1887 a storm broke the lens, and "
+        "the keeper kept a fire burning on the gallery for nine nights until the new lens arrived "
+        "from the city by cart. The ships that passed during those nine nights never knew that the "
+        "light they followed was a fire of driftwood and old chairs. ")
+
+WORKLOAD = [
+    f"Rewrite the following Python code, renaming the variable `total` to `running_sum`. "
+    f"Output only the code.\n\n{CODE}",
+    f"Rewrite the following passage, changing the year 1887 to 1891. Output only the passage.\n\n{TEXT}",
+    f"Read this code:\n\n{CODE}\nQuote the full definition of the function `normalise` exactly as written above.",
+    f"Read this passage:\n\n{TEXT}\nQuote the sentence that says what the keeper did every evening, word for word.",
+]
+
+
+def chat_ids(llm, text: str) -> list[int]:
+    return list(llm.apply_chat_template([{"role": "user", "content": text}])["prompt_token_ids"])
+
+
+def timed(llm, batch, params) -> tuple[float, list[list[int]]]:
+    t0 = time.perf_counter()
+    outs = llm.generate(batch, params, use_tqdm=False)
+    if llm.device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    toks = [list(o.outputs[0].token_ids) for o in outs]
+    return sum(map(len, toks)) / dt, toks
+
+
+def report_stats(llm) -> str:
+    st = llm.engine.speculator.stats
+    pos = " ".join(f"{p:.2f}" for p in st.per_position())
+    return (f"acceptance {st.acceptance_rate:.3f}, mean accepted length {st.mean_accepted_length:.2f}, "
+            f"per position [{pos}] over {st.num_drafts} verifying steps")
+
+
+def bench(plain, spec, groups, params, runs: int, oracle: bool) -> None:
+    """Interleaved timed runs of each group of requests (one generate call per group)."""
+    ratios, plain_rates, spec_rates = [], [], []
+    same = True
+    for g, batch in enumerate(groups):
+        # warm-up; the second run is the reference (and the oracle's recorded greedy run): like the
+        # timed runs it finds the prompt in the prefix cache (a cold prefill may differ in the last bits)
+        timed(plain, batch, params)
+        _, ref = timed(plain, batch, params)
+        if oracle:
+            for req, toks in zip(batch, ref, strict=True):
+                spec.engine.speculator.record_oracle(req["prompt_token_ids"], toks)
+        timed(spec, batch, params)  # warm-up
+        for r in range(runs):
+            a, ta = timed(spec, batch, params)
+            b, tb = timed(plain, batch, params)
+            same &= ta == tb == ref
+            spec_rates.append(a)
+            plain_rates.append(b)
+            ratios.append(a / b)
+            print(f"  group {g} run {r + 1}: spec {a:,.1f} tok/s, plain {b:,.1f} tok/s, ratio {a / b:.2f}x", flush=True)
+    print(f"median spec {statistics.median(spec_rates):,.1f} tok/s, plain {statistics.median(plain_rates):,.1f} "
+          f"tok/s; median ratio {statistics.median(ratios):.2f}x (spread {min(ratios):.2f}-{max(ratios):.2f}, "
+          f"{len(ratios)} runs)")
+    print(f"spec stats: {report_stats(spec)}")
+    print(f"outputs token for token equal to plain decoding: {same}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    p.add_argument("--lookup-min", type=int, default=2)
+    p.add_argument("--lookup-max", type=int, default=5)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--speculative-oracle", action="store_true",
+                   help="drafts from a recorded greedy run of the same request (the verification ceiling)")
+    p.add_argument("--shape", default=None, help="CUDA: a random-weight model of this shape (tests/runtime/gpu_shapes.py)")
+    p.add_argument("--batch", default="1", help="CUDA: concurrent requests, comma-separated sizes")
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--enforce-eager", action="store_true")
+    args = p.parse_args()
+    from deepinfer import LLM, SamplingParams
+
+    if args.speculative_oracle:
+        spec_cfg = {"method": "oracle", "num_speculative_tokens": args.k}
+    else:
+        spec_cfg = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_min": args.lookup_min,
+                    "prompt_lookup_max": args.lookup_max}
+    if args.shape is None:
+        os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+        common = dict(num_threads=args.threads, max_num_seqs=4, max_model_len=2048)
+        plain = LLM(**common)
+        spec = LLM(**common, speculative_config=spec_cfg)
+        print(f"== CPU default model, {args.threads} threads, batch 1, greedy, max_tokens {args.max_tokens}, "
+              f"{spec_cfg}", flush=True)
+        groups = [[{"prompt_token_ids": chat_ids(plain, w)}] for w in WORKLOAD]
+        bench(plain, spec, groups, SamplingParams(temperature=0, max_tokens=args.max_tokens), args.runs,
+              args.speculative_oracle)
+        return
+    import torch
+
+    sys.path.insert(0, HERE)
+    sys.path.insert(0, os.path.join(HERE, "..", "tests", "runtime"))
+    import deepinfer.runtime.loading.model_loader as ml
+    from gpu_bench import _load_on_device
+    from gpu_shapes import SHAPES, write_shape_dir
+
+    ml.load_model = _load_on_device  # type: ignore[assignment]
+    shape_dir = write_shape_dir(tempfile.mkdtemp(prefix="shape-"), args.shape)
+    vocab = SHAPES[args.shape]["vocab_size"]
+    sizes = [int(b) for b in args.batch.split(",")]
+    g = torch.Generator().manual_seed(0)
+    max_len = args.input_len + args.output_len + args.k + 16
+    common = dict(dtype="bfloat16", dummy_weights=True, max_num_seqs=max(sizes), max_model_len=max_len,
+                  enforce_eager=args.enforce_eager, num_kv_blocks=2048)
+    where = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    print(f"== {args.shape} bf16 random weights on {where}; {spec_cfg}; one engine at a time (plain, then "
+          f"speculative), medians of {args.runs} runs after a warm-up", flush=True)
+    params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
+    groups = {b: [{"prompt_token_ids": q} for q in torch.randint(100, vocab - 100, (b, args.input_len),
+                                                                  generator=g).tolist()] for b in sizes}
+    rates: dict[str, dict[int, list[float]]] = {"plain": {}, "spec": {}}
+    outputs: dict[str, dict[int, list[list[int]]]] = {"plain": {}, "spec": {}}
+    for mode in ("plain", "spec"):
+        llm = LLM(shape_dir, **common, speculative_config=spec_cfg if mode == "spec" else None)
+        print(f"  {mode}: {llm!r}", flush=True)
+        for b, batch in groups.items():
+            if mode == "spec" and args.speculative_oracle:
+                for req, toks in zip(batch, outputs["plain"][b], strict=True):
+                    llm.engine.speculator.record_oracle(req["prompt_token_ids"], toks)
+            timed(llm, batch, params)  # warm-up (the plain one is the oracle's recorded greedy run)
+            if mode == "spec":
+                llm.engine.speculator.stats.__init__(args.k)
+            rates[mode][b] = []
+            for r in range(args.runs):
+                rate, toks = timed(llm, batch, params)
+                rates[mode][b].append(rate)
+                outputs[mode][b] = toks
+                print(f"  {mode} batch {b} run {r + 1}: {rate:,.1f} output tok/s", flush=True)
+            if mode == "spec":
+                print(f"  spec batch {b} stats: {report_stats(llm)}", flush=True)
+        del llm
+        gc.collect()
+        torch.cuda.empty_cache()
+    for b in sizes:
+        sp, pl = statistics.median(rates["spec"][b]), statistics.median(rates["plain"][b])
+        print(f"batch {b}: spec {sp:,.1f} tok/s, plain {pl:,.1f} tok/s (medians), ratio {sp / pl:.2f}x; "
+              f"outputs equal: {outputs['spec'][b] == outputs['plain'][b]}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""``speculative_config``: vLLM's keys where they match, checked with errors that name the key."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+METHODS = ("ngram", "oracle")
+KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "model")
+MAX_SPECULATIVE_TOKENS = 32
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """One engine's speculative decoding settings.
+
+    ``method``: "ngram" (prompt lookup: drafts from the request's own prompt and output) or
+    "oracle" (benchmarks only: drafts from a recorded greedy run of the same prompt, see
+    ``Speculator.record_oracle``). ``num_speculative_tokens``: drafts verified per step (k).
+    ``prompt_lookup_min`` / ``prompt_lookup_max``: the n-gram lengths tried, longest first.
+    """
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 4
+    prompt_lookup_min: int = 1
+    prompt_lookup_max: int = 4
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens,
+                "prompt_lookup_min": self.prompt_lookup_min, "prompt_lookup_max": self.prompt_lookup_max}
+
+
+def _int_key(d: dict[str, Any], key: str, default: int, lo: int, hi: int) -> int:
+    v = d.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"speculative_config[{key!r}] must be an int, got {v!r}")
+    if not lo <= v <= hi:
+        raise ValueError(f"speculative_config[{key!r}] must be in [{lo}, {hi}], got {v}")
+    return v
+
+
+def parse_speculative_config(value: Any) -> SpeculativeConfig | None:
+    """``value`` (None, a dict, a JSON object string or a SpeculativeConfig) as a checked
+    SpeculativeConfig; None means speculation off. Errors name the offending key."""
+    if value is None or isinstance(value, SpeculativeConfig):
+        return value
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"speculative_config: not a JSON object ({err.msg} at character {err.pos}): "
+                             f"{value!r}") from None
+    if not isinstance(value, dict):
+        raise TypeError(f"speculative_config must be a dict or a JSON object string, got {type(value).__name__}")
+    unknown = sorted(k for k in value if k not in KEYS)
+    if unknown:
+        raise ValueError(f"speculative_config: unknown key {unknown[0]!r} (known: {', '.join(KEYS)})")
+    if "method" not in value:
+        raise ValueError(f"speculative_config['method'] is required (one of {', '.join(METHODS)})")
+    method = value["method"]
+    if method == "draft_model" or "model" in value:
+        raise NotImplementedError("speculative_config: the draft-model method ('method': 'draft_model', "
+                                  "'model': path) is not implemented yet; use 'ngram'")
+    if method not in METHODS:
+        raise ValueError(f"speculative_config['method'] must be one of {', '.join(METHODS)}, got {method!r}")
+    if "num_speculative_tokens" not in value:
+        raise ValueError("speculative_config['num_speculative_tokens'] is required (the drafts per step, k)")
+    k = _int_key(value, "num_speculative_tokens", 0, 1, MAX_SPECULATIVE_TOKENS)
+    lo = _int_key(value, "prompt_lookup_min", 1, 1, 1024)
+    hi = _int_key(value, "prompt_lookup_max", max(lo, 4), 1, 1024)
+    if lo > hi:
+        raise ValueError(f"speculative_config['prompt_lookup_min'] ({lo}) must be <= "
+                         f"speculative_config['prompt_lookup_max'] ({hi})")
+    return SpeculativeConfig(method=method, num_speculative_tokens=k, prompt_lookup_min=lo, prompt_lookup_max=hi)

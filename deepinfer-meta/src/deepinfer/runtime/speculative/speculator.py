@@ -1,0 +1,175 @@
+"""The speculative step: verify the drafts the engine scheduled, apply the result through
+``process_MTPInfo`` and store each sequence's next drafts.
+
+The engine carries the bookkeeping: a running sequence's ``draft_tokens`` (set by
+``process_MTPInfo``'s ``next_drafts``) are scheduled as extra query tokens of its decode row
+(``Scheduler.schedule`` drops those that do not fit the token budget or the model length),
+``prepare_sampler_inputs`` lists them in ``SpeculativeSamplingInputs`` (draft ids, the logits row
+verifying each, the bonus row), and ``process_MTPInfo`` appends the kept drafts and the bonus or
+recovered token with the scheduler's own stop checks, rolls back the KV slots of rejected drafts
+and stores the next drafts.
+
+Which requests draft: those whose next token depends only on the target's logits at its
+position and the temperature / top-k / top-p / min-p filters — no penalties, logit bias,
+allowed or bad words, ``min_tokens`` or per-request ``seed`` (their rows are ordinary rows of the
+verify step, sampled exactly as without speculation; a seeded request keeps its reproducible
+stream). Logprobs (and top-k logprobs) of every appended token are those of the target's raw
+logits at that token's position, as without speculation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from deepinfer.runtime.sampling.sampler import SamplerOutput, SamplingBatch, sampling_probs
+from deepinfer.runtime.sampling_params import GREEDY_TEMPERATURE_THRESHOLD
+from deepinfer.runtime.speculative.config import SpeculativeConfig
+from deepinfer.runtime.speculative.metrics import SpecDecodeStats
+from deepinfer.runtime.speculative.ngram import propose_ngram
+from deepinfer.runtime.speculative.rejection import verify_drafts
+
+
+def may_draft(params: Any) -> bool:
+    """Whether a request's tokens may be drafted (see the module docstring)."""
+    return bool(params.presence_penalty == 0 and params.frequency_penalty == 0 and params.repetition_penalty == 1
+                and not params.logit_bias and not params.allowed_token_ids and not params.bad_words
+                and not params.min_tokens and params.seed is None)
+
+
+@dataclass
+class SpecStep:
+    """A verified step, ready for ``process_MTPInfo`` (one entry per real sample row)."""
+
+    speculator: Speculator
+    seq_ids: np.ndarray  # int64 [R] (-1: placeholder)
+    num_drafts: np.ndarray  # int32 [R]
+    num_accepted: np.ndarray  # int32 [R]
+    tokens: np.ndarray  # int32 [R, k + 1]
+    logprobs: np.ndarray | None = None  # float32 [R, k + 1]
+    topk_ids: np.ndarray | None = None  # int32 [R, k + 1, K]
+    topk_logprobs: np.ndarray | None = None
+
+    def apply(self, scheduler: Any) -> np.ndarray:
+        """Store next drafts and apply the step; returns the tokens appended per row."""
+        E = self.speculator.E
+        nxt = self.speculator.next_drafts(scheduler, self)
+        appended = E.process_MTPInfo(scheduler, self.num_accepted, self.tokens, nxt, self.logprobs,
+                                     self.topk_ids, self.topk_logprobs)
+        self.speculator.stats.observe(self.num_drafts, self.num_accepted)
+        return np.asarray(appended)
+
+
+class Speculator:
+    """Drafts and verification for one engine loop.
+
+    ``params_of(request_id)``: the request's SamplingParams (None once it is gone)."""
+
+    def __init__(self, config: SpeculativeConfig, params_of: Callable[[str], Any], *, seed: int = 0,
+                 device: torch.device | None = None) -> None:
+        from deepinfer._C import engine
+
+        self.E: Any = engine
+        self.config = config
+        self.k = config.num_speculative_tokens
+        self.params_of = params_of
+        self.stats = SpecDecodeStats(self.k)
+        self.generator = torch.Generator(device=device or torch.device("cpu"))
+        self.generator.manual_seed(seed)
+        self.oracle: dict[tuple[int, ...], np.ndarray] = {}
+
+    def record_oracle(self, prompt_ids: list[int], output_ids: list[int]) -> None:
+        """Method "oracle": the drafts of a request with this prompt follow ``output_ids`` (a
+        recorded greedy run of the same request)."""
+        self.oracle[tuple(int(t) for t in prompt_ids)] = np.asarray(output_ids, dtype=np.int32)
+
+    # ---- verification (launch) ---------------------------------------------------------------
+    def verify(self, si: Any, logits: torch.Tensor, rows: torch.Tensor, batch: SamplingBatch,
+               res: SamplerOutput) -> SpecStep:
+        """Verify the step's drafts. ``rows``/``batch``/``res``: the sample rows' logits rows,
+        sampling batch and ordinary samples (the bonus token of a row with drafts)."""
+        k = self.k
+        real = int(si.driver.num_real_rows)
+        S = si.speculative
+        ns, nd = int(S.num_seqs), int(S.num_drafts_total)
+        sample_tokens = res.tokens
+        tokens = np.zeros((real, k + 1), np.int32)
+        tokens[:, 0] = sample_tokens[:real].cpu().numpy()
+        num_accepted = np.zeros(real, np.int32)
+        num_drafts = np.zeros(real, np.int32)
+        rows_h = rows[:real].cpu().numpy()
+        token_rows = np.repeat(rows_h[:, None], k + 1, axis=1)  # logits row of each output token
+        if ns:
+            sr = np.array(S.sample_rows[:ns], dtype=np.int64)
+            cu = np.array(S.cu_num_drafts[:ns + 1], dtype=np.int64)
+            trows = np.array(S.target_logits_rows[:nd], dtype=np.int64)
+            dev = logits.device
+            drafts = torch.from_numpy(np.array(S.draft_token_ids[:nd], dtype=np.int64)).to(dev)
+            per_draft = torch.from_numpy(sr[np.repeat(np.arange(ns), np.diff(cu))]).to(dev)
+            target = logits[torch.from_numpy(trows).to(dev)].float()
+            temp = batch.temperature[per_draft]
+            greedy = temp < GREEDY_TEMPERATURE_THRESHOLD
+            probs = None
+            if not bool(greedy.all()):
+                sub = replace(batch, temperature=temp, top_k=batch.top_k[per_draft], top_p=batch.top_p[per_draft],
+                              min_p=batch.min_p[per_draft], seeds=batch.seeds[per_draft],
+                              sample_index=batch.sample_index[per_draft], step=batch.step[per_draft])
+                probs = sampling_probs(target, sub)
+            v = verify_drafts(drafts, cu, greedy, target.argmax(dim=-1), probs,
+                              sample_tokens[torch.from_numpy(sr).to(dev)], self.generator)
+            for s in range(ns):
+                r, a, b = int(sr[s]), int(cu[s]), int(cu[s + 1])
+                if r >= real:
+                    continue
+                n = int(v.num_accepted[s])
+                num_drafts[r], num_accepted[r] = b - a, n
+                tokens[r, :n + 1] = v.tokens[s, :n + 1]
+                token_rows[r, :b - a] = trows[a:b]
+        step = SpecStep(self, np.array(si.driver.seq_ids[:real], dtype=np.int64), num_drafts, num_accepted, tokens)
+        if batch.max_logprobs >= 0:
+            flat = torch.from_numpy(token_rows.reshape(-1)).to(logits.device)
+            logp = torch.log_softmax(logits[flat].float(), dim=-1)
+            toks = torch.from_numpy(tokens.reshape(-1).astype(np.int64)).to(logits.device)
+            step.logprobs = np.ascontiguousarray(
+                logp.gather(1, toks[:, None]).squeeze(1).cpu().numpy().reshape(real, k + 1), dtype=np.float32)
+            if batch.max_logprobs > 0:
+                vals, ids = logp.topk(batch.max_logprobs, dim=-1)
+                step.topk_ids = np.ascontiguousarray(ids.cpu().numpy().reshape(real, k + 1, -1), dtype=np.int32)
+                step.topk_logprobs = np.ascontiguousarray(vals.cpu().numpy().reshape(real, k + 1, -1),
+                                                          dtype=np.float32)
+        return step
+
+    # ---- drafting (apply) --------------------------------------------------------------------
+    def next_drafts(self, scheduler: Any, step: SpecStep) -> np.ndarray:
+        """int32 [R, k]: each row's drafts for its next step, -1 after its last."""
+        cfg, k = self.config, self.k
+        out = np.full((len(step.seq_ids), k), -1, np.int32)
+        for r, seq_id in enumerate(step.seq_ids):
+            if seq_id < 0:
+                continue
+            try:
+                seq = scheduler.get_sequence(int(seq_id))
+            except (KeyError, ValueError):
+                continue
+            if seq.is_finished:
+                continue
+            params = self.params_of(seq.request_id)
+            if params is None or not may_draft(params):
+                continue
+            history = np.concatenate([np.asarray(seq.token_ids, dtype=np.int32),
+                                      step.tokens[r, :int(step.num_accepted[r]) + 1]])
+            num_out = len(history) - int(seq.num_prompt_tokens)
+            room = min(k, int(params.max_tokens) - num_out - 1)  # the step's last token is not a draft
+            if room <= 0:
+                continue
+            if cfg.method == "oracle":
+                rec = self.oracle.get(tuple(int(t) for t in history[:int(seq.num_prompt_tokens)]))
+                drafts = np.zeros(0, np.int32) if rec is None else rec[num_out:num_out + room]
+            else:
+                drafts = propose_ngram(history, cfg.prompt_lookup_min, cfg.prompt_lookup_max, room)
+            out[r, :len(drafts)] = drafts
+        return out
