@@ -13,12 +13,14 @@ if TYPE_CHECKING:
     __version__: str
     from deepinfer.runtime.llm import LLM
     from deepinfer.runtime.sampling_params import SamplingParams
+    from deepinfer.runtime.structured.params import StructuredOutputsParams
 
-__all__ = ["LLM", "SamplingParams", "__version__"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "__version__"]
 
 _LAZY = {
     "LLM": ("deepinfer.runtime.llm", "LLM"),
     "SamplingParams": ("deepinfer.runtime.sampling_params", "SamplingParams"),
+    "StructuredOutputsParams": ("deepinfer.runtime.structured.params", "StructuredOutputsParams"),
 }
 
 

@@ -55,6 +55,10 @@ class SamplingBatch:
     mask_tokens: torch.Tensor | None = None
     allowed_rows: torch.Tensor | None = None
     allowed_tokens: torch.Tensor | None = None
+    # structured outputs: sample rows [G] and their allowed-token bitmask int32 [G, ceil(V/32)]
+    # (bit t % 32 of word t // 32 set = token t allowed), filled on the host by runtime.structured
+    grammar_rows: torch.Tensor | None = None
+    grammar_bitmask: torch.Tensor | None = None
     max_logprobs: int = -1  # largest top-k logprobs asked by any row; -1 = none
     all_greedy: bool = False
     # Whether some random row uses top-k / top-p / min-p, when the host knows it (the engine's
@@ -104,6 +108,40 @@ def apply_logits_processing(logits: torch.Tensor, b: SamplingBatch) -> torch.Ten
         x = _apply_dense_penalties(x, b)
     if b.mask_rows is not None and b.mask_rows.numel():
         x[b.mask_rows, b.mask_tokens] = float("-inf")
+    if b.grammar_rows is not None and b.grammar_bitmask is not None and b.grammar_rows.numel():
+        x = apply_token_bitmask(x, b.grammar_rows, b.grammar_bitmask)
+    return x
+
+
+_BIT_SHIFTS: dict[torch.device, torch.Tensor] = {}
+
+
+def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """bool [G, vocab] of a packed int32 bitmask [G, W] (bit t % 32 of word t // 32 = token t).
+    Tokens past 32 * W are not allowed."""
+    shifts = _BIT_SHIFTS.get(bitmask.device)
+    if shifts is None:
+        shifts = _BIT_SHIFTS[bitmask.device] = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    bits = ((bitmask.to(torch.int32)[:, :, None] >> shifts) & 1).bool().reshape(bitmask.shape[0], -1)
+    if bits.shape[1] >= vocab:
+        return bits[:, :vocab]
+    return torch.nn.functional.pad(bits, (0, vocab - bits.shape[1]), value=False)
+
+
+def apply_token_bitmask(x: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """``x`` [R, V] with the tokens ``bitmask`` [G, W] does not allow in ``rows`` [G] set to -inf."""
+    if x.device.type == "cpu":
+        try:  # xgrammar's CPU kernel (several times faster than unpacking on CPU)
+            import xgrammar
+        except ImportError:
+            xgrammar = None
+        if xgrammar is not None:
+            sub = x[rows].contiguous()
+            xgrammar.apply_token_bitmask_inplace(sub, bitmask.to(torch.int32).contiguous())
+            x[rows] = sub
+            return x
+    allowed = unpack_bitmask(bitmask, x.shape[1])
+    x[rows] = x[rows].masked_fill(~allowed, float("-inf"))
     return x
 
 
