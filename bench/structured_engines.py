@@ -45,8 +45,8 @@ def main() -> None:
     import numpy as np
     import torch
     import xgrammar as xgr
-    info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=vocab, stop_token_ids=[tok.eos_token_id])
     t0 = time.perf_counter()
+    info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=vocab, stop_token_ids=[tok.eos_token_id])
     comp = xgr.GrammarCompiler(info, cache_enabled=False)
     t_setup = time.perf_counter() - t0
     t0 = time.perf_counter()

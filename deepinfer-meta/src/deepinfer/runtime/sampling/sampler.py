@@ -10,6 +10,7 @@ are those of the model's raw logits (log_softmax before any processing).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -131,10 +132,11 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
 def apply_token_bitmask(x: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
     """``x`` [R, V] with the tokens ``bitmask`` [G, W] does not allow in ``rows`` [G] set to -inf."""
     if x.device.type == "cpu":
+        xgrammar: Any = None
         try:  # xgrammar's CPU kernel (several times faster than unpacking on CPU)
             import xgrammar
         except ImportError:
-            xgrammar = None
+            pass
         if xgrammar is not None:
             sub = x[rows].contiguous()
             xgrammar.apply_token_bitmask_inplace(sub, bitmask.to(torch.int32).contiguous())
