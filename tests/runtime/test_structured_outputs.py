@@ -258,3 +258,34 @@ def test_default_model_json(default_gguf):
     c = outs[0].outputs[0]
     assert c.finish_reason == "stop", c.text
     jsonschema.validate(json.loads(c.text), schema)
+
+
+def test_masked_argmax_hand_computed():
+    from deepinfer.runtime.sampling.sampler import masked_argmax
+
+    logits = torch.tensor([[0.0, 5.0, 1.0, 2.0], [3.0, 0.0, 0.5, 9.0], [1.0, 2.0, 3.0, 4.0]])
+    bm = torch.tensor([[0b0101], [0b0110]], dtype=torch.int32)  # row 0: tokens 0, 2; row 2: tokens 1, 2
+    out = masked_argmax(logits, None, torch.tensor([0, 2]), bm)
+    assert out.tolist() == [2, 3, 2]
+    assert masked_argmax(logits, torch.tensor([7, 7, 7]), torch.tensor([1]), bm[1:]).tolist() == [7, 2, 7]
+
+
+def test_greedy_batches_equal_alone_sync_and_overlap(tiny_dir):
+    """All-greedy structured steps take the masked-argmax path: the same valid outputs in a batch as
+    alone, with the synchronous and the overlap loop."""
+    import jsonschema
+    from deepinfer import SamplingParams, StructuredOutputsParams
+
+    so = StructuredOutputsParams(json=SCHEMA)
+    prompts = _prompts(6)
+    results = []
+    for overlap in (False, True):
+        llm = _llm(tiny_dir, overlap)
+        together = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=150, structured_outputs=so),
+                                use_tqdm=False)
+        results.append([o.outputs[0].text for o in together])
+    alone = [llm.generate([p], SamplingParams(temperature=0, max_tokens=150, structured_outputs=so),
+                          use_tqdm=False)[0].outputs[0].text for p in prompts[:2]]
+    assert results[0] == results[1] and results[1][:2] == alone
+    for t in results[0]:
+        jsonschema.validate(json.loads(t), SCHEMA)

@@ -180,6 +180,9 @@ class StepExecutor:
         if is_plain_greedy(si) and grammar is None:
             self.penalty_tables.apply(si)  # it must see every prepare_sampler_inputs call
             step.row_tokens = logits.argmax(dim=-1) if greedy is None else greedy
+        elif is_plain_greedy(si):  # greedy with structured rows: the masked argmax alone
+            self.penalty_tables.apply(si)
+            self._greedy_structured(logits, greedy, prev, step, grammar)
         else:
             self._sample(si, logits, prev, step, by_row=copy_ahead, grammar=grammar)
         if copy_ahead and step.pending is None:
@@ -224,6 +227,26 @@ class StepExecutor:
         self.E.update_prompt_logprobs(self.scheduler, si, lp.cpu().numpy(),
                                       None if ids is None else ids.to(torch.int32).cpu().numpy(),
                                       None if vals is None else vals.cpu().numpy())
+
+    def _greedy_structured(self, logits: torch.Tensor, greedy: torch.Tensor | None, prev: LaunchedStep | None,
+                           step: LaunchedStep, grammar: list[tuple[int, str, int]]) -> None:
+        from deepinfer.runtime.sampling.sampler import masked_argmax
+
+        assert step.logits_rows is not None
+        logits_rows = step.logits_rows
+        side = self.side
+
+        def draw() -> None:
+            rows, bitmask = self.structured.bitmask(grammar, self.scheduler, int(logits.shape[-1]))
+            by_logits = torch.from_numpy(logits_rows).to(logits.device, non_blocking=True)[rows]
+            step.row_tokens = masked_argmax(logits, greedy, by_logits, bitmask)
+            if prev is not None and self._host_tokens[side] is not None:
+                self._copy_tokens_behind(step, side)
+
+        if prev is not None:
+            step.pending = draw  # the bitmask needs prev's tokens: LaunchedStep.finish draws
+        else:
+            draw()
 
     def _sample(self, si: Any, logits: torch.Tensor, prev: LaunchedStep | None, step: LaunchedStep,
                 by_row: bool, grammar: list[tuple[int, str, int]] | None = None) -> None:

@@ -114,19 +114,32 @@ def apply_logits_processing(logits: torch.Tensor, b: SamplingBatch) -> torch.Ten
     return x
 
 
-_BIT_SHIFTS: dict[torch.device, torch.Tensor] = {}
+_BITS: dict[torch.device, torch.Tensor] = {}
 
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
     """bool [G, vocab] of a packed int32 bitmask [G, W] (bit t % 32 of word t // 32 = token t).
     Tokens past 32 * W are not allowed."""
-    shifts = _BIT_SHIFTS.get(bitmask.device)
-    if shifts is None:
-        shifts = _BIT_SHIFTS[bitmask.device] = torch.arange(32, dtype=torch.int32, device=bitmask.device)
-    bits = ((bitmask.to(torch.int32)[:, :, None] >> shifts) & 1).bool().reshape(bitmask.shape[0], -1)
+    bits_of = _BITS.get(bitmask.device)
+    if bits_of is None:  # 1 << k for k in 0..31 as int32 (bit 31 is the sign bit)
+        bits_of = _BITS[bitmask.device] = torch.tensor([1 << k if k < 31 else -(1 << 31) for k in range(32)],
+                                                       dtype=torch.int32, device=bitmask.device)
+    bits = ((bitmask.to(torch.int32)[:, :, None] & bits_of) != 0).reshape(bitmask.shape[0], -1)
     if bits.shape[1] >= vocab:
         return bits[:, :vocab]
     return torch.nn.functional.pad(bits, (0, vocab - bits.shape[1]), value=False)
+
+
+def masked_argmax(logits: torch.Tensor, argmax: torch.Tensor | None, rows: torch.Tensor,
+                  bitmask: torch.Tensor) -> torch.Tensor:
+    """The argmax of each row of ``logits`` [R, V] (``argmax``: already computed, e.g. by a CUDA
+    graph, or None), where ``rows`` [G] take only the tokens ``bitmask`` [G, W] allows: a greedy
+    step with structured rows, without the sampler's other work."""
+    tokens = logits.argmax(dim=-1) if argmax is None else argmax.clone()
+    allowed = unpack_bitmask(bitmask, logits.shape[-1])
+    sub = logits[rows].masked_fill(~allowed, float("-inf"))
+    tokens[rows] = sub.argmax(dim=-1).to(tokens.dtype)
+    return tokens
 
 
 def apply_token_bitmask(x: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:

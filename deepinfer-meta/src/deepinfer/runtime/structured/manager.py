@@ -49,6 +49,7 @@ class StructuredOutputs:
         self._host: list[torch.Tensor] = []  # two host bitmask buffers, used in turn
         self._turn = 0
         self.num_masked_rows = 0  # rows masked so far (tests, metrics)
+        self._batch: Any = None  # xgrammar's BatchGrammarMatcher (several rows' masks in one call)
 
     @property
     def compiler(self) -> GrammarCompiler:
@@ -98,13 +99,21 @@ class StructuredOutputs:
         words = (vocab_size + 31) // 32
         host = self._buffer(len(rows), words)
         seqs: dict[str, list[Any]] = {}
+        live, where = [], []
         for i, (_, rid, index) in enumerate(rows):
             req = self.requests.get(rid)
             matcher = None if req is None else self._synced(req, rid, index, scheduler, seqs)
             if matcher is None or matcher.is_terminated():
                 host[i].fill_(-1)  # no constraint (the row is not used: its sequence has finished)
             else:
-                matcher.fill_next_token_bitmask(host, i)
+                live.append(matcher)
+                where.append(i)
+        if len(live) == 1:
+            live[0].fill_next_token_bitmask(host, where[0])
+        elif live:  # one call for the step: xgrammar fills the rows on its own threads
+            if self._batch is None:
+                self._batch = self.compiler.xgr.BatchGrammarMatcher()
+            self._batch.batch_fill_next_token_bitmask(live, host, where)
         self.num_masked_rows += len(rows)
         row_ids = torch.tensor([r for r, _, _ in rows], dtype=torch.int64).to(self.device, non_blocking=True)
         return row_ids, host[:len(rows)].to(self.device, non_blocking=True)
@@ -137,12 +146,12 @@ class StructuredOutputs:
         have = int(seq.num_tokens) - req.prompt_len
         if have == len(done):
             return matcher
-        generated = np.asarray(seq.token_ids)[req.prompt_len:].tolist()
-        if generated[:len(done)] != done:  # recomputed differently: start over
+        if have < len(done):  # the sequence lost tokens (it was recomputed): start over
             matcher.reset()
             done.clear()
-        for tok in generated[len(done):]:
-            if matcher.is_terminated() or not matcher.accept_token(int(tok)):
-                return None  # a token the grammar refused (never sampled under its mask)
+        # only the new tokens (a sequence's tokens never change once generated)
+        for tok in np.asarray(seq.token_ids)[req.prompt_len + len(done):].tolist():
+            if not matcher.accept_token(int(tok)):  # (also after the end): never sampled under its mask
+                return None
             done.append(int(tok))
         return matcher
