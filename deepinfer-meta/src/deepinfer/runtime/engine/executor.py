@@ -68,6 +68,7 @@ class LaunchedStep:
     host: torch.Tensor | None = None  # pinned copy of row_tokens under way (overlap on CUDA)
     event: Any = None  # CUDA event recorded after that copy
     pending: Any = None  # sampling deferred until prev's tokens are applied (structured rows)
+    structured: Any = None  # (StructuredOutputs, its rows in this step): the applied tokens go to the matchers
 
     def finish(self) -> None:
         """Launch the deferred sampling of a structured step launched ahead (a no-op otherwise):
@@ -95,12 +96,15 @@ class LaunchedStep:
         tokens = self.tokens()
         if self.logprobs is None:
             scheduler.update(tokens)
-            return
-        real = self.num_real_rows
-        lp, ids, vals = self.logprobs
-        scheduler.update(tokens, lp[:real].cpu().numpy(),
-                         None if ids is None else ids[:real].to(torch.int32).cpu().numpy(),
-                         None if vals is None else vals[:real].cpu().numpy())
+        else:
+            real = self.num_real_rows
+            lp, ids, vals = self.logprobs
+            scheduler.update(tokens, lp[:real].cpu().numpy(),
+                             None if ids is None else ids[:real].to(torch.int32).cpu().numpy(),
+                             None if vals is None else vals[:real].cpu().numpy())
+        if self.structured is not None:  # the tokens the scheduler took, to the grammar matchers
+            so, rows = self.structured
+            so.accept(rows, tokens)
 
 
 class StepExecutor:
@@ -174,13 +178,15 @@ class StepExecutor:
         # the engine reuses its storage next step: copy the rows now
         step.logits_rows = np.array(si.kernel.logits_rows[:step.num_real_rows], dtype=np.int64)
         grammar = None if self.structured is None else self.structured.step_rows(si, self.metadata)
+        if grammar is not None:
+            step.structured = (self.structured, grammar)
         logits, greedy = self._forward(args, bufs, prev)
         if int(si.prompt_logprobs.num_rows):
             self._prompt_logprobs(si, logits)
         if is_plain_greedy(si) and grammar is None:
             self.penalty_tables.apply(si)  # it must see every prepare_sampler_inputs call
             step.row_tokens = logits.argmax(dim=-1) if greedy is None else greedy
-        elif is_plain_greedy(si):  # greedy with structured rows: the masked argmax alone
+        elif grammar is not None and is_plain_greedy(si):  # greedy with structured rows: the masked argmax
             self.penalty_tables.apply(si)
             self._greedy_structured(logits, greedy, prev, step, grammar)
         else:
@@ -237,7 +243,7 @@ class StepExecutor:
         side = self.side
 
         def draw() -> None:
-            rows, bitmask = self.structured.bitmask(grammar, self.scheduler, int(logits.shape[-1]))
+            rows, bitmask = self.structured.bitmask(grammar, int(logits.shape[-1]))
             by_logits = torch.from_numpy(logits_rows).to(logits.device, non_blocking=True)[rows]
             step.row_tokens = masked_argmax(logits, greedy, by_logits, bitmask)
             if prev is not None and self._host_tokens[side] is not None:
@@ -264,8 +270,7 @@ class StepExecutor:
 
         def draw() -> None:
             if grammar is not None:  # the matchers read the scheduler's tokens: prev is applied by now
-                batch.grammar_rows, batch.grammar_bitmask = self.structured.bitmask(
-                    grammar, self.scheduler, int(logits.shape[-1]))
+                batch.grammar_rows, batch.grammar_bitmask = self.structured.bitmask(grammar, int(logits.shape[-1]))
             res = sample(logits[rows], batch)
             if res.logprobs is not None:
                 step.logprobs = (res.logprobs, res.topk_ids, res.topk_logprobs)

@@ -136,28 +136,30 @@ def masked_argmax(logits: torch.Tensor, argmax: torch.Tensor | None, rows: torch
     graph, or None), where ``rows`` [G] take only the tokens ``bitmask`` [G, W] allows: a greedy
     step with structured rows, without the sampler's other work."""
     tokens = logits.argmax(dim=-1) if argmax is None else argmax.clone()
-    allowed = unpack_bitmask(bitmask, logits.shape[-1])
-    sub = logits[rows].masked_fill(~allowed, float("-inf"))
-    tokens[rows] = sub.argmax(dim=-1).to(tokens.dtype)
+    tokens[rows] = _masked(logits[rows], bitmask).argmax(dim=-1).to(tokens.dtype)
     return tokens
 
 
 def apply_token_bitmask(x: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
     """``x`` [R, V] with the tokens ``bitmask`` [G, W] does not allow in ``rows`` [G] set to -inf."""
-    if x.device.type == "cpu":
+    x[rows] = _masked(x[rows], bitmask)
+    return x
+
+
+def _masked(sub: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """A copy of ``sub`` [G, V] (a gathered copy already, changed in place where possible) with
+    the tokens ``bitmask`` [G, W] does not allow set to -inf."""
+    if sub.device.type == "cpu":
         xgrammar: Any = None
         try:  # xgrammar's CPU kernel (several times faster than unpacking on CPU)
             import xgrammar
         except ImportError:
             pass
         if xgrammar is not None:
-            sub = x[rows].contiguous()
+            sub = sub.contiguous()
             xgrammar.apply_token_bitmask_inplace(sub, bitmask.to(torch.int32).contiguous())
-            x[rows] = sub
-            return x
-    allowed = unpack_bitmask(bitmask, x.shape[1])
-    x[rows] = x[rows].masked_fill(~allowed, float("-inf"))
-    return x
+            return sub
+    return sub.masked_fill(~unpack_bitmask(bitmask, sub.shape[-1]), float("-inf"))
 
 
 def _apply_dense_penalties(x: torch.Tensor, b: SamplingBatch) -> torch.Tensor:

@@ -52,6 +52,7 @@ class GrammarCompiler:
         xgr = _import_xgrammar()
         self.xgr = xgr
         self.vocab_size = int(vocab_size)
+        self.stop_token_ids = frozenset(int(t) for t in stop_token_ids)  # end a completed output
         info = xgr.TokenizerInfo.from_huggingface(_hf_tokenizer(tokenizer), vocab_size=self.vocab_size,
                                                   stop_token_ids=sorted(set(stop_token_ids)) or None)
         self.compiler = xgr.GrammarCompiler(info, max_threads=2)

@@ -2,16 +2,16 @@
 
 ``StructuredOutputs`` keeps one xgrammar matcher per (request, sample index). Before a step
 samples, ``step_rows`` finds the step's sample rows that belong to structured requests (from the
-engine's ``SamplerInputs``), and ``bitmask`` brings each row's matcher up to date with the tokens
-the scheduler holds for its sequence, then fills the row's allowed-token bitmask on the host
-(int32, 32 tokens a word, bit set = allowed) and copies it to the device. The sampler applies it
-to the logits before sampling (``sampling.sampler.apply_logits_processing``), after the forward.
+engine's ``SamplerInputs``); ``bitmask`` fills each row's allowed-token bitmask on the host
+(int32, 32 tokens a word, bit set = allowed; all rows in one xgrammar call) and copies it to the
+device. The sampler applies it to the logits before sampling, after the forward. When the step's
+tokens are applied (``LaunchedStep.apply``), ``accept`` gives each structured row's token to its
+matcher: the same tokens the scheduler appends (a sequence's tokens never change afterwards; a
+recomputed sequence keeps them), with no per-row call into the scheduler.
 
-Matchers read the scheduler's tokens rather than being fed by the loop, so the same code serves
-the synchronous loop (the previous step is applied when a step launches) and the overlap loop
-(a step launched ahead of step N samples only after step N's tokens are applied: the executor
-defers its sampling, see ``engine.executor``), preemption and recompute (a matcher that is ahead
-of its sequence starts over).
+The synchronous loop applies a step before the next launches; the overlap loop launches step N+1
+ahead of step N's tokens, so a structured step launched ahead samples only once step N is
+applied (the executor defers its sampling, see ``engine.executor``).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class _Request:
     params: StructuredOutputsParams
     prompt_len: int
     matchers: dict[int, Any] = field(default_factory=dict)  # by sample index
-    accepted: dict[int, list[int]] = field(default_factory=dict)  # tokens each matcher took
+    ended: set[int] = field(default_factory=set)  # sample indices whose matcher took a stop token
 
 
 class StructuredOutputs:
@@ -87,26 +87,28 @@ class StructuredOutputs:
             return None
         drv = si.driver
         n = int(drv.num_real_rows)
-        seq_ids = np.asarray(drv.seq_ids)[:n]
-        subs = np.asarray(si.kernel.subsequences)[:n]
-        rows = [(r, by_seq[int(s)], int(subs[r])) for r in range(n) if int(s := seq_ids[r]) in by_seq]
+        seq_ids = np.asarray(drv.seq_ids)[:n].tolist()
+        subs = np.asarray(si.kernel.subsequences)[:n].tolist()
+        rows = [(r, by_seq[s], subs[r]) for r, s in enumerate(seq_ids) if s in by_seq]
         return rows or None
 
-    def bitmask(self, rows: list[tuple[int, str, int]], scheduler: Any, vocab_size: int
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(sample rows int64 [G], their allowed-token bitmask int32 [G, ceil(V/32)]) on the device,
-        each row's matcher first brought up to date with its sequence's tokens in ``scheduler``."""
+    def _matcher(self, req: _Request, index: int) -> Any:
+        matcher = req.matchers.get(index)
+        if matcher is None:
+            matcher = req.matchers[index] = self.compiler.matcher(req.params)
+        return matcher
+
+    def bitmask(self, rows: list[tuple[int, str, int]], vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(sample rows int64 [G], their allowed-token bitmask int32 [G, ceil(V/32)]) on the device."""
         words = (vocab_size + 31) // 32
         host = self._buffer(len(rows), words)
-        seqs: dict[str, list[Any]] = {}
         live, where = [], []
         for i, (_, rid, index) in enumerate(rows):
             req = self.requests.get(rid)
-            matcher = None if req is None else self._synced(req, rid, index, scheduler, seqs)
-            if matcher is None or matcher.is_terminated():
+            if req is None or index in req.ended:
                 host[i].fill_(-1)  # no constraint (the row is not used: its sequence has finished)
             else:
-                live.append(matcher)
+                live.append(self._matcher(req, index))
                 where.append(i)
         if len(live) == 1:
             live[0].fill_next_token_bitmask(host, where[0])
@@ -115,8 +117,19 @@ class StructuredOutputs:
                 self._batch = self.compiler.xgr.BatchGrammarMatcher()
             self._batch.batch_fill_next_token_bitmask(live, host, where)
         self.num_masked_rows += len(rows)
-        row_ids = torch.tensor([r for r, _, _ in rows], dtype=torch.int64).to(self.device, non_blocking=True)
+        row_ids = torch.from_numpy(np.array([r for r, _, _ in rows], dtype=np.int64)).to(self.device, non_blocking=True)
         return row_ids, host[:len(rows)].to(self.device, non_blocking=True)
+
+    def accept(self, rows: list[tuple[int, str, int]], tokens: np.ndarray) -> None:
+        """The applied step's token of each structured row (``tokens`` by sample row) to its matcher."""
+        stops = self.compiler.stop_token_ids
+        for r, rid, index in rows:
+            req = self.requests.get(rid)
+            if req is None or index in req.ended:
+                continue
+            tok = int(tokens[r])
+            if not self._matcher(req, index).accept_token(tok) or tok in stops:
+                req.ended.add(index)  # ended (a stop token), or a token the grammar refused
 
     def _buffer(self, n: int, words: int) -> torch.Tensor:
         self._turn ^= 1
@@ -128,30 +141,3 @@ class StructuredOutputs:
             buf = torch.empty((rows, words), dtype=torch.int32, pin_memory=self.device.type == "cuda")
             self._host[self._turn] = buf
         return buf
-
-    def _synced(self, req: _Request, rid: str, index: int, scheduler: Any, seqs: dict[str, list[Any]]) -> Any:
-        matcher = req.matchers.get(index)
-        if matcher is None:
-            matcher = req.matchers[index] = self.compiler.matcher(req.params)
-            req.accepted[index] = []
-        if rid not in seqs:
-            try:
-                seqs[rid] = list(scheduler.get_sequences(rid))
-            except (KeyError, ValueError):
-                seqs[rid] = []
-        seq = next((s for s in seqs[rid] if int(s.sample_index) == index), None)
-        if seq is None:
-            return matcher if not req.accepted[index] else None  # not forked yet: nothing generated
-        done = req.accepted[index]
-        have = int(seq.num_tokens) - req.prompt_len
-        if have == len(done):
-            return matcher
-        if have < len(done):  # the sequence lost tokens (it was recomputed): start over
-            matcher.reset()
-            done.clear()
-        # only the new tokens (a sequence's tokens never change once generated)
-        for tok in np.asarray(seq.token_ids)[req.prompt_len + len(done):].tolist():
-            if not matcher.accept_token(int(tok)):  # (also after the end): never sampled under its mask
-                return None
-            done.append(int(tok))
-        return matcher
