@@ -289,3 +289,17 @@ def test_greedy_batches_equal_alone_sync_and_overlap(tiny_dir):
     assert results[0] == results[1] and results[1][:2] == alone
     for t in results[0]:
         jsonschema.validate(json.loads(t), SCHEMA)
+
+
+def test_extra_args_kept_and_copied():
+    """vLLM's extra_args: any str-keyed dict, kept, compared, deep-copied by clone; nothing reads it."""
+    from deepinfer import SamplingParams
+
+    sp = SamplingParams(extra_args={"plugin": {"k": [1, 2]}})
+    clone = sp.clone()
+    assert clone == sp and clone.extra_args == {"plugin": {"k": [1, 2]}}
+    clone.extra_args["plugin"]["k"].append(3)
+    assert sp.extra_args == {"plugin": {"k": [1, 2]}}
+    assert SamplingParams().extra_args is None and SamplingParams(extra_args={}) != SamplingParams(extra_args={"a": 1})
+    with pytest.raises(TypeError, match="SamplingParams.extra_args must be a dict with str keys"):
+        SamplingParams(extra_args={1: "x"})

@@ -8,6 +8,7 @@ engine never sees: the stop strings, the bad words as text, and two detokenizer 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import numbers
 from typing import TYPE_CHECKING, Any
@@ -25,12 +26,13 @@ _ENGINE_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "presence_penal
                   "repetition_penalty", "seed", "stop_token_ids", "ignore_eos", "max_tokens", "min_tokens",
                   "logprobs", "prompt_logprobs", "logit_bias", "allowed_token_ids")
 # What only the runtime sees (text side).
-_PYTHON_FIELDS = ("stop", "include_stop_str_in_output", "skip_special_tokens", "bad_words", "structured_outputs")
+_PYTHON_FIELDS = ("stop", "include_stop_str_in_output", "skip_special_tokens", "bad_words", "structured_outputs",
+                  "extra_args")
 # Every field, in the positional order of ``SamplingParams(...)``.
 _ORDER = ("n", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
           "repetition_penalty", "seed", "stop", "stop_token_ids", "ignore_eos", "max_tokens", "min_tokens",
           "logprobs", "prompt_logprobs", "logit_bias", "include_stop_str_in_output", "skip_special_tokens",
-          "allowed_token_ids", "bad_words", "structured_outputs")
+          "allowed_token_ids", "bad_words", "structured_outputs", "extra_args")
 
 
 def _named(exc: Exception) -> Exception:
@@ -86,6 +88,14 @@ def _structured(value: Any) -> StructuredOutputsParams | None:
                     f"fields), got {type(value).__name__}")
 
 
+def _extra_args(value: Any) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise TypeError(f"SamplingParams.extra_args must be a dict with str keys or None, got {value!r}")
+    return dict(value)
+
+
 def _strings(name: str, value: Any) -> tuple[str, ...]:
     if value is None:
         out: tuple[str, ...] = ()
@@ -106,6 +116,7 @@ _PYTHON_CHECKS = {
     "include_stop_str_in_output": lambda v: _flag("include_stop_str_in_output", v),
     "skip_special_tokens": lambda v: _flag("skip_special_tokens", v),
     "structured_outputs": _structured,
+    "extra_args": _extra_args,
 }
 
 
@@ -166,6 +177,8 @@ class SamplingParams:
         structured_outputs: a ``StructuredOutputsParams`` (JSON schema, regex, choice, grammar
             or any JSON object) the output must match; its grammar is compiled (and checked:
             ValueError naming it) when the request is added.
+        extra_args: a dict (str keys) for custom sampling code and plugins, as vLLM's; nothing
+            in the engine reads it.
     """
 
     __hash__ = None  # type: ignore[assignment]  # mutable, compared by value
@@ -193,6 +206,7 @@ class SamplingParams:
         allowed_token_ids: tuple[int, ...] | None
         bad_words: tuple[str, ...]
         structured_outputs: StructuredOutputsParams | None
+        extra_args: dict[str, Any] | None
         _engine: Any
         _stop: tuple[str, ...]
         _bad_words: tuple[str, ...]
@@ -206,7 +220,8 @@ class SamplingParams:
                  logit_bias: dict[int, float] | None = None, include_stop_str_in_output: bool = False,
                  skip_special_tokens: bool = True, allowed_token_ids: Any = None,
                  bad_words: str | list[str] | None = None,
-                 structured_outputs: StructuredOutputsParams | dict[str, Any] | None = None) -> None:
+                 structured_outputs: StructuredOutputsParams | dict[str, Any] | None = None,
+                 extra_args: dict[str, Any] | None = None) -> None:
         try:
             engine = _E.SamplingParams(
                 n=n, temperature=temperature, top_p=top_p, top_k=_top_k(top_k), min_p=min_p,
@@ -223,6 +238,7 @@ class SamplingParams:
         d["_include_stop_str_in_output"] = _PYTHON_CHECKS["include_stop_str_in_output"](include_stop_str_in_output)
         d["_skip_special_tokens"] = _PYTHON_CHECKS["skip_special_tokens"](skip_special_tokens)
         d["_structured_outputs"] = _structured(structured_outputs)
+        d["_extra_args"] = _extra_args(extra_args)
         d["_bad_ids"] = None  # (tokenizer, its bad_words_token_ids), cached by engine_params
 
     # ---- fields ------------------------------------------------------------------------------
@@ -331,6 +347,8 @@ class SamplingParams:
         new = object.__new__(SamplingParams)
         new.__dict__.update(self.__dict__)
         new.__dict__["_engine"] = self._engine.replace()
+        if new.__dict__.get("_extra_args") is not None:
+            new.__dict__["_extra_args"] = copy.deepcopy(new.__dict__["_extra_args"])
         return new
 
     __copy__ = clone
