@@ -269,7 +269,7 @@ class StepExecutor:
         side = self.side
 
         def draw() -> None:
-            if grammar is not None:  # the matchers read the scheduler's tokens: prev is applied by now
+            if grammar is not None:  # prev is applied by now: its tokens are in the matchers
                 batch.grammar_rows, batch.grammar_bitmask = self.structured.bitmask(grammar, int(logits.shape[-1]))
             res = sample(logits[rows], batch)
             if res.logprobs is not None:
