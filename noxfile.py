@@ -37,7 +37,8 @@ PACKAGES = {
 BUILD_DEPS = ["build", "scikit-build-core>=0.10", "pybind11>=3.0", "hatchling", "cmake", "ninja"]
 TEST_DEPS = ["pytest>=8", "hypothesis>=6", "numpy", "pluggy>=1.3"]
 # What the runtime needs besides our wheels (deepinfer's own dependencies, torch pinned).
-RUNTIME_DEPS = ["torch", "transformers", "tokenizers", "safetensors", "gguf", "jinja2", "tqdm"]
+RUNTIME_DEPS = ["torch", "transformers", "tokenizers", "safetensors", "gguf", "jinja2", "tqdm", "xgrammar",
+                "jsonschema"]  # jsonschema: the structured-output tests' independent validator
 # The serve extra's dependencies, and the clients its tests talk to it with.
 SERVE_DEPS = ["fastapi", "uvicorn", "prometheus-client", "pydantic"]
 SERVE_TEST_DEPS = ["openai", "httpx"]

@@ -25,7 +25,7 @@ ROOMS: list[tuple[str, ...]] = [
     ("deepinfer.runtime.beam_search",),
     ("deepinfer.runtime.bench_metrics",),
     ("deepinfer.runtime.engine",),
-    ("deepinfer.runtime.speculative",),
+    ("deepinfer.runtime.speculative", "deepinfer.runtime.structured"),
     ("deepinfer.runtime.distributed",),
     ("deepinfer.runtime.worker",),
     ("deepinfer.runtime.sampling",),
@@ -36,7 +36,8 @@ ROOMS: list[tuple[str, ...]] = [
     ("deepinfer.runtime.kernels",),
     ("deepinfer.runtime.engine_args", "deepinfer.runtime.sampling_params", "deepinfer.runtime.interrupts",
      "deepinfer.runtime.switches"),
-    ("deepinfer.runtime.speculative.config",),  # speculative_config's keys (read by engine_args)
+    # speculative_config's keys (read by engine_args), StructuredOutputsParams (read by sampling_params)
+    ("deepinfer.runtime.speculative.config", "deepinfer.runtime.structured.params"),
     ("deepinfer.timer",),
     ("deepinfer._C",),
     ("deepinfer.plugins",),

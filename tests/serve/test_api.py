@@ -223,8 +223,8 @@ def test_too_long_prompt_names_both_counts(client):
 
 
 @pytest.mark.parametrize(("body", "param"), [
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, "response_format"),
+    ({"tools": [{"type": "function", "function": {"name": 5}}]}, "tools[0]"),
+    ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
     ({"top_logprobs": 3}, "top_logprobs"),
     ({"logprobs": True, "top_logprobs": 30}, "top_logprobs"),
     ({"max_completion_tokens": 0}, "max_completion_tokens"),

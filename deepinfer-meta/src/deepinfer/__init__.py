@@ -14,13 +14,15 @@ if TYPE_CHECKING:
     from deepinfer.runtime.beam_search import BeamSearchParams
     from deepinfer.runtime.llm import LLM
     from deepinfer.runtime.sampling_params import SamplingParams
+    from deepinfer.runtime.structured.params import StructuredOutputsParams
 
-__all__ = ["LLM", "BeamSearchParams", "SamplingParams", "__version__"]
+__all__ = ["LLM", "BeamSearchParams", "SamplingParams", "StructuredOutputsParams", "__version__"]
 
 _LAZY = {
     "LLM": ("deepinfer.runtime.llm", "LLM"),
     "SamplingParams": ("deepinfer.runtime.sampling_params", "SamplingParams"),
     "BeamSearchParams": ("deepinfer.runtime.beam_search", "BeamSearchParams"),
+    "StructuredOutputsParams": ("deepinfer.runtime.structured.params", "StructuredOutputsParams"),
 }
 
 

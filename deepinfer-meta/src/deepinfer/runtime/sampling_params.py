@@ -8,11 +8,13 @@ engine never sees: the stop strings, the bad words as text, and two detokenizer 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import numbers
 from typing import TYPE_CHECKING, Any
 
 from deepinfer._C import engine as _E
+from deepinfer.runtime.structured.params import StructuredOutputsParams
 
 # Temperatures below this are greedy (as in vLLM): dividing logits by a smaller value overflows
 # float32 (1e-37 turns a logit of 10 into inf, and softmax into NaN). Not a bound: the engine
@@ -24,12 +26,13 @@ _ENGINE_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "presence_penal
                   "repetition_penalty", "seed", "stop_token_ids", "ignore_eos", "max_tokens", "min_tokens",
                   "logprobs", "prompt_logprobs", "logit_bias", "allowed_token_ids")
 # What only the runtime sees (text side).
-_PYTHON_FIELDS = ("stop", "include_stop_str_in_output", "skip_special_tokens", "bad_words")
+_PYTHON_FIELDS = ("stop", "include_stop_str_in_output", "skip_special_tokens", "bad_words", "structured_outputs",
+                  "extra_args")
 # Every field, in the positional order of ``SamplingParams(...)``.
 _ORDER = ("n", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
           "repetition_penalty", "seed", "stop", "stop_token_ids", "ignore_eos", "max_tokens", "min_tokens",
           "logprobs", "prompt_logprobs", "logit_bias", "include_stop_str_in_output", "skip_special_tokens",
-          "allowed_token_ids", "bad_words")
+          "allowed_token_ids", "bad_words", "structured_outputs", "extra_args")
 
 
 def _named(exc: Exception) -> Exception:
@@ -73,6 +76,26 @@ def _flag(name: str, value: Any) -> bool:
     return value
 
 
+def _structured(value: Any) -> StructuredOutputsParams | None:
+    if value is None or isinstance(value, StructuredOutputsParams):
+        return value
+    if isinstance(value, dict):  # vLLM accepts the fields as a dict too
+        try:
+            return StructuredOutputsParams(**value)
+        except TypeError as exc:
+            raise TypeError(f"SamplingParams.structured_outputs: {exc}") from None
+    raise TypeError("SamplingParams.structured_outputs must be a StructuredOutputsParams (or a dict of its "
+                    f"fields), got {type(value).__name__}")
+
+
+def _extra_args(value: Any) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise TypeError(f"SamplingParams.extra_args must be a dict with str keys or None, got {value!r}")
+    return dict(value)
+
+
 def _strings(name: str, value: Any) -> tuple[str, ...]:
     if value is None:
         out: tuple[str, ...] = ()
@@ -92,6 +115,8 @@ _PYTHON_CHECKS = {
     "bad_words": lambda v: _strings("bad_words", v),
     "include_stop_str_in_output": lambda v: _flag("include_stop_str_in_output", v),
     "skip_special_tokens": lambda v: _flag("skip_special_tokens", v),
+    "structured_outputs": _structured,
+    "extra_args": _extra_args,
 }
 
 
@@ -149,6 +174,11 @@ class SamplingParams:
         bad_words: words never generated (vLLM): each is tokenized when the request is added
             (as at the start of a text and after a space); the token that would complete a
             word's tokens is never sampled.
+        structured_outputs: a ``StructuredOutputsParams`` (JSON schema, regex, choice, grammar
+            or any JSON object) the output must match; its grammar is compiled (and checked:
+            ValueError naming it) when the request is added.
+        extra_args: a dict (str keys) for custom sampling code and plugins, as vLLM's; nothing
+            in the engine reads it.
     """
 
     __hash__ = None  # type: ignore[assignment]  # mutable, compared by value
@@ -175,6 +205,8 @@ class SamplingParams:
         skip_special_tokens: bool
         allowed_token_ids: tuple[int, ...] | None
         bad_words: tuple[str, ...]
+        structured_outputs: StructuredOutputsParams | None
+        extra_args: dict[str, Any] | None
         _engine: Any
         _stop: tuple[str, ...]
         _bad_words: tuple[str, ...]
@@ -187,7 +219,9 @@ class SamplingParams:
                  min_tokens: int = 0, logprobs: int | None = None, prompt_logprobs: int | None = None,
                  logit_bias: dict[int, float] | None = None, include_stop_str_in_output: bool = False,
                  skip_special_tokens: bool = True, allowed_token_ids: Any = None,
-                 bad_words: str | list[str] | None = None) -> None:
+                 bad_words: str | list[str] | None = None,
+                 structured_outputs: StructuredOutputsParams | dict[str, Any] | None = None,
+                 extra_args: dict[str, Any] | None = None) -> None:
         try:
             engine = _E.SamplingParams(
                 n=n, temperature=temperature, top_p=top_p, top_k=_top_k(top_k), min_p=min_p,
@@ -203,6 +237,8 @@ class SamplingParams:
         d["_bad_words"] = _PYTHON_CHECKS["bad_words"](bad_words)
         d["_include_stop_str_in_output"] = _PYTHON_CHECKS["include_stop_str_in_output"](include_stop_str_in_output)
         d["_skip_special_tokens"] = _PYTHON_CHECKS["skip_special_tokens"](skip_special_tokens)
+        d["_structured_outputs"] = _structured(structured_outputs)
+        d["_extra_args"] = _extra_args(extra_args)
         d["_bad_ids"] = None  # (tokenizer, its bad_words_token_ids), cached by engine_params
 
     # ---- fields ------------------------------------------------------------------------------
@@ -311,6 +347,8 @@ class SamplingParams:
         new = object.__new__(SamplingParams)
         new.__dict__.update(self.__dict__)
         new.__dict__["_engine"] = self._engine.replace()
+        if new.__dict__.get("_extra_args") is not None:
+            new.__dict__["_extra_args"] = copy.deepcopy(new.__dict__["_extra_args"])
         return new
 
     __copy__ = clone

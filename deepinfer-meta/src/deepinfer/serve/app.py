@@ -40,6 +40,8 @@ from deepinfer.serve.protocol import (
     sampling_params,
 )
 from deepinfer.serve.responses import ResponseBuilder, TokenStrings
+from deepinfer.serve.structured import check_grammar, grammar_compiler, structured_params
+from deepinfer.serve.tools import chat_tool_messages, tool_choice
 
 log = logging.getLogger("deepinfer.serve")
 T = TypeVar("T")
@@ -511,6 +513,7 @@ def build_app(llm: Any, config: ServeConfig) -> FastAPI:
         params = [state.checked(sampling_params(
             req, state.max_tokens(len(p), req.max_tokens, 16, "prompt", "max_tokens"), req.logprobs, {},
             prompt_logprobs=echo_lp)) for p in prompts]
+        await _structured_outputs(state, req, params, None)
         await _build_stop_automaton(state, params[0])
         echo = None
         if req.echo:  # the prompt as given; token ids decoded
@@ -526,9 +529,11 @@ def build_app(llm: Any, config: ServeConfig) -> FastAPI:
         req: ChatCompletionRequest = await body_of(request, ChatCompletionRequest)
         name = state.model_name(req.model)
         check_stop(req.stop, config.max_stop_strings)
-        messages = chat_messages(req.messages)
+        tools = tool_choice(req, getattr(state.tokenizer, "chat_template", None))
+        messages = chat_messages(chat_tool_messages(req.messages))
         check_conversation(messages)
-        prompt = await state.off_loop(_chat_size(messages), _chat_ids, state, messages, req.add_generation_prompt)
+        prompt = await state.off_loop(_chat_size(messages), _chat_ids, state, messages, req.add_generation_prompt,
+                                      None if tools is None else tools.template_tools)
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
         top = (req.top_logprobs or 0) if req.logprobs else None
@@ -537,9 +542,11 @@ def build_app(llm: Any, config: ServeConfig) -> FastAPI:
         budget = state.max_tokens(len(prompt), requested, None, "messages", tokens_param)
         params = state.checked(sampling_params(req, budget, top, {"logprobs": "top_logprobs",
                                                                   "max_tokens": tokens_param}))
+        await _structured_outputs(state, req, [params], tools)
         await _build_stop_automaton(state, params)
         builder = ResponseBuilder("chat", f"chatcmpl-{uuid.uuid4().hex}", name, req.n, [len(prompt)],
                                   _strings(state, req), top)
+        builder.tools = tools
         return await _respond(request, state, builder, [prompt], [params], req)
 
     return app
@@ -562,9 +569,29 @@ def _strings(state: ServingState, req: Any) -> TokenStrings:
     return state.token_ids if req.return_tokens_as_token_ids else state.strings
 
 
-def _chat_ids(state: ServingState, messages: list[dict[str, str]], add_generation_prompt: bool) -> list[int]:
+async def _structured_outputs(state: ServingState, req: Any, params: list[SamplingParams], tools: Any) -> None:
+    """Set the request's output constraint (response_format, vLLM's structured_outputs /
+    guided_*, or a forced tool call) on ``params``; its grammar is compiled here, off the event
+    loop, so an invalid schema is a 400 naming its field."""
+    so, param = structured_params(req)
+    forced = None if tools is None else tools.structured()
+    if forced is not None:
+        if so is not None:
+            raise APIError(400, f"{param} cannot constrain the output of a forced tool call (tool_choice "
+                                f"{tools.mode!r})", param)
+        so, param = forced, "tools"
+    if so is None:
+        return
+    await state.off_loop(1 << 20, check_grammar, grammar_compiler(state), so, param)
+    for p in params:
+        p.structured_outputs = so
+
+
+def _chat_ids(state: ServingState, messages: list[dict[str, str]], add_generation_prompt: bool,
+              tools: list[dict[str, Any]] | None = None) -> list[int]:
     try:
-        ids = state.llm.apply_chat_template(messages, add_generation_prompt)["prompt_token_ids"]
+        kwargs = None if tools is None else {"tools": tools}
+        ids = state.llm.apply_chat_template(messages, add_generation_prompt, kwargs)["prompt_token_ids"]
     except (ValueError, TypeError) as exc:
         raise APIError(400, str(exc), "messages") from None
     if not ids:

@@ -52,9 +52,7 @@ def check_text(text: str, param: str) -> str:
 # Fields of the OpenAI API this server does not implement: refused with a 400 naming them
 # unless they carry their "off" value.
 _UNSUPPORTED_OFF_VALUES: dict[str, tuple[Any, ...]] = {
-    "best_of": (None, 1), "suffix": (None, ""), "tools": (None, []),
-    "tool_choice": (None, "none"), "functions": (None, []), "function_call": (None, "none"),
-    "parallel_tool_calls": (None,), "response_format": (None, {"type": "text"}),
+    "best_of": (None, 1), "suffix": (None, ""), "functions": (None, []), "function_call": (None, "none"),
     "audio": (None,), "modalities": (None, ["text"]), "prediction": (None,),
     "reasoning_effort": (None,), "web_search_options": (None,), "logit_processors": (None,),
 }
@@ -93,14 +91,21 @@ class _SamplingBody(_Body):
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     return_tokens_as_token_ids: bool = False  # logprobs name tokens "token_id:N" (exact, unambiguous)
-    # refused unless off (see _UNSUPPORTED_OFF_VALUES)
-    best_of: Any = None
+    # structured outputs (serve/structured.py): OpenAI's response_format and vLLM's extras
+    response_format: Any = None
+    structured_outputs: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    # tool calling (serve/tools.py; chat only)
     tools: Any = None
     tool_choice: Any = None
+    parallel_tool_calls: Any = None
+    # refused unless off (see _UNSUPPORTED_OFF_VALUES)
+    best_of: Any = None
     functions: Any = None
     function_call: Any = None
-    parallel_tool_calls: Any = None
-    response_format: Any = None
 
 
 class CompletionRequest(_SamplingBody):
@@ -158,6 +163,10 @@ def parse_body(model: type[_Body], body: Any) -> Any:
         value = getattr(req, name, None)
         if value not in off:
             raise APIError(400, f"{name} is not supported by this server", name)
+    if req.__class__ is CompletionRequest:
+        for name in ("tools", "tool_choice", "parallel_tool_calls"):
+            if getattr(req, name) is not None:
+                raise APIError(400, f"{name} is only supported by /v1/chat/completions", name)
     if req.__class__ is ChatCompletionRequest and req.store:
         raise APIError(400, "store is not supported by this server", "store")
     if getattr(req, "stream_options", None) is not None and not getattr(req, "stream", False):
@@ -217,7 +226,7 @@ def chat_messages(messages: Any) -> list[dict[str, str]]:
         where = f"messages[{i}]"
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise APIError(400, f"{where} must be an object with a string 'role'", where)
-        unknown = set(m) - {"role", "content", "name"}
+        unknown = set(m) - {"role", "content", "name", "tool_calls", "tool_call_id"}
         if unknown:
             raise APIError(400, f"{where}.{sorted(unknown)[0]} is not supported by this server",
                            f"{where}.{sorted(unknown)[0]}")
@@ -237,6 +246,9 @@ def chat_messages(messages: Any) -> list[dict[str, str]]:
         msg = {"role": m["role"], "content": content}
         if isinstance(m.get("name"), str):
             msg["name"] = m["name"]
+        for key in ("tool_calls", "tool_call_id"):  # tool calling (serve/tools.chat_tool_messages)
+            if m.get(key) is not None:
+                msg[key] = m[key]
         out.append(msg)
     return out
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from deepinfer.serve.engine_thread import RequestDelta, SampleDelta
 from deepinfer.serve.protocol import usage
+from deepinfer.serve.tools import ToolChoice, ToolStream, parse_tool_calls
 
 
 class TokenStrings:
@@ -106,6 +107,8 @@ class ResponseBuilder:
         self.echo, self.prompt_ids = echo, prompt_ids
         self._prompt_lps: dict[int, list[Any]] = {}
         self.cached_tokens = 0
+        self.tools: ToolChoice | None = None  # chat with tools: tool calls parsed from the text
+        self._tool_streams: dict[int, ToolStream] = {}
 
     @property
     def completion_tokens(self) -> int:
@@ -171,8 +174,14 @@ class ResponseBuilder:
         for i, c in enumerate(self.choices):
             text = "".join(c.text)
             if self.kind == "chat":
-                choices.append({"index": i, "message": {"role": "assistant", "content": text},
-                                "logprobs": c.logprobs, "finish_reason": c.finish_reason,
+                message: dict[str, Any] = {"role": "assistant", "content": text}
+                reason = c.finish_reason
+                if self.tools is not None:
+                    content, calls = parse_tool_calls(self.tools, text)
+                    message = {"role": "assistant", "content": content, "tool_calls": calls}
+                    if calls and reason == "stop":
+                        reason = "tool_calls"
+                choices.append({"index": i, "message": message, "logprobs": c.logprobs, "finish_reason": reason,
                                 "stop_reason": c.stop_reason})
             else:
                 choices.append({"index": i, "text": text, "logprobs": c.logprobs,
@@ -203,6 +212,18 @@ class ResponseBuilder:
                 continue  # e.g. a possible stop string held back
             reason = self.choices[idx].finish_reason if finishes else None
             stop = self.choices[idx].stop_reason if finishes else None
+            if self.kind == "chat" and self.tools is not None:
+                stream = self._tool_streams.setdefault(idx, ToolStream(self.tools))
+                deltas, called = stream.feed(s.text, finishes)
+                for k, d in enumerate(deltas):
+                    chunks.append(self.chunk([{"index": idx, "delta": d, "logprobs": lp if k == 0 else None,
+                                               "finish_reason": None}], include_usage))
+                if finishes:
+                    if called and reason == "stop":
+                        reason = "tool_calls"
+                    chunks.append(self.chunk([{"index": idx, "delta": {}, "logprobs": None, "finish_reason": reason,
+                                               "stop_reason": stop}], include_usage))
+                continue
             if self.kind == "chat":  # as OpenAI: the text, then a chunk of its own for the finish
                 if s.text or lp is not None:
                     chunks.append(self.chunk([{"index": idx, "delta": {"content": s.text} if s.text else {},

@@ -11,7 +11,9 @@ the step's sampled tokens, for the synchronous loop and the overlap loop alike:
 4. run the model: replay a captured decode graph, or the eager forward;
 5. prompt logprobs, when asked (a host sync: such steps never run ahead);
 6. pick the tokens: the argmax for plain-greedy steps, else the sampler (penalties, bias, masks,
-   seeds, logprobs).
+   seeds, logprobs, and the grammar bitmask of structured rows: ``runtime.structured``). A
+   structured step launched ahead of ``prev`` samples only once prev's tokens are applied
+   (``LaunchedStep.finish``): its bitmask is computed on the host while its forward runs.
 
 It returns a ``LaunchedStep`` that may still be running on the device; ``apply`` waits for its
 tokens and hands them to the scheduler (``Scheduler.update``). The engine loop decides when to
@@ -66,12 +68,22 @@ class LaunchedStep:
     host: torch.Tensor | None = None  # pinned copy of row_tokens under way (overlap on CUDA)
     event: Any = None  # CUDA event recorded after that copy
     spec: Any = None  # (speculative decoding) the verified step, applied with process_MTPInfo
+    pending: Any = None  # sampling deferred until prev's tokens are applied (structured rows)
+    structured: Any = None  # (StructuredOutputs, its rows in this step): the applied tokens go to the matchers
+
+    def finish(self) -> None:
+        """Launch the deferred sampling of a structured step launched ahead (a no-op otherwise):
+        call it once the step it ran ahead of is applied."""
+        if self.pending is not None:
+            draw, self.pending = self.pending, None
+            draw()
 
     def tokens(self) -> np.ndarray:
         """int32 tokens of the step's real sample rows (``Scheduler.update``'s input); waits for
         the device."""
         if self.logits_rows is None:  # nothing was scheduled to run
             return np.zeros(0, np.int32)
+        self.finish()
         if self.sample_tokens is not None:
             return self.sample_tokens[:self.num_real_rows].to(torch.int32).cpu().numpy()
         if self.event is not None:
@@ -88,12 +100,15 @@ class LaunchedStep:
         tokens = self.tokens()
         if self.logprobs is None:
             scheduler.update(tokens)
-            return
-        real = self.num_real_rows
-        lp, ids, vals = self.logprobs
-        scheduler.update(tokens, lp[:real].cpu().numpy(),
-                         None if ids is None else ids[:real].to(torch.int32).cpu().numpy(),
-                         None if vals is None else vals[:real].cpu().numpy())
+        else:
+            real = self.num_real_rows
+            lp, ids, vals = self.logprobs
+            scheduler.update(tokens, lp[:real].cpu().numpy(),
+                             None if ids is None else ids[:real].to(torch.int32).cpu().numpy(),
+                             None if vals is None else vals[:real].cpu().numpy())
+        if self.structured is not None:  # the tokens the scheduler took, to the grammar matchers
+            so, rows = self.structured
+            so.accept(rows, tokens)
 
 
 class StepExecutor:
@@ -129,6 +144,7 @@ class StepExecutor:
         # ---- speculative decoding (runtime.speculative): set by the engine loop when configured;
         # every step then goes through Speculator.verify and process_MTPInfo (synchronously).
         self.speculator: Any = None
+        self.structured: Any = None  # runtime.structured.StructuredOutputs (set by the engine loop)
 
     def reset_penalties(self) -> None:
         """After an abandoned step: the sampler inputs may have sent penalty updates the tables
@@ -146,6 +162,8 @@ class StepExecutor:
         step may itself be a ``prev`` (overlap loop): its tokens are kept by logits row and, on
         CUDA, copied to pinned host memory behind the step (no sync)."""
         E, runner = self.E, self.runner
+        if prev is not None:
+            prev.finish()  # (the loop finishes it right after applying the step before)
         copies = np.asarray(scheduled.blocks_to_copy).reshape(-1, 2)
         if len(copies):
             runner.copy_blocks(copies[:, 0], copies[:, 1])
@@ -166,6 +184,9 @@ class StepExecutor:
         step.num_real_rows = int(si.driver.num_real_rows)
         # the engine reuses its storage next step: copy the rows now
         step.logits_rows = np.array(si.kernel.logits_rows[:step.num_real_rows], dtype=np.int64)
+        grammar = None if self.structured is None else self.structured.step_rows(si, self.metadata)
+        if grammar is not None:
+            step.structured = (self.structured, grammar)
         logits, greedy = self._forward(args, bufs, prev)
         if int(si.prompt_logprobs.num_rows):
             self._prompt_logprobs(si, logits)
@@ -177,13 +198,16 @@ class StepExecutor:
             step.spec = self.speculator.verify(si, logits, rows, batch, res)
             self.num_launched += 1
             return step
-        if is_plain_greedy(si):
+        if is_plain_greedy(si) and grammar is None:
             self.penalty_tables.apply(si)  # it must see every prepare_sampler_inputs call
             step.row_tokens = logits.argmax(dim=-1) if greedy is None else greedy
+        elif grammar is not None and is_plain_greedy(si):  # greedy with structured rows: the masked argmax
+            self.penalty_tables.apply(si)
+            self._greedy_structured(logits, greedy, prev, step, grammar)
         else:
-            self._sample(si, logits, prev, step, by_row=copy_ahead)
-        if copy_ahead:
-            self._copy_tokens_behind(step)
+            self._sample(si, logits, prev, step, by_row=copy_ahead, grammar=grammar)
+        if copy_ahead and step.pending is None:
+            self._copy_tokens_behind(step, self.side)
         self.num_launched += 1
         return step
 
@@ -225,8 +249,28 @@ class StepExecutor:
                                       None if ids is None else ids.to(torch.int32).cpu().numpy(),
                                       None if vals is None else vals.cpu().numpy())
 
+    def _greedy_structured(self, logits: torch.Tensor, greedy: torch.Tensor | None, prev: LaunchedStep | None,
+                           step: LaunchedStep, grammar: list[tuple[int, str, int]]) -> None:
+        from deepinfer.runtime.sampling.sampler import masked_argmax
+
+        assert step.logits_rows is not None
+        logits_rows = step.logits_rows
+        side = self.side
+
+        def draw() -> None:
+            rows, bitmask = self.structured.bitmask(grammar, int(logits.shape[-1]))
+            by_logits = torch.from_numpy(logits_rows).to(logits.device, non_blocking=True)[rows]
+            step.row_tokens = masked_argmax(logits, greedy, by_logits, bitmask)
+            if prev is not None and self._host_tokens[side] is not None:
+                self._copy_tokens_behind(step, side)
+
+        if prev is not None:
+            step.pending = draw  # the bitmask needs prev's tokens: LaunchedStep.finish draws
+        else:
+            draw()
+
     def _sample(self, si: Any, logits: torch.Tensor, prev: LaunchedStep | None, step: LaunchedStep,
-                by_row: bool) -> None:
+                by_row: bool, grammar: list[tuple[int, str, int]] | None = None) -> None:
         tables, tr = self.penalty_tables, si.transform
         if prev is not None and not tr.no_penalties:
             tables.grow(int(tr.num_penalty_slots), int(logits.shape[-1]))  # room for any pending token
@@ -237,18 +281,30 @@ class StepExecutor:
             # ``penalty_pending_source``; the host sends it to the tables a step later).
             count_pending_tokens(batch.penalty_rows, batch.penalty_counts, batch.penalty_seen,
                                  np.asarray(tr.penalty_pending_source), prev.row_tokens)
-        res = sample(logits[rows], batch)
-        if res.logprobs is not None:
-            step.logprobs = (res.logprobs, res.topk_ids, res.topk_logprobs)
-        if by_row:  # a plain decode step another may run ahead of: tokens by logits row
-            by_logits_row = torch.zeros(logits.shape[0], dtype=torch.int64, device=logits.device)
-            by_logits_row[rows] = res.tokens
-            step.row_tokens = by_logits_row
-        else:
-            step.sample_tokens = res.tokens
+        side = self.side
 
-    def _copy_tokens_behind(self, step: LaunchedStep) -> None:
-        host, event = self._host_tokens[self.side], self._events[self.side]
+        def draw() -> None:
+            if grammar is not None:  # prev is applied by now: its tokens are in the matchers
+                batch.grammar_rows, batch.grammar_bitmask = self.structured.bitmask(grammar, int(logits.shape[-1]))
+            res = sample(logits[rows], batch)
+            if res.logprobs is not None:
+                step.logprobs = (res.logprobs, res.topk_ids, res.topk_logprobs)
+            if by_row:  # a plain decode step another may run ahead of: tokens by logits row
+                by_logits_row = torch.zeros(logits.shape[0], dtype=torch.int64, device=logits.device)
+                by_logits_row[rows] = res.tokens
+                step.row_tokens = by_logits_row
+                if step.pending is None and grammar is not None and prev is not None:
+                    self._copy_tokens_behind(step, side)
+            else:
+                step.sample_tokens = res.tokens
+
+        if grammar is not None and prev is not None:
+            step.pending = draw  # the bitmask needs prev's tokens: LaunchedStep.finish draws
+        else:
+            draw()
+
+    def _copy_tokens_behind(self, step: LaunchedStep, side: int) -> None:
+        host, event = self._host_tokens[side], self._events[side]
         if host is None or event is None or step.row_tokens is None:
             return
         n = int(step.row_tokens.shape[0])

@@ -38,6 +38,7 @@ from deepinfer.runtime.engine.executor import StepExecutor, StepShape
 from deepinfer.runtime.engine.overlap import Overlap
 from deepinfer.runtime.interrupts import sigint_deferred as _sigint_deferred
 from deepinfer.runtime.sampling_params import SamplingParams
+from deepinfer.runtime.structured.manager import StructuredOutputs
 from deepinfer.runtime.worker.model_runner import ModelRunner
 from deepinfer.runtime.worker.step_buffers import StepBuffers
 
@@ -203,6 +204,15 @@ class EngineLoop:
         if hasattr(runner, "native_verify_tokens"):  # CPU: verify steps on the native kernels
             runner.native_verify_tokens = 0 if self.speculative_config is None else \
                 self.speculative_config.num_speculative_tokens + 1
+        # Structured outputs: the grammar state of structured requests (compiler built on first use).
+        self.structured = StructuredOutputs(self._grammar_compiler, runner.device)
+        self.executor.structured = self.structured
+
+    def _grammar_compiler(self) -> Any:
+        from deepinfer.runtime.structured.backend import GrammarCompiler
+
+        stops = ([self.cfg.eos_token_id] if self.cfg.eos_token_id >= 0 else []) + self.extra_stop_token_ids
+        return GrammarCompiler(self.tokenizer, self.cfg.vocab_size, stops)
 
     def fresh(self) -> EngineLoop:
         """A new loop with no request over the same runner, tokenizer, configuration and step
@@ -244,6 +254,12 @@ class EngineLoop:
         if len(prompt_ids) == 0:
             raise ValueError(f"request {request_id!r}: the prompt is empty (no tokens)")
         params.check_vocab(self.cfg.vocab_size)
+        structured = params.structured_outputs
+        if structured is not None:
+            if self.speculator is not None:  # verify steps sample without the grammar's mask
+                raise ValueError("structured_outputs does not run with speculative decoding yet: use an LLM "
+                                 "without speculative_config for structured requests")
+            self.structured.check(structured)  # an invalid schema: ValueError, nothing added
         # Only the finished output is wanted and no text is watched: the engine then builds no
         # per-step outputs for the request (per-step Python work that a GPU step cannot hide).
         quiet = (collect == "final" and final_text_only and output_kind == "cumulative"
@@ -255,6 +271,8 @@ class EngineLoop:
             params.engine_params(self.tokenizer, self.extra_stop_token_ids), arrival_time=time.time(),
             output_kind="final_only" if quiet else output_kind, priority=priority)
         delta = output_kind == "delta"
+        if structured is not None:
+            self.structured.add(request_id, structured, len(prompt_ids))
         if self.overlap is not None:
             self.overlap.track(request_id, params)
         self.requests[request_id] = _RequestState(params, list(prompt_ids), {}, {}, delta,
@@ -396,6 +414,8 @@ class EngineLoop:
         return bool(self.scheduler.step_in_flight) and (self.overlap is None or self.overlap.in_flight is None)
 
     def _step(self) -> list[Any]:
+        if self.structured.requests:
+            self.structured.prune(self.requests)
         if self.overlap is not None:
             return self._step_overlapped(self.overlap)
         out = self.scheduler.schedule()
@@ -429,6 +449,8 @@ class EngineLoop:
                 ov.in_flight = self.executor.launch(ahead, launched, copy_ahead=True)
                 ov.num_ahead += 1
             launched.apply(self.scheduler)
+            if ov.in_flight is not None:
+                ov.in_flight.finish()  # a structured step ahead samples now that its bitmask can be built
         except BaseException as err:  # noqa: BLE001 - re-raised by _abandon_step unless delivered
             ov.in_flight = None
             self._abandon_step(err)  # both steps in flight, when one was launched ahead
@@ -587,6 +609,7 @@ class EngineLoop:
                 continue
             if ro.finished:
                 del self.requests[rid]
+                self.structured.requests.pop(rid, None)
             q = self._queues.get(rid)
             if q is not None and (ro.finished or rid not in self._final_only):
                 q.append(ro)

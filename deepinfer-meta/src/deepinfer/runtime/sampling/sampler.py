@@ -10,6 +10,7 @@ are those of the model's raw logits (log_softmax before any processing).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -55,6 +56,10 @@ class SamplingBatch:
     mask_tokens: torch.Tensor | None = None
     allowed_rows: torch.Tensor | None = None
     allowed_tokens: torch.Tensor | None = None
+    # structured outputs: sample rows [G] and their allowed-token bitmask int32 [G, ceil(V/32)]
+    # (bit t % 32 of word t // 32 set = token t allowed), filled on the host by runtime.structured
+    grammar_rows: torch.Tensor | None = None
+    grammar_bitmask: torch.Tensor | None = None
     max_logprobs: int = -1  # largest top-k logprobs asked by any row; -1 = none
     all_greedy: bool = False
     # Whether some random row uses top-k / top-p / min-p, when the host knows it (the engine's
@@ -104,7 +109,57 @@ def apply_logits_processing(logits: torch.Tensor, b: SamplingBatch) -> torch.Ten
         x = _apply_dense_penalties(x, b)
     if b.mask_rows is not None and b.mask_rows.numel():
         x[b.mask_rows, b.mask_tokens] = float("-inf")
+    if b.grammar_rows is not None and b.grammar_bitmask is not None and b.grammar_rows.numel():
+        x = apply_token_bitmask(x, b.grammar_rows, b.grammar_bitmask)
     return x
+
+
+_BITS: dict[torch.device, torch.Tensor] = {}
+
+
+def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """bool [G, vocab] of a packed int32 bitmask [G, W] (bit t % 32 of word t // 32 = token t).
+    Tokens past 32 * W are not allowed."""
+    bits_of = _BITS.get(bitmask.device)
+    if bits_of is None:  # 1 << k for k in 0..31 as int32 (bit 31 is the sign bit)
+        bits_of = _BITS[bitmask.device] = torch.tensor([1 << k if k < 31 else -(1 << 31) for k in range(32)],
+                                                       dtype=torch.int32, device=bitmask.device)
+    bits = ((bitmask.to(torch.int32)[:, :, None] & bits_of) != 0).reshape(bitmask.shape[0], -1)
+    if bits.shape[1] >= vocab:
+        return bits[:, :vocab]
+    return torch.nn.functional.pad(bits, (0, vocab - bits.shape[1]), value=False)
+
+
+def masked_argmax(logits: torch.Tensor, argmax: torch.Tensor | None, rows: torch.Tensor,
+                  bitmask: torch.Tensor) -> torch.Tensor:
+    """The argmax of each row of ``logits`` [R, V] (``argmax``: already computed, e.g. by a CUDA
+    graph, or None), where ``rows`` [G] take only the tokens ``bitmask`` [G, W] allows: a greedy
+    step with structured rows, without the sampler's other work."""
+    tokens = logits.argmax(dim=-1) if argmax is None else argmax.clone()
+    tokens[rows] = _masked(logits[rows], bitmask).argmax(dim=-1).to(tokens.dtype)
+    return tokens
+
+
+def apply_token_bitmask(x: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """``x`` [R, V] with the tokens ``bitmask`` [G, W] does not allow in ``rows`` [G] set to -inf."""
+    x[rows] = _masked(x[rows], bitmask)
+    return x
+
+
+def _masked(sub: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """A copy of ``sub`` [G, V] (a gathered copy already, changed in place where possible) with
+    the tokens ``bitmask`` [G, W] does not allow set to -inf."""
+    if sub.device.type == "cpu":
+        xgrammar: Any = None
+        try:  # xgrammar's CPU kernel (several times faster than unpacking on CPU)
+            import xgrammar
+        except ImportError:
+            pass
+        if xgrammar is not None:
+            sub = sub.contiguous()
+            xgrammar.apply_token_bitmask_inplace(sub, bitmask.to(torch.int32).contiguous())
+            return sub
+    return sub.masked_fill(~unpack_bitmask(bitmask, sub.shape[-1]), float("-inf"))
 
 
 def _apply_dense_penalties(x: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
