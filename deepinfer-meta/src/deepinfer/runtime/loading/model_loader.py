@@ -97,9 +97,12 @@ def load_model(path: str, *, device: torch.device, dtype: torch.dtype, dummy_wei
         freq_factors = gguf_model.rope_freq_factors()  # shape and values checked
         if not dummy_weights:
             gguf_model.check_values()  # every tensor finite (block scales of quantized ones)
+    if config.moe is not None and (shard is not None or gguf_model is not None or keep_quantized):
+        raise ValueError(f"architecture {config.architecture!r} (mixture of experts) loads from a Hugging Face "
+                         "directory on one rank only (no GGUF, no tensor parallelism yet)")
     with torch.device("meta"):
         if shard is None:
-            model = LlamaForCausalLM(config, max_positions=1, rope_freq_factors=freq_factors)
+            model = model_class(config)(config, max_positions=1, rope_freq_factors=freq_factors)
         else:
             from deepinfer.runtime.parallel.layers import TensorParallelLlama
 
@@ -140,6 +143,19 @@ def load_model(path: str, *, device: torch.device, dtype: torch.dtype, dummy_wei
                                    config.rope_theta, config.rope_scaling, freq_factors).to(device)
     return LoadedModel(model=model, config=model.config, path=path,
                        gguf=gguf_model if keep_quantized and not dummy_weights else None)
+
+
+def model_class(config: ModelConfig) -> type[LlamaForCausalLM]:
+    """The single-process model class of ``config.architecture``."""
+    if config.mla is not None:
+        from deepinfer.runtime.models.deepseek_v2 import DeepseekV2ForCausalLM
+
+        return DeepseekV2ForCausalLM
+    if config.moe is not None:
+        from deepinfer.runtime.models.moe import MoeForCausalLM
+
+        return MoeForCausalLM
+    return LlamaForCausalLM
 
 
 def materialize(model: torch.nn.Module, device: torch.device, dtype: torch.dtype, huge_pages: bool = False) -> None:
