@@ -167,3 +167,30 @@ def test_unsupported_variants_are_value_errors_naming_the_field(arch, field, val
     d.pop("rope_parameters", None) if field == "rope_scaling" else None
     with pytest.raises(ValueError, match=match):
         ModelConfig.from_hf_dict(d)
+
+
+def test_deepseek_v2_lite_latent_cache_holds_8x_the_tokens_of_mha():
+    """From the engine's block count: the same KV budget holds >= 8x the tokens of the equivalent
+    MHA cache (16 heads of 192-value keys and 128-value values per layer)."""
+    import dataclasses
+
+    from deepinfer.runtime.worker.kv_cache import num_blocks_for
+    from gpu_shapes import SHAPES
+
+    cfg = ModelConfig.from_hf_dict(dict(SHAPES["deepseek-v2-lite"], eos_token_id=2))
+    mha = dataclasses.replace(cfg, mla=None, head_dim=(192 + 128) // 2)  # 2 planes x 160 = keys + values
+    budget = 1 << 30
+    mla_blocks = num_blocks_for(cfg, 16, torch.bfloat16, torch.device("cpu"), cpu_kv_cache_bytes=budget)
+    mha_blocks = num_blocks_for(mha, 16, torch.bfloat16, torch.device("cpu"), cpu_kv_cache_bytes=budget)
+    assert cfg.kv_cache_layout() == (1, 1, 576)
+    assert mla_blocks == budget // (27 * 16 * 576 * 2) == 2157
+    assert mha_blocks == budget // (27 * 16 * 5120 * 2) == 242
+    assert mla_blocks >= 8 * mha_blocks  # 5120 / 576 = 8.9x
+
+
+@pytest.mark.parametrize("shape", ["qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite"])
+def test_benchmark_shapes_parse(shape):
+    from gpu_shapes import SHAPES
+
+    cfg = ModelConfig.from_hf_dict(dict(SHAPES[shape], eos_token_id=2))
+    assert cfg.moe is not None and cfg.architecture == SHAPES[shape]["model_type"]
