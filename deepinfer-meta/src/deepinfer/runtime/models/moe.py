@@ -53,6 +53,12 @@ def route(logits: torch.Tensor, spec: MoeSpec, correction_bias: torch.Tensor | N
     return weights, ids
 
 
+def _triton_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("triton") is not None
+
+
 class ExpertsSwiGLU(nn.Module):
     """``num_experts`` SwiGLU experts stored stacked: ``w13`` [E, 2I, H] (gate rows, then up
     rows) and ``w2`` [E, H, I]."""
@@ -64,7 +70,12 @@ class ExpertsSwiGLU(nn.Module):
         self.w2 = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """Sum over each token's experts of weight * expert(x) [T, H]; only routed rows computed."""
+        """Sum over each token's experts of weight * expert(x) [T, H]; only routed rows computed
+        (on CUDA: the fused Triton kernels of ``kernels.fused_moe``)."""
+        if x.is_cuda and _triton_available():
+            from deepinfer.runtime.kernels.fused_moe import fused_experts
+
+            return fused_experts(x, weights, ids, self.w13, self.w2)
         k = ids.shape[1]
         flat = ids.reshape(-1)
         order = torch.argsort(flat, stable=True)  # (token, slot) pairs grouped by expert
