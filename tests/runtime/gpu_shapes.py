@@ -46,8 +46,8 @@ SHAPES: dict[str, dict[str, Any]] = {
                          num_key_value_heads=8, num_local_experts=8, num_experts_per_tok=2, vocab_size=32000,
                          rope_theta=1000000.0, max_position_embeddings=32768, tie_word_embeddings=False,
                          model_type="mixtral", architectures=["MixtralForCausalLM"]),
-    # DeepSeek-V2-Lite: MLA (kv_lora_rank 512 + rope 64), 64 routed experts top-6 + 2 shared, layer 0 dense.
-    # The real config's yarn rope scaling is left out (not supported yet): same shapes and costs.
+    # DeepSeek-V2-Lite: MLA (kv_lora_rank 512 + rope 64), 64 routed experts top-6 + 2 shared, layer 0 dense,
+    # YaRN rope scaling as in its config.json
     "deepseek-v2-lite": dict(hidden_size=2048, intermediate_size=10944, moe_intermediate_size=1408,
                              num_hidden_layers=27, num_attention_heads=16, num_key_value_heads=16,
                              n_routed_experts=64, n_shared_experts=2, num_experts_per_tok=6, first_k_dense_replace=1,
@@ -55,6 +55,8 @@ SHAPES: dict[str, dict[str, Any]] = {
                              v_head_dim=128, topk_method="greedy", n_group=1, topk_group=1, routed_scaling_factor=1.0,
                              norm_topk_prob=False, vocab_size=102400, rope_theta=10000.0, max_position_embeddings=163840,
                              tie_word_embeddings=False, rms_norm_eps=1e-6, model_type="deepseek_v2",
+                             rope_scaling={"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+                                           "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707},
                              architectures=["DeepseekV2ForCausalLM"]),
 }
 

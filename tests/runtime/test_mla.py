@@ -159,7 +159,8 @@ def test_group_limited_routing_equals_transformers(arch, case):
     ("deepseek_v2", "n_group", 3, "n_group=3 does not divide"),
     ("deepseek_v2", "moe_layer_freq", 2, "moe_layer_freq=2"),
     ("deepseek_v2", "attention_bias", True, "attention_bias=true"),
-    ("deepseek_v3", "rope_scaling", {"rope_type": "yarn", "factor": 4.0}, "rope_type 'yarn' is not supported"),
+    ("deepseek_v3", "rope_scaling", {"rope_type": "yarn", "factor": 4.0}, "lacks 'original_max_position_embeddings'"),
+    ("deepseek_v3", "rope_scaling", {"rope_type": "dynamic", "factor": 4.0}, "rope_type 'dynamic' is not supported"),
 ])
 def test_unsupported_variants_are_value_errors_naming_the_field(arch, field, value, match):
     d = tiny_config(arch).to_dict()
@@ -194,3 +195,29 @@ def test_benchmark_shapes_parse(shape):
 
     cfg = ModelConfig.from_hf_dict(dict(SHAPES[shape], eos_token_id=2))
     assert cfg.moe is not None and cfg.architecture == SHAPES[shape]["model_type"]
+
+
+YARN = {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 16, "beta_fast": 32,
+        "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707}
+
+
+@pytest.mark.parametrize("arch,yarn", [("deepseek_v2", YARN),  # DeepSeek-V2-Lite's values, a short original context
+                                       ("deepseek_v3", dict(YARN, factor=8.0, mscale=1.0, mscale_all_dim=1.0)),
+                                       ("deepseek_v3", dict(YARN, factor=4.0, mscale=1.0, mscale_all_dim=0.5))])
+def test_yarn_rope_scaling_matches_transformers(tmp_path, arch, yarn):
+    """YaRN as the real DeepSeek configs use it: stretched frequencies, cos/sin attention factor,
+    softmax scale mscale^2; positions past the original context (16 here)."""
+    rope = dict(yarn, rope_theta=10000.0)
+    hf = save_tiny_moe(tmp_path, arch, rope_parameters=rope)
+    loaded = _load(tmp_path)
+    assert loaded.config.rope_scaling["rope_type"] == "yarn"
+    assert_logits_match(hf, loaded)  # 37 positions: beyond original_max_position_embeddings
+    prompt = PROMPTS[0]
+    assert greedy_generate(_runner(loaded), [prompt], 12, chunk=7)[0] == hf_greedy(hf, prompt, 12)
+
+
+def test_yarn_is_refused_outside_mla_models():
+    d = tiny_config("qwen3_moe").to_dict()
+    d["rope_parameters"] = dict(YARN, rope_theta=10000.0)
+    with pytest.raises(ValueError, match="yarn' is supported for MLA models only"):
+        ModelConfig.from_hf_dict(d)

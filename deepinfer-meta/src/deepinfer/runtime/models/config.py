@@ -22,7 +22,7 @@ _INT_FIELDS: dict[str, int] = {
     "num_hidden_layers": 1024, "num_attention_heads": 1024, "num_key_value_heads": 1024,
     "head_dim": 1024, "max_position_embeddings": MAX_CONTEXT_LENGTH,
 }
-_ROPE_TYPES = ("linear", "llama3")
+_ROPE_TYPES = ("linear", "llama3", "yarn")
 
 
 def _int_field(name: str, value: Any, hi: int, lo: int = 1) -> int:
@@ -63,8 +63,12 @@ def check_rope_scaling(name: str, sc: Any) -> dict[str, Any] | None:
         return None
     if kind not in _ROPE_TYPES:
         raise ValueError(f"{name}.rope_type {kind!r} is not supported (default, {', '.join(_ROPE_TYPES)})")
-    keys = ["factor"] + (["low_freq_factor", "high_freq_factor", "original_max_position_embeddings"]
-                         if kind == "llama3" else [])
+    extra = {"llama3": ["low_freq_factor", "high_freq_factor", "original_max_position_embeddings"],
+             "yarn": ["original_max_position_embeddings"]}.get(kind, [])
+    keys = ["factor", *extra]
+    for k in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor"):
+        if kind == "yarn" and sc.get(k) is not None:
+            _float_field(f"{name}.{k}", sc[k], lambda v: v >= 0, ">= 0")
     for k in keys:
         if k not in sc:
             raise ValueError(f"{name} of type {kind!r} lacks {k!r}")
@@ -321,6 +325,10 @@ class ModelConfig:
                      lambda v: v > 1, "> 1")
         moe = parse_moe(cfg, model_type, ints["num_hidden_layers"]) if model_type in MOE_ARCHITECTURES else None
         mla = parse_mla(cfg, model_type) if model_type.startswith("deepseek") else None
+        scaling = check_rope_scaling("rope_scaling", rope_scaling)
+        if scaling is not None and scaling.get("rope_type", scaling.get("type")) == "yarn" and mla is None:
+            raise ValueError(f"rope_scaling.rope_type 'yarn' is supported for MLA models only (deepseek_v2, "
+                             f"deepseek_v3), not model_type {model_type!r}")
         if mla is not None:  # the rotary tables cover the rope part of each head only
             ints["head_dim"] = mla.qk_rope_head_dim
             ints["num_key_value_heads"] = heads

@@ -18,7 +18,7 @@ from deepinfer.runtime.attention.mla import mla_paged_attention
 from deepinfer.runtime.models.config import MlaSpec, ModelConfig
 from deepinfer.runtime.models.llama import AttentionFn, LlamaForCausalLM, RMSNorm
 from deepinfer.runtime.models.moe import SparseMoe, SwiGLU
-from deepinfer.runtime.models.rotary import RotaryEmbedding
+from deepinfer.runtime.models.rotary import RotaryEmbedding, yarn_mscale
 
 _ATTENTION_PARTS = ("q_proj", "q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa", "kv_a_layernorm",
                     "kv_b_proj", "o_proj")
@@ -59,6 +59,10 @@ class MlaLayer(nn.Module):
         self.kv_b_proj = nn.Linear(mla.kv_lora_rank, heads * (mla.qk_nope_head_dim + mla.v_head_dim), bias=False)
         self.o_proj = nn.Linear(heads * mla.v_head_dim, h, bias=False)
         self.scale = qk ** -0.5
+        sc = cfg.rope_scaling or {}
+        if sc.get("rope_type", sc.get("type")) not in (None, "default") and sc.get("mscale_all_dim"):
+            # YaRN: the softmax scale grows with the stretch (transformers' yarn_apply_mscale)
+            self.scale *= yarn_mscale(float(sc["factor"]), float(sc["mscale_all_dim"])) ** 2
         self.mlp: nn.Module = (SparseMoe(h, cfg.moe) if moe and cfg.moe is not None
                                else SwiGLU(h, cfg.intermediate_size))
 
