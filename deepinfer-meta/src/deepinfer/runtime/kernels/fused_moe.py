@@ -55,7 +55,7 @@ def align_by_expert(ids: torch.Tensor, num_experts: int, block_m: int
 @triton.jit
 def _gate_up_kernel(x_ptr, w13_ptr, h_ptr, pairs_ptr, block_expert_ptr, num_pairs, top_k, hidden, inter,
                     stride_xt, stride_we, stride_wn, stride_ht,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
     if expert < 0:
@@ -78,8 +78,12 @@ def _gate_up_kernel(x_ptr, w13_ptr, h_ptr, pairs_ptr, block_expert_ptr, num_pair
                      other=0.0)
         wu = tl.load(w_base + (offs_n[None, :] + inter) * stride_wn + offs_k[:, None],
                      mask=n_ok[None, :] & k_ok[:, None], other=0.0)
-        acc_g += tl.dot(a, wg)
-        acc_u += tl.dot(a, wu)
+        if IEEE:  # float32 weights: full-precision products (not TF32)
+            acc_g += tl.dot(a, wg, input_precision="ieee")
+            acc_u += tl.dot(a, wu, input_precision="ieee")
+        else:
+            acc_g += tl.dot(a, wg)
+            acc_u += tl.dot(a, wu)
     h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u  # silu(gate) * up, in float32
     tl.store(h_ptr + pairs[:, None] * stride_ht + offs_n[None, :], h.to(h_ptr.dtype.element_ty),
              mask=valid[:, None] & n_ok[None, :])
@@ -88,7 +92,7 @@ def _gate_up_kernel(x_ptr, w13_ptr, h_ptr, pairs_ptr, block_expert_ptr, num_pair
 @triton.jit
 def _down_kernel(h_ptr, w2_ptr, y_ptr, weights_ptr, pairs_ptr, block_expert_ptr, num_pairs, hidden, inter,
                  stride_ht, stride_we, stride_wn, stride_yt,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
     if expert < 0:
@@ -107,7 +111,10 @@ def _down_kernel(h_ptr, w2_ptr, y_ptr, weights_ptr, pairs_ptr, block_expert_ptr,
                     other=0.0)
         w = tl.load(w_base + offs_n[None, :] * stride_wn + offs_k[:, None], mask=n_ok[None, :] & k_ok[:, None],
                     other=0.0)
-        acc += tl.dot(a, w)
+        if IEEE:
+            acc += tl.dot(a, w, input_precision="ieee")
+        else:
+            acc += tl.dot(a, w)
     wt = tl.load(weights_ptr + pairs, mask=valid, other=0.0).to(tl.float32)
     acc = acc * wt[:, None]
     tl.store(y_ptr + pairs[:, None] * stride_yt + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
@@ -138,12 +145,13 @@ def fused_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13
     y = torch.empty(num_pairs, hidden, dtype=torch.float32, device=x.device)  # summed in float32
     flat_w = weights.reshape(-1).float().contiguous()
     blocks = block_expert.numel()
+    ieee = x.dtype == torch.float32  # float32 models get float32 products; bf16/fp16 use tensor cores
     _gate_up_kernel[(blocks, triton.cdiv(inter, block_n))](
         x, w13, h, pairs, block_expert, num_pairs, k, hidden, inter,
         x.stride(0), w13.stride(0), w13.stride(1), h.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, IEEE=ieee)
     _down_kernel[(blocks, triton.cdiv(hidden, block_n))](
         h, w2, y, flat_w, pairs, block_expert, num_pairs, hidden, inter,
         h.stride(0), w2.stride(0), w2.stride(1), y.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, IEEE=ieee)
     return y.view(t, k, hidden).sum(dim=1).to(x.dtype)  # combine: each token's k weighted expert rows
