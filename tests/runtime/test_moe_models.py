@@ -264,12 +264,32 @@ def test_unsupported_or_bad_fields_are_value_errors(field, value, match):
         ModelConfig.from_hf_dict(d)
 
 
-def test_moe_gguf_is_refused_with_the_key_named():
+def test_gguf_layouts_match_transformers(tiny, tmp_path):
+    """llama.cpp's layouts (qwen3moe, qwen2moe, and Mixtral as "llama" with expert_count): stacked
+    experts, routers, shared experts, q/k permutation; float32 tensors."""
+    pytest.importorskip("gguf", reason="gguf (the GGUF writer) is not installed")
+    from tiny_moe_models import save_tiny_moe_gguf
+
+    arch, _, hf, hf_dir_model, expected = tiny
+    path = save_tiny_moe_gguf(tmp_path / "m.gguf", hf, arch)
+    loaded = _load(path)
+    assert loaded.config.architecture == arch and loaded.config.moe == hf_dir_model.config.moe
+    assert_logits_match(hf, loaded)
+    assert greedy_generate(_runner(loaded), PROMPTS, N_NEW, chunk=5) == expected
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("qwen3moe.expert_used_count", 99, r"qwen3moe.expert_used_count must be in \[1, 16\]"),
+    ("qwen3moe.expert_count", -1, r"qwen3moe.expert_count must be"),
+])
+def test_bad_gguf_expert_metadata_names_the_key(key, value, match):
     from deepinfer.runtime.models.config import check_gguf_metadata
 
-    meta = {"llama.expert_count": 8, "llama.embedding_length": 64}
-    with pytest.raises(ValueError, match=r"llama.expert_count=8: mixture-of-experts GGUF"):
-        check_gguf_metadata(meta.get, "llama")
+    meta = {"qwen3moe.expert_count": 16, "qwen3moe.expert_used_count": 4, "qwen3moe.embedding_length": 64,
+            "qwen3moe.attention.head_count": 4, "qwen3moe.feed_forward_length": 96, "qwen3moe.block_count": 3}
+    meta[key] = value
+    with pytest.raises(ValueError, match=match):
+        check_gguf_metadata(meta.get, "qwen3moe")
 
 
 def test_fused_moe_kernels_in_tritons_interpreter():

@@ -58,3 +58,84 @@ def save_tiny_moe(path, arch: str, seed: int = 0, std: float = 0.2, **over):
                 b.uniform_(-0.1, 0.1)
     model.save_pretrained(path)
     return model.eval()
+
+
+GGUF_ARCH = {"mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe"}
+
+
+def _permute(w, heads):
+    """llama.cpp's convert script's q/k permutation of ``llama`` files (the loader undoes it)."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def save_tiny_moe_gguf(path, hf, arch: str, qtype: str | None = None):
+    """``hf`` (a tiny transformers MoE model) written as a GGUF file in llama.cpp's layout: experts
+    stacked per layer (``ffn_{gate,up,down}_exps``), the router ``ffn_gate_inp``, Qwen2-MoE's shared
+    expert ``*_shexp`` with its gate a vector, q/k permuted for Mixtral (``llama``). 2-D and 3-D
+    projections in ``qtype`` (None: float32)."""
+    import gguf
+    import numpy as np
+
+    g = GGUF_ARCH[arch]
+    c = hf.config
+    sd = {k: v.detach().float().numpy() for k, v in hf.state_dict().items()}
+    w = gguf.GGUFWriter(str(path), g)
+    ints = {"embedding_length": c.hidden_size, "attention.head_count": c.num_attention_heads,
+            "attention.head_count_kv": c.num_key_value_heads, "block_count": c.num_hidden_layers,
+            "context_length": c.max_position_embeddings, "vocab_size": c.vocab_size,
+            "feed_forward_length": c.intermediate_size, "attention.key_length": getattr(c, "head_dim", None) or
+            c.hidden_size // c.num_attention_heads, "expert_count": getattr(c, "num_local_experts", None) or
+            c.num_experts, "expert_used_count": c.num_experts_per_tok}
+    if arch != "mixtral":
+        ints["expert_feed_forward_length"] = c.moe_intermediate_size
+    if arch == "qwen2_moe":
+        ints["expert_shared_feed_forward_length"] = c.shared_expert_intermediate_size
+    for k, v in ints.items():
+        w.add_uint32(f"{g}.{k}", int(v))
+    w.add_float32(f"{g}.attention.layer_norm_rms_epsilon", c.rms_norm_eps)
+    w.add_float32(f"{g}.rope.freq_base", float(c.rope_parameters["rope_theta"]))
+    w.add_uint32("tokenizer.ggml.eos_token_id", 2)
+    tensors = {"token_embd.weight": sd["model.embed_tokens.weight"], "output_norm.weight": sd["model.norm.weight"],
+               "output.weight": sd["lm_head.weight"]}
+    moe = "mlp"  # transformers 5's module names (its checkpoints say block_sparse_moe for Mixtral)
+    for i in range(c.num_hidden_layers):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        q, k = sd[p + "self_attn.q_proj.weight"], sd[p + "self_attn.k_proj.weight"]
+        if arch == "mixtral":
+            q, k = _permute(q, c.num_attention_heads), _permute(k, c.num_key_value_heads)
+        tensors.update({b + "attn_norm.weight": sd[p + "input_layernorm.weight"], b + "attn_q.weight": q,
+                        b + "attn_k.weight": k, b + "attn_v.weight": sd[p + "self_attn.v_proj.weight"],
+                        b + "attn_output.weight": sd[p + "self_attn.o_proj.weight"],
+                        b + "ffn_norm.weight": sd[p + "post_attention_layernorm.weight"]})
+        for n in ("q", "k", "v"):
+            if p + f"self_attn.{n}_proj.bias" in sd:
+                tensors[b + f"attn_{n}.bias"] = sd[p + f"self_attn.{n}_proj.bias"]
+        if p + "self_attn.q_norm.weight" in sd:
+            tensors[b + "attn_q_norm.weight"] = sd[p + "self_attn.q_norm.weight"]
+            tensors[b + "attn_k_norm.weight"] = sd[p + "self_attn.k_norm.weight"]
+        if p + f"{moe}.gate.weight" in sd:
+            e = sd[p + f"{moe}.experts.gate_up_proj"]  # transformers 5 keeps them stacked: [E, 2I, H]
+            half = e.shape[1] // 2
+            tensors.update({b + "ffn_gate_inp.weight": sd[p + f"{moe}.gate.weight"],
+                            b + "ffn_gate_exps.weight": e[:, :half], b + "ffn_up_exps.weight": e[:, half:],
+                            b + "ffn_down_exps.weight": sd[p + f"{moe}.experts.down_proj"]})
+            if p + "mlp.shared_expert.gate_proj.weight" in sd:
+                for n in ("gate", "up", "down"):
+                    tensors[b + f"ffn_{n}_shexp.weight"] = sd[p + f"mlp.shared_expert.{n}_proj.weight"]
+                tensors[b + "ffn_gate_inp_shexp.weight"] = sd[p + "mlp.shared_expert_gate.weight"][0]
+        else:
+            for n in ("gate", "up", "down"):
+                tensors[b + f"ffn_{n}.weight"] = sd[p + f"mlp.{n}_proj.weight"]
+    for name, arr in tensors.items():
+        arr = np.ascontiguousarray(arr, dtype=np.float32)
+        if qtype is not None and arr.ndim >= 2 and "norm" not in name and "token_embd" not in name:
+            kind = getattr(gguf.GGMLQuantizationType, qtype)
+            raw = gguf.quants.quantize(arr, kind)
+            w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=kind)
+        else:
+            w.add_tensor(name, arr)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)

@@ -97,9 +97,11 @@ def load_model(path: str, *, device: torch.device, dtype: torch.dtype, dummy_wei
         freq_factors = gguf_model.rope_freq_factors()  # shape and values checked
         if not dummy_weights:
             gguf_model.check_values()  # every tensor finite (block scales of quantized ones)
-    if config.moe is not None and (shard is not None or gguf_model is not None or keep_quantized):
-        raise ValueError(f"architecture {config.architecture!r} (mixture of experts) loads from a Hugging Face "
-                         "directory on one rank only (no GGUF, no tensor parallelism yet)")
+    if config.moe is not None and shard is not None:
+        raise ValueError(f"architecture {config.architecture!r} (mixture of experts) runs on one rank only "
+                         "(no tensor parallelism yet)")
+    if config.moe is not None:
+        keep_quantized = False  # MoE GGUF tensors are dequantized to dtype (no int4 experts yet)
     with torch.device("meta"):
         if shard is None:
             model = model_class(config)(config, max_positions=1, rope_freq_factors=freq_factors)
@@ -109,6 +111,11 @@ def load_model(path: str, *, device: torch.device, dtype: torch.dtype, dummy_wei
             model = TensorParallelLlama(config, shard, max_positions=1, rope_freq_factors=freq_factors)
     # dense weights that decode steps will stream go on 2 MiB pages (not the int4 path's)
     materialize(model, device, dtype, huge_pages=device.type == "cpu" and not keep_quantized)
+    if gguf_model is not None and config.moe is not None:
+        from deepinfer.runtime.models.moe import MoeForCausalLM
+
+        if isinstance(model, MoeForCausalLM):
+            model.gguf_names = True  # the experts' slots take llama.cpp's stacked tensors
     with torch.no_grad():
         if dummy_weights:
             model.init_dummy_weights(seed)

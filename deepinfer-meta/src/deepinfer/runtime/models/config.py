@@ -429,9 +429,12 @@ def check_gguf_metadata(get: Callable[[str], Any], arch: str) -> None:
     """Check the raw GGUF metadata values a ModelConfig is built from (``get(key)``: the value
     or None when absent) before they are converted: ValueError naming the GGUF key."""
     experts = get(f"{arch}.expert_count")
-    if experts:  # llama.cpp's Mixtral (arch llama) and MoE layouts: not loaded from GGUF yet
-        raise ValueError(f"{arch}.expert_count={experts}: mixture-of-experts GGUF files are not supported yet "
-                         "(load the Hugging Face safetensors directory)")
+    if experts is not None and experts != 0:
+        e = _int_field(f"{arch}.expert_count", experts, 1 << 12)
+        _int_field(f"{arch}.expert_used_count", get(f"{arch}.expert_used_count"), e)
+        for suffix in ("expert_feed_forward_length", "expert_shared_feed_forward_length"):
+            if get(f"{arch}.{suffix}") is not None:
+                _int_field(f"{arch}.{suffix}", get(f"{arch}.{suffix}"), _INT_FIELDS["intermediate_size"])
     ints = {"embedding_length": "hidden_size", "attention.head_count": "num_attention_heads",
             "attention.head_count_kv": "num_key_value_heads", "attention.key_length": "head_dim",
             "vocab_size": "vocab_size", "feed_forward_length": "intermediate_size",

@@ -179,11 +179,27 @@ _HF_NAMES = {"mixtral": ("block_sparse_moe.", ("experts", "w1", "w3", "w2"))}
 _QWEN_NAMES = ("mlp.", ("experts", "gate_proj", "up_proj", "down_proj"))
 
 
+def gguf_slots(moe: SparseMoe, prefix: str) -> dict[str, tuple[torch.Tensor, slice]]:
+    """The GGUF loader's names (``loading.gguf_loader``): experts stacked [E, rows, cols] as
+    llama.cpp stores them, the shared expert's gate a vector."""
+    m, full = moe.experts.intermediate, slice(None)
+    slots = {prefix + "gate.weight": (moe.gate.weight, full),
+             prefix + "experts.gate_proj.weight": (moe.experts.w13[:, :m], full),
+             prefix + "experts.up_proj.weight": (moe.experts.w13[:, m:], full),
+             prefix + "experts.down_proj.weight": (moe.experts.w2, full)}
+    if moe.shared is not None:
+        slots.update(moe.shared.slots(prefix + "shared_expert."))
+    if moe.shared_gate is not None:
+        slots[prefix + "shared_expert_gate.weight"] = (moe.shared_gate.weight[0], full)
+    return slots
+
+
 class MoeForCausalLM(LlamaForCausalLM):
     """Mixtral / Qwen2-MoE / Qwen3-MoE: LlamaForCausalLM with SparseMoe layers where the config
     routes (``MoeSpec.moe_layers``), dense SwiGLU layers elsewhere."""
 
     supports_decode_graphs: ClassVar[bool] = False  # routing reads expert counts on the host
+    gguf_names = False  # set by the loader for GGUF files: weight_slots then names llama.cpp's layout
 
     def make_layer(self, cfg: ModelConfig, index: int) -> nn.Module:
         if cfg.moe is not None and index in cfg.moe.moe_layers:
@@ -195,7 +211,8 @@ class MoeForCausalLM(LlamaForCausalLM):
         prefix, names = _HF_NAMES.get(self.config.architecture, _QWEN_NAMES)
         for i, module in enumerate(self.layers):
             if isinstance(module, MoeLayer):
-                slots.update(module.moe.slots(f"model.layers.{i}.{prefix}", names))
+                slots.update(gguf_slots(module.moe, f"model.layers.{i}.mlp.") if self.gguf_names
+                             else module.moe.slots(f"model.layers.{i}.{prefix}", names))
         return slots
 
     @torch.no_grad()
