@@ -58,6 +58,19 @@ SHAPES: dict[str, dict[str, Any]] = {
                              rope_scaling={"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
                                            "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707},
                              architectures=["DeepseekV2ForCausalLM"]),
+    # small mixture-of-experts / MLA shapes for CPU smoke runs of the whole LLM path
+    "test-small-moe": dict(hidden_size=128, intermediate_size=256, moe_intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=16,
+                           num_experts_per_tok=4, norm_topk_prob=True, vocab_size=1024, rope_theta=1000000.0,
+                           max_position_embeddings=1024, tie_word_embeddings=False, rms_norm_eps=1e-6,
+                           model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"]),
+    "test-small-mla": dict(hidden_size=128, intermediate_size=256, moe_intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8, n_shared_experts=1,
+                           num_experts_per_tok=2, first_k_dense_replace=1, kv_lora_rank=64, q_lora_rank=None,
+                           qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32, topk_method="greedy",
+                           vocab_size=1024, rope_theta=10000.0, max_position_embeddings=1024,
+                           tie_word_embeddings=False, rms_norm_eps=1e-6, model_type="deepseek_v2",
+                           architectures=["DeepseekV2ForCausalLM"]),
 }
 
 

@@ -221,3 +221,21 @@ def test_yarn_is_refused_outside_mla_models():
     d["rope_parameters"] = dict(YARN, rope_theta=10000.0)
     with pytest.raises(ValueError, match="yarn' is supported for MLA models only"):
         ModelConfig.from_hf_dict(d)
+
+
+@pytest.mark.parametrize("shape", ["test-small-moe", "test-small-mla"])
+def test_llm_runs_moe_and_mla_shapes_with_dummy_weights(tmp_path, shape):
+    """The whole LLM path (engine args, KV sizing from the cache layout, scheduler, sampler) on
+    random weights of a small MoE / MLA shape, as ``deepinfer bench --dummy-weights`` runs it;
+    n=2 greedy samples agree, and a second identical request gets the same tokens."""
+    from deepinfer import LLM
+    from gpu_shapes import write_shape_dir
+
+    path = write_shape_dir(str(tmp_path / shape), shape)
+    llm = LLM(path, dummy_weights=True, device="cpu", dtype="float32", max_model_len=128,
+              cpu_kv_cache_bytes=8 << 20)
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, n=2)
+    first = llm.generate([{"prompt_token_ids": list(range(5, 40))}], params)[0]
+    again = llm.generate([{"prompt_token_ids": list(range(5, 40))}], params)[0]
+    tokens = [list(o.token_ids) for o in first.outputs + again.outputs]
+    assert all(len(t) == 12 for t in tokens) and all(t == tokens[0] for t in tokens)
