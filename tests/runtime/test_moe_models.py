@@ -325,3 +325,34 @@ def test_align_by_expert_pads_each_expert_to_whole_blocks():
     # 6 pairs + 4 experts x 3 padding rows = 18 -> 20 slots (5 blocks), sentinel 6 in the padding
     assert pairs.tolist() == [1, 4, 6, 6, 3, 6, 6, 6, 0, 2, 5, 6] + [6] * 8
     assert block_expert.tolist() == [0, 1, 3, -1, -1]  # expert 2 gets no block
+
+
+@pytest.mark.parametrize("tokens,top_k,experts,block", [(1, 1, 4, 16), (3, 2, 32, 16), (256, 8, 128, 16),
+                                                        (257, 2, 160, 32), (64, 4, 8, 64), (33, 6, 257, 32)])
+def test_align_by_expert_properties_as_vllm_checks_them(tokens, top_k, experts, block):
+    """vLLM's test_moe_align_block_size behaviours: every pair exactly once, each expert's pairs in
+    that expert's blocks only, each expert padded to whole blocks (experts without pairs get none),
+    block experts valid, a padded length that depends only on the shapes, deterministic."""
+    from deepinfer.runtime.kernels.fused_moe import align_by_expert
+
+    g = torch.Generator().manual_seed(tokens)
+    ids = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(tokens)])
+    pairs, block_expert = align_by_expert(ids, experts, block)
+    n = tokens * top_k
+    assert pairs.numel() % block == 0 and pairs.numel() >= n + experts * (block - 1)
+    assert block_expert.numel() == pairs.numel() // block
+    flat = ids.reshape(-1).tolist()
+    seen: dict[int, list[int]] = {}
+    for b, e in enumerate(block_expert.tolist()):
+        chunk = [p for p in pairs[b * block:(b + 1) * block].tolist() if p < n]
+        if e < 0:
+            assert not chunk  # blocks past the last expert's run are empty
+            continue
+        assert 0 <= e < experts and all(flat[p] == e for p in chunk)
+        seen.setdefault(e, []).extend(chunk)
+    assert sorted(p for ps in seen.values() for p in ps) == list(range(n))
+    counts = torch.bincount(ids.reshape(-1), minlength=experts).tolist()
+    used_blocks = torch.bincount(block_expert[block_expert >= 0].long(), minlength=experts).tolist()
+    assert used_blocks == [(c + block - 1) // block for c in counts]
+    again = align_by_expert(ids, experts, block)
+    assert torch.equal(again[0], pairs) and torch.equal(again[1], block_expert)
