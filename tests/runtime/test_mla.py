@@ -159,6 +159,7 @@ def test_group_limited_routing_equals_transformers(arch, case):
     ("deepseek_v2", "n_group", 3, "n_group=3 does not divide"),
     ("deepseek_v2", "moe_layer_freq", 2, "moe_layer_freq=2"),
     ("deepseek_v2", "attention_bias", True, "attention_bias=true"),
+    ("deepseek_v3", "quantization_config", {"quant_method": "fp8"}, "quantization_config .quant_method 'fp8'"),
     ("deepseek_v3", "rope_scaling", {"rope_type": "yarn", "factor": 4.0}, "lacks 'original_max_position_embeddings'"),
     ("deepseek_v3", "rope_scaling", {"rope_type": "dynamic", "factor": 4.0}, "rope_type 'dynamic' is not supported"),
 ])
@@ -239,3 +240,16 @@ def test_llm_runs_moe_and_mla_shapes_with_dummy_weights(tmp_path, shape):
     again = llm.generate([{"prompt_token_ids": list(range(5, 40))}], params)[0]
     tokens = [list(o.token_ids) for o in first.outputs + again.outputs]
     assert all(len(t) == 12 for t in tokens) and all(t == tokens[0] for t in tokens)
+
+
+def test_deepseek_v3_multi_token_prediction_layer_is_ignored():
+    """DeepSeek-V3 checkpoints carry their MTP layer after the last decoder layer (unused here)."""
+    from deepinfer.runtime.models.config import check_tensor_shapes
+
+    cfg = ModelConfig.from_hf_dict(tiny_config("deepseek_v3").to_dict())
+    shapes = {"model.embed_tokens.weight": (320, 64), **{f"model.layers.{i}.input_layernorm.weight": (64,)
+                                                         for i in range(4)}}
+    check_tensor_shapes(cfg, shapes)  # layers 0..2 + the MTP layer 3
+    v2 = ModelConfig.from_hf_dict(tiny_config("deepseek_v2").to_dict())
+    with pytest.raises(ValueError, match="num_hidden_layers=3 but the weights hold layers 0..3"):
+        check_tensor_shapes(v2, shapes)

@@ -323,6 +323,11 @@ class ModelConfig:
         _float_field("rms_norm_eps", floats["rms_norm_eps"], lambda v: 0 < v < 1, "in (0, 1)")
         _float_field("rope_parameters.rope_theta" if rope_params else "rope_theta", floats["rope_theta"],
                      lambda v: v > 1, "> 1")
+        quant = cfg.get("quantization_config")
+        if model_type in MOE_ARCHITECTURES and quant:  # e.g. DeepSeek-V3's FP8 blocks with weight_scale_inv
+            method = quant.get("quant_method") if isinstance(quant, dict) else quant
+            raise ValueError(f"quantization_config (quant_method {method!r}) is not supported for "
+                             f"{model_type}: load a bf16/fp16/fp32 checkpoint")
         moe = parse_moe(cfg, model_type, ints["num_hidden_layers"]) if model_type in MOE_ARCHITECTURES else None
         mla = parse_mla(cfg, model_type) if model_type.startswith("deepseek") else None
         scaling = check_rope_scaling("rope_scaling", rope_scaling)
@@ -414,6 +419,8 @@ def check_tensor_shapes(cfg: ModelConfig, shapes: Mapping[str, tuple[int, ...]])
             want = expected_global.get(name)
         if want is not None and tuple(shape) != want:
             raise ValueError(f"tensor {name} has shape {list(shape)} but the config ({fields}) implies {list(want)}")
+    if cfg.architecture == "deepseek_v3":  # its multi-token-prediction layers follow the last one (unused)
+        layers = {i for i in layers if i < cfg.num_hidden_layers}
     if layers != set(range(cfg.num_hidden_layers)):
         raise ValueError(f"num_hidden_layers={cfg.num_hidden_layers} but the weights hold layers "
                          f"{_ranges(sorted(layers))}")
