@@ -35,13 +35,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "runti
 
 
 def _load_on_device(path, *, device, dtype, dummy_weights=False, max_positions=None, seed=0, **_ignored):  # type: ignore[no-untyped-def]
-    from deepinfer.runtime.loading.model_loader import LoadedModel, read_config
-    from deepinfer.runtime.models.llama import LlamaForCausalLM
+    from deepinfer.runtime.loading.model_loader import LoadedModel, model_class, read_config
     from deepinfer.runtime.models.rotary import RotaryEmbedding
 
     cfg = read_config(path)
-    with torch.device("meta"):
-        model = LlamaForCausalLM(cfg, max_positions=max_positions).to(dtype)
+    with torch.device("meta"):  # LlamaForCausalLM, or the MoE / MLA model of the shape
+        model = model_class(cfg)(cfg, max_positions=max_positions).to(dtype)
     model = model.to_empty(device=device)
     gen = torch.Generator(device=device).manual_seed(seed)
     with torch.no_grad():
@@ -62,12 +61,12 @@ def _summary(name: str, values: list[float]) -> str:
 
 
 def run_transformers(shape_dir: str, prompts: list[list[int]], out_len: int, runs: int) -> list[float]:
-    from transformers import AutoConfig, LlamaForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     cfg = AutoConfig.from_pretrained(shape_dir)
     torch.set_default_dtype(torch.bfloat16)
     with torch.device("cuda"):
-        hf = LlamaForCausalLM(cfg).eval()
+        hf = AutoModelForCausalLM.from_config(cfg).eval()
     torch.set_default_dtype(torch.float32)
     ids = torch.tensor(prompts, device="cuda")
     mask = torch.ones_like(ids)

@@ -18,7 +18,12 @@ import torch
 
 from deepinfer.runtime.kernels import gguf_blocks
 from deepinfer.runtime.loading.gguf_file import GGUFFile
-from deepinfer.runtime.models.config import ModelConfig, check_gguf_metadata, check_tensor_shapes
+from deepinfer.runtime.models.config import (
+    ModelConfig,
+    MoeSpec,
+    check_gguf_metadata,
+    check_tensor_shapes,
+)
 
 # GGUF tensor name (after "blk.N.") -> HF name (after "model.layers.N.")
 _LAYER_NAMES = {
@@ -31,14 +36,27 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    # mixture of experts: the router, the experts stacked [E, rows, cols] (models.moe's GGUF slots)
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
+# GGUF architectures with experts -> our architecture (llama.cpp writes Mixtral as "llama")
+_MOE_ARCHS = {"llama": "mixtral", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"}
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
     "rope_freqs.weight": "rope_freq_factors",
 }
-SUPPORTED_ARCHS = ("llama", "qwen2")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen2moe", "qwen3moe")
 
 
 class GGUFError(ValueError):
@@ -132,6 +150,13 @@ def _gguf_config(reader: GGUFFile, path: str) -> ModelConfig:
             raise GGUFError(f"model: GGUF {path!r} has neither {arch}.vocab_size nor tokenizer.ggml.tokens")
         vocab = len(tokens)
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    moe = None
+    architecture = arch
+    if _field(reader, f"{arch}.expert_count"):
+        moe = _gguf_moe(reader, arch, tensor_names)
+        architecture = _MOE_ARCHS[arch]
+    elif arch in ("qwen2moe", "qwen3moe"):
+        raise GGUFError(f"model: GGUF {path!r} of architecture {arch!r} lacks {arch}.expert_count")
     rope_scaling = None
     scaling_type = _field(reader, f"{arch}.rope.scaling.type")
     if scaling_type == "linear":
@@ -152,8 +177,25 @@ def _gguf_config(reader: GGUFFile, path: str) -> ModelConfig:
         attention_bias="blk.0.attn_q.bias" in tensor_names,
         bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=[int(eos)] if eos is not None else [],
-        architecture=arch,
+        architecture=architecture,
+        qk_norm=arch == "qwen3moe",
+        moe=moe,
     )
+
+
+def _gguf_moe(reader: GGUFFile, arch: str, tensor_names: set[str]) -> MoeSpec:
+    """The MoeSpec of a GGUF file with experts (metadata checked by check_gguf_metadata). Routed
+    layers are those with a router (``ffn_gate_inp``); llama.cpp renormalises the top-k weights of
+    Mixtral and Qwen3-MoE, not of Qwen2-MoE."""
+    layers = int(_field(reader, f"{arch}.block_count"))
+    size = _field(reader, f"{arch}.expert_feed_forward_length", _field(reader, f"{arch}.feed_forward_length"))
+    shared = int(_field(reader, f"{arch}.expert_shared_feed_forward_length", 0)) if arch == "qwen2moe" else 0
+    return MoeSpec(num_experts=int(_field(reader, f"{arch}.expert_count")),
+                   top_k=int(_field(reader, f"{arch}.expert_used_count")),
+                   expert_intermediate_size=int(size),
+                   moe_layers=tuple(i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" in tensor_names),
+                   norm_topk_prob=arch != "qwen2moe", shared_intermediate_size=shared,
+                   shared_expert_gate=shared > 0 and "blk.0.ffn_gate_inp_shexp.weight" in tensor_names)
 
 
 def unpermute_index(rows: int, n_head: int) -> torch.Tensor:
@@ -227,7 +269,7 @@ class GGUFModel:
 
     def row_index(self, name: str, rows: int) -> torch.Tensor | None:
         """The row order that undoes llama.cpp's q/k permutation for tensor ``name``, or None."""
-        if self.config.architecture != "llama":
+        if self.config.architecture not in ("llama", "mixtral"):  # llama.cpp's "llama" files
             return None
         if ".self_attn.q_proj." in name:
             return unpermute_index(rows, self.config.num_attention_heads)

@@ -97,15 +97,25 @@ def load_model(path: str, *, device: torch.device, dtype: torch.dtype, dummy_wei
         freq_factors = gguf_model.rope_freq_factors()  # shape and values checked
         if not dummy_weights:
             gguf_model.check_values()  # every tensor finite (block scales of quantized ones)
+    if config.moe is not None and shard is not None:
+        raise ValueError(f"architecture {config.architecture!r} (mixture of experts) runs on one rank only "
+                         "(no tensor parallelism yet)")
+    if config.moe is not None:
+        keep_quantized = False  # MoE GGUF tensors are dequantized to dtype (no int4 experts yet)
     with torch.device("meta"):
         if shard is None:
-            model = LlamaForCausalLM(config, max_positions=1, rope_freq_factors=freq_factors)
+            model = model_class(config)(config, max_positions=1, rope_freq_factors=freq_factors)
         else:
             from deepinfer.runtime.parallel.layers import TensorParallelLlama
 
             model = TensorParallelLlama(config, shard, max_positions=1, rope_freq_factors=freq_factors)
     # dense weights that decode steps will stream go on 2 MiB pages (not the int4 path's)
     materialize(model, device, dtype, huge_pages=device.type == "cpu" and not keep_quantized)
+    if gguf_model is not None and config.moe is not None:
+        from deepinfer.runtime.models.moe import MoeForCausalLM
+
+        if isinstance(model, MoeForCausalLM):
+            model.gguf_names = True  # the experts' slots take llama.cpp's stacked tensors
     with torch.no_grad():
         if dummy_weights:
             model.init_dummy_weights(seed)
@@ -140,6 +150,19 @@ def load_model(path: str, *, device: torch.device, dtype: torch.dtype, dummy_wei
                                    config.rope_theta, config.rope_scaling, freq_factors).to(device)
     return LoadedModel(model=model, config=model.config, path=path,
                        gguf=gguf_model if keep_quantized and not dummy_weights else None)
+
+
+def model_class(config: ModelConfig) -> type[LlamaForCausalLM]:
+    """The single-process model class of ``config.architecture``."""
+    if config.mla is not None:
+        from deepinfer.runtime.models.deepseek_v2 import DeepseekV2ForCausalLM
+
+        return DeepseekV2ForCausalLM
+    if config.moe is not None:
+        from deepinfer.runtime.models.moe import MoeForCausalLM
+
+        return MoeForCausalLM
+    return LlamaForCausalLM
 
 
 def materialize(model: torch.nn.Module, device: torch.device, dtype: torch.dtype, huge_pages: bool = False) -> None:

@@ -9,7 +9,7 @@ matters on CPU where per-op overhead dominates small models.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import cast
+from typing import ClassVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -81,13 +81,20 @@ class LlamaLayer(nn.Module):
         v = qkv[:, qk_size:].view(t, self.num_kv_heads, self.head_dim)
         o = attention(q, k, v, kv_cache, meta, self.scale)
         x = x + self.o_proj.forward(o.reshape(t, -1))
-        h = self.post_attention_layernorm(x)
+        return x + self.feed_forward(self.post_attention_layernorm(x))
+
+    def feed_forward(self, h: torch.Tensor) -> torch.Tensor:
+        """The SwiGLU MLP of the normed rows ``h`` [T, hidden] (mixture-of-experts layers,
+        ``models.moe``, replace it)."""
         gate, up = self.gate_up_proj.forward(h).split(self.intermediate_size, dim=-1)
-        return x + self.down_proj.forward(F.silu(gate).mul_(up))  # in place: one [T, I] tensor fewer
+        return self.down_proj.forward(F.silu(gate).mul_(up))  # in place: one [T, I] tensor fewer
 
 
 class LlamaForCausalLM(nn.Module):
     """Embedding, decoder layers, final norm and LM head of a Llama-family model."""
+
+    # Whether the CUDA decode graphs (and their fused Triton forward) can run this model.
+    supports_decode_graphs: ClassVar[bool] = True
 
     def __init__(self, cfg: ModelConfig, max_positions: int | None = None,
                  rope_freq_factors: torch.Tensor | None = None) -> None:
@@ -97,7 +104,7 @@ class LlamaForCausalLM(nn.Module):
         # normal_ would import torch._dynamo and sympy, ~1 s of startup)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
                                          _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
-        self.layers = nn.ModuleList(LlamaLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(self.make_layer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         # Set by the loader when the output projection keeps a GGUF quantization (Int4Linear).
@@ -107,6 +114,10 @@ class LlamaForCausalLM(nn.Module):
         with torch.device("cpu"):  # real tables even when built on meta (torch's meta refs import sympy)
             self.rotary = RotaryEmbedding(cfg.head_dim, max_positions or cfg.max_position_embeddings,
                                           cfg.rope_theta, cfg.rope_scaling, rope_freq_factors)
+
+    def make_layer(self, cfg: ModelConfig, index: int) -> nn.Module:
+        """Decoder layer ``index`` (the mixture-of-experts and MLA models override it)."""
+        return LlamaLayer(cfg)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                 meta: AttentionMetadata, attention: AttentionFn) -> torch.Tensor:
@@ -210,6 +221,9 @@ class LlamaForCausalLM(nn.Module):
         The parameters stay the same tensors. ValueError for a layer kept quantized."""
         from deepinfer.runtime.kernels.batch_invariant import InvariantLinear, invariant_linear
 
+        if type(self) is not LlamaForCausalLM:  # experts and MLA have other layers (models/moe.py, deepseek_v2.py)
+            raise ValueError(f"deterministic=True on CUDA runs the dense Llama family only, not "
+                             f"{type(self).__name__}")
         if self.quantized_head is not None:
             raise ValueError("deterministic=True on CUDA: the LM head is kept quantized "
                              f"({type(self.quantized_head).__name__}); load the model in bfloat16/float16")

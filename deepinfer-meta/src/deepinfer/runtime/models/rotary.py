@@ -1,4 +1,5 @@
-"""Rotary position embeddings (NEOX / Hugging Face "rotate_half" layout), with Llama 3 and linear scaling."""
+"""Rotary position embeddings (NEOX / Hugging Face "rotate_half" layout), with Llama 3, linear and YaRN
+(MLA models) scaling."""
 
 from __future__ import annotations
 
@@ -29,9 +30,52 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | N
         return torch.where(medium, smoothed, scaled)
     if kind == "linear":
         return inv / float(sc["factor"])
+    if kind == "yarn":
+        return _yarn_inverse_frequencies(head_dim, theta, sc)
     if kind not in (None, "default"):
-        raise ValueError(f"rope_scaling type {kind!r} is not supported (default, linear, llama3)")
+        raise ValueError(f"rope_scaling type {kind!r} is not supported (default, linear, llama3, yarn)")
     return inv
+
+
+def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    """YaRN's magnitude correction for a context stretched ``scale`` times."""
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def rope_attention_factor(scaling: dict[str, Any] | None) -> float:
+    """The factor YaRN applies to the cos/sin tables (1 for every other rope type); as
+    transformers computes it (``attention_factor``, else from ``factor``, ``mscale`` and
+    ``mscale_all_dim``)."""
+    sc = scaling or {}
+    if sc.get("rope_type", sc.get("type")) != "yarn":
+        return 1.0
+    if sc.get("attention_factor") is not None:
+        return float(sc["attention_factor"])
+    factor, mscale, all_dim = float(sc["factor"]), sc.get("mscale"), sc.get("mscale_all_dim")
+    if mscale and all_dim:
+        return yarn_mscale(factor, float(mscale)) / yarn_mscale(factor, float(all_dim))
+    return yarn_mscale(factor)
+
+
+def _yarn_inverse_frequencies(head_dim: int, theta: float, sc: dict[str, Any]) -> torch.Tensor:
+    """YaRN (transformers' ``_compute_yarn_parameters``): interpolated frequencies below the
+    ``beta_slow`` rotation boundary, extrapolated above ``beta_fast``, a linear ramp between."""
+    factor, orig = float(sc["factor"]), float(sc["original_max_position_embeddings"])
+    beta_fast, beta_slow = float(sc.get("beta_fast") or 32), float(sc.get("beta_slow") or 1)
+
+    def correction_dim(rotations: float) -> float:
+        return head_dim * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if sc.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    extrapolated = 1 - ramp
+    pos = theta ** (torch.arange(0, head_dim, 2).to(dtype=torch.float32) / head_dim)
+    return (1.0 / (factor * pos)) * (1 - extrapolated) + (1.0 / pos) * extrapolated
 
 
 class RotaryEmbedding(torch.nn.Module):
@@ -47,8 +91,9 @@ class RotaryEmbedding(torch.nn.Module):
         t = torch.arange(max_positions, dtype=torch.float32)
         freqs = torch.outer(t, inv)
         emb = torch.cat((freqs, freqs), dim=-1)
-        self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
+        scale = rope_attention_factor(scaling)  # YaRN scales the tables; 1 otherwise
+        self.register_buffer("cos", emb.cos() * scale if scale != 1.0 else emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin() * scale if scale != 1.0 else emb.sin(), persistent=False)
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin rows [T, 1, d] of ``positions``: gathered once per step, shared by every layer."""

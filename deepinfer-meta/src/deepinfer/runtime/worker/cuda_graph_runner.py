@@ -263,6 +263,8 @@ def capture_decode_graphs(runner: ModelRunner, buffers: StepBuffers, batch_sizes
     None, with graphs left off, when Triton does not import. ``timed=False``: no GraphTimer
     regions (tensor-parallel ranks: a timer refusing one rank's graph would make that rank
     capture again, alone, with warm-up collectives no other rank joins)."""
+    if not getattr(runner.model, "supports_decode_graphs", True):
+        return None  # mixture-of-experts / MLA models run eagerly (models.moe: host-side routing)
     try:
         import triton  # noqa: F401
     except ImportError:

@@ -12,7 +12,8 @@ DEFAULT_CPU_KV_BYTES = 1 << 30  # 1 GiB
 def bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     """KV bytes one block of ``block_size`` tokens takes across all layers (keys and values)."""
     elem = torch.empty((), dtype=dtype).element_size()
-    return 2 * cfg.num_hidden_layers * block_size * cfg.num_key_value_heads * cfg.head_dim * elem
+    planes, heads, dim = cfg.kv_cache_layout()  # (2, kv heads, head_dim); MLA: (1, 1, latent + rope)
+    return planes * cfg.num_hidden_layers * block_size * heads * dim * elem
 
 
 def num_blocks_for(cfg: ModelConfig, block_size: int, dtype: torch.dtype, device: torch.device, *,
@@ -40,13 +41,15 @@ def num_blocks_for(cfg: ModelConfig, block_size: int, dtype: torch.dtype, device
 
 def allocate_kv_caches(cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
                        device: torch.device) -> list[torch.Tensor]:
-    """One ``[2, num_blocks + 1, block_size, kv_heads, head_dim]`` tensor per layer; the extra last
+    """One ``[2, num_blocks + 1, block_size, kv_heads, head_dim]`` tensor per layer (MLA models:
+    ``[1, num_blocks + 1, block_size, 1, kv_lora_rank + qk_rope_head_dim]``); the extra last
     block is a scratch area that padding rows (slot -1) write into.
 
     On CPU the cache is not zero-filled (zeroing 1 GiB takes ~0.5 s and touches every page):
     attention reads only slots below each sequence's length, which were written, and the torch
     backend zeroes the masked tail of gathered blocks (attention.torch_paged). Other devices get
     zeros, which are cheap there and keep kernels that multiply masked slots by 0 NaN-free."""
-    shape = (2, num_blocks + 1, block_size, cfg.num_key_value_heads, cfg.head_dim)
+    planes, heads, dim = cfg.kv_cache_layout()
+    shape = (planes, num_blocks + 1, block_size, heads, dim)
     alloc = torch.empty if device.type == "cpu" else torch.zeros
     return [alloc(shape, dtype=dtype, device=device) for _ in range(cfg.num_hidden_layers)]
