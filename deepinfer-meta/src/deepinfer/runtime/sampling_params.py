@@ -27,12 +27,12 @@ _ENGINE_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "presence_penal
                   "logprobs", "prompt_logprobs", "logit_bias", "allowed_token_ids")
 # What only the runtime sees (text side).
 _PYTHON_FIELDS = ("stop", "include_stop_str_in_output", "skip_special_tokens", "bad_words", "structured_outputs",
-                  "extra_args")
+                  "extra_args", "detokenize")
 # Every field, in the positional order of ``SamplingParams(...)``.
 _ORDER = ("n", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
           "repetition_penalty", "seed", "stop", "stop_token_ids", "ignore_eos", "max_tokens", "min_tokens",
           "logprobs", "prompt_logprobs", "logit_bias", "include_stop_str_in_output", "skip_special_tokens",
-          "allowed_token_ids", "bad_words", "structured_outputs", "extra_args")
+          "allowed_token_ids", "bad_words", "structured_outputs", "extra_args", "detokenize")
 
 
 def _named(exc: Exception) -> Exception:
@@ -115,6 +115,7 @@ _PYTHON_CHECKS = {
     "bad_words": lambda v: _strings("bad_words", v),
     "include_stop_str_in_output": lambda v: _flag("include_stop_str_in_output", v),
     "skip_special_tokens": lambda v: _flag("skip_special_tokens", v),
+    "detokenize": lambda v: _flag("detokenize", v),
     "structured_outputs": _structured,
     "extra_args": _extra_args,
 }
@@ -170,6 +171,8 @@ class SamplingParams:
             back as a read-only dict: assign a new one to change it).
         include_stop_str_in_output: keep the matched stop string (or stop token's text) in the text.
         skip_special_tokens: drop special tokens from the text.
+        detokenize: False leaves ``text`` empty (token ids only, as vLLM's): no detokenizer runs
+            for the request. Stop strings need the text: with them it is a ValueError.
         allowed_token_ids: only these token ids may be sampled (None: every token).
         bad_words: words never generated (vLLM): each is tokenized when the request is added
             (as at the start of a text and after a space); the token that would complete a
@@ -207,6 +210,7 @@ class SamplingParams:
         bad_words: tuple[str, ...]
         structured_outputs: StructuredOutputsParams | None
         extra_args: dict[str, Any] | None
+        detokenize: bool
         _engine: Any
         _stop: tuple[str, ...]
         _bad_words: tuple[str, ...]
@@ -221,7 +225,7 @@ class SamplingParams:
                  skip_special_tokens: bool = True, allowed_token_ids: Any = None,
                  bad_words: str | list[str] | None = None,
                  structured_outputs: StructuredOutputsParams | dict[str, Any] | None = None,
-                 extra_args: dict[str, Any] | None = None) -> None:
+                 extra_args: dict[str, Any] | None = None, detokenize: bool = True) -> None:
         try:
             engine = _E.SamplingParams(
                 n=n, temperature=temperature, top_p=top_p, top_k=_top_k(top_k), min_p=min_p,
@@ -239,6 +243,8 @@ class SamplingParams:
         d["_skip_special_tokens"] = _PYTHON_CHECKS["skip_special_tokens"](skip_special_tokens)
         d["_structured_outputs"] = _structured(structured_outputs)
         d["_extra_args"] = _extra_args(extra_args)
+        d["_detokenize"] = _PYTHON_CHECKS["detokenize"](detokenize)
+        self.check_text_needs()
         d["_bad_ids"] = None  # (tokenizer, its bad_words_token_ids), cached by engine_params
 
     # ---- fields ------------------------------------------------------------------------------
@@ -277,6 +283,13 @@ class SamplingParams:
             self._engine.validate(0)
         except ValueError as exc:
             raise _named(exc) from None
+
+    def check_text_needs(self) -> None:
+        """ValueError when stop strings are asked without detokenization (vLLM's rule): they are
+        matched in the text, which ``detokenize=False`` does not make."""
+        if not self._detokenize and self._stop:
+            raise ValueError("SamplingParams.stop: stop strings are only supported when detokenize is True "
+                             "(set detokenize=True, or use stop_token_ids)")
 
     def check_vocab(self, vocab_size: int) -> None:
         """Raise ValueError if a token id (stop_token_ids, logit_bias, allowed_token_ids) or a
@@ -361,6 +374,7 @@ class SamplingParams:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self.__dict__.setdefault("_detokenize", True)  # pickled before the field existed
         self.__dict__["_bad_ids"] = None
 
 

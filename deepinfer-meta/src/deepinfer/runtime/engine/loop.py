@@ -135,6 +135,7 @@ class _RequestState:
     seen: dict[int, int]  # tokens already detokenized, by completion index
     delta: bool = False  # outputs carry only new tokens; text gets only new characters
     final_text_only: bool = False  # decode once when a sample finishes (no stop strings to watch)
+    detokenize: bool = True  # False: no text at all (SamplingParams.detokenize)
     retried: bool = False  # its step failed once and it was put back for recompute
 
 
@@ -254,6 +255,7 @@ class EngineLoop:
         if len(prompt_ids) == 0:
             raise ValueError(f"request {request_id!r}: the prompt is empty (no tokens)")
         params.check_vocab(self.cfg.vocab_size)
+        params.check_text_needs()  # stop strings without detokenization (fields assigned after construction)
         structured = params.structured_outputs
         if structured is not None:
             if self.speculator is not None:  # verify steps sample without the grammar's mask
@@ -276,7 +278,8 @@ class EngineLoop:
         if self.overlap is not None:
             self.overlap.track(request_id, params)
         self.requests[request_id] = _RequestState(params, list(prompt_ids), {}, {}, delta,
-                                                  final_text_only and not delta and not params.stop_strings)
+                                                  final_text_only and not delta and not params.stop_strings,
+                                                  detokenize=params.detokenize)
         if collect is not None:
             self._queues[request_id] = deque()
             if collect == "final":
@@ -568,6 +571,8 @@ class EngineLoop:
                                              d.num_output_tokens, output=ro)
 
     def _fill_text(self, ro: Any, state: _RequestState) -> None:
+        if not state.detokenize:
+            return  # token ids only: text stays empty
         for c in ro.outputs:
             if state.final_text_only:
                 if c.finish_reason is not None:
@@ -587,7 +592,7 @@ class EngineLoop:
         failed: dict[str, Exception] = {}
         for ro in outputs:
             state = self.requests.get(ro.request_id)
-            if state is None or state.final_text_only:
+            if state is None or state.final_text_only or not state.detokenize:
                 continue
             try:
                 self._watch_stop_strings(ro, state)
