@@ -90,6 +90,8 @@ class CoreProcess:
             self.stop(5.0)
             raise
         self.info: dict[str, Any] = msg["ready"]
+        log.info("engine core: pid %d, device %s, %d KV blocks", self.proc.pid, self.info["device"],
+                 self.info["num_blocks"])
         # the core's stdout after its ready line (torch may print there) must not fill the pipe
         threading.Thread(target=_drain, args=(self.proc.stdout,), name="deepinfer-core-stdout", daemon=True).start()
 
