@@ -278,7 +278,7 @@ def _supervise(args: argparse.Namespace, core: Any) -> int:
     log.info("engine core pid %d; %d front ends: pids %s", core.pid, len(frontends),
              ", ".join(str(p.pid) for p in frontends))
     log.info("listening on http://%s:%d", host, port)
-    stop = {"signal": None}
+    stop: dict[str, int | None] = {"signal": None}
 
     def on_signal(signum: int, frame: Any) -> None:
         stop["signal"] = signum

@@ -107,17 +107,17 @@ class ServingState:
         name = config.served_model_names[0]
         self.engine: EngineThread | ReplicaSet | EngineClient
         if isinstance(llm, EngineClient):  # --- engine core: this is one front end of it (issue 25) ---
-            self.max_model_len = llm.max_model_len
-            self.vocab_size = llm.vocab_size
-            self.max_num_seqs = llm.max_num_seqs
+            self.max_model_len: int = llm.max_model_len
+            self.vocab_size: int = llm.vocab_size
+            self.max_num_seqs: int = llm.max_num_seqs
             families = MetricFamilies(self.max_model_len)
             llm.metrics = ServerMetrics(name, self.max_model_len, llm.num_blocks, families, cache=llm.cache_info)
             self.engine = llm
             self.capacity_rule = "max_num_seqs + max_queue, per front end"
         elif isinstance(llm, ReplicaSet):
-            self.max_model_len: int = llm.max_model_len
-            self.vocab_size: int = llm.vocab_size
-            self.max_num_seqs: int = llm.max_num_seqs
+            self.max_model_len = llm.max_model_len
+            self.vocab_size = llm.vocab_size
+            self.max_num_seqs = llm.max_num_seqs
             families = MetricFamilies(self.max_model_len, per_engine=True)
             llm.attach_metrics([ServerMetrics(name, self.max_model_len, blocks, families, engine=i, cache=cache)
                                 for i, (blocks, cache) in enumerate(zip(llm.num_blocks, llm.cache_infos,
