@@ -55,7 +55,7 @@ def start_server(args: argparse.Namespace, max_num_seqs: int, replicas: int = 1,
                  gpu_memory_utilization: float | None = None) -> tuple[subprocess.Popen[str], str]:
     cmd = [sys.executable, "-m", "deepinfer", "serve", "--port", "0", "--served-model-name", "bench",
            "--max-num-seqs", str(max_num_seqs), "--max-model-len", str(args.max_model_len),
-           "--log-level", "warning", "--data-parallel-size", str(replicas)]
+           "--log-level", "info", "--data-parallel-size", str(replicas)]
     util = gpu_memory_utilization if gpu_memory_utilization is not None else args.gpu_memory_utilization
     if util is not None:
         cmd += ["--gpu-memory-utilization", str(util)]
