@@ -76,7 +76,7 @@ def start_server(args: argparse.Namespace, max_num_seqs: int, replicas: int = 1,
     while time.monotonic() < deadline:
         line = proc.stderr.readline()  # type: ignore[union-attr]
         if not line:
-            raise SystemExit(f"the server exited ({proc.wait()}):\n" + "".join(seen[-20:]))
+            raise SystemExit(f"the server exited ({proc.wait()}):\n" + "".join(seen[-60:]))
         seen.append(line)
         m = re.search(r"listening on (http://\S+)", line)
         if m:  # keep draining stderr, or the server blocks on a full pipe

@@ -215,9 +215,8 @@ class CoreEngine(EngineThread):
 
 def core_main(config: dict[str, Any]) -> int:
     """Load the model, bind ``config["address"]`` and run the loop until told to stop (0) or the
-    loop breaks (1)."""
-    import zmq
-
+    loop breaks (1). ZeroMQ is imported only once the model is loaded: the device and torch's
+    native libraries come first in this process."""
     os.environ.update(config.get("env") or {})
     logging.basicConfig(level=getattr(logging, config.get("log_level", "info").upper()), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s [engine core]: %(message)s")
@@ -241,6 +240,8 @@ def core_main(config: dict[str, Any]) -> int:
         print(json.dumps({"failed": [type(exc).__name__, str(exc)]}), flush=True)
         return 1
     from deepinfer.serve.metrics import cache_info
+
+    import zmq
 
     cfg = llm.engine.cfg
     info = {"pid": os.getpid(), "device": str(llm.device), "model_path": str(llm.model_path),
