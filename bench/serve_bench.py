@@ -69,6 +69,7 @@ def start_server(args: argparse.Namespace, max_num_seqs: int, replicas: int = 1,
         cmd += ["--device", args.device]
     if replicas == 1:
         cmd += ["--api-server-count", str(args.api_server_count), "--stream-interval", str(args.stream_interval)]
+    cmd += getattr(args, "server_args", "").split()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
     deadline = time.monotonic() + 900
@@ -213,6 +214,8 @@ def main() -> None:
     parser.add_argument("--client-procs", type=int, nargs="+", default=[8],
                         help="client processes (several values: each is measured, to show it does not matter)")
     parser.add_argument("--api-server-count", type=int, default=1)
+    parser.add_argument("--server-args", default="", help="more options of the server, one string "
+                        "(e.g. '--engine-in-process')")
     parser.add_argument("--stream-interval", type=int, default=1)
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op threads, both sides (with replicas: per replica)")
@@ -262,7 +265,7 @@ def main() -> None:
         print(f"deepinfer serve vs LLM.generate: {args.input_len} prompt + {args.output_len} output tokens per "
               f"request, greedy, EOS ignored, model {args.shape or args.model or 'default'}, device {llm.device}, "
               f"torch threads {args.threads or 'default'}, {os.cpu_count()} cores, --api-server-count "
-              f"{args.api_server_count}, --stream-interval {args.stream_interval}", flush=True)
+              f"{args.api_server_count}, --stream-interval {args.stream_interval} {args.server_args}", flush=True)
         for mode in args.mode:
             for procs in args.client_procs:
                 for n in args.clients:
