@@ -273,7 +273,7 @@ def _supervise(args: argparse.Namespace, core: Any) -> int:
     frontends = []
     for i in range(args.api_server_count):
         config = {"options": options, "fd": sock.fileno(), "address": core.address, "info": core.info, "index": i}
-        frontends.append(subprocess.Popen([sys.executable, "-m", "deepinfer.serve.frontend", json.dumps(config)],
+        frontends.append(subprocess.Popen([sys.executable, "-m", "deepinfer.cli.serve", json.dumps(config)],
                                           pass_fds=(sock.fileno(),), stdin=subprocess.DEVNULL))
     log.info("engine core pid %d; %d front ends: pids %s", core.pid, len(frontends),
              ", ".join(str(p.pid) for p in frontends))
@@ -352,8 +352,31 @@ def _stop_replicas(llm: Any) -> None:
         stop()
 
 
+def frontend_main(config: dict[str, Any]) -> int:
+    """One front-end process of ``--api-server-count N > 1``, started by the supervisor as
+    ``python -m deepinfer.cli.serve CONFIG_JSON`` (a fresh interpreter) with the listening socket
+    every front end shares as an inherited descriptor. Exits 0 after SIGTERM (drained), 1 when
+    the engine core is gone."""
+    import socket
+
+    args = argparse.Namespace(**config["options"])
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
+                        format=f"%(asctime)s %(levelname)s %(name)s [front end {config['index']}]: %(message)s")
+    sock = socket.socket(fileno=config["fd"])  # family and type read from the descriptor
+    return run_frontend(args, config["address"], config["info"], sockets=[sock], announce=False)
+
+
 def register(subparsers: Any) -> None:
     """Add ``serve`` to the ``deepinfer`` command's subparsers."""
     p = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server (extra deepinfer[serve])")
     add_serve_args(p)
     p.set_defaults(func=run_serve)
+
+
+if __name__ == "__main__":  # a front-end process of the supervisor (never the user's entry point)
+    import json
+
+    if len(sys.argv) != 2:
+        print("usage: python -m deepinfer.cli.serve CONFIG_JSON (started by deepinfer serve)", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(frontend_main(json.loads(sys.argv[1])))
