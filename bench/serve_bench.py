@@ -215,7 +215,7 @@ def main() -> None:
                         help="client processes (several values: each is measured, to show it does not matter)")
     parser.add_argument("--api-server-count", type=int, default=1)
     parser.add_argument("--server-args", default="", help="more options of the server, one string "
-                        "(e.g. '--engine-in-process')")
+                        "(give it with '=': --server-args=--engine-in-process)")
     parser.add_argument("--stream-interval", type=int, default=1)
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op threads, both sides (with replicas: per replica)")
