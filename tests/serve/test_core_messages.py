@@ -95,3 +95,27 @@ def test_pid_alive_tells_a_running_process_from_a_reaped_one():
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait()
     assert not pid_alive(p.pid)
+
+
+def test_the_kv_budget_error_says_what_holds_the_gpus_memory(monkeypatch):
+    """Two contenders on one GPU (issue 25): the second's error names the memory in use, this
+    process's share of it and the other processes NVML lists (torch's CUDA calls stubbed)."""
+    import torch
+    from deepinfer.runtime.worker import kv_cache
+
+    gib = 1 << 30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10 * gib, 100 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 2 * gib)
+    monkeypatch.setattr(torch.cuda, "list_gpu_processes", lambda device=None:
+                        "GPU:0\nprocess      4242 uses 86000.000 MB GPU memory")
+    cfg = type("Cfg", (), {})()
+    monkeypatch.setattr(kv_cache, "bytes_per_block", lambda cfg, block_size, dtype: 1 << 20)
+    with pytest.raises(ValueError) as err:
+        kv_cache.num_blocks_for(cfg, 16, torch.bfloat16, torch.device("cuda"), gpu_memory_utilization=0.5)
+    msg = str(err.value)
+    assert f"({50 * gib - 90 * gib} bytes)" in msg  # budget: 0.5 x 100 GiB - 90 GiB in use
+    assert f"{90 * gib} are in use already" in msg
+    assert f"{2 * gib} reserved by this process's torch allocator" in msg
+    assert f"{88 * gib} by CUDA contexts and other processes" in msg
+    assert "process      4242 uses 86000.000 MB" in msg
+    assert "lower its --gpu-memory-utilization" in msg
