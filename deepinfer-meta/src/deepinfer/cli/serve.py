@@ -53,6 +53,19 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     h.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="on SIGTERM/SIGINT, seconds in-flight requests may take before they are aborted")
     h.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    # the engine-core process and its front ends (issue 25; docs/guide/10-serving.md, "Processes")
+    c = p.add_argument_group("engine core and front ends")
+    c.add_argument("--api-server-count", type=int, default=1,
+                   help="HTTP front-end processes over the one engine-core process (they share the port)")
+    c.add_argument("--stream-interval", type=int, default=1,
+                   help="a stream chunk waits for at least this many new tokens of its request (or its end); "
+                        "every token available when a chunk is sent goes into it")
+    c.add_argument("--max-stream-buffer", type=int, default=4096,
+                   help="engine steps a stream may have waiting for a client that does not read; past it "
+                        "the stream is cut with an error and its request aborted")
+    c.add_argument("--engine-in-process", action="store_true",
+                   help="run the engine loop in a thread of the HTTP process (the server before the engine "
+                        "core; one process, one GIL)")
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -70,6 +83,13 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError(f"--max-request-bytes must be >= 1, got {args.max_request_bytes}")
     if args.max_stop_strings < 0:
         raise ValueError(f"--max-stop-strings must be >= 0, got {args.max_stop_strings}")
+    for flag in ("api_server_count", "stream_interval", "max_stream_buffer"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if args.api_server_count > 1 and (args.engine_in_process or args.data_parallel_size > 1):
+        other = "--engine-in-process" if args.engine_in_process else "--data-parallel-size > 1"
+        raise ValueError(f"--api-server-count {args.api_server_count} needs the engine-core process; "
+                         f"{other} serves from one front end only")
 
 
 def default_served_name(model_path: str) -> str:
@@ -77,7 +97,7 @@ def default_served_name(model_path: str) -> str:
     return name[:-5] if name.lower().endswith(".gguf") else name
 
 
-def _uvicorn_server(app: Any, args: argparse.Namespace) -> Any:
+def _uvicorn_server(app: Any, args: argparse.Namespace, announce: bool = True) -> Any:
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -102,7 +122,7 @@ def _uvicorn_server(app: Any, args: argparse.Namespace) -> Any:
 
         async def startup(self, sockets: Any = None) -> None:
             await super().startup(sockets)
-            for server in getattr(self, "servers", []):
+            for server in getattr(self, "servers", []) if announce else []:
                 for sock in server.sockets:
                     host, port = sock.getsockname()[:2]
                     logging.getLogger("deepinfer.serve").info("listening on http://%s:%d", host, port)
@@ -121,29 +141,32 @@ def run_serve(args: argparse.Namespace) -> int:
     except ImportError as exc:
         print(f"deepinfer serve: error: {exc.name} is not installed: {EXTRA_HINT}", file=sys.stderr)
         return 2
+    from deepinfer.serve.client import CoreError
     from deepinfer.serve.replicas import ReplicaError
 
     try:
         _check(args)
         logging.basicConfig(level=getattr(logging, args.log_level.upper()),
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-        from deepinfer.serve.app import ServeConfig, build_app
+        from deepinfer.serve.app import build_app
 
+        if _uses_core(args):
+            from deepinfer.serve.client import CoreProcess
+
+            core = CoreProcess(_llm_kwargs(args), log_level=args.log_level)
+            if args.api_server_count > 1:
+                return _supervise(args, core)
+            return _serve_one_frontend(args, core)
         llm = _load(args)
         try:
-            names = args.served_model_name or [default_served_name(llm.model_path)]
-            app = build_app(llm, ServeConfig(served_model_names=names, api_key=args.api_key,
-                                             max_queue=args.max_queue, allowed_origins=args.allowed_origins,
-                                             host=args.host, allowed_hosts=args.allowed_hosts,
-                                             max_request_bytes=args.max_request_bytes,
-                                             max_stop_strings=args.max_stop_strings))
+            app = build_app(llm, serve_config(args, llm.model_path))
         except BaseException:
             _stop_replicas(llm)
             raise
     except (ValueError, TypeError, FileNotFoundError) as exc:
         print(f"deepinfer serve: error: {exc}", file=sys.stderr)
         return 2
-    except ReplicaError as exc:  # a replica process that could not start
+    except (ReplicaError, CoreError) as exc:  # a replica / engine-core process that could not start
         print(f"deepinfer serve: error: {exc}", file=sys.stderr)
         return 1
     # The engine thread releases the GIL inside every torch op and must get it back after each;
@@ -155,6 +178,158 @@ def run_serve(args: argparse.Namespace) -> int:
     finally:
         _stop_replicas(llm)  # the app's shutdown stops them; this covers a server that never started
     return 0
+
+
+def serve_config(args: argparse.Namespace, model_path: str) -> Any:
+    """The app's ServeConfig from the parsed options."""
+    from deepinfer.serve.app import ServeConfig
+
+    names = args.served_model_name or [default_served_name(model_path)]
+    return ServeConfig(served_model_names=names, api_key=args.api_key, max_queue=args.max_queue,
+                       allowed_origins=args.allowed_origins, host=args.host, allowed_hosts=args.allowed_hosts,
+                       max_request_bytes=args.max_request_bytes, max_stop_strings=args.max_stop_strings,
+                       stream_interval=args.stream_interval)
+
+
+# ---- the engine-core process and its front ends (issue 25) ----------------------------------
+CORE_DEATH_HEALTH_S = 1.0  # a front end whose core died answers /health with 503 this long, then shuts down
+CORE_DEATH_EXIT_S = 3.5  # and exits (status 1) at the latest this long after the core's death
+
+
+def _uses_core(args: argparse.Namespace) -> bool:
+    return not args.engine_in_process and args.data_parallel_size == 1
+
+
+def _llm_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    from deepinfer.runtime.engine_args import EngineArgs
+
+    return EngineArgs.from_cli_args(args).to_kwargs()  # type: ignore[no-any-return]
+
+
+def run_frontend(args: argparse.Namespace, address: str, info: dict[str, Any], sockets: list[Any] | None = None,
+                 announce: bool = True) -> int:
+    """Serve HTTP as one front end of the engine core at ``address`` until SIGTERM/SIGINT (0) or
+    the core's death (1: every open request got its error first; at most CORE_DEATH_EXIT_S later)."""
+    import threading
+
+    from deepinfer.serve.app import build_app
+    from deepinfer.serve.client import EngineClient
+
+    status = {"code": 0}
+    server: Any = None
+
+    def on_core_death(reason: str) -> None:
+        status["code"] = 1
+
+        def shut_down() -> None:
+            if server is not None:
+                server.should_exit = True
+
+        # every stream has its error event now; /health answers 503 for a moment, then the
+        # server shuts down, and a connection that does not close cannot keep it up
+        for delay, action in ((CORE_DEATH_HEALTH_S, shut_down), (CORE_DEATH_EXIT_S, lambda: os._exit(1))):
+            t = threading.Timer(delay, action)
+            t.daemon = True
+            t.start()
+
+    client = EngineClient(address, info, max_stream_buffer=args.max_stream_buffer, on_core_death=on_core_death)
+    app = build_app(client, serve_config(args, client.model_path))
+    server = _uvicorn_server(app, args, announce=announce)
+    server.run(sockets=sockets)
+    return status["code"]
+
+
+def _serve_one_frontend(args: argparse.Namespace, core: Any) -> int:
+    try:
+        code = run_frontend(args, core.address, core.info)
+    finally:
+        core_code = core.stop(10.0)
+    if code == 0 and core_code not in (0, None, -15):
+        logging.getLogger("deepinfer.serve").error("the engine core exited with code %s", core_code)
+        return 1
+    return code
+
+
+def _supervise(args: argparse.Namespace, core: Any) -> int:
+    """--api-server-count N > 1: N front-end processes accept on one listening socket bound
+    here; this process watches them and the core. The core's death ends the server (status 1);
+    a front end's death costs only its own requests (the core aborts them); SIGTERM/SIGINT
+    drains every front end, then stops the core (status 0)."""
+    import json
+    import signal
+    import socket
+    import subprocess
+    import time
+
+    log = logging.getLogger("deepinfer.serve")
+    try:
+        sock = socket.create_server((args.host, args.port), backlog=2048)
+    except OSError:
+        core.stop(10.0)
+        raise
+    sock.set_inheritable(True)
+    host, port = sock.getsockname()[:2]
+    options = {k: v for k, v in vars(args).items() if k != "func"}
+    frontends = []
+    for i in range(args.api_server_count):
+        config = {"options": options, "fd": sock.fileno(), "address": core.address, "info": core.info, "index": i}
+        frontends.append(subprocess.Popen([sys.executable, "-m", "deepinfer.cli.serve", json.dumps(config)],
+                                          pass_fds=(sock.fileno(),), stdin=subprocess.DEVNULL))
+    log.info("engine core pid %d; %d front ends: pids %s", core.pid, len(frontends),
+             ", ".join(str(p.pid) for p in frontends))
+    log.info("listening on http://%s:%d", host, port)
+    stop: dict[str, int | None] = {"signal": None}
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stop["signal"] = signum
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    reported: set[int] = set()
+    code = 0
+    try:
+        while True:
+            if stop["signal"] is not None:
+                for p in frontends:
+                    if p.poll() is None:
+                        p.send_signal(signal.SIGTERM)
+                _wait_all(frontends, args.shutdown_timeout + 10.0)
+                break
+            if core.poll() is not None:
+                log.error("the engine core (pid %d) exited with code %s: the server exits", core.pid, core.poll())
+                _wait_all(frontends, CORE_DEATH_EXIT_S + 1.0)
+                code = 1
+                break
+            for i, p in enumerate(frontends):
+                if p.poll() is not None and i not in reported:
+                    reported.add(i)
+                    log.error("front end %d (pid %d) exited with code %s; the engine aborted its requests, the "
+                              "other front ends serve on", i, p.pid, p.returncode)
+            if len(reported) == len(frontends):
+                log.error("every front end exited: the server exits")
+                code = 1
+                break
+            time.sleep(0.05)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        _wait_all(frontends, 0.0)
+        sock.close()
+        core.stop(10.0)
+    return code
+
+
+def _wait_all(procs: list[Any], timeout: float) -> None:
+    """Wait up to ``timeout`` s for every process; kill those still running."""
+    import subprocess
+    import time
+
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            p.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(5)
 
 
 def _load(args: argparse.Namespace) -> Any:
@@ -177,8 +352,31 @@ def _stop_replicas(llm: Any) -> None:
         stop()
 
 
+def frontend_main(config: dict[str, Any]) -> int:
+    """One front-end process of ``--api-server-count N > 1``, started by the supervisor as
+    ``python -m deepinfer.cli.serve CONFIG_JSON`` (a fresh interpreter) with the listening socket
+    every front end shares as an inherited descriptor. Exits 0 after SIGTERM (drained), 1 when
+    the engine core is gone."""
+    import socket
+
+    args = argparse.Namespace(**config["options"])
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
+                        format=f"%(asctime)s %(levelname)s %(name)s [front end {config['index']}]: %(message)s")
+    sock = socket.socket(fileno=config["fd"])  # family and type read from the descriptor
+    return run_frontend(args, config["address"], config["info"], sockets=[sock], announce=False)
+
+
 def register(subparsers: Any) -> None:
     """Add ``serve`` to the ``deepinfer`` command's subparsers."""
     p = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server (extra deepinfer[serve])")
     add_serve_args(p)
     p.set_defaults(func=run_serve)
+
+
+if __name__ == "__main__":  # a front-end process of the supervisor (never the user's entry point)
+    import json
+
+    if len(sys.argv) != 2:
+        print("usage: python -m deepinfer.cli.serve CONFIG_JSON (started by deepinfer serve)", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(frontend_main(json.loads(sys.argv[1])))

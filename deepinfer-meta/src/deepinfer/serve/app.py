@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -22,7 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from deepinfer.runtime.engine.detokenizer import stop_automaton
 from deepinfer.runtime.sampling_params import SamplingParams
 from deepinfer.serve.access_log import AccessLogMiddleware, AccessRecord
-from deepinfer.serve.engine_thread import EngineThread, RequestDelta, RequestFailed
+from deepinfer.serve.engine_thread import EngineThread, RequestDelta, RequestFailed, SampleDelta
 from deepinfer.serve.guard import SHUTDOWN_MESSAGE, HostPolicy, RequestGuard, internal_error
 from deepinfer.serve.metrics import MetricFamilies, ServerMetrics, cache_info
 from deepinfer.serve.protocol import (
@@ -69,6 +70,10 @@ class ServeConfig:
     allowed_hosts: list[str] = field(default_factory=list)
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     max_stop_strings: int = 4
+    # --- engine core and streams (issue 25) ---
+    # stream_interval: a stream chunk waits for this many new tokens of its request (or its end);
+    # every token available when a chunk is sent goes into it whatever the interval.
+    stream_interval: int = 1
 
 
 class ClientGone(Exception):
@@ -93,16 +98,28 @@ class ServingState:
             raise ValueError(f"max_request_bytes must be >= 1, got {config.max_request_bytes}")
         if config.max_stop_strings < 0:
             raise ValueError(f"max_stop_strings must be >= 0, got {config.max_stop_strings}")
+        if isinstance(config.stream_interval, bool) or not isinstance(config.stream_interval, int) \
+                or config.stream_interval < 1:
+            raise ValueError(f"stream_interval must be an int >= 1, got {config.stream_interval!r}")
+        from deepinfer.serve.client import EngineClient
         from deepinfer.serve.replicas import ReplicaSet
 
         self.llm, self.config = llm, config
         self.tokenizer = llm.text_tokenizer  # the runtime's (no transformers import)
         name = config.served_model_names[0]
-        self.engine: EngineThread | ReplicaSet
-        if isinstance(llm, ReplicaSet):
+        self.engine: EngineThread | ReplicaSet | EngineClient
+        if isinstance(llm, EngineClient):  # --- engine core: this is one front end of it (issue 25) ---
             self.max_model_len: int = llm.max_model_len
             self.vocab_size: int = llm.vocab_size
             self.max_num_seqs: int = llm.max_num_seqs
+            families = MetricFamilies(self.max_model_len)
+            llm.metrics = ServerMetrics(name, self.max_model_len, llm.num_blocks, families, cache=llm.cache_info)
+            self.engine = llm
+            self.capacity_rule = "max_num_seqs + max_queue, per front end"
+        elif isinstance(llm, ReplicaSet):
+            self.max_model_len = llm.max_model_len
+            self.vocab_size = llm.vocab_size
+            self.max_num_seqs = llm.max_num_seqs
             families = MetricFamilies(self.max_model_len, per_engine=True)
             llm.attach_metrics([ServerMetrics(name, self.max_model_len, blocks, families, engine=i, cache=cache)
                                 for i, (blocks, cache) in enumerate(zip(llm.num_blocks, llm.cache_infos,
@@ -227,6 +244,7 @@ class EngineRun:
         self._ids = [f"{request_id}-{i}" for i in range(len(prompts))]
         self._unfinished = set(self._ids)
         self._closed = False
+        self._failure: APIError | None = None
         for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):
             state.engine.submit(self._ids[i], p, sp, self._sink, i)
 
@@ -245,6 +263,40 @@ class EngineRun:
         if item.finished:
             self._unfinished.discard(self._ids[item.tag])
         return item
+
+    # --- coalesced streams (issue 25) ---
+    async def batch(self, min_tokens: int = 1) -> list[RequestDelta]:
+        """Every delta available now, merged per prompt (one delta per prompt with all its new
+        tokens), waiting until they hold ``min_tokens`` new tokens or every request has ended;
+        [] at the end. A failure raises its APIError after the deltas before it were returned."""
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise failure
+        if not self._unfinished:
+            self.close()
+            return []
+        items: list[RequestDelta] = []
+        tokens = 0
+        while True:
+            item = await self._sink.get()
+            while True:
+                if isinstance(item, RequestFailed):
+                    self._unfinished.discard(self._ids[item.tag])
+                    self.close()
+                    err = APIError(item.status, item.message)
+                    if not items:
+                        raise err
+                    self._failure = err
+                    return merge_deltas(items)
+                items.append(item)
+                tokens += sum(len(smp.token_ids) for smp in item.samples)
+                if item.finished:
+                    self._unfinished.discard(self._ids[item.tag])
+                if self._sink.empty():
+                    break
+                item = self._sink.get_nowait()
+            if tokens >= min_tokens or not self._unfinished:
+                return merge_deltas(items)
 
     def close(self) -> None:
         if self._closed:
@@ -288,18 +340,25 @@ async def _unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
     raise ClientGone
 
 
+_ORJSON = orjson.OPT_NON_STR_KEYS
+
+
 def _sse(data: Any) -> bytes:
-    return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+    """One SSE event; a list of chunks becomes their events in one write (orjson: no pydantic,
+    no json module per chunk; a non-finite float is written as null)."""
+    if isinstance(data, list):
+        return b"".join(b"data: " + orjson.dumps(d, option=_ORJSON) + b"\n\n" for d in data)
+    return b"data: " + orjson.dumps(data, option=_ORJSON) + b"\n\n"
 
 
-async def _event_stream(request: Request, chunks: AsyncIterator[dict[str, Any]], record: AccessRecord,
+async def _event_stream(request: Request, chunks: AsyncIterator[Any], record: AccessRecord,
                         close: Callable[[], None]) -> AsyncIterator[bytes]:
     """SSE framing of ``chunks``; ends as soon as the client goes away, whether or not a chunk is
     due. An error, a failure of the server's own (its id logged once) or the cut-off at the end
     of --shutdown-timeout (uvicorn cancels the task) becomes an error event, then ``[DONE]``.
     ``close`` (synchronous: cleanup must not await) aborts the requests on every way out."""
     watcher = asyncio.ensure_future(_disconnected(request))
-    nxt: asyncio.Future[dict[str, Any]] | None = None
+    nxt: asyncio.Future[Any] | None = None
     try:
         while True:
             nxt = asyncio.ensure_future(chunks.__anext__())
@@ -619,13 +678,15 @@ async def _respond(request: Request, state: ServingState, builder: ResponseBuild
 
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
-    async def chunks() -> AsyncIterator[dict[str, Any]]:
+    interval = state.config.stream_interval
+
+    async def chunks() -> AsyncIterator[Any]:  # --- coalesced: one write per batch (issue 25) ---
         if builder.kind == "chat":
-            for c in builder.role_chunks(include_usage):
-                yield c
-        async for delta in deltas:
-            for c in builder.delta_chunks(delta, include_usage):
-                yield c
+            yield builder.role_chunks(include_usage)
+        while batch := await deltas.batch(interval):
+            out = [c for delta in batch for c in builder.delta_chunks(delta, include_usage)]
+            if out:
+                yield out
         if include_usage:
             yield builder.usage_chunk()
 
@@ -635,3 +696,40 @@ async def _respond(request: Request, state: ServingState, builder: ResponseBuild
 
     return EventStream(_event_stream(request, chunks(), record, close))
 
+
+
+# --- coalesced streams (issue 25) ---
+def merge_deltas(items: list[RequestDelta]) -> list[RequestDelta]:
+    """Consecutive deltas of one HTTP request merged per prompt (tag), in order: each sample's
+    tokens, text and logprobs joined, its finish reason the last one given."""
+    merged: dict[int, RequestDelta] = {}
+    for d in items:
+        m = merged.get(d.tag)
+        if m is None:
+            merged[d.tag] = RequestDelta(d.tag, [_copy_sample(x) for x in d.samples], d.finished,
+                                         None if d.prompt_logprobs is None else list(d.prompt_logprobs),
+                                         d.cached_tokens)
+            continue
+        by_index = {x.index: x for x in m.samples}
+        for x in d.samples:
+            t = by_index.get(x.index)
+            if t is None:
+                m.samples.append(_copy_sample(x))
+                continue
+            t.token_ids.extend(x.token_ids)
+            t.text += x.text
+            if x.logprobs is not None:
+                t.logprobs = (t.logprobs or []) + list(x.logprobs)
+            if x.finish_reason is not None:
+                t.finish_reason, t.stop_reason = x.finish_reason, x.stop_reason
+        if d.prompt_logprobs:
+            m.prompt_logprobs = (m.prompt_logprobs or []) + list(d.prompt_logprobs)
+        if d.finished:
+            m.finished = True
+            m.cached_tokens = d.cached_tokens
+    return list(merged.values())
+
+
+def _copy_sample(x: SampleDelta) -> SampleDelta:
+    return SampleDelta(x.index, list(x.token_ids), x.text, None if x.logprobs is None else list(x.logprobs),
+                       x.finish_reason, x.stop_reason)

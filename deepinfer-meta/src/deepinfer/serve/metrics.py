@@ -83,6 +83,8 @@ class MetricFamilies:
         self.preemptions = counter("num_preemptions", "Sequences preempted (KV blocks reclaimed).")
         self.prefix_queries = counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
         self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens served from the prefix cache.")
+        self.stream_overflows = counter("stream_buffer_overflows",
+                                        "Streams cut because their client read too slowly (--max-stream-buffer).")
         self.running = gauge("num_requests_running", "Sequences in the running batch.")
         self.waiting = gauge("num_requests_waiting", "Sequences waiting (new or preempted).")
         self.kv_usage = gauge("kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).")
@@ -142,6 +144,7 @@ class ServerMetrics:
         self.preemptions = f.preemptions.labels(*key)
         self.prefix_queries = f.prefix_queries.labels(*key)
         self.prefix_hits = f.prefix_hits.labels(*key)
+        self.stream_overflows = f.stream_overflows.labels(*key)
         self.running = f.running.labels(*key)
         self.waiting = f.waiting.labels(*key)
         self.kv_usage = f.kv_usage.labels(*key)

@@ -33,10 +33,33 @@ def num_blocks_for(cfg: ModelConfig, block_size: int, dtype: torch.dtype, device
             raise ValueError(f"cpu_kv_cache_bytes must be positive, got {cpu_kv_cache_bytes!r}")
     blocks = budget // per_block
     if blocks < 1:
+        where = ""
+        if device.type == "cuda":
+            where = (f": the device has {total} bytes, gpu_memory_utilization={gpu_memory_utilization} allows "
+                     f"{int(total * gpu_memory_utilization)}, and {used} are in use already "
+                     f"({_memory_holders(device, used)})")
         raise ValueError(
             f"the KV cache budget ({budget} bytes) holds no block of {block_size} tokens "
-            f"({per_block} bytes each); raise gpu_memory_utilization / cpu_kv_cache_bytes")
+            f"({per_block} bytes each){where}; raise gpu_memory_utilization / cpu_kv_cache_bytes"
+            + (", or free the device's memory (another server on the same GPU must leave room: "
+               "lower its --gpu-memory-utilization)" if device.type == "cuda" else ""))
     return int(blocks)
+
+
+def _memory_holders(device: torch.device, used: int) -> str:
+    """Who holds the device's memory in use: this process's torch allocator (weights,
+    activations), and the rest (other processes, CUDA contexts), by process where NVML says."""
+    reserved = int(torch.cuda.memory_reserved(device))
+    parts = [f"{reserved} reserved by this process's torch allocator (weights, activations)",
+             f"{max(0, used - reserved)} by CUDA contexts and other processes"]
+    try:  # NVML (pynvml) names the processes; without it the split above is all there is
+        listing = torch.cuda.list_gpu_processes(device)
+    except Exception:  # noqa: BLE001 - optional detail of an error message
+        listing = ""
+    lines = [ln.strip() for ln in listing.splitlines()[1:] if ln.strip() and "no processes" not in ln]
+    if lines:
+        parts.append("processes on the device: " + "; ".join(lines))
+    return ", ".join(parts)
 
 
 def allocate_kv_caches(cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,

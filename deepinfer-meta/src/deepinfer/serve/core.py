@@ -1,0 +1,287 @@
+"""The engine-core process of ``deepinfer serve``: an ``LLM`` and its step loop, alone in a process.
+
+It owns the device, the scheduler and the step loop, and never waits on HTTP work: the HTTP front
+ends (one or more processes, ``--api-server-count``) talk to it over one ZeroMQ ROUTER socket
+(pyzmq, an ``ipc://`` address), every message a msgpack array (msgspec). The loop is the
+in-process server's (``EngineThread``) on this process's main thread; only its two ends differ.
+
+Front end -> core (a DEALER socket each)::
+
+    ["hello", pid]                                   once, first
+    ["add", request_id, prompt_ids, params, tag, arrival]   params: sampling_params_fields()
+    ["abort", [request_id, ...]]
+    ["stop"]                                         abort everything and exit 0
+
+Core -> front end, one message per loop turn (a step and the commands before it)::
+
+    ["ready", info, [], []]                          the answer to hello
+    ["batch", metric events, [[request_id, RequestDelta], ...], [[request_id, RequestFailed], ...]]
+    ["died", reason, [], []]                         the loop broke; the process exits 1
+
+(every message has the batch's shape, so one typed msgspec decoder reads them all).
+
+Metric events go to every front end (each one's /metrics shows the whole engine); deltas and
+failures go to the front end that added the request. A front end whose process is gone (its
+pid no longer runs) has its requests aborted, so their blocks are free within one step.
+
+Started as ``python -m deepinfer.serve.core CONFIG_JSON`` (a fresh interpreter: it never
+re-imports the caller's ``__main__``); it prints one JSON line on stdout when the model is
+loaded (``{"ready": info}``) or could not be (``{"failed": [type name, message]}``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import signal
+import sys
+import time
+from typing import Any
+
+if __name__ == "__main__":  # the core process: torch before the engine's native module (below)
+    # A native module built by a compiler that links libstdc++ statically, loaded before torch,
+    # crashes torch's import (the H200 runs of this process did; docs/troubleshooting.md).
+    # GOMP_SPINCOUNT first, as runtime/llm.py sets it: torch's OpenMP reads it when it loads.
+    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
+    import torch  # noqa: F401
+
+from deepinfer.serve.engine_thread import EngineThread, RequestDelta, RequestFailed
+from deepinfer.serve.metrics import MetricsRecorder
+
+log = logging.getLogger("deepinfer.serve")
+
+LIVENESS_CHECK_S = 0.5  # how often the core checks that its front ends and its parent still run
+
+def sampling_params_fields(params: Any) -> dict[str, Any]:
+    """A SamplingParams as plain data (what msgpack carries); ``SamplingParams(**fields)`` builds it
+    back. Every field of the dataclass goes (a field added later is carried without an edit here):
+    tuples as lists, ``logit_bias`` as a dict, ``structured_outputs`` as the dict of its fields."""
+    import dataclasses
+
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(params):
+        v = getattr(params, f.name)
+        if isinstance(v, tuple):
+            v = list(v)
+        elif f.name == "logit_bias":
+            v = dict(v)
+        elif dataclasses.is_dataclass(v):  # StructuredOutputsParams
+            v = {g.name: list(x) if isinstance(x := getattr(v, g.name), tuple) else x
+                 for g in dataclasses.fields(v) if g.init}
+        out[f.name] = v
+    return out
+
+
+BatchMessage = tuple[str, list[Any], list[tuple[str, RequestDelta]], list[tuple[str, RequestFailed]]]
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    return stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] not in (b"Z", b"X")
+
+
+class _Commands:
+    """The ROUTER socket as the engine loop's command queue: decodes adds and aborts, answers
+    hellos, and turns a gone front end (or a gone parent) into aborts (or a stop)."""
+
+    def __init__(self, core: CoreEngine, sock: Any, parent_pid: int) -> None:
+        import msgspec
+
+        self._core, self._sock, self._parent_pid = core, sock, parent_pid
+        self._decoder = msgspec.msgpack.Decoder()
+        self._ready: list[tuple[Any, ...]] = []
+        self._next_check = 0.0
+
+    def get(self) -> tuple[Any, ...]:
+        import zmq
+
+        while True:
+            if self._ready:
+                return self._ready.pop(0)
+            if self._sock.poll(int(LIVENESS_CHECK_S * 1000), zmq.POLLIN):
+                self._receive()
+            self._check(force=True)
+
+    def get_nowait(self) -> tuple[Any, ...]:
+        if not self._ready:
+            self._receive()
+            self._check(force=False)
+        if not self._ready:
+            raise queue.Empty
+        return self._ready.pop(0)
+
+    def _receive(self) -> None:
+        import zmq
+
+        from deepinfer.runtime.sampling_params import SamplingParams
+
+        while True:
+            try:
+                ident, raw = self._sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            msg = self._decoder.decode(raw)
+            kind = msg[0]
+            if kind == "add":
+                _, rid, prompt_ids, fields, tag, arrival = msg
+                try:
+                    params = SamplingParams(**fields)
+                except (TypeError, ValueError) as exc:  # the front end checked it; say so, never crash
+                    self._core.send_to(ident, ("batch", [], [], [(rid, RequestFailed(tag, 400, str(exc)))]))
+                    continue
+                self._ready.append(("add", rid, prompt_ids, params, (ident, rid), tag, arrival))
+            elif kind == "abort":
+                self._ready.extend(("abort", rid) for rid in msg[1])
+            elif kind == "hello":
+                self._core.frontends[ident] = int(msg[1])
+                self._core.send_to(ident, ("ready", self._core.info, [], []))
+            elif kind == "stop":
+                self._ready.append(("stop",))
+            else:
+                log.error("unknown message %r from a front end: ignored", kind)
+
+    def _check(self, force: bool) -> None:
+        now = time.monotonic()
+        if not force and now < self._next_check:
+            return
+        self._next_check = now + LIVENESS_CHECK_S
+        if self._core.stop_requested or os.getppid() != self._parent_pid:
+            self._ready.append(("stop",))
+            return
+        for ident, pid in list(self._core.frontends.items()):
+            if pid_alive(pid):
+                continue
+            del self._core.frontends[ident]
+            gone = [rid for rid, live in self._core.live_requests() if live.sink[0] == ident]
+            log.warning("front end pid %d is gone: aborting its %d requests", pid, len(gone))
+            self._ready.extend(("abort", rid) for rid in gone)
+
+
+class CoreEngine(EngineThread):
+    """The engine thread's loop with the ROUTER socket as both ends. The sink of an add is
+    ``(front end identity, request id)``."""
+
+    def __init__(self, llm: Any, sock: Any, info: dict[str, Any], parent_pid: int) -> None:
+        import msgspec
+
+        super().__init__(llm, MetricsRecorder())  # type: ignore[arg-type]
+        self._sock = sock
+        self.info = info
+        self.frontends: dict[bytes, int] = {}
+        self.stop_requested = False
+        self._encoder = msgspec.msgpack.Encoder()
+        self._commands = _Commands(self, sock, parent_pid)  # type: ignore[assignment]
+        self._pending: dict[bytes, tuple[list[Any], list[Any]]] = {}
+
+    def live_requests(self) -> list[tuple[str, Any]]:
+        return list(self._live.items())
+
+    def run(self) -> None:
+        self._run()
+        if self.error is not None:
+            self._broadcast(("died", repr(self.error), [], []))
+
+    def send_to(self, ident: bytes, message: Any) -> None:
+        import zmq
+
+        try:
+            self._sock.send_multipart([ident, self._encoder.encode(message)], zmq.NOBLOCK)
+        except zmq.Again:  # this front end does not read (gone or stuck): its pid check aborts its requests
+            log.warning("a front end's queue is full: a message to it was dropped")
+
+    def _broadcast(self, message: Any) -> None:
+        for ident in list(self.frontends):
+            self.send_to(ident, message)
+
+    def _deliver(self, batch: list[tuple[Any, Any]]) -> None:
+        for (ident, rid), item in batch:
+            deltas, failures = self._pending.setdefault(ident, ([], []))
+            (failures if isinstance(item, RequestFailed) else deltas).append((rid, item))
+
+    def _flush(self) -> None:
+        events = self._metrics.take()  # type: ignore[attr-defined]
+        if not events and not self._pending:
+            return
+        pending, self._pending = self._pending, {}
+        for ident in self.frontends:
+            deltas, failures = pending.pop(ident, ([], []))
+            self.send_to(ident, ("batch", events, deltas, failures))
+        for ident, (deltas, failures) in pending.items():  # a front end that never said hello
+            self.send_to(ident, ("batch", [], deltas, failures))
+
+
+def core_main(config: dict[str, Any]) -> int:
+    """Load the model, bind ``config["address"]`` and run the loop until told to stop (0) or the
+    loop breaks (1). ZeroMQ and msgspec are imported only once the model is loaded, so torch and
+    the device come first in this process. (On the H200 a core that had loaded msgspec and numpy
+    died of a segfault inside its first ``import torch``; whether the order is the cause is not
+    established yet: see the serving guide, "Known issues".)"""
+    os.environ.update(config.get("env") or {})
+    logging.basicConfig(level=getattr(logging, config.get("log_level", "info").upper()), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s [engine core]: %(message)s")
+    parent_pid = int(config.get("parent_pid") or os.getppid())
+    stop = {"flag": False}
+
+    def on_term(signum: int, frame: Any) -> None:  # SIGTERM: abort what runs, exit 0
+        stop["flag"] = True
+        if engine is not None:
+            engine.stop_requested = True
+
+    engine: CoreEngine | None = None
+    # Ctrl-C reaches the whole process group: the front ends drain, then the supervisor stops us.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        from deepinfer.runtime.llm import LLM
+
+        llm = LLM(**config["llm_kwargs"])
+    except BaseException as exc:  # noqa: BLE001 - reported to the supervisor, which raises it
+        print(json.dumps({"failed": [type(exc).__name__, str(exc)]}), flush=True)
+        return 1
+    import zmq
+
+    from deepinfer.serve.metrics import cache_info
+
+    cfg = llm.engine.cfg
+    info = {"pid": os.getpid(), "device": str(llm.device), "model_path": str(llm.model_path),
+            "max_model_len": cfg.max_model_len, "max_num_seqs": cfg.max_num_seqs, "num_blocks": cfg.num_blocks,
+            "vocab_size": llm.model_config.vocab_size, "cache": cache_info(llm),
+            "max_logprobs": getattr(llm.engine_args, "max_logprobs", 20)}
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, 0)  # one message per step: never drop one for a live front end
+    sock.setsockopt(zmq.RCVHWM, 0)
+    sock.bind(config["address"])
+    engine = CoreEngine(llm, sock, info, parent_pid)
+    engine.stop_requested = stop["flag"]
+    print(json.dumps({"ready": info}), flush=True)
+    engine.run()
+    sock.close(0)
+    ctx.term()
+    return 1 if engine.error is not None else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m deepinfer.serve.core CONFIG_JSON", file=sys.stderr)
+        return 2
+    return core_main(json.loads(args[0]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

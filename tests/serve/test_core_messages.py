@@ -1,0 +1,138 @@
+"""The engine core's wire format and the stream's coalescing, without a model: a SamplingParams
+crosses as plain data and comes back equal; a step's deltas cross msgpack unchanged (logprobs
+keyed by token id included); deltas split anywhere merge back to the whole."""
+
+from __future__ import annotations
+
+import random
+
+import msgspec
+import pytest
+
+pytest.importorskip("fastapi", reason="the serve extra (fastapi) is not installed")
+
+from deepinfer.runtime.sampling_params import SamplingParams
+from deepinfer.serve.app import merge_deltas
+from deepinfer.serve.client import Message
+from deepinfer.serve.core import pid_alive, sampling_params_fields
+from deepinfer.serve.engine_thread import RequestDelta, RequestFailed, SampleDelta
+
+
+def test_sampling_params_cross_as_plain_data_and_come_back_equal():
+    sp = SamplingParams(n=2, temperature=0.7, top_p=0.9, top_k=5, seed=11, stop=["\n\n", "END"],
+                        stop_token_ids=[7, 3], max_tokens=33, min_tokens=2, logprobs=3, prompt_logprobs=1,
+                        logit_bias={5: -2.0}, include_stop_str_in_output=True, allowed_token_ids=[1, 2, 3, 5, 7])
+    wire = msgspec.msgpack.decode(msgspec.msgpack.encode(sampling_params_fields(sp)))
+    back = SamplingParams(**wire)
+    for name in ("n", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "max_tokens",
+                 "min_tokens", "logprobs", "prompt_logprobs", "logit_bias", "include_stop_str_in_output",
+                 "allowed_token_ids", "skip_special_tokens", "ignore_eos"):
+        assert getattr(back, name) == getattr(sp, name), name
+
+
+def test_every_sampling_field_crosses_including_ones_added_later():
+    """The whole SamplingParams comes back equal (its ``==`` compares every field), structured
+    outputs, extra_args and detokenize included: a field missing from the wire would silently
+    serve a request without it (a structured request unconstrained)."""
+    from deepinfer.runtime.structured.params import StructuredOutputsParams
+
+    for so in (StructuredOutputsParams(json={"type": "object", "properties": {"a": {"type": "integer"}}}),
+               StructuredOutputsParams(choice=["yes", "no"]), StructuredOutputsParams(regex=r"\d+"),
+               StructuredOutputsParams(json_object=True, disable_any_whitespace=True)):
+        sp = SamplingParams(n=2, temperature=0.5, stop_token_ids=[4], bad_words=["x"], structured_outputs=so,
+                            extra_args={"k": [1, 2]}, detokenize=True, seed=3)
+        back = SamplingParams(**msgspec.msgpack.decode(msgspec.msgpack.encode(sampling_params_fields(sp))))
+        assert back == sp and back.structured_outputs == so
+    sp = SamplingParams(detokenize=False, max_tokens=4)
+    assert SamplingParams(**msgspec.msgpack.decode(msgspec.msgpack.encode(sampling_params_fields(sp)))) == sp
+
+
+def test_a_steps_message_crosses_msgpack_unchanged():
+    delta = RequestDelta(1, [SampleDelta(0, [5, 9], "ab", [{5: -0.5, 2: -1.5}, {9: -0.25}], None, None),
+                             SampleDelta(1, [4], "c", None, "stop", 13)], True, [None, {3: -2.0}], 4)
+    failure = RequestFailed(0, 500, "the request failed: boom")
+    msg = ("batch", [["metric", "ttft", None, "observe", 0.5]], [("r-1", delta)], [("r-0", failure)])
+    back = msgspec.msgpack.Decoder(Message).decode(msgspec.msgpack.encode(msg))
+    assert back[2] == [("r-1", delta)] and back[3] == [("r-0", failure)]
+    assert back[1] == [["metric", "ttft", None, "observe", 0.5]]
+
+
+def _deltas(rng: random.Random, tags: int, n: int) -> tuple[list[RequestDelta], dict[int, list[int]]]:
+    """Per tag and sample 1..12 tokens in deltas of random sizes; the last delta of a tag finishes."""
+    per_tag: list[list[RequestDelta]] = []
+    whole = {}
+    for tag in range(tags):
+        tokens = {i: list(range(rng.randint(1, 12))) for i in range(n)}
+        whole[tag] = tokens
+        pos = dict.fromkeys(tokens, 0)
+        mine: list[RequestDelta] = []
+        while any(pos[i] < len(tokens[i]) for i in tokens):
+            samples = []
+            for i in tokens:
+                k = rng.randint(0, len(tokens[i]) - pos[i])
+                ids = tokens[i][pos[i]:pos[i] + k]
+                pos[i] += k
+                done = pos[i] == len(tokens[i])
+                samples.append(SampleDelta(i, ids, "".join(f"<{t}>" for t in ids), [{t: -float(t)} for t in ids],
+                                           "length" if done else None, None))
+            mine.append(RequestDelta(tag, samples, all(pos[i] == len(tokens[i]) for i in tokens), None, 0))
+        per_tag.append(mine)
+    out: list[RequestDelta] = []
+    while any(per_tag):  # the tags interleave at random; each tag's own order holds
+        out.append(rng.choice([q for q in per_tag if q]).pop(0))
+    return out, whole
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_deltas_split_anywhere_merge_back_to_the_whole(seed):
+    rng = random.Random(seed)
+    deltas, whole = _deltas(rng, tags=rng.randint(1, 3), n=rng.randint(1, 3))
+    # the stream takes them in batches of any size: merging each batch and then all batches
+    # gives the same tokens, text and logprobs as merging everything at once
+    cut = sorted(rng.sample(range(1, len(deltas)), k=min(3, len(deltas) - 1))) if len(deltas) > 1 else []
+    batches = [deltas[a:b] for a, b in zip([0, *cut], [*cut, len(deltas)], strict=True)]
+    merged = merge_deltas([m for b in batches for m in merge_deltas(b)])
+    assert sorted(d.tag for d in merged) == sorted(whole)
+    for d in merged:
+        assert d.finished
+        for s in d.samples:
+            expect = whole[d.tag][s.index]
+            assert s.token_ids == expect
+            assert s.text == "".join(f"<{t}>" for t in expect)
+            assert s.logprobs == [{t: -float(t)} for t in expect]
+            assert s.finish_reason == "length"
+
+
+def test_pid_alive_tells_a_running_process_from_a_reaped_one():
+    import os
+    import subprocess
+    import sys
+
+    assert pid_alive(os.getpid())
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    assert not pid_alive(p.pid)
+
+
+def test_the_kv_budget_error_says_what_holds_the_gpus_memory(monkeypatch):
+    """Two contenders on one GPU (issue 25): the second's error names the memory in use, this
+    process's share of it and the other processes NVML lists (torch's CUDA calls stubbed)."""
+    import torch
+    from deepinfer.runtime.worker import kv_cache
+
+    gib = 1 << 30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10 * gib, 100 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 2 * gib)
+    monkeypatch.setattr(torch.cuda, "list_gpu_processes", lambda device=None:
+                        "GPU:0\nprocess      4242 uses 86000.000 MB GPU memory")
+    cfg = type("Cfg", (), {})()
+    monkeypatch.setattr(kv_cache, "bytes_per_block", lambda cfg, block_size, dtype: 1 << 20)
+    with pytest.raises(ValueError) as err:
+        kv_cache.num_blocks_for(cfg, 16, torch.bfloat16, torch.device("cuda"), gpu_memory_utilization=0.5)
+    msg = str(err.value)
+    assert f"({50 * gib - 90 * gib} bytes)" in msg  # budget: 0.5 x 100 GiB - 90 GiB in use
+    assert f"{90 * gib} are in use already" in msg
+    assert f"{2 * gib} reserved by this process's torch allocator" in msg
+    assert f"{88 * gib} by CUDA contexts and other processes" in msg
+    assert "process      4242 uses 86000.000 MB" in msg
+    assert "lower its --gpu-memory-utilization" in msg
