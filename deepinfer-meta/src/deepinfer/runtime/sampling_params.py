@@ -214,6 +214,7 @@ class SamplingParams:
         _engine: Any
         _stop: tuple[str, ...]
         _bad_words: tuple[str, ...]
+        _detokenize: bool
 
     def __init__(self, n: int = 1, temperature: float = 1.0, top_p: float = 1.0, top_k: int = -1,
                  min_p: float = 0.0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,

@@ -18,12 +18,11 @@ autotuned tiles, no split-K for tall-skinny shapes): the cost is measured in gui
 
 from __future__ import annotations
 
-from typing import cast
-
 import torch
 import triton
 import triton.language as tl
-from torch import nn
+
+from deepinfer.runtime.kernels.shared_linear import SharedLinear
 
 # One configuration for every row count (changing it changes results, not their invariance).
 BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, NUM_STAGES = 32, 128, 64, 4, 3
@@ -114,18 +113,8 @@ def invariant_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
     return y.reshape(x.shape)
 
 
-class InvariantLinear(nn.Linear):
-    """``nn.Linear`` whose forward is ``invariant_linear`` (the parameters are an nn.Linear's)."""
+class InvariantLinear(SharedLinear):
+    """``nn.Linear`` whose forward is ``invariant_linear`` (build it with ``sharing``)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return invariant_linear(x, self.weight, self.bias)
-
-    @classmethod
-    def sharing(cls, linear: nn.Linear) -> InvariantLinear:
-        """An InvariantLinear over ``linear``'s own parameter tensors (nothing copied)."""
-        new = cls.__new__(cls)
-        nn.Module.__init__(new)
-        new.in_features, new.out_features = linear.in_features, linear.out_features
-        new.register_parameter("weight", cast(nn.Parameter, linear.weight))
-        new.register_parameter("bias", cast(nn.Parameter | None, linear.bias))
-        return new

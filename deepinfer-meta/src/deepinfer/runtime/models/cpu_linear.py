@@ -22,9 +22,9 @@ from typing import cast
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from deepinfer.runtime import switches
+from deepinfer.runtime.kernels.shared_linear import SharedLinear
 
 ENV_SWITCH = "DEEPINFER_CPU_ONEDNN"
 # From this many rows oneDNN is the faster of the two (one row: equal, so F.linear stays).
@@ -75,18 +75,8 @@ def cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     return F.linear(x, weight, bias)
 
 
-class CpuLinear(nn.Linear):
-    """``nn.Linear`` whose forward is ``cpu_linear`` (the parameters are an nn.Linear's)."""
+class CpuLinear(SharedLinear):
+    """``nn.Linear`` whose forward is ``cpu_linear`` (build it with ``sharing``)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return cpu_linear(x, self.weight, self.bias)
-
-    @classmethod
-    def sharing(cls, linear: nn.Linear) -> CpuLinear:
-        """A CpuLinear over ``linear``'s own parameter tensors (nothing copied)."""
-        new = cls.__new__(cls)
-        nn.Module.__init__(new)
-        new.in_features, new.out_features = linear.in_features, linear.out_features
-        new.register_parameter("weight", cast(nn.Parameter, linear.weight))
-        new.register_parameter("bias", cast(nn.Parameter | None, linear.bias))
-        return new

@@ -9,6 +9,7 @@ are those of the model's raw logits (log_softmax before any processing).
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -150,11 +151,11 @@ def _masked(sub: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
     """A copy of ``sub`` [G, V] (a gathered copy already, changed in place where possible) with
     the tokens ``bitmask`` [G, W] does not allow set to -inf."""
     if sub.device.type == "cpu":
-        xgrammar: Any = None
+        xgrammar: Any
         try:  # xgrammar's CPU kernel (several times faster than unpacking on CPU)
-            import xgrammar
+            xgrammar = importlib.import_module("xgrammar")
         except ImportError:
-            pass
+            xgrammar = None
         if xgrammar is not None:
             sub = sub.contiguous()
             xgrammar.apply_token_bitmask_inplace(sub, bitmask.to(torch.int32).contiguous())
