@@ -38,7 +38,7 @@ def test_every_llm_keyword_is_a_field_with_help_default_and_flag():
     defaults = EngineArgs()
     for name, opt in options():
         assert len(opt.help) > 15 and "`" not in opt.help, name  # plain text: the CLI prints it
-        assert opt.flag.startswith("--") and opt.kind in {"int", "float", "bool", "str", "choice", "json"}, name
+        assert opt.flag.startswith("--") and opt.kind in {"int", "float", "bool", "str", "choice", "json", "classes"}, name
         assert hasattr(defaults, name)
         if opt.kind == "int":
             assert opt.lo is not None and opt.upper() is not None, name

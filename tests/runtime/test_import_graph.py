@@ -37,7 +37,8 @@ ROOMS: list[tuple[str, ...]] = [
     ("deepinfer.runtime.engine_args", "deepinfer.runtime.sampling_params", "deepinfer.runtime.interrupts",
      "deepinfer.runtime.switches"),
     # speculative_config's keys (read by engine_args), StructuredOutputsParams (read by sampling_params)
-    ("deepinfer.runtime.speculative.config", "deepinfer.runtime.structured.params"),
+    ("deepinfer.runtime.speculative.config", "deepinfer.runtime.structured.params",
+     "deepinfer.runtime.sampling.logits_processors"),
     ("deepinfer.timer",),
     ("deepinfer._C",),
     ("deepinfer.plugins",),

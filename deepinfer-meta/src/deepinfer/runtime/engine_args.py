@@ -61,6 +61,8 @@ class Option:
             text = f"[{self.lo}, {hi}]"
         elif self.kind == "json":
             text = "a dict or JSON object"
+        elif self.kind == "classes":
+            text = "classes or 'module:Class' names"
         else:
             text = "a string"
         return text + (f", {q}None{q}" if self.none else "")
@@ -209,6 +211,13 @@ class EngineArgs:
         "output unchanged, sampling by rejection). A dict, or a JSON object on the command line; "
         "see the speculative decoding guide. Default: off.",
         "json", "--speculative-config", metavar="JSON", none=True))
+    logits_processors: Any = field(default=(), metadata=_opt(
+        "Custom logits processors with vLLM's v1 interface (deepinfer.runtime.sampling."
+        "logits_processors.LogitsProcessor): classes, or 'module:Class' names (comma-separated on "
+        "the command line), built once with the engine and run on every step before sampling; "
+        "per-request arguments in SamplingParams.extra_args. Steps then run synchronously. See the "
+        "Python API guide.",
+        "classes", "--logits-processors", metavar="MODULE:CLASS[,...]"))
 
     # ---- checks ---------------------------------------------------------------------------
     def __post_init__(self) -> None:
@@ -219,6 +228,8 @@ class EngineArgs:
                 object.__setattr__(self, name, checked)
         if self.deterministic and self.tensor_parallel_size > 1:
             raise ValueError("deterministic=True does not run with tensor_parallel_size > 1 yet")
+        if self.logits_processors and self.tensor_parallel_size > 1:  # classes do not cross to the ranks
+            raise ValueError("logits_processors do not run with tensor_parallel_size > 1 yet")
         if self.overlap_scheduling and self.tensor_parallel_size > 1:
             # the other ranks would need step N's sampled ids on their devices before its launch
             raise ValueError(f"overlap_scheduling=True does not run with tensor_parallel_size="
@@ -279,7 +290,7 @@ class EngineArgs:
                 action.help = text  # BooleanOptionalAction appends a default of its own
             elif opt.kind == "choice":
                 group.add_argument(opt.flag, dest=name, default=default, choices=list(opt.choices), help=text)
-            elif opt.kind in ("str", "json"):
+            elif opt.kind in ("str", "json", "classes"):
                 group.add_argument(opt.flag, dest=name, default=default, metavar=opt.metavar, help=text)
             else:
                 group.add_argument(opt.flag, dest=name, default=default, metavar=opt.metavar,
@@ -348,6 +359,10 @@ def _check(name: str, opt: Option, value: Any) -> Any:
         from deepinfer.runtime.speculative.config import parse_speculative_config
 
         return parse_speculative_config(value)
+    if opt.kind == "classes":
+        from deepinfer.runtime.sampling.logits_processors import resolve_processors
+
+        return resolve_processors(value)
     if opt.kind == "choice":
         if name == "dtype" and value == "auto":
             return None  # the default choice per device

@@ -70,6 +70,7 @@ class LaunchedStep:
     spec: Any = None  # (speculative decoding) the verified step, applied with process_MTPInfo
     pending: Any = None  # sampling deferred until prev's tokens are applied (structured rows)
     structured: Any = None  # (StructuredOutputs, its rows in this step): the applied tokens go to the matchers
+    processed: Any = None  # (LogitsProcessors, the step's sample keys): the applied tokens go to their lists
 
     def finish(self) -> None:
         """Launch the deferred sampling of a structured step launched ahead (a no-op otherwise):
@@ -109,6 +110,9 @@ class LaunchedStep:
         if self.structured is not None:  # the tokens the scheduler took, to the grammar matchers
             so, rows = self.structured
             so.accept(rows, tokens)
+        if self.processed is not None:  # and to the logits processors' output lists
+            procs, keys = self.processed
+            procs.accept(keys, tokens)
 
 
 class StepExecutor:
@@ -145,6 +149,8 @@ class StepExecutor:
         # every step then goes through Speculator.verify and process_MTPInfo (synchronously).
         self.speculator: Any = None
         self.structured: Any = None  # runtime.structured.StructuredOutputs (set by the engine loop)
+        # sampling.logits_processors.LogitsProcessors (set by the engine loop; steps then run synchronously)
+        self.logits_processors: Any = None
 
     def reset_penalties(self) -> None:
         """After an abandoned step: the sampler inputs may have sent penalty updates the tables
@@ -198,10 +204,15 @@ class StepExecutor:
             step.spec = self.speculator.verify(si, logits, rows, batch, res)
             self.num_launched += 1
             return step
-        if is_plain_greedy(si) and grammar is None:
+        procs = self.logits_processors
+        if procs is not None:
+            if prev is not None:
+                raise RuntimeError("steps with logits processors never run ahead (the loop runs them synchronously)")
+            step.processed = (procs, procs.step_keys(si, self.metadata))
+        if is_plain_greedy(si) and grammar is None and procs is None:
             self.penalty_tables.apply(si)  # it must see every prepare_sampler_inputs call
             step.row_tokens = logits.argmax(dim=-1) if greedy is None else greedy
-        elif grammar is not None and is_plain_greedy(si):  # greedy with structured rows: the masked argmax
+        elif grammar is not None and is_plain_greedy(si) and procs is None:  # greedy, structured rows: masked argmax
             self.penalty_tables.apply(si)
             self._greedy_structured(logits, greedy, prev, step, grammar)
         else:
@@ -286,7 +297,10 @@ class StepExecutor:
         def draw() -> None:
             if grammar is not None:  # prev is applied by now: its tokens are in the matchers
                 batch.grammar_rows, batch.grammar_bitmask = self.structured.bitmask(grammar, int(logits.shape[-1]))
-            res = sample(logits[rows], batch)
+            sub = logits[rows]
+            if step.processed is not None:  # custom logits processors, on the sample rows' logits
+                sub = step.processed[0].apply(step.processed[1], sub)
+            res = sample(sub, batch)
             if res.logprobs is not None:
                 step.logprobs = (res.logprobs, res.topk_ids, res.topk_logprobs)
             if by_row:  # a plain decode step another may run ahead of: tokens by logits row

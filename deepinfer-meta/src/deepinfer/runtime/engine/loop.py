@@ -145,10 +145,12 @@ class EngineLoop:
     def __init__(self, runner: ModelRunner, tokenizer: Any, cfg: EngineConfig,
                  extra_stop_token_ids: list[int] | None = None, retry_failed_steps: bool = False,
                  overlap_scheduling: bool = False, step_buffers: StepBuffers | None = None,
-                 speculative_config: Any = None) -> None:
+                 speculative_config: Any = None, logits_processors: Any = ()) -> None:
         """``step_buffers``: the host buffers the engine writes each step into (the worker's, which
         its CUDA graphs are captured over); None: the loop allocates them. ``speculative_config``:
-        speculative decoding (a dict, JSON string or SpeculativeConfig; None: off)."""
+        speculative decoding (a dict, JSON string or SpeculativeConfig; None: off).
+        ``logits_processors``: vLLM v1 ``LogitsProcessor`` classes or their names
+        (``sampling.logits_processors``); with any, steps run synchronously."""
         from deepinfer._C import engine
 
         E: Any = engine  # the native module (its stub may lag behind the build)
@@ -208,6 +210,24 @@ class EngineLoop:
         # Structured outputs: the grammar state of structured requests (compiler built on first use).
         self.structured = StructuredOutputs(self._grammar_compiler, runner.device)
         self.executor.structured = self.structured
+        # Custom logits processors (vLLM's v1 interface): built once here, run on every step.
+        self.logits_processor_classes = tuple(logits_processors or ())
+        self.logits_processors: Any = None
+        if self.logits_processor_classes:
+            from deepinfer.runtime.sampling.logits_processors import (
+                LogitsProcessors,
+                processor_config,
+            )
+
+            def request_of(request_id: str) -> Any:
+                state = self.requests.get(request_id)
+                return None if state is None else (state.params, state.prompt_ids)
+
+            config = processor_config(cfg.max_num_seqs, cfg.max_model_len, cfg.vocab_size, None)
+            self.logits_processors = LogitsProcessors(self.logits_processor_classes, config, runner.device,
+                                                      request_of)
+            self.executor.logits_processors = self.logits_processors
+            self.overlap = None  # update_state must see each step's tokens before the next step
 
     def _grammar_compiler(self) -> Any:
         from deepinfer.runtime.structured.backend import GrammarCompiler
@@ -221,7 +241,8 @@ class EngineLoop:
         could not abandon (``stuck``)."""
         return EngineLoop(self.runner, self.tokenizer, self.cfg, extra_stop_token_ids=self.extra_stop_token_ids,
                           retry_failed_steps=self.retry_failed_steps, overlap_scheduling=self.overlap is not None,
-                          step_buffers=self.step_buffers, speculative_config=self.speculative_config)
+                          step_buffers=self.step_buffers, speculative_config=self.speculative_config,
+                          logits_processors=self.logits_processor_classes)
 
     # ---- requests ---------------------------------------------------------------------------
     def new_request_id(self) -> str:
@@ -262,6 +283,8 @@ class EngineLoop:
                 raise ValueError("structured_outputs does not run with speculative decoding yet: use an LLM "
                                  "without speculative_config for structured requests")
             self.structured.check(structured)  # an invalid schema: ValueError, nothing added
+        if self.logits_processors is not None:
+            self.logits_processors.check(params)  # a processor's validate_params: ValueError
         # Only the finished output is wanted and no text is watched: the engine then builds no
         # per-step outputs for the request (per-step Python work that a GPU step cannot hide).
         quiet = (collect == "final" and final_text_only and output_kind == "cumulative"
@@ -419,6 +442,8 @@ class EngineLoop:
     def _step(self) -> list[Any]:
         if self.structured.requests:
             self.structured.prune(self.requests)
+        if self.logits_processors is not None:
+            self.logits_processors.prune(self.requests)
         if self.overlap is not None:
             return self._step_overlapped(self.overlap)
         out = self.scheduler.schedule()
