@@ -1,0 +1,112 @@
+"""A Q4_K_M file end to end on the native CPU decode path: the default model re-quantized by
+llama.cpp's own quantizer (``llama_model_quantize`` through llama-cpp-python: Q4_K and Q6_K where
+a row has a multiple of 256 weights, its Q5_0/Q8_0 fall-backs elsewhere) decodes natively on the
+file's blocks, and its greedy tokens equal those of the same file dequantized to float32 except
+at near-ties.
+
+Near-tie (stated): the step where the two runs first pick differently for a sequence must be one
+where the float run's logit of the quantized run's token is within ``NEAR_TIE`` of its own best
+logit. The quantized run differs from the float one by its 8-bit activations only (same weights);
+the logit error that causes is measured here too (``LOGIT_BOUND``, in units of the float run's
+largest logit), so a near-tie is a gap that error can close.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+import torch
+from deepinfer.runtime.loading.model_loader import load_model
+from deepinfer.runtime.worker.model_runner import ModelRunner
+
+pytest.importorskip("deepinfer_engine._cpu_kernels", reason="engine built without _cpu_kernels")
+gguf = pytest.importorskip("gguf", reason="gguf is not installed")
+CPU = torch.device("cpu")
+BS = 4
+NEAR_TIE = 0.25  # logits
+LOGIT_BOUND = 0.03  # max |quantized - float| logit / max |float logit| over the decode steps
+
+
+@pytest.fixture(scope="module")
+def q4_k_m(default_gguf, tmp_path_factory) -> str:
+    lc = pytest.importorskip("llama_cpp", reason="llama-cpp-python (llama.cpp's quantizer) is not installed")
+    import ctypes
+
+    out = str(tmp_path_factory.mktemp("q4km") / "default.Q4_K_M.gguf")
+    params = lc.llama_model_quantize_default_params()
+    params.ftype, params.allow_requantize, params.nthread = lc.LLAMA_FTYPE_MOSTLY_Q4_K_M, True, 1
+    assert lc.llama_model_quantize(default_gguf.encode(), out.encode(), ctypes.byref(params)) == 0
+    return out
+
+
+def runner(path: str, quantized: bool, monkeypatch) -> ModelRunner:
+    monkeypatch.setenv("DEEPINFER_CPU_NATIVE", "1")
+    loaded = load_model(path, device=CPU, dtype=torch.float32, max_positions=256, keep_quantized=quantized)
+    r = ModelRunner(loaded, num_blocks=64, block_size=BS, device=CPU, dtype=torch.float32)
+    assert r.native_decode is not None
+    return r
+
+
+def decode(runner: ModelRunner, prompts: list[list[int]], steps: int) -> tuple[list[list[int]], list[torch.Tensor]]:
+    """Prefill all prompts in one step, then ``steps`` batched greedy decode steps; each sequence's
+    tokens and each step's logits."""
+    tables = np.array([[16 * i + j for j in range(16)] for i in range(len(prompts))], dtype=np.int32)
+    seqs = [list(p) for p in prompts]
+    starts = [0] * len(seqs)
+    logits_out = []
+    for _ in range(steps + 1):
+        ids, pos, qsl = [], [], [0]
+        for i, s in enumerate(seqs):
+            ids += s[starts[i]:]
+            pos += list(range(starts[i], len(s)))
+            qsl.append(len(ids))
+        pos_a = np.array(pos)
+        seq_of = np.repeat(np.arange(len(seqs)), np.diff(qsl))
+        slots = tables[seq_of, pos_a // BS] * BS + pos_a % BS
+        logits = runner.execute(input_ids=np.array(ids), positions=pos_a, slot_mapping=slots,
+                                query_start_loc=np.array(qsl), seq_lens=np.array([len(s) for s in seqs]),
+                                block_tables=tables, logits_indices=np.array(qsl[1:]) - 1)
+        logits_out.append(logits.float())
+        for i, s in enumerate(seqs):
+            starts[i] = len(s)
+            s.append(int(logits[i].argmax()))
+    return [s[len(p):] for s, p in zip(seqs, prompts, strict=True)], logits_out
+
+
+def test_q4_k_m_file_has_the_k_quants(q4_k_m):
+    types = collections.Counter(t.tensor_type.name for t in gguf.GGUFReader(q4_k_m).tensors)
+    assert types["Q4_K"] > 0 and types["Q6_K"] > 0, types
+
+
+def test_q4_k_m_decodes_natively_on_its_blocks(q4_k_m, monkeypatch):
+    r = runner(q4_k_m, True, monkeypatch)
+    assert r.native_decode.kind == "quantized"
+    # every projection and the embedding/head run on the file's own types
+    assert set(r.native_decode.weight_types) >= {"Q4_K", "Q6_K", "Q5_0", "Q8_0"}
+    assert "F32" not in r.native_decode.weight_types
+
+
+def test_q4_k_m_greedy_tokens_equal_the_dequantized_float_run(q4_k_m, tokenizer, monkeypatch):
+    prompts = [tokenizer(p).input_ids for p in ("The capital of France is", "def fibonacci(n):",
+                                        "Once upon a time, in a small village,", "1, 2, 3, 4,")]
+    steps = 24
+    q_tokens, q_logits = decode(runner(q4_k_m, True, monkeypatch), prompts, steps)
+    f_tokens, f_logits = decode(runner(q4_k_m, False, monkeypatch), prompts, steps)
+    agreed = 0
+    for s in range(len(prompts)):
+        for t in range(steps + 1):
+            if q_tokens[s][t] == f_tokens[s][t]:
+                agreed += 1
+                # same context so far: the logits differ by the activation rounding only
+                if t > 0:  # step 0 is the (torch) prefill
+                    ref = f_logits[t][s]
+                    err = float((q_logits[t][s] - ref).abs().max() / ref.abs().max())
+                    assert err <= LOGIT_BOUND, f"seq {s} step {t}: logit error {err:.4f}"
+                continue
+            ref = f_logits[t][s]
+            gap = float(ref.max() - ref[q_tokens[s][t]])
+            assert gap <= NEAR_TIE, f"seq {s} step {t}: tokens differ at a float-logit gap of {gap:.3f}"
+            break  # the contexts differ from here on
+    assert agreed >= len(prompts) * (steps + 1) // 2, f"only {agreed} tokens agreed"
