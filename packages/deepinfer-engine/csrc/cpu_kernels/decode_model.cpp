@@ -79,14 +79,11 @@ void DecodeModel::quantize(const float* x, int rows, int k, ActBuffer& out) cons
 
 Linear DecodeModel::regrouped(const Linear& ggml) {
   if (!quantized(ggml)) return ggml;
-  const size_t out_bytes = regrouped_row_bytes(ggml.kind, ggml.cols);
-  auto buf = std::make_unique<uint8_t[]>(static_cast<size_t>(ggml.rows) * out_bytes);
+  auto buf = std::make_unique<uint8_t[]>(static_cast<size_t>(ggml.rows) * ggml.row_bytes);
   for (int r = 0; r < ggml.rows; ++r)
     repack_row(ggml.kind, ggml.data + static_cast<size_t>(r) * ggml.row_bytes, ggml.cols / block_weights(ggml.kind),
-               buf.get() + static_cast<size_t>(r) * out_bytes);
+               buf.get() + static_cast<size_t>(r) * ggml.row_bytes);
   Linear out = ggml;
-  out.kind = regrouped_kind(ggml.kind);
-  out.row_bytes = out_bytes;
   out.data = buf.get();
   owned_.push_back(std::move(buf));
   return out;

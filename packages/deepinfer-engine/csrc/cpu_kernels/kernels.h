@@ -19,8 +19,8 @@
 //        sub-block j)                              w = d * sc_j * q - dmin * m_j, q < 32
 //   Q6_K (210 bytes): 128 bytes of low nibbles, 64 of high pairs, 16 int8 scales (one per 16
 //        weights), fp16 d                          w = d * sc_i * (q - 32), q < 64
-// Q5_0 (22 bytes: fp16 d, 32 fifth bits, 16 bytes of nibbles, w = (q - 16) * d) is converted at
-// registration to Q8_0's regrouped layout (34 bytes per block, exact: q - 16 fits int8).
+// Q5_0 (22 bytes: fp16 d, 32 fifth bits (bit j: weight j), 16 bytes of nibbles in Q4_0's order,
+// w = (q - 16) * d) also runs in ggml's layout as stored.
 // Activations multiplied by quantized weights are quantized to 8 bits per block of 32 (as
 // ggml's Q8_1): x ~= q * d, |x - q * d| <= d / 2 with d = max|x| / 127, and s = d * sum(q).
 #pragma once
@@ -69,15 +69,10 @@ struct Acts {
 // bytes of the codes of one block (the regrouped row holds nb of these, then the scales)
 constexpr size_t code_bytes(WeightKind k) { return k == WeightKind::Q8_0 ? 32 : 16; }
 
-// The kind a weight of `kind` runs as after registration (Q5_0 -> Q8_0, else itself), and the
-// bytes of a row of `cols` weights in it.
-constexpr WeightKind regrouped_kind(WeightKind k) { return k == WeightKind::Q5_0 ? WeightKind::Q8_0 : k; }
-constexpr size_t regrouped_row_bytes(WeightKind k, int cols) {
-  return block_bytes(regrouped_kind(k)) * static_cast<size_t>(cols / block_weights(k));
-}
+// Kinds whose kernels read ggml's blocks as stored (repack_row copies them).
+constexpr bool as_stored(WeightKind k) { return k_quant(k) || k == WeightKind::Q5_0; }
 
-// One row of nb ggml blocks -> the regrouped layout of regrouped_kind(kind)
-// (regrouped_row_bytes; K-quants: a copy).
+// One row of nb ggml blocks -> the regrouped layout (same size; as_stored kinds: a copy).
 void repack_row(WeightKind kind, const uint8_t* src, int nb, uint8_t* dst);
 
 // One row of `cols` weights in ggml's layout (any quantized kind) -> float32, with the float32
@@ -88,7 +83,6 @@ struct Kernels {
   const char* name;
   // y[b * ldy + n] = dot(weight row n, activation row b) for n in [n0, n1), b < rows.
   // Quantized: w points at regrouped row 0, row_bytes apart; x holds `rows` activation rows.
-  // kind: a regrouped_kind (never Q5_0).
   void (*gemv_quant)(WeightKind kind, const uint8_t* w, size_t row_bytes, int k, const Acts& x, int rows,
                      float* y, int ldy, int n0, int n1);
   // F32: w [n, k] row-major; x [rows, k] row-major.

@@ -119,6 +119,62 @@ void gemv_kind(const uint8_t* w, size_t row_bytes, int k, const Acts& x, int row
   }
 }
 
+// ---- Q5_0 (ggml's blocks as stored) ------------------------------------------------------------
+
+// 0x10 in byte j where bit j of the block's 32 fifth bits is set: byte j of the broadcast word
+// (shuffled so bytes 8c..8c+7 hold its byte c) masked with 1 << (j % 8).
+inline __m256i fifth_bits(const uint8_t* qh_bytes) {
+  uint32_t qh;
+  std::memcpy(&qh, qh_bytes, 4);
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int>(qh)),
+      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+}
+
+// R activation rows against one Q5_0 row of nb blocks: codes 0..31 (nibble | fifth bit << 4)
+// unsigned against the signed activations, d xd per block, the -16 d offset through the sums.
+template <int R>
+void row_dots_q5_0(const uint8_t* row, int nb, int k, const Acts& x, float* y, int ldy) {
+  constexpr size_t bb = block_bytes(WeightKind::Q5_0);
+  __m256 acc[R][2];
+  float off[R];
+  for (int r = 0; r < R; ++r) {
+    acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    off[r] = 0.0f;
+  }
+  for (int i = 0; i < nb; ++i) {
+    const uint8_t* blk = row + static_cast<size_t>(i) * bb;
+    const float d = half_at(blk);
+    const __m256i wq = _mm256_or_si256(nibbles(blk + 6), fifth_bits(blk + 2));
+    for (int r = 0; r < R; ++r) {
+      const size_t at = static_cast<size_t>(r) * nb + i;
+      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + static_cast<size_t>(r) * k + i * kBlock));
+      acc[r][i & 1] = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d[at]), dot_u8_s8(wq, xq), acc[r][i & 1]);
+      off[r] -= 16.0f * d * x.s[at];
+    }
+  }
+  for (int r = 0; r < R; ++r) y[static_cast<size_t>(r) * ldy] = hsum(_mm256_add_ps(acc[r][0], acc[r][1])) + off[r];
+}
+
+void gemv_q5_0(const uint8_t* w, size_t row_bytes, int k, const Acts& x, int rows, float* y, int ldy, int n0, int n1) {
+  const int nb = k / kBlock;
+  for (int n = n0; n < n1; ++n) {
+    const uint8_t* row = w + static_cast<size_t>(n) * row_bytes;
+    for (int b = 0; b < rows;) {
+      const Acts xb{x.qs + static_cast<size_t>(b) * k, x.d + static_cast<size_t>(b) * nb, x.s + static_cast<size_t>(b) * nb};
+      float* yb = y + static_cast<size_t>(b) * ldy + n;
+      switch (rows - b) {
+        case 1: row_dots_q5_0<1>(row, nb, k, xb, yb, ldy); b += 1; break;
+        case 2: row_dots_q5_0<2>(row, nb, k, xb, yb, ldy); b += 2; break;
+        case 3: row_dots_q5_0<3>(row, nb, k, xb, yb, ldy); b += 3; break;
+        default: row_dots_q5_0<4>(row, nb, k, xb, yb, ldy); b += 4; break;
+      }
+    }
+  }
+}
+
 // ---- K-quants (ggml's super-block layout as stored, see kernels.h) ----------------------------
 
 // Scales and mins (6 bits each) of the 8 sub-blocks of a Q4_K/Q5_K super-block's 12 scale bytes.
@@ -223,7 +279,7 @@ void gemv_quant(WeightKind kind, const uint8_t* w, size_t row_bytes, int k, cons
     case WeightKind::Q4_K: gemv_k<WeightKind::Q4_K>(w, row_bytes, k, x, rows, y, ldy, n0, n1); break;
     case WeightKind::Q5_K: gemv_k<WeightKind::Q5_K>(w, row_bytes, k, x, rows, y, ldy, n0, n1); break;
     case WeightKind::Q6_K: gemv_k<WeightKind::Q6_K>(w, row_bytes, k, x, rows, y, ldy, n0, n1); break;
-    case WeightKind::Q5_0: break;  // converted to Q8_0 at registration
+    case WeightKind::Q5_0: gemv_q5_0(w, row_bytes, k, x, rows, y, ldy, n0, n1); break;
     case WeightKind::Q4_0: gemv_kind<WeightKind::Q4_0>(w, row_bytes, k, x, rows, y, ldy, n0, n1); break;
     case WeightKind::Q4_1: gemv_kind<WeightKind::Q4_1>(w, row_bytes, k, x, rows, y, ldy, n0, n1); break;
     case WeightKind::Q8_0: gemv_kind<WeightKind::Q8_0>(w, row_bytes, k, x, rows, y, ldy, n0, n1); break;

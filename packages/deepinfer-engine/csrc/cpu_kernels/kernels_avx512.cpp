@@ -199,13 +199,13 @@ void gemv_quant(WeightKind kind, const uint8_t* w, size_t row_bytes, int k, cons
     case WeightKind::Q4_0: gemv_kind<WeightKind::Q4_0>(w, row_bytes, k, x, rows, y, ldy, n0, n1); break;
     case WeightKind::Q4_1: gemv_kind<WeightKind::Q4_1>(w, row_bytes, k, x, rows, y, ldy, n0, n1); break;
     case WeightKind::Q8_0: gemv_kind<WeightKind::Q8_0>(w, row_bytes, k, x, rows, y, ldy, n0, n1); break;
+    case WeightKind::Q5_0:
     case WeightKind::Q4_K:
     case WeightKind::Q5_K:
     case WeightKind::Q6_K:
-      // the AVX2 K-quant kernels (this table's CPUs all have AVX2); no 512-bit versions yet
+      // the AVX2 kernels (this table's CPUs all have AVX2); no 512-bit versions yet
       avx2_kernels().gemv_quant(kind, w, row_bytes, k, x, rows, y, ldy, n0, n1);
       break;
-    case WeightKind::Q5_0:  // converted to Q8_0 at registration
     case WeightKind::F32: break;
   }
 }

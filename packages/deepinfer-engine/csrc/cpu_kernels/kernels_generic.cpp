@@ -141,17 +141,8 @@ void dequantize_ggml_row(WeightKind kind, const uint8_t* src, int cols, float* o
 }
 
 void repack_row(WeightKind kind, const uint8_t* src, int nb, uint8_t* dst) {
-  if (k_quant(kind)) {
+  if (as_stored(kind)) {
     std::memcpy(dst, src, block_bytes(kind) * static_cast<size_t>(nb));
-    return;
-  }
-  if (kind == WeightKind::Q5_0) {  // -> Q8_0's regrouped layout: codes - 16 as int8, the same fp16 d
-    uint8_t* scales = dst + static_cast<size_t>(nb) * 32;
-    for (int i = 0; i < nb; ++i) {
-      const uint8_t* blk = src + i * block_bytes(kind);
-      std::memcpy(scales + 2 * i, blk, 2);
-      for (int j = 0; j < kBlock; ++j) dst[i * 32 + j] = static_cast<uint8_t>(static_cast<int8_t>(q5_0_code(blk, j) - 16));
-    }
     return;
   }
   const size_t bb = block_bytes(kind), cb = code_bytes(kind);
@@ -240,6 +231,27 @@ void gemv_quant(WeightKind kind, const uint8_t* w, size_t row_bytes, int k, cons
                 float* y, int ldy, int n0, int n1) {
   if (k_quant(kind)) {
     gemv_k(kind, w, row_bytes, k, x, rows, y, ldy, n0, n1);
+    return;
+  }
+  if (kind == WeightKind::Q5_0) {  // ggml's blocks: d (q - 16) -> d xd dot(q, x) - 16 d xs
+    const int nb = k / kBlock;
+    for (int n = n0; n < n1; ++n) {
+      const uint8_t* row = w + static_cast<size_t>(n) * row_bytes;
+      for (int b = 0; b < rows; ++b) {
+        const int8_t* xq = x.qs + static_cast<size_t>(b) * k;
+        const float* xd = x.d + static_cast<size_t>(b) * nb;
+        const float* xs = x.s + static_cast<size_t>(b) * nb;
+        float acc = 0.0f;
+        for (int i = 0; i < nb; ++i) {
+          const uint8_t* blk = row + static_cast<size_t>(i) * block_bytes(kind);
+          int32_t dot = 0;
+          for (int j = 0; j < kBlock; ++j) dot += q5_0_code(blk, j) * xq[i * kBlock + j];
+          const float dw = half_at(blk);
+          acc += dw * xd[i] * static_cast<float>(dot) - 16.0f * dw * xs[i];
+        }
+        y[static_cast<size_t>(b) * ldy + n] = acc;
+      }
+    }
     return;
   }
   const int nb = k / kBlock;
