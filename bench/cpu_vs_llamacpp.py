@@ -126,6 +126,7 @@ def llama_copy(path: str, ftype: str, threads: int) -> str:
         raise ValueError(f"--quantize {ftype}: not a llama.cpp file type (e.g. Q4_K_M, Q5_K_M, Q6_K, Q8_0)")
     out = os.path.join(tempfile.gettempdir(), os.path.basename(path).replace(".gguf", f".{ftype}.gguf"))
     if not os.path.exists(out) or os.path.getmtime(out) < os.path.getmtime(path):
+        lc.llama_log_set(_QUIET, None)  # a line per tensor otherwise
         params = lc.llama_model_quantize_default_params()
         params.ftype, params.allow_requantize, params.nthread = code, True, threads
         if lc.llama_model_quantize(path.encode(), (out + ".tmp").encode(), ctypes.byref(params)) != 0:
