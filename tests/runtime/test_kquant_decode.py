@@ -90,6 +90,24 @@ def test_q4_k_m_decodes_natively_on_its_blocks(q4_k_m, monkeypatch):
     # every projection and the embedding/head run on the file's own types
     assert set(r.native_decode.weight_types) >= {"Q4_K", "Q6_K", "Q5_0", "Q8_0"}
     assert "F32" not in r.native_decode.weight_types
+    assert set(r.native_decode.parts["mlp down"]) == {"Q4_K", "Q6_K"}  # the rows of 1536 = 6 x 256 weights
+    assert sum(r.native_decode.parts["q/k/v"].values()) == 3 * r.model.config.num_hidden_layers
+
+
+def test_kernel_paths_say_what_runs(q4_k_m, monkeypatch):
+    from deepinfer.runtime.worker.native_decode import kernel_paths
+
+    r = runner(q4_k_m, True, monkeypatch)
+    lines = {line.split(":")[0]: line for line in kernel_paths(r.model, r.native_decode)}
+    assert list(lines) == ["embedding", "q/k/v", "attn o", "mlp gate/up", "mlp down", "lm head"]
+    assert "decode native Q4_K x" in lines["mlp down"] and "Q6_K x" in lines["mlp down"]
+    assert "int8 activations per 32" in lines["mlp down"]
+    assert "prefill torch int4" in lines["lm head"]  # Q8_0 head: two int4 halves on torch
+    monkeypatch.setenv("DEEPINFER_CPU_NATIVE", "0")
+    loaded = load_model(q4_k_m, device=CPU, dtype=torch.float32, max_positions=64, keep_quantized=True)
+    off = ModelRunner(loaded, num_blocks=8, block_size=BS, device=CPU, dtype=torch.float32)
+    assert all("decode and prefill torch" in line or "decode and prefill int8" in line
+               for line in kernel_paths(off.model, off.native_decode))
 
 
 def test_q4_k_m_greedy_tokens_equal_the_dequantized_float_run(q4_k_m, tokenizer, monkeypatch):

@@ -41,11 +41,19 @@ class Unsupported(Exception):
 class NativeDecode:
     """A registered ``_cpu_kernels.DecodeModel``; calling it runs one decode-only step."""
 
-    def __init__(self, native: Any, kind: str, weight_types: dict[str, int] | None = None) -> None:
+    def __init__(self, native: Any, kind: str, parts: dict[str, collections.Counter[str]] | None = None) -> None:
         self.native = native
         self.kind = kind  # "quantized" or "float32"
-        # {GGUF type or "F32": registered weights of it} (embedding, head, every projection)
-        self.weight_types = dict(weight_types or {})
+        # {tensor kind ("q/k/v", "mlp down", ...): {GGUF type or "F32": registered weights}}
+        self.parts = dict(parts or {})
+
+    @property
+    def weight_types(self) -> dict[str, int]:
+        """{GGUF type or "F32": registered weights of it} (embedding, head, every projection)."""
+        total: collections.Counter[str] = collections.Counter()
+        for c in self.parts.values():
+            total.update(c)
+        return dict(total)
 
     def __call__(self, input_ids: np.ndarray, positions: np.ndarray, slot_mapping: np.ndarray,
                  seq_lens: np.ndarray, block_tables: np.ndarray) -> torch.Tensor:
@@ -164,21 +172,21 @@ def _build(model: LlamaForCausalLM, gguf: GGUFModel | None, kv_caches: list[torc
                                       cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
                                       cfg.vocab_size, cfg.rms_norm_eps, num_threads=num_threads)
     weights = _Weights(model, gguf)
-    types: collections.Counter[str] = collections.Counter()
+    parts: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     embed_name = "model.embed_tokens.weight"
     if isinstance(model.embed_tokens, Q8Embedding) or weights.native_in_file([embed_name]):
         embedding = weights.gguf_blocks(embed_name)
     else:
         embedding = ("F32", _f32(model.embed_tokens.weight))
     native.set_embedding(embedding)
-    types[embedding[0]] += 1
+    parts["embedding"][embedding[0]] += 1
     head_name = embed_name if model.config.tie_word_embeddings else "lm_head.weight"
     if isinstance(model.quantized_head, Int4Linear) or weights.native_in_file([head_name]):
         head = weights.gguf_blocks(head_name)
     else:
         head = ("F32", _f32(model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight))
     native.set_output(_f32(model.norm.weight), head)
-    types[head[0]] += 1
+    parts["lm head"][head[0]] += 1
     native.set_rotary(_f32(model.rotary.cos), _f32(model.rotary.sin))
     quantized = head[0] != "F32"
     for i, module in enumerate(model.layers):
@@ -194,8 +202,56 @@ def _build(model: LlamaForCausalLM, gguf: GGUFModel | None, kv_caches: list[torc
         down = weights.linear(layer.down_proj, [p + "mlp.down_proj.weight"], [slice(None)])
         bias = getattr(layer.qkv_proj, "bias", None)
         quantized = quantized or any(spec[0] != "F32" for spec in qkv + o + gate_up + down)
-        types.update(spec[0] for spec in qkv + o + gate_up + down)
+        for part, specs in (("q/k/v", qkv), ("attn o", o), ("mlp gate/up", gate_up), ("mlp down", down)):
+            parts[part].update(spec[0] for spec in specs)
         native.set_layer(i, _f32(layer.input_layernorm.weight), qkv[0], qkv[1], qkv[2], o[0],
                          _f32(layer.post_attention_layernorm.weight), gate_up[0], gate_up[1], down[0],
                          None if bias is None else _f32(bias), kv_caches[i].numpy())
-    return NativeDecode(native, "quantized" if quantized else "float32", dict(types))
+    return NativeDecode(native, "quantized" if quantized else "float32", dict(parts))
+
+
+_AVX2_ONLY = ("Q5_0", "Q4_K", "Q5_K", "Q6_K")  # no 512-bit kernels: the AVX-512 table runs the AVX2 ones
+
+
+def kernel_paths(model: nn.Module | None, native: NativeDecode | None) -> list[str]:
+    """Per tensor kind, what really runs: the weight types and the decode-step kernels (native, with
+    its instruction set, or torch), then the torch layer of prefill / mixed steps. One line each."""
+    from deepinfer.runtime.models.quantized import Int4Linear, Q8Embedding
+
+    def torch_path(m: Any) -> str:
+        if isinstance(m, Int4Linear):
+            return "torch int4 weight-only matmul (bfloat16 activations)"
+        if isinstance(m, Q8Embedding):
+            return "int8 rows, dequantized on lookup"
+        w = getattr(m, "weight", None)
+        return f"torch {str(w.dtype).replace('torch.', '')}" if isinstance(w, torch.Tensor) else type(m).__name__
+
+    layers = list(getattr(model, "layers", []) or [])
+    modules: dict[str, list[Any]] = {
+        "embedding": [getattr(model, "embed_tokens", None)],
+        "q/k/v": [getattr(layer, "qkv_proj", None) for layer in layers],
+        "attn o": [getattr(layer, "o_proj", None) for layer in layers],
+        "mlp gate/up": [getattr(layer, "gate_up_proj", None) for layer in layers],
+        "mlp down": [getattr(layer, "down_proj", None) for layer in layers],
+        "lm head": [getattr(model, "quantized_head", None) or getattr(model, "lm_head", None)
+                    or getattr(model, "embed_tokens", None)],
+    }
+    isa = str(native.native.isa) if native is not None else ""
+    lines = []
+    for part, mods in modules.items():
+        prefill = ", ".join(sorted({torch_path(m) for m in mods if m is not None})) or "-"
+        if native is None or part not in native.parts:
+            lines.append(f"{part}: decode and prefill {prefill}")
+            continue
+        types = native.parts[part]
+        if part == "embedding":
+            lines.append(f"{part}: decode native {', '.join(sorted(types))} rows, dequantized on lookup; "
+                         f"prefill {prefill}")
+            continue
+        kernels = []
+        for t in sorted(types):
+            where = f"{isa} kernels" if not (isa == "avx512vnni" and t in _AVX2_ONLY) else "avx2 kernels"
+            act = "float32 activations" if t == "F32" else "int8 activations per 32"
+            kernels.append(f"{t} x{types[t]} ({where}, {act})")
+        lines.append(f"{part}: decode native {', '.join(kernels)}; prefill {prefill}")
+    return lines
