@@ -18,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-ck = pytest.importorskip("deepinfer_engine._cpu_kernels", reason="engine built without _cpu_kernels")
-gguf = pytest.importorskip("gguf", reason="gguf (reference dequantizer) is not installed")
+# (skips this module too where the engine has no _cpu_kernels or gguf is missing)
+from test_cpu_kernels import activation_bound, ck
 
 # type -> (weights per block, bytes per block)
 LAYOUT = {"Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210), "Q5_0": (32, 22)}
@@ -52,13 +52,6 @@ def dequantized(kind: str, raw: np.ndarray, dtype=np.float64) -> np.ndarray:
     from gguf.quants import dequantize
 
     return dequantize(raw, GGMLQuantizationType[kind]).astype(dtype)
-
-
-def activation_bound(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    rows, k = x.shape
-    amax = np.abs(x).reshape(rows, k // 32, 32).max(-1)
-    wsum = np.abs(w).reshape(w.shape[0], k // 32, 32).sum(-1)
-    return amax @ wsum.T / 254 + 1e-5 * (np.abs(x).astype(np.float64) @ np.abs(w).T)
 
 
 @pytest.mark.parametrize("kind", sorted(LAYOUT))

@@ -15,16 +15,14 @@ from __future__ import annotations
 
 import collections
 
-import numpy as np
 import pytest
 import torch
 from deepinfer.runtime.loading.model_loader import load_model
 from deepinfer.runtime.worker.model_runner import ModelRunner
+from test_native_decode import BS, CPU, run_batch, runner_for
 
 pytest.importorskip("deepinfer_engine._cpu_kernels", reason="engine built without _cpu_kernels")
 gguf = pytest.importorskip("gguf", reason="gguf is not installed")
-CPU = torch.device("cpu")
-BS = 4
 NEAR_TIE = 0.15  # logits (as tests/runtime/test_quantized_parity.py)
 # max |quantized - float| logit / max |float logit| at a decode step with the same context: 8-bit
 # activations in the native steps and bfloat16 ones in the (torch int4) prefill. Measured at most
@@ -46,37 +44,9 @@ def q4_k_m(default_gguf, tmp_path_factory) -> str:
 
 
 def runner(path: str, quantized: bool, monkeypatch) -> ModelRunner:
-    monkeypatch.setenv("DEEPINFER_CPU_NATIVE", "1")
-    loaded = load_model(path, device=CPU, dtype=torch.float32, max_positions=256, keep_quantized=quantized)
-    r = ModelRunner(loaded, num_blocks=64, block_size=BS, device=CPU, dtype=torch.float32)
+    r = runner_for(path, True, monkeypatch, keep_quantized=quantized)
     assert r.native_decode is not None
     return r
-
-
-def decode(runner: ModelRunner, prompts: list[list[int]], steps: int) -> tuple[list[list[int]], list[torch.Tensor]]:
-    """Prefill all prompts in one step, then ``steps`` batched greedy decode steps; each sequence's
-    tokens and each step's logits."""
-    tables = np.array([[16 * i + j for j in range(16)] for i in range(len(prompts))], dtype=np.int32)
-    seqs = [list(p) for p in prompts]
-    starts = [0] * len(seqs)
-    logits_out = []
-    for _ in range(steps + 1):
-        ids, pos, qsl = [], [], [0]
-        for i, s in enumerate(seqs):
-            ids += s[starts[i]:]
-            pos += list(range(starts[i], len(s)))
-            qsl.append(len(ids))
-        pos_a = np.array(pos)
-        seq_of = np.repeat(np.arange(len(seqs)), np.diff(qsl))
-        slots = tables[seq_of, pos_a // BS] * BS + pos_a % BS
-        logits = runner.execute(input_ids=np.array(ids), positions=pos_a, slot_mapping=slots,
-                                query_start_loc=np.array(qsl), seq_lens=np.array([len(s) for s in seqs]),
-                                block_tables=tables, logits_indices=np.array(qsl[1:]) - 1)
-        logits_out.append(logits.float())
-        for i, s in enumerate(seqs):
-            starts[i] = len(s)
-            s.append(int(logits[i].argmax()))
-    return [s[len(p):] for s, p in zip(seqs, prompts, strict=True)], logits_out
 
 
 def test_q4_k_m_file_has_the_k_quants(q4_k_m):
@@ -113,9 +83,11 @@ def test_kernel_paths_say_what_runs(q4_k_m, monkeypatch):
 def test_q4_k_m_greedy_tokens_equal_the_dequantized_float_run(q4_k_m, tokenizer, monkeypatch):
     prompts = [tokenizer(p).input_ids for p in ("The capital of France is", "def fibonacci(n):",
                                         "Once upon a time, in a small village,", "1, 2, 3, 4,")]
-    steps = 24
-    q_tokens, q_logits = decode(runner(q4_k_m, True, monkeypatch), prompts, steps)
-    f_tokens, f_logits = decode(runner(q4_k_m, False, monkeypatch), prompts, steps)
+    steps = 16  # run_batch gives each sequence 8 blocks of 4 tokens
+    q_logits = run_batch(runner(q4_k_m, True, monkeypatch), prompts, steps)
+    f_logits = run_batch(runner(q4_k_m, False, monkeypatch), prompts, steps)
+    q_tokens, f_tokens = ([[int(lg[t][s].argmax()) for t in range(steps + 1)] for s in range(len(prompts))]
+                          for lg in (q_logits, f_logits))
     agreed = 0
     for s in range(len(prompts)):
         for t in range(steps + 1):

@@ -5,6 +5,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <type_traits>
 
 #include "cpu_kernels/kernels.h"
 
@@ -101,8 +102,11 @@ void row_dots(const uint8_t* row, int nb, int k, const Acts& x, float* y, int ld
     y[static_cast<size_t>(r) * ldy] = hsum(_mm256_add_ps(acc[r][0], acc[r][1])) + hsum(off[r]) + off_tail[r];
 }
 
-template <WeightKind K>
-void gemv_kind(const uint8_t* w, size_t row_bytes, int k, const Acts& x, int rows, float* y, int ldy, int n0, int n1) {
+// Weight rows [n0, n1) against the activation rows in tiles of up to 4:
+// dots(std::integral_constant<int, R>, row, nb, k, tile's Acts, y of the tile's first row).
+template <class Dots>
+void gemv_tiles(const uint8_t* w, size_t row_bytes, int k, const Acts& x, int rows, float* y, int ldy, int n0, int n1,
+                Dots dots) {
   const int nb = k / kBlock;
   for (int n = n0; n < n1; ++n) {
     const uint8_t* row = w + static_cast<size_t>(n) * row_bytes;
@@ -110,13 +114,20 @@ void gemv_kind(const uint8_t* w, size_t row_bytes, int k, const Acts& x, int row
       const Acts xb{x.qs + static_cast<size_t>(b) * k, x.d + static_cast<size_t>(b) * nb, x.s + static_cast<size_t>(b) * nb};
       float* yb = y + static_cast<size_t>(b) * ldy + n;
       switch (rows - b) {
-        case 1: row_dots<1, K>(row, nb, k, xb, yb, ldy); b += 1; break;
-        case 2: row_dots<2, K>(row, nb, k, xb, yb, ldy); b += 2; break;
-        case 3: row_dots<3, K>(row, nb, k, xb, yb, ldy); b += 3; break;
-        default: row_dots<4, K>(row, nb, k, xb, yb, ldy); b += 4; break;
+        case 1: dots(std::integral_constant<int, 1>{}, row, nb, k, xb, yb); b += 1; break;
+        case 2: dots(std::integral_constant<int, 2>{}, row, nb, k, xb, yb); b += 2; break;
+        case 3: dots(std::integral_constant<int, 3>{}, row, nb, k, xb, yb); b += 3; break;
+        default: dots(std::integral_constant<int, 4>{}, row, nb, k, xb, yb); b += 4; break;
       }
     }
   }
+}
+
+template <WeightKind K>
+void gemv_kind(const uint8_t* w, size_t row_bytes, int k, const Acts& x, int rows, float* y, int ldy, int n0, int n1) {
+  gemv_tiles(w, row_bytes, k, x, rows, y, ldy, n0, n1, [ldy](auto r, const uint8_t* row, int nb, int kk, const Acts& xb, float* yb) {
+    row_dots<decltype(r)::value, K>(row, nb, kk, xb, yb, ldy);
+  });
 }
 
 // ---- Q5_0 (ggml's blocks as stored) ------------------------------------------------------------
@@ -159,20 +170,9 @@ void row_dots_q5_0(const uint8_t* row, int nb, int k, const Acts& x, float* y, i
 }
 
 void gemv_q5_0(const uint8_t* w, size_t row_bytes, int k, const Acts& x, int rows, float* y, int ldy, int n0, int n1) {
-  const int nb = k / kBlock;
-  for (int n = n0; n < n1; ++n) {
-    const uint8_t* row = w + static_cast<size_t>(n) * row_bytes;
-    for (int b = 0; b < rows;) {
-      const Acts xb{x.qs + static_cast<size_t>(b) * k, x.d + static_cast<size_t>(b) * nb, x.s + static_cast<size_t>(b) * nb};
-      float* yb = y + static_cast<size_t>(b) * ldy + n;
-      switch (rows - b) {
-        case 1: row_dots_q5_0<1>(row, nb, k, xb, yb, ldy); b += 1; break;
-        case 2: row_dots_q5_0<2>(row, nb, k, xb, yb, ldy); b += 2; break;
-        case 3: row_dots_q5_0<3>(row, nb, k, xb, yb, ldy); b += 3; break;
-        default: row_dots_q5_0<4>(row, nb, k, xb, yb, ldy); b += 4; break;
-      }
-    }
-  }
+  gemv_tiles(w, row_bytes, k, x, rows, y, ldy, n0, n1, [ldy](auto r, const uint8_t* row, int nb, int kk, const Acts& xb, float* yb) {
+    row_dots_q5_0<decltype(r)::value>(row, nb, kk, xb, yb, ldy);
+  });
 }
 
 // ---- K-quants (ggml's super-block layout as stored, see kernels.h) ----------------------------
@@ -257,20 +257,9 @@ void row_dots_k(const uint8_t* row, int nsb, int k, const Acts& x, float* y, int
 
 template <WeightKind K>
 void gemv_k(const uint8_t* w, size_t row_bytes, int k, const Acts& x, int rows, float* y, int ldy, int n0, int n1) {
-  const int nsb = k / kSuper, nb = k / kBlock;
-  for (int n = n0; n < n1; ++n) {
-    const uint8_t* row = w + static_cast<size_t>(n) * row_bytes;
-    for (int b = 0; b < rows;) {
-      const Acts xb{x.qs + static_cast<size_t>(b) * k, x.d + static_cast<size_t>(b) * nb, x.s + static_cast<size_t>(b) * nb};
-      float* yb = y + static_cast<size_t>(b) * ldy + n;
-      switch (rows - b) {
-        case 1: row_dots_k<1, K>(row, nsb, k, xb, yb, ldy); b += 1; break;
-        case 2: row_dots_k<2, K>(row, nsb, k, xb, yb, ldy); b += 2; break;
-        case 3: row_dots_k<3, K>(row, nsb, k, xb, yb, ldy); b += 3; break;
-        default: row_dots_k<4, K>(row, nsb, k, xb, yb, ldy); b += 4; break;
-      }
-    }
-  }
+  gemv_tiles(w, row_bytes, k, x, rows, y, ldy, n0, n1, [ldy](auto r, const uint8_t* row, int, int kk, const Acts& xb, float* yb) {
+    row_dots_k<decltype(r)::value, K>(row, kk / kSuper, kk, xb, yb, ldy);
+  });
 }
 
 void gemv_quant(WeightKind kind, const uint8_t* w, size_t row_bytes, int k, const Acts& x, int rows,

@@ -185,102 +185,73 @@ int q4_code(const uint8_t* codes, int nb, int i, int j) {
 
 inline float half_at(const uint8_t* p) { return half_of(p); }
 
-// K-quant rows: per sub-block j of super-block s (activation block i = 8 s + j), the integer dot
-// of codes and activation codes, then Q4_K/Q5_K: d sc_j xd_i dot - dmin m_j xs_i; Q6_K: the two
-// halves' dots weighted by their int8 scales, (q - 32) signed, times d xd_i.
-void gemv_k(WeightKind kind, const uint8_t* w, size_t row_bytes, int k, const Acts& x, int rows, float* y, int ldy,
-            int n0, int n1) {
-  const int nsb = k / kSuper, nb = k / kBlock;
-  const size_t bb = block_bytes(kind);
-  int q[32];
-  for (int n = n0; n < n1; ++n) {
-    const uint8_t* row = w + static_cast<size_t>(n) * row_bytes;
-    for (int b = 0; b < rows; ++b) {
-      const int8_t* xq = x.qs + static_cast<size_t>(b) * k;
-      const float* xd = x.d + static_cast<size_t>(b) * nb;
-      const float* xs = x.s + static_cast<size_t>(b) * nb;
-      float acc = 0.0f;
-      for (int s = 0; s < nsb; ++s) {
-        const uint8_t* blk = row + s * bb;
-        for (int j = 0; j < 8; ++j) {
-          const int i = 8 * s + j;
-          const int8_t* xi = xq + i * kBlock;
-          k_codes(kind, blk, j, q);
-          if (kind == WeightKind::Q6_K) {
-            const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
-            int32_t lo = 0, hi = 0;
-            for (int l = 0; l < 16; ++l) lo += (q[l] - 32) * xi[l];
-            for (int l = 16; l < 32; ++l) hi += (q[l] - 32) * xi[l];
-            acc += half_at(blk + 208) * xd[i] * static_cast<float>(sc[2 * j] * lo + sc[2 * j + 1] * hi);
-            continue;
-          }
-          int sc, m;
-          scale_min_k4(j, blk + 4, sc, m);
-          int32_t dot = 0;
-          for (int l = 0; l < 32; ++l) dot += q[l] * xi[l];
-          acc += half_at(blk) * static_cast<float>(sc) * xd[i] * static_cast<float>(dot) -
-                 half_at(blk + 2) * static_cast<float>(m) * xs[i];
-        }
+// One regrouped weight row of `kind` against one activation row (codes xq, block scales xd, block
+// sums xs), k inputs. The integer dot per block of 32, then per kind: Q4_0/Q4_1/Q5_0
+// d xd dot + offset xs (offset -8 d, m, -16 d); Q8_0 d xd dot; Q4_K/Q5_K (sub-block j of
+// super-block s is activation block 8 s + j) d sc_j xd dot - dmin m_j xs; Q6_K the two 16-weight
+// halves' dots of (q - 32) weighted by their int8 scales, times d xd.
+float row_dot(WeightKind kind, const uint8_t* row, int k, const int8_t* xq, const float* xd, const float* xs) {
+  const int nb = k / kBlock;
+  float acc = 0.0f;
+  if (k_quant(kind)) {
+    const size_t bb = block_bytes(kind);
+    int q[32];
+    for (int i = 0; i < nb; ++i) {
+      const uint8_t* blk = row + static_cast<size_t>(i / 8) * bb;
+      const int j = i % 8;
+      const int8_t* xi = xq + i * kBlock;
+      k_codes(kind, blk, j, q);
+      if (kind == WeightKind::Q6_K) {
+        const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
+        int32_t lo = 0, hi = 0;
+        for (int l = 0; l < 16; ++l) lo += (q[l] - 32) * xi[l];
+        for (int l = 16; l < 32; ++l) hi += (q[l] - 32) * xi[l];
+        acc += half_at(blk + 208) * xd[i] * static_cast<float>(sc[2 * j] * lo + sc[2 * j + 1] * hi);
+        continue;
       }
-      y[static_cast<size_t>(b) * ldy + n] = acc;
+      int sc, m;
+      scale_min_k4(j, blk + 4, sc, m);
+      int32_t dot = 0;
+      for (int l = 0; l < 32; ++l) dot += q[l] * xi[l];
+      acc += half_at(blk) * static_cast<float>(sc) * xd[i] * static_cast<float>(dot) -
+             half_at(blk + 2) * static_cast<float>(m) * xs[i];
     }
+    return acc;
   }
+  const size_t cb = code_bytes(kind);
+  const uint8_t* scales = row + nb * cb;
+  for (int i = 0; i < nb; ++i) {
+    const int8_t* xi = xq + i * kBlock;
+    int32_t sum = 0;
+    if (kind == WeightKind::Q5_0) {  // ggml's blocks as stored
+      const uint8_t* blk = row + static_cast<size_t>(i) * block_bytes(kind);
+      for (int j = 0; j < kBlock; ++j) sum += q5_0_code(blk, j) * xi[j];
+      const float dw = half_at(blk);
+      acc += dw * xd[i] * static_cast<float>(sum) - 16.0f * dw * xs[i];
+      continue;
+    }
+    const float dw = half_at(scales + 2 * i);
+    if (kind == WeightKind::Q8_0) {
+      const int8_t* qs = reinterpret_cast<const int8_t*>(row + i * cb);
+      for (int j = 0; j < kBlock; ++j) sum += qs[j] * xi[j];
+      acc += dw * xd[i] * static_cast<float>(sum);
+      continue;
+    }
+    for (int j = 0; j < kBlock; ++j) sum += q4_code(row, nb, i, j) * xi[j];
+    const float offset = kind == WeightKind::Q4_1 ? half_at(scales + 2 * (nb + i)) : -8.0f * dw;
+    acc += dw * xd[i] * static_cast<float>(sum) + offset * xs[i];
+  }
+  return acc;
 }
 
 void gemv_quant(WeightKind kind, const uint8_t* w, size_t row_bytes, int k, const Acts& x, int rows,
                 float* y, int ldy, int n0, int n1) {
-  if (k_quant(kind)) {
-    gemv_k(kind, w, row_bytes, k, x, rows, y, ldy, n0, n1);
-    return;
-  }
-  if (kind == WeightKind::Q5_0) {  // ggml's blocks: d (q - 16) -> d xd dot(q, x) - 16 d xs
-    const int nb = k / kBlock;
-    for (int n = n0; n < n1; ++n) {
-      const uint8_t* row = w + static_cast<size_t>(n) * row_bytes;
-      for (int b = 0; b < rows; ++b) {
-        const int8_t* xq = x.qs + static_cast<size_t>(b) * k;
-        const float* xd = x.d + static_cast<size_t>(b) * nb;
-        const float* xs = x.s + static_cast<size_t>(b) * nb;
-        float acc = 0.0f;
-        for (int i = 0; i < nb; ++i) {
-          const uint8_t* blk = row + static_cast<size_t>(i) * block_bytes(kind);
-          int32_t dot = 0;
-          for (int j = 0; j < kBlock; ++j) dot += q5_0_code(blk, j) * xq[i * kBlock + j];
-          const float dw = half_at(blk);
-          acc += dw * xd[i] * static_cast<float>(dot) - 16.0f * dw * xs[i];
-        }
-        y[static_cast<size_t>(b) * ldy + n] = acc;
-      }
-    }
-    return;
-  }
   const int nb = k / kBlock;
-  const size_t cb = code_bytes(kind);
-  for (int n = n0; n < n1; ++n) {
-    const uint8_t* row = w + static_cast<size_t>(n) * row_bytes;
-    const uint8_t* scales = row + nb * cb;
-    for (int b = 0; b < rows; ++b) {
-      const int8_t* xq = x.qs + static_cast<size_t>(b) * k;
-      const float* xd = x.d + static_cast<size_t>(b) * nb;
-      const float* xs = x.s + static_cast<size_t>(b) * nb;
-      float acc = 0.0f;
-      for (int i = 0; i < nb; ++i) {
-        const float dw = half_at(scales + 2 * i);
-        const int8_t* xi = xq + i * kBlock;
-        int32_t sum = 0;
-        if (kind == WeightKind::Q8_0) {
-          const int8_t* qs = reinterpret_cast<const int8_t*>(row + i * cb);
-          for (int j = 0; j < kBlock; ++j) sum += qs[j] * xi[j];
-          acc += dw * xd[i] * static_cast<float>(sum);
-          continue;
-        }
-        for (int j = 0; j < kBlock; ++j) sum += q4_code(row, nb, i, j) * xi[j];
-        const float offset = kind == WeightKind::Q4_1 ? half_at(scales + 2 * (nb + i)) : -8.0f * dw;
-        acc += dw * xd[i] * static_cast<float>(sum) + offset * xs[i];
-      }
-      y[static_cast<size_t>(b) * ldy + n] = acc;
-    }
-  }
+  for (int n = n0; n < n1; ++n)
+    for (int b = 0; b < rows; ++b)
+      y[static_cast<size_t>(b) * ldy + n] =
+          row_dot(kind, w + static_cast<size_t>(n) * row_bytes, k, x.qs + static_cast<size_t>(b) * k,
+                  x.d + static_cast<size_t>(b) * nb, x.s + static_cast<size_t>(b) * nb);
 }
 
 float dot(const float* a, const float* b, int n) {
