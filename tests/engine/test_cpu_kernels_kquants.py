@@ -15,6 +15,8 @@ in ggml's super-block layout as stored) and Q5_0 (widened to Q8_0's layout at re
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -57,7 +59,8 @@ def dequantized(kind: str, raw: np.ndarray, dtype=np.float64) -> np.ndarray:
 @pytest.mark.parametrize("kind", sorted(LAYOUT))
 def test_gemv_within_the_activation_rounding_bound(kind):
     rng = np.random.default_rng(28)
-    for n, k in SHAPES:
+    # Q5_0 (blocks of 32): odd block counts too (a regrouped row's last block stands alone)
+    for n, k in SHAPES + ([(9, 96), (5, 32), (20, 608)] if LAYOUT[kind][0] == 32 else []):
         raw = random_blocks(rng, kind, n, k)
         w = dequantized(kind, raw)
         for rows in ROWS:
@@ -78,10 +81,9 @@ def test_weights_are_used_exactly(kind):
     quantize without error: the product is then x W^T to float32 summation error -- a wrong code,
     scale, min or sub-block order would be far off."""
     rng = np.random.default_rng(5)
-    n, k = 48, 1024
-    raw = random_blocks(rng, kind, n, k)
-    w = dequantized(kind, raw)
-    for rows in (1, 4, 9):
+    for (n, k), rows in itertools.product([(48, 1024)] + ([(7, 224)] if LAYOUT[kind][0] == 32 else []), (1, 4, 9)):
+        raw = random_blocks(rng, kind, n, k)
+        w = dequantized(kind, raw)
         x = rng.integers(-127, 128, (rows, k)).astype(np.float32)
         x[:, ::32] = 127
         ref = x.astype(np.float64) @ w.T

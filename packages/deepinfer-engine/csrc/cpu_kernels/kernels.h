@@ -20,7 +20,9 @@
 //   Q6_K (210 bytes): 128 bytes of low nibbles, 64 of high pairs, 16 int8 scales (one per 16
 //        weights), fp16 d                          w = d * sc_i * (q - 32), q < 64
 // Q5_0 (22 bytes: fp16 d, 32 fifth bits (bit j: weight j), 16 bytes of nibbles in Q4_0's order,
-// w = (q - 16) * d) also runs in ggml's layout as stored.
+// w = (q - 16) * d) is regrouped as Q4_0 is, its fifth bits after the scales:
+//   [nibbles of every block, paired as Q4's][fp16 d of every block][4 bytes of fifth bits of every block]
+// so that the fifth bits of a pair of blocks are one 64-bit load (one byte mask on AVX-512).
 // Activations multiplied by quantized weights are quantized to 8 bits per block of 32 (as
 // ggml's Q8_1): x ~= q * d, |x - q * d| <= d / 2 with d = max|x| / 127, and s = d * sum(q).
 #pragma once
@@ -70,7 +72,7 @@ struct Acts {
 constexpr size_t code_bytes(WeightKind k) { return k == WeightKind::Q8_0 ? 32 : 16; }
 
 // Kinds whose kernels read ggml's blocks as stored (repack_row copies them).
-constexpr bool as_stored(WeightKind k) { return k_quant(k) || k == WeightKind::Q5_0; }
+constexpr bool as_stored(WeightKind k) { return k_quant(k); }
 
 // One row of nb ggml blocks -> the regrouped layout (same size; as_stored kinds: a copy).
 void repack_row(WeightKind kind, const uint8_t* src, int nb, uint8_t* dst);

@@ -38,6 +38,18 @@ inline __m256 dot_u8_s8(__m256i u, __m256i s) {
   return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
 }
 
+// 0x10 in byte j where bit j of the block's 32 fifth bits is set: byte j of the broadcast word
+// (shuffled so bytes 8c..8c+7 hold its byte c) masked with 1 << (j % 8).
+inline __m256i fifth_bits(const uint8_t* qh_bytes) {
+  uint32_t qh;
+  std::memcpy(&qh, qh_bytes, 4);
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int>(qh)),
+      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+}
+
 constexpr int kChunk = 64;  // blocks whose scale products are kept on the stack at once
 
 // R activation rows against one regrouped weight row of nb blocks. Per chunk of blocks, the
@@ -64,6 +76,7 @@ void row_dots(const uint8_t* row, int nb, int k, const Acts& x, float* y, int ld
       __m256 mw = _mm256_setzero_ps();
       if constexpr (K == WeightKind::Q4_1) mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(m_half + 2 * i)));
       if constexpr (K == WeightKind::Q4_0) mw = _mm256_mul_ps(dw, _mm256_set1_ps(-8.0f));
+      if constexpr (K == WeightKind::Q5_0) mw = _mm256_mul_ps(dw, _mm256_set1_ps(-16.0f));
       for (int r = 0; r < R; ++r) {
         const size_t at = static_cast<size_t>(r) * nb + i;
         _mm256_store_ps(ds[r] + (i - c0), _mm256_mul_ps(dw, _mm256_loadu_ps(x.d + at)));
@@ -72,7 +85,7 @@ void row_dots(const uint8_t* row, int nb, int k, const Acts& x, float* y, int ld
     }
     for (; i < c1; ++i) {
       const float dw = half_at(d_half + 2 * i);
-      const float mw = K == WeightKind::Q4_1 ? half_at(m_half + 2 * i) : -8.0f * dw;
+      const float mw = K == WeightKind::Q4_1 ? half_at(m_half + 2 * i) : K == WeightKind::Q5_0 ? -16.0f * dw : -8.0f * dw;
       for (int r = 0; r < R; ++r) {
         const size_t at = static_cast<size_t>(r) * nb + i;
         ds[r][i - c0] = dw * x.d[at];
@@ -90,6 +103,7 @@ void row_dots(const uint8_t* row, int nb, int k, const Acts& x, float* y, int ld
         const __m256i t = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + static_cast<size_t>(i & ~1) * cb));
         wq = _mm256_and_si256(i & 1 ? _mm256_srli_epi16(t, 4) : t, _mm256_set1_epi8(0x0F));
       }
+      if constexpr (K == WeightKind::Q5_0) wq = _mm256_or_si256(wq, fifth_bits(m_half + 4 * static_cast<size_t>(i)));
       const __m256i wabs = K == WeightKind::Q8_0 ? _mm256_sign_epi8(wq, wq) : wq;
       for (int r = 0; r < R; ++r) {
         __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + static_cast<size_t>(r) * k + i * kBlock));
@@ -127,51 +141,6 @@ template <WeightKind K>
 void gemv_kind(const uint8_t* w, size_t row_bytes, int k, const Acts& x, int rows, float* y, int ldy, int n0, int n1) {
   gemv_tiles(w, row_bytes, k, x, rows, y, ldy, n0, n1, [ldy](auto r, const uint8_t* row, int nb, int kk, const Acts& xb, float* yb) {
     row_dots<decltype(r)::value, K>(row, nb, kk, xb, yb, ldy);
-  });
-}
-
-// ---- Q5_0 (ggml's blocks as stored) ------------------------------------------------------------
-
-// 0x10 in byte j where bit j of the block's 32 fifth bits is set: byte j of the broadcast word
-// (shuffled so bytes 8c..8c+7 hold its byte c) masked with 1 << (j % 8).
-inline __m256i fifth_bits(const uint8_t* qh_bytes) {
-  uint32_t qh;
-  std::memcpy(&qh, qh_bytes, 4);
-  const __m256i spread = _mm256_shuffle_epi8(
-      _mm256_set1_epi32(static_cast<int>(qh)),
-      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
-  const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
-  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
-}
-
-// R activation rows against one Q5_0 row of nb blocks: codes 0..31 (nibble | fifth bit << 4)
-// unsigned against the signed activations, d xd per block, the -16 d offset through the sums.
-template <int R>
-void row_dots_q5_0(const uint8_t* row, int nb, int k, const Acts& x, float* y, int ldy) {
-  constexpr size_t bb = block_bytes(WeightKind::Q5_0);
-  __m256 acc[R][2];
-  float off[R];
-  for (int r = 0; r < R; ++r) {
-    acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    off[r] = 0.0f;
-  }
-  for (int i = 0; i < nb; ++i) {
-    const uint8_t* blk = row + static_cast<size_t>(i) * bb;
-    const float d = half_at(blk);
-    const __m256i wq = _mm256_or_si256(nibbles(blk + 6), fifth_bits(blk + 2));
-    for (int r = 0; r < R; ++r) {
-      const size_t at = static_cast<size_t>(r) * nb + i;
-      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + static_cast<size_t>(r) * k + i * kBlock));
-      acc[r][i & 1] = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d[at]), dot_u8_s8(wq, xq), acc[r][i & 1]);
-      off[r] -= 16.0f * d * x.s[at];
-    }
-  }
-  for (int r = 0; r < R; ++r) y[static_cast<size_t>(r) * ldy] = hsum(_mm256_add_ps(acc[r][0], acc[r][1])) + off[r];
-}
-
-void gemv_q5_0(const uint8_t* w, size_t row_bytes, int k, const Acts& x, int rows, float* y, int ldy, int n0, int n1) {
-  gemv_tiles(w, row_bytes, k, x, rows, y, ldy, n0, n1, [ldy](auto r, const uint8_t* row, int nb, int kk, const Acts& xb, float* yb) {
-    row_dots_q5_0<decltype(r)::value>(row, nb, kk, xb, yb, ldy);
   });
 }
 
@@ -268,7 +237,7 @@ void gemv_quant(WeightKind kind, const uint8_t* w, size_t row_bytes, int k, cons
     case WeightKind::Q4_K: gemv_k<WeightKind::Q4_K>(w, row_bytes, k, x, rows, y, ldy, n0, n1); break;
     case WeightKind::Q5_K: gemv_k<WeightKind::Q5_K>(w, row_bytes, k, x, rows, y, ldy, n0, n1); break;
     case WeightKind::Q6_K: gemv_k<WeightKind::Q6_K>(w, row_bytes, k, x, rows, y, ldy, n0, n1); break;
-    case WeightKind::Q5_0: gemv_q5_0(w, row_bytes, k, x, rows, y, ldy, n0, n1); break;
+    case WeightKind::Q5_0: gemv_kind<WeightKind::Q5_0>(w, row_bytes, k, x, rows, y, ldy, n0, n1); break;
     case WeightKind::Q4_0: gemv_kind<WeightKind::Q4_0>(w, row_bytes, k, x, rows, y, ldy, n0, n1); break;
     case WeightKind::Q4_1: gemv_kind<WeightKind::Q4_1>(w, row_bytes, k, x, rows, y, ldy, n0, n1); break;
     case WeightKind::Q8_0: gemv_kind<WeightKind::Q8_0>(w, row_bytes, k, x, rows, y, ldy, n0, n1); break;

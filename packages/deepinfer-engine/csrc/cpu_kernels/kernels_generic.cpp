@@ -152,6 +152,7 @@ void repack_row(WeightKind kind, const uint8_t* src, int nb, uint8_t* dst) {
     const uint8_t* blk = src + i * bb;
     std::memcpy(scales + 2 * i, blk, 2);
     if (kind == WeightKind::Q4_1) std::memcpy(scales + 2 * (nb + i), blk + 2, 2);
+    if (kind == WeightKind::Q5_0) std::memcpy(scales + 2 * nb + 4 * i, blk + 2, 4);
   }
   if (kind == WeightKind::Q8_0) {
     for (int i = 0; i < nb; ++i) std::memcpy(dst + i * cb, src + i * bb + head, cb);
@@ -186,8 +187,8 @@ int q4_code(const uint8_t* codes, int nb, int i, int j) {
 inline float half_at(const uint8_t* p) { return half_of(p); }
 
 // One regrouped weight row of `kind` against one activation row (codes xq, block scales xd, block
-// sums xs), k inputs. The integer dot per block of 32, then per kind: Q4_0/Q4_1/Q5_0
-// d xd dot + offset xs (offset -8 d, m, -16 d); Q8_0 d xd dot; Q4_K/Q5_K (sub-block j of
+// sums xs), k inputs. The integer dot per block of 32, then per kind: Q4_0/Q4_1/Q5_0 (codes of
+// Q5_0: nibble | fifth bit << 4) d xd dot + offset xs (offset -8 d, m, -16 d); Q8_0 d xd dot; Q4_K/Q5_K (sub-block j of
 // super-block s is activation block 8 s + j) d sc_j xd dot - dmin m_j xs; Q6_K the two 16-weight
 // halves' dots of (q - 32) weighted by their int8 scales, times d xd.
 float row_dot(WeightKind kind, const uint8_t* row, int k, const int8_t* xq, const float* xd, const float* xs) {
@@ -223,13 +224,6 @@ float row_dot(WeightKind kind, const uint8_t* row, int k, const int8_t* xq, cons
   for (int i = 0; i < nb; ++i) {
     const int8_t* xi = xq + i * kBlock;
     int32_t sum = 0;
-    if (kind == WeightKind::Q5_0) {  // ggml's blocks as stored
-      const uint8_t* blk = row + static_cast<size_t>(i) * block_bytes(kind);
-      for (int j = 0; j < kBlock; ++j) sum += q5_0_code(blk, j) * xi[j];
-      const float dw = half_at(blk);
-      acc += dw * xd[i] * static_cast<float>(sum) - 16.0f * dw * xs[i];
-      continue;
-    }
     const float dw = half_at(scales + 2 * i);
     if (kind == WeightKind::Q8_0) {
       const int8_t* qs = reinterpret_cast<const int8_t*>(row + i * cb);
@@ -237,8 +231,16 @@ float row_dot(WeightKind kind, const uint8_t* row, int k, const int8_t* xq, cons
       acc += dw * xd[i] * static_cast<float>(sum);
       continue;
     }
-    for (int j = 0; j < kBlock; ++j) sum += q4_code(row, nb, i, j) * xi[j];
-    const float offset = kind == WeightKind::Q4_1 ? half_at(scales + 2 * (nb + i)) : -8.0f * dw;
+    if (kind == WeightKind::Q5_0) {
+      uint32_t qh;
+      std::memcpy(&qh, scales + 2 * nb + 4 * i, 4);
+      for (int j = 0; j < kBlock; ++j) sum += (q4_code(row, nb, i, j) | static_cast<int>((qh >> j) & 1u) << 4) * xi[j];
+    } else {
+      for (int j = 0; j < kBlock; ++j) sum += q4_code(row, nb, i, j) * xi[j];
+    }
+    const float offset = kind == WeightKind::Q4_1   ? half_at(scales + 2 * (nb + i))
+                         : kind == WeightKind::Q5_0 ? -16.0f * dw
+                                                    : -8.0f * dw;
     acc += dw * xd[i] * static_cast<float>(sum) + offset * xs[i];
   }
   return acc;

@@ -210,7 +210,7 @@ def _build(model: LlamaForCausalLM, gguf: GGUFModel | None, kv_caches: list[torc
     return NativeDecode(native, "quantized" if quantized else "float32", dict(parts))
 
 
-_AVX2_ONLY = ("Q5_0", "Q4_K", "Q5_K", "Q6_K")  # no 512-bit kernels: the AVX-512 table runs the AVX2 ones
+_AVX2_ONLY = ("Q4_K", "Q5_K", "Q6_K")  # no 512-bit kernels: the AVX-512 table runs the AVX2 ones
 
 
 def kernel_paths(model: nn.Module | None, native: NativeDecode | None) -> list[str]:
