@@ -130,3 +130,16 @@ def test_bad_k_quant_input_is_a_clear_error():
         ck.linear(("Q6_K", np.zeros((2, 420), np.uint8)), x)
     with pytest.raises(TypeError, match="weight: expected dtype uint8"):
         ck.dequantize(("Q5_K", np.zeros((2, 176), np.int8)))
+
+
+def test_weight_kernels_name_the_table_that_runs_each_type():
+    for isa in ISAS:
+        table = ck.weight_kernels(isa)
+        assert set(table) == {"F32", "Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"}
+        for kind, runs in table.items():
+            # the AVX-512 table hands the K-quants to the AVX2 kernels; every other table runs its own
+            expect = "avx2" if isa == "avx512vnni" and kind.endswith("_K") else isa
+            assert runs == expect, (isa, kind, runs)
+    assert ck.weight_kernels() == ck.weight_kernels(ck.best_isa())
+    with pytest.raises(ValueError, match="isa must be"):
+        ck.weight_kernels("sse2")

@@ -104,3 +104,14 @@ def test_q4_k_m_greedy_tokens_equal_the_dequantized_float_run(q4_k_m, tokenizer,
             assert gap <= NEAR_TIE, f"seq {s} step {t}: tokens differ at a float-logit gap of {gap:.3f}"
             break  # the contexts differ from here on
     assert agreed >= len(prompts) * (steps + 1) // 2, f"only {agreed} tokens agreed"
+
+
+def test_env_report_lists_the_cpu_kernels_per_weight_type():
+    from deepinfer.plugins.env_report import collect, render
+
+    report = collect()
+    ck = report["cpu_kernels"]
+    assert ck["best_isa"] in ck["available_isas"]
+    assert {"Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q4_1", "Q8_0"} <= set(ck["weight_kernels"])
+    assert f"CPU decode kernels: {ck['best_isa']} (available: " in render(report)
+    assert f"Q4_K {ck['weight_kernels']['Q4_K']}" in render(report)

@@ -384,6 +384,20 @@ PYBIND11_MODULE(_cpu_kernels, m) {
     return out;
   }, "Kernel tables this build has and this CPU runs ('generic' always).");
   m.def("best_isa", [] { return std::string(best_kernels().name); }, "The kernel table used by default.");
+  m.def("weight_kernels", [](const std::string& isa) {
+    const Kernels& table = kernels_named(isa);
+    py::dict out;
+    for (const char* kind : {"F32", "Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"}) {
+      std::string runs = table.name;
+#if defined(DEEPINFER_HAVE_AVX2_KERNELS)
+      // the AVX-512 table hands the K-quants to the AVX2 kernels (kernels_avx512.cpp, gemv_quant)
+      if (&table == &avx512_kernels() && k_quant(parse_kind(kind, "kind"))) runs = avx2_kernels().name;
+#endif
+      out[kind] = runs;
+    }
+    return out;
+  }, py::arg("isa") = "best",
+     "{weight type: the kernel table whose GEMV runs it} for the table `isa` (every type the kernels take).");
   m.def("linear", &linear, py::arg("weight"), py::arg("x"), py::kw_only(), py::arg("num_threads") = 1,
         py::arg("isa") = "best",
         "x [rows, K] float32 times weight^T; weight is (type, array) as DecodeModel takes. Float32 [rows, N].");

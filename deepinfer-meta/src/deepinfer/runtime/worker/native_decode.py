@@ -210,9 +210,6 @@ def _build(model: LlamaForCausalLM, gguf: GGUFModel | None, kv_caches: list[torc
     return NativeDecode(native, "quantized" if quantized else "float32", dict(parts))
 
 
-_AVX2_ONLY = ("Q4_K", "Q5_K", "Q6_K")  # no 512-bit kernels: the AVX-512 table runs the AVX2 ones
-
-
 def kernel_paths(model: nn.Module | None, native: NativeDecode | None) -> list[str]:
     """Per tensor kind, what really runs: the weight types and the decode-step kernels (native, with
     its instruction set, or torch), then the torch layer of prefill / mixed steps. One line each."""
@@ -236,7 +233,11 @@ def kernel_paths(model: nn.Module | None, native: NativeDecode | None) -> list[s
         "lm head": [getattr(model, "quantized_head", None) or getattr(model, "lm_head", None)
                     or getattr(model, "embed_tokens", None)],
     }
-    isa = str(native.native.isa) if native is not None else ""
+    table: dict[str, str] = {}
+    if native is not None:
+        from deepinfer_engine import _cpu_kernels
+
+        table = dict(_cpu_kernels.weight_kernels(str(native.native.isa)))  # (K-quants: AVX2 on AVX-512)
     lines = []
     for part, mods in modules.items():
         prefill = ", ".join(sorted({torch_path(m) for m in mods if m is not None})) or "-"
@@ -250,7 +251,7 @@ def kernel_paths(model: nn.Module | None, native: NativeDecode | None) -> list[s
             continue
         kernels = []
         for t in sorted(types):
-            where = f"{isa} kernels" if not (isa == "avx512vnni" and t in _AVX2_ONLY) else "avx2 kernels"
+            where = f"{table.get(t, '?')} kernels"
             act = "float32 activations" if t == "F32" else "int8 activations per 32"
             kernels.append(f"{t} x{types[t]} ({where}, {act})")
         lines.append(f"{part}: decode native {', '.join(kernels)}; prefill {prefill}")
