@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 
+import numpy as np
 import pytest
 import torch
 from deepinfer.runtime.loading.model_loader import load_model
@@ -115,3 +116,20 @@ def test_env_report_lists_the_cpu_kernels_per_weight_type():
     assert {"Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q4_1", "Q8_0"} <= set(ck["weight_kernels"])
     assert f"CPU decode kernels: {ck['best_isa']} (available: " in render(report)
     assert f"Q4_K {ck['weight_kernels']['Q4_K']}" in render(report)
+
+
+@pytest.mark.parametrize("kind, block, scale_at", [("Q5_0", 22, 0), ("Q6_K", 210, 208)])
+def test_torch_decoders_are_bitwise_gguf_quants(kind, block, scale_at):
+    """The dense weights of torch's prefill (Q5_0 and Q6_K have no int4 form) decode with torch,
+    bitwise what ``gguf.quants`` gives (what transformers' GGUF loader sees)."""
+    from deepinfer.runtime.kernels.gguf_blocks import dequantize_torch
+    from gguf.quants import dequantize
+
+    rng = np.random.default_rng(2)
+    raw = rng.integers(0, 256, (19, 12 * block), dtype=np.uint8)
+    blocks = raw.reshape(19, 12, block)
+    blocks[..., scale_at:scale_at + 2] = (rng.standard_normal((19, 12, 1)) * 0.01).astype(np.float16).view(np.uint8)
+    want = dequantize(raw, gguf.GGMLQuantizationType[kind]).reshape(19, -1)
+    got = dequantize_torch(torch.from_numpy(raw), kind)
+    assert got.dtype == torch.float32
+    np.testing.assert_array_equal(got.numpy(), want)
