@@ -1,9 +1,11 @@
 """DeepInfer vs llama.cpp vs transformers on the same GGUF file, CPU, interleaved rounds.
 
-    python bench/cpu_vs_llamacpp.py [--rounds 3] [--repeats 1] [--threads 2] [--only dq df lq lf tf]
+    python bench/cpu_vs_llamacpp.py [--model FILE] [--quantize Q4_K_M] [--rounds 3] [--repeats 1] [--threads 2]
+                                    [--only dq df lq lf tf]
 
 Contenders (all greedy, EOS ignored, ``--threads`` intra-op threads each):
-  lq  llama.cpp (``llama-cpp-python``, low-level API) on the file as shipped (Q4_1 + Q8_0)
+  lq  llama.cpp (``llama-cpp-python``, low-level API) on the file as shipped (Q4_1 + Q8_0; with
+      ``--quantize Q4_K_M``, the copy llama.cpp's quantize tool made, which every contender runs)
   lf  llama.cpp on the same weights in F32 (a copy made once with llama.cpp's own quantize tool
       into ``$TMPDIR``)
   dq  DeepInfer default on CPU: the file's quantization kept (int4 kernels)
@@ -113,18 +115,29 @@ class LlamaCpp:
         return time.perf_counter() - t
 
 
-def f32_copy(path: str, threads: int) -> str:
-    """The GGUF's weights in F32, written once by llama.cpp's quantize tool (cached in $TMPDIR)."""
+def llama_copy(path: str, ftype: str, threads: int) -> str:
+    """The GGUF's weights re-quantized to llama.cpp file type ``ftype`` (``F32``, ``Q4_K_M``,
+    ``Q8_0``, ...: ``LLAMA_FTYPE_MOSTLY_<ftype>`` / ``LLAMA_FTYPE_ALL_F32``), written once by
+    llama.cpp's own quantize tool (cached in $TMPDIR)."""
     import llama_cpp as lc
 
-    out = os.path.join(tempfile.gettempdir(), os.path.basename(path).replace(".gguf", ".F32.gguf"))
+    code = getattr(lc, "LLAMA_FTYPE_ALL_F32" if ftype == "F32" else f"LLAMA_FTYPE_MOSTLY_{ftype}", None)
+    if code is None:
+        raise ValueError(f"--quantize {ftype}: not a llama.cpp file type (e.g. Q4_K_M, Q5_K_M, Q6_K, Q8_0)")
+    out = os.path.join(tempfile.gettempdir(), os.path.basename(path).replace(".gguf", f".{ftype}.gguf"))
     if not os.path.exists(out) or os.path.getmtime(out) < os.path.getmtime(path):
+        lc.llama_log_set(_QUIET, None)  # a line per tensor otherwise
         params = lc.llama_model_quantize_default_params()
-        params.ftype, params.allow_requantize, params.nthread = lc.LLAMA_FTYPE_ALL_F32, True, threads
+        params.ftype, params.allow_requantize, params.nthread = code, True, threads
         if lc.llama_model_quantize(path.encode(), (out + ".tmp").encode(), ctypes.byref(params)) != 0:
-            raise RuntimeError("llama_model_quantize to F32 failed")
+            raise RuntimeError(f"llama_model_quantize to {ftype} failed")
         os.replace(out + ".tmp", out)
     return out
+
+
+def f32_copy(path: str, threads: int) -> str:
+    """The GGUF's weights in F32 (see ``llama_copy``)."""
+    return llama_copy(path, "F32", threads)
 
 
 # ---- contenders -------------------------------------------------------------------------------
@@ -232,6 +245,9 @@ class TransformersContender(Contender):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="GGUF file (default: the embedded SmolLM2 Q4_1)")
+    parser.add_argument("--quantize", default=None, metavar="FTYPE",
+                        help="bench a copy of --model re-quantized by llama.cpp's quantize tool to this file "
+                             "type (e.g. Q4_K_M; cached in $TMPDIR): every contender runs that file")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=1, help="runs per figure of a round (median), load excepted")
@@ -248,6 +264,8 @@ def main() -> None:
     from deepinfer.runtime.loading.default_model import default_model_path
 
     path = args.model or default_model_path()
+    if args.quantize:
+        path = llama_copy(path, args.quantize, args.threads)
     contenders: list[Contender] = []
     try:
         import llama_cpp  # noqa: F401

@@ -303,7 +303,7 @@ def test_weights_of_an_equivalent_dtype_object_are_accepted():
 def test_bad_weights_are_rejected():
     x = np.zeros((1, 64), np.float32)
     with pytest.raises(ValueError, match="weight type"):
-        ck.linear(("Q5_K", np.zeros((2, 36), np.uint8)), x)
+        ck.linear(("Q3_K", np.zeros((2, 36), np.uint8)), x)
     with pytest.raises(TypeError, match="weight: expected dtype"):
         ck.linear(("Q8_0", np.zeros((2, 68), np.int32)), x)
     with pytest.raises(ValueError, match="whole 34-byte blocks"):

@@ -118,6 +118,13 @@ def test_bench_prints_threads_device_and_load_beside_the_figures():
                "--quiet", "--device", "cpu")
     assert out.returncode == 0, out.stderr
     lines = _lines(out.stdout)
+    # first, what runs per tensor kind (the default model: Q4_1 projections, a Q8_0 table and head)
+    assert lines[0] == "what runs, per tensor kind:"
+    kinds = [line for line in lines if line.startswith("  ")]
+    assert [k.split(":")[0].strip() for k in kinds] == ["embedding", "q/k/v", "attn o", "mlp gate/up", "mlp down",
+                                                        "lm head"]
+    assert "decode native Q4_1 x" in kinds[1] and "int8 activations per 32" in kinds[1]
+    lines = lines[1 + len(kinds):]
     assert lines[0].startswith("2 requests in ") and "output tok/s" in lines[0]
     for line in lines:  # every figure says what it depends on
         # the default model on CPU: what actually runs, not just the activations' dtype

@@ -202,6 +202,14 @@ def _machine_note(llm: Any) -> str:
             f"threads {torch.get_num_threads()}, load average {load:.2f} on {os.cpu_count()} CPUs")
 
 
+def _kernel_paths(llm: Any) -> list[str]:
+    """Weight type, activations and kernel path per tensor kind (worker.native_decode.kernel_paths)."""
+    from deepinfer.runtime.worker.native_decode import kernel_paths
+
+    runner = getattr(llm, "runner", None)
+    return kernel_paths(getattr(runner, "model", None), getattr(runner, "native_decode", None))
+
+
 def _bench(args: argparse.Namespace) -> int:
     import numpy as np
 
@@ -233,6 +241,9 @@ def _bench(args: argparse.Namespace) -> int:
     # must not pay first-use costs (kernel selection, compilation, allocator growth).
     llm.generate(fresh_prompts(), params, use_tqdm=False)
     note = _machine_note(llm)
+    print("what runs, per tensor kind:")
+    for line in _kernel_paths(llm):
+        print(f"  {line}")
     rates = []
     for run in range(args.runs):
         prompts = fresh_prompts()

@@ -80,6 +80,17 @@ def _tensor_parallel() -> dict[str, Any] | None:
             "cuda_devices": int(torch.cuda.device_count()) if torch.cuda.is_available() else 0}
 
 
+def _cpu_kernels() -> dict[str, Any] | None:
+    """The native CPU decode kernels of the engine wheel: instruction sets and, per GGUF weight
+    type, the kernel table that runs it (None when the wheel has no ``_cpu_kernels``)."""
+    try:
+        from deepinfer_engine import _cpu_kernels as ck
+    except ImportError:
+        return None
+    return {"best_isa": ck.best_isa(), "available_isas": list(ck.available_isas()),
+            "weight_kernels": dict(ck.weight_kernels())}
+
+
 def collect() -> dict[str, Any]:
     """Everything ``deepinfer env`` reports, as plain data (``--json`` prints it)."""
     records = registry.discover()
@@ -101,6 +112,7 @@ def collect() -> dict[str, Any]:
         "selection_error": selection_error,
         "runtime": _runtime(selected),
         "tensor_parallel": _tensor_parallel(),
+        "cpu_kernels": _cpu_kernels(),
         "hints": accelerators_without_backend(records),
         "environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith("DEEPINFER_")},
     }
@@ -144,6 +156,11 @@ def render(report: dict[str, Any]) -> str:
             cuda = (f"up to {n} ranks ({n} devices)" if tp["nccl"] and n
                     else "no (" + ("no CUDA device" if tp["nccl"] else "torch has no NCCL") + ")")
             out.append(f"Tensor parallelism: CPU over gloo: {'yes' if tp['gloo'] else 'no'}; CUDA over NCCL: {cuda}")
+    ck = report.get("cpu_kernels")
+    if ck:
+        kernels = ", ".join(f"{t} {isa}" for t, isa in ck["weight_kernels"].items())
+        out.append(f"CPU decode kernels: {ck['best_isa']} (available: {', '.join(ck['available_isas'])}); "
+                   f"per weight type: {kernels} (activations int8 per 32 for quantized types, else float32)")
     for hint in report["hints"]:
         out.append(f"Hint: {hint}")
     out += ["", "Environment variables"]

@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -44,8 +45,13 @@ WeightKind parse_kind(const std::string& kind, const std::string& name) {
   if (kind == "F32") return WeightKind::F32;
   if (kind == "Q4_0") return WeightKind::Q4_0;
   if (kind == "Q4_1") return WeightKind::Q4_1;
+  if (kind == "Q5_0") return WeightKind::Q5_0;
   if (kind == "Q8_0") return WeightKind::Q8_0;
-  throw py::value_error(name + ": weight type must be one of F32, Q4_0, Q4_1, Q8_0, got '" + kind + "'");
+  if (kind == "Q4_K") return WeightKind::Q4_K;
+  if (kind == "Q5_K") return WeightKind::Q5_K;
+  if (kind == "Q6_K") return WeightKind::Q6_K;
+  throw py::value_error(name + ": weight type must be one of F32, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, got '" +
+                        kind + "'");
 }
 
 // (kind, array): F32 -> float32 [rows, cols]; quantized -> uint8 [rows, bytes per row] of whole blocks.
@@ -65,8 +71,9 @@ Linear parse_linear(const py::handle& spec, const std::string& name, int rows, i
     w.row_bytes = static_cast<size_t>(a.shape(1));
     if (w.row_bytes % bb)
       throw py::value_error(name + ": rows of " + std::to_string(w.row_bytes) + " bytes are not whole " +
-                            std::to_string(bb) + "-byte blocks");
-    w.cols = static_cast<int>(w.row_bytes / bb * kBlock);
+                            std::to_string(bb) + "-byte blocks of " + std::to_string(block_weights(w.kind)) +
+                            " weights (" + py::cast<std::string>(t[0]) + ")");
+    w.cols = static_cast<int>(w.row_bytes / bb * block_weights(w.kind));
   }
   if ((rows >= 0 && w.rows != rows) || (cols >= 0 && w.cols != cols))
     throw py::value_error(name + ": expected a [" + std::to_string(rows) + ", " + std::to_string(cols) +
@@ -341,10 +348,33 @@ py::array_t<float> linear(const py::handle& weight, const py::handle& x_o, int t
   return y;
 }
 
+// A quantized weight (type, uint8 [rows, bytes]) as float32 [rows, cols]: what the embedding
+// lookup reads, with gguf.quants' float32 operations.
+py::array_t<float> dequantize(const py::handle& weight) {
+  std::vector<py::object> keep;
+  const Linear w = parse_linear(weight, "weight", -1, -1, keep);
+  py::array_t<float> out({static_cast<py::ssize_t>(w.rows), static_cast<py::ssize_t>(w.cols)});
+  float* o = out.mutable_data();
+  {
+    py::gil_scoped_release nogil;
+    for (int r = 0; r < w.rows; ++r) {
+      const uint8_t* row = w.data + static_cast<size_t>(r) * w.row_bytes;
+      float* dst = o + static_cast<size_t>(r) * w.cols;
+      if (w.kind == WeightKind::F32) {
+        std::memcpy(dst, row, sizeof(float) * w.cols);
+      } else {
+        dequantize_ggml_row(w.kind, row, w.cols, dst);
+      }
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_cpu_kernels, m) {
-  m.doc() = "DeepInfer's native CPU decode path: ggml-block (Q4_0/Q4_1/Q8_0) and F32 kernels, whole decode steps";
+  m.doc() = "DeepInfer's native CPU decode path: ggml-block (Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q5_K/Q6_K) and F32 kernels, whole "
+            "decode steps";
   m.def("available_isas", [] {
     std::vector<std::string> out{"generic"};
 #if defined(DEEPINFER_HAVE_AVX2_KERNELS)
@@ -354,9 +384,25 @@ PYBIND11_MODULE(_cpu_kernels, m) {
     return out;
   }, "Kernel tables this build has and this CPU runs ('generic' always).");
   m.def("best_isa", [] { return std::string(best_kernels().name); }, "The kernel table used by default.");
+  m.def("weight_kernels", [](const std::string& isa) {
+    const Kernels& table = kernels_named(isa);
+    py::dict out;
+    for (const char* kind : {"F32", "Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"}) {
+      std::string runs = table.name;
+#if defined(DEEPINFER_HAVE_AVX2_KERNELS)
+      // the AVX-512 table hands the K-quants to the AVX2 kernels (kernels_avx512.cpp, gemv_quant)
+      if (&table == &avx512_kernels() && k_quant(parse_kind(kind, "kind"))) runs = avx2_kernels().name;
+#endif
+      out[kind] = runs;
+    }
+    return out;
+  }, py::arg("isa") = "best",
+     "{weight type: the kernel table whose GEMV runs it} for the table `isa` (every type the kernels take).");
   m.def("linear", &linear, py::arg("weight"), py::arg("x"), py::kw_only(), py::arg("num_threads") = 1,
         py::arg("isa") = "best",
         "x [rows, K] float32 times weight^T; weight is (type, array) as DecodeModel takes. Float32 [rows, N].");
+  m.def("dequantize", &dequantize, py::arg("weight"),
+        "weight (type, array) as DecodeModel takes, as float32 [rows, cols] (the embedding lookup's values).");
   py::class_<PyDecodeModel>(m, "DecodeModel",
                             "A Llama-family model's decode step over a paged KV cache, all layers in one call.")
       .def(py::init<int, int, int, int, int, int, int, float, int, const std::string&>(), py::arg("hidden_size"),

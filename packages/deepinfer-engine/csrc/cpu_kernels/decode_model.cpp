@@ -24,29 +24,7 @@ void dequantize_row(const Linear& w, int r, float* out) {
     std::memcpy(out, row, sizeof(float) * w.cols);
     return;
   }
-  const size_t bb = block_bytes(w.kind);
-  for (int i = 0; i < w.cols / kBlock; ++i) {
-    const uint8_t* blk = row + i * bb;
-    uint16_t h;
-    std::memcpy(&h, blk, 2);
-    const float d = fp16_to_float(h);
-    float* o = out + i * kBlock;
-    if (w.kind == WeightKind::Q8_0) {
-      for (int j = 0; j < kBlock; ++j) o[j] = static_cast<float>(static_cast<int8_t>(blk[2 + j])) * d;
-    } else if (w.kind == WeightKind::Q4_0) {
-      for (int j = 0; j < 16; ++j) {
-        o[j] = static_cast<float>((blk[2 + j] & 0x0F) - 8) * d;
-        o[j + 16] = static_cast<float>((blk[2 + j] >> 4) - 8) * d;
-      }
-    } else {  // Q4_1
-      std::memcpy(&h, blk + 2, 2);
-      const float m = fp16_to_float(h);
-      for (int j = 0; j < 16; ++j) {
-        o[j] = d * static_cast<float>(blk[4 + j] & 0x0F) + m;
-        o[j + 16] = d * static_cast<float>(blk[4 + j] >> 4) + m;
-      }
-    }
-  }
+  dequantize_ggml_row(w.kind, row, w.cols, out);
 }
 
 }  // namespace
@@ -103,7 +81,7 @@ Linear DecodeModel::regrouped(const Linear& ggml) {
   if (!quantized(ggml)) return ggml;
   auto buf = std::make_unique<uint8_t[]>(static_cast<size_t>(ggml.rows) * ggml.row_bytes);
   for (int r = 0; r < ggml.rows; ++r)
-    repack_row(ggml.kind, ggml.data + static_cast<size_t>(r) * ggml.row_bytes, ggml.cols / kBlock,
+    repack_row(ggml.kind, ggml.data + static_cast<size_t>(r) * ggml.row_bytes, ggml.cols / block_weights(ggml.kind),
                buf.get() + static_cast<size_t>(r) * ggml.row_bytes);
   Linear out = ggml;
   out.data = buf.get();

@@ -11,6 +11,18 @@
 // blocks: byte j of pair (2p, 2p + 1) holds weight j of block 2p in its low nibble and weight j
 // of block 2p + 1 in its high one (j < 32), so one 32-byte load, a shift and a mask give both
 // blocks' 64 codes in element order; an odd last block keeps ggml's 16-byte layout.
+// K-quants come in super-blocks of 256 weights (8 sub-blocks of 32) and run in ggml's layout
+// as stored (no regrouping):
+//   Q4_K (144 bytes): fp16 d, fp16 dmin, 12 bytes of 6-bit sub-block scales sc and mins m,
+//        128 bytes of nibbles                      w = d * sc_j * q - dmin * m_j
+//   Q5_K (176 bytes): as Q4_K plus 32 bytes of fifth bits (bit j of byte l: weight l of
+//        sub-block j)                              w = d * sc_j * q - dmin * m_j, q < 32
+//   Q6_K (210 bytes): 128 bytes of low nibbles, 64 of high pairs, 16 int8 scales (one per 16
+//        weights), fp16 d                          w = d * sc_i * (q - 32), q < 64
+// Q5_0 (22 bytes: fp16 d, 32 fifth bits (bit j: weight j), 16 bytes of nibbles in Q4_0's order,
+// w = (q - 16) * d) is regrouped as Q4_0 is, its fifth bits after the scales:
+//   [nibbles of every block, paired as Q4's][fp16 d of every block][4 bytes of fifth bits of every block]
+// so that the fifth bits of a pair of blocks are one 64-bit load (one byte mask on AVX-512).
 // Activations multiplied by quantized weights are quantized to 8 bits per block of 32 (as
 // ggml's Q8_1): x ~= q * d, |x - q * d| <= d / 2 with d = max|x| / 127, and s = d * sum(q).
 #pragma once
@@ -20,17 +32,30 @@
 
 namespace deepinfer::cpu {
 
-enum class WeightKind : int { F32 = 0, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 };
+// values: ggml's type ids
+enum class WeightKind : int { F32 = 0, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
 
 constexpr int kBlock = 32;
+constexpr int kSuper = 256;  // weights per K-quant super-block
 
-// bytes of one block of 32 weights (F32: 128)
+constexpr bool k_quant(WeightKind k) {
+  return k == WeightKind::Q4_K || k == WeightKind::Q5_K || k == WeightKind::Q6_K;
+}
+
+// weights per block of the kind's ggml layout
+constexpr int block_weights(WeightKind k) { return k_quant(k) ? kSuper : kBlock; }
+
+// bytes of one block of block_weights(k) weights (F32: 128)
 constexpr size_t block_bytes(WeightKind k) {
   switch (k) {
     case WeightKind::F32: return 4 * kBlock;
     case WeightKind::Q4_0: return 18;
     case WeightKind::Q4_1: return 20;
+    case WeightKind::Q5_0: return 22;
     case WeightKind::Q8_0: return 34;
+    case WeightKind::Q4_K: return 144;
+    case WeightKind::Q5_K: return 176;
+    case WeightKind::Q6_K: return 210;
   }
   return 0;
 }
@@ -46,8 +71,15 @@ struct Acts {
 // bytes of the codes of one block (the regrouped row holds nb of these, then the scales)
 constexpr size_t code_bytes(WeightKind k) { return k == WeightKind::Q8_0 ? 32 : 16; }
 
-// One row of nb ggml blocks -> the regrouped layout (same size).
+// Kinds whose kernels read ggml's blocks as stored (repack_row copies them).
+constexpr bool as_stored(WeightKind k) { return k_quant(k); }
+
+// One row of nb ggml blocks -> the regrouped layout (same size; as_stored kinds: a copy).
 void repack_row(WeightKind kind, const uint8_t* src, int nb, uint8_t* dst);
+
+// One row of `cols` weights in ggml's layout (any quantized kind) -> float32, with the float32
+// operations of gguf.quants' dequantization.
+void dequantize_ggml_row(WeightKind kind, const uint8_t* src, int cols, float* out);
 
 struct Kernels {
   const char* name;

@@ -5,6 +5,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <type_traits>
 
 #include "cpu_kernels/kernels.h"
 
@@ -37,6 +38,18 @@ inline __m256 dot_u8_s8(__m256i u, __m256i s) {
   return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
 }
 
+// 0x10 in byte j where bit j of the block's 32 fifth bits is set: byte j of the broadcast word
+// (shuffled so bytes 8c..8c+7 hold its byte c) masked with 1 << (j % 8).
+inline __m256i fifth_bits(const uint8_t* qh_bytes) {
+  uint32_t qh;
+  std::memcpy(&qh, qh_bytes, 4);
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int>(qh)),
+      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+}
+
 constexpr int kChunk = 64;  // blocks whose scale products are kept on the stack at once
 
 // R activation rows against one regrouped weight row of nb blocks. Per chunk of blocks, the
@@ -63,6 +76,7 @@ void row_dots(const uint8_t* row, int nb, int k, const Acts& x, float* y, int ld
       __m256 mw = _mm256_setzero_ps();
       if constexpr (K == WeightKind::Q4_1) mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(m_half + 2 * i)));
       if constexpr (K == WeightKind::Q4_0) mw = _mm256_mul_ps(dw, _mm256_set1_ps(-8.0f));
+      if constexpr (K == WeightKind::Q5_0) mw = _mm256_mul_ps(dw, _mm256_set1_ps(-16.0f));
       for (int r = 0; r < R; ++r) {
         const size_t at = static_cast<size_t>(r) * nb + i;
         _mm256_store_ps(ds[r] + (i - c0), _mm256_mul_ps(dw, _mm256_loadu_ps(x.d + at)));
@@ -71,7 +85,7 @@ void row_dots(const uint8_t* row, int nb, int k, const Acts& x, float* y, int ld
     }
     for (; i < c1; ++i) {
       const float dw = half_at(d_half + 2 * i);
-      const float mw = K == WeightKind::Q4_1 ? half_at(m_half + 2 * i) : -8.0f * dw;
+      const float mw = K == WeightKind::Q4_1 ? half_at(m_half + 2 * i) : K == WeightKind::Q5_0 ? -16.0f * dw : -8.0f * dw;
       for (int r = 0; r < R; ++r) {
         const size_t at = static_cast<size_t>(r) * nb + i;
         ds[r][i - c0] = dw * x.d[at];
@@ -89,6 +103,7 @@ void row_dots(const uint8_t* row, int nb, int k, const Acts& x, float* y, int ld
         const __m256i t = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + static_cast<size_t>(i & ~1) * cb));
         wq = _mm256_and_si256(i & 1 ? _mm256_srli_epi16(t, 4) : t, _mm256_set1_epi8(0x0F));
       }
+      if constexpr (K == WeightKind::Q5_0) wq = _mm256_or_si256(wq, fifth_bits(m_half + 4 * static_cast<size_t>(i)));
       const __m256i wabs = K == WeightKind::Q8_0 ? _mm256_sign_epi8(wq, wq) : wq;
       for (int r = 0; r < R; ++r) {
         __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + static_cast<size_t>(r) * k + i * kBlock));
@@ -101,8 +116,11 @@ void row_dots(const uint8_t* row, int nb, int k, const Acts& x, float* y, int ld
     y[static_cast<size_t>(r) * ldy] = hsum(_mm256_add_ps(acc[r][0], acc[r][1])) + hsum(off[r]) + off_tail[r];
 }
 
-template <WeightKind K>
-void gemv_kind(const uint8_t* w, size_t row_bytes, int k, const Acts& x, int rows, float* y, int ldy, int n0, int n1) {
+// Weight rows [n0, n1) against the activation rows in tiles of up to 4:
+// dots(std::integral_constant<int, R>, row, nb, k, tile's Acts, y of the tile's first row).
+template <class Dots>
+void gemv_tiles(const uint8_t* w, size_t row_bytes, int k, const Acts& x, int rows, float* y, int ldy, int n0, int n1,
+                Dots dots) {
   const int nb = k / kBlock;
   for (int n = n0; n < n1; ++n) {
     const uint8_t* row = w + static_cast<size_t>(n) * row_bytes;
@@ -110,18 +128,116 @@ void gemv_kind(const uint8_t* w, size_t row_bytes, int k, const Acts& x, int row
       const Acts xb{x.qs + static_cast<size_t>(b) * k, x.d + static_cast<size_t>(b) * nb, x.s + static_cast<size_t>(b) * nb};
       float* yb = y + static_cast<size_t>(b) * ldy + n;
       switch (rows - b) {
-        case 1: row_dots<1, K>(row, nb, k, xb, yb, ldy); b += 1; break;
-        case 2: row_dots<2, K>(row, nb, k, xb, yb, ldy); b += 2; break;
-        case 3: row_dots<3, K>(row, nb, k, xb, yb, ldy); b += 3; break;
-        default: row_dots<4, K>(row, nb, k, xb, yb, ldy); b += 4; break;
+        case 1: dots(std::integral_constant<int, 1>{}, row, nb, k, xb, yb); b += 1; break;
+        case 2: dots(std::integral_constant<int, 2>{}, row, nb, k, xb, yb); b += 2; break;
+        case 3: dots(std::integral_constant<int, 3>{}, row, nb, k, xb, yb); b += 3; break;
+        default: dots(std::integral_constant<int, 4>{}, row, nb, k, xb, yb); b += 4; break;
       }
     }
   }
 }
 
+template <WeightKind K>
+void gemv_kind(const uint8_t* w, size_t row_bytes, int k, const Acts& x, int rows, float* y, int ldy, int n0, int n1) {
+  gemv_tiles(w, row_bytes, k, x, rows, y, ldy, n0, n1, [ldy](auto r, const uint8_t* row, int nb, int kk, const Acts& xb, float* yb) {
+    row_dots<decltype(r)::value, K>(row, nb, kk, xb, yb, ldy);
+  });
+}
+
+// ---- K-quants (ggml's super-block layout as stored, see kernels.h) ----------------------------
+
+// Scales and mins (6 bits each) of the 8 sub-blocks of a Q4_K/Q5_K super-block's 12 scale bytes.
+inline void scales_mins_k4(const uint8_t* q, int* sc, int* m) {
+  for (int j = 0; j < 4; ++j) {
+    sc[j] = q[j] & 63;
+    m[j] = q[j + 4] & 63;
+    sc[j + 4] = (q[j + 8] & 0x0F) | ((q[j] >> 6) << 4);
+    m[j + 4] = (q[j + 8] >> 4) | ((q[j + 4] >> 6) << 4);
+  }
+}
+
+inline __m256i shift_right16(__m256i v, int n) { return _mm256_srl_epi16(v, _mm_cvtsi32_si128(n)); }
+
+// R activation rows against one K-quant weight row of nsb super-blocks. Per sub-block of 32 the
+// weight codes are unpacked once for the R rows. Q4_K/Q5_K: codes unsigned (maddubs against the
+// signed activations), one FMA of d sc_j xd_i per row, the mins through the activation block sums.
+// Q6_K: codes - 32 signed (|w| times x with w's sign), the two 16-weight halves weighted by their
+// int8 scales in one madd, one FMA of d xd_i per row.
+template <int R, WeightKind K>
+void row_dots_k(const uint8_t* row, int nsb, int k, const Acts& x, float* y, int ldy) {
+  constexpr size_t bb = block_bytes(K);
+  const int nb = k / kBlock;
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  __m256 acc[R];
+  float off[R];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm256_setzero_ps();
+    off[r] = 0.0f;
+  }
+  for (int s = 0; s < nsb; ++s) {
+    const uint8_t* blk = row + static_cast<size_t>(s) * bb;
+    if constexpr (K == WeightKind::Q6_K) {
+      const float d = half_at(blk + 208);
+      const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
+      for (int j = 0; j < 8; ++j) {
+        const int h = j / 4, u = j % 4, i = 8 * s + j;
+        const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * h + 32 * (u & 1)));
+        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h));
+        const __m256i lo = _mm256_and_si256(shift_right16(ql, 4 * (u >> 1)), low4);
+        const __m256i hi = _mm256_and_si256(_mm256_slli_epi16(shift_right16(qh, 2 * u), 4), _mm256_set1_epi8(0x30));
+        const __m256i wq = _mm256_sub_epi8(_mm256_or_si256(lo, hi), _mm256_set1_epi8(32));
+        const __m256i wabs = _mm256_sign_epi8(wq, wq);
+        const __m256i scales = _mm256_set_m128i(_mm_set1_epi16(sc[2 * j + 1]), _mm_set1_epi16(sc[2 * j]));
+        for (int r = 0; r < R; ++r) {
+          const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + static_cast<size_t>(r) * k + i * kBlock));
+          const __m256i p16 = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(xq, wq));
+          const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, scales));
+          acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d[static_cast<size_t>(r) * nb + i]), p, acc[r]);
+        }
+      }
+    } else {
+      const float d = half_at(blk), dmin = half_at(blk + 2);
+      int sc[8], m[8];
+      scales_mins_k4(blk + 4, sc, m);
+      const uint8_t* qs = blk + (K == WeightKind::Q5_K ? 48 : 16);
+      __m256i qh = _mm256_setzero_si256();
+      if constexpr (K == WeightKind::Q5_K) qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16));
+      for (int j = 0; j < 8; ++j) {
+        const int i = 8 * s + j;
+        const __m256i t = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * (j / 2)));
+        __m256i wq = _mm256_and_si256(j & 1 ? _mm256_srli_epi16(t, 4) : t, low4);
+        if constexpr (K == WeightKind::Q5_K) {
+          const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << j));
+          const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
+          wq = _mm256_or_si256(wq, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+        }
+        const float ds = d * static_cast<float>(sc[j]), dm = dmin * static_cast<float>(m[j]);
+        for (int r = 0; r < R; ++r) {
+          const size_t at = static_cast<size_t>(r) * nb + i;
+          const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + static_cast<size_t>(r) * k + i * kBlock));
+          acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(ds * x.d[at]), dot_u8_s8(wq, xq), acc[r]);
+          off[r] -= dm * x.s[at];
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) y[static_cast<size_t>(r) * ldy] = hsum(acc[r]) + off[r];
+}
+
+template <WeightKind K>
+void gemv_k(const uint8_t* w, size_t row_bytes, int k, const Acts& x, int rows, float* y, int ldy, int n0, int n1) {
+  gemv_tiles(w, row_bytes, k, x, rows, y, ldy, n0, n1, [ldy](auto r, const uint8_t* row, int, int kk, const Acts& xb, float* yb) {
+    row_dots_k<decltype(r)::value, K>(row, kk / kSuper, kk, xb, yb, ldy);
+  });
+}
+
 void gemv_quant(WeightKind kind, const uint8_t* w, size_t row_bytes, int k, const Acts& x, int rows,
                 float* y, int ldy, int n0, int n1) {
   switch (kind) {
+    case WeightKind::Q4_K: gemv_k<WeightKind::Q4_K>(w, row_bytes, k, x, rows, y, ldy, n0, n1); break;
+    case WeightKind::Q5_K: gemv_k<WeightKind::Q5_K>(w, row_bytes, k, x, rows, y, ldy, n0, n1); break;
+    case WeightKind::Q6_K: gemv_k<WeightKind::Q6_K>(w, row_bytes, k, x, rows, y, ldy, n0, n1); break;
+    case WeightKind::Q5_0: gemv_kind<WeightKind::Q5_0>(w, row_bytes, k, x, rows, y, ldy, n0, n1); break;
     case WeightKind::Q4_0: gemv_kind<WeightKind::Q4_0>(w, row_bytes, k, x, rows, y, ldy, n0, n1); break;
     case WeightKind::Q4_1: gemv_kind<WeightKind::Q4_1>(w, row_bytes, k, x, rows, y, ldy, n0, n1); break;
     case WeightKind::Q8_0: gemv_kind<WeightKind::Q8_0>(w, row_bytes, k, x, rows, y, ldy, n0, n1); break;

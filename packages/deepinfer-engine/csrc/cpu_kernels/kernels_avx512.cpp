@@ -37,10 +37,21 @@ alignas(64) constexpr int32_t kPairIndex[kGroup / 2][16] = {
 // The 64 codes of blocks i, i + 1 (regrouped layout, see kernels.h) in element order. Q4: the
 // pair's 32 bytes in both halves, masked to the low nibbles in the lower half and to the high
 // nibbles in the upper one -- block i + 1's codes times 16 (no shift; its scale carries the 1/16).
+// Q5_0: the low nibbles in the lower half, the high ones shifted down in the upper half (a fifth
+// bit times 16 would not fit a byte), then the pair's 64 fifth bits (one 64-bit load of the
+// regrouped bits) as 0x10 bytes.
 template <WeightKind K>
-inline __m512i pair_codes(const uint8_t* codes) {
+inline __m512i pair_codes(const uint8_t* row, int nb, size_t i) {
+  const uint8_t* codes = row + i * code_bytes(K);
   if constexpr (K == WeightKind::Q8_0) {
     return _mm512_loadu_si512(codes);
+  } else if constexpr (K == WeightKind::Q5_0) {
+    const __m256i t = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes));
+    const __m512i lo_hi = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(t), _mm256_srli_epi16(t, 4), 1),
+                                           _mm512_set1_epi8(0x0F));
+    uint64_t bits;
+    std::memcpy(&bits, row + static_cast<size_t>(nb) * 18 + 4 * i, 8);
+    return _mm512_or_si512(lo_hi, _mm512_and_si512(_mm512_movm_epi8(bits), _mm512_set1_epi8(0x10)));
   } else {
     const __m512i b = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes)));
     return _mm512_and_si512(b, _mm512_inserti64x4(_mm512_set1_epi8(0x0F), _mm256_set1_epi8(static_cast<char>(0xF0)), 1));
@@ -50,7 +61,7 @@ inline __m512i pair_codes(const uint8_t* codes) {
 // Per block of a group: 1, or 1/16 for the second block of a Q4 pair (its codes come times 16).
 template <WeightKind K>
 inline __m256 pair_code_scale() {
-  if constexpr (K == WeightKind::Q8_0) {
+  if constexpr (K == WeightKind::Q8_0 || K == WeightKind::Q5_0) {
     return _mm256_set1_ps(1.0f);
   } else {
     return _mm256_setr_ps(1.0f, 0.0625f, 1.0f, 0.0625f, 1.0f, 0.0625f, 1.0f, 0.0625f);
@@ -59,13 +70,18 @@ inline __m256 pair_code_scale() {
 
 // The 32 codes of an odd last block (ggml's layout for Q4).
 template <WeightKind K>
-inline __m256i single_codes(const uint8_t* codes) {
+inline __m256i single_codes(const uint8_t* row, int nb, size_t i) {
+  const uint8_t* codes = row + i * code_bytes(K);
   if constexpr (K == WeightKind::Q8_0) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes));
   } else {
     const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes));
-    return _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1),
-                            _mm256_set1_epi8(0x0F));
+    const __m256i q = _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1),
+                                       _mm256_set1_epi8(0x0F));
+    if constexpr (K != WeightKind::Q5_0) return q;
+    uint32_t bits;
+    std::memcpy(&bits, row + static_cast<size_t>(nb) * 18 + 4 * i, 4);
+    return _mm256_or_si256(q, _mm256_and_si256(_mm256_movm_epi8(bits), _mm256_set1_epi8(0x10)));
   }
 }
 
@@ -96,6 +112,7 @@ void quant_tile(const uint8_t* w, size_t row_bytes, int nb, int k, const Acts& x
       __m256 mw = _mm256_setzero_ps();
       if constexpr (K == WeightKind::Q4_1) mw = _mm256_cvtph_ps(_mm_maskz_loadu_epi16(m8, scales + 2 * (nb + g)));
       if constexpr (K == WeightKind::Q4_0) mw = _mm256_mul_ps(dw, _mm256_set1_ps(-8.0f));
+      if constexpr (K == WeightKind::Q5_0) mw = _mm256_mul_ps(dw, _mm256_set1_ps(-16.0f));
       const __m256 dwc = _mm256_mul_ps(dw, pair_code_scale<K>());  // exact: a power of two
       for (int r = 0; r < R; ++r) {
         _mm256_store_ps(ds[j][r], _mm256_mul_ps(dwc, dx[r]));
@@ -115,7 +132,7 @@ void quant_tile(const uint8_t* w, size_t row_bytes, int nb, int k, const Acts& x
       __m512i wv[NR], start[NR];
       __mmask64 neg[NR];
       for (int j = 0; j < NR; ++j) {
-        wv[j] = pair_codes<K>(w + j * row_bytes + i * cb);
+        wv[j] = pair_codes<K>(w + j * row_bytes, nb, i);
         start[j] = _mm512_setzero_si512();
         neg[j] = 0;
         if constexpr (q8_offset) {
@@ -146,7 +163,7 @@ void quant_tile(const uint8_t* w, size_t row_bytes, int nb, int k, const Acts& x
       const size_t i = static_cast<size_t>(g + count - 1);
       __m256i wu[NR], wq[NR];
       for (int j = 0; j < NR; ++j) {
-        wq[j] = single_codes<K>(w + j * row_bytes + i * cb);
+        wq[j] = single_codes<K>(w + j * row_bytes, nb, i);
         wu[j] = K == WeightKind::Q8_0 ? _mm256_abs_epi8(wq[j]) : wq[j];
       }
       for (int r = 0; r < R; ++r) {
@@ -199,6 +216,13 @@ void gemv_quant(WeightKind kind, const uint8_t* w, size_t row_bytes, int k, cons
     case WeightKind::Q4_0: gemv_kind<WeightKind::Q4_0>(w, row_bytes, k, x, rows, y, ldy, n0, n1); break;
     case WeightKind::Q4_1: gemv_kind<WeightKind::Q4_1>(w, row_bytes, k, x, rows, y, ldy, n0, n1); break;
     case WeightKind::Q8_0: gemv_kind<WeightKind::Q8_0>(w, row_bytes, k, x, rows, y, ldy, n0, n1); break;
+    case WeightKind::Q5_0: gemv_kind<WeightKind::Q5_0>(w, row_bytes, k, x, rows, y, ldy, n0, n1); break;
+    case WeightKind::Q4_K:
+    case WeightKind::Q5_K:
+    case WeightKind::Q6_K:
+      // the AVX2 K-quant kernels (this table's CPUs all have AVX2); no 512-bit versions yet
+      avx2_kernels().gemv_quant(kind, w, row_bytes, k, x, rows, y, ldy, n0, n1);
+      break;
     case WeightKind::F32: break;
   }
 }

@@ -1,7 +1,8 @@
 """The native CPU decode path (kept by hand; the runtime's models/native_decode.py is its user).
 
 Weights are ``(type, array)`` pairs: ``("F32", float32 [rows, cols])`` or ``("Q4_0" | "Q4_1" |
-"Q8_0", uint8 [rows, bytes per row])`` in ggml's block layout, as a GGUF file stores them.
+"Q5_0" | "Q8_0" | "Q4_K" | "Q5_K" | "Q6_K", uint8 [rows, bytes per row])`` in ggml's block layout,
+as a GGUF file stores them.
 """
 
 import numpy as np
@@ -11,8 +12,10 @@ WeightSpec = tuple[str, npt.NDArray[np.float32] | npt.NDArray[np.uint8]]
 
 def available_isas() -> list[str]: ...
 def best_isa() -> str: ...
+def weight_kernels(isa: str = "best") -> dict[str, str]: ...
 def linear(weight: WeightSpec, x: npt.NDArray[np.float32], *, num_threads: int = 1,
            isa: str = "best") -> npt.NDArray[np.float32]: ...
+def dequantize(weight: WeightSpec) -> npt.NDArray[np.float32]: ...
 
 class DecodeModel:
     def __init__(self, hidden_size: int, intermediate_size: int, num_layers: int, num_heads: int,

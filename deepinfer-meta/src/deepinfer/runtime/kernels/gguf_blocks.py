@@ -4,7 +4,8 @@ Two views of a quantized tensor:
 
 * ``dequantize`` — dense floats, computed with the same float32 operations in the same order as
   ``gguf.quants`` (so the result is bitwise what transformers' GGUF loader sees), ~50x faster than
-  the numpy version for the common types. Types without a torch decoder fall back to ``gguf.quants``.
+  the numpy version for the common types (Q4_0, Q4_1, Q8_0, Q4_K; Q5_0 and Q6_K, the other types
+  of a Q4_K_M file, ~2x). Types without a torch decoder fall back to ``gguf.quants``.
 * ``int4_groups`` — the tensor as 4-bit codes with a scale and a zero per group of 32 weights,
   ``w = (q - 8) * scale + zero``: the layout of torch's CPU int4 weight-only matmul. Q4_0, Q4_1 and
   Q4_K map onto it exactly (their scales are products of fp16 values); Q8_0 maps onto two such
@@ -24,7 +25,7 @@ GROUP = 32  # weights per scale in Q4_0/Q4_1/Q8_0 and per sub-block in Q4_K
 _QK_K = 256
 
 # name -> bytes per block of GROUP (or 256 for K-quants) weights
-_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34, "Q4_K": 144}
+_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q8_0": 34, "Q4_K": 144, "Q6_K": 210}
 INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K")  # one int4 tensor each
 SPLIT_INT4_TYPES = ("Q8_0",)  # two int4 tensors (high + low nibble)
 
@@ -110,6 +111,22 @@ def dequantize_torch(raw: torch.Tensor, kind: str) -> torch.Tensor | None:
     if kind == "Q4_K":
         q, scale, minimum = _q4k_parts(raw)
         return (scale[..., None] * q.float() - minimum[..., None]).reshape(rows, -1)
+    if kind == "Q5_0":  # fp16 d, 32 fifth bits, nibbles: d * (q - 16)
+        b = _blocks(raw, kind)
+        # bit j of the 4 little-endian bytes: weight j -> 0x10 where set
+        high = ((b[..., 2:6, None] >> torch.arange(8, dtype=torch.uint8)) & 1).reshape(*b.shape[:2], 32) << 4
+        q = (_nibbles(b[..., 6:], 16) | high).view(torch.int8) - 16
+        return (_f16(b[..., :2]) * q.float()).reshape(rows, -1)
+    if kind == "Q6_K":  # 128 low-nibble bytes, 64 high-pair bytes, 16 int8 scales, fp16 d
+        b = _blocks(raw, kind)
+        r, nb = b.shape[:2]
+        scale = _f16(b[..., 208:210]) * b[..., 192:208].contiguous().view(torch.int8).float()  # [R, nb, 16]
+        ql = b[..., :128].reshape(r, nb, 2, 1, 64) >> torch.tensor([0, 4], dtype=torch.uint8).reshape(2, 1)
+        ql = (ql & 0x0F).reshape(r, nb, 8, 32)
+        qh = b[..., 128:192].reshape(r, nb, 2, 1, 32) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).reshape(4, 1)
+        qh = (qh & 0x03).reshape(r, nb, 8, 32)
+        q = (ql | qh << 4).to(torch.int8) - 32
+        return (scale[..., None] * q.reshape(r, nb, 16, 16).float()).reshape(rows, -1)
     return None
 
 

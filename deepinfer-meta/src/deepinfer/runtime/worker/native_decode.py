@@ -1,9 +1,10 @@
 """The native CPU decode path: whole decode steps in ``deepinfer_engine._cpu_kernels``.
 
 On CPU with a float32 KV cache, a step whose rows are all decode rows (one new token per
-sequence) runs every layer in one native call: GEMVs over the GGUF file's own Q4_0/Q4_1/Q8_0
-blocks (read from the memory-mapped file, activations quantized to 8 bits per 32 values as
-llama.cpp does) or over the float32 parameters (``dtype="float32"``), fused RMSNorm, rotary,
+sequence) runs every layer in one native call: GEMVs over the GGUF file's own blocks (Q4_0,
+Q4_1, Q8_0, the K-quants Q4_K/Q5_K/Q6_K as stored, Q5_0 widened to Q8_0's layout at load --
+every type of a Q4_K_M file; activations quantized to 8 bits per 32 values as llama.cpp does)
+or over the float32 parameters (``dtype="float32"``), fused RMSNorm, rotary,
 SiLU·mul and paged attention over the runtime's KV cache layout, on a persistent pool of
 ``torch.get_num_threads()`` threads, without the GIL. Prefill and mixed steps stay on torch and
 share the same KV cache. ``DEEPINFER_CPU_NATIVE=0`` turns the path off (torch for every step).
@@ -15,6 +16,7 @@ logits and KV entries do not depend on which other rows share its steps (batch i
 
 from __future__ import annotations
 
+import collections
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -28,7 +30,7 @@ if TYPE_CHECKING:
     from deepinfer.runtime.loading.gguf_loader import GGUFModel
 
 ENV_SWITCH = "DEEPINFER_CPU_NATIVE"
-NATIVE_TYPES = ("Q4_0", "Q4_1", "Q8_0")
+NATIVE_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 WeightSpec = tuple[str, np.ndarray]
 
 
@@ -39,9 +41,19 @@ class Unsupported(Exception):
 class NativeDecode:
     """A registered ``_cpu_kernels.DecodeModel``; calling it runs one decode-only step."""
 
-    def __init__(self, native: Any, kind: str) -> None:
+    def __init__(self, native: Any, kind: str, parts: dict[str, collections.Counter[str]] | None = None) -> None:
         self.native = native
         self.kind = kind  # "quantized" or "float32"
+        # {tensor kind ("q/k/v", "mlp down", ...): {GGUF type or "F32": registered weights}}
+        self.parts = dict(parts or {})
+
+    @property
+    def weight_types(self) -> dict[str, int]:
+        """{GGUF type or "F32": registered weights of it} (embedding, head, every projection)."""
+        total: collections.Counter[str] = collections.Counter()
+        for c in self.parts.values():
+            total.update(c)
+        return dict(total)
 
     def __call__(self, input_ids: np.ndarray, positions: np.ndarray, slot_mapping: np.ndarray,
                  seq_lens: np.ndarray, block_tables: np.ndarray) -> torch.Tensor:
@@ -104,10 +116,18 @@ class _Weights:
         index = self.gguf.row_index(name, rows)  # llama.cpp's q/k row permutation, undone
         return kind, (raw if index is None else np.ascontiguousarray(raw[index.numpy()]))
 
+    def native_in_file(self, names: list[str]) -> bool:
+        """Whether every one of ``names`` is a 2-D tensor of the GGUF file in a native type (the
+        kernels then read the file's blocks, whatever layer the torch model holds for prefill)."""
+        if self.gguf is None:
+            return False
+        ts = [self.gguf.tensors.get(n) for n in names]
+        return all(t is not None and t.tensor_type.name in NATIVE_TYPES and len(t.shape) == 2 for t in ts)
+
     def linear(self, module: nn.Module, names: list[str], rows: list[slice]) -> list[WeightSpec]:
         from deepinfer.runtime.models.quantized import Int4Linear
 
-        if isinstance(module, Int4Linear):
+        if isinstance(module, Int4Linear) or self.native_in_file(names):
             return [self.gguf_blocks(n) for n in names]
         if isinstance(module, nn.Linear):
             w = _f32(module.weight)
@@ -152,19 +172,23 @@ def _build(model: LlamaForCausalLM, gguf: GGUFModel | None, kv_caches: list[torc
                                       cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
                                       cfg.vocab_size, cfg.rms_norm_eps, num_threads=num_threads)
     weights = _Weights(model, gguf)
+    parts: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     embed_name = "model.embed_tokens.weight"
-    if isinstance(model.embed_tokens, Q8Embedding):
-        native.set_embedding(weights.gguf_blocks(embed_name))
+    if isinstance(model.embed_tokens, Q8Embedding) or weights.native_in_file([embed_name]):
+        embedding = weights.gguf_blocks(embed_name)
     else:
-        native.set_embedding(("F32", _f32(model.embed_tokens.weight)))
+        embedding = ("F32", _f32(model.embed_tokens.weight))
+    native.set_embedding(embedding)
+    parts["embedding"][embedding[0]] += 1
     head_name = embed_name if model.config.tie_word_embeddings else "lm_head.weight"
-    if isinstance(model.quantized_head, Int4Linear):
+    if isinstance(model.quantized_head, Int4Linear) or weights.native_in_file([head_name]):
         head = weights.gguf_blocks(head_name)
     else:
         head = ("F32", _f32(model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight))
     native.set_output(_f32(model.norm.weight), head)
+    parts["lm head"][head[0]] += 1
     native.set_rotary(_f32(model.rotary.cos), _f32(model.rotary.sin))
-    quantized = isinstance(model.quantized_head, Int4Linear)
+    quantized = head[0] != "F32"
     for i, module in enumerate(model.layers):
         layer = cast(LlamaLayer, module)
         p = f"model.layers.{i}."
@@ -177,8 +201,58 @@ def _build(model: LlamaForCausalLM, gguf: GGUFModel | None, kv_caches: list[torc
                                  [slice(0, m), slice(m, 2 * m)])
         down = weights.linear(layer.down_proj, [p + "mlp.down_proj.weight"], [slice(None)])
         bias = getattr(layer.qkv_proj, "bias", None)
-        quantized = quantized or isinstance(layer.gate_up_proj, Int4Linear)
+        quantized = quantized or any(spec[0] != "F32" for spec in qkv + o + gate_up + down)
+        for part, specs in (("q/k/v", qkv), ("attn o", o), ("mlp gate/up", gate_up), ("mlp down", down)):
+            parts[part].update(spec[0] for spec in specs)
         native.set_layer(i, _f32(layer.input_layernorm.weight), qkv[0], qkv[1], qkv[2], o[0],
                          _f32(layer.post_attention_layernorm.weight), gate_up[0], gate_up[1], down[0],
                          None if bias is None else _f32(bias), kv_caches[i].numpy())
-    return NativeDecode(native, "quantized" if quantized else "float32")
+    return NativeDecode(native, "quantized" if quantized else "float32", dict(parts))
+
+
+def kernel_paths(model: nn.Module | None, native: NativeDecode | None) -> list[str]:
+    """Per tensor kind, what really runs: the weight types and the decode-step kernels (native, with
+    its instruction set, or torch), then the torch layer of prefill / mixed steps. One line each."""
+    from deepinfer.runtime.models.quantized import Int4Linear, Q8Embedding
+
+    def torch_path(m: Any) -> str:
+        if isinstance(m, Int4Linear):
+            return "torch int4 weight-only matmul (bfloat16 activations)"
+        if isinstance(m, Q8Embedding):
+            return "int8 rows, dequantized on lookup"
+        w = getattr(m, "weight", None)
+        return f"torch {str(w.dtype).replace('torch.', '')}" if isinstance(w, torch.Tensor) else type(m).__name__
+
+    layers = list(getattr(model, "layers", []) or [])
+    modules: dict[str, list[Any]] = {
+        "embedding": [getattr(model, "embed_tokens", None)],
+        "q/k/v": [getattr(layer, "qkv_proj", None) for layer in layers],
+        "attn o": [getattr(layer, "o_proj", None) for layer in layers],
+        "mlp gate/up": [getattr(layer, "gate_up_proj", None) for layer in layers],
+        "mlp down": [getattr(layer, "down_proj", None) for layer in layers],
+        "lm head": [getattr(model, "quantized_head", None) or getattr(model, "lm_head", None)
+                    or getattr(model, "embed_tokens", None)],
+    }
+    table: dict[str, str] = {}
+    if native is not None:
+        from deepinfer_engine import _cpu_kernels
+
+        table = dict(_cpu_kernels.weight_kernels(str(native.native.isa)))  # (K-quants: AVX2 on AVX-512)
+    lines = []
+    for part, mods in modules.items():
+        prefill = ", ".join(sorted({torch_path(m) for m in mods if m is not None})) or "-"
+        if native is None or part not in native.parts:
+            lines.append(f"{part}: decode and prefill {prefill}")
+            continue
+        types = native.parts[part]
+        if part == "embedding":
+            lines.append(f"{part}: decode native {', '.join(sorted(types))} rows, dequantized on lookup; "
+                         f"prefill {prefill}")
+            continue
+        kernels = []
+        for t in sorted(types):
+            where = f"{table.get(t, '?')} kernels"
+            act = "float32 activations" if t == "F32" else "int8 activations per 32"
+            kernels.append(f"{t} x{types[t]} ({where}, {act})")
+        lines.append(f"{part}: decode native {', '.join(kernels)}; prefill {prefill}")
+    return lines
