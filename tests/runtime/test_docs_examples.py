@@ -17,8 +17,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-# The serving page's examples talk to a running `deepinfer serve`: tests/serve runs them.
+# The serving page's examples talk to a running `deepinfer serve`: tests/serve runs them, and
+# the blocks of other pages that open an OpenAI client on the server's address.
 SERVER_PAGES = {"10-serving.md"}
+SERVER_BLOCK = 'OpenAI(base_url="http://127.0.0.1:8000'
+
 PAGES = [ROOT / "README.md", ROOT / "docs" / "quickstart.md",
          *sorted(p for p in (ROOT / "docs" / "guide").glob("*.md") if p.name not in SERVER_PAGES)]
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
@@ -68,6 +71,8 @@ def test_the_pages_have_python_examples():
 def test_python_blocks_of_the_page_run(page, memoised_llm, capsys):
     namespace: dict[str, object] = {"__name__": "__docs__"}
     for i, block in enumerate(python_blocks(page)):
+        if SERVER_BLOCK in block:  # run against a live server by tests/serve/test_docs_example.py
+            continue
         exec(compile(block, f"{page.name}[python block {i}]", "exec"), namespace)
         printed = capsys.readouterr().out
         assert printed.strip(), f"{page.name} block {i} printed nothing"

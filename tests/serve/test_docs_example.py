@@ -26,3 +26,21 @@ def test_the_serving_guide_python_example_runs(served_llm: Any, capsys: Any) -> 
     printed = capsys.readouterr().out
     assert "CompletionUsage" in printed and "completion_tokens=" in printed, printed
     assert len(printed.strip()) > 20, printed
+
+
+STRUCTURED = PAGE.parent / "13-structured-outputs.md"
+
+
+def test_the_structured_outputs_guide_server_example_runs(served_llm: Any, capsys: Any) -> None:
+    """Its server block (an OpenAI client on 127.0.0.1:8000) against the test server: the JSON
+    reply parses with the schema's keys, the choice is one of the two."""
+    import json
+
+    blocks = [b for b in BLOCK.findall(STRUCTURED.read_text()) if 'OpenAI(base_url="http://127.0.0.1:8000' in b]
+    assert blocks, "the structured outputs guide has no server example"
+    with start_server(served_llm) as server:
+        for code in blocks:
+            exec(compile(code.replace("http://127.0.0.1:8000", server.url), str(STRUCTURED), "exec"),
+                 {"__name__": "structured_guide_example"})
+    person, sentiment = capsys.readouterr().out.strip().splitlines()[-2:]
+    assert {"name", "age"} <= set(json.loads(person)) and sentiment in ("positive", "negative")
