@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 DIST = Path(os.environ.get("DEEPINFER_TEST_DIST", REPO / "dist"))
 CONSTRAINTS = os.environ.get("DEEPINFER_CONSTRAINTS", str(REPO / "constraints.txt"))
 THIRD_PARTY = ["torch", "transformers", "tokenizers", "safetensors", "gguf", "jinja2", "tqdm",
-               "numpy", "pluggy"]
+               "numpy", "pluggy", "xgrammar"]
 
 pytestmark = pytest.mark.skipif(
     not list(DIST.glob("deepinfer-*.whl")), reason="dist/ has no wheels: run `nox -s build`"
@@ -134,7 +134,8 @@ def test_serve_extra_resolves_from_dist_and_serve_says_when_it_is_missing(venv: 
     assert proc.returncode == 2, proc.stderr  # before the extra: a one-line hint, no model load
     assert "pip install 'deepinfer[serve]'" in proc.stderr
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
-    proc = _run(venv, *pip, "-c", CONSTRAINTS, "fastapi", "uvicorn", "prometheus-client", "pydantic")
+    proc = _run(venv, *pip, "-c", CONSTRAINTS, "fastapi", "uvicorn", "prometheus-client", "pydantic", "pyzmq",
+                "msgspec", "orjson", "uvloop", "httptools")
     assert proc.returncode == 0, proc.stderr
     proc = _run(venv, *pip, "--no-index", "--find-links", str(DIST), "deepinfer[serve]")
     assert proc.returncode == 0, proc.stderr
