@@ -142,6 +142,9 @@ def test_validate_params_refuses_a_request_and_names_resolve(llms):
         LLM(logits_processors=["no_such_module_xyz:Proc"], max_model_len=64, cpu_kv_cache_bytes=4 << 20)
     with pytest.raises(TypeError, match="lacks"):
         LLM(logits_processors=[int], max_model_len=64, cpu_kv_cache_bytes=4 << 20)
+    with pytest.raises(ValueError, match="speculative decoding"):  # verify steps would skip the processors
+        LLM(logits_processors=[TargetTokenProcessor], speculative_config={"method": "ngram", "num_speculative_tokens": 2},
+            max_model_len=64, cpu_kv_cache_bytes=4 << 20)
     named = LLM(logits_processors=[f"{__name__}:TargetTokenProcessor"], max_model_len=64,
                 cpu_kv_cache_bytes=4 << 20, num_threads=1)
     out = named.generate(["Hi"], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True,

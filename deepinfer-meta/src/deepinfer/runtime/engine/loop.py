@@ -213,6 +213,9 @@ class EngineLoop:
         # Custom logits processors (vLLM's v1 interface): built once here, run on every step.
         self.logits_processor_classes = tuple(logits_processors or ())
         self.logits_processors: Any = None
+        if self.logits_processor_classes and self.speculator is not None:  # verify steps would skip them
+            raise ValueError("logits_processors do not run with speculative decoding yet: drop speculative_config "
+                             "or logits_processors")
         if self.logits_processor_classes:
             from deepinfer.runtime.sampling.logits_processors import (
                 LogitsProcessors,

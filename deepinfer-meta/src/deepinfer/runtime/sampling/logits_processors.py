@@ -134,6 +134,23 @@ def processor_config(max_num_seqs: int, max_model_len: int, vocab_size: int, eng
 Key = tuple[str, int]  # (request id, sample index)
 
 
+def sample_row_keys(si: Any, metadata: Any, requests: Any = None) -> list[tuple[int, str, int]]:
+    """(sample row, request id, sample index) of each real sample row of the step whose sampler
+    inputs are ``si`` (engine order), only of the requests in ``requests`` when given. Copies
+    what it reads (the engine reuses its storage next step)."""
+    by_seq: dict[int, str] = {}
+    for i in range(len(metadata)):
+        m = metadata[i]
+        if requests is None or m.request_id in requests:
+            by_seq[int(m.seq_id)] = m.request_id
+    if not by_seq:
+        return []
+    n = int(si.driver.num_real_rows)
+    seq_ids = np.asarray(si.driver.seq_ids)[:n].tolist()
+    subs = np.asarray(si.kernel.subsequences)[:n].tolist()
+    return [(r, by_seq[s], int(subs[r])) for r, s in enumerate(seq_ids) if s in by_seq]
+
+
 class LogitsProcessors:
     """The engine loop's processors: batch bookkeeping, per-sample output token lists, apply."""
 
@@ -150,11 +167,7 @@ class LogitsProcessors:
 
     def step_keys(self, si: Any, metadata: Any) -> list[Key]:
         """(request id, sample index) of each sample row of the step (engine order)."""
-        by_seq = {int(metadata[i].seq_id): metadata[i].request_id for i in range(len(metadata))}
-        n = int(si.driver.num_real_rows)
-        seq_ids = np.asarray(si.driver.seq_ids)[:n].tolist()
-        subs = np.asarray(si.kernel.subsequences)[:n].tolist()
-        return [(by_seq[s], int(j)) for s, j in zip(seq_ids, subs, strict=True)]
+        return [(rid, j) for _, rid, j in sample_row_keys(si, metadata)]
 
     def apply(self, keys: list[Key], logits: torch.Tensor) -> torch.Tensor:
         """Tell the processors the batch (``keys``, one per row of ``logits``) and apply them."""

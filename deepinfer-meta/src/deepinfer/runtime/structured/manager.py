@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from deepinfer.runtime.sampling.logits_processors import sample_row_keys
+
 if TYPE_CHECKING:
     from collections.abc import Container
 
@@ -77,20 +79,7 @@ class StructuredOutputs:
         inputs are ``si``, or None when it has none. Copies what it reads (the engine reuses it)."""
         if not self.requests:
             return None
-        by_seq: dict[int, str] = {}
-        for i in range(len(metadata)):
-            m = metadata[i]
-            rid = m.request_id
-            if rid in self.requests:
-                by_seq[int(m.seq_id)] = rid
-        if not by_seq:
-            return None
-        drv = si.driver
-        n = int(drv.num_real_rows)
-        seq_ids = np.asarray(drv.seq_ids)[:n].tolist()
-        subs = np.asarray(si.kernel.subsequences)[:n].tolist()
-        rows = [(r, by_seq[s], subs[r]) for r, s in enumerate(seq_ids) if s in by_seq]
-        return rows or None
+        return sample_row_keys(si, metadata, self.requests) or None
 
     def _matcher(self, req: _Request, index: int) -> Any:
         matcher = req.matchers.get(index)
