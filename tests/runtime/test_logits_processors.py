@@ -150,3 +150,35 @@ def test_validate_params_refuses_a_request_and_names_resolve(llms):
     out = named.generate(["Hi"], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True,
                                                 extra_args={"target_token": TARGET}), use_tqdm=False)
     assert list(out[0].outputs[0].token_ids) == [TARGET] * 3
+
+
+class RaisingProcessor(LogitsProcessor):
+    """Raises in ``apply`` for a request whose extra_args ask it to."""
+
+    def __init__(self, vllm_config, device, is_pin_memory):
+        self.armed = False
+
+    def is_argmax_invariant(self):
+        return True
+
+    def update_state(self, batch_update):
+        if batch_update is not None:
+            self.armed = any((p.extra_args or {}).get("boom") for _, p, _, _ in batch_update.added if p is not None)
+
+    def apply(self, logits):
+        if self.armed:
+            raise RuntimeError("processor failed on purpose")
+        return logits
+
+
+def test_a_failing_processor_fails_its_step_and_the_engine_goes_on():
+    """Containment: a processor that raises fails the step it ran in, as a failed forward does
+    (the caller gets the error, nothing hangs); the next requests run."""
+    from deepinfer import LLM, SamplingParams
+
+    llm = LLM(logits_processors=[RaisingProcessor], max_model_len=64, cpu_kv_cache_bytes=4 << 20, num_threads=1)
+    with pytest.raises(RuntimeError, match="processor failed on purpose"):
+        llm.generate(["Hi"], SamplingParams(max_tokens=3, extra_args={"boom": True}), use_tqdm=False)
+    out = llm.generate(["Hi"], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 3
+    assert llm.engine.scheduler.block_manager.num_free_blocks == llm.engine.cfg.num_blocks
