@@ -53,6 +53,20 @@ def activation_bound(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     return amax @ wsum.T / 254 + slack
 
 
+def assert_linear_within_bound(kind: str, raw: np.ndarray, w: np.ndarray, x: np.ndarray) -> None:
+    """``ck.linear`` of the ``kind`` blocks ``raw`` (dequantized: ``w``) on ``x`` is within
+    ``activation_bound`` of the float64 product, on every ISA and with 1 and 2 threads."""
+    rows, n = x.shape[0], w.shape[0]
+    ref = x.astype(np.float64) @ w.T
+    bound = activation_bound(x, w)
+    for isa in ISAS:
+        for threads in (1, 2):
+            y = ck.linear((kind, raw), x, num_threads=threads, isa=isa)
+            assert y.shape == (rows, n) and y.dtype == np.float32
+            excess = np.abs(y - ref) - bound
+            assert excess.max() <= 0, f"{kind} {n}x{w.shape[1]} rows={rows} {isa}: over the bound by {excess.max()}"
+
+
 @pytest.mark.parametrize("kind", sorted(BLOCK_BYTES))
 def test_quantized_gemv_within_the_activation_rounding_bound(kind):
     rng = np.random.default_rng(1)
@@ -60,15 +74,7 @@ def test_quantized_gemv_within_the_activation_rounding_bound(kind):
         raw = random_blocks(rng, kind, n, k)
         w = dequantized(kind, raw)
         for rows in (1, 2, 3, 4, 5, 7, 16):
-            x = rng.standard_normal((rows, k)).astype(np.float32)
-            ref = x.astype(np.float64) @ w.T
-            bound = activation_bound(x, w)
-            for isa in ISAS:
-                for threads in (1, 2):
-                    y = ck.linear((kind, raw), x, num_threads=threads, isa=isa)
-                    assert y.shape == (rows, n) and y.dtype == np.float32
-                    excess = np.abs(y - ref) - bound
-                    assert excess.max() <= 0, f"{kind} {n}x{k} rows={rows} {isa}: over the bound by {excess.max()}"
+            assert_linear_within_bound(kind, raw, w, rng.standard_normal((rows, k)).astype(np.float32))
 
 
 def test_activation_rounding_is_what_the_bound_allows():

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 # (skips this module too where the engine has no _cpu_kernels or gguf is missing)
-from test_cpu_kernels import activation_bound, ck
+from test_cpu_kernels import assert_linear_within_bound, ck
 
 # type -> (weights per block, bytes per block)
 LAYOUT = {"Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210), "Q5_0": (32, 22)}
@@ -64,15 +64,7 @@ def test_gemv_within_the_activation_rounding_bound(kind):
         raw = random_blocks(rng, kind, n, k)
         w = dequantized(kind, raw)
         for rows in ROWS:
-            x = rng.standard_normal((rows, k)).astype(np.float32)
-            ref = x.astype(np.float64) @ w.T
-            bound = activation_bound(x, w)
-            for isa in ISAS:
-                for threads in (1, 2):
-                    y = ck.linear((kind, raw), x, num_threads=threads, isa=isa)
-                    assert y.shape == (rows, n) and y.dtype == np.float32
-                    excess = np.abs(y - ref) - bound
-                    assert excess.max() <= 0, f"{kind} {n}x{k} rows={rows} {isa}: over the bound by {excess.max()}"
+            assert_linear_within_bound(kind, raw, w, rng.standard_normal((rows, k)).astype(np.float32))
 
 
 @pytest.mark.parametrize("kind", sorted(LAYOUT))
