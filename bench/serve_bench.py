@@ -158,30 +158,47 @@ def process_tree(pid: int) -> list[int]:
 
 
 def cpu_seconds(pids: list[int]) -> float:
+    return sum(cpu_by_pid(pids).values())
+
+
+def cpu_by_pid(pids: list[int]) -> dict[int, float]:
     tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
+    out = {}
     for p in pids:
         try:
             with open(f"/proc/{p}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
+            out[p] = (int(fields[11]) + int(fields[12])) / tick
         except OSError:
             pass
-    return total
+    return out
+
+
+def is_core(pid: int) -> bool:
+    """Whether ``pid`` is an engine-core process (its command line names deepinfer.serve.core)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"deepinfer.serve.core" in f.read()
+    except OSError:
+        return False
 
 
 def run_clients(url: str, prompts: list[list[int]], output_len: int, stream: bool, procs: int,
                 server_pid: int) -> dict[str, object]:
     parts = [prompts[i::procs] for i in range(procs) if prompts[i::procs]]
     tree = process_tree(server_pid)
-    cpu0 = cpu_seconds(tree)
+    cpu0 = cpu_by_pid(tree)
     start_at = time.time() + 0.5 + 0.05 * len(parts)
     with multiprocessing.get_context("spawn").Pool(len(parts)) as pool:
         res = pool.starmap(_client_proc, [(url, p, output_len, stream, start_at) for p in parts])
-    cpu = cpu_seconds(tree) - cpu0
+    cpu1 = cpu_by_pid(tree)
+    spent = {p: cpu1[p] - cpu0.get(p, 0.0) for p in cpu1}
+    cpu = sum(spent.values())
+    core = sum(v for p, v in spent.items() if is_core(p))  # the engine core(s); the rest: front ends, supervisor
     tokens = sum(int(r["tokens"]) for r in res)  # type: ignore[call-overload]
     dt = max(float(r["end"]) for r in res) - min(float(r["start"]) for r in res)  # type: ignore[arg-type]
     return {"tok_s": tokens / dt, "tokens": tokens, "cpu_us_per_token": cpu / max(1, tokens) * 1e6,
+            "core_us_per_token": core / max(1, tokens) * 1e6,
             "ttft": [t for r in res for t in r["ttft"]], "itl": [t for r in res for t in r["itl"]]}  # type: ignore[attr-defined]
 
 
@@ -286,7 +303,7 @@ def _has_cuda() -> bool:
 
 def measure(args: argparse.Namespace, llm: object, url: str, pid: int, fresh: object, n: int, mode: str,
             procs: int) -> None:
-    ratios, serve_tps, gen_tps, ttft, itl, cpu = [], [], [], [], [], []
+    ratios, serve_tps, gen_tps, ttft, itl, cpu, core_cpu = [], [], [], [], [], [], []
     for r in range(args.repeats):
         prompts = fresh(n)  # type: ignore[operator]
         order = ("generate", "serve") if r % 2 == 0 else ("serve", "generate")
@@ -299,6 +316,7 @@ def measure(args: argparse.Namespace, llm: object, url: str, pid: int, fresh: ob
         serve_tps.append(res["serve"]["tok_s"])
         gen_tps.append(res["generate"]["tok_s"])
         cpu.append(res["serve"]["cpu_us_per_token"])
+        core_cpu.append(res["serve"]["core_us_per_token"])
         ttft += res["serve"]["ttft"]
         itl += res["serve"]["itl"]
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -307,7 +325,9 @@ def measure(args: argparse.Namespace, llm: object, url: str, pid: int, fresh: ob
     print(f"{mode:6s} {n:3d} clients / {procs:2d} procs: serve {statistics.median(serve_tps):8.1f} tok/s "
           f"(min {min(serve_tps):.1f} max {max(serve_tps):.1f}), generate {statistics.median(gen_tps):8.1f} "
           f"tok/s, ratio {statistics.median(ratios):.3f} (per repeat {', '.join(f'{x:.3f}' for x in ratios)}); "
-          f"{lat}; server CPU {statistics.median(cpu):.1f} us/token; load average {load}", flush=True)
+          f"{lat}; server CPU {statistics.median(cpu):.1f} us/token (engine core {statistics.median(core_cpu):.1f}, "
+          f"the rest {statistics.median(c - k for c, k in zip(cpu, core_cpu, strict=True)):.1f}); "
+          f"load average {load}", flush=True)
 
 
 def compare_replicas(args: argparse.Namespace) -> None:

@@ -28,8 +28,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
 
     m = EngineArgs.add_cli_args(p)  # the options generate, chat and bench take
     m.add_argument("--data-parallel-size", type=int, default=1,
-                   help="independent engine replicas, one process per group of --tensor-parallel-size "
-                        "GPUs (or N CPU replicas, --threads each: default the cores divided among them)")
+                   help="independent engine replicas, one engine-core process per group of "
+                        "--tensor-parallel-size GPUs (or N CPU replicas, --threads each: default the cores divided "
+                        "among them); every front end places requests on all of them")
     h = p.add_argument_group("HTTP")
     h.add_argument("--host", default="127.0.0.1", help="address to listen on")
     h.add_argument("--port", type=int, default=8000, help="port (0: any free port, printed at start)")
@@ -56,7 +57,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     # the engine-core process and its front ends (issue 25; docs/guide/10-serving.md, "Processes")
     c = p.add_argument_group("engine core and front ends")
     c.add_argument("--api-server-count", type=int, default=1,
-                   help="HTTP front-end processes over the one engine-core process (they share the port)")
+                   help="HTTP front-end processes (they share the port), each connected to every engine core")
     c.add_argument("--stream-interval", type=int, default=1,
                    help="a stream chunk waits for at least this many new tokens of its request (or its end); "
                         "every token available when a chunk is sent goes into it")
@@ -86,10 +87,9 @@ def _check(args: argparse.Namespace) -> None:
     for flag in ("api_server_count", "stream_interval", "max_stream_buffer"):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
-    if args.api_server_count > 1 and (args.engine_in_process or args.data_parallel_size > 1):
-        other = "--engine-in-process" if args.engine_in_process else "--data-parallel-size > 1"
+    if args.api_server_count > 1 and args.engine_in_process:
         raise ValueError(f"--api-server-count {args.api_server_count} needs the engine-core process; "
-                         f"{other} serves from one front end only")
+                         "--engine-in-process serves from one front end only")
 
 
 def default_served_name(model_path: str) -> str:
@@ -151,12 +151,10 @@ def run_serve(args: argparse.Namespace) -> int:
         from deepinfer.serve.app import build_app
 
         if _uses_core(args):
-            from deepinfer.serve.client import CoreProcess
-
-            core = CoreProcess(_llm_kwargs(args), log_level=args.log_level)
+            cores = start_cores(args)
             if args.api_server_count > 1:
-                return _supervise(args, core)
-            return _serve_one_frontend(args, core)
+                return _supervise(args, cores)
+            return _serve_one_frontend(args, cores)
         llm = _load(args)
         try:
             app = build_app(llm, serve_config(args, llm.model_path))
@@ -197,7 +195,37 @@ CORE_DEATH_EXIT_S = 3.5  # and exits (status 1) at the latest this long after th
 
 
 def _uses_core(args: argparse.Namespace) -> bool:
-    return not args.engine_in_process and args.data_parallel_size == 1
+    return not args.engine_in_process
+
+
+def start_cores(args: argparse.Namespace) -> list[Any]:
+    """The engine-core processes: one, or one per data-parallel replica (its device group, its
+    seed), loading their models together. A core that cannot load raises its error (the others
+    are stopped)."""
+    from deepinfer.serve.core_process import CoreProcess
+
+    kwargs = _llm_kwargs(args)
+    n = args.data_parallel_size
+    if n == 1:
+        return [CoreProcess(kwargs, log_level=args.log_level)]
+    from deepinfer.serve.replicas import plan_replicas, replica_seed
+
+    placements = plan_replicas(kwargs.pop("device", None), n, args.tensor_parallel_size,
+                               kwargs.pop("num_threads", None))
+    cores: list[Any] = []
+    try:
+        for i, place in enumerate(placements):
+            llm_i = {**kwargs, "device": place.device, "num_threads": place.num_threads,
+                     "seed": replica_seed(kwargs.get("seed", 0), i)}
+            cores.append(CoreProcess(llm_i, log_level=args.log_level, env=place.env, wait=False,
+                                     name=f"replica {i}"))
+        for c in cores:
+            c.wait_ready()
+    except BaseException:
+        for c in cores:
+            c.stop(10.0)
+        raise
+    return cores
 
 
 def _llm_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -206,10 +234,11 @@ def _llm_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return EngineArgs.from_cli_args(args).to_kwargs()  # type: ignore[no-any-return]
 
 
-def run_frontend(args: argparse.Namespace, address: str, info: dict[str, Any], sockets: list[Any] | None = None,
-                 announce: bool = True) -> int:
-    """Serve HTTP as one front end of the engine core at ``address`` until SIGTERM/SIGINT (0) or
-    the core's death (1: every open request got its error first; at most CORE_DEATH_EXIT_S later)."""
+def run_frontend(args: argparse.Namespace, addresses: list[str], infos: list[dict[str, Any]],
+                 sockets: list[Any] | None = None, announce: bool = True) -> int:
+    """Serve HTTP as one front end of the engine cores at ``addresses`` until SIGTERM/SIGINT (0)
+    or every core's death (1: every open request got its error first; at most CORE_DEATH_EXIT_S
+    later)."""
     import threading
 
     from deepinfer.serve.app import build_app
@@ -232,29 +261,31 @@ def run_frontend(args: argparse.Namespace, address: str, info: dict[str, Any], s
             t.daemon = True
             t.start()
 
-    client = EngineClient(address, info, max_stream_buffer=args.max_stream_buffer, on_core_death=on_core_death)
+    client = EngineClient(addresses, infos, max_stream_buffer=args.max_stream_buffer, on_core_death=on_core_death)
     app = build_app(client, serve_config(args, client.model_path))
     server = _uvicorn_server(app, args, announce=announce)
     server.run(sockets=sockets)
     return status["code"]
 
 
-def _serve_one_frontend(args: argparse.Namespace, core: Any) -> int:
+def _serve_one_frontend(args: argparse.Namespace, cores: list[Any]) -> int:
     try:
-        code = run_frontend(args, core.address, core.info)
+        code = run_frontend(args, [c.address for c in cores], [c.info for c in cores])
     finally:
-        core_code = core.stop(10.0)
-    if code == 0 and core_code not in (0, None, -15):
-        logging.getLogger("deepinfer.serve").error("the engine core exited with code %s", core_code)
+        core_codes = [c.stop(10.0) for c in cores]
+    bad = [(c.name, k) for c, k in zip(cores, core_codes, strict=True) if k not in (0, None, -15)]
+    if code == 0 and bad and len(cores) == 1:
+        logging.getLogger("deepinfer.serve").error("the engine core exited with code %s", bad[0][1])
         return 1
     return code
 
 
-def _supervise(args: argparse.Namespace, core: Any) -> int:
+def _supervise(args: argparse.Namespace, cores: list[Any]) -> int:
     """--api-server-count N > 1: N front-end processes accept on one listening socket bound
-    here; this process watches them and the core. The core's death ends the server (status 1);
-    a front end's death costs only its own requests (the core aborts them); SIGTERM/SIGINT
-    drains every front end, then stops the core (status 0)."""
+    here; this process watches them and the cores. The death of every core ends the server
+    (status 1; with data-parallel replicas one dead core costs only its requests); a front end's
+    death costs only its own requests (the cores abort them); SIGTERM/SIGINT drains every front
+    end, then stops the cores (status 0)."""
     import json
     import signal
     import socket
@@ -265,18 +296,20 @@ def _supervise(args: argparse.Namespace, core: Any) -> int:
     try:
         sock = socket.create_server((args.host, args.port), backlog=2048)
     except OSError:
-        core.stop(10.0)
+        for c in cores:
+            c.stop(10.0)
         raise
     sock.set_inheritable(True)
     host, port = sock.getsockname()[:2]
     options = {k: v for k, v in vars(args).items() if k != "func"}
     frontends = []
     for i in range(args.api_server_count):
-        config = {"options": options, "fd": sock.fileno(), "address": core.address, "info": core.info, "index": i}
+        config = {"options": options, "fd": sock.fileno(), "addresses": [c.address for c in cores],
+                  "infos": [c.info for c in cores], "index": i}
         frontends.append(subprocess.Popen([sys.executable, "-m", "deepinfer.cli.serve", json.dumps(config)],
                                           pass_fds=(sock.fileno(),), stdin=subprocess.DEVNULL))
-    log.info("engine core pid %d; %d front ends: pids %s", core.pid, len(frontends),
-             ", ".join(str(p.pid) for p in frontends))
+    log.info("engine core pid%s %s; %d front ends: pids %s", "s" if len(cores) > 1 else "",
+             ", ".join(str(c.pid) for c in cores), len(frontends), ", ".join(str(p.pid) for p in frontends))
     log.info("listening on http://%s:%d", host, port)
     stop: dict[str, int | None] = {"signal": None}
 
@@ -285,6 +318,7 @@ def _supervise(args: argparse.Namespace, core: Any) -> int:
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     reported: set[int] = set()
+    reported_cores: set[int] = set()
     code = 0
     try:
         while True:
@@ -294,8 +328,12 @@ def _supervise(args: argparse.Namespace, core: Any) -> int:
                         p.send_signal(signal.SIGTERM)
                 _wait_all(frontends, args.shutdown_timeout + 10.0)
                 break
-            if core.poll() is not None:
-                log.error("the engine core (pid %d) exited with code %s: the server exits", core.pid, core.poll())
+            for c in cores:
+                if c.poll() is not None and c.pid not in reported_cores:
+                    reported_cores.add(c.pid)
+                    log.error("the %s (pid %d) exited with code %s", c.name, c.pid, c.poll())
+            if len(reported_cores) == len(cores):
+                log.error("no engine core runs: the server exits")
                 _wait_all(frontends, CORE_DEATH_EXIT_S + 1.0)
                 code = 1
                 break
@@ -314,7 +352,8 @@ def _supervise(args: argparse.Namespace, core: Any) -> int:
             signal.signal(s, h)
         _wait_all(frontends, 0.0)
         sock.close()
-        core.stop(10.0)
+        for c in cores:
+            c.stop(10.0)
     return code
 
 
@@ -333,7 +372,8 @@ def _wait_all(procs: list[Any], timeout: float) -> None:
 
 
 def _load(args: argparse.Namespace) -> Any:
-    """The in-process LLM, or with --data-parallel-size N > 1 the N replica processes."""
+    """--engine-in-process: the in-process LLM, or with --data-parallel-size N > 1 the N replica
+    processes behind this one HTTP process (the layout before the engine core)."""
     from deepinfer.runtime.engine_args import EngineArgs
 
     kwargs = EngineArgs.from_cli_args(args).to_kwargs()
@@ -363,7 +403,7 @@ def frontend_main(config: dict[str, Any]) -> int:
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s %(name)s [front end {config['index']}]: %(message)s")
     sock = socket.socket(fileno=config["fd"])  # family and type read from the descriptor
-    return run_frontend(args, config["address"], config["info"], sockets=[sock], announce=False)
+    return run_frontend(args, config["addresses"], config["infos"], sockets=[sock], announce=False)
 
 
 def register(subparsers: Any) -> None:

@@ -112,10 +112,15 @@ class ServingState:
             self.max_model_len: int = llm.max_model_len
             self.vocab_size: int = llm.vocab_size
             self.max_num_seqs: int = llm.max_num_seqs
-            families = MetricFamilies(self.max_model_len)
-            llm.metrics = ServerMetrics(name, self.max_model_len, llm.num_blocks, families, cache=llm.cache_info)
+            per_engine = llm.size > 1  # data-parallel replicas: one engine core each (issue 25)
+            families = MetricFamilies(self.max_model_len, per_engine=per_engine)
+            llm.attach_metrics([ServerMetrics(name, self.max_model_len, blocks, families,
+                                              engine=i if per_engine else None, cache=cache)
+                                for i, (blocks, cache) in enumerate(zip(llm.num_blocks, llm.cache_infos,
+                                                                        strict=True))])
             self.engine = llm
-            self.capacity_rule = "max_num_seqs + max_queue, per front end"
+            self.capacity_rule = (f"{llm.size} replicas x " if per_engine else "") + \
+                "max_num_seqs + max_queue, per front end"
         elif isinstance(llm, ReplicaSet):
             self.max_model_len = llm.max_model_len
             self.vocab_size = llm.vocab_size
@@ -137,7 +142,8 @@ class ServingState:
         self.metrics = families
         self.strings = TokenStrings(self.tokenizer)
         self.token_ids = self.strings.ids()
-        self.capacity = (llm.size if isinstance(llm, ReplicaSet) else 1) * self.max_num_seqs + config.max_queue
+        self.capacity = (llm.size if isinstance(llm, ReplicaSet | EngineClient) else 1) * self.max_num_seqs \
+            + config.max_queue
         self.in_flight = 0  # engine requests admitted and not yet finished (event-loop thread only)
         # Tokenizing and chat templates run here, off the event loop: a long prompt must not
         # stall every other stream and /health (the tokenizer releases the GIL while it works).

@@ -254,6 +254,16 @@ def stop_automaton(stops: tuple[str, ...]) -> StopAutomaton:
     return StopAutomaton(stops)
 
 
+def text_token_ids(ids: list[int], finish_reason: str | None, stop_reason: int | str | None,
+                   include_stop_str_in_output: bool) -> list[int]:
+    """The tokens of a sample's last output that make text. A sample ended by a stop token (EOS
+    or stop_token_ids: finish "stop" without a stop string) keeps the token in token_ids but not
+    its text, as in vLLM."""
+    if ids and finish_reason == "stop" and not isinstance(stop_reason, str) and not include_stop_str_in_output:
+        return ids[:-1]
+    return ids
+
+
 def _decoder(tokenizer: Any) -> Any:
     # The raw tokenizers.Tokenizer decodes much faster than the transformers wrapper.
     backend = getattr(tokenizer, "backend_tokenizer", None)

@@ -33,7 +33,11 @@ from typing import Any
 
 import numpy as np
 
-from deepinfer.runtime.engine.detokenizer import IncrementalDetokenizer, decode_completion
+from deepinfer.runtime.engine.detokenizer import (
+    IncrementalDetokenizer,
+    decode_completion,
+    text_token_ids,
+)
 from deepinfer.runtime.engine.executor import StepExecutor, StepShape
 from deepinfer.runtime.engine.overlap import Overlap
 from deepinfer.runtime.interrupts import sigint_deferred as _sigint_deferred
@@ -572,12 +576,7 @@ class EngineLoop:
 
     @staticmethod
     def _text_ids(state: _RequestState, c: Any, ids: list[int]) -> list[int]:
-        # A sample ended by a stop token (EOS or stop_token_ids: finish "stop" without a stop
-        # string) keeps the token in token_ids but not its text, as in vLLM.
-        if ids and c.finish_reason == "stop" and not isinstance(c.stop_reason, str) \
-                and not state.params.include_stop_str_in_output:
-            return ids[:-1]
-        return ids
+        return text_token_ids(ids, c.finish_reason, c.stop_reason, state.params.include_stop_str_in_output)
 
     def _watch_stop_strings(self, ro: Any, state: _RequestState) -> None:
         """Feed one output's new tokens to its detokenizers; a stop string found ends its sample
