@@ -10,14 +10,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 
 import httpx
 from conftest import metrics, wait_until
 from test_engine_core import RawStream, greedy, pids, started, stopped
 
-PROMPTS = ["Tell me a story", "Count to a hundred", "The capital of France", "Once upon a time",
-           "List the planets", "Say hello"]
+PROMPTS = ["Tell me a story", "Count to a hundred", "The capital of France", "Once upon a time"]
 
 
 def _ended(pid: int) -> bool:
@@ -37,25 +35,28 @@ def test_two_front_ends_over_two_cores_spread_requests_and_a_killed_core_fails_o
         fronts = pids(lines, "front ends")
         assert len(cores) == 2 and len(fronts) == 2
         # ---- outputs equal LLM.generate and both cores serve
-        streams = [RawStream(url, {"prompt": p, "max_tokens": 24, "ignore_eos": True, "temperature": 0})
+        streams = [RawStream(url, {"prompt": p, "max_tokens": 16, "ignore_eos": True, "temperature": 0})
                    for p in PROMPTS]
         for s, p in zip(streams, PROMPTS, strict=True):
             assert s.status == 200
             assert s.events()[-1] == "[DONE]"
-            assert s.text() == greedy(reference_llm, p, 24)
+            assert s.text() == greedy(reference_llm, p, 16)
             s.close()
         m = metrics(url)  # one front end's view: each core's counts reach every front end
         served = [m[f"deepinfer:request_success_total{{engine={e},finished_reason=length}}"] for e in (0, 1)]
         assert sum(served) == len(PROMPTS) and min(served) >= 1, served
         generated = [m[f"deepinfer:generation_tokens_total{{engine={e}}}"] for e in (0, 1)]
-        assert sum(generated) == 24 * len(PROMPTS)
+        assert sum(generated) == 16 * len(PROMPTS)
         # ---- a killed core: its streams get an error event naming it, the others finish exactly
-        long = [RawStream(url, {"prompt": p, "max_tokens": 200, "ignore_eos": True, "temperature": 0})
+        # (four streams: whatever the split over the front ends, each core gets one or more)
+        long = [RawStream(url, {"prompt": p, "max_tokens": 100, "ignore_eos": True, "temperature": 0})
                 for p in PROMPTS]
         for s in long:
             assert s.status == 200 and s.events(1)
         os.kill(cores[1], signal.SIGKILL)
-        killed = time.monotonic()
+        health: list[httpx.Response] = []
+        wait_until(lambda: health.append(httpx.get(f"{url}/health", timeout=5)) or health[-1].status_code == 503,
+                   5, "/health reports the dead core")
         failed = finished = 0
         for s, p in zip(long, PROMPTS, strict=True):
             events = s.events()
@@ -66,16 +67,14 @@ def test_two_front_ends_over_two_cores_spread_requests_and_a_killed_core_fails_o
                     last["error"]["message"], last
                 failed += 1
             else:
-                assert s.text() == greedy(reference_llm, p, 200)
+                assert s.text() == greedy(reference_llm, p, 100)
                 finished += 1
             s.close()
         # each front end alternates its requests over the cores: both had some on each
         assert failed >= 1 and finished >= 1, (failed, finished)
-        assert time.monotonic() - killed < 60  # bounded: no hang
-        health = httpx.get(f"{url}/health", timeout=10)
-        assert health.status_code == 503 and "replica 1 died" in health.json()["error"]["message"]
-        assert "1 of 2 replicas serving" in health.json()["error"]["message"]
-        for _ in range(4):  # both front ends (whichever accepts) send new requests to the live core
+        reason = health[-1].json()["error"]["message"]
+        assert "replica 1 died" in reason and "1 of 2 replicas serving" in reason, reason
+        for _ in range(3):  # both front ends (whichever accepts) send new requests to the live core
             again = httpx.post(f"{url}/v1/completions", timeout=60, json={
                 "model": "m", "prompt": "The capital of France is", "max_tokens": 4, "temperature": 0})
             assert again.status_code == 200, again.text

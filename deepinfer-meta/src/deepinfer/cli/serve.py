@@ -97,7 +97,8 @@ def default_served_name(model_path: str) -> str:
     return name[:-5] if name.lower().endswith(".gguf") else name
 
 
-def _uvicorn_server(app: Any, args: argparse.Namespace, announce: bool = True) -> Any:
+def _uvicorn_server(app: Any, args: argparse.Namespace, announce: bool = True,
+                    on_started: Any = None) -> Any:
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -122,6 +123,8 @@ def _uvicorn_server(app: Any, args: argparse.Namespace, announce: bool = True) -
 
         async def startup(self, sockets: Any = None) -> None:
             await super().startup(sockets)
+            if on_started is not None and not self.should_exit:
+                on_started()
             for server in getattr(self, "servers", []) if announce else []:
                 for sock in server.sockets:
                     host, port = sock.getsockname()[:2]
@@ -235,7 +238,7 @@ def _llm_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_frontend(args: argparse.Namespace, addresses: list[str], infos: list[dict[str, Any]],
-                 sockets: list[Any] | None = None, announce: bool = True) -> int:
+                 sockets: list[Any] | None = None, announce: bool = True, on_started: Any = None) -> int:
     """Serve HTTP as one front end of the engine cores at ``addresses`` until SIGTERM/SIGINT (0)
     or every core's death (1: every open request got its error first; at most CORE_DEATH_EXIT_S
     later)."""
@@ -263,7 +266,7 @@ def run_frontend(args: argparse.Namespace, addresses: list[str], infos: list[dic
 
     client = EngineClient(addresses, infos, max_stream_buffer=args.max_stream_buffer, on_core_death=on_core_death)
     app = build_app(client, serve_config(args, client.model_path))
-    server = _uvicorn_server(app, args, announce=announce)
+    server = _uvicorn_server(app, args, announce=announce, on_started=on_started)
     server.run(sockets=sockets)
     return status["code"]
 
@@ -303,11 +306,22 @@ def _supervise(args: argparse.Namespace, cores: list[Any]) -> int:
     host, port = sock.getsockname()[:2]
     options = {k: v for k, v in vars(args).items() if k != "func"}
     frontends = []
+    ready_pipes = []
     for i in range(args.api_server_count):
+        ready_r, ready_w = os.pipe()  # the front end writes one byte once it serves
         config = {"options": options, "fd": sock.fileno(), "addresses": [c.address for c in cores],
-                  "infos": [c.info for c in cores], "index": i}
+                  "infos": [c.info for c in cores], "index": i, "ready_fd": ready_w}
         frontends.append(subprocess.Popen([sys.executable, "-m", "deepinfer.cli.serve", json.dumps(config)],
-                                          pass_fds=(sock.fileno(),), stdin=subprocess.DEVNULL))
+                                          pass_fds=(sock.fileno(), ready_w), stdin=subprocess.DEVNULL))
+        os.close(ready_w)
+        ready_pipes.append(ready_r)
+    # "listening" once every front end serves: each has said hello to every core by then, so
+    # each sees (in its /metrics) every request the others are sent from then on
+    for r in ready_pipes:
+        try:
+            os.read(r, 1)  # b"" when that front end exited first: the loop below reports it
+        finally:
+            os.close(r)
     log.info("engine core pid%s %s; %d front ends: pids %s", "s" if len(cores) > 1 else "",
              ", ".join(str(c.pid) for c in cores), len(frontends), ", ".join(str(p.pid) for p in frontends))
     log.info("listening on http://%s:%d", host, port)
@@ -403,7 +417,16 @@ def frontend_main(config: dict[str, Any]) -> int:
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s %(name)s [front end {config['index']}]: %(message)s")
     sock = socket.socket(fileno=config["fd"])  # family and type read from the descriptor
-    return run_frontend(args, config["addresses"], config["infos"], sockets=[sock], announce=False)
+    ready_fd = config.get("ready_fd")
+
+    def on_started() -> None:  # tell the supervisor that this front end serves
+        if ready_fd is not None:
+            with contextlib.suppress(OSError):
+                os.write(ready_fd, b"r")
+                os.close(ready_fd)
+
+    return run_frontend(args, config["addresses"], config["infos"], sockets=[sock], announce=False,
+                        on_started=on_started)
 
 
 def register(subparsers: Any) -> None:
