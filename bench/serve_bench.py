@@ -1,7 +1,7 @@
 """``deepinfer serve`` vs in-process ``LLM.generate`` on the same requests (CPU or GPU).
 
     python bench/serve_bench.py [--clients 16 64] [--input-len 32] [--output-len 32] [--repeats 3]
-        [--mode stream plain] [--client-procs 8] [--shape smollm2-135m] [--api-server-count 1]
+        [--mode stream plain] [--client-procs 8] [--shape smollm2-135m] [--api-server-count 1 2 4]
 
 The server runs as its own processes (``python -m deepinfer serve``: the engine core and its
 front ends, the same engine settings). N concurrent clients, spread over ``--client-procs``
@@ -52,7 +52,8 @@ import numpy as np
 
 
 def start_server(args: argparse.Namespace, max_num_seqs: int, replicas: int = 1,
-                 gpu_memory_utilization: float | None = None) -> tuple[subprocess.Popen[str], str]:
+                 gpu_memory_utilization: float | None = None, api_servers: int | None = None
+                 ) -> tuple[subprocess.Popen[str], str]:
     cmd = [sys.executable, "-m", "deepinfer", "serve", "--port", "0", "--served-model-name", "bench",
            "--max-num-seqs", str(max_num_seqs), "--max-model-len", str(args.max_model_len),
            "--log-level", "info", "--data-parallel-size", str(replicas)]
@@ -67,8 +68,8 @@ def start_server(args: argparse.Namespace, max_num_seqs: int, replicas: int = 1,
         cmd += ["--threads", str(args.threads)]
     if args.device:
         cmd += ["--device", args.device]
-    if replicas == 1:
-        cmd += ["--api-server-count", str(args.api_server_count), "--stream-interval", str(args.stream_interval)]
+    cmd += ["--api-server-count", str(api_servers or args.api_server_count[0]),
+            "--stream-interval", str(args.stream_interval)]
     cmd += getattr(args, "server_args", "").split()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
@@ -230,7 +231,9 @@ def main() -> None:
     parser.add_argument("--mode", nargs="+", default=["stream", "plain"], choices=["stream", "plain"])
     parser.add_argument("--client-procs", type=int, nargs="+", default=[8],
                         help="client processes (several values: each is measured, to show it does not matter)")
-    parser.add_argument("--api-server-count", type=int, default=1)
+    parser.add_argument("--api-server-count", type=int, nargs="+", default=[1],
+                        help="front-end processes of the server (several values: a server for each, "
+                             "measured in turn, each against a fresh in-process LLM)")
     parser.add_argument("--server-args", default="", help="more options of the server, one string "
                         "(give it with '=': --server-args=--engine-in-process)")
     parser.add_argument("--stream-interval", type=int, default=1)
@@ -241,6 +244,10 @@ def main() -> None:
     parser.add_argument("--gpu-memory-utilization", type=float, default=None,
                         help="the server's share of the GPU (default 0.4; the in-process LLM gets as much KV)")
     args = parser.parse_args()
+    try:  # torch before any deepinfer native module (docs/troubleshooting.md: the H200's static libstdc++)
+        import torch
+    except ImportError:
+        pass
     if args.shape:
         sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "runtime"))
         from gpu_shapes import write_shape_dir
@@ -259,37 +266,60 @@ def main() -> None:
     max_seqs = max(args.clients)
     cuda = (args.device or "").startswith("cuda") or (args.device is None and _has_cuda())
     share = args.gpu_memory_utilization if args.gpu_memory_utilization is not None else 0.4
-    proc, url = start_server(args, max_seqs, gpu_memory_utilization=share if cuda else None)
-    try:
-        kwargs: dict[str, object] = {}
-        if cuda:  # the server holds its share now: the LLM gets as much on top of what is in use
-            import torch
+    rows: list[dict[str, object]] = []
+    rng = np.random.default_rng(0)
+    for count in args.api_server_count:
+        proc, url = start_server(args, max_seqs, gpu_memory_utilization=share if cuda else None, api_servers=count)
+        llm = None
+        try:
+            kwargs: dict[str, object] = {}
+            if cuda:  # the server holds its share now: the LLM gets as much on top of what is in use
+                import torch
 
-            free, total = torch.cuda.mem_get_info()
-            kwargs["gpu_memory_utilization"] = min(0.95, (total - free) / total + share * 0.9)
-        if args.shape:
-            kwargs.update(dummy_weights=True, dtype="bfloat16")
-        llm = LLM(args.model, device=args.device, max_model_len=args.max_model_len, max_num_seqs=max_seqs,
-                  **kwargs)
-        vocab = llm.model_config.vocab_size
-        rng = np.random.default_rng(0)
+                free, total = torch.cuda.mem_get_info()
+                kwargs["gpu_memory_utilization"] = min(0.95, (total - free) / total + share * 0.9)
+            if args.shape:
+                kwargs.update(dummy_weights=True, dtype="bfloat16")
+            llm = LLM(args.model, device=args.device, max_model_len=args.max_model_len, max_num_seqs=max_seqs,
+                      **kwargs)
+            vocab = llm.model_config.vocab_size
 
-        def fresh(n: int) -> list[list[int]]:
-            return [rng.integers(100, vocab - 100, args.input_len).tolist() for _ in range(n)]
+            def fresh(n: int, vocab: int = vocab) -> list[list[int]]:
+                return [rng.integers(100, vocab - 100, args.input_len).tolist() for _ in range(n)]
 
-        run_generate(llm, fresh(2), 4)  # warm-up both
-        run_clients(url, fresh(2), 4, True, 1, proc.pid)
-        print(f"deepinfer serve vs LLM.generate: {args.input_len} prompt + {args.output_len} output tokens per "
-              f"request, greedy, EOS ignored, model {args.shape or args.model or 'default'}, device {llm.device}, "
-              f"torch threads {args.threads or 'default'}, {os.cpu_count()} cores, --api-server-count "
-              f"{args.api_server_count}, --stream-interval {args.stream_interval} {args.server_args}", flush=True)
-        for mode in args.mode:
-            for procs in args.client_procs:
-                for n in args.clients:
-                    measure(args, llm, url, proc.pid, fresh, n, mode, procs)
-    finally:
-        proc.terminate()
-        proc.wait(60)
+            run_generate(llm, fresh(2), 4)  # warm-up both
+            run_clients(url, fresh(2), 4, True, 1, proc.pid)
+            print(f"deepinfer serve vs LLM.generate: {args.input_len} prompt + {args.output_len} output tokens per "
+                  f"request, greedy, EOS ignored, model {args.shape or args.model or 'default'}, device {llm.device}, "
+                  f"torch threads {args.threads or 'default'}, {os.cpu_count()} cores, --api-server-count "
+                  f"{count}, --stream-interval {args.stream_interval} {args.server_args}", flush=True)
+            for mode in args.mode:
+                for procs in args.client_procs:
+                    for n in args.clients:
+                        rows.append({"api": count, **measure(args, llm, url, proc.pid, fresh, n, mode, procs)})
+        finally:
+            proc.terminate()
+            proc.wait(60)
+            del llm
+            if cuda:
+                import gc
+
+                import torch
+
+                gc.collect()
+                torch.cuda.empty_cache()
+    print_table(rows)
+
+
+def print_table(rows: list[dict[str, object]]) -> None:
+    """Every measurement in one compact table (medians of the repeats)."""
+    print("\n| mode | clients | client procs | front ends | serve tok/s | generate tok/s | ratio | TTFT p50 ms | "
+          "ITL p99 ms | server CPU us/tok | core us/tok |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['mode']} | {r['clients']} | {r['procs']} | {r['api']} | {r['serve']:.1f} | {r['generate']:.1f} | "
+              f"{r['ratio']:.3f} | {r['ttft_p50']:.0f} | {r['itl_p99']:.1f} | {r['cpu']:.1f} | {r['core_cpu']:.1f} |",
+              flush=True)
 
 
 def _has_cuda() -> bool:
@@ -302,7 +332,7 @@ def _has_cuda() -> bool:
 
 
 def measure(args: argparse.Namespace, llm: object, url: str, pid: int, fresh: object, n: int, mode: str,
-            procs: int) -> None:
+            procs: int) -> dict[str, object]:
     ratios, serve_tps, gen_tps, ttft, itl, cpu, core_cpu = [], [], [], [], [], [], []
     for r in range(args.repeats):
         prompts = fresh(n)  # type: ignore[operator]
@@ -328,6 +358,9 @@ def measure(args: argparse.Namespace, llm: object, url: str, pid: int, fresh: ob
           f"{lat}; server CPU {statistics.median(cpu):.1f} us/token (engine core {statistics.median(core_cpu):.1f}, "
           f"the rest {statistics.median(c - k for c, k in zip(cpu, core_cpu, strict=True)):.1f}); "
           f"load average {load}", flush=True)
+    return {"mode": mode, "clients": n, "procs": procs, "serve": statistics.median(serve_tps),
+            "generate": statistics.median(gen_tps), "ratio": statistics.median(ratios), "ttft_p50": pct(ttft, 50),
+            "itl_p99": pct(itl, 99), "cpu": statistics.median(cpu), "core_cpu": statistics.median(core_cpu)}
 
 
 def compare_replicas(args: argparse.Namespace) -> None:
