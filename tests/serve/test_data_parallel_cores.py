@@ -1,6 +1,7 @@
 """``deepinfer serve --data-parallel-size 2 --api-server-count 2``: two front ends, each connected
 to both engine cores (issue 25). Outputs equal ``LLM.generate``'s, requests spread over both
-cores (every front end's /metrics shows each core's counts), and a killed core fails only its own
+cores (every front end's /metrics shows each core's counts), a client that goes away has its
+request aborted on its core (the blocks freed there), and a killed core fails only its own
 requests (a 503 error event naming it) while the other core's streams run to their exact end;
 /health then reports 503 naming it, new requests go to the live core, and SIGTERM ends every
 process with status 0."""
@@ -47,6 +48,21 @@ def test_two_front_ends_over_two_cores_spread_requests_and_a_killed_core_fails_o
         assert sum(served) == len(PROMPTS) and min(served) >= 1, served
         generated = [m[f"deepinfer:generation_tokens_total{{engine={e}}}"] for e in (0, 1)]
         assert sum(generated) == 16 * len(PROMPTS)
+        # ---- a client that goes away: the abort reaches its core, whose blocks are freed
+        gone = [RawStream(url, {"prompt": p, "max_tokens": 300, "ignore_eos": True, "temperature": 0})
+                for p in PROMPTS[:2]]
+        for s in gone:
+            assert s.events(2)
+            s.close()
+
+        def aborted_and_freed() -> bool:
+            m = metrics(url)
+            aborts = sum(m[f"deepinfer:request_success_total{{engine={e},finished_reason=abort}}"] for e in (0, 1))
+            free = all(m[f"deepinfer:kv_cache_free_blocks{{engine={e}}}"] == m[f"deepinfer:kv_cache_total_blocks"
+                                                                               f"{{engine={e}}}"] for e in (0, 1))
+            return aborts == 2 and free
+
+        wait_until(aborted_and_freed, 10, "each abort reached its core and freed the blocks")
         # ---- a killed core: its streams get an error event naming it, the others finish exactly
         # (four streams: whatever the split over the front ends, each core gets one or more)
         long = [RawStream(url, {"prompt": p, "max_tokens": 100, "ignore_eos": True, "temperature": 0})

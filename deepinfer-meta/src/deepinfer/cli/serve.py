@@ -144,6 +144,11 @@ def run_serve(args: argparse.Namespace) -> int:
     except ImportError as exc:
         print(f"deepinfer serve: error: {exc.name} is not installed: {EXTRA_HINT}", file=sys.stderr)
         return 2
+    if getattr(args, "data_parallel_size", 1) > 1:
+        # the replica plan may ask torch for the GPUs: torch before any deepinfer native module
+        # (docs/troubleshooting.md: a native module loaded first crashes torch's import there)
+        with contextlib.suppress(ImportError):
+            import torch  # noqa: F401
     from deepinfer.serve.client import CoreError
     from deepinfer.serve.replicas import ReplicaError
 
