@@ -262,16 +262,12 @@ class StepExecutor:
 
     def _greedy_structured(self, logits: torch.Tensor, greedy: torch.Tensor | None, prev: LaunchedStep | None,
                            step: LaunchedStep, grammar: list[tuple[int, str, int]]) -> None:
-        from deepinfer.runtime.sampling.sampler import masked_argmax
-
         assert step.logits_rows is not None
         logits_rows = step.logits_rows
         side = self.side
 
         def draw() -> None:
-            rows, bitmask = self.structured.bitmask(grammar, int(logits.shape[-1]))
-            by_logits = torch.from_numpy(logits_rows).to(logits.device, non_blocking=True)[rows]
-            step.row_tokens = masked_argmax(logits, greedy, by_logits, bitmask)
+            step.row_tokens = self.structured.masked_argmax(grammar, logits, greedy, logits_rows)
             if prev is not None and self._host_tokens[side] is not None:
                 self._copy_tokens_behind(step, side)
 

@@ -135,14 +135,21 @@ def masked_argmax(logits: torch.Tensor, argmax: torch.Tensor | None, rows: torch
                   bitmask: torch.Tensor) -> torch.Tensor:
     """The argmax of each row of ``logits`` [R, V] (``argmax``: already computed, e.g. by a CUDA
     graph, or None), where ``rows`` [G] take only the tokens ``bitmask`` [G, W] allows: a greedy
-    step with structured rows, without the sampler's other work."""
+    step with structured rows, without the sampler's other work (the torch form; on CUDA the
+    engine takes ``kernels.grammar_mask``'s kernel through ``StructuredOutputs.masked_argmax``)."""
     tokens = logits.argmax(dim=-1) if argmax is None else argmax.clone()
+    rows = rows.long()
     tokens[rows] = _masked(logits[rows], bitmask).argmax(dim=-1).to(tokens.dtype)
     return tokens
 
 
 def apply_token_bitmask(x: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
     """``x`` [R, V] with the tokens ``bitmask`` [G, W] does not allow in ``rows`` [G] set to -inf."""
+    if x.is_cuda and x.stride(-1) == 1:
+        from deepinfer.runtime.kernels.grammar_mask import mask_logits_
+
+        return mask_logits_(x, rows, bitmask)
+    rows = rows.long()
     x[rows] = _masked(x[rows], bitmask)
     return x
 
