@@ -9,7 +9,7 @@ byte-level vocabulary, so that the grammar has tokens to allow; saved with
 ``load_tokenizer(default_model_path()).save_pretrained(DIR)``). The constraint is an EBNF grammar
 of a JSON array of objects that never closes, so every request runs its full ``max_tokens`` in
 both modes (the same tokens counted), and every structured step masks every row. Also prints the
-host time spent filling bitmasks (``StructuredOutputs.bitmask``) per structured step.
+host time spent filling bitmasks (``StructuredOutputs.fill``) per structured step.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def main() -> None:
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     print(f"{llm!r} on {where} (torch {torch.__version__})", flush=True)
     host = {"s": 0.0, "calls": 0}
-    orig = manager.StructuredOutputs.bitmask
+    orig = manager.StructuredOutputs.fill
 
     def timed(self, *a, **k):  # type: ignore[no-untyped-def]
         t = time.perf_counter()
@@ -73,7 +73,7 @@ def main() -> None:
             host["s"] += time.perf_counter() - t
             host["calls"] += 1
 
-    manager.StructuredOutputs.bitmask = timed  # type: ignore[method-assign]
+    manager.StructuredOutputs.fill = timed  # type: ignore[method-assign]
     g = torch.Generator().manual_seed(0)
     so = StructuredOutputsParams(grammar=GRAMMAR)
 
