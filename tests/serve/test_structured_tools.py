@@ -212,6 +212,52 @@ def test_invalid_schema_is_a_400_naming_it(client):
         assert info.value.body["param"] == param, info.value.body
 
 
+def test_structural_tag_response_format(client):
+    """vLLM's response_format {"type": "structural_tag", "format": ...}: the JSON inside the tag
+    validates, over seeds and temperatures, streamed and not; the older structures/triggers form
+    and structured_outputs.structural_tag (JSON text, as vLLM sends it) are accepted."""
+    content = {"type": "json_schema", "json_schema": SCHEMA, "max_whitespace_cnt": 1}
+    rf = {"type": "structural_tag", "format": {"type": "tag", "begin": "<pet>", "content": content, "end": "</pet>"}}
+
+    def check(text):
+        m = re.fullmatch(r"<pet>(.*)</pet>", text, re.DOTALL)
+        assert m, text
+        _validate(m.group(1), SCHEMA)
+
+    stopped = 0
+    for seed, temperature in [(1, 0.0), (2, 0.9), (3, 1.5)]:
+        resp = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, response_format=rf, n=3,
+                                              seed=seed, temperature=temperature, max_tokens=150)
+        for c in resp.choices:
+            if c.finish_reason == "stop":
+                check(c.message.content)
+                stopped += 1
+        text, reason = _stream_text(client, model=MODEL_NAME, messages=MESSAGES, response_format=rf, seed=seed,
+                                    temperature=temperature, max_tokens=150)
+        if reason == "stop":
+            check(text)
+            stopped += 1
+    assert stopped >= 10
+    resp = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, seed=4, temperature=1.0, max_tokens=150,
+                                          extra_body={"structured_outputs": {"structural_tag": json.dumps(rf)}})
+    assert resp.choices[0].finish_reason == "stop"
+    check(resp.choices[0].message.content)
+    legacy = {"type": "structural_tag", "triggers": ["<pet>"],
+              "structures": [{"begin": "<pet>", "schema": SCHEMA, "end": "</pet>"}]}
+    resp = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, response_format=legacy, max_tokens=8)
+    assert resp.choices[0].finish_reason in ("stop", "length")
+
+
+def test_invalid_structural_tag_is_a_400_naming_it(client):
+    for rf, needle in [({"type": "structural_tag"}, "must have a 'format' object"),
+                       ({"type": "structural_tag", "format": {"type": "no_such_format"}}, "no_such_format"),
+                       ({"type": "structural_tag", "structures": [{"begin": "<a>"}], "triggers": ["<a"]},
+                        "response_format.structures must be a non-empty list of {begin, schema, end}")]:
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=5, response_format=rf)
+        assert info.value.body["param"] == "response_format" and needle in info.value.body["message"], info.value.body
+
+
 def test_default_model_json_schema(served_llm):
     """The real default model through the server: a valid person."""
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
