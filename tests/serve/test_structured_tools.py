@@ -398,6 +398,23 @@ def test_auto_parses_hermes_calls_from_the_output(client, stream):
     assert "<tool_call>" in resp.choices[0].message.content
 
 
+def test_streamed_tool_calls_keep_every_tokens_logprobs(client):
+    """Text held back while a call may begin still has its tokens' logprobs sent: one entry per
+    generated token over the stream."""
+    pattern = r'Hm <tool_call>\{"name": "get_time", "arguments": \{"zone": "(UTC|CET)"\}\}</tool_call>'
+    entries, usage, reason = 0, None, None
+    for chunk in client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, tools=TOOLS, seed=2,
+                                                temperature=1.0, max_tokens=120, logprobs=True, stream=True,
+                                                stream_options={"include_usage": True},
+                                                extra_body={"guided_regex": pattern}):
+        for c in chunk.choices:
+            if c.logprobs is not None:
+                entries += len(c.logprobs.content)
+            reason = c.finish_reason or reason
+        usage = chunk.usage or usage
+    assert reason == "tool_calls" and entries == usage.completion_tokens
+
+
 def test_tool_round_trip_renders_the_conversation_with_tools(client, tiny_path):
     from transformers import AutoTokenizer
 
