@@ -73,8 +73,8 @@ class StructuredOutputsParams:
                 raise ValueError(f"StructuredOutputsParams.choice must be non-empty strings, got {value!r}")
             object.__setattr__(self, "choice", tuple(value))
             text = _json.dumps(list(value))
-        elif kind == "structural_tag":
-            text = _json.dumps(_structural_tag(value), sort_keys=True)
+        elif kind == "structural_tag":  # keys keep their order: a schema's properties are written in it
+            text = _json.dumps(_structural_tag(value))
         elif kind == "json_object":
             if value is not True:
                 raise TypeError(f"StructuredOutputsParams.json_object must be True or None, got {value!r}")
