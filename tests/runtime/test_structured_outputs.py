@@ -231,6 +231,22 @@ def test_invalid_constraints_raise_naming_them(llm):
     assert not llm.engine.requests and llm.engine.scheduler.num_unfinished_requests == 0
 
 
+def test_properties_come_in_each_schemas_order(llm):
+    """Two schemas that differ only in the order of their properties are two grammars: each
+    output lists its schema's properties in that schema's order."""
+    from deepinfer import SamplingParams, StructuredOutputsParams
+
+    props = {"alpha": {"type": "boolean"}, "beta": {"type": "integer", "minimum": 0, "maximum": 9},
+             "gamma": {"enum": ["x", "y"]}}
+    for order in (["alpha", "beta", "gamma"], ["gamma", "alpha", "beta"], ["beta", "gamma", "alpha"]):
+        schema = {"type": "object", "properties": {k: props[k] for k in order}, "required": sorted(order),
+                  "additionalProperties": False}
+        so = StructuredOutputsParams(json=schema)
+        out = llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=60, structured_outputs=so),
+                           use_tqdm=False)[0].outputs[0]
+        assert out.finish_reason == "stop" and list(json.loads(out.text)) == order, out.text
+
+
 # ---- structural tags (xgrammar's, as vLLM takes them) --------------------------------------------
 # JSON in a structural tag takes any whitespace unless max_whitespace_cnt limits its runs (xgrammar's
 # rule): a random model would otherwise fill max_tokens with it.

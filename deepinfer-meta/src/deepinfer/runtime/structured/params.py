@@ -64,7 +64,7 @@ class StructuredOutputsParams:
             if not isinstance(parsed, (dict, bool)):
                 raise TypeError("StructuredOutputsParams.json must be a JSON schema (a dict or its JSON text), "
                                 f"got {type(parsed).__name__}")
-            text = _json.dumps(parsed, sort_keys=True)
+            text = _json.dumps(parsed)  # key order kept: properties are generated in the schema's order
         elif kind == "choice":
             if isinstance(value, str) or not isinstance(value, (list, tuple)) \
                     or not all(isinstance(c, str) for c in value):
