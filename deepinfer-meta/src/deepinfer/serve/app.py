@@ -42,7 +42,7 @@ from deepinfer.serve.protocol import (
 )
 from deepinfer.serve.responses import ResponseBuilder, TokenStrings
 from deepinfer.serve.structured import check_grammar, grammar_compiler, structured_params
-from deepinfer.serve.tools import chat_tool_messages, tool_choice
+from deepinfer.serve.tools import TOOL_CALL_PARSERS, chat_tool_messages, tool_choice
 
 log = logging.getLogger("deepinfer.serve")
 T = TypeVar("T")
@@ -74,6 +74,9 @@ class ServeConfig:
     # stream_interval: a stream chunk waits for this many new tokens of its request (or its end);
     # every token available when a chunk is sent goes into it whatever the interval.
     stream_interval: int = 1
+    # tool_call_parser: the tool-call format of tool_choice auto ("hermes", "llama3_json"), or
+    # "auto": chosen from the chat template (serve/tools.py)
+    tool_call_parser: str = "auto"
 
 
 class ClientGone(Exception):
@@ -101,6 +104,9 @@ class ServingState:
         if isinstance(config.stream_interval, bool) or not isinstance(config.stream_interval, int) \
                 or config.stream_interval < 1:
             raise ValueError(f"stream_interval must be an int >= 1, got {config.stream_interval!r}")
+        if config.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ValueError(f"tool_call_parser must be one of {', '.join(TOOL_CALL_PARSERS)}, "
+                             f"got {config.tool_call_parser!r}")
         from deepinfer.serve.client import EngineClient
         from deepinfer.serve.replicas import ReplicaSet
 
@@ -588,7 +594,7 @@ def build_app(llm: Any, config: ServeConfig) -> FastAPI:
         req: ChatCompletionRequest = await body_of(request, ChatCompletionRequest)
         name = state.model_name(req.model)
         check_stop(req.stop, config.max_stop_strings)
-        tools = tool_choice(req, getattr(state.tokenizer, "chat_template", None))
+        tools = tool_choice(req, getattr(state.tokenizer, "chat_template", None), config.tool_call_parser)
         messages = chat_messages(chat_tool_messages(req.messages))
         check_conversation(messages)
         prompt = await state.off_loop(_chat_size(messages), _chat_ids, state, messages, req.add_generation_prompt,

@@ -9,6 +9,7 @@ schemas, regular expressions and EBNF grammars alike.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -37,6 +38,20 @@ def _hf_tokenizer(tokenizer: Any) -> Any:
 
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer.backend_tokenizer,
                                    eos_token=getattr(tokenizer, "eos_token", None))
+
+
+# xgrammar's native errors begin "[10:31:07] /project/cpp/x.cc:1318: Check failed: (...) is false: "
+_NATIVE_PREFIX = re.compile(r"^\[[\d:.]+\] \S+:\d+: (Check failed: \(.*?\) is false: )?")
+
+
+def structural_tag_format(tag: dict[str, Any]) -> dict[str, Any]:
+    """A structural tag in xgrammar's current form: the older ``structures`` / ``triggers``
+    (vLLM's legacy response format) become a ``triggered_tags`` format of JSON-schema tags."""
+    if "structures" not in tag:
+        return {"type": "structural_tag", "format": tag["format"]}
+    tags = [{"type": "tag", "begin": s["begin"], "end": s["end"],
+             "content": {"type": "json_schema", "json_schema": True if s.get("schema") is None else s["schema"]}} for s in tag["structures"]]
+    return {"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": tag["triggers"], "tags": tags}}
 
 
 def choice_grammar(choices: tuple[str, ...]) -> str:
@@ -92,11 +107,14 @@ class GrammarCompiler:
                 return c.compile_regex(params.regex)
             if kind == "choice":
                 return c.compile_grammar(choice_grammar(tuple(params.choice or ())))
+            if kind == "structural_tag":
+                return c.compile_structural_tag(json.dumps(structural_tag_format(json.loads(params.key[1]))))
             return c.compile_grammar(params.grammar)
         except Exception as exc:  # noqa: BLE001 - xgrammar raises RuntimeError/ValueError/its own
             what = {"json": "JSON schema", "json_object": "JSON object grammar", "regex": "regex",
-                    "choice": "choice", "grammar": "grammar"}[kind]
+                    "choice": "choice", "grammar": "grammar", "structural_tag": "structural tag"}[kind]
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            first = _NATIVE_PREFIX.sub("", first)
             raise ValueError(f"structured_outputs.{kind}: invalid {what}: {first}") from None
 
     def matcher(self, params: StructuredOutputsParams) -> Any:
