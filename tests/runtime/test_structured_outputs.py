@@ -149,6 +149,26 @@ def test_json_schema_always_valid(llm):
         assert llm.engine.overlap.num_ahead > before
 
 
+def test_length_limited_strings_refuse_raw_control_characters(llm):
+    """xgrammar 0.2.9 lets raw control characters into strings with minLength/maxLength, which JSON
+    forbids (``json.loads`` refuses them): the compiled grammar refuses a tab there, still takes
+    plain characters, and sampled outputs always parse and validate. (xgrammar takes no escapes
+    in such strings at all: narrower than the schema, never wider.)"""
+    import jsonschema
+    from deepinfer import StructuredOutputsParams
+
+    schema = {"type": "object", "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 8},
+                                               "tags": {"type": "array", "items": {"type": "string", "maxLength": 3}}},
+              "required": ["name", "tags"]}
+    so = StructuredOutputsParams(json=schema)
+    compiler = llm.engine.structured.compiler
+    assert not compiler.matcher(so).accept_string('{"name": "a\tb"')
+    assert compiler.matcher(so).accept_string('{"name": "a b", "tags": ["x"]}')
+    assert not compiler.matcher(so).accept_string('{"name": "ok", "tags": ["\x01"]')
+    outs = llm.generate(_prompts(16), _params(so), use_tqdm=False)
+    _check_all(outs, lambda t: jsonschema.validate(json.loads(t), schema), min_stopped=12)
+
+
 def test_json_schema_compact_whitespace_and_json_object(llm):
     from deepinfer import StructuredOutputsParams
 

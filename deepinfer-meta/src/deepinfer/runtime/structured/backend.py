@@ -16,6 +16,9 @@ from typing import Any
 
 from deepinfer.runtime.structured.params import StructuredOutputsParams
 
+# xgrammar's character class for length-limited JSON strings, and JSON's own (no control characters)
+_LENGTH_STRING_CHARS = '[^\\"\\\\\\r\\n]'
+_JSON_STRING_CHARS = '[^\\"\\\\\\x00-\\x1f]'
 CACHE_SIZE = 256  # compiled grammars kept (least recently used dropped first)
 
 
@@ -92,13 +95,24 @@ class GrammarCompiler:
                 self._cache.popitem(last=False)
         return compiled
 
+    def _json_schema_grammar(self, schema: Any, ws: dict[str, Any]) -> Any:
+        """xgrammar's grammar of a JSON schema, with one repair: for a string with ``minLength`` /
+        ``maxLength`` xgrammar 0.2.9 writes its characters as ``[^"\\\r\n]``, which lets raw
+        control characters (a tab, U+0000-U+001F) into the string; JSON forbids them unescaped, so
+        ``json.loads`` refused such an output although the grammar accepted it. The class is
+        narrowed to JSON's (the rest of the grammar, escapes excluded as before, is unchanged)."""
+        grammar = self.xgr.Grammar.from_json_schema(json.dumps(schema), strict_mode=True, **ws)
+        text = str(grammar)
+        fixed = text.replace(_LENGTH_STRING_CHARS, _JSON_STRING_CHARS)
+        return grammar if fixed == text else self.xgr.Grammar.from_ebnf(fixed)
+
     def _compile(self, params: StructuredOutputsParams) -> Any:
         c, kind = self.compiler, params.kind
         try:
             if kind == "json":
                 ws = {"any_whitespace": False, "separators": (",", ":")} if params.disable_any_whitespace \
                     else {"any_whitespace": False}
-                return c.compile_json_schema(json.dumps(params.schema), strict_mode=True, **ws)
+                return c.compile_grammar(self._json_schema_grammar(params.schema, ws))
             if kind == "json_object":
                 return c.compile_json_schema(json.dumps({"type": "object"}), strict_mode=False,
                                              any_whitespace=False,
