@@ -191,6 +191,13 @@ class EngineArgs:
     max_logprobs: int = field(default=20, metadata=_opt(
         "Most logprobs (and prompt_logprobs) a request may ask for; more is a ValueError (vLLM's "
         "option and default).", "int", "--max-logprobs", metavar="N", lo=0, hi=20))
+    logprobs_mode: str = field(default="raw_logprobs", metadata=_opt(
+        "What the sampled tokens' logprobs report (vLLM's option): raw_logprobs / raw_logits "
+        "are the model's, before any processing; processed_logprobs / processed_logits come "
+        "after logit bias, masks, penalties, temperature, top-k, top-p and min-p (what the token "
+        "was drawn from). prompt_logprobs are raw logprobs in every mode (as vLLM's).",
+        "choice", "--logprobs-mode",
+        choices=("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")))
     scheduling_policy: str = field(default="fcfs", metadata=_opt(
         "fcfs: requests in arrival order; priority: the priority given with each request "
         "(generate/chat priority=), smaller first, then arrival order (as vLLM).",
@@ -230,6 +237,9 @@ class EngineArgs:
             raise ValueError("deterministic=True does not run with tensor_parallel_size > 1 yet")
         if self.logits_processors and self.tensor_parallel_size > 1:  # classes do not cross to the ranks
             raise ValueError("logits_processors do not run with tensor_parallel_size > 1 yet")
+        if self.logprobs_mode != "raw_logprobs" and self.speculative_config is not None:
+            raise ValueError(f"logprobs_mode={self.logprobs_mode!r} does not run with speculative decoding yet "
+                             "(verify steps report raw logprobs): drop speculative_config or logprobs_mode")
         if self.overlap_scheduling and self.tensor_parallel_size > 1:
             # the other ranks would need step N's sampled ids on their devices before its launch
             raise ValueError(f"overlap_scheduling=True does not run with tensor_parallel_size="

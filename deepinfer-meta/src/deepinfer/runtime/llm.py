@@ -88,7 +88,8 @@ def _engine_config(config_class: Any, args: EngineArgs, worker: Any, eos_ids: li
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
         vocab_size=worker.loaded.config.vocab_size, eos_token_id=eos_ids[0] if eos_ids else -1,
         enable_chunked_prefill=args.enable_chunked_prefill, enable_prefix_caching=args.enable_prefix_caching,
-        seed=args.seed, graph_batch_sizes=worker.graph_batch_sizes, scheduling_policy=args.scheduling_policy)
+        seed=args.seed, graph_batch_sizes=worker.graph_batch_sizes, scheduling_policy=args.scheduling_policy,
+        logprobs_mode=args.logprobs_mode)
 
 
 class LLM:

@@ -48,6 +48,7 @@ class StepShape:
     max_num_batched_tokens: int
     seed: int = 0
     graph_batch_sizes: list[int] | None = None  # decode-only steps are padded to these (CUDA graphs)
+    logprobs_mode: str = "raw_logprobs"  # what sampled tokens' logprobs report (EngineArgs.logprobs_mode)
 
 
 @dataclass
@@ -139,6 +140,7 @@ class StepExecutor:
         self.metadata = self.E.SequenceMetadataPool()
         self.sampler_inputs = self.E.SamplerInputs(shape.seed)
         self.penalty_tables = PenaltyTables(runner.device)  # fed by sampler_inputs, step by step
+        self.logprobs_mode = shape.logprobs_mode
         self.side = 0  # the buffer set of the last launch
         # (overlap on CUDA) pinned landing place of each set's sampled ids, and its event
         self._host_tokens = [torch.zeros(rows, dtype=torch.int64, pin_memory=True) if self.cuda and buffer_sets > 1
@@ -286,6 +288,7 @@ class StepExecutor:
         if prev is not None and not tr.no_penalties:
             tables.grow(int(tr.num_penalty_slots), int(logits.shape[-1]))  # room for any pending token
         rows, batch = sampling_batch_from_engine(si, logits.device, tables)
+        batch.logprobs_mode = self.logprobs_mode
         if prev is not None and prev.row_tokens is not None and batch.penalty_rows is not None \
                 and batch.penalty_rows.numel():
             # Penalties of a step launched ahead count step N's token on the device (the engine's

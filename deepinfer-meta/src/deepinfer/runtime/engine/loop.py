@@ -125,6 +125,7 @@ class EngineConfig:
     seed: int = 0
     graph_batch_sizes: list[int] | None = None  # decode-only steps are padded to these (CUDA graphs)
     scheduling_policy: str = "fcfs"  # or "priority": smaller add_request priority first (vLLM)
+    logprobs_mode: str = "raw_logprobs"  # what sampled tokens' logprobs report (EngineArgs.logprobs_mode)
 
 
 @dataclass
@@ -170,7 +171,7 @@ class EngineLoop:
             runner, self.scheduler,
             StepShape(block_size=cfg.block_size, max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs,
                       max_num_batched_tokens=cfg.max_num_batched_tokens, seed=cfg.seed,
-                      graph_batch_sizes=cfg.graph_batch_sizes),
+                      graph_batch_sizes=cfg.graph_batch_sizes, logprobs_mode=cfg.logprobs_mode),
             buffer_sets=2 if overlap_scheduling else 1, step_buffers=step_buffers)
         self.step_buffers = self.executor.buffers[0]  # what the CUDA graphs are captured over
         self.output_pool = E.RequestOutputPool(4 * cfg.max_num_seqs)
@@ -195,6 +196,8 @@ class EngineLoop:
 
         self.speculative_config = parse_speculative_config(speculative_config)
         self.speculator: Any = None
+        if self.speculative_config is not None and cfg.logprobs_mode != "raw_logprobs":
+            raise ValueError(f"logprobs_mode={cfg.logprobs_mode!r} does not run with speculative decoding yet")
         if self.speculative_config is not None:
             from deepinfer.runtime.speculative.speculator import Speculator
 
