@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from deepinfer.runtime.engine.overlap import count_pending_tokens, gather_ids, resolve_ids
+from deepinfer.runtime.engine.prompt_embeds import step_embeds
 from deepinfer.runtime.sampling.sampler import sample
 from deepinfer.runtime.sampling.sampler_inputs import (
     PenaltyTables,
@@ -153,6 +154,9 @@ class StepExecutor:
         self.structured: Any = None  # runtime.structured.StructuredOutputs (set by the engine loop)
         # sampling.logits_processors.LogitsProcessors (set by the engine loop; steps then run synchronously)
         self.logits_processors: Any = None
+        # prompts given as embeddings, by request id (the engine loop's dict): their prompt
+        # positions take these rows instead of the placeholder ids' embeddings
+        self.prompt_embeds: dict[str, torch.Tensor] = {}
 
     def reset_penalties(self) -> None:
         """After an abandoned step: the sampler inputs may have sent penalty updates the tables
@@ -195,7 +199,11 @@ class StepExecutor:
         grammar = None if self.structured is None else self.structured.step_rows(si, self.metadata)
         if grammar is not None:
             step.structured = (self.structured, grammar)
-        logits, greedy = self._forward(args, bufs, prev)
+        embeds = None
+        if self.prompt_embeds and prev is None and scheduled.num_decodes != len(self.metadata):
+            embeds = step_embeds(self.metadata, bufs.arrays["query_start_loc"], int(scheduled.num_decodes),
+                                 self.prompt_embeds)
+        logits, greedy = self._forward(args, bufs, prev, embeds)
         if int(si.prompt_logprobs.num_rows):
             self._prompt_logprobs(si, logits)
         if self.speculator is not None:  # ---- speculative decoding (runtime.speculative) ----
@@ -224,12 +232,13 @@ class StepExecutor:
         self.num_launched += 1
         return step
 
-    def _forward(self, args: Any, bufs: StepBuffers, prev: LaunchedStep | None
-                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(logits of the step's logits rows, their argmax when a graph computed it, else None)."""
+    def _forward(self, args: Any, bufs: StepBuffers, prev: LaunchedStep | None,
+                 embeds: tuple[np.ndarray, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(logits of the step's logits rows, their argmax when a graph computed it, else None).
+        ``embeds``: prompt embeddings of some token rows (``prompt_embeds.step_embeds``): eager."""
         graphs = self.runner.graphs
         rows = int(args.num_rows)
-        if graphs is not None and graphs.can_replay(args):
+        if graphs is not None and embeds is None and graphs.can_replay(args):
             if prev is None and self.side == 0:
                 return graphs.replay(rows)  # type: ignore[no-any-return]
             prev_tokens = None if prev is None else prev.row_tokens
@@ -244,10 +253,12 @@ class StepExecutor:
             dev = self.runner.device
             src = torch.from_numpy(a["zos_source_index"][:n_tokens].astype(np.int64)).to(dev)
             ids = gather_ids(torch.from_numpy(np.asarray(ids).astype(np.int64)).to(dev), src, prev.row_tokens)
+        extra = {} if embeds is None else {"prompt_embeds": embeds}  # (only the ModelRunner takes them)
         logits = self.runner.execute(
             input_ids=ids, positions=a["positions"][:n_tokens], slot_mapping=a["slot_mapping"][:n_tokens],
             query_start_loc=a["query_start_loc"][:n_seqs + 1], seq_lens=a["seq_lens"][:n_seqs],
-            block_tables=a["block_tables"][:n_seqs], logits_indices=a["logits_indices"][:int(args.num_logits)])
+            block_tables=a["block_tables"][:n_seqs], logits_indices=a["logits_indices"][:int(args.num_logits)],
+            **extra)
         return logits, None
 
     def _prompt_logprobs(self, si: Any, logits: torch.Tensor) -> None:

@@ -213,6 +213,8 @@ class EngineLoop:
         # Structured outputs: the grammar state of structured requests (compiler built on first use).
         self.structured = StructuredOutputs(self._grammar_compiler, runner.device)
         self.executor.structured = self.structured
+        # Prompts given as embeddings, by request id (the executor reads the same dict).
+        self.prompt_embeds: dict[str, Any] = self.executor.prompt_embeds
         # Custom logits processors (vLLM's v1 interface): built once here, run on every step.
         self.logits_processor_classes = tuple(logits_processors or ())
         self.logits_processors: Any = None
@@ -256,8 +258,12 @@ class EngineLoop:
 
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
                     output_kind: str = "cumulative", final_text_only: bool = False,
-                    collect: str | None = None, priority: int = 0) -> None:
+                    collect: str | None = None, priority: int = 0, prompt_embeds: Any = None) -> None:
         """Queue a request; ValueError (naming the problem) leaves the engine unchanged.
+
+        ``prompt_embeds``: the prompt as embeddings [len(prompt_ids), hidden] (checked by
+        ``engine.prompt_embeds.check_prompt_embeds``); ``prompt_ids`` are then its placeholder
+        ids (``placeholder_ids``), which only schedule it.
 
         ``final_text_only``: fill ``text`` only when a sample finishes (one decode instead of one
         per token); ignored when the request has stop strings or ``output_kind`` is "delta".
@@ -273,14 +279,18 @@ class EngineLoop:
         params.validate()
         with self.lock:
             self._release_pending()
-            self._add_request(request_id, prompt_ids, params, output_kind, final_text_only, collect, priority)
+            self._add_request(request_id, prompt_ids, params, output_kind, final_text_only, collect, priority,
+                              prompt_embeds)
 
     def _add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                     output_kind: str, final_text_only: bool, collect: str | None, priority: int = 0) -> None:
+                     output_kind: str, final_text_only: bool, collect: str | None, priority: int = 0,
+                     prompt_embeds: Any = None) -> None:
         if request_id in self.requests or request_id in self._queues:
             raise ValueError(f"request {request_id!r} is already in the engine")
         if len(prompt_ids) == 0:
             raise ValueError(f"request {request_id!r}: the prompt is empty (no tokens)")
+        if prompt_embeds is not None:
+            self._check_embeds_request(prompt_ids, params, prompt_embeds)
         params.check_vocab(self.cfg.vocab_size)
         params.check_text_needs()  # stop strings without detokenization (fields assigned after construction)
         structured = params.structured_outputs
@@ -306,13 +316,31 @@ class EngineLoop:
             self.structured.add(request_id, structured, len(prompt_ids))
         if self.overlap is not None:
             self.overlap.track(request_id, params)
-        self.requests[request_id] = _RequestState(params, list(prompt_ids), {}, {}, delta,
+        if prompt_embeds is not None:
+            self.prompt_embeds[request_id] = prompt_embeds.to(self.runner.device)
+        # an embeddings prompt has no token ids: none give the detokenizer or processors context
+        self.requests[request_id] = _RequestState(params, [] if prompt_embeds is not None else list(prompt_ids),
+                                                  {}, {}, delta,
                                                   final_text_only and not delta and not params.stop_strings,
                                                   detokenize=params.detokenize)
         if collect is not None:
             self._queues[request_id] = deque()
             if collect == "final":
                 self._final_only.add(request_id)
+
+    def _check_embeds_request(self, prompt_ids: list[int], params: SamplingParams, embeds: Any) -> None:
+        """ValueError for what an embeddings prompt cannot have: its positions have no token ids
+        (nothing to score or penalise) and n-gram drafts would look up the placeholder ids."""
+        if tuple(embeds.shape) != (len(prompt_ids), self.runner.model.config.hidden_size):
+            raise ValueError(f"prompt_embeds has shape {tuple(embeds.shape)}, expected ({len(prompt_ids)}, "
+                             f"{self.runner.model.config.hidden_size})")
+        if self.speculator is not None:
+            raise ValueError("prompt_embeds does not run with speculative decoding yet")
+        if params.prompt_logprobs is not None:
+            raise ValueError("SamplingParams.prompt_logprobs: an embeddings prompt has no token ids to score")
+        if params.repetition_penalty != 1.0:
+            raise ValueError("SamplingParams.repetition_penalty: not with an embeddings prompt (it has no token "
+                             "ids to penalise); use frequency_penalty / presence_penalty, which count the output")
 
     def abort(self, request_id: str) -> None:
         """Abort an unfinished request (its next output reports finish_reason 'abort')."""
@@ -450,6 +478,9 @@ class EngineLoop:
             self.structured.prune(self.requests)
         if self.logits_processors is not None:
             self.logits_processors.prune(self.requests)
+        if self.prompt_embeds:
+            for rid in [r for r in self.prompt_embeds if r not in self.requests]:
+                del self.prompt_embeds[rid]
         if self.overlap is not None:
             return self._step_overlapped(self.overlap)
         out = self.scheduler.schedule()
@@ -646,6 +677,7 @@ class EngineLoop:
             if ro.finished:
                 del self.requests[rid]
                 self.structured.requests.pop(rid, None)
+                self.prompt_embeds.pop(rid, None)
             q = self._queues.get(rid)
             if q is not None and (ro.finished or rid not in self._final_only):
                 q.append(ro)
