@@ -190,7 +190,10 @@ class EngineArgs:
         "run (the Llama-family architectures are built in).", "bool", "--trust-remote-code"))
     max_logprobs: int = field(default=20, metadata=_opt(
         "Most logprobs (and prompt_logprobs) a request may ask for; more is a ValueError (vLLM's "
-        "option and default).", "int", "--max-logprobs", metavar="N", lo=0, hi=20))
+        "option and default). -1: no cap, as vLLM's; logprobs=-1 (the whole vocabulary) counts "
+        "as the vocabulary size, so it needs -1 or a cap at least that large. A request's own "
+        "top-k is at most 20; the server's at most 20 whatever the cap.",
+        "int", "--max-logprobs", metavar="N", lo=-1, hi=1 << 30, hi_text="2^30"))
     enable_prompt_embeds: bool = field(default=False, metadata=_opt(
         "Accept prompts given as embeddings, generate({\"prompt_embeds\": tensor[L, hidden]}) "
         "(vLLM's option). Off: such a prompt is a ValueError.", "bool", "--enable-prompt-embeds"))

@@ -296,9 +296,11 @@ class LLM:
                 raise TypeError(f"sampling_params[{i}] must be a SamplingParams, got {type(p).__name__}")
             for name in ("logprobs", "prompt_logprobs"):
                 asked = getattr(p, name)
-                if asked is not None and asked > cap:
-                    raise ValueError(f"sampling_params[{i}].{name}={asked} is more than max_logprobs={cap} "
-                                     "(raise LLM(max_logprobs=...))")
+                num = self.model_config.vocab_size if asked == -1 else asked  # -1: the whole vocabulary (vLLM)
+                if num is not None and cap != -1 and num > cap:
+                    what = f"-1 (the whole vocabulary, {num} tokens)" if asked == -1 else str(asked)
+                    raise ValueError(f"sampling_params[{i}].{name}={what} is more than max_logprobs={cap} "
+                                     "(raise LLM(max_logprobs=...); -1: no cap)")
         limit = self.engine.cfg.max_model_len
         for i, prompt_ids in enumerate(ids):
             if len(prompt_ids) >= limit:  # max_model_len counts prompt + completion: room for one token

@@ -213,6 +213,7 @@ class ServingState:
         if params.n > seqs:  # its samples could never run together
             raise APIError(400, f"n={params.n} is more than the server runs at once (--max-num-seqs {seqs})", "n")
         cap = getattr(getattr(self.llm, "engine_args", None), "max_logprobs", 20)
+        cap = 20 if cap < 0 else cap  # --max-logprobs -1: no cap of its own, the API's 20
         if (params.logprobs or 0) > cap or (params.prompt_logprobs or 0) > cap:
             raise APIError(400, f"logprobs={max(params.logprobs or 0, params.prompt_logprobs or 0)} is more than "
                                 f"the server allows (--max-logprobs {cap})", "logprobs")

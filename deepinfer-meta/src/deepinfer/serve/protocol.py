@@ -199,6 +199,10 @@ def sampling_params(req: _SamplingBody, max_tokens: int, logprobs: int | None,
                           ("repetition_penalty", 1.0)):
         value = getattr(req, name)
         kwargs[name] = default if value is None else value
+    for name, asked in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
+        if asked == -1:  # the offline API's whole vocabulary; OpenAI's API stops at 20
+            raise APIError(400, f"{renames.get(name, name)}: -1 (the whole vocabulary) is only offline "
+                                "(LLM(max_logprobs=-1)); the server returns at most 20", renames.get(name, name))
     try:
         return SamplingParams(**kwargs)
     except (ValueError, TypeError) as exc:

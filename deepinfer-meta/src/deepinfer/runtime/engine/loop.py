@@ -35,6 +35,7 @@ import numpy as np
 
 from deepinfer.runtime.engine.detokenizer import IncrementalDetokenizer, decode_completion
 from deepinfer.runtime.engine.executor import StepExecutor, StepShape
+from deepinfer.runtime.engine.full_logprobs import RowStore, WholeVocabOutput
 from deepinfer.runtime.engine.overlap import Overlap
 from deepinfer.runtime.interrupts import sigint_deferred as _sigint_deferred
 from deepinfer.runtime.sampling_params import SamplingParams
@@ -138,6 +139,7 @@ class _RequestState:
     final_text_only: bool = False  # decode once when a sample finishes (no stop strings to watch)
     detokenize: bool = True  # False: no text at all (SamplingParams.detokenize)
     retried: bool = False  # its step failed once and it was put back for recompute
+    full: RowStore | None = None  # whole-vocabulary logprob rows (logprobs / prompt_logprobs = -1)
 
 
 class EngineLoop:
@@ -215,6 +217,7 @@ class EngineLoop:
         self.executor.structured = self.structured
         # Prompts given as embeddings, by request id (the executor reads the same dict).
         self.prompt_embeds: dict[str, Any] = self.executor.prompt_embeds
+        self.executor.full_sink = self._take_full_rows  # whole-vocabulary logprob rows, to their request
         # Custom logits processors (vLLM's v1 interface): built once here, run on every step.
         self.logits_processor_classes = tuple(logits_processors or ())
         self.logits_processors: Any = None
@@ -291,6 +294,10 @@ class EngineLoop:
             raise ValueError(f"request {request_id!r}: the prompt is empty (no tokens)")
         if prompt_embeds is not None:
             self._check_embeds_request(prompt_ids, params, prompt_embeds)
+        full = params.wants_all_logprobs or params.wants_all_prompt_logprobs
+        if full and self.speculator is not None:  # verify steps report the engine's top-k only
+            raise ValueError("SamplingParams.logprobs=-1 / prompt_logprobs=-1 does not run with speculative "
+                             "decoding yet")
         params.check_vocab(self.cfg.vocab_size)
         params.check_text_needs()  # stop strings without detokenization (fields assigned after construction)
         structured = params.structured_outputs
@@ -319,14 +326,30 @@ class EngineLoop:
         if prompt_embeds is not None:
             self.prompt_embeds[request_id] = prompt_embeds.to(self.runner.device)
         # an embeddings prompt has no token ids: none give the detokenizer or processors context
+        if params.wants_all_logprobs:
+            self.executor.full_output.add(request_id)
+        if params.wants_all_prompt_logprobs:
+            self.executor.full_prompt.add(request_id)
         self.requests[request_id] = _RequestState(params, [] if prompt_embeds is not None else list(prompt_ids),
                                                   {}, {}, delta,
                                                   final_text_only and not delta and not params.stop_strings,
-                                                  detokenize=params.detokenize)
+                                                  detokenize=params.detokenize, full=RowStore() if full else None)
         if collect is not None:
             self._queues[request_id] = deque()
             if collect == "final":
                 self._final_only.add(request_id)
+
+    def _take_full_rows(self, kind: str, keys: list[tuple[str, int]], rows: np.ndarray) -> None:
+        """The executor's whole-vocabulary logprob rows: ``kind`` "output" (keys: request id,
+        sample index; one row per token, in order) or "prompt" (keys: request id, position)."""
+        for (rid, key), row in zip(keys, rows, strict=True):
+            state = self.requests.get(rid)
+            if state is None or state.full is None:
+                continue  # finished or released meanwhile
+            if kind == "output":
+                state.full.add_output(key, row)
+            else:
+                state.full.prompt[key] = row
 
     def _check_embeds_request(self, prompt_ids: list[int], params: SamplingParams, embeds: Any) -> None:
         """ValueError for what an embeddings prompt cannot have: its positions have no token ids
@@ -481,6 +504,9 @@ class EngineLoop:
         if self.prompt_embeds:
             for rid in [r for r in self.prompt_embeds if r not in self.requests]:
                 del self.prompt_embeds[rid]
+        for asked in (self.executor.full_output, self.executor.full_prompt):
+            if asked:
+                asked.intersection_update(self.requests)
         if self.overlap is not None:
             return self._step_overlapped(self.overlap)
         out = self.scheduler.schedule()
@@ -671,6 +697,8 @@ class EngineLoop:
                 continue
             try:
                 self._fill_text(ro, state)
+                if state.full is not None and (ro.finished or rid not in self._final_only):
+                    ro = WholeVocabOutput(ro, state.full, state.params, state.prompt_ids, state.delta)
             except Exception as err:  # noqa: BLE001 - isolated to this request
                 failed[rid] = err
                 continue
@@ -678,6 +706,8 @@ class EngineLoop:
                 del self.requests[rid]
                 self.structured.requests.pop(rid, None)
                 self.prompt_embeds.pop(rid, None)
+                self.executor.full_output.discard(rid)
+                self.executor.full_prompt.discard(rid)
             q = self._queues.get(rid)
             if q is not None and (ro.finished or rid not in self._final_only):
                 q.append(ro)

@@ -65,6 +65,8 @@ class SamplingBatch:
     max_logprobs: int = -1  # largest top-k logprobs asked by any row; -1 = none
     # what logprobs report (vLLM's logprobs_mode): raw_logprobs, raw_logits, processed_logprobs, processed_logits
     logprobs_mode: str = "raw_logprobs"
+    # rows that asked the whole vocabulary's logprobs (logprobs=-1): SamplerOutput.full has their rows
+    full_rows: torch.Tensor | None = None
     all_greedy: bool = False
     # Whether some random row uses top-k / top-p / min-p, when the host knows it (the engine's
     # no_top_k / no_top_p / no_min_p): no device-to-host sync to find out. None: checked on the device.
@@ -81,6 +83,7 @@ class SamplerOutput:
     logprobs: torch.Tensor | None  # float32 [R] (sampled token)
     topk_ids: torch.Tensor | None  # int64 [R, k]
     topk_logprobs: torch.Tensor | None  # float32 [R, k]
+    full: torch.Tensor | None = None  # float32 [F, V]: the logprobs of SamplingBatch.full_rows, whole rows
 
 
 def apply_logits_processing(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
@@ -253,13 +256,15 @@ def sample(logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
             if removed is not None:
                 scaled = scaled.masked_fill(removed, float("-inf"))
             processed = torch.where(sampled[:, None], scaled, x)  # greedy rows: no temperature or cut (vLLM)
-    lp = topk_ids = topk_lp = None
+    lp = topk_ids = topk_lp = full = None
     if b.max_logprobs >= 0:
         logp = reported_logprobs(logits, processed, b.logprobs_mode)
         lp = logp.gather(1, tokens[:, None]).squeeze(1)
         if b.max_logprobs > 0:
             topk_lp, topk_ids = logp.topk(b.max_logprobs, dim=-1)
-    return SamplerOutput(tokens=tokens, logprobs=lp, topk_ids=topk_ids, topk_logprobs=topk_lp)
+        if b.full_rows is not None and b.full_rows.numel():
+            full = logp[b.full_rows]
+    return SamplerOutput(tokens=tokens, logprobs=lp, topk_ids=topk_ids, topk_logprobs=topk_lp, full=full)
 
 
 LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")
