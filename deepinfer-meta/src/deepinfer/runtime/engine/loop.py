@@ -325,11 +325,11 @@ class EngineLoop:
             self.overlap.track(request_id, params)
         if prompt_embeds is not None:
             self.prompt_embeds[request_id] = prompt_embeds.to(self.runner.device)
-        # an embeddings prompt has no token ids: none give the detokenizer or processors context
         if params.wants_all_logprobs:
             self.executor.full_output.add(request_id)
         if params.wants_all_prompt_logprobs:
             self.executor.full_prompt.add(request_id)
+        # an embeddings prompt has no token ids: none give the detokenizer or processors context
         self.requests[request_id] = _RequestState(params, [] if prompt_embeds is not None else list(prompt_ids),
                                                   {}, {}, delta,
                                                   final_text_only and not delta and not params.stop_strings,
