@@ -136,3 +136,22 @@ def test_max_logprobs_bounds_the_whole_vocabulary(tiny):
     assert len(out.outputs[0].logprobs[0]) == VOCAB
     with pytest.raises(ValueError, match=r"-2 must be >= 0 \(or None, or -1 for the whole vocabulary\)"):
         SamplingParams(logprobs=-2)
+
+
+def test_overlap_loop_stays_synchronous_with_the_same_rows(tiny):
+    """With overlap scheduling on (the CUDA default; forced here on CPU) a logprobs=-1 request,
+    like any logprobs request, keeps the loop synchronous: its rows are those of the plain loop."""
+    from deepinfer import SamplingParams
+
+    path, _ = tiny
+    sp = SamplingParams(temperature=0.9, seed=4, max_tokens=8, logprobs=-1, ignore_eos=True)
+    prompts = [PROMPT, PROMPT[:2], PROMPT[1:]]
+    sync = _llm(path, overlap_scheduling=False).generate(prompts, sp, use_tqdm=False)
+    ahead_llm = _llm(path, overlap_scheduling=True)
+    ahead = ahead_llm.generate(prompts, sp, use_tqdm=False)
+    assert ahead_llm.engine.overlap is not None and ahead_llm.engine.overlap.num_ahead == 0
+    for a, b in zip(sync, ahead, strict=True):
+        assert list(a.outputs[0].token_ids) == list(b.outputs[0].token_ids)
+        for ma, mb in zip(a.outputs[0].logprobs, b.outputs[0].logprobs, strict=True):
+            torch.testing.assert_close(torch.tensor([ma[t] for t in range(VOCAB)]),
+                                       torch.tensor([mb[t] for t in range(VOCAB)]), atol=1e-5, rtol=0)

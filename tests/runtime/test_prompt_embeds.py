@@ -151,3 +151,14 @@ def test_prompt_embeds_need_the_option(tiny):
     assert EngineArgs().enable_prompt_embeds is False  # vLLM's default
     with pytest.raises(ValueError, match="tensor_parallel_size=2"):
         EngineArgs(enable_prompt_embeds=True, tensor_parallel_size=2)
+
+
+def test_overlap_scheduling(tiny):
+    """Decode steps of embeddings prompts run ahead like any (ZOS, forced here on CPU)."""
+    path, model = tiny
+    llm = _llm(path, overlap_scheduling=True, enable_prefix_caching=False)
+    want = [list(o.outputs[0].token_ids) for o in llm.generate([IDS_A, IDS_B], _greedy(12), use_tqdm=False)]
+    got = llm.generate([{"prompt_embeds": _embeds(model, IDS_A)}, {"prompt_embeds": _embeds(model, IDS_B)}],
+                       _greedy(12), use_tqdm=False)
+    assert [list(o.outputs[0].token_ids) for o in got] == want
+    assert llm.engine.overlap is not None and llm.engine.overlap.num_ahead > 0
