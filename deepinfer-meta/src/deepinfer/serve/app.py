@@ -116,6 +116,9 @@ class ServingState:
             llm.metrics = ServerMetrics(name, self.max_model_len, llm.num_blocks, families, cache=llm.cache_info)
             self.engine = llm
             self.capacity_rule = "max_num_seqs + max_queue, per front end"
+            # prompt embeddings (--enable-prompt-embeds): the width the front end checks them against
+            self.embeds_hidden_size = int(llm.info.get("hidden_size", 0)) if llm.info.get(
+                "enable_prompt_embeds") else 0
         elif isinstance(llm, ReplicaSet):
             self.max_model_len = llm.max_model_len
             self.vocab_size = llm.vocab_size
@@ -126,6 +129,7 @@ class ServingState:
                                                                         strict=True))])
             self.engine = llm
             self.capacity_rule = f"{llm.size} replicas x max_num_seqs + max_queue"
+            self.embeds_hidden_size = 0  # (prompt embeddings are not sent to replicas yet)
         else:
             self.max_model_len = llm.engine.cfg.max_model_len
             self.vocab_size = llm.model_config.vocab_size
@@ -134,6 +138,8 @@ class ServingState:
             self.engine = EngineThread(llm, ServerMetrics(name, self.max_model_len, llm.engine.cfg.num_blocks,
                                                           families, cache=cache_info(llm)))
             self.capacity_rule = "max_num_seqs + max_queue"
+            self.embeds_hidden_size = int(llm.model_config.hidden_size) if getattr(
+                llm.engine_args, "enable_prompt_embeds", False) else 0
         self.metrics = families
         self.strings = TokenStrings(self.tokenizer)
         self.token_ids = self.strings.ids()
@@ -224,10 +230,12 @@ class ServingState:
             raise APIError(400, str(exc).replace("SamplingParams.", ""), param) from None
         return params
 
-    def start(self, request_id: str, prompts: list[list[int]], params: list[SamplingParams]) -> EngineRun:
-        """Admit (503 when full or the engine is down) and submit one engine request per prompt."""
+    def start(self, request_id: str, prompts: list[list[int]], params: list[SamplingParams],
+              embeds: list[Any] | None = None) -> EngineRun:
+        """Admit (503 when full or the engine is down) and submit one engine request per prompt
+        (``embeds``: the prompts' embeddings, whose ids are placeholders)."""
         self.admit(len(prompts))
-        return EngineRun(self, request_id, prompts, params)
+        return EngineRun(self, request_id, prompts, params, embeds)
 
 
 class EngineRun:
@@ -238,7 +246,7 @@ class EngineRun:
     """
 
     def __init__(self, state: ServingState, request_id: str, prompts: list[list[int]],
-                 params: list[SamplingParams]) -> None:
+                 params: list[SamplingParams], embeds: list[Any] | None = None) -> None:
         self._state = state
         self._count = len(prompts)
         self._sink: asyncio.Queue[Any] = asyncio.Queue()
@@ -247,7 +255,10 @@ class EngineRun:
         self._closed = False
         self._failure: APIError | None = None
         for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):
-            state.engine.submit(self._ids[i], p, sp, self._sink, i)
+            if embeds is None:
+                state.engine.submit(self._ids[i], p, sp, self._sink, i)
+            else:
+                state.engine.submit(self._ids[i], p, sp, self._sink, i, prompt_embeds=embeds[i])
 
     def __aiter__(self) -> EngineRun:
         return self
@@ -566,9 +577,14 @@ def build_app(llm: Any, config: ServeConfig) -> FastAPI:
         req: CompletionRequest = await body_of(request, CompletionRequest)
         name = state.model_name(req.model)
         check_stop(req.stop, config.max_stop_strings)
-        raw = completion_prompts(req.prompt)
-        prompts = await state.off_loop(sum(len(p) for p in raw),
-                                       lambda: [state.prompt_ids(p, "prompt") for p in raw])
+        embeds = None
+        if req.prompt_embeds is not None:  # vLLM's: prompts as embeddings
+            embeds, prompts = await _embeds_prompts(state, req)
+            raw = []
+        else:
+            raw = completion_prompts(req.prompt)
+            prompts = await state.off_loop(sum(len(p) for p in raw),
+                                           lambda: [state.prompt_ids(p, "prompt") for p in raw])
         echo_lp = req.logprobs if req.echo else None  # the prompt's logprobs come first
         params = [state.checked(sampling_params(
             req, state.max_tokens(len(p), req.max_tokens, 16, "prompt", "max_tokens"), req.logprobs, {},
@@ -582,7 +598,7 @@ def build_app(llm: Any, config: ServeConfig) -> FastAPI:
         builder = ResponseBuilder("completion", f"cmpl-{uuid.uuid4().hex}", name, req.n,
                                   [len(p) for p in prompts], _strings(state, req), req.logprobs,
                                   echo=echo, prompt_ids=prompts if echo is not None else None)
-        return await _respond(request, state, builder, prompts, params, req)
+        return await _respond(request, state, builder, prompts, params, req, embeds)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -659,12 +675,34 @@ def _chat_ids(state: ServingState, messages: list[dict[str, str]], add_generatio
     return list(ids)
 
 
+async def _embeds_prompts(state: ServingState, req: Any) -> tuple[list[Any], list[list[int]]]:
+    """(the checked tensors, their placeholder ids) of a completions request's prompt_embeds."""
+    from deepinfer.runtime.engine.prompt_embeds import placeholder_ids
+    from deepinfer.serve.protocol import decode_prompt_embeds
+
+    if not state.embeds_hidden_size:
+        raise APIError(400, "prompt_embeds needs a server started with --enable-prompt-embeds (one engine "
+                            "or --api-server-count, not replicas)", "prompt_embeds")
+    if req.prompt is not None:
+        raise APIError(400, "give prompt or prompt_embeds, not both", "prompt_embeds")
+    if req.echo:
+        raise APIError(400, "echo needs a prompt of text or token ids, not prompt_embeds", "echo")
+    size = len(req.prompt_embeds) if isinstance(req.prompt_embeds, str) else sum(
+        len(x) for x in req.prompt_embeds if isinstance(x, str)) if isinstance(req.prompt_embeds, list) else 0
+
+    def decode() -> tuple[list[Any], list[list[int]]]:
+        tensors = decode_prompt_embeds(req.prompt_embeds, state.embeds_hidden_size, state.max_model_len)
+        return tensors, [placeholder_ids(t, state.vocab_size) for t in tensors]
+
+    return await state.off_loop(size, decode)
+
+
 async def _respond(request: Request, state: ServingState, builder: ResponseBuilder, prompts: list[list[int]],
-                   params: list[SamplingParams], req: Any) -> Response:
+                   params: list[SamplingParams], req: Any, embeds: list[Any] | None = None) -> Response:
     record: AccessRecord = request.state.access
     record.request_id = builder.id
     record.prompt_tokens = builder.prompt_tokens
-    deltas = state.start(builder.id, prompts, params)
+    deltas = state.start(builder.id, prompts, params, embeds)
     if not req.stream:
         async def collect() -> dict[str, Any]:
             try:

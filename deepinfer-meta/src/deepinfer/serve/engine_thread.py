@@ -110,9 +110,10 @@ class EngineThread:
         return None if self.alive else f"the engine loop is not running: {self.error!r}"
 
     def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-               sink: asyncio.Queue[Any], tag: int) -> None:
-        """Queue a request; its RequestDelta / RequestFailed items arrive on ``sink``."""
-        self._commands.put(("add", request_id, prompt_ids, params, sink, tag, time.monotonic()))
+               sink: asyncio.Queue[Any], tag: int, prompt_embeds: Any = None) -> None:
+        """Queue a request; its RequestDelta / RequestFailed items arrive on ``sink``
+        (``prompt_embeds``: the prompt's embeddings, ``prompt_ids`` its placeholder ids)."""
+        self._commands.put(("add", request_id, prompt_ids, params, sink, tag, time.monotonic(), prompt_embeds))
 
     def abort(self, request_id: str) -> None:
         """Abort a request at whatever stage it is (idempotent; unknown ids are ignored)."""
@@ -165,9 +166,10 @@ class EngineThread:
         return True
 
     def _add(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-             sink: asyncio.Queue[Any], tag: int, arrival: float) -> None:
+             sink: asyncio.Queue[Any], tag: int, arrival: float, prompt_embeds: Any = None) -> None:
         try:
-            self._llm.engine.add_request(request_id, prompt_ids, params, output_kind="delta", collect="all")
+            self._llm.engine.add_request(request_id, prompt_ids, params, output_kind="delta", collect="all",
+                                         prompt_embeds=prompt_embeds)
         except (ValueError, TypeError) as exc:
             self._deliver([(sink, RequestFailed(tag, 400, str(exc)))])
             return

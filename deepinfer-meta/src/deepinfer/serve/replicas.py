@@ -261,9 +261,12 @@ class ReplicaSet:
             r.reader.start()
 
     def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-               sink: asyncio.Queue[Any], tag: int) -> None:
+               sink: asyncio.Queue[Any], tag: int, prompt_embeds: Any = None) -> None:
         """Send a request to the least-loaded live replica; its RequestDelta / RequestFailed items
-        arrive on ``sink``."""
+        arrive on ``sink``. (``prompt_embeds``: not taken by replicas yet, the server refuses them.)"""
+        if prompt_embeds is not None:
+            sink.put_nowait(RequestFailed(tag, 400, "prompt_embeds are not served by data-parallel replicas yet"))
+            return
         try:
             i = least_loaded([(r.seqs, r.tokens) if r.alive else None for r in self._replicas], self._next)
         except LookupError:
