@@ -103,7 +103,7 @@ def test_without_the_option_it_is_400(served_llm):
 
 
 def test_wire_format_round_trip():
-    from deepinfer.serve.core import embeds_from_wire, embeds_to_wire
+    from deepinfer.serve.engine_thread import embeds_from_wire, embeds_to_wire
 
     t = torch.randn(5, 7)
     assert torch.equal(embeds_from_wire(embeds_to_wire(t)), t)
@@ -137,3 +137,24 @@ def test_engine_core_process_carries_the_embeddings(embeds_llm):
         except Exception:
             proc.kill()
             proc.wait(10)
+
+
+def test_data_parallel_replicas_take_the_embeddings(embeds_llm):
+    """Two CPU replicas behind one front end: the rows cross the replica's command queue."""
+    from conftest import LLM_KWARGS, ServerThread
+    from deepinfer.serve import ServeConfig, build_app
+    from deepinfer.serve.replicas import ReplicaSet
+
+    replicas = ReplicaSet({**LLM_KWARGS, "max_num_seqs": 4, "device": "cpu", "num_threads": 1,
+                           "enable_prompt_embeds": True}, 2)
+    try:
+        with ServerThread(build_app(replicas, ServeConfig(served_model_names=[MODEL_NAME]))) as s:
+            ids = embeds_llm.text_tokenizer("Once upon a time").input_ids
+            body = {"max_tokens": 6, "temperature": 0}
+            want = _post(s, {"prompt": ids, **body})
+            e = _b64(_embeds(embeds_llm, ids))
+            got = [_post(s, {"prompt_embeds": e, **body}) for _ in range(2)]  # (one on each replica)
+            assert want.status_code == 200 and all(g.status_code == 200 for g in got), got[0].text
+            assert {g.json()["choices"][0]["text"] for g in got} == {want.json()["choices"][0]["text"]}
+    finally:
+        replicas.stop()

@@ -129,7 +129,8 @@ class ServingState:
                                                                         strict=True))])
             self.engine = llm
             self.capacity_rule = f"{llm.size} replicas x max_num_seqs + max_queue"
-            self.embeds_hidden_size = 0  # (prompt embeddings are not sent to replicas yet)
+            self.embeds_hidden_size = int(llm.info.get("hidden_size", 0)) if llm.info.get(
+                "enable_prompt_embeds") else 0
         else:
             self.max_model_len = llm.engine.cfg.max_model_len
             self.vocab_size = llm.model_config.vocab_size
@@ -681,8 +682,7 @@ async def _embeds_prompts(state: ServingState, req: Any) -> tuple[list[Any], lis
     from deepinfer.serve.protocol import decode_prompt_embeds
 
     if not state.embeds_hidden_size:
-        raise APIError(400, "prompt_embeds needs a server started with --enable-prompt-embeds (one engine "
-                            "or --api-server-count, not replicas)", "prompt_embeds")
+        raise APIError(400, "prompt_embeds needs a server started with --enable-prompt-embeds", "prompt_embeds")
     if req.prompt is not None:
         raise APIError(400, "give prompt or prompt_embeds, not both", "prompt_embeds")
     if req.echo:

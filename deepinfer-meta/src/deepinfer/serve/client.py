@@ -214,7 +214,7 @@ class EngineClient:
         self._routes[request_id] = _Route(sink, tag)
         message: tuple[Any, ...] = ("add", request_id, prompt_ids, sampling_params_fields(params), tag, time.monotonic())
         if prompt_embeds is not None:
-            from deepinfer.serve.core import embeds_to_wire
+            from deepinfer.serve.engine_thread import embeds_to_wire
 
             message += (embeds_to_wire(prompt_embeds),)
         self._send(message)

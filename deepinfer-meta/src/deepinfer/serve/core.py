@@ -48,7 +48,12 @@ if __name__ == "__main__":  # the core process: torch before the engine's native
     os.environ.setdefault("GOMP_SPINCOUNT", "10000")
     import torch  # noqa: F401
 
-from deepinfer.serve.engine_thread import EngineThread, RequestDelta, RequestFailed
+from deepinfer.serve.engine_thread import (
+    EngineThread,
+    RequestDelta,
+    RequestFailed,
+    embeds_from_wire,
+)
 from deepinfer.serve.metrics import MetricsRecorder
 
 log = logging.getLogger("deepinfer.serve")
@@ -73,25 +78,6 @@ def sampling_params_fields(params: Any) -> dict[str, Any]:
                  for g in dataclasses.fields(v) if g.init}
         out[f.name] = v
     return out
-
-
-def embeds_to_wire(tensor: Any) -> list[Any]:
-    """Prompt embeddings as msgpack carries them: [float32 bytes, shape]."""
-    import torch
-
-    t = tensor.detach().to("cpu", torch.float32).contiguous()
-    return [t.numpy().tobytes(), list(t.shape)]
-
-
-def embeds_from_wire(wire: Any) -> Any:
-    """``embeds_to_wire``'s tensor back (ValueError when the bytes do not fill the shape)."""
-    import torch
-
-    data, shape = wire
-    if not isinstance(data, bytes) or not isinstance(shape, list) or len(shape) != 2 \
-            or len(data) != 4 * int(shape[0]) * int(shape[1]):
-        raise ValueError("prompt_embeds: malformed message")
-    return torch.frombuffer(bytearray(data), dtype=torch.float32).reshape(int(shape[0]), int(shape[1]))
 
 
 BatchMessage = tuple[str, list[Any], list[tuple[str, RequestDelta]], list[tuple[str, RequestFailed]]]
