@@ -687,8 +687,9 @@ async def _embeds_prompts(state: ServingState, req: Any) -> tuple[list[Any], lis
         raise APIError(400, "give prompt or prompt_embeds, not both", "prompt_embeds")
     if req.echo:
         raise APIError(400, "echo needs a prompt of text or token ids, not prompt_embeds", "echo")
-    size = len(req.prompt_embeds) if isinstance(req.prompt_embeds, str) else sum(
-        len(x) for x in req.prompt_embeds if isinstance(x, str)) if isinstance(req.prompt_embeds, list) else 0
+    value = req.prompt_embeds
+    items = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+    size = sum(len(x) for x in items if isinstance(x, str))  # base64 characters: decoded off the loop when large
 
     def decode() -> tuple[list[Any], list[list[int]]]:
         tensors = decode_prompt_embeds(req.prompt_embeds, state.embeds_hidden_size, state.max_model_len)
