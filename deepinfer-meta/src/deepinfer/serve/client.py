@@ -205,14 +205,19 @@ class EngineClient:
         self._reader = loop.create_task(self._read(), name="deepinfer-core-reader")
 
     def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-               sink: asyncio.Queue[Any], tag: int) -> None:
+               sink: asyncio.Queue[Any], tag: int, prompt_embeds: Any = None) -> None:
         if not self.alive:
             sink.put_nowait(RequestFailed(tag, 503, self.unhealthy_reason() or "the engine core is not running"))
             return
         import time
 
         self._routes[request_id] = _Route(sink, tag)
-        self._send(("add", request_id, prompt_ids, sampling_params_fields(params), tag, time.monotonic()))
+        message: tuple[Any, ...] = ("add", request_id, prompt_ids, sampling_params_fields(params), tag, time.monotonic())
+        if prompt_embeds is not None:
+            from deepinfer.serve.engine_thread import embeds_to_wire
+
+            message += (embeds_to_wire(prompt_embeds),)
+        self._send(message)
 
     def abort(self, request_id: str) -> None:
         """Abort a request in the core (idempotent; unknown ids are ignored)."""
