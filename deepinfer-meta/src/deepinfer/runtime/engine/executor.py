@@ -193,17 +193,23 @@ class StepExecutor:
         grammar = None if self.structured is None else self.structured.step_rows(si, self.metadata)
         if grammar is not None:
             step.structured = (self.structured, grammar)
-        logits, greedy = self._forward(args, bufs, prev)
-        if int(si.prompt_logprobs.num_rows):
-            self._prompt_logprobs(si, logits)
         if self.speculator is not None:  # ---- speculative decoding (runtime.speculative) ----
             if prev is not None:
                 raise RuntimeError("speculative steps never run ahead (the overlap loop runs them synchronously)")
-            rows, batch = sampling_batch_from_engine(si, logits.device, self.penalty_tables)
+            rows, batch = sampling_batch_from_engine(si, self.runner.device, self.penalty_tables)
+            # (draft model) the drafts the scheduler placed are drafted now, into the input ids
+            drafted = self.speculator.propose(self.scheduler, scheduled, si, bufs.arrays,
+                                              int(args.num_rows) or int(args.num_seqs), batch)
+            logits, _ = self._forward(args, bufs, prev)
+            if int(si.prompt_logprobs.num_rows):
+                self._prompt_logprobs(si, logits)
             res = sample(logits[rows], batch)
-            step.spec = self.speculator.verify(si, logits, rows, batch, res)
+            step.spec = self.speculator.verify(si, logits, rows, batch, res, drafted)
             self.num_launched += 1
             return step
+        logits, greedy = self._forward(args, bufs, prev)
+        if int(si.prompt_logprobs.num_rows):
+            self._prompt_logprobs(si, logits)
         procs = self.logits_processors
         if procs is not None:
             if prev is not None:

@@ -29,6 +29,7 @@ import torch
 from deepinfer.runtime.sampling.sampler import SamplerOutput, SamplingBatch, sampling_probs
 from deepinfer.runtime.sampling_params import GREEDY_TEMPERATURE_THRESHOLD
 from deepinfer.runtime.speculative.config import SpeculativeConfig
+from deepinfer.runtime.speculative.draft_model import DraftModel, Drafted
 from deepinfer.runtime.speculative.metrics import SpecDecodeStats
 from deepinfer.runtime.speculative.ngram import propose_ngram
 from deepinfer.runtime.speculative.rejection import verify_drafts
@@ -70,7 +71,7 @@ class Speculator:
     ``params_of(request_id)``: the request's SamplingParams (None once it is gone)."""
 
     def __init__(self, config: SpeculativeConfig, params_of: Callable[[str], Any], *, seed: int = 0,
-                 device: torch.device | None = None) -> None:
+                 device: torch.device | None = None, draft: DraftModel | None = None) -> None:
         from deepinfer._C import engine
 
         self.E: Any = engine
@@ -81,6 +82,18 @@ class Speculator:
         self.generator = torch.Generator(device=device or torch.device("cpu"))
         self.generator.manual_seed(seed)
         self.oracle: dict[tuple[int, ...], np.ndarray] = {}
+        if (config.method == "draft_model") != (draft is not None):
+            raise ValueError("Speculator: method 'draft_model' needs its DraftModel (and only it takes one)")
+        self.draft = draft
+
+    def propose(self, scheduler: Any, scheduled: Any, si: Any, arrays: dict[str, np.ndarray], num_seqs: int,
+                batch: SamplingBatch) -> Drafted | None:
+        """(method "draft_model", before the target's forward) run the draft model for the step's
+        scheduled drafts and write them into its input ids; None for the other methods, whose
+        drafts the engine already holds."""
+        if self.draft is None:
+            return None
+        return self.draft.propose(scheduler, scheduled, si, arrays, num_seqs, batch, self.generator)
 
     def record_oracle(self, prompt_ids: list[int], output_ids: list[int]) -> None:
         """Method "oracle": the drafts of a request with this prompt follow ``output_ids`` (a
@@ -89,9 +102,10 @@ class Speculator:
 
     # ---- verification (launch) ---------------------------------------------------------------
     def verify(self, si: Any, logits: torch.Tensor, rows: torch.Tensor, batch: SamplingBatch,
-               res: SamplerOutput) -> SpecStep:
+               res: SamplerOutput, drafted: Drafted | None = None) -> SpecStep:
         """Verify the step's drafts. ``rows``/``batch``/``res``: the sample rows' logits rows,
-        sampling batch and ordinary samples (the bonus token of a row with drafts)."""
+        sampling batch and ordinary samples (the bonus token of a row with drafts); ``drafted``:
+        the draft model's drafts and their q (``propose``; None: the engine's drafts, one-hot)."""
         k = self.k
         real = int(si.driver.num_real_rows)
         S = si.speculative
@@ -108,7 +122,10 @@ class Speculator:
             cu = np.array(S.cu_num_drafts[:ns + 1], dtype=np.int64)
             trows = np.array(S.target_logits_rows[:nd], dtype=np.int64)
             dev = logits.device
-            drafts = torch.from_numpy(np.array(S.draft_token_ids[:nd], dtype=np.int64)).to(dev)
+            if drafted is None:
+                drafts = torch.from_numpy(np.array(S.draft_token_ids[:nd], dtype=np.int64)).to(dev)
+            else:
+                drafts = drafted.ids.to(dev)
             per_draft = torch.from_numpy(sr[np.repeat(np.arange(ns), np.diff(cu))]).to(dev)
             target = logits[torch.from_numpy(trows).to(dev)].float()
             temp = batch.temperature[per_draft]
@@ -120,7 +137,8 @@ class Speculator:
                               sample_index=batch.sample_index[per_draft], step=batch.step[per_draft])
                 probs = sampling_probs(target, sub)
             v = verify_drafts(drafts, cu, greedy, target.argmax(dim=-1), probs,
-                              sample_tokens[torch.from_numpy(sr).to(dev)], self.generator)
+                              sample_tokens[torch.from_numpy(sr).to(dev)], self.generator,
+                              None if drafted is None else drafted.probs)
             for s in range(ns):
                 r, a, b = int(sr[s]), int(cu[s]), int(cu[s + 1])
                 if r >= real:
@@ -166,7 +184,9 @@ class Speculator:
             room = min(k, int(params.max_tokens) - num_out - 1)  # the step's last token is not a draft
             if room <= 0:
                 continue
-            if cfg.method == "oracle":
+            if cfg.method == "draft_model":  # placeholders: the draft model drafts them at launch
+                drafts = np.zeros(room, np.int32)
+            elif cfg.method == "oracle":
                 rec = self.oracle.get(tuple(int(t) for t in history[:int(seq.num_prompt_tokens)]))
                 drafts = np.zeros(0, np.int32) if rec is None else rec[num_out:num_out + room]
             else:
