@@ -25,7 +25,6 @@ distribution exactly.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,27 +33,6 @@ import torch
 
 from deepinfer.runtime.sampling.sampler import SamplingBatch, sampling_probs
 from deepinfer.runtime.sampling_params import GREEDY_TEMPERATURE_THRESHOLD
-
-
-def check_draft_config(draft: Any, target: Any, path: str) -> None:
-    """ValueError unless the draft model at ``path`` can draft for the target (vLLM's rule: the
-    same vocabulary size; the tokenizer itself is the caller's promise)."""
-    if int(draft.vocab_size) != int(target.vocab_size):
-        raise ValueError(f"speculative_config['model'] ({path!r}): the draft model's vocab_size {draft.vocab_size} "
-                         f"differs from the target model's {target.vocab_size}; a draft model must share the "
-                         "target's tokenizer")
-
-
-def load_draft_model(path: str, target_config: Any, *, device: torch.device, dtype: torch.dtype,
-                     dummy_weights: bool, max_positions: int, seed: int) -> Any:
-    """The draft model at ``path`` (a GGUF file or a model folder), checked against the target."""
-    from deepinfer.runtime.loading.model_loader import load_model, read_config
-
-    if not (os.path.isfile(path) or os.path.isdir(path)):
-        raise ValueError(f"speculative_config['model'] ({path!r}) is neither a GGUF file nor a model directory")
-    check_draft_config(read_config(path), target_config, path)
-    return load_model(path, device=device, dtype=dtype, dummy_weights=dummy_weights, max_positions=max_positions,
-                      seed=seed + 1)
 
 
 def batch_rows(batch: SamplingBatch, idx: torch.Tensor) -> SamplingBatch:

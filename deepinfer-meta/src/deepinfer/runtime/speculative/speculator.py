@@ -20,7 +20,7 @@ logits at that token's position, as without speculation.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,7 +29,7 @@ import torch
 from deepinfer.runtime.sampling.sampler import SamplerOutput, SamplingBatch, sampling_probs
 from deepinfer.runtime.sampling_params import GREEDY_TEMPERATURE_THRESHOLD
 from deepinfer.runtime.speculative.config import SpeculativeConfig
-from deepinfer.runtime.speculative.draft_model import DraftModel, Drafted
+from deepinfer.runtime.speculative.draft_model import Drafted, DraftModel, batch_rows
 from deepinfer.runtime.speculative.metrics import SpecDecodeStats
 from deepinfer.runtime.speculative.ngram import propose_ngram
 from deepinfer.runtime.speculative.rejection import verify_drafts
@@ -132,10 +132,7 @@ class Speculator:
             greedy = temp < GREEDY_TEMPERATURE_THRESHOLD
             probs = None
             if not bool(greedy.all()):
-                sub = replace(batch, temperature=temp, top_k=batch.top_k[per_draft], top_p=batch.top_p[per_draft],
-                              min_p=batch.min_p[per_draft], seeds=batch.seeds[per_draft],
-                              sample_index=batch.sample_index[per_draft], step=batch.step[per_draft])
-                probs = sampling_probs(target, sub)
+                probs = sampling_probs(target, batch_rows(batch, per_draft))
             v = verify_drafts(drafts, cu, greedy, target.argmax(dim=-1), probs,
                               sample_tokens[torch.from_numpy(sr).to(dev)], self.generator,
                               None if drafted is None else drafted.probs)

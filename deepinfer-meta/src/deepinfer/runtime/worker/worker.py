@@ -93,7 +93,7 @@ class Worker:
             if self.parallel:
                 raise ValueError("speculative_config method 'draft_model' runs on one rank only (no tensor "
                                  "parallelism for the draft yet): use tensor_parallel_size=1 or method 'ngram'")
-            from deepinfer.runtime.speculative.draft_model import load_draft_model
+            from deepinfer.runtime.loading.draft_loader import load_draft_model
 
             self.draft_loaded = load_draft_model(spec.model, self.loaded.config, device=device, dtype=self.dtype,
                                                  dummy_weights=args.dummy_weights, max_positions=args.max_model_len,
