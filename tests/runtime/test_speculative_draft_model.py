@@ -144,3 +144,16 @@ def test_sampled_requests_draft_from_q(loaded_default, tokenizer, prompt_ids, mo
     assert q and all(torch.allclose(x.sum(-1), torch.ones(x.shape[0])) for x in q)
     # the target drafting for itself at the same temperature: q = p, so almost every draft is kept
     assert loop.speculator.stats.acceptance_rate > 0.9, loop.speculator.stats.as_dict()
+
+
+def test_oracle_drafts_replace_a_draft_models_for_benchmarks(loaded_default, tokenizer, prompt_ids, baseline,
+                                                              random_draft):
+    """(bench) With recorded greedy runs, the random draft still runs every step but the oracle's
+    drafts are verified: every draft kept, the output unchanged, the draft's time counted."""
+    loop = draft_loop(loaded_default, tokenizer, random_draft, k=4)
+    for p, b in zip(prompt_ids, baseline, strict=True):
+        loop.speculator.record_oracle(p, b[0])
+    assert tokens_of(run(loop, prompt_ids, SamplingParams(temperature=0, max_tokens=40))) == baseline
+    draft = loop.speculator.draft
+    assert loop.speculator.stats.acceptance_rate == 1.0
+    assert draft.num_steps > 0 and draft.num_forwards >= draft.num_steps and draft.seconds > 0

@@ -25,6 +25,8 @@ distribution exactly.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +65,12 @@ class DraftModel:
         # seq id -> how many leading positions of the draft's KV hold the sequence's true tokens
         self.seen: dict[int, int] = {}
         self.num_forwards = 0  # draft forward passes run (for benchmarks)
+        self.num_steps = 0  # steps that drafted
+        self.seconds = 0.0  # wall time spent drafting (the drafts reach the host: no device work left behind)
+        # benchmarks only (``Speculator.record_oracle``): (history, num_prompt_tokens, count) -> the
+        # drafts that replace the draft model's for a greedy request, or None; the draft model
+        # still runs, so its cost is measured at the oracle's acceptance
+        self.override: Callable[[np.ndarray, int, int], np.ndarray | None] | None = None
         if hasattr(runner, "native_verify_tokens"):  # CPU: catch-up rows of a few tokens run natively
             runner.native_verify_tokens = k + 1
 
@@ -85,9 +93,19 @@ class DraftModel:
         ``arrays``, the buffers the target's forward reads) and return them."""
         self._track(scheduled)
         S = si.speculative
-        ns, nd = int(S.num_seqs), int(S.num_drafts_total)
-        if ns == 0:
+        if int(S.num_seqs) == 0:
             return None
+        t0 = time.perf_counter()
+        try:
+            return self._propose(scheduler, si, arrays, num_seqs, batch, generator)
+        finally:
+            self.num_steps += 1
+            self.seconds += time.perf_counter() - t0
+
+    def _propose(self, scheduler: Any, si: Any, arrays: dict[str, np.ndarray], num_seqs: int,
+                 batch: SamplingBatch, generator: torch.Generator) -> Drafted:
+        S = si.speculative
+        ns, nd = int(S.num_seqs), int(S.num_drafts_total)
         sr = np.array(S.sample_rows[:ns], dtype=np.int64)
         cu = np.array(S.cu_num_drafts[:ns + 1], dtype=np.int64)
         trows = np.array(S.target_logits_rows[:nd], dtype=np.int64)
@@ -105,30 +123,43 @@ class DraftModel:
         sub = batch_rows(batch, per_seq)
         greedy = (sub.temperature < GREEDY_TEMPERATURE_THRESHOLD).cpu().numpy()
         # ---- forward 1: catch up and draft the first token
-        ids, pos, q_lens = [], [], []
+        ids, pos, q_lens, oracle, active = [], [], [], {}, []
         for s in range(ns):
             sid, n = int(seq_ids[sr[s]]), int(length[s])
-            start = min(self.seen.get(sid, 0), n - 1)
-            toks = np.asarray(scheduler.get_sequence(sid).token_ids, dtype=np.int64)
+            try:
+                seq = scheduler.get_sequence(sid) if sid >= 0 else None
+            except (KeyError, ValueError):
+                seq = None  # released since schedule()
+            if seq is None or seq.is_finished:  # a placeholder row: its drafts stay 0, never verified
+                continue
+            toks = np.asarray(seq.token_ids, dtype=np.int64)
             if len(toks) != n:
                 raise RuntimeError(f"draft model: sequence {sid} has {len(toks)} tokens, the step says {n}")
+            if self.override is not None and greedy[s]:
+                rec = self.override(toks, int(seq.num_prompt_tokens), int(counts[s]))
+                if rec is not None and len(rec) == counts[s]:
+                    oracle[s] = rec
+            start = min(self.seen.get(sid, 0), n - 1)
             ids.append(toks[start:n])
             pos.append(np.arange(start, n, dtype=np.int64))
             q_lens.append(n - start)
+            active.append(s)
             self.seen[sid] = n
-        p = np.concatenate(pos)
-        row_of = np.repeat(np.arange(ns), q_lens)
-        ends = np.cumsum(q_lens)
-        logits = self._forward(np.concatenate(ids), p, tables, row_of, np.concatenate([[0], ends]), length,
-                               ends - 1)
-        drafts = np.zeros((ns, int(counts.max())), np.int64)
-        probs: list[torch.Tensor | None] = [None] * int(counts.max())
+        width = int(counts.max())
+        drafts = np.zeros((ns, width), np.int64)
+        probs: list[tuple[np.ndarray, torch.Tensor]] = []  # (sequences, their q) of each draft position
         sampled = not bool(greedy.all())
-        live = np.arange(ns)
-        for j in range(int(counts.max())):
+        live = np.asarray(active, dtype=np.int64)
+        if len(live):
+            ends = np.cumsum(q_lens)
+            logits = self._forward(np.concatenate(ids), np.concatenate(pos), tables[live],
+                                   np.repeat(np.arange(len(live)), q_lens), np.concatenate([[0], ends]),
+                                   length[live], ends - 1)
+        for j in range(width if len(live) else 0):
             tok, q = self._pick(logits, live, greedy, sub, generator, sampled)
             drafts[live, j] = tok
-            probs[j] = q
+            if q is not None:
+                probs.append((live, q))
             live = live[counts[live] > j + 1]  # the sequences with more drafts scheduled
             if not len(live):
                 break
@@ -136,20 +167,17 @@ class DraftModel:
             n = len(live)
             logits = self._forward(drafts[live, j], at, tables[live], np.arange(n), np.arange(n + 1), at + 1,
                                    np.arange(n))
+        for s, rec in oracle.items():
+            drafts[s, :counts[s]] = rec
         # ---- into the step's inputs (the target verifies them) and SpeculativeSamplingInputs order
         flat = np.concatenate([drafts[s, :counts[s]] for s in range(ns)])
         where = np.concatenate([first_tok[s] + 1 + np.arange(counts[s]) for s in range(ns)])
         arrays["input_ids"][where] = flat
         q_all = None
-        if sampled:
-            V = int(logits.shape[-1])
-            q_all = torch.zeros(nd, V, dtype=torch.float32, device=dev)
-            starts = cu[:-1]
-            for j, qj in enumerate(probs):
-                if qj is None:
-                    continue
-                rows_j = np.flatnonzero(counts > j)
-                q_all[torch.from_numpy(starts[rows_j] + j).to(dev)] = qj
+        if sampled and probs:  # (rows of placeholder sequences stay 0: never verified)
+            q_all = torch.zeros(nd, int(probs[0][1].shape[-1]), dtype=torch.float32, device=dev)
+            for j, (rows_j, qj) in enumerate(probs):
+                q_all[torch.from_numpy(cu[:-1][rows_j] + j).to(dev)] = qj
         return Drafted(torch.from_numpy(flat).to(dev), q_all)
 
     def _forward(self, ids: np.ndarray, positions: np.ndarray, tables: np.ndarray, row_of: np.ndarray,

@@ -97,8 +97,17 @@ class Speculator:
 
     def record_oracle(self, prompt_ids: list[int], output_ids: list[int]) -> None:
         """Method "oracle": the drafts of a request with this prompt follow ``output_ids`` (a
-        recorded greedy run of the same request)."""
+        recorded greedy run of the same request). Method "draft_model": the draft model still
+        drafts (its cost is paid) but greedy requests verify these instead (benchmarks: the
+        draft's cost at the oracle's acceptance)."""
         self.oracle[tuple(int(t) for t in prompt_ids)] = np.asarray(output_ids, dtype=np.int32)
+        if self.draft is not None:  # benchmarks: the draft model runs, its drafts replaced by these
+            self.draft.override = self._oracle_drafts
+
+    def _oracle_drafts(self, history: np.ndarray, num_prompt: int, count: int) -> np.ndarray | None:
+        rec = self.oracle.get(tuple(int(t) for t in history[:num_prompt]))
+        num_out = len(history) - num_prompt
+        return None if rec is None else rec[num_out:num_out + count]
 
     # ---- verification (launch) ---------------------------------------------------------------
     def verify(self, si: Any, logits: torch.Tensor, rows: torch.Tensor, batch: SamplingBatch,
