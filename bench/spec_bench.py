@@ -185,7 +185,6 @@ def main() -> None:
                    help="CUDA, --method draft_model: the draft's shape (random weights, the target's vocabulary)")
     args = p.parse_args()
     import torch  # first: before any deepinfer native module (the H200 image segfaults otherwise)
-
     from deepinfer import LLM, SamplingParams
 
     if args.method == "draft_model":

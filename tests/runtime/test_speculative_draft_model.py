@@ -83,7 +83,7 @@ def test_max_tokens_and_stop_strings_hold(loaded_default, tokenizer, prompt_ids,
         got = run(draft_loop(loaded_default, tokenizer, draft, k=4), prompt_ids, p)
         assert tokens_of(got) == tokens_of(want)
         assert [ro.outputs[0].text for ro in got] == [ro.outputs[0].text for ro in want]
-        assert [len(ro.outputs[0].token_ids) for ro in got][0] == 7
+        assert len(got[0].outputs[0].token_ids) == 7
 
 
 def test_n_greater_than_one_and_prefix_caching(loaded_default, tokenizer, prompt_ids, baseline):
