@@ -86,14 +86,20 @@ def test_max_tokens_and_stop_strings_hold(loaded_default, tokenizer, prompt_ids,
         assert len(got[0].outputs[0].token_ids) == 7
 
 
-def test_n_greater_than_one_and_prefix_caching(loaded_default, tokenizer, prompt_ids, baseline):
+def test_n_greater_than_one_and_prefix_caching(loaded_default, tokenizer, prompt_ids, baseline, monkeypatch):
     greedy = SamplingParams(temperature=0, max_tokens=40)
     loop = draft_loop(loaded_default, tokenizer, loaded_default, k=3)
+    copies = {"target": [], "draft": []}  # block copies (the fork's partial block) reach both caches
+    for name, runner in (("target", loop.runner), ("draft", loop.draft_runner)):
+        real = runner.copy_blocks
+        monkeypatch.setattr(runner, "copy_blocks", lambda s, d, real=real, name=name:
+                            copies[name].append((list(s), list(d))) or real(s, d))
     assert tokens_of(run(loop, [prompt_ids[2]], greedy)) == [baseline[2]]
     # the same prompt again hits the prefix cache; n = 2 forks after the prompt
     outs = run(loop, [prompt_ids[2], prompt_ids[1]], [SamplingParams(n=2, temperature=0, max_tokens=40), greedy])
     assert tokens_of(outs) == [[baseline[2][0], baseline[2][0]], [baseline[1][0]]]
     assert loop.scheduler.block_manager.prefix_cache_hit_rate > 0
+    assert copies["target"] and copies["draft"] == copies["target"]
     # every draft kept: the draft's KV of prefix-hit blocks and of the forked sample is right
     assert loop.speculator.stats.num_draft_tokens > 0 and loop.speculator.stats.acceptance_rate == 1.0
 
@@ -157,3 +163,17 @@ def test_oracle_drafts_replace_a_draft_models_for_benchmarks(loaded_default, tok
     draft = loop.speculator.draft
     assert loop.speculator.stats.acceptance_rate == 1.0
     assert draft.num_steps > 0 and draft.num_forwards >= draft.num_steps and draft.seconds > 0
+
+
+def test_llm_with_a_gguf_draft_keeps_it_quantized_and_the_output(default_gguf):
+    """``LLM`` on CPU with no dtype keeps GGUF projections quantized: the draft's too."""
+    from deepinfer import LLM
+
+    common = dict(max_model_len=256, cpu_kv_cache_bytes=32 << 20, device="cpu")
+    p = SamplingParams(temperature=0, max_tokens=24)
+    prompt = "Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox"
+    want = LLM(default_gguf, **common).generate([prompt], p, use_tqdm=False)[0].outputs[0].token_ids
+    llm = LLM(default_gguf, **common, speculative_config={"model": default_gguf, "num_speculative_tokens": 3})
+    assert llm.generate([prompt], p, use_tqdm=False)[0].outputs[0].token_ids == want
+    assert llm.worker.draft_loaded.gguf is not None and llm.weight_format != "float32"  # both quantized
+    assert llm.engine.speculator.stats.acceptance_rate > 0.9

@@ -173,6 +173,9 @@ class StepExecutor:
         copies = np.asarray(scheduled.blocks_to_copy).reshape(-1, 2)
         if len(copies):
             runner.copy_blocks(copies[:, 0], copies[:, 1])
+            draft = getattr(self.speculator, "draft", None)
+            if draft is not None:  # the draft's cache shares the block ids: its copy too
+                draft.runner.copy_blocks(copies[:, 0], copies[:, 1])
         if len(self.buffers) > 1:
             self.side ^= 1
         args, bufs = self.args[self.side], self.buffers[self.side]

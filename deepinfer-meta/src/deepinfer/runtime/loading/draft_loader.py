@@ -19,12 +19,13 @@ def check_draft_config(draft: Any, target: Any, path: str) -> None:
 
 
 def load_draft_model(path: str, target_config: Any, *, device: torch.device, dtype: torch.dtype,
-                     dummy_weights: bool, max_positions: int, seed: int) -> Any:
-    """The draft model at ``path`` (a GGUF file or a model folder), checked against the target."""
+                     dummy_weights: bool, max_positions: int, seed: int, keep_quantized: bool = False) -> Any:
+    """The draft model at ``path`` (a GGUF file or a model folder), checked against the target;
+    ``keep_quantized``: as for the target (CPU, GGUF, no dtype asked: quantized projections kept)."""
     from deepinfer.runtime.loading.model_loader import load_model, read_config
 
     if not (os.path.isfile(path) or os.path.isdir(path)):
         raise ValueError(f"speculative_config['model'] ({path!r}) is neither a GGUF file nor a model directory")
     check_draft_config(read_config(path), target_config, path)
     return load_model(path, device=device, dtype=dtype, dummy_weights=dummy_weights, max_positions=max_positions,
-                      seed=seed + 1)
+                      seed=seed + 1, keep_quantized=keep_quantized)

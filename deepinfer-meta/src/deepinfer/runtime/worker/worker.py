@@ -95,9 +95,10 @@ class Worker:
                                  "parallelism for the draft yet): use tensor_parallel_size=1 or method 'ngram'")
             from deepinfer.runtime.loading.draft_loader import load_draft_model
 
-            self.draft_loaded = load_draft_model(spec.model, self.loaded.config, device=device, dtype=self.dtype,
-                                                 dummy_weights=args.dummy_weights, max_positions=args.max_model_len,
-                                                 seed=args.seed)
+            self.draft_loaded = load_draft_model(
+                spec.model, self.loaded.config, device=device, dtype=self.dtype, dummy_weights=args.dummy_weights,
+                max_positions=args.max_model_len, seed=args.seed,
+                keep_quantized=args.dtype is None and device.type == "cpu" and os.path.isfile(spec.model))
         self.num_blocks = self._num_kv_blocks()
         kwargs: dict[str, Any] = dict(num_blocks=self.num_blocks, block_size=args.block_size, device=device,
                                       dtype=self.dtype, attention_backend=args.attention_backend,
