@@ -7,7 +7,9 @@ The engine carries the bookkeeping: a running sequence's ``draft_tokens`` (set b
 ``prepare_sampler_inputs`` lists them in ``SpeculativeSamplingInputs`` (draft ids, the logits row
 verifying each, the bonus row), and ``process_MTPInfo`` appends the kept drafts and the bonus or
 recovered token with the scheduler's own stop checks, rolls back the KV slots of rejected drafts
-and stores the next drafts.
+and stores the next drafts. With a draft model (``draft_model``) the stored drafts are
+placeholders: the draft model drafts them when the step launches (``propose``), once the
+scheduler has placed them and allocated their KV slots.
 
 Which requests draft: those whose next token depends only on the target's logits at its
 position and the temperature / top-k / top-p / min-p filters — no penalties, logit bias,
