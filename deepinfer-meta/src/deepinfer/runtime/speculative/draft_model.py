@@ -11,12 +11,14 @@ the last token and of every scheduled draft position are then allocated, which a
 positions the draft writes. Per sequence with d scheduled drafts the draft model runs d forwards:
 
 1. catch-up: the sequence's tokens the draft has not seen (the whole sequence after a prompt or a
-   recompute; else the tokens appended since its last drafting: the kept drafts and the bonus
-   token, whose draft KV is re-written), the last one's logits give draft 1;
+   recompute; else the tokens appended since its last drafting, less the kept drafts the draft
+   model itself fed at their positions: the bonus token, and the last kept draft when all were
+   kept), the last one's logits give draft 1;
 2. forwards 2..d: one token each (the previous draft), batched over the sequences still drafting.
 
 Draft KV beyond the true tokens (drafts the target rejects) is never trusted: the next catch-up
-starts at the sequence's length at its last drafting, so rejected positions are re-written.
+starts at the first position whose fed draft differs from the sequence's token, so rejected
+positions are re-written.
 Greedy requests draft the draft model's argmax; sampled requests draw from the draft's
 distribution under the request's temperature / top-k / top-p / min-p, and that distribution q is
 kept for rejection sampling (``rejection.verify_drafts``), which then keeps the target's
@@ -64,6 +66,9 @@ class DraftModel:
         self.k = k
         # seq id -> how many leading positions of the draft's KV hold the sequence's true tokens
         self.seen: dict[int, int] = {}
+        # seq id -> the drafts fed to the draft model at positions seen, seen + 1, ... (their KV
+        # is the true tokens' where the target kept them: the next catch-up starts after those)
+        self.fed: dict[int, np.ndarray] = {}
         self.num_forwards = 0  # draft forward passes run (for benchmarks)
         self.num_steps = 0  # steps that drafted
         self.seconds = 0.0  # wall time spent drafting (the drafts reach the host: no device work left behind)
@@ -85,6 +90,7 @@ class DraftModel:
         nd = int(scheduled.num_decodes)
         decoding = {int(s) for s in ids[:nd]}
         self.seen = {s: n for s, n in self.seen.items() if s in decoding}
+        self.fed = {s: f for s, f in self.fed.items() if s in self.seen}
 
     @torch.inference_mode()
     def propose(self, scheduler: Any, scheduled: Any, si: Any, arrays: dict[str, np.ndarray], num_seqs: int,
@@ -139,7 +145,12 @@ class DraftModel:
                 rec = self.override(toks, int(seq.num_prompt_tokens), int(counts[s]))
                 if rec is not None and len(rec) == counts[s]:
                     oracle[s] = rec
-            start = min(self.seen.get(sid, 0), n - 1)
+            start = self.seen.get(sid, 0)
+            fed = self.fed.get(sid)
+            if fed is not None and len(fed):  # kept drafts' KV is already right: skip them
+                got = toks[start:start + len(fed)]
+                start += int(np.argmin(np.append(got == fed[:len(got)], False)))
+            start = min(start, n - 1)
             ids.append(toks[start:n])
             pos.append(np.arange(start, n, dtype=np.int64))
             q_lens.append(n - start)
@@ -167,6 +178,8 @@ class DraftModel:
             n = len(live)
             logits = self._forward(drafts[live, j], at, tables[live], np.arange(n), np.arange(n + 1), at + 1,
                                    np.arange(n))
+        for s in active:  # what the draft model consumed past the known tokens (the last draft is not fed)
+            self.fed[int(seq_ids[sr[s]])] = drafts[s, :counts[s] - 1].copy()
         for s, rec in oracle.items():
             drafts[s, :counts[s]] = rec
         # ---- into the step's inputs (the target verifies them) and SpeculativeSamplingInputs order
