@@ -5,6 +5,7 @@ prefix caching, preemption, stop strings, max_tokens, failed steps, the overlap 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from deepinfer.runtime.sampling_params import SamplingParams
@@ -59,7 +60,14 @@ def baseline(loaded_default, tokenizer, prompt_ids):
 
 def test_the_target_as_its_own_draft_keeps_every_draft(loaded_default, tokenizer, prompt_ids, baseline):
     loop = draft_loop(loaded_default, tokenizer, loaded_default, k=4)
+    draft, q_lens = loop.speculator.draft, []
+    real = draft._forward
+    draft._forward = lambda ids, pos, tables, row_of, qsl, *a: q_lens.append(np.diff(qsl)) or real(
+        ids, pos, tables, row_of, qsl, *a)
     assert tokens_of(run(loop, prompt_ids, SamplingParams(temperature=0, max_tokens=40))) == baseline
+    # the draft catches up on a whole sequence once; after that on the bonus token and, when every
+    # draft was kept, the last draft (the draft model fed the others itself)
+    assert sum(int(q.max()) > 2 for q in q_lens) <= len(prompt_ids)
     st = loop.speculator.stats
     assert st.num_draft_tokens > 30 and st.acceptance_rate == 1.0, st.as_dict()
     assert st.per_position()[0] == 1.0  # (later positions: fewer drafts fit near max_tokens)
