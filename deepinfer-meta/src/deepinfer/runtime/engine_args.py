@@ -220,9 +220,12 @@ class EngineArgs:
     speculative_config: Any = field(default=None, metadata=_opt(
         "Speculative decoding, vLLM's keys: {\"method\": \"ngram\", \"num_speculative_tokens\": k, "
         "\"prompt_lookup_min\": n, \"prompt_lookup_max\": m} drafts k tokens per step from the "
-        "request's own prompt and output and verifies them in one forward pass (lossless: greedy "
-        "output unchanged, sampling by rejection). A dict, or a JSON object on the command line; "
-        "see the speculative decoding guide. Default: off.",
+        "request's own prompt and output; {\"method\": \"draft_model\", \"model\": path, "
+        "\"num_speculative_tokens\": k} drafts them with a smaller model of the same tokenizer (its "
+        "own KV cache in the same engine; the method may be left out when \"model\" is given). The "
+        "target verifies them in one forward pass (lossless: greedy output unchanged, sampling by "
+        "rejection). A dict, or a JSON object on the command line; see the speculative decoding "
+        "guide. Default: off.",
         "json", "--speculative-config", metavar="JSON", none=True))
     logits_processors: Any = field(default=(), metadata=_opt(
         "Custom logits processors with vLLM's v1 interface (deepinfer.runtime.sampling."

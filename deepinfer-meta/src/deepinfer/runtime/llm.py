@@ -150,7 +150,7 @@ class LLM:
                 extra_stop_token_ids=eos_ids[1:], retry_failed_steps=args.retry_failed_steps,
                 overlap_scheduling=(self.worker.graph_batch_sizes is not None and group is None) if overlap is None
                 else overlap, step_buffers=self.worker.step_buffers, speculative_config=args.speculative_config,
-                logits_processors=args.logits_processors)
+                logits_processors=args.logits_processors, draft_runner=self.worker.draft_runner)
             self.worker.capture_graphs()
         except BaseException:
             _stop_ranks(group, self._workers)  # the other ranks would wait for steps that never come

@@ -189,6 +189,9 @@ class StepExecutor:
         copies = np.asarray(scheduled.blocks_to_copy).reshape(-1, 2)
         if len(copies):
             runner.copy_blocks(copies[:, 0], copies[:, 1])
+            draft = getattr(self.speculator, "draft", None)
+            if draft is not None:  # the draft's cache shares the block ids: its copy too
+                draft.runner.copy_blocks(copies[:, 0], copies[:, 1])
         if len(self.buffers) > 1:
             self.side ^= 1
         args, bufs = self.args[self.side], self.buffers[self.side]
@@ -209,21 +212,27 @@ class StepExecutor:
         grammar = None if self.structured is None else self.structured.step_rows(si, self.metadata)
         if grammar is not None:
             step.structured = (self.structured, grammar)
-        embeds = None
+        embeds = None  # (prompt embeddings are refused with speculative decoding: EngineLoop)
         if self.prompt_embeds and prev is None and scheduled.num_decodes != len(self.metadata):
             embeds = step_embeds(self.metadata, bufs.arrays["query_start_loc"], int(scheduled.num_decodes),
                                  self.prompt_embeds)
-        logits, greedy = self._forward(args, bufs, prev, embeds)
-        if int(si.prompt_logprobs.num_rows):
-            self._prompt_logprobs(si, logits)
         if self.speculator is not None:  # ---- speculative decoding (runtime.speculative) ----
             if prev is not None:
                 raise RuntimeError("speculative steps never run ahead (the overlap loop runs them synchronously)")
-            rows, batch = sampling_batch_from_engine(si, logits.device, self.penalty_tables)
+            rows, batch = sampling_batch_from_engine(si, self.runner.device, self.penalty_tables)
+            # (draft model) the drafts the scheduler placed are drafted now, into the input ids
+            drafted = self.speculator.propose(self.scheduler, scheduled, si, bufs.arrays,
+                                              int(args.num_rows) or int(args.num_seqs), batch)
+            logits, _ = self._forward(args, bufs, prev)
+            if int(si.prompt_logprobs.num_rows):
+                self._prompt_logprobs(si, logits)
             res = sample(logits[rows], batch)
-            step.spec = self.speculator.verify(si, logits, rows, batch, res)
+            step.spec = self.speculator.verify(si, logits, rows, batch, res, drafted)
             self.num_launched += 1
             return step
+        logits, greedy = self._forward(args, bufs, prev, embeds)
+        if int(si.prompt_logprobs.num_rows):
+            self._prompt_logprobs(si, logits)
         procs = self.logits_processors
         if procs is not None:
             if prev is not None:

@@ -148,10 +148,12 @@ class EngineLoop:
     def __init__(self, runner: ModelRunner, tokenizer: Any, cfg: EngineConfig,
                  extra_stop_token_ids: list[int] | None = None, retry_failed_steps: bool = False,
                  overlap_scheduling: bool = False, step_buffers: StepBuffers | None = None,
-                 speculative_config: Any = None, logits_processors: Any = ()) -> None:
+                 speculative_config: Any = None, logits_processors: Any = (), draft_runner: Any = None) -> None:
         """``step_buffers``: the host buffers the engine writes each step into (the worker's, which
         its CUDA graphs are captured over); None: the loop allocates them. ``speculative_config``:
         speculative decoding (a dict, JSON string or SpeculativeConfig; None: off).
+        ``draft_runner``: (method "draft_model") the draft model's ModelRunner, whose KV cache has
+        this runner's block count and block size (``Worker`` builds both).
         ``logits_processors``: vLLM v1 ``LogitsProcessor`` classes or their names
         (``sampling.logits_processors``); with any, steps run synchronously."""
         from deepinfer._C import engine
@@ -200,6 +202,7 @@ class EngineLoop:
         self.speculator: Any = None
         if self.speculative_config is not None and cfg.logprobs_mode != "raw_logprobs":
             raise ValueError(f"logprobs_mode={cfg.logprobs_mode!r} does not run with speculative decoding yet")
+        self.draft_runner = draft_runner
         if self.speculative_config is not None:
             from deepinfer.runtime.speculative.speculator import Speculator
 
@@ -207,7 +210,20 @@ class EngineLoop:
                 state = self.requests.get(request_id)
                 return None if state is None else state.params
 
-            self.speculator = Speculator(self.speculative_config, params_of, seed=cfg.seed, device=runner.device)
+            draft = None
+            if self.speculative_config.method == "draft_model":
+                from deepinfer.runtime.speculative.draft_model import DraftModel
+
+                if draft_runner is None:
+                    raise ValueError("speculative_config method 'draft_model' needs the draft model's runner "
+                                     "(LLM builds it from speculative_config['model'])")
+                if (draft_runner.num_blocks, draft_runner.block_size) != (cfg.num_blocks, cfg.block_size):
+                    raise ValueError(f"the draft runner's KV cache ({draft_runner.num_blocks} blocks of "
+                                     f"{draft_runner.block_size}) must match the target's ({cfg.num_blocks} of "
+                                     f"{cfg.block_size}): both are indexed by the same block tables")
+                draft = DraftModel(draft_runner, self.speculative_config.num_speculative_tokens)
+            self.speculator = Speculator(self.speculative_config, params_of, seed=cfg.seed, device=runner.device,
+                                         draft=draft)
             self.executor.speculator = self.speculator
         if hasattr(runner, "native_verify_tokens"):  # CPU: verify steps on the native kernels
             runner.native_verify_tokens = 0 if self.speculative_config is None else \
@@ -253,7 +269,8 @@ class EngineLoop:
         return EngineLoop(self.runner, self.tokenizer, self.cfg, extra_stop_token_ids=self.extra_stop_token_ids,
                           retry_failed_steps=self.retry_failed_steps, overlap_scheduling=self.overlap is not None,
                           step_buffers=self.step_buffers, speculative_config=self.speculative_config,
-                          logits_processors=self.logits_processor_classes)
+                          logits_processors=self.logits_processor_classes,
+                          draft_runner=self.draft_runner)
 
     # ---- requests ---------------------------------------------------------------------------
     def new_request_id(self) -> str:
