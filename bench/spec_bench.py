@@ -3,6 +3,9 @@
     python bench/spec_bench.py                                   # CPU, default model, n-gram, batch 1
     python bench/spec_bench.py --k 4 --runs 3 --threads 2
     python bench/spec_bench.py --shape llama3-8b --speculative-oracle --batch 1,32   # GPU, random weights
+    python bench/spec_bench.py --method draft_model --draft PATH          # CPU, a draft model for the default model
+    python bench/spec_bench.py --shape llama3-8b --method draft_model --draft-shape smollm2-135m \
+        --speculative-oracle --batch 1,32                                 # GPU: the draft's cost per step
 
 CPU (default): the input-grounded workload — rewrite a ~300-token code passage with one change,
 and answer questions by quoting the prompt — one request at a time (batch 1), greedy, through
@@ -18,6 +21,12 @@ forward's argmax, and drafting costs nothing: the ceiling of the verification pa
 loader), EOS ignored, ``--output-len`` tokens per request, ``--batch`` concurrent requests; one
 engine at a time (plain with CUDA graphs and ZOS as configured by default, then speculative),
 each run after a warm-up, medians of ``--runs``.
+
+``--method draft_model``: drafts from a draft model (``--draft PATH`` on CPU; ``--draft-shape`` on
+CUDA: a random-weight model of that shape with the target's vocabulary). With
+``--speculative-oracle`` too, the draft model runs every step but the recorded greedy run's drafts
+are verified instead of its own (random weights draft nothing useful): the verification at 100 %
+acceptance plus the draft's real cost, which is printed per step (ms and share of the wall time).
 """
 
 from __future__ import annotations
@@ -101,8 +110,12 @@ def timed(llm, batch, params) -> tuple[float, list[list[int]]]:
 def report_stats(llm) -> str:
     st = llm.engine.speculator.stats
     pos = " ".join(f"{p:.2f}" for p in st.per_position())
-    return (f"acceptance {st.acceptance_rate:.3f}, mean accepted length {st.mean_accepted_length:.2f}, "
-            f"per position [{pos}] over {st.num_drafts} verifying steps")
+    out = (f"acceptance {st.acceptance_rate:.3f}, mean accepted length {st.mean_accepted_length:.2f}, "
+           f"per position [{pos}] over {st.num_drafts} verifying steps")
+    draft = llm.engine.speculator.draft
+    if draft is not None and draft.num_steps:
+        out += f"; draft model {1e3 * draft.seconds / draft.num_steps:.2f} ms per drafting step (all runs)"
+    return out
 
 
 def bench(plain, spec, groups, params, runs: int, oracle: bool) -> None:
@@ -133,6 +146,23 @@ def bench(plain, spec, groups, params, runs: int, oracle: bool) -> None:
     print(f"outputs token for token equal to plain decoding: {same}")
 
 
+def draft_shape_dir(shape: str, vocab: int) -> str:
+    """A model folder of ``shape`` with ``vocab`` tokens (a random-weight draft for a target of
+    that vocabulary)."""
+    import json
+
+    sys.path.insert(0, os.path.join(HERE, "..", "tests", "runtime"))
+    from gpu_shapes import write_shape_dir
+
+    path = write_shape_dir(tempfile.mkdtemp(prefix="draft-"), shape)
+    with open(os.path.join(path, "config.json")) as f:
+        cfg = json.load(f)
+    cfg["vocab_size"] = vocab
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    return path
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
@@ -148,10 +178,20 @@ def main() -> None:
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--method", choices=("ngram", "draft_model"), default="ngram",
+                   help="the drafting method (--speculative-oracle without draft_model: the oracle alone)")
+    p.add_argument("--draft", default=None, help="CPU, --method draft_model: the draft model's path")
+    p.add_argument("--draft-shape", default="smollm2-135m",
+                   help="CUDA, --method draft_model: the draft's shape (random weights, the target's vocabulary)")
     args = p.parse_args()
+    import torch  # first: before any deepinfer native module (the H200 image segfaults otherwise)
     from deepinfer import LLM, SamplingParams
 
-    if args.speculative_oracle:
+    if args.method == "draft_model":
+        spec_cfg = {"method": "draft_model", "model": args.draft, "num_speculative_tokens": args.k}
+        if args.shape is None and not args.draft:
+            p.error("--method draft_model needs --draft PATH on CPU")
+    elif args.speculative_oracle:
         spec_cfg = {"method": "oracle", "num_speculative_tokens": args.k}
     else:
         spec_cfg = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_min": args.lookup_min,
@@ -167,8 +207,6 @@ def main() -> None:
         bench(plain, spec, groups, SamplingParams(temperature=0, max_tokens=args.max_tokens), args.runs,
               args.speculative_oracle)
         return
-    import torch
-
     sys.path.insert(0, HERE)
     sys.path.insert(0, os.path.join(HERE, "..", "tests", "runtime"))
     import deepinfer.runtime.loading.model_loader as ml
@@ -178,6 +216,8 @@ def main() -> None:
     ml.load_model = _load_on_device  # type: ignore[assignment]
     shape_dir = write_shape_dir(tempfile.mkdtemp(prefix="shape-"), args.shape)
     vocab = SHAPES[args.shape]["vocab_size"]
+    if args.method == "draft_model":  # the draft's shape with the target's vocabulary (one tokenizer)
+        spec_cfg["model"] = draft_shape_dir(args.draft_shape, vocab)
     sizes = [int(b) for b in args.batch.split(",")]
     g = torch.Generator().manual_seed(0)
     max_len = args.input_len + args.output_len + args.k + 16
@@ -201,7 +241,10 @@ def main() -> None:
             timed(llm, batch, params)  # warm-up (the plain one is the oracle's recorded greedy run)
             if mode == "spec":
                 llm.engine.speculator.stats.__init__(args.k)
+            draft = getattr(llm.engine.speculator, "draft", None) if mode == "spec" else None
+            before = (draft.seconds, draft.num_steps) if draft is not None else None
             rates[mode][b] = []
+            t0 = time.perf_counter()
             for r in range(args.runs):
                 rate, toks = timed(llm, batch, params)
                 rates[mode][b].append(rate)
@@ -209,6 +252,13 @@ def main() -> None:
                 print(f"  {mode} batch {b} run {r + 1}: {rate:,.1f} output tok/s", flush=True)
             if mode == "spec":
                 print(f"  spec batch {b} stats: {report_stats(llm)}", flush=True)
+            if draft is not None and before is not None:
+                secs, steps = draft.seconds - before[0], draft.num_steps - before[1]
+                wall = time.perf_counter() - t0
+                print(f"  spec batch {b} draft model ({args.draft_shape} shape): {1e3 * secs / max(steps, 1):.2f} ms "
+                      f"per drafting step ({steps} steps, k = {args.k}: {args.k} draft forwards each), "
+                      f"{100 * secs / wall:.0f} % of the wall time; whole step {1e3 * wall / max(steps, 1):.2f} ms",
+                      flush=True)
         del llm
         gc.collect()
         torch.cuda.empty_cache()

@@ -1,7 +1,8 @@
 """Structured outputs' cost on the GPU: throughput at 64 requests and the per-token cost at batch 1,
 each against the same requests unconstrained, interleaved in one run.
 
-    python bench/structured_gpu.py --tokenizer DIR [--runs 3]
+    python bench/structured_gpu.py --tokenizer DIR [--runs 3]          (CUDA)
+    python bench/structured_gpu.py --batch 16 [--threads 2] [--runs 3]  (CPU: the default model)
 
 SmolLM2-135M shape, random bf16 weights (as bench/gpu_bench.py), CUDA graphs and overlap
 scheduling on, greedy. ``--tokenizer``: a folder with the default model's tokenizer (a real
@@ -9,7 +10,10 @@ byte-level vocabulary, so that the grammar has tokens to allow; saved with
 ``load_tokenizer(default_model_path()).save_pretrained(DIR)``). The constraint is an EBNF grammar
 of a JSON array of objects that never closes, so every request runs its full ``max_tokens`` in
 both modes (the same tokens counted), and every structured step masks every row. Also prints the
-host time spent filling bitmasks (``StructuredOutputs.bitmask``) per structured step.
+host time spent filling bitmasks (``StructuredOutputs.fill``) per structured step.
+
+Without CUDA the same comparison runs on the embedded default model (its real Q4_1 weights and
+tokenizer, ``--threads`` torch threads), so the CPU figure is the one a CPU user gets.
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ GRAMMAR = ('root ::= "[" items\nitems ::= obj ", " items\n'
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--tokenizer", required=True)
+    p.add_argument("--tokenizer", default=None, help="(CUDA) a folder with the default model's tokenizer")
+    p.add_argument("--threads", type=int, default=2, help="(CPU) torch threads")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--input-len", type=int, default=128)
@@ -46,24 +51,26 @@ def main() -> None:
     from gpu_bench import _load_on_device
     from gpu_shapes import write_shape_dir
 
-    shape_dir = write_shape_dir(tempfile.mkdtemp(prefix="shape-"), "smollm2-135m")
-    for f in os.listdir(args.tokenizer):
-        shutil.copy(os.path.join(args.tokenizer, f), shape_dir)
     n, out = args.batch, args.output_len
     if torch.cuda.is_available():
+        if args.tokenizer is None:
+            p.error("--tokenizer is needed on CUDA (the random-weight shape has no vocabulary of its own)")
+        shape_dir = write_shape_dir(tempfile.mkdtemp(prefix="shape-"), "smollm2-135m")
+        for f in os.listdir(args.tokenizer):
+            shutil.copy(os.path.join(args.tokenizer, f), shape_dir)
         ml.load_model = _load_on_device  # type: ignore[assignment]
         llm = LLM(shape_dir, dtype="bfloat16", dummy_weights=True, max_num_seqs=n,
                   max_model_len=args.input_len + out + 16, max_num_batched_tokens=8192,
                   gpu_memory_utilization=0.5, overlap_scheduling=True)
         where = torch.cuda.get_device_name()
-    else:  # a smoke run of the script on CPU (figures meaningless there)
-        llm = LLM(shape_dir, device="cpu", dummy_weights=True, max_num_seqs=n, max_model_len=args.input_len + out + 16,
-                  overlap_scheduling=True, num_threads=1)
-        where = "cpu"
+    else:  # the default model on the CPU
+        llm = LLM(max_num_seqs=n, max_model_len=args.input_len + out + 16, overlap_scheduling=True,
+                  num_threads=args.threads)
+        where = f"cpu ({args.threads} threads, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)"
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     print(f"{llm!r} on {where} (torch {torch.__version__})", flush=True)
     host = {"s": 0.0, "calls": 0}
-    orig = manager.StructuredOutputs.bitmask
+    orig = manager.StructuredOutputs.fill
 
     def timed(self, *a, **k):  # type: ignore[no-untyped-def]
         t = time.perf_counter()
@@ -73,7 +80,7 @@ def main() -> None:
             host["s"] += time.perf_counter() - t
             host["calls"] += 1
 
-    manager.StructuredOutputs.bitmask = timed  # type: ignore[method-assign]
+    manager.StructuredOutputs.fill = timed  # type: ignore[method-assign]
     g = torch.Generator().manual_seed(0)
     so = StructuredOutputsParams(grammar=GRAMMAR)
 

@@ -7,16 +7,22 @@
   its activations and outputs are bfloat16, so each output is off by at most about
   ``2**-8 * sum_k |x_k W_nk| + |y| * 2**-8`` (input rounding plus output rounding); we assert
   ``|y - ref| <= 2**-7 * (|x| @ |W|.T) + 1e-6``.
-* Our packing is what ``aten._convert_weight_to_int4pack_for_cpu`` produces.
+* Our packing is what ``aten._convert_weight_to_int4pack_for_cpu`` produces, under every
+  instruction set aten dispatches to (its layout differs: 64-row blocks with AVX-512, 32 with
+  AVX2, another without either): the tests run again with ``ATEN_CPU_CAPABILITY`` forced.
 """
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 from deepinfer.runtime.kernels import gguf_blocks
-from deepinfer.runtime.models.quantized import Int4Linear, Q8Embedding, pack_int4
+from deepinfer.runtime.models.quantized import Int4Linear, Q8Embedding, pack_int4, packed_row_block
 from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
@@ -78,7 +84,37 @@ def test_bf16_weight_is_the_int4_form_rounded_to_bfloat16(kind):
     layer = Int4Linear(parts)
     expected = torch.cat([(p.q.to(torch.bfloat16) - 8) * p.scale.to(torch.bfloat16).repeat_interleave(32, 1)
                           + p.zero.to(torch.bfloat16).repeat_interleave(32, 1) for p in parts])
-    assert torch.equal(layer.bf16_weight(), expected)
+    if packed_row_block() is not None:
+        assert torch.equal(layer.bf16_weight(), expected)
+    else:  # a layout decoded by the kernel itself (float32 math, one rounding): within two bf16 steps
+        size = torch.cat([(p.q.float() - 8).abs() * p.scale.float().abs().repeat_interleave(32, 1)
+                          + p.zero.float().abs().repeat_interleave(32, 1) for p in parts])  # the terms' size
+        excess = (layer.bf16_weight().float() - expected.float()).abs() - 2.0 ** -6 * size
+        assert float(excess.max()) <= 1e-6
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return set(next((line for line in f if line.startswith("flags")), ":").split(":", 1)[1].split())
+    except OSError:
+        return set()
+
+
+@pytest.mark.parametrize("capability", ["default", "avx2", "avx512"])
+def test_every_instruction_set_layout_of_aten(capability):
+    """aten packs int4 weights in a layout that depends on the instruction set its kernel runs
+    (an AVX2-only machine got garbage from a packing that assumed AVX-512's): this file's tests
+    again, in a process whose aten is forced to ``capability``."""
+    if os.environ.get("ATEN_CPU_CAPABILITY"):
+        pytest.skip("this process already runs under a forced ATEN_CPU_CAPABILITY")
+    needs = {"avx2": {"avx2", "fma"}, "avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq"}}.get(capability, set())
+    if not needs <= _cpu_flags():
+        pytest.skip(f"this CPU lacks {sorted(needs - _cpu_flags())} for aten's {capability} kernels")
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                          "not every_instruction_set"], env=dict(os.environ, ATEN_CPU_CAPABILITY=capability),
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
 
 
 def test_int4_linear_matches_the_dequantized_reference_over_random_shapes():

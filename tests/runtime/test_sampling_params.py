@@ -24,7 +24,7 @@ from deepinfer.runtime.sampling_params import SamplingParams
     ({"stop": [""]}, "stop"),
     ({"stop": 5}, "stop"),
     ({"stop_token_ids": [-1]}, "stop_token_ids"),
-    ({"logprobs": -1}, "logprobs"),
+    ({"logprobs": -2}, "logprobs"),  # (-1 is the whole vocabulary, as vLLM)
     ({"prompt_logprobs": 100}, "prompt_logprobs"),
     ({"logit_bias": {3: 500.0}}, "logit_bias"),
     ({"logit_bias": {-3: 1.0}}, "logit_bias"),

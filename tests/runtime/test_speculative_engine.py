@@ -206,7 +206,7 @@ def test_the_speculative_sampling_inputs_name_the_bonus_row(loaded_default, toke
     seen = []
     real = loop.speculator.verify
 
-    def spy(si, logits, rows, batch, res):
+    def spy(si, logits, rows, batch, res, drafted=None):
         S = si.speculative
         for s in range(int(S.num_seqs)):
             a, b = int(S.cu_num_drafts[s]), int(S.cu_num_drafts[s + 1])
@@ -214,7 +214,7 @@ def test_the_speculative_sampling_inputs_name_the_bonus_row(loaded_default, toke
             assert tr == list(range(tr[0], tr[0] + b - a))
             assert int(S.bonus_logits_rows[s]) == tr[-1] + 1 == int(rows[int(S.sample_rows[s])])
             seen.append(b - a)
-        return real(si, logits, rows, batch, res)
+        return real(si, logits, rows, batch, res, drafted)
 
     loop.speculator.verify = spy
     run(loop, prompt_ids, SamplingParams(temperature=0, max_tokens=20))

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 N = 1500
+NOISE = 0.03  # the bad draft: the target's weights plus N(0, NOISE^2) noise (about a third of its drafts kept)
 PROMPT = [5, 9, 17, 33]
 
 
@@ -70,3 +71,59 @@ def test_rejection_sampling_through_the_engine_keeps_the_distribution(tiny_dir):
     assert _homogeneity_p(plain[:, 1] * 1000 + plain[:, 2], spec[:, 1] * 1000 + spec[:, 2]) > 1e-3
     # the test can fail: the drafts themselves are far from the model's samples
     assert _homogeneity_p(plain[:, 1], np.full(N, rare[0])) < 1e-6
+
+
+@pytest.fixture(scope="module")
+def draft_dir(tmp_path_factory):
+    from tiny_models import save_tiny_model, save_tiny_tokenizer
+
+    path = tmp_path_factory.mktemp("tiny-draft")
+    save_tiny_tokenizer(path)  # (the test also samples the draft model alone)
+    # a bad draft of tiny_dir's model: the same weights (seed 3) with noise on every matrix
+    model = save_tiny_model(path, "llama", seed=3)
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.add_(torch.randn(p.shape, generator=gen) * NOISE)
+    model.save_pretrained(path)
+    return str(path)
+
+
+def test_a_bad_draft_model_keeps_the_distribution(tiny_dir, draft_dir):
+    """Sampled drafts from a perturbed copy of the model, verified with their q: the samples are
+    the target's (per position and jointly), not the draft's."""
+    from deepinfer import LLM, SamplingParams
+
+    params = SamplingParams(temperature=1.0, top_k=4, max_tokens=4, ignore_eos=True)
+    common = dict(dtype="float32", max_model_len=64, max_num_seqs=256, device="cpu")
+    plain = _samples(LLM(tiny_dir, **common), params)
+    spec_llm = LLM(tiny_dir, **common, speculative_config={"method": "draft_model", "model": draft_dir,
+                                                           "num_speculative_tokens": 2})
+    spec = _samples(spec_llm, params)
+    st = spec_llm.engine.speculator.stats
+    assert st.num_draft_tokens >= N and 0.05 < st.acceptance_rate < 0.9, st.as_dict()
+    for pos in range(4):
+        assert _homogeneity_p(plain[:, pos], spec[:, pos]) > 1e-3, pos
+    assert _homogeneity_p(plain[:, 1] * 1000 + plain[:, 2], spec[:, 1] * 1000 + spec[:, 2]) > 1e-3
+    # the test can fail: the draft model's own samples (what keeping every draft would give) differ
+    own = _samples(LLM(draft_dir, **common), params)
+    assert min(_homogeneity_p(plain[:, pos], own[:, pos]) for pos in range(4)) < 1e-6
+
+
+def test_draft_model_errors_and_its_share_of_the_kv_budget(tiny_dir, draft_dir, tmp_path):
+    from deepinfer import LLM
+    from tiny_models import save_tiny_model
+
+    common = dict(dtype="float32", max_model_len=64, device="cpu", cpu_kv_cache_bytes=1 << 20)
+    other = tmp_path / "other-vocab"
+    save_tiny_model(other, "llama", seed=1, vocab=384)
+    with pytest.raises(ValueError, match=r"vocab_size 384 differs from the target model's 320"):
+        LLM(tiny_dir, **common, speculative_config={"model": str(other), "num_speculative_tokens": 2})
+    with pytest.raises(ValueError, match=r"neither a GGUF file nor a model directory"):
+        LLM(tiny_dir, **common, speculative_config={"model": str(tmp_path / "nope"), "num_speculative_tokens": 2})
+    # one block of 16 tokens: 2 layers x (K, V) x 2 kv heads x 16 dims x 4 bytes = 8 KiB per model
+    assert LLM(tiny_dir, **common).worker.num_blocks == (1 << 20) // 8192
+    llm = LLM(tiny_dir, **common, speculative_config={"model": draft_dir, "num_speculative_tokens": 2})
+    assert llm.worker.num_blocks == llm.worker.draft_runner.num_blocks == (1 << 20) // (2 * 8192)
+    assert llm.engine.speculator.config.method == "draft_model"

@@ -27,6 +27,21 @@ def test_bench_speculative_oracle_reports_full_acceptance():
     assert "per-position acceptance [" in line
 
 
+def test_bench_speculative_oracle_with_a_draft_model_reports_its_cost(default_gguf):
+    pytest.importorskip("deepinfer_engine", reason="the C++ engine (deepinfer-engine) is not built/installed")
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    cfg = f'{{"method": "draft_model", "model": "{default_gguf}", "num_speculative_tokens": 3}}'
+    out = subprocess.run([sys.executable, "-m", "deepinfer", "bench", "--threads", "1", "--num-prompts", "2",
+                          "--input-len", "8", "--output-len", "12", "--quiet", "--device", "cpu",
+                          "--speculative-oracle", "--speculative-config", cfg],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr
+    line = next(x for x in out.stdout.splitlines() if x.startswith("speculative decoding:"))
+    assert float(line.split("acceptance rate ")[1].split(",")[0]) > 0.9, line
+    ms = float(line.split("draft model ")[1].split(" ms per drafting step")[0])
+    assert ms > 0, line
+
+
 def test_metrics_counters_follow_the_engine_totals():
     pytest.importorskip("prometheus_client", reason="prometheus_client (the serve extra) is not installed")
     from deepinfer.serve.metrics import ServerMetrics

@@ -87,13 +87,28 @@ def test_config_accepts_vllm_keys_dicts_and_json():
     ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2},
      ValueError, r"\['prompt_lookup_min'\] \(4\) must be <="),
     ({"method": "ngram", "num_speculative_tokens": 2, "lookahead": 1}, ValueError, r"unknown key 'lookahead'"),
-    ({"method": "draft_model", "model": "x", "num_speculative_tokens": 2}, NotImplementedError, "draft-model"),
+    ({"method": "draft_model", "num_speculative_tokens": 2}, ValueError, r"\['model'\] is required"),
+    ({"method": "draft_model", "model": "ngram", "num_speculative_tokens": 2}, ValueError, r"\['model'\] is required"),
+    ({"method": "draft_model", "model": 3, "num_speculative_tokens": 2}, TypeError, r"\['model'\] must be a path"),
+    ({"method": "ngram", "model": "/a/draft", "num_speculative_tokens": 2}, ValueError, "needs method 'draft_model'"),
+    ({"model": "/a/draft", "num_speculative_tokens": 2, "prompt_lookup_max": 3}, ValueError,
+     "belong to method 'ngram'"),
     ("{not json", ValueError, "not a JSON object"),
     ([1, 2], TypeError, "must be a dict"),
 ])
 def test_config_errors_name_the_key(value, err, match):
     with pytest.raises(err, match=match):
         parse_speculative_config(value)
+
+
+def test_the_method_is_inferred_from_the_model_as_vllm_does():
+    # vLLM: no method + a model -> "ngram" for the names "ngram"/"[ngram]", else a draft model
+    assert parse_speculative_config({"model": "/a/draft", "num_speculative_tokens": 3}) == \
+        SpeculativeConfig("draft_model", 3, model="/a/draft")
+    assert parse_speculative_config({"model": "[ngram]", "num_speculative_tokens": 3}).method == "ngram"
+    got = parse_speculative_config('{"method": "draft_model", "model": "/a/d", "num_speculative_tokens": 2}')
+    assert got.to_dict() == {"method": "draft_model", "num_speculative_tokens": 2, "model": "/a/d"}
+    assert parse_speculative_config(got.to_dict()) == got
 
 
 def test_engine_args_and_cli_take_the_config():

@@ -92,7 +92,7 @@ def _check_all(outs, check, min_stopped):
 def test_params_need_exactly_one_constraint():
     from deepinfer import StructuredOutputsParams
 
-    with pytest.raises(ValueError, match="exactly one of json, regex, choice, grammar or json_object"):
+    with pytest.raises(ValueError, match="exactly one of json, regex, choice, grammar, json_object=True or structural_tag"):
         StructuredOutputsParams()
     with pytest.raises(ValueError, match=r"got \['json', 'regex'\]"):
         StructuredOutputsParams(json={"type": "string"}, regex="a+")
@@ -147,6 +147,26 @@ def test_json_schema_always_valid(llm):
     _check_all(outs, lambda t: jsonschema.validate(json.loads(t), SCHEMA), min_stopped=14)
     if before is not None:  # the overlap loop ran steps ahead with structured rows
         assert llm.engine.overlap.num_ahead > before
+
+
+def test_length_limited_strings_refuse_raw_control_characters(llm):
+    """xgrammar 0.2.9 lets raw control characters into strings with minLength/maxLength, which JSON
+    forbids (``json.loads`` refuses them): the compiled grammar refuses a tab there, still takes
+    plain characters, and sampled outputs always parse and validate. (xgrammar takes no escapes
+    in such strings at all: narrower than the schema, never wider.)"""
+    import jsonschema
+    from deepinfer import StructuredOutputsParams
+
+    schema = {"type": "object", "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 8},
+                                               "tags": {"type": "array", "items": {"type": "string", "maxLength": 3}}},
+              "required": ["name", "tags"]}
+    so = StructuredOutputsParams(json=schema)
+    compiler = llm.engine.structured.compiler
+    assert not compiler.matcher(so).accept_string('{"name": "a\tb"')
+    assert compiler.matcher(so).accept_string('{"name": "a b", "tags": ["x"]}')
+    assert not compiler.matcher(so).accept_string('{"name": "ok", "tags": ["\x01"]')
+    outs = llm.generate(_prompts(16), _params(so), use_tqdm=False)
+    _check_all(outs, lambda t: jsonschema.validate(json.loads(t), schema), min_stopped=12)
 
 
 def test_json_schema_compact_whitespace_and_json_object(llm):
@@ -231,6 +251,97 @@ def test_invalid_constraints_raise_naming_them(llm):
     assert not llm.engine.requests and llm.engine.scheduler.num_unfinished_requests == 0
 
 
+def test_properties_come_in_each_schemas_order(llm):
+    """Two schemas that differ only in the order of their properties are two grammars: each
+    output lists its schema's properties in that schema's order."""
+    from deepinfer import SamplingParams, StructuredOutputsParams
+
+    props = {"alpha": {"type": "boolean"}, "beta": {"type": "integer", "minimum": 0, "maximum": 9},
+             "gamma": {"enum": ["x", "y"]}}
+    for order in (["alpha", "beta", "gamma"], ["gamma", "alpha", "beta"], ["beta", "gamma", "alpha"]):
+        schema = {"type": "object", "properties": {k: props[k] for k in order}, "required": sorted(order),
+                  "additionalProperties": False}
+        so = StructuredOutputsParams(json=schema)
+        out = llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=60, structured_outputs=so),
+                           use_tqdm=False)[0].outputs[0]
+        assert out.finish_reason == "stop" and list(json.loads(out.text)) == order, out.text
+
+
+# ---- structural tags (xgrammar's, as vLLM takes them) --------------------------------------------
+# JSON in a structural tag takes any whitespace unless max_whitespace_cnt limits its runs (xgrammar's
+# rule): a random model would otherwise fill max_tokens with it.
+# The owner's name is a pattern, not maxLength: xgrammar 0.2.9 lets a maxLength string hold raw
+# control characters (a tab), which strict JSON parsers refuse (the json= constraint too).
+TAG_SCHEMA = {**SCHEMA, "properties": {**SCHEMA["properties"], "owner": {
+    **SCHEMA["properties"]["owner"], "properties": {"name": {"type": "string", "pattern": "[A-Za-z ]{1,8}"},
+                                                    "vip": {"type": "boolean"}}}}}
+PET_TAG = {"type": "structural_tag", "format": {"type": "sequence", "elements": [
+    {"type": "const_string", "value": "Pet: "},
+    {"type": "tag", "begin": "<pet>", "end": "</pet>",
+     "content": {"type": "json_schema", "json_schema": TAG_SCHEMA, "max_whitespace_cnt": 1}}]}}
+
+
+def test_structural_tag_output_inside_the_tag_validates(llm):
+    import jsonschema
+    from deepinfer import StructuredOutputsParams
+
+    def check(text):
+        m = re.fullmatch(r"Pet: <pet>(.*)</pet>", text, re.DOTALL)
+        assert m, text
+        pet = json.loads(m.group(1))
+        jsonschema.validate(pet, TAG_SCHEMA)
+        assert list(pet) == list(TAG_SCHEMA["properties"]), pet  # the schema's order (xgrammar's default)
+
+    # as a dict and as its JSON text (vLLM passes the text): one grammar
+    for tag in (PET_TAG, json.dumps(PET_TAG)):
+        outs = llm.generate(_prompts(8), _params(StructuredOutputsParams(structural_tag=tag), n=8, max_tokens=160),
+                            use_tqdm=False)
+        _check_all(outs, check, min_stopped=7)
+    assert StructuredOutputsParams(structural_tag=json.dumps(PET_TAG)).key == \
+        StructuredOutputsParams(structural_tag=PET_TAG).key
+
+
+def test_legacy_structural_tag_constrains_each_triggered_structure(llm):
+    """vLLM's older form (structures + triggers): free text, and JSON valid against the
+    structure's schema between each begin and end; checked on the grammar's matcher."""
+    from deepinfer import StructuredOutputsParams
+
+    legacy = {"type": "structural_tag", "triggers": ["<f="], "structures": [
+        {"begin": "<f=size>", "schema": {"type": "object", "properties": {"n": {"type": "integer"}},
+                                          "required": ["n"], "additionalProperties": False}, "end": "</f>"}]}
+    compiler = llm.engine.structured.compiler
+    so = StructuredOutputsParams(structural_tag=legacy)
+
+    def accepts(text):
+        return compiler.matcher(so).accept_string(text)
+
+    assert accepts('Let me see. <f=size>{"n": 3}</f> and then <f=size>{"n": -12}</f> done')
+    assert not accepts('Let me see. <f=size>{"n": "three"}</f>')
+    assert not accepts('<f=size>{"m": 3}</f>')
+    assert not accepts('<f=other>{"n": 3}</f>')  # a trigger begins one of the structures
+
+
+def test_invalid_structural_tags_raise_naming_them(llm):
+    from deepinfer import SamplingParams, StructuredOutputsParams
+
+    for tag, error, message in [
+        ("{not json", ValueError, "structural_tag: not valid JSON text"),
+        ([1], TypeError, "structural_tag must be a structural tag (a dict or its JSON text), got list"),
+        ({"type": "structural_tag"}, ValueError, "structural_tag must have a 'format' object"),
+        ({"format": {"type": "tag"}, "extra": 1}, ValueError, "structural_tag: unknown field 'extra'"),
+        ({"structures": [], "triggers": ["<"]}, ValueError, "structural_tag.structures must be a non-empty list"),
+        ({"structures": [{"begin": "<a>", "end": "</a>"}], "triggers": []}, ValueError,
+         "structural_tag.triggers must be a non-empty list"),
+    ]:
+        with pytest.raises(error, match=re.escape(message)):
+            StructuredOutputsParams(structural_tag=tag)
+    so = StructuredOutputsParams(structural_tag={"format": {"type": "no_such_format"}})
+    with pytest.raises(ValueError, match=re.escape("structured_outputs.structural_tag: invalid structural tag: ")
+                       + ".*no_such_format"):
+        llm.generate([[5, 6]], SamplingParams(max_tokens=4, structured_outputs=so), use_tqdm=False)
+    assert not llm.engine.requests and llm.engine.scheduler.num_unfinished_requests == 0
+
+
 def test_each_grammar_compiled_once(llm):
     from deepinfer import SamplingParams, StructuredOutputsParams
 
@@ -268,6 +379,22 @@ def test_masked_argmax_hand_computed():
     out = masked_argmax(logits, None, torch.tensor([0, 2]), bm)
     assert out.tolist() == [2, 3, 2]
     assert masked_argmax(logits, torch.tensor([7, 7, 7]), torch.tensor([1]), bm[1:]).tolist() == [7, 2, 7]
+
+
+def test_cuda_mask_kernels_match_the_torch_unpacking():
+    """The Triton kernels that apply the bitmask on CUDA (masked argmax in place, -inf masking), run
+    in Triton's CPU interpreter against the torch unpack-and-mask: vocabularies within one block and
+    across blocks, rows out of order, all / none / only the last token allowed, a tie across blocks."""
+    pytest.importorskip("triton", reason="Triton is not installed (it ships with torch's CUDA wheels)")
+    import os
+    import subprocess
+    import sys
+
+    here = os.path.dirname(__file__)
+    out = subprocess.run([sys.executable, os.path.join(here, "grammar_mask_check.py"), "cpu"],
+                         env=dict(os.environ, TRITON_INTERPRET="1"), capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().endswith("ok")
 
 
 def test_greedy_batches_equal_alone_sync_and_overlap(tiny_dir):

@@ -50,7 +50,7 @@ def test_max_logprobs_caps_requests(llm):
         llm.generate("Hi", SamplingParams(max_tokens=1, prompt_logprobs=5), use_tqdm=False)
     assert EngineArgs().max_logprobs == 20  # vLLM's default
     with pytest.raises(ValueError, match="max_logprobs"):
-        EngineArgs(max_logprobs=21)
+        EngineArgs(max_logprobs=-2)  # (-1: no cap, as vLLM's)
 
 
 def test_get_tokenizer_is_the_transformers_tokenizer(llm):

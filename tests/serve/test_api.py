@@ -198,6 +198,7 @@ def test_chat_top_logprobs_equal_llm(client, reference_llm):
     ({"n": 0}, "n", ">= 1"),
     ({"n": 9}, "n", "--max-num-seqs 8"),
     ({"logprobs": 50}, "logprobs", "<= 20"),
+    ({"logprobs": -1}, "logprobs", "only offline"),  # the offline API's whole vocabulary, not served
     ({"logit_bias": {"999999": 1.0}}, "logit_bias", "vocabulary"),
     ({"frequency_penalty": 3}, "frequency_penalty", "[-2, 2]"),
     ({"max_tokens": 600}, "max_tokens", "512"),
@@ -227,6 +228,7 @@ def test_too_long_prompt_names_both_counts(client):
     ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
     ({"top_logprobs": 3}, "top_logprobs"),
     ({"logprobs": True, "top_logprobs": 30}, "top_logprobs"),
+    ({"logprobs": True, "top_logprobs": -1}, "top_logprobs"),
     ({"max_completion_tokens": 0}, "max_completion_tokens"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
      "messages[0].content"),

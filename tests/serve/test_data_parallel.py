@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import threading
 import time
@@ -192,6 +193,50 @@ def test_chat_is_formatted_by_the_front_end_and_equals_one_replica(dp_server, re
     ref = reference_llm.chat(messages, SamplingParams(temperature=0, max_tokens=10), use_tqdm=False)[0]
     assert reply.choices[0].message.content == ref.outputs[0].text
     assert reply.usage.prompt_tokens == len(ref.prompt_token_ids)
+
+
+def test_structured_requests_are_constrained_on_each_replica(dp_server):
+    """A json_schema request and a regex request carry their constraint to the replica that runs
+    them (the replicas' wire format carries structured_outputs): every output validates, on both
+    replicas; an invalid schema is a 400 from the front end."""
+    import json
+
+    import jsonschema
+
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
+                                               "age": {"type": "integer", "minimum": 0, "maximum": 99}},
+              "required": ["name", "age"], "additionalProperties": False}
+    rf = {"type": "json_schema", "json_schema": {"name": "p", "schema": schema, "strict": True}}
+    before = metrics(dp_server.url)
+
+    async def both():
+        async with _client(dp_server) as c:
+            return await asyncio.gather(*(c.chat.completions.create(
+                model=MODEL_NAME, messages=[{"role": "user", "content": "A person as JSON."}], response_format=rf,
+                max_tokens=60, temperature=0.8, seed=seed) for seed in (1, 2)), c.completions.create(
+                model=MODEL_NAME, prompt="Code:", max_tokens=12, temperature=1.0, seed=3,
+                extra_body={"guided_regex": "[A-Z]{3}-[0-9]{2}"}))
+
+    *chats, code = asyncio.run(both())
+    for reply in chats:
+        assert reply.choices[0].finish_reason == "stop", reply
+        jsonschema.validate(json.loads(reply.choices[0].message.content), schema)
+    assert code.choices[0].finish_reason == "stop" and re.fullmatch("[A-Z]{3}-[0-9]{2}", code.choices[0].text)
+    after = metrics(dp_server.url)
+    per_engine = [sum(_per_engine(after, "request_success_total", e, finished_reason=r)
+                      - _per_engine(before, "request_success_total", e, finished_reason=r) for r in ("stop", "length"))
+                  for e in (0, 1)]
+    assert sum(per_engine) == 3 and min(per_engine) >= 1  # both replicas ran structured requests
+    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}
+    with pytest.raises(openai.BadRequestError) as info:
+        asyncio.run(_one_chat(dp_server, response_format=bad))
+    assert info.value.body["param"] == "response_format.json_schema.schema"
+
+
+async def _one_chat(server, **kw):
+    async with _client(server) as c:
+        return await c.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "x"}],
+                                               max_tokens=4, **kw)
 
 
 def test_a_client_closing_its_stream_aborts_it_on_its_replica(dp_server):

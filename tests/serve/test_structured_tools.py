@@ -212,6 +212,52 @@ def test_invalid_schema_is_a_400_naming_it(client):
         assert info.value.body["param"] == param, info.value.body
 
 
+def test_structural_tag_response_format(client):
+    """vLLM's response_format {"type": "structural_tag", "format": ...}: the JSON inside the tag
+    validates, over seeds and temperatures, streamed and not; the older structures/triggers form
+    and structured_outputs.structural_tag (JSON text, as vLLM sends it) are accepted."""
+    content = {"type": "json_schema", "json_schema": SCHEMA, "max_whitespace_cnt": 1}
+    rf = {"type": "structural_tag", "format": {"type": "tag", "begin": "<pet>", "content": content, "end": "</pet>"}}
+
+    def check(text):
+        m = re.fullmatch(r"<pet>(.*)</pet>", text, re.DOTALL)
+        assert m, text
+        _validate(m.group(1), SCHEMA)
+
+    stopped = 0
+    for seed, temperature in [(1, 0.0), (2, 0.9), (3, 1.5)]:
+        resp = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, response_format=rf, n=3,
+                                              seed=seed, temperature=temperature, max_tokens=150)
+        for c in resp.choices:
+            if c.finish_reason == "stop":
+                check(c.message.content)
+                stopped += 1
+        text, reason = _stream_text(client, model=MODEL_NAME, messages=MESSAGES, response_format=rf, seed=seed,
+                                    temperature=temperature, max_tokens=150)
+        if reason == "stop":
+            check(text)
+            stopped += 1
+    assert stopped >= 10
+    resp = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, seed=4, temperature=1.0, max_tokens=150,
+                                          extra_body={"structured_outputs": {"structural_tag": json.dumps(rf)}})
+    assert resp.choices[0].finish_reason == "stop"
+    check(resp.choices[0].message.content)
+    legacy = {"type": "structural_tag", "triggers": ["<pet>"],
+              "structures": [{"begin": "<pet>", "schema": SCHEMA, "end": "</pet>"}]}
+    resp = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, response_format=legacy, max_tokens=8)
+    assert resp.choices[0].finish_reason in ("stop", "length")
+
+
+def test_invalid_structural_tag_is_a_400_naming_it(client):
+    for rf, needle in [({"type": "structural_tag"}, "must have a 'format' object"),
+                       ({"type": "structural_tag", "format": {"type": "no_such_format"}}, "no_such_format"),
+                       ({"type": "structural_tag", "structures": [{"begin": "<a>"}], "triggers": ["<a"]},
+                        "response_format.structures must be a non-empty list of {begin, schema, end}")]:
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=5, response_format=rf)
+        assert info.value.body["param"] == "response_format" and needle in info.value.body["message"], info.value.body
+
+
 def test_default_model_json_schema(served_llm):
     """The real default model through the server: a valid person."""
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
@@ -269,7 +315,9 @@ def test_stream_holds_back_a_possible_tool_call_start():
     assert "".join(d.get("content", "") for d in out) == "Sure "
     calls = [d["tool_calls"][0] for d in out if "tool_calls" in d]
     assert called and calls[0]["function"] == {"name": "get_time", "arguments": ""} and calls[0]["index"] == 0
-    assert "id" in calls[0] and json.loads(calls[1]["function"]["arguments"]) == {"zone": "UTC"}
+    assert "id" in calls[0] and all(c["index"] == 0 and "id" not in c for c in calls[1:])
+    assert "".join(c["function"]["arguments"] for c in calls[1:]) == '{"zone": "UTC"}'
+    assert len(calls) > 2  # the arguments came in pieces as the text arrived
 
 
 # ---- tool calling through the server --------------------------------------------------------------
@@ -348,6 +396,23 @@ def test_auto_parses_hermes_calls_from_the_output(client, stream):
     resp = client.chat.completions.create(**{**kw, "tool_choice": "none"})
     assert resp.choices[0].finish_reason == "stop" and not resp.choices[0].message.tool_calls
     assert "<tool_call>" in resp.choices[0].message.content
+
+
+def test_streamed_tool_calls_keep_every_tokens_logprobs(client):
+    """Text held back while a call may begin still has its tokens' logprobs sent: one entry per
+    generated token over the stream."""
+    pattern = r'Hm <tool_call>\{"name": "get_time", "arguments": \{"zone": "(UTC|CET)"\}\}</tool_call>'
+    entries, usage, reason = 0, None, None
+    for chunk in client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, tools=TOOLS, seed=2,
+                                                temperature=1.0, max_tokens=120, logprobs=True, stream=True,
+                                                stream_options={"include_usage": True},
+                                                extra_body={"guided_regex": pattern}):
+        for c in chunk.choices:
+            if c.logprobs is not None:
+                entries += len(c.logprobs.content)
+            reason = c.finish_reason or reason
+        usage = chunk.usage or usage
+    assert reason == "tool_calls" and entries == usage.completion_tokens
 
 
 def test_tool_round_trip_renders_the_conversation_with_tools(client, tiny_path):

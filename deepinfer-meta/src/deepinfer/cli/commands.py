@@ -221,8 +221,9 @@ def _bench(args: argparse.Namespace) -> int:
         from deepinfer.runtime.speculative.config import parse_speculative_config
 
         given = parse_speculative_config(args.speculative_config)
-        args.speculative_config = {"method": "oracle",
-                                   "num_speculative_tokens": given.num_speculative_tokens if given else 4}
+        if given is None or given.method != "draft_model":  # a draft model still runs: its cost is measured
+            args.speculative_config = {"method": "oracle",
+                                       "num_speculative_tokens": given.num_speculative_tokens if given else 4}
     llm = _llm(args)
     limit = context_len(llm)
     if args.input_len + args.output_len > limit:
@@ -276,7 +277,9 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speculative-oracle", action="store_true",
                    help="speculative decoding with drafts from a recorded greedy run of the same prompts "
                         "(every draft kept, drafting free): the verification path's ceiling; k from "
-                        "--speculative-config (default 4)")
+                        "--speculative-config (default 4). With a draft model in --speculative-config the "
+                        "draft model still drafts every step (its cost per step is printed) but the "
+                        "recorded drafts are verified")
 
 
 def run_bench(args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ from typing import Any
 
 EXTRA_HINT = "pip install 'deepinfer[serve]'"
 SWITCH_INTERVAL_S = 0.0005
+TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json")  # as serve/tools.py names them
 
 
 def _origins(value: str) -> list[str]:
@@ -54,6 +55,15 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     h.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="on SIGTERM/SIGINT, seconds in-flight requests may take before they are aborted")
     h.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    # tool calling (issue 26; docs/guide/13-structured-outputs.md, "Tool calling")
+    t = p.add_argument_group("tool calling")
+    t.add_argument("--tool-call-parser", default="auto", choices=list(TOOL_CALL_PARSERS),
+                   help="how tool calls are read from the output (tool_choice auto): hermes "
+                        "(<tool_call>{...}</tool_call>), llama3_json ({\"name\": ..., \"parameters\": ...}), or "
+                        "auto: chosen from the chat template (default)")
+    t.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="accepted as vLLM takes it; tool_choice auto is always on here (a request's tools are "
+                        "parsed from its output whether or not this is given)")
     # the engine-core process and its front ends (issue 25; docs/guide/10-serving.md, "Processes")
     c = p.add_argument_group("engine core and front ends")
     c.add_argument("--api-server-count", type=int, default=1,
@@ -194,7 +204,8 @@ def serve_config(args: argparse.Namespace, model_path: str) -> Any:
     return ServeConfig(served_model_names=names, api_key=args.api_key, max_queue=args.max_queue,
                        allowed_origins=args.allowed_origins, host=args.host, allowed_hosts=args.allowed_hosts,
                        max_request_bytes=args.max_request_bytes, max_stop_strings=args.max_stop_strings,
-                       stream_interval=args.stream_interval)
+                       stream_interval=args.stream_interval,
+                       tool_call_parser=getattr(args, "tool_call_parser", "auto"))
 
 
 # ---- the engine-core process and its front ends (issue 25) ----------------------------------

@@ -110,7 +110,10 @@ class BenchReport:
             pos = " ".join(f"{p:.2f}" for p in self.spec["per_position"])
             out.append(f"speculative decoding: acceptance rate {self.spec['acceptance_rate']:.3f}, mean accepted "
                        f"length {self.spec['mean_accepted_length']:.2f}, per-position acceptance [{pos}] "
-                       f"({self.spec['num_drafts']} verifying sequence-steps)")
+                       f"({self.spec['num_drafts']} verifying sequence-steps)"
+                       + (f"; draft model {self.spec['draft_ms_per_step']:.2f} ms per drafting step, "
+                          f"{100 * self.spec['draft_share']:.0f} % of the wall time" if "draft_ms_per_step" in self.spec
+                          else ""))
         if self.regions:
             out.append("decode-graph regions (GraphTimer, per region instance):")
             width = max(len(n) for n in self.regions)
@@ -202,6 +205,8 @@ def measure_generate(llm: Any, prompts: list[Any], params: Any, *, use_tqdm: boo
         device = f"{torch.cuda.get_device_name(llm.device)}, {'eager' if llm.runner.graphs is None else 'CUDA graphs'}"
     speculator = getattr(getattr(llm, "engine", None), "speculator", None)
     before = speculator.stats.snapshot() if speculator is not None else None
+    draft = getattr(speculator, "draft", None)  # (method "draft_model") its time and steps before the call
+    draft_before = (draft.seconds, draft.num_steps) if draft is not None else None
     meter = StepMeter(llm)
     with meter:
         t0 = time.perf_counter()
@@ -232,6 +237,9 @@ def measure_generate(llm: Any, prompts: list[Any], params: Any, *, use_tqdm: boo
                 "mean_accepted_length": 1.0 + acc / drafts if drafts else 1.0,
                 "per_position": [(a - b) / drafts if drafts else 0.0
                                  for a, b in zip(now.accepted_per_pos, before.accepted_per_pos, strict=True)]}
+        if draft is not None and draft_before is not None:
+            secs, steps = draft.seconds - draft_before[0], draft.num_steps - draft_before[1]
+            spec.update(draft_ms_per_step=1e3 * secs / steps if steps else 0.0, draft_share=secs / wall)
     return BenchReport(
         requests=len(outs), input_tokens=sum(len(o.prompt_token_ids) for o in outs),
         output_tokens=sum(len(c.token_ids) for o in outs for c in o.outputs), wall_s=wall, ttft_ms=ttft,

@@ -190,7 +190,20 @@ class EngineArgs:
         "run (the Llama-family architectures are built in).", "bool", "--trust-remote-code"))
     max_logprobs: int = field(default=20, metadata=_opt(
         "Most logprobs (and prompt_logprobs) a request may ask for; more is a ValueError (vLLM's "
-        "option and default).", "int", "--max-logprobs", metavar="N", lo=0, hi=20))
+        "option and default). -1: no cap, as vLLM's; logprobs=-1 (the whole vocabulary) counts "
+        "as the vocabulary size, so it needs -1 or a cap at least that large. A request's own "
+        "top-k is at most 20; the server's at most 20 whatever the cap.",
+        "int", "--max-logprobs", metavar="N", lo=-1, hi=1 << 30, hi_text="2^30"))
+    enable_prompt_embeds: bool = field(default=False, metadata=_opt(
+        "Accept prompts given as embeddings, generate({\"prompt_embeds\": tensor[L, hidden]}) "
+        "(vLLM's option). Off: such a prompt is a ValueError.", "bool", "--enable-prompt-embeds"))
+    logprobs_mode: str = field(default="raw_logprobs", metadata=_opt(
+        "What the sampled tokens' logprobs report (vLLM's option): raw_logprobs / raw_logits "
+        "are the model's, before any processing; processed_logprobs / processed_logits come "
+        "after logit bias, masks, penalties, temperature, top-k, top-p and min-p (what the token "
+        "was drawn from). prompt_logprobs are raw logprobs in every mode (as vLLM's).",
+        "choice", "--logprobs-mode",
+        choices=("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")))
     scheduling_policy: str = field(default="fcfs", metadata=_opt(
         "fcfs: requests in arrival order; priority: the priority given with each request "
         "(generate/chat priority=), smaller first, then arrival order (as vLLM).",
@@ -207,9 +220,12 @@ class EngineArgs:
     speculative_config: Any = field(default=None, metadata=_opt(
         "Speculative decoding, vLLM's keys: {\"method\": \"ngram\", \"num_speculative_tokens\": k, "
         "\"prompt_lookup_min\": n, \"prompt_lookup_max\": m} drafts k tokens per step from the "
-        "request's own prompt and output and verifies them in one forward pass (lossless: greedy "
-        "output unchanged, sampling by rejection). A dict, or a JSON object on the command line; "
-        "see the speculative decoding guide. Default: off.",
+        "request's own prompt and output; {\"method\": \"draft_model\", \"model\": path, "
+        "\"num_speculative_tokens\": k} drafts them with a smaller model of the same tokenizer (its "
+        "own KV cache in the same engine; the method may be left out when \"model\" is given). The "
+        "target verifies them in one forward pass (lossless: greedy output unchanged, sampling by "
+        "rejection). A dict, or a JSON object on the command line; see the speculative decoding "
+        "guide. Default: off.",
         "json", "--speculative-config", metavar="JSON", none=True))
     logits_processors: Any = field(default=(), metadata=_opt(
         "Custom logits processors with vLLM's v1 interface (deepinfer.runtime.sampling."
@@ -230,6 +246,17 @@ class EngineArgs:
             raise ValueError("deterministic=True does not run with tensor_parallel_size > 1 yet")
         if self.logits_processors and self.tensor_parallel_size > 1:  # classes do not cross to the ranks
             raise ValueError("logits_processors do not run with tensor_parallel_size > 1 yet")
+        if self.enable_prompt_embeds:
+            # TP ranks would need the embeddings broadcast; n-gram drafts would look up placeholder
+            # ids; deterministic steps run natively on token ids
+            for bad, why in ((self.tensor_parallel_size > 1, f"tensor_parallel_size={self.tensor_parallel_size}"),
+                             (self.speculative_config is not None, "speculative_config"),
+                             (self.deterministic, "deterministic=True")):
+                if bad:
+                    raise ValueError(f"enable_prompt_embeds=True does not run with {why} yet")
+        if self.logprobs_mode != "raw_logprobs" and self.speculative_config is not None:
+            raise ValueError(f"logprobs_mode={self.logprobs_mode!r} does not run with speculative decoding yet "
+                             "(verify steps report raw logprobs): drop speculative_config or logprobs_mode")
         if self.overlap_scheduling and self.tensor_parallel_size > 1:
             # the other ranks would need step N's sampled ids on their devices before its launch
             raise ValueError(f"overlap_scheduling=True does not run with tensor_parallel_size="

@@ -88,7 +88,8 @@ def _engine_config(config_class: Any, args: EngineArgs, worker: Any, eos_ids: li
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
         vocab_size=worker.loaded.config.vocab_size, eos_token_id=eos_ids[0] if eos_ids else -1,
         enable_chunked_prefill=args.enable_chunked_prefill, enable_prefix_caching=args.enable_prefix_caching,
-        seed=args.seed, graph_batch_sizes=worker.graph_batch_sizes, scheduling_policy=args.scheduling_policy)
+        seed=args.seed, graph_batch_sizes=worker.graph_batch_sizes, scheduling_policy=args.scheduling_policy,
+        logprobs_mode=args.logprobs_mode)
 
 
 class LLM:
@@ -149,7 +150,7 @@ class LLM:
                 extra_stop_token_ids=eos_ids[1:], retry_failed_steps=args.retry_failed_steps,
                 overlap_scheduling=(self.worker.graph_batch_sizes is not None and group is None) if overlap is None
                 else overlap, step_buffers=self.worker.step_buffers, speculative_config=args.speculative_config,
-                logits_processors=args.logits_processors)
+                logits_processors=args.logits_processors, draft_runner=self.worker.draft_runner)
             self.worker.capture_graphs()
         except BaseException:
             _stop_ranks(group, self._workers)  # the other ranks would wait for steps that never come
@@ -247,11 +248,40 @@ class LLM:
             return ids
         raise TypeError(f"{where}: a prompt must be a string, a list of token ids or a dict, got {type(prompt).__name__}")
 
+    def _prompt_embeds(self, prompt: Any, where: str) -> Any:
+        """The checked embeddings of a ``{"prompt_embeds": tensor}`` prompt, else None."""
+        if not isinstance(prompt, dict) or "prompt_embeds" not in prompt:
+            return None
+        if not self.engine_args.enable_prompt_embeds:
+            raise ValueError(f"{where}: prompt_embeds needs LLM(enable_prompt_embeds=True) "
+                             "(--enable-prompt-embeds), as in vLLM")
+        for other in ("prompt", "prompt_token_ids"):
+            if other in prompt:
+                raise ValueError(f"{where}: give 'prompt_embeds' or {other!r}, not both")
+        from deepinfer.runtime.engine.prompt_embeds import check_prompt_embeds
+
+        return check_prompt_embeds(prompt["prompt_embeds"], self.model_config.hidden_size, where)
+
     def _normalise(self, prompts: PromptType | Sequence[PromptType],
-                   sampling_params: SamplingParams | Sequence[SamplingParams] | None
-                   ) -> tuple[list[list[int]], list[SamplingParams]]:
+                   sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+                   embeds: list[Any] | None = None) -> tuple[list[list[int]], list[SamplingParams]]:
+        """Token ids and SamplingParams of each prompt. ``embeds``: a list that receives each
+        prompt's embeddings (None for token prompts, whose ids are then placeholders); without
+        it an embeddings prompt is a ValueError."""
         plist = _as_list(prompts)
-        ids = [self._prompt_ids(p, f"prompts[{i}]") for i, p in enumerate(plist)]
+        ids = []
+        for i, p in enumerate(plist):
+            e = self._prompt_embeds(p, f"prompts[{i}]")
+            if e is not None and embeds is None:
+                raise ValueError(f"prompts[{i}]: prompt_embeds are taken by generate() only")
+            if embeds is not None:
+                embeds.append(e)
+            if e is None:
+                ids.append(self._prompt_ids(p, f"prompts[{i}]"))
+            else:
+                from deepinfer.runtime.engine.prompt_embeds import placeholder_ids
+
+                ids.append(placeholder_ids(e, self.model_config.vocab_size))
         if sampling_params is None:
             params = [SamplingParams() for _ in ids]
         elif isinstance(sampling_params, SamplingParams):
@@ -266,9 +296,11 @@ class LLM:
                 raise TypeError(f"sampling_params[{i}] must be a SamplingParams, got {type(p).__name__}")
             for name in ("logprobs", "prompt_logprobs"):
                 asked = getattr(p, name)
-                if asked is not None and asked > cap:
-                    raise ValueError(f"sampling_params[{i}].{name}={asked} is more than max_logprobs={cap} "
-                                     "(raise LLM(max_logprobs=...))")
+                num = self.model_config.vocab_size if asked == -1 else asked  # -1: the whole vocabulary (vLLM)
+                if num is not None and cap != -1 and num > cap:
+                    what = f"-1 (the whole vocabulary, {num} tokens)" if asked == -1 else str(asked)
+                    raise ValueError(f"sampling_params[{i}].{name}={what} is more than max_logprobs={cap} "
+                                     "(raise LLM(max_logprobs=...); -1: no cap)")
         limit = self.engine.cfg.max_model_len
         for i, prompt_ids in enumerate(ids):
             if len(prompt_ids) >= limit:  # max_model_len counts prompt + completion: room for one token
@@ -298,7 +330,8 @@ class LLM:
         ``LLM(scheduling_policy="priority")`` unless every value is 0 (ValueError otherwise, as
         for a list of another length). Outputs stay in prompt order.
         """
-        ids, params = self._normalise(prompts, sampling_params)
+        embeds: list[Any] = []
+        ids, params = self._normalise(prompts, sampling_params, embeds)
         for i, p in enumerate(ids):
             if not p:
                 raise ValueError(f"prompts[{i}] is empty (no tokens)")
@@ -306,9 +339,15 @@ class LLM:
         prio = self._priorities(priority, len(ids))
         order: dict[str, int] = {}
         try:
-            for p, sp, pr in zip(ids, params, prio, strict=True):
+            for p, sp, pr, e in zip(ids, params, prio, embeds, strict=True):
                 rid = self.engine.new_request_id()
-                self.engine.add_request(rid, p, sp, final_text_only=True, collect="final", priority=pr)
+                try:
+                    self.engine.add_request(rid, p, sp, final_text_only=True, collect="final", priority=pr,
+                                            prompt_embeds=e)
+                except ValueError as exc:
+                    if e is None:
+                        raise
+                    raise ValueError(f"prompts[{len(order)}]: {exc}") from None
                 order[rid] = len(order)
         except BaseException:
             for rid in order:
@@ -333,7 +372,9 @@ class LLM:
                     if ro is None:
                         still.append(rid)
                         continue
-                    results[order[rid]] = RequestOutput(ro, texts[order[rid]])
+                    i = order[rid]
+                    # an embeddings prompt reports L placeholder zeros as its ids, as vLLM's
+                    results[i] = RequestOutput(ro, texts[i], None if embeds[i] is None else [0] * len(ids[i]))
                     if bar is not None:
                         bar.update(1)
                 pending = still
@@ -454,14 +495,20 @@ class RequestOutput:
     through) with ``prompt``, the prompt's text as given (None for token ids, as in vLLM), so
     vLLM's ``print(output.prompt, output.outputs[0].text)`` works."""
 
-    __slots__ = ("_output", "prompt")
+    __slots__ = ("_output", "_prompt_token_ids", "prompt")
 
-    def __init__(self, output: Any, prompt: str | None) -> None:
+    def __init__(self, output: Any, prompt: str | None, prompt_token_ids: list[int] | None = None) -> None:
         self._output = output
         self.prompt = prompt
+        self._prompt_token_ids = prompt_token_ids  # given: an embeddings prompt's placeholder zeros
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        ids = self._prompt_token_ids
+        return list(self._output.prompt_token_ids) if ids is None else list(ids)
 
     def __getattr__(self, name: str) -> Any:
-        if name == "_output":  # not set yet (e.g. while unpickling)
+        if name in ("_output", "_prompt_token_ids"):  # not set yet (e.g. while unpickling)
             raise AttributeError(name)
         return getattr(self._output, name)
 

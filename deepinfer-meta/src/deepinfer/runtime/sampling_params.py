@@ -35,9 +35,23 @@ _ORDER = ("n", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "fr
           "allowed_token_ids", "bad_words", "structured_outputs", "extra_args", "detokenize")
 
 
+# logprobs / prompt_logprobs = -1 (vLLM): the whole vocabulary. The engine then gets 0 (the sampled
+# or prompt token's own logprob, which cumulative_logprob sums); the runtime computes the full
+# rows for those requests (``engine.full_logprobs``) and a flag here says they were asked.
+_ALL_LOGPROBS = ("logprobs", "prompt_logprobs")
+
+
+def _wants_all(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value == -1 \
+        and type(value).__name__ not in ("bool", "bool_")
+
+
 def _named(exc: Exception) -> Exception:
     """The engine's "<field>: <message>" as the runtime's "SamplingParams.<field>: <message>"."""
-    return type(exc)(f"SamplingParams.{exc}")
+    text = str(exc)
+    if text.startswith(_ALL_LOGPROBS):  # the engine does not know the runtime's -1
+        text = text.replace("(or None)", "(or None, or -1 for the whole vocabulary)")
+    return type(exc)(f"SamplingParams.{text}")
 
 
 class _ReadOnlyDict(dict):  # type: ignore[type-arg]
@@ -165,8 +179,10 @@ class SamplingParams:
         ignore_eos: keep generating after the end-of-sequence token.
         max_tokens: most tokens to generate (>= 1).
         min_tokens: no EOS, stop token id or stop string ends the completion before this many tokens.
-        logprobs: when set (0 <= k <= 20), report the sampled token's logprob and the top-k.
-        prompt_logprobs: when set (0 <= k <= 20), report each prompt token's logprob and the top-k.
+        logprobs: when set (0 <= k <= 20), report the sampled token's logprob and the top-k;
+            -1 (vLLM's): the whole vocabulary (needs ``LLM(max_logprobs=-1)`` or >= the vocabulary).
+        prompt_logprobs: when set (0 <= k <= 20), report each prompt token's logprob and the top-k;
+            -1: the whole vocabulary, as for logprobs.
         logit_bias: {token id: bias in [-100, 100]} added to the logits before sampling (read
             back as a read-only dict: assign a new one to change it).
         include_stop_str_in_output: keep the matched stop string (or stop token's text) in the text.
@@ -227,17 +243,20 @@ class SamplingParams:
                  bad_words: str | list[str] | None = None,
                  structured_outputs: StructuredOutputsParams | dict[str, Any] | None = None,
                  extra_args: dict[str, Any] | None = None, detokenize: bool = True) -> None:
+        all_lp, all_prompt = _wants_all(logprobs), _wants_all(prompt_logprobs)
         try:
             engine = _E.SamplingParams(
                 n=n, temperature=temperature, top_p=top_p, top_k=_top_k(top_k), min_p=min_p,
                 presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                 repetition_penalty=repetition_penalty, seed=seed, stop_token_ids=stop_token_ids,
-                ignore_eos=ignore_eos, max_tokens=max_tokens, min_tokens=min_tokens, logprobs=logprobs,
-                prompt_logprobs=prompt_logprobs, logit_bias=logit_bias, allowed_token_ids=allowed_token_ids)
+                ignore_eos=ignore_eos, max_tokens=max_tokens, min_tokens=min_tokens,
+                logprobs=0 if all_lp else logprobs, prompt_logprobs=0 if all_prompt else prompt_logprobs,
+                logit_bias=logit_bias, allowed_token_ids=allowed_token_ids)
         except (TypeError, ValueError) as exc:
             raise _named(exc) from None
         d = self.__dict__
         d["_engine"] = engine
+        d["_all_logprobs"], d["_all_prompt_logprobs"] = all_lp, all_prompt
         d["_stop"] = _PYTHON_CHECKS["stop"](stop)
         d["_bad_words"] = _PYTHON_CHECKS["bad_words"](bad_words)
         d["_include_stop_str_in_output"] = _PYTHON_CHECKS["include_stop_str_in_output"](include_stop_str_in_output)
@@ -253,10 +272,13 @@ class SamplingParams:
         if name in _ENGINE_FIELDS:
             if name == "top_k":
                 value = _top_k(value)
+            everything = name in _ALL_LOGPROBS and _wants_all(value)
             try:
-                setattr(self._engine, name, value)
+                setattr(self._engine, name, 0 if everything else value)
             except (TypeError, ValueError) as exc:
                 raise _named(exc) from None
+            if name in _ALL_LOGPROBS:
+                self.__dict__["_all_" + name] = everything
         elif name in _PYTHON_CHECKS:
             self.__dict__["_" + name] = _PYTHON_CHECKS[name](value)
             if name == "bad_words":
@@ -299,6 +321,16 @@ class SamplingParams:
             self._engine.validate(vocab_size)
         except ValueError as exc:
             raise _named(exc) from None
+
+    @property
+    def wants_all_logprobs(self) -> bool:
+        """logprobs=-1: every output token's logprobs over the whole vocabulary."""
+        return bool(self.__dict__.get("_all_logprobs"))
+
+    @property
+    def wants_all_prompt_logprobs(self) -> bool:
+        """prompt_logprobs=-1: every prompt token's logprobs over the whole vocabulary."""
+        return bool(self.__dict__.get("_all_prompt_logprobs"))
 
     @property
     def is_greedy(self) -> bool:
@@ -354,7 +386,9 @@ class SamplingParams:
         if not isinstance(other, SamplingParams):
             return NotImplemented
         return self._engine == other._engine and all(
-            self.__dict__["_" + k] == other.__dict__["_" + k] for k in _PYTHON_CHECKS)
+            self.__dict__["_" + k] == other.__dict__["_" + k] for k in _PYTHON_CHECKS) \
+            and self.wants_all_logprobs == other.wants_all_logprobs \
+            and self.wants_all_prompt_logprobs == other.wants_all_prompt_logprobs
 
     def clone(self) -> SamplingParams:
         """A deep copy (vLLM's ``clone``)."""
@@ -376,11 +410,15 @@ class SamplingParams:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.__dict__.setdefault("_detokenize", True)  # pickled before the field existed
+        self.__dict__.setdefault("_all_logprobs", False)
+        self.__dict__.setdefault("_all_prompt_logprobs", False)
         self.__dict__["_bad_ids"] = None
 
 
 def _engine_property(name: str) -> property:
     def get(self: SamplingParams) -> Any:
+        if name in _ALL_LOGPROBS and self.__dict__.get("_all_" + name):
+            return -1  # the whole vocabulary (the engine holds 0)
         value = getattr(self.__dict__["_engine"], name)
         if name in ("stop_token_ids", "allowed_token_ids"):
             return value if value is None else tuple(value)  # no in-place change past validation

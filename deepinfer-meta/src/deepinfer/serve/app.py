@@ -42,7 +42,7 @@ from deepinfer.serve.protocol import (
 )
 from deepinfer.serve.responses import ResponseBuilder, TokenStrings
 from deepinfer.serve.structured import check_grammar, grammar_compiler, structured_params
-from deepinfer.serve.tools import chat_tool_messages, tool_choice
+from deepinfer.serve.tools import TOOL_CALL_PARSERS, chat_tool_messages, tool_choice
 
 log = logging.getLogger("deepinfer.serve")
 T = TypeVar("T")
@@ -74,6 +74,9 @@ class ServeConfig:
     # stream_interval: a stream chunk waits for this many new tokens of its request (or its end);
     # every token available when a chunk is sent goes into it whatever the interval.
     stream_interval: int = 1
+    # tool_call_parser: the tool-call format of tool_choice auto ("hermes", "llama3_json"), or
+    # "auto": chosen from the chat template (serve/tools.py)
+    tool_call_parser: str = "auto"
 
 
 class ClientGone(Exception):
@@ -101,6 +104,9 @@ class ServingState:
         if isinstance(config.stream_interval, bool) or not isinstance(config.stream_interval, int) \
                 or config.stream_interval < 1:
             raise ValueError(f"stream_interval must be an int >= 1, got {config.stream_interval!r}")
+        if config.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ValueError(f"tool_call_parser must be one of {', '.join(TOOL_CALL_PARSERS)}, "
+                             f"got {config.tool_call_parser!r}")
         from deepinfer.serve.client import EngineClient
         from deepinfer.serve.replicas import ReplicaSet
 
@@ -121,6 +127,9 @@ class ServingState:
             self.engine = llm
             self.capacity_rule = (f"{llm.size} replicas x " if per_engine else "") + \
                 "max_num_seqs + max_queue, per front end"
+            # prompt embeddings (--enable-prompt-embeds): the width the front end checks them against
+            self.embeds_hidden_size = int(llm.info.get("hidden_size", 0)) if llm.info.get(
+                "enable_prompt_embeds") else 0
         elif isinstance(llm, ReplicaSet):
             self.max_model_len = llm.max_model_len
             self.vocab_size = llm.vocab_size
@@ -131,6 +140,8 @@ class ServingState:
                                                                         strict=True))])
             self.engine = llm
             self.capacity_rule = f"{llm.size} replicas x max_num_seqs + max_queue"
+            self.embeds_hidden_size = int(llm.info.get("hidden_size", 0)) if llm.info.get(
+                "enable_prompt_embeds") else 0
         else:
             self.max_model_len = llm.engine.cfg.max_model_len
             self.vocab_size = llm.model_config.vocab_size
@@ -139,6 +150,8 @@ class ServingState:
             self.engine = EngineThread(llm, ServerMetrics(name, self.max_model_len, llm.engine.cfg.num_blocks,
                                                           families, cache=cache_info(llm)))
             self.capacity_rule = "max_num_seqs + max_queue"
+            self.embeds_hidden_size = int(llm.model_config.hidden_size) if getattr(
+                llm.engine_args, "enable_prompt_embeds", False) else 0
         self.metrics = families
         self.strings = TokenStrings(self.tokenizer)
         self.token_ids = self.strings.ids()
@@ -219,6 +232,7 @@ class ServingState:
         if params.n > seqs:  # its samples could never run together
             raise APIError(400, f"n={params.n} is more than the server runs at once (--max-num-seqs {seqs})", "n")
         cap = getattr(getattr(self.llm, "engine_args", None), "max_logprobs", 20)
+        cap = 20 if cap < 0 else cap  # --max-logprobs -1: no cap of its own, the API's 20
         if (params.logprobs or 0) > cap or (params.prompt_logprobs or 0) > cap:
             raise APIError(400, f"logprobs={max(params.logprobs or 0, params.prompt_logprobs or 0)} is more than "
                                 f"the server allows (--max-logprobs {cap})", "logprobs")
@@ -229,10 +243,12 @@ class ServingState:
             raise APIError(400, str(exc).replace("SamplingParams.", ""), param) from None
         return params
 
-    def start(self, request_id: str, prompts: list[list[int]], params: list[SamplingParams]) -> EngineRun:
-        """Admit (503 when full or the engine is down) and submit one engine request per prompt."""
+    def start(self, request_id: str, prompts: list[list[int]], params: list[SamplingParams],
+              embeds: list[Any] | None = None) -> EngineRun:
+        """Admit (503 when full or the engine is down) and submit one engine request per prompt
+        (``embeds``: the prompts' embeddings, whose ids are placeholders)."""
         self.admit(len(prompts))
-        return EngineRun(self, request_id, prompts, params)
+        return EngineRun(self, request_id, prompts, params, embeds)
 
 
 class EngineRun:
@@ -243,7 +259,7 @@ class EngineRun:
     """
 
     def __init__(self, state: ServingState, request_id: str, prompts: list[list[int]],
-                 params: list[SamplingParams]) -> None:
+                 params: list[SamplingParams], embeds: list[Any] | None = None) -> None:
         self._state = state
         self._count = len(prompts)
         self._sink: asyncio.Queue[Any] = asyncio.Queue()
@@ -252,7 +268,10 @@ class EngineRun:
         self._closed = False
         self._failure: APIError | None = None
         for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):
-            state.engine.submit(self._ids[i], p, sp, self._sink, i)
+            if embeds is None:
+                state.engine.submit(self._ids[i], p, sp, self._sink, i)
+            else:
+                state.engine.submit(self._ids[i], p, sp, self._sink, i, prompt_embeds=embeds[i])
 
     def __aiter__(self) -> EngineRun:
         return self
@@ -571,9 +590,14 @@ def build_app(llm: Any, config: ServeConfig) -> FastAPI:
         req: CompletionRequest = await body_of(request, CompletionRequest)
         name = state.model_name(req.model)
         check_stop(req.stop, config.max_stop_strings)
-        raw = completion_prompts(req.prompt)
-        prompts = await state.off_loop(sum(len(p) for p in raw),
-                                       lambda: [state.prompt_ids(p, "prompt") for p in raw])
+        embeds = None
+        if req.prompt_embeds is not None:  # vLLM's: prompts as embeddings
+            embeds, prompts = await _embeds_prompts(state, req)
+            raw = []
+        else:
+            raw = completion_prompts(req.prompt)
+            prompts = await state.off_loop(sum(len(p) for p in raw),
+                                           lambda: [state.prompt_ids(p, "prompt") for p in raw])
         echo_lp = req.logprobs if req.echo else None  # the prompt's logprobs come first
         params = [state.checked(sampling_params(
             req, state.max_tokens(len(p), req.max_tokens, 16, "prompt", "max_tokens"), req.logprobs, {},
@@ -587,14 +611,14 @@ def build_app(llm: Any, config: ServeConfig) -> FastAPI:
         builder = ResponseBuilder("completion", f"cmpl-{uuid.uuid4().hex}", name, req.n,
                                   [len(p) for p in prompts], _strings(state, req), req.logprobs,
                                   echo=echo, prompt_ids=prompts if echo is not None else None)
-        return await _respond(request, state, builder, prompts, params, req)
+        return await _respond(request, state, builder, prompts, params, req, embeds)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         req: ChatCompletionRequest = await body_of(request, ChatCompletionRequest)
         name = state.model_name(req.model)
         check_stop(req.stop, config.max_stop_strings)
-        tools = tool_choice(req, getattr(state.tokenizer, "chat_template", None))
+        tools = tool_choice(req, getattr(state.tokenizer, "chat_template", None), config.tool_call_parser)
         messages = chat_messages(chat_tool_messages(req.messages))
         check_conversation(messages)
         prompt = await state.off_loop(_chat_size(messages), _chat_ids, state, messages, req.add_generation_prompt,
@@ -664,12 +688,34 @@ def _chat_ids(state: ServingState, messages: list[dict[str, str]], add_generatio
     return list(ids)
 
 
+async def _embeds_prompts(state: ServingState, req: Any) -> tuple[list[Any], list[list[int]]]:
+    """(the checked tensors, their placeholder ids) of a completions request's prompt_embeds."""
+    from deepinfer.runtime.engine.prompt_embeds import placeholder_ids
+    from deepinfer.serve.protocol import decode_prompt_embeds
+
+    if not state.embeds_hidden_size:
+        raise APIError(400, "prompt_embeds needs a server started with --enable-prompt-embeds", "prompt_embeds")
+    if req.prompt is not None:
+        raise APIError(400, "give prompt or prompt_embeds, not both", "prompt_embeds")
+    if req.echo:
+        raise APIError(400, "echo needs a prompt of text or token ids, not prompt_embeds", "echo")
+    value = req.prompt_embeds
+    items = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+    size = sum(len(x) for x in items if isinstance(x, str))  # base64 characters: decoded off the loop when large
+
+    def decode() -> tuple[list[Any], list[list[int]]]:
+        tensors = decode_prompt_embeds(req.prompt_embeds, state.embeds_hidden_size, state.max_model_len)
+        return tensors, [placeholder_ids(t, state.vocab_size) for t in tensors]
+
+    return await state.off_loop(size, decode)
+
+
 async def _respond(request: Request, state: ServingState, builder: ResponseBuilder, prompts: list[list[int]],
-                   params: list[SamplingParams], req: Any) -> Response:
+                   params: list[SamplingParams], req: Any, embeds: list[Any] | None = None) -> Response:
     record: AccessRecord = request.state.access
     record.request_id = builder.id
     record.prompt_tokens = builder.prompt_tokens
-    deltas = state.start(builder.id, prompts, params)
+    deltas = state.start(builder.id, prompts, params, embeds)
     if not req.stream:
         async def collect() -> dict[str, Any]:
             try:

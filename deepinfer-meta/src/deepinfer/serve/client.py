@@ -198,7 +198,7 @@ class EngineClient:
             c.reader = loop.create_task(self._read(c), name=f"deepinfer-core-{c.index}-reader")
 
     def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-               sink: asyncio.Queue[Any], tag: int) -> None:
+               sink: asyncio.Queue[Any], tag: int, prompt_embeds: Any = None) -> None:
         if not self.alive:
             sink.put_nowait(RequestFailed(tag, 503, self.unhealthy_reason() or "the engine core is not running"))
             return
@@ -208,13 +208,19 @@ class EngineClient:
         fields = sampling_params_fields(params)
         text = None
         if detokenized_here(params):  # the core sends token ids only; the text is made here
-            text = RequestText(self.text_tokenizer, prompt_ids, params)
+            # (a prompt given as embeddings has placeholder ids: no decoding context, as in the engine)
+            text = RequestText(self.text_tokenizer, [] if prompt_embeds is not None else prompt_ids, params)
             fields["detokenize"] = False
         route = _Route(sink, tag, core, params.n, len(prompt_ids) + (params.max_tokens or 0) * params.n, text)
         core.seqs += route.seqs
         core.tokens += route.tokens
         self._routes[request_id] = core.routes[request_id] = route
-        self._send(core, ("add", request_id, prompt_ids, fields, tag, time.monotonic()))
+        message: tuple[Any, ...] = ("add", request_id, prompt_ids, fields, tag, time.monotonic())
+        if prompt_embeds is not None:
+            from deepinfer.serve.engine_thread import embeds_to_wire
+
+            message += (embeds_to_wire(prompt_embeds),)
+        self._send(core, message)
 
     def abort(self, request_id: str) -> None:
         """Abort a request in its core (idempotent; unknown ids are ignored)."""

@@ -8,7 +8,8 @@ in-process server's (``EngineThread``) on this process's main thread; only its t
 Front end -> core (a DEALER socket each)::
 
     ["hello", pid]                                   once, first
-    ["add", request_id, prompt_ids, params, tag, arrival]   params: sampling_params_fields()
+    ["add", request_id, prompt_ids, params, tag, arrival(, embeds)]   params: sampling_params_fields();
+                                                     embeds: [float32 bytes, [L, hidden]] (prompt embeddings)
     ["abort", [request_id, ...]]
     ["stop"]                                         abort everything and exit 0
 
@@ -47,7 +48,12 @@ if __name__ == "__main__":  # the core process: torch before the engine's native
     os.environ.setdefault("GOMP_SPINCOUNT", "10000")
     import torch  # noqa: F401
 
-from deepinfer.serve.engine_thread import EngineThread, RequestDelta, RequestFailed
+from deepinfer.serve.engine_thread import (
+    EngineThread,
+    RequestDelta,
+    RequestFailed,
+    embeds_from_wire,
+)
 from deepinfer.serve.metrics import MetricsRecorder
 
 log = logging.getLogger("deepinfer.serve")
@@ -136,13 +142,14 @@ class _Commands:
             msg = self._decoder.decode(raw)
             kind = msg[0]
             if kind == "add":
-                _, rid, prompt_ids, fields, tag, arrival = msg
+                _, rid, prompt_ids, fields, tag, arrival, *rest = msg
                 try:
                     params = SamplingParams(**fields)
+                    embeds = embeds_from_wire(rest[0]) if rest and rest[0] is not None else None
                 except (TypeError, ValueError) as exc:  # the front end checked it; say so, never crash
                     self._core.send_to(ident, ("batch", [], [], [(rid, RequestFailed(tag, 400, str(exc)))]))
                     continue
-                self._ready.append(("add", rid, prompt_ids, params, (ident, rid), tag, arrival))
+                self._ready.append(("add", rid, prompt_ids, params, (ident, rid), tag, arrival, embeds))
             elif kind == "abort":
                 self._ready.extend(("abort", rid) for rid in msg[1])
             elif kind == "hello":
@@ -259,7 +266,9 @@ def core_main(config: dict[str, Any]) -> int:
     info = {"pid": os.getpid(), "device": str(llm.device), "model_path": str(llm.model_path),
             "max_model_len": cfg.max_model_len, "max_num_seqs": cfg.max_num_seqs, "num_blocks": cfg.num_blocks,
             "vocab_size": llm.model_config.vocab_size, "cache": cache_info(llm),
-            "max_logprobs": getattr(llm.engine_args, "max_logprobs", 20)}
+            "max_logprobs": getattr(llm.engine_args, "max_logprobs", 20),
+            "hidden_size": llm.model_config.hidden_size,
+            "enable_prompt_embeds": bool(getattr(llm.engine_args, "enable_prompt_embeds", False))}
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)

@@ -23,6 +23,25 @@ from deepinfer.serve.metrics import ServerMetrics
 log = logging.getLogger("deepinfer.serve")
 
 
+def embeds_to_wire(tensor: Any) -> list[Any]:
+    """Prompt embeddings as msgpack carries them: [float32 bytes, shape]."""
+    import torch
+
+    t = tensor.detach().to("cpu", torch.float32).contiguous()
+    return [t.numpy().tobytes(), list(t.shape)]
+
+
+def embeds_from_wire(wire: Any) -> Any:
+    """``embeds_to_wire``'s tensor back (ValueError when the bytes do not fill the shape)."""
+    import torch
+
+    data, shape = wire
+    if not isinstance(data, bytes) or not isinstance(shape, list) or len(shape) != 2 \
+            or len(data) != 4 * int(shape[0]) * int(shape[1]):
+        raise ValueError("prompt_embeds: malformed message")
+    return torch.frombuffer(bytearray(data), dtype=torch.float32).reshape(int(shape[0]), int(shape[1]))
+
+
 @dataclass
 class SampleDelta:
     """What one step added to one sample (choice) of a request."""
@@ -110,9 +129,10 @@ class EngineThread:
         return None if self.alive else f"the engine loop is not running: {self.error!r}"
 
     def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-               sink: asyncio.Queue[Any], tag: int) -> None:
-        """Queue a request; its RequestDelta / RequestFailed items arrive on ``sink``."""
-        self._commands.put(("add", request_id, prompt_ids, params, sink, tag, time.monotonic()))
+               sink: asyncio.Queue[Any], tag: int, prompt_embeds: Any = None) -> None:
+        """Queue a request; its RequestDelta / RequestFailed items arrive on ``sink``
+        (``prompt_embeds``: the prompt's embeddings, ``prompt_ids`` its placeholder ids)."""
+        self._commands.put(("add", request_id, prompt_ids, params, sink, tag, time.monotonic(), prompt_embeds))
 
     def abort(self, request_id: str) -> None:
         """Abort a request at whatever stage it is (idempotent; unknown ids are ignored)."""
@@ -165,9 +185,12 @@ class EngineThread:
         return True
 
     def _add(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-             sink: asyncio.Queue[Any], tag: int, arrival: float) -> None:
+             sink: asyncio.Queue[Any], tag: int, arrival: float, prompt_embeds: Any = None) -> None:
         try:
-            self._llm.engine.add_request(request_id, prompt_ids, params, output_kind="delta", collect="all")
+            if isinstance(prompt_embeds, list):  # from another process: embeds_to_wire's form
+                prompt_embeds = embeds_from_wire(prompt_embeds)
+            self._llm.engine.add_request(request_id, prompt_ids, params, output_kind="delta", collect="all",
+                                         prompt_embeds=prompt_embeds)
         except (ValueError, TypeError) as exc:
             self._deliver([(sink, RequestFailed(tag, 400, str(exc)))])
             return

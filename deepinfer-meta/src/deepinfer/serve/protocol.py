@@ -110,6 +110,7 @@ class _SamplingBody(_Body):
 
 class CompletionRequest(_SamplingBody):
     prompt: Any = None
+    prompt_embeds: Any = None  # vLLM's: base64 of torch.save(tensor[L, hidden]) (or a list); --enable-prompt-embeds
     max_tokens: int | None = None
     logprobs: int | None = None
     echo: bool = False  # the prompt's text first in each choice (with logprobs: its tokens' logprobs first)
@@ -199,6 +200,10 @@ def sampling_params(req: _SamplingBody, max_tokens: int, logprobs: int | None,
                           ("repetition_penalty", 1.0)):
         value = getattr(req, name)
         kwargs[name] = default if value is None else value
+    for name, asked in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
+        if asked == -1:  # the offline API's whole vocabulary; OpenAI's API stops at 20
+            raise APIError(400, f"{renames.get(name, name)}: -1 (the whole vocabulary) is only offline "
+                                "(LLM(max_logprobs=-1)); the server returns at most 20", renames.get(name, name))
     try:
         return SamplingParams(**kwargs)
     except (ValueError, TypeError) as exc:
@@ -271,6 +276,47 @@ def completion_prompts(prompt: Any) -> list[str | list[int]]:
         if isinstance(p, str) and not p:
             raise APIError(400, "prompt must not be empty", "prompt")
     return prompts
+
+
+def decode_prompt_embeds(value: Any, hidden_size: int, max_model_len: int) -> list[Any]:
+    """The tensors of a completions request's ``prompt_embeds`` (vLLM's: a base64 string of
+    ``torch.save(tensor[L, hidden])``, or a list of them), each checked; a 400 naming the item
+    otherwise. Hostile input: the encoded size is bounded first (a full context of float32 rows
+    plus torch.save's framing), and ``torch.load`` runs with ``weights_only=True`` (tensors and
+    plain containers only, no code)."""
+    import base64
+    import binascii
+    import io
+
+    import torch
+
+    from deepinfer.runtime.engine.prompt_embeds import check_prompt_embeds
+
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not items or not all(isinstance(v, str) for v in items):
+        raise APIError(400, "prompt_embeds must be a base64 string of torch.save(tensor) or a non-empty list of them",
+                       "prompt_embeds")
+    cap = 4 * max_model_len * hidden_size + (1 << 16)
+    out = []
+    for i, text in enumerate(items):
+        where = f"prompt_embeds[{i}]" if isinstance(value, list) else "prompt_embeds"
+        if len(text) > cap // 3 * 4 + 8:
+            raise APIError(400, f"{where} is larger than a float32 tensor of max_model_len={max_model_len} x "
+                                f"{hidden_size} rows may be ({cap} bytes)", "prompt_embeds")
+        try:
+            raw = base64.b64decode(text, validate=True)
+        except (binascii.Error, ValueError):
+            raise APIError(400, f"{where} is not valid base64", "prompt_embeds") from None
+        try:
+            tensor = torch.load(io.BytesIO(raw), weights_only=True, map_location="cpu")
+        except Exception as exc:  # noqa: BLE001 - any unreadable payload is the client's
+            raise APIError(400, f"{where} is not a torch.save'd tensor ({type(exc).__name__})",
+                           "prompt_embeds") from None
+        try:
+            out.append(check_prompt_embeds(tensor, hidden_size, where))
+        except (TypeError, ValueError) as exc:
+            raise APIError(400, str(exc), "prompt_embeds") from None
+    return out
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:

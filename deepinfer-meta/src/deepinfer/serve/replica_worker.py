@@ -103,7 +103,8 @@ def replica_main(index: int, env: dict[str, str], llm_kwargs: dict[str, Any], co
     conn.send(("ready", {"pid": os.getpid(), "device": str(llm.device), "model_path": str(llm.model_path),
                          "max_model_len": cfg.max_model_len, "max_num_seqs": cfg.max_num_seqs,
                          "num_blocks": cfg.num_blocks, "vocab_size": llm.model_config.vocab_size,
-                         "cache": cache_info(llm)}))
+                         "cache": cache_info(llm), "hidden_size": llm.model_config.hidden_size,
+                         "enable_prompt_embeds": bool(llm.engine_args.enable_prompt_embeds)}))
     engine = ReplicaEngine(llm, commands, conn)
     engine.run()
     conn.close()

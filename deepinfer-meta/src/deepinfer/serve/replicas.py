@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deepinfer.runtime.sampling_params import SamplingParams
-from deepinfer.serve.engine_thread import RequestDelta, RequestFailed
+from deepinfer.serve.engine_thread import RequestDelta, RequestFailed, embeds_to_wire
 from deepinfer.serve.metrics import ServerMetrics
 from deepinfer.serve.replica_worker import replica_main
 
@@ -202,6 +202,7 @@ class ReplicaSet:
         self.max_model_len: int = first["max_model_len"]
         self.max_num_seqs: int = first["max_num_seqs"]
         self.vocab_size: int = first["vocab_size"]
+        self.info = first  # (hidden_size, enable_prompt_embeds: what the front end checks embeddings by)
 
     # ---- what the HTTP side reads ----------------------------------------------------------
     @property
@@ -261,9 +262,9 @@ class ReplicaSet:
             r.reader.start()
 
     def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-               sink: asyncio.Queue[Any], tag: int) -> None:
+               sink: asyncio.Queue[Any], tag: int, prompt_embeds: Any = None) -> None:
         """Send a request to the least-loaded live replica; its RequestDelta / RequestFailed items
-        arrive on ``sink``."""
+        arrive on ``sink`` (``prompt_embeds``: sent as ``embeds_to_wire``'s bytes)."""
         try:
             i = least_loaded([(r.seqs, r.tokens) if r.alive else None for r in self._replicas], self._next)
         except LookupError:
@@ -275,7 +276,8 @@ class ReplicaSet:
         r.seqs += route.seqs
         r.tokens += route.tokens
         self._routes[request_id] = route
-        r.commands.put(("add", request_id, prompt_ids, params, request_id, tag, time.monotonic()))
+        wire = None if prompt_embeds is None else embeds_to_wire(prompt_embeds)
+        r.commands.put(("add", request_id, prompt_ids, params, request_id, tag, time.monotonic(), wire))
 
     def abort(self, request_id: str) -> None:
         """Abort a request on its replica (idempotent; unknown ids are ignored); any thread."""

@@ -215,6 +215,8 @@ class ResponseBuilder:
             if self.kind == "chat" and self.tools is not None:
                 stream = self._tool_streams.setdefault(idx, ToolStream(self.tools))
                 deltas, called = stream.feed(s.text, finishes)
+                if not deltas and lp is not None:  # text held back (a possible call): its logprobs still go
+                    deltas = [{}]
                 for k, d in enumerate(deltas):
                     chunks.append(self.chunk([{"index": idx, "delta": d, "logprobs": lp if k == 0 else None,
                                                "finish_reason": None}], include_usage))

@@ -1,7 +1,8 @@
 """Structured outputs in the server: ``response_format`` (OpenAI) and vLLM's extra fields.
 
 ``structured_params(req)`` reads the request's one constraint — ``response_format``
-(``json_object``, ``json_schema`` with ``strict``), ``structured_outputs`` (vLLM's object) or the
+(``json_object``, ``json_schema`` with ``strict``, vLLM's ``structural_tag``),
+``structured_outputs`` (vLLM's object) or the
 older ``guided_json`` / ``guided_regex`` / ``guided_choice`` / ``guided_grammar`` — into a
 ``StructuredOutputsParams``; ``check_grammar`` compiles it (cached) so an invalid schema is a 400
 naming the field before any engine work.
@@ -29,7 +30,8 @@ def structured_params(req: Any) -> tuple[StructuredOutputsParams | None, str | N
     so_field = getattr(req, "structured_outputs", None)
     if so_field is not None:
         if not isinstance(so_field, dict):
-            raise APIError(400, "structured_outputs must be an object (json, regex, choice, grammar or json_object)",
+            raise APIError(400, "structured_outputs must be an object (json, regex, choice, grammar, json_object or "
+                                "structural_tag)",
                            "structured_outputs")
         found.append((_build(so_field, "structured_outputs"), "structured_outputs"))
     for name, kind in _GUIDED.items():
@@ -70,8 +72,14 @@ def _response_format(rf: Any) -> tuple[StructuredOutputsParams, str] | None:
         if strict is not None and not isinstance(strict, bool):
             raise APIError(400, "response_format.json_schema.strict must be a boolean", "response_format.json_schema.strict")
         return _build({"json": schema}, "response_format.json_schema.schema"), "response_format.json_schema.schema"
-    raise APIError(400, f"response_format.type must be 'text', 'json_object' or 'json_schema', got {kind!r}",
-                   "response_format.type")
+    if kind == "structural_tag":  # vLLM's: {"type", "format"} or the older {"type", "structures", "triggers"}
+        try:
+            return StructuredOutputsParams(structural_tag=rf), "response_format"
+        except (TypeError, ValueError) as exc:
+            raise APIError(400, str(exc).replace("StructuredOutputsParams.structural_tag", "response_format"),
+                           "response_format") from None
+    raise APIError(400, "response_format.type must be 'text', 'json_object', 'json_schema' or 'structural_tag', "
+                        f"got {kind!r}", "response_format.type")
 
 
 def check_grammar(compiler: Any, so: StructuredOutputsParams, param: str) -> None:

@@ -2,35 +2,33 @@
 parsed from the model's output.
 
 - ``tool_choice="auto"`` (the default with tools): the chat template is rendered with the tools
-  and the output is parsed with the model family's format: Hermes (``<tool_call>{"name": ...,
-  "arguments": {...}}</tool_call>``, Qwen2.5 / Qwen3 / Hermes templates) or Llama-3.x JSON
+  and the output is parsed with the server's ``--tool-call-parser``: Hermes (``<tool_call>{"name":
+  ..., "arguments": {...}}</tool_call>``, Qwen2.5 / Qwen3 / Hermes templates) or Llama-3.x JSON
   (``{"name": ..., "parameters": {...}}``, optionally after ``<|python_tag|>``, calls separated
-  by ``;``), chosen from the template.
+  by ``;``); ``auto`` (the default) chooses from the template.
 - ``"required"`` and a named function are forced through structured outputs, as vLLM does: the
   output is a JSON array of ``{"name", "parameters"}`` objects (one item unless
   ``parallel_tool_calls``), or the named function's arguments object; both valid against the
   declared parameters.
 - ``"none"``: the template is rendered without tools and nothing is parsed.
 
-A stream sends text as ``content`` until a tool call may begin; the calls follow as OpenAI sends
-them (the first delta of a call carries its ``id``, ``type`` and ``function.name``, then its
-``arguments``), and the finish chunk says ``tool_calls``.
+The parsing itself is ``serve/tool_parsers.py``: a stream sends text as ``content`` until a call
+begins, then each call as OpenAI sends it (a first delta with its ``index``, ``id``, ``type`` and
+``function.name``, then its ``arguments`` in fragments as they are generated); the finish chunk
+says ``tool_calls``.
 """
 
 from __future__ import annotations
 
 import json
-import re
-import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from deepinfer.runtime.structured.params import StructuredOutputsParams
 from deepinfer.serve.protocol import APIError
+from deepinfer.serve.tool_parsers import HERMES_START, PYTHON_TAG, ToolCallParser, parse
 
-HERMES_START, HERMES_END = "<tool_call>", "</tool_call>"
-PYTHON_TAG = "<|python_tag|>"
-_HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json")  # --tool-call-parser (cli/serve.py repeats them)
 
 
 @dataclass
@@ -42,6 +40,11 @@ class ToolChoice:
     name: str | None = None
     parallel: bool = True
     parser: str = "hermes"  # or "llama3_json"
+
+    @property
+    def fmt(self) -> str:
+        """The tool-call format of the output (serve/tool_parsers.py)."""
+        return self.mode if self.mode in ("required", "named") else self.parser
 
     @property
     def template_tools(self) -> list[dict[str, Any]] | None:
@@ -83,8 +86,9 @@ def parser_for_template(template: Any) -> str:
     return "hermes"
 
 
-def tool_choice(req: Any, template: Any) -> ToolChoice | None:
-    """The request's ToolChoice (None without tools); a 400 naming the field when malformed."""
+def tool_choice(req: Any, template: Any, parser: str = "auto") -> ToolChoice | None:
+    """The request's ToolChoice (None without tools); a 400 naming the field when malformed.
+    ``parser``: the server's --tool-call-parser ("auto": the chat template's format)."""
     tools, choice = req.tools, req.tool_choice
     if tools in (None, []):
         if choice not in (None, "none", "auto"):
@@ -106,7 +110,7 @@ def tool_choice(req: Any, template: Any) -> ToolChoice | None:
     parallel = req.parallel_tool_calls
     if parallel is not None and not isinstance(parallel, bool):
         raise APIError(400, "parallel_tool_calls must be a boolean", "parallel_tool_calls")
-    out = ToolChoice(tools, "auto", parallel=parallel is not False, parser=parser_for_template(template))
+    out = ToolChoice(tools, "auto", parallel=parallel is not False, parser=parser_for_template(template) if parser == "auto" else parser)
     if choice is None or choice == "auto":
         return out
     if choice in ("none", "required"):
@@ -124,119 +128,30 @@ def tool_choice(req: Any, template: Any) -> ToolChoice | None:
     return out
 
 
-def _call(name: str, arguments: Any) -> dict[str, Any]:
-    args = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": name, "arguments": args}}
-
-
-def _json_values(text: str) -> list[Any] | None:
-    """The JSON values of ``text`` (separated by whitespace or ';'), or None if it is not that."""
-    dec, i = json.JSONDecoder(), 0
-    values: list[Any] = []
-    while True:
-        while i < len(text) and (text[i].isspace() or text[i] == ";"):
-            i += 1
-        if i == len(text):
-            return values
-        try:
-            value, i = dec.raw_decode(text, i)
-        except ValueError:
-            return None
-        values.append(value)
-
-
 def parse_tool_calls(choice: ToolChoice, text: str) -> tuple[str | None, list[dict[str, Any]]]:
     """(content, tool calls) of a finished output."""
     if choice.mode == "none":
         return text, []
-    if choice.mode == "named":
-        return None, [_call(str(choice.name), text)]
-    if choice.mode == "required":
-        try:
-            items = json.loads(text)
-        except ValueError:  # cut by max_tokens: no complete call
-            return text, []
-        return None, [_call(c["name"], c.get("parameters", {})) for c in items if isinstance(c, dict) and "name" in c]
-    if choice.parser == "llama3_json":
-        body = text.strip()
-        if body.startswith(PYTHON_TAG):
-            body = body[len(PYTHON_TAG):]
-        values = _json_values(body) if body.lstrip().startswith("{") else None
-        if values and all(isinstance(v, dict) and isinstance(v.get("name"), str) for v in values):
-            return None, [_call(v["name"], v.get("parameters", v.get("arguments", {}))) for v in values]
-        return text, []
-    start = text.find(HERMES_START)
-    if start < 0:
-        return text, []
-    calls = []
-    for m in _HERMES_CALL.finditer(text, start):
-        try:
-            obj = json.loads(m.group(1))
-        except ValueError:
-            continue
-        if isinstance(obj, dict) and isinstance(obj.get("name"), str):
-            calls.append(_call(obj["name"], obj.get("arguments", obj.get("parameters", {}))))
-    if not calls:
-        return text, []
-    content = text[:start].strip()
-    return content or None, calls
-
-
-def _holdback(text: str, marker: str) -> int:
-    """How many characters at the end of ``text`` could begin ``marker``."""
-    for k in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:k]):
-            return k
-    return 0
+    return parse(choice.fmt, text, choice.name)
 
 
 @dataclass
 class ToolStream:
-    """One choice's stream: content deltas until a tool call may begin, then the calls at the end."""
+    """One choice's stream: content deltas until a tool call begins, then each call's first
+    delta and its arguments in fragments as they are generated (``serve/tool_parsers.py``)."""
 
     choice: ToolChoice
-    text: str = ""
-    sent: int = 0  # characters of ``text`` sent as content
-    calls: bool = False  # a tool call has begun: the rest is held for the parser
-    pending: list[str] = field(default_factory=list)
+    parser: ToolCallParser | None = None
+
+    def __post_init__(self) -> None:
+        if self.choice.mode != "none":
+            self.parser = ToolCallParser(self.choice.fmt, self.choice.name)
 
     def feed(self, new: str, finished: bool) -> tuple[list[dict[str, Any]], bool]:
         """(the deltas to send for ``new`` text, whether tool calls were sent)."""
-        self.text += new
-        deltas: list[dict[str, Any]] = []
-        c = self.choice
-        if c.mode in ("named", "required"):
-            self.calls = True
-        elif c.mode == "auto" and not self.calls:
-            if c.parser == "llama3_json":
-                head = self.text.lstrip()
-                if head.startswith(("{", PYTHON_TAG)) or (not finished and (not head or PYTHON_TAG.startswith(head))):
-                    self.calls = bool(head) and head.startswith(("{", PYTHON_TAG))
-                    if not self.calls:
-                        return deltas, False  # still undecided
-            else:
-                at = self.text.find(HERMES_START, self.sent)
-                if at >= 0:
-                    self.calls = True
-                    if at > self.sent:
-                        deltas.append({"content": self.text[self.sent:at]})
-                    self.sent = at
-        if c.mode == "none" or (c.mode == "auto" and not self.calls):
-            end = len(self.text) if finished or c.parser != "hermes" else len(self.text) - _holdback(self.text, HERMES_START)
-            if end > self.sent:
-                deltas.append({"content": self.text[self.sent:end]})
-                self.sent = end
-            return deltas, False
-        if not finished:
-            return deltas, False
-        content, calls = parse_tool_calls(c, self.text[self.sent:])
-        if content:
-            deltas.append({"content": content})
-        for k, call in enumerate(calls):
-            deltas.append({"tool_calls": [{"index": k, "id": call["id"], "type": "function",
-                                           "function": {"name": call["function"]["name"], "arguments": ""}}]})
-            deltas.append({"tool_calls": [{"index": k, "function": {"arguments": call["function"]["arguments"]}}]})
-        return deltas, bool(calls)
+        if self.parser is None:
+            return ([{"content": new}] if new else []), False
+        return self.parser.feed(new, finished), self.parser.num_sent > 0
 
 
 def chat_tool_messages(messages: Any) -> Any:

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from deepinfer.runtime.engine.overlap import count_pending_tokens, gather_ids, resolve_ids
+from deepinfer.runtime.engine.prompt_embeds import step_embeds
 from deepinfer.runtime.sampling.sampler import sample
 from deepinfer.runtime.sampling.sampler_inputs import (
     PenaltyTables,
@@ -48,6 +49,7 @@ class StepShape:
     max_num_batched_tokens: int
     seed: int = 0
     graph_batch_sizes: list[int] | None = None  # decode-only steps are padded to these (CUDA graphs)
+    logprobs_mode: str = "raw_logprobs"  # what sampled tokens' logprobs report (EngineArgs.logprobs_mode)
 
 
 @dataclass
@@ -71,6 +73,7 @@ class LaunchedStep:
     pending: Any = None  # sampling deferred until prev's tokens are applied (structured rows)
     structured: Any = None  # (StructuredOutputs, its rows in this step): the applied tokens go to the matchers
     processed: Any = None  # (LogitsProcessors, the step's sample keys): the applied tokens go to their lists
+    full: Any = None  # (sink, [(request id, sample index)], float32 [F, V]): whole-vocabulary logprob rows
 
     def finish(self) -> None:
         """Launch the deferred sampling of a structured step launched ahead (a no-op otherwise):
@@ -107,6 +110,9 @@ class LaunchedStep:
             scheduler.update(tokens, lp[:real].cpu().numpy(),
                              None if ids is None else ids[:real].to(torch.int32).cpu().numpy(),
                              None if vals is None else vals[:real].cpu().numpy())
+        if self.full is not None:  # whole-vocabulary logprobs (logprobs=-1), once the tokens are taken
+            sink, keys, rows = self.full
+            sink("output", keys, rows.cpu().numpy())
         if self.structured is not None:  # the tokens the scheduler took, to the grammar matchers
             so, rows = self.structured
             so.accept(rows, tokens)
@@ -139,6 +145,7 @@ class StepExecutor:
         self.metadata = self.E.SequenceMetadataPool()
         self.sampler_inputs = self.E.SamplerInputs(shape.seed)
         self.penalty_tables = PenaltyTables(runner.device)  # fed by sampler_inputs, step by step
+        self.logprobs_mode = shape.logprobs_mode
         self.side = 0  # the buffer set of the last launch
         # (overlap on CUDA) pinned landing place of each set's sampled ids, and its event
         self._host_tokens = [torch.zeros(rows, dtype=torch.int64, pin_memory=True) if self.cuda and buffer_sets > 1
@@ -151,6 +158,15 @@ class StepExecutor:
         self.structured: Any = None  # runtime.structured.StructuredOutputs (set by the engine loop)
         # sampling.logits_processors.LogitsProcessors (set by the engine loop; steps then run synchronously)
         self.logits_processors: Any = None
+        # prompts given as embeddings, by request id (the engine loop's dict): their prompt
+        # positions take these rows instead of the placeholder ids' embeddings
+        self.prompt_embeds: dict[str, torch.Tensor] = {}
+        # requests that asked the whole vocabulary's logprobs (logprobs / prompt_logprobs = -1; the
+        # engine loop's sets) and where their rows go: full_sink("output" | "prompt",
+        # [(request id, sample index | prompt position)], float32 rows [F, V])
+        self.full_output: set[str] = set()
+        self.full_prompt: set[str] = set()
+        self.full_sink: Any = None
 
     def reset_penalties(self) -> None:
         """After an abandoned step: the sampler inputs may have sent penalty updates the tables
@@ -173,6 +189,9 @@ class StepExecutor:
         copies = np.asarray(scheduled.blocks_to_copy).reshape(-1, 2)
         if len(copies):
             runner.copy_blocks(copies[:, 0], copies[:, 1])
+            draft = getattr(self.speculator, "draft", None)
+            if draft is not None:  # the draft's cache shares the block ids: its copy too
+                draft.runner.copy_blocks(copies[:, 0], copies[:, 1])
         if len(self.buffers) > 1:
             self.side ^= 1
         args, bufs = self.args[self.side], self.buffers[self.side]
@@ -193,17 +212,27 @@ class StepExecutor:
         grammar = None if self.structured is None else self.structured.step_rows(si, self.metadata)
         if grammar is not None:
             step.structured = (self.structured, grammar)
-        logits, greedy = self._forward(args, bufs, prev)
-        if int(si.prompt_logprobs.num_rows):
-            self._prompt_logprobs(si, logits)
+        embeds = None  # (prompt embeddings are refused with speculative decoding: EngineLoop)
+        if self.prompt_embeds and prev is None and scheduled.num_decodes != len(self.metadata):
+            embeds = step_embeds(self.metadata, bufs.arrays["query_start_loc"], int(scheduled.num_decodes),
+                                 self.prompt_embeds)
         if self.speculator is not None:  # ---- speculative decoding (runtime.speculative) ----
             if prev is not None:
                 raise RuntimeError("speculative steps never run ahead (the overlap loop runs them synchronously)")
-            rows, batch = sampling_batch_from_engine(si, logits.device, self.penalty_tables)
+            rows, batch = sampling_batch_from_engine(si, self.runner.device, self.penalty_tables)
+            # (draft model) the drafts the scheduler placed are drafted now, into the input ids
+            drafted = self.speculator.propose(self.scheduler, scheduled, si, bufs.arrays,
+                                              int(args.num_rows) or int(args.num_seqs), batch)
+            logits, _ = self._forward(args, bufs, prev)
+            if int(si.prompt_logprobs.num_rows):
+                self._prompt_logprobs(si, logits)
             res = sample(logits[rows], batch)
-            step.spec = self.speculator.verify(si, logits, rows, batch, res)
+            step.spec = self.speculator.verify(si, logits, rows, batch, res, drafted)
             self.num_launched += 1
             return step
+        logits, greedy = self._forward(args, bufs, prev, embeds)
+        if int(si.prompt_logprobs.num_rows):
+            self._prompt_logprobs(si, logits)
         procs = self.logits_processors
         if procs is not None:
             if prev is not None:
@@ -222,12 +251,13 @@ class StepExecutor:
         self.num_launched += 1
         return step
 
-    def _forward(self, args: Any, bufs: StepBuffers, prev: LaunchedStep | None
-                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(logits of the step's logits rows, their argmax when a graph computed it, else None)."""
+    def _forward(self, args: Any, bufs: StepBuffers, prev: LaunchedStep | None,
+                 embeds: tuple[np.ndarray, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(logits of the step's logits rows, their argmax when a graph computed it, else None).
+        ``embeds``: prompt embeddings of some token rows (``prompt_embeds.step_embeds``): eager."""
         graphs = self.runner.graphs
         rows = int(args.num_rows)
-        if graphs is not None and graphs.can_replay(args):
+        if graphs is not None and embeds is None and graphs.can_replay(args):
             if prev is None and self.side == 0:
                 return graphs.replay(rows)  # type: ignore[no-any-return]
             prev_tokens = None if prev is None else prev.row_tokens
@@ -242,17 +272,53 @@ class StepExecutor:
             dev = self.runner.device
             src = torch.from_numpy(a["zos_source_index"][:n_tokens].astype(np.int64)).to(dev)
             ids = gather_ids(torch.from_numpy(np.asarray(ids).astype(np.int64)).to(dev), src, prev.row_tokens)
+        extra = {} if embeds is None else {"prompt_embeds": embeds}  # (only the ModelRunner takes them)
         logits = self.runner.execute(
             input_ids=ids, positions=a["positions"][:n_tokens], slot_mapping=a["slot_mapping"][:n_tokens],
             query_start_loc=a["query_start_loc"][:n_seqs + 1], seq_lens=a["seq_lens"][:n_seqs],
-            block_tables=a["block_tables"][:n_seqs], logits_indices=a["logits_indices"][:int(args.num_logits)])
+            block_tables=a["block_tables"][:n_seqs], logits_indices=a["logits_indices"][:int(args.num_logits)],
+            **extra)
         return logits, None
+
+    def _full_output_rows(self, si: Any) -> list[tuple[int, tuple[str, int]]]:
+        """(sample row, (request id, sample index)) of the real sample rows whose request asked
+        the whole vocabulary's logprobs."""
+        n = int(si.driver.num_real_rows)
+        batch_rows = np.asarray(si.driver.batch_rows)[:n]
+        samples = np.asarray(si.kernel.subsequences)[:n]
+        names: dict[int, str] = {}
+        out = []
+        for r in range(n):
+            br = int(batch_rows[r])
+            rid = names.get(br)
+            if rid is None:
+                rid = names[br] = self.metadata[br].request_id
+            if rid in self.full_output:
+                out.append((r, (rid, int(samples[r]))))
+        return out
+
+    def _full_prompt_rows(self, pl: Any, logits: torch.Tensor, rows: torch.Tensor) -> None:
+        """Hand the whole-vocabulary rows of the prompt positions whose request asked them
+        (prompt_logprobs=-1) to ``full_sink``."""
+        n = int(pl.num_rows)
+        seq_ids, positions = np.asarray(pl.seq_ids)[:n], np.asarray(pl.positions)[:n]
+        owner = {int(m.seq_id): m.request_id for m in (self.metadata[i] for i in range(len(self.metadata)))}
+        picked = [j for j in range(n) if owner.get(int(seq_ids[j])) in self.full_prompt]
+        if not picked:
+            return
+        at = torch.tensor(picked, dtype=torch.int64, device=logits.device)
+        # raw logprobs in every logprobs_mode (vLLM's prompt logprobs); whole rows
+        full = torch.log_softmax(logits[rows[at]].float(), dim=-1)
+        keys = [(owner[int(seq_ids[j])], int(positions[j])) for j in picked]
+        self.full_sink("prompt", keys, full.cpu().numpy())
 
     def _prompt_logprobs(self, si: Any, logits: torch.Tensor) -> None:
         from deepinfer.runtime.sampling.sampler import prompt_logprobs
 
         pl = si.prompt_logprobs
         rows = torch.from_numpy(np.array(pl.logits_rows, dtype=np.int64)).to(logits.device)
+        if self.full_prompt:
+            self._full_prompt_rows(pl, logits, rows)
         k = max(int(pl.max_num_logprobs), 0)
         targets = torch.from_numpy(np.array(pl.target_token_ids)).to(logits.device)
         lp, ids, vals = prompt_logprobs(logits[rows], targets, k)
@@ -262,16 +328,12 @@ class StepExecutor:
 
     def _greedy_structured(self, logits: torch.Tensor, greedy: torch.Tensor | None, prev: LaunchedStep | None,
                            step: LaunchedStep, grammar: list[tuple[int, str, int]]) -> None:
-        from deepinfer.runtime.sampling.sampler import masked_argmax
-
         assert step.logits_rows is not None
         logits_rows = step.logits_rows
         side = self.side
 
         def draw() -> None:
-            rows, bitmask = self.structured.bitmask(grammar, int(logits.shape[-1]))
-            by_logits = torch.from_numpy(logits_rows).to(logits.device, non_blocking=True)[rows]
-            step.row_tokens = masked_argmax(logits, greedy, by_logits, bitmask)
+            step.row_tokens = self.structured.masked_argmax(grammar, logits, greedy, logits_rows)
             if prev is not None and self._host_tokens[side] is not None:
                 self._copy_tokens_behind(step, side)
 
@@ -286,6 +348,10 @@ class StepExecutor:
         if prev is not None and not tr.no_penalties:
             tables.grow(int(tr.num_penalty_slots), int(logits.shape[-1]))  # room for any pending token
         rows, batch = sampling_batch_from_engine(si, logits.device, tables)
+        batch.logprobs_mode = self.logprobs_mode
+        full_keys = self._full_output_rows(si) if self.full_output else []
+        if full_keys:
+            batch.full_rows = torch.tensor([r for r, _ in full_keys], dtype=torch.int64, device=logits.device)
         if prev is not None and prev.row_tokens is not None and batch.penalty_rows is not None \
                 and batch.penalty_rows.numel():
             # Penalties of a step launched ahead count step N's token on the device (the engine's
@@ -303,6 +369,8 @@ class StepExecutor:
             res = sample(sub, batch)
             if res.logprobs is not None:
                 step.logprobs = (res.logprobs, res.topk_ids, res.topk_logprobs)
+            if res.full is not None:
+                step.full = (self.full_sink, [key for _, key in full_keys], res.full)
             if by_row:  # a plain decode step another may run ahead of: tokens by logits row
                 by_logits_row = torch.zeros(logits.shape[0], dtype=torch.int64, device=logits.device)
                 by_logits_row[rows] = res.tokens

@@ -39,6 +39,7 @@ from deepinfer.runtime.engine.detokenizer import (
     text_token_ids,
 )
 from deepinfer.runtime.engine.executor import StepExecutor, StepShape
+from deepinfer.runtime.engine.full_logprobs import RowStore, WholeVocabOutput
 from deepinfer.runtime.engine.overlap import Overlap
 from deepinfer.runtime.interrupts import sigint_deferred as _sigint_deferred
 from deepinfer.runtime.sampling_params import SamplingParams
@@ -129,6 +130,7 @@ class EngineConfig:
     seed: int = 0
     graph_batch_sizes: list[int] | None = None  # decode-only steps are padded to these (CUDA graphs)
     scheduling_policy: str = "fcfs"  # or "priority": smaller add_request priority first (vLLM)
+    logprobs_mode: str = "raw_logprobs"  # what sampled tokens' logprobs report (EngineArgs.logprobs_mode)
 
 
 @dataclass
@@ -141,6 +143,7 @@ class _RequestState:
     final_text_only: bool = False  # decode once when a sample finishes (no stop strings to watch)
     detokenize: bool = True  # False: no text at all (SamplingParams.detokenize)
     retried: bool = False  # its step failed once and it was put back for recompute
+    full: RowStore | None = None  # whole-vocabulary logprob rows (logprobs / prompt_logprobs = -1)
 
 
 class EngineLoop:
@@ -149,10 +152,12 @@ class EngineLoop:
     def __init__(self, runner: ModelRunner, tokenizer: Any, cfg: EngineConfig,
                  extra_stop_token_ids: list[int] | None = None, retry_failed_steps: bool = False,
                  overlap_scheduling: bool = False, step_buffers: StepBuffers | None = None,
-                 speculative_config: Any = None, logits_processors: Any = ()) -> None:
+                 speculative_config: Any = None, logits_processors: Any = (), draft_runner: Any = None) -> None:
         """``step_buffers``: the host buffers the engine writes each step into (the worker's, which
         its CUDA graphs are captured over); None: the loop allocates them. ``speculative_config``:
         speculative decoding (a dict, JSON string or SpeculativeConfig; None: off).
+        ``draft_runner``: (method "draft_model") the draft model's ModelRunner, whose KV cache has
+        this runner's block count and block size (``Worker`` builds both).
         ``logits_processors``: vLLM v1 ``LogitsProcessor`` classes or their names
         (``sampling.logits_processors``); with any, steps run synchronously."""
         from deepinfer._C import engine
@@ -174,7 +179,7 @@ class EngineLoop:
             runner, self.scheduler,
             StepShape(block_size=cfg.block_size, max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs,
                       max_num_batched_tokens=cfg.max_num_batched_tokens, seed=cfg.seed,
-                      graph_batch_sizes=cfg.graph_batch_sizes),
+                      graph_batch_sizes=cfg.graph_batch_sizes, logprobs_mode=cfg.logprobs_mode),
             buffer_sets=2 if overlap_scheduling else 1, step_buffers=step_buffers)
         self.step_buffers = self.executor.buffers[0]  # what the CUDA graphs are captured over
         self.output_pool = E.RequestOutputPool(4 * cfg.max_num_seqs)
@@ -199,6 +204,9 @@ class EngineLoop:
 
         self.speculative_config = parse_speculative_config(speculative_config)
         self.speculator: Any = None
+        if self.speculative_config is not None and cfg.logprobs_mode != "raw_logprobs":
+            raise ValueError(f"logprobs_mode={cfg.logprobs_mode!r} does not run with speculative decoding yet")
+        self.draft_runner = draft_runner
         if self.speculative_config is not None:
             from deepinfer.runtime.speculative.speculator import Speculator
 
@@ -206,7 +214,20 @@ class EngineLoop:
                 state = self.requests.get(request_id)
                 return None if state is None else state.params
 
-            self.speculator = Speculator(self.speculative_config, params_of, seed=cfg.seed, device=runner.device)
+            draft = None
+            if self.speculative_config.method == "draft_model":
+                from deepinfer.runtime.speculative.draft_model import DraftModel
+
+                if draft_runner is None:
+                    raise ValueError("speculative_config method 'draft_model' needs the draft model's runner "
+                                     "(LLM builds it from speculative_config['model'])")
+                if (draft_runner.num_blocks, draft_runner.block_size) != (cfg.num_blocks, cfg.block_size):
+                    raise ValueError(f"the draft runner's KV cache ({draft_runner.num_blocks} blocks of "
+                                     f"{draft_runner.block_size}) must match the target's ({cfg.num_blocks} of "
+                                     f"{cfg.block_size}): both are indexed by the same block tables")
+                draft = DraftModel(draft_runner, self.speculative_config.num_speculative_tokens)
+            self.speculator = Speculator(self.speculative_config, params_of, seed=cfg.seed, device=runner.device,
+                                         draft=draft)
             self.executor.speculator = self.speculator
         if hasattr(runner, "native_verify_tokens"):  # CPU: verify steps on the native kernels
             runner.native_verify_tokens = 0 if self.speculative_config is None else \
@@ -214,6 +235,9 @@ class EngineLoop:
         # Structured outputs: the grammar state of structured requests (compiler built on first use).
         self.structured = StructuredOutputs(self._grammar_compiler, runner.device)
         self.executor.structured = self.structured
+        # Prompts given as embeddings, by request id (the executor reads the same dict).
+        self.prompt_embeds: dict[str, Any] = self.executor.prompt_embeds
+        self.executor.full_sink = self._take_full_rows  # whole-vocabulary logprob rows, to their request
         # Custom logits processors (vLLM's v1 interface): built once here, run on every step.
         self.logits_processor_classes = tuple(logits_processors or ())
         self.logits_processors: Any = None
@@ -249,7 +273,8 @@ class EngineLoop:
         return EngineLoop(self.runner, self.tokenizer, self.cfg, extra_stop_token_ids=self.extra_stop_token_ids,
                           retry_failed_steps=self.retry_failed_steps, overlap_scheduling=self.overlap is not None,
                           step_buffers=self.step_buffers, speculative_config=self.speculative_config,
-                          logits_processors=self.logits_processor_classes)
+                          logits_processors=self.logits_processor_classes,
+                          draft_runner=self.draft_runner)
 
     # ---- requests ---------------------------------------------------------------------------
     def new_request_id(self) -> str:
@@ -257,8 +282,12 @@ class EngineLoop:
 
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
                     output_kind: str = "cumulative", final_text_only: bool = False,
-                    collect: str | None = None, priority: int = 0) -> None:
+                    collect: str | None = None, priority: int = 0, prompt_embeds: Any = None) -> None:
         """Queue a request; ValueError (naming the problem) leaves the engine unchanged.
+
+        ``prompt_embeds``: the prompt as embeddings [len(prompt_ids), hidden] (checked by
+        ``engine.prompt_embeds.check_prompt_embeds``); ``prompt_ids`` are then its placeholder
+        ids (``placeholder_ids``), which only schedule it.
 
         ``final_text_only``: fill ``text`` only when a sample finishes (one decode instead of one
         per token); ignored when the request has stop strings or ``output_kind`` is "delta".
@@ -274,14 +303,22 @@ class EngineLoop:
         params.validate()
         with self.lock:
             self._release_pending()
-            self._add_request(request_id, prompt_ids, params, output_kind, final_text_only, collect, priority)
+            self._add_request(request_id, prompt_ids, params, output_kind, final_text_only, collect, priority,
+                              prompt_embeds)
 
     def _add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                     output_kind: str, final_text_only: bool, collect: str | None, priority: int = 0) -> None:
+                     output_kind: str, final_text_only: bool, collect: str | None, priority: int = 0,
+                     prompt_embeds: Any = None) -> None:
         if request_id in self.requests or request_id in self._queues:
             raise ValueError(f"request {request_id!r} is already in the engine")
         if len(prompt_ids) == 0:
             raise ValueError(f"request {request_id!r}: the prompt is empty (no tokens)")
+        if prompt_embeds is not None:
+            self._check_embeds_request(prompt_ids, params, prompt_embeds)
+        full = params.wants_all_logprobs or params.wants_all_prompt_logprobs
+        if full and self.speculator is not None:  # verify steps report the engine's top-k only
+            raise ValueError("SamplingParams.logprobs=-1 / prompt_logprobs=-1 does not run with speculative "
+                             "decoding yet")
         params.check_vocab(self.cfg.vocab_size)
         params.check_text_needs()  # stop strings without detokenization (fields assigned after construction)
         structured = params.structured_outputs
@@ -307,13 +344,47 @@ class EngineLoop:
             self.structured.add(request_id, structured, len(prompt_ids))
         if self.overlap is not None:
             self.overlap.track(request_id, params)
-        self.requests[request_id] = _RequestState(params, list(prompt_ids), {}, {}, delta,
+        if prompt_embeds is not None:
+            self.prompt_embeds[request_id] = prompt_embeds.to(self.runner.device)
+        if params.wants_all_logprobs:
+            self.executor.full_output.add(request_id)
+        if params.wants_all_prompt_logprobs:
+            self.executor.full_prompt.add(request_id)
+        # an embeddings prompt has no token ids: none give the detokenizer or processors context
+        self.requests[request_id] = _RequestState(params, [] if prompt_embeds is not None else list(prompt_ids),
+                                                  {}, {}, delta,
                                                   final_text_only and not delta and not params.stop_strings,
-                                                  detokenize=params.detokenize)
+                                                  detokenize=params.detokenize, full=RowStore() if full else None)
         if collect is not None:
             self._queues[request_id] = deque()
             if collect == "final":
                 self._final_only.add(request_id)
+
+    def _take_full_rows(self, kind: str, keys: list[tuple[str, int]], rows: np.ndarray) -> None:
+        """The executor's whole-vocabulary logprob rows: ``kind`` "output" (keys: request id,
+        sample index; one row per token, in order) or "prompt" (keys: request id, position)."""
+        for (rid, key), row in zip(keys, rows, strict=True):
+            state = self.requests.get(rid)
+            if state is None or state.full is None:
+                continue  # finished or released meanwhile
+            if kind == "output":
+                state.full.add_output(key, row)
+            else:
+                state.full.prompt[key] = row
+
+    def _check_embeds_request(self, prompt_ids: list[int], params: SamplingParams, embeds: Any) -> None:
+        """ValueError for what an embeddings prompt cannot have: its positions have no token ids
+        (nothing to score or penalise) and n-gram drafts would look up the placeholder ids."""
+        if tuple(embeds.shape) != (len(prompt_ids), self.runner.model.config.hidden_size):
+            raise ValueError(f"prompt_embeds has shape {tuple(embeds.shape)}, expected ({len(prompt_ids)}, "
+                             f"{self.runner.model.config.hidden_size})")
+        if self.speculator is not None:
+            raise ValueError("prompt_embeds does not run with speculative decoding yet")
+        if params.prompt_logprobs is not None:
+            raise ValueError("SamplingParams.prompt_logprobs: an embeddings prompt has no token ids to score")
+        if params.repetition_penalty != 1.0:
+            raise ValueError("SamplingParams.repetition_penalty: not with an embeddings prompt (it has no token "
+                             "ids to penalise); use frequency_penalty / presence_penalty, which count the output")
 
     def abort(self, request_id: str) -> None:
         """Abort an unfinished request (its next output reports finish_reason 'abort')."""
@@ -451,6 +522,12 @@ class EngineLoop:
             self.structured.prune(self.requests)
         if self.logits_processors is not None:
             self.logits_processors.prune(self.requests)
+        if self.prompt_embeds:
+            for rid in [r for r in self.prompt_embeds if r not in self.requests]:
+                del self.prompt_embeds[rid]
+        for asked in (self.executor.full_output, self.executor.full_prompt):
+            if asked:
+                asked.intersection_update(self.requests)
         if self.overlap is not None:
             return self._step_overlapped(self.overlap)
         out = self.scheduler.schedule()
@@ -636,12 +713,17 @@ class EngineLoop:
                 continue
             try:
                 self._fill_text(ro, state)
+                if state.full is not None and (ro.finished or rid not in self._final_only):
+                    ro = WholeVocabOutput(ro, state.full, state.params, state.prompt_ids, state.delta)
             except Exception as err:  # noqa: BLE001 - isolated to this request
                 failed[rid] = err
                 continue
             if ro.finished:
                 del self.requests[rid]
                 self.structured.requests.pop(rid, None)
+                self.prompt_embeds.pop(rid, None)
+                self.executor.full_output.discard(rid)
+                self.executor.full_prompt.discard(rid)
             q = self._queues.get(rid)
             if q is not None and (ro.finished or rid not in self._final_only):
                 q.append(ro)

@@ -53,7 +53,7 @@ def _sweep_stale_tmp(parent: str, now: float) -> None:
         pass
 
 
-def publish_cache_dir(final: str, write: Callable[[str], None], *, replace_existing: bool = False) -> bool:
+def publish_cache_dir(final: str, write: Callable[[str], object], *, replace_existing: bool = False) -> bool:
     """Write a cache entry into a fresh temporary folder beside ``final`` (``write(tmp)``) and
     rename it to ``final``; True when ``final`` is this call's. The temporary folder is removed on
     every path: a failed write, a read-only cache, any exception, and the loser of a race between

@@ -120,9 +120,12 @@ class LlamaForCausalLM(nn.Module):
         return LlamaLayer(cfg)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
-                meta: AttentionMetadata, attention: AttentionFn) -> torch.Tensor:
-        """Final hidden states [T, hidden] for the flattened tokens of one step."""
-        x = self.embed_tokens(input_ids)
+                meta: AttentionMetadata, attention: AttentionFn,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """Final hidden states [T, hidden] for the flattened tokens of one step. ``inputs_embeds``
+        [T, hidden]: the step's input embeddings, given (prompt embeddings), instead of
+        ``embed_tokens(input_ids)``."""
+        x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         cos_sin = self.rotary.tables(positions, x.dtype)
         for layer, cache in zip(self.layers, kv_caches, strict=True):
             x = layer(x, cos_sin, cache, meta, attention)

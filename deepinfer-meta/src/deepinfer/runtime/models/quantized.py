@@ -11,14 +11,16 @@ multiplied by a bfloat16 GEMM instead, which is faster there.
 ``Q8Embedding`` keeps a Q8_0 embedding table as int8 codes and scales and dequantizes only the
 looked-up rows (bitwise what a dense float32 table would give).
 
-The int4 kernel's packing needs the output rows in multiples of 16 (64 for ``pack_int4``'s fast
-layout); a weight of any other row count (a 32,002-token vocabulary: Llama-2/Mistral fine-tunes
+The int4 kernel's packing needs the output rows in multiples of 16 (of its row block, 64 or 32
+by the CPU's instruction set, for ``pack_int4``'s fast path); a weight of any other row count (a 32,002-token vocabulary: Llama-2/Mistral fine-tunes
 with added tokens) is padded with zero rows up to a multiple of 64 and its output sliced back, so
 every GGUF file loads on the int4 path (logged once per padded layer at DEBUG, once per model at
 INFO by the loader).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -33,17 +35,35 @@ _pack = torch.ops.aten._convert_weight_to_int4pack_for_cpu
 DENSE_FROM_ROWS = 128  # from this many rows, decode the weight once and run a bfloat16 GEMM
 
 
+def _pack_rows(q: torch.Tensor, block: int) -> torch.Tensor:
+    """``q`` [N, K] codes in aten's packed layout for output-row blocks of ``block`` rows:
+    [N/block, K, block/2] bytes, row j of a block in the low nibble and row block/2 + j in the high."""
+    n, k = q.shape
+    blocks = q.reshape(n // block, 2, block // 2, k)
+    packed = blocks[:, 0] | (blocks[:, 1] << 4)  # [N/block, block/2, K]
+    return packed.transpose(1, 2).contiguous().reshape(n, k // 2)
+
+
+@functools.cache
+def packed_row_block() -> int | None:
+    """The output-row block of aten's packed int4 layout on this CPU, or None when it is not one
+    ``_pack_rows`` builds. It depends on the instruction set aten's kernel dispatches to: 64 rows
+    with AVX-512, 32 with AVX2 (an AVX2-only AMD EPYC). Read once from aten's own packing of a
+    probe, so the layout is never assumed (an assumed 64 gave garbage on AVX2)."""
+    probe = torch.randint(0, 16, (128, 64), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    ref = _pack(probe.to(torch.int32), 1)
+    return next((b for b in (64, 32) if torch.equal(_pack_rows(probe, b), ref)), None)
+
+
 def pack_int4(q: torch.Tensor) -> torch.Tensor:
     """``q`` [N, K] (uint8 codes 0..15) in the int4 kernel's packed layout (what
-    ``aten._convert_weight_to_int4pack_for_cpu`` returns; tests check they agree). For N a multiple
-    of 64 that layout is [N/64, K, 32] bytes, row j of a 64-row block in the low nibble and row
-    32 + j in the high one; it is built here with byte ops, ~10x faster than the aten call."""
-    n, k = q.shape
-    if n % 64:
+    ``aten._convert_weight_to_int4pack_for_cpu`` returns; tests check they agree), built with byte
+    ops (~10x faster than the aten call) when the layout is one ``packed_row_block`` recognises and
+    N is a multiple of its row block; else by the aten call."""
+    block = packed_row_block()
+    if block is None or q.shape[0] % block:
         return _pack(q.to(torch.int32), 1)
-    blocks = q.reshape(n // 64, 2, 32, k)
-    packed = blocks[:, 0] | (blocks[:, 1] << 4)  # [N/64, 32, K]
-    return packed.transpose(1, 2).contiguous().reshape(n, k // 2)
+    return _pack_rows(q, block)
 
 
 def int4_supported(in_features: int) -> bool:
@@ -111,8 +131,12 @@ class Int4Linear(nn.Module):
         the arithmetic runs in place: the same values, 2-3x faster for SmolLM2's qkv and gate/up
         measured alone (one thread), ~2 % of a 1024-row quantized prefill step."""
         rows, k = self.packed.shape[0], self.in_features
-        b = self.packed.reshape(rows // 64, 1, k, 32)
-        # [rows/64, 2, K, 32] nibbles -> row order (low nibble: row j of a 64-row block, high: 32 + j)
+        block = packed_row_block()
+        if block is None:  # a layout we do not decode: let the kernel decode it (x = identity)
+            eye = torch.eye(k, dtype=torch.bfloat16)
+            return _int4_mm(eye, self.packed, GROUP, self.scales_zeros).t().contiguous()
+        b = self.packed.reshape(rows // block, 1, k, block // 2)
+        # [rows/block, 2, K, block/2] nibbles -> row order (low nibble: row j of a block, high: block/2 + j)
         q = torch.cat((b & 0x0F, b >> 4), dim=1).transpose(2, 3).reshape(rows, k // GROUP, GROUP)
         scale = self.scales_zeros[..., 0].t().unsqueeze(2).contiguous()  # [rows, K/32, 1]
         zero = self.scales_zeros[..., 1].t().unsqueeze(2).contiguous()

@@ -4,7 +4,8 @@ Order of work per row, as in vLLM: logit bias / banned / allowed ids / min_token
 repetition, frequency and presence penalties, then greedy argmax or: temperature, top-k, top-p
 (on the top-k renormalised distribution), min-p, and a draw from a counter-based random stream
 keyed by (seed, sample index, step) so a seeded request is reproducible in any batch. Logprobs
-are those of the model's raw logits (log_softmax before any processing).
+are those of ``SamplingBatch.logprobs_mode`` (vLLM's): by default the log_softmax of the model's
+raw logits, before any processing.
 """
 
 from __future__ import annotations
@@ -62,6 +63,10 @@ class SamplingBatch:
     grammar_rows: torch.Tensor | None = None
     grammar_bitmask: torch.Tensor | None = None
     max_logprobs: int = -1  # largest top-k logprobs asked by any row; -1 = none
+    # what logprobs report (vLLM's logprobs_mode): raw_logprobs, raw_logits, processed_logprobs, processed_logits
+    logprobs_mode: str = "raw_logprobs"
+    # rows that asked the whole vocabulary's logprobs (logprobs=-1): SamplerOutput.full has their rows
+    full_rows: torch.Tensor | None = None
     all_greedy: bool = False
     # Whether some random row uses top-k / top-p / min-p, when the host knows it (the engine's
     # no_top_k / no_top_p / no_min_p): no device-to-host sync to find out. None: checked on the device.
@@ -78,6 +83,7 @@ class SamplerOutput:
     logprobs: torch.Tensor | None  # float32 [R] (sampled token)
     topk_ids: torch.Tensor | None  # int64 [R, k]
     topk_logprobs: torch.Tensor | None  # float32 [R, k]
+    full: torch.Tensor | None = None  # float32 [F, V]: the logprobs of SamplingBatch.full_rows, whole rows
 
 
 def apply_logits_processing(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
@@ -135,14 +141,21 @@ def masked_argmax(logits: torch.Tensor, argmax: torch.Tensor | None, rows: torch
                   bitmask: torch.Tensor) -> torch.Tensor:
     """The argmax of each row of ``logits`` [R, V] (``argmax``: already computed, e.g. by a CUDA
     graph, or None), where ``rows`` [G] take only the tokens ``bitmask`` [G, W] allows: a greedy
-    step with structured rows, without the sampler's other work."""
+    step with structured rows, without the sampler's other work (the torch form; on CUDA the
+    engine takes ``kernels.grammar_mask``'s kernel through ``StructuredOutputs.masked_argmax``)."""
     tokens = logits.argmax(dim=-1) if argmax is None else argmax.clone()
+    rows = rows.long()
     tokens[rows] = _masked(logits[rows], bitmask).argmax(dim=-1).to(tokens.dtype)
     return tokens
 
 
 def apply_token_bitmask(x: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
     """``x`` [R, V] with the tokens ``bitmask`` [G, W] does not allow in ``rows`` [G] set to -inf."""
+    if x.is_cuda and x.stride(-1) == 1:
+        from deepinfer.runtime.kernels.grammar_mask import mask_logits_
+
+        return mask_logits_(x, rows, bitmask)
+    rows = rows.long()
     x[rows] = _masked(x[rows], bitmask)
     return x
 
@@ -190,6 +203,13 @@ def sampling_probs(x: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
     """Probabilities [R, V] after temperature, top-k, top-p and min-p (greedy rows, temperature
     below GREEDY_TEMPERATURE_THRESHOLD, are treated as temperature 1 here; the caller takes their
     argmax instead)."""
+    return _truncate(x, b)[0]
+
+
+def _truncate(x: torch.Tensor, b: SamplingBatch
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(``sampling_probs``, the logits divided by the temperature with the top-k cut at -inf,
+    the tokens top-p and min-p removed (bool [R, V]) or None when neither ran)."""
     temp = torch.where(_sampled_rows(b), b.temperature, torch.ones_like(b.temperature))
     x = x / temp[:, None]
     vocab = x.shape[-1]
@@ -201,20 +221,23 @@ def sampling_probs(x: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
         kth = sorted_x.gather(1, (kk - 1)[:, None])
         x = x.masked_fill(x < kth, float("-inf"))
     probs = torch.softmax(x, dim=-1)
+    removed = None
     use_p = b.top_p < 1.0
     if _used(b.top_p_used, use_p):
         sp, idx = probs.sort(dim=-1, descending=True)
         before = sp.cumsum(dim=-1) - sp  # probability mass strictly ahead of each token
         drop_sorted = (before >= b.top_p[:, None]) & use_p[:, None]
-        drop = torch.zeros_like(drop_sorted).scatter_(1, idx, drop_sorted)
-        probs = probs.masked_fill(drop, 0.0)
+        removed = torch.zeros_like(drop_sorted).scatter_(1, idx, drop_sorted)
+        probs = probs.masked_fill(removed, 0.0)
         probs = probs / probs.sum(dim=-1, keepdim=True)
     use_min = b.min_p > 0
     if _used(b.min_p_used, use_min):
         thresh = probs.max(dim=-1, keepdim=True).values * b.min_p[:, None]
-        probs = probs.masked_fill((probs < thresh) & use_min[:, None], 0.0)
+        drop = (probs < thresh) & use_min[:, None]
+        probs = probs.masked_fill(drop, 0.0)
         probs = probs / probs.sum(dim=-1, keepdim=True)
-    return probs
+        removed = drop if removed is None else removed | drop
+    return probs, x, removed
 
 
 def _sampled_rows(b: SamplingBatch) -> torch.Tensor:
@@ -227,20 +250,45 @@ def sample(logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
     logits = logits.float()
     x = apply_logits_processing(logits, b)
     greedy_tokens = x.argmax(dim=-1)
+    processed = x  # what processed logprobs report: greedy rows' logits after bias, masks, penalties
     if b.all_greedy:
         tokens = greedy_tokens
     else:
-        probs = sampling_probs(x, b)
+        probs, scaled, removed = _truncate(x, b)
         noise = exponential_noise(stream_keys(b.seeds, b.sample_index, b.step), x.shape[-1])
         drawn = (probs / noise).argmax(dim=-1)
-        tokens = torch.where(_sampled_rows(b), drawn, greedy_tokens)
-    lp = topk_ids = topk_lp = None
+        sampled = _sampled_rows(b)
+        tokens = torch.where(sampled, drawn, greedy_tokens)
+        if b.max_logprobs >= 0 and b.logprobs_mode.startswith("processed"):
+            if removed is not None:
+                scaled = scaled.masked_fill(removed, float("-inf"))
+            processed = torch.where(sampled[:, None], scaled, x)  # greedy rows: no temperature or cut (vLLM)
+    lp = topk_ids = topk_lp = full = None
     if b.max_logprobs >= 0:
-        logp = torch.log_softmax(logits, dim=-1)
+        logp = reported_logprobs(logits, processed, b.logprobs_mode)
         lp = logp.gather(1, tokens[:, None]).squeeze(1)
         if b.max_logprobs > 0:
             topk_lp, topk_ids = logp.topk(b.max_logprobs, dim=-1)
-    return SamplerOutput(tokens=tokens, logprobs=lp, topk_ids=topk_ids, topk_logprobs=topk_lp)
+        if b.full_rows is not None and b.full_rows.numel():
+            full = logp[b.full_rows]
+    return SamplerOutput(tokens=tokens, logprobs=lp, topk_ids=topk_ids, topk_logprobs=topk_lp, full=full)
+
+
+LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")
+
+
+def reported_logprobs(raw: torch.Tensor, processed: torch.Tensor, mode: str) -> torch.Tensor:
+    """The values logprobs report in ``mode`` (vLLM's ``logprobs_mode``): the log_softmax of the
+    raw or the processed logits, or those logits themselves."""
+    if mode == "raw_logprobs":
+        return torch.log_softmax(raw, dim=-1)
+    if mode == "raw_logits":
+        return raw
+    if mode == "processed_logprobs":
+        return torch.log_softmax(processed, dim=-1)
+    if mode == "processed_logits":
+        return processed
+    raise ValueError(f"logprobs_mode must be one of {list(LOGPROBS_MODES)}, got {mode!r}")
 
 
 def prompt_logprobs(logits: torch.Tensor, targets: torch.Tensor, k: int

@@ -6,17 +6,19 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-METHODS = ("ngram", "oracle")
+METHODS = ("ngram", "draft_model", "oracle")
 KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "model")
 MAX_SPECULATIVE_TOKENS = 32
+NGRAM_MODEL_NAMES = ("ngram", "[ngram]")  # vLLM's spellings of the n-gram method as a model name
 
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """One engine's speculative decoding settings.
 
-    ``method``: "ngram" (prompt lookup: drafts from the request's own prompt and output) or
-    "oracle" (benchmarks only: drafts from a recorded greedy run of the same prompt, see
+    ``method``: "ngram" (prompt lookup: drafts from the request's own prompt and output),
+    "draft_model" (drafts from a smaller model with the target's tokenizer, ``model``: its path)
+    or "oracle" (benchmarks only: drafts from a recorded greedy run of the same prompt, see
     ``Speculator.record_oracle``). ``num_speculative_tokens``: drafts verified per step (k).
     ``prompt_lookup_min`` / ``prompt_lookup_max``: the n-gram lengths tried, longest first.
     """
@@ -25,10 +27,15 @@ class SpeculativeConfig:
     num_speculative_tokens: int = 4
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
+    model: str | None = None  # the draft model's path (method "draft_model")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens,
-                "prompt_lookup_min": self.prompt_lookup_min, "prompt_lookup_max": self.prompt_lookup_max}
+        d: dict[str, Any] = {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens}
+        if self.method == "draft_model":
+            d["model"] = self.model
+        else:
+            d.update(prompt_lookup_min=self.prompt_lookup_min, prompt_lookup_max=self.prompt_lookup_max)
+        return d
 
 
 def _int_key(d: dict[str, Any], key: str, default: int, lo: int, hi: int) -> int:
@@ -56,14 +63,27 @@ def parse_speculative_config(value: Any) -> SpeculativeConfig | None:
     unknown = sorted(k for k in value if k not in KEYS)
     if unknown:
         raise ValueError(f"speculative_config: unknown key {unknown[0]!r} (known: {', '.join(KEYS)})")
-    if "method" not in value:
-        raise ValueError(f"speculative_config['method'] is required (one of {', '.join(METHODS)})")
-    method = value["method"]
-    if method == "draft_model" or "model" in value:
-        raise NotImplementedError("speculative_config: the draft-model method ('method': 'draft_model', "
-                                  "'model': path) is not implemented yet; use 'ngram'")
+    model = value.get("model")
+    if model is not None and not isinstance(model, str):
+        raise TypeError(f"speculative_config['model'] must be a path (str), got {model!r}")
+    method = value.get("method")
+    if method is None:  # vLLM's inference: "ngram"/"[ngram]" as the model name, else a draft model
+        if model is None:
+            raise ValueError(f"speculative_config['method'] is required (one of {', '.join(METHODS)}) "
+                             "unless 'model' names a draft model")
+        method = "ngram" if model in NGRAM_MODEL_NAMES else "draft_model"
     if method not in METHODS:
         raise ValueError(f"speculative_config['method'] must be one of {', '.join(METHODS)}, got {method!r}")
+    if method == "draft_model":
+        if not model or model in NGRAM_MODEL_NAMES:
+            raise ValueError("speculative_config['model'] is required with method 'draft_model' (the draft "
+                             f"model's path), got {model!r}")
+        if "prompt_lookup_min" in value or "prompt_lookup_max" in value:
+            raise ValueError("speculative_config: prompt_lookup_min/prompt_lookup_max belong to method 'ngram', "
+                             "not 'draft_model'")
+    elif model is not None and model not in NGRAM_MODEL_NAMES:
+        raise ValueError(f"speculative_config['model'] ({model!r}) is a draft model: it needs method "
+                         f"'draft_model', not {method!r}")
     if "num_speculative_tokens" not in value:
         raise ValueError("speculative_config['num_speculative_tokens'] is required (the drafts per step, k)")
     k = _int_key(value, "num_speculative_tokens", 0, 1, MAX_SPECULATIVE_TOKENS)
@@ -72,4 +92,5 @@ def parse_speculative_config(value: Any) -> SpeculativeConfig | None:
     if lo > hi:
         raise ValueError(f"speculative_config['prompt_lookup_min'] ({lo}) must be <= "
                          f"speculative_config['prompt_lookup_max'] ({hi})")
-    return SpeculativeConfig(method=method, num_speculative_tokens=k, prompt_lookup_min=lo, prompt_lookup_max=hi)
+    return SpeculativeConfig(method=method, num_speculative_tokens=k, prompt_lookup_min=lo, prompt_lookup_max=hi,
+                             model=model if method == "draft_model" else None)

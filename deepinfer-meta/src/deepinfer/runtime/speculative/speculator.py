@@ -7,7 +7,9 @@ The engine carries the bookkeeping: a running sequence's ``draft_tokens`` (set b
 ``prepare_sampler_inputs`` lists them in ``SpeculativeSamplingInputs`` (draft ids, the logits row
 verifying each, the bonus row), and ``process_MTPInfo`` appends the kept drafts and the bonus or
 recovered token with the scheduler's own stop checks, rolls back the KV slots of rejected drafts
-and stores the next drafts.
+and stores the next drafts. With a draft model (``draft_model``) the stored drafts are
+placeholders: the draft model drafts them when the step launches (``propose``), once the
+scheduler has placed them and allocated their KV slots.
 
 Which requests draft: those whose next token depends only on the target's logits at its
 position and the temperature / top-k / top-p / min-p filters — no penalties, logit bias,
@@ -20,7 +22,7 @@ logits at that token's position, as without speculation.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,6 +31,7 @@ import torch
 from deepinfer.runtime.sampling.sampler import SamplerOutput, SamplingBatch, sampling_probs
 from deepinfer.runtime.sampling_params import GREEDY_TEMPERATURE_THRESHOLD
 from deepinfer.runtime.speculative.config import SpeculativeConfig
+from deepinfer.runtime.speculative.draft_model import Drafted, DraftModel, batch_rows
 from deepinfer.runtime.speculative.metrics import SpecDecodeStats
 from deepinfer.runtime.speculative.ngram import propose_ngram
 from deepinfer.runtime.speculative.rejection import verify_drafts
@@ -70,7 +73,7 @@ class Speculator:
     ``params_of(request_id)``: the request's SamplingParams (None once it is gone)."""
 
     def __init__(self, config: SpeculativeConfig, params_of: Callable[[str], Any], *, seed: int = 0,
-                 device: torch.device | None = None) -> None:
+                 device: torch.device | None = None, draft: DraftModel | None = None) -> None:
         from deepinfer._C import engine
 
         self.E: Any = engine
@@ -81,17 +84,39 @@ class Speculator:
         self.generator = torch.Generator(device=device or torch.device("cpu"))
         self.generator.manual_seed(seed)
         self.oracle: dict[tuple[int, ...], np.ndarray] = {}
+        if (config.method == "draft_model") != (draft is not None):
+            raise ValueError("Speculator: method 'draft_model' needs its DraftModel (and only it takes one)")
+        self.draft = draft
+
+    def propose(self, scheduler: Any, scheduled: Any, si: Any, arrays: dict[str, np.ndarray], num_seqs: int,
+                batch: SamplingBatch) -> Drafted | None:
+        """(method "draft_model", before the target's forward) run the draft model for the step's
+        scheduled drafts and write them into its input ids; None for the other methods, whose
+        drafts the engine already holds."""
+        if self.draft is None:
+            return None
+        return self.draft.propose(scheduler, scheduled, si, arrays, num_seqs, batch, self.generator)
 
     def record_oracle(self, prompt_ids: list[int], output_ids: list[int]) -> None:
         """Method "oracle": the drafts of a request with this prompt follow ``output_ids`` (a
-        recorded greedy run of the same request)."""
+        recorded greedy run of the same request). Method "draft_model": the draft model still
+        drafts (its cost is paid) but greedy requests verify these instead (benchmarks: the
+        draft's cost at the oracle's acceptance)."""
         self.oracle[tuple(int(t) for t in prompt_ids)] = np.asarray(output_ids, dtype=np.int32)
+        if self.draft is not None:  # benchmarks: the draft model runs, its drafts replaced by these
+            self.draft.override = self._oracle_drafts
+
+    def _oracle_drafts(self, history: np.ndarray, num_prompt: int, count: int) -> np.ndarray | None:
+        rec = self.oracle.get(tuple(int(t) for t in history[:num_prompt]))
+        num_out = len(history) - num_prompt
+        return None if rec is None else rec[num_out:num_out + count]
 
     # ---- verification (launch) ---------------------------------------------------------------
     def verify(self, si: Any, logits: torch.Tensor, rows: torch.Tensor, batch: SamplingBatch,
-               res: SamplerOutput) -> SpecStep:
+               res: SamplerOutput, drafted: Drafted | None = None) -> SpecStep:
         """Verify the step's drafts. ``rows``/``batch``/``res``: the sample rows' logits rows,
-        sampling batch and ordinary samples (the bonus token of a row with drafts)."""
+        sampling batch and ordinary samples (the bonus token of a row with drafts); ``drafted``:
+        the draft model's drafts and their q (``propose``; None: the engine's drafts, one-hot)."""
         k = self.k
         real = int(si.driver.num_real_rows)
         S = si.speculative
@@ -108,19 +133,20 @@ class Speculator:
             cu = np.array(S.cu_num_drafts[:ns + 1], dtype=np.int64)
             trows = np.array(S.target_logits_rows[:nd], dtype=np.int64)
             dev = logits.device
-            drafts = torch.from_numpy(np.array(S.draft_token_ids[:nd], dtype=np.int64)).to(dev)
+            if drafted is None:
+                drafts = torch.from_numpy(np.array(S.draft_token_ids[:nd], dtype=np.int64)).to(dev)
+            else:
+                drafts = drafted.ids.to(dev)
             per_draft = torch.from_numpy(sr[np.repeat(np.arange(ns), np.diff(cu))]).to(dev)
             target = logits[torch.from_numpy(trows).to(dev)].float()
             temp = batch.temperature[per_draft]
             greedy = temp < GREEDY_TEMPERATURE_THRESHOLD
             probs = None
             if not bool(greedy.all()):
-                sub = replace(batch, temperature=temp, top_k=batch.top_k[per_draft], top_p=batch.top_p[per_draft],
-                              min_p=batch.min_p[per_draft], seeds=batch.seeds[per_draft],
-                              sample_index=batch.sample_index[per_draft], step=batch.step[per_draft])
-                probs = sampling_probs(target, sub)
+                probs = sampling_probs(target, batch_rows(batch, per_draft))
             v = verify_drafts(drafts, cu, greedy, target.argmax(dim=-1), probs,
-                              sample_tokens[torch.from_numpy(sr).to(dev)], self.generator)
+                              sample_tokens[torch.from_numpy(sr).to(dev)], self.generator,
+                              None if drafted is None else drafted.probs)
             for s in range(ns):
                 r, a, b = int(sr[s]), int(cu[s]), int(cu[s + 1])
                 if r >= real:
@@ -166,7 +192,9 @@ class Speculator:
             room = min(k, int(params.max_tokens) - num_out - 1)  # the step's last token is not a draft
             if room <= 0:
                 continue
-            if cfg.method == "oracle":
+            if cfg.method == "draft_model":  # placeholders: the draft model drafts them at launch
+                drafts = np.zeros(room, np.int32)
+            elif cfg.method == "oracle":
                 rec = self.oracle.get(tuple(int(t) for t in history[:int(seq.num_prompt_tokens)]))
                 drafts = np.zeros(0, np.int32) if rec is None else rec[num_out:num_out + room]
             else:

@@ -9,12 +9,16 @@ schemas, regular expressions and EBNF grammars alike.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections import OrderedDict
 from typing import Any
 
 from deepinfer.runtime.structured.params import StructuredOutputsParams
 
+# xgrammar's character class for length-limited JSON strings, and JSON's own (no control characters)
+_LENGTH_STRING_CHARS = '[^\\"\\\\\\r\\n]'
+_JSON_STRING_CHARS = '[^\\"\\\\\\x00-\\x1f]'
 CACHE_SIZE = 256  # compiled grammars kept (least recently used dropped first)
 
 
@@ -37,6 +41,20 @@ def _hf_tokenizer(tokenizer: Any) -> Any:
 
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer.backend_tokenizer,
                                    eos_token=getattr(tokenizer, "eos_token", None))
+
+
+# xgrammar's native errors begin "[10:31:07] /project/cpp/x.cc:1318: Check failed: (...) is false: "
+_NATIVE_PREFIX = re.compile(r"^\[[\d:.]+\] \S+:\d+: (Check failed: \(.*?\) is false: )?")
+
+
+def structural_tag_format(tag: dict[str, Any]) -> dict[str, Any]:
+    """A structural tag in xgrammar's current form: the older ``structures`` / ``triggers``
+    (vLLM's legacy response format) become a ``triggered_tags`` format of JSON-schema tags."""
+    if "structures" not in tag:
+        return {"type": "structural_tag", "format": tag["format"]}
+    tags = [{"type": "tag", "begin": s["begin"], "end": s["end"],
+             "content": {"type": "json_schema", "json_schema": True if s.get("schema") is None else s["schema"]}} for s in tag["structures"]]
+    return {"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": tag["triggers"], "tags": tags}}
 
 
 def choice_grammar(choices: tuple[str, ...]) -> str:
@@ -77,13 +95,24 @@ class GrammarCompiler:
                 self._cache.popitem(last=False)
         return compiled
 
+    def _json_schema_grammar(self, schema: Any, ws: dict[str, Any]) -> Any:
+        """xgrammar's grammar of a JSON schema, with one repair: for a string with ``minLength`` /
+        ``maxLength`` xgrammar 0.2.9 writes its characters as ``[^"\\\r\n]``, which lets raw
+        control characters (a tab, U+0000-U+001F) into the string; JSON forbids them unescaped, so
+        ``json.loads`` refused such an output although the grammar accepted it. The class is
+        narrowed to JSON's (the rest of the grammar, escapes excluded as before, is unchanged)."""
+        grammar = self.xgr.Grammar.from_json_schema(json.dumps(schema), strict_mode=True, **ws)
+        text = str(grammar)
+        fixed = text.replace(_LENGTH_STRING_CHARS, _JSON_STRING_CHARS)
+        return grammar if fixed == text else self.xgr.Grammar.from_ebnf(fixed)
+
     def _compile(self, params: StructuredOutputsParams) -> Any:
         c, kind = self.compiler, params.kind
         try:
             if kind == "json":
                 ws = {"any_whitespace": False, "separators": (",", ":")} if params.disable_any_whitespace \
                     else {"any_whitespace": False}
-                return c.compile_json_schema(json.dumps(params.schema), strict_mode=True, **ws)
+                return c.compile_grammar(self._json_schema_grammar(params.schema, ws))
             if kind == "json_object":
                 return c.compile_json_schema(json.dumps({"type": "object"}), strict_mode=False,
                                              any_whitespace=False,
@@ -92,11 +121,14 @@ class GrammarCompiler:
                 return c.compile_regex(params.regex)
             if kind == "choice":
                 return c.compile_grammar(choice_grammar(tuple(params.choice or ())))
+            if kind == "structural_tag":
+                return c.compile_structural_tag(json.dumps(structural_tag_format(json.loads(params.key[1]))))
             return c.compile_grammar(params.grammar)
         except Exception as exc:  # noqa: BLE001 - xgrammar raises RuntimeError/ValueError/its own
             what = {"json": "JSON schema", "json_object": "JSON object grammar", "regex": "regex",
-                    "choice": "choice", "grammar": "grammar"}[kind]
+                    "choice": "choice", "grammar": "grammar", "structural_tag": "structural tag"}[kind]
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            first = _NATIVE_PREFIX.sub("", first)
             raise ValueError(f"structured_outputs.{kind}: invalid {what}: {first}") from None
 
     def matcher(self, params: StructuredOutputsParams) -> Any:

@@ -1,8 +1,8 @@
 """``StructuredOutputsParams``: what a request's output must match (vLLM's names and meanings).
 
 Exactly one of ``json`` (a JSON schema, as a dict or its JSON text), ``regex``, ``choice`` (a list
-of strings), ``grammar`` (an EBNF grammar in xgrammar's GBNF dialect) or ``json_object=True`` (any
-JSON object) is set. Checked when the object is built: a wrong type is a TypeError, an empty
+of strings), ``grammar`` (an EBNF grammar in xgrammar's GBNF dialect), ``json_object=True`` (any
+JSON object) or ``structural_tag`` (xgrammar's structural tag, as vLLM takes it) is set. Checked when the object is built: a wrong type is a TypeError, an empty
 constraint or none/several constraints a ValueError, each naming the field. Whether a schema,
 regex or grammar can be compiled is checked when the request is added (ValueError naming it).
 """
@@ -13,7 +13,7 @@ import json as _json
 from dataclasses import dataclass, field
 from typing import Any
 
-_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,11 @@ class StructuredOutputsParams:
         grammar: an EBNF grammar (GBNF, as llama.cpp and xgrammar write it; its start rule is
             ``root``): the output is a sentence of it.
         json_object: the output is a JSON object (any keys).
+        structural_tag: xgrammar's structural tag (a dict, or its JSON text), as vLLM takes it:
+            ``{"type": "structural_tag", "format": {...}}`` (xgrammar's formats: ``tag``,
+            ``triggered_tags``, ``sequence``, ``json_schema``, ``const_string``, ...), or the
+            older ``{"structures": [{"begin", "schema", "end"}, ...], "triggers": [...]}``: free
+            text in which each structure begun by a trigger holds JSON valid against its schema.
         disable_any_whitespace: JSON without whitespace between tokens (vLLM's option);
             default False: the separators ", " and ": " (a model's usual JSON).
     """
@@ -37,14 +42,15 @@ class StructuredOutputsParams:
     choice: list[str] | tuple[str, ...] | None = None
     grammar: str | None = None
     json_object: bool | None = None
+    structural_tag: dict[str, Any] | str | None = None
     disable_any_whitespace: bool = False
     _key: tuple[str, str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         given = [k for k in _KINDS if getattr(self, k) not in (None, False)]
         if len(given) != 1:
-            raise ValueError("StructuredOutputsParams: exactly one of json, regex, choice, grammar or "
-                             f"json_object=True must be set, got {given or 'none'}")
+            raise ValueError("StructuredOutputsParams: exactly one of json, regex, choice, grammar, "
+                             f"json_object=True or structural_tag must be set, got {given or 'none'}")
         kind = given[0]
         value = getattr(self, kind)
         if kind == "json":
@@ -58,7 +64,7 @@ class StructuredOutputsParams:
             if not isinstance(parsed, (dict, bool)):
                 raise TypeError("StructuredOutputsParams.json must be a JSON schema (a dict or its JSON text), "
                                 f"got {type(parsed).__name__}")
-            text = _json.dumps(parsed, sort_keys=True)
+            text = _json.dumps(parsed)  # key order kept: properties are generated in the schema's order
         elif kind == "choice":
             if isinstance(value, str) or not isinstance(value, (list, tuple)) \
                     or not all(isinstance(c, str) for c in value):
@@ -67,6 +73,8 @@ class StructuredOutputsParams:
                 raise ValueError(f"StructuredOutputsParams.choice must be non-empty strings, got {value!r}")
             object.__setattr__(self, "choice", tuple(value))
             text = _json.dumps(list(value))
+        elif kind == "structural_tag":  # keys keep their order: a schema's properties are written in it
+            text = _json.dumps(_structural_tag(value))
         elif kind == "json_object":
             if value is not True:
                 raise TypeError(f"StructuredOutputsParams.json_object must be True or None, got {value!r}")
@@ -84,7 +92,8 @@ class StructuredOutputsParams:
 
     @property
     def kind(self) -> str:
-        """Which constraint is set: "json", "regex", "choice", "grammar" or "json_object"."""
+        """Which constraint is set: "json", "regex", "choice", "grammar", "json_object" or
+        "structural_tag"."""
         return self._key[0]
 
     @property
@@ -98,3 +107,36 @@ class StructuredOutputsParams:
         if self.kind != "json":
             return None
         return _json.loads(self.json) if isinstance(self.json, str) else self.json
+
+
+def _structural_tag(value: Any) -> dict[str, Any]:
+    """A structural tag as a dict; TypeError / ValueError naming what is wrong with its shape
+    (what is inside ``format`` is checked by xgrammar when it is compiled)."""
+    where = "StructuredOutputsParams.structural_tag"
+    if isinstance(value, str):
+        try:
+            value = _json.loads(value)
+        except ValueError as exc:
+            raise ValueError(f"{where}: not valid JSON text ({exc})") from None
+    if not isinstance(value, dict):
+        raise TypeError(f"{where} must be a structural tag (a dict or its JSON text), got {type(value).__name__}")
+    if "structures" in value or "triggers" in value:  # the older form
+        structures, triggers = value.get("structures"), value.get("triggers")
+        if not isinstance(structures, list) or not structures or not all(
+                isinstance(s, dict) and isinstance(s.get("begin"), str) and isinstance(s.get("end"), str)
+                and isinstance(s.get("schema"), (dict, bool, type(None))) for s in structures):
+            raise ValueError(f"{where}.structures must be a non-empty list of {{begin, schema, end}} objects "
+                             "(begin and end strings, schema a JSON schema object)")
+        if not isinstance(triggers, list) or not triggers or not all(isinstance(t, str) and t for t in triggers):
+            raise ValueError(f"{where}.triggers must be a non-empty list of non-empty strings")
+        unknown = sorted(set(value) - {"type", "structures", "triggers"})
+    else:
+        if not isinstance(value.get("format"), dict):
+            raise ValueError(f"{where} must have a 'format' object ({{\"type\": \"structural_tag\", \"format\": "
+                             "{...}}) or 'structures' and 'triggers'")
+        unknown = sorted(set(value) - {"type", "format"})
+    if value.get("type", "structural_tag") != "structural_tag":
+        raise ValueError(f"{where}.type must be 'structural_tag', got {value['type']!r}")
+    if unknown:
+        raise ValueError(f"{where}: unknown field {unknown[0]!r}")
+    return value

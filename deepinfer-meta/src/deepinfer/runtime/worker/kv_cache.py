@@ -17,10 +17,15 @@ def bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> in
 
 
 def num_blocks_for(cfg: ModelConfig, block_size: int, dtype: torch.dtype, device: torch.device, *,
-                   gpu_memory_utilization: float = 0.9, cpu_kv_cache_bytes: int | None = None) -> int:
+                   gpu_memory_utilization: float = 0.9, cpu_kv_cache_bytes: int | None = None,
+                   draft: ModelConfig | None = None) -> int:
     """How many KV blocks fit: on CUDA, ``gpu_memory_utilization`` of the device minus what is in
-    use now (weights, activations); elsewhere ``cpu_kv_cache_bytes`` (default 1 GiB)."""
+    use now (weights, activations); elsewhere ``cpu_kv_cache_bytes`` (default 1 GiB). ``draft``:
+    a draft model whose cache holds the same number of blocks (speculative decoding) shares the
+    budget: a block then costs the bytes of both."""
     per_block = bytes_per_block(cfg, block_size, dtype)
+    if draft is not None:
+        per_block += bytes_per_block(draft, block_size, dtype)
     if device.type == "cuda":
         if not 0.0 < gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")

@@ -145,9 +145,16 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, *, input_ids: np.ndarray | torch.Tensor, positions: np.ndarray, slot_mapping: np.ndarray,
                 query_start_loc: np.ndarray, seq_lens: np.ndarray, block_tables: np.ndarray,
-                logits_indices: np.ndarray) -> torch.Tensor:
-        """Float32 logits [len(logits_indices), vocab] for one step in the var-len layout."""
+                logits_indices: np.ndarray, prompt_embeds: tuple[np.ndarray, torch.Tensor] | None = None
+                ) -> torch.Tensor:
+        """Float32 logits [len(logits_indices), vocab] for one step in the var-len layout.
+
+        ``prompt_embeds``: (token rows, their input embeddings [rows, hidden]) that replace those
+        rows' token embeddings (prompts given as embeddings); such steps run the eager forward."""
         num_rows = len(input_ids)
+        if prompt_embeds is not None:
+            return self._execute_eager(input_ids, positions, slot_mapping, query_start_loc, seq_lens, block_tables,
+                                       logits_indices, prompt_embeds)
         if self.deterministic and self.native_decode is not None:
             # every step natively, one row per token (prompt chunks too): batch-invariant logits
             _set_torch_threads(1)
@@ -169,6 +176,13 @@ class ModelRunner:
             host_ids = input_ids.cpu().numpy() if isinstance(input_ids, torch.Tensor) else input_ids
             return self.native_decode.step(host_ids, positions, slot_mapping, query_start_loc, seq_lens,
                                            block_tables, logits_indices)
+        return self._execute_eager(input_ids, positions, slot_mapping, query_start_loc, seq_lens, block_tables,
+                                   logits_indices)
+
+    def _execute_eager(self, input_ids: np.ndarray | torch.Tensor, positions: np.ndarray, slot_mapping: np.ndarray,
+                       query_start_loc: np.ndarray, seq_lens: np.ndarray, block_tables: np.ndarray,
+                       logits_indices: np.ndarray, prompt_embeds: tuple[np.ndarray, torch.Tensor] | None = None
+                       ) -> torch.Tensor:
         if self.native_decode is not None:
             _set_torch_threads(self.torch_threads)
         meta = build_attention_metadata(
@@ -180,6 +194,12 @@ class ModelRunner:
         else:
             ids = torch.from_numpy(np.ascontiguousarray(input_ids, dtype=np.int64)).to(self.device)
         pos = torch.from_numpy(np.ascontiguousarray(positions, dtype=np.int64)).to(self.device)
-        hidden = self.model(ids, pos, self.kv_caches, meta, self.attention)
+        embeds = None
+        if prompt_embeds is not None:
+            at, values = prompt_embeds
+            embeds = self.model.embed_tokens(ids)
+            embeds[torch.from_numpy(np.ascontiguousarray(at, dtype=np.int64)).to(self.device)] = \
+                values.to(device=self.device, dtype=embeds.dtype)
+        hidden = self.model(ids, pos, self.kv_caches, meta, self.attention, inputs_embeds=embeds)
         rows = torch.from_numpy(np.ascontiguousarray(logits_indices, dtype=np.int64)).to(self.device)
         return self.model.compute_logits(hidden[rows])

@@ -85,6 +85,20 @@ class Worker:
         self.loaded = load_model(model_path, device=device, dtype=self.dtype, dummy_weights=args.dummy_weights,
                                  max_positions=args.max_model_len, seed=args.seed,
                                  tensor_parallel=group if self.parallel else None, keep_quantized=keep_quantized)
+        # (speculative method "draft_model") the draft model, loaded before the KV cache is sized:
+        # its weights take device memory, and its cache takes blocks of the same ids (see below)
+        self.draft_loaded: Any = None
+        spec = args.speculative_config
+        if spec is not None and getattr(spec, "method", None) == "draft_model":
+            if self.parallel:
+                raise ValueError("speculative_config method 'draft_model' runs on one rank only (no tensor "
+                                 "parallelism for the draft yet): use tensor_parallel_size=1 or method 'ngram'")
+            from deepinfer.runtime.loading.draft_loader import load_draft_model
+
+            self.draft_loaded = load_draft_model(
+                spec.model, self.loaded.config, device=device, dtype=self.dtype, dummy_weights=args.dummy_weights,
+                max_positions=args.max_model_len, seed=args.seed,
+                keep_quantized=args.dtype is None and device.type == "cpu" and os.path.isfile(spec.model))
         self.num_blocks = self._num_kv_blocks()
         kwargs: dict[str, Any] = dict(num_blocks=self.num_blocks, block_size=args.block_size, device=device,
                                       dtype=self.dtype, attention_backend=args.attention_backend,
@@ -92,6 +106,11 @@ class Worker:
         from deepinfer.runtime.worker.model_runner import ModelRunner
 
         self.runner: Any = (runner_factory or ModelRunner)(self.loaded, **kwargs)
+        # the draft's own paged KV cache: the target's block count and size, indexed by the
+        # target's block tables (one allocator, one prefix cache, one preemption policy)
+        self.draft_runner: Any = None
+        if self.draft_loaded is not None:
+            self.draft_runner = ModelRunner(self.draft_loaded, **kwargs)
         self.step_buffers = StepBuffers(*step_buffer_dims(args.max_num_batched_tokens, args.max_num_seqs,
                                                           args.max_model_len, args.block_size),
                                         pin=device.type == "cuda")
@@ -106,13 +125,16 @@ class Worker:
         from deepinfer.runtime.worker.kv_cache import bytes_per_block, num_blocks_for
 
         args, dev, cfg = self.args, self.device, self.loaded.config
+        draft = None if self.draft_loaded is None else self.draft_loaded.config
         blocks = args.num_kv_blocks
         if blocks is None:
             blocks = num_blocks_for(cfg, args.block_size, self.dtype, dev,
                                     gpu_memory_utilization=args.gpu_memory_utilization,
-                                    cpu_kv_cache_bytes=args.cpu_kv_cache_bytes)
+                                    cpu_kv_cache_bytes=args.cpu_kv_cache_bytes, draft=draft)
         else:
             per_block = bytes_per_block(cfg, args.block_size, self.dtype)
+            if draft is not None:
+                per_block += bytes_per_block(draft, args.block_size, self.dtype)
             room = torch.cuda.mem_get_info(dev)[0] if dev.type == "cuda" else physical_memory_bytes()
             if blocks * per_block > room:
                 raise ValueError(f"num_kv_blocks={blocks} needs {blocks * per_block} bytes of KV "
