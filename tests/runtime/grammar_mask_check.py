@@ -75,6 +75,10 @@ def main(device: str) -> None:
                 packed = _packed(where, bm, capacity).to(device)
                 got = masked_argmax_(plain, logits, packed, capacity, bm.shape[1]).cpu()
                 assert torch.equal(got, want), (vocab, dtype, capacity, got.tolist(), want.tolist())
+            if device == "cpu":  # no CUDA: the capture fails, and the direct launch answers instead
+                graphs, tokens = MaskedArgmaxGraphs(), torch.full((rows,), 12345, dtype=torch.int64)
+                got = graphs.run(tokens, logits, _packed(where, bm, rows), bm.shape[1])
+                assert torch.equal(got, want) and len(graphs) == 0, (vocab, dtype, "fallback", got.tolist())
             if device == "cuda":  # the captured form, replayed over other masks copied into its buffer
                 graphs, tokens = MaskedArgmaxGraphs(), torch.full((rows,), 12345, dtype=torch.int64, device=device)
                 for shift in range(3):

@@ -23,6 +23,7 @@ Ties go to the lowest token id, as ``torch.argmax``; a row that allows nothing g
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -30,6 +31,7 @@ import triton
 import triton.language as tl
 
 BLOCK = 2048  # vocabulary tokens per loop iteration (64 packed words)
+_log = logging.getLogger(__name__)
 
 
 @triton.jit
@@ -97,21 +99,30 @@ def masked_argmax_(tokens: torch.Tensor, logits: torch.Tensor, packed: torch.Ten
 
 class MaskedArgmaxGraphs:
     """``masked_argmax_`` captured once per (logits, tokens) pair of static buffers (a decode
-    graph's outputs), each with its own static packed buffer of ``capacity`` = the graph's rows."""
+    graph's outputs), each with its own static packed buffer of ``capacity`` = the graph's rows.
+    A pair whose capture fails is launched directly from then on (logged once): slower, never
+    wrong, and never a failed step."""
 
     def __init__(self) -> None:
-        self._graphs: dict[tuple[int, int, int], tuple[Any, torch.Tensor]] = {}
+        self._graphs: dict[tuple[int, int, int], tuple[Any, torch.Tensor] | None] = {}
 
     def __len__(self) -> int:
-        return len(self._graphs)
+        return sum(1 for g in self._graphs.values() if g is not None)
 
     def run(self, tokens: torch.Tensor, logits: torch.Tensor, host_packed: torch.Tensor, words: int) -> torch.Tensor:
         """Copy ``host_packed`` (capacity = ``logits.shape[0]`` rows) up and replay the capture."""
         capacity = int(logits.shape[0])
         key = (logits.data_ptr(), tokens.data_ptr(), capacity)
-        hit = self._graphs.get(key)
+        if key not in self._graphs:
+            try:
+                self._graphs[key] = self._capture(tokens, logits, capacity, words)
+            except Exception as exc:  # noqa: BLE001 - any capture failure: launch directly instead
+                _log.warning("grammar mask: capturing the masked argmax for %d rows failed (%s: %s); "
+                             "it is launched directly", capacity, type(exc).__name__, exc)
+                self._graphs[key] = None
+        hit = self._graphs[key]
         if hit is None:
-            hit = self._graphs[key] = self._capture(tokens, logits, capacity, words)
+            return masked_argmax_(tokens, logits, host_packed.to(logits.device, non_blocking=True), capacity, words)
         graph, static = hit
         n = int(host_packed.shape[0])
         if n > static.shape[0]:
