@@ -129,6 +129,11 @@ async def _one(host: str, port: int, prompt: list[int], output_len: int, stream:
     return tokens, ttft, itl, time.perf_counter()
 
 
+def _client_ready(ready: object) -> None:
+    """Pool initializer: this client process is up (its imports done)."""
+    ready.put(os.getpid())  # type: ignore[attr-defined]
+
+
 def _client_proc(url: str, prompts: list[list[int]], output_len: int, stream: bool, start_at: float
                  ) -> dict[str, object]:
     host, port = url.removeprefix("http://").rsplit(":", 1)
@@ -187,10 +192,17 @@ def is_core(pid: int) -> bool:
 def run_clients(url: str, prompts: list[list[int]], output_len: int, stream: bool, procs: int,
                 server_pid: int) -> dict[str, object]:
     parts = [prompts[i::procs] for i in range(procs) if prompts[i::procs]]
-    tree = process_tree(server_pid)
-    cpu0 = cpu_by_pid(tree)
-    start_at = time.time() + 0.5 + 0.05 * len(parts)
-    with multiprocessing.get_context("spawn").Pool(len(parts)) as pool:
+    ctx = multiprocessing.get_context("spawn")
+    ready = ctx.Queue()
+    # Every client process is started (interpreter, imports) before the start time is set: a
+    # process that came up late would start its requests late, and the time from the first
+    # client's start to the last one's end would count its start-up against the server.
+    with ctx.Pool(len(parts), initializer=_client_ready, initargs=(ready,)) as pool:
+        for _ in parts:
+            ready.get(timeout=120)
+        tree = process_tree(server_pid)
+        cpu0 = cpu_by_pid(tree)
+        start_at = time.time() + 0.1
         res = pool.starmap(_client_proc, [(url, p, output_len, stream, start_at) for p in parts])
     cpu1 = cpu_by_pid(tree)
     spent = {p: cpu1[p] - cpu0.get(p, 0.0) for p in cpu1}
