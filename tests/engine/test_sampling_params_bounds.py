@@ -1,6 +1,9 @@
 """The sampling-parameter bounds are held once, in the engine (C++ SamplingParams::validate): the
 runtime's SamplingParams stores its engine fields in a deepinfer._C.engine.SamplingParams and has
-no bound of its own, so every refusal it makes is the engine's, surfaced with the field's name."""
+no bound of its own, so every refusal it makes is the engine's, surfaced with the field's name.
+One documented exception: ``logprobs`` / ``prompt_logprobs`` = -1 (vLLM's whole vocabulary) is the
+runtime's own value — the engine holds 0 and refuses -1 — and the runtime's refusal text for those
+two fields says so ("or -1 for the whole vocabulary")."""
 
 from __future__ import annotations
 
@@ -23,8 +26,8 @@ CASES = {
     "repetition_penalty": [0.0, EPS, 1.0, 100.0, math.inf, math.nan, 1e-50],
     "max_tokens": [0, 1, 5, 2**31],
     "min_tokens": [-1, 0, 5, 6],      # max_tokens = 5
-    "logprobs": [0, 1, 20, 21, -1],
-    "prompt_logprobs": [0, 20, 21],
+    "logprobs": [0, 1, 20, 21, -2],
+    "prompt_logprobs": [0, 20, 21, -2],
     "logit_bias": [{3: 100.0}, {3: -100.0}, {3: 100.0 + EPS}, {3: -100.0 - EPS}, {3: math.inf}, {3: math.nan},
                    {3: 0.5}, {-3: 0.5}],
     "top_k": [-2, -1, 1, 50],          # 0: the runtime's alias of -1 (vLLM), mapped before the engine
@@ -64,9 +67,21 @@ def test_every_refusal_is_the_engines_named_by_the_field(field):
         if eng is not None:
             refused += 1
             # the C++ message, as the runtime raises it: same type, "SamplingParams." + it
-            assert type(py) is type(eng) and str(py) == f"SamplingParams.{eng}", (field, value)
+            expected = f"SamplingParams.{eng}"
+            if field in ("logprobs", "prompt_logprobs"):  # the runtime's -1 named in the message
+                expected = expected.replace("(or None)", "(or None, or -1 for the whole vocabulary)")
+            assert type(py) is type(eng) and str(py) == expected, (field, value, str(py))
             assert str(eng).startswith(field), (field, value, eng)
     assert 0 < refused < len(CASES[field])  # each table has values on both sides of a bound
+
+
+@pytest.mark.parametrize("field", ["logprobs", "prompt_logprobs"])
+def test_minus_one_is_the_runtimes_whole_vocabulary_and_the_engine_holds_zero(field):
+    assert _engine_error(field, -1) is not None  # the engine alone refuses it
+    p = SamplingParams(**{field: -1})
+    assert getattr(p, field) == -1
+    assert getattr(p._engine, field) == 0
+    assert "or -1 for the whole vocabulary" in str(_python_error(field, -2))
 
 
 def test_assignment_refusals_are_the_engines_too_and_change_nothing():
