@@ -9,15 +9,7 @@ import numpy as np
 import pytest
 import torch
 from deepinfer.runtime.sampling_params import SamplingParams
-from test_speculative_engine import make_loop, run, tokens_of
-
-PASSAGE = ("def mean(values):\n    total = 0\n    for v in values:\n        total += v\n"
-           "    return total / len(values)\n")
-PROMPTS = [
-    f"Rewrite this code, renaming `total` to `acc`.\n{PASSAGE}\nRewritten:\n",
-    "Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox",
-    "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1, 2, 3, 4,",
-]
+from test_speculative_engine import PROMPTS, make_loop, run, tokens_of
 
 
 def spec(k):
