@@ -201,17 +201,19 @@ def run_clients(url: str, prompts: list[list[int]], output_len: int, stream: boo
         for _ in parts:
             ready.get(timeout=120)
         tree = process_tree(server_pid)
+        steps0 = server_steps(url)
         cpu0 = cpu_by_pid(tree)
         start_at = time.time() + 0.1
         res = pool.starmap(_client_proc, [(url, p, output_len, stream, start_at) for p in parts])
     cpu1 = cpu_by_pid(tree)
+    steps = server_steps(url) - steps0
     spent = {p: cpu1[p] - cpu0.get(p, 0.0) for p in cpu1}
     cpu = sum(spent.values())
     core = sum(v for p, v in spent.items() if is_core(p))  # the engine core(s); the rest: front ends, supervisor
     tokens = sum(int(r["tokens"]) for r in res)  # type: ignore[call-overload]
     dt = max(float(r["end"]) for r in res) - min(float(r["start"]) for r in res)  # type: ignore[arg-type]
     return {"tok_s": tokens / dt, "tokens": tokens, "cpu_us_per_token": cpu / max(1, tokens) * 1e6,
-            "core_us_per_token": core / max(1, tokens) * 1e6,
+            "core_us_per_token": core / max(1, tokens) * 1e6, "steps": steps,
             "ttft": [t for r in res for t in r["ttft"]], "itl": [t for r in res for t in r["itl"]]}  # type: ignore[attr-defined]
 
 
@@ -219,11 +221,23 @@ def run_generate(llm: object, prompts: list[list[int]], output_len: int) -> dict
     from deepinfer import SamplingParams
 
     params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
-    t0 = time.perf_counter()
+    steps0 = llm.engine.num_steps  # type: ignore[attr-defined]
+    t0, c0 = time.perf_counter(), time.process_time()
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)  # type: ignore[attr-defined]
-    dt = time.perf_counter() - t0
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    return {"tok_s": tokens / dt, "tokens": tokens}
+    return {"tok_s": tokens / dt, "tokens": tokens, "cpu_us_per_token": cpu / max(1, tokens) * 1e6,
+            "steps": llm.engine.num_steps - steps0}  # type: ignore[attr-defined]
+
+
+def server_steps(url: str) -> int:
+    """Engine steps the server has run (its ``iteration_tokens_total`` histogram's count)."""
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("deepinfer:iteration_tokens_total_count")))
 
 
 def pct(values: list[float], q: float) -> float:
@@ -346,6 +360,7 @@ def _has_cuda() -> bool:
 def measure(args: argparse.Namespace, llm: object, url: str, pid: int, fresh: object, n: int, mode: str,
             procs: int) -> dict[str, object]:
     ratios, serve_tps, gen_tps, ttft, itl, cpu, core_cpu = [], [], [], [], [], [], []
+    gen_cpu, serve_steps, gen_steps = [], [], []
     for r in range(args.repeats):
         prompts = fresh(n)  # type: ignore[operator]
         order = ("generate", "serve") if r % 2 == 0 else ("serve", "generate")
@@ -359,6 +374,9 @@ def measure(args: argparse.Namespace, llm: object, url: str, pid: int, fresh: ob
         gen_tps.append(res["generate"]["tok_s"])
         cpu.append(res["serve"]["cpu_us_per_token"])
         core_cpu.append(res["serve"]["core_us_per_token"])
+        gen_cpu.append(res["generate"]["cpu_us_per_token"])
+        serve_steps.append(res["serve"]["steps"])
+        gen_steps.append(res["generate"]["steps"])
         ttft += res["serve"]["ttft"]
         itl += res["serve"]["itl"]
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -368,7 +386,9 @@ def measure(args: argparse.Namespace, llm: object, url: str, pid: int, fresh: ob
           f"(min {min(serve_tps):.1f} max {max(serve_tps):.1f}), generate {statistics.median(gen_tps):8.1f} "
           f"tok/s, ratio {statistics.median(ratios):.3f} (per repeat {', '.join(f'{x:.3f}' for x in ratios)}); "
           f"{lat}; server CPU {statistics.median(cpu):.1f} us/token (engine core {statistics.median(core_cpu):.1f}, "
-          f"the rest {statistics.median(c - k for c, k in zip(cpu, core_cpu, strict=True)):.1f}); "
+          f"the rest {statistics.median(c - k for c, k in zip(cpu, core_cpu, strict=True)):.1f}; generate's "
+          f"process {statistics.median(gen_cpu):.1f}); engine steps serve {statistics.median(serve_steps):.0f} vs "
+          f"generate {statistics.median(gen_steps):.0f}; "
           f"load average {load}", flush=True)
     return {"mode": mode, "clients": n, "procs": procs, "serve": statistics.median(serve_tps),
             "generate": statistics.median(gen_tps), "ratio": statistics.median(ratios), "ttft_p50": pct(ttft, 50),

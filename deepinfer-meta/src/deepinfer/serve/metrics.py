@@ -211,7 +211,12 @@ class ServerMetrics:
             else:
                 _, name, key, op, value = event
                 target = getattr(self, name) if key is None else getattr(self, name)[key]
-                getattr(target, op)(value)
+                if op == "observe_many":
+                    observe = target.observe
+                    for v in value:
+                        observe(v)
+                else:
+                    getattr(target, op)(value)
 
     def exposition(self) -> bytes:
         return self.families.exposition()
@@ -226,26 +231,34 @@ _RECORDED = ("prompt_tokens", "generation_tokens", "ttft", "itl", "e2e", "queue_
 class _RecordedMetric:
     """A counter or histogram child that records ``inc`` / ``observe`` instead of applying them."""
 
-    def __init__(self, events: list[tuple[Any, ...]], name: str, key: str | None = None) -> None:
-        self._events, self._name, self._key = events, name, key
+    def __init__(self, recorder: MetricsRecorder, name: str, key: str | None = None) -> None:
+        self._incs, self._observed, self._id = recorder._incs, recorder._observed, (name, key)
 
     def inc(self, amount: float = 1) -> None:
-        self._events.append(("metric", self._name, self._key, "inc", amount))
+        self._incs[self._id] = self._incs.get(self._id, 0) + amount
 
     def observe(self, value: float) -> None:
-        self._events.append(("metric", self._name, self._key, "observe", value))
+        values = self._observed.get(self._id)
+        if values is None:
+            self._observed[self._id] = [value]
+        else:
+            values.append(value)
 
 
 class MetricsRecorder:
-    """Stands in for ServerMetrics in a data-parallel replica's process: the engine thread updates
-    it as it would the real metrics, and the front end replays what it recorded on that replica's
-    ServerMetrics, so one piece of code does the counting either way."""
+    """Stands in for ServerMetrics in an engine core's (or a data-parallel replica's) process: the
+    engine thread updates it as it would the real metrics, and each front end replays what it
+    recorded, so one piece of code does the counting either way. Within one ``take()`` the
+    increments of a counter are summed and the observations of a histogram go as one list (a
+    step of 256 requests is then two events, not 512: every front end replays every event)."""
 
     def __init__(self) -> None:
         self._events: list[tuple[Any, ...]] = []
+        self._incs: dict[tuple[str, str | None], float] = {}
+        self._observed: dict[tuple[str, str | None], list[float]] = {}
         for name in _RECORDED:
-            setattr(self, name, _RecordedMetric(self._events, name))
-        self.finished = {reason: _RecordedMetric(self._events, "finished", reason) for reason in FINISH_REASONS}
+            setattr(self, name, _RecordedMetric(self, name))
+        self.finished = {reason: _RecordedMetric(self, "finished", reason) for reason in FINISH_REASONS}
 
     def observe_engine(self, stats: dict[str, Any]) -> None:
         self._events.append(("observe_engine", dict(stats)))
@@ -254,7 +267,13 @@ class MetricsRecorder:
         self._events.append(("engine_replaced",))
 
     def take(self) -> list[tuple[Any, ...]]:
-        """The updates recorded since the last call."""
-        out = self._events[:]
-        self._events.clear()
+        """The updates recorded since the last call (counters and histograms first: they do not
+        depend on the engine's gauges, whose updates keep their order)."""
+        out: list[tuple[Any, ...]] = [("metric", name, key, "inc", amount)
+                                      for (name, key), amount in self._incs.items()]
+        out += [("metric", name, key, "observe_many", values) for (name, key), values in self._observed.items()]
+        out += self._events
+        self._incs.clear()
+        self._observed.clear()
+        self._events = []
         return out
