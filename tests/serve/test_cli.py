@@ -69,3 +69,24 @@ def test_sigterm_lets_short_requests_finish_cuts_long_ones_and_exits_0():
     (short_line,) = [line for line in access if short_id in line]
     assert '"POST /v1/completions" 200' in short_line and "completion_tokens=12" in short_line
     assert re.search(r"latency=\d+\.\d+s", short_line)
+
+
+def test_front_ends_by_default_one_per_four_cores_at_most_four_and_one_in_process():
+    """``--api-server-count`` unset: the rule of the serving guide, on hand-picked core counts,
+    and the parsed default resolves to it on this machine (a 2-core CI machine: 1)."""
+    import argparse
+    import os
+
+    from deepinfer.cli.serve import _check, add_serve_args, default_api_server_count
+
+    assert [default_api_server_count(False, c) for c in (1, 2, 3, 4, 7, 8, 15, 16, 64)] == [1, 1, 1, 1, 1, 2, 3, 4, 4]
+    assert default_api_server_count(True, 64) == 1
+    p = argparse.ArgumentParser()
+    add_serve_args(p)
+    args = p.parse_args([])
+    assert args.api_server_count is None
+    _check(args)
+    assert args.api_server_count == max(1, min(4, len(os.sched_getaffinity(0)) // 4))
+    args = p.parse_args(["--engine-in-process"])
+    _check(args)
+    assert args.api_server_count == 1

@@ -66,8 +66,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                         "parsed from its output whether or not this is given)")
     # the engine-core process and its front ends (issue 25; docs/guide/10-serving.md, "Processes")
     c = p.add_argument_group("engine core and front ends")
-    c.add_argument("--api-server-count", type=int, default=1,
-                   help="HTTP front-end processes (they share the port), each connected to every engine core")
+    c.add_argument("--api-server-count", type=int, default=None,
+                   help="HTTP front-end processes (they share the port), each connected to every engine core "
+                        "(default: one per 4 CPU cores this process may use, at most 4; 1 with "
+                        "--engine-in-process)")
     c.add_argument("--stream-interval", type=int, default=1,
                    help="a stream chunk waits for at least this many new tokens of its request (or its end); "
                         "every token available when a chunk is sent goes into it")
@@ -79,7 +81,24 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                         "core; one process, one GIL)")
 
 
+def default_api_server_count(engine_in_process: bool, cpus: int | None = None) -> int:
+    """Front ends when ``--api-server-count`` is not given: one per 4 usable CPU cores, at most 4
+    (on the H200's 16-core host four front ends served the small model's 64 / 256 streams at 0.66 /
+    0.58 of in-process speed against one front end's 0.58 / 0.49, with a 10x lower inter-token p99;
+    on a 2-core machine more front ends only compete with the engine core); 1 in process."""
+    if engine_in_process:
+        return 1
+    if cpus is None:
+        try:
+            cpus = len(os.sched_getaffinity(0))
+        except AttributeError:  # not on Linux
+            cpus = os.cpu_count() or 1
+    return max(1, min(4, cpus // 4))
+
+
 def _check(args: argparse.Namespace) -> None:
+    if args.api_server_count is None:
+        args.api_server_count = default_api_server_count(args.engine_in_process)
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
     if args.data_parallel_size < 1:
