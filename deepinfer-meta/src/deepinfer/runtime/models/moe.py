@@ -129,9 +129,33 @@ class SparseMoe(nn.Module):
         # DeepSeek-V3 (noaux_tc): a per-expert bias added to the scores for the choice only
         self.correction_bias = nn.Parameter(torch.empty(spec.num_experts)) if spec.topk_method == "noaux_tc" else None
 
+    def _gate_weight_f32(self) -> torch.Tensor:
+        # the router runs in float32; a model in bf16 keeps a float32 copy of its (small) router
+        # rather than casting it every step (two launches a layer, and a copy inside graphs)
+        w = self.gate.weight
+        if w.dtype == torch.float32:
+            return w
+        key = (w.data_ptr(), w._version, w.device)
+        cached = getattr(self, "_gate_f32", None)
+        if cached is None or cached[0] != key:
+            cached = (key, w.detach().float())
+            self._gate_f32 = cached
+        return cached[1]
+
+    def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights [T, k] float32, ids [T, k] int64) of the hidden rows ``h``: on CUDA, plain
+        top-k routing runs as one Triton kernel (``kernels.fused_moe.route_greedy``)."""
+        logits = F.linear(h.float(), self._gate_weight_f32())
+        spec = self.spec
+        if (h.is_cuda and spec.topk_method == "greedy" and self.correction_bias is None and _triton_available()):
+            from deepinfer.runtime.kernels.fused_moe import route_greedy
+
+            return route_greedy(logits, spec.top_k, spec.scoring == "sigmoid", spec.norm_topk_prob,
+                                spec.routed_scaling_factor)
+        return route(logits, spec, self.correction_bias)
+
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(h.float(), self.gate.weight.float())
-        weights, ids = route(logits, self.spec, self.correction_bias)
+        weights, ids = self.route(h)
         out = self.experts(h, weights, ids)
         if self.shared is not None:
             s = self.shared(h)
@@ -198,7 +222,8 @@ class MoeForCausalLM(LlamaForCausalLM):
     """Mixtral / Qwen2-MoE / Qwen3-MoE: LlamaForCausalLM with SparseMoe layers where the config
     routes (``MoeSpec.moe_layers``), dense SwiGLU layers elsewhere."""
 
-    supports_decode_graphs: ClassVar[bool] = False  # routing reads expert counts on the host
+    # routing, the sort by expert and the grouped GEMMs keep fixed shapes and never sync the host
+    supports_decode_graphs: ClassVar[bool] = True
     gguf_names = False  # set by the loader for GGUF files: weight_slots then names llama.cpp's layout
 
     def make_layer(self, cfg: ModelConfig, index: int) -> nn.Module:
