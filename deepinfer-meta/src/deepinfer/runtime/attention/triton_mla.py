@@ -41,7 +41,7 @@ def _mla_decode_kernel(q_ptr, cache_ptr, bt_ptr, lens_ptr, o_ptr, lse_ptr, num_h
     q_c = tl.load(q_rows + offs_c[None, :], mask=h_ok[:, None] & c_ok[None, :], other=0.0)
     q_r = tl.load(q_rows + C + offs_r[None, :], mask=h_ok[:, None] & r_ok[None, :], other=0.0)
     m = tl.full([BLOCK_H], -float("inf"), dtype=tl.float32)
-    l = tl.zeros([BLOCK_H], dtype=tl.float32)
+    denom = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, C_PAD], dtype=tl.float32)
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -59,15 +59,15 @@ def _mla_decode_kernel(q_ptr, cache_ptr, bt_ptr, lens_ptr, o_ptr, lse_ptr, num_h
         m_new = tl.maximum(m, tl.max(s, axis=1))
         alpha = tl.exp(m - m_new)
         p = tl.exp(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
+        denom = denom * alpha + tl.sum(p, axis=1)
         if IEEE:
             acc = acc * alpha[:, None] + tl.dot(p, k_c.to(tl.float32), input_precision="ieee")
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(k_c.dtype), k_c)
         m = m_new
-    empty = l == 0.0  # a split past the end of this sequence's context
-    out = acc / tl.where(empty, 1.0, l)[:, None]
-    lse = tl.where(empty, -float("inf"), m + tl.log(tl.where(empty, 1.0, l)))
+    empty = denom == 0.0  # a split past the end of this sequence's context
+    out = acc / tl.where(empty, 1.0, denom)[:, None]
+    lse = tl.where(empty, -float("inf"), m + tl.log(tl.where(empty, 1.0, denom)))
     o_rows = o_ptr + b * stride_ob + heads[:, None] * stride_oh + split * stride_os
     tl.store(o_rows + offs_c[None, :], out, mask=h_ok[:, None] & c_ok[None, :])
     tl.store(lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=h_ok)
