@@ -98,9 +98,68 @@ def check_mla(device: str, dtype: torch.dtype) -> list[tuple[str, bool, float]]:
     return out
 
 
+def check_decode_forward(device: str, arch: str) -> tuple[str, bool, float]:
+    """The decode graphs' forward of a tiny random float32 model (Qwen3-MoE: the fused Llama
+    forward with MoE layers; DeepSeek: its own, with the MLA decode kernel) against the eager
+    step's logits, two sequences after a prefill (one a padding row: slot -1)."""
+    import tempfile
+
+    import numpy as np
+    from deepinfer.runtime.loading.model_loader import load_model
+    from deepinfer.runtime.worker.model_runner import ModelRunner
+    from tiny_moe_models import save_tiny_moe
+
+    dev = torch.device(device)
+    with tempfile.TemporaryDirectory() as tmp:
+        save_tiny_moe(tmp, arch)
+        runner = ModelRunner(load_model(tmp, device=dev, dtype=torch.float32), num_blocks=8, block_size=4,
+                             device=dev, dtype=torch.float32, attention_backend="torch")
+    prompts = [[5, 17, 33, 2, 99, 140, 7], [8, 9, 10, 11, 250]]
+    table = np.array([[1, 2, 3], [4, 5, 6]])
+    ids, pos, slots, qsl = [], [], [], [0]
+    for i, p in enumerate(prompts):
+        ids += p
+        pos += list(range(len(p)))
+        slots += [int(table[i][j // 4] * 4 + j % 4) for j in range(len(p))]
+        qsl.append(qsl[-1] + len(p))
+    lens = [len(p) for p in prompts]
+    runner.execute(input_ids=np.array(ids), positions=np.array(pos), slot_mapping=np.array(slots),
+                   query_start_loc=np.array(qsl), seq_lens=np.array(lens), block_tables=table,
+                   logits_indices=np.array([qsl[1] - 1, qsl[2] - 1]))
+    new = [12, 300]
+    step_slots = [int(table[i][n // 4] * 4 + n % 4) for i, n in enumerate(lens)]
+    model = runner.model
+    as_t = lambda v: torch.tensor(v, dtype=torch.int32, device=dev)  # noqa: E731
+    args = (as_t(new + [0]), as_t(lens + [0]), runner.kv_caches, torch.tensor(step_slots + [-1], device=dev),
+            as_t(np.vstack([table, [[0, 0, 0]]])), as_t([n + 1 for n in lens] + [1]))
+    if hasattr(model, "graph_decode_forward"):
+        hidden = model.graph_decode_forward(*args, num_splits=2)
+    else:
+        from deepinfer.runtime.attention.triton_decode import DecodeWorkspace
+        from deepinfer.runtime.models.llama_fused_decode import fused_decode_forward
+
+        cfg = runner.config
+        hidden = fused_decode_forward(model, *args, DecodeWorkspace(6, cfg.num_attention_heads, cfg.head_dim, dev), 2)
+    got = model.head_logits(hidden[:2]).float()
+    ref = runner.execute(input_ids=np.array(new), positions=np.array(lens), slot_mapping=np.array(step_slots),
+                         query_start_loc=np.array([0, 1, 2]), seq_lens=np.array([n + 1 for n in lens]),
+                         block_tables=table, logits_indices=np.array([0, 1]))
+    err = float((got.cpu() - ref.cpu()).abs().max())
+    return f"decode graph forward {arch} float32 vs eager", err <= 1e-4, err
+
+
 def main(device: str, dtype_name: str) -> int:
     dtype = getattr(torch, dtype_name)
+    if device == "cpu":
+        from triton_interpreter_compat import interpreter_loop_bounds_compat
+
+        interpreter_loop_bounds_compat()
     bad = 0
+    if dtype == torch.float32:
+        for arch in ("qwen3_moe", "deepseek_v2", "deepseek_v3"):
+            name, ok, err = check_decode_forward(device, arch)
+            bad += not ok
+            print(f"{device} {name}: max |logit error| = {err:.2e} ({'ok' if ok else 'FAIL'})")
     for name, ok in check_align(device) + check_route(device):
         bad += not ok
         print(f"{device} {name}: {'ok' if ok else 'FAIL'}")

@@ -13,6 +13,8 @@ Runs on CUDA, and on CPU under Triton's interpreter (``TRITON_INTERPRET=1``, the
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -117,3 +119,9 @@ def choose_mla_splits(batch: int, heads: int, max_len: int, num_sms: int) -> int
     programs = batch * triton.cdiv(heads, 16)
     want = max(1, num_sms // max(1, programs))
     return max(1, min(want, triton.cdiv(max_len, 256), 32))
+
+
+@functools.lru_cache(maxsize=8)
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (asked once per device)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
