@@ -26,7 +26,6 @@ from deepinfer.runtime.models.llama import RMSNorm
 from deepinfer.runtime.models.rotary import RotaryEmbedding
 from triton_interpreter_compat import interpreter_loop_bounds_compat
 
-
 DEV = torch.device(sys.argv[1] if len(sys.argv) > 1 else "cpu")
 if DEV.type == "cpu":
     interpreter_loop_bounds_compat()
