@@ -26,6 +26,34 @@ from deepinfer.runtime.models.rotary import RotaryEmbedding, yarn_mscale
 _ATTENTION_PARTS = ("q_proj", "q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa", "kv_a_layernorm",
                     "kv_b_proj", "o_proj")
 Region = Callable[[str], AbstractContextManager[None]]
+NormFn = Callable[[RMSNorm, torch.Tensor], torch.Tensor]
+
+
+def _module_norm(norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
+    return norm(x)
+
+
+def _triton_norm(norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
+    from deepinfer.runtime.kernels.fused_ops import add_rmsnorm
+
+    return add_rmsnorm(x, None, norm.weight, norm.eps)[0]
+
+
+class _Residual:
+    """The residual stream of a graph decode step: ``stream`` (the sum so far) and ``pending``
+    (a block's output not yet added), added by the next norm in the same kernel."""
+
+    def __init__(self, x: torch.Tensor) -> None:
+        self.stream = x
+        self.pending: torch.Tensor | None = None
+
+    def normed(self, norm: RMSNorm) -> torch.Tensor:
+        from deepinfer.runtime.kernels.fused_ops import add_rmsnorm
+
+        h, self.stream = add_rmsnorm(self.stream if self.pending is None else self.pending,
+                                     None if self.pending is None else self.stream, norm.weight, norm.eps)
+        self.pending = None
+        return h
 LATENT_NORM_EPS = 1e-6  # DeepSeek's q_a / kv_a layernorms keep RMSNorm's default epsilon
 
 
@@ -70,22 +98,23 @@ class MlaLayer(nn.Module):
         self.mlp: nn.Module = (SparseMoe(h, cfg.moe) if moe and cfg.moe is not None
                                else SwiGLU(h, cfg.intermediate_size))
 
-    def _latent_query(self, h: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(q_nope [T, H, nope], rotated q_pe [T, H, rope], latent [T, C + rope]) of normed rows."""
+    def _latent_query(self, h: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor],
+                      norm: NormFn = _module_norm) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(q_nope [T, H, nope], rotated q_pe [T, H, rope], latent [T, C + rope]) of normed rows;
+        ``norm(module, x)`` applies the q_a / kv_a RMSNorms (the decode graphs: a Triton kernel)."""
         mla, t = self.mla, h.shape[0]
         if self.q_proj is not None:
             q = self.q_proj.forward(h)
         else:
             assert self.q_a_proj is not None and self.q_a_layernorm is not None and self.q_b_proj is not None
-            q = self.q_b_proj.forward(self.q_a_layernorm(self.q_a_proj.forward(h)))
+            q = self.q_b_proj.forward(norm(self.q_a_layernorm, self.q_a_proj.forward(h)))
         q = q.view(t, self.num_heads, mla.qk_head_dim)
         q_nope, q_pe = q.split([mla.qk_nope_head_dim, mla.qk_rope_head_dim], dim=-1)
         c, k_pe = self.kv_a_proj_with_mqa.forward(h).split([mla.kv_lora_rank, mla.qk_rope_head_dim], dim=-1)
         rotate = rotate_interleaved if mla.rope_interleave else RotaryEmbedding.rotate_one
         q_pe = rotate(cos_sin, q_pe)
         k_pe = rotate(cos_sin, k_pe.unsqueeze(1)).squeeze(1)
-        return q_nope, q_pe, torch.cat([self.kv_a_layernorm(c), k_pe], dim=-1)
+        return q_nope, q_pe, torch.cat([norm(self.kv_a_layernorm, c), k_pe], dim=-1)
 
     def kv_b(self) -> torch.Tensor:
         """kv_b_proj's weight as [H, nope + v, C]."""
@@ -100,25 +129,26 @@ class MlaLayer(nn.Module):
         x = x + self.o_proj.forward(o.reshape(t, -1))
         return x + self.mlp(self.post_attention_layernorm(x))
 
-    def decode_forward(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], kv_cache: torch.Tensor,
+    def decode_forward(self, st: _Residual, cos_sin: tuple[torch.Tensor, torch.Tensor], kv_cache: torch.Tensor,
                        slots: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                       num_splits: int, region: Region) -> torch.Tensor:
-        """``forward`` for one token per sequence from device tensors only (the decode graphs):
-        the Triton MLA decode kernel over the latent cache (``attention.triton_mla``). ``slots``:
-        every row's cache slot (padding rows: the scratch block's)."""
+                       num_splits: int, region: Region) -> None:
+        """``forward`` for one token per sequence from device tensors only (the decode graphs),
+        on the residual stream ``st``: the Triton MLA decode kernel over the latent cache
+        (``attention.triton_mla``), the RMSNorms as Triton kernels with the residual adds folded
+        in. ``slots``: every row's cache slot (padding rows: the scratch block's)."""
         from deepinfer.runtime.attention.triton_mla import mla_decode  # (Triton: CUDA builds only)
 
-        t, nope = x.shape[0], self.mla.qk_nope_head_dim
+        t, nope = st.stream.shape[0], self.mla.qk_nope_head_dim
         with region("attention"):
-            q_nope, q_pe, latent = self._latent_query(self.input_layernorm(x), cos_sin)
+            q_nope, q_pe, latent = self._latent_query(st.normed(self.input_layernorm), cos_sin, _triton_norm)
             write_latent(kv_cache, latent, slots)
             kv_b = self.kv_b()
             q = torch.cat([torch.einsum("bhd,hdc->bhc", q_nope, kv_b[:, :nope]), q_pe], dim=-1)
             o_lat = mla_decode(q, kv_cache, block_tables, seq_lens, self.mla.kv_lora_rank, self.scale, num_splits)
-            o = torch.einsum("bhc,hvc->bhv", o_lat.to(x.dtype), kv_b[:, nope:])
-            x = x + self.o_proj.forward(o.reshape(t, -1))
+            o = torch.einsum("bhc,hvc->bhv", o_lat.to(q.dtype), kv_b[:, nope:])
+            st.pending = self.o_proj.forward(o.reshape(t, -1))
         with region("mlp"):
-            return x + self.mlp(self.post_attention_layernorm(x))
+            st.pending = self.mlp(st.normed(self.post_attention_layernorm))
 
 
 class DeepseekV2ForCausalLM(LlamaForCausalLM):
@@ -138,13 +168,12 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
         scratch = (cache0.shape[1] - 1) * cache0.shape[2]
         slots = torch.where(slot_mapping < 0, torch.full_like(slot_mapping, scratch), slot_mapping).long()
         with region("embed"):
-            x = self.embed_tokens.forward(input_ids.long())
-        cos_sin = self.rotary.tables(positions.long(), x.dtype)
+            st = _Residual(self.embed_tokens.forward(input_ids.long()))
+        cos_sin = self.rotary.tables(positions.long(), st.stream.dtype)
         for module, cache in zip(self.layers, kv_caches, strict=True):
-            x = cast(MlaLayer, module).decode_forward(x, cos_sin, cache, slots, block_tables, seq_lens, num_splits,
-                                                      region)
+            cast(MlaLayer, module).decode_forward(st, cos_sin, cache, slots, block_tables, seq_lens, num_splits, region)
         with region("final_norm"):
-            return self.norm(x)
+            return st.normed(self.norm)
 
     def make_layer(self, cfg: ModelConfig, index: int) -> nn.Module:
         assert cfg.mla is not None
