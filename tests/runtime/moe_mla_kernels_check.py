@@ -62,6 +62,29 @@ def check_route(device: str) -> list[tuple[str, bool]]:
     return out
 
 
+def check_residual_combine(device: str, dtype: torch.dtype) -> list[tuple[str, bool, float]]:
+    """fused_experts(residual=r) == r + the experts' weighted sum (float64 reference), with the
+    Triton sort (decode-sized) and the torch one (more than TRITON_ALIGN_MAX_PAIRS pairs)."""
+    from deepinfer.runtime.kernels import fused_moe
+    from fused_moe_check import make_case, reference
+
+    out = []
+    for case in ("random", "all_to_one_expert", "experts_without_tokens"):
+        x, w, ids, w13, w2 = make_case(case, device, dtype)
+        r = torch.randn(x.shape, generator=torch.Generator().manual_seed(1)).to(device, dtype)
+        ref = reference(x.cpu(), w.cpu(), ids.cpu(), w13.cpu(), w2.cpu()) + r.cpu().double()
+        for limit in (fused_moe.TRITON_ALIGN_MAX_PAIRS, 0):
+            saved, fused_moe.TRITON_ALIGN_MAX_PAIRS = fused_moe.TRITON_ALIGN_MAX_PAIRS, limit
+            try:
+                got = fused_moe.fused_experts(x, w, ids, w13, w2, residual=r).double().cpu()
+            finally:
+                fused_moe.TRITON_ALIGN_MAX_PAIRS = saved
+            err = float((got - ref).abs().max() / ref.abs().max())
+            tol = 1e-5 if dtype == torch.float32 else 2e-2
+            out.append((f"fused_experts + residual {case} ({'triton' if limit else 'torch'} sort)", err <= tol, err))
+    return out
+
+
 def mla_reference(q, cache, bt, lens, c_dim, scale):
     """float64, one sequence and head at a time."""
     flat = cache.view(-1, cache.shape[-1]).double()
@@ -167,7 +190,7 @@ def main(device: str, dtype_name: str, part: str = "all") -> int:
     for name, ok in check_align(device) + check_route(device):
         bad += not ok
         print(f"{device} {name}: {'ok' if ok else 'FAIL'}")
-    for name, ok, err in check_mla(device, dtype):
+    for name, ok, err in check_residual_combine(device, dtype) + check_mla(device, dtype):
         bad += not ok
         print(f"{device} {dtype_name} {name}: max error / max |ref| = {err:.2e} ({'ok' if ok else 'FAIL'})")
     return 1 if bad else 0

@@ -193,12 +193,30 @@ def _down_kernel(h_ptr, w2_ptr, y_ptr, weights_ptr, pairs_ptr, block_expert_ptr,
              mask=valid[:, None] & n_ok[None, :])
 
 
+@triton.jit
+def _combine_kernel(y_ptr, res_ptr, out_ptr, hidden, stride_res, stride_out,
+                    TOP_K: tl.constexpr, BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    # out[t] = (residual[t] +) sum_j y[t*k + j], summed in float32, rounded once
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < hidden
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        acc += tl.load(y_ptr + (t * TOP_K + j) * hidden + offs, mask=ok, other=0.0)
+    if HAS_RESIDUAL:
+        acc += tl.load(res_ptr + t * stride_res + offs, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t * stride_out + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
 def fused_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-                  block_m: int = 16, block_n: int = 64, block_k: int = 64) -> torch.Tensor:
+                  block_m: int = 16, block_n: int = 64, block_k: int = 64,
+                  residual: torch.Tensor | None = None) -> torch.Tensor:
     """Weighted sum over each token's routed SwiGLU experts, [T, H] in ``x.dtype``.
 
     ``x`` [T, H], ``weights`` [T, k] (any float dtype), ``ids`` [T, k] integer expert indices,
-    ``w13`` [E, 2I, H], ``w2`` [E, H, I], all on one device, weights contiguous in their last dim."""
+    ``w13`` [E, 2I, H], ``w2`` [E, H, I], all on one device, weights contiguous in their last dim.
+    ``residual`` [T, H]: returned ``residual + sum`` instead, added in the combine kernel in
+    float32 (the decode graphs' residual stream: one rounding, no separate add)."""
     t, hidden = x.shape
     k = ids.shape[1]
     e, two_i, h2 = w13.shape
@@ -227,7 +245,17 @@ def fused_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13
         h, w2, y, flat_w, pairs, block_expert, num_pairs, hidden, inter,
         h.stride(0), w2.stride(0), w2.stride(1), y.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, IEEE=ieee)
-    return y.view(t, k, hidden).sum(dim=1).to(x.dtype)  # combine: each token's k weighted expert rows
+    # combine: each token's k weighted expert rows (+ the residual), one launch
+    out = torch.empty_like(x)
+    if residual is not None and (tuple(residual.shape) != (t, hidden) or residual.stride(-1) != 1):
+        raise ValueError(f"fused_experts: residual must be [{t}, {hidden}] with contiguous rows, "
+                         f"got {tuple(residual.shape)}")
+    if t:
+        block = min(1024, triton.next_power_of_2(hidden))
+        res = residual if residual is not None else out
+        _combine_kernel[(t, triton.cdiv(hidden, block))](y, res, out, hidden, res.stride(0), out.stride(0),
+                                                         TOP_K=k, BLOCK=block, HAS_RESIDUAL=residual is not None)
+    return out
 
 
 @triton.jit

@@ -137,9 +137,12 @@ def fused_decode_forward(model: LlamaForCausalLM, input_ids: torch.Tensor, posit
                                  fold_merge=fold_merge)
             _residual_linear(st, o.view(b, -1), layer.o_proj, "o", gemv_names, b)
         with region("mlp"):
-            if layer.gate_up_proj is None:  # a mixture-of-experts layer (models.moe.MoeLayer)
+            moe = getattr(layer, "moe", None)
+            if moe is not None:  # a mixture-of-experts layer (models.moe.MoeLayer): routing and
+                # the fused experts, fixed shapes, no host sync; the residual is added in their
+                # combine kernel, so the next layer's qkv GEMV can take its norm in its prologue
                 h = st.normed(layer.post_attention_layernorm)
-                st.pending = layer.feed_forward(h)  # routing + fused experts: fixed shapes, no sync
+                st.stream = moe(h, residual=st.stream)
                 continue
             gate_up = _norm_linear(st, layer.post_attention_layernorm, layer.gate_up_proj, "gate_up", gemv_names, b)
             _residual_linear(st, gate_up, layer.down_proj, "down", gemv_names, b, silu=True)

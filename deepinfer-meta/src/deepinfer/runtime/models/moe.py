@@ -69,13 +69,18 @@ class ExpertsSwiGLU(nn.Module):
         self.w13 = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
         self.w2 = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
 
-    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """Sum over each token's experts of weight * expert(x) [T, H]; only routed rows computed
-        (on CUDA: the fused Triton kernels of ``kernels.fused_moe``)."""
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                residual: torch.Tensor | None = None) -> torch.Tensor:
+        """Sum over each token's experts of weight * expert(x) [T, H] (plus ``residual``, given);
+        only routed rows computed (on CUDA: the fused Triton kernels of ``kernels.fused_moe``)."""
         if x.is_cuda and _triton_available():
             from deepinfer.runtime.kernels.fused_moe import fused_experts
 
-            return fused_experts(x, weights, ids, self.w13, self.w2)
+            return fused_experts(x, weights, ids, self.w13, self.w2, residual=residual)
+        out = self._forward_torch(x, weights, ids)
+        return out if residual is None else residual + out
+
+    def _forward_torch(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         k = ids.shape[1]
         flat = ids.reshape(-1)
         order = torch.argsort(flat, stable=True)  # (token, slot) pairs grouped by expert
@@ -154,15 +159,18 @@ class SparseMoe(nn.Module):
                                 spec.routed_scaling_factor)
         return route(logits, spec, self.correction_bias)
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """The block's output for the normed rows ``h`` [T, H]; ``residual`` given: residual +
+        output (without a shared expert, added inside the experts' combine kernel on CUDA)."""
         weights, ids = self.route(h)
+        if self.shared is None:
+            return self.experts(h, weights, ids, residual)
         out = self.experts(h, weights, ids)
-        if self.shared is not None:
-            s = self.shared(h)
-            if self.shared_gate is not None:
-                s = torch.sigmoid(self.shared_gate.forward(h)) * s
-            out = out + s
-        return out
+        s = self.shared(h)
+        if self.shared_gate is not None:
+            s = torch.sigmoid(self.shared_gate.forward(h)) * s
+        out = out + s
+        return out if residual is None else residual + out
 
     def slots(self, prefix: str, names: tuple[str, str, str, str]) -> dict[str, tuple[torch.Tensor, slice]]:
         """Checkpoint name -> (parameter, rows). ``names``: the routed experts' folder and their
