@@ -105,8 +105,9 @@ def mla_decode(q: torch.Tensor, cache: torch.Tensor, block_tables: torch.Tensor,
         q, flat, block_tables, seq_lens, parts, lse, heads, float(scale),
         q.stride(0), q.stride(1), flat.stride(0), block_tables.stride(0),
         parts.stride(0), parts.stride(1), parts.stride(2), lse.stride(0), lse.stride(1), num_splits,
-        C=c, R=r, C_PAD=triton.next_power_of_2(c), R_PAD=triton.next_power_of_2(r), BLOCK_H=block_h,
-        BLOCK_N=block_n, BLOCK_SIZE=block_size, IEEE=q.dtype == torch.float32, num_warps=4, num_stages=2)
+        # (tl.dot needs every dimension >= 16 on the GPU: small ranks are padded, masked)
+        C=c, R=r, C_PAD=max(16, triton.next_power_of_2(c)), R_PAD=max(16, triton.next_power_of_2(r)),
+        BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_SIZE=block_size, IEEE=q.dtype == torch.float32, num_warps=4, num_stages=2)
     if num_splits == 1:
         return parts[:, :, 0]
     weights = torch.softmax(lse, dim=-1)  # empty splits: lse -inf, weight 0
