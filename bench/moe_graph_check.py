@@ -20,7 +20,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.join(HERE, "..", "tests", "runtime")]
-ARCHS = ["qwen3_moe", "mixtral", "qwen2_moe", "deepseek_v2", "deepseek_v3"]
+ARCHS = ["qwen3_moe", "deepseek_v2", "mixtral", "qwen2_moe", "deepseek_v3"]  # most telling first
 PROMPTS = [list(range(3, 40)), [5, 9, 13, 100, 3, 200], [42], [7] * 10 + [11, 12]]
 
 
