@@ -235,7 +235,10 @@ def fused_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13
     h = torch.empty(num_pairs, inter, dtype=x.dtype, device=x.device)
     y = torch.empty(num_pairs, hidden, dtype=torch.float32, device=x.device)  # summed in float32
     flat_w = weights.reshape(-1).float().contiguous()
-    blocks = block_expert.numel()
+    # Experts' runs are packed from the start, each ceil(count / block_m) blocks, so at most
+    # cdiv(T*k, block_m) + min(T*k, E) blocks hold pairs: the rest (-1) get no program (a
+    # decode step of 8 pairs over 128 experts launches 9 row blocks, not 129).
+    blocks = min(block_expert.numel(), triton.cdiv(num_pairs, block_m) + min(num_pairs, e))
     ieee = x.dtype == torch.float32  # float32 models get float32 products; bf16/fp16 use tensor cores
     _gate_up_kernel[(blocks, triton.cdiv(inter, block_n))](
         x, w13, h, pairs, block_expert, num_pairs, k, hidden, inter,
