@@ -76,3 +76,22 @@ def test_kernel_entry_points_refuse_bad_input():
         mla_decode(q, torch.zeros(1, 4, 16, 1, 40), bt[:1], lens, 32, 1.0)
     with pytest.raises(ValueError, match="num_splits"):
         mla_decode(q, torch.zeros(1, 4, 16, 1, 40), bt, lens, 32, 1.0, 0)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_moe_block_adds_the_residual_it_is_given(shared):
+    """SparseMoe(h, residual=r) == r + SparseMoe(h) (the decode graphs hand the residual stream
+    to the block; on CUDA it is added in the experts' combine kernel), with and without a shared
+    expert."""
+    from deepinfer.runtime.models.config import MoeSpec
+    from deepinfer.runtime.models.moe import SparseMoe
+
+    torch.manual_seed(0)
+    spec = MoeSpec(num_experts=6, top_k=2, expert_intermediate_size=8, moe_layers=(0,), norm_topk_prob=True,
+                   shared_intermediate_size=12 if shared else 0, shared_expert_gate=shared)
+    block = SparseMoe(16, spec)
+    with torch.no_grad():
+        for p in block.parameters():
+            p.normal_(0, 0.3)
+    h, r = torch.randn(5, 16), torch.randn(5, 16)
+    torch.testing.assert_close(block(h, residual=r), r + block(h), atol=1e-6, rtol=1e-6)
