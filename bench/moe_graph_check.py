@@ -12,6 +12,7 @@ Exits non-zero when a float32 run differs.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import tempfile
@@ -27,7 +28,9 @@ PROMPTS = [list(range(3, 40)), [5, 9, 13, 100, 3, 200], [42], [7] * 10 + [11, 12
 def run(path: str, dtype: str, eager: bool) -> list[list[int]]:
     from deepinfer import LLM, SamplingParams
 
-    llm = LLM(path, dtype=dtype, enforce_eager=eager, max_num_seqs=8, max_model_len=128, block_size=16)
+    # a small KV budget: the previous LLM's memory may still sit in torch's cache
+    llm = LLM(path, dtype=dtype, enforce_eager=eager, max_num_seqs=8, max_model_len=128, block_size=16,
+              num_kv_blocks=64)
     p = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": q} for q in PROMPTS], p, use_tqdm=False)
     two = llm.generate([{"prompt_token_ids": PROMPTS[0]}],
@@ -35,6 +38,7 @@ def run(path: str, dtype: str, eager: bool) -> list[list[int]]:
     captured = llm.runner.graphs is not None
     llm.close()
     del llm
+    gc.collect()
     torch.cuda.empty_cache()
     toks = [list(o.outputs[0].token_ids) for o in outs] + [list(c.token_ids) for c in two[0].outputs]
     return toks + [[int(captured)]]
