@@ -24,35 +24,11 @@ from deepinfer.runtime.kernels.fused_ops import (
 from deepinfer.runtime.kernels.gemv import _argmax_partials_kernel, gemv, gemv_argmax
 from deepinfer.runtime.models.llama import RMSNorm
 from deepinfer.runtime.models.rotary import RotaryEmbedding
-
-
-def _interpreter_loop_bounds_compat() -> None:
-    """Triton's CPU interpreter before 3.7 turns a tensor loop bound (``range(start, end)``) into a
-    Python int with ``int(array of shape (1,))``, which NumPy 2.4 refuses ("only 0-dimensional
-    arrays can be converted to Python scalars"): the device's triton 3.6 failed here while CI's
-    newer triton passed. Apply the conversion Triton 3.7+ uses (squeeze first); the compiled GPU
-    kernels are untouched by this."""
-    from triton.runtime import interpreter
-
-    patch = getattr(interpreter, "_patch_lang_tensor", None)
-    if patch is None:
-        return
-    try:
-        int(np.zeros(1, dtype=np.int32))
-        return  # this NumPy still converts size-1 arrays
-    except TypeError:
-        pass
-
-    def patched(tensor, scope):  # type: ignore[no-untyped-def]
-        patch(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
-
-    interpreter._patch_lang_tensor = patched
-
+from triton_interpreter_compat import interpreter_loop_bounds_compat
 
 DEV = torch.device(sys.argv[1] if len(sys.argv) > 1 else "cpu")
 if DEV.type == "cpu":
-    _interpreter_loop_bounds_compat()
+    interpreter_loop_bounds_compat()
 # float32: a few ulps (reduction order); bf16: one rounding step of the activation dtype.
 TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
 DTYPES = (torch.float32,) if DEV.type == "cpu" else (torch.float32, torch.bfloat16)

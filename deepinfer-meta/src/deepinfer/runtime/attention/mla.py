@@ -8,7 +8,9 @@ up-projection of the latent into each head's non-rotary key and value) is applie
 - decode rows (one query token): absorbed. ``q_nope`` is projected into the latent space
   (``q_nope @ W_uk``), attention runs over the latent cache itself (scores ``q_lat . c + q_pe .
   k_pe``, one key "head" shared by all query heads), and the weighted latent is projected out by
-  ``W_uv``: no per-head key or value is ever materialised for the context.
+  ``W_uv``: no per-head key or value is ever materialised for the context. On CUDA the latent
+  attention is the Triton kernel of ``attention.triton_mla`` (the decode graphs run it too);
+  elsewhere torch's SDPA with one key head.
 - prefill rows: the context's latents are expanded into per-head keys and values (one matmul),
   then ordinary causal attention.
 
@@ -22,6 +24,12 @@ import torch.nn.functional as F
 
 from deepinfer.runtime.attention.metadata import AttentionMetadata
 from deepinfer.runtime.attention.torch_paged import _decode_layout
+
+
+def _triton_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("triton") is not None
 
 
 def write_latent(cache: torch.Tensor, latent: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -44,7 +52,18 @@ def mla_paged_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, latent: torch.
     out = q_nope.new_empty(q_nope.shape[0], heads, v_dim)
     bs = meta.block_size
 
-    if meta.decode_seq_idx.size:
+    if meta.decode_seq_idx.size and q_nope.is_cuda and _triton_available():
+        # the Triton MLA decode kernel (attention.triton_mla), as the decode graphs run it
+        from deepinfer.runtime.attention.triton_mla import choose_mla_splits, mla_decode, num_sms
+
+        dec = torch.from_numpy(meta.decode_seq_idx).to(q_nope.device)
+        rows = torch.from_numpy(meta.query_start_loc[meta.decode_seq_idx]).to(q_nope.device)
+        q = torch.cat([torch.einsum("bhd,hdc->bhc", q_nope[rows], w_uk), q_pe[rows]], dim=-1)
+        max_len = int(meta.seq_lens[meta.decode_seq_idx].max())
+        o_lat = mla_decode(q, cache, meta.block_tables[dec], meta.seq_lens_t[dec], c_dim, scale,
+                           choose_mla_splits(q.shape[0], heads, max_len, num_sms(q.device)))
+        out[rows] = torch.einsum("bhc,hvc->bhv", o_lat.to(q_nope.dtype), w_uv)
+    elif meta.decode_seq_idx.size:
         rows, bt, max_len, valid = _decode_layout(meta, q_nope.device)
         b = bt.shape[0]
         slots = (bt[:, :, None] * bs + torch.arange(bs, device=bt.device)).reshape(b, -1)[:, :max_len]

@@ -5,8 +5,8 @@ fused, weighted combine.
 expert_{ids[t, j]}(x[t])`` with SwiGLU experts ``w13`` [E, 2I, H] (gate rows, then up rows) and
 ``w2`` [E, H, I]:
 
-1. ``align_by_expert`` (torch, no host synchronisation, fixed output sizes): the T*k (token, slot)
-   pairs sorted by expert, each expert's run padded to a multiple of ``BLOCK_M`` with the
+1. ``align_by_expert_triton`` (one Triton program; ``align_by_expert`` in torch for many pairs;
+   no host synchronisation, fixed output sizes): the T*k (token, slot) pairs sorted by expert, each expert's run padded to a multiple of ``BLOCK_M`` with the
    sentinel T*k, and the expert of every BLOCK_M block (-1 for blocks past the end).
 2. ``_gate_up_kernel``: one program per (block of BLOCK_M pairs, BLOCK_N columns of I) loads the
    pairs' token rows and the expert's gate and up rows, accumulates both products in float32 and
@@ -25,18 +25,24 @@ import triton
 import triton.language as tl
 
 
+def _padded_size(n: int, num_experts: int, block_m: int) -> int:
+    return triton.cdiv(n + num_experts * (block_m - 1), block_m) * block_m
+
+
 def align_by_expert(ids: torch.Tensor, num_experts: int, block_m: int
                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sorted_pairs [P] int32, block_expert [P // block_m] int32) for ``ids`` [T, k].
+    """(sorted_pairs [P] int32, block_expert [P // block_m] int32) for ``ids`` [T, k], in torch.
 
     ``P = T*k + E*(block_m - 1)`` rounded up to a multiple of block_m: an upper bound of the padded
     length that depends only on the shapes (graph-capturable). ``sorted_pairs`` holds pair indices
-    (t*k + j) grouped by expert, each group padded with T*k; ``block_expert`` the expert of each
-    block, -1 past the last group."""
+    (t*k + j) grouped by expert (in pair order within an expert), each group padded with T*k;
+    ``block_expert`` the expert of each block, -1 past the last group. ``align_by_expert_triton``
+    computes the same in one kernel."""
     flat = ids.reshape(-1).to(torch.int64)
     n = flat.numel()
-    size = triton.cdiv(n + num_experts * (block_m - 1), block_m) * block_m
-    counts = torch.bincount(flat, minlength=num_experts)
+    size = _padded_size(n, num_experts, block_m)
+    # a scatter-add, not bincount: CUDA's bincount reads the largest id on the host (a sync)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=ids.device).scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + block_m - 1) // block_m * block_m
     ends = torch.cumsum(padded, 0)
     starts = ends - padded
@@ -50,6 +56,74 @@ def align_by_expert(ids: torch.Tensor, num_experts: int, block_m: int
     block_expert = torch.searchsorted(ends, block_starts, right=True).to(torch.int32)
     block_expert = torch.where(block_expert < num_experts, block_expert, -1).to(torch.int32)
     return sorted_pairs, block_expert
+
+
+@triton.jit
+def _align_kernel(ids_ptr, pairs_ptr, block_expert_ptr, cursor_ptr, n, num_experts, size,
+                  BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, E_PAD: tl.constexpr, FILL: tl.constexpr):
+    # One program: (1) per-expert counts, (2) padded run starts by a prefix sum, the sentinel
+    # fill and each block's expert, (3) every pair scattered to its expert's run at its rank
+    # (the pairs of the same expert before it: earlier chunks through `cursor`, this chunk by
+    # an all-pairs comparison), so pairs keep their order within an expert, as a stable sort.
+    e_offs = tl.arange(0, E_PAD)
+    e_ok = e_offs < num_experts
+    lane = tl.arange(0, CHUNK)
+    counts = tl.zeros([E_PAD], dtype=tl.int32)
+    for c0 in range(0, n, CHUNK):
+        ex = tl.load(ids_ptr + c0 + lane, mask=c0 + lane < n, other=-1).to(tl.int32)
+        counts += tl.sum((ex[:, None] == e_offs[None, :]).to(tl.int32), axis=0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, 0)
+    cursor = ends - padded
+    tl.store(cursor_ptr + e_offs, cursor, mask=e_ok)
+    ends = tl.where(e_ok, ends, 2147483647)
+    fill = tl.arange(0, FILL)
+    for p0 in range(0, size, FILL):
+        tl.store(pairs_ptr + p0 + fill, tl.full([FILL], 0, tl.int32) + n, mask=p0 + fill < size)
+    for b0 in range(0, size // BLOCK_M, FILL):
+        start = (b0 + fill) * BLOCK_M
+        expert = tl.sum((ends[None, :] <= start[:, None]).to(tl.int32), axis=1)  # searchsorted(right)
+        expert = tl.where(expert < num_experts, expert, -1)
+        tl.store(block_expert_ptr + b0 + fill, expert, mask=b0 + fill < size // BLOCK_M)
+    tl.debug_barrier()  # the sentinel fill and the cursors land before the scatter
+    for c0 in range(0, n, CHUNK):
+        ok = c0 + lane < n
+        ex = tl.load(ids_ptr + c0 + lane, mask=ok, other=-1).to(tl.int32)
+        earlier = (ex[:, None] == ex[None, :]) & (lane[None, :] < lane[:, None])
+        rank = tl.sum(earlier.to(tl.int32), axis=1)
+        base = tl.load(cursor_ptr + ex, mask=ok, other=0)
+        tl.store(pairs_ptr + base + rank, (c0 + lane).to(tl.int32), mask=ok)
+        cursor += tl.sum((ex[:, None] == e_offs[None, :]).to(tl.int32), axis=0)
+        tl.debug_barrier()  # every load of this chunk's cursors before they move
+        tl.store(cursor_ptr + e_offs, cursor, mask=e_ok)
+        tl.debug_barrier()
+
+
+def align_by_expert_triton(ids: torch.Tensor, num_experts: int, block_m: int
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``align_by_expert`` in one Triton launch (the torch version is about a dozen): the same
+    outputs, bit for bit. One program walks the pairs in chunks, which suits decode steps
+    (T*k up to a few thousand); ``fused_experts`` takes the torch version for more pairs."""
+    flat = ids.reshape(-1)
+    if flat.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"align_by_expert_triton: expert ids must be int32 or int64, got {flat.dtype}")
+    flat = flat.contiguous()
+    n = flat.numel()
+    size = _padded_size(n, num_experts, block_m)
+    pairs = torch.empty(size, dtype=torch.int32, device=ids.device)
+    block_expert = torch.empty(size // block_m, dtype=torch.int32, device=ids.device)
+    cursor = torch.empty(num_experts, dtype=torch.int32, device=ids.device)
+    e_pad = triton.next_power_of_2(num_experts)
+    chunk = max(16, min(128, 16384 // e_pad))
+    _align_kernel[(1,)](flat, pairs, block_expert, cursor, n, num_experts, size,
+                        BLOCK_M=block_m, CHUNK=chunk, E_PAD=e_pad, FILL=256, num_warps=4)
+    return pairs, block_expert
+
+
+# Pairs up to which fused_experts aligns with the one-program kernel (decode steps); above, torch.
+TRITON_ALIGN_MAX_PAIRS = 4096
+# Pairs up to which fused_experts takes the decode tiles (BLOCK_N 32, BLOCK_K 128).
+SMALL_STEP_PAIRS = 64
 
 
 @triton.jit
@@ -121,12 +195,30 @@ def _down_kernel(h_ptr, w2_ptr, y_ptr, weights_ptr, pairs_ptr, block_expert_ptr,
              mask=valid[:, None] & n_ok[None, :])
 
 
+@triton.jit
+def _combine_kernel(y_ptr, res_ptr, out_ptr, hidden, stride_res, stride_out,
+                    TOP_K: tl.constexpr, BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    # out[t] = (residual[t] +) sum_j y[t*k + j], summed in float32, rounded once
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < hidden
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        acc += tl.load(y_ptr + (t * TOP_K + j) * hidden + offs, mask=ok, other=0.0)
+    if HAS_RESIDUAL:
+        acc += tl.load(res_ptr + t * stride_res + offs, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t * stride_out + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
 def fused_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-                  block_m: int = 16, block_n: int = 64, block_k: int = 64) -> torch.Tensor:
+                  block_m: int = 16, block_n: int | None = None, block_k: int | None = None,
+                  residual: torch.Tensor | None = None) -> torch.Tensor:
     """Weighted sum over each token's routed SwiGLU experts, [T, H] in ``x.dtype``.
 
     ``x`` [T, H], ``weights`` [T, k] (any float dtype), ``ids`` [T, k] integer expert indices,
-    ``w13`` [E, 2I, H], ``w2`` [E, H, I], all on one device, weights contiguous in their last dim."""
+    ``w13`` [E, 2I, H], ``w2`` [E, H, I], all on one device, weights contiguous in their last dim.
+    ``residual`` [T, H]: returned ``residual + sum`` instead, added in the combine kernel in
+    float32 (the decode graphs' residual stream: one rounding, no separate add)."""
     t, hidden = x.shape
     k = ids.shape[1]
     e, two_i, h2 = w13.shape
@@ -138,13 +230,23 @@ def fused_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13
         raise ValueError("fused_experts: every tensor must be on one device")
     if w13.stride(-1) != 1 or w2.stride(-1) != 1:
         raise ValueError("fused_experts: w13 and w2 must be contiguous in their last dimension")
+    if block_n is None or block_k is None:
+        # H200, Qwen3-30B-A3B layer from a graph (bench/moe_layer_bench.py): one token's 8 pairs
+        # 37.6 us with (32, 128) against 43.1 us with (64, 64); 64 tokens alike (314 / 317 us)
+        small = t * k <= SMALL_STEP_PAIRS
+        block_n = block_n or (32 if small else 64)
+        block_k = block_k or (128 if small else 64)
     x = x.contiguous()
-    pairs, block_expert = align_by_expert(ids, e, block_m)
+    align = align_by_expert_triton if t * k <= TRITON_ALIGN_MAX_PAIRS else align_by_expert
+    pairs, block_expert = align(ids, e, block_m)
     num_pairs = t * k
     h = torch.empty(num_pairs, inter, dtype=x.dtype, device=x.device)
     y = torch.empty(num_pairs, hidden, dtype=torch.float32, device=x.device)  # summed in float32
     flat_w = weights.reshape(-1).float().contiguous()
-    blocks = block_expert.numel()
+    # Experts' runs are packed from the start, each ceil(count / block_m) blocks, so at most
+    # cdiv(T*k, block_m) + min(T*k, E) blocks hold pairs: the rest (-1) get no program (a
+    # decode step of 8 pairs over 128 experts launches 9 row blocks, not 129).
+    blocks = min(block_expert.numel(), triton.cdiv(num_pairs, block_m) + min(num_pairs, e))
     ieee = x.dtype == torch.float32  # float32 models get float32 products; bf16/fp16 use tensor cores
     _gate_up_kernel[(blocks, triton.cdiv(inter, block_n))](
         x, w13, h, pairs, block_expert, num_pairs, k, hidden, inter,
@@ -154,4 +256,70 @@ def fused_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13
         h, w2, y, flat_w, pairs, block_expert, num_pairs, hidden, inter,
         h.stride(0), w2.stride(0), w2.stride(1), y.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, IEEE=ieee)
-    return y.view(t, k, hidden).sum(dim=1).to(x.dtype)  # combine: each token's k weighted expert rows
+    # combine: each token's k weighted expert rows (+ the residual), one launch
+    out = torch.empty_like(x)
+    if residual is not None and (tuple(residual.shape) != (t, hidden) or residual.stride(-1) != 1):
+        raise ValueError(f"fused_experts: residual must be [{t}, {hidden}] with contiguous rows, "
+                         f"got {tuple(residual.shape)}")
+    if t:
+        block = min(1024, triton.next_power_of_2(hidden))
+        res = residual if residual is not None else out
+        _combine_kernel[(t, triton.cdiv(hidden, block))](y, res, out, hidden, res.stride(0), out.stride(0),
+                                                         TOP_K=k, BLOCK=block, HAS_RESIDUAL=residual is not None)
+    return out
+
+
+@triton.jit
+def _route_kernel(logits_ptr, weights_ptr, ids_ptr, num_experts, stride_l, scaling,
+                  TOP_K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, SIGMOID: tl.constexpr,
+                  NORM: tl.constexpr):
+    # One program per token: scores, top-k by repeated argmax (ties: the lower expert index, as
+    # torch.topk returns them), renormalisation and scaling.
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, E_PAD)
+    ok = offs < num_experts
+    x = tl.load(logits_ptr + t * stride_l + offs, mask=ok, other=-float("inf")).to(tl.float32)
+    if SIGMOID:
+        scores = 1.0 / (1.0 + tl.exp(-x))
+    else:
+        e = tl.exp(x - tl.max(x, axis=0))
+        scores = e / tl.sum(e, axis=0)
+    scores = tl.where(ok, scores, -1.0)  # below every real score (softmax and sigmoid are >= 0)
+    k_offs = tl.arange(0, K_PAD)
+    top_w = tl.zeros([K_PAD], dtype=tl.float32)
+    top_i = tl.zeros([K_PAD], dtype=tl.int64)
+    for j in tl.static_range(TOP_K):
+        w = tl.max(scores, axis=0)
+        best = tl.min(tl.where(scores == w, offs, E_PAD), axis=0)  # the lowest index of the maximum
+        top_w = tl.where(k_offs == j, w, top_w)
+        top_i = tl.where(k_offs == j, best.to(tl.int64), top_i)
+        scores = tl.where(offs == best, -2.0, scores)
+    if NORM:
+        total = tl.sum(top_w, axis=0)
+        if SIGMOID:
+            total += 1e-20
+        top_w = top_w / total
+    top_w = top_w * scaling
+    k_ok = k_offs < TOP_K
+    tl.store(weights_ptr + t * TOP_K + k_offs, top_w, mask=k_ok)
+    tl.store(ids_ptr + t * TOP_K + k_offs, top_i, mask=k_ok)
+
+
+def route_greedy(logits: torch.Tensor, top_k: int, sigmoid: bool, norm_topk_prob: bool,
+                 routed_scaling_factor: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain top-k routing in one launch: (weights [T, k] float32, ids [T, k] int64), as
+    ``models.moe.route`` computes them for ``topk_method="greedy"`` without a correction bias
+    (softmax or sigmoid scores, ``norm_topk_prob``, ``routed_scaling_factor``); ids in
+    descending score order, ties to the lower expert index."""
+    t, e = logits.shape
+    if not 1 <= top_k <= e:
+        raise ValueError(f"route_greedy: top_k must be in [1, {e}], got {top_k}")
+    if logits.stride(-1) != 1:
+        raise ValueError("route_greedy: logits must be contiguous in their last dimension")
+    weights = torch.empty(t, top_k, dtype=torch.float32, device=logits.device)
+    ids = torch.empty(t, top_k, dtype=torch.int64, device=logits.device)
+    if t:
+        _route_kernel[(t,)](logits, weights, ids, e, logits.stride(0), float(routed_scaling_factor),
+                            TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k), E_PAD=triton.next_power_of_2(e),
+                            SIGMOID=sigmoid, NORM=norm_topk_prob, num_warps=1 if e <= 128 else 2)
+    return weights, ids

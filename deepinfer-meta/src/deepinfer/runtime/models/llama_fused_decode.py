@@ -11,6 +11,8 @@ A step of one sequence (batch 1) runs each projection as the Triton GEMV with it
 fused in, 6 kernels per layer instead of 11: qkv and gate_up compute the RMSNorm of the residual
 stream in their prologue, o and down add their output to the stream in their epilogue, down
 takes SiLU·mul of gate/up as its input. Larger batches keep cuBLAS and the separate kernels.
+A mixture-of-experts layer (``models.moe``) runs its own MLP: the Triton routing, sort by expert
+and grouped GEMMs, all with shapes fixed by the batch size.
 """
 
 from __future__ import annotations
@@ -135,6 +137,13 @@ def fused_decode_forward(model: LlamaForCausalLM, input_ids: torch.Tensor, posit
                                  fold_merge=fold_merge)
             _residual_linear(st, o.view(b, -1), layer.o_proj, "o", gemv_names, b)
         with region("mlp"):
+            moe = getattr(layer, "moe", None)
+            if moe is not None:  # a mixture-of-experts layer (models.moe.MoeLayer): routing and
+                # the fused experts, fixed shapes, no host sync; the residual is added in their
+                # combine kernel, so the next layer's qkv GEMV can take its norm in its prologue
+                h = st.normed(layer.post_attention_layernorm)
+                st.stream = moe(h, residual=st.stream)
+                continue
             gate_up = _norm_linear(st, layer.post_attention_layernorm, layer.gate_up_proj, "gate_up", gemv_names, b)
             _residual_linear(st, gate_up, layer.down_proj, "down", gemv_names, b, silu=True)
     with region("final_norm"):

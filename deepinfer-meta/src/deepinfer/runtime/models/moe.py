@@ -69,13 +69,18 @@ class ExpertsSwiGLU(nn.Module):
         self.w13 = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
         self.w2 = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
 
-    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """Sum over each token's experts of weight * expert(x) [T, H]; only routed rows computed
-        (on CUDA: the fused Triton kernels of ``kernels.fused_moe``)."""
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                residual: torch.Tensor | None = None) -> torch.Tensor:
+        """Sum over each token's experts of weight * expert(x) [T, H] (plus ``residual``, given);
+        only routed rows computed (on CUDA: the fused Triton kernels of ``kernels.fused_moe``)."""
         if x.is_cuda and _triton_available():
             from deepinfer.runtime.kernels.fused_moe import fused_experts
 
-            return fused_experts(x, weights, ids, self.w13, self.w2)
+            return fused_experts(x, weights, ids, self.w13, self.w2, residual=residual)
+        out = self._forward_torch(x, weights, ids)
+        return out if residual is None else residual + out
+
+    def _forward_torch(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         k = ids.shape[1]
         flat = ids.reshape(-1)
         order = torch.argsort(flat, stable=True)  # (token, slot) pairs grouped by expert
@@ -129,16 +134,43 @@ class SparseMoe(nn.Module):
         # DeepSeek-V3 (noaux_tc): a per-expert bias added to the scores for the choice only
         self.correction_bias = nn.Parameter(torch.empty(spec.num_experts)) if spec.topk_method == "noaux_tc" else None
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(h.float(), self.gate.weight.float())
-        weights, ids = route(logits, self.spec, self.correction_bias)
+    def _gate_weight_f32(self) -> torch.Tensor:
+        # the router runs in float32; a model in bf16 keeps a float32 copy of its (small) router
+        # rather than casting it every step (two launches a layer, and a copy inside graphs)
+        w = self.gate.weight
+        if w.dtype == torch.float32:
+            return w
+        key = (w.data_ptr(), w._version, w.device)
+        cached = getattr(self, "_gate_f32", None)
+        if cached is None or cached[0] != key:
+            cached = (key, w.detach().float())
+            self._gate_f32 = cached
+        return cached[1]
+
+    def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights [T, k] float32, ids [T, k] int64) of the hidden rows ``h``: on CUDA, plain
+        top-k routing runs as one Triton kernel (``kernels.fused_moe.route_greedy``)."""
+        logits = F.linear(h.float(), self._gate_weight_f32())
+        spec = self.spec
+        if (h.is_cuda and spec.topk_method == "greedy" and self.correction_bias is None and _triton_available()):
+            from deepinfer.runtime.kernels.fused_moe import route_greedy
+
+            return route_greedy(logits, spec.top_k, spec.scoring == "sigmoid", spec.norm_topk_prob,
+                                spec.routed_scaling_factor)
+        return route(logits, spec, self.correction_bias)
+
+    def forward(self, h: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """The block's output for the normed rows ``h`` [T, H]; ``residual`` given: residual +
+        output (without a shared expert, added inside the experts' combine kernel on CUDA)."""
+        weights, ids = self.route(h)
+        if self.shared is None:
+            return self.experts(h, weights, ids, residual)
         out = self.experts(h, weights, ids)
-        if self.shared is not None:
-            s = self.shared(h)
-            if self.shared_gate is not None:
-                s = torch.sigmoid(self.shared_gate.forward(h)) * s
-            out = out + s
-        return out
+        s = self.shared(h)
+        if self.shared_gate is not None:
+            s = torch.sigmoid(self.shared_gate.forward(h)) * s
+        out = out + s
+        return out if residual is None else residual + out
 
     def slots(self, prefix: str, names: tuple[str, str, str, str]) -> dict[str, tuple[torch.Tensor, slice]]:
         """Checkpoint name -> (parameter, rows). ``names``: the routed experts' folder and their
@@ -198,7 +230,8 @@ class MoeForCausalLM(LlamaForCausalLM):
     """Mixtral / Qwen2-MoE / Qwen3-MoE: LlamaForCausalLM with SparseMoe layers where the config
     routes (``MoeSpec.moe_layers``), dense SwiGLU layers elsewhere."""
 
-    supports_decode_graphs: ClassVar[bool] = False  # routing reads expert counts on the host
+    # routing, the sort by expert and the grouped GEMMs keep fixed shapes and never sync the host
+    supports_decode_graphs: ClassVar[bool] = True
     gguf_names = False  # set by the loader for GGUF files: weight_slots then names llama.cpp's layout
 
     def make_layer(self, cfg: ModelConfig, index: int) -> nn.Module:

@@ -92,7 +92,16 @@ class CudaGraphRunner:
         self._capturing = False
         self._metas: dict[int, AttentionMetadata] = {}
         cfg = runner.config
-        if fused:
+        # MLA models (DeepSeek) replay their own decode forward (models.deepseek_v2) with the
+        # Triton MLA decode kernel, fused or not; its context splits are chosen per batch size here
+        self._graph_forward = getattr(runner.model, "graph_decode_forward", None)
+        if self._graph_forward is not None:
+            from deepinfer.runtime.attention.triton_mla import choose_mla_splits
+
+            sms = torch.cuda.get_device_properties(runner.device).multi_processor_count
+            self._splits = {b: choose_mla_splits(b, cfg.num_attention_heads, self.max_model_len, sms)
+                            for b in self.batch_sizes}
+        elif fused:
             from deepinfer.runtime.attention.triton_decode import DecodeWorkspace, choose_num_splits
 
             props = torch.cuda.get_device_properties(runner.device)
@@ -120,7 +129,9 @@ class CudaGraphRunner:
         ids, pos = v["input_ids"][:b], v["positions"][:b]
         slots, seq_lens, bt = v["slot_mapping"][:b], v["seq_lens"][:b], v["block_tables"][:b]
         model = r.model
-        if self.fused:
+        if self._graph_forward is not None:
+            hidden = self._graph_forward(ids, pos, r.kv_caches, slots, bt, seq_lens, self._splits[b], self._region)
+        elif self.fused:
             from deepinfer.runtime.models.llama_fused_decode import fused_decode_forward
 
             hidden = fused_decode_forward(model, ids, pos, r.kv_caches, slots, bt, seq_lens, self._workspace,
@@ -193,7 +204,7 @@ class CudaGraphRunner:
         v["slot_mapping"].fill_(-1)
         v["seq_lens"].fill_(1)
         v["block_tables"].zero_()
-        if not self.fused:
+        if not self.fused and self._graph_forward is None:
             from deepinfer.runtime.attention.triton_paged import paged_attention
 
             if self.runner.attention is not paged_attention:
@@ -264,7 +275,7 @@ def capture_decode_graphs(runner: ModelRunner, buffers: StepBuffers, batch_sizes
     regions (tensor-parallel ranks: a timer refusing one rank's graph would make that rank
     capture again, alone, with warm-up collectives no other rank joins)."""
     if not getattr(runner.model, "supports_decode_graphs", True):
-        return None  # mixture-of-experts / MLA models run eagerly (models.moe: host-side routing)
+        return None  # a model whose decode forward cannot be captured runs eagerly
     try:
         import triton  # noqa: F401
     except ImportError:
