@@ -122,8 +122,9 @@ def test_bench_prints_threads_device_and_load_beside_the_figures():
     assert lines[0] == "what runs, per tensor kind:"
     kinds = [line for line in lines if line.startswith("  ")]
     assert [k.split(":")[0].strip() for k in kinds] == ["embedding", "q/k/v", "attn o", "mlp gate/up", "mlp down",
-                                                        "lm head"]
+                                                        "lm head", "activations"]
     assert "decode native Q4_1 x" in kinds[1] and "int8 activations per 32" in kinds[1]
+    assert kinds[6] == "  activations: float32"
     lines = lines[1 + len(kinds):]
     assert lines[0].startswith("2 requests in ") and "output tok/s" in lines[0]
     for line in lines:  # every figure says what it depends on
