@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from deepinfer.runtime import switches
+from deepinfer.runtime.kernels.shared_linear import SharedLinear
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 SUPPORTED_METHODS = ("fp8",)
@@ -149,7 +150,7 @@ def _gguf_quantized_types(path: str) -> list[str]:
 
 @torch.no_grad()
 def quantize_model(model: nn.Module, method: str) -> int:
-    """Replace every plain ``nn.Linear`` projection of the decoder layers by an ``Fp8Linear``
+    """Replace every plain linear projection of the decoder layers by an ``Fp8Linear``
     (one layer at a time: the bf16 weights of a layer are freed as the next is quantized).
     Returns how many were replaced."""
     if method not in SUPPORTED_METHODS:
@@ -158,8 +159,9 @@ def quantize_model(model: nn.Module, method: str) -> int:
     for layer in cast(nn.ModuleList, getattr(model, "layers", nn.ModuleList())):
         for name in PROJECTIONS:
             linear = getattr(layer, name, None)
-            if type(linear) is nn.Linear:
-                setattr(layer, name, Fp8Linear.from_linear(linear))
+            # plain layers and their re-dispatching views (CpuLinear); not tensor-parallel ones
+            if type(linear) is nn.Linear or isinstance(linear, SharedLinear):
+                setattr(layer, name, Fp8Linear.from_linear(cast(nn.Linear, linear)))
                 count += 1
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # the freed bf16 weights go back to the device: the KV cache is sized next
