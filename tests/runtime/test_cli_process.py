@@ -133,6 +133,23 @@ def test_bench_prints_threads_device_and_load_beside_the_figures():
         assert line.endswith(" CPUs]"), line
 
 
+def test_env_model_prints_what_runs_per_tensor_kind():
+    out = _run("env", "--model", "--device", "cpu")
+    assert out.returncode == 0, out.stderr
+    lines = _lines(out.stdout)
+    start = next(i for i, line in enumerate(lines) if line.startswith("What runs: "))
+    assert lines[start].endswith("SmolLM2-135M-Instruct.Q4_1.gguf on cpu, per tensor kind")
+    kinds = [line.split(":")[0].strip() for line in lines[start + 1:start + 8]]
+    assert kinds == ["embedding", "q/k/v", "attn o", "mlp gate/up", "mlp down", "lm head", "activations"]
+    assert "decode native Q4_1 x" in lines[start + 2] and "[int4 per-32]" in lines[start + 2]
+    assert lines[start + 7] == "  activations: float32"
+    # a path that cannot run: one line naming why, exit status 2
+    out = _run("env", "--model", "--device", "cpu", "--quantization", "fp8")
+    assert out.returncode == 2
+    assert _lines(out.stderr)[0].startswith("deepinfer env: error: quantization='fp8': the file is already "
+                                            "quantized: Q4_1, Q8_0")
+
+
 def test_bench_runs_prints_each_run_then_the_median_and_spread():
     out = _run("bench", "--threads", "1", "--num-prompts", "2", "--input-len", "8", "--output-len", "2",
                "--quiet", "--device", "cpu", "--runs", "2")

@@ -161,7 +161,7 @@ def quantize_model(model: nn.Module, method: str) -> int:
             linear = getattr(layer, name, None)
             # plain layers and their re-dispatching views (CpuLinear); not tensor-parallel ones
             if type(linear) is nn.Linear or isinstance(linear, SharedLinear):
-                setattr(layer, name, Fp8Linear.from_linear(cast(nn.Linear, linear)))
+                setattr(layer, name, Fp8Linear.from_linear(linear))
                 count += 1
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # the freed bf16 weights go back to the device: the KV cache is sized next
