@@ -151,7 +151,7 @@ def model(out_len: int) -> None:
         t0 = time.perf_counter()
         llm = LLM(shape_dir, dtype="bfloat16", dummy_weights=True, max_num_seqs=32, max_model_len=512,
                   max_num_batched_tokens=8192, gpu_memory_utilization=0.5, quantization=quant)
-        print(f"  {label}: LLM ready in {time.perf_counter() - t0:.1f} s", flush=True)
+        print(f"  {label}: {llm!r} ready in {time.perf_counter() - t0:.1f} s", flush=True)
         from deepinfer.runtime.worker.native_decode import kernel_paths
 
         for line in kernel_paths(llm.runner.model, None):
