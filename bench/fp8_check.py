@@ -103,6 +103,25 @@ def kernels() -> None:
           f"({'OK' if worst < 1e-2 else 'FAIL'}: bound 1e-2)", flush=True)
 
 
+SWEEP = ((2, 2048, 4, 3), (4, 2048, 8, 2), (1, 4096, 4, 3), (4, 1024, 4, 3), (8, 1024, 8, 2), (2, 4096, 8, 2))
+
+
+def sweep() -> None:
+    """One-row fp8 GEMV tiles (BLOCK_N, BLOCK_K, warps, stages) on each Llama-3-8B projection."""
+    from deepinfer.runtime.kernels.fp8_gemv import fp8_gemv
+    from deepinfer.runtime.models.fp8_linear import quantize_fp8
+
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(0)
+    for name, (n, k) in SHAPES_8B.items():
+        q, s = quantize_fp8(torch.randn(n, k, device=dev, generator=g, dtype=torch.bfloat16) * 0.02)
+        x = torch.randn(1, k, device=dev, generator=g, dtype=torch.bfloat16)
+        times = {cfg: _time_us(lambda cfg=cfg, x=x, q=q, s=s: fp8_gemv(x, q, s, config=cfg), reps=25) for cfg in SWEEP}
+        best = min(times, key=lambda c: times[c])
+        print(f"SWEEP {name} [{n}x{k}]: " + ", ".join(f"{c} {t:.1f} us" for c, t in times.items())
+              + f" -> best {best} ({(n * k + 4 * n) / times[best] / 1e3:,.0f} GB/s)", flush=True)
+
+
 def _attention(q, k, v, cache, meta, scale):  # type: ignore[no-untyped-def]
     # one causal sequence, no cache: enough for a prefill's logits
     import torch.nn.functional as F
@@ -189,7 +208,7 @@ def model(out_len: int) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--part", choices=("kernels", "model", "all"), default="all")
+    p.add_argument("--part", choices=("kernels", "model", "sweep", "all"), default="all")
     p.add_argument("--out-len", type=int, default=128)
     args = p.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -199,6 +218,8 @@ def main() -> None:
         kernels()
     if args.part in ("model", "all"):
         model(args.out_len)
+    if args.part == "sweep":
+        sweep()
 
 
 if __name__ == "__main__":
