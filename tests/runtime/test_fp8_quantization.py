@@ -217,6 +217,32 @@ def test_tiny_model_logits_with_fp8_weights(tiny_model_dir):
     assert 0 < rel < 0.2, rel
 
 
+def test_llm_with_fp8_layers_runs_the_dequantized_weights_greedy(tiny_model_dir, monkeypatch):
+    """End to end through the worker (CPU emulation: the device check patched out, torch decode
+    steps): the greedy tokens of LLM(quantization="fp8") equal those of the plain model whose
+    projection weights were replaced by their fp8 round trip (the same values as nn.Linear)."""
+    import deepinfer.runtime.models.fp8_linear as fp8_linear
+    from deepinfer import LLM, SamplingParams
+
+    monkeypatch.setenv("DEEPINFER_CPU_NATIVE", "0")
+    monkeypatch.setattr(fp8_linear, "check_quantization", lambda *a, **k: None)
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    prompts = [{"prompt_token_ids": [5, 6, 7, 8]}, {"prompt_token_ids": [40, 3, 99, 17, 250]}]
+    llm = LLM(tiny_model_dir, device="cpu", quantization="fp8")
+    assert "weights='fp8_e4m3'" in repr(llm)
+    assert all(isinstance(getattr(layer, n), Fp8Linear) for layer in llm.runner.model.layers
+               for n in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"))
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    ref_llm = LLM(tiny_model_dir, device="cpu")
+    with torch.no_grad():
+        for layer in ref_llm.runner.model.layers:
+            for n in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
+                w = getattr(layer, n).weight
+                w.copy_(dequantize_fp8(*quantize_fp8(w)))
+    want = [o.outputs[0].token_ids for o in ref_llm.generate(prompts, params, use_tqdm=False)]
+    assert got == want
+
+
 # ---- what runs -----------------------------------------------------------------------------------
 def test_describer_on_the_default_model(default_gguf, loaded_default):
     from deepinfer.runtime.loading.model_loader import load_model
