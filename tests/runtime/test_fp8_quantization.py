@@ -13,10 +13,10 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+from deepinfer.runtime.loading.quantization import check_quantization
 from deepinfer.runtime.models.fp8_linear import (
     FP8_MAX,
     Fp8Linear,
-    check_quantization,
     dequantize_fp8,
     quantize_fp8,
     quantize_model,
@@ -221,11 +221,11 @@ def test_llm_with_fp8_layers_runs_the_dequantized_weights_greedy(tiny_model_dir,
     """End to end through the worker (CPU emulation: the device check patched out, torch decode
     steps): the greedy tokens of LLM(quantization="fp8") equal those of the plain model whose
     projection weights were replaced by their fp8 round trip (the same values as nn.Linear)."""
-    import deepinfer.runtime.models.fp8_linear as fp8_linear
+    import deepinfer.runtime.loading.quantization as quantization
     from deepinfer import LLM, SamplingParams
 
     monkeypatch.setenv("DEEPINFER_CPU_NATIVE", "0")
-    monkeypatch.setattr(fp8_linear, "check_quantization", lambda *a, **k: None)
+    monkeypatch.setattr(quantization, "check_quantization", lambda *a, **k: None)
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     prompts = [{"prompt_token_ids": [5, 6, 7, 8]}, {"prompt_token_ids": [40, 3, 99, 17, 250]}]
     llm = LLM(tiny_model_dir, device="cpu", quantization="fp8")

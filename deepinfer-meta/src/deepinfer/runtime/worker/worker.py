@@ -83,7 +83,7 @@ class Worker:
         keep_quantized = (args.dtype is None and device.type == "cpu" and os.path.isfile(model_path)
                           and not self.parallel)
         if args.quantization is not None:  # refused before the weights are read
-            from deepinfer.runtime.models.fp8_linear import check_quantization
+            from deepinfer.runtime.loading.quantization import check_quantization
 
             check_quantization(args.quantization, device, model_path,
                                group.world_size if self.parallel and group else 1, self.dtype)
