@@ -113,6 +113,17 @@ def test_unknown_method_lists_the_supported_ones():
     assert EngineArgs().quantization is None
 
 
+def test_quantize_model_refuses_models_it_would_leave_partly_dense():
+    from deepinfer.runtime.models.moe import MoeForCausalLM
+
+    fake = MoeForCausalLM.__new__(MoeForCausalLM)  # the type is what is checked: no weights needed
+    nn.Module.__init__(fake)
+    with pytest.raises(ValueError, match="dense Llama family only, not MoeForCausalLM"):
+        quantize_model(fake, "fp8")
+    with pytest.raises(ValueError, match=r"supported methods: \['fp8'\]"):
+        quantize_model(nn.Module(), "int4")
+
+
 def test_llm_refuses_fp8_on_cpu_before_loading(tiny_model_dir):
     from deepinfer import LLM
 

@@ -111,8 +111,12 @@ def quantize_model(model: nn.Module, method: str) -> int:
     """Replace every plain linear projection of the decoder layers by an ``Fp8Linear``
     (one layer at a time: the bf16 weights of a layer are freed as the next is quantized).
     Returns how many were replaced."""
+    from deepinfer.runtime.models.llama import LlamaForCausalLM
+
     if method not in SUPPORTED_METHODS:
         raise ValueError(f"quantization={method!r} is not supported; supported methods: {list(SUPPORTED_METHODS)}")
+    if type(model) is not LlamaForCausalLM:  # experts and MLA keep other layers: they would stay bf16 unsaid
+        raise ValueError(f"quantization={method!r} runs the dense Llama family only, not {type(model).__name__}")
     count = 0
     for layer in cast(nn.ModuleList, getattr(model, "layers", nn.ModuleList())):
         for name in PROJECTIONS:
