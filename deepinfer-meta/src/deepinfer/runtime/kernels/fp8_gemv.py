@@ -29,6 +29,12 @@ FP8_MAX = 448.0  # largest finite float8_e4m3fn
 # (BLOCK_N, BLOCK_K, num_warps, num_stages): 16-byte loads of fp8 are 16 values, so the tile
 # covers twice the columns of the bf16 one for the same bytes per load.
 DEFAULT_CONFIG = (2, 2048, 4, 3)
+WIDE_K_CONFIG = (2, 2048, 4, 3)  # K >= 8192 (Llama-3-8B's down projection); bench/fp8_check.py --part sweep
+
+
+def one_row_config(k: int) -> tuple[int, int, int, int]:
+    """The one-row tile for ``k`` inputs."""
+    return WIDE_K_CONFIG if k >= 8192 else DEFAULT_CONFIG
 
 
 @triton.jit
@@ -100,7 +106,7 @@ def _check_weight(name: str, weight: torch.Tensor, scale: torch.Tensor) -> tuple
 
 def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None, *,
              silu_mul: bool = False, norm: tuple[torch.Tensor, float] | None = None,
-             residual: torch.Tensor | None = None, config: tuple[int, int, int, int] = DEFAULT_CONFIG,
+             residual: torch.Tensor | None = None, config: tuple[int, int, int, int] | None = None,
              out: torch.Tensor | None = None) -> torch.Tensor:
     """``(x @ weight.float().T) * scale (+ bias)`` for one row ``x`` [1, K] (or [1, 2K] with
     ``silu_mul``); ``norm``/``residual``/``silu_mul`` as in ``kernels.gemv.gemv``. Returns [1, N]
@@ -118,7 +124,7 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: t
         raise ValueError(f"fp8_gemv: the norm weight must be a contiguous [{k}] vector, got {tuple(norm[0].shape)}")
     if residual is not None and (residual.shape != (1, n) or residual.stride(1) != 1):
         raise ValueError(f"fp8_gemv: residual must be one contiguous row [1, {n}], got {tuple(residual.shape)}")
-    block_n, block_k, warps, stages = config
+    block_n, block_k, warps, stages = config or one_row_config(k)
     out = torch.empty((1, n), dtype=x.dtype, device=x.device) if out is None else out
     _fp8_gemv_kernel[(triton.cdiv(n, block_n),)](
         x, weight, scale, bias if bias is not None else scale, norm[0] if norm is not None else scale,
