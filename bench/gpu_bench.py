@@ -3,6 +3,7 @@
     python bench/gpu_bench.py --shape smollm2-135m --batch 256 --input-len 128 --output-len 256 [--runs 3]
     python bench/gpu_bench.py --shape llama3-8b --batch 1 --input-len 128 --output-len 128
     python bench/gpu_bench.py --workload nanovllm        # Qwen3-0.6B shape, DeepInfer only
+    python bench/gpu_bench.py --shape llama3-8b --batch 1 --contenders deepinfer --quantization none,fp8
 
 Random bf16 weights of the named shape (tests/runtime/gpu_shapes.py), EOS ignored, greedy.
 ``--workload nanovllm`` is nano-vllm's published benchmark (its bench.py): on the Qwen3-0.6B shape,
@@ -102,7 +103,7 @@ def nanovllm_workload() -> tuple[list[list[int]], list[int]]:
 
 def run_deepinfer(shape_dir: str, prompts: list[list[int]], out_len: int | list[int], runs: int, *, eager: bool,
                   profile: bool, temperature: float = 0.0, max_model_len: int | None = None,
-                  overlap: bool = True) -> list[float]:
+                  overlap: bool = True, quantization: str | None = None) -> list[float]:
     import deepinfer.runtime.loading.model_loader as ml
     from deepinfer import LLM, SamplingParams
     from deepinfer.runtime.bench_metrics import measure_generate
@@ -113,7 +114,8 @@ def run_deepinfer(shape_dir: str, prompts: list[list[int]], out_len: int | list[
     t0 = time.perf_counter()
     llm = LLM(shape_dir, dtype="bfloat16", dummy_weights=True, max_num_seqs=max(len(prompts), 1),
               max_model_len=max_len, max_num_batched_tokens=max(16384 if max_model_len else 8192, max_len),
-              enforce_eager=eager, gpu_memory_utilization=0.85, overlap_scheduling=overlap and not eager)
+              enforce_eager=eager, gpu_memory_utilization=0.85, overlap_scheduling=overlap and not eager,
+              quantization=quantization)
     print(f"  {llm!r} ready in {time.perf_counter() - t0:.1f} s", flush=True)
     params = [SamplingParams(temperature=temperature, max_tokens=n, ignore_eos=True) for n in lens]
     batch = [{"prompt_token_ids": p} for p in prompts]
@@ -123,6 +125,7 @@ def run_deepinfer(shape_dir: str, prompts: list[list[int]], out_len: int | list[
         rep = measure_generate(llm, batch, params)
         rates.append(rep.output_tok_s)
         mode = "eager" if eager else ("graphs+ZOS" if overlap else "graphs, ZOS off")
+        mode += f", weights {quantization}" if quantization else ""
         print(f"  deepinfer {mode} run {i + 1}: " + "\n    ".join(rep.lines()), flush=True)
     if profile and not eager:
         rep = measure_generate(llm, batch, params, profile=True)
@@ -144,6 +147,9 @@ def main() -> None:
                    help="deepinfer (graphs + overlap scheduling), nozos (graphs, overlap scheduling off), eager, "
                         "transformers")
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--quantization", default="none",
+                   help="weights of DeepInfer's runs, comma-separated, each run in turn: none (bf16), fp8 "
+                        "(LLM(quantization='fp8')); e.g. none,fp8 compares them in one process")
     p.add_argument("--workload", choices=("fixed", "nanovllm"), default="fixed",
                    help="nanovllm: nano-vllm's benchmark on the Qwen3-0.6B shape (DeepInfer only)")
     args = p.parse_args()
@@ -172,9 +178,12 @@ def main() -> None:
         if who == "transformers":
             results[who] = run_transformers(shape_dir, prompts, args.output_len, args.runs)
         elif who in ("deepinfer", "nozos", "eager"):
-            results[who] = run_deepinfer(shape_dir, prompts, args.output_len, 1 if who == "eager" else args.runs,
-                                         eager=who == "eager", profile=args.profile and who == "deepinfer",
-                                         overlap=who == "deepinfer")
+            for quant in args.quantization.split(","):
+                name = who if quant == "none" else f"{who} {quant}"
+                results[name] = run_deepinfer(shape_dir, prompts, args.output_len, 1 if who == "eager" else args.runs,
+                                              eager=who == "eager", profile=args.profile and who == "deepinfer",
+                                              overlap=who == "deepinfer",
+                                              quantization=None if quant == "none" else quant)
     for who, rates in results.items():
         print(_summary(f"{args.shape} b{args.batch} {who}", rates), flush=True)
     if "deepinfer" in results and "transformers" in results:

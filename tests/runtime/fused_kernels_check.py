@@ -171,9 +171,11 @@ def check_decode_attention(dtype: torch.dtype, g: torch.Generator, bs: int = 16)
         assert int(ws.counters.abs().sum()) == 0
 
 
-def check_one_row_forward(arch: str) -> None:
+def check_one_row_forward(arch: str, fp8: bool = False) -> None:
     """The decode forward of one sequence with the GEMV fusions (norm prologue, residual and
-    SiLU·mul epilogues) gives the eager step's logits, and so does the cuBLAS + separate kernels path."""
+    SiLU·mul epilogues) gives the eager step's logits, and so does the cuBLAS + separate kernels path.
+    ``fp8``: the projections quantized (models/fp8_linear.py): the fused path runs the fp8 GEMV,
+    the eager step the layers' own forward (on CPU: their dequantized weights)."""
     import os
     import tempfile
 
@@ -182,10 +184,17 @@ def check_one_row_forward(arch: str) -> None:
     from deepinfer.runtime.worker.model_runner import ModelRunner
     from tiny_models import save_tiny_model
 
+    if fp8:
+        os.environ["DEEPINFER_CPU_NATIVE"] = "0"  # the native CPU decode reads float weights
     with tempfile.TemporaryDirectory() as tmp:
         save_tiny_model(tmp, arch)
-        runner = ModelRunner(load_model(tmp, device=DEV, dtype=torch.float32), num_blocks=8, block_size=4, device=DEV,
-                             dtype=torch.float32)
+        loaded = load_model(tmp, device=DEV, dtype=torch.float32)
+        if fp8:
+            from deepinfer.runtime.models.fp8_linear import quantize_model
+
+            assert quantize_model(loaded.model, "fp8") == 4 * len(loaded.model.layers)
+        runner = ModelRunner(loaded, num_blocks=8, block_size=4, device=DEV, dtype=torch.float32)
+    os.environ.pop("DEEPINFER_CPU_NATIVE", None)
     prompt, table = [5, 17, 33, 2, 99, 140, 7], np.array([[1, 2, 3]])
     n = len(prompt)
     pos = np.arange(n)
@@ -225,4 +234,6 @@ for dt in DTYPES:
 check_decode_attention(torch.float32, gen, bs=24)  # a block size that is no power of two
 check_one_row_forward("llama")
 check_one_row_forward("qwen3")  # q/k norm (qkv bias: the GEMV's bias in check_gemv)
+if DEV.type == "cpu" or torch.cuda.get_device_capability(DEV) >= (8, 9):
+    check_one_row_forward("qwen2", fp8=True)  # qkv bias through the fp8 GEMV's epilogue
 print("ok")

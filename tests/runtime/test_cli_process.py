@@ -122,14 +122,32 @@ def test_bench_prints_threads_device_and_load_beside_the_figures():
     assert lines[0] == "what runs, per tensor kind:"
     kinds = [line for line in lines if line.startswith("  ")]
     assert [k.split(":")[0].strip() for k in kinds] == ["embedding", "q/k/v", "attn o", "mlp gate/up", "mlp down",
-                                                        "lm head"]
+                                                        "lm head", "activations"]
     assert "decode native Q4_1 x" in kinds[1] and "int8 activations per 32" in kinds[1]
+    assert kinds[6] == "  activations: float32"
     lines = lines[1 + len(kinds):]
     assert lines[0].startswith("2 requests in ") and "output tok/s" in lines[0]
     for line in lines:  # every figure says what it depends on
         # the default model on CPU: what actually runs, not just the activations' dtype
         assert " [backend cpu, device cpu, weights Q4_1, activations float32, threads 1, load average " in line, line
         assert line.endswith(" CPUs]"), line
+
+
+def test_env_model_prints_what_runs_per_tensor_kind():
+    out = _run("env", "--model", "--device", "cpu")
+    assert out.returncode == 0, out.stderr
+    lines = _lines(out.stdout)
+    start = next(i for i, line in enumerate(lines) if line.startswith("What runs: "))
+    assert lines[start].endswith("SmolLM2-135M-Instruct.Q4_1.gguf on cpu, per tensor kind")
+    kinds = [line.split(":")[0].strip() for line in lines[start + 1:start + 8]]
+    assert kinds == ["embedding", "q/k/v", "attn o", "mlp gate/up", "mlp down", "lm head", "activations"]
+    assert "decode native Q4_1 x" in lines[start + 2] and "[int4 per-32]" in lines[start + 2]
+    assert lines[start + 7] == "  activations: float32"
+    # a path that cannot run: one line naming why, exit status 2
+    out = _run("env", "--model", "--device", "cpu", "--quantization", "fp8")
+    assert out.returncode == 2
+    assert _lines(out.stderr)[0].startswith("deepinfer env: error: quantization='fp8': the file is already "
+                                            "quantized: Q4_1, Q8_0")
 
 
 def test_bench_runs_prints_each_run_then_the_median_and_spread():

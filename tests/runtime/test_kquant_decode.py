@@ -70,15 +70,16 @@ def test_kernel_paths_say_what_runs(q4_k_m, monkeypatch):
 
     r = runner(q4_k_m, True, monkeypatch)
     lines = {line.split(":")[0]: line for line in kernel_paths(r.model, r.native_decode)}
-    assert list(lines) == ["embedding", "q/k/v", "attn o", "mlp gate/up", "mlp down", "lm head"]
+    assert list(lines) == ["embedding", "q/k/v", "attn o", "mlp gate/up", "mlp down", "lm head", "activations"]
     assert "decode native Q4_K x" in lines["mlp down"] and "Q6_K x" in lines["mlp down"]
     assert "int8 activations per 32" in lines["mlp down"]
     assert "prefill torch int4" in lines["lm head"]  # Q8_0 head: two int4 halves on torch
     monkeypatch.setenv("DEEPINFER_CPU_NATIVE", "0")
     loaded = load_model(q4_k_m, device=CPU, dtype=torch.float32, max_positions=64, keep_quantized=True)
     off = ModelRunner(loaded, num_blocks=8, block_size=BS, device=CPU, dtype=torch.float32)
-    assert all("decode and prefill torch" in line or "decode and prefill int8" in line
-               for line in kernel_paths(off.model, off.native_decode))
+    lines = kernel_paths(off.model, off.native_decode)
+    assert lines[-1] == "activations: float32"
+    assert all("decode and prefill torch" in line or "decode and prefill int8" in line for line in lines[:-1])
 
 
 def test_q4_k_m_greedy_tokens_equal_the_dequantized_float_run(q4_k_m, tokenizer, monkeypatch):

@@ -75,6 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
         "env", help="versions, discovered backends, probe results and the selected backend"
     )
     env.add_argument("--json", action="store_true", help="print the report as JSON")
+    env.add_argument("--model", nargs="?", const="", default=None, metavar="PATH",
+                     help="also build this model (no PATH: the default model) and print what runs per tensor "
+                          "kind: weight type, kernel path, activation dtype")
+    env.add_argument("--device", default=None, help="with --model: the device (default: the selected backend's)")
+    env.add_argument("--dtype", default=None, help="with --model: the dtype (default: the device's)")
+    env.add_argument("--quantization", default=None, help="with --model: quantize at load (fp8)")
     env.set_defaults(func=_env)
 
     try:
@@ -96,7 +102,35 @@ def build_parser() -> argparse.ArgumentParser:
 def _env(args: argparse.Namespace) -> int:
     from deepinfer.plugins.env_report import main
 
-    return main(as_json=args.json)
+    if args.model is None:
+        return main(as_json=args.json)
+    from deepinfer.cli.commands import _run_guarded
+
+    return _run_guarded(_env_what_runs, args)  # a bad option: one line on stderr, exit status 2
+
+
+def _env_what_runs(args: argparse.Namespace) -> int:
+    """The env report, then what runs in the built model (models/describe.py)."""
+    from deepinfer.plugins.env_report import main
+    from deepinfer.runtime.llm import LLM
+    from deepinfer.runtime.worker.native_decode import kernel_paths
+
+    llm = LLM(args.model or None, device=args.device, dtype=args.dtype, quantization=args.quantization)
+    runner = llm.runner
+    lines = kernel_paths(getattr(runner, "model", None), getattr(runner, "native_decode", None))
+    if args.json:
+        import json
+
+        from deepinfer.plugins.env_report import collect
+
+        print(json.dumps({**collect(), "what_runs": {"model": llm.model_path, "device": str(llm.device),
+                                                    "lines": lines}}, indent=2))
+        return 0
+    main(as_json=False)
+    print(f"\nWhat runs: {llm.model_path} on {llm.device}, per tensor kind")
+    for line in lines:
+        print(f"  {line}")
+    return 0
 
 
 def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:

@@ -127,6 +127,13 @@ class EngineArgs:
         "default model runs weights Q4_1, activations float32); an explicit dtype dequantizes "
         "every weight to it.",
         "choice", "--dtype", choices=DTYPES, none=True))
+    quantization: str | None = field(default=None, metadata=_opt(
+        "Quantize a bf16/fp16 checkpoint's decoder projections at load (vLLM's name). \"fp8\": "
+        "float8_e4m3fn weights with a float32 scale per output channel, activations stay in "
+        "dtype (weight-only); embedding and LM head unchanged. Needs a CUDA GPU of compute "
+        "capability >= 8.9 and one rank; a GGUF file already quantized is refused. None: the "
+        "weights as stored.",
+        "choice", "--quantization", choices=("fp8",), none=True))
     max_model_len: int | None = field(default=None, metadata=_opt(
         "Longest prompt + completion in tokens (the context). Default: the model's context "
         "length, which is also its upper bound.",

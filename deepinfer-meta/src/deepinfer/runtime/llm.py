@@ -182,8 +182,10 @@ class LLM:
     def weight_format(self) -> str:
         """What the weights run as: the GGUF block types kept quantized (e.g. ``"Q4_1"``, run by
         int4 kernels, activations in ``dtype``), else the dtype's name (``"float32"``)."""
-        gguf = getattr(getattr(self, "worker", None), "loaded", None)
-        gguf = getattr(gguf, "gguf", None)
+        worker = getattr(self, "worker", None)
+        if getattr(getattr(worker, "args", None), "quantization", None) == "fp8":
+            return "fp8_e4m3"  # the decoder projections (models/fp8_linear.py)
+        gguf = getattr(getattr(worker, "loaded", None), "gguf", None)
         dense = str(self.dtype).replace("torch.", "")
         if gguf is None:
             return dense

@@ -35,6 +35,8 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
            "projections of a one-row step that run the fused Triton GEMV (\"none\": cuBLAS for all)"),
     Switch("DEEPINFER_ONE_ROW_TILES", "", "models/llama_fused_decode.py",
            "tile overrides of the one-row GEMVs, \"down=4,2048,8,1,2;o=...\" (benchmarks)"),
+    Switch("DEEPINFER_FP8_GEMM", "triton", "models/fp8_linear.py",
+           "several-row products of fp8 layers: \"triton\" (weight-only) or \"scaled_mm\" (FP8 activations)"),
     Switch("DEEPINFER_FOLD_MERGE", "1", "models/llama_fused_decode.py",
            "the split-KV attention merge folded into the split kernel (0: a second kernel)"),
     Switch("DEEPINFER_TP_TIMEOUT_S", "120", "parallel/process_group.py",

@@ -78,5 +78,11 @@ def cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
 class CpuLinear(SharedLinear):
     """``nn.Linear`` whose forward is ``cpu_linear`` (build it with ``sharing``)."""
 
+    @property
+    def kernel_path(self) -> str:  # models/describe.py
+        if self.weight.dtype != torch.float32 or onednn_unavailable_reason() is not None:
+            return "torch matmul"
+        return f"torch matmul (1-{ONEDNN_FROM_ROWS - 1} rows), oneDNN inner product from {ONEDNN_FROM_ROWS} rows"
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return cpu_linear(x, self.weight, self.bias)

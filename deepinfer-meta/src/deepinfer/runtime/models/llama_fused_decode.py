@@ -23,7 +23,6 @@ from contextlib import AbstractContextManager
 from typing import cast
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from deepinfer.runtime import switches
@@ -85,18 +84,28 @@ class _Stream:
 
 def _gemv_ok(b: int, proj: nn.Module, enabled: bool) -> bool:
     # the one-row GEMV reads the whole weight: a tensor-parallel projection (a subclass) goes
-    # through its own forward, which gathers or all-reduces
+    # through its own forward, which gathers or all-reduces. Quantized layers (models/fp8_linear.py)
+    # bring their own fused GEMV.
+    if hasattr(proj, "fused_gemv"):
+        return enabled and b == 1
     w = cast(torch.Tensor, getattr(proj, "weight", None))
     return enabled and b == 1 and type(proj) is nn.Linear and w.stride(1) == 1
 
 
-def _norm_linear(st: _Stream, norm: RMSNorm, proj: nn.Linear, name: str, gemv_names: frozenset[str],
+def _one_row(proj: nn.Module, x: torch.Tensor, name: str, **fusions: object) -> torch.Tensor:
+    fused = getattr(proj, "fused_gemv", None)
+    if fused is not None:
+        return cast(torch.Tensor, fused(x, **fusions))
+    lin = cast(nn.Linear, proj)
+    return gemv(x, lin.weight, lin.bias, config=_tile(name, lin.weight), **fusions)  # type: ignore[arg-type]
+
+
+def _norm_linear(st: _Stream, norm: RMSNorm, proj: nn.Module, name: str, gemv_names: frozenset[str],
                  b: int) -> torch.Tensor:
     """proj(RMSNorm(residual stream)): the norm inside the GEMV where it runs, else add_rmsnorm + cuBLAS."""
     if st.pending is None and _gemv_ok(b, proj, name in gemv_names):
-        return gemv(st.stream, proj.weight, proj.bias, norm=(norm.weight, norm.eps),
-                    config=_tile(name, proj.weight))
-    return F.linear(st.normed(norm), proj.weight, proj.bias)
+        return _one_row(proj, st.stream, name, norm=(norm.weight, norm.eps))
+    return proj.forward(st.normed(norm))
 
 
 def _residual_linear(st: _Stream, a: torch.Tensor, proj: nn.Module, name: str, gemv_names: frozenset[str], b: int,
@@ -105,9 +114,7 @@ def _residual_linear(st: _Stream, a: torch.Tensor, proj: nn.Module, name: str, g
     else left pending for the next add_rmsnorm."""
     if _gemv_ok(b, proj, name in gemv_names):
         assert st.pending is None
-        lin = cast(nn.Linear, proj)
-        st.stream = gemv(a, lin.weight, lin.bias, silu_mul=silu, residual=st.stream,
-                         config=_tile(name, lin.weight))
+        st.stream = _one_row(proj, a, name, silu_mul=silu, residual=st.stream)
         return
     assert st.pending is None
     st.pending = proj.forward(silu_mul(a) if silu else a)

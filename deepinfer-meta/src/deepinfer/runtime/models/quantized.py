@@ -105,6 +105,12 @@ class Int4Linear(nn.Module):
         self.register_buffer("scales_zeros", torch.stack((scale, zero), -1).to(torch.bfloat16).contiguous())
         self.register_buffer("bias", None if bias is None else bias.float().clone())
 
+    kernel_path = f"torch int4 weight-only matmul (bfloat16 activations; bfloat16 GEMM from {DENSE_FROM_ROWS} rows)"
+
+    @property
+    def weight_type(self) -> str:  # models/describe.py
+        return "int4 per-32" if self.num_parts == 1 else "Q8_0 as two int4 halves per-32"
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         xb = x.reshape(-1, self.in_features).to(torch.bfloat16)
@@ -148,6 +154,8 @@ class Q8Embedding(nn.Module):
 
     codes: torch.Tensor
     scales: torch.Tensor
+    weight_type = "Q8_0 int8 per-32"  # models/describe.py
+    kernel_path = "int8 rows dequantized on lookup"
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor) -> None:
         super().__init__()

@@ -212,35 +212,23 @@ def _build(model: LlamaForCausalLM, gguf: GGUFModel | None, kv_caches: list[torc
 
 def kernel_paths(model: nn.Module | None, native: NativeDecode | None) -> list[str]:
     """Per tensor kind, what really runs: the weight types and the decode-step kernels (native, with
-    its instruction set, or torch), then the torch layer of prefill / mixed steps. One line each."""
-    from deepinfer.runtime.models.quantized import Int4Linear, Q8Embedding
+    its instruction set, or torch: ``models.describe``), then the torch layer of prefill / mixed
+    steps; the activation dtype last. One line each."""
+    from deepinfer.runtime.models.describe import activation_dtype, describe_model
 
-    def torch_path(m: Any) -> str:
-        if isinstance(m, Int4Linear):
-            return "torch int4 weight-only matmul (bfloat16 activations)"
-        if isinstance(m, Q8Embedding):
-            return "int8 rows, dequantized on lookup"
-        w = getattr(m, "weight", None)
-        return f"torch {str(w.dtype).replace('torch.', '')}" if isinstance(w, torch.Tensor) else type(m).__name__
-
-    layers = list(getattr(model, "layers", []) or [])
-    modules: dict[str, list[Any]] = {
-        "embedding": [getattr(model, "embed_tokens", None)],
-        "q/k/v": [getattr(layer, "qkv_proj", None) for layer in layers],
-        "attn o": [getattr(layer, "o_proj", None) for layer in layers],
-        "mlp gate/up": [getattr(layer, "gate_up_proj", None) for layer in layers],
-        "mlp down": [getattr(layer, "down_proj", None) for layer in layers],
-        "lm head": [getattr(model, "quantized_head", None) or getattr(model, "lm_head", None)
-                    or getattr(model, "embed_tokens", None)],
-    }
+    if model is None:
+        return []
+    described = describe_model(model)
+    parts = {"embedding": "embedding", "q/k/v": "qkv", "attn o": "o", "mlp gate/up": "gate_up", "mlp down": "down",
+             "lm head": "lm_head"}
     table: dict[str, str] = {}
     if native is not None:
         from deepinfer_engine import _cpu_kernels
 
         table = dict(_cpu_kernels.weight_kernels(str(native.native.isa)))  # (K-quants: AVX2 on AVX-512)
     lines = []
-    for part, mods in modules.items():
-        prefill = ", ".join(sorted({torch_path(m) for m in mods if m is not None})) or "-"
+    for part, kind in parts.items():
+        prefill = ", ".join(sorted({f"{path} [{wt}]" for wt, path, _ in described[kind]})) or "-"
         if native is None or part not in native.parts:
             lines.append(f"{part}: decode and prefill {prefill}")
             continue
@@ -255,4 +243,5 @@ def kernel_paths(model: nn.Module | None, native: NativeDecode | None) -> list[s
             act = "float32 activations" if t == "F32" else "int8 activations per 32"
             kernels.append(f"{t} x{types[t]} ({where}, {act})")
         lines.append(f"{part}: decode native {', '.join(kernels)}; prefill {prefill}")
+    lines.append(f"activations: {activation_dtype(model)}")
     return lines

@@ -82,9 +82,18 @@ class Worker:
         # CPU + GGUF + no dtype asked + one rank: keep the file's quantized projections (see load_model)
         keep_quantized = (args.dtype is None and device.type == "cpu" and os.path.isfile(model_path)
                           and not self.parallel)
+        if args.quantization is not None:  # refused before the weights are read
+            from deepinfer.runtime.loading.quantization import check_quantization
+
+            check_quantization(args.quantization, device, model_path,
+                               group.world_size if self.parallel and group else 1, self.dtype)
         self.loaded = load_model(model_path, device=device, dtype=self.dtype, dummy_weights=args.dummy_weights,
                                  max_positions=args.max_model_len, seed=args.seed,
                                  tensor_parallel=group if self.parallel else None, keep_quantized=keep_quantized)
+        if args.quantization is not None:
+            from deepinfer.runtime.models.fp8_linear import quantize_model
+
+            quantize_model(self.loaded.model, args.quantization)
         # (speculative method "draft_model") the draft model, loaded before the KV cache is sized:
         # its weights take device memory, and its cache takes blocks of the same ids (see below)
         self.draft_loaded: Any = None

@@ -1,0 +1,181 @@
+"""Products with FP8 (E4M3) weights and per-output-channel float32 scales (Triton), activations
+bfloat16/float16: ``y = (x @ q.T) * scale (+ bias)``.
+
+- ``fp8_gemv``: one row (a decode step of one sequence). The bf16 GEMV of ``kernels/gemv.py``
+  with 1-byte weights: half the bytes streamed per step. Same fusions and helpers (RMSNorm
+  prologue, residual epilogue, SiLU·mul input, PDL); the row's scale multiplies the float32
+  sum before the epilogue.
+- ``fp8_gemm``: several rows (prefill, batched decode). Each program loads fp8 weight tiles,
+  widens them to the activation dtype in registers and runs ``tl.dot`` (float32 accumulate);
+  the scales multiply the accumulator once. The weights are never dequantized in memory.
+- ``fp8_scaled_mm``: several rows through ``torch._scaled_mm`` (cuBLASLt FP8 tensor cores) with
+  the activations quantized per row (amax/448): the alternative to ``fp8_gemm`` that
+  ``DEEPINFER_FP8_GEMM=scaled_mm`` selects (it also quantizes activations, so it is not
+  weight-only; bench/gpu_bench.py compares the two).
+
+No host syncs and no allocation other than the outputs: every path runs inside CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from deepinfer.runtime.kernels.gemv import _activation_chunk, _gemv_epilogue
+from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch
+
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+# (BLOCK_N, BLOCK_K, num_warps, num_stages): 16-byte loads of fp8 are 16 values, so the tile
+# covers twice the columns of the bf16 one for the same bytes per load.
+DEFAULT_CONFIG = (2, 2048, 4, 3)
+WIDE_K_CONFIG = (2, 2048, 4, 3)  # K >= 8192 (Llama-3-8B's down projection); bench/fp8_check.py --part sweep
+
+
+def one_row_config(k: int) -> tuple[int, int, int, int]:
+    """The one-row tile for ``k`` inputs."""
+    return WIDE_K_CONFIG if k >= 8192 else DEFAULT_CONFIG
+
+
+@triton.jit
+def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, n, k, stride_w, eps,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SILU_MUL: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     NORM: tl.constexpr, NORM_BLOCK: tl.constexpr, RESIDUAL: tl.constexpr, PDL: tl.constexpr):
+    pid = tl.program_id(0)
+    rows = (pid * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    row_ok = rows < n
+    cols = tl.arange(0, BLOCK_K)
+    # first weight tile before waiting for the previous kernel (PDL), as kernels/gemv.py does
+    w_first = tl.load(w_ptr + rows[:, None] * stride_w + cols[None, :], mask=row_ok[:, None] & (cols < k)[None, :],
+                      other=0.0)
+    pdl_begin(PDL)
+    rstd = 0.0
+    if NORM:
+        nc = tl.arange(0, NORM_BLOCK)
+        xn = tl.load(x_ptr + nc, mask=nc < k, other=0.0).to(tl.float32)
+        rstd = tl.math.rsqrt(tl.sum(xn * xn, axis=0) / k + eps)
+    acc = w_first.to(tl.float32) * _activation_chunk(x_ptr, nw_ptr, out_ptr, cols, cols < k, k, rstd, SILU_MUL,
+                                                     NORM)[None, :]
+    for k0 in range(BLOCK_K, k, BLOCK_K):
+        c = k0 + cols
+        c_ok = c < k
+        xv = _activation_chunk(x_ptr, nw_ptr, out_ptr, c, c_ok, k, rstd, SILU_MUL, NORM)
+        w = tl.load(w_ptr + rows[:, None] * stride_w + c[None, :], mask=row_ok[:, None] & c_ok[None, :], other=0.0)
+        acc += w.to(tl.float32) * xv[None, :]
+    y = tl.sum(acc, axis=1) * tl.load(s_ptr + rows, mask=row_ok, other=0.0)
+    _gemv_epilogue(y, rows, row_ok, pid, n, b_ptr, res_ptr, out_ptr, out_ptr, out_ptr, HAS_BIAS, RESIDUAL, False)
+
+
+@triton.jit
+def _fp8_gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, m, n, k, stride_x, stride_w, stride_o,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     PRECISION: tl.constexpr):
+    pid_m = tl.program_id(1)
+    pid_n = tl.program_id(0)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    rk = tl.arange(0, BLOCK_K)
+    m_ok = rm < m
+    n_ok = rn < n
+    dt = out_ptr.dtype.element_ty
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, k, BLOCK_K):
+        c = k0 + rk
+        c_ok = c < k
+        a = tl.load(x_ptr + rm[:, None].to(tl.int64) * stride_x + c[None, :], mask=m_ok[:, None] & c_ok[None, :],
+                    other=0.0)
+        w = tl.load(w_ptr + rn[:, None] * stride_w + c[None, :], mask=n_ok[:, None] & c_ok[None, :], other=0.0)
+        # e4m3 values are exact in bf16/fp16; float32 (tests) multiplies in full precision
+        acc = tl.dot(a, tl.trans(w.to(dt)), acc, input_precision=PRECISION)
+    y = acc * tl.load(s_ptr + rn, mask=n_ok, other=0.0)[None, :]
+    if HAS_BIAS:
+        y += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + rm[:, None].to(tl.int64) * stride_o + rn[None, :], y.to(dt), mask=m_ok[:, None] & n_ok[None, :])
+
+
+def _check_weight(name: str, weight: torch.Tensor, scale: torch.Tensor) -> tuple[int, int]:
+    if weight.dim() != 2 or weight.stride(1) != 1 or weight.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"{name}: weight must be float8_e4m3fn [N, K] with contiguous rows, got {weight.dtype} "
+                         f"shape {tuple(weight.shape)}")
+    n, k = weight.shape
+    if scale.shape != (n,) or scale.dtype != torch.float32 or not scale.is_contiguous():
+        raise ValueError(f"{name}: scale must be a contiguous float32 [{n}] vector, got {scale.dtype} "
+                         f"shape {tuple(scale.shape)}")
+    return n, k
+
+
+def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None, *,
+             silu_mul: bool = False, norm: tuple[torch.Tensor, float] | None = None,
+             residual: torch.Tensor | None = None, config: tuple[int, int, int, int] | None = None,
+             out: torch.Tensor | None = None) -> torch.Tensor:
+    """``(x @ weight.float().T) * scale (+ bias)`` for one row ``x`` [1, K] (or [1, 2K] with
+    ``silu_mul``); ``norm``/``residual``/``silu_mul`` as in ``kernels.gemv.gemv``. Returns [1, N]
+    in ``x``'s dtype."""
+    n, k = _check_weight("fp8_gemv", weight, scale)
+    if x.dim() != 2 or x.shape[0] != 1 or x.stride(1) != 1:
+        raise ValueError(f"fp8_gemv: x must be one contiguous row [1, K], got shape {tuple(x.shape)}")
+    if silu_mul and norm is not None:
+        raise ValueError("fp8_gemv: silu_mul and norm cannot be combined")
+    if x.shape[1] != (2 * k if silu_mul else k):
+        raise ValueError(f"fp8_gemv: x has {x.shape[1]} columns, weight [{n}, {k}] needs {2 * k if silu_mul else k}")
+    if bias is not None and (bias.shape != (n,) or not bias.is_contiguous()):
+        raise ValueError(f"fp8_gemv: bias must be a contiguous [{n}] vector, got shape {tuple(bias.shape)}")
+    if norm is not None and (norm[0].shape != (k,) or not norm[0].is_contiguous()):
+        raise ValueError(f"fp8_gemv: the norm weight must be a contiguous [{k}] vector, got {tuple(norm[0].shape)}")
+    if residual is not None and (residual.shape != (1, n) or residual.stride(1) != 1):
+        raise ValueError(f"fp8_gemv: residual must be one contiguous row [1, {n}], got {tuple(residual.shape)}")
+    block_n, block_k, warps, stages = config or one_row_config(k)
+    out = torch.empty((1, n), dtype=x.dtype, device=x.device) if out is None else out
+    _fp8_gemv_kernel[(triton.cdiv(n, block_n),)](
+        x, weight, scale, bias if bias is not None else scale, norm[0] if norm is not None else scale,
+        residual if residual is not None else out, out, n, k, weight.stride(0), norm[1] if norm is not None else 0.0,
+        BLOCK_N=block_n, BLOCK_K=block_k, SILU_MUL=silu_mul, HAS_BIAS=bias is not None, NORM=norm is not None,
+        NORM_BLOCK=triton.next_power_of_2(k) if norm is not None else 1, RESIDUAL=residual is not None,
+        num_warps=warps, num_stages=stages, **pdl_launch(x.device))
+    return out
+
+
+def gemm_config(m: int) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) of ``fp8_gemm`` for ``m`` rows: few rows
+    are bound by the weight stream (narrow M, wide N and K tiles), many by the tensor cores."""
+    if m <= 16:
+        return 16, 64, 256, 4, 4
+    if m <= 32:
+        return 32, 64, 256, 4, 4
+    if m <= 64:
+        return 64, 64, 128, 4, 4
+    return 128, 128, 64, 8, 3
+
+
+def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
+             config: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
+    """``(x @ weight.T) * scale (+ bias)`` for ``x`` [M, K] bfloat16/float16 (rows contiguous);
+    returns [M, N] in ``x``'s dtype."""
+    n, k = _check_weight("fp8_gemm", weight, scale)
+    if x.dim() != 2 or x.shape[1] != k or x.stride(1) != 1:
+        raise ValueError(f"fp8_gemm: x must be [M, {k}] with contiguous rows, got shape {tuple(x.shape)}")
+    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"fp8_gemm: x must be bfloat16, float16 or float32, got {x.dtype}")
+    m = x.shape[0]
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    bm, bn, bk, warps, stages = config or gemm_config(m)
+    _fp8_gemm_kernel[(triton.cdiv(n, bn), triton.cdiv(m, bm))](
+        x, weight, scale, bias if bias is not None else scale, out, m, n, k, x.stride(0), weight.stride(0),
+        out.stride(0), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, HAS_BIAS=bias is not None,
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=warps,
+        num_stages=stages)
+    return out
+
+
+def fp8_scaled_mm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                  bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``fp8_gemm``'s product on FP8 tensor cores: ``x`` quantized to E4M3 per row (amax/448),
+    ``torch._scaled_mm`` with row-wise scales, bfloat16 out (cast to ``x``'s dtype)."""
+    amax = x.abs().amax(dim=1, keepdim=True).float()
+    xs = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    xq = (x.float() / xs).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    y = torch._scaled_mm(xq, weight.t(), scale_a=xs, scale_b=scale.view(1, -1), out_dtype=torch.bfloat16)
+    y = y.to(x.dtype)
+    return y if bias is None else y + bias

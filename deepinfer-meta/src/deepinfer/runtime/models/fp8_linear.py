@@ -1,0 +1,130 @@
+"""FP8 weight-only linear layers (``quantization="fp8"``, vLLM's name for the same option).
+
+A bf16/fp16 projection is quantized once at load to float8_e4m3fn with one float32 scale per
+output channel (row amax / 448, so each row's largest weight maps to E4M3's largest finite value;
+an all-zero row keeps scale 1). Activations stay in the model dtype: the kernels widen the 1-byte
+weights in registers (``kernels/fp8_gemv.py``), so a decode step streams half the bytes of bf16.
+
+Only the decoder layers' projections are quantized (qkv, o, gate/up, down); the embedding and the
+LM head stay in the model dtype, as vLLM's fp8 option leaves them.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from deepinfer.runtime import switches
+from deepinfer.runtime.kernels.shared_linear import SharedLinear
+
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+SUPPORTED_METHODS = ("fp8",)
+MIN_CAPABILITY = (8, 9)  # Ada / Hopper: E4M3 conversions and FP8 tensor cores (loading/quantization.py checks)
+PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+
+
+def quantize_fp8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(E4M3 codes [N, K], float32 scales [N]) of ``weight`` [N, K]: ``codes.float() * scale[:, None]``
+    approximates it. Values are divided by the row's scale, saturated to +-448 (a plain cast would
+    give NaN past it) and rounded to nearest even. ValueError for non-finite weights."""
+    if weight.dim() != 2:
+        raise ValueError(f"quantize_fp8: weight must be 2-D [N, K], got shape {tuple(weight.shape)}")
+    w = weight.float()
+    amax = w.abs().amax(dim=1)
+    if not bool(torch.isfinite(amax).all()):
+        raise ValueError("quantization='fp8': the weight has non-finite values (inf/NaN); it cannot be scaled")
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    codes = (w / scale[:, None]).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return codes, scale.contiguous()
+
+
+def dequantize_fp8(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The weight the codes stand for, ``codes * scale`` per row, in ``dtype``."""
+    return (codes.float() * scale[:, None]).to(dtype)
+
+
+class Fp8Linear(nn.Module):
+    """``y = x @ (codes * scale).T (+ bias)`` with E4M3 codes [N, K] and float32 scales [N].
+
+    CUDA: one row through ``fp8_gemv``, several through ``fp8_gemm`` (or ``torch._scaled_mm``
+    with ``DEEPINFER_FP8_GEMM=scaled_mm``). Elsewhere (tests: no FP8 kernels on CPU) the weight is
+    dequantized per call and multiplied by ``F.linear``, which gives the same values up to the
+    summation order."""
+
+    weight: torch.Tensor
+    weight_scale: torch.Tensor
+    bias: torch.Tensor | None
+    weight_type = "fp8_e4m3 per-channel"
+
+    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = codes.shape
+        self.register_buffer("weight", codes.contiguous())
+        self.register_buffer("weight_scale", scale.float().contiguous())
+        self.register_buffer("bias", None if bias is None else bias.detach().clone())
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> Fp8Linear:
+        codes, scale = quantize_fp8(linear.weight.detach())
+        return cls(codes, scale, None if linear.bias is None else linear.bias.detach())
+
+    @property
+    def kernel_path(self) -> str:
+        if self.weight.device.type != "cuda":
+            return "dequantize + torch matmul (CPU emulation)"
+        many = "torch._scaled_mm (FP8 activations per row)" if _use_scaled_mm() else "Triton fp8 GEMM"
+        return f"Triton fp8 GEMV (1 row, fused) / {many}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        if self.weight.device.type != "cuda":
+            y = F.linear(x2, dequantize_fp8(self.weight, self.weight_scale, x.dtype), self.bias)
+        elif x2.shape[0] == 1 and x2.stride(1) == 1:
+            from deepinfer.runtime.kernels.fp8_gemv import fp8_gemv
+
+            y = fp8_gemv(x2, self.weight, self.weight_scale, self.bias)
+        else:
+            from deepinfer.runtime.kernels.fp8_gemv import fp8_gemm, fp8_scaled_mm
+
+            x2 = x2.contiguous()
+            y = (fp8_scaled_mm if _use_scaled_mm() else fp8_gemm)(x2, self.weight, self.weight_scale, self.bias)
+        return y.reshape(*lead, self.out_features)
+
+    def fused_gemv(self, x: torch.Tensor, *, norm: tuple[torch.Tensor, float] | None = None,
+                   residual: torch.Tensor | None = None, silu_mul: bool = False) -> torch.Tensor:
+        """The one-row product with ``kernels.gemv.gemv``'s fusions (the decode graphs' batch-1 path)."""
+        from deepinfer.runtime.kernels.fp8_gemv import fp8_gemv
+
+        return fp8_gemv(x, self.weight, self.weight_scale, self.bias, norm=norm, residual=residual, silu_mul=silu_mul)
+
+
+def _use_scaled_mm() -> bool:
+    return switches.value("DEEPINFER_FP8_GEMM").strip().lower() == "scaled_mm"
+
+
+@torch.no_grad()
+def quantize_model(model: nn.Module, method: str) -> int:
+    """Replace every plain linear projection of the decoder layers by an ``Fp8Linear``
+    (one layer at a time: the bf16 weights of a layer are freed as the next is quantized).
+    Returns how many were replaced."""
+    from deepinfer.runtime.models.llama import LlamaForCausalLM
+
+    if method not in SUPPORTED_METHODS:
+        raise ValueError(f"quantization={method!r} is not supported; supported methods: {list(SUPPORTED_METHODS)}")
+    if type(model) is not LlamaForCausalLM:  # experts and MLA keep other layers: they would stay bf16 unsaid
+        raise ValueError(f"quantization={method!r} runs the dense Llama family only, not {type(model).__name__}")
+    count = 0
+    for layer in cast(nn.ModuleList, getattr(model, "layers", nn.ModuleList())):
+        for name in PROJECTIONS:
+            linear = getattr(layer, name, None)
+            # plain layers and their re-dispatching views (CpuLinear); not tensor-parallel ones
+            if type(linear) is nn.Linear or isinstance(linear, SharedLinear):
+                setattr(layer, name, Fp8Linear.from_linear(linear))
+                count += 1
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # the freed bf16 weights go back to the device: the KV cache is sized next
+    return count
