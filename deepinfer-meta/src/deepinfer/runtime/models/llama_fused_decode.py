@@ -28,6 +28,7 @@ from deepinfer.runtime import switches
 from deepinfer.runtime.attention.triton_decode import DecodeWorkspace, decode_attention
 from deepinfer.runtime.kernels.fused_ops import add_rmsnorm, rotary_kv_write, silu_mul
 from deepinfer.runtime.kernels.gemv import gemv
+from deepinfer.runtime.models.gguf_linear import GGUFLinearCUDA
 from deepinfer.runtime.models.llama import LlamaForCausalLM, LlamaLayer, RMSNorm
 
 Region = Callable[[str], AbstractContextManager[None]]
@@ -94,6 +95,9 @@ def _norm_linear(st: _Stream, norm: RMSNorm, proj: nn.Linear, name: str, gemv_na
     if st.pending is None and _gemv_ok(b, proj, name in gemv_names):
         return gemv(st.stream, proj.weight, proj.bias, norm=(norm.weight, norm.eps),
                     config=_tile(name, proj.weight))
+    if isinstance(proj, GGUFLinearCUDA):  # GGUF weights kept quantized: its GEMV fuses the same norm
+        return proj.gemv(st.stream, norm=(norm.weight, norm.eps)) if st.pending is None and b == 1 \
+            else proj(st.normed(norm))
     return F.linear(st.normed(norm), proj.weight, proj.bias)
 
 
@@ -106,6 +110,10 @@ def _residual_linear(st: _Stream, a: torch.Tensor, proj: nn.Module, name: str, g
         lin = cast(nn.Linear, proj)
         st.stream = gemv(a, lin.weight, lin.bias, silu_mul=silu, residual=st.stream,
                          config=_tile(name, lin.weight))
+        return
+    if b == 1 and isinstance(proj, GGUFLinearCUDA):
+        assert st.pending is None
+        st.stream = proj.gemv(a, silu_mul=silu, residual=st.stream)
         return
     assert st.pending is None
     st.pending = proj.forward(silu_mul(a) if silu else a)

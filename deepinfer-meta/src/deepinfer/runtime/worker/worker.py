@@ -56,6 +56,13 @@ def model_path(model: str | None) -> str:
     return path
 
 
+def keeps_gguf_quantization(args: EngineArgs, device: torch.device, path: str) -> bool:
+    """Whether a GGUF file's quantized projections stay quantized (see load_model): no dtype asked,
+    on CPU, or on CUDA unless deterministic=True (its batch-invariant kernels take dense weights)."""
+    return (args.dtype is None and os.path.isfile(path)
+            and (device.type == "cpu" or (device.type == "cuda" and not args.deterministic)))
+
+
 class Worker:
     """Device, model, KV cache, runner, step buffers and decode graphs of one rank.
 
@@ -79,9 +86,7 @@ class Worker:
         self.parallel = group is not None and group.world_size > 1
         if args.num_threads is not None:
             torch.set_num_threads(args.num_threads)
-        # CPU + GGUF + no dtype asked + one rank: keep the file's quantized projections (see load_model)
-        keep_quantized = (args.dtype is None and device.type == "cpu" and os.path.isfile(model_path)
-                          and not self.parallel)
+        keep_quantized = keeps_gguf_quantization(args, device, model_path) and not self.parallel
         self.loaded = load_model(model_path, device=device, dtype=self.dtype, dummy_weights=args.dummy_weights,
                                  max_positions=args.max_model_len, seed=args.seed,
                                  tensor_parallel=group if self.parallel else None, keep_quantized=keep_quantized)
@@ -98,7 +103,7 @@ class Worker:
             self.draft_loaded = load_draft_model(
                 spec.model, self.loaded.config, device=device, dtype=self.dtype, dummy_weights=args.dummy_weights,
                 max_positions=args.max_model_len, seed=args.seed,
-                keep_quantized=args.dtype is None and device.type == "cpu" and os.path.isfile(spec.model))
+                keep_quantized=keeps_gguf_quantization(args, device, spec.model))
         self.num_blocks = self._num_kv_blocks()
         kwargs: dict[str, Any] = dict(num_blocks=self.num_blocks, block_size=args.block_size, device=device,
                                       dtype=self.dtype, attention_backend=args.attention_backend,
