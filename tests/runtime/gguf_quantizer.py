@@ -50,7 +50,7 @@ def _k_min_scales(w: torch.Tensor, levels: int) -> tuple[torch.Tensor, ...]:
 def quantize(w: torch.Tensor, kind: str) -> torch.Tensor:
     """Raw GGUF blocks of float weights ``w`` [rows, K] (K a multiple of the type's block)."""
     w = w.float()
-    rows, k = w.shape
+    rows = w.shape[0]
     if kind == "Q8_0":
         b = w.reshape(rows, -1, 32)
         d = (b.abs().amax(-1) / 127).half().float()
@@ -94,3 +94,42 @@ def quantize(w: torch.Tensor, kind: str) -> torch.Tensor:
         scales = sc.to(torch.int8).view(torch.uint8)
         return torch.cat((ql, qh, scales, _f16_bytes(d)), -1).reshape(rows, -1)
     raise ValueError(f"quantize: no quantizer for {kind}")
+
+
+def q4_k_m_type(tensor: str, layer: int, layers: int) -> str:
+    """llama.cpp's Q4_K_M choice for a Llama projection (its ``use_more_bits``): attn_v and ffn_down
+    in Q6_K on the first and last eighth of the layers and every third one between, else Q4_K."""
+    more = layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
+    return "Q6_K" if tensor in ("v", "down") and more else "Q4_K"
+
+
+def quantize_model_projections(model: torch.nn.Module, scheme: str) -> dict[str, int]:
+    """Swap a LlamaForCausalLM's projections and LM head for ``GGUFLinearCUDA`` layers holding its
+    own (dense) weights quantized by ``scheme`` ("q4_0", "q8_0", "q4_1", "q4_k_m"); returns the count
+    of tensors per type. For benchmarks of random-weight shapes (no GGUF file written)."""
+    from deepinfer.runtime.kernels.gguf_layout import regroup
+    from deepinfer.runtime.models.gguf_linear import GGUFLinearCUDA
+
+    counts: dict[str, int] = {}
+    layers = model.layers
+
+    def planes(w: torch.Tensor, kind: str):  # type: ignore[no-untyped-def]
+        counts[kind] = counts.get(kind, 0) + 1
+        return regroup(quantize(w, kind), kind)
+
+    def kind_of(tensor: str, i: int) -> str:
+        return q4_k_m_type(tensor, i, len(layers)) if scheme == "q4_k_m" else scheme.upper()
+
+    with torch.no_grad():
+        for i, layer in enumerate(layers):
+            q, kv = layer.split[0], layer.split[1]
+            w = layer.qkv_proj.weight
+            parts = [planes(w[:q + kv], kind_of("qk", i)), planes(w[q + kv:], kind_of("v", i))]
+            layer.qkv_proj = GGUFLinearCUDA(parts, layer.qkv_proj.bias)
+            layer.o_proj = GGUFLinearCUDA([planes(layer.o_proj.weight, kind_of("o", i))])
+            layer.gate_up_proj = GGUFLinearCUDA([planes(layer.gate_up_proj.weight, kind_of("gate_up", i))])
+            layer.down_proj = GGUFLinearCUDA([planes(layer.down_proj.weight, kind_of("down", i))])
+        head = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
+        model.quantized_head = GGUFLinearCUDA([planes(head, "Q6_K" if scheme == "q4_k_m" else scheme.upper())])
+        model.lm_head = None
+    return counts

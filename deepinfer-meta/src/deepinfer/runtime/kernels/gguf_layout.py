@@ -132,10 +132,14 @@ def regroup(raw: torch.Tensor, kind: str) -> GGUFPlanes:
         return GGUFPlanes(kind, rows, k, _pack_halves(q), d, m)
     b = raw.reshape(rows, -1, per)
     nb = b.shape[1]
+
+    def shifts(*v: int) -> torch.Tensor:
+        return torch.tensor(v, dtype=torch.uint8, device=raw.device).reshape(len(v), 1)
+
     if kind == "Q6_K":
-        ql = b[..., :128].reshape(rows, nb, 2, 1, 64) >> torch.tensor([0, 4], dtype=torch.uint8).reshape(2, 1)
+        ql = b[..., :128].reshape(rows, nb, 2, 1, 64) >> shifts(0, 4)
         ql = (ql & 0x0F).reshape(rows, nb, 8, 32)
-        qh = b[..., 128:192].reshape(rows, nb, 2, 1, 32) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).reshape(4, 1)
+        qh = b[..., 128:192].reshape(rows, nb, 2, 1, 32) >> shifts(0, 2, 4, 6)
         qh = (qh & 0x03).reshape(rows, nb, 8, 32)
         q = (ql | qh << 4).reshape(rows, k)
         sc = b[..., 192:208].contiguous().view(torch.int8).reshape(rows, -1)
@@ -149,8 +153,8 @@ def regroup(raw: torch.Tensor, kind: str) -> GGUFPlanes:
         q = _nibbles(b[..., 16:], 32).reshape(rows, k)
         return GGUFPlanes(kind, rows, k, _pack_halves(q), sc, mn, d, dmin)
     # Q5_K: 32 bytes of fifth bits (bit i of byte l: weight 32 i + l), then 128 bytes of nibbles
-    qh = b[..., 16:48].reshape(rows, nb, 1, 32) >> torch.arange(8, dtype=torch.uint8).reshape(8, 1)
-    ql = b[..., 48:176].reshape(rows, nb, 4, 1, 32) >> torch.tensor([0, 4], dtype=torch.uint8).reshape(2, 1)
+    qh = b[..., 16:48].reshape(rows, nb, 1, 32) >> shifts(*range(8))
+    ql = b[..., 48:176].reshape(rows, nb, 4, 1, 32) >> shifts(0, 4)
     q = ((ql & 0x0F).reshape(rows, nb, 8, 32) | ((qh & 1) << 4)).reshape(rows, k)
     return GGUFPlanes(kind, rows, k, q.contiguous(), sc, mn, d, dmin)
 
