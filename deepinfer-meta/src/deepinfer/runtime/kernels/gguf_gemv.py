@@ -195,6 +195,8 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
         raise ValueError(f"gguf_gemv: residual must be one contiguous row [1, {n}], got {tuple(residual.shape)}")
     out = torch.empty((1, n), dtype=x.dtype, device=x.device) if out is None else out
     block_n, block_k, warps, stages = config
+    if _INTERPRET:  # Triton's interpreter runs programs one by one: fewer, wider ones (same products)
+        block_n = max(block_n, 64)
     _gguf_gemv_kernel[(triton.cdiv(n, block_n),)](
         x, *_planes_args(w), bias if bias is not None else out, norm[0] if norm is not None else out,
         residual if residual is not None else out, out, n, k, norm[1] if norm is not None else 0.0,

@@ -36,10 +36,10 @@ class GGUFLinearCUDA(nn.Module):
 
     def __init__(self, parts: list[GGUFPlanes], bias: torch.Tensor | None = None) -> None:
         super().__init__()
+        if not parts or any(p.k != parts[0].k for p in parts):
+            raise ValueError(f"GGUFLinearCUDA: one or more parts of one width, got widths {[p.k for p in parts]}")
         parts = merge_runs(parts)
         k = parts[0].k
-        if any(p.k != k for p in parts):
-            raise ValueError(f"GGUFLinearCUDA: parts of different widths {[p.k for p in parts]}")
         self.parts = parts
         self.in_features, self.out_features = k, sum(p.n for p in parts)
         self.offsets = [sum(p.n for p in parts[:i]) for i in range(len(parts))]
