@@ -21,7 +21,9 @@ The kernels compute each weight with gguf.quants' float32 operations in its orde
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import torch
 
@@ -57,16 +59,24 @@ class GGUFPlanes:
         return {f.name: getattr(self, f.name) for f in fields(self)
                 if isinstance(getattr(self, f.name), torch.Tensor)}
 
-    def map(self, fn) -> GGUFPlanes:  # type: ignore[no-untyped-def]
+    def with_tensors(self, tensors: dict[str, torch.Tensor], n: int | None = None) -> GGUFPlanes:
+        """These planes with the named tensors replaced (and ``n`` rows where given)."""
+        changes: dict[str, Any] = dict(tensors)
+        if n is not None:
+            changes["n"] = n
+        return replace(self, **changes)
+
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> GGUFPlanes:
         """The same planes with ``fn`` applied to each tensor (device moves, row selections)."""
-        return replace(self, **{name: fn(t) for name, t in self.tensors().items()})
+        return self.with_tensors({name: fn(t) for name, t in self.tensors().items()})
 
     def permute_rows(self, index: torch.Tensor) -> GGUFPlanes:
         return self.map(lambda t: t[index].contiguous())
 
     def rows(self, start: int, stop: int) -> GGUFPlanes:
         """Output rows [start, stop) (a tensor-parallel column shard)."""
-        return replace(self.map(lambda t: t[start:stop].contiguous()), n=stop - start)
+        return self.with_tensors({name: t[start:stop].contiguous() for name, t in self.tensors().items()},
+                                 n=stop - start)
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors().values())
@@ -100,7 +110,7 @@ def cat_rows(parts: list[GGUFPlanes]) -> GGUFPlanes:
     if any(p.kind != first.kind or p.k != first.k for p in parts):
         raise ValueError(f"cat_rows: parts of different types or widths: {[(p.kind, p.k) for p in parts]}")
     cat = {name: torch.cat([p.tensors()[name] for p in parts]) for name in first.tensors()}
-    return replace(first, n=sum(p.n for p in parts), **cat)
+    return first.with_tensors(cat, n=sum(p.n for p in parts))
 
 
 def _pack_halves(q: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,7 @@ slice of the output. No host syncs and fixed shapes: it runs inside the decode C
 
 from __future__ import annotations
 
-from dataclasses import replace
+from typing import cast
 
 import torch
 from torch import nn
@@ -53,7 +53,7 @@ class GGUFLinearCUDA(nn.Module):
 
     def _sync_parts(self) -> None:
         # after .to()/.cuda() the buffers are new tensors: point the planes at them
-        self.parts = [replace(p, **{name: self._buffers[f"part{i}_{name}"] for name in p.tensors()})
+        self.parts = [p.with_tensors({name: cast(torch.Tensor, self._buffers[f"part{i}_{name}"]) for name in p.tensors()})
                       for i, p in enumerate(self.parts)]
 
     def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def, override]
