@@ -60,6 +60,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--types", default="Q4_0,Q8_0,Q4_K,Q6_K,Q4_1,Q5_K")
     p.add_argument("--rows", default="1,32")
+    p.add_argument("--scales", default="gather,tiled",
+                   help="scale loads to time: gather (per column) and/or tiled (per group, broadcast)")
     args = p.parse_args()
     copy = copy_bandwidth()
     print(f"== {torch.cuda.get_device_name()}: copy bandwidth {copy:,.0f} GB/s (read + write)", flush=True)
@@ -72,18 +74,24 @@ def main() -> None:
         for kind in args.types.split(","):
             planes = regroup(quantize(w, kind), kind)
             nbytes = planes.nbytes()
-            for rows in (int(r) for r in args.rows.split(",")):
-                x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+            outputs: dict[tuple[int, str], torch.Tensor] = {}
+            for rows, scales in ((int(r), sc) for r in args.rows.split(",") for sc in args.scales.split(",")):
+                os.environ["DEEPINFER_GGUF_TILED_SCALES"] = "1" if scales == "tiled" else "0"
+                x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16,
+                                generator=torch.Generator(device="cuda").manual_seed(rows))
+                outputs[rows, scales] = (gguf_gemv(x, planes) if rows == 1 else gguf_gemm(x, planes)).float()
                 if rows == 1:
                     t = graph_time(lambda x=x, planes=planes: gguf_gemv(x, planes))
-                    what = "gemv"
+                    what = f"gemv {scales}"
                 else:
                     t = graph_time(lambda x=x, planes=planes: gguf_gemm(x, planes))
                     tb = graph_time(lambda x=x, w=w: F.linear(x, w))
-                    what = f"gemm {rows} rows (cuBLAS bf16 {tb * 1e6:.1f} us)"
+                    what = f"gemm {scales} {rows} rows (cuBLAS bf16 {tb * 1e6:.1f} us)"
                 gbs = (nbytes + x.numel() * 2) / t / 1e9
+                same = outputs[rows, scales] - outputs[rows, args.scales.split(",")[0]]
                 print(f"{name:8s} {kind:5s} {what}: {t * 1e6:7.1f} us {gbs:6,.0f} GB/s "
-                      f"({100 * gbs / copy:.0f} % of copy) {8 * nbytes / (n * k):.2f} bits/weight", flush=True)
+                      f"({100 * gbs / copy:.0f} % of copy) {8 * nbytes / (n * k):.2f} bits/weight; max |diff| to "
+                      f"the first variant {float(same.abs().max()):.3g}", flush=True)
             del planes
         del w
         torch.cuda.empty_cache()

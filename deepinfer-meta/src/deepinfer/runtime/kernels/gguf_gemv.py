@@ -35,9 +35,27 @@ GEMM_CONFIG = (64, 64, 64, 4, 3)  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_s
 
 
 @triton.jit
-def _decode(q, rows, c, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, G: tl.constexpr, SB: tl.constexpr,
-            HAS_MIN: tl.constexpr, BIAS: tl.constexpr):
-    """Float32 weights of codes ``q`` [R, C] at rows ``rows`` [R] and columns ``c`` [C] (gguf's order)."""
+def _decode(q, rows, row_ok, c0, c, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, R: tl.constexpr, BK: tl.constexpr,
+            G: tl.constexpr, SB: tl.constexpr, HAS_MIN: tl.constexpr, BIAS: tl.constexpr, TILED: tl.constexpr):
+    """Float32 weights of codes ``q`` [R, BK] at rows ``rows`` [R] and columns ``c = c0 + arange(BK)``
+    (gguf's operations and order). TILED: the scales are loaded once per group ([R, BK/G]) and
+    broadcast over its G columns (``c0`` a multiple of G); else gathered per column."""
+    if TILED:
+        gi = c0 // G + tl.arange(0, BK // G)
+        gok = row_ok[:, None] & (gi < ng)[None, :]
+        g2 = rows[:, None] * ng + gi[None, :]
+        s = tl.load(s_ptr + g2, mask=gok, other=0).to(tl.float32)
+        if SB > 0:
+            sb2 = rows[:, None] * nsb + (gi * G // SB)[None, :]
+            s = tl.load(d_ptr + sb2, mask=gok, other=0.0).to(tl.float32) * s
+        w = s[:, :, None] * tl.reshape(q.to(tl.float32) - BIAS, (R, BK // G, G))
+        if HAS_MIN:
+            mn = tl.load(m_ptr + g2, mask=gok, other=0).to(tl.float32)
+            if SB > 0:
+                w = w - (tl.load(dm_ptr + sb2, mask=gok, other=0.0).to(tl.float32) * mn)[:, :, None]
+            else:
+                w = w + mn[:, :, None]
+        return tl.reshape(w, (R, BK))
     g = rows[:, None] * ng + (c // G)[None, :]
     s = tl.load(s_ptr + g, mask=ok, other=0).to(tl.float32)
     if SB > 0:
@@ -54,19 +72,23 @@ def _decode(q, rows, c, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, G: tl.constexp
 
 
 @triton.jit
-def _gemv_chunk(acc, raw, rows, row_ok, c, kc, k, rstd, x_ptr, nw_ptr, out_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb,
-                PACKED: tl.constexpr, G: tl.constexpr, SB: tl.constexpr, HAS_MIN: tl.constexpr, BIAS: tl.constexpr,
-                SILU_MUL: tl.constexpr, NORM: tl.constexpr):
+def _gemv_chunk(acc, raw, rows, row_ok, k0, c, kc, k, rstd, x_ptr, nw_ptr, out_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, ng,
+                nsb, R: tl.constexpr, BK: tl.constexpr, PACKED: tl.constexpr, G: tl.constexpr, SB: tl.constexpr,
+                HAS_MIN: tl.constexpr, BIAS: tl.constexpr, SILU_MUL: tl.constexpr, NORM: tl.constexpr,
+                TILED: tl.constexpr):
     """``acc`` plus the products of code bytes ``raw`` (columns ``c``; with PACKED also ``c + kc``)."""
     c_ok = c < kc
     ok = row_ok[:, None] & c_ok[None, :]
     if PACKED:
-        lo = _decode(raw & 0x0F, rows, c, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, G, SB, HAS_MIN, BIAS)
+        lo = _decode(raw & 0x0F, rows, row_ok, k0, c, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, R, BK, G, SB,
+                     HAS_MIN, BIAS, TILED)
         acc += lo * _activation_chunk(x_ptr, nw_ptr, out_ptr, c, c_ok, k, rstd, SILU_MUL, NORM)[None, :]
-        hi = _decode(raw >> 4, rows, c + kc, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, G, SB, HAS_MIN, BIAS)
+        hi = _decode(raw >> 4, rows, row_ok, k0 + kc, c + kc, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, R, BK, G,
+                     SB, HAS_MIN, BIAS, TILED)
         acc += hi * _activation_chunk(x_ptr, nw_ptr, out_ptr, c + kc, c_ok, k, rstd, SILU_MUL, NORM)[None, :]
     else:
-        w = _decode(raw, rows, c, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, G, SB, HAS_MIN, BIAS)
+        w = _decode(raw, rows, row_ok, k0, c, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, R, BK, G, SB, HAS_MIN,
+                    BIAS, TILED)
         acc += w * _activation_chunk(x_ptr, nw_ptr, out_ptr, c, c_ok, k, rstd, SILU_MUL, NORM)[None, :]
     return acc
 
@@ -76,7 +98,7 @@ def _gguf_gemv_kernel(x_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, b_ptr, nw_ptr, 
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PACKED: tl.constexpr, G: tl.constexpr,
                       SB: tl.constexpr, HAS_MIN: tl.constexpr, BIAS: tl.constexpr, SILU_MUL: tl.constexpr,
                       NORM: tl.constexpr, NORM_BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr,
-                      RESIDUAL: tl.constexpr, PDL: tl.constexpr):
+                      RESIDUAL: tl.constexpr, TILED: tl.constexpr, PDL: tl.constexpr):
     pid = tl.program_id(0)
     rows = (pid * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     row_ok = rows < n
@@ -92,15 +114,15 @@ def _gguf_gemv_kernel(x_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, b_ptr, nw_ptr, 
         nc = tl.arange(0, NORM_BLOCK)
         xn = tl.load(x_ptr + nc, mask=nc < k, other=0.0).to(tl.float32)
         rstd = tl.math.rsqrt(tl.sum(xn * xn, axis=0) / k + eps)
-    acc = _gemv_chunk(tl.zeros([BLOCK_N, BLOCK_K], tl.float32), first, rows, row_ok, cols, kc, k, rstd, x_ptr,
-                      nw_ptr, out_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, PACKED, G, SB, HAS_MIN, BIAS, SILU_MUL,
-                      NORM)
+    acc = _gemv_chunk(tl.zeros([BLOCK_N, BLOCK_K], tl.float32), first, rows, row_ok, 0, cols, kc, k, rstd, x_ptr,
+                      nw_ptr, out_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, BLOCK_N, BLOCK_K, PACKED, G, SB, HAS_MIN,
+                      BIAS, SILU_MUL, NORM, TILED)
     for k0 in range(BLOCK_K, kc, BLOCK_K):
         c = k0 + cols
         ok = row_ok[:, None] & (c < kc)[None, :]
         raw = tl.load(q_ptr + rows[:, None] * kc + c[None, :], mask=ok, other=0)
-        acc = _gemv_chunk(acc, raw, rows, row_ok, c, kc, k, rstd, x_ptr, nw_ptr, out_ptr, s_ptr, m_ptr, d_ptr,
-                          dm_ptr, ng, nsb, PACKED, G, SB, HAS_MIN, BIAS, SILU_MUL, NORM)
+        acc = _gemv_chunk(acc, raw, rows, row_ok, k0, c, kc, k, rstd, x_ptr, nw_ptr, out_ptr, s_ptr, m_ptr, d_ptr,
+                          dm_ptr, ng, nsb, BLOCK_N, BLOCK_K, PACKED, G, SB, HAS_MIN, BIAS, SILU_MUL, NORM, TILED)
     y = tl.sum(acc, axis=1)
     dt = out_ptr.dtype.element_ty
     if HAS_BIAS:
@@ -123,7 +145,7 @@ def _dot(x, w, acc, DOT_F32: tl.constexpr):
 def _gguf_gemm_kernel(x_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, b_ptr, out_ptr, mrows, n, k, stride_x, stride_o,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PACKED: tl.constexpr,
                       G: tl.constexpr, SB: tl.constexpr, HAS_MIN: tl.constexpr, BIAS: tl.constexpr,
-                      HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr):
+                      HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, TILED: tl.constexpr, PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
@@ -144,14 +166,17 @@ def _gguf_gemm_kernel(x_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, b_ptr, out_ptr,
         xm = m_ok[:, None] & c_ok[None, :]
         raw = tl.load(q_ptr + rn[:, None] * kc + c[None, :], mask=ok, other=0)
         if PACKED:
-            lo = _decode(raw & 0x0F, rn, c, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, G, SB, HAS_MIN, BIAS).to(dt)
+            lo = _decode(raw & 0x0F, rn, n_ok, k0, c, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, BLOCK_N, BLOCK_K, G, SB,
+                         HAS_MIN, BIAS, TILED).to(dt)
             xv = tl.load(x_ptr + rm[:, None] * stride_x + c[None, :], mask=xm, other=0.0)
             acc = _dot(xv, lo, acc, DOT_F32)
-            hi = _decode(raw >> 4, rn, c + kc, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, G, SB, HAS_MIN, BIAS).to(dt)
+            hi = _decode(raw >> 4, rn, n_ok, k0 + kc, c + kc, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, BLOCK_N, BLOCK_K,
+                         G, SB, HAS_MIN, BIAS, TILED).to(dt)
             xv = tl.load(x_ptr + rm[:, None] * stride_x + (c + kc)[None, :], mask=xm, other=0.0)
             acc = _dot(xv, hi, acc, DOT_F32)
         else:
-            w = _decode(raw, rn, c, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, G, SB, HAS_MIN, BIAS).to(dt)
+            w = _decode(raw, rn, n_ok, k0, c, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, BLOCK_N, BLOCK_K, G, SB, HAS_MIN,
+                        BIAS, TILED).to(dt)
             xv = tl.load(x_ptr + rm[:, None] * stride_x + c[None, :], mask=xm, other=0.0)
             acc = _dot(xv, w, acc, DOT_F32)
     if HAS_BIAS:
@@ -168,7 +193,14 @@ def _planes_args(w: GGUFPlanes) -> tuple[torch.Tensor, ...]:
 
 def _kind_meta(w: GGUFPlanes) -> dict[str, object]:
     packed, g, sb, has_min, bias = KINDS[w.kind]
-    return dict(PACKED=packed, G=g, SB=sb, HAS_MIN=has_min, BIAS=bias)
+    return dict(PACKED=packed, G=g, SB=sb, HAS_MIN=has_min, BIAS=bias, TILED=tiled_scales())
+
+
+def tiled_scales() -> bool:
+    """Scales loaded once per group and broadcast (``DEEPINFER_GGUF_TILED_SCALES=1``), or gathered
+    per column (default). Both give the same weights; which streams faster is measured on the H200
+    (bench/gguf_gemv_bench.py runs both)."""
+    return os.environ.get("DEEPINFER_GGUF_TILED_SCALES", "0") == "1"
 
 
 def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, *, silu_mul: bool = False,
