@@ -101,6 +101,11 @@ def check_cpu(path: str) -> bool:
     return ok
 
 
+def _logprob(lp: dict, token: int) -> float:  # type: ignore[type-arg]
+    v = lp[token]
+    return float(getattr(v, "logprob", v))  # a Logprob or a float
+
+
 def check_cuda(path: str) -> bool:
     from deepinfer import LLM, SamplingParams
 
@@ -128,7 +133,7 @@ def check_cuda(path: str) -> bool:
                 continue
             i = next(j for j in range(len(dt)) if qt[j] != dt[j])
             lp = d.outputs[0].logprobs[i]
-            gap = lp[dt[i]].logprob - lp[qt[i]].logprob if qt[i] in lp else float("inf")
+            gap = _logprob(lp, dt[i]) - _logprob(lp, qt[i]) if qt[i] in lp else float("inf")
             print(f"  {'batch' if mode else 'alone'}: differs at step {i}: dense logprob gap {gap:.3f}")
     print(f"greedy agreement quantized vs dequantized bf16: {same}/{total} sequences identical", flush=True)
     return True
