@@ -3,9 +3,10 @@ mixes Q4_K and Q6_K), loaded with its weights kept quantized (``GGUFLinearCUDA``
 same file dequantized.
 
 ``python gguf_gpu_model_check.py cpu``  (with ``TRITON_INTERPRET=1``): the model's logits for a
-prompt of 5 tokens (the GEMM) and for one token (the GEMV), float32 activations, against the dense
-float32 model of the same file: the weights are the same numbers, so only the float32 summation
-order differs (bound ``1e-4 * max |logit|``).
+prompt of 5 tokens (the GEMM), then one decode token (the GEMV), then one through the fused
+one-row decode forward (the GEMV's RMSNorm / residual / SiLU·mul fusions), float32 activations,
+against the dense float32 model of the same file: the weights are the same numbers, so only the
+float32 summation order differs (bound ``1e-4 * max |logit|``).
 ``python gguf_gpu_model_check.py cuda``: ``LLM(path)`` (dtype unset: quantized, CUDA graphs,
 overlap scheduling, the fused one-row decode) against ``LLM(path, dtype="bfloat16")`` (dequantized
 at load): greedy tokens of 6 prompts, alone and as one batch; prints the agreement and, at each
@@ -81,24 +82,44 @@ def check_cpu(path: str) -> bool:
     print("quantized layers:", types, "head:", getattr(quant.quantized_head, "weight_type", None))
     ok = "GGUFLinearCUDA" in kinds and isinstance(quant.quantized_head, GGUFLinearCUDA)
     ok &= {"Q4_K+Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_K", "Q6_K", "Q4_K"} <= set(types)
-    for ids in ([3, 17, 250, 9, 101], [42]):
-        n = len(ids)
-        meta = build_attention_metadata(slot_mapping=np.arange(n), query_start_loc=np.array([0, n]),
-                                        seq_lens=np.array([n]), block_tables=np.zeros((1, 1), np.int32),
-                                        block_size=16, scratch_slot=16, device=cpu)
-        pos = torch.arange(n)
+    prompt = [3, 17, 250, 9, 101]
+    caches = {id(m): [torch.zeros(2, 2, 16, KV, HD) for _ in range(L)] for m in (dense, quant)}
+    for ids in (prompt, [42]):  # a prompt (the GEMM), then one decode token (the GEMV) after it
+        n, start = len(ids), 0 if len(ids) > 1 else len(prompt)
+        meta = build_attention_metadata(slot_mapping=np.arange(start, start + n), query_start_loc=np.array([0, n]),
+                                        seq_lens=np.array([start + n]), block_tables=np.zeros((1, 1), np.int32),
+                                        block_size=16, scratch_slot=31, device=cpu)
         logits = []
         for model in (dense, quant):
-            caches = [torch.zeros(2, 2, 16, KV, HD) for _ in range(L)]
             with torch.no_grad():
-                h = model(torch.tensor(ids), pos, caches, meta, paged_attention)
+                h = model(torch.tensor(ids), torch.arange(start, start + n), caches[id(model)], meta, paged_attention)
                 logits.append(model.compute_logits(h))
-        err = float((logits[0] - logits[1]).abs().max())
-        bound = 1e-4 * float(logits[0].abs().max())
-        print(f"{'ok  ' if err <= bound else 'FAIL'} {n} tokens: max |quantized - dense| logit {err:.3g} "
-              f"(bound {bound:.3g})")
-        ok &= err <= bound
+        ok &= _close(f"{n} token(s), eager", logits[1], logits[0])
+    # the fused one-row decode forward (norm prologue, residual epilogue, SiLU·mul input in the
+    # quantized GEMV) for the next token, against the dense model's eager step
+    from deepinfer.runtime.attention.triton_decode import DecodeWorkspace
+    from deepinfer.runtime.models.llama_fused_decode import fused_decode_forward
+
+    pos = len(prompt) + 1
+    i32 = torch.int32
+    h = fused_decode_forward(quant, torch.tensor([7], dtype=i32), torch.tensor([pos], dtype=i32), caches[id(quant)],
+                             torch.tensor([pos]), torch.zeros((1, 1), dtype=i32), torch.tensor([pos + 1], dtype=i32),
+                             DecodeWorkspace(2, HEADS, HD, cpu), 2)
+    meta = build_attention_metadata(slot_mapping=np.array([pos]), query_start_loc=np.array([0, 1]),
+                                    seq_lens=np.array([pos + 1]), block_tables=np.zeros((1, 1), np.int32),
+                                    block_size=16, scratch_slot=31, device=cpu)
+    with torch.no_grad():
+        ref = dense.compute_logits(dense(torch.tensor([7]), torch.tensor([pos]), caches[id(dense)], meta,
+                                         paged_attention))
+    ok &= _close("1 token, fused decode forward", quant.compute_logits(h), ref)
     return ok
+
+
+def _close(name: str, got: torch.Tensor, ref: torch.Tensor) -> bool:
+    err = float((got - ref).abs().max())
+    bound = 1e-4 * float(ref.abs().max())
+    print(f"{'ok  ' if err <= bound else 'FAIL'} {name}: max |quantized - dense| logit {err:.3g} (bound {bound:.3g})")
+    return err <= bound
 
 
 def _logprob(lp: dict, token: int) -> float:  # type: ignore[type-arg]
