@@ -62,6 +62,8 @@ def main() -> None:
     p.add_argument("--rows", default="1,32")
     p.add_argument("--scales", default="gather,tiled",
                    help="scale loads to time: gather (per column) and/or tiled (per group, broadcast)")
+    p.add_argument("--sweep", default="",
+                   help="types whose one-row GEMV tiles (BLOCK_N, BLOCK_K, warps, stages) are swept on gate_up and down")
     args = p.parse_args()
     copy = copy_bandwidth()
     print(f"== {torch.cuda.get_device_name()}: copy bandwidth {copy:,.0f} GB/s (read + write)", flush=True)
@@ -95,6 +97,30 @@ def main() -> None:
             del planes
         del w
         torch.cuda.empty_cache()
+    for kind in filter(None, args.sweep.split(",")):
+        sweep(kind, copy)
+
+
+TILES = [(4, 512, 4, 3), (2, 512, 4, 3), (8, 256, 4, 3), (4, 1024, 8, 2), (1, 1024, 4, 3), (8, 512, 8, 2)]
+
+
+def sweep(kind: str, copy: float) -> None:
+    from deepinfer.runtime.kernels.gguf_gemv import gguf_gemv
+    from deepinfer.runtime.kernels.gguf_layout import regroup
+    from gguf_quantizer import quantize
+
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    for name in ("gate_up", "down"):
+        n, k = SHAPES[name]
+        planes = regroup(quantize(torch.randn(n, k, device="cuda", generator=gen) * 0.02, kind), kind)
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        for scales in ("gather", "tiled"):
+            os.environ["DEEPINFER_GGUF_TILED_SCALES"] = "1" if scales == "tiled" else "0"
+            for tile in TILES:
+                t = graph_time(lambda tile=tile: gguf_gemv(x, planes, config=tile))
+                gbs = planes.nbytes() / t / 1e9
+                print(f"sweep {name:8s} {kind} {scales:6s} tile {tile}: {t * 1e6:7.1f} us {gbs:6,.0f} GB/s "
+                      f"({100 * gbs / copy:.0f} % of copy)", flush=True)
 
 
 if __name__ == "__main__":
