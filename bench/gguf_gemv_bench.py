@@ -117,7 +117,7 @@ def sweep(kind: str, copy: float) -> None:
         for scales in ("gather", "tiled"):
             os.environ["DEEPINFER_GGUF_TILED_SCALES"] = "1" if scales == "tiled" else "0"
             for tile in TILES:
-                t = graph_time(lambda tile=tile: gguf_gemv(x, planes, config=tile))
+                t = graph_time(lambda tile=tile, x=x, planes=planes: gguf_gemv(x, planes, config=tile))
                 gbs = planes.nbytes() / t / 1e9
                 print(f"sweep {name:8s} {kind} {scales:6s} tile {tile}: {t * 1e6:7.1f} us {gbs:6,.0f} GB/s "
                       f"({100 * gbs / copy:.0f} % of copy)", flush=True)
