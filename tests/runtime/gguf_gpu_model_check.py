@@ -44,6 +44,13 @@ def write_mixed_gguf(path: str, seed: int = 0) -> str:
                        "llama.block_count": L, "llama.context_length": 512, "llama.vocab_size": V}.items():
         w.add_uint32(key, value)
     w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    # a tokenizer (LLM loads one): SentencePiece-style tokens with scores, as transformers needs
+    w.add_tokenizer_model("llama")
+    w.add_token_list([f"<t{i}>" for i in range(V)])
+    w.add_token_scores([0.0] * V)
+    w.add_token_types([1] * V)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
     w.add_float32("llama.rope.freq_base", 10000.0)
 
     def add_quant(name: str, shape: tuple[int, int], kind: str, std: float) -> None:

@@ -29,8 +29,8 @@ gguf = pytest.importorskip("gguf", reason="gguf is not installed")
 HERE = Path(__file__).parent
 
 
-def _run(script: str, *args: str, interpret: bool = True) -> str:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+def _run(script: str, *args: str, interpret: bool = True, **extra: str) -> str:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]), **extra}
     if interpret:
         env["TRITON_INTERPRET"] = "1"
     proc = subprocess.run([sys.executable, str(HERE / script), *args], env=env, capture_output=True, text=True,
@@ -66,8 +66,9 @@ def test_quantizer_blocks_are_gguf_blocks_close_to_the_weights(kind):
     assert rel < {"Q8_0": 0.01, "Q6_K": 0.03, "Q5_K": 0.06}.get(kind, 0.12), rel
 
 
-def test_kernels_match_gguf_dequantization_in_float64():
-    out = _run("gguf_gpu_check.py", "cpu")
+@pytest.mark.parametrize("tiled", ["1", "0"])  # scales broadcast per group (default) / gathered per column
+def test_kernels_match_gguf_dequantization_in_float64(tiled):
+    out = _run("gguf_gpu_check.py", "cpu", DEEPINFER_GGUF_TILED_SCALES=tiled)
     assert out.count("ok  ") == 60  # 6 types x (4 GEMV + 5 GEMM sizes + 1 slice)
 
 
