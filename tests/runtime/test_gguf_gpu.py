@@ -92,9 +92,8 @@ def test_unsupported_type_and_width_are_value_errors():
 
 
 def test_kernel_entry_points_refuse_bad_shapes():
-    from gguf_gpu_check import random_blocks
-
     from deepinfer.runtime.kernels.gguf_gemv import gguf_gemm, gguf_gemv
+    from gguf_gpu_check import random_blocks
 
     planes = regroup(torch.from_numpy(random_blocks("Q4_0", 8, 64, seed=0)), "Q4_0")
     with pytest.raises(ValueError, match="x has 32 columns"):
@@ -112,9 +111,8 @@ def test_kernel_entry_points_refuse_bad_shapes():
 
 
 def test_layer_merges_runs_of_one_type_and_names_its_types():
-    from gguf_gpu_check import random_blocks
-
     from deepinfer.runtime.models.gguf_linear import GGUFLinearCUDA
+    from gguf_gpu_check import random_blocks
 
     def part(kind: str, rows: int) -> GGUFPlanes:
         return regroup(torch.from_numpy(random_blocks(kind, rows, 256, seed=rows)), kind)
