@@ -6,6 +6,8 @@
     python bench/gpu_bench.py --shape llama3-8b --batch 1 --contenders deepinfer --quantization none,fp8
 
 Random bf16 weights of the named shape (tests/runtime/gpu_shapes.py), EOS ignored, greedy.
+``--weights q4_0|q4_1|q8_0|q4_k_m``: the projections and LM head quantized on the GPU to that GGUF
+scheme (tests/runtime/gguf_quantizer.py, seconds for 8B) and run by the GGUF kernels.
 ``--workload nanovllm`` is nano-vllm's published benchmark (its bench.py): on the Qwen3-0.6B shape,
 256 sequences with input and output lengths uniform in [100, 1024] and token ids in [0, 10000]
 drawn with Python's ``random`` seeded 0 in nano-vllm's order, temperature 0.6, EOS ignored,
@@ -35,6 +37,9 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "runtime"))
 
 
+WEIGHTS = "bf16"  # --weights: "bf16", or a GGUF scheme the projections are quantized to (gguf_quantizer)
+
+
 def _load_on_device(path, *, device, dtype, dummy_weights=False, max_positions=None, seed=0, **_ignored):  # type: ignore[no-untyped-def]
     from deepinfer.runtime.loading.model_loader import LoadedModel, model_class, read_config
     from deepinfer.runtime.models.rotary import RotaryEmbedding
@@ -52,6 +57,15 @@ def _load_on_device(path, *, device, dtype, dummy_weights=False, max_positions=N
                 p.normal_(0.0, 0.02, generator=gen)
     model.rotary = RotaryEmbedding(cfg.head_dim, max_positions or cfg.max_position_embeddings, cfg.rope_theta,
                                    cfg.rope_scaling).to(device)
+    if WEIGHTS != "bf16":
+        from gguf_quantizer import quantize_model_projections
+
+        t0 = time.perf_counter()
+        counts = quantize_model_projections(model, WEIGHTS)
+        torch.cuda.synchronize()
+        gc.collect()
+        torch.cuda.empty_cache()
+        print(f"  weights quantized to {WEIGHTS} ({counts}) in {time.perf_counter() - t0:.1f} s", flush=True)
     return LoadedModel(model=model.eval(), config=cfg, path=path)
 
 
@@ -150,9 +164,23 @@ def main() -> None:
     p.add_argument("--quantization", default="none",
                    help="weights of DeepInfer's runs, comma-separated, each run in turn: none (bf16), fp8 "
                         "(LLM(quantization='fp8')); e.g. none,fp8 compares them in one process")
+    p.add_argument("--weights", default="bf16",
+                   help="bf16, or the projections and LM head quantized to a GGUF scheme on the GPU: q4_0, q4_1, q8_0, "
+                        "q4_k_m (llama.cpp's Q4_K/Q6_K choice per tensor), run by the GGUF kernels (DeepInfer only); "
+                        "a comma list runs each in turn in this process")
     p.add_argument("--workload", choices=("fixed", "nanovllm"), default="fixed",
                    help="nanovllm: nano-vllm's benchmark on the Qwen3-0.6B shape (DeepInfer only)")
     args = p.parse_args()
+    schemes = args.weights.split(",")
+    if any(w not in ("bf16", "q4_0", "q4_1", "q8_0", "q4_k_m") for w in schemes):
+        p.error(f"--weights {args.weights!r}: each of bf16, q4_0, q4_1, q8_0, q4_k_m")
+    for w in schemes:
+        run_shape(args, w)
+
+
+def run_shape(args: argparse.Namespace, weights: str) -> None:
+    global WEIGHTS
+    WEIGHTS = weights
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from gpu_shapes import SHAPES, write_shape_dir
 
@@ -171,7 +199,7 @@ def main() -> None:
     vocab = SHAPES[args.shape]["vocab_size"]
     g = torch.Generator().manual_seed(0)
     prompts = torch.randint(100, vocab - 100, (args.batch, args.input_len), generator=g).tolist()
-    print(f"== {args.shape} bf16 random weights, {args.batch} x ({args.input_len} in, {args.output_len} out) on "
+    print(f"== {args.shape} {WEIGHTS} random weights, {args.batch} x ({args.input_len} in, {args.output_len} out) on "
           f"{torch.cuda.get_device_name()} (torch {torch.__version__})", flush=True)
     results = {}
     for who in args.contenders.split(","):
@@ -185,7 +213,7 @@ def main() -> None:
                                               overlap=who == "deepinfer",
                                               quantization=None if quant == "none" else quant)
     for who, rates in results.items():
-        print(_summary(f"{args.shape} b{args.batch} {who}", rates), flush=True)
+        print(_summary(f"{args.shape} {WEIGHTS} b{args.batch} {who}", rates), flush=True)
     if "deepinfer" in results and "transformers" in results:
         print(f"ratio deepinfer/transformers: {statistics.median(results['deepinfer']) / statistics.median(results['transformers']):.2f}x")
 

@@ -131,9 +131,11 @@ class EngineArgs:
         "Quantize a bf16/fp16 checkpoint's decoder projections at load (vLLM's name). \"fp8\": "
         "float8_e4m3fn weights with a float32 scale per output channel, activations stay in "
         "dtype (weight-only); embedding and LM head unchanged. Needs a CUDA GPU of compute "
-        "capability >= 8.9 and one rank; a GGUF file already quantized is refused. None: the "
+        "capability >= 8.9 and one rank; a GGUF file already quantized is refused. \"gguf\": a "
+        "GGUF file's quantized blocks kept on a CUDA GPU and run by the GGUF kernels (on the CPU "
+        "they are kept anyway; without it a GPU dequantizes them to dtype at load). None: the "
         "weights as stored.",
-        "choice", "--quantization", choices=("fp8",), none=True))
+        "choice", "--quantization", choices=("fp8", "gguf"), none=True))
     max_model_len: int | None = field(default=None, metadata=_opt(
         "Longest prompt + completion in tokens (the context). Default: the model's context "
         "length, which is also its upper bound.",

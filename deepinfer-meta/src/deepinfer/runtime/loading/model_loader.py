@@ -67,8 +67,9 @@ def load_model(path: str, *, device: torch.device, dtype: torch.dtype, dummy_wei
 
     The model is built on the meta device and its parameters allocated on ``device`` in ``dtype``
     (uninitialised); weights are then read and copied one tensor at a time, so host memory stays
-    about the model's size plus its largest tensor. With ``keep_quantized`` (CPU, GGUF files)
-    projections stored as Q4_0/Q4_1/Q4_K/Q8_0 stay in that form (``models.quantized``); other
+    about the model's size plus its largest tensor. With ``keep_quantized`` (GGUF files)
+    projections stored as Q4_0/Q4_1/Q4_K/Q8_0 stay in that form on CPU (``models.quantized``),
+    and those stored as Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K on CUDA (``models.gguf_linear``); other
     tensors are dequantized to ``dtype``.
 
     ``tensor_parallel`` of more than one rank: this rank's Megatron shard
@@ -90,8 +91,8 @@ def load_model(path: str, *, device: torch.device, dtype: torch.dtype, dummy_wei
         config = gguf_model.config
     if keep_quantized and shard is not None:
         raise ValueError("keep_quantized: GGUF quantized layers do not run tensor-parallel; load with a dtype")
-    if keep_quantized and device.type != "cpu":
-        raise ValueError(f"keep_quantized: GGUF quantized layers run on CPU only, got device {device}")
+    if keep_quantized and device.type not in ("cpu", "cuda"):
+        raise ValueError(f"keep_quantized: GGUF quantized layers run on CPU and CUDA only, got device {device}")
     freq_factors = None
     if gguf_model is not None:
         freq_factors = gguf_model.rope_freq_factors()  # shape and values checked
@@ -120,7 +121,11 @@ def load_model(path: str, *, device: torch.device, dtype: torch.dtype, dummy_wei
         if dummy_weights:
             model.init_dummy_weights(seed)
         elif gguf_model is not None:
-            if keep_quantized:
+            if keep_quantized and device.type == "cuda":  # GGUF kernels on the GPU (models.gguf_linear)
+                from deepinfer.runtime.loading.gguf_gpu_loader import keep_gguf_quantization_cuda
+
+                keep_gguf_quantization_cuda(model, gguf_model, device, dtype)
+            elif keep_quantized:
                 keep_gguf_quantization(model, gguf_model)
             names = model.weight_slots().keys() & gguf_model.tensors.keys()
             if shard is None:

@@ -12,13 +12,25 @@ from deepinfer.runtime.models.fp8_linear import MIN_CAPABILITY, SUPPORTED_METHOD
 
 def check_quantization(method: str | None, device: torch.device, model_path: str | None = None,
                        tensor_parallel_size: int = 1, dtype: torch.dtype = torch.bfloat16) -> None:
-    """ValueError when ``quantization=method`` cannot run here: an unknown method, a device
+    """ValueError when ``quantization=method`` cannot run here: "gguf" for a file that is not GGUF
+    or several tensor-parallel ranks; for "fp8": an unknown method, a device
     without FP8 (CPU, a GPU below compute capability 8.9), a GGUF file that is already quantized,
     several tensor-parallel ranks, or float32 activations."""
     if method is None:
         return
+    if method == "gguf":  # keep a GGUF file's blocks (worker.keeps_gguf_quantization)
+        if model_path is None or not os.path.isfile(model_path):
+            raise ValueError(f"quantization='gguf' keeps a GGUF file's quantized blocks; {model_path!r} is not a "
+                             "GGUF file (use quantization='fp8' or None for a checkpoint directory)")
+        if device.type not in ("cpu", "cuda"):
+            raise ValueError(f"quantization='gguf' runs on cpu or cuda, not {device.type}")
+        if tensor_parallel_size > 1:
+            raise ValueError("quantization='gguf' runs on one rank only (no tensor-parallel GGUF layers yet); "
+                             "use tensor_parallel_size=1, or leave quantization unset (the file is dequantized)")
+        return
     if method not in SUPPORTED_METHODS:
-        raise ValueError(f"quantization={method!r} is not supported; supported methods: {list(SUPPORTED_METHODS)}")
+        raise ValueError(f"quantization={method!r} is not supported; supported methods: "
+                         f"{[*SUPPORTED_METHODS, 'gguf']}")
     if model_path is not None:
         quantized = _gguf_quantized_types(model_path)
         if quantized:

@@ -29,6 +29,7 @@ from deepinfer.runtime import switches
 from deepinfer.runtime.attention.triton_decode import DecodeWorkspace, decode_attention
 from deepinfer.runtime.kernels.fused_ops import add_rmsnorm, rotary_kv_write, silu_mul
 from deepinfer.runtime.kernels.gemv import gemv
+from deepinfer.runtime.models.gguf_linear import GGUFLinearCUDA
 from deepinfer.runtime.models.llama import LlamaForCausalLM, LlamaLayer, RMSNorm
 
 Region = Callable[[str], AbstractContextManager[None]]
@@ -105,6 +106,8 @@ def _norm_linear(st: _Stream, norm: RMSNorm, proj: nn.Module, name: str, gemv_na
     """proj(RMSNorm(residual stream)): the norm inside the GEMV where it runs, else add_rmsnorm + cuBLAS."""
     if st.pending is None and _gemv_ok(b, proj, name in gemv_names):
         return _one_row(proj, st.stream, name, norm=(norm.weight, norm.eps))
+    if st.pending is None and b == 1 and isinstance(proj, GGUFLinearCUDA):
+        return proj.gemv(st.stream, norm=(norm.weight, norm.eps))  # GGUF weights: their GEMV fuses the same norm
     return proj.forward(st.normed(norm))
 
 
@@ -115,6 +118,10 @@ def _residual_linear(st: _Stream, a: torch.Tensor, proj: nn.Module, name: str, g
     if _gemv_ok(b, proj, name in gemv_names):
         assert st.pending is None
         st.stream = _one_row(proj, a, name, silu_mul=silu, residual=st.stream)
+        return
+    if b == 1 and isinstance(proj, GGUFLinearCUDA):
+        assert st.pending is None
+        st.stream = proj.gemv(a, silu_mul=silu, residual=st.stream)
         return
     assert st.pending is None
     st.pending = proj.forward(silu_mul(a) if silu else a)

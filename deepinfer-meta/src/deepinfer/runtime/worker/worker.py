@@ -56,6 +56,18 @@ def model_path(model: str | None) -> str:
     return path
 
 
+def keeps_gguf_quantization(args: EngineArgs, device: torch.device, path: str) -> bool:
+    """Whether a GGUF file's quantized projections stay quantized (see load_model): no dtype asked,
+    and on CPU (the default there), or on CUDA when asked with ``quantization="gguf"`` and not
+    deterministic (its batch-invariant kernels take dense weights). On CUDA the GGUF kernels are
+    opt-in: measured on the H200 they still decode slower than the bf16 weights they replace."""
+    if args.dtype is not None or not os.path.isfile(path):
+        return False
+    if device.type == "cpu":
+        return True
+    return device.type == "cuda" and args.quantization == "gguf" and not args.deterministic
+
+
 class Worker:
     """Device, model, KV cache, runner, step buffers and decode graphs of one rank.
 
@@ -79,18 +91,16 @@ class Worker:
         self.parallel = group is not None and group.world_size > 1
         if args.num_threads is not None:
             torch.set_num_threads(args.num_threads)
-        # CPU + GGUF + no dtype asked + one rank: keep the file's quantized projections (see load_model)
-        keep_quantized = (args.dtype is None and device.type == "cpu" and os.path.isfile(model_path)
-                          and not self.parallel)
         if args.quantization is not None:  # refused before the weights are read
             from deepinfer.runtime.loading.quantization import check_quantization
 
             check_quantization(args.quantization, device, model_path,
                                group.world_size if self.parallel and group else 1, self.dtype)
+        keep_quantized = keeps_gguf_quantization(args, device, model_path) and not self.parallel
         self.loaded = load_model(model_path, device=device, dtype=self.dtype, dummy_weights=args.dummy_weights,
                                  max_positions=args.max_model_len, seed=args.seed,
                                  tensor_parallel=group if self.parallel else None, keep_quantized=keep_quantized)
-        if args.quantization is not None:
+        if args.quantization is not None and args.quantization != "gguf":
             from deepinfer.runtime.models.fp8_linear import quantize_model
 
             quantize_model(self.loaded.model, args.quantization)
@@ -107,7 +117,7 @@ class Worker:
             self.draft_loaded = load_draft_model(
                 spec.model, self.loaded.config, device=device, dtype=self.dtype, dummy_weights=args.dummy_weights,
                 max_positions=args.max_model_len, seed=args.seed,
-                keep_quantized=args.dtype is None and device.type == "cpu" and os.path.isfile(spec.model))
+                keep_quantized=keeps_gguf_quantization(args, device, spec.model))
         self.num_blocks = self._num_kv_blocks()
         kwargs: dict[str, Any] = dict(num_blocks=self.num_blocks, block_size=args.block_size, device=device,
                                       dtype=self.dtype, attention_backend=args.attention_backend,

@@ -1,0 +1,127 @@
+"""Achieved bandwidth of the GGUF GPU kernels on the Llama-3-8B projection shapes (H200).
+
+    python bench/gguf_gemv_bench.py [--types Q4_0,Q8_0,Q4_K,Q6_K] [--rows 1,32]
+
+For each type and projection (qkv 6144x4096, o 4096x4096, gate_up 28672x4096, down 4096x14336):
+the one-row GEMV (``gguf_gemv``) and, for ``--rows`` above 1, the GEMM (``gguf_gemm``), timed as
+200 back-to-back launches captured in one CUDA graph (launch overhead out, as in the decode
+graphs); GB/s = bytes of the weight planes (+ activations) / time. The bf16 GEMV
+(``kernels.gemv``) and cuBLAS (``F.linear``) on the same shape, and the device's copy bandwidth
+(``torch`` copy of 2 GiB: read + write bytes / time), are printed for reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "runtime"))
+
+SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+REPS = 200
+
+
+def graph_time(fn) -> float:  # type: ignore[no-untyped-def]
+    """Seconds per call of ``fn`` (REPS calls replayed from one CUDA graph, best of 3)."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(REPS):
+            fn()
+    best = float("inf")
+    for _ in range(3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3 / REPS)
+    return best
+
+
+def copy_bandwidth() -> float:
+    a = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    t = graph_time(lambda: b.copy_(a))
+    return 2 * a.numel() / t / 1e9
+
+
+def main() -> None:
+    from deepinfer.runtime.kernels.gemv import gemv
+    from deepinfer.runtime.kernels.gguf_gemv import gguf_gemm, gguf_gemv
+    from deepinfer.runtime.kernels.gguf_layout import regroup
+    from gguf_quantizer import quantize
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--types", default="Q4_0,Q8_0,Q4_K,Q6_K,Q4_1,Q5_K")
+    p.add_argument("--rows", default="1,32")
+    p.add_argument("--scales", default="gather,tiled",
+                   help="scale loads to time: gather (per column) and/or tiled (per group, broadcast)")
+    p.add_argument("--sweep", default="",
+                   help="types whose one-row GEMV tiles (BLOCK_N, BLOCK_K, warps, stages) are swept on gate_up and down")
+    args = p.parse_args()
+    copy = copy_bandwidth()
+    print(f"== {torch.cuda.get_device_name()}: copy bandwidth {copy:,.0f} GB/s (read + write)", flush=True)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for name, (n, k) in SHAPES.items():
+        w = torch.randn(n, k, device="cuda", generator=gen, dtype=torch.bfloat16) * 0.02
+        x1 = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        t = graph_time(lambda x1=x1, w=w: gemv(x1, w))
+        print(f"{name:8s} bf16  gemv: {t * 1e6:7.1f} us {w.numel() * 2 / t / 1e9:6,.0f} GB/s", flush=True)
+        for kind in args.types.split(","):
+            planes = regroup(quantize(w, kind), kind)
+            nbytes = planes.nbytes()
+            outputs: dict[tuple[int, str], torch.Tensor] = {}
+            for rows, scales in ((int(r), sc) for r in args.rows.split(",") for sc in args.scales.split(",")):
+                os.environ["DEEPINFER_GGUF_TILED_SCALES"] = "1" if scales == "tiled" else "0"
+                x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16,
+                                generator=torch.Generator(device="cuda").manual_seed(rows))
+                outputs[rows, scales] = (gguf_gemv(x, planes) if rows == 1 else gguf_gemm(x, planes)).float()
+                if rows == 1:
+                    t = graph_time(lambda x=x, planes=planes: gguf_gemv(x, planes))
+                    what = f"gemv {scales}"
+                else:
+                    t = graph_time(lambda x=x, planes=planes: gguf_gemm(x, planes))
+                    tb = graph_time(lambda x=x, w=w: F.linear(x, w))
+                    what = f"gemm {scales} {rows} rows (cuBLAS bf16 {tb * 1e6:.1f} us)"
+                gbs = (nbytes + x.numel() * 2) / t / 1e9
+                same = outputs[rows, scales] - outputs[rows, args.scales.split(",")[0]]
+                print(f"{name:8s} {kind:5s} {what}: {t * 1e6:7.1f} us {gbs:6,.0f} GB/s "
+                      f"({100 * gbs / copy:.0f} % of copy) {8 * nbytes / (n * k):.2f} bits/weight; max |diff| to "
+                      f"the first variant {float(same.abs().max()):.3g}", flush=True)
+            del planes
+        del w
+        torch.cuda.empty_cache()
+    for kind in filter(None, args.sweep.split(",")):
+        sweep(kind, copy)
+
+
+TILES = [(4, 512, 4, 3), (2, 512, 4, 3), (8, 256, 4, 3), (4, 1024, 8, 2), (1, 1024, 4, 3), (8, 512, 8, 2)]
+
+
+def sweep(kind: str, copy: float) -> None:
+    from deepinfer.runtime.kernels.gguf_gemv import gguf_gemv
+    from deepinfer.runtime.kernels.gguf_layout import regroup
+    from gguf_quantizer import quantize
+
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    for name in ("gate_up", "down"):
+        n, k = SHAPES[name]
+        planes = regroup(quantize(torch.randn(n, k, device="cuda", generator=gen) * 0.02, kind), kind)
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        for scales in ("gather", "tiled"):
+            os.environ["DEEPINFER_GGUF_TILED_SCALES"] = "1" if scales == "tiled" else "0"
+            for tile in TILES:
+                t = graph_time(lambda tile=tile, x=x, planes=planes: gguf_gemv(x, planes, config=tile))
+                gbs = planes.nbytes() / t / 1e9
+                print(f"sweep {name:8s} {kind} {scales:6s} tile {tile}: {t * 1e6:7.1f} us {gbs:6,.0f} GB/s "
+                      f"({100 * gbs / copy:.0f} % of copy)", flush=True)
+
+
+if __name__ == "__main__":
+    main()

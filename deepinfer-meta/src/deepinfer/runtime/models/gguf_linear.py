@@ -1,0 +1,95 @@
+"""A linear layer whose weight stays in a GGUF file's block quantization on a CUDA device.
+
+``GGUFLinearCUDA`` holds the weight as ``kernels.gguf_layout`` planes (regrouped once at load) and
+runs ``kernels.gguf_gemv``: the one-row GEMV for a single row (decode of one sequence; the fused
+decode forward also uses its RMSNorm / residual / SiLU·mul fusions), the GEMM that decodes weight
+tiles in registers for more rows. A fused projection whose parts a file stores in different types
+(Q4_K_M: q and k in Q4_K, v in Q6_K) holds one part per run of equal types, each writing its
+slice of the output. No host syncs and fixed shapes: it runs inside the decode CUDA graphs.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+import torch
+from torch import nn
+
+from deepinfer.runtime.kernels.gguf_layout import GGUFPlanes, cat_rows
+
+
+def merge_runs(parts: list[GGUFPlanes]) -> list[GGUFPlanes]:
+    """Adjacent parts of the same type stacked into one (fewer launches)."""
+    runs: list[list[GGUFPlanes]] = []
+    for p in parts:
+        if runs and runs[-1][0].kind == p.kind:
+            runs[-1].append(p)
+        else:
+            runs.append([p])
+    return [r[0] if len(r) == 1 else cat_rows(r) for r in runs]
+
+
+class GGUFLinearCUDA(nn.Module):
+    """``y = x @ W.T (+ bias)`` with W [N, K] stored as GGUF-quantized planes (one or more row runs)."""
+
+    bias: torch.Tensor | None
+
+    def __init__(self, parts: list[GGUFPlanes], bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        if not parts or any(p.k != parts[0].k for p in parts):
+            raise ValueError(f"GGUFLinearCUDA: one or more parts of one width, got widths {[p.k for p in parts]}")
+        parts = merge_runs(parts)
+        k = parts[0].k
+        self.parts = parts
+        self.in_features, self.out_features = k, sum(p.n for p in parts)
+        self.offsets = [sum(p.n for p in parts[:i]) for i in range(len(parts))]
+        for i, p in enumerate(parts):  # buffers: .to()/state_dict see the planes
+            for name, t in p.tensors().items():
+                self.register_buffer(f"part{i}_{name}", t, persistent=False)
+        self.register_buffer("bias", bias)
+        kinds = sorted({p.kind for p in parts}, key=[p.kind for p in parts].index)
+        self.weight_type = "+".join(kinds)
+        self.kernel_path = "triton gguf gemv / gemm"
+
+    def _sync_parts(self) -> None:
+        # after .to()/.cuda() the buffers are new tensors: point the planes at them
+        self.parts = [p.with_tensors({name: cast(torch.Tensor, self._buffers[f"part{i}_{name}"]) for name in p.tensors()})
+                      for i, p in enumerate(self.parts)]
+
+    def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def, override]
+        out = super()._apply(fn, recurse)
+        self._sync_parts()
+        return out
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, weight_type={self.weight_type}"
+
+    def nbytes(self) -> int:
+        return sum(p.nbytes() for p in self.parts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from deepinfer.runtime.kernels.gguf_gemv import gguf_gemm
+
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        if x2.stride(-1) != 1:
+            x2 = x2.contiguous()
+        if x2.shape[0] == 1:
+            return self.gemv(x2).reshape(*lead, self.out_features)
+        out = torch.empty((x2.shape[0], self.out_features), dtype=x.dtype, device=x.device)
+        for p, off in zip(self.parts, self.offsets, strict=True):
+            b = None if self.bias is None else self.bias[off:off + p.n]
+            gguf_gemm(x2, p, b, out=out if len(self.parts) == 1 else out[:, off:off + p.n])
+        return out.reshape(*lead, self.out_features)
+
+    def gemv(self, x: torch.Tensor, *, silu_mul: bool = False, norm: tuple[torch.Tensor, float] | None = None,
+             residual: torch.Tensor | None = None) -> torch.Tensor:
+        """One row [1, K] (``[1, 2K]`` with ``silu_mul``) -> [1, N], with ``kernels.gemv``'s fusions."""
+        from deepinfer.runtime.kernels.gguf_gemv import gguf_gemv
+
+        out = torch.empty((1, self.out_features), dtype=x.dtype, device=x.device)
+        for p, off in zip(self.parts, self.offsets, strict=True):
+            sl = slice(off, off + p.n)
+            gguf_gemv(x, p, None if self.bias is None else self.bias[sl], silu_mul=silu_mul, norm=norm,
+                      residual=None if residual is None else residual[:, sl], out=out[:, sl])
+        return out

@@ -1,0 +1,123 @@
+"""Test helper: the GGUF GPU kernels (``kernels.gguf_gemv``) against a float64 matmul of
+``gguf.quants``' dequantization of the same blocks.
+
+``python gguf_gpu_check.py DEVICE [quick]``: on CPU run it with ``TRITON_INTERPRET=1`` (Triton's
+interpreter). Prints one line per case and exits non-zero on a mismatch.
+
+Bounds (stated; ``mag = |x| @ |W|.T`` in float64, ``u`` the output dtype's unit roundoff):
+* GEMV, float32 activations: weights decoded in float32 as gguf does (an fma may skip one
+  rounding: 2**-24 relative), float32 sums of K products: ``|y - ref| <= 2**-16 * mag``
+  (K <= 512 terms here: (K+2) * 2**-24 < 2**-14 even for the worst order; measured far below)
+  plus the output rounding ``u * |ref|``.
+* GEMV with bfloat16 activations and fusions (RMSNorm, SiLU·mul, residual): compared to the
+  same fused op computed by torch in float64 from the rounded input the kernel sees; bound
+  ``2**-7 * mag + 2**-7 * |ref|``.
+* GEMM: weights and activations rounded to bfloat16 (2**-9 each), float32 sums:
+  ``|y - ref| <= 2**-7 * mag + 2**-8 * |ref|``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import torch
+from deepinfer.runtime.kernels.gguf_gemv import gguf_gemm, gguf_gemv
+from deepinfer.runtime.kernels.gguf_layout import BLOCK_BYTES, GPU_TYPES, regroup
+from gguf.constants import GGMLQuantizationType
+from gguf.quants import dequantize as gguf_dequantize
+
+_SCALE_BYTES = {"Q4_0": [0], "Q4_1": [0, 2], "Q8_0": [0], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
+
+
+def random_blocks(kind: str, rows: int, k: int, seed: int) -> np.ndarray:
+    """Raw GGUF bytes [rows, bytes per row]: random codes, fp16 scales in [0.001, 0.05] (K-quants' 6-bit
+    sub-block scales random: weights up to ~±200, as a stress of the float32 decode)."""
+    rng = np.random.default_rng(seed)
+    block = 256 if kind.endswith("_K") else 32
+    raw = rng.integers(0, 256, size=(rows, k // block, BLOCK_BYTES[kind]), dtype=np.uint8)
+    for off in _SCALE_BYTES[kind]:
+        scales = rng.uniform(0.001, 0.05, size=(rows, k // block)).astype(np.float16)
+        raw[..., off:off + 2] = scales.view(np.uint8).reshape(rows, k // block, 2)
+    return raw.reshape(rows, -1)
+
+
+def reference_weight(raw: np.ndarray, kind: str, rows: int) -> torch.Tensor:
+    w = gguf_dequantize(raw, GGMLQuantizationType[kind]).reshape(rows, -1)
+    return torch.from_numpy(np.ascontiguousarray(w, dtype=np.float64))
+
+
+def _check(name: str, got: torch.Tensor, ref: torch.Tensor, mag: torch.Tensor, rel_mag: float, rel_ref: float) -> bool:
+    err = (got.double().cpu() - ref).abs()
+    bound = rel_mag * mag + rel_ref * ref.abs() + 1e-30
+    worst = float((err / bound).max())
+    ok = bool((err <= bound).all())
+    print(f"{'ok  ' if ok else 'FAIL'} {name}: max error / bound = {worst:.3g}")
+    return ok
+
+
+def check_kind(kind: str, device: str, quick: bool) -> bool:
+    ok = True
+    n, k = (40, 512) if kind.endswith("_K") else (37, 256)
+    raw = random_blocks(kind, n, k, seed=GPU_TYPES.index(kind))
+    w_ref = reference_weight(raw, kind, n)
+    planes = regroup(torch.from_numpy(raw), kind).map(lambda t: t.to(device))
+    g = torch.Generator().manual_seed(7)
+    # one row, float32 activations, plain
+    x = torch.randn(1, k, generator=g)
+    ref = x.double() @ w_ref.T
+    mag = x.double().abs() @ w_ref.abs().T
+    ok &= _check(f"{kind} gemv f32 [1,{k}]x[{n},{k}]", gguf_gemv(x.to(device), planes), ref, mag, 2**-16, 2**-24)
+    # fused: bias + residual, RMSNorm prologue, SiLU·mul input (bfloat16 activations)
+    bf = torch.bfloat16
+    xb = torch.randn(1, k, generator=g).to(bf)
+    res = torch.randn(1, n, generator=g).to(bf)
+    bias = torch.randn(n, generator=g).to(bf)
+    ref = (xb.double() @ w_ref.T + bias.double()).to(bf).double() + res.double()
+    mag = xb.double().abs() @ w_ref.abs().T + res.double().abs()
+    got = gguf_gemv(xb.to(device), planes, bias.to(device), residual=res.to(device))
+    ok &= _check(f"{kind} gemv bf16 bias+residual", got, ref, mag, 2**-7, 2**-7)
+    nw = (1 + 0.1 * torch.randn(k, generator=g)).to(bf)
+    eps = 1e-5
+    xd = xb.double()
+    normed = (xd * torch.rsqrt((xd * xd).mean() + eps)).to(bf).double() * nw.double()
+    ref = normed @ w_ref.T
+    mag = normed.abs() @ w_ref.abs().T
+    ok &= _check(f"{kind} gemv bf16 rmsnorm", gguf_gemv(xb.to(device), planes, norm=(nw.to(device), eps)), ref, mag,
+                 2**-7, 2**-7)
+    gu = torch.randn(1, 2 * k, generator=g).to(bf)
+    gd, ud = gu[:, :k].double(), gu[:, k:].double()
+    act = torch.nn.functional.silu(gd) * ud
+    ref = act @ w_ref.T
+    mag = act.abs() @ w_ref.abs().T
+    ok &= _check(f"{kind} gemv bf16 silu_mul", gguf_gemv(gu.to(device), planes, silu_mul=True), ref, mag,
+                 2**-7, 2**-7)
+    # several rows: GEMM (bfloat16), 2..64 rows
+    for m in ((3, 17) if quick else (2, 5, 16, 33, 64)):
+        xm = torch.randn(m, k, generator=g).to(bf)
+        ref = xm.double() @ w_ref.T
+        mag = xm.double().abs() @ w_ref.abs().T
+        ok &= _check(f"{kind} gemm bf16 [{m},{k}]", gguf_gemm(xm.to(device), planes), ref, mag, 2**-7, 2**-8)
+    # a GEMM with bias into a column slice of a wider output (how a mixed-type qkv writes)
+    xm = torch.randn(4, k, generator=g).to(bf)
+    wide = torch.zeros(4, n + 8, dtype=bf, device=device)
+    bias = torch.randn(n, generator=g).to(bf)
+    gguf_gemm(xm.to(device), planes, bias.to(device), out=wide[:, 8:])
+    ref = xm.double() @ w_ref.T + bias.double()
+    mag = xm.double().abs() @ w_ref.abs().T + bias.double().abs()
+    ok &= _check(f"{kind} gemm into a slice", wide[:, 8:], ref, mag, 2**-7, 2**-8)
+    ok &= bool((wide[:, :8] == 0).all())
+    return ok
+
+
+def main() -> int:
+    device = sys.argv[1] if len(sys.argv) > 1 else "cpu"
+    quick = "quick" in sys.argv[2:]
+    kinds = [a for a in sys.argv[2:] if a in GPU_TYPES] or list(GPU_TYPES)
+    ok = all([check_kind(kind, device, quick) for kind in kinds])
+    print("ok" if ok else "FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,180 @@
+"""Test helper: a tiny Llama GGUF whose projections mix every GPU kernel type (as a Q4_K_M file
+mixes Q4_K and Q6_K), loaded with its weights kept quantized (``GGUFLinearCUDA``), against the
+same file dequantized.
+
+``python gguf_gpu_model_check.py cpu``  (with ``TRITON_INTERPRET=1``): the model's logits for a
+prompt of 5 tokens (the GEMM), then one decode token (the GEMV), then one through the fused
+one-row decode forward (the GEMV's RMSNorm / residual / SiLU·mul fusions), float32 activations,
+against the dense float32 model of the same file: the weights are the same numbers, so only the
+float32 summation order differs (bound ``1e-4 * max |logit|``).
+``python gguf_gpu_model_check.py cuda``: ``LLM(path)`` (dtype unset: quantized, CUDA graphs,
+overlap scheduling, the fused one-row decode) against ``LLM(path, dtype="bfloat16")`` (dequantized
+at load): greedy tokens of 6 prompts, alone and as one batch; prints the agreement and, at each
+first divergence, the dense run's logprob gap between the two tokens (a near-tie when small).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+
+import numpy as np
+import torch
+
+H, HEADS, KV, HD, FF, L, V = 256, 4, 2, 64, 512, 2, 384
+# per layer: tensor -> type (layer 1 swaps some, so a fused projection also sees one type)
+TYPES = [{"attn_q": "Q4_K", "attn_k": "Q4_K", "attn_v": "Q6_K", "attn_output": "Q4_0", "ffn_gate": "Q4_1",
+          "ffn_up": "Q4_1", "ffn_down": "Q5_K"},
+         {"attn_q": "Q8_0", "attn_k": "Q8_0", "attn_v": "Q8_0", "attn_output": "Q6_K", "ffn_gate": "Q4_K",
+          "ffn_up": "Q4_K", "ffn_down": "Q6_K"}]
+HEAD_TYPE = "Q6_K"
+
+
+def write_mixed_gguf(path: str, seed: int = 0) -> str:
+    import gguf
+    from gguf_quantizer import quantize
+
+    g = torch.Generator().manual_seed(seed)
+    shapes = {"attn_q": (HEADS * HD, H), "attn_k": (KV * HD, H), "attn_v": (KV * HD, H),
+              "attn_output": (H, HEADS * HD), "ffn_gate": (FF, H), "ffn_up": (FF, H), "ffn_down": (H, FF)}
+    w = gguf.GGUFWriter(path, "llama")
+    for key, value in {"llama.embedding_length": H, "llama.attention.head_count": HEADS,
+                       "llama.attention.head_count_kv": KV, "llama.feed_forward_length": FF,
+                       "llama.block_count": L, "llama.context_length": 512, "llama.vocab_size": V}.items():
+        w.add_uint32(key, value)
+    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    # a tokenizer (LLM loads one): SentencePiece-style tokens with scores, as transformers needs
+    w.add_tokenizer_model("llama")
+    w.add_token_list([f"<t{i}>" for i in range(V)])
+    w.add_token_scores([0.0] * V)
+    w.add_token_types([1] * V)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_float32("llama.rope.freq_base", 10000.0)
+
+    def add_quant(name: str, shape: tuple[int, int], kind: str, std: float) -> None:
+        raw = quantize(torch.randn(shape, generator=g) * std, kind).numpy()
+        w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=gguf.GGMLQuantizationType[kind])
+
+    w.add_tensor("token_embd.weight", (torch.randn(V, H, generator=g) * 0.5).numpy())
+    w.add_tensor("output_norm.weight", (1 + 0.1 * torch.randn(H, generator=g)).numpy())
+    add_quant("output.weight", (V, H), HEAD_TYPE, 0.15)
+    for i in range(L):
+        for norm in ("attn_norm", "ffn_norm"):
+            w.add_tensor(f"blk.{i}.{norm}.weight", (1 + 0.1 * torch.randn(H, generator=g)).numpy())
+        for t, shape in shapes.items():
+            add_quant(f"blk.{i}.{t}.weight", shape, TYPES[i][t], shape[1] ** -0.5)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def check_cpu(path: str) -> bool:
+    from deepinfer.runtime.attention.metadata import build_attention_metadata
+    from deepinfer.runtime.attention.torch_paged import paged_attention
+    from deepinfer.runtime.loading.gguf_gpu_loader import keep_gguf_quantization_cuda
+    from deepinfer.runtime.loading.gguf_loader import GGUFModel
+    from deepinfer.runtime.loading.model_loader import load_model
+    from deepinfer.runtime.models.gguf_linear import GGUFLinearCUDA
+
+    cpu = torch.device("cpu")
+    dense = load_model(path, device=cpu, dtype=torch.float32, max_positions=64).model
+    quant = load_model(path, device=cpu, dtype=torch.float32, max_positions=64).model
+    keep_gguf_quantization_cuda(quant, GGUFModel(path), cpu, torch.float32)
+    kinds = {type(m).__name__ for m in quant.modules()}
+    types = sorted({m.weight_type for m in quant.modules() if isinstance(m, GGUFLinearCUDA)})
+    print("quantized layers:", types, "head:", getattr(quant.quantized_head, "weight_type", None))
+    ok = "GGUFLinearCUDA" in kinds and isinstance(quant.quantized_head, GGUFLinearCUDA)
+    ok &= {"Q4_K+Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_K", "Q6_K", "Q4_K"} <= set(types)
+    prompt = [3, 17, 250, 9, 101]
+    caches = {id(m): [torch.zeros(2, 2, 16, KV, HD) for _ in range(L)] for m in (dense, quant)}
+    for ids in (prompt, [42]):  # a prompt (the GEMM), then one decode token (the GEMV) after it
+        n, start = len(ids), 0 if len(ids) > 1 else len(prompt)
+        meta = build_attention_metadata(slot_mapping=np.arange(start, start + n), query_start_loc=np.array([0, n]),
+                                        seq_lens=np.array([start + n]), block_tables=np.zeros((1, 1), np.int32),
+                                        block_size=16, scratch_slot=31, device=cpu)
+        logits = []
+        for model in (dense, quant):
+            with torch.no_grad():
+                h = model(torch.tensor(ids), torch.arange(start, start + n), caches[id(model)], meta, paged_attention)
+                logits.append(model.compute_logits(h))
+        ok &= _close(f"{n} token(s), eager", logits[1], logits[0])
+    # the fused one-row decode forward (norm prologue, residual epilogue, SiLU·mul input in the
+    # quantized GEMV) for the next token, against the dense model's eager step
+    from deepinfer.runtime.attention.triton_decode import DecodeWorkspace
+    from deepinfer.runtime.models.llama_fused_decode import fused_decode_forward
+
+    pos = len(prompt) + 1
+    i32 = torch.int32
+    h = fused_decode_forward(quant, torch.tensor([7], dtype=i32), torch.tensor([pos], dtype=i32), caches[id(quant)],
+                             torch.tensor([pos]), torch.zeros((1, 1), dtype=i32), torch.tensor([pos + 1], dtype=i32),
+                             DecodeWorkspace(2, HEADS, HD, cpu), 2)
+    meta = build_attention_metadata(slot_mapping=np.array([pos]), query_start_loc=np.array([0, 1]),
+                                    seq_lens=np.array([pos + 1]), block_tables=np.zeros((1, 1), np.int32),
+                                    block_size=16, scratch_slot=31, device=cpu)
+    with torch.no_grad():
+        ref = dense.compute_logits(dense(torch.tensor([7]), torch.tensor([pos]), caches[id(dense)], meta,
+                                         paged_attention))
+    ok &= _close("1 token, fused decode forward", quant.compute_logits(h), ref)
+    return ok
+
+
+def _close(name: str, got: torch.Tensor, ref: torch.Tensor) -> bool:
+    err = float((got - ref).abs().max())
+    bound = 1e-4 * float(ref.abs().max())
+    print(f"{'ok  ' if err <= bound else 'FAIL'} {name}: max |quantized - dense| logit {err:.3g} (bound {bound:.3g})")
+    return err <= bound
+
+
+def _logprob(lp: dict, token: int) -> float:  # type: ignore[type-arg]
+    v = lp[token]
+    return float(getattr(v, "logprob", v))  # a Logprob or a float
+
+
+def check_cuda(path: str) -> bool:
+    from deepinfer import LLM, SamplingParams
+
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, V, (int(n),), generator=g).tolist() for n in (3, 7, 12, 20, 33, 64)]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=5)
+    runs = {}
+    for name, kw in (("quantized", {}), ("dense bf16", {"dtype": "bfloat16"})):
+        llm = LLM(path, max_model_len=256, max_num_seqs=8, gpu_memory_utilization=0.2, **kw)
+        layer = llm.worker.loaded.model.layers[0]
+        print(f"{name}: {llm!r}; layer 0 qkv: {type(layer.qkv_proj).__name__} "
+              f"{getattr(layer.qkv_proj, 'weight_type', '')}", flush=True)
+        alone = [llm.generate([{"prompt_token_ids": p}], params, use_tqdm=False)[0] for p in prompts]
+        batch = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        runs[name] = (alone, batch)
+        del llm
+        torch.cuda.empty_cache()
+    same = total = 0
+    for mode in (0, 1):
+        for q, d in zip(runs["quantized"][mode], runs["dense bf16"][mode], strict=True):
+            qt, dt = q.outputs[0].token_ids, d.outputs[0].token_ids
+            total += 1
+            if list(qt) == list(dt):
+                same += 1
+                continue
+            i = next(j for j in range(len(dt)) if qt[j] != dt[j])
+            lp = d.outputs[0].logprobs[i]
+            gap = _logprob(lp, dt[i]) - _logprob(lp, qt[i]) if qt[i] in lp else float("inf")
+            print(f"  {'batch' if mode else 'alone'}: differs at step {i}: dense logprob gap {gap:.3f}")
+    print(f"greedy agreement quantized vs dequantized bf16: {same}/{total} sequences identical", flush=True)
+    return True
+
+
+def main() -> int:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    device = sys.argv[1] if len(sys.argv) > 1 else "cpu"
+    path = write_mixed_gguf(os.path.join(tempfile.mkdtemp(prefix="gguf-mixed-"), "mixed.gguf"))
+    ok = check_cpu(path) if device == "cpu" else check_cuda(path)
+    print("ok" if ok else "FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""GGUF weights kept quantized on the GPU (issue 28): the load-time layout, the Triton kernels and the
+layer, checked on the CPU (the kernels under Triton's interpreter, in a subprocess: it must be set
+before triton loads) and on CUDA where there is one.
+
+* ``gguf_layout.regroup``'s planes decode bitwise to ``gguf.quants.dequantize`` for every GPU type.
+* The kernels (``gguf_gpu_check.py``): GEMV (plain, bias + residual, RMSNorm prologue, SiLU·mul
+  input) and GEMM (2..64 rows, bias, a column slice of a wider output) against a float64 matmul of
+  gguf's dequantization, within the bounds that script states.
+* A tiny GGUF mixing all six types (``gguf_gpu_model_check.py``): the model with
+  ``GGUFLinearCUDA`` layers gives the logits of the same file dequantized, prompt (GEMM) and one
+  token (GEMV); a fused qkv whose parts differ in type (Q4_K + Q6_K) runs as two parts.
+* Bad input is a ValueError naming what is wrong; GGUF files on CUDA keep their quantization only
+  with no dtype asked and not deterministic.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from deepinfer.runtime.kernels.gguf_layout import GPU_TYPES, GGUFPlanes, regroup
+
+gguf = pytest.importorskip("gguf", reason="gguf is not installed")
+HERE = Path(__file__).parent
+
+
+def _run(script: str, *args: str, interpret: bool = True, **extra: str) -> str:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]), **extra}
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
+    proc = subprocess.run([sys.executable, str(HERE / script), *args], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert proc.stdout.strip().endswith("ok"), proc.stdout[-2000:]
+    return proc.stdout
+
+
+@pytest.mark.parametrize("kind", GPU_TYPES)
+def test_planes_decode_bitwise_to_gguf(kind):
+    from gguf_gpu_check import random_blocks, reference_weight
+
+    raw = random_blocks(kind, 12, 512, seed=3)
+    planes = regroup(torch.from_numpy(raw), kind)
+    assert torch.equal(planes.dequantize().double(), reference_weight(raw, kind, 12))
+    # the layer's row selection (q/k unpermute, tensor-parallel shards) keeps every plane in step
+    index = torch.randperm(12, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(planes.permute_rows(index).dequantize(), planes.dequantize()[index])
+    assert torch.equal(planes.rows(4, 9).dequantize(), planes.dequantize()[4:9])
+
+
+@pytest.mark.parametrize("kind", GPU_TYPES)
+def test_quantizer_blocks_are_gguf_blocks_close_to_the_weights(kind):
+    """The bench/test quantizer writes valid blocks: gguf reads them back within the type's step."""
+    from gguf.quants import dequantize
+    from gguf_quantizer import quantize
+
+    w = torch.randn(6, 512, generator=torch.Generator().manual_seed(1)) * 0.02
+    raw = quantize(w, kind).numpy()
+    back = torch.from_numpy(dequantize(raw, gguf.GGMLQuantizationType[kind]).reshape(6, 512).astype(np.float32))
+    rel = float((back - w).norm() / w.norm())
+    assert rel < {"Q8_0": 0.01, "Q6_K": 0.03, "Q5_K": 0.06}.get(kind, 0.12), rel
+
+
+@pytest.mark.parametrize("tiled", ["1", "0"])  # scales broadcast per group (default) / gathered per column
+def test_kernels_match_gguf_dequantization_in_float64(tiled):
+    out = _run("gguf_gpu_check.py", "cpu", DEEPINFER_GGUF_TILED_SCALES=tiled)
+    assert out.count("ok  ") == 60  # 6 types x (4 GEMV + 5 GEMM sizes + 1 slice)
+
+
+def test_mixed_type_model_matches_its_dequantized_self():
+    out = _run("gguf_gpu_model_check.py", "cpu")
+    assert "Q4_K+Q6_K" in out
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_kernels_on_cuda():
+    _run("gguf_gpu_check.py", "cuda", interpret=False)
+
+
+def test_unsupported_type_and_width_are_value_errors():
+    with pytest.raises(ValueError, match="Q2_K has no GPU kernel"):
+        regroup(torch.zeros(1, 84, dtype=torch.uint8), "Q2_K")
+    with pytest.raises(ValueError, match="not whole blocks of 144"):
+        regroup(torch.zeros(2, 100, dtype=torch.uint8), "Q4_K")
+    with pytest.raises(ValueError, match="multiple of 64"):
+        regroup(torch.zeros(2, 18, dtype=torch.uint8), "Q4_0")  # 32 weights a row
+
+
+def test_kernel_entry_points_refuse_bad_shapes():
+    from deepinfer.runtime.kernels.gguf_gemv import gguf_gemm, gguf_gemv
+    from gguf_gpu_check import random_blocks
+
+    planes = regroup(torch.from_numpy(random_blocks("Q4_0", 8, 64, seed=0)), "Q4_0")
+    with pytest.raises(ValueError, match="x has 32 columns"):
+        gguf_gemv(torch.zeros(1, 32), planes)
+    with pytest.raises(ValueError, match="one contiguous row"):
+        gguf_gemv(torch.zeros(2, 64), planes)
+    with pytest.raises(ValueError, match="residual must be one contiguous row"):
+        gguf_gemv(torch.zeros(1, 64), planes, residual=torch.zeros(1, 9))
+    with pytest.raises(ValueError, match="silu_mul and norm"):
+        gguf_gemv(torch.zeros(1, 128), planes, silu_mul=True, norm=(torch.ones(64), 1e-5))
+    with pytest.raises(ValueError, match=r"x must be \[M, 64\]"):
+        gguf_gemm(torch.zeros(3, 63), planes)
+    with pytest.raises(ValueError, match="bias must be a contiguous"):
+        gguf_gemm(torch.zeros(3, 64), planes, torch.zeros(5))
+
+
+def test_layer_merges_runs_of_one_type_and_names_its_types():
+    from deepinfer.runtime.models.gguf_linear import GGUFLinearCUDA
+    from gguf_gpu_check import random_blocks
+
+    def part(kind: str, rows: int) -> GGUFPlanes:
+        return regroup(torch.from_numpy(random_blocks(kind, rows, 256, seed=rows)), kind)
+
+    layer = GGUFLinearCUDA([part("Q4_K", 8), part("Q4_K", 4), part("Q6_K", 4)])
+    assert [p.n for p in layer.parts] == [12, 4] and layer.offsets == [0, 12]
+    assert layer.weight_type == "Q4_K+Q6_K" and layer.kernel_path == "triton gguf gemv / gemm"
+    assert layer.out_features == 16 and layer.in_features == 256
+    with pytest.raises(ValueError, match="one width"):
+        GGUFLinearCUDA([part("Q4_K", 8), regroup(torch.from_numpy(random_blocks("Q4_K", 4, 512, seed=1)), "Q4_K")])
+
+
+@pytest.mark.parametrize("device,dtype,deterministic,quantization,want", [
+    ("cuda", None, False, "gguf", True), ("cuda", None, False, None, False),  # opt-in on CUDA (slower than bf16 yet)
+    ("cuda", "bfloat16", False, "gguf", False), ("cuda", None, True, "gguf", False),
+    ("cpu", None, False, None, True), ("cpu", None, True, None, True), ("cpu", None, False, "gguf", True),
+    ("mps", None, False, "gguf", False)])
+def test_which_loads_keep_the_gguf_quantization(tmp_path, device, dtype, deterministic, quantization, want):
+    from deepinfer.runtime.engine_args import EngineArgs
+    from deepinfer.runtime.worker.worker import keeps_gguf_quantization
+
+    path = tmp_path / "m.gguf"
+    path.write_bytes(b"")
+    args = EngineArgs(dtype=dtype, deterministic=deterministic, quantization=quantization)
+    assert keeps_gguf_quantization(args, torch.device(device), str(path)) is want
+    assert keeps_gguf_quantization(args, torch.device(device), str(tmp_path)) is False  # a directory
+
+
+def test_quantization_gguf_is_refused_where_it_cannot_run(tmp_path):
+    """``quantization="gguf"`` names a GGUF file's own blocks: a checkpoint directory, a missing
+    file or several tensor-parallel ranks are ValueErrors naming the option."""
+    from deepinfer.runtime.loading.quantization import check_quantization
+
+    path = tmp_path / "m.gguf"
+    path.write_bytes(b"")
+    check_quantization("gguf", torch.device("cpu"), str(path))  # a GGUF file on the CPU: accepted
+    with pytest.raises(ValueError, match="quantization='gguf'.*is not a GGUF file"):
+        check_quantization("gguf", torch.device("cpu"), str(tmp_path))
+    with pytest.raises(ValueError, match="quantization='gguf'.*is not a GGUF file"):
+        check_quantization("gguf", torch.device("cpu"), str(tmp_path / "missing.gguf"))
+    with pytest.raises(ValueError, match="quantization='gguf' runs on one rank"):
+        check_quantization("gguf", torch.device("cpu"), str(path), tensor_parallel_size=2)
