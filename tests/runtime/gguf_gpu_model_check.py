@@ -7,7 +7,7 @@ prompt of 5 tokens (the GEMM), then one decode token (the GEMV), then one throug
 one-row decode forward (the GEMV's RMSNorm / residual / SiLU·mul fusions), float32 activations,
 against the dense float32 model of the same file: the weights are the same numbers, so only the
 float32 summation order differs (bound ``1e-4 * max |logit|``).
-``python gguf_gpu_model_check.py cuda``: ``LLM(path)`` (dtype unset: quantized, CUDA graphs,
+``python gguf_gpu_model_check.py cuda``: ``LLM(path, quantization="gguf")`` (quantized, CUDA graphs,
 overlap scheduling, the fused one-row decode) against ``LLM(path, dtype="bfloat16")`` (dequantized
 at load): greedy tokens of 6 prompts, alone and as one batch; prints the agreement and, at each
 first divergence, the dense run's logprob gap between the two tokens (a near-tie when small).
@@ -141,7 +141,7 @@ def check_cuda(path: str) -> bool:
     prompts = [torch.randint(0, V, (int(n),), generator=g).tolist() for n in (3, 7, 12, 20, 33, 64)]
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=5)
     runs = {}
-    for name, kw in (("quantized", {}), ("dense bf16", {"dtype": "bfloat16"})):
+    for name, kw in (("quantized", {"quantization": "gguf"}), ("dense bf16", {"dtype": "bfloat16"})):
         llm = LLM(path, max_model_len=256, max_num_seqs=8, gpu_memory_utilization=0.2, **kw)
         layer = llm.worker.loaded.model.layers[0]
         print(f"{name}: {llm!r}; layer 0 qkv: {type(layer.qkv_proj).__name__} "

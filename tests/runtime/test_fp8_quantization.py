@@ -106,7 +106,7 @@ def test_refuses_a_quantized_gguf_file(default_gguf):
 def test_unknown_method_lists_the_supported_ones():
     from deepinfer.runtime.engine_args import EngineArgs
 
-    with pytest.raises(ValueError, match=r"quantization must be one of \['fp8'\], got 'awq'"):
+    with pytest.raises(ValueError, match=r"quantization must be one of \['fp8', 'gguf'\], got 'awq'"):
         EngineArgs(quantization="awq")
     with pytest.raises(ValueError, match=r"supported methods: \['fp8', 'gguf'\]"):
         check_quantization("int8", CUDA0)
@@ -120,7 +120,7 @@ def test_quantize_model_refuses_models_it_would_leave_partly_dense():
     nn.Module.__init__(fake)
     with pytest.raises(ValueError, match="dense Llama family only, not MoeForCausalLM"):
         quantize_model(fake, "fp8")
-    with pytest.raises(ValueError, match=r"supported methods: \['fp8', 'gguf'\]"):
+    with pytest.raises(ValueError, match=r"supported methods: \['fp8'\]"):  # (the layer swap: fp8 only)
         quantize_model(nn.Module(), "int4")
 
 

@@ -10,7 +10,7 @@ before triton loads) and on CUDA where there is one.
   ``GGUFLinearCUDA`` layers gives the logits of the same file dequantized, prompt (GEMM) and one
   token (GEMV); a fused qkv whose parts differ in type (Q4_K + Q6_K) runs as two parts.
 * Bad input is a ValueError naming what is wrong; GGUF files on CUDA keep their quantization only
-  with no dtype asked and not deterministic.
+  with quantization="gguf", no dtype asked and not deterministic (opt-in: slower than bf16 yet).
 """
 
 from __future__ import annotations
