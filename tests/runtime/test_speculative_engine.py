@@ -96,6 +96,29 @@ def test_oracle_drafts_are_all_kept(loaded_default, tokenizer, prompt_ids, basel
     assert st.acceptance_rate > 0.95 and st.mean_accepted_length > 4.5, st.as_dict()
 
 
+def test_oracle_mode_keeps_every_greedy_draft_even_where_the_target_disagrees(loaded_default, tokenizer,
+                                                                              prompt_ids, baseline):
+    """Oracle mode is forced acceptance: a recording the model would never produce (here a
+    counting run) is kept whole, so acceptance is 1.0 and the output follows the recording
+    except at each step's bonus token (the target's own token after k kept drafts). On the GPU the
+    verify and decode forwards may break near-ties differently: acceptance must not hang on that."""
+    k, n = 4, 21
+    loop = make_loop(loaded_default, tokenizer, {"method": "oracle", "num_speculative_tokens": k})
+    recorded = [list(range(1000 + 7 * i, 1000 + 7 * i + n)) for i in range(len(prompt_ids))]
+    for ids, rec in zip(prompt_ids, recorded, strict=True):
+        loop.speculator.record_oracle(ids, rec)
+    got = tokens_of(run(loop, prompt_ids, SamplingParams(temperature=0, max_tokens=n)))
+    st = loop.speculator.stats
+    assert st.num_draft_tokens >= len(prompt_ids) * 4 * k and st.acceptance_rate == 1.0, st.as_dict()
+    for (out,), rec, base in zip(got, recorded, baseline, strict=True):
+        assert len(out) == n and out[0] == base[0][0]  # the first token is the prefill's own
+        # token j (j >= 1) was a draft unless it is a step's bonus token (j = 5, 10, ... with k = 4)
+        drafted = [j for j in range(1, n) if j % (k + 1) != 0]
+        assert [out[j] for j in drafted] == [rec[j] for j in drafted]
+        # and the recording is not what the model says: equality above is forced, not agreement
+        assert out != base[0]
+
+
 def test_max_tokens_and_stop_strings_hold(loaded_default, tokenizer, prompt_ids):
     base = make_loop(loaded_default, tokenizer)
     spec = make_loop(loaded_default, tokenizer, NGRAM)
