@@ -201,16 +201,19 @@ def test_overlap_loop_runs_verify_steps_synchronously(loaded_default, tokenizer,
 
 def test_a_failed_verify_step_is_recomputed(loaded_default, tokenizer, prompt_ids, baseline, monkeypatch):
     loop = make_loop(loaded_default, tokenizer, NGRAM, retry=True)
-    real = loop.speculator.verify
     calls = {"n": 0}
 
-    def flaky(*a, **kw):
-        calls["n"] += 1
-        if calls["n"] == 6:
-            raise RuntimeError("injected verify failure")
-        return real(*a, **kw)
+    def flaky(real):
+        def call(*a, **kw):
+            calls["n"] += 1
+            if calls["n"] == 6:
+                raise RuntimeError("injected verify failure")
+            return real(*a, **kw)
+        return call
 
-    monkeypatch.setattr(loop.speculator, "verify", flaky)
+    # (plain-greedy steps verify through verify_greedy, the others through verify)
+    for name in ("verify", "verify_greedy"):
+        monkeypatch.setattr(loop.speculator, name, flaky(getattr(loop.speculator, name)))
     assert tokens_of(run(loop, prompt_ids, SamplingParams(temperature=0, max_tokens=40))) == baseline
     assert calls["n"] > 6
 
@@ -240,7 +243,8 @@ def test_the_speculative_sampling_inputs_name_the_bonus_row(loaded_default, toke
         return real(si, logits, rows, batch, res, drafted)
 
     loop.speculator.verify = spy
-    run(loop, prompt_ids, SamplingParams(temperature=0, max_tokens=20))
+    # (logprobs: steps of plain-greedy rows verify through verify_greedy, which takes no rows)
+    run(loop, prompt_ids, SamplingParams(temperature=0, max_tokens=20, logprobs=1))
     assert seen and max(seen) <= 4
 
 

@@ -219,6 +219,16 @@ class StepExecutor:
         if self.speculator is not None:  # ---- speculative decoding (runtime.speculative) ----
             if prev is not None:
                 raise RuntimeError("speculative steps never run ahead (the overlap loop runs them synchronously)")
+            if is_plain_greedy(si) and self.speculator.draft is None:
+                # every row greedy, no processing: acceptance from the logits rows' argmax with one
+                # device-to-host copy (no SamplingBatch, no sampler)
+                self.penalty_tables.apply(si)  # it must see every prepare_sampler_inputs call
+                logits, greedy = self._forward(args, bufs, prev, verify=True)
+                if int(si.prompt_logprobs.num_rows):
+                    self._prompt_logprobs(si, logits)
+                step.spec = self.speculator.verify_greedy(si, logits.argmax(dim=-1) if greedy is None else greedy)
+                self.num_launched += 1
+                return step
             rows, batch = sampling_batch_from_engine(si, self.runner.device, self.penalty_tables)
             # (draft model) the drafts the scheduler placed are drafted now, into the input ids
             drafted = self.speculator.propose(self.scheduler, scheduled, si, bufs.arrays,

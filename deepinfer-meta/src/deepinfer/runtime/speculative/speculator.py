@@ -184,6 +184,38 @@ class Speculator:
                                                           dtype=np.float32)
         return step
 
+    def verify_greedy(self, si: Any, argmax: torch.Tensor) -> SpecStep:
+        """``verify`` for a step whose rows are all plain greedy (``is_plain_greedy``: no
+        penalties, bias, masks or logprobs) with drafts the engine holds: ``argmax`` int64 [L] is
+        the argmax of each logits row (the sample of a sample row, the target's token at a draft
+        row). One device-to-host copy; the rest on the host. Same tokens as ``verify``."""
+        k = self.k
+        real = int(si.driver.num_real_rows)
+        am = argmax.cpu().numpy()  # the step's one sync
+        rows_h = np.asarray(si.kernel.logits_rows[:real], dtype=np.int64)
+        tokens = np.zeros((real, k + 1), np.int32)
+        tokens[:, 0] = am[rows_h]
+        num_accepted = np.zeros(real, np.int32)
+        num_drafts = np.zeros(real, np.int32)
+        S = si.speculative
+        ns, nd = int(S.num_seqs), int(S.num_drafts_total)
+        if ns:
+            sr = np.asarray(S.sample_rows[:ns], dtype=np.int64)
+            cu = np.asarray(S.cu_num_drafts[:ns + 1], dtype=np.int64)
+            target = am[np.asarray(S.target_logits_rows[:nd], dtype=np.int64)]
+            drafts = np.asarray(S.draft_token_ids[:nd], dtype=np.int64)
+            forced = self.forced
+            for s in range(ns):
+                r, a, b = int(sr[s]), int(cu[s]), int(cu[s + 1])
+                if r >= real:
+                    continue
+                miss = np.flatnonzero(drafts[a:b] != target[a:b])
+                n = b - a if forced or not len(miss) else int(miss[0])
+                num_drafts[r], num_accepted[r] = b - a, n
+                tokens[r, :n] = drafts[a:a + n]
+                tokens[r, n] = target[a + n] if n < b - a else am[rows_h[r]]  # recovered, or the bonus token
+        return SpecStep(self, np.array(si.driver.seq_ids[:real], dtype=np.int64), num_drafts, num_accepted, tokens)
+
     # ---- drafting (apply) --------------------------------------------------------------------
     def next_drafts(self, scheduler: Any, step: SpecStep) -> np.ndarray:
         """int32 [R, k]: each row's drafts for its next step, -1 after its last."""
