@@ -99,6 +99,33 @@ class _RowsOnCpu:
         return logits, None
 
 
+def compare_with_the_var_len_forward(vg, runner):
+    """Wrap ``vg.replay_arrays``: each step taken is also run through the runner's forward in the
+    engine's var-len layout first (same KV values written); returns the list of (token rows,
+    max |logits difference|, argmax equal) it fills."""
+    seen = []
+    orig = vg.replay_arrays
+
+    def spy(num_seqs, num_tokens, arrays, logits_indices):
+        ref = None
+        qsl = np.asarray(arrays["query_start_loc"][:num_seqs + 1])
+        if verify_row_count(qsl, arrays["seq_lens"], num_seqs, vg.k + 1) == num_tokens:
+            ref = runner.execute(input_ids=np.array(arrays["input_ids"][:num_tokens]),
+                                 positions=np.array(arrays["positions"][:num_tokens]),
+                                 slot_mapping=np.array(arrays["slot_mapping"][:num_tokens]),
+                                 query_start_loc=np.array(qsl), seq_lens=np.array(arrays["seq_lens"][:num_seqs]),
+                                 block_tables=np.array(arrays["block_tables"][:num_seqs]),
+                                 logits_indices=np.array(logits_indices))
+        out = orig(num_seqs, num_tokens, arrays, logits_indices)
+        if ref is not None:
+            seen.append((num_tokens, float((out.float() - ref.float()).abs().max()),
+                         bool((out.argmax(-1) == ref.argmax(-1)).all())))
+        return out
+
+    vg.replay_arrays = spy
+    return seen
+
+
 @pytest.mark.parametrize("k", [1, 4])
 def test_greedy_output_through_the_row_path_is_the_plain_output(loaded_default, tokenizer, k):
     prompts = [tokenizer.encode(p) for p in (
@@ -113,30 +140,33 @@ def test_greedy_output_through_the_row_path_is_the_plain_output(loaded_default, 
     width = loop.executor.buffers[0].width
     rows = _RowsOnCpu(runner, width, k, verify_graph_sizes([1, 2, 4, 8], k, 512))
     runner.verify_graphs = rows.inner
-    seen = []
-    orig = rows.inner.try_replay
-
-    def spy(args, arrays):
-        # the var-len verify step's own logits (the runner's forward on the engine's layout), for
-        # comparison, computed before the row path writes its KV (the values are the same)
-        n = int(args.num_rows) or int(args.num_seqs)
-        nt, nl = int(args.num_tokens), int(args.num_logits)
-        ref = None
-        if rows.inner.rows_for(args, arrays) is not None:
-            ref = runner.execute(input_ids=arrays["input_ids"][:nt].copy(), positions=arrays["positions"][:nt].copy(),
-                                 slot_mapping=arrays["slot_mapping"][:nt].copy(),
-                                 query_start_loc=arrays["query_start_loc"][:n + 1].copy(),
-                                 seq_lens=arrays["seq_lens"][:n].copy(), block_tables=arrays["block_tables"][:n].copy(),
-                                 logits_indices=arrays["logits_indices"][:nl].copy())
-        out = orig(args, arrays)
-        if ref is not None:
-            seen.append((nt, float((out.float() - ref.float()).abs().max()),
-                         bool((out.argmax(-1) == ref.argmax(-1)).all())))
-        return out
-
-    rows.inner.try_replay = spy
+    seen = compare_with_the_var_len_forward(rows.inner, runner)
     got = tokens_of(run(loop, prompts, params))
     assert got == base
     assert rows.inner.num_replays >= 3 and any(nt > 3 for nt, _, _ in seen), seen
     assert all(diff < 1e-3 and same for _, diff, same in seen), seen
     assert loop.speculator.stats.num_accepted_tokens > 0
+
+
+def test_draft_model_forwards_through_the_row_path(loaded_default, tokenizer):
+    """The draft model's catch-up and one-token forwards replay the draft runner's row graphs
+    (``capture_verify_graphs(draft=True)``): with the target as its own draft every draft is kept
+    only if those rows give the target's logits, and the output is the plain output."""
+    from test_speculative_draft_model import draft_loop
+
+    prompts = [tokenizer.encode(p) for p in ("The quick brown fox jumps over", "1, 2, 3, 4, 5, 6,")]
+    params = SamplingParams(temperature=0, max_tokens=20)
+    base = tokens_of(run(make_loop(loaded_default, tokenizer), prompts, params))
+    k = 3
+    loop = draft_loop(loaded_default, tokenizer, loaded_default, k=k)
+    draft = loop.speculator.draft
+    sizes = sorted({1, 2, 4, 8} | set(verify_graph_sizes([1, 2, 4, 8], k, 512)))
+    rows = _RowsOnCpu(draft.runner, loop.executor.buffers[0].width, k, sizes)
+    draft.runner.verify_graphs = rows.inner
+    seen = compare_with_the_var_len_forward(rows.inner, draft.runner)
+    assert tokens_of(run(loop, prompts, params)) == base
+    assert any(nt > 2 for nt, _, _ in seen) and all(diff < 1e-3 and same for _, diff, same in seen), seen
+    st = loop.speculator.stats
+    assert st.num_draft_tokens > 10 and st.acceptance_rate == 1.0, st.as_dict()
+    # every forward but the first catch-up of each sequence (a whole prompt) took the rows
+    assert rows.inner.num_replays >= draft.num_forwards - len(prompts) and rows.inner.num_replays > 5

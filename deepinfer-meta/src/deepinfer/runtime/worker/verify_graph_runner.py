@@ -57,28 +57,50 @@ class VerifyGraphRunner:
     def try_replay(self, args: Any, arrays: dict[str, np.ndarray]) -> torch.Tensor | None:
         """The step's logits rows (``logits_indices``; model dtype, device tensors the next
         replay overwrites) from a verify graph, or None when no graph takes the step."""
-        shape = self.rows_for(args, arrays)
-        if shape is None:
+        return self.replay_arrays(int(args.num_rows) or int(args.num_seqs), int(args.num_tokens), arrays,
+                                  arrays["logits_indices"][:int(args.num_logits)])
+
+    def replay_arrays(self, num_seqs: int, num_tokens: int, arrays: dict[str, np.ndarray],
+                      logits_indices: np.ndarray) -> torch.Tensor | None:
+        """``try_replay`` for a step given as arrays (the StepBuffers names: ``input_ids``,
+        ``positions``, ``slot_mapping``, ``query_start_loc``, ``seq_lens``, ``block_tables``)."""
+        t = verify_row_count(arrays["query_start_loc"], arrays["seq_lens"], num_seqs, self.k + 1)
+        if t is None or t != num_tokens:
             return None
-        t, p = shape
-        expand_verify_rows(arrays, int(args.num_rows) or int(args.num_seqs), self.buffers.arrays, p)
+        p = padded_size(t, self.sizes)
+        if p is None:
+            return None
+        expand_verify_rows(arrays, num_seqs, self.buffers.arrays, p)
         logits, _ = self.graphs.replay(p)
         self.num_replays += 1
-        nl = int(args.num_logits)
-        li = np.asarray(arrays["logits_indices"][:nl])
-        if nl == t and np.array_equal(li, np.arange(t)):
+        li = np.asarray(logits_indices)
+        if len(li) == t and np.array_equal(li, np.arange(t)):
             return logits[:t]
         return logits[torch.from_numpy(li.astype(np.int64)).to(logits.device)]
 
 
 def capture_verify_graphs(runner: ModelRunner, block_table_width: int, k: int, decode_sizes: list[int],
-                          max_rows: int, max_model_len: int | None = None) -> VerifyGraphRunner | None:
+                          max_rows: int, max_model_len: int | None = None, *, draft: bool = False
+                          ) -> VerifyGraphRunner | None:
     """Capture the verify graphs of ``runner`` (which must have its decode graphs) and install
-    them as ``runner.verify_graphs``; None (eager verify steps) when the runner has no decode graphs."""
-    if getattr(runner, "graphs", None) is None:
+    them as ``runner.verify_graphs``; None (eager verify steps) when the runner has no decode graphs.
+
+    ``draft``: ``runner`` is a draft model's (no decode graphs of its own): its catch-up forwards
+    (up to k + 1 tokens a sequence) and one-token forwards both replay these graphs, captured for
+    the decode sizes too (a one-token forward of B sequences pads to B rows, not B x (k + 1))."""
+    if draft:
+        if not getattr(runner.model, "supports_decode_graphs", True):
+            return None
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            return None
+        sizes = sorted({s for s in decode_sizes if s <= max_rows} | set(verify_graph_sizes(decode_sizes, k, max_rows)))
+    elif getattr(runner, "graphs", None) is None:
         return None
-    vg = VerifyGraphRunner(runner, block_table_width, k, verify_graph_sizes(decode_sizes, k, max_rows),
-                           max_model_len=max_model_len)
+    else:
+        sizes = verify_graph_sizes(decode_sizes, k, max_rows)
+    vg = VerifyGraphRunner(runner, block_table_width, k, sizes, max_model_len=max_model_len)
     vg.capture()
     runner.verify_graphs = vg
     return vg

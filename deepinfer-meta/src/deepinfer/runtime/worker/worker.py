@@ -168,3 +168,7 @@ class Worker:
 
             capture_verify_graphs(self.runner, self.step_buffers.width, spec.num_speculative_tokens,
                                   self.graph_batch_sizes, self.step_buffers.max_tokens, self.args.max_model_len)
+            if self.draft_runner is not None:  # the draft model's forwards, under graphs of their own
+                capture_verify_graphs(self.draft_runner, self.step_buffers.width, spec.num_speculative_tokens,
+                                      self.graph_batch_sizes, self.step_buffers.max_tokens, self.args.max_model_len,
+                                      draft=True)
