@@ -15,8 +15,9 @@ alike. Prints tok/s of each run, the median ratio, the acceptance rate, mean acc
 and per-position acceptance, and checks the outputs are token for token the same.
 
 ``--speculative-oracle``: drafts from a recorded greedy run of the same request (the plain
-engine's output), so every draft is kept where the verify forward reproduces the decode
-forward's argmax, and drafting costs nothing: the ceiling of the verification path. With
+engine's output), every one of them kept (forced acceptance: oracle mode measures the
+verification path's cost, not its output; on random weights the verify and decode kernels break
+bf16 near-ties differently), and drafting costs nothing: the ceiling of the verification path. With
 ``--shape`` (CUDA) the model is a random-weight bf16 model of that shape (bench/gpu_bench.py's
 loader), EOS ignored, ``--output-len`` tokens per request, ``--batch`` concurrent requests; one
 engine at a time (plain with CUDA graphs and ZOS as configured by default, then speculative),

@@ -96,6 +96,29 @@ def test_oracle_drafts_are_all_kept(loaded_default, tokenizer, prompt_ids, basel
     assert st.acceptance_rate > 0.95 and st.mean_accepted_length > 4.5, st.as_dict()
 
 
+def test_oracle_mode_keeps_every_greedy_draft_even_where_the_target_disagrees(loaded_default, tokenizer,
+                                                                              prompt_ids, baseline):
+    """Oracle mode is forced acceptance: a recording the model would never produce (here a
+    counting run) is kept whole, so acceptance is 1.0 and the output follows the recording
+    except at each step's bonus token (the target's own token after k kept drafts). On the GPU the
+    verify and decode forwards may break near-ties differently: acceptance must not hang on that."""
+    k, n = 4, 21
+    loop = make_loop(loaded_default, tokenizer, {"method": "oracle", "num_speculative_tokens": k})
+    recorded = [list(range(1000 + 7 * i, 1000 + 7 * i + n)) for i in range(len(prompt_ids))]
+    for ids, rec in zip(prompt_ids, recorded, strict=True):
+        loop.speculator.record_oracle(ids, rec)
+    got = tokens_of(run(loop, prompt_ids, SamplingParams(temperature=0, max_tokens=n)))
+    st = loop.speculator.stats
+    assert st.num_draft_tokens >= len(prompt_ids) * 4 * k and st.acceptance_rate == 1.0, st.as_dict()
+    for (out,), rec, base in zip(got, recorded, baseline, strict=True):
+        assert len(out) == n and out[0] == base[0][0]  # the first token is the prefill's own
+        # token j (j >= 1) was a draft unless it is a step's bonus token (j = 5, 10, ... with k = 4)
+        drafted = [j for j in range(1, n) if j % (k + 1) != 0]
+        assert [out[j] for j in drafted] == [rec[j] for j in drafted]
+        # and the recording is not what the model says: equality above is forced, not agreement
+        assert out != base[0]
+
+
 def test_max_tokens_and_stop_strings_hold(loaded_default, tokenizer, prompt_ids):
     base = make_loop(loaded_default, tokenizer)
     spec = make_loop(loaded_default, tokenizer, NGRAM)
@@ -178,16 +201,19 @@ def test_overlap_loop_runs_verify_steps_synchronously(loaded_default, tokenizer,
 
 def test_a_failed_verify_step_is_recomputed(loaded_default, tokenizer, prompt_ids, baseline, monkeypatch):
     loop = make_loop(loaded_default, tokenizer, NGRAM, retry=True)
-    real = loop.speculator.verify
     calls = {"n": 0}
 
-    def flaky(*a, **kw):
-        calls["n"] += 1
-        if calls["n"] == 6:
-            raise RuntimeError("injected verify failure")
-        return real(*a, **kw)
+    def flaky(real):
+        def call(*a, **kw):
+            calls["n"] += 1
+            if calls["n"] == 6:
+                raise RuntimeError("injected verify failure")
+            return real(*a, **kw)
+        return call
 
-    monkeypatch.setattr(loop.speculator, "verify", flaky)
+    # (plain-greedy steps verify through verify_greedy, the others through verify)
+    for name in ("verify", "verify_greedy"):
+        monkeypatch.setattr(loop.speculator, name, flaky(getattr(loop.speculator, name)))
     assert tokens_of(run(loop, prompt_ids, SamplingParams(temperature=0, max_tokens=40))) == baseline
     assert calls["n"] > 6
 
@@ -217,7 +243,8 @@ def test_the_speculative_sampling_inputs_name_the_bonus_row(loaded_default, toke
         return real(si, logits, rows, batch, res, drafted)
 
     loop.speculator.verify = spy
-    run(loop, prompt_ids, SamplingParams(temperature=0, max_tokens=20))
+    # (logprobs: steps of plain-greedy rows verify through verify_greedy, which takes no rows)
+    run(loop, prompt_ids, SamplingParams(temperature=0, max_tokens=20, logprobs=1))
     assert seen and max(seen) <= 4
 
 

@@ -219,11 +219,21 @@ class StepExecutor:
         if self.speculator is not None:  # ---- speculative decoding (runtime.speculative) ----
             if prev is not None:
                 raise RuntimeError("speculative steps never run ahead (the overlap loop runs them synchronously)")
+            if is_plain_greedy(si) and self.speculator.draft is None:
+                # every row greedy, no processing: acceptance from the logits rows' argmax with one
+                # device-to-host copy (no SamplingBatch, no sampler)
+                self.penalty_tables.apply(si)  # it must see every prepare_sampler_inputs call
+                logits, greedy = self._forward(args, bufs, prev, verify=True)
+                if int(si.prompt_logprobs.num_rows):
+                    self._prompt_logprobs(si, logits)
+                step.spec = self.speculator.verify_greedy(si, logits.argmax(dim=-1) if greedy is None else greedy)
+                self.num_launched += 1
+                return step
             rows, batch = sampling_batch_from_engine(si, self.runner.device, self.penalty_tables)
             # (draft model) the drafts the scheduler placed are drafted now, into the input ids
             drafted = self.speculator.propose(self.scheduler, scheduled, si, bufs.arrays,
                                               int(args.num_rows) or int(args.num_seqs), batch)
-            logits, _ = self._forward(args, bufs, prev)
+            logits, _ = self._forward(args, bufs, prev, verify=True)
             if int(si.prompt_logprobs.num_rows):
                 self._prompt_logprobs(si, logits)
             res = sample(logits[rows], batch)
@@ -252,11 +262,18 @@ class StepExecutor:
         return step
 
     def _forward(self, args: Any, bufs: StepBuffers, prev: LaunchedStep | None,
-                 embeds: tuple[np.ndarray, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                 embeds: tuple[np.ndarray, torch.Tensor] | None = None, verify: bool = False
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(logits of the step's logits rows, their argmax when a graph computed it, else None).
-        ``embeds``: prompt embeddings of some token rows (``prompt_embeds.step_embeds``): eager."""
+        ``embeds``: prompt embeddings of some token rows (``prompt_embeds.step_embeds``): eager.
+        ``verify``: a speculative step, which the verify graphs (``runner.verify_graphs``) may take."""
         graphs = self.runner.graphs
         rows = int(args.num_rows)
+        vgraphs = getattr(self.runner, "verify_graphs", None) if verify and prev is None and embeds is None else None
+        if vgraphs is not None and not (graphs is not None and graphs.can_replay(args)):
+            logits = vgraphs.try_replay(args, bufs.arrays)
+            if logits is not None:
+                return logits, None
         if graphs is not None and embeds is None and graphs.can_replay(args):
             if prev is None and self.side == 0:
                 return graphs.replay(rows)  # type: ignore[no-any-return]

@@ -199,6 +199,14 @@ class DraftModel:
         blocks = tables[row_of, positions // bs].astype(np.int64)
         slots = blocks * bs + positions % bs
         self.num_forwards += 1
+        graphs = getattr(self.runner, "verify_graphs", None)  # (CUDA) worker.verify_graph_runner
+        if graphs is not None:
+            arrays = {"input_ids": np.asarray(ids), "positions": np.asarray(positions), "slot_mapping": slots,
+                      "query_start_loc": np.asarray(query_start_loc), "seq_lens": np.asarray(seq_lens),
+                      "block_tables": tables}
+            logits = graphs.replay_arrays(len(query_start_loc) - 1, len(ids), arrays, logits_indices)
+            if logits is not None:
+                return logits  # type: ignore[no-any-return]
         return self.runner.execute(  # type: ignore[no-any-return]
             input_ids=np.ascontiguousarray(ids, dtype=np.int32), positions=np.ascontiguousarray(positions, np.int32),
             slot_mapping=np.ascontiguousarray(slots, dtype=np.int64),

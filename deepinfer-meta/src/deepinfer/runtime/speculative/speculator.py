@@ -84,6 +84,8 @@ class Speculator:
         self.generator = torch.Generator(device=device or torch.device("cpu"))
         self.generator.manual_seed(seed)
         self.oracle: dict[tuple[int, ...], np.ndarray] = {}
+        # seq id -> (request id, SamplingParams, may draft, oracle recording): ``_request_of``
+        self._by_seq: dict[int, tuple[str, Any, bool, np.ndarray | None]] = {}
         if (config.method == "draft_model") != (draft is not None):
             raise ValueError("Speculator: method 'draft_model' needs its DraftModel (and only it takes one)")
         self.draft = draft
@@ -103,8 +105,22 @@ class Speculator:
         drafts (its cost is paid) but greedy requests verify these instead (benchmarks: the
         draft's cost at the oracle's acceptance)."""
         self.oracle[tuple(int(t) for t in prompt_ids)] = np.asarray(output_ids, dtype=np.int32)
+        self._by_seq.clear()  # sequences looked up before may have this prompt
         if self.draft is not None:  # benchmarks: the draft model runs, its drafts replaced by these
             self.draft.override = self._oracle_drafts
+
+    @property
+    def forced(self) -> bool:
+        """Oracle mode (method "oracle", or a draft model whose drafts recorded runs replace):
+        greedy requests keep every draft without comparing it with the target's argmax (the
+        target still computes all k + 1 positions and the bonus token). On random weights the
+        verify forward and the decode forward that recorded the run may break near-ties
+        differently (bf16 numerics of other kernels), so acceptance by equality would measure
+        numerics; forced acceptance measures what oracle mode is for, the verification path's
+        cost at 100 % acceptance. Benchmarks only: a greedy output then follows the recording.
+        Sampled requests still go through rejection sampling (the tests use oracle drafts as a
+        deliberately bad draft)."""
+        return self.config.method == "oracle" or (self.draft is not None and self.draft.override is not None)
 
     def _oracle_drafts(self, history: np.ndarray, num_prompt: int, count: int) -> np.ndarray | None:
         rec = self.oracle.get(tuple(int(t) for t in history[:num_prompt]))
@@ -144,9 +160,11 @@ class Speculator:
             probs = None
             if not bool(greedy.all()):
                 probs = sampling_probs(target, batch_rows(batch, per_draft))
-            v = verify_drafts(drafts, cu, greedy, target.argmax(dim=-1), probs,
-                              sample_tokens[torch.from_numpy(sr).to(dev)], self.generator,
-                              None if drafted is None else drafted.probs)
+            argmax = target.argmax(dim=-1)
+            if self.forced:  # oracle mode: greedy rows keep every draft (see ``forced``)
+                argmax = torch.where(greedy, drafts, argmax)
+            v = verify_drafts(drafts, cu, greedy, argmax, probs, sample_tokens[torch.from_numpy(sr).to(dev)],
+                              self.generator, None if drafted is None else drafted.probs)
             for s in range(ns):
                 r, a, b = int(sr[s]), int(cu[s]), int(cu[s + 1])
                 if r >= real:
@@ -169,6 +187,57 @@ class Speculator:
                                                           dtype=np.float32)
         return step
 
+    def verify_greedy(self, si: Any, argmax: torch.Tensor) -> SpecStep:
+        """``verify`` for a step whose rows are all plain greedy (``is_plain_greedy``: no
+        penalties, bias, masks or logprobs) with drafts the engine holds: ``argmax`` int64 [L] is
+        the argmax of each logits row (the sample of a sample row, the target's token at a draft
+        row). One device-to-host copy; the rest on the host. Same tokens as ``verify``."""
+        k = self.k
+        real = int(si.driver.num_real_rows)
+        am = argmax.cpu().numpy()  # the step's one sync
+        rows_h = np.asarray(si.kernel.logits_rows[:real], dtype=np.int64)
+        tokens = np.zeros((real, k + 1), np.int32)
+        tokens[:, 0] = am[rows_h]
+        num_accepted = np.zeros(real, np.int32)
+        num_drafts = np.zeros(real, np.int32)
+        S = si.speculative
+        ns, nd = int(S.num_seqs), int(S.num_drafts_total)
+        if ns:
+            sr = np.asarray(S.sample_rows[:ns], dtype=np.int64)
+            cu = np.asarray(S.cu_num_drafts[:ns + 1], dtype=np.int64)
+            target = am[np.asarray(S.target_logits_rows[:nd], dtype=np.int64)]
+            drafts = np.asarray(S.draft_token_ids[:nd], dtype=np.int64)
+            forced = self.forced
+            for s in range(ns):
+                r, a, b = int(sr[s]), int(cu[s]), int(cu[s + 1])
+                if r >= real:
+                    continue
+                miss = np.flatnonzero(drafts[a:b] != target[a:b])
+                n = b - a if forced or not len(miss) else int(miss[0])
+                num_drafts[r], num_accepted[r] = b - a, n
+                tokens[r, :n] = drafts[a:a + n]
+                tokens[r, n] = target[a + n] if n < b - a else am[rows_h[r]]  # recovered, or the bonus token
+        return SpecStep(self, np.array(si.driver.seq_ids[:real], dtype=np.int64), num_drafts, num_accepted, tokens)
+
+    def _request_of(self, seq: Any) -> tuple[Any, bool, np.ndarray | None]:
+        """(its SamplingParams, whether it may draft, its oracle recording) for a sequence, looked
+        up once per sequence (per step they cost a prompt-long tuple and a dozen attribute reads
+        per sequence: milliseconds at 32 sequences)."""
+        sid, rid = int(seq.seq_id), seq.request_id
+        hit = self._by_seq.get(sid)
+        if hit is not None and hit[0] == rid:
+            return hit[1], hit[2], hit[3]
+        params = self.params_of(rid)
+        ok = params is not None and may_draft(params)
+        rec = None
+        if ok and self.config.method == "oracle":
+            rec = self.oracle.get(tuple(int(t) for t in list(seq.token_ids)[:int(seq.num_prompt_tokens)]))
+        if len(self._by_seq) >= 4096:  # finished sequences' entries: dropped wholesale now and then
+            self._by_seq.clear()
+        if params is not None:  # (a request gone: not cached, it is looked up again)
+            self._by_seq[sid] = (rid, params, ok, rec)
+        return params, ok, rec
+
     # ---- drafting (apply) --------------------------------------------------------------------
     def next_drafts(self, scheduler: Any, step: SpecStep) -> np.ndarray:
         """int32 [R, k]: each row's drafts for its next step, -1 after its last."""
@@ -183,21 +252,20 @@ class Speculator:
                 continue
             if seq.is_finished:
                 continue
-            params = self.params_of(seq.request_id)
-            if params is None or not may_draft(params):
+            params, ok, rec = self._request_of(seq)
+            if not ok:
                 continue
-            history = np.concatenate([np.asarray(seq.token_ids, dtype=np.int32),
-                                      step.tokens[r, :int(step.num_accepted[r]) + 1]])
-            num_out = len(history) - int(seq.num_prompt_tokens)
+            n_step = int(step.num_accepted[r]) + 1
+            num_out = int(seq.num_tokens) + n_step - int(seq.num_prompt_tokens)
             room = min(k, int(params.max_tokens) - num_out - 1)  # the step's last token is not a draft
             if room <= 0:
                 continue
             if cfg.method == "draft_model":  # placeholders: the draft model drafts them at launch
                 drafts = np.zeros(room, np.int32)
             elif cfg.method == "oracle":
-                rec = self.oracle.get(tuple(int(t) for t in history[:int(seq.num_prompt_tokens)]))
                 drafts = np.zeros(0, np.int32) if rec is None else rec[num_out:num_out + room]
             else:
+                history = np.concatenate([np.asarray(seq.token_ids, dtype=np.int32), step.tokens[r, :n_step]])
                 drafts = propose_ngram(history, cfg.prompt_lookup_min, cfg.prompt_lookup_max, room)
             out[r, :len(drafts)] = drafts
         return out

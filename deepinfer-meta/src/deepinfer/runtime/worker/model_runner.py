@@ -80,6 +80,8 @@ class ModelRunner:
         else:
             self.attention = select_attention(device, attention_backend, block_size)
         self.graphs: DecodeGraphs | None = None  # decode steps replayed from CUDA graphs, when captured
+        # speculative verify steps replayed from CUDA graphs (worker.verify_graph_runner), when captured
+        self.verify_graphs: Any = None
         # CPU, float32 KV cache: decode-only steps run natively (models.native_decode), else None
         self.native_decode: NativeDecode | None = None
         # deterministic: every step on the native kernels, each row computed alone (batch invariance)

@@ -181,3 +181,13 @@ class Worker:
 
         capture_decode_graphs(self.runner, self.step_buffers, self.graph_batch_sizes, self.args.max_model_len,
                               timed=not self.parallel)
+        spec = self.args.speculative_config
+        if spec is not None and not self.parallel:  # (tensor-parallel ranks: verify steps stay eager)
+            from deepinfer.runtime.worker.verify_graph_runner import capture_verify_graphs
+
+            capture_verify_graphs(self.runner, self.step_buffers.width, spec.num_speculative_tokens,
+                                  self.graph_batch_sizes, self.step_buffers.max_tokens, self.args.max_model_len)
+            if self.draft_runner is not None:  # the draft model's forwards, under graphs of their own
+                capture_verify_graphs(self.draft_runner, self.step_buffers.width, spec.num_speculative_tokens,
+                                      self.graph_batch_sizes, self.step_buffers.max_tokens, self.args.max_model_len,
+                                      draft=True)
