@@ -37,6 +37,8 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
            "tile overrides of the one-row GEMVs, \"down=4,2048,8,1,2;o=...\" (benchmarks)"),
     Switch("DEEPINFER_FP8_GEMM", "triton", "models/fp8_linear.py",
            "several-row products of fp8 layers: \"triton\" (weight-only) or \"scaled_mm\" (FP8 activations)"),
+    Switch("DEEPINFER_GGUF_TILED_SCALES", "1", "kernels/gguf_gemv.py",
+           "GGUF kernels load each group's scale once and broadcast it (0: gathered per column)"),
     Switch("DEEPINFER_FOLD_MERGE", "1", "models/llama_fused_decode.py",
            "the split-KV attention merge folded into the split kernel (0: a second kernel)"),
     Switch("DEEPINFER_TP_TIMEOUT_S", "120", "parallel/process_group.py",

@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from deepinfer.runtime import switches
 from deepinfer.runtime.kernels.gemv import _activation_chunk
 from deepinfer.runtime.kernels.gguf_layout import KINDS, GGUFPlanes
 from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch
@@ -201,7 +202,7 @@ def tiled_scales() -> bool:
     (``DEEPINFER_GGUF_TILED_SCALES=0``, the first version). Same weights; on the H200 the tiled
     loads ran the Llama-3-8B shapes 3-5x faster in the GEMV and 5-10x in the 32-row GEMM
     (bench/gguf_gemv_bench.py: Q4_K gate_up GEMV 320 -> 64 us, Q8_0 126 -> 44 us)."""
-    return os.environ.get("DEEPINFER_GGUF_TILED_SCALES", "1") != "0"
+    return switches.enabled("DEEPINFER_GGUF_TILED_SCALES")
 
 
 def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, *, silu_mul: bool = False,
