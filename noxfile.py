@@ -316,8 +316,9 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    """mypy over the Python packages and the committed stubs."""
-    _install(session, "mypy", "numpy", "pluggy", "pytest")
+    """mypy over the Python packages and the committed stubs (msgspec: the serve messages are its
+    Structs, which mypy must see as classes)."""
+    _install(session, "mypy", "numpy", "pluggy", "pytest", "msgspec")
     session.run("mypy", "deepinfer-meta/src/deepinfer", "packages/deepinfer-graph-timer/src",
                 "packages/deepinfer-engine/src", "packages/deepinfer-cuda/src",
                 "packages/deepinfer-ascend/src", *session.posargs)
