@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer.runtime.kernels.gemv import _activation_chunk, _gemv_epilogue
+from deepinfer.runtime.kernels.gemv import _activation_chunk, _gemv_epilogue, check_one_row
 from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
@@ -112,18 +112,7 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: t
     ``silu_mul``); ``norm``/``residual``/``silu_mul`` as in ``kernels.gemv.gemv``. Returns [1, N]
     in ``x``'s dtype."""
     n, k = _check_weight("fp8_gemv", weight, scale)
-    if x.dim() != 2 or x.shape[0] != 1 or x.stride(1) != 1:
-        raise ValueError(f"fp8_gemv: x must be one contiguous row [1, K], got shape {tuple(x.shape)}")
-    if silu_mul and norm is not None:
-        raise ValueError("fp8_gemv: silu_mul and norm cannot be combined")
-    if x.shape[1] != (2 * k if silu_mul else k):
-        raise ValueError(f"fp8_gemv: x has {x.shape[1]} columns, weight [{n}, {k}] needs {2 * k if silu_mul else k}")
-    if bias is not None and (bias.shape != (n,) or not bias.is_contiguous()):
-        raise ValueError(f"fp8_gemv: bias must be a contiguous [{n}] vector, got shape {tuple(bias.shape)}")
-    if norm is not None and (norm[0].shape != (k,) or not norm[0].is_contiguous()):
-        raise ValueError(f"fp8_gemv: the norm weight must be a contiguous [{k}] vector, got {tuple(norm[0].shape)}")
-    if residual is not None and (residual.shape != (1, n) or residual.stride(1) != 1):
-        raise ValueError(f"fp8_gemv: residual must be one contiguous row [1, {n}], got {tuple(residual.shape)}")
+    check_one_row("fp8_gemv", x, n, k, "weight", silu_mul=silu_mul, bias=bias, norm=norm, residual=residual)
     block_n, block_k, warps, stages = config or one_row_config(k)
     out = torch.empty((1, n), dtype=x.dtype, device=x.device) if out is None else out
     _fp8_gemv_kernel[(triton.cdiv(n, block_n),)](

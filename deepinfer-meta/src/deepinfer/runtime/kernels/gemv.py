@@ -141,6 +141,25 @@ def _argmax_partials_kernel(max_ptr, arg_ptr, out_ptr, num, BLOCK: tl.constexpr,
     tl.store(out_ptr, tl.min(tl.where(best == top, best_arg, 2**62), axis=0))
 
 
+def check_one_row(name: str, x: torch.Tensor, n: int, k: int, weight: str, *, silu_mul: bool,
+                  bias: torch.Tensor | None, norm: tuple[torch.Tensor, float] | None,
+                  residual: torch.Tensor | None) -> None:
+    """ValueError naming ``name`` when a one-row GEMV's operands do not fit an [n, k] ``weight``
+    (the checks of ``gemv`` and of the quantized GEMVs built on its fusions)."""
+    if x.dim() != 2 or x.shape[0] != 1 or x.stride(1) != 1:
+        raise ValueError(f"{name}: x must be one contiguous row [1, K], got shape {tuple(x.shape)}")
+    if silu_mul and norm is not None:
+        raise ValueError(f"{name}: silu_mul and norm cannot be combined")
+    if x.shape[1] != (2 * k if silu_mul else k):
+        raise ValueError(f"{name}: x has {x.shape[1]} columns, {weight} [{n}, {k}] needs {2 * k if silu_mul else k}")
+    if bias is not None and (bias.shape != (n,) or not bias.is_contiguous()):
+        raise ValueError(f"{name}: bias must be a contiguous [{n}] vector, got shape {tuple(bias.shape)}")
+    if norm is not None and (norm[0].shape != (k,) or not norm[0].is_contiguous()):
+        raise ValueError(f"{name}: the norm weight must be a contiguous [{k}] vector, got shape {tuple(norm[0].shape)}")
+    if residual is not None and (residual.shape != (1, n) or residual.stride(1) != 1):
+        raise ValueError(f"{name}: residual must be one contiguous row [1, {n}], got shape {tuple(residual.shape)}")
+
+
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, silu_mul: bool = False,
          norm: tuple[torch.Tensor, float] | None = None, residual: torch.Tensor | None = None,
          config: tuple[int, ...] = DEFAULT_CONFIG, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -153,21 +172,10 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     (each rounded as torch rounds), the residual add of the layer. ``config``: (BLOCK_N, BLOCK_K,
     num_warps, num_stages[, split_k]); with split_k > 1 each row block's K is cut into split_k
     programs whose float32 partial sums the last of them adds up, in a fixed order."""
-    if x.dim() != 2 or x.shape[0] != 1 or x.stride(1) != 1:
-        raise ValueError(f"gemv: x must be one contiguous row [1, K], got shape {tuple(x.shape)}")
     if weight.dim() != 2 or weight.stride(1) != 1:
         raise ValueError(f"gemv: weight must be [N, K] with contiguous rows, got shape {tuple(weight.shape)}")
     n, k = weight.shape
-    if silu_mul and norm is not None:
-        raise ValueError("gemv: silu_mul and norm cannot be combined")
-    if x.shape[1] != (2 * k if silu_mul else k):
-        raise ValueError(f"gemv: x has {x.shape[1]} columns, weight [{n}, {k}] needs {2 * k if silu_mul else k}")
-    if bias is not None and (bias.shape != (n,) or not bias.is_contiguous()):
-        raise ValueError(f"gemv: bias must be a contiguous [{n}] vector, got shape {tuple(bias.shape)}")
-    if norm is not None and (norm[0].shape != (k,) or not norm[0].is_contiguous()):
-        raise ValueError(f"gemv: the norm weight must be a contiguous [{k}] vector, got shape {tuple(norm[0].shape)}")
-    if residual is not None and (residual.shape != (1, n) or residual.stride(1) != 1):
-        raise ValueError(f"gemv: residual must be one contiguous row [1, {n}], got shape {tuple(residual.shape)}")
+    check_one_row("gemv", x, n, k, "weight", silu_mul=silu_mul, bias=bias, norm=norm, residual=residual)
     block_n, block_k, warps, stages, split_k = (*config, 1)[:5]
     if len(config) not in (4, 5) or min(block_n, block_k, warps, stages, split_k) < 1:
         raise ValueError(f"gemv: config must be (BLOCK_N, BLOCK_K, num_warps, num_stages[, split_k]) of positive "

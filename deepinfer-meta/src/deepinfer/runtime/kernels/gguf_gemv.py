@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from deepinfer.runtime import switches
-from deepinfer.runtime.kernels.gemv import _activation_chunk
+from deepinfer.runtime.kernels.gemv import _activation_chunk, check_one_row
 from deepinfer.runtime.kernels.gguf_layout import KINDS, GGUFPlanes
 from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch
 
@@ -212,21 +212,10 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
     the quantized W; [1, N] in ``x``'s dtype. ``norm``/``residual``/``silu_mul`` as ``kernels.gemv.gemv``.
     ``out``: a contiguous [1, N] to write (a slice of a wider output)."""
     n, k = w.n, w.k
-    if x.dim() != 2 or x.shape[0] != 1 or x.stride(1) != 1:
-        raise ValueError(f"gguf_gemv: x must be one contiguous row [1, K], got shape {tuple(x.shape)}")
-    if silu_mul and norm is not None:
-        raise ValueError("gguf_gemv: silu_mul and norm cannot be combined")
-    if x.shape[1] != (2 * k if silu_mul else k):
-        raise ValueError(f"gguf_gemv: x has {x.shape[1]} columns, the {w.kind} weight [{n}, {k}] needs "
-                         f"{2 * k if silu_mul else k}")
+    check_one_row("gguf_gemv", x, n, k, f"the {w.kind} weight", silu_mul=silu_mul, bias=bias, norm=norm,
+                  residual=residual)
     if x.device != w.codes.device:
         raise ValueError(f"gguf_gemv: x is on {x.device}, the weight on {w.codes.device}")
-    if bias is not None and (bias.shape != (n,) or not bias.is_contiguous()):
-        raise ValueError(f"gguf_gemv: bias must be a contiguous [{n}] vector, got shape {tuple(bias.shape)}")
-    if norm is not None and (norm[0].shape != (k,) or not norm[0].is_contiguous()):
-        raise ValueError(f"gguf_gemv: the norm weight must be a contiguous [{k}] vector, got {tuple(norm[0].shape)}")
-    if residual is not None and (residual.shape != (1, n) or residual.stride(1) != 1):
-        raise ValueError(f"gguf_gemv: residual must be one contiguous row [1, {n}], got {tuple(residual.shape)}")
     out = torch.empty((1, n), dtype=x.dtype, device=x.device) if out is None else out
     block_n, block_k, warps, stages = config
     if _INTERPRET:  # Triton's interpreter runs programs one by one: fewer, wider ones (same products)
