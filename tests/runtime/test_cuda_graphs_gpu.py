@@ -156,6 +156,19 @@ def test_fused_kernels_on_gpu():
     assert out.stdout.strip().endswith("ok")
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_fused_eager_steps_on_gpu(tmp_path, arch):
+    """Eager CUDA steps of every shape through the fused kernels equal the model's own forward
+    (float32 and bf16; the interpreter runs float32 in test_fused_kernels.py)."""
+    from tiny_models import save_tiny_model
+
+    save_tiny_model(tmp_path, arch=arch)
+    out = subprocess.run([sys.executable, os.path.join(HERE, "fused_step_check.py"), str(tmp_path), "cuda"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert out.stdout.count("step ") == 6, out.stdout
+
+
 def test_graph_timer_regions_add_up_to_the_replay(shape_dir):
     from deepinfer import SamplingParams
 
