@@ -36,6 +36,11 @@ STEPS = [
 ]
 
 
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| / max |b| in float32."""
+    return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30))
+
+
 def main() -> int:
     path, dev = sys.argv[1], torch.device(sys.argv[2] if len(sys.argv) > 2 else "cpu")
     if dev.type == "cpu":
@@ -56,7 +61,12 @@ def main() -> int:
         fused_caches = allocate_kv_caches(loaded.config, 8, BLOCK, dtype, dev)
         for c in ref_caches + fused_caches:  # (allocated uninitialised)
             c.zero_()
-        tol = dict(atol=3e-5, rtol=3e-5) if dtype == torch.float32 else dict(atol=5e-2, rtol=5e-2)
+        exact = dtype == torch.float32
+        if not exact:  # bf16: both bf16 paths are measured against the float32 model
+            model32 = load_model(path, device=dev, dtype=torch.float32).model
+            caches32 = allocate_kv_caches(loaded.config, 8, BLOCK, torch.float32, dev)
+            for c in caches32:
+                c.zero_()
         for i, step in enumerate(STEPS):
             ids = np.concatenate([r[2] for r in step])
             pos = np.concatenate([np.arange(r[1], r[1] + len(r[2])) for r in step])
@@ -70,12 +80,25 @@ def main() -> int:
             with torch.no_grad():
                 want = model(t_ids, t_pos, ref_caches, meta, torch_paged.paged_attention)
                 got = fused_step_forward(model, t_ids, t_pos, fused_caches, meta)
-            torch.testing.assert_close(got, want, **tol)
-            for a, b in zip(fused_caches, ref_caches, strict=True):
-                torch.testing.assert_close(a, b, **tol)
-            err = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
-            print(f"{dev.type} {dtype} step {i} ({len(step)} sequences, {len(ids)} rows): max error / max |ref| "
-                  f"= {err:.2e}")
+            if exact:  # float32: the same math, a few ulps apart (reduction orders)
+                torch.testing.assert_close(got, want, atol=3e-5, rtol=3e-5)
+                for a, b in zip(fused_caches, ref_caches, strict=True):
+                    torch.testing.assert_close(a, b, atol=3e-5, rtol=3e-5)
+                err = rel_err(got, want)
+                print(f"{dev.type} {dtype} step {i} ({len(step)} sequences, {len(ids)} rows): max error / max |ref| "
+                      f"= {err:.2e}")
+                continue
+            # bf16: each path rounds its own way (and diverges further layer by layer), so neither
+            # is the reference: the fused step must be about as close to the float32 model as the
+            # torch ops' bf16 step is
+            with torch.no_grad():
+                ref32 = model32(t_ids, t_pos, caches32, meta, torch_paged.paged_attention)
+            e_fused, e_torch = rel_err(got, ref32), rel_err(want, ref32)
+            c_fused = max(rel_err(a, b) for a, b in zip(fused_caches, caches32, strict=True))
+            c_torch = max(rel_err(a, b) for a, b in zip(ref_caches, caches32, strict=True))
+            print(f"{dev.type} {dtype} step {i} ({len(step)} sequences, {len(ids)} rows): vs float32, hidden "
+                  f"{e_fused:.2e} fused / {e_torch:.2e} torch ops, KV cache {c_fused:.2e} / {c_torch:.2e}")
+            assert e_fused <= max(2 * e_torch, 1e-2) and c_fused <= max(2 * c_torch, 1e-2), (e_fused, e_torch)
     print("ok")
     return 0
 
