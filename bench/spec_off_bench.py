@@ -74,8 +74,8 @@ def run_tree(tree: str, engine: str, threads: int, repeats: int) -> dict[str, fl
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--before", required=True, help="the source tree before speculative decoding")
-    p.add_argument("--before-engine", required=True, help="its engine build's pkg folder (scripts/devbuild.sh)")
+    p.add_argument("--before", help="the source tree before speculative decoding (required)")
+    p.add_argument("--before-engine", help="its engine build's pkg folder, scripts/devbuild.sh (required)")
     p.add_argument("--after", default=os.path.dirname(HERE))
     p.add_argument("--after-engine", default=None, help="default: AFTER/build/dev/deepinfer-engine/pkg")
     p.add_argument("--rounds", type=int, default=3)
@@ -86,6 +86,8 @@ def main() -> None:
     if args.child:
         child(args.threads, args.repeats)
         return
+    if not args.before or not args.before_engine:
+        p.error("--before and --before-engine are required")
     after_engine = args.after_engine or os.path.join(args.after, "build", "dev", "deepinfer-engine", "pkg")
     trees = {"after": (args.after, after_engine), "before": (args.before, args.before_engine)}
     results: dict[str, list[dict[str, float]]] = {"after": [], "before": []}
