@@ -31,7 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PROMPT_LEN, NEW_TOKENS, CONC, CONC_NEW = 64, 128, 16, 64
 
 
-def child(threads: int, repeats: int) -> None:
+def child(threads: int, repeats: int, concurrent: bool = True) -> None:
     """Measure this process's deepinfer (whatever PYTHONPATH gives) and print one JSON line."""
     import torch  # first, as on the GPU machines (before any deepinfer native module)
 
@@ -56,16 +56,16 @@ def child(threads: int, repeats: int) -> None:
         return statistics.median(rates)
 
     out = {"decode1": rate(one, NEW_TOKENS), "load1": os.getloadavg()[0]}
-    out["concurrent16"] = rate(many, CONC_NEW)
+    out["concurrent16"] = rate(many, CONC_NEW) if concurrent else float("nan")
     out["load2"] = os.getloadavg()[0]
     print("RESULT " + json.dumps(out), flush=True)
 
 
-def run_tree(tree: str, engine: str, threads: int, repeats: int) -> dict[str, float]:
+def run_tree(tree: str, engine: str, threads: int, repeats: int, concurrent: bool = True) -> dict[str, float]:
     env = dict(os.environ, PYTHONPATH=f"{os.path.abspath(engine)}:{os.path.join(os.path.abspath(tree), 'deepinfer-meta', 'src')}",
                OMP_NUM_THREADS=str(threads))
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--threads", str(threads),
-                           "--repeats", str(repeats)], env=env, capture_output=True, text=True, check=False)
+                           "--repeats", str(repeats)] + ([] if concurrent else ["--no-concurrent"]), env=env, capture_output=True, text=True, check=False)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         raise SystemExit(f"{tree}: the child failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -81,32 +81,33 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--no-concurrent", action="store_true", help="batch-1 decode only (the 16 requests' "
+                   "prefill on torch takes most of a child's time)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        child(args.threads, args.repeats)
+        child(args.threads, args.repeats, not args.no_concurrent)
         return
     if not args.before or not args.before_engine:
         p.error("--before and --before-engine are required")
     after_engine = args.after_engine or os.path.join(args.after, "build", "dev", "deepinfer-engine", "pkg")
     trees = {"after": (args.after, after_engine), "before": (args.before, args.before_engine)}
     results: dict[str, list[dict[str, float]]] = {"after": [], "before": []}
-    ratios: dict[str, list[float]] = {"decode1": [], "concurrent16": []}
+    ratios: dict[str, list[float]] = {"decode1": []} if args.no_concurrent else {"decode1": [], "concurrent16": []}
     print(f"== DeepInfer CPU, default model, {args.threads} threads; after = {args.after}, before = {args.before}; "
           f"{args.rounds} rounds, each figure the median of {args.repeats} runs", flush=True)
     for r in range(args.rounds):
         order = ["after", "before"] if r % 2 == 0 else ["before", "after"]
         got = {}
         for name in order:
-            got[name] = run_tree(*trees[name], args.threads, args.repeats)
+            got[name] = run_tree(*trees[name], args.threads, args.repeats, not args.no_concurrent)
             results[name].append(got[name])
             g = got[name]
             print(f"  round {r + 1} {name}: batch-1 decode {g['decode1']:.1f} tok/s (load {g['load1']:.1f}), "
                   f"16 concurrent {g['concurrent16']:.1f} tok/s (load {g['load2']:.1f})", flush=True)
         for m in ratios:
             ratios[m].append(got["after"][m] / got["before"][m])
-        print(f"  round {r + 1} after / before: batch-1 decode {ratios['decode1'][-1]:.3f}, "
-              f"16 concurrent {ratios['concurrent16'][-1]:.3f}", flush=True)
+        print(f"  round {r + 1} after / before: " + ", ".join(f"{m} {ratios[m][-1]:.3f}" for m in ratios), flush=True)
     for m in ratios:
         med = {n: statistics.median(x[m] for x in results[n]) for n in results}
         print(f"{m}: after {med['after']:.1f} tok/s, before {med['before']:.1f} tok/s (medians), ratio of medians "
