@@ -103,8 +103,9 @@ def main() -> None:
             got[name] = run_tree(*trees[name], args.threads, args.repeats, not args.no_concurrent)
             results[name].append(got[name])
             g = got[name]
-            print(f"  round {r + 1} {name}: batch-1 decode {g['decode1']:.1f} tok/s (load {g['load1']:.1f}), "
-                  f"16 concurrent {g['concurrent16']:.1f} tok/s (load {g['load2']:.1f})", flush=True)
+            conc = "" if args.no_concurrent else f", 16 concurrent {g['concurrent16']:.1f} tok/s (load {g['load2']:.1f})"
+            print(f"  round {r + 1} {name}: batch-1 decode {g['decode1']:.1f} tok/s (load {g['load1']:.1f}){conc}",
+                  flush=True)
         for m in ratios:
             ratios[m].append(got["after"][m] / got["before"][m])
         print(f"  round {r + 1} after / before: " + ", ".join(f"{m} {ratios[m][-1]:.3f}" for m in ratios), flush=True)
