@@ -14,6 +14,14 @@ engines run alternately (spec, plain, spec, plain ...) so load on a shared machi
 alike. Prints tok/s of each run, the median ratio, the acceptance rate, mean accepted length
 and per-position acceptance, and checks the outputs are token for token the same.
 
+llama.cpp's speculative mode as a contender (CPU): ``llama-cpp-python``'s prompt-lookup decoding
+(``Llama(draft_model=LlamaPromptLookupDecoding(...))``) on the same GGUF file (the default
+model's), the same token ids, threads and greedy decoding, interleaved in the same rounds: once
+with our k and ``--lookup-max`` (its lookup tries n-grams from that length down to 1), once with
+its own defaults (10 drafts, n-grams up to 2), and plain llama.cpp. The report gives our
+speculative tok/s over the better of its two speculative modes, per run and as a median.
+Skipped, with the reason, when ``llama_cpp`` does not import (``--no-llamacpp``: skipped anyway).
+
 ``--speculative-oracle``: drafts from a recorded greedy run of the same request (the plain
 engine's output), every one of them kept (forced acceptance: oracle mode measures the
 verification path's cost, not its output; on random weights the verify and decode kernels break
@@ -119,11 +127,52 @@ def report_stats(llm) -> str:
     return out
 
 
-def bench(plain, spec, groups, params, runs: int, oracle: bool) -> None:
-    """Interleaved timed runs of each group of requests (one generate call per group)."""
+def llamacpp_contenders(k: int, lookup_max: int, threads: int, max_tokens: int):  # type: ignore[no-untyped-def]
+    """{name: run(prompt ids) -> (tok/s, token ids)} for llama.cpp plain and its prompt-lookup
+    speculative modes on the default model's GGUF file, or the reason they cannot run (str)."""
+    try:
+        from llama_cpp import Llama
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+    except ImportError as exc:
+        return f"llama-cpp-python is not installed ({exc})"
+    from deepinfer.runtime.loading.default_model import default_model_path
+
+    path = default_model_path()
+
+    def make(draft):  # type: ignore[no-untyped-def]
+        llm = Llama(model_path=path, n_ctx=2048, n_threads=threads, n_threads_batch=threads, n_batch=512,
+                    draft_model=draft, verbose=False)
+
+        def run(ids: list[int]) -> tuple[float, list[int]]:
+            t0 = time.perf_counter()
+            out = []
+            for tok in llm.generate(ids, temp=0.0, top_k=1, reset=True):
+                if llm.token_eos() == tok:
+                    break
+                out.append(int(tok))
+                if len(out) >= max_tokens:
+                    break
+            return len(out) / (time.perf_counter() - t0), out
+
+        return run
+
+    return {"llama.cpp plain": make(None),
+            f"llama.cpp lookup k={k} n<={lookup_max}": make(LlamaPromptLookupDecoding(max_ngram_size=lookup_max,
+                                                                                     num_pred_tokens=k)),
+            "llama.cpp lookup defaults (10 drafts, n<=2)": make(LlamaPromptLookupDecoding())}
+
+
+def bench(plain, spec, groups, params, runs: int, oracle: bool, others=None) -> None:  # type: ignore[no-untyped-def]
+    """Interleaved timed runs of each group of requests (one generate call per group); ``others``:
+    {name: run(prompt ids) -> (tok/s, ids)} contenders timed in the same rounds (batch 1)."""
+    others = others or {}
     ratios, plain_rates, spec_rates = [], [], []
+    other_rates: dict[str, list[float]] = {n: [] for n in others}
+    vs_best: list[float] = []
     same = True
     for g, batch in enumerate(groups):
+        for run in others.values():  # warm-up (and the prompt into llama.cpp's cache)
+            run(batch[0]["prompt_token_ids"])
         # warm-up; the second run is the reference (and the oracle's recorded greedy run): like the
         # timed runs it finds the prompt in the prefix cache (a cold prefill may differ in the last bits)
         timed(plain, batch, params)
@@ -139,10 +188,25 @@ def bench(plain, spec, groups, params, runs: int, oracle: bool) -> None:
             spec_rates.append(a)
             plain_rates.append(b)
             ratios.append(a / b)
-            print(f"  group {g} run {r + 1}: spec {a:,.1f} tok/s, plain {b:,.1f} tok/s, ratio {a / b:.2f}x", flush=True)
+            line = ""
+            if others:
+                got = {n: run(batch[0]["prompt_token_ids"])[0] for n, run in others.items()}
+                for n, v in got.items():
+                    other_rates[n].append(v)
+                best = max(v for n, v in got.items() if "lookup" in n)
+                vs_best.append(a / best)
+                line = "; " + ", ".join(f"{n} {v:,.1f}" for n, v in got.items()) + f"; spec / best llama.cpp " \
+                    f"speculative {a / best:.2f}x"
+            print(f"  group {g} run {r + 1}: spec {a:,.1f} tok/s, plain {b:,.1f} tok/s, ratio {a / b:.2f}x{line} "
+                  f"(load {os.getloadavg()[0]:.1f})", flush=True)
     print(f"median spec {statistics.median(spec_rates):,.1f} tok/s, plain {statistics.median(plain_rates):,.1f} "
           f"tok/s; median ratio {statistics.median(ratios):.2f}x (spread {min(ratios):.2f}-{max(ratios):.2f}, "
           f"{len(ratios)} runs)")
+    for n, v in other_rates.items():
+        print(f"median {n} {statistics.median(v):,.1f} tok/s")
+    if vs_best:
+        print(f"median spec / best llama.cpp speculative mode: {statistics.median(vs_best):.2f}x "
+              f"(spread {min(vs_best):.2f}-{max(vs_best):.2f})")
     print(f"spec stats: {report_stats(spec)}")
     print(f"outputs token for token equal to plain decoding: {same}")
 
@@ -182,6 +246,7 @@ def main() -> None:
     p.add_argument("--method", choices=("ngram", "draft_model"), default="ngram",
                    help="the drafting method (--speculative-oracle without draft_model: the oracle alone)")
     p.add_argument("--draft", default=None, help="CPU, --method draft_model: the draft model's path")
+    p.add_argument("--no-llamacpp", action="store_true", help="CPU: leave llama.cpp's contenders out")
     p.add_argument("--draft-shape", default="smollm2-135m",
                    help="CUDA, --method draft_model: the draft's shape (random weights, the target's vocabulary)")
     args = p.parse_args()
@@ -205,8 +270,14 @@ def main() -> None:
         print(f"== CPU default model, {args.threads} threads, batch 1, greedy, max_tokens {args.max_tokens}, "
               f"{spec_cfg}", flush=True)
         groups = [[{"prompt_token_ids": chat_ids(plain, w)}] for w in WORKLOAD]
+        others = None
+        if not args.no_llamacpp and args.method == "ngram" and not args.speculative_oracle:
+            others = llamacpp_contenders(args.k, args.lookup_max, args.threads, args.max_tokens)
+            if isinstance(others, str):
+                print(f"llama.cpp skipped: {others}", flush=True)
+                others = None
         bench(plain, spec, groups, SamplingParams(temperature=0, max_tokens=args.max_tokens), args.runs,
-              args.speculative_oracle)
+              args.speculative_oracle, others)
         return
     sys.path.insert(0, HERE)
     sys.path.insert(0, os.path.join(HERE, "..", "tests", "runtime"))

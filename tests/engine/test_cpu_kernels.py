@@ -77,6 +77,22 @@ def test_quantized_gemv_within_the_activation_rounding_bound(kind):
             assert_linear_within_bound(kind, raw, w, rng.standard_normal((rows, k)).astype(np.float32))
 
 
+@pytest.mark.parametrize("kind", sorted(BLOCK_BYTES) + ["F32"])
+def test_a_row_is_bitwise_the_same_in_any_tile(kind):
+    """Rows are computed in tiles (up to 8 on AVX2): a row's output must not depend on how many
+    rows share its call. Speculative verify steps (1 + k rows of one sequence) rely on it for
+    greedy output equal to one-token decode steps, and deterministic=True for batch invariance."""
+    rng = np.random.default_rng(11)
+    n, k = 37, 320
+    w = rng.standard_normal((n, k)).astype(np.float32) if kind == "F32" else random_blocks(rng, kind, n, k)
+    x = rng.standard_normal((12, k)).astype(np.float32)
+    for isa in ISAS:
+        alone = np.concatenate([ck.linear((kind, w), x[i:i + 1], isa=isa) for i in range(len(x))])
+        for rows in range(2, len(x) + 1):
+            np.testing.assert_array_equal(ck.linear((kind, w), x[:rows], isa=isa), alone[:rows],
+                                          err_msg=f"{kind} {isa} rows={rows}")
+
+
 def test_activation_rounding_is_what_the_bound_allows():
     """The bound is not vacuous: an activation whose values fall between 8-bit steps gives an
     error of the predicted size (one block, a weight of ones)."""

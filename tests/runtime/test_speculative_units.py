@@ -74,8 +74,17 @@ def test_config_accepts_vllm_keys_dicts_and_json():
                                   "prompt_lookup_min": 2})
     assert c == SpeculativeConfig("ngram", 3, 2, 5)
     assert parse_speculative_config('{"method": "ngram", "num_speculative_tokens": 2}') == SpeculativeConfig(
-        "ngram", 2, 1, 4)
+        "ngram", 2, 2, 5)
     assert parse_speculative_config(None) is None
+
+
+@pytest.mark.parametrize("given, lo, hi", [({}, 2, 5), ({"prompt_lookup_max": 1}, 1, 1), ({"prompt_lookup_max": 3}, 2, 3),
+                                           ({"prompt_lookup_max": 9}, 2, 9), ({"prompt_lookup_min": 1}, 1, 5),
+                                           ({"prompt_lookup_min": 7}, 7, 7)])
+def test_lookup_defaults_never_contradict_the_key_given(given, lo, hi):
+    # defaults 2..5; one key alone moves the other's default so that min <= max (vLLM: min = max)
+    c = parse_speculative_config({"method": "ngram", "num_speculative_tokens": 2, **given})
+    assert (c.prompt_lookup_min, c.prompt_lookup_max) == (lo, hi)
 
 
 @pytest.mark.parametrize("value, err, match", [
@@ -115,7 +124,7 @@ def test_engine_args_and_cli_take_the_config():
     from deepinfer.runtime.engine_args import EngineArgs
 
     a = EngineArgs(speculative_config={"method": "ngram", "num_speculative_tokens": 2})
-    assert a.speculative_config == SpeculativeConfig("ngram", 2, 1, 4)
+    assert a.speculative_config == SpeculativeConfig("ngram", 2, 2, 5)
     p = argparse.ArgumentParser()
     EngineArgs.add_cli_args(p)
     ns = p.parse_args(["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 5}'])

@@ -9,6 +9,7 @@ from typing import Any
 METHODS = ("ngram", "draft_model", "oracle")
 KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "model")
 MAX_SPECULATIVE_TOKENS = 32
+DEFAULT_LOOKUP_MIN, DEFAULT_LOOKUP_MAX = 2, 5
 NGRAM_MODEL_NAMES = ("ngram", "[ngram]")  # vLLM's spellings of the n-gram method as a model name
 
 
@@ -20,13 +21,15 @@ class SpeculativeConfig:
     "draft_model" (drafts from a smaller model with the target's tokenizer, ``model``: its path)
     or "oracle" (benchmarks only: drafts from a recorded greedy run of the same prompt, see
     ``Speculator.record_oracle``). ``num_speculative_tokens``: drafts verified per step (k).
-    ``prompt_lookup_min`` / ``prompt_lookup_max``: the n-gram lengths tried, longest first.
+    ``prompt_lookup_min`` / ``prompt_lookup_max``: the n-gram lengths tried, longest first
+    (defaults 2 and 5: on bench/spec_bench.py's workload a minimum of 1 drafts from one-token
+    coincidences, which cost verify rows and are rarely kept; vLLM defaults to 5 and 5).
     """
 
     method: str = "ngram"
     num_speculative_tokens: int = 4
-    prompt_lookup_min: int = 1
-    prompt_lookup_max: int = 4
+    prompt_lookup_min: int = DEFAULT_LOOKUP_MIN
+    prompt_lookup_max: int = DEFAULT_LOOKUP_MAX
     model: str | None = None  # the draft model's path (method "draft_model")
 
     def to_dict(self) -> dict[str, Any]:
@@ -87,8 +90,11 @@ def parse_speculative_config(value: Any) -> SpeculativeConfig | None:
     if "num_speculative_tokens" not in value:
         raise ValueError("speculative_config['num_speculative_tokens'] is required (the drafts per step, k)")
     k = _int_key(value, "num_speculative_tokens", 0, 1, MAX_SPECULATIVE_TOKENS)
-    lo = _int_key(value, "prompt_lookup_min", 1, 1, 1024)
-    hi = _int_key(value, "prompt_lookup_max", max(lo, 4), 1, 1024)
+    # a default never contradicts the other key given: min <= max always holds unless both are given
+    hi_given = value.get("prompt_lookup_max")
+    lo_default = min(DEFAULT_LOOKUP_MIN, hi_given) if isinstance(hi_given, int) and hi_given >= 1 else DEFAULT_LOOKUP_MIN
+    lo = _int_key(value, "prompt_lookup_min", lo_default, 1, 1024)
+    hi = _int_key(value, "prompt_lookup_max", max(lo, DEFAULT_LOOKUP_MAX), 1, 1024)
     if lo > hi:
         raise ValueError(f"speculative_config['prompt_lookup_min'] ({lo}) must be <= "
                          f"speculative_config['prompt_lookup_max'] ({hi})")
