@@ -155,7 +155,11 @@ def fused_decode_forward(model: LlamaForCausalLM, input_ids: torch.Tensor, posit
             if moe is not None:  # a mixture-of-experts layer (models.moe.MoeLayer): routing and
                 # the fused experts, fixed shapes, no host sync; the residual is added in their
                 # combine kernel, so the next layer's qkv GEMV can take its norm in its prologue
-                h = st.normed(layer.post_attention_layernorm)
+                norm = layer.post_attention_layernorm
+                if st.pending is None and moe.fuses_norm(st.stream):  # a few tokens: 3 launches
+                    st.stream = moe.forward_normed(st.stream, (norm.weight, norm.eps))
+                    continue
+                h = st.normed(norm)
                 st.stream = moe(h, residual=st.stream)
                 continue
             gate_up = _norm_linear(st, layer.post_attention_layernorm, layer.gate_up_proj, "gate_up", gemv_names, b)
