@@ -53,6 +53,9 @@ def check_experts(device: str, dtype: torch.dtype) -> list[tuple[str, bool, floa
     from deepinfer.runtime.kernels.moe_decode import experts_small
     from fused_moe_check import reference
 
+    # Triton's interpreter runs one program at a time: wider tiles there (still cutting every
+    # case's rows or columns short somewhere), the default tiles on the GPU
+    tiles = dict(gate_up_config=(16, 32, 4), down_config=(16, 32, 4)) if device == "cpu" else {}
     out = []
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     for name in EXPERT_CASES:
@@ -61,7 +64,7 @@ def check_experts(device: str, dtype: torch.dtype) -> list[tuple[str, bool, floa
         ref = reference(xin.cpu(), w.cpu(), ids.cpu(), w13.cpu(), w2.cpu())
         if res is not None:
             ref += res.cpu().double()
-        got = experts_small(x, w, ids, w13, w2, residual=res, norm=norm).double().cpu()
+        got = experts_small(x, w, ids, w13, w2, residual=res, norm=norm, **tiles).double().cpu()
         err = float((got - ref).abs().max() / ref.abs().max())
         out.append((f"experts_small {name} residual={res is not None} norm={norm is not None}", err <= tol, err))
     return out
@@ -83,20 +86,41 @@ def check_router(device: str, dtype: torch.dtype) -> list[tuple[str, bool, float
         norm = ((torch.rand(hidden, generator=g) + 0.5).to(device, dtype), 1e-6) if use_norm else None
         xin = x if norm is None else rms(x, *norm)
         want_w, want_i = route_greedy(xin.float() @ gw.t(), k, sigmoid, norm_topk, 1.5)
-        got_w, got_i = route_small(x, gw, k, sigmoid, norm_topk, 1.5, norm=norm)
+        got_w, got_i = route_small(x, gw, k, sigmoid, norm_topk, 1.5, norm=norm,
+                                   **(dict(config=(16, 32, 4)) if device == "cpu" else {}))
         err = float((got_w - want_w).abs().max())
         ok = torch.equal(got_i.cpu(), want_i.cpu()) and err <= 1e-5
         out.append((f"route_small T={t} E={e} k={k} sigmoid={sigmoid} norm={use_norm}", ok, err))
     return out
 
 
-def check_model_switch(device: str, arch: str) -> tuple[str, bool, float]:
+def plain_linears(model: torch.nn.Module) -> None:
+    """The CPU loader's CpuLinear projections back to plain nn.Linear with [out, in] rows, so the
+    fused decode forward runs its one-row GEMVs (and at batch 1 the norm-fused MoE layer) as on CUDA."""
+    from torch import nn
+
+    for layer in model.layers:
+        for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
+            lin = getattr(layer, name, None)
+            if lin is None or type(lin) is nn.Linear:
+                continue
+            plain = nn.Linear(lin.in_features, lin.out_features, bias=lin.bias is not None)
+            plain.weight = nn.Parameter(lin.weight.detach().contiguous())
+            if lin.bias is not None:
+                plain.bias = nn.Parameter(lin.bias.detach())
+            setattr(layer, name, plain)
+
+
+def check_model_switch(device: str, arch: str, batches: tuple[int, ...]) -> tuple[str, bool, float]:
     """The fused decode forward of a tiny float32 model, few-token path vs grouped path: the same
-    logits (1e-5), three sequences (one a padding row)."""
+    logits (1e-5) for each batch size in ``batches``: 3 (two sequences and a padding row: the
+    norm in front of the MoE kernels) and 1 (the norm fused into them where there is no shared
+    expert)."""
     import os
     import tempfile
 
     from deepinfer.runtime.attention.triton_decode import DecodeWorkspace
+    from deepinfer.runtime.kernels import moe_decode
     from deepinfer.runtime.loading.model_loader import load_model
     from deepinfer.runtime.models import moe
     from deepinfer.runtime.models.llama_fused_decode import fused_decode_forward
@@ -106,6 +130,7 @@ def check_model_switch(device: str, arch: str) -> tuple[str, bool, float]:
     with tempfile.TemporaryDirectory() as tmp:
         save_tiny_moe(tmp, arch)
         model = load_model(tmp, device=dev, dtype=torch.float32).model
+    plain_linears(model)
     cfg = model.config
     bs, nblk = 4, 8
     caches = [torch.randn(2, nblk, bs, cfg.num_key_value_heads, cfg.head_dim, generator=torch.Generator().manual_seed(i))
@@ -114,28 +139,29 @@ def check_model_switch(device: str, arch: str) -> tuple[str, bool, float]:
     ids, pos, lens = i32([12, 300, 0]), i32([5, 9, 0]), i32([6, 10, 1])
     slots = torch.tensor([1 * bs + 1, 3 * bs + 1, -1], device=dev)
     tables = i32([[0, 1, 2], [4, 6, 3], [0, 0, 0]])
-    logits = []
+    logits: dict[tuple[str, int], torch.Tensor] = {}
     saved, saved_cpu = os.environ.get("DEEPINFER_MOE_SMALL_BATCH"), moe.KERNELS_ON_CPU
+    saved_tiles = moe_decode.GATE_UP_CONFIG, moe_decode.DOWN_CONFIG, moe_decode.ROUTER_CONFIG
     moe.KERNELS_ON_CPU = True
+    if device == "cpu":  # wider tiles: fewer programs for Triton's interpreter to run one by one
+        moe_decode.GATE_UP_CONFIG = moe_decode.DOWN_CONFIG = moe_decode.ROUTER_CONFIG = (16, 32, 4)
     try:
         for limit in ("8", "0"):
             os.environ["DEEPINFER_MOE_SMALL_BATCH"] = limit
-            work = [c.clone() for c in caches]
             ws = DecodeWorkspace(6, cfg.num_attention_heads, cfg.head_dim, dev)
-            hidden = fused_decode_forward(model, ids, pos, work, slots, tables, lens, ws, 2)
-            logits.append(model.head_logits(hidden[:2]).float().cpu())
-            # one row: the norm-fused three-launch layer (no shared expert) or the unfused one
-            hidden1 = fused_decode_forward(model, ids[:1], pos[:1], [c.clone() for c in caches], slots[:1],
-                                           tables[:1], lens[:1], ws, 2)
-            logits.append(model.head_logits(hidden1).float().cpu())
+            for b in batches:
+                hidden = fused_decode_forward(model, ids[:b], pos[:b], [c.clone() for c in caches], slots[:b],
+                                              tables[:b], lens[:b], ws, 2)
+                logits[limit, b] = model.head_logits(hidden[:2]).float().cpu()
     finally:
         moe.KERNELS_ON_CPU = saved_cpu
+        moe_decode.GATE_UP_CONFIG, moe_decode.DOWN_CONFIG, moe_decode.ROUTER_CONFIG = saved_tiles
         if saved is None:
             os.environ.pop("DEEPINFER_MOE_SMALL_BATCH", None)
         else:
             os.environ["DEEPINFER_MOE_SMALL_BATCH"] = saved
-    err = max(float((logits[0] - logits[2]).abs().max()), float((logits[1] - logits[3]).abs().max()))
-    return f"decode forward {arch} float32 few-token path vs grouped path", err <= 1e-5, err
+    err = max(float((logits["8", b] - logits["0", b]).abs().max()) for b in batches)
+    return f"decode forward {arch} float32 batch {batches} few-token path vs grouped path", err <= 1e-5, err
 
 
 def main(device: str, dtype_name: str, part: str = "all") -> int:
@@ -148,7 +174,7 @@ def main(device: str, dtype_name: str, part: str = "all") -> int:
     if part in ("kernels", "all"):
         rows += check_experts(device, dtype) + check_router(device, dtype)
     if part in ("models", "all") and dtype == torch.float32:
-        rows += [check_model_switch(device, arch) for arch in ("qwen3_moe", "qwen2_moe")]
+        rows += [check_model_switch(device, "qwen3_moe", (1, 3)), check_model_switch(device, "qwen2_moe", (3,))]
     bad = 0
     for name, ok, err in rows:
         bad += not ok

@@ -92,7 +92,7 @@ def _counter(device: torch.device) -> torch.Tensor:
 
 def route_small(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, sigmoid: bool, norm_topk_prob: bool,
                 routed_scaling_factor: float = 1.0, norm: tuple[torch.Tensor, float] | None = None,
-                config: tuple[int, int, int] = ROUTER_CONFIG) -> tuple[torch.Tensor, torch.Tensor]:
+                config: tuple[int, int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights [T, k] float32, ids [T, k] int64) of the rows ``x`` [T, H] for a float32 router
     ``gate_weight`` [E, H], in one launch: ``route_greedy(x.float() @ gate_weight.T, ...)``.
     ``norm`` (weight [H], eps): the rows are RMSNorm(x) * weight first (rounded to x's dtype as
@@ -113,7 +113,7 @@ def route_small(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, sigmoid:
     if t == 0:
         return weights, ids
     logits = torch.empty(t, e, dtype=torch.float32, device=x.device)
-    block_e, block_k, warps = config
+    block_e, block_k, warps = config or ROUTER_CONFIG
     _router_kernel[(triton.cdiv(e, block_e),)](
         x, norm[0] if norm is not None else x, gate_weight, logits, weights, ids, _counter(x.device), t, hidden, e,
         x.stride(0), norm[1] if norm is not None else 0.0, float(routed_scaling_factor),
@@ -186,11 +186,12 @@ def _down_kernel(h_ptr, w2_ptr, ids_ptr, weights_ptr, res_ptr, out_ptr, hidden, 
 
 def experts_small(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                   residual: torch.Tensor | None = None, norm: tuple[torch.Tensor, float] | None = None,
-                  gate_up_config: tuple[int, int, int] = GATE_UP_CONFIG,
-                  down_config: tuple[int, int, int] = DOWN_CONFIG) -> torch.Tensor:
+                  gate_up_config: tuple[int, int, int] | None = None,
+                  down_config: tuple[int, int, int] | None = None) -> torch.Tensor:
     """``fused_experts(x, weights, ids, w13, w2, residual=residual)`` for a few tokens, without the
     sort by expert: [T, H] in ``x.dtype``. ``norm`` (weight [H], eps): the experts' input is
     RMSNorm(x) * weight (as ``route_small``'s ``norm``), computed inside the gate/up kernel.
+    ``gate_up_config`` / ``down_config``: (BLOCK_N, BLOCK_K, num_warps), default the module's.
     ``weights`` [T, k] float32, ``ids`` [T, k] integer, both contiguous."""
     t, hidden = x.shape
     k = ids.shape[1]
@@ -215,13 +216,13 @@ def experts_small(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13
         return out
     pdl = pdl_launch(x.device)
     h = torch.empty(t * k, inter, dtype=x.dtype, device=x.device)
-    bn, bk, warps = gate_up_config
+    bn, bk, warps = gate_up_config or GATE_UP_CONFIG
     _gate_up_kernel[(t * k, triton.cdiv(inter, bn))](
         x, norm[0] if norm is not None else x, w13, ids, h, hidden, inter, x.stride(0), w13.stride(0), w13.stride(1),
         norm[1] if norm is not None else 0.0, TOP_K=k, BLOCK_N=bn, BLOCK_K=min(bk, triton.next_power_of_2(hidden)),
         NORM=norm is not None, NORM_BLOCK=triton.next_power_of_2(hidden) if norm is not None else 1,
         num_warps=warps, **pdl)
-    bn, bk, warps = down_config
+    bn, bk, warps = down_config or DOWN_CONFIG
     res = residual if residual is not None else out
     _down_kernel[(t, triton.cdiv(hidden, bn))](
         h, w2, ids, weights, res, out, hidden, inter, w2.stride(0), w2.stride(1), res.stride(0), out.stride(0),
