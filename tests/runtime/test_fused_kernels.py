@@ -18,3 +18,21 @@ def test_fused_kernels_match_torch_ops():
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().endswith("ok")
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_fused_eager_steps_match_the_models_own_forward(tmp_path, arch):
+    """Prompt chunks, a mixed step and a one-row step through ``fused_step_forward`` (what eager
+    CUDA steps of dense models run) give the hidden states and KV cache of the model's forward
+    with the torch attention (float32, Triton's interpreter)."""
+    pytest.importorskip("triton", reason="Triton is not installed (it ships with torch's CUDA wheels)")
+    from tiny_models import save_tiny_model
+
+    save_tiny_model(tmp_path, arch=arch)
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    here = os.path.dirname(__file__)
+    out = subprocess.run([sys.executable, os.path.join(here, "fused_step_check.py"), str(tmp_path), "cpu"],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert out.stdout.strip().endswith("ok")
+    assert out.stdout.count("step ") == 3, out.stdout

@@ -136,3 +136,35 @@ def test_the_kv_budget_error_says_what_holds_the_gpus_memory(monkeypatch):
     assert f"{88 * gib} by CUDA contexts and other processes" in msg
     assert "process      4242 uses 86000.000 MB" in msg
     assert "lower its --gpu-memory-utilization" in msg
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_replayed_histogram_observations_count_as_observe_does(seed):
+    """A front end replays a step's histogram observations in bulk (``observe_all``); what the
+    registry exposes (bucket counts, count, sum) equals ``observe`` called per value (values on
+    the bounds, past the last bound, zero and NaN included)."""
+    import math
+
+    from deepinfer.serve.metrics import ITL_BUCKETS, observe_all
+    from prometheus_client import CollectorRegistry, Histogram
+
+    rng = random.Random(seed)
+    values = [rng.choice([rng.random() * 0.3, rng.choice(ITL_BUCKETS), 0.0, 200.0]) for _ in range(500)]
+
+    def exposed(vals, bulk):
+        registry = CollectorRegistry()
+        h = Histogram("h", "d", ["m"], buckets=ITL_BUCKETS, registry=registry).labels("x")
+        if bulk:
+            observe_all(h, vals)
+        else:
+            for v in vals:
+                h.observe(v)
+        return {(s.name, s.labels.get("le")): s.value for m in registry.collect() for s in m.samples
+                if not s.name.endswith("_created")}
+
+    got, want = exposed(values, True), exposed(values, False)
+    assert got.pop(("h_sum", None)) == pytest.approx(want.pop(("h_sum", None)), rel=1e-12)
+    assert got == want and want[("h_count", None)] == len(values)
+    with_nan = exposed(values + [math.nan], True)  # NaN: in the sum, in no bucket (nor the count)
+    assert math.isnan(with_nan.pop(("h_sum", None)))
+    assert with_nan == want

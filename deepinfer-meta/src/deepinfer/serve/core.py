@@ -134,9 +134,12 @@ class _Commands:
 
         from deepinfer.runtime.sampling_params import SamplingParams
 
-        while True:
+        sock = self._sock
+        # (the socket's event flags first: a receive on an empty socket raises zmq.Again, and
+        # building that exception every loop turn cost more than the rest of this check)
+        while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
             try:
-                ident, raw = self._sock.recv_multipart(zmq.NOBLOCK)
+                ident, raw = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
             msg = self._decoder.decode(raw)

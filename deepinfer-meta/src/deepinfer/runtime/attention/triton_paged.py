@@ -99,6 +99,13 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache:
     row depends only on its own keys either way: a tile reads key blocks from position 0 in one
     order, and the blocks past a row's position are masked to exactly zero weight."""
     write_kv(kv_cache, k, v, meta.slot_mapping)
+    return attend_cached(q, kv_cache, meta, scale, batch_invariant)
+
+
+def attend_cached(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+                  batch_invariant: bool = False) -> torch.Tensor:
+    """``paged_attention`` for a step whose keys and values are in ``kv_cache`` already (the fused
+    eager forward stores them with the rotary kernel): the attention output [T, heads, head_dim]."""
     num_heads, head_dim = q.shape[1], q.shape[2]
     kv_heads = kv_cache.shape[3]
     group = num_heads // kv_heads

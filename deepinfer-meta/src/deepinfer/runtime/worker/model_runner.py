@@ -59,6 +59,14 @@ def select_attention(device: torch.device, backend: str | None = None, block_siz
     raise ValueError(f"attention_backend must be 'torch' or 'triton', got {backend!r}")
 
 
+def _fused_step_supported(model: Any, attention: Any) -> bool:
+    try:  # (Triton: the fused kernels' compiler)
+        from deepinfer.runtime.models.llama_fused_decode import fused_step_supported
+    except ImportError:
+        return False
+    return fused_step_supported(model, attention)
+
+
 def _set_torch_threads(n: int) -> None:
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)
@@ -79,6 +87,8 @@ class ModelRunner:
             self.attention = self._batch_invariant_cuda(attention_backend, block_size)
         else:
             self.attention = select_attention(device, attention_backend, block_size)
+        # eager CUDA steps through the fused Triton kernels (models.llama_fused_decode.fused_step_forward)
+        self.fused_steps: bool | None = None
         self.graphs: DecodeGraphs | None = None  # decode steps replayed from CUDA graphs, when captured
         # speculative verify steps replayed from CUDA graphs (worker.verify_graph_runner), when captured
         self.verify_graphs: Any = None
@@ -202,6 +212,13 @@ class ModelRunner:
             embeds = self.model.embed_tokens(ids)
             embeds[torch.from_numpy(np.ascontiguousarray(at, dtype=np.int64)).to(self.device)] = \
                 values.to(device=self.device, dtype=embeds.dtype)
-        hidden = self.model(ids, pos, self.kv_caches, meta, self.attention, inputs_embeds=embeds)
+        if self.fused_steps is None:  # decided at the first eager step (the loader may swap layers before)
+            self.fused_steps = self.device.type == "cuda" and _fused_step_supported(self.model, self.attention)
+        if self.fused_steps:
+            from deepinfer.runtime.models.llama_fused_decode import fused_step_forward
+
+            hidden = fused_step_forward(self.model, ids, pos, self.kv_caches, meta, inputs_embeds=embeds)
+        else:
+            hidden = self.model(ids, pos, self.kv_caches, meta, self.attention, inputs_embeds=embeds)
         rows = torch.from_numpy(np.ascontiguousarray(logits_indices, dtype=np.int64)).to(self.device)
         return self.model.compute_logits(hidden[rows])
