@@ -46,6 +46,10 @@ def _router_kernel(x_ptr, nw_ptr, gw_ptr, logits_ptr, weights_ptr, ids_ptr, coun
     rows = (pid * BLOCK_E + tl.arange(0, BLOCK_E)).to(tl.int64)
     row_ok = rows < num_experts
     cols = tl.arange(0, BLOCK_K)
+    # The first weight tile is read before waiting for the previous kernel (the router's weight
+    # is constant): with PDL its loads overlap that kernel's tail, as the one-row GEMV's do.
+    w_first = tl.load(gw_ptr + rows[:, None] * hidden + cols[None, :], mask=row_ok[:, None] & (cols < hidden)[None, :],
+                      other=0.0).to(tl.float32)
     pdl_begin(PDL)
     for t in range(tokens):
         x_row = x_ptr + t * stride_x
@@ -54,8 +58,8 @@ def _router_kernel(x_ptr, nw_ptr, gw_ptr, logits_ptr, weights_ptr, ids_ptr, coun
             nc = tl.arange(0, NORM_BLOCK)
             xn = tl.load(x_row + nc, mask=nc < hidden, other=0.0).to(tl.float32)
             rstd = tl.math.rsqrt(tl.sum(xn * xn, axis=0) / hidden + eps)
-        acc = tl.zeros([BLOCK_E, BLOCK_K], dtype=tl.float32)
-        for k0 in range(0, hidden, BLOCK_K):
+        acc = w_first * _activation_chunk(x_row, nw_ptr, x_ptr, cols, cols < hidden, hidden, rstd, False, NORM)[None, :]
+        for k0 in range(BLOCK_K, hidden, BLOCK_K):
             c = k0 + cols
             c_ok = c < hidden
             xv = _activation_chunk(x_row, nw_ptr, x_ptr, c, c_ok, hidden, rstd, False, NORM)
