@@ -43,7 +43,7 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
            "eager CUDA steps (prompt chunks, mixed steps) of Llama-family models, MoE too, run the fused Triton kernels (0: torch ops)"),
     Switch("DEEPINFER_FOLD_MERGE", "1", "models/llama_fused_decode.py",
            "the split-KV attention merge folded into the split kernel (0: a second kernel)"),
-    Switch("DEEPINFER_MOE_SMALL_BATCH", "8", "models/moe.py",
+    Switch("DEEPINFER_MOE_SMALL_BATCH", "4", "models/moe.py",
            "tokens up to which a CUDA MoE layer runs the few-token kernels, no sort by expert (0: grouped GEMMs)"),
     Switch("DEEPINFER_TP_TIMEOUT_S", "120", "parallel/process_group.py",
            "seconds a tensor-parallel rendezvous or collective may wait before failing"),

@@ -30,10 +30,17 @@ from deepinfer.runtime.kernels.gemv import _activation_chunk
 from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch
 
 # (BLOCK_N, BLOCK_K, num_warps) of the gate/up and down kernels and (BLOCK_E, BLOCK_K, num_warps)
-# of the router: first guesses (GEMV-like tiles), to be replaced from bench/moe_small_bench.py.
-GATE_UP_CONFIG = (4, 512, 4)
-DOWN_CONFIG = (4, 256, 4)
-ROUTER_CONFIG = (4, 512, 4)
+# of the router: the best of bench/moe_small_bench.py's sweep on the H200 (Qwen3-30B-A3B layer from
+# a graph, 2026-12-02): one token 37.4 us against the grouped path's 55.0, two 60.5 / 76.3, four
+# 98.9 / 106.4 (the down kernel's tile per token count: (2, 512) at one, (4, 256) at two, (16, 128)
+# from three on); eight lost (184 / 152 us), hence DEEPINFER_MOE_SMALL_BATCH=4.
+GATE_UP_CONFIG = (2, 512, 4)
+DOWN_CONFIG: tuple[int, int, int] | None = None  # None: by token count (_down_tile)
+ROUTER_CONFIG = (2, 1024, 4)
+
+
+def _down_tile(tokens: int) -> tuple[int, int, int]:
+    return DOWN_CONFIG or ((2, 512, 4) if tokens == 1 else (4, 256, 4) if tokens == 2 else (16, 128, 8))
 
 
 @triton.jit
@@ -226,7 +233,7 @@ def experts_small(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13
         norm[1] if norm is not None else 0.0, TOP_K=k, BLOCK_N=bn, BLOCK_K=min(bk, triton.next_power_of_2(hidden)),
         NORM=norm is not None, NORM_BLOCK=triton.next_power_of_2(hidden) if norm is not None else 1,
         num_warps=warps, **pdl)
-    bn, bk, warps = down_config or DOWN_CONFIG
+    bn, bk, warps = down_config or _down_tile(t)
     res = residual if residual is not None else out
     _down_kernel[(t, triton.cdiv(hidden, bn))](
         h, w2, ids, weights, res, out, hidden, inter, w2.stride(0), w2.stride(1), res.stride(0), out.stride(0),
