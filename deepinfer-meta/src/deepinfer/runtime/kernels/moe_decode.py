@@ -1,6 +1,6 @@
 """Mixture-of-experts for decode steps of a few tokens (Triton): no sort by expert.
 
-With T*k small (a decode step of 1..8 sequences) the grouped GEMMs of ``kernels.fused_moe`` pay
+With T*k small (a decode step of 1..4 sequences: DEEPINFER_MOE_SMALL_BATCH) the grouped GEMMs of ``kernels.fused_moe`` pay
 for an alignment pass and for row blocks mostly padding; here each (token, slot) pair reads its
 expert's weights as a GEMV, three launches a layer:
 
