@@ -75,6 +75,27 @@ def _summary(name: str, values: list[float]) -> str:
             f"{len(values)} runs)")
 
 
+def _kv_cache_line(llm) -> str:  # type: ignore[no-untyped-def]
+    """The engine's KV cache: its block count, bytes per token, and for an MLA model how many
+    tokens the same bytes would hold as an MHA cache of its heads (keys nope + rope, values v)."""
+    from deepinfer.runtime.worker.kv_cache import bytes_per_block
+
+    r = llm.runner
+    if not hasattr(r, "num_blocks"):
+        return f"KV cache: no block count on {type(r).__name__}"
+    cfg, per_block = r.config, bytes_per_block(r.config, r.block_size, llm.dtype)
+    per_token = per_block / r.block_size
+    line = (f"KV cache: {r.num_blocks} blocks of {r.block_size} tokens ({r.num_blocks * r.block_size:,} tokens, "
+            f"{r.num_blocks * per_block / 2**30:.1f} GiB), {per_token / 1024:.1f} KiB per token")
+    if cfg.mla is not None:
+        m = cfg.mla
+        mha = cfg.num_hidden_layers * cfg.num_attention_heads * (m.qk_head_dim + m.v_head_dim) * llm.dtype.itemsize
+        line += (f"; an MHA cache of its {cfg.num_attention_heads} heads: {mha / 1024:.1f} KiB per token, "
+                 f"{r.num_blocks * per_block // (mha * r.block_size):,} blocks in the same bytes: MLA holds "
+                 f"{mha / per_token:.1f}x the tokens")
+    return line
+
+
 def run_transformers(shape_dir: str, prompts: list[list[int]], out_len: int, runs: int) -> list[float]:
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -131,6 +152,7 @@ def run_deepinfer(shape_dir: str, prompts: list[list[int]], out_len: int | list[
               enforce_eager=eager, gpu_memory_utilization=0.85, overlap_scheduling=overlap and not eager,
               quantization=quantization)
     print(f"  {llm!r} ready in {time.perf_counter() - t0:.1f} s", flush=True)
+    print("  " + _kv_cache_line(llm), flush=True)
     params = [SamplingParams(temperature=temperature, max_tokens=n, ignore_eos=True) for n in lens]
     batch = [{"prompt_token_ids": p} for p in prompts]
     llm.generate(batch, params, use_tqdm=False)  # warm-up

@@ -270,15 +270,12 @@ def fused_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13
 
 
 @triton.jit
-def _route_kernel(logits_ptr, weights_ptr, ids_ptr, num_experts, stride_l, scaling,
-                  TOP_K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, SIGMOID: tl.constexpr,
-                  NORM: tl.constexpr):
-    # One program per token: scores, top-k by repeated argmax (ties: the lower expert index, as
-    # torch.topk returns them), renormalisation and scaling.
-    t = tl.program_id(0).to(tl.int64)
-    offs = tl.arange(0, E_PAD)
-    ok = offs < num_experts
-    x = tl.load(logits_ptr + t * stride_l + offs, mask=ok, other=-float("inf")).to(tl.float32)
+def route_row(x, offs, ok, weights_ptr, ids_ptr, scaling, TOP_K: tl.constexpr, K_PAD: tl.constexpr,
+              E_PAD: tl.constexpr, SIGMOID: tl.constexpr, NORM: tl.constexpr):
+    """One token's routing from its float32 logits ``x`` [E_PAD] (``ok``: real experts): scores,
+    top-k by repeated argmax (ties: the lower expert index, as torch.topk returns them),
+    renormalisation and scaling, stored at ``weights_ptr`` / ``ids_ptr`` [TOP_K]."""
+    x = tl.where(ok, x, -float("inf"))
     if SIGMOID:
         scores = 1.0 / (1.0 + tl.exp(-x))
     else:
@@ -301,8 +298,20 @@ def _route_kernel(logits_ptr, weights_ptr, ids_ptr, num_experts, stride_l, scali
         top_w = top_w / total
     top_w = top_w * scaling
     k_ok = k_offs < TOP_K
-    tl.store(weights_ptr + t * TOP_K + k_offs, top_w, mask=k_ok)
-    tl.store(ids_ptr + t * TOP_K + k_offs, top_i, mask=k_ok)
+    tl.store(weights_ptr + k_offs, top_w, mask=k_ok)
+    tl.store(ids_ptr + k_offs, top_i, mask=k_ok)
+
+
+@triton.jit
+def _route_kernel(logits_ptr, weights_ptr, ids_ptr, num_experts, stride_l, scaling,
+                  TOP_K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, SIGMOID: tl.constexpr,
+                  NORM: tl.constexpr):
+    # One program per token
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, E_PAD)
+    ok = offs < num_experts
+    x = tl.load(logits_ptr + t * stride_l + offs, mask=ok, other=-float("inf")).to(tl.float32)
+    route_row(x, offs, ok, weights_ptr + t * TOP_K, ids_ptr + t * TOP_K, scaling, TOP_K, K_PAD, E_PAD, SIGMOID, NORM)
 
 
 def route_greedy(logits: torch.Tensor, top_k: int, sigmoid: bool, norm_topk_prob: bool,

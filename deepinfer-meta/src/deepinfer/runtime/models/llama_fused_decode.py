@@ -166,15 +166,17 @@ def fused_step_forward(model: LlamaForCausalLM, input_ids: torch.Tensor, positio
 
 
 def fused_step_supported(model: nn.Module, attention: object) -> bool:
-    """Whether ``fused_step_forward`` computes this model's eager steps: a dense Llama-family
-    model (every layer a plain ``LlamaLayer``, the base class's forward) with the var-len Triton
+    """Whether ``fused_step_forward`` computes this model's eager steps: a Llama-family model
+    (every layer a ``LlamaLayer`` with the base class's forward: dense, or a mixture-of-experts
+    ``MoeLayer``, whose MLP the layer loop runs as the decode graphs do) with the var-len Triton
     attention (not the batch-invariant one), unless ``DEEPINFER_FUSED_EAGER=0``."""
     from deepinfer.runtime.attention.triton_paged import paged_attention
 
     return (switches.enabled("DEEPINFER_FUSED_EAGER") and attention is paged_attention
             and isinstance(model, LlamaForCausalLM) and type(model).forward is LlamaForCausalLM.forward
-            and all(type(layer) is LlamaLayer and not layer.input_layernorm.batch_invariant
-                    for layer in model.layers))
+            and all(isinstance(layer, LlamaLayer) and type(layer).forward is LlamaLayer.forward
+                    and (type(layer) is LlamaLayer or hasattr(layer, "moe"))
+                    and not layer.input_layernorm.batch_invariant for layer in model.layers))
 
 
 def _fused_layers(model: LlamaForCausalLM, st: _Stream, positions: torch.Tensor, slot_mapping: torch.Tensor,
@@ -198,7 +200,11 @@ def _fused_layers(model: LlamaForCausalLM, st: _Stream, positions: torch.Tensor,
             if moe is not None:  # a mixture-of-experts layer (models.moe.MoeLayer): routing and
                 # the fused experts, fixed shapes, no host sync; the residual is added in their
                 # combine kernel, so the next layer's qkv GEMV can take its norm in its prologue
-                h = st.normed(layer.post_attention_layernorm)
+                norm = layer.post_attention_layernorm
+                if st.pending is None and moe.fuses_norm(st.stream):  # a few tokens: 3 launches
+                    st.stream = moe.forward_normed(st.stream, (norm.weight, norm.eps))
+                    continue
+                h = st.normed(norm)
                 st.stream = moe(h, residual=st.stream)
                 continue
             gate_up = _norm_linear(st, layer.post_attention_layernorm, layer.gate_up_proj, "gate_up", gemv_names, b)

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from deepinfer.runtime import switches
 from deepinfer.runtime.models.config import ModelConfig, MoeSpec
 from deepinfer.runtime.models.llama import LlamaForCausalLM, LlamaLayer
 
@@ -59,6 +60,19 @@ def _triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+# Tests: run the Triton kernels on CPU tensors too (under TRITON_INTERPRET=1, Triton's interpreter).
+KERNELS_ON_CPU = False
+
+
+def _kernels(x: torch.Tensor) -> bool:
+    return (x.is_cuda or KERNELS_ON_CPU) and _triton_available()
+
+
+def _small_batch(x: torch.Tensor) -> bool:
+    """Whether the few-token kernels (``kernels.moe_decode``, no sort by expert) run these rows."""
+    return _kernels(x) and 0 < x.shape[0] <= int(switches.value("DEEPINFER_MOE_SMALL_BATCH"))
+
+
 class ExpertsSwiGLU(nn.Module):
     """``num_experts`` SwiGLU experts stored stacked: ``w13`` [E, 2I, H] (gate rows, then up
     rows) and ``w2`` [E, H, I]."""
@@ -72,8 +86,14 @@ class ExpertsSwiGLU(nn.Module):
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                 residual: torch.Tensor | None = None) -> torch.Tensor:
         """Sum over each token's experts of weight * expert(x) [T, H] (plus ``residual``, given);
-        only routed rows computed (on CUDA: the fused Triton kernels of ``kernels.fused_moe``)."""
-        if x.is_cuda and _triton_available():
+        only routed rows computed (on CUDA: the fused Triton kernels of ``kernels.fused_moe``, or
+        for a few tokens those of ``kernels.moe_decode``)."""
+        if _small_batch(x):
+            from deepinfer.runtime.kernels.moe_decode import experts_small
+
+            return experts_small(x, weights.float().contiguous(), ids.contiguous(), self.w13, self.w2,
+                                 residual=residual)
+        if _kernels(x):
             from deepinfer.runtime.kernels.fused_moe import fused_experts
 
             return fused_experts(x, weights, ids, self.w13, self.w2, residual=residual)
@@ -147,12 +167,21 @@ class SparseMoe(nn.Module):
             self._gate_f32 = cached
         return cached[1]
 
+    def _greedy(self) -> bool:
+        return self.spec.topk_method == "greedy" and self.correction_bias is None
+
     def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, k] float32, ids [T, k] int64) of the hidden rows ``h``: on CUDA, plain
-        top-k routing runs as one Triton kernel (``kernels.fused_moe.route_greedy``)."""
-        logits = F.linear(h.float(), self._gate_weight_f32())
+        top-k routing runs as one Triton kernel after the router's matmul
+        (``kernels.fused_moe.route_greedy``), or for a few tokens with it (``moe_decode.route_small``)."""
         spec = self.spec
-        if (h.is_cuda and spec.topk_method == "greedy" and self.correction_bias is None and _triton_available()):
+        if self._greedy() and _small_batch(h):
+            from deepinfer.runtime.kernels.moe_decode import route_small
+
+            return route_small(h, self._gate_weight_f32(), spec.top_k, spec.scoring == "sigmoid",
+                               spec.norm_topk_prob, spec.routed_scaling_factor)
+        logits = F.linear(h.float(), self._gate_weight_f32())
+        if self._greedy() and _kernels(h):
             from deepinfer.runtime.kernels.fused_moe import route_greedy
 
             return route_greedy(logits, spec.top_k, spec.scoring == "sigmoid", spec.norm_topk_prob,
@@ -171,6 +200,21 @@ class SparseMoe(nn.Module):
             s = torch.sigmoid(self.shared_gate.forward(h)) * s
         out = out + s
         return out if residual is None else residual + out
+
+    def fuses_norm(self, x: torch.Tensor) -> bool:
+        """Whether ``forward_normed`` runs these rows: a few tokens, greedy routing, no shared expert."""
+        return self.shared is None and self._greedy() and _small_batch(x)
+
+    def forward_normed(self, x: torch.Tensor, norm: tuple[torch.Tensor, float]) -> torch.Tensor:
+        """``x + forward(RMSNorm(x) * norm weight)`` for the residual stream ``x`` [T, H] where
+        ``fuses_norm(x)``: the norm runs inside the router and gate/up kernels, the residual add
+        inside the down kernel (three launches; ``kernels.moe_decode``)."""
+        from deepinfer.runtime.kernels.moe_decode import experts_small, route_small
+
+        spec = self.spec
+        weights, ids = route_small(x, self._gate_weight_f32(), spec.top_k, spec.scoring == "sigmoid",
+                                   spec.norm_topk_prob, spec.routed_scaling_factor, norm=norm)
+        return experts_small(x, weights, ids, self.experts.w13, self.experts.w2, residual=x, norm=norm)
 
     def slots(self, prefix: str, names: tuple[str, str, str, str]) -> dict[str, tuple[torch.Tensor, slice]]:
         """Checkpoint name -> (parameter, rows). ``names``: the routed experts' folder and their

@@ -1,0 +1,242 @@
+"""Mixture-of-experts for decode steps of a few tokens (Triton): no sort by expert.
+
+With T*k small (a decode step of 1..4 sequences: DEEPINFER_MOE_SMALL_BATCH) the grouped GEMMs of ``kernels.fused_moe`` pay
+for an alignment pass and for row blocks mostly padding; here each (token, slot) pair reads its
+expert's weights as a GEMV, three launches a layer:
+
+1. ``route_small``: the whole router in one launch. Programs split the experts' rows of the
+   float32 gate GEMV (the token rows optionally RMS-normalised in the prologue, as the one-row
+   GEMV of ``kernels.gemv`` does); the last program to finish (an integer arrival counter, as
+   gemv's split-K) runs the top-k of every token (``fused_moe.route_row``).
+2. ``_gate_up_kernel``: grid (pair, BLOCK_N columns of I); the program reads its pair's expert id
+   and both the gate and the up rows, and stores ``silu(gate) * up`` (one read of ``w13``).
+3. ``_down_kernel``: grid (token, BLOCK_N columns of H); the program loops over the token's k
+   slots, adds weight * (w2 @ h) in float32 in slot order, adds the residual, rounds once:
+   the combine is fused and deterministic (no atomics).
+
+Same numbers as ``fused_moe.fused_experts`` up to the float32 summation order. Shapes depend on
+T only and nothing syncs the host, so the decode graphs capture it. Runs on CPU under Triton's
+interpreter (``TRITON_INTERPRET=1``, the tests).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from deepinfer.runtime.kernels.fused_moe import route_row
+from deepinfer.runtime.kernels.gemv import _activation_chunk
+from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch
+
+# (BLOCK_N, BLOCK_K, num_warps) of the gate/up and down kernels and (BLOCK_E, BLOCK_K, num_warps)
+# of the router: the best of bench/moe_small_bench.py's sweep on the H200 (Qwen3-30B-A3B layer from
+# a graph, 2026-12-02): one token 37.4 us against the grouped path's 55.0, two 60.5 / 76.3, four
+# 98.9 / 106.4 (the down kernel's tile per token count: (2, 512) at one, (4, 256) at two, (16, 128)
+# from three on); eight lost (184 / 152 us), hence DEEPINFER_MOE_SMALL_BATCH=4.
+GATE_UP_CONFIG = (2, 512, 4)
+DOWN_CONFIG: tuple[int, int, int] | None = None  # None: by token count (_down_tile)
+ROUTER_CONFIG = (2, 1024, 4)
+
+
+def _down_tile(tokens: int) -> tuple[int, int, int]:
+    return DOWN_CONFIG or ((2, 512, 4) if tokens == 1 else (4, 256, 4) if tokens == 2 else (16, 128, 8))
+
+
+@triton.jit
+def _router_kernel(x_ptr, nw_ptr, gw_ptr, logits_ptr, weights_ptr, ids_ptr, count_ptr, tokens, hidden,
+                   num_experts, stride_x, eps, scaling,
+                   BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr, NORM_BLOCK: tl.constexpr,
+                   TOP_K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, SIGMOID: tl.constexpr,
+                   NORM_TOPK: tl.constexpr, PDL: tl.constexpr):
+    pid = tl.program_id(0)
+    rows = (pid * BLOCK_E + tl.arange(0, BLOCK_E)).to(tl.int64)
+    row_ok = rows < num_experts
+    cols = tl.arange(0, BLOCK_K)
+    # The first weight tile is read before waiting for the previous kernel (the router's weight
+    # is constant): with PDL its loads overlap that kernel's tail, as the one-row GEMV's do.
+    w_first = tl.load(gw_ptr + rows[:, None] * hidden + cols[None, :], mask=row_ok[:, None] & (cols < hidden)[None, :],
+                      other=0.0).to(tl.float32)
+    pdl_begin(PDL)
+    for t in range(tokens):
+        x_row = x_ptr + t * stride_x
+        rstd = 0.0
+        if NORM:
+            nc = tl.arange(0, NORM_BLOCK)
+            xn = tl.load(x_row + nc, mask=nc < hidden, other=0.0).to(tl.float32)
+            rstd = tl.math.rsqrt(tl.sum(xn * xn, axis=0) / hidden + eps)
+        acc = w_first * _activation_chunk(x_row, nw_ptr, x_ptr, cols, cols < hidden, hidden, rstd, False, NORM)[None, :]
+        for k0 in range(BLOCK_K, hidden, BLOCK_K):
+            c = k0 + cols
+            c_ok = c < hidden
+            xv = _activation_chunk(x_row, nw_ptr, x_ptr, c, c_ok, hidden, rstd, False, NORM)
+            w = tl.load(gw_ptr + rows[:, None] * hidden + c[None, :], mask=row_ok[:, None] & c_ok[None, :], other=0.0)
+            acc += w.to(tl.float32) * xv[None, :]
+        tl.store(logits_ptr + t * num_experts + rows, tl.sum(acc, axis=1), mask=row_ok)
+    # The last program to arrive routes every token (its logits are all stored by then) and sets
+    # the counter back to 0 for the next call.
+    tl.debug_barrier()
+    if tl.atomic_add(count_ptr, 1, sem="acq_rel") == tl.num_programs(0) - 1:
+        tl.store(count_ptr, 0)
+        offs = tl.arange(0, E_PAD)
+        ok = offs < num_experts
+        for t in range(tokens):
+            x = tl.load(logits_ptr + t * num_experts + offs, mask=ok, other=0.0, cache_modifier=".cg")
+            route_row(x, offs, ok, weights_ptr + t * TOP_K, ids_ptr + t * TOP_K, scaling, TOP_K, K_PAD, E_PAD,
+                      SIGMOID, NORM_TOPK)
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _counter(device: torch.device) -> torch.Tensor:
+    """The router's zeroed arrival counter on ``device`` (each call leaves it at 0; calls on one
+    stream run one after another). Made on the first call, which must not be inside a capture
+    (the decode graphs warm up first)."""
+    have = _COUNTERS.get(device)
+    if have is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("route_small: run it once before capturing it in a CUDA graph")
+        have = _COUNTERS[device] = torch.zeros(1, dtype=torch.int32, device=device)
+    return have
+
+
+def route_small(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, sigmoid: bool, norm_topk_prob: bool,
+                routed_scaling_factor: float = 1.0, norm: tuple[torch.Tensor, float] | None = None,
+                config: tuple[int, int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights [T, k] float32, ids [T, k] int64) of the rows ``x`` [T, H] for a float32 router
+    ``gate_weight`` [E, H], in one launch: ``route_greedy(x.float() @ gate_weight.T, ...)``.
+    ``norm`` (weight [H], eps): the rows are RMSNorm(x) * weight first (rounded to x's dtype as
+    ``fused_ops.add_rmsnorm`` rounds), computed in the kernel."""
+    t, hidden = x.shape
+    e = gate_weight.shape[0]
+    if gate_weight.dtype != torch.float32 or tuple(gate_weight.shape) != (e, hidden) or not gate_weight.is_contiguous():
+        raise ValueError(f"route_small: gate_weight must be a contiguous float32 [E, {hidden}], got "
+                         f"{gate_weight.dtype} {tuple(gate_weight.shape)}")
+    if not 1 <= top_k <= e:
+        raise ValueError(f"route_small: top_k must be in [1, {e}], got {top_k}")
+    if x.stride(-1) != 1:
+        raise ValueError("route_small: x must be contiguous in its last dimension")
+    if norm is not None and (tuple(norm[0].shape) != (hidden,) or not norm[0].is_contiguous()):
+        raise ValueError(f"route_small: the norm weight must be a contiguous [{hidden}] vector")
+    weights = torch.empty(t, top_k, dtype=torch.float32, device=x.device)
+    ids = torch.empty(t, top_k, dtype=torch.int64, device=x.device)
+    if t == 0:
+        return weights, ids
+    logits = torch.empty(t, e, dtype=torch.float32, device=x.device)
+    block_e, block_k, warps = config or ROUTER_CONFIG
+    _router_kernel[(triton.cdiv(e, block_e),)](
+        x, norm[0] if norm is not None else x, gate_weight, logits, weights, ids, _counter(x.device), t, hidden, e,
+        x.stride(0), norm[1] if norm is not None else 0.0, float(routed_scaling_factor),
+        BLOCK_E=block_e, BLOCK_K=min(block_k, triton.next_power_of_2(hidden)), NORM=norm is not None,
+        NORM_BLOCK=triton.next_power_of_2(hidden) if norm is not None else 1, TOP_K=top_k,
+        K_PAD=triton.next_power_of_2(top_k), E_PAD=triton.next_power_of_2(e), SIGMOID=sigmoid,
+        NORM_TOPK=norm_topk_prob, num_warps=warps, **pdl_launch(x.device))
+    return weights, ids
+
+
+@triton.jit
+def _gate_up_kernel(x_ptr, nw_ptr, w13_ptr, ids_ptr, h_ptr, hidden, inter, stride_x, stride_we, stride_wn, eps,
+                    TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr,
+                    NORM_BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pair = tl.program_id(0).to(tl.int64)
+    rows = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    row_ok = rows < inter
+    cols = tl.arange(0, BLOCK_K)
+    pdl_begin(PDL)  # the expert ids come from the router, the kernel before
+    expert = tl.load(ids_ptr + pair).to(tl.int64)
+    x_row = x_ptr + (pair // TOP_K) * stride_x
+    rstd = 0.0
+    if NORM:
+        nc = tl.arange(0, NORM_BLOCK)
+        xn = tl.load(x_row + nc, mask=nc < hidden, other=0.0).to(tl.float32)
+        rstd = tl.math.rsqrt(tl.sum(xn * xn, axis=0) / hidden + eps)
+    w_gate = w13_ptr + expert * stride_we + rows[:, None] * stride_wn
+    w_up = w_gate + inter * stride_wn
+    acc_g = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, hidden, BLOCK_K):
+        c = k0 + cols
+        c_ok = c < hidden
+        xv = _activation_chunk(x_row, nw_ptr, x_ptr, c, c_ok, hidden, rstd, False, NORM)[None, :]
+        m = row_ok[:, None] & c_ok[None, :]
+        acc_g += tl.load(w_gate + c[None, :], mask=m, other=0.0).to(tl.float32) * xv
+        acc_u += tl.load(w_up + c[None, :], mask=m, other=0.0).to(tl.float32) * xv
+    g = tl.sum(acc_g, axis=1)
+    u = tl.sum(acc_u, axis=1)
+    h = g / (1.0 + tl.exp(-g)) * u  # silu(gate) * up in float32, rounded once as fused_experts does
+    tl.store(h_ptr + pair * inter + rows, h.to(h_ptr.dtype.element_ty), mask=row_ok)
+
+
+@triton.jit
+def _down_kernel(h_ptr, w2_ptr, ids_ptr, weights_ptr, res_ptr, out_ptr, hidden, inter, stride_we, stride_wn,
+                 stride_res, stride_out, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 RESIDUAL: tl.constexpr, PDL: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    rows = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    row_ok = rows < hidden
+    cols = tl.arange(0, BLOCK_K)
+    pdl_begin(PDL)
+    total = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for j in tl.static_range(TOP_K):  # the token's slots in order: a fixed summation order
+        pair = t * TOP_K + j
+        expert = tl.load(ids_ptr + pair).to(tl.int64)
+        w_rows = w2_ptr + expert * stride_we + rows[:, None] * stride_wn
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        for k0 in range(0, inter, BLOCK_K):
+            c = k0 + cols
+            c_ok = c < inter
+            a = tl.load(h_ptr + pair * inter + c, mask=c_ok, other=0.0).to(tl.float32)
+            acc += tl.load(w_rows + c[None, :], mask=row_ok[:, None] & c_ok[None, :], other=0.0).to(tl.float32) \
+                * a[None, :]
+        total += tl.load(weights_ptr + pair).to(tl.float32) * tl.sum(acc, axis=1)
+    if RESIDUAL:
+        total += tl.load(res_ptr + t * stride_res + rows, mask=row_ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t * stride_out + rows, total.to(out_ptr.dtype.element_ty), mask=row_ok)
+
+
+def experts_small(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                  residual: torch.Tensor | None = None, norm: tuple[torch.Tensor, float] | None = None,
+                  gate_up_config: tuple[int, int, int] | None = None,
+                  down_config: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """``fused_experts(x, weights, ids, w13, w2, residual=residual)`` for a few tokens, without the
+    sort by expert: [T, H] in ``x.dtype``. ``norm`` (weight [H], eps): the experts' input is
+    RMSNorm(x) * weight (as ``route_small``'s ``norm``), computed inside the gate/up kernel.
+    ``gate_up_config`` / ``down_config``: (BLOCK_N, BLOCK_K, num_warps), default the module's.
+    ``weights`` [T, k] float32, ``ids`` [T, k] integer, both contiguous."""
+    t, hidden = x.shape
+    k = ids.shape[1]
+    e, two_i, h2 = w13.shape
+    inter = two_i // 2
+    if h2 != hidden or tuple(w2.shape) != (e, hidden, inter) or weights.shape != ids.shape or ids.shape[0] != t:
+        raise ValueError(f"experts_small: shapes disagree: x {tuple(x.shape)}, weights {tuple(weights.shape)}, "
+                         f"ids {tuple(ids.shape)}, w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)}")
+    if not (x.device == w13.device == w2.device == ids.device == weights.device):
+        raise ValueError("experts_small: every tensor must be on one device")
+    if w13.stride(-1) != 1 or w2.stride(-1) != 1 or x.stride(-1) != 1:
+        raise ValueError("experts_small: x, w13 and w2 must be contiguous in their last dimension")
+    if weights.dtype != torch.float32 or not weights.is_contiguous() or not ids.is_contiguous():
+        raise ValueError("experts_small: weights must be contiguous float32 and ids contiguous")
+    if residual is not None and (tuple(residual.shape) != (t, hidden) or residual.stride(-1) != 1):
+        raise ValueError(f"experts_small: residual must be [{t}, {hidden}] with contiguous rows, "
+                         f"got {tuple(residual.shape)}")
+    if norm is not None and (tuple(norm[0].shape) != (hidden,) or not norm[0].is_contiguous()):
+        raise ValueError(f"experts_small: the norm weight must be a contiguous [{hidden}] vector")
+    out = torch.empty(t, hidden, dtype=x.dtype, device=x.device)
+    if t == 0:
+        return out
+    pdl = pdl_launch(x.device)
+    h = torch.empty(t * k, inter, dtype=x.dtype, device=x.device)
+    bn, bk, warps = gate_up_config or GATE_UP_CONFIG
+    _gate_up_kernel[(t * k, triton.cdiv(inter, bn))](
+        x, norm[0] if norm is not None else x, w13, ids, h, hidden, inter, x.stride(0), w13.stride(0), w13.stride(1),
+        norm[1] if norm is not None else 0.0, TOP_K=k, BLOCK_N=bn, BLOCK_K=min(bk, triton.next_power_of_2(hidden)),
+        NORM=norm is not None, NORM_BLOCK=triton.next_power_of_2(hidden) if norm is not None else 1,
+        num_warps=warps, **pdl)
+    bn, bk, warps = down_config or _down_tile(t)
+    res = residual if residual is not None else out
+    _down_kernel[(t, triton.cdiv(hidden, bn))](
+        h, w2, ids, weights, res, out, hidden, inter, w2.stride(0), w2.stride(1), res.stride(0), out.stride(0),
+        TOP_K=k, BLOCK_N=bn, BLOCK_K=min(bk, triton.next_power_of_2(inter)), RESIDUAL=residual is not None,
+        num_warps=warps, **pdl)
+    return out

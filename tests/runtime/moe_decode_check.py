@@ -1,0 +1,186 @@
+"""Test helper: the few-token MoE kernels (``kernels.moe_decode``: router in one launch, expert
+GEMVs without the sort by expert, the combine fused into the down projection) against float64
+references, and the decode forward of tiny Qwen3-MoE / Qwen2-MoE models with the few-token path
+against the grouped one.
+
+``python moe_decode_check.py DEVICE DTYPE [kernels|models|all]``: on CPU run it with
+``TRITON_INTERPRET=1`` (Triton's interpreter); prints one line per case and exits non-zero on a
+mismatch."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+# name: (tokens, top_k, experts, hidden, inter, residual, norm)
+EXPERT_CASES = {
+    "one_token": (1, 4, 16, 96, 80, True, False),
+    "several_tokens": (5, 2, 8, 96, 80, False, False),
+    "all_to_one_expert": (6, 1, 8, 64, 48, True, False),
+    "repeated_expert_across_tokens": (4, 2, 6, 64, 40, True, True),
+    "top_k_1": (3, 1, 8, 64, 48, False, True),
+    "top_k_8": (2, 8, 16, 72, 56, True, True),
+}
+
+
+def rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm(x) * w rounded as fused_ops.add_rmsnorm rounds (in x's dtype), as the kernels' prologue."""
+    xf = x.float()
+    return (w.float() * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype).float()).to(x.dtype)
+
+
+def make_case(name: str, device: str, dtype: torch.dtype):  # type: ignore[no-untyped-def]
+    t, k, e, hidden, inter, has_res, has_norm = EXPERT_CASES[name]
+    g = torch.Generator().manual_seed(len(name))
+    x = torch.randn(t, hidden, generator=g)
+    w13 = torch.randn(e, 2 * inter, hidden, generator=g) * hidden ** -0.5
+    w2 = torch.randn(e, hidden, inter, generator=g) * inter ** -0.5
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+    if name == "all_to_one_expert":
+        ids[:] = 3
+    if name == "repeated_expert_across_tokens":  # expert 2 in every token, at different slots
+        ids = torch.tensor([[2, 0], [1, 2], [2, 5], [4, 2]])
+    weights = torch.rand(t, k, generator=g)
+    res = torch.randn(t, hidden, generator=g) if has_res else None
+    norm = (torch.rand(hidden, generator=g) + 0.5, 1e-6) if has_norm else None
+    to = lambda v: v.to(device=device, dtype=dtype)  # noqa: E731
+    return (to(x), weights.to(device), ids.to(device), to(w13), to(w2), None if res is None else to(res),
+            None if norm is None else (to(norm[0]), norm[1]))
+
+
+def check_experts(device: str, dtype: torch.dtype) -> list[tuple[str, bool, float]]:
+    from deepinfer.runtime.kernels.moe_decode import experts_small
+    from fused_moe_check import reference
+
+    # Triton's interpreter runs one program at a time: wider tiles there (still cutting every
+    # case's rows or columns short somewhere), the default tiles on the GPU
+    tiles = dict(gate_up_config=(16, 32, 4), down_config=(16, 32, 4)) if device == "cpu" else {}
+    out = []
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    for name in EXPERT_CASES:
+        x, w, ids, w13, w2, res, norm = make_case(name, device, dtype)
+        xin = x if norm is None else rms(x, *norm)
+        ref = reference(xin.cpu(), w.cpu(), ids.cpu(), w13.cpu(), w2.cpu())
+        if res is not None:
+            ref += res.cpu().double()
+        got = experts_small(x, w, ids, w13, w2, residual=res, norm=norm, **tiles).double().cpu()
+        err = float((got - ref).abs().max() / ref.abs().max())
+        out.append((f"experts_small {name} residual={res is not None} norm={norm is not None}", err <= tol, err))
+    return out
+
+
+def check_router(device: str, dtype: torch.dtype) -> list[tuple[str, bool, float]]:
+    """route_small == route_greedy over the float32 logits (norm in the prologue or not)."""
+    from deepinfer.runtime.kernels.fused_moe import route_greedy
+    from deepinfer.runtime.kernels.moe_decode import route_small
+
+    out = []
+    for t, e, hidden, k, sigmoid, norm_topk, use_norm in [(1, 16, 96, 4, False, True, True),
+                                                          (7, 60, 64, 6, False, False, False),
+                                                          (3, 128, 128, 8, True, True, True),
+                                                          (2, 8, 40, 1, False, True, False)]:
+        g = torch.Generator().manual_seed(t * e)
+        x = torch.randn(t, hidden, generator=g).to(device, dtype)
+        gw = (torch.randn(e, hidden, generator=g) * hidden ** -0.5).to(device)
+        norm = ((torch.rand(hidden, generator=g) + 0.5).to(device, dtype), 1e-6) if use_norm else None
+        xin = x if norm is None else rms(x, *norm)
+        want_w, want_i = route_greedy(xin.float() @ gw.t(), k, sigmoid, norm_topk, 1.5)
+        got_w, got_i = route_small(x, gw, k, sigmoid, norm_topk, 1.5, norm=norm,
+                                   **(dict(config=(16, 32, 4)) if device == "cpu" else {}))
+        err = float((got_w - want_w).abs().max())
+        ok = torch.equal(got_i.cpu(), want_i.cpu()) and err <= 1e-5
+        out.append((f"route_small T={t} E={e} k={k} sigmoid={sigmoid} norm={use_norm}", ok, err))
+    return out
+
+
+def plain_linears(model: torch.nn.Module) -> None:
+    """The CPU loader's CpuLinear projections back to plain nn.Linear with [out, in] rows, so the
+    fused decode forward runs its one-row GEMVs (and at batch 1 the norm-fused MoE layer) as on CUDA."""
+    from torch import nn
+
+    for layer in model.layers:
+        for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
+            lin = getattr(layer, name, None)
+            if lin is None or type(lin) is nn.Linear:
+                continue
+            plain = nn.Linear(lin.in_features, lin.out_features, bias=lin.bias is not None)
+            plain.weight = nn.Parameter(lin.weight.detach().contiguous())
+            if lin.bias is not None:
+                plain.bias = nn.Parameter(lin.bias.detach())
+            setattr(layer, name, plain)
+
+
+def check_model_switch(device: str, arch: str, batches: tuple[int, ...]) -> tuple[str, bool, float]:
+    """The fused decode forward of a tiny float32 model, few-token path vs grouped path: the same
+    logits (1e-5) for each batch size in ``batches``: 3 (two sequences and a padding row: the
+    norm in front of the MoE kernels) and 1 (the norm fused into them where there is no shared
+    expert)."""
+    import os
+    import tempfile
+
+    from deepinfer.runtime.attention.triton_decode import DecodeWorkspace
+    from deepinfer.runtime.kernels import moe_decode
+    from deepinfer.runtime.loading.model_loader import load_model
+    from deepinfer.runtime.models import moe
+    from deepinfer.runtime.models.llama_fused_decode import fused_decode_forward
+    from tiny_moe_models import save_tiny_moe
+
+    dev = torch.device(device)
+    with tempfile.TemporaryDirectory() as tmp:
+        save_tiny_moe(tmp, arch)
+        model = load_model(tmp, device=dev, dtype=torch.float32).model
+    plain_linears(model)
+    cfg = model.config
+    bs, nblk = 4, 8
+    caches = [torch.randn(2, nblk, bs, cfg.num_key_value_heads, cfg.head_dim, generator=torch.Generator().manual_seed(i))
+              .to(dev) for i in range(cfg.num_hidden_layers)]
+    i32 = lambda v: torch.tensor(v, dtype=torch.int32, device=dev)  # noqa: E731
+    ids, pos, lens = i32([12, 300, 0]), i32([5, 9, 0]), i32([6, 10, 1])
+    slots = torch.tensor([1 * bs + 1, 3 * bs + 1, -1], device=dev)
+    tables = i32([[0, 1, 2], [4, 6, 3], [0, 0, 0]])
+    logits: dict[tuple[str, int], torch.Tensor] = {}
+    saved, saved_cpu = os.environ.get("DEEPINFER_MOE_SMALL_BATCH"), moe.KERNELS_ON_CPU
+    saved_tiles = moe_decode.GATE_UP_CONFIG, moe_decode.DOWN_CONFIG, moe_decode.ROUTER_CONFIG
+    moe.KERNELS_ON_CPU = True
+    if device == "cpu":  # wider tiles: fewer programs for Triton's interpreter to run one by one
+        moe_decode.GATE_UP_CONFIG = moe_decode.DOWN_CONFIG = moe_decode.ROUTER_CONFIG = (16, 32, 4)
+    try:
+        for limit in ("4", "0"):
+            os.environ["DEEPINFER_MOE_SMALL_BATCH"] = limit
+            ws = DecodeWorkspace(6, cfg.num_attention_heads, cfg.head_dim, dev)
+            for b in batches:
+                hidden = fused_decode_forward(model, ids[:b], pos[:b], [c.clone() for c in caches], slots[:b],
+                                              tables[:b], lens[:b], ws, 2)
+                logits[limit, b] = model.head_logits(hidden[:2]).float().cpu()
+    finally:
+        moe.KERNELS_ON_CPU = saved_cpu
+        moe_decode.GATE_UP_CONFIG, moe_decode.DOWN_CONFIG, moe_decode.ROUTER_CONFIG = saved_tiles
+        if saved is None:
+            os.environ.pop("DEEPINFER_MOE_SMALL_BATCH", None)
+        else:
+            os.environ["DEEPINFER_MOE_SMALL_BATCH"] = saved
+    err = max(float((logits["4", b] - logits["0", b]).abs().max()) for b in batches)
+    return f"decode forward {arch} float32 batch {batches} few-token path vs grouped path", err <= 1e-5, err
+
+
+def main(device: str, dtype_name: str, part: str = "all") -> int:
+    dtype = getattr(torch, dtype_name)
+    if device == "cpu":
+        from triton_interpreter_compat import interpreter_loop_bounds_compat
+
+        interpreter_loop_bounds_compat()
+    rows: list[tuple[str, bool, float]] = []
+    if part in ("kernels", "all"):
+        rows += check_experts(device, dtype) + check_router(device, dtype)
+    if part in ("models", "all") and dtype == torch.float32:
+        rows += [check_model_switch(device, "qwen3_moe", (1, 3)), check_model_switch(device, "qwen2_moe", (3,))]
+    bad = 0
+    for name, ok, err in rows:
+        bad += not ok
+        print(f"{device} {dtype_name} {name}: error {err:.2e} ({'ok' if ok else 'FAIL'})")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:4]))
