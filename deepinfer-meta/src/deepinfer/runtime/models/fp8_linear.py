@@ -49,10 +49,11 @@ def dequantize_fp8(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype 
 class Fp8Linear(nn.Module):
     """``y = x @ (codes * scale).T (+ bias)`` with E4M3 codes [N, K] and float32 scales [N].
 
-    CUDA: one row through ``fp8_gemv``, several through ``fp8_gemm`` (or ``torch._scaled_mm``
-    with ``DEEPINFER_FP8_GEMM=scaled_mm``). Elsewhere (tests: no FP8 kernels on CPU) the weight is
-    dequantized per call and multiplied by ``F.linear``, which gives the same values up to the
-    summation order."""
+    CUDA: one row through ``fp8_gemv``; several through ``gemm_path(rows)``: the weight-only
+    Triton ``fp8_gemm`` for few rows, FP8 activations and ``torch._scaled_mm`` from
+    ``SCALED_MM_MIN_ROWS`` (``DEEPINFER_FP8_GEMM`` forces one). Elsewhere (tests: no FP8 kernels on
+    CPU) the weight is dequantized per call and multiplied by ``F.linear``, which gives the same
+    values up to the summation order."""
 
     weight: torch.Tensor
     weight_scale: torch.Tensor
@@ -75,7 +76,14 @@ class Fp8Linear(nn.Module):
     def kernel_path(self) -> str:
         if self.weight.device.type != "cuda":
             return "dequantize + torch matmul (CPU emulation)"
-        many = "torch._scaled_mm (FP8 activations per row)" if _use_scaled_mm() else "Triton fp8 GEMM"
+        forced = _forced_path()
+        if forced == "triton":
+            many = "Triton fp8 GEMM (weight-only)"
+        elif forced == "scaled_mm":
+            many = "torch._scaled_mm (FP8 activations per row)"
+        else:
+            many = (f"Triton fp8 GEMM up to {SCALED_MM_MIN_ROWS - 1} rows, torch._scaled_mm "
+                    f"(FP8 activations per row) from {SCALED_MM_MIN_ROWS}")
         return f"Triton fp8 GEMV (1 row, fused) / {many}"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -88,10 +96,12 @@ class Fp8Linear(nn.Module):
 
             y = fp8_gemv(x2, self.weight, self.weight_scale, self.bias)
         else:
-            from deepinfer.runtime.kernels.fp8_gemv import fp8_gemm, fp8_scaled_mm
+            from deepinfer.runtime.kernels.fp8_act import fp8_scaled_mm
+            from deepinfer.runtime.kernels.fp8_gemv import fp8_gemm
 
             x2 = x2.contiguous()
-            y = (fp8_scaled_mm if _use_scaled_mm() else fp8_gemm)(x2, self.weight, self.weight_scale, self.bias)
+            kernel = fp8_scaled_mm if gemm_path(x2.shape[0]) == "scaled_mm" else fp8_gemm
+            y = kernel(x2, self.weight, self.weight_scale, self.bias)
         return y.reshape(*lead, self.out_features)
 
     def fused_gemv(self, x: torch.Tensor, *, norm: tuple[torch.Tensor, float] | None = None,
@@ -102,8 +112,26 @@ class Fp8Linear(nn.Module):
         return fp8_gemv(x, self.weight, self.weight_scale, self.bias, norm=norm, residual=residual, silu_mul=silu_mul)
 
 
-def _use_scaled_mm() -> bool:
-    return switches.value("DEEPINFER_FP8_GEMM").strip().lower() == "scaled_mm"
+# From this many rows the FP8 tensor cores (activations quantized per row) beat the weight-only
+# Triton GEMM on the H200 (bench/fp8_sweep.py --part gemm, Llama-3-8B shapes).
+SCALED_MM_MIN_ROWS = 64
+GEMM_PATHS = ("auto", "triton", "scaled_mm")
+
+
+def _forced_path() -> str:
+    value = switches.value("DEEPINFER_FP8_GEMM").strip().lower()
+    if value not in GEMM_PATHS:
+        raise ValueError(f"DEEPINFER_FP8_GEMM must be one of {list(GEMM_PATHS)}, got {value!r}")
+    return value
+
+
+def gemm_path(rows: int) -> str:
+    """The several-row kernel of an fp8 layer for ``rows`` rows: "triton" (weight-only, bf16
+    activations) or "scaled_mm" (per-row FP8 activations, FP8 tensor cores)."""
+    forced = _forced_path()
+    if forced != "auto":
+        return forced
+    return "scaled_mm" if rows >= SCALED_MM_MIN_ROWS else "triton"
 
 
 @torch.no_grad()
