@@ -9,7 +9,7 @@ decode step); the figure is the graph's replay time / R (launch gaps inside a gr
 as in the decode graphs). GB/s counts the weight bytes (+ scales) of one call.
 
 1. gemv: at one row, on the Llama-3-8B shapes (qkv, o, gate_up, down, lm_head), the bf16 GEMV
-   (kernels/gemv.py) next to ``fp8_gemv`` with each ``math`` ("f32", "f16", "mma") and tile
+   (kernels/gemv.py) next to ``fp8_gemv`` with each ``math`` ("f32", "f16", "f16bits", "mma") and tile
    (BLOCK_N, BLOCK_K, warps, stages); each variant's error vs float64 of the dequantized weight.
 2. gemm: at M = 2, 8, 32, 128, 512 rows: cuBLAS bf16, the weight-only Triton ``fp8_gemm``,
    ``fp8_scaled_mm`` (row quantizer + ``torch._scaled_mm``; also each half alone) and the Triton
@@ -31,7 +31,7 @@ L2_DEFEAT_BYTES = 256 << 20
 GEMV_VARIANTS: tuple[tuple[str, tuple[int, int, int, int]], ...] = (
     ("f32", (2, 2048, 4, 3)), ("f32", (4, 2048, 8, 2)), ("f32", (8, 1024, 8, 2)), ("f32", (4, 1024, 4, 2)),
     ("f16", (2, 2048, 4, 3)), ("f16", (4, 2048, 8, 2)), ("f16", (8, 1024, 8, 2)), ("f16", (4, 1024, 4, 2)),
-    ("f16", (8, 2048, 8, 2)),
+    ("f16", (8, 2048, 8, 2)), ("f16bits", (4, 2048, 8, 2)), ("f16bits", (8, 1024, 8, 2)),
     ("mma", (16, 512, 4, 3)), ("mma", (16, 1024, 4, 2)), ("mma", (32, 512, 4, 3)), ("mma", (32, 256, 4, 4)),
     ("mma", (64, 256, 4, 3)), ("mma", (64, 512, 8, 3)),
 )
@@ -127,7 +127,7 @@ def gemv_sweep(copy_gbs: float, shapes: list[str]) -> None:
                         f"({100 * bytes8 / t / 1e3 / copy_gbs:.0f} % of copy), x{t_bf / t:.2f} vs bf16, "
                         f"rel. error {err:.1e}")
         print("\n".join(line), flush=True)
-        for math in ("f32", "f16", "mma"):
+        for math in ("f32", "f16", "f16bits", "mma"):
             mine = [r for r in results if r[1] == math]
             if mine:
                 t, _, cfg, err = min(mine)

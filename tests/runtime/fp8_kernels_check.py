@@ -109,6 +109,8 @@ def main(device: str, dtype_name: str) -> int:
                                                          xd @ wd.T + res.double().cpu()), f16_bound)
         report_bound(f"gemv f16 {n}x{k} silu_mul", _rel(fp8_gemv(x, q, s, silu_mul=True, config=tile, math="f16"),
                                                          a @ wd.T), f16_bound)
+        report_bound(f"gemv f16bits {n}x{k} norm", _rel(
+            fp8_gemv(x1, q, s, norm=(nw, 1e-5), config=tile, math="f16bits"), normed.double() @ wd.T), f16_bound)
         mma_tile = (16, 32, 4, 1)
         # "mma": against the float64 product of the activations quantized per BLOCK_K chunk (torch twin)
         report(f"gemv mma {n}x{k} norm+bias", _rel(

@@ -17,6 +17,8 @@ kernel below the memory bandwidth):
 - "f16": widen to float16 (one packed conversion per two weights), float16 products of the
   activations times 2^-8 (no overflow below |x| = 2^11; the scale takes the 2^8 back), summed in
   float16 over 16 columns, then float32;
+- "f16bits": as "f16", the float16 weights made from the E4M3 bits by integer shifts (code *
+  2^-8 exactly, subnormals included) instead of the conversion instruction;
 - "mma": the activation chunk quantized to E4M3 with its own scale and ``tl.dot`` of the fp8
   tiles on the tensor cores (no weight conversion at all; adds activation quantization error,
   ~2^-4 / sqrt(3) rms per element, as the FP8-activation GEMM does). Needs BLOCK_N >= 16.
@@ -41,8 +43,9 @@ DEFAULT_CONFIG = (2, 2048, 4, 3)
 WIDE_K_CONFIG = (2, 2048, 4, 3)  # K >= 8192 (Llama-3-8B's down projection); bench/fp8_check.py --part sweep
 
 
-MATHS = ("f32", "f16", "mma")
-MATH_CONFIGS = {"f16": (4, 2048, 8, 2), "mma": (16, 512, 4, 3)}  # bench/fp8_sweep.py --part gemv
+MATHS = ("f32", "f16", "mma", "f16bits")
+# the tile of each non-default math (bench/fp8_sweep.py --part gemv)
+MATH_CONFIGS = {"f16": (4, 2048, 8, 2), "f16bits": (4, 2048, 8, 2), "mma": (16, 512, 4, 3)}
 
 
 def one_row_math() -> str:
@@ -67,6 +70,12 @@ def _weight_chunk_dot(w, xv, acc, MATH: tl.constexpr, BLOCK_N: tl.constexpr, BLO
         acc += w.to(tl.float32) * xv[None, :]
     elif MATH == 1:
         p = w.to(tl.float16) * (xv * 0.00390625).to(tl.float16)[None, :]
+        acc += tl.sum(tl.reshape(p, (BLOCK_N, BLOCK_K // 16, 16)), axis=2).to(tl.float32)
+    elif MATH == 3:
+        # the E4M3 bits moved into a float16's (sign; exponent and mantissa 7 places up): code * 2^-8
+        b = w.to(tl.uint8, bitcast=True).to(tl.int16)
+        w16 = (((b & 0x80) << 8) | ((b & 0x7F) << 7)).to(tl.float16, bitcast=True)
+        p = w16 * xv.to(tl.float16)[None, :]
         acc += tl.sum(tl.reshape(p, (BLOCK_N, BLOCK_K // 16, 16)), axis=2).to(tl.float32)
     else:
         a = tl.max(tl.abs(xv), axis=0)
@@ -97,7 +106,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, n, k,
         rstd = tl.math.rsqrt(tl.sum(xn * xn, axis=0) / k + eps)
     if MATH == 0:
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    elif MATH == 1:
+    elif MATH == 1 or MATH == 3:
         acc = tl.zeros((BLOCK_N, BLOCK_K // 16), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
@@ -113,7 +122,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, n, k,
         y = tl.sum(acc, axis=1) * 0.0625  # the 16 equal columns
     else:
         y = tl.sum(acc, axis=1)
-    if MATH == 1:
+    if MATH == 1 or MATH == 3:
         y = y * 256.0
     y = y * tl.load(s_ptr + rows, mask=row_ok, other=0.0)
     _gemv_epilogue(y, rows, row_ok, pid, n, b_ptr, res_ptr, out_ptr, out_ptr, out_ptr, HAS_BIAS, RESIDUAL, False)
@@ -163,15 +172,15 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: t
              out: torch.Tensor | None = None, math: str | None = None) -> torch.Tensor:
     """``(x @ weight.float().T) * scale (+ bias)`` for one row ``x`` [1, K] (or [1, 2K] with
     ``silu_mul``); ``norm``/``residual``/``silu_mul`` as in ``kernels.gemv.gemv``. Returns [1, N]
-    in ``x``'s dtype. ``math``: "f32", "f16" or "mma" (module docstring; default ``one_row_math()``)."""
+    in ``x``'s dtype. ``math``: one of ``MATHS`` (module docstring; default ``one_row_math()``)."""
     n, k = _check_weight("fp8_gemv", weight, scale)
     math = math or one_row_math()
     if math not in MATHS:
         raise ValueError(f"fp8_gemv: math must be one of {list(MATHS)}, got {math!r}")
     check_one_row("fp8_gemv", x, n, k, "weight", silu_mul=silu_mul, bias=bias, norm=norm, residual=residual)
     block_n, block_k, warps, stages = config or one_row_config(k, math)
-    if math == "f16" and block_k % 16:
-        raise ValueError(f"fp8_gemv: math='f16' needs BLOCK_K a multiple of 16, got {block_k}")
+    if math in ("f16", "f16bits") and block_k % 16:
+        raise ValueError(f"fp8_gemv: math={math!r} needs BLOCK_K a multiple of 16, got {block_k}")
     if math == "mma" and (block_n < 16 or block_k < 32):
         raise ValueError(f"fp8_gemv: math='mma' needs BLOCK_N >= 16 and BLOCK_K >= 32, got {block_n}, {block_k}")
     out = torch.empty((1, n), dtype=x.dtype, device=x.device) if out is None else out
