@@ -8,8 +8,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from deepinfer.runtime.kernels.fp8_act import FP8_MAX, fp8_scaled_mm, quantize_rows_fp8, quantize_rows_fp8_torch
-from deepinfer.runtime.models.fp8_linear import SCALED_MM_MIN_ROWS, dequantize_fp8, gemm_path, quantize_fp8
+from deepinfer.runtime.kernels.fp8_act import (
+    FP8_MAX,
+    fp8_scaled_mm,
+    quantize_rows_fp8,
+    quantize_rows_fp8_torch,
+)
+from deepinfer.runtime.models.fp8_linear import (
+    SCALED_MM_MIN_ROWS,
+    dequantize_fp8,
+    gemm_path,
+    quantize_fp8,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -98,9 +108,11 @@ def test_gemm_path_by_row_count(monkeypatch):
     assert gemm_path(4096) == "triton"
     monkeypatch.setenv("DEEPINFER_FP8_GEMM", "Scaled_MM")
     assert gemm_path(2) == "scaled_mm"
+    monkeypatch.setenv("DEEPINFER_FP8_GEMM", "w8a8")
+    assert gemm_path(2) == "w8a8"
     monkeypatch.setenv("DEEPINFER_FP8_GEMM", "cutlass")
-    with pytest.raises(ValueError, match=r"DEEPINFER_FP8_GEMM must be one of \['auto', 'triton', 'scaled_mm'\], "
-                                         r"got 'cutlass'"):
+    with pytest.raises(ValueError, match=r"DEEPINFER_FP8_GEMM must be one of \['auto', 'triton', 'w8a8', "
+                                         r"'scaled_mm'\], got 'cutlass'"):
         gemm_path(8)
 
 

@@ -213,6 +213,7 @@ def test_tiny_model_logits_with_fp8_weights(tiny_model_dir):
     assert quantize_model(model, "fp8") == 4 * len(model.layers)
     assert all(isinstance(getattr(layer, n), Fp8Linear) for layer in model.layers
                for n in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"))
+    assert [model.layers[0].qkv_proj.projection, model.layers[0].down_proj.projection] == ["qkv", "down"]  # tiles
     after = _logits(model, ids).double()
     # the float64 reference: the same model with each Fp8Linear replaced by its dequantized weight
     ref_model = load_model(tiny_model_dir, device=torch.device("cpu"), dtype=torch.float64).model

@@ -36,8 +36,8 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
     Switch("DEEPINFER_ONE_ROW_TILES", "", "models/llama_fused_decode.py",
            "tile overrides of the one-row GEMVs, \"down=4,2048,8,1,2;o=...\" (benchmarks)"),
     Switch("DEEPINFER_FP8_GEMM", "auto", "models/fp8_linear.py",
-           "several-row products of fp8 layers: \"auto\" (by row count), \"triton\" (weight-only) or "
-           "\"scaled_mm\" (FP8 activations)"),
+           "several-row products of fp8 layers: \"auto\" (by row count), \"triton\" (weight-only), "
+           "\"w8a8\" or \"scaled_mm\" (FP8 activations)"),
     Switch("DEEPINFER_FP8_ONE_ROW_MATH", "f32", "kernels/fp8_gemv.py",
            "how the one-row fp8 GEMV multiplies: \"f32\" (weights widened to float32), \"f16\" (float16 "
            "products) or \"mma\" (FP8 activation chunks on the tensor cores)"),

@@ -56,8 +56,14 @@ def one_row_math() -> str:
     return math
 
 
-def one_row_config(k: int, math: str = "f32") -> tuple[int, int, int, int]:
-    """The one-row tile for ``k`` inputs and ``math``."""
+# per projection ("qkv", "o", "gate_up", "down") and math, where the sweep found a better tile
+PROJECTION_CONFIGS: dict[tuple[str, str], tuple[int, int, int, int]] = {}
+
+
+def one_row_config(k: int, math: str = "f32", projection: str | None = None) -> tuple[int, int, int, int]:
+    """The one-row tile for ``k`` inputs, ``math`` and (when known) the ``projection``."""
+    if projection is not None and (projection, math) in PROJECTION_CONFIGS:
+        return PROJECTION_CONFIGS[(projection, math)]
     if math in MATH_CONFIGS:
         return MATH_CONFIGS[math]
     return WIDE_K_CONFIG if k >= 8192 else DEFAULT_CONFIG
@@ -169,7 +175,8 @@ def _check_weight(name: str, weight: torch.Tensor, scale: torch.Tensor) -> tuple
 def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None, *,
              silu_mul: bool = False, norm: tuple[torch.Tensor, float] | None = None,
              residual: torch.Tensor | None = None, config: tuple[int, int, int, int] | None = None,
-             out: torch.Tensor | None = None, math: str | None = None) -> torch.Tensor:
+             out: torch.Tensor | None = None, math: str | None = None,
+             projection: str | None = None) -> torch.Tensor:
     """``(x @ weight.float().T) * scale (+ bias)`` for one row ``x`` [1, K] (or [1, 2K] with
     ``silu_mul``); ``norm``/``residual``/``silu_mul`` as in ``kernels.gemv.gemv``. Returns [1, N]
     in ``x``'s dtype. ``math``: one of ``MATHS`` (module docstring; default ``one_row_math()``)."""
@@ -178,7 +185,7 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: t
     if math not in MATHS:
         raise ValueError(f"fp8_gemv: math must be one of {list(MATHS)}, got {math!r}")
     check_one_row("fp8_gemv", x, n, k, "weight", silu_mul=silu_mul, bias=bias, norm=norm, residual=residual)
-    block_n, block_k, warps, stages = config or one_row_config(k, math)
+    block_n, block_k, warps, stages = config or one_row_config(k, math, projection)
     if math in ("f16", "f16bits") and block_k % 16:
         raise ValueError(f"fp8_gemv: math={math!r} needs BLOCK_K a multiple of 16, got {block_k}")
     if math == "mma" and (block_n < 16 or block_k < 32):
