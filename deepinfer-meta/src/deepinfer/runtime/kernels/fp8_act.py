@@ -48,12 +48,12 @@ def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, k, stride_x, stride_q, BLOCK: tl.
         v = tl.load(x_ptr + row * stride_x + c, mask=c < k, other=0.0).to(tl.float32)
         amax = tl.maximum(amax, tl.abs(v))
     a = tl.max(amax, axis=0)
-    scale = tl.where(a > 0, a / 448.0, 1.0)
+    scale = tl.where(a > 0, tl.math.div_rn(a, 448.0), 1.0)  # IEEE division: torch's codes
     tl.store(s_ptr + row, scale)
     for k0 in range(0, k, BLOCK):  # the row again (from L1/L2): codes
         c = k0 + cols
         v = tl.load(x_ptr + row * stride_x + c, mask=c < k, other=0.0).to(tl.float32)
-        code = e4m3_grid(tl.minimum(tl.maximum(v / scale, -448.0), 448.0))
+        code = e4m3_grid(tl.minimum(tl.maximum(tl.math.div_rn(v, scale), -448.0), 448.0))
         tl.store(q_ptr + row * stride_q + c, code.to(q_ptr.dtype.element_ty), mask=c < k)
 
 

@@ -85,8 +85,8 @@ def _weight_chunk_dot(w, xv, acc, MATH: tl.constexpr, BLOCK_N: tl.constexpr, BLO
         acc += tl.sum(tl.reshape(p, (BLOCK_N, BLOCK_K // 16, 16)), axis=2).to(tl.float32)
     else:
         a = tl.max(tl.abs(xv), axis=0)
-        xs = tl.where(a > 0, a / 448.0, 1.0)
-        xq = e4m3_grid(tl.minimum(tl.maximum(xv / xs, -448.0), 448.0)).to(tl.float8e4nv)
+        xs = tl.where(a > 0, tl.math.div_rn(a, 448.0), 1.0)  # IEEE division (`/` is approximate)
+        xq = e4m3_grid(tl.minimum(tl.maximum(tl.math.div_rn(xv, xs), -448.0), 448.0)).to(tl.float8e4nv)
         d = tl.dot(w, tl.broadcast_to(xq[:, None], (BLOCK_K, 16)))  # 16 equal columns: the MMA's narrowest N
         acc += d * xs
     return acc
