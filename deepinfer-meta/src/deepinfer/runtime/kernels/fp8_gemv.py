@@ -76,13 +76,13 @@ def _weight_chunk_dot(w, xv, acc, MATH: tl.constexpr, BLOCK_N: tl.constexpr, BLO
         acc += w.to(tl.float32) * xv[None, :]
     elif MATH == 1:
         p = w.to(tl.float16) * (xv * 0.00390625).to(tl.float16)[None, :]
-        acc += tl.sum(tl.reshape(p, (BLOCK_N, BLOCK_K // 16, 16)), axis=2).to(tl.float32)
+        acc += tl.sum(tl.reshape(p, (BLOCK_N, BLOCK_K // 16, 16)), axis=2, dtype=tl.float16).to(tl.float32)
     elif MATH == 3:
         # the E4M3 bits moved into a float16's (sign; exponent and mantissa 7 places up): code * 2^-8
         b = w.to(tl.uint8, bitcast=True).to(tl.int16)
         w16 = (((b & 0x80) << 8) | ((b & 0x7F) << 7)).to(tl.float16, bitcast=True)
         p = w16 * xv.to(tl.float16)[None, :]
-        acc += tl.sum(tl.reshape(p, (BLOCK_N, BLOCK_K // 16, 16)), axis=2).to(tl.float32)
+        acc += tl.sum(tl.reshape(p, (BLOCK_N, BLOCK_K // 16, 16)), axis=2, dtype=tl.float16).to(tl.float32)
     else:
         a = tl.max(tl.abs(xv), axis=0)
         xs = tl.where(a > 0, tl.math.div_rn(a, 448.0), 1.0)  # IEEE division (`/` is approximate)
