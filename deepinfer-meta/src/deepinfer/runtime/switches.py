@@ -40,7 +40,8 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
            "\"w8a8\" or \"scaled_mm\" (FP8 activations)"),
     Switch("DEEPINFER_FP8_ONE_ROW_MATH", "f32", "kernels/fp8_gemv.py",
            "how the one-row fp8 GEMV multiplies: \"f32\" (weights widened to float32), \"f16\" (float16 "
-           "products) or \"mma\" (FP8 activation chunks on the tensor cores)"),
+           "products), \"f16bits\" (float16 weights from the E4M3 bits by shifts) or \"mma\" (FP8 activation "
+           "chunks on the tensor cores)"),
     Switch("DEEPINFER_GGUF_TILED_SCALES", "1", "kernels/gguf_gemv.py",
            "GGUF kernels load each group's scale once and broadcast it (0: gathered per column)"),
     Switch("DEEPINFER_FOLD_MERGE", "1", "models/llama_fused_decode.py",
