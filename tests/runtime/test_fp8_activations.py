@@ -93,6 +93,8 @@ def test_scaled_mm_product_vs_float64():
     ref = (xq.double() * xs.double()) @ dequantize_fp8(q, s, torch.float64).T + bias.double()
     assert float((got.double() - ref).abs().max() / ref.abs().max()) < 2.0 ** -7
     assert torch.equal(got[3], bias)
+    with pytest.raises(ValueError, match=r"N and K divisible by 16, got weight shape \(10, 256\)"):
+        fp8_scaled_mm(x, q[:10].contiguous(), s[:10].contiguous())
     dense = x.double() @ w.double().T + bias.double()
     live = [0, 1, 2, 4]
     rel = float((got[live].double() - dense[live]).norm() / (x[live].double() @ w.double().T).norm())
@@ -102,14 +104,14 @@ def test_scaled_mm_product_vs_float64():
 def test_gemm_path_by_row_count(monkeypatch):
     monkeypatch.delenv("DEEPINFER_FP8_GEMM", raising=False)
     assert SCALED_MM_MIN_ROWS > 2
-    assert [gemm_path(m) for m in (2, SCALED_MM_MIN_ROWS - 1)] == ["triton", "triton"]
+    assert [gemm_path(m) for m in (2, SCALED_MM_MIN_ROWS - 1)] == ["w8a8", "w8a8"]
     assert [gemm_path(m) for m in (SCALED_MM_MIN_ROWS, 4096)] == ["scaled_mm", "scaled_mm"]
     monkeypatch.setenv("DEEPINFER_FP8_GEMM", "triton")
     assert gemm_path(4096) == "triton"
     monkeypatch.setenv("DEEPINFER_FP8_GEMM", "Scaled_MM")
     assert gemm_path(2) == "scaled_mm"
     monkeypatch.setenv("DEEPINFER_FP8_GEMM", "w8a8")
-    assert gemm_path(2) == "w8a8"
+    assert gemm_path(4096) == "w8a8"
     monkeypatch.setenv("DEEPINFER_FP8_GEMM", "cutlass")
     with pytest.raises(ValueError, match=r"DEEPINFER_FP8_GEMM must be one of \['auto', 'triton', 'w8a8', "
                                          r"'scaled_mm'\], got 'cutlass'"):

@@ -98,6 +98,9 @@ def fp8_scaled_mm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                   bias: torch.Tensor | None = None) -> torch.Tensor:
     """``(q(x) @ weight.T) * xs * scale (+ bias)``: ``x`` [M, K] quantized per row, then
     ``torch._scaled_mm`` with row-wise scales (bfloat16 out, cast to ``x``'s dtype)."""
+    if weight.shape[0] % 16 or weight.shape[1] % 16:
+        raise ValueError(f"fp8_scaled_mm: torch._scaled_mm needs N and K divisible by 16, got weight shape "
+                         f"{tuple(weight.shape)} (fp8_w8a8_gemm takes any shape)")
     xq, xs = quantize_rows_fp8(x)
     y = torch._scaled_mm(xq, weight.t(), scale_a=xs, scale_b=scale.view(1, -1), out_dtype=torch.bfloat16)
     y = y if x.dtype == torch.bfloat16 else y.to(x.dtype)

@@ -102,6 +102,8 @@ class Fp8Linear(nn.Module):
 
             x2 = x2.contiguous()
             path = gemm_path(x2.shape[0])
+            if path == "scaled_mm" and (self.in_features % 16 or self.out_features % 16):
+                path = "w8a8"  # cuBLASLt's FP8 GEMM needs both dimensions divisible by 16
             kernel = {"triton": fp8_gemm, "w8a8": fp8_w8a8_gemm, "scaled_mm": fp8_scaled_mm}[path]
             y = kernel(x2, self.weight, self.weight_scale, self.bias)
         return y.reshape(*lead, self.out_features)
@@ -116,10 +118,10 @@ class Fp8Linear(nn.Module):
 
 
 # The several-row kernel by row count, (from this many rows, path), picked on the H200
-# (bench/fp8_sweep.py --part gemm, Llama-3-8B shapes): the weight-only Triton GEMM for few rows,
-# FP8 activations on the tensor cores from SCALED_MM_MIN_ROWS.
+# (bench/fp8_sweep.py --part gemm, Llama-3-8B shapes): the Triton fp8 x fp8 GEMM was the fastest
+# fp8 path at 2-32 rows, torch._scaled_mm at 128 and 512 (the weight-only GEMM at none).
 SCALED_MM_MIN_ROWS = 64
-AUTO_PATHS = ((2, "triton"), (SCALED_MM_MIN_ROWS, "scaled_mm"))
+AUTO_PATHS = ((2, "w8a8"), (SCALED_MM_MIN_ROWS, "scaled_mm"))
 GEMM_PATHS = ("auto", "triton", "w8a8", "scaled_mm")
 PATH_NAMES = {"triton": "Triton fp8 GEMM (weight-only)", "w8a8": "Triton fp8 x fp8 GEMM (FP8 activations per row)",
               "scaled_mm": "torch._scaled_mm (FP8 activations per row)"}
