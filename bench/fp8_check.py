@@ -43,7 +43,8 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def kernels() -> None:
     import torch.nn.functional as F
-    from deepinfer.runtime.kernels.fp8_gemv import fp8_gemm, fp8_gemv, fp8_scaled_mm
+    from deepinfer.runtime.kernels.fp8_act import fp8_scaled_mm
+    from deepinfer.runtime.kernels.fp8_gemv import fp8_gemm, fp8_gemv
     from deepinfer.runtime.kernels.gemv import gemv
     from deepinfer.runtime.models.fp8_linear import dequantize_fp8, quantize_fp8
 

@@ -129,8 +129,9 @@ class EngineArgs:
         "choice", "--dtype", choices=DTYPES, none=True))
     quantization: str | None = field(default=None, metadata=_opt(
         "Quantize a bf16/fp16 checkpoint's decoder projections at load (vLLM's name). \"fp8\": "
-        "float8_e4m3fn weights with a float32 scale per output channel, activations stay in "
-        "dtype (weight-only); embedding and LM head unchanged. Needs a CUDA GPU of compute "
+        "float8_e4m3fn weights with a float32 scale per output channel; activations stay in "
+        "dtype at batch 1 (weight-only GEMV) and are quantized to E4M3 per row from 2 rows "
+        "(batched decode, prefill: FP8 tensor cores); embedding and LM head unchanged. Needs a CUDA GPU of compute "
         "capability >= 8.9 and one rank; a GGUF file already quantized is refused. \"gguf\": a "
         "GGUF file's quantized blocks kept on a CUDA GPU and run by the GGUF kernels (on the CPU "
         "they are kept anyway; without it a GPU dequantizes them to dtype at load). None: the "

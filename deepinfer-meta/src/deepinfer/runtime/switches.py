@@ -35,8 +35,13 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
            "projections of a one-row step that run the fused Triton GEMV (\"none\": cuBLAS for all)"),
     Switch("DEEPINFER_ONE_ROW_TILES", "", "models/llama_fused_decode.py",
            "tile overrides of the one-row GEMVs, \"down=4,2048,8,1,2;o=...\" (benchmarks)"),
-    Switch("DEEPINFER_FP8_GEMM", "triton", "models/fp8_linear.py",
-           "several-row products of fp8 layers: \"triton\" (weight-only) or \"scaled_mm\" (FP8 activations)"),
+    Switch("DEEPINFER_FP8_GEMM", "auto", "models/fp8_linear.py",
+           "several-row products of fp8 layers: \"auto\" (by row count), \"triton\" (weight-only), "
+           "\"w8a8\" or \"scaled_mm\" (FP8 activations)"),
+    Switch("DEEPINFER_FP8_ONE_ROW_MATH", "f16", "kernels/fp8_gemv.py",
+           "how the one-row fp8 GEMV multiplies: \"f32\" (weights widened to float32), \"f16\" (float16 "
+           "products), \"f16bits\" (float16 weights from the E4M3 bits by shifts) or \"mma\" (FP8 activation "
+           "chunks on the tensor cores)"),
     Switch("DEEPINFER_GGUF_TILED_SCALES", "1", "kernels/gguf_gemv.py",
            "GGUF kernels load each group's scale once and broadcast it (0: gathered per column)"),
     Switch("DEEPINFER_FUSED_EAGER", "1", "models/llama_fused_decode.py",

@@ -8,10 +8,21 @@ bfloat16/float16: ``y = (x @ q.T) * scale (+ bias)``.
 - ``fp8_gemm``: several rows (prefill, batched decode). Each program loads fp8 weight tiles,
   widens them to the activation dtype in registers and runs ``tl.dot`` (float32 accumulate);
   the scales multiply the accumulator once. The weights are never dequantized in memory.
-- ``fp8_scaled_mm``: several rows through ``torch._scaled_mm`` (cuBLASLt FP8 tensor cores) with
-  the activations quantized per row (amax/448): the alternative to ``fp8_gemm`` that
-  ``DEEPINFER_FP8_GEMM=scaled_mm`` selects (it also quantizes activations, so it is not
-  weight-only; bench/gpu_bench.py compares the two).
+- the FP8-activation products of many rows (``torch._scaled_mm``) are in ``kernels/fp8_act.py``.
+
+``fp8_gemv``'s ``math`` picks how a weight tile meets the activations (bench/fp8_sweep.py times
+them; widening every weight to float32 costs two conversions per byte, which bounds the "f32"
+kernel below the memory bandwidth):
+- "f32": widen to float32, float32 FMA (1.28-1.79x the bf16 GEMV on the H200);
+- "f16": widen to float16 (one packed conversion per two weights), float16 products of the
+  activations times 2^-8 (no overflow below |x| = 2^11; the scale takes the 2^8 back), summed in
+  float16 over 16 columns, then float32 (the default: 1.64-1.91x the bf16 GEMV, the error of
+  the f32 math; overflows only if a product's 16-column group sums past 65504, |x| >~ 2^11 each);
+- "f16bits": as "f16", the float16 weights made from the E4M3 bits by integer shifts (code *
+  2^-8 exactly, subnormals included) instead of the conversion instruction;
+- "mma": the activation chunk quantized to E4M3 with its own scale and ``tl.dot`` of the fp8
+  tiles on the tensor cores (no weight conversion at all; adds activation quantization error,
+  ~2^-4 / sqrt(3) rms per element, as the FP8-activation GEMM does). Needs BLOCK_N >= 16.
 
 No host syncs and no allocation other than the outputs: every path runs inside CUDA graphs.
 """
@@ -22,25 +33,77 @@ import torch
 import triton
 import triton.language as tl
 
+from deepinfer.runtime import switches
+from deepinfer.runtime.kernels.fp8_act import e4m3_grid
 from deepinfer.runtime.kernels.gemv import _activation_chunk, _gemv_epilogue, check_one_row
 from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch
 
-FP8_MAX = 448.0  # largest finite float8_e4m3fn
 # (BLOCK_N, BLOCK_K, num_warps, num_stages): 16-byte loads of fp8 are 16 values, so the tile
 # covers twice the columns of the bf16 one for the same bytes per load.
 DEFAULT_CONFIG = (2, 2048, 4, 3)
 WIDE_K_CONFIG = (2, 2048, 4, 3)  # K >= 8192 (Llama-3-8B's down projection); bench/fp8_check.py --part sweep
 
 
-def one_row_config(k: int) -> tuple[int, int, int, int]:
-    """The one-row tile for ``k`` inputs."""
+MATHS = ("f32", "f16", "mma", "f16bits")
+# the tile of each non-default math (bench/fp8_sweep.py --part gemv)
+MATH_CONFIGS = {"f16": (4, 2048, 8, 2), "f16bits": (4, 2048, 8, 2), "mma": (16, 512, 4, 3)}
+
+
+def one_row_math() -> str:
+    """The default ``math`` of ``fp8_gemv`` (``DEEPINFER_FP8_ONE_ROW_MATH``)."""
+    math = switches.value("DEEPINFER_FP8_ONE_ROW_MATH").strip().lower()
+    if math not in MATHS:
+        raise ValueError(f"DEEPINFER_FP8_ONE_ROW_MATH must be one of {list(MATHS)}, got {math!r}")
+    return math
+
+
+# per projection ("qkv", "o", "gate_up", "down") and math, where the sweep found a better tile
+# (H200, Llama-3-8B shapes: bench/fp8_sweep.py --part gemv)
+PROJECTION_CONFIGS: dict[tuple[str, str], tuple[int, int, int, int]] = {
+    ("qkv", "f16"): (8, 1024, 8, 2), ("o", "f16"): (4, 2048, 8, 2), ("gate_up", "f16"): (4, 2048, 8, 2),
+    ("down", "f16"): (4, 2048, 8, 2),
+    ("qkv", "f32"): (2, 2048, 4, 3), ("o", "f32"): (8, 1024, 8, 2), ("gate_up", "f32"): (8, 1024, 8, 2),
+    ("down", "f32"): (2, 2048, 4, 3),
+}
+
+
+def one_row_config(k: int, math: str = "f32", projection: str | None = None) -> tuple[int, int, int, int]:
+    """The one-row tile for ``k`` inputs, ``math`` and (when known) the ``projection``."""
+    if projection is not None and (projection, math) in PROJECTION_CONFIGS:
+        return PROJECTION_CONFIGS[(projection, math)]
+    if math in MATH_CONFIGS:
+        return MATH_CONFIGS[math]
     return WIDE_K_CONFIG if k >= 8192 else DEFAULT_CONFIG
+
+
+@triton.jit
+def _weight_chunk_dot(w, xv, acc, MATH: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc + the products of the weight tile w [BLOCK_N, BLOCK_K] (fp8) with the float32 chunk xv."""
+    if MATH == 0:
+        acc += w.to(tl.float32) * xv[None, :]
+    elif MATH == 1:
+        p = w.to(tl.float16) * (xv * 0.00390625).to(tl.float16)[None, :]
+        acc += tl.sum(tl.reshape(p, (BLOCK_N, BLOCK_K // 16, 16)), axis=2, dtype=tl.float16).to(tl.float32)
+    elif MATH == 3:
+        # the E4M3 bits moved into a float16's (sign; exponent and mantissa 7 places up): code * 2^-8
+        b = w.to(tl.uint8, bitcast=True).to(tl.int16)
+        w16 = (((b & 0x80) << 8) | ((b & 0x7F) << 7)).to(tl.float16, bitcast=True)
+        p = w16 * xv.to(tl.float16)[None, :]
+        acc += tl.sum(tl.reshape(p, (BLOCK_N, BLOCK_K // 16, 16)), axis=2, dtype=tl.float16).to(tl.float32)
+    else:
+        a = tl.max(tl.abs(xv), axis=0)
+        xs = tl.where(a > 0, tl.math.div_rn(a, 448.0), 1.0)  # IEEE division (`/` is approximate)
+        xq = e4m3_grid(tl.minimum(tl.maximum(tl.math.div_rn(xv, xs), -448.0), 448.0)).to(tl.float8e4nv)
+        d = tl.dot(w, tl.broadcast_to(xq[:, None], (BLOCK_K, 16)))  # 16 equal columns: the MMA's narrowest N
+        acc += d * xs
+    return acc
 
 
 @triton.jit
 def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, n, k, stride_w, eps,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SILU_MUL: tl.constexpr, HAS_BIAS: tl.constexpr,
-                     NORM: tl.constexpr, NORM_BLOCK: tl.constexpr, RESIDUAL: tl.constexpr, PDL: tl.constexpr):
+                     NORM: tl.constexpr, NORM_BLOCK: tl.constexpr, RESIDUAL: tl.constexpr, PDL: tl.constexpr,
+                     MATH: tl.constexpr):
     pid = tl.program_id(0)
     rows = (pid * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     row_ok = rows < n
@@ -54,15 +117,27 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, n, k,
         nc = tl.arange(0, NORM_BLOCK)
         xn = tl.load(x_ptr + nc, mask=nc < k, other=0.0).to(tl.float32)
         rstd = tl.math.rsqrt(tl.sum(xn * xn, axis=0) / k + eps)
-    acc = w_first.to(tl.float32) * _activation_chunk(x_ptr, nw_ptr, out_ptr, cols, cols < k, k, rstd, SILU_MUL,
-                                                     NORM)[None, :]
+    if MATH == 0:
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    elif MATH == 1 or MATH == 3:
+        acc = tl.zeros((BLOCK_N, BLOCK_K // 16), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
+    xv = _activation_chunk(x_ptr, nw_ptr, out_ptr, cols, cols < k, k, rstd, SILU_MUL, NORM)
+    acc = _weight_chunk_dot(w_first, xv, acc, MATH, BLOCK_N, BLOCK_K)
     for k0 in range(BLOCK_K, k, BLOCK_K):
         c = k0 + cols
         c_ok = c < k
         xv = _activation_chunk(x_ptr, nw_ptr, out_ptr, c, c_ok, k, rstd, SILU_MUL, NORM)
         w = tl.load(w_ptr + rows[:, None] * stride_w + c[None, :], mask=row_ok[:, None] & c_ok[None, :], other=0.0)
-        acc += w.to(tl.float32) * xv[None, :]
-    y = tl.sum(acc, axis=1) * tl.load(s_ptr + rows, mask=row_ok, other=0.0)
+        acc = _weight_chunk_dot(w, xv, acc, MATH, BLOCK_N, BLOCK_K)
+    if MATH == 2:
+        y = tl.sum(acc, axis=1) * 0.0625  # the 16 equal columns
+    else:
+        y = tl.sum(acc, axis=1)
+    if MATH == 1 or MATH == 3:
+        y = y * 256.0
+    y = y * tl.load(s_ptr + rows, mask=row_ok, other=0.0)
     _gemv_epilogue(y, rows, row_ok, pid, n, b_ptr, res_ptr, out_ptr, out_ptr, out_ptr, HAS_BIAS, RESIDUAL, False)
 
 
@@ -107,20 +182,28 @@ def _check_weight(name: str, weight: torch.Tensor, scale: torch.Tensor) -> tuple
 def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None, *,
              silu_mul: bool = False, norm: tuple[torch.Tensor, float] | None = None,
              residual: torch.Tensor | None = None, config: tuple[int, int, int, int] | None = None,
-             out: torch.Tensor | None = None) -> torch.Tensor:
+             out: torch.Tensor | None = None, math: str | None = None,
+             projection: str | None = None) -> torch.Tensor:
     """``(x @ weight.float().T) * scale (+ bias)`` for one row ``x`` [1, K] (or [1, 2K] with
     ``silu_mul``); ``norm``/``residual``/``silu_mul`` as in ``kernels.gemv.gemv``. Returns [1, N]
-    in ``x``'s dtype."""
+    in ``x``'s dtype. ``math``: one of ``MATHS`` (module docstring; default ``one_row_math()``)."""
     n, k = _check_weight("fp8_gemv", weight, scale)
+    math = math or one_row_math()
+    if math not in MATHS:
+        raise ValueError(f"fp8_gemv: math must be one of {list(MATHS)}, got {math!r}")
     check_one_row("fp8_gemv", x, n, k, "weight", silu_mul=silu_mul, bias=bias, norm=norm, residual=residual)
-    block_n, block_k, warps, stages = config or one_row_config(k)
+    block_n, block_k, warps, stages = config or one_row_config(k, math, projection)
+    if math in ("f16", "f16bits") and block_k % 16:
+        raise ValueError(f"fp8_gemv: math={math!r} needs BLOCK_K a multiple of 16, got {block_k}")
+    if math == "mma" and (block_n < 16 or block_k < 32):
+        raise ValueError(f"fp8_gemv: math='mma' needs BLOCK_N >= 16 and BLOCK_K >= 32, got {block_n}, {block_k}")
     out = torch.empty((1, n), dtype=x.dtype, device=x.device) if out is None else out
     _fp8_gemv_kernel[(triton.cdiv(n, block_n),)](
         x, weight, scale, bias if bias is not None else scale, norm[0] if norm is not None else scale,
         residual if residual is not None else out, out, n, k, weight.stride(0), norm[1] if norm is not None else 0.0,
         BLOCK_N=block_n, BLOCK_K=block_k, SILU_MUL=silu_mul, HAS_BIAS=bias is not None, NORM=norm is not None,
         NORM_BLOCK=triton.next_power_of_2(k) if norm is not None else 1, RESIDUAL=residual is not None,
-        num_warps=warps, num_stages=stages, **pdl_launch(x.device))
+        MATH=MATHS.index(math), num_warps=warps, num_stages=stages, **pdl_launch(x.device))
     return out
 
 
@@ -156,15 +239,3 @@ def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: t
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=warps,
         num_stages=stages)
     return out
-
-
-def fp8_scaled_mm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-                  bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``fp8_gemm``'s product on FP8 tensor cores: ``x`` quantized to E4M3 per row (amax/448),
-    ``torch._scaled_mm`` with row-wise scales, bfloat16 out (cast to ``x``'s dtype)."""
-    amax = x.abs().amax(dim=1, keepdim=True).float()
-    xs = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
-    xq = (x.float() / xs).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    y = torch._scaled_mm(xq, weight.t(), scale_a=xs, scale_b=scale.view(1, -1), out_dtype=torch.bfloat16)
-    y = y.to(x.dtype)
-    return y if bias is None else y + bias

@@ -49,34 +49,43 @@ def dequantize_fp8(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype 
 class Fp8Linear(nn.Module):
     """``y = x @ (codes * scale).T (+ bias)`` with E4M3 codes [N, K] and float32 scales [N].
 
-    CUDA: one row through ``fp8_gemv``, several through ``fp8_gemm`` (or ``torch._scaled_mm``
-    with ``DEEPINFER_FP8_GEMM=scaled_mm``). Elsewhere (tests: no FP8 kernels on CPU) the weight is
-    dequantized per call and multiplied by ``F.linear``, which gives the same values up to the
-    summation order."""
+    CUDA: one row through ``fp8_gemv``; several through ``gemm_path(rows)``: the weight-only
+    Triton ``fp8_gemm`` for few rows, FP8 activations and ``torch._scaled_mm`` from
+    ``SCALED_MM_MIN_ROWS`` (``DEEPINFER_FP8_GEMM`` forces one). Elsewhere (tests: no FP8 kernels on
+    CPU) the weight is dequantized per call and multiplied by ``F.linear``, which gives the same
+    values up to the summation order."""
 
     weight: torch.Tensor
     weight_scale: torch.Tensor
     bias: torch.Tensor | None
     weight_type = "fp8_e4m3 per-channel"
 
-    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
+                 projection: str | None = None) -> None:
         super().__init__()
         self.out_features, self.in_features = codes.shape
+        self.projection = projection  # "qkv", "o", "gate_up", "down": picks the one-row tile
         self.register_buffer("weight", codes.contiguous())
         self.register_buffer("weight_scale", scale.float().contiguous())
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear) -> Fp8Linear:
+    def from_linear(cls, linear: nn.Linear, projection: str | None = None) -> Fp8Linear:
         codes, scale = quantize_fp8(linear.weight.detach())
-        return cls(codes, scale, None if linear.bias is None else linear.bias.detach())
+        return cls(codes, scale, None if linear.bias is None else linear.bias.detach(), projection)
 
     @property
     def kernel_path(self) -> str:
         if self.weight.device.type != "cuda":
             return "dequantize + torch matmul (CPU emulation)"
-        many = "torch._scaled_mm (FP8 activations per row)" if _use_scaled_mm() else "Triton fp8 GEMM"
-        return f"Triton fp8 GEMV (1 row, fused) / {many}"
+        from deepinfer.runtime.kernels.fp8_gemv import one_row_math
+
+        forced = _forced_path()
+        if forced != "auto":
+            many = PATH_NAMES[forced]
+        else:
+            many = ", ".join(f"{PATH_NAMES[path]} from {rows} rows" for rows, path in AUTO_PATHS)
+        return f"Triton fp8 GEMV (1 row, fused, {one_row_math()} math) / {many}"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
@@ -88,10 +97,15 @@ class Fp8Linear(nn.Module):
 
             y = fp8_gemv(x2, self.weight, self.weight_scale, self.bias)
         else:
-            from deepinfer.runtime.kernels.fp8_gemv import fp8_gemm, fp8_scaled_mm
+            from deepinfer.runtime.kernels.fp8_act import fp8_scaled_mm, fp8_w8a8_gemm
+            from deepinfer.runtime.kernels.fp8_gemv import fp8_gemm
 
             x2 = x2.contiguous()
-            y = (fp8_scaled_mm if _use_scaled_mm() else fp8_gemm)(x2, self.weight, self.weight_scale, self.bias)
+            path = gemm_path(x2.shape[0])
+            if path == "scaled_mm" and (self.in_features % 16 or self.out_features % 16):
+                path = "w8a8"  # cuBLASLt's FP8 GEMM needs both dimensions divisible by 16
+            kernel = {"triton": fp8_gemm, "w8a8": fp8_w8a8_gemm, "scaled_mm": fp8_scaled_mm}[path]
+            y = kernel(x2, self.weight, self.weight_scale, self.bias)
         return y.reshape(*lead, self.out_features)
 
     def fused_gemv(self, x: torch.Tensor, *, norm: tuple[torch.Tensor, float] | None = None,
@@ -99,11 +113,38 @@ class Fp8Linear(nn.Module):
         """The one-row product with ``kernels.gemv.gemv``'s fusions (the decode graphs' batch-1 path)."""
         from deepinfer.runtime.kernels.fp8_gemv import fp8_gemv
 
-        return fp8_gemv(x, self.weight, self.weight_scale, self.bias, norm=norm, residual=residual, silu_mul=silu_mul)
+        return fp8_gemv(x, self.weight, self.weight_scale, self.bias, norm=norm, residual=residual, silu_mul=silu_mul,
+                        projection=self.projection)
 
 
-def _use_scaled_mm() -> bool:
-    return switches.value("DEEPINFER_FP8_GEMM").strip().lower() == "scaled_mm"
+# The several-row kernel by row count, (from this many rows, path), picked on the H200
+# (bench/fp8_sweep.py --part gemm, Llama-3-8B shapes): the Triton fp8 x fp8 GEMM was the fastest
+# fp8 path at 2-32 rows, torch._scaled_mm at 128 and 512 (the weight-only GEMM at none).
+SCALED_MM_MIN_ROWS = 64
+AUTO_PATHS = ((2, "w8a8"), (SCALED_MM_MIN_ROWS, "scaled_mm"))
+GEMM_PATHS = ("auto", "triton", "w8a8", "scaled_mm")
+PATH_NAMES = {"triton": "Triton fp8 GEMM (weight-only)", "w8a8": "Triton fp8 x fp8 GEMM (FP8 activations per row)",
+              "scaled_mm": "torch._scaled_mm (FP8 activations per row)"}
+
+
+def _forced_path() -> str:
+    value = switches.value("DEEPINFER_FP8_GEMM").strip().lower()
+    if value not in GEMM_PATHS:
+        raise ValueError(f"DEEPINFER_FP8_GEMM must be one of {list(GEMM_PATHS)}, got {value!r}")
+    return value
+
+
+def gemm_path(rows: int) -> str:
+    """The several-row kernel of an fp8 layer for ``rows`` rows: "triton" (weight-only, bf16
+    activations), "w8a8" or "scaled_mm" (per-row FP8 activations, FP8 tensor cores)."""
+    forced = _forced_path()
+    if forced != "auto":
+        return forced
+    path = AUTO_PATHS[0][1]
+    for first, p in AUTO_PATHS:
+        if rows >= first:
+            path = p
+    return path
 
 
 @torch.no_grad()
@@ -123,7 +164,7 @@ def quantize_model(model: nn.Module, method: str) -> int:
             linear = getattr(layer, name, None)
             # plain layers and their re-dispatching views (CpuLinear); not tensor-parallel ones
             if type(linear) is nn.Linear or isinstance(linear, SharedLinear):
-                setattr(layer, name, Fp8Linear.from_linear(linear))
+                setattr(layer, name, Fp8Linear.from_linear(linear, name.removesuffix("_proj")))
                 count += 1
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # the freed bf16 weights go back to the device: the KV cache is sized next
