@@ -20,6 +20,18 @@ TILES = [(16, 64, 64), (16, 32, 64), (16, 32, 128), (16, 64, 128), (16, 32, 256)
          (64, 128, 64)]
 
 
+def random_layer(shape: str) -> tuple[torch.Generator, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(the CUDA generator, w13 [E, 2I, H] bf16, w2 [E, H, I] bf16, router [E, H] float32) of one
+    random MoE layer of ``shape``, scale 0.02 (the generator goes on to draw the inputs)."""
+    hidden, inter, e, _ = SHAPES[shape]
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(0)
+    w13 = torch.randn(e, 2 * inter, hidden, device=dev, generator=g, dtype=torch.bfloat16) * 0.02
+    w2 = torch.randn(e, hidden, inter, device=dev, generator=g, dtype=torch.bfloat16) * 0.02
+    gate = torch.randn(e, hidden, device=dev, generator=g) * 0.02
+    return g, w13, w2, gate
+
+
 def graph_ms(fn, reps: int = 50) -> float:
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -80,11 +92,8 @@ def main() -> None:
     p.add_argument("--tokens", default="1,8,64,256")
     args = p.parse_args()
     hidden, inter, e, k = SHAPES[args.shape]
-    dev = torch.device("cuda")
-    g = torch.Generator(device=dev).manual_seed(0)
-    w13 = torch.randn(e, 2 * inter, hidden, device=dev, generator=g, dtype=torch.bfloat16) * 0.02
-    w2 = torch.randn(e, hidden, inter, device=dev, generator=g, dtype=torch.bfloat16) * 0.02
-    gate = torch.randn(e, hidden, device=dev, generator=g) * 0.02
+    g, w13, w2, gate = random_layer(args.shape)
+    dev = g.device
     spec = MoeSpec(num_experts=e, top_k=k, expert_intermediate_size=inter, moe_layers=(0,), norm_topk_prob=True)
     for t in (int(v) for v in args.tokens.split(",")):
         x = torch.randn(t, hidden, device=dev, generator=g, dtype=torch.bfloat16)

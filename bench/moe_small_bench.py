@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from moe_layer_bench import SHAPES, graph_ms
+from moe_layer_bench import SHAPES, graph_ms, random_layer
 
 # (BLOCK_N, BLOCK_K, num_warps) candidates of the gate/up and down kernels; (BLOCK_E, BLOCK_K, warps) of the router
 GATE_UP_TILES = [(1, 1024, 4), (2, 512, 4), (2, 1024, 4), (4, 256, 4), (4, 512, 4), (4, 1024, 8), (8, 256, 4),
@@ -44,12 +44,9 @@ def main() -> None:
     p.add_argument("--tokens", default="1,2,4,8")
     p.add_argument("--quick", action="store_true", help="no tile sweep: defaults against the grouped path")
     args = p.parse_args()
-    hidden, inter, e, k = SHAPES[args.shape]
-    dev = torch.device("cuda")
-    g = torch.Generator(device=dev).manual_seed(0)
-    w13 = torch.randn(e, 2 * inter, hidden, device=dev, generator=g, dtype=torch.bfloat16) * 0.02
-    w2 = torch.randn(e, hidden, inter, device=dev, generator=g, dtype=torch.bfloat16) * 0.02
-    gate = torch.randn(e, hidden, device=dev, generator=g) * 0.02
+    hidden, inter, _, k = SHAPES[args.shape]
+    g, w13, w2, gate = random_layer(args.shape)
+    dev = g.device
     nw = torch.ones(hidden, device=dev, dtype=torch.bfloat16)
     norm = (nw, 1e-6)
     pair_bytes = 3 * inter * hidden * 2  # one expert's w13 + w2, bf16

@@ -210,6 +210,25 @@ def _combine_kernel(y_ptr, res_ptr, out_ptr, hidden, stride_res, stride_out,
     tl.store(out_ptr + t * stride_out + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
+def check_expert_operands(name: str, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                          w13: torch.Tensor, w2: torch.Tensor) -> tuple[int, int, int, int, int]:
+    """(T, H, k, E, I) of an experts call's operands (``fused_experts``, ``moe_decode.experts_small``):
+    ValueError, named ``name``, unless their shapes agree, they share a device and the expert
+    weights are contiguous in their last dimension."""
+    t, hidden = x.shape
+    k = ids.shape[1]
+    e, two_i, h2 = w13.shape
+    inter = two_i // 2
+    if h2 != hidden or tuple(w2.shape) != (e, hidden, inter) or weights.shape != ids.shape or ids.shape[0] != t:
+        raise ValueError(f"{name}: shapes disagree: x {tuple(x.shape)}, weights {tuple(weights.shape)}, "
+                         f"ids {tuple(ids.shape)}, w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)}")
+    if not (x.device == w13.device == w2.device == ids.device == weights.device):
+        raise ValueError(f"{name}: every tensor must be on one device")
+    if w13.stride(-1) != 1 or w2.stride(-1) != 1:
+        raise ValueError(f"{name}: w13 and w2 must be contiguous in their last dimension")
+    return t, hidden, k, e, inter
+
+
 def fused_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                   block_m: int = 16, block_n: int | None = None, block_k: int | None = None,
                   residual: torch.Tensor | None = None) -> torch.Tensor:
@@ -219,17 +238,7 @@ def fused_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13
     ``w13`` [E, 2I, H], ``w2`` [E, H, I], all on one device, weights contiguous in their last dim.
     ``residual`` [T, H]: returned ``residual + sum`` instead, added in the combine kernel in
     float32 (the decode graphs' residual stream: one rounding, no separate add)."""
-    t, hidden = x.shape
-    k = ids.shape[1]
-    e, two_i, h2 = w13.shape
-    inter = two_i // 2
-    if h2 != hidden or tuple(w2.shape) != (e, hidden, inter) or weights.shape != ids.shape or ids.shape[0] != t:
-        raise ValueError(f"fused_experts: shapes disagree: x {tuple(x.shape)}, weights {tuple(weights.shape)}, "
-                         f"ids {tuple(ids.shape)}, w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)}")
-    if not (x.device == w13.device == w2.device == ids.device == weights.device):
-        raise ValueError("fused_experts: every tensor must be on one device")
-    if w13.stride(-1) != 1 or w2.stride(-1) != 1:
-        raise ValueError("fused_experts: w13 and w2 must be contiguous in their last dimension")
+    t, hidden, k, e, inter = check_expert_operands("fused_experts", x, weights, ids, w13, w2)
     if block_n is None or block_k is None:
         # H200, Qwen3-30B-A3B layer from a graph (bench/moe_layer_bench.py): one token's 8 pairs
         # 37.6 us with (32, 128) against 43.1 us with (64, 64); 64 tokens alike (314 / 317 us)

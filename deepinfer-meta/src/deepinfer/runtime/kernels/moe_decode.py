@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer.runtime.kernels.fused_moe import route_row
+from deepinfer.runtime.kernels.fused_moe import check_expert_operands, route_row
 from deepinfer.runtime.kernels.gemv import _activation_chunk
 from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch
 
@@ -204,17 +204,9 @@ def experts_small(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13
     RMSNorm(x) * weight (as ``route_small``'s ``norm``), computed inside the gate/up kernel.
     ``gate_up_config`` / ``down_config``: (BLOCK_N, BLOCK_K, num_warps), default the module's.
     ``weights`` [T, k] float32, ``ids`` [T, k] integer, both contiguous."""
-    t, hidden = x.shape
-    k = ids.shape[1]
-    e, two_i, h2 = w13.shape
-    inter = two_i // 2
-    if h2 != hidden or tuple(w2.shape) != (e, hidden, inter) or weights.shape != ids.shape or ids.shape[0] != t:
-        raise ValueError(f"experts_small: shapes disagree: x {tuple(x.shape)}, weights {tuple(weights.shape)}, "
-                         f"ids {tuple(ids.shape)}, w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)}")
-    if not (x.device == w13.device == w2.device == ids.device == weights.device):
-        raise ValueError("experts_small: every tensor must be on one device")
-    if w13.stride(-1) != 1 or w2.stride(-1) != 1 or x.stride(-1) != 1:
-        raise ValueError("experts_small: x, w13 and w2 must be contiguous in their last dimension")
+    t, hidden, k, _, inter = check_expert_operands("experts_small", x, weights, ids, w13, w2)
+    if x.stride(-1) != 1:
+        raise ValueError("experts_small: x must be contiguous in its last dimension")
     if weights.dtype != torch.float32 or not weights.is_contiguous() or not ids.is_contiguous():
         raise ValueError("experts_small: weights must be contiguous float32 and ids contiguous")
     if residual is not None and (tuple(residual.shape) != (t, hidden) or residual.stride(-1) != 1):
