@@ -54,3 +54,24 @@ def test_unset_switch_takes_its_default(monkeypatch):
     assert switches.raw("DEEPINFER_ONE_ROW_GEMV") is None
     monkeypatch.setenv("DEEPINFER_CPU_NATIVE", "0")
     assert switches.native_cpu_decode_wanted() is False
+
+
+@pytest.mark.parametrize("text,expected", [(" 8 ", 8), ("0", 0), ("4", 4)])
+def test_integer_switches(monkeypatch, text, expected):
+    monkeypatch.setenv("DEEPINFER_MOE_SMALL_BATCH", text)
+    assert switches.integer("DEEPINFER_MOE_SMALL_BATCH") == expected
+
+
+@pytest.mark.parametrize("text,message", [("four", "is not an integer"), ("2.5", "is not an integer"),
+                                          ("-1", "must be at least 0")])
+def test_a_bad_integer_switch_is_a_value_error_naming_it(monkeypatch, text, message):
+    import torch
+    from deepinfer.runtime.models import moe
+
+    monkeypatch.setenv("DEEPINFER_MOE_SMALL_BATCH", text)
+    with pytest.raises(ValueError, match=f"DEEPINFER_MOE_SMALL_BATCH.*{message}"):
+        switches.integer("DEEPINFER_MOE_SMALL_BATCH")
+    monkeypatch.setattr(moe, "KERNELS_ON_CPU", True)  # the MoE layer's read, where it acts on it
+    monkeypatch.setattr(moe, "_triton_available", lambda: True)
+    with pytest.raises(ValueError, match="DEEPINFER_MOE_SMALL_BATCH"):
+        moe._small_batch(torch.zeros(1, 4))

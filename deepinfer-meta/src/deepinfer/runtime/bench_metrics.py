@@ -32,13 +32,28 @@ def peak_flops(device_name: str) -> float | None:
 
 
 def flops_estimator(cfg: Any) -> Any:
-    """A FlopsEstimator of a runtime ModelConfig."""
+    """A FlopsEstimator of a runtime ModelConfig. Mixture-of-experts models count the FLOPs a token
+    really spends: the router, its top-k routed experts and the shared experts on each routing
+    layer, the dense MLP on the others (a Qwen2-MoE shared expert counts as
+    ``shared_intermediate_size / expert_intermediate_size`` experts, rounded: the estimator counts
+    whole experts). MLA models (DeepSeek-V2/V3) are counted with multi-head projections of the
+    query/key head width (``qk_nope_head_dim + qk_rope_head_dim``): an estimate, not their
+    low-rank projections."""
     from deepinfer._C import engine
 
+    moe: dict[str, int] = {}
+    if cfg.moe is not None:
+        spec = cfg.moe
+        moe = {"num_experts": spec.num_experts, "num_experts_per_tok": spec.top_k,
+               "moe_intermediate_size": spec.expert_intermediate_size,
+               "num_shared_experts": round(spec.shared_intermediate_size / spec.expert_intermediate_size),
+               # only the number of dense layers matters to the count, not where they are
+               "first_k_dense_layers": cfg.num_hidden_layers - len(spec.moe_layers)}
+    head_dim = cfg.head_dim if cfg.mla is None else cfg.mla.qk_head_dim
     return engine.FlopsEstimator(hidden_size=cfg.hidden_size, num_layers=cfg.num_hidden_layers,
                                  num_attention_heads=cfg.num_attention_heads, num_kv_heads=cfg.num_key_value_heads,
-                                 head_dim=cfg.head_dim, intermediate_size=cfg.intermediate_size,
-                                 vocab_size=cfg.vocab_size)
+                                 head_dim=head_dim, intermediate_size=cfg.intermediate_size,
+                                 vocab_size=cfg.vocab_size, **moe)
 
 
 def _pct(values: list[float], q: float) -> float:

@@ -75,6 +75,19 @@ def enabled(name: str) -> bool:
     return value(name).strip().lower() not in _OFF
 
 
+def integer(name: str, lo: int = 0) -> int:
+    """An integer switch (at least ``lo``); any other value is a ValueError naming the switch."""
+    text = value(name).strip()
+    try:
+        number = int(text)
+    except ValueError:
+        raise ValueError(f"{name}={text!r} is not an integer (default {SWITCHES[name].default}: "
+                         f"{SWITCHES[name].what})") from None
+    if number < lo:
+        raise ValueError(f"{name}={number} must be at least {lo}")
+    return number
+
+
 def native_cpu_decode_wanted() -> bool:
     """Whether the native CPU decode path may be used: not switched off by ``DEEPINFER_CPU_NATIVE=0``
     and the engine wheel has the ``_cpu_kernels`` extension."""

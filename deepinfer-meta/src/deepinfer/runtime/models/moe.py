@@ -70,7 +70,7 @@ def _kernels(x: torch.Tensor) -> bool:
 
 def _small_batch(x: torch.Tensor) -> bool:
     """Whether the few-token kernels (``kernels.moe_decode``, no sort by expert) run these rows."""
-    return _kernels(x) and 0 < x.shape[0] <= int(switches.value("DEEPINFER_MOE_SMALL_BATCH"))
+    return _kernels(x) and 0 < x.shape[0] <= switches.integer("DEEPINFER_MOE_SMALL_BATCH")
 
 
 class ExpertsSwiGLU(nn.Module):
