@@ -2,8 +2,9 @@
 
     python bench/cpu_decode_profile.py [--threads 2] [--dtype float32] [--steps 64] [--native 0|1]
     python bench/cpu_decode_profile.py --verify-rows 1,2,3,5,8   # speculative verify steps
+    python bench/cpu_decode_profile.py --prompt-len 400          # steps at a longer context
 
-Loads the default model (or ``--model``) as ``LLM`` would on CPU, prefills a 64-token prompt
+Loads the default model (or ``--model``) as ``LLM`` would on CPU, prefills a 64-token prompt (``--prompt-len``)
 through ``ModelRunner`` and times ``--steps`` decode steps: the mean step time; on the native
 decode path the mean time of each phase of its steps (``DecodeModel.phase_times``: norms and
 activation quantization, q/k/v, attention, ...); with ``--profile`` torch.profiler's table of
@@ -30,6 +31,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dtype", default=None, choices=[None, "float32"])
     p.add_argument("--steps", type=int, default=64)
+    p.add_argument("--prompt-len", type=int, default=64, help="context before the timed steps (< 900)")
     p.add_argument("--native", default=None, choices=["0", "1"])
     p.add_argument("--profile", action="store_true")
     p.add_argument("--verify-rows", default=None, help="comma-separated query rows per verify step")
@@ -46,7 +48,7 @@ def main() -> None:
     loaded = load_model(path, device=cpu, dtype=torch.float32, keep_quantized=args.dtype is None,
                         max_positions=1024)
     runner = ModelRunner(loaded, num_blocks=64, block_size=16, device=cpu, dtype=torch.float32)
-    bs, n_prompt = 16, 64
+    bs, n_prompt = 16, args.prompt_len
     table = np.arange(64, dtype=np.int32)[None, :]
     rng = np.random.default_rng(0)
     ids = list(rng.integers(100, 1000, n_prompt))

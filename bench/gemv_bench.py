@@ -1,7 +1,7 @@
 """One-row (decode, batch 1) projections in bf16: cuBLAS with the separate kernels around it
 against the Triton GEMV (``runtime/kernels/gemv.py``) with those kernels fused in, over tile configs.
 
-    python bench/gemv_bench.py [--shape llama3-8b|smollm2-135m] [--configs default|sweep|splitk]
+    python bench/gemv_bench.py [--shape llama3-8b|smollm2-135m|qwen3-30b-a3b] [--configs default|sweep|splitk]
 
 Per projection of a layer, what the one-row decode graph runs in each form:
 
@@ -32,6 +32,8 @@ from deepinfer.runtime.kernels.gemv import gemv
 SHAPES = {
     "llama3-8b": {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
                   "lm_head": (128256, 4096)},
+    # the attention half of a Qwen3-30B-A3B layer (its MLP is the MoE's: bench/moe_small_bench.py)
+    "qwen3-30b-a3b": {"qkv": (5120, 2048), "o": (2048, 4096), "lm_head": (151936, 2048)},
     "smollm2-135m": {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536),
                      "lm_head": (49152, 576)},
 }

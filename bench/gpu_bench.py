@@ -12,7 +12,7 @@ scheme (tests/runtime/gguf_quantizer.py, seconds for 8B) and run by the GGUF ker
 256 sequences with input and output lengths uniform in [100, 1024] and token ids in [0, 10000]
 drawn with Python's ``random`` seeded 0 in nano-vllm's order, temperature 0.6, EOS ignored,
 ``max_model_len=4096``; output tok/s is the sum of the max_tokens over the wall time.
-Every contender gets one warm-up call, then ``--runs`` timed calls; prints each run and the
+Every contender gets one warm-up call (transformers: of 4 new tokens), then ``--runs`` timed calls; prints each run and the
 median with the spread (min-max) of output tok/s. DeepInfer's runs also print the
 ``deepinfer bench`` report (TTFT/TPOT, GPU idle fraction, MFU); ``--profile`` adds one run with
 the GraphTimer on (region times inside the decode graphs).
@@ -110,8 +110,9 @@ def run_transformers(shape_dir: str, prompts: list[list[int]], out_len: int, run
     for i in range(runs + 1):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
+        n_new = out_len if i else min(out_len, 4)  # a short warm-up: a large MoE's full call takes minutes
         with torch.no_grad():
-            out = hf.generate(ids, attention_mask=mask, max_new_tokens=out_len, min_new_tokens=out_len,
+            out = hf.generate(ids, attention_mask=mask, max_new_tokens=n_new, min_new_tokens=n_new,
                               do_sample=False, pad_token_id=0)
         torch.cuda.synchronize()
         dt = time.perf_counter() - t0
@@ -179,6 +180,8 @@ def main() -> None:
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=256)
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--hf-runs", type=int, default=None,
+                   help="timed transformers calls (default --runs; a large MoE's call takes minutes)")
     p.add_argument("--contenders", default="transformers,deepinfer",
                    help="deepinfer (graphs + overlap scheduling), nozos (graphs, overlap scheduling off), eager, "
                         "transformers")
@@ -226,7 +229,8 @@ def run_shape(args: argparse.Namespace, weights: str) -> None:
     results = {}
     for who in args.contenders.split(","):
         if who == "transformers":
-            results[who] = run_transformers(shape_dir, prompts, args.output_len, args.runs)
+            results[who] = run_transformers(shape_dir, prompts, args.output_len,
+                                            args.runs if args.hf_runs is None else args.hf_runs)
         elif who in ("deepinfer", "nozos", "eager"):
             for quant in args.quantization.split(","):
                 name = who if quant == "none" else f"{who} {quant}"

@@ -140,8 +140,10 @@ def llamacpp_contenders(k: int, lookup_max: int, threads: int, max_tokens: int):
     path = default_model_path()
 
     def make(draft):  # type: ignore[no-untyped-def]
+        # logits_all with a draft: llama-cpp-python 0.3.36 keeps every row's logits then but sizes
+        # its score table from the argument (n_batch rows), which a prompt past 512 tokens overruns
         llm = Llama(model_path=path, n_ctx=2048, n_threads=threads, n_threads_batch=threads, n_batch=512,
-                    draft_model=draft, verbose=False)
+                    draft_model=draft, logits_all=draft is not None, verbose=False)
 
         def run(ids: list[int]) -> tuple[float, list[int]]:
             t0 = time.perf_counter()

@@ -236,14 +236,15 @@ def test_decode_step_matches_a_numpy_reference(kind):
                 np.testing.assert_allclose(c, rc, rtol=0, atol=(1e-5 if kind == "F32" else 0.05) * np.abs(rc).max())
 
 
-@pytest.mark.parametrize("d", [16, 48, 64])
+@pytest.mark.parametrize("d", [16, 32, 48, 64, 128])
 def test_decode_step_long_contexts(d):
-    """Contexts over several 16-token chunks of the vector attention (full and partial chunks),
-    head sizes it keeps in registers (16, 64) and one it does not (48)."""
+    """Contexts over several 8- and 16-token chunks of the vector attentions (full and partial
+    chunks), head sizes they keep in registers (16, 32, 64, 128) and one they do not (48)."""
     rng = np.random.default_rng(6)
     model = RandomModel(rng, "F32", d)
-    blocks, width = 40, 12
-    lens = np.array([16, 33, 47], dtype=np.int64)
+    lens = np.array([16, 33, 59], dtype=np.int64)  # the rotary table holds 64 positions
+    width = -(-int(lens.max()) // BS)
+    blocks = 3 * width + 4
     tables = rng.permutation(blocks)[:3 * width].reshape(3, width).astype(np.int64)
     positions = lens - 1
     slots = np.array([tables[b, p // BS] * BS + p % BS for b, p in enumerate(positions)], dtype=np.int64)

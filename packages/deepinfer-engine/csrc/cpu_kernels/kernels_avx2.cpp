@@ -4,6 +4,7 @@
 // on a CPU without AVX2).
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstring>
 #include <type_traits>
 
@@ -311,9 +312,127 @@ void axpy(float a, const float* x, float* y, int n) {
   for (; i < n; ++i) y[i] += a * x[i];
 }
 
+// The cache slots of tokens 0, 1, 2, ... of a sequence, without a division per token.
+struct TokenWalk {
+  const int64_t* table;
+  int block_size;
+  int offset = 0;
+  size_t next() {
+    const size_t slot = static_cast<size_t>(*table) * block_size + offset;
+    if (++offset == block_size) {
+      offset = 0;
+      ++table;
+    }
+    return slot;
+  }
+};
+
+// e^x for 8 floats x <= 0 (softmax weights): 2^n * p(r) with x = n ln2 + r, the degree-6
+// polynomial of the AVX-512 table's exp16 (relative error ~2e-7); 0 below -87 (e^x < 2^-125,
+// nothing beside the maximum's weight of 1), NaN stays NaN.
+inline __m256 exp8_nonpositive(__m256 x) {
+  const __m256 lowest = _mm256_set1_ps(-87.0f);
+  const __m256 tiny = _mm256_cmp_ps(x, lowest, _CMP_LT_OQ);
+  x = _mm256_max_ps(lowest, x);  // a NaN x (the second operand) passes through
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187045e-06f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 720);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  // 2^n as float bits: n is in [-126, 0] here, a normal exponent
+  const __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(two_n)));
+}
+
+// The 8 sums of s[0..7] as one vector (lane u = the sum of s[u]'s lanes): a transposing tree.
+inline __m256 sums8(const __m256* s) {
+  const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(s[0], s[1]), _mm256_hadd_ps(s[2], s[3]));
+  const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(s[4], s[5]), _mm256_hadd_ps(s[6], s[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// Lanes below n set (0 <= n <= 8).
+inline __m256i first_lanes(int n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// One head with d = 8 C, as the AVX-512 table's attend_regs: q scaled once; scores 8 tokens at a
+// time (one transposing reduction for the 8 dots), then their exponentials 8 at a time, then the
+// weighted sum of the values with the output in registers. No function call or division per token.
+template <int C>
+void attend_regs(const float* q, const float* k, const float* v, size_t stride, const int64_t* table, int block_size,
+                 int len, float scale, float* scores, float* out) {
+  __m256 qv[C];
+  for (int c = 0; c < C; ++c) qv[c] = _mm256_mul_ps(_mm256_loadu_ps(q + 8 * c), _mm256_set1_ps(scale));
+  __m256 vmax = _mm256_set1_ps(-INFINITY);
+  TokenWalk kw{table, block_size};
+  for (int t0 = 0; t0 < len; t0 += 8) {
+    const int n = len - t0 < 8 ? len - t0 : 8;
+    __m256 s[8];
+    for (int u = 0; u < 8; ++u) {
+      if (u >= n) {
+        s[u] = _mm256_setzero_ps();
+        continue;
+      }
+      const float* kt = k + kw.next() * stride;
+      s[u] = _mm256_mul_ps(qv[0], _mm256_loadu_ps(kt));
+      for (int c = 1; c < C; ++c) s[u] = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(kt + 8 * c), s[u]);
+    }
+    const __m256 sc = sums8(s);
+    if (n == 8) {
+      _mm256_storeu_ps(scores + t0, sc);
+      vmax = _mm256_max_ps(vmax, sc);
+    } else {
+      const __m256i live = first_lanes(n);
+      _mm256_maskstore_ps(scores + t0, live, sc);
+      vmax = _mm256_blendv_ps(vmax, _mm256_max_ps(vmax, sc), _mm256_castsi256_ps(live));
+    }
+  }
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  const __m256 vm = _mm256_set1_ps(_mm_cvtss_f32(m4));
+  __m256 sum = _mm256_setzero_ps();
+  int t = 0;
+  for (; t + 8 <= len; t += 8) {
+    const __m256 p = exp8_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(scores + t), vm));
+    _mm256_storeu_ps(scores + t, p);
+    sum = _mm256_add_ps(sum, p);
+  }
+  if (t < len) {
+    const __m256i live = first_lanes(len - t);
+    const __m256 p = _mm256_and_ps(exp8_nonpositive(_mm256_sub_ps(_mm256_maskload_ps(scores + t, live), vm)),
+                                   _mm256_castsi256_ps(live));
+    _mm256_maskstore_ps(scores + t, live, p);
+    sum = _mm256_add_ps(sum, p);
+  }
+  __m256 acc[C];
+  for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
+  TokenWalk vw{table, block_size};
+  for (int u = 0; u < len; ++u) {
+    const float* vt = v + vw.next() * stride;
+    const __m256 p = _mm256_set1_ps(scores[u]);
+    for (int c = 0; c < C; ++c) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vt + 8 * c), acc[c]);
+  }
+  const __m256 inv = _mm256_set1_ps(1.0f / hsum(sum));
+  for (int c = 0; c < C; ++c) _mm256_storeu_ps(out + 8 * c, _mm256_mul_ps(acc[c], inv));
+}
+
 void attend(const float* q, int d, const float* k, const float* v, size_t stride, const int64_t* table,
             int block_size, int len, float scale, float* scores, float* out) {
-  attend_with(dot, axpy, q, d, k, v, stride, table, block_size, len, scale, scores, out);
+  switch (d) {
+    case 16: attend_regs<2>(q, k, v, stride, table, block_size, len, scale, scores, out); return;
+    case 32: attend_regs<4>(q, k, v, stride, table, block_size, len, scale, scores, out); return;
+    case 64: attend_regs<8>(q, k, v, stride, table, block_size, len, scale, scores, out); return;
+    case 128: attend_regs<16>(q, k, v, stride, table, block_size, len, scale, scores, out); return;
+    default: attend_with(dot, axpy, q, d, k, v, stride, table, block_size, len, scale, scores, out);
+  }
 }
 
 }  // namespace
