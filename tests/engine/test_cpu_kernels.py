@@ -377,3 +377,51 @@ def test_bad_step_inputs_are_rejected():
         fresh.decode(**ok)
     with pytest.raises(ValueError, match="num_heads must be a multiple of num_kv_heads"):
         ck.DecodeModel(H, I, LAYERS, 5, 2, D, V, EPS)
+
+
+def _quantize_reference(x):
+    """numpy float32 of the activation quantization: per block of 32, d = max|x| / 127, codes
+    round-half-even(x * (1 / d)) (0 outside [-127, 127]), and d * the codes' sum."""
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN / inf blocks: checked apart
+        return _quantize_blocks(x)
+
+
+def _quantize_blocks(x):
+    rows, k = x.shape
+    blocks = x.reshape(rows, k // 32, 32)
+    d = (np.abs(blocks).max(-1) / np.float32(127)).astype(np.float32)
+    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, np.float32(1)), np.float32(0)).astype(np.float32)
+    q = np.rint(blocks * inv[..., None])
+    q = np.where(np.abs(q) <= 127, q, 0).astype(np.int8)
+    return q.reshape(rows, k), d, (d * q.astype(np.int32).sum(-1).astype(np.float32)).astype(np.float32)
+
+
+def test_activation_quantization_is_bitwise_the_same_on_every_instruction_set():
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal((5, 256)) * 3).astype(np.float32)
+    x[1, :32] = 0.0                                              # an all-zero block: d 0, codes 0
+    x[1, 32:64] = np.arange(32, dtype=np.float32) - 15.5         # ties after scaling: half to even
+    x[1, 63] = 127.0                                             # (max 127: d 1, x * 1/d = x)
+    x[2, :32] = -0.0
+    x[2, 32:64] = rng.standard_normal(32).astype(np.float32) * 1e-39  # subnormal inputs
+    x[3, 5] = np.nan                                             # a NaN / inf block: scale NaN
+    x[3, 70] = np.inf
+    ref_q, ref_d, ref_s = _quantize_reference(x)
+    finite = np.isfinite(x.reshape(5, 8, 32)).all(-1)
+    outs = {isa: ck.quantize_activations(x, isa=isa) for isa in ISAS}
+    for isa, (q, d, s) in outs.items():
+        assert np.array_equal(q.reshape(5, 8, 32)[finite], ref_q.reshape(5, 8, 32)[finite]), isa
+        assert np.array_equal(d[finite], ref_d[finite]) and np.array_equal(s[finite], ref_s[finite]), isa
+        assert np.isnan(d[~finite]).all() and np.isnan(s[~finite]).all(), isa
+        for a, b in zip((q, d, s), outs["generic"], strict=True):  # and bitwise the generic table's
+            assert np.array_equal(a, b, equal_nan=a.dtype != np.int8), isa
+    assert list(ref_q[1, 32:64]) == [int(np.rint(v)) for v in x[1, 32:64]]  # the ties went to even
+
+
+@pytest.mark.parametrize("bad, error", [(np.zeros((2, 33), np.float32), ValueError),
+                                        (np.zeros((2, 32), np.float64), TypeError),
+                                        (np.zeros(32, np.float32), ValueError),
+                                        (np.zeros((32, 4), np.float32).T, ValueError)])
+def test_activation_quantization_refuses_bad_input(bad, error):
+    with pytest.raises(error):
+        ck.quantize_activations(bad)

@@ -348,6 +348,26 @@ py::array_t<float> linear(const py::handle& weight, const py::handle& x_o, int t
   return y;
 }
 
+// The activation quantization the quantized GEMVs take (per block of 32: int8 codes, scale d, and
+// d * the codes' sum) of x [rows, K], with the table `isa`'s quantize_row.
+py::tuple quantize_activations(const py::handle& x_o, const std::string& isa) {
+  py::array x = checked<float>(x_o, "x", 2);
+  if (x.shape(1) % kBlock) throw py::value_error("x: expected a multiple of 32 columns, got " + shape_str(x));
+  const Kernels& k = kernels_named(isa);
+  const py::ssize_t rows = x.shape(0), cols = x.shape(1), blocks = cols / kBlock;
+  py::array_t<int8_t> qs({rows, cols});
+  py::array_t<float> d({rows, blocks}), sums({rows, blocks});
+  const float* xp = static_cast<const float*>(x.data());
+  int8_t* qp = qs.mutable_data();
+  float *dp = d.mutable_data(), *sp = sums.mutable_data();
+  {
+    py::gil_scoped_release nogil;
+    for (py::ssize_t r = 0; r < rows; ++r)
+      k.quantize_row(xp + r * cols, static_cast<int>(cols), qp + r * cols, dp + r * blocks, sp + r * blocks);
+  }
+  return py::make_tuple(qs, d, sums);
+}
+
 // A quantized weight (type, uint8 [rows, bytes]) as float32 [rows, cols]: what the embedding
 // lookup reads, with gguf.quants' float32 operations.
 py::array_t<float> dequantize(const py::handle& weight) {
@@ -401,6 +421,9 @@ PYBIND11_MODULE(_cpu_kernels, m) {
   m.def("linear", &linear, py::arg("weight"), py::arg("x"), py::kw_only(), py::arg("num_threads") = 1,
         py::arg("isa") = "best",
         "x [rows, K] float32 times weight^T; weight is (type, array) as DecodeModel takes. Float32 [rows, N].");
+  m.def("quantize_activations", &quantize_activations, py::arg("x"), py::kw_only(), py::arg("isa") = "best",
+        "x [rows, K] float32 (K a multiple of 32) as the quantized GEMVs take it: (int8 codes [rows, K], "
+        "scales [rows, K / 32], scale * code sums [rows, K / 32]).");
   m.def("dequantize", &dequantize, py::arg("weight"),
         "weight (type, array) as DecodeModel takes, as float32 [rows, cols] (the embedding lookup's values).");
   py::class_<PyDecodeModel>(m, "DecodeModel",

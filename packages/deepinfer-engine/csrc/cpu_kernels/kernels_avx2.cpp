@@ -312,6 +312,51 @@ void axpy(float a, const float* x, float* y, int n) {
   for (; i < n; ++i) y[i] += a * x[i];
 }
 
+// The generic table's quantize_row, 8 lanes at a time and bitwise the same: d = max|x| / 127 per
+// block of 32, codes nearbyint(x / d) (round half to even, as _mm256_round_ps), their sum. A block
+// with a NaN or an infinity goes through the generic function (which makes its scale NaN).
+void quantize_row(const float* x, int k, int8_t* qs, float* d_out, float* s_out) {
+  const __m256 sign = _mm256_set1_ps(-0.0f), zero = _mm256_setzero_ps();
+  const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+  for (int i = 0; i < k / 32; ++i) {
+    const float* v = x + static_cast<size_t>(i) * 32;
+    __m256 a[4];
+    __m256 finite = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+    for (int j = 0; j < 4; ++j) {
+      a[j] = _mm256_loadu_ps(v + 8 * j);
+      finite = _mm256_and_ps(finite, _mm256_cmp_ps(_mm256_sub_ps(a[j], a[j]), zero, _CMP_EQ_OQ));
+    }
+    if (_mm256_movemask_ps(finite) != 0xFF) {
+      generic_kernels().quantize_row(v, 32, qs + static_cast<size_t>(i) * 32, d_out + i, s_out + i);
+      continue;
+    }
+    const __m256 m8 = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, a[0]), _mm256_andnot_ps(sign, a[1])),
+                                    _mm256_max_ps(_mm256_andnot_ps(sign, a[2]), _mm256_andnot_ps(sign, a[3])));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float d = _mm_cvtss_f32(m4) / 127.0f;
+    const __m256 id = _mm256_set1_ps(d > 0.0f ? 1.0f / d : 0.0f);
+    __m256i q[4];
+    __m256i sum = _mm256_setzero_si256();
+    for (int j = 0; j < 4; ++j) {
+      const __m256 r = _mm256_round_ps(_mm256_mul_ps(a[j], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      const __m256 in_range = _mm256_and_ps(_mm256_cmp_ps(r, lo, _CMP_GE_OQ), _mm256_cmp_ps(r, hi, _CMP_LE_OQ));
+      q[j] = _mm256_cvtps_epi32(_mm256_and_ps(r, in_range));  // out of range: 0, as the generic one
+      sum = _mm256_add_epi32(sum, q[j]);
+    }
+    // int32 -> int8 in element order (the packs work per 128-bit lane; the permute puts lanes back)
+    const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs + static_cast<size_t>(i) * 32),
+                        _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+    d_out[i] = d;
+    s_out[i] = d * static_cast<float>(_mm_cvtsi128_si32(s4));
+  }
+}
+
 // The cache slots of tokens 0, 1, 2, ... of a sequence, without a division per token.
 struct TokenWalk {
   const int64_t* table;
@@ -327,13 +372,14 @@ struct TokenWalk {
   }
 };
 
-// e^x for 8 floats x <= 0 (softmax weights): 2^n * p(r) with x = n ln2 + r, the degree-6
-// polynomial of the AVX-512 table's exp16 (relative error ~2e-7); 0 below -87 (e^x < 2^-125,
-// nothing beside the maximum's weight of 1), NaN stays NaN.
-inline __m256 exp8_nonpositive(__m256 x) {
+// e^x for 8 floats: 2^n * p(r) with x = n ln2 + r, the degree-6 polynomial of the AVX-512
+// table's exp16 (relative error ~2e-7); 0 below -87 (e^x < 2^-125), e^88 (~1.7e38) above 88
+// instead of infinity, NaN stays NaN.
+inline __m256 exp8(__m256 x) {
   const __m256 lowest = _mm256_set1_ps(-87.0f);
   const __m256 tiny = _mm256_cmp_ps(x, lowest, _CMP_LT_OQ);
-  x = _mm256_max_ps(lowest, x);  // a NaN x (the second operand) passes through
+  // a NaN x (the second operand of each) passes through
+  x = _mm256_min_ps(_mm256_set1_ps(88.0f), _mm256_max_ps(lowest, x));
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
@@ -345,7 +391,7 @@ inline __m256 exp8_nonpositive(__m256 x) {
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  // 2^n as float bits: n is in [-126, 0] here, a normal exponent
+  // 2^n as float bits: n is in [-126, 127] here, a normal exponent
   const __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(two_n)));
 }
@@ -355,6 +401,18 @@ inline __m256 sums8(const __m256* s) {
   const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(s[0], s[1]), _mm256_hadd_ps(s[2], s[3]));
   const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(s[4], s[5]), _mm256_hadd_ps(s[6], s[7]));
   return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// out = silu(gate) * up = gate / (1 + e^-gate) * up, 8 at a time (the rest as the generic one).
+void silu_mul(const float* gate, const float* up, float* out, int n) {
+  const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 e = exp8(_mm256_xor_ps(g, sign));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
+  }
+  if (i < n) generic_kernels().silu_mul(gate + i, up + i, out + i, n - i);
 }
 
 // Lanes below n set (0 <= n <= 8).
@@ -401,13 +459,13 @@ void attend_regs(const float* q, const float* k, const float* v, size_t stride, 
   __m256 sum = _mm256_setzero_ps();
   int t = 0;
   for (; t + 8 <= len; t += 8) {
-    const __m256 p = exp8_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(scores + t), vm));
+    const __m256 p = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + t), vm));
     _mm256_storeu_ps(scores + t, p);
     sum = _mm256_add_ps(sum, p);
   }
   if (t < len) {
     const __m256i live = first_lanes(len - t);
-    const __m256 p = _mm256_and_ps(exp8_nonpositive(_mm256_sub_ps(_mm256_maskload_ps(scores + t, live), vm)),
+    const __m256 p = _mm256_and_ps(exp8(_mm256_sub_ps(_mm256_maskload_ps(scores + t, live), vm)),
                                    _mm256_castsi256_ps(live));
     _mm256_maskstore_ps(scores + t, live, p);
     sum = _mm256_add_ps(sum, p);
@@ -438,9 +496,9 @@ void attend(const float* q, int d, const float* k, const float* v, size_t stride
 }  // namespace
 
 const Kernels& avx2_kernels() {
-  // quantize_row is the generic one: both tables quantize activations bitwise alike.
-  static const Kernels table{"avx2", gemv_quant, gemv_f32, generic_kernels().quantize_row, dot, axpy,
-                             generic_kernels().silu_mul, attend};
+  // quantize_row: bitwise the generic one (the tables quantize activations alike).
+  static const Kernels table{"avx2", gemv_quant, gemv_f32, quantize_row, dot, axpy,
+                             silu_mul, attend};
   return table;
 }
 
