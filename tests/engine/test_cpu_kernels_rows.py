@@ -19,14 +19,16 @@ def _prompt_rows(tables, seq, start, n):
     return pos, slots.astype(np.int64), pos + 1, np.full(n, seq, dtype=np.int64)
 
 
-@pytest.mark.parametrize("kind", ["F32", "Q8_0", "Q4_1", "Q4_0"])
-def test_token_rows_match_the_reference_and_are_batch_invariant(kind):
+@pytest.mark.parametrize("kind, d", [("F32", D), ("Q8_0", D), ("Q4_1", D), ("Q4_0", D), ("F32", 64), ("Q8_0", 64)])
+def test_token_rows_match_the_reference_and_are_batch_invariant(kind, d):
+    """(The rows of one sequence attend together, each token's k/v loaded once for all of them
+    and for the heads of a kv head: bitwise what each row gets alone.)"""
     rng = np.random.default_rng(7)
-    model = RandomModel(rng, kind)
+    model = RandomModel(rng, kind, d)
     blocks = 16
     tables = np.array([[3, 8, 1, 0], [5, 2, 11, 7], [9, 14, 6, 4]], dtype=np.int64)
     ids = [rng.integers(0, V, 9), rng.integers(0, V, 6), rng.integers(0, V, 11)]
-    context = np.zeros((LAYERS, 2, blocks, BS, KV_HEADS, D), np.float32)
+    context = np.zeros((LAYERS, 2, blocks, BS, KV_HEADS, d), np.float32)
     # all three prompts in one step, rows interleaved with nothing: seq 0, 1, 2 back to back
     parts = [_prompt_rows(tables, s, 0, len(ids[s])) for s in range(3)]
     pos, slots, lens, trow = (np.concatenate([p[i] for p in parts]) for i in range(4))

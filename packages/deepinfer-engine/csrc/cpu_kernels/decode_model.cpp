@@ -32,10 +32,14 @@ void dequantize_row(const Linear& w, int r, float* out) {
 DecodeModel::DecodeModel(const ModelShape& shape, int threads, const Kernels& kernels)
     : shape_(shape), kernels_(&kernels), pool_(threads) {
   layers.resize(static_cast<size_t>(shape.layers));
-  scores_.resize(static_cast<size_t>(pool_.size()));
+  const size_t threads_n = static_cast<size_t>(pool_.size());
+  scores_.resize(threads_n);
+  attn_q_.resize(threads_n);
+  attn_out_.resize(threads_n);
+  attn_len_.resize(threads_n);
 }
 
-void DecodeModel::ensure_scratch(int rows, int max_len) {
+void DecodeModel::ensure_scratch(int rows) {
   const auto& s = shape_;
   if (rows > scratch_rows_) {
     const size_t r = static_cast<size_t>(rows);
@@ -51,10 +55,6 @@ void DecodeModel::ensure_scratch(int rows, int max_len) {
     hq_.reserve(r, static_cast<size_t>(s.hidden));
     aq_.reserve(r, static_cast<size_t>(std::max(s.heads * s.head_dim, s.intermediate)));
     scratch_rows_ = rows;
-  }
-  if (max_len > scratch_len_) {
-    for (auto& v : scores_) v.resize(static_cast<size_t>(max_len));
-    scratch_len_ = max_len;
   }
 }
 
@@ -121,6 +121,42 @@ void DecodeModel::linear(const Linear& w, const float* x, int rows, float* y) {
   run_linears(parts, 1, x, xq.view(), rows, y, w.rows);
 }
 
+void DecodeModel::plan_attention(const StepInputs& in, int max_len) {
+  const auto& s = shape_;
+  const int group = s.heads / s.kv_heads;
+  // runs of rows sharing a block-table row: a sequence's verify rows (table_rows says so)
+  std::vector<std::pair<int, int>> runs;  // (first row, rows)
+  for (int b = 0; b < in.rows; ++b) {
+    if (b > 0 && in.table_rows && in.table_rows[b] == in.table_rows[b - 1]) {
+      ++runs.back().second;
+    } else {
+      runs.emplace_back(b, 1);
+    }
+  }
+  // Each (run, kv head) is split into enough pieces for two items a thread: with one sequence and
+  // few kv heads the threads would otherwise wait on one another.
+  const int pairs = static_cast<int>(runs.size()) * s.kv_heads;
+  const int pieces = std::max(1, (2 * pool_.size() + pairs - 1) / pairs);
+  attn_items_.clear();
+  int most = 1;
+  for (const auto& [row0, rows] : runs) {
+    const int queries = rows * group;
+    const int chunk = (queries + std::min(pieces, queries) - 1) / std::min(pieces, queries);
+    most = std::max(most, chunk);
+    for (int g = 0; g < s.kv_heads; ++g)
+      for (int q0 = 0; q0 < queries; q0 += chunk) attn_items_.push_back({row0, g, q0, std::min(q0 + chunk, queries)});
+  }
+  const size_t work = attend_work_floats(most, max_len, s.head_dim);
+  for (size_t t = 0; t < scores_.size(); ++t) {
+    if (scores_[t].size() < work) scores_[t].resize(work);
+    if (attn_q_[t].size() < static_cast<size_t>(most)) {
+      attn_q_[t].resize(static_cast<size_t>(most));
+      attn_out_[t].resize(static_cast<size_t>(most));
+      attn_len_[t].resize(static_cast<size_t>(most));
+    }
+  }
+}
+
 void DecodeModel::attention(const StepInputs& in, LayerWeights& layer) {
   const auto& s = shape_;
   const int d = s.head_dim, group = s.heads / s.kv_heads;
@@ -130,16 +166,24 @@ void DecodeModel::attention(const StepInputs& in, LayerWeights& layer) {
   const float* v_cache = layer.kv_cache + static_cast<size_t>(cache_blocks) * block_size * token_stride;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
   const Kernels& k = *kernels_;
-  pool_.run_chunks(in.rows * s.heads, 1, [&](int tid, int item0, int item1) {
-    float* scores = scores_[static_cast<size_t>(tid)].data();
-    for (int item = item0; item < item1; ++item) {  // (row, head) pairs
-      const int b = item / s.heads, h = item % s.heads, g = h / group;
-      const int len = static_cast<int>(in.seq_lens[b]);
-      const int64_t* table = in.table_of(b);
-      const float* q = qkv_.data() + static_cast<size_t>(b) * qkv_width + static_cast<size_t>(h) * d;
-      float* out = attn_.data() + (static_cast<size_t>(b) * s.heads + h) * d;
-      const size_t head_at = static_cast<size_t>(g) * d;
-      k.attend(q, d, k_cache + head_at, v_cache + head_at, token_stride, table, block_size, len, scale, scores, out);
+  pool_.run_chunks(static_cast<int>(attn_items_.size()), 1, [&](int tid, int item0, int item1) {
+    const size_t t = static_cast<size_t>(tid);
+    float* work = scores_[t].data();
+    const float** qs = attn_q_[t].data();
+    float** outs = attn_out_[t].data();
+    int* lens = attn_len_[t].data();
+    for (int item = item0; item < item1; ++item) {
+      const AttnItem& a = attn_items_[static_cast<size_t>(item)];
+      int n = 0;
+      for (int j = a.q0; j < a.q1; ++j, ++n) {
+        const int b = a.row0 + j / group, h = a.g * group + j % group;
+        qs[n] = qkv_.data() + static_cast<size_t>(b) * qkv_width + static_cast<size_t>(h) * d;
+        outs[n] = attn_.data() + (static_cast<size_t>(b) * s.heads + h) * d;
+        lens[n] = static_cast<int>(in.seq_lens[b]);
+      }
+      const size_t head_at = static_cast<size_t>(a.g) * d;
+      k.attend_many(qs, outs, lens, n, d, k_cache + head_at, v_cache + head_at, token_stride, in.table_of(a.row0),
+                    block_size, scale, work);
     }
   });
 }
@@ -189,7 +233,8 @@ void DecodeModel::decode_layers(const StepInputs& in, float* logits) {
   const int q_width = s.heads * d, kv_width = s.kv_heads * d, qkv_width = q_width + 2 * kv_width;
   int max_len = 1;
   for (int b = 0; b < rows; ++b) max_len = std::max(max_len, static_cast<int>(in.seq_lens[b]));
-  ensure_scratch(std::max(rows, in.logit_rows ? in.num_logit_rows : 0), max_len);
+  ensure_scratch(std::max(rows, in.logit_rows ? in.num_logit_rows : 0));
+  plan_attention(in, max_len);
   float *x = x_.data(), *h = h_.data(), *tmp = tmp_.data();
   for (int b = 0; b < rows; ++b) dequantize_row(embedding, static_cast<int>(in.ids[b]), x + static_cast<size_t>(b) * H);
   const size_t token_stride = static_cast<size_t>(kv_width);

@@ -121,13 +121,15 @@ class DecodeModel {
 
  private:
   void decode_layers(const StepInputs& in, float* logits);
-  void ensure_scratch(int rows, int max_len);
+  void ensure_scratch(int rows);
   void rms_norm(const float* x, const float* w, float* out, int rows) const;
   void quantize(const float* x, int rows, int k, ActBuffer& out) const;
   // rows of y [rows, ldy] at column offset col0 .. for the linears of `parts`, split over threads
   void run_linears(const Linear* const* parts, int num_parts, const float* xf, const Acts& xq, int rows,
                    float* y, int ldy);
   void attention(const StepInputs& in, LayerWeights& layer);
+  // The step's attention work items (the same for every layer) and their scratch.
+  void plan_attention(const StepInputs& in, int max_len);
 
   ModelShape shape_;
   const Kernels* kernels_;
@@ -136,8 +138,18 @@ class DecodeModel {
   std::vector<float> x_, h_, qkv_, attn_, tmp_, gate_, up_, act_, head_in_;
   ActBuffer hq_, aq_;
   std::vector<std::unique_ptr<uint8_t[]>> owned_;  // regrouped weights
-  std::vector<std::vector<float>> scores_;  // per thread
-  int scratch_rows_ = 0, scratch_len_ = 0;
+  // Attention work: an item is query heads q0..q1 of kv head g over rows row0..row0+rows-1, which
+  // share a block-table row (one sequence's speculative verify rows; else one row); query j of
+  // the item's (row, head) pairs is row row0 + j / group, head g * group + j % group.
+  struct AttnItem {
+    int row0, g, q0, q1;
+  };
+  std::vector<AttnItem> attn_items_;
+  std::vector<std::vector<float>> scores_;  // per thread: attend_many's work
+  std::vector<std::vector<const float*>> attn_q_;  // per thread: an item's queries, outputs, lengths
+  std::vector<std::vector<float*>> attn_out_;
+  std::vector<std::vector<int>> attn_len_;
+  int scratch_rows_ = 0;
   // Contention back-off: steps left to run on the calling thread alone, and the length of the
   // next back-off (doubles while steps keep waiting on descheduled workers).
   int solo_steps_left_ = 0, solo_backoff_ = 0;

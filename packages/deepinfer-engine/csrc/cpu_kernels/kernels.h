@@ -100,7 +100,24 @@ struct Kernels {
   // t % block_size. scores: room for len floats.
   void (*attend)(const float* q, int d, const float* k, const float* v, size_t stride, const int64_t* table,
                  int block_size, int len, float scale, float* scores, float* out);
+  // n query heads over one sequence's cache and one kv head (one table, k, v): query i is qs[i]
+  // [d] over lens[i] tokens into outs[i] [d], each bitwise what `attend` gives it alone (the vector
+  // tables load each token's k and v once for all of them). work: attend_work_floats(n, max len, d).
+  void (*attend_many)(const float* const* qs, float* const* outs, const int* lens, int n, int d, const float* k,
+                      const float* v, size_t stride, const int64_t* table, int block_size, float scale, float* work);
 };
+
+// Floats of `work` that attend_many takes for n queries of at most max_len tokens and head size d.
+inline size_t attend_work_floats(int n, int max_len, int d) {
+  return static_cast<size_t>(n) * ((static_cast<size_t>(max_len) + 7) / 8 * 8 + static_cast<size_t>(d) + 1);
+}
+
+// attend_many as one `attend_fn` call per query (the portable tables, and head sizes without a
+// vector kernel).
+void attend_each(void (*attend_fn)(const float*, int, const float*, const float*, size_t, const int64_t*, int, int,
+                                   float, float*, float*),
+                 const float* const* qs, float* const* outs, const int* lens, int n, int d, const float* k,
+                 const float* v, size_t stride, const int64_t* table, int block_size, float scale, float* work);
 
 const Kernels& generic_kernels();
 // The portable attention over a table's own dot/axpy (the vector tables' fallback).

@@ -482,6 +482,111 @@ void attend_regs(const float* q, const float* k, const float* v, size_t stride, 
   for (int c = 0; c < C; ++c) _mm256_storeu_ps(out + 8 * c, _mm256_mul_ps(acc[c], inv));
 }
 
+// attend_regs for n queries of one kv head at once, bitwise attend_regs' result for each (the same
+// operations in the same order per query): 8-token tiles whose k rows (then v rows) are loaded from
+// the cache once and read from L1 by every query (the heads of a GQA group, and the rows of a
+// speculative verify step, which differ only in how many tokens they see). Each query's scaled q,
+// scores and accumulator go through `work` instead of registers, which changes no value.
+template <int C>
+void attend_many_regs(const float* const* qs, float* const* outs, const int* lens, int n, const float* k,
+                      const float* v, size_t stride, const int64_t* table, int block_size, float scale, float* work) {
+  constexpr int D = 8 * C;
+  int max_len = 0;
+  for (int i = 0; i < n; ++i) max_len = lens[i] > max_len ? lens[i] : max_len;
+  const size_t ss = (static_cast<size_t>(max_len) + 7) / 8 * 8;  // a query's row of scores
+  float* qsc = work + static_cast<size_t>(n) * ss;                // scaled queries [n, D]
+  float* totals = qsc + static_cast<size_t>(n) * D;                // softmax denominators [n]
+  for (int i = 0; i < n; ++i)
+    for (int c = 0; c < C; ++c)
+      _mm256_storeu_ps(qsc + i * D + 8 * c, _mm256_mul_ps(_mm256_loadu_ps(qs[i] + 8 * c), _mm256_set1_ps(scale)));
+  TokenWalk kw{table, block_size};
+  for (int t0 = 0; t0 < max_len; t0 += 8) {
+    const int nt = max_len - t0 < 8 ? max_len - t0 : 8;
+    const float* kt[8];
+    for (int u = 0; u < nt; ++u) kt[u] = k + kw.next() * stride;
+    for (int i = 0; i < n; ++i) {
+      const int nl = lens[i] - t0 < nt ? lens[i] - t0 : nt;
+      if (nl <= 0) continue;
+      __m256 qv[C];  // the query in registers for the tile (one load per weight of q, as attend_regs)
+      for (int c = 0; c < C; ++c) qv[c] = _mm256_loadu_ps(qsc + i * D + 8 * c);
+      __m256 s[8];
+      for (int u = 0; u < 8; ++u) {
+        if (u >= nl) {
+          s[u] = _mm256_setzero_ps();
+          continue;
+        }
+        s[u] = _mm256_mul_ps(qv[0], _mm256_loadu_ps(kt[u]));
+        for (int c = 1; c < C; ++c) s[u] = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(kt[u] + 8 * c), s[u]);
+      }
+      const __m256 sc = sums8(s);
+      float* si = work + i * ss + t0;
+      if (nl == 8) {
+        _mm256_storeu_ps(si, sc);
+      } else {
+        _mm256_maskstore_ps(si, first_lanes(nl), sc);
+      }
+    }
+  }
+  for (int i = 0; i < n; ++i) {  // each query's max and exponentials, as attend_regs takes them
+    float* si = work + i * ss;
+    const int len = lens[i];
+    __m256 vmax = _mm256_set1_ps(-INFINITY);
+    for (int t0 = 0; t0 < len; t0 += 8) {
+      if (len - t0 >= 8) {
+        vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(si + t0));
+      } else {
+        const __m256i live = first_lanes(len - t0);
+        vmax = _mm256_blendv_ps(vmax, _mm256_max_ps(vmax, _mm256_maskload_ps(si + t0, live)), _mm256_castsi256_ps(live));
+      }
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const __m256 vm = _mm256_set1_ps(_mm_cvtss_f32(m4));
+    __m256 sum = _mm256_setzero_ps();
+    int t = 0;
+    for (; t + 8 <= len; t += 8) {
+      const __m256 p = exp8(_mm256_sub_ps(_mm256_loadu_ps(si + t), vm));
+      _mm256_storeu_ps(si + t, p);
+      sum = _mm256_add_ps(sum, p);
+    }
+    if (t < len) {
+      const __m256i live = first_lanes(len - t);
+      const __m256 p = _mm256_and_ps(exp8(_mm256_sub_ps(_mm256_maskload_ps(si + t, live), vm)),
+                                     _mm256_castsi256_ps(live));
+      _mm256_maskstore_ps(si + t, live, p);
+      sum = _mm256_add_ps(sum, p);
+    }
+    totals[i] = hsum(sum);
+    for (int c = 0; c < C; ++c) _mm256_storeu_ps(outs[i] + 8 * c, _mm256_setzero_ps());
+  }
+  TokenWalk vw{table, block_size};
+  for (int t0 = 0; t0 < max_len; t0 += 8) {
+    const int nt = max_len - t0 < 8 ? max_len - t0 : 8;
+    const float* vt[8];
+    for (int u = 0; u < nt; ++u) vt[u] = v + vw.next() * stride;
+    for (int i = 0; i < n; ++i) {
+      const int nl = lens[i] - t0 < nt ? lens[i] - t0 : nt;
+      if (nl <= 0) continue;
+      const float* pi = work + i * ss + t0;
+      __m256 acc[C];
+      for (int c = 0; c < C; ++c) acc[c] = _mm256_loadu_ps(outs[i] + 8 * c);
+      for (int u = 0; u < nl; ++u) {
+        const __m256 p = _mm256_set1_ps(pi[u]);
+        for (int c = 0; c < C; ++c) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vt[u] + 8 * c), acc[c]);
+      }
+      for (int c = 0; c < C; ++c) _mm256_storeu_ps(outs[i] + 8 * c, acc[c]);
+    }
+  }
+  for (int i = 0; i < n; ++i) {
+    const __m256 inv = _mm256_set1_ps(1.0f / totals[i]);
+    for (int c = 0; c < C; ++c) _mm256_storeu_ps(outs[i] + 8 * c, _mm256_mul_ps(_mm256_loadu_ps(outs[i] + 8 * c), inv));
+  }
+}
+
+void attend_many(const float* const* qs, float* const* outs, const int* lens, int n, int d, const float* k,
+                 const float* v, size_t stride, const int64_t* table, int block_size, float scale, float* work);
+
 void attend(const float* q, int d, const float* k, const float* v, size_t stride, const int64_t* table,
             int block_size, int len, float scale, float* scores, float* out) {
   switch (d) {
@@ -493,12 +598,27 @@ void attend(const float* q, int d, const float* k, const float* v, size_t stride
   }
 }
 
+void attend_many(const float* const* qs, float* const* outs, const int* lens, int n, int d, const float* k,
+                 const float* v, size_t stride, const int64_t* table, int block_size, float scale, float* work) {
+  if (n == 1) {  // nothing to share: the register kernel (bitwise the same)
+    attend(qs[0], d, k, v, stride, table, block_size, lens[0], scale, work, outs[0]);
+    return;
+  }
+  switch (d) {
+    case 16: attend_many_regs<2>(qs, outs, lens, n, k, v, stride, table, block_size, scale, work); return;
+    case 32: attend_many_regs<4>(qs, outs, lens, n, k, v, stride, table, block_size, scale, work); return;
+    case 64: attend_many_regs<8>(qs, outs, lens, n, k, v, stride, table, block_size, scale, work); return;
+    case 128: attend_many_regs<16>(qs, outs, lens, n, k, v, stride, table, block_size, scale, work); return;
+    default: attend_each(attend, qs, outs, lens, n, d, k, v, stride, table, block_size, scale, work);
+  }
+}
+
 }  // namespace
 
 const Kernels& avx2_kernels() {
   // quantize_row: bitwise the generic one (the tables quantize activations alike).
   static const Kernels table{"avx2", gemv_quant, gemv_f32, quantize_row, dot, axpy,
-                             silu_mul, attend};
+                             silu_mul, attend, attend_many};
   return table;
 }
 

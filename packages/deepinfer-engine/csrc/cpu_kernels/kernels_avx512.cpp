@@ -475,10 +475,16 @@ void attend(const float* q, int d, const float* k, const float* v, size_t stride
   }
 }
 
+void attend_many(const float* const* qs, float* const* outs, const int* lens, int n, int d, const float* k,
+                 const float* v, size_t stride, const int64_t* table, int block_size, float scale, float* work) {
+  attend_each(attend, qs, outs, lens, n, d, k, v, stride, table, block_size, scale, work);
+}
+
 }  // namespace
 
 const Kernels& avx512_kernels() {
-  static const Kernels table{"avx512vnni", gemv_quant, gemv_f32, quantize_row, dot, axpy, silu_mul, attend};
+  static const Kernels table{"avx512vnni", gemv_quant, gemv_f32, quantize_row, dot, axpy, silu_mul, attend,
+                             attend_many};
   return table;
 }
 

@@ -323,6 +323,13 @@ void attend_with(float (*dot_fn)(const float*, const float*, int), void (*axpy_f
   for (int i = 0; i < d; ++i) out[i] *= inv;
 }
 
+void attend_each(void (*attend_fn)(const float*, int, const float*, const float*, size_t, const int64_t*, int, int,
+                                   float, float*, float*),
+                 const float* const* qs, float* const* outs, const int* lens, int n, int d, const float* k,
+                 const float* v, size_t stride, const int64_t* table, int block_size, float scale, float* work) {
+  for (int i = 0; i < n; ++i) attend_fn(qs[i], d, k, v, stride, table, block_size, lens[i], scale, work, outs[i]);
+}
+
 namespace {
 
 void attend(const float* q, int d, const float* k, const float* v, size_t stride, const int64_t* table,
@@ -330,7 +337,12 @@ void attend(const float* q, int d, const float* k, const float* v, size_t stride
   attend_with(dot, axpy, q, d, k, v, stride, table, block_size, len, scale, scores, out);
 }
 
-const Kernels kGeneric{"generic", gemv_quant, gemv_f32, quantize_row, dot, axpy, silu_mul, attend};
+void attend_many(const float* const* qs, float* const* outs, const int* lens, int n, int d, const float* k,
+                 const float* v, size_t stride, const int64_t* table, int block_size, float scale, float* work) {
+  attend_each(attend, qs, outs, lens, n, d, k, v, stride, table, block_size, scale, work);
+}
+
+const Kernels kGeneric{"generic", gemv_quant, gemv_f32, quantize_row, dot, axpy, silu_mul, attend, attend_many};
 
 }  // namespace
 
