@@ -6,7 +6,8 @@ group size 32, a bfloat16 scale and zero per group). Its fast kernel takes bfloa
 back in bfloat16 and are widened to the caller's dtype. Q8_0 weights run as two int4 halves whose
 outputs are summed in float32 (exact split of the weight: see ``gguf_blocks``). From
 ``DENSE_FROM_ROWS`` rows on (long prefills) the weight is decoded to bfloat16 for that call and
-multiplied by a bfloat16 GEMM instead, which is faster there.
+multiplied by a bfloat16 GEMM instead, which is faster there on CPUs where torch runs AVX-512
+(``dense_from_rows``; on AVX2 machines the int4 kernel stays faster at every row count).
 
 ``Q8Embedding`` keeps a Q8_0 embedding table as int8 codes and scales and dequantizes only the
 looked-up rows (bitwise what a dense float32 table would give).
@@ -32,7 +33,17 @@ ROW_MULTIPLE = 64  # output rows are padded to a multiple of this (the packed la
 
 _int4_mm = torch.ops.aten._weight_int4pack_mm_for_cpu
 _pack = torch.ops.aten._convert_weight_to_int4pack_for_cpu
-DENSE_FROM_ROWS = 128  # from this many rows, decode the weight once and run a bfloat16 GEMM
+DENSE_FROM_ROWS = 128  # from this many rows, decode the weight once and run a bfloat16 GEMM (AVX-512)
+
+
+@functools.cache
+def dense_from_rows() -> int | None:
+    """From how many rows a call decodes the weight to bfloat16 and runs a bfloat16 GEMM instead of
+    the int4 kernel: ``DENSE_FROM_ROWS`` where torch's CPU kernels run AVX-512, None (never) below
+    it. Without AVX-512 torch's bfloat16 arithmetic is slow: on a 2-core AVX2 machine decoding
+    SmolLM2's gate/up to bfloat16 took ~95 ms and its 512-row bfloat16 GEMM path 287 ms against
+    56 ms for the int4 kernel (2026-12-03)."""
+    return DENSE_FROM_ROWS if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else None
 
 
 def _pack_rows(q: torch.Tensor, block: int) -> torch.Tensor:
@@ -105,7 +116,11 @@ class Int4Linear(nn.Module):
         self.register_buffer("scales_zeros", torch.stack((scale, zero), -1).to(torch.bfloat16).contiguous())
         self.register_buffer("bias", None if bias is None else bias.float().clone())
 
-    kernel_path = f"torch int4 weight-only matmul (bfloat16 activations; bfloat16 GEMM from {DENSE_FROM_ROWS} rows)"
+    @property
+    def kernel_path(self) -> str:  # models/describe.py
+        dense = dense_from_rows()
+        return ("torch int4 weight-only matmul (bfloat16 activations"
+                + (f"; bfloat16 GEMM from {dense} rows)" if dense is not None else ")"))
 
     @property
     def weight_type(self) -> str:  # models/describe.py
@@ -114,7 +129,8 @@ class Int4Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         xb = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        if xb.shape[0] >= DENSE_FROM_ROWS:
+        dense = dense_from_rows()
+        if dense is not None and xb.shape[0] >= dense:
             # The int4 kernel's cost grows with the rows (it decodes the weight per row block);
             # for a long prefill, decoding once and a bfloat16 GEMM is 2x faster (measured on
             # SmolLM2's gate/up: 512 rows 19 ms vs 2.2 + 7.9 ms).
