@@ -21,6 +21,10 @@ N_NEW = 16
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 4,",
            "<|im_start|>user\nWhat is the boiling point of water?<|im_end|>\n<|im_start|>assistant\n"]
 NEAR_TIE = 0.15  # logit gap under which a different greedy pick is a near tie, not a failure
+# With the prompt on the native kernels too (8-bit activations per 32, as llama.cpp rounds them:
+# CPUs below AVX-512, worker.native_decode.native_prompt_rows) ties flip as llama.cpp's own Q4_1
+# path flips them against its F32 path: at gap 0.33 on token 5 of "The capital of France is".
+NEAR_TIE_INT8_PROMPTS = 0.35
 
 
 def greedy(runner: ModelRunner, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
@@ -54,11 +58,12 @@ def runners(default_gguf):
     return make(True), make(False)
 
 
-def _compare(ours: list[int], ref: list[int], ref_gaps: list[float], what: str) -> str | None:
+def _compare(ours: list[int], ref: list[int], ref_gaps: list[float], what: str,
+             near_tie: float = NEAR_TIE) -> str | None:
     """None when equal; a note when they part at a near tie; an assertion error otherwise."""
     for i, (a, b) in enumerate(zip(ours, ref, strict=True)):
         if a != b:
-            assert ref_gaps[i] < NEAR_TIE, f"{what}: token {i} differs ({a} vs {b}), gap {ref_gaps[i]:.3f}"
+            assert ref_gaps[i] < near_tie, f"{what}: token {i} differs ({a} vs {b}), gap {ref_gaps[i]:.3f}"
             return f"{what}: near tie at token {i} (gap {ref_gaps[i]:.3f})"
     return None
 
@@ -79,10 +84,12 @@ def test_greedy_tokens_match_the_dequantized_float32_path(runners, tokenizer):
         prompt = tokenizer(text).input_ids
         ours, _ = greedy(quant, prompt, N_NEW)
         ref, gaps = greedy(dense, prompt, N_NEW)
-        note = _compare(ours, ref, gaps, repr(text))
+        note = _compare(ours, ref, gaps, repr(text), NEAR_TIE_INT8_PROMPTS if quant.native_prompt_rows else NEAR_TIE)
         if note:
             notes.append(note)
-    assert len(notes) <= 1, notes  # at most one prompt may part at a near tie
+    # at most one prompt may part at a near tie (two with 8-bit prompt activations: measured 0.22
+    # on "The capital of France is", 0.14 on "def fibonacci(n):")
+    assert len(notes) <= (2 if quant.native_prompt_rows else 1), notes
     print("near ties vs float32:", notes or "none")
 
 
@@ -120,7 +127,8 @@ def test_greedy_tokens_match_llama_cpp(runners, tokenizer, default_gguf, tmp_pat
         assert ours[:own_flip] == lq[:own_flip], f"{text!r}: differs from llama.cpp before its own flip"
         if own_flip < N_NEW:
             notes.append(f"{text!r}: llama.cpp Q4_1 parts from llama.cpp F32 at token {own_flip}")
-        note = _compare(ours, lf, lf_gaps, f"{text!r} vs llama.cpp F32")
+        note = _compare(ours, lf, lf_gaps, f"{text!r} vs llama.cpp F32",
+                        NEAR_TIE_INT8_PROMPTS if runners[0].native_prompt_rows else NEAR_TIE)
         if note:
             notes.append(note)
     print("llama.cpp near ties:", notes or "none")

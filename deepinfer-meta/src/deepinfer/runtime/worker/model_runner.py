@@ -101,6 +101,13 @@ class ModelRunner:
             from deepinfer.runtime.worker.native_decode import build_native_decode_explained
 
             self.native_decode, reason = build_native_decode_explained(self.model, loaded.gguf, self.kv_caches)
+        # Prompt and mixed steps of up to this many rows run natively too (0: on torch): short
+        # prompts of int4 files on CPUs below AVX-512 (worker.native_decode.native_prompt_rows).
+        self.native_prompt_rows = 0
+        if self.native_decode is not None and not deterministic:
+            from deepinfer.runtime.worker.native_decode import native_prompt_rows
+
+            self.native_prompt_rows = native_prompt_rows(self.model)
         if deterministic and device.type != "cuda" and self.native_decode is None:
             raise ValueError(f"deterministic=True: batch-invariant steps run on the native CPU kernels, which this "
                              f"model cannot use: {reason}")
@@ -185,6 +192,11 @@ class ModelRunner:
         if self.native_decode is not None and self.native_verify_tokens and self._is_verify_step(
                 query_start_loc, seq_lens):
             _set_torch_threads(1)  # ---- speculative decoding: a verify step, natively
+            host_ids = input_ids.cpu().numpy() if isinstance(input_ids, torch.Tensor) else input_ids
+            return self.native_decode.step(host_ids, positions, slot_mapping, query_start_loc, seq_lens,
+                                           block_tables, logits_indices)
+        if self.native_prompt_rows and num_rows <= self.native_prompt_rows:
+            _set_torch_threads(1)  # a short prompt or mixed step, natively (one row per token)
             host_ids = input_ids.cpu().numpy() if isinstance(input_ids, torch.Tensor) else input_ids
             return self.native_decode.step(host_ids, positions, slot_mapping, query_start_loc, seq_lens,
                                            block_tables, logits_indices)
