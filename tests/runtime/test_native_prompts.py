@@ -1,6 +1,7 @@
-"""Short prompt and mixed steps of an int4 GGUF model run on the native kernels on CPUs below
-AVX-512 (``worker.native_decode.native_prompt_rows``): the runner routes them there, bitwise the
-native step's logits, and keeps torch for long prompts, AVX-512 CPUs, float weights and the switch off."""
+"""With DEEPINFER_CPU_NATIVE_PROMPTS=1, short prompt and mixed steps of an int4 GGUF model run on
+the native kernels on CPUs below AVX-512 (``worker.native_decode.native_prompt_rows``): the runner
+routes them there, bitwise the native step's logits, and keeps torch for long prompts, AVX-512
+CPUs, float weights and the switch unset (the default) or off."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ def below_avx512(monkeypatch):
 
 
 def test_short_prompts_run_natively_and_long_ones_on_torch(default_gguf, below_avx512, monkeypatch):
+    monkeypatch.setenv("DEEPINFER_CPU_NATIVE_PROMPTS", "1")
     r = _runner(default_gguf)
     assert r.native_prompt_rows == native_decode.NATIVE_PROMPT_ROWS
     short = _prompt_step(40)
@@ -47,10 +49,11 @@ def test_short_prompts_run_natively_and_long_ones_on_torch(default_gguf, below_a
     assert calls == [1]
 
 
-@pytest.mark.parametrize("why", ["switch off", "avx512", "float weights"])
+@pytest.mark.parametrize("why", ["switch unset (the default)", "switch off", "avx512", "float weights"])
 def test_torch_keeps_prompts_otherwise(default_gguf, monkeypatch, why):
     monkeypatch.setattr(quantized, "dense_from_rows", lambda: 128 if why == "avx512" else None)
-    if why == "switch off":
-        monkeypatch.setenv("DEEPINFER_CPU_NATIVE_PROMPTS", "0")
+    monkeypatch.delenv("DEEPINFER_CPU_NATIVE_PROMPTS", raising=False)
+    if why != "switch unset (the default)":
+        monkeypatch.setenv("DEEPINFER_CPU_NATIVE_PROMPTS", "0" if why == "switch off" else "1")
     r = _runner(default_gguf, keep_quantized=why != "float weights")
     assert r.native_prompt_rows == 0

@@ -25,9 +25,9 @@ class Switch:
 SWITCHES: dict[str, Switch] = {s.name: s for s in (
     Switch("DEEPINFER_CPU_NATIVE", "1", "worker/native_decode.py",
            "CPU decode steps run the native C++ kernels (0: every step on torch); read at load"),
-    Switch("DEEPINFER_CPU_NATIVE_PROMPTS", "1", "worker/native_decode.py",
-           "prompt and mixed steps of up to 128 rows of an int4 GGUF model run the native kernels on CPUs "
-           "below AVX-512 (0: on torch's int4 kernel)"),
+    Switch("DEEPINFER_CPU_NATIVE_PROMPTS", "0", "worker/native_decode.py",
+           "1: prompt and mixed steps of up to 128 rows of an int4 GGUF model run the native kernels (8-bit "
+           "activations) on CPUs below AVX-512; read at load"),
     Switch("DEEPINFER_CPU_ONEDNN", "1", "models/cpu_linear.py",
            "float32 CPU linears of several rows use oneDNN (0: F.linear / MKL)"),
     Switch("DEEPINFER_CPU_HUGE_PAGES", "1", "loading/host_arena.py",

@@ -102,7 +102,7 @@ class ModelRunner:
 
             self.native_decode, reason = build_native_decode_explained(self.model, loaded.gguf, self.kv_caches)
         # Prompt and mixed steps of up to this many rows run natively too (0: on torch): short
-        # prompts of int4 files on CPUs below AVX-512 (worker.native_decode.native_prompt_rows).
+        # prompts of int4 files on CPUs below AVX-512, opt-in (worker.native_decode.native_prompt_rows).
         self.native_prompt_rows = 0
         if self.native_decode is not None and not deterministic:
             from deepinfer.runtime.worker.native_decode import native_prompt_rows

@@ -46,10 +46,12 @@ NATIVE_PROMPT_ROWS = 128
 
 def native_prompt_rows(model: nn.Module) -> int:
     """How many token rows a prompt or mixed step may have to run on the native kernels (0: such
-    steps run on torch): ``NATIVE_PROMPT_ROWS`` when the model's projections are the file's int4
-    blocks (``models.quantized.Int4Linear``) and torch's CPU kernels run below AVX-512 (where its
-    bfloat16 arithmetic is slow and its int4 kernel costs ~2x the native int8 dots on short
-    prompts), unless ``DEEPINFER_CPU_NATIVE_PROMPTS=0``."""
+    steps run on torch): with ``DEEPINFER_CPU_NATIVE_PROMPTS=1`` (opt-in), ``NATIVE_PROMPT_ROWS``
+    when the model's projections are the file's int4 blocks (``models.quantized.Int4Linear``) and
+    torch's CPU kernels run below AVX-512 (where its int4 kernel costs ~2x the native int8 dots on
+    short prompts). Not the default: 8-bit prompt activations move near ties, and on the default
+    model they turned the first token of the README's chat answer ("The" by 0.125 on torch's
+    path) into "L" by 0.41."""
     from deepinfer.runtime.models.quantized import Int4Linear, dense_from_rows
 
     if not switches.enabled("DEEPINFER_CPU_NATIVE_PROMPTS") or dense_from_rows() is not None:
