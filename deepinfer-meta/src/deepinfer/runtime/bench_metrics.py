@@ -41,7 +41,7 @@ def flops_estimator(cfg: Any) -> Any:
     low-rank projections."""
     from deepinfer._C import engine
 
-    moe: dict[str, int] = {}
+    moe: dict[str, Any] = {}
     if cfg.moe is not None:
         spec = cfg.moe
         moe = {"num_experts": spec.num_experts, "num_experts_per_tok": spec.top_k,

@@ -420,36 +420,38 @@ inline __m256i first_lanes(int n) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-// One head with d = 8 C, as the AVX-512 table's attend_regs: q scaled once; scores 8 tokens at a
-// time (one transposing reduction for the 8 dots), then their exponentials 8 at a time, then the
-// weighted sum of the values with the output in registers. No function call or division per token.
+// Scores of one query against a tile of nl <= 8 tokens (k rows kt[0..nl)) into dst[0..nl): the
+// 8 dot products q . k_u (q scaled, C vectors) summed by one transposing reduction.
 template <int C>
-void attend_regs(const float* q, const float* k, const float* v, size_t stride, const int64_t* table, int block_size,
-                 int len, float scale, float* scores, float* out) {
-  __m256 qv[C];
-  for (int c = 0; c < C; ++c) qv[c] = _mm256_mul_ps(_mm256_loadu_ps(q + 8 * c), _mm256_set1_ps(scale));
-  __m256 vmax = _mm256_set1_ps(-INFINITY);
-  TokenWalk kw{table, block_size};
-  for (int t0 = 0; t0 < len; t0 += 8) {
-    const int n = len - t0 < 8 ? len - t0 : 8;
-    __m256 s[8];
-    for (int u = 0; u < 8; ++u) {
-      if (u >= n) {
-        s[u] = _mm256_setzero_ps();
-        continue;
-      }
-      const float* kt = k + kw.next() * stride;
-      s[u] = _mm256_mul_ps(qv[0], _mm256_loadu_ps(kt));
-      for (int c = 1; c < C; ++c) s[u] = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(kt + 8 * c), s[u]);
+inline void score_tile(const __m256* qv, const float* const* kt, int nl, float* dst) {
+  __m256 s[8];
+  for (int u = 0; u < 8; ++u) {
+    if (u >= nl) {
+      s[u] = _mm256_setzero_ps();
+      continue;
     }
-    const __m256 sc = sums8(s);
-    if (n == 8) {
-      _mm256_storeu_ps(scores + t0, sc);
-      vmax = _mm256_max_ps(vmax, sc);
+    s[u] = _mm256_mul_ps(qv[0], _mm256_loadu_ps(kt[u]));
+    for (int c = 1; c < C; ++c) s[u] = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(kt[u] + 8 * c), s[u]);
+  }
+  const __m256 sc = sums8(s);
+  if (nl == 8) {
+    _mm256_storeu_ps(dst, sc);
+  } else {
+    _mm256_maskstore_ps(dst, first_lanes(nl), sc);
+  }
+}
+
+// scores[0..len) -> e^(score - max), in place, 8 at a time; returns their sum (the softmax
+// denominator). The maximum is taken lane-wise over the 8-token tiles, then across the lanes.
+inline float exp_scores(float* scores, int len) {
+  __m256 vmax = _mm256_set1_ps(-INFINITY);
+  for (int t0 = 0; t0 < len; t0 += 8) {
+    if (len - t0 >= 8) {
+      vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(scores + t0));
     } else {
-      const __m256i live = first_lanes(n);
-      _mm256_maskstore_ps(scores + t0, live, sc);
-      vmax = _mm256_blendv_ps(vmax, _mm256_max_ps(vmax, sc), _mm256_castsi256_ps(live));
+      const __m256i live = first_lanes(len - t0);
+      vmax = _mm256_blendv_ps(vmax, _mm256_max_ps(vmax, _mm256_maskload_ps(scores + t0, live)),
+                              _mm256_castsi256_ps(live));
     }
   }
   __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
@@ -470,6 +472,25 @@ void attend_regs(const float* q, const float* k, const float* v, size_t stride, 
     _mm256_maskstore_ps(scores + t, live, p);
     sum = _mm256_add_ps(sum, p);
   }
+  return hsum(sum);
+}
+
+// One head with d = 8 C, as the AVX-512 table's attend_regs: q scaled once; scores 8 tokens at a
+// time (score_tile), then their exponentials 8 at a time (exp_scores), then the weighted sum of the
+// values with the output in registers. No function call or division per token.
+template <int C>
+void attend_regs(const float* q, const float* k, const float* v, size_t stride, const int64_t* table, int block_size,
+                 int len, float scale, float* scores, float* out) {
+  __m256 qv[C];
+  for (int c = 0; c < C; ++c) qv[c] = _mm256_mul_ps(_mm256_loadu_ps(q + 8 * c), _mm256_set1_ps(scale));
+  TokenWalk kw{table, block_size};
+  for (int t0 = 0; t0 < len; t0 += 8) {
+    const int n = len - t0 < 8 ? len - t0 : 8;
+    const float* kt[8];
+    for (int u = 0; u < n; ++u) kt[u] = k + kw.next() * stride;
+    score_tile<C>(qv, kt, n, scores + t0);
+  }
+  const float total = exp_scores(scores, len);
   __m256 acc[C];
   for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
   TokenWalk vw{table, block_size};
@@ -478,7 +499,7 @@ void attend_regs(const float* q, const float* k, const float* v, size_t stride, 
     const __m256 p = _mm256_set1_ps(scores[u]);
     for (int c = 0; c < C; ++c) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vt + 8 * c), acc[c]);
   }
-  const __m256 inv = _mm256_set1_ps(1.0f / hsum(sum));
+  const __m256 inv = _mm256_set1_ps(1.0f / total);
   for (int c = 0; c < C; ++c) _mm256_storeu_ps(out + 8 * c, _mm256_mul_ps(acc[c], inv));
 }
 
@@ -509,55 +530,11 @@ void attend_many_regs(const float* const* qs, float* const* outs, const int* len
       if (nl <= 0) continue;
       __m256 qv[C];  // the query in registers for the tile (one load per weight of q, as attend_regs)
       for (int c = 0; c < C; ++c) qv[c] = _mm256_loadu_ps(qsc + i * D + 8 * c);
-      __m256 s[8];
-      for (int u = 0; u < 8; ++u) {
-        if (u >= nl) {
-          s[u] = _mm256_setzero_ps();
-          continue;
-        }
-        s[u] = _mm256_mul_ps(qv[0], _mm256_loadu_ps(kt[u]));
-        for (int c = 1; c < C; ++c) s[u] = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(kt[u] + 8 * c), s[u]);
-      }
-      const __m256 sc = sums8(s);
-      float* si = work + i * ss + t0;
-      if (nl == 8) {
-        _mm256_storeu_ps(si, sc);
-      } else {
-        _mm256_maskstore_ps(si, first_lanes(nl), sc);
-      }
+      score_tile<C>(qv, kt, nl, work + i * ss + t0);
     }
   }
-  for (int i = 0; i < n; ++i) {  // each query's max and exponentials, as attend_regs takes them
-    float* si = work + i * ss;
-    const int len = lens[i];
-    __m256 vmax = _mm256_set1_ps(-INFINITY);
-    for (int t0 = 0; t0 < len; t0 += 8) {
-      if (len - t0 >= 8) {
-        vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(si + t0));
-      } else {
-        const __m256i live = first_lanes(len - t0);
-        vmax = _mm256_blendv_ps(vmax, _mm256_max_ps(vmax, _mm256_maskload_ps(si + t0, live)), _mm256_castsi256_ps(live));
-      }
-    }
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    const __m256 vm = _mm256_set1_ps(_mm_cvtss_f32(m4));
-    __m256 sum = _mm256_setzero_ps();
-    int t = 0;
-    for (; t + 8 <= len; t += 8) {
-      const __m256 p = exp8(_mm256_sub_ps(_mm256_loadu_ps(si + t), vm));
-      _mm256_storeu_ps(si + t, p);
-      sum = _mm256_add_ps(sum, p);
-    }
-    if (t < len) {
-      const __m256i live = first_lanes(len - t);
-      const __m256 p = _mm256_and_ps(exp8(_mm256_sub_ps(_mm256_maskload_ps(si + t, live), vm)),
-                                     _mm256_castsi256_ps(live));
-      _mm256_maskstore_ps(si + t, live, p);
-      sum = _mm256_add_ps(sum, p);
-    }
-    totals[i] = hsum(sum);
+  for (int i = 0; i < n; ++i) {  // each query's exponentials, as attend_regs takes them
+    totals[i] = exp_scores(work + i * ss, lens[i]);
     for (int c = 0; c < C; ++c) _mm256_storeu_ps(outs[i] + 8 * c, _mm256_setzero_ps());
   }
   TokenWalk vw{table, block_size};

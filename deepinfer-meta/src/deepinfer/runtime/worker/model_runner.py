@@ -195,7 +195,7 @@ class ModelRunner:
             host_ids = input_ids.cpu().numpy() if isinstance(input_ids, torch.Tensor) else input_ids
             return self.native_decode.step(host_ids, positions, slot_mapping, query_start_loc, seq_lens,
                                            block_tables, logits_indices)
-        if self.native_prompt_rows and num_rows <= self.native_prompt_rows:
+        if self.native_decode is not None and self.native_prompt_rows and num_rows <= self.native_prompt_rows:
             _set_torch_threads(1)  # a short prompt or mixed step, natively (one row per token)
             host_ids = input_ids.cpu().numpy() if isinstance(input_ids, torch.Tensor) else input_ids
             return self.native_decode.step(host_ids, positions, slot_mapping, query_start_loc, seq_lens,
