@@ -135,13 +135,16 @@ void DecodeModel::plan_attention(const StepInputs& in, int max_len) {
   }
   // Each (run, kv head) is split into enough pieces for two items a thread: with one sequence and
   // few kv heads the threads would otherwise wait on one another.
+  // An item's scratch (its queries' scores) stays under kAttnWorkFloats: a long prompt chunk in
+  // one step (deterministic=True) is split into items of fewer queries rather than growing it.
   const int pairs = static_cast<int>(runs.size()) * s.kv_heads;
   const int pieces = std::max(1, (2 * pool_.size() + pairs - 1) / pairs);
+  const int cap = std::max<int>(1, static_cast<int>(kAttnWorkFloats / attend_work_floats(1, max_len, s.head_dim)));
   attn_items_.clear();
   int most = 1;
   for (const auto& [row0, rows] : runs) {
     const int queries = rows * group;
-    const int chunk = (queries + std::min(pieces, queries) - 1) / std::min(pieces, queries);
+    const int chunk = std::min(cap, (queries + std::min(pieces, queries) - 1) / std::min(pieces, queries));
     most = std::max(most, chunk);
     for (int g = 0; g < s.kv_heads; ++g)
       for (int q0 = 0; q0 < queries; q0 += chunk) attn_items_.push_back({row0, g, q0, std::min(q0 + chunk, queries)});

@@ -145,6 +145,7 @@ class DecodeModel {
     int row0, g, q0, q1;
   };
   std::vector<AttnItem> attn_items_;
+  static constexpr size_t kAttnWorkFloats = size_t{1} << 20;  // 4 MiB of attention scratch a thread
   std::vector<std::vector<float>> scores_;  // per thread: attend_many's work
   std::vector<std::vector<const float*>> attn_q_;  // per thread: an item's queries, outputs, lengths
   std::vector<std::vector<float*>> attn_out_;
