@@ -217,9 +217,12 @@ class CoreEngine(EngineThread):
             self.send_to(ident, message)
 
     def _deliver(self, batch: list[tuple[Any, Any]]) -> None:
+        pending = self._pending
         for (ident, rid), item in batch:
-            deltas, failures = self._pending.setdefault(ident, ([], []))
-            (failures if isinstance(item, RequestFailed) else deltas).append((rid, item))
+            lists = pending.get(ident)  # (not setdefault: it built two lists per item)
+            if lists is None:
+                lists = pending[ident] = ([], [])
+            lists[1 if type(item) is RequestFailed else 0].append((rid, item))  # (deltas, failures)
 
     def _flush(self) -> None:
         events = self._metrics.take()  # type: ignore[attr-defined]

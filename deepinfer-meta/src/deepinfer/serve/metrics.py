@@ -267,6 +267,15 @@ class _RecordedMetric:
         else:
             values.append(value)
 
+    def observe_many(self, values: list[float]) -> None:
+        """``observe`` each of ``values``, in order (the engine thread's per-step inter-token
+        latencies: one call a step, not one per request)."""
+        observed = self._observed.get(self._id)
+        if observed is None:
+            self._observed[self._id] = list(values)
+        else:
+            observed.extend(values)
+
 
 class MetricsRecorder:
     """Stands in for ServerMetrics in an engine core's (or a data-parallel replica's) process: the

@@ -721,39 +721,44 @@ class EngineLoop:
         """The step's RequestOutputs with their text, each queued for its owner. An exception
         while one request's output is built fails that request only (its owner gets the error)."""
         outputs = list(self._E.build_request_outputs(self.scheduler, self.output_pool))
+        # (each field read through pybind makes a new Python object: every output's id once)
+        rids = [ro.request_id for ro in outputs]
+        requests = self.requests
         failed: dict[str, Exception] = {}
-        for ro in outputs:
-            state = self.requests.get(ro.request_id)
+        for ro, rid in zip(outputs, rids, strict=True):
+            state = requests.get(rid)
             if state is None or state.final_text_only or not state.detokenize:
                 continue
             try:
                 self._watch_stop_strings(ro, state)
             except Exception as err:  # noqa: BLE001 - isolated to this request
-                failed[ro.request_id] = err
+                failed[rid] = err
         done = []
-        for ro in outputs:
-            rid = ro.request_id
-            state = self.requests.get(rid)
+        queues, final_only = self._queues, self._final_only
+        for ro, rid in zip(outputs, rids, strict=True):
+            state = requests.get(rid)
             if rid in failed:
                 continue
             if state is None:  # e.g. the abort of a released request: reported to nobody
                 done.append(ro)
                 continue
             try:
-                self._fill_text(ro, state)
-                if state.full is not None and (ro.finished or rid not in self._final_only):
+                if state.detokenize:
+                    self._fill_text(ro, state)
+                finished = ro.finished
+                if state.full is not None and (finished or rid not in final_only):
                     ro = WholeVocabOutput(ro, state.full, state.params, state.prompt_ids, state.delta)
             except Exception as err:  # noqa: BLE001 - isolated to this request
                 failed[rid] = err
                 continue
-            if ro.finished:
-                del self.requests[rid]
+            if finished:
+                del requests[rid]
                 self.structured.requests.pop(rid, None)
                 self.prompt_embeds.pop(rid, None)
                 self.executor.full_output.discard(rid)
                 self.executor.full_prompt.discard(rid)
-            q = self._queues.get(rid)
-            if q is not None and (ro.finished or rid not in self._final_only):
+            q = queues.get(rid)
+            if q is not None and (finished or rid not in final_only):
                 q.append(ro)
             done.append(ro)
         if failed:
