@@ -44,6 +44,27 @@ def graph_time(fn) -> float:  # type: ignore[no-untyped-def]
     return best
 
 
+def decode_fusion(name: str, n: int, k: int, enabled: bool) -> tuple[int, dict]:
+    """The activation width and the ``gguf_gemv`` fusion this projection takes in the one-row decode
+    graph (``--fused``): RMSNorm prologue for qkv and gate_up, residual epilogue for o, SiLU·mul
+    input for down (the GEMV then reads ``[1, 2K]``); plain without ``--fused``."""
+    if not enabled:
+        return k, {}
+    dev, bf = "cuda", torch.bfloat16
+    if name in ("qkv", "gate_up"):
+        return k, {"norm": (1 + 0.1 * torch.randn(k, device=dev)).to(bf), "eps": 1e-5}
+    if name == "o":
+        return k, {"residual": torch.randn(1, n, device=dev, dtype=bf)}
+    return 2 * k, {"silu_mul": True}
+
+
+def _fused(kwargs: dict) -> dict:
+    out = dict(kwargs)
+    if "norm" in out:
+        out["norm"] = (out.pop("norm"), out.pop("eps"))
+    return out
+
+
 def copy_bandwidth() -> float:
     a = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
     b = torch.empty_like(a)
@@ -60,10 +81,15 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--types", default="Q4_0,Q8_0,Q4_K,Q6_K,Q4_1,Q5_K")
     p.add_argument("--rows", default="1,32")
-    p.add_argument("--scales", default="gather,tiled",
+    p.add_argument("--scales", default="tiled",
                    help="scale loads to time: gather (per column) and/or tiled (per group, broadcast)")
+    p.add_argument("--gemv", default="words,bytes",
+                   help="one-row GEMVs to time: words (int32 code words, group sums; the default) and/or bytes")
     p.add_argument("--sweep", default="",
                    help="types whose one-row GEMV tiles (BLOCK_N, BLOCK_K, warps, stages) are swept on gate_up and down")
+    p.add_argument("--fused", action="store_true",
+                   help="one-row GEMVs with the decode graph's fusions (RMSNorm for qkv/gate_up, residual for o, "
+                        "SiLU·mul for down)")
     args = p.parse_args()
     copy = copy_bandwidth()
     print(f"== {torch.cuda.get_device_name()}: copy bandwidth {copy:,.0f} GB/s (read + write)", flush=True)
@@ -79,12 +105,23 @@ def main() -> None:
             outputs: dict[tuple[int, str], torch.Tensor] = {}
             for rows, scales in ((int(r), sc) for r in args.rows.split(",") for sc in args.scales.split(",")):
                 os.environ["DEEPINFER_GGUF_TILED_SCALES"] = "1" if scales == "tiled" else "0"
-                x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16,
+                width, fusion = decode_fusion(name, n, k, args.fused and rows == 1)
+                fz = _fused(fusion)
+                x = torch.randn(rows, width, device="cuda", dtype=torch.bfloat16,
                                 generator=torch.Generator(device="cuda").manual_seed(rows))
-                outputs[rows, scales] = (gguf_gemv(x, planes) if rows == 1 else gguf_gemm(x, planes)).float()
+                os.environ["DEEPINFER_GGUF_WORDS"] = "1" if args.gemv.split(",")[0] == "words" else "0"
+                outputs[rows, scales] = (gguf_gemv(x, planes, **fz) if rows == 1 else gguf_gemm(x, planes)).float()
                 if rows == 1:
-                    t = graph_time(lambda x=x, planes=planes: gguf_gemv(x, planes))
-                    what = f"gemv {scales}"
+                    for variant in args.gemv.split(",")[1:]:  # the others first; the first one's output is kept
+                        os.environ["DEEPINFER_GGUF_WORDS"] = "1" if variant == "words" else "0"
+                        t = graph_time(lambda x=x, planes=planes, fz=fz: gguf_gemv(x, planes, **fz))
+                        diff = float((gguf_gemv(x, planes, **fz).float() - outputs[rows, scales]).abs().max())
+                        print(f"{name:8s} {kind:5s} gemv {variant} {scales}: {t * 1e6:7.1f} us "
+                              f"{(nbytes + x.numel() * 2) / t / 1e9:6,.0f} GB/s; max |diff| to "
+                              f"{args.gemv.split(',')[0]} {diff:.3g}", flush=True)
+                    os.environ["DEEPINFER_GGUF_WORDS"] = "1" if args.gemv.split(",")[0] == "words" else "0"
+                    t = graph_time(lambda x=x, planes=planes, fz=fz: gguf_gemv(x, planes, **fz))
+                    what = f"gemv {args.gemv.split(',')[0]} {scales}"
                 else:
                     t = graph_time(lambda x=x, planes=planes: gguf_gemm(x, planes))
                     tb = graph_time(lambda x=x, w=w: F.linear(x, w))
@@ -98,13 +135,16 @@ def main() -> None:
         del w
         torch.cuda.empty_cache()
     for kind in filter(None, args.sweep.split(",")):
-        sweep(kind, copy)
+        sweep(kind, copy, args.fused)
 
 
 TILES = [(4, 512, 4, 3), (2, 512, 4, 3), (8, 256, 4, 3), (4, 1024, 8, 2), (1, 1024, 4, 3), (8, 512, 8, 2)]
+# the word GEMV's (ROWS, BLOCK_K bytes, warps, stages)
+WORD_TILES = [(4, 2048, 4, 2), (4, 1024, 2, 2), (4, 512, 1, 2), (8, 2048, 4, 2), (8, 1024, 2, 2), (8, 512, 1, 2),
+              (8, 512, 2, 2), (8, 1024, 4, 2), (8, 256, 1, 2), (2, 512, 1, 2)]
 
 
-def sweep(kind: str, copy: float) -> None:
+def sweep(kind: str, copy: float, fused: bool = False) -> None:
     from deepinfer.runtime.kernels.gguf_gemv import gguf_gemv
     from deepinfer.runtime.kernels.gguf_layout import regroup
     from gguf_quantizer import quantize
@@ -113,11 +153,13 @@ def sweep(kind: str, copy: float) -> None:
     for name in ("gate_up", "down"):
         n, k = SHAPES[name]
         planes = regroup(quantize(torch.randn(n, k, device="cuda", generator=gen) * 0.02, kind), kind)
-        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
-        for scales in ("gather", "tiled"):
-            os.environ["DEEPINFER_GGUF_TILED_SCALES"] = "1" if scales == "tiled" else "0"
-            for tile in TILES:
-                t = graph_time(lambda tile=tile, x=x, planes=planes: gguf_gemv(x, planes, config=tile))
+        width, fusion = decode_fusion(name, n, k, fused)
+        fz = _fused(fusion)
+        x = torch.randn(1, width, device="cuda", dtype=torch.bfloat16)
+        for scales in ("words", "tiled"):  # the word GEMV; the byte GEMV with tiled scales
+            os.environ["DEEPINFER_GGUF_WORDS"] = "1" if scales == "words" else "0"
+            for tile in WORD_TILES if scales == "words" else TILES:
+                t = graph_time(lambda tile=tile, x=x, planes=planes, fz=fz: gguf_gemv(x, planes, config=tile, **fz))
                 gbs = planes.nbytes() / t / 1e9
                 print(f"sweep {name:8s} {kind} {scales:6s} tile {tile}: {t * 1e6:7.1f} us {gbs:6,.0f} GB/s "
                       f"({100 * gbs / copy:.0f} % of copy)", flush=True)

@@ -68,6 +68,15 @@ def check_kind(kind: str, device: str, quick: bool) -> bool:
     ref = x.double() @ w_ref.T
     mag = x.double().abs() @ w_ref.abs().T
     ok &= _check(f"{kind} gemv f32 [1,{k}]x[{n},{k}]", gguf_gemv(x.to(device), planes), ref, mag, 2**-16, 2**-24)
+    # longer rows in narrow tiles: several code chunks a row, the last one cut short (or one partial chunk)
+    k2 = {"Q4_0": 320, "Q4_1": 320, "Q8_0": 288}.get(kind, 768)
+    raw2 = random_blocks(kind, 9, k2, seed=10 + GPU_TYPES.index(kind))
+    w2 = reference_weight(raw2, kind, 9)
+    planes2 = regroup(torch.from_numpy(raw2), kind).map(lambda t: t.to(device))
+    x2 = torch.randn(1, k2, generator=g)
+    for config in ((1, 64, 4, 3), (2, 512, 4, 3), (8, 128, 2, 2)):
+        ok &= _check(f"{kind} gemv f32 [1,{k2}]x[9,{k2}] tiles {config}", gguf_gemv(x2.to(device), planes2, config=config),
+                     x2.double() @ w2.T, x2.double().abs() @ w2.abs().T, 2**-16, 2**-24)
     # fused: bias + residual, RMSNorm prologue, SiLU·mul input (bfloat16 activations)
     bf = torch.bfloat16
     xb = torch.randn(1, k, generator=g).to(bf)

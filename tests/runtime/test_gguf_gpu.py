@@ -66,10 +66,12 @@ def test_quantizer_blocks_are_gguf_blocks_close_to_the_weights(kind):
     assert rel < {"Q8_0": 0.01, "Q6_K": 0.03, "Q5_K": 0.06}.get(kind, 0.12), rel
 
 
-@pytest.mark.parametrize("tiled", ["1", "0"])  # scales broadcast per group (default) / gathered per column
-def test_kernels_match_gguf_dequantization_in_float64(tiled):
-    out = _run("gguf_gpu_check.py", "cpu", DEEPINFER_GGUF_TILED_SCALES=tiled)
-    assert out.count("ok  ") == 60  # 6 types x (4 GEMV + 5 GEMM sizes + 1 slice)
+# (GEMV code words, scales broadcast per group): the defaults; the byte GEMV with tiled scales; the
+# byte GEMV and the GEMM with scales gathered per column (the first version)
+@pytest.mark.parametrize(("words", "tiled"), [("1", "1"), ("0", "1"), ("0", "0")])
+def test_kernels_match_gguf_dequantization_in_float64(words, tiled):
+    out = _run("gguf_gpu_check.py", "cpu", DEEPINFER_GGUF_WORDS=words, DEEPINFER_GGUF_TILED_SCALES=tiled)
+    assert out.count("ok  ") == 78  # 6 types x (4 GEMV + 3 GEMV tilings + 5 GEMM sizes + 1 slice)
 
 
 def test_mixed_type_model_matches_its_dequantized_self():

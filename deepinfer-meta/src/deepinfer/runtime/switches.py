@@ -47,6 +47,8 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
            "chunks on the tensor cores)"),
     Switch("DEEPINFER_GGUF_TILED_SCALES", "1", "kernels/gguf_gemv.py",
            "GGUF kernels load each group's scale once and broadcast it (0: gathered per column)"),
+    Switch("DEEPINFER_GGUF_WORDS", "1", "kernels/gguf_gemv.py",
+           "the GGUF one-row GEMV reads codes as int32 words and scales group sums (0: bytes, each weight scaled)"),
     Switch("DEEPINFER_FUSED_EAGER", "1", "models/llama_fused_decode.py",
            "eager CUDA steps (prompt chunks, mixed steps) of dense models run the fused Triton kernels (0: torch ops)"),
     Switch("DEEPINFER_FOLD_MERGE", "1", "models/llama_fused_decode.py",

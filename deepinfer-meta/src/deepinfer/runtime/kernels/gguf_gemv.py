@@ -5,11 +5,17 @@ decode each weight in registers with gguf.quants' float32 operations; nothing de
 written. A 4-bit plane's byte ``j`` holds columns ``j`` and ``j + K/2``, so each chunk of bytes
 feeds two runs of activation columns.
 
-* ``gguf_gemv`` (one row, decode of one sequence): float32 weights times float32 activations,
+* ``gguf_gemv`` (one row, decode of one sequence): float32 codes times float32 activations,
   float32 accumulation, one rounding at the end; the same neighbour fusions as ``kernels.gemv``
-  (RMSNorm prologue, residual epilogue, SiLU·mul input; its ``_activation_chunk`` rounds the
-  input where torch's ops round) and its PDL prologue (the first code tile is loaded before
-  waiting for the previous kernel).
+  (RMSNorm prologue, residual epilogue, SiLU·mul input; rounded where torch's ops round) and
+  PDL. By default (``_gguf_gemv_words_kernel``) it reads the code plane as int32 words, 16 bytes
+  a thread, turns a code into a float with two integer ops and one subtraction (the 2**23
+  mantissa trick, ``_word_codes``), sums each tile row's code·activation products (a tile row lies
+  in one scale group) and scales the sum once; 16-bit activations are read as one 64-bit word
+  per code word, and each chunk's activations serve ROWS output rows. The first version
+  (``_gguf_gemv_kernel``, ``DEEPINFER_GGUF_WORDS=0``) reads bytes, converts each (a byte-to-float
+  conversion runs at a quarter of the float rate) and scales each weight: ~9.5 instructions a
+  weight in its loop against ~6 (PTX of the Q4_0 loops), 1.2-1.5x slower on the H200.
 * ``gguf_gemm`` (several rows: prefill, batches): each program decodes a [BLOCK_N, BLOCK_K] weight
   tile to the activations' dtype in registers and multiplies it on the tensor cores (``tl.dot``),
   float32 accumulation. Weights rounded to bfloat16 there are the weights of the same file
@@ -32,6 +38,9 @@ from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # (BLOCK_N, BLOCK_K, num_warps, num_stages); BLOCK_K counts bytes of the code plane
 GEMV_CONFIG = (4, 512, 4, 3)
+# the word GEMV's (ROWS, BLOCK_K, num_warps, num_stages): ROWS output rows a program (1, 2, 4 or 8),
+# BLOCK_K bytes of a row's code plane a chunk
+WORDS_GEMV_CONFIG = (4, 2048, 4, 2)
 GEMM_CONFIG = (64, 64, 64, 4, 3)  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
 
 
@@ -134,6 +143,205 @@ def _gguf_gemv_kernel(x_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, b_ptr, nw_ptr, 
 
 
 @triton.jit
+def _word_codes(wd, B: tl.constexpr, PACKED: tl.constexpr, SIGNED: tl.constexpr, OFFSET: tl.constexpr):
+    """Float32 ``code - bias`` of byte ``B`` (its low nibble with PACKED) of each int32 word ``wd``,
+    exactly: the code ORed into the mantissa of 2**23 (``0x4B000000``) is the float ``2**23 + code``,
+    and one subtraction leaves the code. Two integer ops and one float op per weight, where a
+    byte-to-float conversion runs at a quarter of the float rate. Signed bytes (Q8_0) are offset by
+    128 first (the XOR). ``OFFSET``: ``2**23`` + the type's code bias (+ 128 when SIGNED)."""
+    if PACKED:
+        v = ((wd >> (8 * B)) & 0xF) | 0x4B000000
+    elif SIGNED:
+        v = ((wd >> (8 * B)) & 0xFF) ^ 0x4B000080
+    else:
+        v = ((wd >> (8 * B)) & 0xFF) | 0x4B000000
+    return v.to(tl.float32, bitcast=True) - OFFSET
+
+
+@triton.jit
+def _word_act(xw, uw, nww, B: tl.constexpr, rstd, dt: tl.constexpr, SILU_MUL: tl.constexpr, NORM: tl.constexpr):
+    """Element ``B`` of 64-bit words of four 16-bit activations, float32, rounded as ``_activation_chunk``."""
+    xv = ((xw >> (16 * B)) & 0xFFFF).to(tl.int16).to(dt, bitcast=True).to(tl.float32)
+    if SILU_MUL:
+        u = ((uw >> (16 * B)) & 0xFFFF).to(tl.int16).to(dt, bitcast=True).to(tl.float32)
+        act = (xv / (1.0 + tl.exp(-xv))).to(dt).to(tl.float32)
+        xv = (act * u).to(dt).to(tl.float32)
+    elif NORM:
+        nw = ((nww >> (16 * B)) & 0xFFFF).to(tl.int16).to(dt, bitcast=True).to(tl.float32)
+        xv = (nw * (xv * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    return xv
+
+
+@triton.jit
+def _word_activations(x_ptr, xw_ptr, nw_ptr, nww_ptr, out_ptr, cw, w_ok, k, rstd, HAS_MIN: tl.constexpr,
+                      SILU_MUL: tl.constexpr, NORM: tl.constexpr, X_WORDS: tl.constexpr):
+    """The activations of byte ``b`` of each word whose first column is ``cw`` [NG, GW]: ``cw + b``
+    for b = 0..3, float32, and (HAS_MIN) each tile row's activation sum [NG]. X_WORDS (16-bit
+    activations): read as one 64-bit word per code word (``xw_ptr``, ``nww_ptr``: the int64 views of
+    x and the norm weight); else gathered per column."""
+    if X_WORDS:
+        dt: tl.constexpr = out_ptr.dtype.element_ty
+        idx = cw // 4
+        xw = tl.load(xw_ptr + idx, mask=w_ok, other=0)
+        uw = xw
+        nww = xw
+        if SILU_MUL:
+            uw = tl.load(xw_ptr + k // 4 + idx, mask=w_ok, other=0)
+        if NORM:
+            nww = tl.load(nww_ptr + idx, mask=w_ok, other=0)
+        x0 = _word_act(xw, uw, nww, 0, rstd, dt, SILU_MUL, NORM)
+        x1 = _word_act(xw, uw, nww, 1, rstd, dt, SILU_MUL, NORM)
+        x2 = _word_act(xw, uw, nww, 2, rstd, dt, SILU_MUL, NORM)
+        x3 = _word_act(xw, uw, nww, 3, rstd, dt, SILU_MUL, NORM)
+    else:
+        x0 = _activation_chunk(x_ptr, nw_ptr, out_ptr, cw, w_ok, k, rstd, SILU_MUL, NORM)
+        x1 = _activation_chunk(x_ptr, nw_ptr, out_ptr, cw + 1, w_ok, k, rstd, SILU_MUL, NORM)
+        x2 = _activation_chunk(x_ptr, nw_ptr, out_ptr, cw + 2, w_ok, k, rstd, SILU_MUL, NORM)
+        x3 = _activation_chunk(x_ptr, nw_ptr, out_ptr, cw + 3, w_ok, k, rstd, SILU_MUL, NORM)
+    xg = tl.sum(x0, axis=1)
+    if HAS_MIN:
+        xg = tl.sum((x0 + x1) + (x2 + x3), axis=1)
+    return x0, x1, x2, x3, xg
+
+
+@triton.jit
+def _group_update(acc, wd, x0, x1, x2, x3, xg, row, n, g, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr,
+                  G: tl.constexpr, SB: tl.constexpr, PACKED: tl.constexpr, SIGNED: tl.constexpr,
+                  HAS_MIN: tl.constexpr, OFFSET: tl.constexpr):
+    """``acc`` [NG] plus one row's products with words ``wd`` [NG, GW] whose tile rows lie in groups
+    ``g`` [NG]: each tile row's code-activation products summed first, then scaled once (its
+    group's min times the tile row's activation sum ``xg``)."""
+    t = _word_codes(wd, 0, PACKED, SIGNED, OFFSET) * x0
+    t += _word_codes(wd, 1, PACKED, SIGNED, OFFSET) * x1
+    t += _word_codes(wd, 2, PACKED, SIGNED, OFFSET) * x2
+    t += _word_codes(wd, 3, PACKED, SIGNED, OFFSET) * x3
+    dot = tl.sum(t, axis=1)
+    gok = (g < ng) & (row + g * 0 < n)  # (a tensor mask: Triton's interpreter takes no scalar & tensor)
+    s = tl.load(s_ptr + row * ng + g, mask=gok, other=0).to(tl.float32)
+    if SB > 0:
+        sb = row * nsb + g * G // SB
+        s = tl.load(d_ptr + sb, mask=gok, other=0.0).to(tl.float32) * s
+    acc += s * dot
+    if HAS_MIN:
+        mn = tl.load(m_ptr + row * ng + g, mask=gok, other=0).to(tl.float32)
+        if SB > 0:
+            acc -= (tl.load(dm_ptr + sb, mask=gok, other=0.0).to(tl.float32) * mn) * xg
+        else:
+            acc += mn * xg
+    return acc
+
+
+@triton.jit
+def _row_update(acc, row, n, q_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr,
+                G: tl.constexpr, SB: tl.constexpr, PACKED: tl.constexpr, SIGNED: tl.constexpr,
+                HAS_MIN: tl.constexpr, OFFSET: tl.constexpr):
+    """One row's chunk of words ``w0 + wi``: the low nibbles (or bytes) with activations ``lo``, a
+    4-bit type's high nibbles with ``hi`` (the same columns of the second half)."""
+    wd = tl.load(q_ptr + row * kw + w0 + wi, mask=w_ok & (row + wi * 0 < n), other=0)
+    x0, x1, x2, x3, xg = lo
+    acc = _group_update(acc, wd, x0, x1, x2, x3, xg, row, n, glo, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr, G, SB,
+                        PACKED, SIGNED, HAS_MIN, OFFSET)
+    if PACKED:
+        x0, x1, x2, x3, xg = hi
+        acc = _group_update(acc, wd >> 4, x0, x1, x2, x3, xg, row, n, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr,
+                            G, SB, PACKED, SIGNED, HAS_MIN, OFFSET)
+    return acc
+
+
+@triton.jit
+def _row_out(acc, row, n, b_ptr, res_ptr, out_ptr, HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr):
+    y = tl.sum(acc, axis=0)
+    ok = row < n
+    dt = out_ptr.dtype.element_ty
+    if HAS_BIAS:
+        y += tl.load(b_ptr + row, mask=ok, other=0.0).to(tl.float32)
+    if RESIDUAL:  # torch: the projection rounds, then the residual add rounds
+        y = y.to(dt).to(tl.float32) + tl.load(res_ptr + row, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row, y.to(dt), mask=ok)
+
+
+@triton.jit
+def _rows_update(a0, a1, a2, a3, r, NR: tl.constexpr, n, q_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr,
+                 m_ptr, d_ptr, dm_ptr, G: tl.constexpr, SB: tl.constexpr, PACKED: tl.constexpr, SIGNED: tl.constexpr,
+                 HAS_MIN: tl.constexpr, OFFSET: tl.constexpr):
+    """``_row_update`` for rows ``r .. r + NR - 1`` (NR 1, 2 or 4), accumulators ``a0..a3``."""
+    a0 = _row_update(a0, r, n, q_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr, G, SB,
+                     PACKED, SIGNED, HAS_MIN, OFFSET)
+    if NR > 1:
+        a1 = _row_update(a1, r + 1, n, q_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr,
+                         G, SB, PACKED, SIGNED, HAS_MIN, OFFSET)
+    if NR > 2:
+        a2 = _row_update(a2, r + 2, n, q_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr,
+                         G, SB, PACKED, SIGNED, HAS_MIN, OFFSET)
+        a3 = _row_update(a3, r + 3, n, q_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr,
+                         G, SB, PACKED, SIGNED, HAS_MIN, OFFSET)
+    return a0, a1, a2, a3
+
+
+@triton.jit
+def _rows_out(a0, a1, a2, a3, r, NR: tl.constexpr, n, b_ptr, res_ptr, out_ptr, HAS_BIAS: tl.constexpr,
+              RESIDUAL: tl.constexpr):
+    _row_out(a0, r, n, b_ptr, res_ptr, out_ptr, HAS_BIAS, RESIDUAL)
+    if NR > 1:
+        _row_out(a1, r + 1, n, b_ptr, res_ptr, out_ptr, HAS_BIAS, RESIDUAL)
+    if NR > 2:
+        _row_out(a2, r + 2, n, b_ptr, res_ptr, out_ptr, HAS_BIAS, RESIDUAL)
+        _row_out(a3, r + 3, n, b_ptr, res_ptr, out_ptr, HAS_BIAS, RESIDUAL)
+
+
+@triton.jit
+def _gguf_gemv_words_kernel(x_ptr, xw_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, b_ptr, nw_ptr, nww_ptr, res_ptr, out_ptr,
+                            n, k, kw, eps,
+                            ROWS: tl.constexpr, BLOCK_W: tl.constexpr, PACKED: tl.constexpr, SIGNED: tl.constexpr,
+                            G: tl.constexpr, SB: tl.constexpr, HAS_MIN: tl.constexpr, OFFSET: tl.constexpr,
+                            SILU_MUL: tl.constexpr, NORM: tl.constexpr, NORM_BLOCK: tl.constexpr,
+                            HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr, X_WORDS: tl.constexpr,
+                            PDL: tl.constexpr):
+    """The one-row GEMV reading the code plane as int32 words (``q_ptr``, ``kw`` words a row):
+    ROWS (1, 2, 4 or 8) output rows a program, chunks of BLOCK_W words a row as [NG, 4] tiles. A tile
+    row is one 16-byte load and lies in one scale group (16 or 32 columns; a 32-column group is two
+    tile rows), so each thread sums its own products: on the H200 a tile row of a whole 32-byte
+    group, summed across two threads, ran the GEMV 2x slower. A chunk's activations are computed
+    once and used for every row."""
+    GW: tl.constexpr = 4
+    NG: tl.constexpr = BLOCK_W // GW
+    r0 = tl.program_id(0).to(tl.int64) * ROWS
+    ng = k // G
+    nsb = k // SB if SB > 0 else 1
+    gi = tl.arange(0, NG)
+    wi = gi[:, None] * GW + tl.arange(0, GW)[None, :]
+    pdl_begin(PDL)
+    rstd = 0.0
+    if NORM:
+        nc = tl.arange(0, NORM_BLOCK)
+        xn = tl.load(x_ptr + nc, mask=nc < k, other=0.0).to(tl.float32)
+        rstd = tl.math.rsqrt(tl.sum(xn * xn, axis=0) / k + eps)
+    acc0 = tl.zeros([NG], tl.float32)
+    acc1, acc2, acc3, acc4, acc5, acc6, acc7 = acc0, acc0, acc0, acc0, acc0, acc0, acc0
+    for w0 in range(0, kw, BLOCK_W):
+        w_ok = (w0 + wi) < kw
+        lo = _word_activations(x_ptr, xw_ptr, nw_ptr, nww_ptr, out_ptr, 4 * (w0 + wi), w_ok, k, rstd, HAS_MIN,
+                               SILU_MUL, NORM, X_WORDS)
+        glo = (w0 + GW * gi) // (G // 4)  # the scale group of each tile row
+        hi = lo
+        ghi = glo
+        if PACKED:
+            hi = _word_activations(x_ptr, xw_ptr, nw_ptr, nww_ptr, out_ptr, k // 2 + 4 * (w0 + wi), w_ok, k, rstd,
+                                   HAS_MIN, SILU_MUL, NORM, X_WORDS)
+            ghi = (k // 2) // G + glo
+        acc0, acc1, acc2, acc3 = _rows_update(acc0, acc1, acc2, acc3, r0, min(ROWS, 4), n, q_ptr, kw, w0, wi, w_ok,
+                                              lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr, G, SB, PACKED,
+                                              SIGNED, HAS_MIN, OFFSET)
+        if ROWS > 4:
+            acc4, acc5, acc6, acc7 = _rows_update(acc4, acc5, acc6, acc7, r0 + 4, 4, n, q_ptr, kw, w0, wi, w_ok, lo,
+                                                  hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr, G, SB, PACKED,
+                                                  SIGNED, HAS_MIN, OFFSET)
+    _rows_out(acc0, acc1, acc2, acc3, r0, min(ROWS, 4), n, b_ptr, res_ptr, out_ptr, HAS_BIAS, RESIDUAL)
+    if ROWS > 4:
+        _rows_out(acc4, acc5, acc6, acc7, r0 + 4, 4, n, b_ptr, res_ptr, out_ptr, HAS_BIAS, RESIDUAL)
+
+
+@triton.jit
 def _dot(x, w, acc, DOT_F32: tl.constexpr):
     """acc + x @ w.T; DOT_F32 (Triton's interpreter, whose bfloat16 dot returns garbage): the same
     rounded operands multiplied in float32 (exact products, as the tensor cores')."""
@@ -205,9 +413,16 @@ def tiled_scales() -> bool:
     return switches.enabled("DEEPINFER_GGUF_TILED_SCALES")
 
 
+def word_codes() -> bool:
+    """The one-row GEMV reads the code plane as int32 words and converts codes to float by the
+    2**23 mantissa trick, summing each group's products before scaling them (default), or reads
+    bytes, converts them and scales each weight (``DEEPINFER_GGUF_WORDS=0``, the first version)."""
+    return switches.enabled("DEEPINFER_GGUF_WORDS")
+
+
 def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, *, silu_mul: bool = False,
               norm: tuple[torch.Tensor, float] | None = None, residual: torch.Tensor | None = None,
-              out: torch.Tensor | None = None, config: tuple[int, int, int, int] = GEMV_CONFIG) -> torch.Tensor:
+              out: torch.Tensor | None = None, config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
     """``F.linear(x, W, bias)`` for one row ``x`` [1, K] (``[1, 2K]`` gate/up with ``silu_mul``) and
     the quantized W; [1, N] in ``x``'s dtype. ``norm``/``residual``/``silu_mul`` as ``kernels.gemv.gemv``.
     ``out``: a contiguous [1, N] to write (a slice of a wider output)."""
@@ -217,7 +432,27 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
     if x.device != w.codes.device:
         raise ValueError(f"gguf_gemv: x is on {x.device}, the weight on {w.codes.device}")
     out = torch.empty((1, n), dtype=x.dtype, device=x.device) if out is None else out
-    block_n, block_k, warps, stages = config
+    words = word_codes()
+    block_n, block_k, warps, stages = config or (WORDS_GEMV_CONFIG if words else GEMV_CONFIG)
+    if words:
+        packed, g, sb, has_min, code_bias = KINDS[w.kind]
+        signed = w.codes.dtype == torch.int8
+        rows = 8 if block_n >= 8 else (4 if block_n >= 4 else (2 if block_n >= 2 else 1))
+        codes = w.codes.view(torch.int32)
+        # 16-bit activations are read as 64-bit words of four (one per code word); others per column
+        x_words = x.element_size() == 2 and k % 8 == 0
+        xw = x.view(torch.int64) if x_words else x
+        nw = norm[0] if norm is not None else out
+        _gguf_gemv_words_kernel[(triton.cdiv(n, rows),)](
+            x, xw, codes, *_planes_args(w)[1:], bias if bias is not None else out, nw,
+            nw.view(torch.int64) if x_words and norm is not None else nw, residual if residual is not None else out,
+            out, n, k, codes.shape[1], norm[1] if norm is not None else 0.0, ROWS=rows, BLOCK_W=max(block_k // 4, 4),
+            PACKED=packed, SIGNED=signed, G=g, SB=sb, HAS_MIN=has_min,
+            OFFSET=8388608.0 + code_bias + (128.0 if signed else 0.0), SILU_MUL=silu_mul, NORM=norm is not None,
+            NORM_BLOCK=triton.next_power_of_2(k) if norm is not None else 1, HAS_BIAS=bias is not None,
+            RESIDUAL=residual is not None, X_WORDS=x_words, num_warps=warps, num_stages=stages,
+            **pdl_launch(x.device))
+        return out
     if _INTERPRET:  # Triton's interpreter runs programs one by one: fewer, wider ones (same products)
         block_n = max(block_n, 64)
     _gguf_gemv_kernel[(triton.cdiv(n, block_n),)](
