@@ -84,9 +84,11 @@ def main() -> None:
     p.add_argument("--scales", default="tiled",
                    help="scale loads to time: gather (per column) and/or tiled (per group, broadcast)")
     p.add_argument("--gemv", default="words,bytes",
-                   help="one-row GEMVs to time: words (int32 code words, group sums; the default) and/or bytes")
+                   help="one-row GEMVs to time: words (int32 code words, group sums; the default), bytes, dp4a "
+                        "(words with 8-bit activations, DEEPINFER_GGUF_DP4A=1); the first one's output is the reference")
     p.add_argument("--sweep", default="",
                    help="types whose one-row GEMV tiles (BLOCK_N, BLOCK_K, warps, stages) are swept on gate_up and down")
+    p.add_argument("--sweep-variants", default="words,tiled", help="GEMVs the sweep times: words, dp4a, tiled (bytes)")
     p.add_argument("--fused", action="store_true",
                    help="one-row GEMVs with the decode graph's fusions (RMSNorm for qkv/gate_up, residual for o, "
                         "SiLU·mul for down)")
@@ -109,17 +111,20 @@ def main() -> None:
                 fz = _fused(fusion)
                 x = torch.randn(rows, width, device="cuda", dtype=torch.bfloat16,
                                 generator=torch.Generator(device="cuda").manual_seed(rows))
-                os.environ["DEEPINFER_GGUF_WORDS"] = "1" if args.gemv.split(",")[0] == "words" else "0"
+                os.environ["DEEPINFER_GGUF_WORDS"] = "0" if args.gemv.split(",")[0] == "bytes" else "1"
+                os.environ["DEEPINFER_GGUF_DP4A"] = "1" if args.gemv.split(",")[0] == "dp4a" else "0"
                 outputs[rows, scales] = (gguf_gemv(x, planes, **fz) if rows == 1 else gguf_gemm(x, planes)).float()
                 if rows == 1:
                     for variant in args.gemv.split(",")[1:]:  # the others first; the first one's output is kept
-                        os.environ["DEEPINFER_GGUF_WORDS"] = "1" if variant == "words" else "0"
+                        os.environ["DEEPINFER_GGUF_WORDS"] = "0" if variant == "bytes" else "1"
+                        os.environ["DEEPINFER_GGUF_DP4A"] = "1" if variant == "dp4a" else "0"
                         t = graph_time(lambda x=x, planes=planes, fz=fz: gguf_gemv(x, planes, **fz))
                         diff = float((gguf_gemv(x, planes, **fz).float() - outputs[rows, scales]).abs().max())
                         print(f"{name:8s} {kind:5s} gemv {variant} {scales}: {t * 1e6:7.1f} us "
                               f"{(nbytes + x.numel() * 2) / t / 1e9:6,.0f} GB/s; max |diff| to "
                               f"{args.gemv.split(',')[0]} {diff:.3g}", flush=True)
-                    os.environ["DEEPINFER_GGUF_WORDS"] = "1" if args.gemv.split(",")[0] == "words" else "0"
+                    os.environ["DEEPINFER_GGUF_WORDS"] = "0" if args.gemv.split(",")[0] == "bytes" else "1"
+                    os.environ["DEEPINFER_GGUF_DP4A"] = "1" if args.gemv.split(",")[0] == "dp4a" else "0"
                     t = graph_time(lambda x=x, planes=planes, fz=fz: gguf_gemv(x, planes, **fz))
                     what = f"gemv {args.gemv.split(',')[0]} {scales}"
                 else:
@@ -135,7 +140,7 @@ def main() -> None:
         del w
         torch.cuda.empty_cache()
     for kind in filter(None, args.sweep.split(",")):
-        sweep(kind, copy, args.fused)
+        sweep(kind, copy, args.fused, tuple(args.sweep_variants.split(",")))
 
 
 TILES = [(4, 512, 4, 3), (2, 512, 4, 3), (8, 256, 4, 3), (4, 1024, 8, 2), (1, 1024, 4, 3), (8, 512, 8, 2)]
@@ -144,7 +149,7 @@ WORD_TILES = [(4, 2048, 4, 2), (4, 1024, 2, 2), (4, 512, 1, 2), (8, 2048, 4, 2),
               (8, 512, 2, 2), (8, 1024, 4, 2), (8, 256, 1, 2), (2, 512, 1, 2)]
 
 
-def sweep(kind: str, copy: float, fused: bool = False) -> None:
+def sweep(kind: str, copy: float, fused: bool = False, sweep_variants: tuple[str, ...] = ("words", "tiled")) -> None:
     from deepinfer.runtime.kernels.gguf_gemv import gguf_gemv
     from deepinfer.runtime.kernels.gguf_layout import regroup
     from gguf_quantizer import quantize
@@ -156,9 +161,10 @@ def sweep(kind: str, copy: float, fused: bool = False) -> None:
         width, fusion = decode_fusion(name, n, k, fused)
         fz = _fused(fusion)
         x = torch.randn(1, width, device="cuda", dtype=torch.bfloat16)
-        for scales in ("words", "tiled"):  # the word GEMV; the byte GEMV with tiled scales
-            os.environ["DEEPINFER_GGUF_WORDS"] = "1" if scales == "words" else "0"
-            for tile in WORD_TILES if scales == "words" else TILES:
+        for scales in sweep_variants:  # the word GEMV (with dp4a); the byte GEMV with tiled scales
+            os.environ["DEEPINFER_GGUF_WORDS"] = "0" if scales == "tiled" else "1"
+            os.environ["DEEPINFER_GGUF_DP4A"] = "1" if scales == "dp4a" else "0"
+            for tile in TILES if scales == "tiled" else WORD_TILES:
                 t = graph_time(lambda tile=tile, x=x, planes=planes, fz=fz: gguf_gemv(x, planes, config=tile, **fz))
                 gbs = planes.nbytes() / t / 1e9
                 print(f"sweep {name:8s} {kind} {scales:6s} tile {tile}: {t * 1e6:7.1f} us {gbs:6,.0f} GB/s "

@@ -12,12 +12,14 @@ Bounds (stated; ``mag = |x| @ |W|.T`` in float64, ``u`` the output dtype's unit 
 * GEMV with bfloat16 activations and fusions (RMSNorm, SiLU·mul, residual): compared to the
   same fused op computed by torch in float64 from the rounded input the kernel sees; bound
   ``2**-7 * mag + 2**-7 * |ref|``.
+* ``DEEPINFER_GGUF_DP4A=1`` (8-bit activations in the GEMV): each GEMV bound plus ``q8_error``.
 * GEMM: weights and activations rounded to bfloat16 (2**-9 each), float32 sums:
   ``|y - ref| <= 2**-7 * mag + 2**-8 * |ref|``.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 import numpy as np
@@ -47,9 +49,23 @@ def reference_weight(raw: np.ndarray, kind: str, rows: int) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(w, dtype=np.float64))
 
 
-def _check(name: str, got: torch.Tensor, ref: torch.Tensor, mag: torch.Tensor, rel_mag: float, rel_ref: float) -> bool:
+DP4A = os.environ.get("DEEPINFER_GGUF_DP4A", "0") not in ("0", "false", "no", "off", "")
+
+
+def q8_error(act: torch.Tensor, w: torch.Tensor) -> torch.Tensor | float:
+    """With ``DEEPINFER_GGUF_DP4A=1`` the GEMV rounds each 16-column tile of the activation row to
+    signed bytes (scale ``amax / 127``): each column moves by at most half a step, so the output by
+    at most ``(amax / 254) @ |W|.T`` (with 2**-6 of slack for the float32 scale); else 0."""
+    if not DP4A:
+        return 0.0
+    a = act.double().reshape(-1, 16).abs().amax(dim=1, keepdim=True).expand(-1, 16).reshape(1, -1)
+    return (a / 254 * (1 + 2**-6)) @ w.abs().T
+
+
+def _check(name: str, got: torch.Tensor, ref: torch.Tensor, mag: torch.Tensor, rel_mag: float, rel_ref: float,
+           extra: torch.Tensor | float = 0.0) -> bool:
     err = (got.double().cpu() - ref).abs()
-    bound = rel_mag * mag + rel_ref * ref.abs() + 1e-30
+    bound = rel_mag * mag + rel_ref * ref.abs() + extra + 1e-30
     worst = float((err / bound).max())
     ok = bool((err <= bound).all())
     print(f"{'ok  ' if ok else 'FAIL'} {name}: max error / bound = {worst:.3g}")
@@ -67,7 +83,8 @@ def check_kind(kind: str, device: str, quick: bool) -> bool:
     x = torch.randn(1, k, generator=g)
     ref = x.double() @ w_ref.T
     mag = x.double().abs() @ w_ref.abs().T
-    ok &= _check(f"{kind} gemv f32 [1,{k}]x[{n},{k}]", gguf_gemv(x.to(device), planes), ref, mag, 2**-16, 2**-24)
+    ok &= _check(f"{kind} gemv f32 [1,{k}]x[{n},{k}]", gguf_gemv(x.to(device), planes), ref, mag, 2**-16, 2**-24,
+                 q8_error(x, w_ref))
     # longer rows in narrow tiles: several code chunks a row, the last one cut short (or one partial chunk)
     k2 = {"Q4_0": 320, "Q4_1": 320, "Q8_0": 288}.get(kind, 768)
     raw2 = random_blocks(kind, 9, k2, seed=10 + GPU_TYPES.index(kind))
@@ -76,7 +93,7 @@ def check_kind(kind: str, device: str, quick: bool) -> bool:
     x2 = torch.randn(1, k2, generator=g)
     for config in ((1, 64, 4, 3), (2, 512, 4, 3), (8, 128, 2, 2)):
         ok &= _check(f"{kind} gemv f32 [1,{k2}]x[9,{k2}] tiles {config}", gguf_gemv(x2.to(device), planes2, config=config),
-                     x2.double() @ w2.T, x2.double().abs() @ w2.abs().T, 2**-16, 2**-24)
+                     x2.double() @ w2.T, x2.double().abs() @ w2.abs().T, 2**-16, 2**-24, q8_error(x2, w2))
     # fused: bias + residual, RMSNorm prologue, SiLU·mul input (bfloat16 activations)
     bf = torch.bfloat16
     xb = torch.randn(1, k, generator=g).to(bf)
@@ -85,7 +102,7 @@ def check_kind(kind: str, device: str, quick: bool) -> bool:
     ref = (xb.double() @ w_ref.T + bias.double()).to(bf).double() + res.double()
     mag = xb.double().abs() @ w_ref.abs().T + res.double().abs()
     got = gguf_gemv(xb.to(device), planes, bias.to(device), residual=res.to(device))
-    ok &= _check(f"{kind} gemv bf16 bias+residual", got, ref, mag, 2**-7, 2**-7)
+    ok &= _check(f"{kind} gemv bf16 bias+residual", got, ref, mag, 2**-7, 2**-7, q8_error(xb, w_ref))
     nw = (1 + 0.1 * torch.randn(k, generator=g)).to(bf)
     eps = 1e-5
     xd = xb.double()
@@ -93,14 +110,14 @@ def check_kind(kind: str, device: str, quick: bool) -> bool:
     ref = normed @ w_ref.T
     mag = normed.abs() @ w_ref.abs().T
     ok &= _check(f"{kind} gemv bf16 rmsnorm", gguf_gemv(xb.to(device), planes, norm=(nw.to(device), eps)), ref, mag,
-                 2**-7, 2**-7)
+                 2**-7, 2**-7, q8_error(normed, w_ref))
     gu = torch.randn(1, 2 * k, generator=g).to(bf)
     gd, ud = gu[:, :k].double(), gu[:, k:].double()
     act = torch.nn.functional.silu(gd) * ud
     ref = act @ w_ref.T
     mag = act.abs() @ w_ref.abs().T
     ok &= _check(f"{kind} gemv bf16 silu_mul", gguf_gemv(gu.to(device), planes, silu_mul=True), ref, mag,
-                 2**-7, 2**-7)
+                 2**-7, 2**-7, q8_error(act, w_ref))
     # several rows: GEMM (bfloat16), 2..64 rows
     for m in ((3, 17) if quick else (2, 5, 16, 33, 64)):
         xm = torch.randn(m, k, generator=g).to(bf)

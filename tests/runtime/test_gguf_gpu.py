@@ -66,11 +66,14 @@ def test_quantizer_blocks_are_gguf_blocks_close_to_the_weights(kind):
     assert rel < {"Q8_0": 0.01, "Q6_K": 0.03, "Q5_K": 0.06}.get(kind, 0.12), rel
 
 
-# (GEMV code words, scales broadcast per group): the defaults; the byte GEMV with tiled scales; the
+# (GEMV code words, scales broadcast per group, dp4a): the defaults; the experimental 8-bit
+# activations (dp4a emulated: the interpreter runs no PTX); the byte GEMV with tiled scales; the
 # byte GEMV and the GEMM with scales gathered per column (the first version)
-@pytest.mark.parametrize(("words", "tiled"), [("1", "1"), ("0", "1"), ("0", "0")])
-def test_kernels_match_gguf_dequantization_in_float64(words, tiled):
-    out = _run("gguf_gpu_check.py", "cpu", DEEPINFER_GGUF_WORDS=words, DEEPINFER_GGUF_TILED_SCALES=tiled)
+@pytest.mark.parametrize(("words", "tiled", "dp4a"), [("1", "1", "0"), ("1", "1", "1"), ("0", "1", "0"),
+                                                      ("0", "0", "0")])
+def test_kernels_match_gguf_dequantization_in_float64(words, tiled, dp4a):
+    out = _run("gguf_gpu_check.py", "cpu", DEEPINFER_GGUF_WORDS=words, DEEPINFER_GGUF_TILED_SCALES=tiled,
+               DEEPINFER_GGUF_DP4A=dp4a)
     assert out.count("ok  ") == 78  # 6 types x (4 GEMV + 3 GEMV tilings + 5 GEMM sizes + 1 slice)
 
 
@@ -80,8 +83,9 @@ def test_mixed_type_model_matches_its_dequantized_self():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_kernels_on_cuda():
-    _run("gguf_gpu_check.py", "cuda", interpret=False)
+@pytest.mark.parametrize("dp4a", ["0", "1"])  # 1: the PTX dp4a the CPU run emulates
+def test_kernels_on_cuda(dp4a):
+    _run("gguf_gpu_check.py", "cuda", interpret=False, DEEPINFER_GGUF_DP4A=dp4a)
 
 
 def test_unsupported_type_and_width_are_value_errors():
@@ -106,6 +110,8 @@ def test_kernel_entry_points_refuse_bad_shapes():
         gguf_gemv(torch.zeros(1, 64), planes, residual=torch.zeros(1, 9))
     with pytest.raises(ValueError, match="silu_mul and norm"):
         gguf_gemv(torch.zeros(1, 128), planes, silu_mul=True, norm=(torch.ones(64), 1e-5))
+    with pytest.raises(ValueError, match="BLOCK_K a power of two"):
+        gguf_gemv(torch.zeros(1, 64), planes, config=(4, 100, 4, 2))
     with pytest.raises(ValueError, match=r"x must be \[M, 64\]"):
         gguf_gemm(torch.zeros(3, 63), planes)
     with pytest.raises(ValueError, match="bias must be a contiguous"):

@@ -49,6 +49,8 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
            "GGUF kernels load each group's scale once and broadcast it (0: gathered per column)"),
     Switch("DEEPINFER_GGUF_WORDS", "1", "kernels/gguf_gemv.py",
            "the GGUF one-row GEMV reads codes as int32 words and scales group sums (0: bytes, each weight scaled)"),
+    Switch("DEEPINFER_GGUF_DP4A", "0", "kernels/gguf_gemv.py",
+           "experimental: the GGUF word GEMV takes 8-bit activations and multiplies with dp4a (1: on)"),
     Switch("DEEPINFER_FUSED_EAGER", "1", "models/llama_fused_decode.py",
            "eager CUDA steps (prompt chunks, mixed steps) of dense models run the fused Triton kernels (0: torch ops)"),
     Switch("DEEPINFER_FOLD_MERGE", "1", "models/llama_fused_decode.py",

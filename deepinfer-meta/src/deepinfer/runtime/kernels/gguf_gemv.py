@@ -45,6 +45,8 @@ GEMV_CONFIG = (4, 512, 4, 3)
 # keep 4 (Q4_K gate_up 60.0 at 4 rows, 72.5 at 8), Q6_K and Q5_K were not measured at 8.
 WORDS_GEMV_CONFIG = (4, 2048, 4, 2)
 WORDS_GEMV_CONFIG_BY_KIND = {"Q4_0": (8, 2048, 4, 2), "Q8_0": (8, 2048, 4, 2)}
+# with DEEPINFER_GGUF_DP4A=1 a chunk's activations are also quantized: 8 rows share that work
+DP4A_GEMV_CONFIG = (8, 2048, 4, 2)
 GEMM_CONFIG = (64, 64, 64, 4, 3)  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
 
 
@@ -177,12 +179,42 @@ def _word_act(xw, uw, nww, B: tl.constexpr, rstd, dt: tl.constexpr, SILU_MUL: tl
 
 
 @triton.jit
+def _dp4a(a, b, EMULATE: tl.constexpr):
+    """Per int32 lane: the sum of the products of the four signed bytes of ``a`` and ``b`` (PTX
+    ``dp4a``; EMULATE: the same with shifts, for Triton's interpreter, which runs no PTX)."""
+    if EMULATE:
+        r = ((a << 24) >> 24) * ((b << 24) >> 24)
+        r += ((a << 16) >> 24) * ((b << 16) >> 24)
+        r += ((a << 8) >> 24) * ((b << 8) >> 24)
+        return r + (a >> 24) * (b >> 24)
+    return tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, tl.zeros_like(a)],
+                                     dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _quantize_tile_rows(x0, x1, x2, x3, xg):
+    """Activations [NG, GW] (byte b of each word: ``xb``) as signed bytes, one scale per tile row
+    (16 columns: ``amax / 127``, rounded to nearest): (the packed words [NG, GW] int32, the scales
+    [NG], each tile row's sum of the integers [NG] as float, ``xg``)."""
+    amax = tl.max(tl.maximum(tl.maximum(tl.abs(x0), tl.abs(x1)), tl.maximum(tl.abs(x2), tl.abs(x3))), axis=1)
+    inv = tl.where(amax > 0, 127.0 / amax, 0.0)[:, None]
+    # (v + 1.5 * 2**23) - 1.5 * 2**23 rounds |v| <= 127 to the nearest integer
+    q0 = ((x0 * inv + 12582912.0) - 12582912.0).to(tl.int32)
+    q1 = ((x1 * inv + 12582912.0) - 12582912.0).to(tl.int32)
+    q2 = ((x2 * inv + 12582912.0) - 12582912.0).to(tl.int32)
+    q3 = ((x3 * inv + 12582912.0) - 12582912.0).to(tl.int32)
+    words = (q0 & 0xFF) | ((q1 & 0xFF) << 8) | ((q2 & 0xFF) << 16) | (q3 << 24)
+    qsum = tl.sum((q0 + q1) + (q2 + q3), axis=1).to(tl.float32)
+    return words, amax / 127.0, qsum, qsum, xg
+
+
+@triton.jit
 def _word_activations(x_ptr, xw_ptr, nw_ptr, nww_ptr, out_ptr, cw, w_ok, k, rstd, HAS_MIN: tl.constexpr,
-                      SILU_MUL: tl.constexpr, NORM: tl.constexpr, X_WORDS: tl.constexpr):
+                      SILU_MUL: tl.constexpr, NORM: tl.constexpr, X_WORDS: tl.constexpr, DP4A: tl.constexpr):
     """The activations of byte ``b`` of each word whose first column is ``cw`` [NG, GW]: ``cw + b``
     for b = 0..3, float32, and (HAS_MIN) each tile row's activation sum [NG]. X_WORDS (16-bit
     activations): read as one 64-bit word per code word (``xw_ptr``, ``nww_ptr``: the int64 views of
-    x and the norm weight); else gathered per column."""
+    x and the norm weight); else gathered per column. DP4A: ``_quantize_tile_rows``' tuple instead."""
     if X_WORDS:
         dt: tl.constexpr = out_ptr.dtype.element_ty
         idx = cw // 4
@@ -205,21 +237,30 @@ def _word_activations(x_ptr, xw_ptr, nw_ptr, nww_ptr, out_ptr, cw, w_ok, k, rstd
     xg = tl.sum(x0, axis=1)
     if HAS_MIN:
         xg = tl.sum((x0 + x1) + (x2 + x3), axis=1)
-    return x0, x1, x2, x3, xg
+    if DP4A:
+        acts = _quantize_tile_rows(x0, x1, x2, x3, xg)
+    else:
+        acts = (x0, x1, x2, x3, xg)
+    return acts
 
 
 @triton.jit
 def _group_update(acc, wd, x0, x1, x2, x3, xg, row, n, g, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr,
                   G: tl.constexpr, SB: tl.constexpr, PACKED: tl.constexpr, SIGNED: tl.constexpr,
-                  HAS_MIN: tl.constexpr, OFFSET: tl.constexpr):
+                  HAS_MIN: tl.constexpr, OFFSET: tl.constexpr, DP4A: tl.constexpr, CODE_BIAS: tl.constexpr,
+                  EMULATE: tl.constexpr):
     """``acc`` [NG] plus one row's products with words ``wd`` [NG, GW] whose tile rows lie in groups
     ``g`` [NG]: each tile row's code-activation products summed first, then scaled once (its
     group's min times the tile row's activation sum ``xg``)."""
-    t = _word_codes(wd, 0, PACKED, SIGNED, OFFSET) * x0
-    t += _word_codes(wd, 1, PACKED, SIGNED, OFFSET) * x1
-    t += _word_codes(wd, 2, PACKED, SIGNED, OFFSET) * x2
-    t += _word_codes(wd, 3, PACKED, SIGNED, OFFSET) * x3
-    dot = tl.sum(t, axis=1)
+    if DP4A:  # x0: the activations as signed-byte words, x1: their scales, x2: their integer sums
+        di = _dp4a(wd & 0x0F0F0F0F if PACKED else wd, x0, EMULATE)
+        dot = x1 * (tl.sum(di, axis=1).to(tl.float32) - CODE_BIAS * x2)
+    else:
+        t = _word_codes(wd, 0, PACKED, SIGNED, OFFSET) * x0
+        t += _word_codes(wd, 1, PACKED, SIGNED, OFFSET) * x1
+        t += _word_codes(wd, 2, PACKED, SIGNED, OFFSET) * x2
+        t += _word_codes(wd, 3, PACKED, SIGNED, OFFSET) * x3
+        dot = tl.sum(t, axis=1)
     gok = (g < ng) & (row + g * 0 < n)  # (a tensor mask: Triton's interpreter takes no scalar & tensor)
     s = tl.load(s_ptr + row * ng + g, mask=gok, other=0).to(tl.float32)
     if SB > 0:
@@ -238,17 +279,18 @@ def _group_update(acc, wd, x0, x1, x2, x3, xg, row, n, g, ng, nsb, s_ptr, m_ptr,
 @triton.jit
 def _row_update(acc, row, n, q_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr,
                 G: tl.constexpr, SB: tl.constexpr, PACKED: tl.constexpr, SIGNED: tl.constexpr,
-                HAS_MIN: tl.constexpr, OFFSET: tl.constexpr):
+                HAS_MIN: tl.constexpr, OFFSET: tl.constexpr, DP4A: tl.constexpr,
+                CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr):
     """One row's chunk of words ``w0 + wi``: the low nibbles (or bytes) with activations ``lo``, a
     4-bit type's high nibbles with ``hi`` (the same columns of the second half)."""
     wd = tl.load(q_ptr + row * kw + w0 + wi, mask=w_ok & (row + wi * 0 < n), other=0)
     x0, x1, x2, x3, xg = lo
     acc = _group_update(acc, wd, x0, x1, x2, x3, xg, row, n, glo, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr, G, SB,
-                        PACKED, SIGNED, HAS_MIN, OFFSET)
+                        PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE)
     if PACKED:
         x0, x1, x2, x3, xg = hi
         acc = _group_update(acc, wd >> 4, x0, x1, x2, x3, xg, row, n, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr,
-                            G, SB, PACKED, SIGNED, HAS_MIN, OFFSET)
+                            G, SB, PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE)
     return acc
 
 
@@ -267,18 +309,19 @@ def _row_out(acc, row, n, b_ptr, res_ptr, out_ptr, HAS_BIAS: tl.constexpr, RESID
 @triton.jit
 def _rows_update(a0, a1, a2, a3, r, NR: tl.constexpr, n, q_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr,
                  m_ptr, d_ptr, dm_ptr, G: tl.constexpr, SB: tl.constexpr, PACKED: tl.constexpr, SIGNED: tl.constexpr,
-                 HAS_MIN: tl.constexpr, OFFSET: tl.constexpr):
+                 HAS_MIN: tl.constexpr, OFFSET: tl.constexpr, DP4A: tl.constexpr,
+                CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr):
     """``_row_update`` for rows ``r .. r + NR - 1`` (NR 1, 2 or 4), accumulators ``a0..a3``."""
     a0 = _row_update(a0, r, n, q_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr, G, SB,
-                     PACKED, SIGNED, HAS_MIN, OFFSET)
+                     PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE)
     if NR > 1:
         a1 = _row_update(a1, r + 1, n, q_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr,
-                         G, SB, PACKED, SIGNED, HAS_MIN, OFFSET)
+                         G, SB, PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE)
     if NR > 2:
         a2 = _row_update(a2, r + 2, n, q_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr,
-                         G, SB, PACKED, SIGNED, HAS_MIN, OFFSET)
+                         G, SB, PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE)
         a3 = _row_update(a3, r + 3, n, q_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr,
-                         G, SB, PACKED, SIGNED, HAS_MIN, OFFSET)
+                         G, SB, PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE)
     return a0, a1, a2, a3
 
 
@@ -300,7 +343,7 @@ def _gguf_gemv_words_kernel(x_ptr, xw_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, b
                             G: tl.constexpr, SB: tl.constexpr, HAS_MIN: tl.constexpr, OFFSET: tl.constexpr,
                             SILU_MUL: tl.constexpr, NORM: tl.constexpr, NORM_BLOCK: tl.constexpr,
                             HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr, X_WORDS: tl.constexpr,
-                            PDL: tl.constexpr):
+                            DP4A: tl.constexpr, CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr, PDL: tl.constexpr):
     """The one-row GEMV reading the code plane as int32 words (``q_ptr``, ``kw`` words a row):
     ROWS (1, 2, 4 or 8) output rows a program, chunks of BLOCK_W words a row as [NG, 4] tiles. A tile
     row is one 16-byte load and lies in one scale group (16 or 32 columns; a 32-column group is two
@@ -325,21 +368,21 @@ def _gguf_gemv_words_kernel(x_ptr, xw_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, b
     for w0 in range(0, kw, BLOCK_W):
         w_ok = (w0 + wi) < kw
         lo = _word_activations(x_ptr, xw_ptr, nw_ptr, nww_ptr, out_ptr, 4 * (w0 + wi), w_ok, k, rstd, HAS_MIN,
-                               SILU_MUL, NORM, X_WORDS)
+                               SILU_MUL, NORM, X_WORDS, DP4A)
         glo = (w0 + GW * gi) // (G // 4)  # the scale group of each tile row
         hi = lo
         ghi = glo
         if PACKED:
             hi = _word_activations(x_ptr, xw_ptr, nw_ptr, nww_ptr, out_ptr, k // 2 + 4 * (w0 + wi), w_ok, k, rstd,
-                                   HAS_MIN, SILU_MUL, NORM, X_WORDS)
+                                   HAS_MIN, SILU_MUL, NORM, X_WORDS, DP4A)
             ghi = (k // 2) // G + glo
         acc0, acc1, acc2, acc3 = _rows_update(acc0, acc1, acc2, acc3, r0, min(ROWS, 4), n, q_ptr, kw, w0, wi, w_ok,
                                               lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr, G, SB, PACKED,
-                                              SIGNED, HAS_MIN, OFFSET)
+                                              SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE)
         if ROWS > 4:
             acc4, acc5, acc6, acc7 = _rows_update(acc4, acc5, acc6, acc7, r0 + 4, 4, n, q_ptr, kw, w0, wi, w_ok, lo,
                                                   hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr, G, SB, PACKED,
-                                                  SIGNED, HAS_MIN, OFFSET)
+                                                  SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE)
     _rows_out(acc0, acc1, acc2, acc3, r0, min(ROWS, 4), n, b_ptr, res_ptr, out_ptr, HAS_BIAS, RESIDUAL)
     if ROWS > 4:
         _rows_out(acc4, acc5, acc6, acc7, r0 + 4, 4, n, b_ptr, res_ptr, out_ptr, HAS_BIAS, RESIDUAL)
@@ -424,6 +467,14 @@ def word_codes() -> bool:
     return switches.enabled("DEEPINFER_GGUF_WORDS")
 
 
+def dp4a_gemv() -> bool:
+    """Experimental (``DEEPINFER_GGUF_DP4A=1``, off by default): the word GEMV quantizes each
+    16-column tile row of activations to signed bytes (scale ``amax / 127``) and multiplies codes
+    by them four at a time (PTX ``dp4a``), as llama.cpp's CUDA ``mmvq`` does with its 8-bit
+    activations. Fewer instructions a weight; activations rounded to 8 bits."""
+    return switches.enabled("DEEPINFER_GGUF_DP4A")
+
+
 def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, *, silu_mul: bool = False,
               norm: tuple[torch.Tensor, float] | None = None, residual: torch.Tensor | None = None,
               out: torch.Tensor | None = None, config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
@@ -437,8 +488,13 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
         raise ValueError(f"gguf_gemv: x is on {x.device}, the weight on {w.codes.device}")
     out = torch.empty((1, n), dtype=x.dtype, device=x.device) if out is None else out
     words = word_codes()
-    block_n, block_k, warps, stages = config or (WORDS_GEMV_CONFIG_BY_KIND.get(w.kind, WORDS_GEMV_CONFIG) if words
+    dp4a = words and dp4a_gemv()
+    block_n, block_k, warps, stages = config or (DP4A_GEMV_CONFIG if dp4a else
+                                                 WORDS_GEMV_CONFIG_BY_KIND.get(w.kind, WORDS_GEMV_CONFIG) if words
                                                  else GEMV_CONFIG)
+    if min(block_n, warps, stages) < 1 or block_k < 16 or block_k & (block_k - 1):
+        raise ValueError(f"gguf_gemv: config must be (BLOCK_N, BLOCK_K a power of two >= 16, num_warps, "
+                         f"num_stages) of positive integers, got {(block_n, block_k, warps, stages)!r}")
     if words:
         packed, g, sb, has_min, code_bias = KINDS[w.kind]
         signed = w.codes.dtype == torch.int8
@@ -455,7 +511,8 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
             PACKED=packed, SIGNED=signed, G=g, SB=sb, HAS_MIN=has_min,
             OFFSET=8388608.0 + code_bias + (128.0 if signed else 0.0), SILU_MUL=silu_mul, NORM=norm is not None,
             NORM_BLOCK=triton.next_power_of_2(k) if norm is not None else 1, HAS_BIAS=bias is not None,
-            RESIDUAL=residual is not None, X_WORDS=x_words, num_warps=warps, num_stages=stages,
+            RESIDUAL=residual is not None, X_WORDS=x_words, DP4A=dp4a, CODE_BIAS=float(code_bias),
+            EMULATE=_INTERPRET, num_warps=warps, num_stages=stages,
             **pdl_launch(x.device))
         return out
     if _INTERPRET:  # Triton's interpreter runs programs one by one: fewer, wider ones (same products)
