@@ -35,7 +35,12 @@ import triton.language as tl
 
 from deepinfer.runtime import switches
 from deepinfer.runtime.kernels.fp8_act import e4m3_grid
-from deepinfer.runtime.kernels.gemv import _activation_chunk, _gemv_epilogue, check_one_row
+from deepinfer.runtime.kernels.gemv import (
+    _activation_chunk,
+    _gemv_epilogue,
+    _row_rstd,
+    check_one_row,
+)
 from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch
 
 # (BLOCK_N, BLOCK_K, num_warps, num_stages): 16-byte loads of fp8 are 16 values, so the tile
@@ -112,11 +117,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, n, k,
     w_first = tl.load(w_ptr + rows[:, None] * stride_w + cols[None, :], mask=row_ok[:, None] & (cols < k)[None, :],
                       other=0.0)
     pdl_begin(PDL)
-    rstd = 0.0
-    if NORM:
-        nc = tl.arange(0, NORM_BLOCK)
-        xn = tl.load(x_ptr + nc, mask=nc < k, other=0.0).to(tl.float32)
-        rstd = tl.math.rsqrt(tl.sum(xn * xn, axis=0) / k + eps)
+    rstd = _row_rstd(x_ptr, k, eps, NORM, NORM_BLOCK)
     if MATH == 0:
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     elif MATH == 1 or MATH == 3:

@@ -60,6 +60,17 @@ def _activation_chunk(x_ptr, nw_ptr, out_ptr, c, c_ok, k, rstd, SILU_MUL: tl.con
 
 
 @triton.jit
+def _row_rstd(x_ptr, k, eps, NORM: tl.constexpr, NORM_BLOCK: tl.constexpr):
+    """1 / RMS of the activation row ``x`` [K] (NORM; else 0): RMSNorm's factor, as add_rmsnorm."""
+    rstd = 0.0
+    if NORM:
+        nc = tl.arange(0, NORM_BLOCK)
+        xn = tl.load(x_ptr + nc, mask=nc < k, other=0.0).to(tl.float32)
+        rstd = tl.math.rsqrt(tl.sum(xn * xn, axis=0) / k + eps)
+    return rstd
+
+
+@triton.jit
 def _gemv_epilogue(y, rows, row_ok, pid, n, b_ptr, res_ptr, out_ptr, max_ptr, arg_ptr, HAS_BIAS: tl.constexpr,
                    RESIDUAL: tl.constexpr, ARGMAX: tl.constexpr):
     dt = out_ptr.dtype.element_ty
@@ -94,11 +105,8 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, max_ptr, arg_ptr
     w_first = tl.load(w_ptr + rows[:, None] * stride_w + c0[None, :], mask=row_ok[:, None] & (c0 < k_hi)[None, :],
                       other=0.0)
     pdl_begin(PDL)
-    rstd = 0.0
-    if NORM:  # every program computes the row's RMS itself (K values from L2): no separate norm launch
-        nc = tl.arange(0, NORM_BLOCK)
-        xn = tl.load(x_ptr + nc, mask=nc < k, other=0.0).to(tl.float32)
-        rstd = tl.math.rsqrt(tl.sum(xn * xn, axis=0) / k + eps)
+    # every program computes the row's RMS itself (K values from L2): no separate norm launch
+    rstd = _row_rstd(x_ptr, k, eps, NORM, NORM_BLOCK)
     acc = w_first.to(tl.float32) * _activation_chunk(x_ptr, nw_ptr, out_ptr, c0, c0 < k_hi, k, rstd, SILU_MUL,
                                                      NORM)[None, :]
     for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):

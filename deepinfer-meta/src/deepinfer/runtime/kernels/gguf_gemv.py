@@ -31,7 +31,12 @@ import triton
 import triton.language as tl
 
 from deepinfer.runtime import switches
-from deepinfer.runtime.kernels.gemv import _activation_chunk, check_one_row
+from deepinfer.runtime.kernels.gemv import (
+    _activation_chunk,
+    _gemv_epilogue,
+    _row_rstd,
+    check_one_row,
+)
 from deepinfer.runtime.kernels.gguf_layout import KINDS, GGUFPlanes
 from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch
 
@@ -125,11 +130,7 @@ def _gguf_gemv_kernel(x_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, b_ptr, nw_ptr, 
     ok0 = row_ok[:, None] & (cols < kc)[None, :]
     first = tl.load(q_ptr + rows[:, None] * kc + cols[None, :], mask=ok0, other=0)  # before the wait (PDL)
     pdl_begin(PDL)
-    rstd = 0.0
-    if NORM:
-        nc = tl.arange(0, NORM_BLOCK)
-        xn = tl.load(x_ptr + nc, mask=nc < k, other=0.0).to(tl.float32)
-        rstd = tl.math.rsqrt(tl.sum(xn * xn, axis=0) / k + eps)
+    rstd = _row_rstd(x_ptr, k, eps, NORM, NORM_BLOCK)
     acc = _gemv_chunk(tl.zeros([BLOCK_N, BLOCK_K], tl.float32), first, rows, row_ok, 0, cols, kc, k, rstd, x_ptr,
                       nw_ptr, out_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, BLOCK_N, BLOCK_K, PACKED, G, SB, HAS_MIN,
                       BIAS, SILU_MUL, NORM, TILED)
@@ -139,13 +140,8 @@ def _gguf_gemv_kernel(x_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, b_ptr, nw_ptr, 
         raw = tl.load(q_ptr + rows[:, None] * kc + c[None, :], mask=ok, other=0)
         acc = _gemv_chunk(acc, raw, rows, row_ok, k0, c, kc, k, rstd, x_ptr, nw_ptr, out_ptr, s_ptr, m_ptr, d_ptr,
                           dm_ptr, ng, nsb, BLOCK_N, BLOCK_K, PACKED, G, SB, HAS_MIN, BIAS, SILU_MUL, NORM, TILED)
-    y = tl.sum(acc, axis=1)
-    dt = out_ptr.dtype.element_ty
-    if HAS_BIAS:
-        y += tl.load(b_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
-    if RESIDUAL:  # torch: the projection rounds, then the residual add rounds
-        y = y.to(dt).to(tl.float32) + tl.load(res_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
-    tl.store(out_ptr + rows, y.to(dt), mask=row_ok)
+    _gemv_epilogue(tl.sum(acc, axis=1), rows, row_ok, pid, n, b_ptr, res_ptr, out_ptr, out_ptr, out_ptr, HAS_BIAS,
+                   RESIDUAL, False)
 
 
 @triton.jit
@@ -296,14 +292,8 @@ def _row_update(acc, row, n, q_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb,
 
 @triton.jit
 def _row_out(acc, row, n, b_ptr, res_ptr, out_ptr, HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr):
-    y = tl.sum(acc, axis=0)
-    ok = row < n
-    dt = out_ptr.dtype.element_ty
-    if HAS_BIAS:
-        y += tl.load(b_ptr + row, mask=ok, other=0.0).to(tl.float32)
-    if RESIDUAL:  # torch: the projection rounds, then the residual add rounds
-        y = y.to(dt).to(tl.float32) + tl.load(res_ptr + row, mask=ok, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row, y.to(dt), mask=ok)
+    _gemv_epilogue(tl.sum(acc, axis=0), row, row < n, 0, n, b_ptr, res_ptr, out_ptr, out_ptr, out_ptr, HAS_BIAS,
+                   RESIDUAL, False)
 
 
 @triton.jit
@@ -358,11 +348,7 @@ def _gguf_gemv_words_kernel(x_ptr, xw_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, b
     gi = tl.arange(0, NG)
     wi = gi[:, None] * GW + tl.arange(0, GW)[None, :]
     pdl_begin(PDL)
-    rstd = 0.0
-    if NORM:
-        nc = tl.arange(0, NORM_BLOCK)
-        xn = tl.load(x_ptr + nc, mask=nc < k, other=0.0).to(tl.float32)
-        rstd = tl.math.rsqrt(tl.sum(xn * xn, axis=0) / k + eps)
+    rstd = _row_rstd(x_ptr, k, eps, NORM, NORM_BLOCK)
     acc0 = tl.zeros([NG], tl.float32)
     acc1, acc2, acc3, acc4, acc5, acc6, acc7 = acc0, acc0, acc0, acc0, acc0, acc0, acc0
     for w0 in range(0, kw, BLOCK_W):
