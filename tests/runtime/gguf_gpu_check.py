@@ -111,13 +111,17 @@ def check_kind(kind: str, device: str, quick: bool) -> bool:
     mag = normed.abs() @ w_ref.abs().T
     ok &= _check(f"{kind} gemv bf16 rmsnorm", gguf_gemv(xb.to(device), planes, norm=(nw.to(device), eps)), ref, mag,
                  2**-7, 2**-7, q8_error(normed, w_ref))
-    # a row (and norm weight) at an odd offset of a wider buffer: read per column, not as 64-bit
-    # words, with the same result as its aligned copy
-    wide = torch.cat((torch.zeros(1, 1), xb.float(), torch.zeros(1, 3)), dim=1).to(bf).to(device)
+    # rows of a wider buffer (rows of k + 3): one at an odd offset (read per column), one at an
+    # offset on a 64-bit word but an odd row stride (read as words): both equal the aligned copy
+    wide = torch.zeros(2, k + 3)
+    c = -(k + 3) % 4
+    wide[0, 1:k + 1] = wide[1, c:c + k] = xb.float()[0]
+    wide = wide.to(bf).to(device)
     nwide = torch.cat((torch.zeros(1), nw.float(), torch.zeros(3))).to(bf).to(device)
-    odd = gguf_gemv(wide[:, 1:k + 1], planes, norm=(nwide[1:k + 1], eps))
-    same = torch.equal(odd, gguf_gemv(xb.to(device), planes, norm=(nw.to(device), eps)))
-    print(f"{'ok  ' if same else 'FAIL'} {kind} gemv bf16 rmsnorm, a row at an odd offset equals its aligned copy")
+    aligned = gguf_gemv(xb.to(device), planes, norm=(nw.to(device), eps))
+    same = torch.equal(gguf_gemv(wide[0:1, 1:k + 1], planes, norm=(nwide[1:k + 1], eps)), aligned)
+    same &= torch.equal(gguf_gemv(wide[1:2, c:c + k], planes, norm=(nw.to(device), eps)), aligned)
+    print(f"{'ok  ' if same else 'FAIL'} {kind} gemv bf16 rmsnorm, rows of a wider buffer equal their aligned copy")
     ok &= same
     gu = torch.randn(1, 2 * k, generator=g).to(bf)
     gd, ud = gu[:, :k].double(), gu[:, k:].double()

@@ -487,9 +487,11 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
         rows = 8 if block_n >= 8 else (4 if block_n >= 4 else (2 if block_n >= 2 else 1))
         codes = w.codes.view(torch.int32)
         # 16-bit activations are read as 64-bit words of four (one per code word); others per column
+        # (the row as one vector: a row of a wider buffer has any row stride; it must start on a
+        # 64-bit word, and so must the norm weight)
         x_words = (x.element_size() == 2 and k % 8 == 0 and x.storage_offset() % 4 == 0
-                   and (norm is None or norm[0].storage_offset() % 4 == 0))  # (whole 64-bit words)
-        xw = x.view(torch.int64) if x_words else x
+                   and (norm is None or norm[0].storage_offset() % 4 == 0))
+        xw = x[0].view(torch.int64) if x_words else x
         nw = norm[0] if norm is not None else out
         _gguf_gemv_words_kernel[(triton.cdiv(n, rows),)](
             x, xw, codes, *_planes_args(w)[1:], bias if bias is not None else out, nw,
