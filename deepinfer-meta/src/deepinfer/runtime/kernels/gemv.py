@@ -42,21 +42,28 @@ DEFAULT_CONFIG = (2, 1024, 4, 3)
 
 
 @triton.jit
-def _activation_chunk(x_ptr, nw_ptr, out_ptr, c, c_ok, k, rstd, SILU_MUL: tl.constexpr, NORM: tl.constexpr):
-    """Columns ``c`` of the activation row, float32 (rounded to the output dtype where torch's ops round)."""
-    dt = out_ptr.dtype.element_ty
+def _activation_math(xv, u, nw, rstd, dt: tl.constexpr, SILU_MUL: tl.constexpr, NORM: tl.constexpr):
+    """The GEMV's input from float32 activations ``xv`` (SILU_MUL: the gate; ``u`` the up half;
+    NORM: ``nw`` the norm weight), rounded to ``dt`` where torch's ops round."""
     if SILU_MUL:
-        g = tl.load(x_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
-        u = tl.load(x_ptr + k + c, mask=c_ok, other=0.0).to(tl.float32)
-        act = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
+        act = (xv / (1.0 + tl.exp(-xv))).to(dt).to(tl.float32)
         xv = (act * u).to(dt).to(tl.float32)
     elif NORM:  # RMSNorm(x) * weight, rounded where fused_ops.add_rmsnorm rounds
-        xv = tl.load(x_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
-        nw = tl.load(nw_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
         xv = (nw * (xv * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-    else:
-        xv = tl.load(x_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
     return xv
+
+
+@triton.jit
+def _activation_chunk(x_ptr, nw_ptr, out_ptr, c, c_ok, k, rstd, SILU_MUL: tl.constexpr, NORM: tl.constexpr):
+    """Columns ``c`` of the activation row, float32 (rounded to the output dtype where torch's ops round)."""
+    xv = tl.load(x_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
+    u = xv
+    nw = xv
+    if SILU_MUL:
+        u = tl.load(x_ptr + k + c, mask=c_ok, other=0.0).to(tl.float32)
+    elif NORM:
+        nw = tl.load(nw_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
+    return _activation_math(xv, u, nw, rstd, out_ptr.dtype.element_ty, SILU_MUL, NORM)
 
 
 @triton.jit

@@ -33,6 +33,7 @@ import triton.language as tl
 from deepinfer.runtime import switches
 from deepinfer.runtime.kernels.gemv import (
     _activation_chunk,
+    _activation_math,
     _gemv_epilogue,
     _row_rstd,
     check_one_row,
@@ -164,14 +165,13 @@ def _word_codes(wd, B: tl.constexpr, PACKED: tl.constexpr, SIGNED: tl.constexpr,
 def _word_act(xw, uw, nww, B: tl.constexpr, rstd, dt: tl.constexpr, SILU_MUL: tl.constexpr, NORM: tl.constexpr):
     """Element ``B`` of 64-bit words of four 16-bit activations, float32, rounded as ``_activation_chunk``."""
     xv = ((xw >> (16 * B)) & 0xFFFF).to(tl.int16).to(dt, bitcast=True).to(tl.float32)
+    u = xv
+    nw = xv
     if SILU_MUL:
         u = ((uw >> (16 * B)) & 0xFFFF).to(tl.int16).to(dt, bitcast=True).to(tl.float32)
-        act = (xv / (1.0 + tl.exp(-xv))).to(dt).to(tl.float32)
-        xv = (act * u).to(dt).to(tl.float32)
     elif NORM:
         nw = ((nww >> (16 * B)) & 0xFFFF).to(tl.int16).to(dt, bitcast=True).to(tl.float32)
-        xv = (nw * (xv * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-    return xv
+    return _activation_math(xv, u, nw, rstd, dt, SILU_MUL, NORM)
 
 
 @triton.jit
