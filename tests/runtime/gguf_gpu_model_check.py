@@ -15,6 +15,7 @@ first divergence, the dense run's logprob gap between the two tokens (a near-tie
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import tempfile
@@ -141,15 +142,19 @@ def check_cuda(path: str) -> bool:
     prompts = [torch.randint(0, V, (int(n),), generator=g).tolist() for n in (3, 7, 12, 20, 33, 64)]
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=5)
     runs = {}
-    for name, kw in (("quantized", {"quantization": "gguf"}), ("dense bf16", {"dtype": "bfloat16"})):
-        llm = LLM(path, max_model_len=256, max_num_seqs=8, gpu_memory_utilization=0.2, **kw)
+    # the second LLM's budget (a fraction of the device, less what is in use) leaves room for the
+    # first one's KV cache should the allocator still hold it
+    for name, util, kw in (("quantized", 0.05, {"quantization": "gguf"}), ("dense bf16", 0.1, {"dtype": "bfloat16"})):
+        llm = LLM(path, max_model_len=256, max_num_seqs=8, gpu_memory_utilization=util, **kw)
         layer = llm.worker.loaded.model.layers[0]
         print(f"{name}: {llm!r}; layer 0 qkv: {type(layer.qkv_proj).__name__} "
               f"{getattr(layer.qkv_proj, 'weight_type', '')}", flush=True)
         alone = [llm.generate([{"prompt_token_ids": p}], params, use_tqdm=False)[0] for p in prompts]
         batch = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         runs[name] = (alone, batch)
-        del llm
+        llm.close()
+        del llm, layer
+        gc.collect()
         torch.cuda.empty_cache()
     same = total = 0
     for mode in (0, 1):

@@ -51,8 +51,11 @@ GEMV_CONFIG = (4, 512, 4, 3)
 # keep 4 (Q4_K gate_up 60.0 at 4 rows, 72.5 at 8), Q6_K and Q5_K were not measured at 8.
 WORDS_GEMV_CONFIG = (4, 2048, 4, 2)
 WORDS_GEMV_CONFIG_BY_KIND = {"Q4_0": (8, 2048, 4, 2), "Q8_0": (8, 2048, 4, 2)}
-# with DEEPINFER_GGUF_DP4A=1 a chunk's activations are also quantized: 8 rows share that work
-DP4A_GEMV_CONFIG = (8, 2048, 4, 2)
+# with DEEPINFER_GGUF_DP4A=1 (activations quantized once per GEMV by _quantize_activations_kernel,
+# QUANTIZE_BLOCK columns a program): within 10 % of the best swept tile of the 8B gate_up and down
+# for Q4_0 and Q4_K on the H200 (Q4_0 gate_up 20.5 us, 8 rows 4 warps 29.3; down 9.1 us)
+DP4A_GEMV_CONFIG = (4, 1024, 2, 2)
+QUANTIZE_BLOCK = 512
 GEMM_CONFIG = (64, 64, 64, 4, 3)  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
 
 
@@ -188,29 +191,55 @@ def _dp4a(a, b, EMULATE: tl.constexpr):
 
 
 @triton.jit
-def _quantize_tile_rows(x0, x1, x2, x3, xg):
-    """Activations [NG, GW] (byte b of each word: ``xb``) as signed bytes, one scale per tile row
-    (16 columns: ``amax / 127``, rounded to nearest): (the packed words [NG, GW] int32, the scales
-    [NG], each tile row's sum of the integers [NG] as float, ``xg``)."""
-    amax = tl.max(tl.maximum(tl.maximum(tl.abs(x0), tl.abs(x1)), tl.maximum(tl.abs(x2), tl.abs(x3))), axis=1)
+def _quantize_activations_kernel(x_ptr, nw_ptr, dt_ptr, q_ptr, st_ptr, k, eps, BLOCK: tl.constexpr,
+                                 SILU_MUL: tl.constexpr, NORM: tl.constexpr, NORM_BLOCK: tl.constexpr,
+                                 PDL: tl.constexpr):
+    """The dp4a GEMV's input, once per GEMV: the activation row (RMSNorm / SiLU·mul applied and
+    rounded as ``_activation_chunk``) as signed bytes ``q`` [K], one scale per 16-column tile
+    (``amax / 127``, rounded to nearest even), and per tile ``st`` [3, K/16]: the scale, the sum of
+    its integers and the sum of its float activations (for the types' code bias and mins)."""
+    T: tl.constexpr = BLOCK // 16
+    pid = tl.program_id(0)
+    pdl_begin(PDL)
+    rstd = _row_rstd(x_ptr, k, eps, NORM, NORM_BLOCK)
+    t = pid * T + tl.arange(0, T)
+    c = t[:, None] * 16 + tl.arange(0, 16)[None, :]
+    ok = c < k
+    xv = _activation_chunk(x_ptr, nw_ptr, dt_ptr, c, ok, k, rstd, SILU_MUL, NORM)
+    amax = tl.max(tl.abs(xv), axis=1)
     inv = tl.where(amax > 0, 127.0 / amax, 0.0)[:, None]
-    # (v + 1.5 * 2**23) - 1.5 * 2**23 rounds |v| <= 127 to the nearest integer
-    q0 = ((x0 * inv + 12582912.0) - 12582912.0).to(tl.int32)
-    q1 = ((x1 * inv + 12582912.0) - 12582912.0).to(tl.int32)
-    q2 = ((x2 * inv + 12582912.0) - 12582912.0).to(tl.int32)
-    q3 = ((x3 * inv + 12582912.0) - 12582912.0).to(tl.int32)
-    words = (q0 & 0xFF) | ((q1 & 0xFF) << 8) | ((q2 & 0xFF) << 16) | (q3 << 24)
-    qsum = tl.sum((q0 + q1) + (q2 + q3), axis=1).to(tl.float32)
-    return words, amax / 127.0, qsum, qsum, xg
+    # (v + 1.5 * 2**23) - 1.5 * 2**23 rounds |v| <= 127 to the nearest integer (ties to even)
+    q = ((xv * inv + 12582912.0) - 12582912.0).to(tl.int32)
+    tl.store(q_ptr + c, q.to(tl.int8), mask=ok)
+    kt = k // 16
+    t_ok = t < kt
+    tl.store(st_ptr + t, amax / 127.0, mask=t_ok)
+    tl.store(st_ptr + kt + t, tl.sum(q, axis=1).to(tl.float32), mask=t_ok)
+    tl.store(st_ptr + 2 * kt + t, tl.sum(xv, axis=1), mask=t_ok)
+
+
+@triton.jit
+def _quantized_activations(xq_ptr, st_ptr, wq, t, w_ok, t_ok, kt, HAS_MIN: tl.constexpr, CODE_BIAS: tl.constexpr):
+    """The dp4a GEMV's activations of words ``wq`` [NG, GW] (tiles ``t`` [NG]), as
+    ``_word_activations`` returns them: (signed-byte words, scales, integer sums, -, float sums)."""
+    words = tl.load(xq_ptr + wq, mask=w_ok, other=0)
+    scale = tl.load(st_ptr + t, mask=t_ok, other=0.0)
+    isum = scale
+    xsum = scale
+    if CODE_BIAS != 0:
+        isum = tl.load(st_ptr + kt + t, mask=t_ok, other=0.0)
+    if HAS_MIN:
+        xsum = tl.load(st_ptr + 2 * kt + t, mask=t_ok, other=0.0)
+    return words, scale, isum, isum, xsum
 
 
 @triton.jit
 def _word_activations(x_ptr, xw_ptr, nw_ptr, nww_ptr, out_ptr, cw, w_ok, k, rstd, HAS_MIN: tl.constexpr,
-                      SILU_MUL: tl.constexpr, NORM: tl.constexpr, X_WORDS: tl.constexpr, DP4A: tl.constexpr):
+                      SILU_MUL: tl.constexpr, NORM: tl.constexpr, X_WORDS: tl.constexpr):
     """The activations of byte ``b`` of each word whose first column is ``cw`` [NG, GW]: ``cw + b``
     for b = 0..3, float32, and (HAS_MIN) each tile row's activation sum [NG]. X_WORDS (16-bit
     activations): read as one 64-bit word per code word (``xw_ptr``, ``nww_ptr``: the int64 views of
-    x and the norm weight); else gathered per column. DP4A: ``_quantize_tile_rows``' tuple instead."""
+    x and the norm weight); else gathered per column."""
     if X_WORDS:
         dt: tl.constexpr = out_ptr.dtype.element_ty
         idx = cw // 4
@@ -233,11 +262,7 @@ def _word_activations(x_ptr, xw_ptr, nw_ptr, nww_ptr, out_ptr, cw, w_ok, k, rstd
     xg = tl.sum(x0, axis=1)
     if HAS_MIN:
         xg = tl.sum((x0 + x1) + (x2 + x3), axis=1)
-    if DP4A:
-        acts = _quantize_tile_rows(x0, x1, x2, x3, xg)
-    else:
-        acts = (x0, x1, x2, x3, xg)
-    return acts
+    return x0, x1, x2, x3, xg
 
 
 @triton.jit
@@ -327,8 +352,8 @@ def _rows_out(a0, a1, a2, a3, r, NR: tl.constexpr, n, b_ptr, res_ptr, out_ptr, H
 
 
 @triton.jit
-def _gguf_gemv_words_kernel(x_ptr, xw_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, b_ptr, nw_ptr, nww_ptr, res_ptr, out_ptr,
-                            n, k, kw, eps,
+def _gguf_gemv_words_kernel(x_ptr, xw_ptr, xq_ptr, st_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, b_ptr, nw_ptr, nww_ptr,
+                            res_ptr, out_ptr, n, k, kw, eps,
                             ROWS: tl.constexpr, BLOCK_W: tl.constexpr, PACKED: tl.constexpr, SIGNED: tl.constexpr,
                             G: tl.constexpr, SB: tl.constexpr, HAS_MIN: tl.constexpr, OFFSET: tl.constexpr,
                             SILU_MUL: tl.constexpr, NORM: tl.constexpr, NORM_BLOCK: tl.constexpr,
@@ -339,12 +364,14 @@ def _gguf_gemv_words_kernel(x_ptr, xw_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, b
     row is one 16-byte load and lies in one scale group (16 or 32 columns; a 32-column group is two
     tile rows), so each thread sums its own products: on the H200 a tile row of a whole 32-byte
     group, summed across two threads, ran the GEMV 2x slower. A chunk's activations are computed
-    once and used for every row."""
+    once and used for every row. DP4A: the activations are ``_quantize_activations_kernel``'s
+    signed bytes (``xq_ptr``, int32 words) and tile sums (``st_ptr``), already normalized."""
     GW: tl.constexpr = 4
     NG: tl.constexpr = BLOCK_W // GW
     r0 = tl.program_id(0).to(tl.int64) * ROWS
     ng = k // G
     nsb = k // SB if SB > 0 else 1
+    kt = k // 16
     gi = tl.arange(0, NG)
     wi = gi[:, None] * GW + tl.arange(0, GW)[None, :]
     pdl_begin(PDL)
@@ -353,14 +380,23 @@ def _gguf_gemv_words_kernel(x_ptr, xw_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, b
     acc1, acc2, acc3, acc4, acc5, acc6, acc7 = acc0, acc0, acc0, acc0, acc0, acc0, acc0
     for w0 in range(0, kw, BLOCK_W):
         w_ok = (w0 + wi) < kw
-        lo = _word_activations(x_ptr, xw_ptr, nw_ptr, nww_ptr, out_ptr, 4 * (w0 + wi), w_ok, k, rstd, HAS_MIN,
-                               SILU_MUL, NORM, X_WORDS, DP4A)
+        if DP4A:  # a tile row of 4 words is one 16-column activation tile
+            t = (w0 + GW * gi) // GW
+            t_ok = (w0 + GW * gi) < kw
+            lo = _quantized_activations(xq_ptr, st_ptr, w0 + wi, t, w_ok, t_ok, kt, HAS_MIN, CODE_BIAS)
+        else:
+            lo = _word_activations(x_ptr, xw_ptr, nw_ptr, nww_ptr, out_ptr, 4 * (w0 + wi), w_ok, k, rstd, HAS_MIN,
+                                   SILU_MUL, NORM, X_WORDS)
         glo = (w0 + GW * gi) // (G // 4)  # the scale group of each tile row
         hi = lo
         ghi = glo
-        if PACKED:
-            hi = _word_activations(x_ptr, xw_ptr, nw_ptr, nww_ptr, out_ptr, k // 2 + 4 * (w0 + wi), w_ok, k, rstd,
-                                   HAS_MIN, SILU_MUL, NORM, X_WORDS, DP4A)
+        if PACKED:  # the high nibbles: the same columns of the row's second half
+            if DP4A:
+                hi = _quantized_activations(xq_ptr, st_ptr, k // 8 + w0 + wi, kt // 2 + t, w_ok, t_ok, kt, HAS_MIN,
+                                            CODE_BIAS)
+            else:
+                hi = _word_activations(x_ptr, xw_ptr, nw_ptr, nww_ptr, out_ptr, k // 2 + 4 * (w0 + wi), w_ok, k,
+                                       rstd, HAS_MIN, SILU_MUL, NORM, X_WORDS)
             ghi = (k // 2) // G + glo
         acc0, acc1, acc2, acc3 = _rows_update(acc0, acc1, acc2, acc3, r0, min(ROWS, 4), n, q_ptr, kw, w0, wi, w_ok,
                                               lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr, G, SB, PACKED,
@@ -486,20 +522,32 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
         signed = w.codes.dtype == torch.int8
         rows = 8 if block_n >= 8 else (4 if block_n >= 4 else (2 if block_n >= 2 else 1))
         codes = w.codes.view(torch.int32)
-        # 16-bit activations are read as 64-bit words of four (one per code word); others per column
-        # (the row as one vector: a row of a wider buffer has any row stride; it must start on a
-        # 64-bit word, and so must the norm weight)
-        x_words = (x.element_size() == 2 and k % 8 == 0 and x.storage_offset() % 4 == 0
-                   and (norm is None or norm[0].storage_offset() % 4 == 0))
-        xw = x[0].view(torch.int64) if x_words else x
         nw = norm[0] if norm is not None else out
+        eps = norm[1] if norm is not None else 0.0
+        norm_block = triton.next_power_of_2(k) if norm is not None else 1
+        if dp4a:  # the activations quantized once, with the RMSNorm / SiLU·mul applied there
+            xq = torch.empty(k, dtype=torch.int8, device=x.device)
+            st = torch.empty(3 * (k // 16), dtype=torch.float32, device=x.device)
+            _quantize_activations_kernel[(triton.cdiv(k, QUANTIZE_BLOCK),)](
+                x, nw, out, xq, st, k, eps, BLOCK=QUANTIZE_BLOCK, SILU_MUL=silu_mul, NORM=norm is not None,
+                NORM_BLOCK=norm_block, num_warps=4, **pdl_launch(x.device))
+            xq_words, x_words, xw = xq.view(torch.int32), False, x
+            silu_mul, norm_block, fused_norm = False, 1, False
+        else:
+            # 16-bit activations are read as 64-bit words of four (one per code word); others per
+            # column (the row as one vector: a row of a wider buffer has any row stride; it must
+            # start on a 64-bit word, and so must the norm weight)
+            x_words = (x.element_size() == 2 and k % 8 == 0 and x.storage_offset() % 4 == 0
+                       and (norm is None or norm[0].storage_offset() % 4 == 0))
+            xw = x[0].view(torch.int64) if x_words else x
+            xq_words, st, fused_norm = codes, out, norm is not None
         _gguf_gemv_words_kernel[(triton.cdiv(n, rows),)](
-            x, xw, codes, *_planes_args(w)[1:], bias if bias is not None else out, nw,
+            x, xw, xq_words, st, codes, *_planes_args(w)[1:], bias if bias is not None else out, nw,
             nw.view(torch.int64) if x_words and norm is not None else nw, residual if residual is not None else out,
-            out, n, k, codes.shape[1], norm[1] if norm is not None else 0.0, ROWS=rows, BLOCK_W=max(block_k // 4, 4),
+            out, n, k, codes.shape[1], eps, ROWS=rows, BLOCK_W=max(block_k // 4, 4),
             PACKED=packed, SIGNED=signed, G=g, SB=sb, HAS_MIN=has_min,
-            OFFSET=8388608.0 + code_bias + (128.0 if signed else 0.0), SILU_MUL=silu_mul, NORM=norm is not None,
-            NORM_BLOCK=triton.next_power_of_2(k) if norm is not None else 1, HAS_BIAS=bias is not None,
+            OFFSET=8388608.0 + code_bias + (128.0 if signed else 0.0), SILU_MUL=silu_mul, NORM=fused_norm,
+            NORM_BLOCK=norm_block, HAS_BIAS=bias is not None,
             RESIDUAL=residual is not None, X_WORDS=x_words, DP4A=dp4a, CODE_BIAS=float(code_bias),
             EMULATE=_INTERPRET, num_warps=warps, num_stages=stages,
             **pdl_launch(x.device))
