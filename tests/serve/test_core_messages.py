@@ -7,13 +7,14 @@ from __future__ import annotations
 import random
 
 import msgspec
+import numpy as np
 import pytest
 
 pytest.importorskip("fastapi", reason="the serve extra (fastapi) is not installed")
 
 from deepinfer.runtime.sampling_params import SamplingParams
 from deepinfer.serve.app import merge_deltas
-from deepinfer.serve.client import Message
+from deepinfer.serve.client import Message, _split_columns
 from deepinfer.serve.core import pid_alive, sampling_params_fields
 from deepinfer.serve.engine_thread import RequestDelta, RequestFailed, SampleDelta
 
@@ -51,10 +52,29 @@ def test_a_steps_message_crosses_msgpack_unchanged():
     delta = RequestDelta(1, [SampleDelta(0, [5, 9], "ab", [{5: -0.5, 2: -1.5}, {9: -0.25}], None, None),
                              SampleDelta(1, [4], "c", None, "stop", 13)], True, [None, {3: -2.0}], 4)
     failure = RequestFailed(0, 500, "the request failed: boom")
-    msg = ("batch", [["metric", "ttft", None, "observe", 0.5]], [("r-1", delta)], [("r-0", failure)])
+    columns = (["r-2", "r-3"], np.array([1, 0], "<i4").tobytes(), np.array([77], "<i4").tobytes())
+    msg = ("batch", [["metric", "ttft", None, "observe", 0.5]], [("r-1", delta)], [("r-0", failure)], [columns])
     back = msgspec.msgpack.Decoder(Message).decode(msgspec.msgpack.encode(msg))
     assert back[2] == [("r-1", delta)] and back[3] == [("r-0", failure)]
     assert back[1] == [["metric", "ttft", None, "observe", 0.5]]
+    assert back[4] == [columns]
+    rids, counts, tokens = back[4][0]
+    assert _split_columns(rids, counts, tokens) == [[77], []]
+
+
+def test_columns_split_into_each_rows_tokens_and_malformed_ones_raise():
+    def cols(counts, tokens):
+        return np.array(counts, "<i4").tobytes(), np.array(tokens, "<i4").tobytes()
+
+    assert _split_columns([], *cols([], [])) == []
+    assert _split_columns(["a", "b"], *cols([1, 1], [5, 6])) == [[5], [6]]
+    assert _split_columns(["a", "b", "c"], *cols([2, 0, 3], [1, 2, 3, 4, 5])) == [[1, 2], [], [3, 4, 5]]
+    for rids, counts, tokens in ((["a"], [1, 1], [5, 6]), (["a", "b"], [1, 2], [5, 6]),
+                                 (["a", "b"], [3, -1], [5, 6]), (["a"], [1], [])):
+        with pytest.raises(ValueError, match="malformed columns"):
+            _split_columns(rids, *cols(counts, tokens))
+    with pytest.raises(ValueError, match="malformed columns"):
+        _split_columns(["a"], b"\x01\x00\x00\x00", b"\x05\x00")  # not whole int32s
 
 
 def _deltas(rng: random.Random, tags: int, n: int) -> tuple[list[RequestDelta], dict[int, list[int]]]:

@@ -803,10 +803,27 @@ class RequestOutputPool:
         """
         Objects held.
         """
+    def add_columnar(self, request_id: str, slot: typing.SupportsInt | typing.SupportsIndex) -> None:
+        """
+        Register a request whose plain deltas build_request_outputs writes as rows of columns (read with take_columns) instead of RequestOutput objects: each output of the 'delta' kind with one sample (n == 1), no logprobs and no prompt logprobs, after the request's first output and not finished, becomes a row (slot, its new tokens, possibly none). Its other outputs (the first, the finished one, an abort) are RequestOutputs as before; building its finished output unregisters it. slot: the caller's number for the request (rows name it). ValueError for a slot outside [0, 2**31 - 1] or a request registered already.
+        """
+    def discard_columnar(self, request_id: str) -> bool:
+        """
+        Unregister a request (e.g. released); False when it was not registered.
+        """
+    def take_columns(self) -> tuple[numpy.typing.NDArray[numpy.int32], numpy.typing.NDArray[numpy.int64], numpy.typing.NDArray[numpy.int32]]:
+        """
+        The rows build_request_outputs wrote since the last call, in build order, as three new arrays: (slots int32[R], offsets int64[R + 1], token_ids int32[T]); row r's new tokens are token_ids[offsets[r]:offsets[r + 1]] (offsets[0] == 0, offsets[R] == T). The rows are cleared.
+        """
     @property
     def max_size(self) -> int:
         """
         Most objects kept.
+        """
+    @property
+    def num_columnar(self) -> int:
+        """
+        Requests registered with add_columnar.
         """
 class FlopsEstimator:
     """
@@ -1579,7 +1596,7 @@ class SamplerInputs:
         """
 def build_request_outputs(scheduler: Scheduler, pool: RequestOutputPool) -> list[RequestOutput]:
     """
-    RequestOutputs of the requests updated since the previous call (or schedule()): new tokens, finishes, aborts, stop strings; per each request's output_kind (cumulative / delta / final_only). Objects come from pool. Holds the GIL (creates Python objects).
+    RequestOutputs of the requests updated since the previous call (or schedule()): new tokens, finishes, aborts, stop strings; per each request's output_kind (cumulative / delta / final_only). Objects come from pool; the plain deltas of the requests registered with pool.add_columnar are rows of pool.take_columns instead. Holds the GIL (creates Python objects).
     """
 def clone_and_zero_states_and_blocks(scheduler: Scheduler, seq_id: typing.SupportsInt | typing.SupportsIndex, num_children: typing.SupportsInt | typing.SupportsIndex) -> tuple[numpy.typing.NDArray[numpy.int64], numpy.typing.NDArray[numpy.int32], numpy.typing.NDArray[numpy.int32], numpy.typing.NDArray[numpy.int32]]:
     """

@@ -34,7 +34,7 @@ import msgspec
 from deepinfer.runtime.sampling_params import SamplingParams
 from deepinfer.serve.core import pid_alive, sampling_params_fields
 from deepinfer.serve.core_process import CoreError, CoreProcess
-from deepinfer.serve.engine_thread import RequestDelta, RequestFailed
+from deepinfer.serve.engine_thread import RequestDelta, RequestFailed, SampleDelta
 from deepinfer.serve.metrics import ServerMetrics
 from deepinfer.serve.output_text import RequestText, detokenized_here
 from deepinfer.serve.replicas import least_loaded
@@ -47,7 +47,8 @@ CORE_CHECK_S = 0.2  # how often an idle front end checks that a core still runs
 #: undelivered step messages one HTTP request may have queued before it is cut (a stalled reader)
 DEFAULT_MAX_STREAM_BUFFER = 4096
 
-Message = tuple[str, Any, list[tuple[str, RequestDelta]], list[tuple[str, RequestFailed]]]
+Message = tuple[str, Any, list[tuple[str, RequestDelta]], list[tuple[str, RequestFailed]],
+                list[tuple[list[str], bytes, bytes]]]
 
 
 @dataclass
@@ -314,7 +315,7 @@ class EngineClient:
             self._core_died(core, f"this front end could not read its messages: {exc!r}")
 
     def _on_message(self, core: _Core, msg: Message) -> None:
-        kind, payload, deltas, failures = msg
+        kind, payload, deltas, failures, columns = msg
         if kind == "died":
             self._core_died(core, f"its loop stopped: {payload}")
             return
@@ -325,6 +326,16 @@ class EngineClient:
             core.metrics.replay(payload)
         routes = self._routes
         limit = self.max_stream_buffer
+        for rids, counts, tokens in columns:  # plain deltas (core.py: one sample, not finished)
+            for rid, ids in zip(rids, _split_columns(rids, counts, tokens), strict=True):
+                route = routes.get(rid)
+                if route is None:  # aborted by its client
+                    continue
+                if route.sink.qsize() >= limit:
+                    self._cut(rid, route)
+                    continue
+                self._put(rid, route, RequestDelta(route.tag, [SampleDelta(0, ids, "", None, None, None)] if ids
+                                                   else [], False))
         for rid, delta in deltas:
             route = routes.get(rid)
             if route is None:  # aborted by its client
@@ -334,19 +345,23 @@ class EngineClient:
             elif route.sink.qsize() >= limit:
                 self._cut(rid, route)
                 continue
-            if route.text is not None:
-                try:
-                    route.text.fill(delta)
-                except Exception as exc:  # noqa: BLE001 - this request's failure only
-                    self._fail_one(rid, route, f"the request failed: {type(exc).__name__}: {exc}")
-                    continue
-            route.sink.put_nowait(delta)
+            self._put(rid, route, delta)
         for rid, failure in failures:
             route = self._drop(rid)
             if route is not None:
                 if self.size > 1 and failure.status >= 500:
                     failure = RequestFailed(failure.tag, failure.status, f"replica {core.index}: {failure.message}")
                 route.sink.put_nowait(failure)
+
+    def _put(self, rid: str, route: _Route, delta: RequestDelta) -> None:
+        """Hand a delta to its HTTP handler, with its text when this front end makes it."""
+        if route.text is not None:
+            try:
+                route.text.fill(delta)
+            except Exception as exc:  # noqa: BLE001 - this request's failure only
+                self._fail_one(rid, route, f"the request failed: {type(exc).__name__}: {exc}")
+                return
+        route.sink.put_nowait(delta)
 
     def _fail_one(self, rid: str, route: _Route, message: str) -> None:
         """Detokenizing a request's tokens failed here: abort it in its core, fail its response."""
@@ -392,6 +407,27 @@ class EngineClient:
         log.error("%s: every open request fails, /health reports 503, the server exits", reason)
         if self.on_core_death is not None:
             self.on_core_death(reason)
+
+
+def _split_columns(rids: list[str], counts: bytes, tokens: bytes) -> list[list[int]]:
+    """Each row's token ids from a message's columns (core.py); ValueError when they disagree."""
+    import numpy as np
+
+    if len(counts) != 4 * len(rids) or len(tokens) % 4:
+        raise ValueError(f"malformed columns: {len(rids)} request ids, {len(counts)} bytes of counts, "
+                         f"{len(tokens)} bytes of token ids")
+    n = np.frombuffer(counts, "<i4")
+    if len(n) and (int(n.min()) < 0 or int(n.sum()) != len(tokens) // 4):
+        raise ValueError(f"malformed columns: counts sum to {int(n.sum())} (min {int(n.min())}), "
+                         f"{len(tokens) // 4} token ids")
+    ids = np.frombuffer(tokens, "<i4").tolist()
+    if not len(n) or (int(n.max()) == 1 and len(ids) == len(rids)):  # one token each (steady decode)
+        return [[t] for t in ids]
+    out, pos = [], 0
+    for k in n.tolist():
+        out.append(ids[pos:pos + k])
+        pos += k
+    return out
 
 
 def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:

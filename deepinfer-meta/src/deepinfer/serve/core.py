@@ -15,11 +15,20 @@ Front end -> core (a DEALER socket each)::
 
 Core -> front end, one message per loop turn (a step and the commands before it)::
 
-    ["ready", info, [], []]                          the answer to hello
-    ["batch", metric events, [[request_id, RequestDelta], ...], [[request_id, RequestFailed], ...]]
-    ["died", reason, [], []]                         the loop broke; the process exits 1
+    ["ready", info, [], [], []]                      the answer to hello
+    ["batch", metric events, [[request_id, RequestDelta], ...], [[request_id, RequestFailed], ...],
+     [[[request_id, ...], counts, token_ids], ...]]
+    ["died", reason, [], [], []]                     the loop broke; the process exits 1
 
 (every message has the batch's shape, so one typed msgspec decoder reads them all).
+
+The last part carries the plain deltas (a request's output between its first and its last, with
+one sample, no logprobs, token ids only) as columns: per request id the number of its new tokens
+(``counts``, int32 little-endian bytes) and the tokens themselves, concatenated (``token_ids``,
+the same), with no object per request in the core (``RequestOutputPool.add_columnar``). Each
+row stands for ``RequestDelta(tag, [SampleDelta(0, ids, "", None, None, None)], False)`` (no
+sample when it has no token); a request's first and last outputs, and every output of any other
+request, are RequestDeltas. A request is in one part of a message at most.
 
 Metric events go to every front end (each one's /metrics shows the whole engine); deltas and
 failures go to the front end that added the request. A front end whose process is gone (its
@@ -80,7 +89,9 @@ def sampling_params_fields(params: Any) -> dict[str, Any]:
     return out
 
 
-BatchMessage = tuple[str, list[Any], list[tuple[str, RequestDelta]], list[tuple[str, RequestFailed]]]
+#: a step's plain deltas of one front end's requests: (request ids, counts, token ids) as above
+Columns = tuple[list[str], bytes, bytes]
+BatchMessage = tuple[str, list[Any], list[tuple[str, RequestDelta]], list[tuple[str, RequestFailed]], list[Columns]]
 
 
 def pid_alive(pid: int) -> bool:
@@ -150,14 +161,14 @@ class _Commands:
                     params = SamplingParams(**fields)
                     embeds = embeds_from_wire(rest[0]) if rest and rest[0] is not None else None
                 except (TypeError, ValueError) as exc:  # the front end checked it; say so, never crash
-                    self._core.send_to(ident, ("batch", [], [], [(rid, RequestFailed(tag, 400, str(exc)))]))
+                    self._core.send_to(ident, ("batch", [], [], [(rid, RequestFailed(tag, 400, str(exc)))], []))
                     continue
                 self._ready.append(("add", rid, prompt_ids, params, (ident, rid), tag, arrival, embeds))
             elif kind == "abort":
                 self._ready.extend(("abort", rid) for rid in msg[1])
             elif kind == "hello":
                 self._core.frontends[ident] = int(msg[1])
-                self._core.send_to(ident, ("ready", self._core.info, [], []))
+                self._core.send_to(ident, ("ready", self._core.info, [], [], []))
             elif kind == "stop":
                 self._ready.append(("stop",))
             else:
@@ -182,10 +193,19 @@ class _Commands:
 
 class CoreEngine(EngineThread):
     """The engine thread's loop with the ROUTER socket as both ends. The sink of an add is
-    ``(front end identity, request id)``."""
+    ``(front end identity, request id)``.
+
+    A request sent as token ids only (its front end makes the text) with one sample and no
+    logprobs has a slot: the engine writes its plain deltas as rows naming the slot
+    (``EngineLoop.take_columns``), and a step's rows go to their front ends as columns, counted
+    in the metrics with numpy over the slot arrays (its last token time, its generated tokens,
+    its id and its front end), so the core does no Python work per request and step for them."""
+
+    columnar = True
 
     def __init__(self, llm: Any, sock: Any, info: dict[str, Any], parent_pid: int) -> None:
         import msgspec
+        import numpy as np
 
         super().__init__(llm, MetricsRecorder())  # type: ignore[arg-type]
         self._sock = sock
@@ -194,7 +214,17 @@ class CoreEngine(EngineThread):
         self.stop_requested = False
         self._encoder = msgspec.msgpack.Encoder()
         self._commands = _Commands(self, sock, parent_pid)  # type: ignore[assignment]
-        self._pending: dict[bytes, tuple[list[Any], list[Any]]] = {}
+        # per front end: (deltas, failures, columns)
+        self._pending: dict[bytes, tuple[list[Any], list[Any], list[Any]]] = {}
+        self._np = np
+        self._slot_last = np.zeros(0, np.float64)  # last token time (time.monotonic())
+        self._slot_generated = np.zeros(0, np.int64)
+        self._slot_rid = np.zeros(0, object)  # None: free
+        self._slot_used = np.zeros(0, np.bool_)
+        self._slot_fe = np.zeros(0, np.int32)  # index in _fe_idents
+        self._free_slots: list[int] = []
+        self._fe_index: dict[bytes, int] = {}
+        self._fe_idents: list[bytes] = []
 
     def live_requests(self) -> list[tuple[str, Any]]:
         return list(self._live.items())
@@ -202,7 +232,7 @@ class CoreEngine(EngineThread):
     def run(self) -> None:
         self._run()
         if self.error is not None:
-            self._broadcast(("died", repr(self.error), [], []))
+            self._broadcast(("died", repr(self.error), [], [], []))
 
     def send_to(self, ident: bytes, message: Any) -> None:
         import zmq
@@ -219,10 +249,86 @@ class CoreEngine(EngineThread):
     def _deliver(self, batch: list[tuple[Any, Any]]) -> None:
         pending = self._pending
         for (ident, rid), item in batch:
-            lists = pending.get(ident)  # (not setdefault: it built two lists per item)
+            lists = pending.get(ident)  # (not setdefault: it built the lists per item)
             if lists is None:
-                lists = pending[ident] = ([], [])
+                lists = pending[ident] = ([], [], [])
             lists[1 if type(item) is RequestFailed else 0].append((rid, item))  # (deltas, failures)
+
+    # ---- slots and columns -----------------------------------------------------------------
+    def _new_slot(self, sink: Any, request_id: str) -> int:
+        np = self._np
+        if not self._free_slots:  # twice the arrays (a slot is a request that runs)
+            old = len(self._slot_rid)
+            size = max(64, 2 * old)
+            self._slot_last = np.concatenate([self._slot_last, np.zeros(size - old, np.float64)])
+            self._slot_generated = np.concatenate([self._slot_generated, np.zeros(size - old, np.int64)])
+            self._slot_rid = np.concatenate([self._slot_rid, np.full(size - old, None, object)])
+            self._slot_used = np.concatenate([self._slot_used, np.zeros(size - old, np.bool_)])
+            self._slot_fe = np.concatenate([self._slot_fe, np.zeros(size - old, np.int32)])
+            self._free_slots = list(range(size - 1, old - 1, -1))
+        slot = self._free_slots.pop()
+        ident = sink[0]
+        fe = self._fe_index.get(ident)
+        if fe is None:
+            fe = self._fe_index[ident] = len(self._fe_idents)
+            self._fe_idents.append(ident)
+        self._slot_rid[slot] = request_id
+        self._slot_used[slot] = True
+        self._slot_fe[slot] = fe
+        self._slot_last[slot] = 0.0
+        self._slot_generated[slot] = 0
+        return slot
+
+    def _free_slot(self, slot: int) -> None:
+        self._slot_rid[slot] = None
+        self._slot_used[slot] = False
+        self._free_slots.append(slot)
+
+    def _slot_times(self, slot: int) -> tuple[float, int]:
+        return float(self._slot_last[slot]), int(self._slot_generated[slot])
+
+    def _set_slot_times(self, slot: int, last_token: float, generated: int) -> None:
+        self._slot_last[slot] = last_token
+        self._slot_generated[slot] = generated
+
+    def _take_columns(self, engine: Any, now: float, itl: list[float]) -> int:
+        np = self._np
+        slots, offsets, tokens = engine.take_columns()
+        if not len(slots):
+            return 0
+        known = self._slot_used[slots]
+        if not known.all():  # rows of a request released since its step (not taken after it)
+            keep = np.repeat(known, np.diff(offsets))
+            slots, tokens = slots[known], tokens[keep]
+            offsets = np.concatenate([[0], np.cumsum(np.diff(offsets)[known])])
+            if not len(slots):
+                return 0
+        rids = self._slot_rid[slots]
+        counts = np.diff(offsets).astype("<i4")
+        moved = slots[counts > 0]
+        # the same values, per request, as EngineThread's per-output path: now - its last token
+        itl.extend((now - self._slot_last[moved]).tolist())
+        self._slot_last[moved] = now
+        np.add.at(self._slot_generated, slots, counts)  # (a slot may have several rows)
+        tokens = tokens.astype("<i4", copy=False)
+        fe = self._slot_fe[slots] if len(self._fe_idents) > 1 else None
+        if fe is None or (fe == fe[0]).all():  # one front end (the common case)
+            self._columns_for(0 if fe is None else int(fe[0])).append((rids.tolist(), counts.tobytes(),
+                                                                       tokens.tobytes()))
+        else:
+            per_token = np.repeat(fe, counts)
+            for k in np.unique(fe).tolist():
+                mine = fe == k
+                self._columns_for(k).append((rids[mine].tolist(), counts[mine].tobytes(),
+                                             tokens[per_token == k].tobytes()))
+        return int(offsets[-1])
+
+    def _columns_for(self, fe: int) -> list[Columns]:
+        ident = self._fe_idents[fe]
+        lists = self._pending.get(ident)
+        if lists is None:
+            lists = self._pending[ident] = ([], [], [])
+        return lists[2]
 
     def _flush(self) -> None:
         events = self._metrics.take()  # type: ignore[attr-defined]
@@ -230,10 +336,10 @@ class CoreEngine(EngineThread):
             return
         pending, self._pending = self._pending, {}
         for ident in self.frontends:
-            deltas, failures = pending.pop(ident, ([], []))
-            self.send_to(ident, ("batch", events, deltas, failures))
-        for ident, (deltas, failures) in pending.items():  # a front end that never said hello
-            self.send_to(ident, ("batch", [], deltas, failures))
+            deltas, failures, columns = pending.pop(ident, ([], [], []))
+            self.send_to(ident, ("batch", events, deltas, failures, columns))
+        for ident, (deltas, failures, columns) in pending.items():  # a front end that never said hello
+            self.send_to(ident, ("batch", [], deltas, failures, columns))
 
 
 def core_main(config: dict[str, Any]) -> int:

@@ -91,6 +91,9 @@ class _Live:
     # index 0, no finish or stop reason (_step's fast path reads only its token ids and text)
     plain: bool = False
     text: bool = True  # the engine fills in text (detokenize=False: always "")
+    # >= 0: the engine writes its plain deltas as rows of its step's columns (``columnar``), and
+    # its last token time and generated count live in the thread's arrays at this index
+    slot: int = -1
 
 
 def rebuild_if_stuck(llm: Any) -> bool:
@@ -106,6 +109,10 @@ def rebuild_if_stuck(llm: Any) -> bool:
 
 class EngineThread:
     """Owns ``llm.engine``: adds, aborts and steps happen on this thread only."""
+
+    #: a subclass that takes a step's plain deltas as columns (``EngineLoop.take_columns``)
+    #: implements ``_new_slot``, ``_free_slot``, ``_take_columns`` and the slot arrays
+    columnar = False
 
     def __init__(self, llm: Any, metrics: ServerMetrics) -> None:
         self._llm = llm
@@ -192,22 +199,33 @@ class EngineThread:
 
     def _add(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
              sink: asyncio.Queue[Any], tag: int, arrival: float, prompt_embeds: Any = None) -> None:
+        n = params.n
+        plain = n == 1 and params.logprobs is None and params.prompt_logprobs is None
+        # token ids only (a front end makes the text): its plain deltas can come as columns
+        slot = self._new_slot(sink, request_id) if self.columnar and plain and not params.detokenize else -1
         try:
             if isinstance(prompt_embeds, list):  # from another process: embeds_to_wire's form
                 prompt_embeds = embeds_from_wire(prompt_embeds)
-            self._llm.engine.add_request(request_id, prompt_ids, params, output_kind="delta", collect="all",
-                                         prompt_embeds=prompt_embeds)
+            if slot >= 0:
+                self._llm.engine.add_request(request_id, prompt_ids, params, output_kind="delta", collect="all",
+                                             prompt_embeds=prompt_embeds, columns_slot=slot)
+            else:
+                self._llm.engine.add_request(request_id, prompt_ids, params, output_kind="delta", collect="all",
+                                             prompt_embeds=prompt_embeds)
         except (ValueError, TypeError) as exc:
+            if slot >= 0:
+                self._free_slot(slot)
             self._deliver([(sink, RequestFailed(tag, 400, str(exc)))])
             return
-        n = params.n
         self._live[request_id] = _Live(sink, tag, arrival, len(prompt_ids), n, params.max_tokens,
-                                       plain=n == 1 and params.logprobs is None and params.prompt_logprobs is None,
-                                       text=bool(params.detokenize))
+                                       plain=plain, text=bool(params.detokenize), slot=slot)
 
     def _abort(self, request_id: str) -> bool:
-        if self._live.pop(request_id, None) is None:
+        live = self._live.pop(request_id, None)
+        if live is None:
             return False
+        if live.slot >= 0:
+            self._free_slot(live.slot)
         self._llm.engine.release(request_id)  # blocks are free now; its outputs are dropped
         self._metrics.finished["abort"].inc()
         return True
@@ -222,6 +240,8 @@ class EngineThread:
         for rid in request_ids:
             live = self._live.pop(rid, None)
             if live is not None:
+                if live.slot >= 0:
+                    self._free_slot(live.slot)
                 batch.append((live.sink, RequestFailed(live.tag, status, message)))
                 self._metrics.finished[reason].inc()
         self._deliver(batch)
@@ -252,6 +272,8 @@ class EngineThread:
         live_ids = self._live
         batch: list[tuple[asyncio.Queue[Any], Any]] = []
         failed: dict[str, str] = {}
+        if self.columnar:  # the plain deltas, as columns (before the outputs queued in this step)
+            plain_new += self._take_columns(engine, now, itl)
         # Every queued output of every live request (this step's, or the last of a request gone
         # from the engine: finished, failed) in one lock round trip; aborted requests are not live.
         for rid, taken in engine.take_outputs(live_ids):
@@ -265,7 +287,7 @@ class EngineThread:
                     # The common delta (a plain request's, after its first token, not its last)
                     # reads only what it needs: at 256 streams every field read per request and
                     # step counts (~0.1-0.4 us each through pybind).
-                    if live.plain and live.first_token is not None and not ro.finished:
+                    if live.plain and live.first_token is not None and live.slot < 0 and not ro.finished:
                         outs = ro.outputs
                         if outs:
                             c = outs[0]
@@ -285,6 +307,8 @@ class EngineThread:
                     batch.append((live.sink, delta))
                     if delta.finished:
                         del live_ids[rid]
+                        if live.slot >= 0:
+                            self._free_slot(live.slot)
                         break
             except Exception as exc:  # noqa: BLE001 - this request's failure only
                 failed[rid] = f"the request failed: {type(exc).__name__}: {exc}"
@@ -316,6 +340,9 @@ class EngineThread:
 
     def _delta(self, ro: Any, live: _Live, now: float) -> RequestDelta:
         m = self._metrics
+        slot = live.slot
+        if slot >= 0 and live.first_token is not None:  # its plain deltas were counted in the arrays
+            live.last_token, live.generated = self._slot_times(slot)
         samples = []
         new = 0
         for c in ro.outputs:
@@ -360,8 +387,30 @@ class EngineThread:
                 if first:
                     m.prefill_time.observe(max(0.0, first - scheduled))
                     m.decode_time.observe(max(0.0, done - first))
+        if slot >= 0 and live.last_token is not None:
+            self._set_slot_times(slot, live.last_token, live.generated)
         plp = ro.prompt_logprobs
         return RequestDelta(live.tag, samples, bool(ro.finished), list(plp) if plp else None, cached)
+
+    # ---- columns (a subclass with ``columnar = True`` implements these) -----------------------
+    def _new_slot(self, sink: Any, request_id: str) -> int:
+        """A free slot for a request whose plain deltas come as columns."""
+        raise NotImplementedError
+
+    def _free_slot(self, slot: int) -> None:
+        raise NotImplementedError
+
+    def _slot_times(self, slot: int) -> tuple[float, int]:
+        """The slot's (last token time, generated tokens)."""
+        raise NotImplementedError
+
+    def _set_slot_times(self, slot: int, last_token: float, generated: int) -> None:
+        raise NotImplementedError
+
+    def _take_columns(self, engine: Any, now: float, itl: list[float]) -> int:
+        """Deliver the step's columns; adds their inter-token latencies to ``itl`` and returns
+        their token count."""
+        raise NotImplementedError
 
     def _deliver(self, batch: list[tuple[asyncio.Queue[Any], Any]]) -> None:
         if not batch or self._loop is None:

@@ -31,7 +31,36 @@ void fill_completion(CompletionData& c, const Sequence& q, const SamplingParams&
 
 }  // namespace
 
-void build_request_outputs(Scheduler& sched, const std::function<RequestOutputData&()>& acquire) {
+namespace {
+
+// A registered request's plain delta written as a row of `columns`: true when it was (nothing
+// else is then built for it); its finished output unregisters it and is built as an object.
+bool write_row(DeltaColumns& columns, SequenceStore& store, const SequenceGroup& g, bool finished) {
+  auto it = columns.slots.find(g.request_id);
+  if (it == columns.slots.end()) return false;
+  if (finished) {
+    columns.slots.erase(it);
+    return false;
+  }
+  const SamplingParams& p = g.params;
+  if (p.output_kind != OutputKind::DELTA || p.n != 1 || g.seqs.size() != 1 || p.logprobs >= 0 ||
+      p.prompt_logprobs >= 0)
+    return false;
+  Sequence& q = store.seq(g.seqs[0]);
+  if (q.num_returned_tokens == 0 || is_finished(q.status)) return false;  // the first output: an object
+  const int32_t end = q.num_output_tokens();
+  if (end < q.num_returned_tokens) return false;
+  columns.row_slots.push_back(it->second);
+  columns.tokens.insert(columns.tokens.end(), q.output_tokens() + q.num_returned_tokens, q.output_tokens() + end);
+  columns.offsets.push_back(static_cast<int64_t>(columns.tokens.size()));
+  q.num_returned_tokens = end;
+  return true;
+}
+
+}  // namespace
+
+void build_request_outputs(Scheduler& sched, const std::function<RequestOutputData&()>& acquire,
+                           DeltaColumns* columns) {
   SequenceStore& store = sched.store();
   const uint64_t epoch = sched.update_epoch();
   for (SeqIndex si : sched.updated_seqs()) {
@@ -43,6 +72,7 @@ void build_request_outputs(Scheduler& sched, const std::function<RequestOutputDa
     const bool finished = g.num_unfinished == 0;
     if (p.output_kind == OutputKind::FINAL_ONLY && !finished) continue;
     const bool delta = p.output_kind == OutputKind::DELTA;
+    if (columns != nullptr && !columns->slots.empty() && write_row(*columns, store, g, finished)) continue;
     RequestOutputData* d = &acquire();
     d->request_id = g.request_id;
     if (!g.prompt_shared) {

@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/scheduler.h"
@@ -48,10 +49,31 @@ struct RequestOutputData {
   RequestMetricsData metrics;
 };
 
+// The plain deltas of chosen requests as rows of columns instead of RequestOutputData (a serving
+// engine core then handles a step's tokens without an object per request). A request registered
+// in `slots` (request id -> the caller's slot number) whose output is of the delta kind, with one
+// sample (n == 1), no logprobs and no prompt logprobs, after its first output and not finished,
+// gets one row: its slot and its new tokens (possibly none). Its other outputs (the first, the
+// finished one, an abort) are built as RequestOutputData; building its finished one unregisters it
+// (whatever its kind).
+struct DeltaColumns {
+  std::unordered_map<std::string, int32_t> slots;
+  std::vector<int32_t> row_slots;   // one per row, in build order
+  std::vector<int64_t> offsets{0};  // row r's tokens: tokens[offsets[r], offsets[r + 1])
+  std::vector<int32_t> tokens;
+  void clear_rows() {
+    row_slots.clear();
+    offsets.assign(1, 0);
+    tokens.clear();
+  }
+};
+
 // Outputs of every request updated since the last call (or schedule()), per its output kind.
 // `acquire` hands out the object to fill for each output, in order (its old contents are
-// overwritten); then the updated-sequence list is drained.
-void build_request_outputs(Scheduler& sched, const std::function<RequestOutputData&()>& acquire);
+// overwritten); then the updated-sequence list is drained. `columns` (may be null): the requests
+// whose plain deltas become rows there instead (appended to the rows already there).
+void build_request_outputs(Scheduler& sched, const std::function<RequestOutputData&()>& acquire,
+                           DeltaColumns* columns = nullptr);
 
 // After Scheduler::stop_sequence(s, ...) on a sequence whose request is in `d` (its output from
 // the last build): corrects d's completion of that sequence in place (tokens cut at the stop,

@@ -5,8 +5,11 @@
 #include <pybind11/stl.h>
 #include <pybind11/typing.h>
 
+#include <algorithm>
+#include <limits>
 #include <optional>
 #include <string>
+#include <tuple>
 
 #include "python/bindings.h"
 #include "python/request_output_pool.h"
@@ -139,7 +142,46 @@ void bind_outputs(py::module_& m) {
            }),
            py::arg("max_size") = 4096, "A pool keeping at most max_size objects.")
       .def("__len__", &RequestOutputPool::size, "Objects held.")
-      .def_property_readonly("max_size", &RequestOutputPool::max_size, "Most objects kept.");
+      .def_property_readonly("max_size", &RequestOutputPool::max_size, "Most objects kept.")
+      .def(
+          "add_columnar",
+          [](RequestOutputPool& pool, const std::string& request_id, int64_t slot) {
+            if (slot < 0 || slot > std::numeric_limits<int32_t>::max())
+              buf::fail("slot", std::to_string(slot) + " must be in [0, 2**31 - 1]");
+            if (!pool.columns().slots.emplace(request_id, static_cast<int32_t>(slot)).second)
+              throw py::value_error("add_columnar: request '" + request_id + "' is registered already");
+          },
+          py::arg("request_id"), py::arg("slot"),
+          "Register a request whose plain deltas build_request_outputs writes as rows of columns (read with "
+          "take_columns) instead of RequestOutput objects: each output of the 'delta' kind with one sample (n == 1), "
+          "no logprobs and no prompt logprobs, after the request's first output and not finished, becomes a row "
+          "(slot, its new tokens, possibly none). Its other outputs (the first, the finished one, an abort) are "
+          "RequestOutputs as before; building its finished output unregisters it. slot: the caller's number for "
+          "the request (rows name it). ValueError for a slot outside [0, 2**31 - 1] or a request registered already.")
+      .def(
+          "discard_columnar", [](RequestOutputPool& pool, const std::string& request_id) {
+            return pool.columns().slots.erase(request_id) > 0;
+          },
+          py::arg("request_id"), "Unregister a request (e.g. released); False when it was not registered.")
+      .def_property_readonly(
+          "num_columnar", [](RequestOutputPool& pool) { return pool.columns().slots.size(); },
+          "Requests registered with add_columnar.")
+      .def(
+          "take_columns",
+          [](RequestOutputPool& pool) -> std::tuple<py::array_t<int32_t>, py::array_t<int64_t>, py::array_t<int32_t>> {
+            DeltaColumns& c = pool.columns();
+            const auto rows = static_cast<py::ssize_t>(c.row_slots.size());
+            py::array_t<int32_t> slots(rows), tokens(static_cast<py::ssize_t>(c.tokens.size()));
+            py::array_t<int64_t> offsets(rows + 1);
+            std::copy(c.row_slots.begin(), c.row_slots.end(), slots.mutable_data());
+            std::copy(c.offsets.begin(), c.offsets.end(), offsets.mutable_data());
+            std::copy(c.tokens.begin(), c.tokens.end(), tokens.mutable_data());
+            c.clear_rows();
+            return {slots, offsets, tokens};
+          },
+          "The rows build_request_outputs wrote since the last call, in build order, as three new arrays: "
+          "(slots int32[R], offsets int64[R + 1], token_ids int32[T]); row r's new tokens are "
+          "token_ids[offsets[r]:offsets[r + 1]] (offsets[0] == 0, offsets[R] == T). The rows are cleared.");
 
   m.def(
       "build_request_outputs",
@@ -153,7 +195,8 @@ void bind_outputs(py::module_& m) {
       py::arg("scheduler"), py::arg("pool"),
       "RequestOutputs of the requests updated since the previous call (or schedule()): new tokens, "
       "finishes, aborts, stop strings; per each request's output_kind (cumulative / delta / final_only). "
-      "Objects come from pool. Holds the GIL (creates Python objects).");
+      "Objects come from pool; the plain deltas of the requests registered with pool.add_columnar are rows of "
+      "pool.take_columns instead. Holds the GIL (creates Python objects).");
 
   m.def(
       "get_finished_seqs_info",

@@ -32,7 +32,7 @@ py::list request_output_list(Scheduler& sched, RequestOutputPool& pool) {
     auto [obj, d] = pool.acquire();
     result.append(obj);
     return *d;
-  });
+  }, &pool.columns());
   return result;
 }
 

@@ -22,11 +22,14 @@ class RequestOutputPool {
   size_t size() const { return objs_.size(); }
   size_t max_size() const { return max_size_; }
   size_t num_free() const { return free_.size(); }
+  // The requests whose plain deltas build_request_outputs writes as rows (core/request_output.h).
+  DeltaColumns& columns() { return columns_; }
 
  private:
   size_t max_size_;
   std::vector<std::pair<pybind11::object, RequestOutputData*>> objs_;
   std::vector<size_t> free_;
+  DeltaColumns columns_;
 };
 
 // The RequestOutputs of core's build_request_outputs, as a list of pooled objects (GIL held).

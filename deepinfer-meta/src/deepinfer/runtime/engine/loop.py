@@ -145,6 +145,7 @@ class _RequestState:
     detokenize: bool = True  # False: no text at all (SamplingParams.detokenize)
     retried: bool = False  # its step failed once and it was put back for recompute
     full: RowStore | None = None  # whole-vocabulary logprob rows (logprobs / prompt_logprobs = -1)
+    columnar: bool = False  # its plain deltas are rows of take_columns (add_request columns_slot)
 
 
 class EngineLoop:
@@ -283,7 +284,8 @@ class EngineLoop:
 
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
                     output_kind: str = "cumulative", final_text_only: bool = False,
-                    collect: str | None = None, priority: int = 0, prompt_embeds: Any = None) -> None:
+                    collect: str | None = None, priority: int = 0, prompt_embeds: Any = None,
+                    columns_slot: int | None = None) -> None:
         """Queue a request; ValueError (naming the problem) leaves the engine unchanged.
 
         ``prompt_embeds``: the prompt as embeddings [len(prompt_ids), hidden] (checked by
@@ -296,16 +298,32 @@ class EngineLoop:
         "all" (every output, read with ``next_output``) or "final" (only the finished one, read
         with ``pop_output``); None: outputs are only returned by the ``step`` that makes them.
         ``priority``: smaller is scheduled first under the "priority" scheduling policy.
+        ``columns_slot``: (output_kind "delta", collect "all", ``detokenize=False``) the request's
+        plain deltas — one sample, no logprobs, after its first output, not finished — are not
+        queued as RequestOutputs but written as rows naming this slot, read with ``take_columns``
+        (a server's engine core then handles a step's tokens without an object per request).
         """
         if collect not in (None, "all", "final"):
             raise ValueError(f"collect must be None, 'all' or 'final', got {collect!r}")
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
         params.validate()
+        if columns_slot is not None:
+            if isinstance(columns_slot, bool) or not isinstance(columns_slot, int):
+                raise TypeError(f"columns_slot must be an int or None, got {type(columns_slot).__name__}")
+            if not 0 <= columns_slot < 2**31:
+                raise ValueError(f"columns_slot must be in [0, 2**31 - 1], got {columns_slot}")
+            if output_kind != "delta" or collect != "all" or params.detokenize:
+                raise ValueError("columns_slot needs output_kind='delta', collect='all' and "
+                                 "SamplingParams.detokenize=False (rows carry token ids only)")
         with self.lock:
             self._release_pending()
             self._add_request(request_id, prompt_ids, params, output_kind, final_text_only, collect, priority,
                               prompt_embeds)
+            if columns_slot is not None:
+                self.output_pool.discard_columnar(request_id)  # (a finished request of that id left none)
+                self.output_pool.add_columnar(request_id, columns_slot)
+                self.requests[request_id].columnar = True
 
     def _add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
                      output_kind: str, final_text_only: bool, collect: str | None, priority: int = 0,
@@ -424,7 +442,9 @@ class EngineLoop:
         self._queues.pop(request_id, None)
         self._final_only.discard(request_id)
         self._abort(request_id)
-        self.requests.pop(request_id, None)  # nobody reads it: its abort is reported to nobody
+        state = self.requests.pop(request_id, None)  # nobody reads it: its abort is reported to nobody
+        if state is not None and state.columnar:
+            self.output_pool.discard_columnar(request_id)
 
     def _release_pending(self) -> None:
         while self._pending_releases:
@@ -489,6 +509,15 @@ class EngineLoop:
                     outs.append(ro)
                 taken.append((rid, item))
         return taken
+
+    def take_columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The rows of the ``columns_slot`` requests' plain deltas built since the last call, in
+        build order: (slots int32[R], offsets int64[R + 1], token ids int32[T]); row r's new tokens
+        are ``token_ids[offsets[r]:offsets[r + 1]]``. A caller that takes them after each step it
+        runs sees them in order with the requests' queued RequestOutputs (a request's first and
+        last outputs are queued; the rows are those in between)."""
+        with self.lock:
+            return self.output_pool.take_columns()  # type: ignore[no-any-return]
 
     def next_output(self, request_id: str) -> Any:
         """The next output of a collected request, running engine steps (which advance every
@@ -651,7 +680,9 @@ class EngineLoop:
                 self.scheduler.abort_request(rid)
             except ValueError:  # the engine already finished it
                 pass
-            self.requests.pop(rid, None)
+            state = self.requests.pop(rid, None)
+            if state is not None and state.columnar:
+                self.output_pool.discard_columnar(rid)
             self._final_only.discard(rid)
             q = self._queues.get(rid)
             if q is None:
@@ -752,7 +783,7 @@ class EngineLoop:
                 failed[rid] = err
                 continue
             if finished:
-                del requests[rid]
+                del requests[rid]  # (a columns_slot request: building this output unregistered it)
                 self.structured.requests.pop(rid, None)
                 self.prompt_embeds.pop(rid, None)
                 self.executor.full_output.discard(rid)
