@@ -85,12 +85,17 @@ def test_a_row_is_bitwise_the_same_in_any_tile(kind):
     rng = np.random.default_rng(11)
     n, k = 37, 320
     w = rng.standard_normal((n, k)).astype(np.float32) if kind == "F32" else random_blocks(rng, kind, n, k)
-    x = rng.standard_normal((12, k)).astype(np.float32)
+    assert_rows_as_alone(kind, w, rng.standard_normal((12, k)).astype(np.float32))
+
+
+def assert_rows_as_alone(kind: str, w: np.ndarray, x: np.ndarray) -> None:
+    """``ck.linear`` of the first 2..len(x) rows of ``x`` together gives each row bitwise what it
+    gives alone, on every ISA."""
     for isa in ISAS:
         alone = np.concatenate([ck.linear((kind, w), x[i:i + 1], isa=isa) for i in range(len(x))])
         for rows in range(2, len(x) + 1):
             np.testing.assert_array_equal(ck.linear((kind, w), x[:rows], isa=isa), alone[:rows],
-                                          err_msg=f"{kind} {isa} rows={rows}")
+                                          err_msg=f"{kind} {w.shape} {isa} rows={rows}")
 
 
 def test_activation_rounding_is_what_the_bound_allows():

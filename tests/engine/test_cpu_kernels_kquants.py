@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 # (skips this module too where the engine has no _cpu_kernels or gguf is missing)
-from test_cpu_kernels import assert_linear_within_bound, ck
+from test_cpu_kernels import assert_linear_within_bound, assert_rows_as_alone, ck
 
 # type -> (weights per block, bytes per block)
 LAYOUT = {"Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210), "Q5_0": (32, 22)}
@@ -95,6 +95,18 @@ def test_isas_agree_with_the_generic_kernels(kind):
     for isa in ISAS:
         np.testing.assert_allclose(ck.linear((kind, raw), x, isa=isa, num_threads=2), generic,
                                    rtol=0, atol=1e-5 * scale, err_msg=isa)
+
+
+@pytest.mark.parametrize("kind", sorted(LAYOUT))
+def test_a_row_is_bitwise_the_same_in_any_tile(kind):
+    """As test_cpu_kernels' test of Q4_0/Q4_1/Q8_0: rows go through tiles of 1-4 rows (registers)
+    or 5-8 (codes unpacked once per tile) on AVX2, and a row's output must not depend on which.
+    Q5_0 rows of whole groups of 8 blocks (the AVX2 table's fifth-bit planes), of blocks after the
+    last group, and an odd last block."""
+    rng = np.random.default_rng(12)
+    shapes = [(37, 576), (11, 608), (9, 256)] if LAYOUT[kind][0] == 32 else [(13, 512), (7, 1536)]
+    for n, k in shapes:
+        assert_rows_as_alone(kind, random_blocks(rng, kind, n, k), rng.standard_normal((12, k)).astype(np.float32))
 
 
 @pytest.mark.parametrize("kind", sorted(LAYOUT) + ["Q4_0", "Q4_1", "Q8_0"])

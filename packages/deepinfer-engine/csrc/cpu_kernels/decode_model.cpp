@@ -81,7 +81,7 @@ Linear DecodeModel::regrouped(const Linear& ggml) {
   if (!quantized(ggml)) return ggml;
   auto buf = std::make_unique<uint8_t[]>(static_cast<size_t>(ggml.rows) * ggml.row_bytes);
   for (int r = 0; r < ggml.rows; ++r)
-    repack_row(ggml.kind, ggml.data + static_cast<size_t>(r) * ggml.row_bytes, ggml.cols / block_weights(ggml.kind),
+    kernels_->repack_row(ggml.kind, ggml.data + static_cast<size_t>(r) * ggml.row_bytes, ggml.cols / block_weights(ggml.kind),
                buf.get() + static_cast<size_t>(r) * ggml.row_bytes);
   Linear out = ggml;
   out.data = buf.get();

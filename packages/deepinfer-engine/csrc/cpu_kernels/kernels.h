@@ -22,7 +22,11 @@
 // Q5_0 (22 bytes: fp16 d, 32 fifth bits (bit j: weight j), 16 bytes of nibbles in Q4_0's order,
 // w = (q - 16) * d) is regrouped as Q4_0 is, its fifth bits after the scales:
 //   [nibbles of every block, paired as Q4's][fp16 d of every block][4 bytes of fifth bits of every block]
-// so that the fifth bits of a pair of blocks are one 64-bit load (one byte mask on AVX-512).
+// so that the fifth bits of a pair of blocks are one 64-bit load (one byte mask on AVX-512). The
+// AVX2 table regroups them further (its Kernels::repack_row): the 32 bytes of fifth bits of each
+// whole group of 8 blocks 8g..8g+7 (at the same place) become bit planes, bit b of byte j = the
+// fifth bit of weight j of block 8g + b, so that a block's bits are a shift and a mask of one load;
+// the blocks after the last whole group keep their 4 bytes.
 // Activations multiplied by quantized weights are quantized to 8 bits per block of 32 (as
 // ggml's Q8_1): x ~= q * d, |x - q * d| <= d / 2 with d = max|x| / 127, and s = d * sum(q).
 #pragma once
@@ -105,6 +109,9 @@ struct Kernels {
   // tables load each token's k and v once for all of them). work: attend_work_floats(n, max len, d).
   void (*attend_many)(const float* const* qs, float* const* outs, const int* lens, int n, int d, const float* k,
                       const float* v, size_t stride, const int64_t* table, int block_size, float scale, float* work);
+  // One row of nb ggml blocks -> the layout this table's gemv_quant reads (same size): repack_row,
+  // or a table's own refinement of it (see above).
+  void (*repack_row)(WeightKind kind, const uint8_t* src, int nb, uint8_t* dst);
 };
 
 // Floats of `work` that attend_many takes for n queries of at most max_len tokens and head size d.

@@ -13,6 +13,10 @@
 namespace deepinfer::cpu {
 namespace {
 
+// The GEMV's helpers are inlined into each tile (a call per block would cost more than the block).
+#define DI_INLINE inline __attribute__((always_inline))
+#define DI_INLINE_LAMBDA __attribute__((always_inline))
+
 inline float half_at(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
@@ -27,21 +31,21 @@ inline float hsum(__m256 v) {
 }
 
 // 32 nibbles of a Q4 block in ggml's layout as bytes 0..15, in element order (low halves, then high halves).
-inline __m256i nibbles(const uint8_t* p) {
+DI_INLINE __m256i nibbles(const uint8_t* p) {
   const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   const __m256i b = _mm256_insertf128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1);
   return _mm256_and_si256(b, _mm256_set1_epi8(0x0F));
 }
 
 // Sum of the 32 products of unsigned bytes u and signed bytes s, as 8 float partial sums.
-inline __m256 dot_u8_s8(__m256i u, __m256i s) {
+DI_INLINE __m256 dot_u8_s8(__m256i u, __m256i s) {
   const __m256i p16 = _mm256_maddubs_epi16(u, s);
   return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
 }
 
 // 0x10 in byte j where bit j of the block's 32 fifth bits is set: byte j of the broadcast word
 // (shuffled so bytes 8c..8c+7 hold its byte c) masked with 1 << (j % 8).
-inline __m256i fifth_bits(const uint8_t* qh_bytes) {
+DI_INLINE __m256i fifth_bits(const uint8_t* qh_bytes) {
   uint32_t qh;
   std::memcpy(&qh, qh_bytes, 4);
   const __m256i spread = _mm256_shuffle_epi8(
@@ -51,60 +55,236 @@ inline __m256i fifth_bits(const uint8_t* qh_bytes) {
   return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
 }
 
-constexpr int kChunk = 64;  // blocks whose scale products are kept on the stack at once
+// Lanes below n set (0 <= n <= 8).
+DI_INLINE __m256i first_lanes(int n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
 
-// R activation rows against one regrouped weight row of nb blocks. Per chunk of blocks, the
-// products of weight and activation scales (and the offset terms of Q4_0/Q4_1) are computed 8
-// at a time; the block loop then does only the integer dot and one FMA. Two accumulators per
-// row (even and odd blocks) hide the FMA latency when R is small.
+constexpr int kChunk = 64;  // blocks whose scale products are kept on the stack at once (a multiple of 8)
+constexpr int kTile = 4;    // activation rows whose accumulators stay in registers
+
+// Codes of block i of a regrouped row as unsigned bytes (Q8_0: its signed codes), for blocks after
+// the row's last whole group of 8 (Q5_0: the fifth bits from the block's 4 bytes).
+template <WeightKind K>
+DI_INLINE __m256i block_codes(const uint8_t* row, int nb, int i) {
+  constexpr size_t cb = code_bytes(K);
+  if constexpr (K == WeightKind::Q8_0) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + static_cast<size_t>(i) * cb));
+  __m256i wq;
+  if ((nb & 1) && i == nb - 1) {
+    wq = nibbles(row + static_cast<size_t>(i) * cb);  // odd last block: ggml's layout
+  } else {  // a pair of blocks: this one's codes are the low (even i) or high nibbles
+    const __m256i t = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + static_cast<size_t>(i & ~1) * cb));
+    wq = _mm256_and_si256(i & 1 ? _mm256_srli_epi16(t, 4) : t, _mm256_set1_epi8(0x0F));
+  }
+  if constexpr (K == WeightKind::Q5_0)
+    wq = _mm256_or_si256(wq, fifth_bits(row + static_cast<size_t>(nb) * (cb + 2) + 4 * static_cast<size_t>(i)));
+  return wq;
+}
+
+// The fifth bits of the whole group of blocks g..g+7 (Q5_0: its 32 bytes of bit planes).
+template <WeightKind K>
+DI_INLINE __m256i group_planes(const uint8_t* row, int nb, int g) {
+  if constexpr (K != WeightKind::Q5_0) return _mm256_setzero_si256();
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + static_cast<size_t>(nb) * (code_bytes(K) + 2) +
+                                                            4 * static_cast<size_t>(g)));
+}
+
+// Codes of blocks g + J and g + J + 1 (J even) of a whole group of 8 (as block_codes; planes:
+// group_planes): a Q4 pair's 32 bytes, Q5_0's fifth bits J and J + 1 of each byte moved to 0x10.
+template <WeightKind K, int J>
+DI_INLINE void pair_codes(const uint8_t* row, int g, __m256i planes, __m256i& w0, __m256i& w1) {
+  constexpr size_t cb = code_bytes(K);
+  const uint8_t* codes = row + static_cast<size_t>(g + J) * cb;
+  if constexpr (K == WeightKind::Q8_0) {
+    w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes));
+    w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + cb));
+    return;
+  }
+  const __m256i t = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes));
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  w0 = _mm256_and_si256(t, low4);
+  w1 = _mm256_and_si256(_mm256_srli_epi16(t, 4), low4);
+  if constexpr (K == WeightKind::Q5_0) {
+    const __m256i bit4 = _mm256_set1_epi8(0x10);
+    __m256i b0, b1;
+    if constexpr (J < 4) {
+      b0 = _mm256_slli_epi16(planes, 4 - J);
+      b1 = _mm256_slli_epi16(planes, 3 - J);
+    } else if constexpr (J == 4) {
+      b0 = planes;
+      b1 = _mm256_srli_epi16(planes, 1);
+    } else {
+      b0 = _mm256_srli_epi16(planes, J - 4);
+      b1 = _mm256_srli_epi16(planes, J - 3);
+    }
+    w0 = _mm256_or_si256(w0, _mm256_and_si256(b0, bit4));
+    w1 = _mm256_or_si256(w1, _mm256_and_si256(b1, bit4));
+  }
+}
+
+// Weight scales d and offset factors (Q4_0: -8 d, Q5_0: -16 d, Q4_1: m, Q8_0: 0) of blocks i..i+7
+// of a regrouped row; lanes past the row's nb blocks are 0.
+template <WeightKind K>
+DI_INLINE void block_scales(const uint8_t* row, int nb, int i, __m256& dw, __m256& mw) {
+  const uint8_t* d_half = row + static_cast<size_t>(nb) * code_bytes(K);
+  const uint8_t* m_half = d_half + 2 * static_cast<size_t>(nb);
+  __m128i dh, mh = _mm_setzero_si128();
+  if (i + 8 <= nb) {
+    dh = _mm_loadu_si128(reinterpret_cast<const __m128i*>(d_half + 2 * i));
+    if constexpr (K == WeightKind::Q4_1) mh = _mm_loadu_si128(reinterpret_cast<const __m128i*>(m_half + 2 * i));
+  } else {
+    alignas(16) uint16_t h[2][8] = {};
+    std::memcpy(h[0], d_half + 2 * i, 2 * static_cast<size_t>(nb - i));
+    if constexpr (K == WeightKind::Q4_1) std::memcpy(h[1], m_half + 2 * i, 2 * static_cast<size_t>(nb - i));
+    dh = _mm_load_si128(reinterpret_cast<const __m128i*>(h[0]));
+    mh = _mm_load_si128(reinterpret_cast<const __m128i*>(h[1]));
+  }
+  dw = _mm256_cvtph_ps(dh);
+  mw = _mm256_setzero_ps();
+  if constexpr (K == WeightKind::Q4_1) mw = _mm256_cvtph_ps(mh);
+  if constexpr (K == WeightKind::Q4_0) mw = _mm256_mul_ps(dw, _mm256_set1_ps(-8.0f));
+  if constexpr (K == WeightKind::Q5_0) mw = _mm256_mul_ps(dw, _mm256_set1_ps(-16.0f));
+}
+
+// A row's running sums over a weight row: the products of even and odd blocks, the offset terms
+// of the whole groups of 8 blocks (a lane each) and those of the blocks after them.
+struct RowSums {
+  __m256 acc[2], off;
+  float off_tail;
+};
+
+// Scale and offset factor of one block after the last whole group (block_scales' values).
+template <WeightKind K>
+DI_INLINE void tail_scales(const uint8_t* row, int nb, int i, float& dw, float& mw) {
+  const uint8_t* d_half = row + static_cast<size_t>(nb) * code_bytes(K);
+  dw = half_at(d_half + 2 * static_cast<size_t>(i));
+  mw = K == WeightKind::Q4_1   ? half_at(d_half + 2 * static_cast<size_t>(nb) + 2 * static_cast<size_t>(i))
+       : K == WeightKind::Q5_0 ? -16.0f * dw
+       : K == WeightKind::Q4_0 ? -8.0f * dw
+                               : 0.0f;
+}
+
+// The scale products ds[r][i - c0] = d_i * x.d (weight and activation block scales) of blocks
+// [c0, c1) for R activation rows, 8 at a time over the whole groups of 8 blocks, whose offset
+// terms (Q4_0/Q4_1/Q5_0) go into sums[r].off a lane each; those of the blocks after them into
+// sums[r].off_tail, one FMA each. Every tile adds a row's terms so, in this order.
+template <int R, WeightKind K>
+DI_INLINE void scale_products(const uint8_t* row, int nb, int c0, int c1, const Acts& x, float (*ds)[kChunk],
+                              RowSums* sums) {
+  int i = c0;
+  for (; i + 8 <= c1; i += 8) {
+    __m256 dw, mw;
+    block_scales<K>(row, nb, i, dw, mw);
+    for (int r = 0; r < R; ++r) {
+      const size_t at = static_cast<size_t>(r) * nb + i;
+      _mm256_store_ps(ds[r] + (i - c0), _mm256_mul_ps(dw, _mm256_loadu_ps(x.d + at)));
+      if constexpr (K != WeightKind::Q8_0) sums[r].off = _mm256_fmadd_ps(mw, _mm256_loadu_ps(x.s + at), sums[r].off);
+    }
+  }
+  for (; i < c1; ++i) {
+    float dw, mw;
+    tail_scales<K>(row, nb, i, dw, mw);
+    for (int r = 0; r < R; ++r) {
+      const size_t at = static_cast<size_t>(r) * nb + i;
+      ds[r][i - c0] = dw * x.d[at];
+      if constexpr (K != WeightKind::Q8_0)
+        sums[r].off_tail = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(mw), _mm_set_ss(x.s[at]), _mm_set_ss(sums[r].off_tail)));
+    }
+  }
+}
+
+// R activation rows (R <= kTile) against blocks [c0, c1) of one weight row (c0 a multiple of
+// kChunk). The products of weight and activation scales (ds) are formed 8 blocks at a time for
+// the chunk first (stored well before the block loop reads them one float at a time: a load just
+// after a wider store to it stalls on store forwarding), with the offset terms of the whole groups
+// (Q4_0/Q4_1/Q5_0); a block then costs its integer dot and one FMA per row, into one of two
+// accumulators (even and odd blocks; the pairs are written out so that they stay in registers).
+// The codes are unpacked in registers per pair of blocks. A row's operations and their order
+// depend neither on R nor on the other rows (batch invariance), and are row_dots' (the tiles of
+// more rows).
+template <int R, WeightKind K>
+DI_INLINE void tile_blocks(const uint8_t* row, int nb, int c0, int c1, int k, const Acts& x, RowSums* sums) {
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r) {
+    acc[r][0] = sums[r].acc[0];
+    acc[r][1] = sums[r].acc[1];
+  }
+  alignas(32) float ds[R][kChunk];
+  scale_products<R, K>(row, nb, c0, c1, x, ds, sums);
+  // block i from its codes as block_codes gives them, into accumulator h of each row
+  auto block = [&](int i, int h, __m256i wq) DI_INLINE_LAMBDA {
+    const __m256i wu = K == WeightKind::Q8_0 ? _mm256_sign_epi8(wq, wq) : wq;
+    for (int r = 0; r < R; ++r) {
+      __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + static_cast<size_t>(r) * k + i * kBlock));
+      if constexpr (K == WeightKind::Q8_0) xq = _mm256_sign_epi8(xq, wq);
+      acc[r][h] = _mm256_fmadd_ps(_mm256_broadcast_ss(&ds[r][i - c0]), dot_u8_s8(wu, xq), acc[r][h]);
+    }
+  };
+  int g = c0;
+  for (; g + 8 <= c1; g += 8) {
+    const __m256i planes = group_planes<K>(row, nb, g);
+    auto pair = [&](auto jc) DI_INLINE_LAMBDA {
+      constexpr int J = decltype(jc)::value;
+      __m256i w0, w1;
+      pair_codes<K, J>(row, g, planes, w0, w1);
+      block(g + J, 0, w0);
+      block(g + J + 1, 1, w1);
+    };
+    pair(std::integral_constant<int, 0>{});
+    pair(std::integral_constant<int, 2>{});
+    pair(std::integral_constant<int, 4>{});
+    pair(std::integral_constant<int, 6>{});
+  }
+  int i = g;  // the blocks after the whole groups (g is even)
+  for (; i + 2 <= c1; i += 2) {
+    block(i, 0, block_codes<K>(row, nb, i));
+    block(i + 1, 1, block_codes<K>(row, nb, i + 1));
+  }
+  if (i < c1) block(i, 0, block_codes<K>(row, nb, i));
+  for (int r = 0; r < R; ++r) {
+    sums[r].acc[0] = acc[r][0];
+    sums[r].acc[1] = acc[r][1];
+  }
+}
+
+DI_INLINE float row_total(const RowSums& s) { return hsum(_mm256_add_ps(s.acc[0], s.acc[1])) + hsum(s.off) + s.off_tail; }
+
+// Codes of block i of a row as block_codes gives them, for any block (a whole group's through its
+// bit planes, with a shift by a count in a register).
+template <WeightKind K>
+DI_INLINE __m256i any_block_codes(const uint8_t* row, int nb, int i) {
+  if constexpr (K != WeightKind::Q5_0) {
+    return block_codes<K>(row, nb, i);
+  } else {
+    const int g = i & ~7;
+    if (g + 8 > nb) return block_codes<K>(row, nb, i);
+    const __m256i t = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + static_cast<size_t>(i & ~1) * code_bytes(K)));
+    const __m256i planes = group_planes<K>(row, nb, g);
+    const int j = i & 7;
+    const __m256i at4 = j <= 4 ? _mm256_sll_epi16(planes, _mm_cvtsi32_si128(4 - j))
+                               : _mm256_srl_epi16(planes, _mm_cvtsi32_si128(j - 4));
+    return _mm256_or_si256(_mm256_and_si256(i & 1 ? _mm256_srli_epi16(t, 4) : t, _mm256_set1_epi8(0x0F)),
+                           _mm256_and_si256(at4, _mm256_set1_epi8(0x10)));
+  }
+}
+
+// R activation rows (5 <= R <= 8) against one weight row: tile_blocks' arithmetic with each block's
+// codes unpacked once for the R rows and the accumulators on the stack (too many for registers;
+// with 5-8 rows a block's latency is hidden anyway).
 template <int R, WeightKind K>
 void row_dots(const uint8_t* row, int nb, int k, const Acts& x, float* y, int ldy) {
-  constexpr size_t cb = code_bytes(K);
-  const uint8_t* d_half = row + static_cast<size_t>(nb) * cb;
-  const uint8_t* m_half = d_half + 2 * static_cast<size_t>(nb);
-  __m256 acc[R][2], off[R];
-  float off_tail[R];
+  __m256 acc[R][2];
+  RowSums sums[R];  // the offset terms (the accumulators above)
   alignas(32) float ds[R][kChunk];
   for (int r = 0; r < R; ++r) {
-    acc[r][0] = acc[r][1] = off[r] = _mm256_setzero_ps();
-    off_tail[r] = 0.0f;
+    acc[r][0] = acc[r][1] = sums[r].off = _mm256_setzero_ps();
+    sums[r].off_tail = 0.0f;
   }
   for (int c0 = 0; c0 < nb; c0 += kChunk) {
     const int c1 = nb < c0 + kChunk ? nb : c0 + kChunk;
-    int i = c0;
-    for (; i + 8 <= c1; i += 8) {
-      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d_half + 2 * i)));
-      __m256 mw = _mm256_setzero_ps();
-      if constexpr (K == WeightKind::Q4_1) mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(m_half + 2 * i)));
-      if constexpr (K == WeightKind::Q4_0) mw = _mm256_mul_ps(dw, _mm256_set1_ps(-8.0f));
-      if constexpr (K == WeightKind::Q5_0) mw = _mm256_mul_ps(dw, _mm256_set1_ps(-16.0f));
-      for (int r = 0; r < R; ++r) {
-        const size_t at = static_cast<size_t>(r) * nb + i;
-        _mm256_store_ps(ds[r] + (i - c0), _mm256_mul_ps(dw, _mm256_loadu_ps(x.d + at)));
-        if constexpr (K != WeightKind::Q8_0) off[r] = _mm256_fmadd_ps(mw, _mm256_loadu_ps(x.s + at), off[r]);
-      }
-    }
-    for (; i < c1; ++i) {
-      const float dw = half_at(d_half + 2 * i);
-      const float mw = K == WeightKind::Q4_1 ? half_at(m_half + 2 * i) : K == WeightKind::Q5_0 ? -16.0f * dw : -8.0f * dw;
-      for (int r = 0; r < R; ++r) {
-        const size_t at = static_cast<size_t>(r) * nb + i;
-        ds[r][i - c0] = dw * x.d[at];
-        if constexpr (K != WeightKind::Q8_0) off_tail[r] += mw * x.s[at];
-      }
-    }
-    for (i = c0; i < c1; ++i) {
-      const uint8_t* codes = row + static_cast<size_t>(i) * cb;
-      __m256i wq;
-      if constexpr (K == WeightKind::Q8_0) {
-        wq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes));
-      } else if ((nb & 1) && i == nb - 1) {
-        wq = nibbles(codes);  // odd last block: ggml's layout
-      } else {  // a pair of blocks: this one's codes are the low (even i) or high nibbles
-        const __m256i t = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + static_cast<size_t>(i & ~1) * cb));
-        wq = _mm256_and_si256(i & 1 ? _mm256_srli_epi16(t, 4) : t, _mm256_set1_epi8(0x0F));
-      }
-      if constexpr (K == WeightKind::Q5_0) wq = _mm256_or_si256(wq, fifth_bits(m_half + 4 * static_cast<size_t>(i)));
+    scale_products<R, K>(row, nb, c0, c1, x, ds, sums);
+    for (int i = c0; i < c1; ++i) {
+      const __m256i wq = any_block_codes<K>(row, nb, i);
       const __m256i wabs = K == WeightKind::Q8_0 ? _mm256_sign_epi8(wq, wq) : wq;
       for (int r = 0; r < R; ++r) {
         __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + static_cast<size_t>(r) * k + i * kBlock));
@@ -113,8 +293,51 @@ void row_dots(const uint8_t* row, int nb, int k, const Acts& x, float* y, int ld
       }
     }
   }
-  for (int r = 0; r < R; ++r)
-    y[static_cast<size_t>(r) * ldy] = hsum(_mm256_add_ps(acc[r][0], acc[r][1])) + hsum(off[r]) + off_tail[r];
+  for (int r = 0; r < R; ++r) {
+    sums[r].acc[0] = acc[r][0];
+    sums[r].acc[1] = acc[r][1];
+    y[static_cast<size_t>(r) * ldy] = row_total(sums[r]);
+  }
+}
+
+// Weight rows [n0, n1) against the activation rows, in tiles of up to 8: tiles of 5-8 rows unpack a
+// block's codes once for all their rows (row_dots, most of a small model's cost at those batch
+// sizes on two cores: a speculative verify step of 1 + k rows, k <= 7, unpacks each weight row
+// once as a decode row does); tiles of 1-4 rows keep everything in registers (tile_blocks). A
+// row's arithmetic does not depend on the tile it is in (batch invariance).
+template <WeightKind K>
+void gemv_kind(const uint8_t* w, size_t row_bytes, int k, const Acts& x, int rows, float* y, int ldy, int n0, int n1) {
+  const int nb = k / kBlock;
+  for (int n = n0; n < n1; ++n) {
+    const uint8_t* row = w + static_cast<size_t>(n) * row_bytes;
+    for (int b = 0; b < rows;) {
+      const int t = rows - b < 8 ? rows - b : 8;
+      const Acts xb{x.qs + static_cast<size_t>(b) * k, x.d + static_cast<size_t>(b) * nb, x.s + static_cast<size_t>(b) * nb};
+      float* yb = y + static_cast<size_t>(b) * ldy + n;
+      b += t;
+      if (t > kTile) {
+        switch (t) {
+          case 5: row_dots<5, K>(row, nb, k, xb, yb, ldy); break;
+          case 6: row_dots<6, K>(row, nb, k, xb, yb, ldy); break;
+          case 7: row_dots<7, K>(row, nb, k, xb, yb, ldy); break;
+          default: row_dots<8, K>(row, nb, k, xb, yb, ldy); break;
+        }
+        continue;
+      }
+      RowSums s[kTile];
+      for (int r = 0; r < t; ++r) s[r] = RowSums{{_mm256_setzero_ps(), _mm256_setzero_ps()}, _mm256_setzero_ps(), 0.0f};
+      for (int c0 = 0; c0 < nb; c0 += kChunk) {
+        const int c1 = nb < c0 + kChunk ? nb : c0 + kChunk;
+        switch (t) {
+          case 1: tile_blocks<1, K>(row, nb, c0, c1, k, xb, s); break;
+          case 2: tile_blocks<2, K>(row, nb, c0, c1, k, xb, s); break;
+          case 3: tile_blocks<3, K>(row, nb, c0, c1, k, xb, s); break;
+          default: tile_blocks<kTile, K>(row, nb, c0, c1, k, xb, s); break;
+        }
+      }
+      for (int r = 0; r < t; ++r) yb[static_cast<size_t>(r) * ldy] = row_total(s[r]);
+    }
+  }
 }
 
 // Weight rows [n0, n1) against the activation rows in tiles of up to 8:
@@ -146,11 +369,20 @@ void gemv_tiles(const uint8_t* w, size_t row_bytes, int k, const Acts& x, int ro
   }
 }
 
-template <WeightKind K>
-void gemv_kind(const uint8_t* w, size_t row_bytes, int k, const Acts& x, int rows, float* y, int ldy, int n0, int n1) {
-  gemv_tiles(w, row_bytes, k, x, rows, y, ldy, n0, n1, [ldy](auto r, const uint8_t* row, int nb, int kk, const Acts& xb, float* yb) {
-    row_dots<decltype(r)::value, K>(row, nb, kk, xb, yb, ldy);
-  });
+// repack_row, then (Q5_0) the fifth bits of each whole group of 8 blocks as bit planes (kernels.h).
+void repack_planes(WeightKind kind, const uint8_t* src, int nb, uint8_t* dst) {
+  repack_row(kind, src, nb, dst);
+  if (kind != WeightKind::Q5_0) return;
+  uint8_t* bits = dst + static_cast<size_t>(nb) * (code_bytes(kind) + 2);
+  for (int g = 0; g + 8 <= nb; g += 8) {
+    uint32_t qh[8];
+    std::memcpy(qh, bits + 4 * static_cast<size_t>(g), sizeof(qh));
+    for (int j = 0; j < 32; ++j) {
+      unsigned plane = 0;
+      for (int b = 0; b < 8; ++b) plane |= ((qh[b] >> j) & 1u) << b;
+      bits[4 * static_cast<size_t>(g) + j] = static_cast<uint8_t>(plane);
+    }
+  }
 }
 
 // ---- K-quants (ggml's super-block layout as stored, see kernels.h) ----------------------------
@@ -415,11 +647,6 @@ void silu_mul(const float* gate, const float* up, float* out, int n) {
   if (i < n) generic_kernels().silu_mul(gate + i, up + i, out + i, n - i);
 }
 
-// Lanes below n set (0 <= n <= 8).
-inline __m256i first_lanes(int n) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
 // Scores of one query against a tile of nl <= 8 tokens (k rows kt[0..nl)) into dst[0..nl): the
 // 8 dot products q . k_u (q scaled, C vectors) summed by one transposing reduction.
 template <int C>
@@ -590,12 +817,15 @@ void attend_many(const float* const* qs, float* const* outs, const int* lens, in
   }
 }
 
+#undef DI_INLINE
+#undef DI_INLINE_LAMBDA
+
 }  // namespace
 
 const Kernels& avx2_kernels() {
   // quantize_row: bitwise the generic one (the tables quantize activations alike).
   static const Kernels table{"avx2", gemv_quant, gemv_f32, quantize_row, dot, axpy,
-                             silu_mul, attend, attend_many};
+                             silu_mul, attend, attend_many, repack_planes};
   return table;
 }
 

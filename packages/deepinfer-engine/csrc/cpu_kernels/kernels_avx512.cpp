@@ -484,7 +484,7 @@ void attend_many(const float* const* qs, float* const* outs, const int* lens, in
 
 const Kernels& avx512_kernels() {
   static const Kernels table{"avx512vnni", gemv_quant, gemv_f32, quantize_row, dot, axpy, silu_mul, attend,
-                             attend_many};
+                             attend_many, repack_row};
   return table;
 }
 

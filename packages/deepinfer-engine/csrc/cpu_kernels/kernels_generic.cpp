@@ -342,7 +342,8 @@ void attend_many(const float* const* qs, float* const* outs, const int* lens, in
   attend_each(attend, qs, outs, lens, n, d, k, v, stride, table, block_size, scale, work);
 }
 
-const Kernels kGeneric{"generic", gemv_quant, gemv_f32, quantize_row, dot, axpy, silu_mul, attend, attend_many};
+const Kernels kGeneric{"generic", gemv_quant, gemv_f32, quantize_row, dot, axpy, silu_mul, attend, attend_many,
+                       repack_row};
 
 }  // namespace
 
