@@ -387,82 +387,141 @@ void repack_planes(WeightKind kind, const uint8_t* src, int nb, uint8_t* dst) {
 
 // ---- K-quants (ggml's super-block layout as stored, see kernels.h) ----------------------------
 
-// Scales and mins (6 bits each) of the 8 sub-blocks of a Q4_K/Q5_K super-block's 12 scale bytes.
-inline void scales_mins_k4(const uint8_t* q, int* sc, int* m) {
-  for (int j = 0; j < 4; ++j) {
-    sc[j] = q[j] & 63;
-    m[j] = q[j + 4] & 63;
-    sc[j + 4] = (q[j + 8] & 0x0F) | ((q[j] >> 6) << 4);
-    m[j + 4] = (q[j + 8] >> 4) | ((q[j + 4] >> 6) << 4);
-  }
+// The 8 weight-scale factors d sc_j and min factors dmin m_j of a Q4_K/Q5_K super-block (6-bit
+// sc_j, m_j from its 12 scale bytes q: j < 4: sc = q[j] & 63, m = q[j + 4] & 63; j >= 4:
+// sc = q[j + 4] & 15 | (q[j - 4] >> 6) << 4, m = q[j + 4] >> 4 | (q[j] >> 6) << 4; 4 at a time).
+DI_INLINE void scale_factors_k4(const uint8_t* blk, __m256& dsc, __m256& dm) {
+  uint32_t a, b, c;  // scale bytes 0-3, 4-7, 8-11
+  std::memcpy(&a, blk + 4, 4);
+  std::memcpy(&b, blk + 8, 4);
+  std::memcpy(&c, blk + 12, 4);
+  const uint32_t low6 = 0x3F3F3F3Fu, low4 = 0x0F0F0F0Fu, top2 = 0x03030303u;
+  const uint64_t sc = (a & low6) | static_cast<uint64_t>((c & low4) | (((a >> 6) & top2) << 4)) << 32;
+  const uint64_t m = (b & low6) | static_cast<uint64_t>(((c >> 4) & low4) | (((b >> 6) & top2) << 4)) << 32;
+  const auto as_floats = [](uint64_t bytes) DI_INLINE_LAMBDA {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(bytes))));
+  };
+  dsc = _mm256_mul_ps(_mm256_set1_ps(half_at(blk)), as_floats(sc));
+  dm = _mm256_mul_ps(_mm256_set1_ps(half_at(blk + 2)), as_floats(m));
 }
 
-inline __m256i shift_right16(__m256i v, int n) { return _mm256_srl_epi16(v, _mm_cvtsi32_si128(n)); }
-
-// R activation rows against one K-quant weight row of nsb super-blocks. Per sub-block of 32 the
-// weight codes are unpacked once for the R rows. Q4_K/Q5_K: codes unsigned (maddubs against the
-// signed activations), one FMA of d sc_j xd_i per row, the mins through the activation block sums.
-// Q6_K: codes - 32 signed (|w| times x with w's sign), the two 16-weight halves weighted by their
-// int8 scales in one madd, one FMA of d xd_i per row.
+// R activation rows against one K-quant weight row of nsb super-blocks. Per chunk of super-blocks
+// the products of weight and activation scales are formed 8 sub-blocks at a time first (Q4_K/Q5_K:
+// d sc_j xd, with the mins' terms -dmin m_j xs a lane each; Q6_K: d xd), then per sub-block of 32
+// the codes are unpacked once for the R rows (per pair of sub-blocks, with compile-time shifts)
+// and each row costs its integer dot and one FMA, into one of two accumulators (even and odd
+// sub-blocks). Q4_K/Q5_K: codes unsigned (maddubs against the signed activations). Q6_K: codes - 32
+// signed (|w| times x with w's sign), the two 16-weight halves weighted by their int8 scales in
+// one madd. A row's operations and their order do not depend on R (batch invariance).
 template <int R, WeightKind K>
 void row_dots_k(const uint8_t* row, int nsb, int k, const Acts& x, float* y, int ldy) {
   constexpr size_t bb = block_bytes(K);
+  constexpr int kChunkSuper = kChunk / 8;
   const int nb = k / kBlock;
   const __m256i low4 = _mm256_set1_epi8(0x0F);
-  __m256 acc[R];
-  float off[R];
-  for (int r = 0; r < R; ++r) {
-    acc[r] = _mm256_setzero_ps();
-    off[r] = 0.0f;
-  }
-  for (int s = 0; s < nsb; ++s) {
-    const uint8_t* blk = row + static_cast<size_t>(s) * bb;
-    if constexpr (K == WeightKind::Q6_K) {
-      const float d = half_at(blk + 208);
-      const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
-      for (int j = 0; j < 8; ++j) {
-        const int h = j / 4, u = j % 4, i = 8 * s + j;
-        const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * h + 32 * (u & 1)));
-        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h));
-        const __m256i lo = _mm256_and_si256(shift_right16(ql, 4 * (u >> 1)), low4);
-        const __m256i hi = _mm256_and_si256(_mm256_slli_epi16(shift_right16(qh, 2 * u), 4), _mm256_set1_epi8(0x30));
-        const __m256i wq = _mm256_sub_epi8(_mm256_or_si256(lo, hi), _mm256_set1_epi8(32));
-        const __m256i wabs = _mm256_sign_epi8(wq, wq);
-        const __m256i scales = _mm256_set_m128i(_mm_set1_epi16(sc[2 * j + 1]), _mm_set1_epi16(sc[2 * j]));
-        for (int r = 0; r < R; ++r) {
-          const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + static_cast<size_t>(r) * k + i * kBlock));
-          const __m256i p16 = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(xq, wq));
-          const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, scales));
-          acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d[static_cast<size_t>(r) * nb + i]), p, acc[r]);
-        }
+  __m256 acc[R][2], off[R];
+  alignas(32) float ds[R][kChunk];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = off[r] = _mm256_setzero_ps();
+  for (int s0 = 0; s0 < nsb; s0 += kChunkSuper) {
+    const int s1 = nsb < s0 + kChunkSuper ? nsb : s0 + kChunkSuper;
+    for (int s = s0; s < s1; ++s) {
+      const uint8_t* blk = row + static_cast<size_t>(s) * bb;
+      __m256 wsc, wm = _mm256_setzero_ps();
+      if constexpr (K == WeightKind::Q6_K) {
+        wsc = _mm256_set1_ps(half_at(blk + 208));
+      } else {
+        scale_factors_k4(blk, wsc, wm);
       }
-    } else {
-      const float d = half_at(blk), dmin = half_at(blk + 2);
-      int sc[8], m[8];
-      scales_mins_k4(blk + 4, sc, m);
-      const uint8_t* qs = blk + (K == WeightKind::Q5_K ? 48 : 16);
-      __m256i qh = _mm256_setzero_si256();
-      if constexpr (K == WeightKind::Q5_K) qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16));
-      for (int j = 0; j < 8; ++j) {
-        const int i = 8 * s + j;
-        const __m256i t = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * (j / 2)));
-        __m256i wq = _mm256_and_si256(j & 1 ? _mm256_srli_epi16(t, 4) : t, low4);
-        if constexpr (K == WeightKind::Q5_K) {
-          const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << j));
-          const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
-          wq = _mm256_or_si256(wq, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
-        }
-        const float ds = d * static_cast<float>(sc[j]), dm = dmin * static_cast<float>(m[j]);
+      for (int r = 0; r < R; ++r) {
+        const size_t at = static_cast<size_t>(r) * nb + 8 * static_cast<size_t>(s);
+        _mm256_store_ps(ds[r] + 8 * (s - s0), _mm256_mul_ps(wsc, _mm256_loadu_ps(x.d + at)));
+        if constexpr (K != WeightKind::Q6_K) off[r] = _mm256_fnmadd_ps(wm, _mm256_loadu_ps(x.s + at), off[r]);
+      }
+    }
+    for (int s = s0; s < s1; ++s) {
+      const uint8_t* blk = row + static_cast<size_t>(s) * bb;
+      const int i0 = 8 * s;  // activation block of sub-block 0
+      // sub-block j's codes (unsigned; Q6_K: |w|, signs and scale pair alongside) into accumulator j % 2
+      auto block = [&](int j, __m256i wu, __m256i ws, __m256i scales) DI_INLINE_LAMBDA {
+        const int i = i0 + j;
         for (int r = 0; r < R; ++r) {
-          const size_t at = static_cast<size_t>(r) * nb + i;
           const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + static_cast<size_t>(r) * k + i * kBlock));
-          acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(ds * x.d[at]), dot_u8_s8(wq, xq), acc[r]);
-          off[r] -= dm * x.s[at];
+          __m256 p;
+          if constexpr (K == WeightKind::Q6_K) {
+            p = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(wu, _mm256_sign_epi8(xq, ws)), scales));
+          } else {
+            p = dot_u8_s8(wu, xq);
+          }
+          acc[r][j & 1] = _mm256_fmadd_ps(_mm256_broadcast_ss(&ds[r][i - 8 * s0]), p, acc[r][j & 1]);
         }
+      };
+      if constexpr (K == WeightKind::Q6_K) {
+        // int8 scales as int16, pair j (halves of sub-block j) as int32 lane j
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
+        const __m256i spread = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2,
+                                                3, 2, 3, 2, 3, 2, 3);
+        auto sub = [&](auto jc) DI_INLINE_LAMBDA {
+          constexpr int J = decltype(jc)::value, H = J / 4, U = J % 4;
+          const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * H + 32 * (U & 1)));
+          const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * H));
+          const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(ql, 4 * (U >> 1)), low4);
+          // bits 2U, 2U + 1 of each byte of qh -> bits 4, 5 (one shift of the 16-bit lanes, then a mask)
+          __m256i hi;
+          if constexpr (U < 2) {
+            hi = _mm256_slli_epi16(qh, 4 - 2 * U);
+          } else if constexpr (U == 2) {
+            hi = qh;
+          } else {
+            hi = _mm256_srli_epi16(qh, 2);
+          }
+          hi = _mm256_and_si256(hi, _mm256_set1_epi8(0x30));
+          const __m256i wq = _mm256_sub_epi8(_mm256_or_si256(lo, hi), _mm256_set1_epi8(32));
+          const __m256i scales = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(sc16, _mm256_set1_epi32(J)), spread);
+          block(J, _mm256_sign_epi8(wq, wq), wq, scales);
+        };
+        sub(std::integral_constant<int, 0>{});
+        sub(std::integral_constant<int, 1>{});
+        sub(std::integral_constant<int, 2>{});
+        sub(std::integral_constant<int, 3>{});
+        sub(std::integral_constant<int, 4>{});
+        sub(std::integral_constant<int, 5>{});
+        sub(std::integral_constant<int, 6>{});
+        sub(std::integral_constant<int, 7>{});
+      } else {
+        const uint8_t* qs = blk + (K == WeightKind::Q5_K ? 48 : 16);
+        __m256i qh = _mm256_setzero_si256();
+        if constexpr (K == WeightKind::Q5_K) qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16));
+        auto pair = [&](auto pc) DI_INLINE_LAMBDA {  // sub-blocks 2P (low nibbles) and 2P + 1 (high)
+          constexpr int P = decltype(pc)::value;
+          const __m256i t = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * P));
+          __m256i w0 = _mm256_and_si256(t, low4), w1 = _mm256_and_si256(_mm256_srli_epi16(t, 4), low4);
+          if constexpr (K == WeightKind::Q5_K) {  // fifth bit j of each byte -> 0x10 (as Q5_0's planes)
+            const __m256i bit4 = _mm256_set1_epi8(0x10);
+            __m256i b0, b1;
+            if constexpr (2 * P < 4) {
+              b0 = _mm256_slli_epi16(qh, 4 - 2 * P);
+              b1 = _mm256_slli_epi16(qh, 3 - 2 * P);
+            } else if constexpr (2 * P == 4) {
+              b0 = qh;
+              b1 = _mm256_srli_epi16(qh, 1);
+            } else {
+              b0 = _mm256_srli_epi16(qh, 2 * P - 4);
+              b1 = _mm256_srli_epi16(qh, 2 * P - 3);
+            }
+            w0 = _mm256_or_si256(w0, _mm256_and_si256(b0, bit4));
+            w1 = _mm256_or_si256(w1, _mm256_and_si256(b1, bit4));
+          }
+          block(2 * P, w0, w0, w0);
+          block(2 * P + 1, w1, w1, w1);
+        };
+        pair(std::integral_constant<int, 0>{});
+        pair(std::integral_constant<int, 1>{});
+        pair(std::integral_constant<int, 2>{});
+        pair(std::integral_constant<int, 3>{});
       }
     }
   }
-  for (int r = 0; r < R; ++r) y[static_cast<size_t>(r) * ldy] = hsum(acc[r]) + off[r];
+  for (int r = 0; r < R; ++r) y[static_cast<size_t>(r) * ldy] = hsum(_mm256_add_ps(acc[r][0], acc[r][1])) + hsum(off[r]);
 }
 
 template <WeightKind K>
