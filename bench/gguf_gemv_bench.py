@@ -76,6 +76,7 @@ def main() -> None:
     from deepinfer.runtime.kernels.gemv import gemv
     from deepinfer.runtime.kernels.gguf_gemv import gguf_gemm, gguf_gemv
     from deepinfer.runtime.kernels.gguf_layout import regroup
+    from deepinfer.runtime.kernels.gguf_mmq import gguf_mmq, mmq_supports, quantize_rows
     from gguf_quantizer import quantize
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -89,6 +90,8 @@ def main() -> None:
     p.add_argument("--sweep", default="",
                    help="types whose one-row GEMV tiles (BLOCK_N, BLOCK_K, warps, stages) are swept on gate_up and down")
     p.add_argument("--sweep-variants", default="words,tiled", help="GEMVs the sweep times: words, dp4a, tiled (bytes)")
+    p.add_argument("--mmq-sweep", default="",
+                   help="types whose int8 tensor-core product (gguf_mmq) tiles are swept at 32 rows on gate_up and down")
     p.add_argument("--fused", action="store_true",
                    help="one-row GEMVs with the decode graph's fusions (RMSNorm for qkv/gate_up, residual for o, "
                         "SiLU·mul for down)")
@@ -131,6 +134,12 @@ def main() -> None:
                     t = graph_time(lambda x=x, planes=planes: gguf_gemm(x, planes))
                     tb = graph_time(lambda x=x, w=w: F.linear(x, w))
                     what = f"gemm {scales} {rows} rows (cuBLAS bf16 {tb * 1e6:.1f} us)"
+                    if mmq_supports(planes):  # the int8 tensor-core product, activations quantized in the graph
+                        tq = graph_time(lambda x=x, planes=planes: gguf_mmq(quantize_rows(x), planes))
+                        dq = float((gguf_mmq(quantize_rows(x), planes).float() - outputs[rows, scales]).abs().max())
+                        print(f"{name:8s} {kind:5s} mmq {rows} rows: {tq * 1e6:7.1f} us "
+                              f"{(nbytes + x.numel() * 2) / tq / 1e9:6,.0f} GB/s, cuBLAS bf16 {tb * 1e6:.1f} us; "
+                              f"max |diff| to the gemm {dq:.3g}", flush=True)
                 gbs = (nbytes + x.numel() * 2) / t / 1e9
                 same = outputs[rows, scales] - outputs[rows, args.scales.split(",")[0]]
                 print(f"{name:8s} {kind:5s} {what}: {t * 1e6:7.1f} us {gbs:6,.0f} GB/s "
@@ -141,6 +150,8 @@ def main() -> None:
         torch.cuda.empty_cache()
     for kind in filter(None, args.sweep.split(",")):
         sweep(kind, copy, args.fused, tuple(args.sweep_variants.split(",")))
+    for kind in filter(None, args.mmq_sweep.split(",")):
+        mmq_sweep(kind)
 
 
 TILES = [(4, 512, 4, 3), (2, 512, 4, 3), (8, 256, 4, 3), (4, 1024, 8, 2), (1, 1024, 4, 3), (8, 512, 8, 2)]
@@ -169,6 +180,27 @@ def sweep(kind: str, copy: float, fused: bool = False, sweep_variants: tuple[str
                 gbs = planes.nbytes() / t / 1e9
                 print(f"sweep {name:8s} {kind} {scales:6s} tile {tile}: {t * 1e6:7.1f} us {gbs:6,.0f} GB/s "
                       f"({100 * gbs / copy:.0f} % of copy)", flush=True)
+
+
+MMQ_TILES = [(64, 4, 3), (32, 4, 3), (128, 4, 3), (128, 8, 3), (64, 4, 2), (64, 8, 4), (32, 2, 3), (16, 1, 3)]
+
+
+def mmq_sweep(kind: str, rows: int = 32) -> None:
+    from deepinfer.runtime.kernels.gguf_layout import regroup
+    from deepinfer.runtime.kernels.gguf_mmq import gguf_mmq, quantize_rows
+    from gguf_quantizer import quantize
+
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    for name in ("gate_up", "down"):
+        n, k = SHAPES[name]
+        planes = regroup(quantize(torch.randn(n, k, device="cuda", generator=gen) * 0.02, kind), kind)
+        x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+        xq = quantize_rows(x)
+        tq = graph_time(lambda x=x: quantize_rows(x))
+        for tile in MMQ_TILES:
+            t = graph_time(lambda tile=tile, planes=planes, xq=xq: gguf_mmq(xq, planes, config=tile))
+            print(f"mmq sweep {name:8s} {kind} {rows} rows tile {tile}: {t * 1e6:7.1f} us "
+                  f"(+ {tq * 1e6:.1f} us quantize_rows)", flush=True)
 
 
 if __name__ == "__main__":

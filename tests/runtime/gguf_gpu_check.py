@@ -12,20 +12,21 @@ Bounds (stated; ``mag = |x| @ |W|.T`` in float64, ``u`` the output dtype's unit 
 * GEMV with bfloat16 activations and fusions (RMSNorm, SiLU·mul, residual): compared to the
   same fused op computed by torch in float64 from the rounded input the kernel sees; bound
   ``2**-7 * mag + 2**-7 * |ref|``.
-* ``DEEPINFER_GGUF_DP4A=1`` (8-bit activations in the GEMV): each GEMV bound plus ``q8_error``.
+* 8-bit activations in the GEMV (the default; ``DEEPINFER_GGUF_DP4A=0``: float32): each GEMV bound
+  plus ``q8_error``.
 * GEMM: weights and activations rounded to bfloat16 (2**-9 each), float32 sums:
   ``|y - ref| <= 2**-7 * mag + 2**-8 * |ref|``.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 
 import numpy as np
 import torch
-from deepinfer.runtime.kernels.gguf_gemv import gguf_gemm, gguf_gemv
+from deepinfer.runtime.kernels.gguf_gemv import gguf_gemm, gguf_gemv, one_row_path
 from deepinfer.runtime.kernels.gguf_layout import BLOCK_BYTES, GPU_TYPES, regroup
+from deepinfer.runtime.kernels.gguf_mmq import gguf_mmq, quantize_rows
 from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
@@ -49,17 +50,23 @@ def reference_weight(raw: np.ndarray, kind: str, rows: int) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(w, dtype=np.float64))
 
 
-DP4A = os.environ.get("DEEPINFER_GGUF_DP4A", "0") not in ("0", "false", "no", "off", "")
+DP4A = one_row_path().endswith("(dp4a)")  # the switches' defaults: 8-bit activations
+
+
+def act8_error(act: torch.Tensor, w: torch.Tensor, group: int) -> torch.Tensor:
+    """Rounding each ``group`` columns of each activation row to signed bytes (scale ``amax / 127``)
+    moves each column by at most half a step, so each output by at most ``(amax / 254) @ |W|.T``
+    (with 2**-6 of slack for the float32 scale)."""
+    rows = act.reshape(-1, act.shape[-1]).double()
+    a = rows.reshape(rows.shape[0], -1, group).abs().amax(dim=2, keepdim=True).expand(-1, -1, group)
+    return (a.reshape(rows.shape) / 254 * (1 + 2**-6)) @ w.abs().T
 
 
 def q8_error(act: torch.Tensor, w: torch.Tensor) -> torch.Tensor | float:
-    """With ``DEEPINFER_GGUF_DP4A=1`` the GEMV rounds each 16-column tile of the activation row to
+    """With 8-bit activations (the default) the GEMV rounds each 16-column tile of the activation row to
     signed bytes (scale ``amax / 127``): each column moves by at most half a step, so the output by
     at most ``(amax / 254) @ |W|.T`` (with 2**-6 of slack for the float32 scale); else 0."""
-    if not DP4A:
-        return 0.0
-    a = act.double().reshape(-1, 16).abs().amax(dim=1, keepdim=True).expand(-1, 16).reshape(1, -1)
-    return (a / 254 * (1 + 2**-6)) @ w.abs().T
+    return act8_error(act, w, 16) if DP4A else 0.0
 
 
 def _check(name: str, got: torch.Tensor, ref: torch.Tensor, mag: torch.Tensor, rel_mag: float, rel_ref: float,
@@ -144,6 +151,23 @@ def check_kind(kind: str, device: str, quick: bool) -> bool:
     ref = xm.double() @ w_ref.T + bias.double()
     mag = xm.double().abs() @ w_ref.abs().T + bias.double().abs()
     ok &= _check(f"{kind} gemm into a slice", wide[:, 8:], ref, mag, 2**-7, 2**-8)
+    ok &= bool((wide[:, :8] == 0).all())
+    # several rows on the int8 tensor cores (gguf_mmq): activations rounded per 32 columns, exact
+    # integer sums, float32 group sums, bfloat16 output
+    for m in ((3, 17) if quick else (2, 5, 16, 33, 64)):
+        xm = torch.randn(m, k, generator=g).to(bf)
+        ref = xm.double() @ w_ref.T
+        mag = xm.double().abs() @ w_ref.abs().T
+        got = gguf_mmq(quantize_rows(xm.to(device)), planes)
+        ok &= _check(f"{kind} mmq [{m},{k}]", got, ref, mag, 2**-12, 2**-8, act8_error(xm, w_ref, 32))
+    xm = torch.randn(4, k2, generator=g).to(bf)  # several K chunks, with bias, into a slice
+    wide = torch.zeros(4, 9 + 8, dtype=bf, device=device)
+    bias = torch.randn(9, generator=g).to(bf)
+    gguf_mmq(quantize_rows(xm.to(device)), planes2, bias.to(device), out=wide[:, 8:])
+    ref = xm.double() @ w2.T + bias.double()
+    mag = xm.double().abs() @ w2.abs().T + bias.double().abs()
+    ok &= _check(f"{kind} mmq [4,{k2}] with bias into a slice", wide[:, 8:], ref, mag, 2**-12, 2**-8,
+                 act8_error(xm, w2, 32))
     ok &= bool((wide[:, :8] == 0).all())
     return ok
 

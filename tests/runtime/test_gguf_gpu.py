@@ -66,8 +66,8 @@ def test_quantizer_blocks_are_gguf_blocks_close_to_the_weights(kind):
     assert rel < {"Q8_0": 0.01, "Q6_K": 0.03, "Q5_K": 0.06}.get(kind, 0.12), rel
 
 
-# (GEMV code words, scales broadcast per group, dp4a): the defaults; the experimental 8-bit
-# activations (dp4a emulated: the interpreter runs no PTX); the byte GEMV with tiled scales; the
+# (GEMV code words, scales broadcast per group, dp4a): float32 activations; the defaults (8-bit
+# activations, dp4a emulated: the interpreter runs no PTX); the byte GEMV with tiled scales; the
 # byte GEMV and the GEMM with scales gathered per column (the first version)
 @pytest.mark.parametrize(("words", "tiled", "dp4a"), [("1", "1", "0"), ("1", "1", "1"), ("0", "1", "0"),
                                                       ("0", "0", "0")])
@@ -79,7 +79,9 @@ def test_kernels_match_gguf_dequantization_in_float64(words, tiled, dp4a):
 
 
 def test_mixed_type_model_matches_its_dequantized_self():
-    out = _run("gguf_gpu_model_check.py", "cpu")
+    # float32 activations (DEEPINFER_GGUF_DP4A=0): the same numbers as the dense model up to the
+    # summation order; the 8-bit activations' bound is checked per kernel (gguf_gpu_check.py)
+    out = _run("gguf_gpu_model_check.py", "cpu", DEEPINFER_GGUF_DP4A="0")
     assert "Q4_K+Q6_K" in out
 
 
@@ -119,7 +121,27 @@ def test_kernel_entry_points_refuse_bad_shapes():
         gguf_gemm(torch.zeros(3, 64), planes, torch.zeros(5))
 
 
-def test_layer_merges_runs_of_one_type_and_names_its_types():
+def test_mmq_refuses_what_it_cannot_multiply():
+    from deepinfer.runtime.kernels.gguf_mmq import gguf_mmq, mmq_supports, quantize_rows
+    from gguf_gpu_check import random_blocks
+
+    q8 = regroup(torch.from_numpy(random_blocks("Q8_0", 3, 96, seed=0)), "Q8_0")
+    assert mmq_supports(q8)  # (the layout itself refuses 4-bit rows whose K/2 is not whole 32-byte groups)
+
+    def rows(m: int, k: int):  # quantize_rows' output shapes, without running its kernel here
+        return torch.zeros(m, k, dtype=torch.int8), torch.zeros(m, k // 32), torch.zeros(m, k // 32)
+
+    with pytest.raises(ValueError, match="the activations have 64 columns, the Q8_0 weight 96"):
+        gguf_mmq(rows(2, 64), q8)
+    with pytest.raises(ValueError, match="K a multiple of 32"):
+        quantize_rows(torch.randn(2, 40))
+    with pytest.raises(ValueError, match=r"out must be \[2, 3\]"):
+        gguf_mmq(rows(2, 96), q8, out=torch.empty(3, 3))
+    with pytest.raises(ValueError, match=r"bias must be a contiguous \[3\] vector"):
+        gguf_mmq(rows(2, 96), q8, torch.zeros(4))
+
+
+def test_layer_merges_runs_of_one_type_and_names_its_types(monkeypatch):
     from deepinfer.runtime.models.gguf_linear import GGUFLinearCUDA
     from gguf_gpu_check import random_blocks
 
@@ -128,7 +150,19 @@ def test_layer_merges_runs_of_one_type_and_names_its_types():
 
     layer = GGUFLinearCUDA([part("Q4_K", 8), part("Q4_K", 4), part("Q6_K", 4)])
     assert [p.n for p in layer.parts] == [12, 4] and layer.offsets == [0, 12]
-    assert layer.weight_type == "Q4_K+Q6_K" and layer.kernel_path == "triton gguf gemv / gemm"
+    assert layer.weight_type == "Q4_K+Q6_K"
+    monkeypatch.delenv("DEEPINFER_GGUF_DP4A", raising=False)
+    monkeypatch.delenv("DEEPINFER_GGUF_WORDS", raising=False)
+    monkeypatch.delenv("DEEPINFER_GGUF_MMQ_ROWS", raising=False)
+    assert layer.kernel_path == "triton gguf word gemv, 8-bit activations (dp4a) (one row) / gemm (more rows)"
+    monkeypatch.setenv("DEEPINFER_GGUF_DP4A", "0")
+    monkeypatch.setenv("DEEPINFER_GGUF_MMQ_ROWS", "64")
+    assert layer.kernel_path == ("triton gguf word gemv, float32 activations (one row) / int8 tensor-core mmq, "
+                                 "8-bit activations (2-64 rows) / gemm (more rows)")
+    monkeypatch.setenv("DEEPINFER_GGUF_MMQ_ROWS", "0")
+    monkeypatch.setenv("DEEPINFER_GGUF_MMQ_ROWS", "many")
+    with pytest.raises(ValueError, match="DEEPINFER_GGUF_MMQ_ROWS must be a non-negative integer, got 'many'"):
+        layer.kernel_path  # noqa: B018
     assert layer.out_features == 16 and layer.in_features == 256
     with pytest.raises(ValueError, match="one width"):
         GGUFLinearCUDA([part("Q4_K", 8), regroup(torch.from_numpy(random_blocks("Q4_K", 4, 512, seed=1)), "Q4_K")])

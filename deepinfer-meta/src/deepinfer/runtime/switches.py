@@ -49,8 +49,12 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
            "GGUF kernels load each group's scale once and broadcast it (0: gathered per column)"),
     Switch("DEEPINFER_GGUF_WORDS", "1", "kernels/gguf_gemv.py",
            "the GGUF one-row GEMV reads codes as int32 words and scales group sums (0: bytes, each weight scaled)"),
-    Switch("DEEPINFER_GGUF_DP4A", "0", "kernels/gguf_gemv.py",
-           "experimental: the GGUF word GEMV takes 8-bit activations and multiplies with dp4a (1: on)"),
+    Switch("DEEPINFER_GGUF_DP4A", "1", "kernels/gguf_gemv.py",
+           "the GGUF word GEMV takes 8-bit activations (one scale per 16 columns) and multiplies with dp4a "
+           "(0: float32 activations)"),
+    Switch("DEEPINFER_GGUF_MMQ_ROWS", "0", "kernels/gguf_mmq.py",
+           "experimental: GGUF layers on a GPU multiply up to this many rows on the int8 tensor cores with 8-bit "
+           "activations (0: the bf16 GEMM for every several-row product; slower on the H200 so far)"),
     Switch("DEEPINFER_FUSED_EAGER", "1", "models/llama_fused_decode.py",
            "eager CUDA steps (prompt chunks, mixed steps) of dense models run the fused Triton kernels (0: torch ops)"),
     Switch("DEEPINFER_FOLD_MERGE", "1", "models/llama_fused_decode.py",

@@ -207,7 +207,7 @@ def _quantize_activations_kernel(x_ptr, nw_ptr, dt_ptr, q_ptr, st_ptr, k, eps, B
     ok = c < k
     xv = _activation_chunk(x_ptr, nw_ptr, dt_ptr, c, ok, k, rstd, SILU_MUL, NORM)
     amax = tl.max(tl.abs(xv), axis=1)
-    inv = tl.where(amax > 0, 127.0 / amax, 0.0)[:, None]
+    inv = tl.where(amax > 0, 127.0 / tl.where(amax > 0, amax, 1.0), 0.0)[:, None]
     # (v + 1.5 * 2**23) - 1.5 * 2**23 rounds |v| <= 127 to the nearest integer (ties to even)
     q = ((xv * inv + 12582912.0) - 12582912.0).to(tl.int32)
     tl.store(q_ptr + c, q.to(tl.int8), mask=ok)
@@ -420,16 +420,20 @@ def _dot(x, w, acc, DOT_F32: tl.constexpr):
 
 
 @triton.jit
+def gemm_tile(mrows, n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The output tile of program (``program_id(0)`` over N, ``program_id(1)`` over M): its rows of
+    activations ``rm``, of weights ``rn`` (int64) and their masks."""
+    rm = (tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    rn = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    return rm, rn, rm < mrows, rn < n
+
+
+@triton.jit
 def _gguf_gemm_kernel(x_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, b_ptr, out_ptr, mrows, n, k, stride_x, stride_o,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PACKED: tl.constexpr,
                       G: tl.constexpr, SB: tl.constexpr, HAS_MIN: tl.constexpr, BIAS: tl.constexpr,
                       HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, TILED: tl.constexpr, PDL: tl.constexpr):
-    pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-    rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
-    m_ok = rm < mrows
-    n_ok = rn < n
+    rm, rn, m_ok, n_ok = gemm_tile(mrows, n, BLOCK_M, BLOCK_N)
     kc = k // 2 if PACKED else k
     ng = k // G
     nsb = k // SB if SB > 0 else 1
@@ -490,11 +494,19 @@ def word_codes() -> bool:
 
 
 def dp4a_gemv() -> bool:
-    """Experimental (``DEEPINFER_GGUF_DP4A=1``, off by default): the word GEMV quantizes each
-    16-column tile row of activations to signed bytes (scale ``amax / 127``) and multiplies codes
-    by them four at a time (PTX ``dp4a``), as llama.cpp's CUDA ``mmvq`` does with its 8-bit
-    activations. Fewer instructions a weight; activations rounded to 8 bits."""
+    """The word GEMV takes the activation row rounded to signed bytes (one scale ``amax / 127`` per
+    16 columns, once per GEMV) and multiplies four codes by four activations in one PTX ``dp4a``,
+    as llama.cpp's CUDA ``mmvq`` does with its 8-bit activations (default; H200 8B batch 1 Q4_0
+    452 tok/s against 260 with float32 activations), or keeps float32 activations
+    (``DEEPINFER_GGUF_DP4A=0``: each output exact to float32 sums of the bf16 activations)."""
     return switches.enabled("DEEPINFER_GGUF_DP4A")
+
+
+def one_row_path() -> str:
+    """The one-row GEMV the switches select, in words (``deepinfer env``, ``GGUFLinearCUDA.kernel_path``)."""
+    if not word_codes():
+        return "byte gemv, float32 activations"
+    return "word gemv, 8-bit activations (dp4a)" if dp4a_gemv() else "word gemv, float32 activations"
 
 
 def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, *, silu_mul: bool = False,

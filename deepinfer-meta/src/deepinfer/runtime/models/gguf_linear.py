@@ -49,7 +49,15 @@ class GGUFLinearCUDA(nn.Module):
         self.register_buffer("bias", bias)
         kinds = sorted({p.kind for p in parts}, key=[p.kind for p in parts].index)
         self.weight_type = "+".join(kinds)
-        self.kernel_path = "triton gguf gemv / gemm"
+
+    @property
+    def kernel_path(self) -> str:  # models/describe.py: what `deepinfer env` and `deepinfer bench` print
+        from deepinfer.runtime.kernels.gguf_gemv import one_row_path
+        from deepinfer.runtime.kernels.gguf_mmq import mmq_rows
+
+        rows = mmq_rows()
+        few = f" / int8 tensor-core mmq, 8-bit activations (2-{rows} rows)" if rows > 1 else ""
+        return f"triton gguf {one_row_path()} (one row){few} / gemm (more rows)"
 
     def _sync_parts(self) -> None:
         # after .to()/.cuda() the buffers are new tensors: point the planes at them
@@ -69,6 +77,12 @@ class GGUFLinearCUDA(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from deepinfer.runtime.kernels.gguf_gemv import gguf_gemm
+        from deepinfer.runtime.kernels.gguf_mmq import (
+            gguf_mmq,
+            mmq_rows,
+            mmq_supports,
+            quantize_rows,
+        )
 
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
@@ -77,9 +91,17 @@ class GGUFLinearCUDA(nn.Module):
         if x2.shape[0] == 1:
             return self.gemv(x2).reshape(*lead, self.out_features)
         out = torch.empty((x2.shape[0], self.out_features), dtype=x.dtype, device=x.device)
+        # a few rows on a GPU: activations quantized once, int8 tensor cores (kernels/gguf_mmq.py)
+        mmq = (x.device.type == "cuda" and x2.shape[0] <= mmq_rows() and x.dtype != torch.float32
+               and all(mmq_supports(p) for p in self.parts))
+        xq = quantize_rows(x2) if mmq else None
         for p, off in zip(self.parts, self.offsets, strict=True):
             b = None if self.bias is None else self.bias[off:off + p.n]
-            gguf_gemm(x2, p, b, out=out if len(self.parts) == 1 else out[:, off:off + p.n])
+            part_out = out if len(self.parts) == 1 else out[:, off:off + p.n]
+            if xq is not None:
+                gguf_mmq(xq, p, b, out=part_out)
+            else:
+                gguf_gemm(x2, p, b, out=part_out)
         return out.reshape(*lead, self.out_features)
 
     def gemv(self, x: torch.Tensor, *, silu_mul: bool = False, norm: tuple[torch.Tensor, float] | None = None,
