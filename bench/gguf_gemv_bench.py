@@ -91,7 +91,8 @@ def main() -> None:
                    help="types whose one-row GEMV tiles (BLOCK_N, BLOCK_K, warps, stages) are swept on gate_up and down")
     p.add_argument("--sweep-variants", default="words,tiled", help="GEMVs the sweep times: words, dp4a, tiled (bytes)")
     p.add_argument("--mmq-sweep", default="",
-                   help="types whose int8 tensor-core product (gguf_mmq) tiles are swept at 32 rows on gate_up and down")
+                   help="types whose int8 tensor-core product (gguf_mmq) and bf16-decoding GEMM tiles are swept at 32 rows "
+                        "on gate_up and down")
     p.add_argument("--fused", action="store_true",
                    help="one-row GEMVs with the decode graph's fusions (RMSNorm for qkv/gate_up, residual for o, "
                         "SiLU·mul for down)")
@@ -182,10 +183,14 @@ def sweep(kind: str, copy: float, fused: bool = False, sweep_variants: tuple[str
                       f"({100 * gbs / copy:.0f} % of copy)", flush=True)
 
 
+# the GEMM's (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages); BLOCK_M is cut to the rows
+GEMM_TILES = [(64, 64, 64, 4, 3), (32, 128, 64, 4, 3), (32, 64, 128, 4, 3), (32, 128, 128, 8, 3), (32, 32, 128, 4, 4),
+              (32, 64, 64, 4, 4), (32, 256, 64, 8, 3)]
 MMQ_TILES = [(64, 4, 3), (32, 4, 3), (128, 4, 3), (128, 8, 3), (64, 4, 2), (64, 8, 4), (32, 2, 3), (16, 1, 3)]
 
 
 def mmq_sweep(kind: str, rows: int = 32) -> None:
+    from deepinfer.runtime.kernels.gguf_gemv import gguf_gemm
     from deepinfer.runtime.kernels.gguf_layout import regroup
     from deepinfer.runtime.kernels.gguf_mmq import gguf_mmq, quantize_rows
     from gguf_quantizer import quantize
@@ -201,6 +206,9 @@ def mmq_sweep(kind: str, rows: int = 32) -> None:
             t = graph_time(lambda tile=tile, planes=planes, xq=xq: gguf_mmq(xq, planes, config=tile))
             print(f"mmq sweep {name:8s} {kind} {rows} rows tile {tile}: {t * 1e6:7.1f} us "
                   f"(+ {tq * 1e6:.1f} us quantize_rows)", flush=True)
+        for gtile in GEMM_TILES:  # the bf16-decoding GEMM beside it
+            t = graph_time(lambda gtile=gtile, planes=planes, x=x: gguf_gemm(x, planes, config=gtile))
+            print(f"gemm sweep {name:8s} {kind} {rows} rows tile {gtile}: {t * 1e6:7.1f} us", flush=True)
 
 
 if __name__ == "__main__":
