@@ -300,6 +300,18 @@ void row_dots(const uint8_t* row, int nb, int k, const Acts& x, float* y, int ld
   }
 }
 
+// Weight rows are streamed from memory once per step (a model larger than the caches): the
+// caches are asked for the row kPrefetchRows ahead while this one is computed (a decode row is
+// otherwise as much waiting on memory as arithmetic; the hardware prefetcher alone does not run
+// that far ahead). Never past the last row of the call.
+constexpr int kPrefetchRows = 4;
+
+DI_INLINE void prefetch_row_ahead(const uint8_t* w, size_t row_bytes, int n, int n1) {
+  if (n + kPrefetchRows >= n1) return;
+  const uint8_t* ahead = w + static_cast<size_t>(n + kPrefetchRows) * row_bytes;
+  for (size_t o = 0; o < row_bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead + o), _MM_HINT_T0);
+}
+
 // Weight rows [n0, n1) against the activation rows, in tiles of up to 8: tiles of 5-8 rows unpack a
 // block's codes once for all their rows (row_dots, most of a small model's cost at those batch
 // sizes on two cores: a speculative verify step of 1 + k rows, k <= 7, unpacks each weight row
@@ -310,6 +322,7 @@ void gemv_kind(const uint8_t* w, size_t row_bytes, int k, const Acts& x, int row
   const int nb = k / kBlock;
   for (int n = n0; n < n1; ++n) {
     const uint8_t* row = w + static_cast<size_t>(n) * row_bytes;
+    prefetch_row_ahead(w, row_bytes, n, n1);
     for (int b = 0; b < rows;) {
       const int t = rows - b < 8 ? rows - b : 8;
       const Acts xb{x.qs + static_cast<size_t>(b) * k, x.d + static_cast<size_t>(b) * nb, x.s + static_cast<size_t>(b) * nb};
@@ -352,6 +365,7 @@ void gemv_tiles(const uint8_t* w, size_t row_bytes, int k, const Acts& x, int ro
   const int nb = k / kBlock;
   for (int n = n0; n < n1; ++n) {
     const uint8_t* row = w + static_cast<size_t>(n) * row_bytes;
+    prefetch_row_ahead(w, row_bytes, n, n1);
     for (int b = 0; b < rows;) {
       const Acts xb{x.qs + static_cast<size_t>(b) * k, x.d + static_cast<size_t>(b) * nb, x.s + static_cast<size_t>(b) * nb};
       float* yb = y + static_cast<size_t>(b) * ldy + n;
