@@ -221,6 +221,9 @@ class ServerMetrics:
         return self.families.exposition()
 
 
+_VECTOR_MIN = 32  # values from which observe_all buckets them with numpy (256: ~47 us, the loop ~105)
+
+
 def observe_all(histogram: Any, values: list[float]) -> None:
     """``histogram.observe(v)`` for each of ``values`` (a labelled prometheus_client Histogram
     child), with one increment per bucket and one of the sum: every front end replays every
@@ -235,10 +238,17 @@ def observe_all(histogram: Any, values: list[float]) -> None:
         for v in values:
             histogram.observe(v)
         return
-    counts = [0] * len(bounds)
-    for v in values:
-        if v == v:  # (NaN exceeds no bound and is counted in no bucket, as observe does)
-            counts[bisect_left(bounds, v)] += 1
+    if len(values) >= _VECTOR_MIN:  # a step's worth (one per stream): numpy finds the buckets
+        import numpy as np
+
+        # side="left" is bisect_left; NaN sorts past +Inf, into the slot cut off here
+        where = np.searchsorted(np.asarray(bounds, np.float64), np.asarray(values, np.float64), side="left")
+        counts = np.bincount(where, minlength=len(bounds) + 1)[:len(bounds)].tolist()
+    else:
+        counts = [0] * len(bounds)
+        for v in values:
+            if v == v:  # (NaN exceeds no bound and is counted in no bucket, as observe does)
+                counts[bisect_left(bounds, v)] += 1
     for bucket, n in zip(buckets, counts, strict=True):
         if n:
             bucket.inc(n)
