@@ -89,8 +89,8 @@ def test_a_client_gone_while_its_next_chunk_is_awaited_ends_the_stream_and_close
         await asyncio.wait_for(task, 5)
         assert record.note == "client disconnected" and closed == [1]
         assert out == [b'data: {"n":1}\n\n'] and not task.cancelled()
-        current = asyncio.current_task()
-        assert current is not None and current.cancelling() == 0
+        if hasattr(task, "cancelling"):  # (Python >= 3.11: the stream's own cancel was taken back)
+            assert task.cancelling() == 0
 
     asyncio.run(main())
 
