@@ -132,7 +132,8 @@ class RequestGuard:
             await self.app(scope, receive, watch)
         except asyncio.CancelledError:
             # uvicorn cancels what still runs at the end of --shutdown-timeout; nothing else
-            # cancels a request's task (a client that leaves is noticed by the routes)
+            # cancels a request's task out to here (a client that leaves is noticed by the routes:
+            # a stream's SSE loop cancels its own wait for the next chunk and takes that back)
             if record is not None:
                 record.note = "cut off at shutdown"
             if started:
