@@ -293,6 +293,7 @@ class CoreEngine(EngineThread):
         self._slot_generated[slot] = generated
 
     def _take_columns(self, engine: Any, now: float, itl: list[float]) -> int:
+        # (taken after every step: the rows of one build, a slot in one row at most)
         np = self._np
         slots, offsets, tokens = engine.take_columns()
         if not len(slots):
@@ -310,7 +311,7 @@ class CoreEngine(EngineThread):
         # the same values, per request, as EngineThread's per-output path: now - its last token
         itl.extend((now - self._slot_last[moved]).tolist())
         self._slot_last[moved] = now
-        np.add.at(self._slot_generated, slots, counts)  # (a slot may have several rows)
+        self._slot_generated[slots] += counts  # (np.add.at: 29 us a step of 256 rows, this: ~4)
         tokens = tokens.astype("<i4", copy=False)
         fe = self._slot_fe[slots] if len(self._fe_idents) > 1 else None
         if fe is None or (fe == fe[0]).all():  # one front end (the common case)
