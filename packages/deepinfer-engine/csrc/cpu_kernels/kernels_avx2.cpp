@@ -391,10 +391,16 @@ void repack_planes(WeightKind kind, const uint8_t* src, int nb, uint8_t* dst) {
   for (int g = 0; g + 8 <= nb; g += 8) {
     uint32_t qh[8];
     std::memcpy(qh, bits + 4 * static_cast<size_t>(g), sizeof(qh));
-    for (int j = 0; j < 32; ++j) {
-      unsigned plane = 0;
-      for (int b = 0; b < 8; ++b) plane |= ((qh[b] >> j) & 1u) << b;
-      bits[4 * static_cast<size_t>(g) + j] = static_cast<uint8_t>(plane);
+    for (int c = 0; c < 4; ++c) {  // weights 8c..8c+7: an 8x8 bit matrix (byte b: block b's bits), transposed
+      uint64_t m = 0;
+      for (int b = 0; b < 8; ++b) m |= static_cast<uint64_t>((qh[b] >> (8 * c)) & 0xFFu) << (8 * b);
+      uint64_t t = (m ^ (m >> 7)) & 0x00AA00AA00AA00AAull;
+      m ^= t ^ (t << 7);
+      t = (m ^ (m >> 14)) & 0x0000CCCC0000CCCCull;
+      m ^= t ^ (t << 14);
+      t = (m ^ (m >> 28)) & 0x00000000F0F0F0F0ull;
+      m ^= t ^ (t << 28);
+      for (int j = 0; j < 8; ++j) bits[4 * static_cast<size_t>(g) + 8 * c + j] = static_cast<uint8_t>(m >> (8 * j));
     }
   }
 }
