@@ -206,6 +206,16 @@ def _dp4a(a, b, EMULATE: tl.constexpr):
 
 
 @triton.jit
+def round_groups_to_bytes(x):
+    """Each row of ``x`` [T, group] (float32) as integers in [-127, 127] (int32) times its scale
+    ``amax / 127`` [T]: rounded to nearest, ties to even (an all-zero row: zeros, scale 0)."""
+    amax = tl.max(tl.abs(x), axis=1)
+    inv = tl.where(amax > 0, 127.0 / tl.where(amax > 0, amax, 1.0), 0.0)[:, None]
+    # (v + 1.5 * 2**23) - 1.5 * 2**23 rounds |v| <= 127 to the nearest integer (ties to even)
+    return ((x * inv + 12582912.0) - 12582912.0).to(tl.int32), amax / 127.0
+
+
+@triton.jit
 def _quantize_activations_kernel(x_ptr, nw_ptr, dt_ptr, q_ptr, st_ptr, k, eps, BLOCK: tl.constexpr,
                                  SILU_MUL: tl.constexpr, NORM: tl.constexpr, NORM_BLOCK: tl.constexpr,
                                  PDL: tl.constexpr):
@@ -221,14 +231,11 @@ def _quantize_activations_kernel(x_ptr, nw_ptr, dt_ptr, q_ptr, st_ptr, k, eps, B
     c = t[:, None] * 16 + tl.arange(0, 16)[None, :]
     ok = c < k
     xv = _activation_chunk(x_ptr, nw_ptr, dt_ptr, c, ok, k, rstd, SILU_MUL, NORM)
-    amax = tl.max(tl.abs(xv), axis=1)
-    inv = tl.where(amax > 0, 127.0 / tl.where(amax > 0, amax, 1.0), 0.0)[:, None]
-    # (v + 1.5 * 2**23) - 1.5 * 2**23 rounds |v| <= 127 to the nearest integer (ties to even)
-    q = ((xv * inv + 12582912.0) - 12582912.0).to(tl.int32)
+    q, scale = round_groups_to_bytes(xv)
     tl.store(q_ptr + c, q.to(tl.int8), mask=ok)
     kt = k // 16
     t_ok = t < kt
-    tl.store(st_ptr + t, amax / 127.0, mask=t_ok)
+    tl.store(st_ptr + t, scale, mask=t_ok)
     tl.store(st_ptr + kt + t, tl.sum(q, axis=1).to(tl.float32), mask=t_ok)
     tl.store(st_ptr + 2 * kt + t, tl.sum(xv, axis=1), mask=t_ok)
 

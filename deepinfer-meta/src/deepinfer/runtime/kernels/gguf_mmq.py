@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from deepinfer.runtime import switches
-from deepinfer.runtime.kernels.gguf_gemv import gemm_tile
+from deepinfer.runtime.kernels.gguf_gemv import gemm_tile, round_groups_to_bytes
 from deepinfer.runtime.kernels.gguf_layout import KINDS, GGUFPlanes
 from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch
 
@@ -45,14 +45,11 @@ def _quantize_rows_kernel(x_ptr, q_ptr, sx_ptr, xs_ptr, k, stride_x, BLOCK: tl.c
     ok = c < k
     pdl_begin(PDL)
     x = tl.load(x_ptr + row * stride_x + c, mask=ok, other=0.0).to(tl.float32)
-    amax = tl.max(tl.abs(x), axis=1)
-    inv = tl.where(amax > 0, 127.0 / tl.where(amax > 0, amax, 1.0), 0.0)[:, None]
-    # (v + 1.5 * 2**23) - 1.5 * 2**23 rounds |v| <= 127 to the nearest integer (ties to even)
-    q = ((x * inv + 12582912.0) - 12582912.0).to(tl.int32)
+    q, scale = round_groups_to_bytes(x)
     tl.store(q_ptr + row * k + c, q.to(tl.int8), mask=ok)
     kg = k // 32
     t_ok = t < kg
-    tl.store(sx_ptr + row * kg + t, amax / 127.0, mask=t_ok)
+    tl.store(sx_ptr + row * kg + t, scale, mask=t_ok)
     tl.store(xs_ptr + row * kg + t, tl.sum(x, axis=1), mask=t_ok)
 
 
