@@ -93,6 +93,9 @@ def main() -> None:
     p.add_argument("--mmq-sweep", default="",
                    help="types whose int8 tensor-core product (gguf_mmq) and bf16-decoding GEMM tiles are swept at 32 rows "
                         "on gate_up and down")
+    p.add_argument("--swap-sweep", default="",
+                   help="types whose GEMM is timed plain and swapped (weights as the MMA's left operand) over tiles")
+    p.add_argument("--swap-rows", default="16,32,64,128", help="row counts of --swap-sweep")
     p.add_argument("--fused", action="store_true",
                    help="one-row GEMVs with the decode graph's fusions (RMSNorm for qkv/gate_up, residual for o, "
                         "SiLU·mul for down)")
@@ -153,6 +156,8 @@ def main() -> None:
         sweep(kind, copy, args.fused, tuple(args.sweep_variants.split(",")))
     for kind in filter(None, args.mmq_sweep.split(",")):
         mmq_sweep(kind)
+    for kind in filter(None, args.swap_sweep.split(",")):
+        swap_sweep(kind, [int(r) for r in args.swap_rows.split(",")])
 
 
 TILES = [(4, 512, 4, 3), (2, 512, 4, 3), (8, 256, 4, 3), (4, 1024, 8, 2), (1, 1024, 4, 3), (8, 512, 8, 2)]
@@ -209,6 +214,49 @@ def mmq_sweep(kind: str, rows: int = 32) -> None:
         for gtile in GEMM_TILES:  # the bf16-decoding GEMM beside it
             t = graph_time(lambda gtile=gtile, planes=planes, x=x: gguf_gemm(x, planes, config=gtile))
             print(f"gemm sweep {name:8s} {kind} {rows} rows tile {gtile}: {t * 1e6:7.1f} us", flush=True)
+
+
+# the swapped GEMM's (BLOCK_M activation rows, BLOCK_N weight rows = the MMA's M, BLOCK_K, warps, stages)
+SWAP_TILES = [(32, 64, 128, 4, 3), (16, 64, 128, 4, 3), (32, 64, 64, 4, 4), (32, 64, 256, 4, 2), (32, 128, 128, 8, 3),
+              (64, 64, 128, 4, 3), (64, 128, 64, 8, 3), (32, 128, 64, 4, 3), (128, 128, 64, 8, 3)]
+
+
+def swap_sweep(kind: str, rows_list: list[int]) -> None:
+    from deepinfer.runtime.kernels.gguf_gemv import gguf_gemm
+    from deepinfer.runtime.kernels.gguf_layout import regroup
+    from gguf_quantizer import quantize
+    from triton.runtime.errors import OutOfResources
+
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    for name in ("gate_up", "down", "qkv"):
+        n, k = SHAPES[name]
+        w = torch.randn(n, k, device="cuda", generator=gen) * 0.02
+        planes = regroup(quantize(w, kind), kind)
+        wb = w.to(torch.bfloat16)
+        for rows in rows_list:
+            x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+            ref = gguf_gemm(x, planes, swap=False).float()
+            tb = graph_time(lambda x=x, wb=wb: F.linear(x, wb))
+            tp = graph_time(lambda x=x, planes=planes: gguf_gemm(x, planes, swap=False))
+            best = (tp, "plain default")
+            print(f"swap sweep {name:8s} {kind} {rows:3d} rows: cuBLAS bf16 {tb * 1e6:7.1f} us, plain default "
+                  f"{tp * 1e6:7.1f} us", flush=True)
+            for tile in SWAP_TILES:
+                if tile[0] > max(16, rows) * 2:
+                    continue
+                try:
+                    t = graph_time(lambda tile=tile, planes=planes, x=x: gguf_gemm(x, planes, config=tile, swap=True))
+                except OutOfResources as exc:  # a tile that needs too much shared memory is reported, not fatal
+                    print(f"swap sweep {name:8s} {kind} {rows:3d} rows tile {tile}: failed ({type(exc).__name__})")
+                    continue
+                diff = float((gguf_gemm(x, planes, config=tile, swap=True).float() - ref).abs().max())
+                best = min(best, (t, f"swapped {tile}"))
+                print(f"swap sweep {name:8s} {kind} {rows:3d} rows tile {tile}: {t * 1e6:7.1f} us; max |diff| to "
+                      f"plain {diff:.3g}", flush=True)
+            print(f"swap sweep {name:8s} {kind} {rows:3d} rows BEST {best[1]} {best[0] * 1e6:.1f} us "
+                  f"(cuBLAS bf16 {tb * 1e6:.1f})", flush=True)
+        del planes, w, wb
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

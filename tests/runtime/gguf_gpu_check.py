@@ -142,16 +142,19 @@ def check_kind(kind: str, device: str, quick: bool) -> bool:
         xm = torch.randn(m, k, generator=g).to(bf)
         ref = xm.double() @ w_ref.T
         mag = xm.double().abs() @ w_ref.abs().T
-        ok &= _check(f"{kind} gemm bf16 [{m},{k}]", gguf_gemm(xm.to(device), planes), ref, mag, 2**-7, 2**-8)
+        for swap in (False, True):  # weights as the MMA's right operand, and swapped (its left)
+            ok &= _check(f"{kind} gemm{' swapped' if swap else ''} bf16 [{m},{k}]",
+                         gguf_gemm(xm.to(device), planes, swap=swap), ref, mag, 2**-7, 2**-8)
     # a GEMM with bias into a column slice of a wider output (how a mixed-type qkv writes)
     xm = torch.randn(4, k, generator=g).to(bf)
-    wide = torch.zeros(4, n + 8, dtype=bf, device=device)
     bias = torch.randn(n, generator=g).to(bf)
-    gguf_gemm(xm.to(device), planes, bias.to(device), out=wide[:, 8:])
     ref = xm.double() @ w_ref.T + bias.double()
     mag = xm.double().abs() @ w_ref.abs().T + bias.double().abs()
-    ok &= _check(f"{kind} gemm into a slice", wide[:, 8:], ref, mag, 2**-7, 2**-8)
-    ok &= bool((wide[:, :8] == 0).all())
+    for swap in (False, True):
+        wide = torch.zeros(4, n + 8, dtype=bf, device=device)
+        gguf_gemm(xm.to(device), planes, bias.to(device), out=wide[:, 8:], swap=swap)
+        ok &= _check(f"{kind} gemm{' swapped' if swap else ''} into a slice", wide[:, 8:], ref, mag, 2**-7, 2**-8)
+        ok &= bool((wide[:, :8] == 0).all())
     # several rows on the int8 tensor cores (gguf_mmq): activations rounded per 32 columns, exact
     # integer sums, float32 group sums, bfloat16 output
     for m in ((3, 17) if quick else (2, 5, 16, 33, 64)):

@@ -61,6 +61,9 @@ GEMM_CONFIG = (64, 64, 64, 4, 3)  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_s
 # H200 for Q4_0, Q4_K and Q8_0 (Q4_0 gate_up 86.7 -> 78.9 us, down 101.6 -> 84.7; Q8_0 83.7 -> 61.9,
 # 124.4 -> 83.8; Q4_K 148.3 -> 129.8, 198.2 -> 186.1)
 GEMM_CONFIG_FEW_ROWS = (32, 64, 128, 4, 3)
+# the swapped GEMM (weights as the MMA's left operand: wgmma reads them from registers; BLOCK_N is
+# the MMA's M, 64 a warp group), up to DEEPINFER_GGUF_GEMM_SWAP_ROWS rows
+GEMM_CONFIG_SWAP = (32, 64, 128, 4, 3)
 
 
 @triton.jit
@@ -442,6 +445,24 @@ def _dot(x, w, acc, DOT_F32: tl.constexpr):
 
 
 @triton.jit
+def _mma(w, x_ptr, rm, m_ok, c, c_ok, stride_x, acc, SWAP: tl.constexpr, DOT_F32: tl.constexpr):
+    """``acc`` plus the product of the decoded weight tile ``w`` [BLOCK_N, BLOCK_K] with the
+    activations of rows ``rm`` at columns ``c``. SWAP: ``acc`` is [BLOCK_N, BLOCK_M] and the weights
+    are the MMA's left operand, which Hopper's wgmma takes from registers (no shared-memory round
+    trip for the tile just decoded); else ``acc`` is [BLOCK_M, BLOCK_N] (weights on the right)."""
+    if SWAP:
+        xt = tl.load(x_ptr + rm[None, :] * stride_x + c[:, None], mask=c_ok[:, None] & m_ok[None, :], other=0.0)
+        if DOT_F32:
+            acc = tl.dot(w.to(tl.float32), xt.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(w, xt, acc)
+    else:
+        xv = tl.load(x_ptr + rm[:, None] * stride_x + c[None, :], mask=m_ok[:, None] & c_ok[None, :], other=0.0)
+        acc = _dot(xv, w, acc, DOT_F32)
+    return acc
+
+
+@triton.jit
 def gemm_tile(mrows, n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """The output tile of program (``program_id(0)`` over N, ``program_id(1)`` over M): its rows of
     activations ``rm``, of weights ``rn`` (int64) and their masks."""
@@ -454,7 +475,8 @@ def gemm_tile(mrows, n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 def _gguf_gemm_kernel(x_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, b_ptr, out_ptr, mrows, n, k, stride_x, stride_o,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PACKED: tl.constexpr,
                       G: tl.constexpr, SB: tl.constexpr, HAS_MIN: tl.constexpr, BIAS: tl.constexpr,
-                      HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, TILED: tl.constexpr, PDL: tl.constexpr):
+                      HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, TILED: tl.constexpr, PDL: tl.constexpr,
+                      SWAP: tl.constexpr):
     rm, rn, m_ok, n_ok = gemm_tile(mrows, n, BLOCK_M, BLOCK_N)
     kc = k // 2 if PACKED else k
     ng = k // G
@@ -462,31 +484,36 @@ def _gguf_gemm_kernel(x_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, b_ptr, out_ptr,
     cols = tl.arange(0, BLOCK_K)
     dt = x_ptr.dtype.element_ty
     pdl_begin(PDL)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    if SWAP:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, kc, BLOCK_K):
         c = k0 + cols
         c_ok = c < kc
         ok = n_ok[:, None] & c_ok[None, :]
-        xm = m_ok[:, None] & c_ok[None, :]
         raw = tl.load(q_ptr + rn[:, None] * kc + c[None, :], mask=ok, other=0)
         if PACKED:
             lo = _decode(raw & 0x0F, rn, n_ok, k0, c, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, BLOCK_N, BLOCK_K, G, SB,
                          HAS_MIN, BIAS, TILED).to(dt)
-            xv = tl.load(x_ptr + rm[:, None] * stride_x + c[None, :], mask=xm, other=0.0)
-            acc = _dot(xv, lo, acc, DOT_F32)
+            acc = _mma(lo, x_ptr, rm, m_ok, c, c_ok, stride_x, acc, SWAP, DOT_F32)
             hi = _decode(raw >> 4, rn, n_ok, k0 + kc, c + kc, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, BLOCK_N, BLOCK_K,
                          G, SB, HAS_MIN, BIAS, TILED).to(dt)
-            xv = tl.load(x_ptr + rm[:, None] * stride_x + (c + kc)[None, :], mask=xm, other=0.0)
-            acc = _dot(xv, hi, acc, DOT_F32)
+            acc = _mma(hi, x_ptr, rm, m_ok, c + kc, c_ok, stride_x, acc, SWAP, DOT_F32)
         else:
             w = _decode(raw, rn, n_ok, k0, c, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, BLOCK_N, BLOCK_K, G, SB, HAS_MIN,
                         BIAS, TILED).to(dt)
-            xv = tl.load(x_ptr + rm[:, None] * stride_x + c[None, :], mask=xm, other=0.0)
-            acc = _dot(xv, w, acc, DOT_F32)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + rm[:, None] * stride_o + rn[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=m_ok[:, None] & n_ok[None, :])
+            acc = _mma(w, x_ptr, rm, m_ok, c, c_ok, stride_x, acc, SWAP, DOT_F32)
+    if SWAP:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+        tl.store(out_ptr + rm[None, :] * stride_o + rn[:, None], acc.to(out_ptr.dtype.element_ty),
+                 mask=m_ok[None, :] & n_ok[:, None])
+    else:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptr + rm[:, None] * stride_o + rn[None, :], acc.to(out_ptr.dtype.element_ty),
+                 mask=m_ok[:, None] & n_ok[None, :])
 
 
 def _planes_args(w: GGUFPlanes) -> tuple[torch.Tensor, ...]:
@@ -597,11 +624,24 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
     return out
 
 
+def gemm_swap_rows() -> int:
+    """Rows up to which ``gguf_gemm`` takes the swapped tile (``DEEPINFER_GGUF_GEMM_SWAP_ROWS``)."""
+    raw = switches.value("DEEPINFER_GGUF_GEMM_SWAP_ROWS")
+    try:
+        rows = int(raw)
+    except ValueError:
+        rows = -1
+    if rows < 0:
+        raise ValueError(f"DEEPINFER_GGUF_GEMM_SWAP_ROWS must be a non-negative integer, got {raw!r}")
+    return rows
+
+
 def gguf_gemm(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
-              config: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
+              config: tuple[int, int, int, int, int] | None = None, swap: bool | None = None) -> torch.Tensor:
     """``F.linear(x, W, bias)`` for ``x`` [M, K] (rows contiguous) and the quantized W; [M, N] in
     ``x``'s dtype (weights decoded to that dtype in registers). ``out``: an [M, N] view with
-    contiguous rows to write."""
+    contiguous rows to write. ``swap``: the weights as the MMA's left operand (default: up to
+    ``gemm_swap_rows()`` rows); ``config``: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)."""
     n, k = w.n, w.k
     if x.dim() != 2 or x.shape[1] != k or x.stride(1) != 1:
         raise ValueError(f"gguf_gemm: x must be [M, {k}] with contiguous rows, got shape {tuple(x.shape)}")
@@ -613,11 +653,14 @@ def gguf_gemm(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
     out = torch.empty((m, n), dtype=x.dtype, device=x.device) if out is None else out
     if m == 0:
         return out
-    block_m, block_n, block_k, warps, stages = config or (GEMM_CONFIG_FEW_ROWS if m <= 32 else GEMM_CONFIG)
+    if swap is None:
+        swap = m <= gemm_swap_rows()
+    default = GEMM_CONFIG_SWAP if swap else GEMM_CONFIG_FEW_ROWS if m <= 32 else GEMM_CONFIG
+    block_m, block_n, block_k, warps, stages = config or default
     block_m = max(16, min(block_m, triton.next_power_of_2(m)))
     grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m))
     _gguf_gemm_kernel[grid](x, *_planes_args(w), bias if bias is not None else out, out, m, n, k, x.stride(0),
                             out.stride(0), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, **_kind_meta(w),
                             HAS_BIAS=bias is not None, DOT_F32=_INTERPRET or x.dtype == torch.float32,
-                            num_warps=warps, num_stages=stages, **pdl_launch(x.device))
+                            SWAP=swap, num_warps=warps, num_stages=stages, **pdl_launch(x.device))
     return out
