@@ -142,7 +142,7 @@ def check_kind(kind: str, device: str, quick: bool) -> bool:
         xm = torch.randn(m, k, generator=g).to(bf)
         ref = xm.double() @ w_ref.T
         mag = xm.double().abs() @ w_ref.abs().T
-        for swap in (False, True):  # weights as the MMA's right operand, and swapped (its left)
+        for swap in (False, True) if quick or m in (5, 33) else (False,):  # weights as the MMA's left operand too
             ok &= _check(f"{kind} gemm{' swapped' if swap else ''} bf16 [{m},{k}]",
                          gguf_gemm(xm.to(device), planes, swap=swap), ref, mag, 2**-7, 2**-8)
     # a GEMM with bias into a column slice of a wider output (how a mixed-type qkv writes)
