@@ -194,9 +194,11 @@ def test_preemption_keeps_the_greedy_output(loaded_default, tokenizer, prompt_id
 
 
 def test_overlap_loop_runs_verify_steps_synchronously(loaded_default, tokenizer, prompt_ids, baseline):
+    # (a step launched ahead with drafts would raise in the executor; plain steps without drafts
+    # do run ahead: test_speculative_overlap)
     loop = make_loop(loaded_default, tokenizer, NGRAM, overlap=True)
     assert tokens_of(run(loop, prompt_ids, SamplingParams(temperature=0, max_tokens=40))) == baseline
-    assert loop.overlap.num_ahead == 0 and loop.speculator.stats.num_accepted_tokens > 0
+    assert loop.speculator.stats.num_accepted_tokens > 0
 
 
 def test_a_failed_verify_step_is_recomputed(loaded_default, tokenizer, prompt_ids, baseline, monkeypatch):

@@ -127,3 +127,25 @@ def test_draft_model_errors_and_its_share_of_the_kv_budget(tiny_dir, draft_dir, 
     llm = LLM(tiny_dir, **common, speculative_config={"model": draft_dir, "num_speculative_tokens": 2})
     assert llm.worker.num_blocks == llm.worker.draft_runner.num_blocks == (1 << 20) // (2 * 8192)
     assert llm.engine.speculator.config.method == "draft_model"
+
+
+def test_sampling_under_the_overlap_loop_keeps_the_distribution(tiny_dir):
+    """The overlap loop (ZOS) with n-gram drafts: steps whose lookups miss run ahead as plain
+    decode steps, the others verify by rejection sampling; every position still follows the
+    model's distribution (the seeded exact-distribution tests above run the synchronous loop)."""
+    from deepinfer import LLM, SamplingParams
+
+    params = SamplingParams(temperature=1.0, top_k=4, max_tokens=8, ignore_eos=True)
+    common = dict(dtype="float32", max_model_len=64, max_num_seqs=256, device="cpu")
+    plain = _samples(LLM(tiny_dir, **common), params)
+    # (small batches: a step runs ahead only when no sequence of it is expected to draft)
+    spec_llm = LLM(tiny_dir, **dict(common, max_num_seqs=4), overlap_scheduling=True,
+                   speculative_config={"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1,
+                                       "prompt_lookup_max": 2})
+    spec = _samples(spec_llm, params)
+    st = spec_llm.engine.speculator.stats
+    assert st.num_draft_tokens >= 100 and st.num_accepted_tokens >= 10, st.as_dict()
+    assert spec_llm.engine.overlap.num_ahead >= 100, spec_llm.engine.overlap.num_ahead
+    for pos in range(8):
+        assert _homogeneity_p(plain[:, pos], spec[:, pos]) > 1e-3, pos
+    assert _homogeneity_p(plain[:, 4] * 1000 + plain[:, 5], spec[:, 4] * 1000 + spec[:, 5]) > 1e-3

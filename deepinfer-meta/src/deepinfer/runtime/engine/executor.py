@@ -74,6 +74,11 @@ class LaunchedStep:
     structured: Any = None  # (StructuredOutputs, its rows in this step): the applied tokens go to the matchers
     processed: Any = None  # (LogitsProcessors, the step's sample keys): the applied tokens go to their lists
     full: Any = None  # (sink, [(request id, sample index)], float32 [F, V]): whole-vocabulary logprob rows
+    # (speculative decoding, overlap loop) a plain decode step launched as one another may run
+    # ahead of: (Speculator, int64 seq id of each real sample row). Applied with no step ahead of
+    # it, it stores the sequences' next drafts (``Speculator.apply_plain``); with one, the step
+    # ahead carries no drafts and ``Scheduler.update`` applies it as any decode step.
+    redraft: Any = None
 
     def finish(self) -> None:
         """Launch the deferred sampling of a structured step launched ahead (a no-op otherwise):
@@ -102,7 +107,10 @@ class LaunchedStep:
             self.spec.apply(scheduler)
             return
         tokens = self.tokens()
-        if self.logprobs is None:
+        if self.redraft is not None and not scheduler.step_ahead:
+            speculator, seq_ids = self.redraft
+            speculator.apply_plain(scheduler, seq_ids, tokens)
+        elif self.logprobs is None:
             scheduler.update(tokens)
         else:
             real = self.num_real_rows
@@ -153,7 +161,8 @@ class StepExecutor:
         self._events = [torch.cuda.Event() if self.cuda and buffer_sets > 1 else None for _ in self.buffers]
         self.num_launched = 0
         # ---- speculative decoding (runtime.speculative): set by the engine loop when configured;
-        # every step then goes through Speculator.verify and process_MTPInfo (synchronously).
+        # a step launched synchronously then goes through Speculator.verify and process_MTPInfo, a
+        # plain decode step of the overlap loop (no drafts) runs as without speculation.
         self.speculator: Any = None
         self.structured: Any = None  # runtime.structured.StructuredOutputs (set by the engine loop)
         # sampling.logits_processors.LogitsProcessors (set by the engine loop; steps then run synchronously)
@@ -216,9 +225,13 @@ class StepExecutor:
         if self.prompt_embeds and prev is None and scheduled.num_decodes != len(self.metadata):
             embeds = step_embeds(self.metadata, bufs.arrays["query_start_loc"], int(scheduled.num_decodes),
                                  self.prompt_embeds)
-        if self.speculator is not None:  # ---- speculative decoding (runtime.speculative) ----
-            if prev is not None:
-                raise RuntimeError("speculative steps never run ahead (the overlap loop runs them synchronously)")
+        if self.speculator is not None and (prev is not None or copy_ahead):
+            # a plain decode step of the overlap loop (no drafts: ``Overlap.may_run_ahead``): it
+            # runs as without speculation; applied with no step ahead, it stores next drafts
+            if int(scheduled.num_decode_tokens) != int(scheduled.num_decodes):
+                raise RuntimeError("verify steps never run ahead (the overlap loop runs them synchronously)")
+            step.redraft = (self.speculator, np.array(si.driver.seq_ids[:step.num_real_rows], dtype=np.int64))
+        elif self.speculator is not None:  # ---- speculative decoding (runtime.speculative) ----
             if is_plain_greedy(si) and self.speculator.draft is None:
                 # every row greedy, no processing: acceptance from the logits rows' argmax with one
                 # device-to-host copy (no SamplingBatch, no sampler)

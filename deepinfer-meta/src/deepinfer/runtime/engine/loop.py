@@ -200,8 +200,9 @@ class EngineLoop:
         # ZOS: decode steps launched ahead of the previous step's tokens (None: synchronous loop).
         self.overlap = Overlap() if overlap_scheduling else None
         # ---- speculative decoding (runtime.speculative): every step verifies the drafts the
-        # scheduler carries and applies them with process_MTPInfo; such steps run synchronously
-        # (the overlap loop then never runs a step ahead).
+        # scheduler carries and applies them with process_MTPInfo; such steps run synchronously.
+        # The overlap loop runs plain decode steps (no drafts) ahead as without speculation while
+        # no sequence is expected to draft (``_ahead_without_drafts``).
         from deepinfer.runtime.speculative.config import parse_speculative_config
 
         self.speculative_config = parse_speculative_config(speculative_config)
@@ -606,12 +607,13 @@ class EngineLoop:
             if launched is None:
                 out = self.scheduler.schedule()
                 self.num_steps += 1
-                # (speculative decoding: verify steps run synchronously, never ahead)
-                if self.speculator is not None or not ov.may_run_ahead(out, self.requests):
+                # (speculative decoding: a verify step is no plain decode, it runs synchronously)
+                if not ov.may_run_ahead(out, self.requests):
                     self.executor.launch(out).apply(self.scheduler)
                     return self._step_outputs(out)
                 launched = self.executor.launch(out, copy_ahead=True)
-            ahead = self.scheduler.schedule(overlap=True) if ov.allowed(self.requests) else None
+            ahead = self.scheduler.schedule(overlap=True) if ov.allowed(self.requests) and (
+                self.speculator is None or self._ahead_without_drafts(launched)) else None
             if ahead is not None:
                 out = ahead
                 self.num_steps += 1
@@ -634,6 +636,16 @@ class EngineLoop:
                     launched.apply(self.scheduler)
                 except BaseException as err:  # noqa: BLE001
                     self._abandon_step(err)
+
+    def _ahead_without_drafts(self, launched: Any) -> bool:
+        """(speculating) Whether to schedule a step ahead of the plain decode step ``launched``.
+        A step ahead carries no drafts (the scheduler places none while a step is in flight):
+        when some sequence of ``launched`` is expected to draft next (``Speculator.expects_drafts``),
+        ``launched`` is applied first (storing the drafts) and the next step, scheduled
+        synchronously, verifies them."""
+        if launched.redraft is None:  # nothing ran (every request was aborted)
+            return True
+        return not self.speculator.expects_drafts(self.scheduler, launched.redraft[1])
 
     def _step_outputs(self, out: Any) -> list[Any]:
         with _sigint_deferred():

@@ -13,6 +13,10 @@ This module holds the decision and that hand-off, nothing else: ``Overlap.may_ru
 (plain decode steps, and no live request that reads per-step results on the host: logprobs)
 and the in-flight step. Penalties of a step launched ahead count step N's token on the device
 (``count_pending_tokens``; the host sends it to the penalty tables a step later).
+
+Speculative decoding: a verify step (rows with drafts) is no plain decode and runs
+synchronously; a speculating loop's plain decode steps (no sequence drafts) run ahead as above
+while no sequence of the step in flight is expected to draft (``EngineLoop._ahead_without_drafts``).
 """
 
 from __future__ import annotations

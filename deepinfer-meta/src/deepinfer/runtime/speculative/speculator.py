@@ -238,28 +238,75 @@ class Speculator:
             self._by_seq[sid] = (rid, params, ok, rec)
         return params, ok, rec
 
+    def _drafting(self, scheduler: Any, seq_id: int, num_new: int) -> tuple[Any, np.ndarray | None, int, int] | None:
+        """(the sequence, its oracle recording, its output tokens, room for drafts) of a live
+        sequence that may draft at its next step once ``num_new`` more tokens are appended;
+        None when it may not (gone, finished, a request that is never drafted, no room left
+        before ``max_tokens``: the next step's last token is not a draft)."""
+        if seq_id < 0:
+            return None
+        try:
+            seq = scheduler.get_sequence(seq_id)
+        except (KeyError, ValueError):
+            return None
+        if seq.is_finished:
+            return None
+        params, ok, rec = self._request_of(seq)
+        if not ok:
+            return None
+        num_out = int(seq.num_tokens) + num_new - int(seq.num_prompt_tokens)
+        room = min(self.k, int(params.max_tokens) - num_out - 1)
+        return None if room <= 0 else (seq, rec, num_out, room)
+
+    # ---- the overlap loop (engine.overlap): plain decode steps run ahead ------------------------
+    def expects_drafts(self, scheduler: Any, seq_ids: np.ndarray) -> bool:
+        """Whether any of these sequences, each with one token in flight (a plain decode step
+        launched, its token not yet on the host), would likely draft at its next step: the
+        overlap loop then applies that step before scheduling the next one (which then verifies
+        the drafts) instead of running one ahead of it without drafts. A draft model or an oracle
+        recording drafts for every request that may draft and has room left; the n-gram method
+        looks the known tokens up (a match there predicts the in-flight token and the drafts after
+        it). A wrong guess costs one step's drafts (or one step not run ahead), never a token."""
+        cfg = self.config
+        for seq_id in seq_ids:
+            found = self._drafting(scheduler, int(seq_id), 1)  # (1: the token in flight)
+            if found is None:
+                continue
+            seq, rec, num_out, room = found
+            if cfg.method == "draft_model":
+                return True
+            if cfg.method == "oracle":
+                if rec is not None and len(rec) > num_out:
+                    return True
+                continue
+            history = np.asarray(seq.token_ids, dtype=np.int32)
+            if len(propose_ngram(history, cfg.prompt_lookup_min, cfg.prompt_lookup_max, room)):
+                return True
+        return False
+
+    def apply_plain(self, scheduler: Any, seq_ids: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        """Apply a plain decode step (one token per row, no drafts; ``seq_ids`` int64 and
+        ``tokens`` int32 by sample row) with ``process_MTPInfo``, storing each sequence's next
+        drafts: the overlap loop's step that no step runs ahead of."""
+        n = len(tokens)
+        if len(seq_ids) != n:
+            raise RuntimeError(f"apply_plain: {len(seq_ids)} sequence ids for {n} sample rows")
+        zeros = np.zeros(n, np.int32)
+        step = SpecStep(self, np.asarray(seq_ids, dtype=np.int64), zeros, zeros,
+                        np.ascontiguousarray(np.asarray(tokens, dtype=np.int32).reshape(n, 1)))
+        return step.apply(scheduler)
+
     # ---- drafting (apply) --------------------------------------------------------------------
     def next_drafts(self, scheduler: Any, step: SpecStep) -> np.ndarray:
         """int32 [R, k]: each row's drafts for its next step, -1 after its last."""
         cfg, k = self.config, self.k
         out = np.full((len(step.seq_ids), k), -1, np.int32)
         for r, seq_id in enumerate(step.seq_ids):
-            if seq_id < 0:
-                continue
-            try:
-                seq = scheduler.get_sequence(int(seq_id))
-            except (KeyError, ValueError):
-                continue
-            if seq.is_finished:
-                continue
-            params, ok, rec = self._request_of(seq)
-            if not ok:
-                continue
             n_step = int(step.num_accepted[r]) + 1
-            num_out = int(seq.num_tokens) + n_step - int(seq.num_prompt_tokens)
-            room = min(k, int(params.max_tokens) - num_out - 1)  # the step's last token is not a draft
-            if room <= 0:
+            found = self._drafting(scheduler, int(seq_id), n_step)
+            if found is None:
                 continue
+            seq, rec, num_out, room = found
             if cfg.method == "draft_model":  # placeholders: the draft model drafts them at launch
                 drafts = np.zeros(room, np.int32)
             elif cfg.method == "oracle":
