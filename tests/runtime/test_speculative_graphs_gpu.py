@@ -97,3 +97,22 @@ def test_draft_model_forwards_under_graphs(shape_dir):
     st = llm.engine.speculator.stats
     assert vg.num_replays >= draft.num_forwards // 2 and st.acceptance_rate > 0.95, (vg.num_replays, st.as_dict())
     assert got == eager
+
+
+def test_plain_steps_run_ahead_under_graphs_while_speculating(shape_dir):
+    """The overlap loop (on by default with graphs) launches a speculating loop's plain decode
+    steps (n-gram lookups that miss on prompts without repeats) ahead of the step before, over
+    the decode graphs, and still verifies drafts where lookups hit: output = eager plain."""
+    from deepinfer import SamplingParams
+
+    rng = np.random.default_rng(5)
+    prompts = [{"prompt_token_ids": rng.permutation(np.arange(3, 1000))[:40].tolist()} for _ in range(6)]
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    eager = [list(o.outputs[0].token_ids) for o in _llm(shape_dir, enforce_eager=True).generate(
+        prompts, params, use_tqdm=False)]
+    spec = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    llm = _llm(shape_dir, speculative_config=spec)
+    assert llm.engine.overlap is not None
+    got = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert got == eager
+    assert llm.engine.overlap.num_ahead > 0
