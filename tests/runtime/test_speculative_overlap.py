@@ -125,6 +125,13 @@ def test_requests_that_may_not_draft_run_ahead(loaded_default, tokenizer, prompt
     b = run(loop, prompt_ids, params)
     assert tokens_of(a) == tokens_of(b)
     assert loop.overlap.num_ahead >= 10 and loop.speculator.stats.num_draft_tokens == 0
+    # with greedy requests that draft now and then: steps switch between running ahead and
+    # verifying while the penalized rows count their tokens (pending ones on the device)
+    mixed = [params[0], GREEDY, params[2], GREEDY]
+    a = run(make_loop(loaded_default, tokenizer), prompt_ids, mixed)
+    loop = make_loop(loaded_default, tokenizer, SPEC, overlap=True)
+    assert tokens_of(run(loop, prompt_ids, mixed)) == tokens_of(a)
+    assert loop.overlap.num_ahead >= 5 and loop.speculator.stats.num_accepted_tokens > 0
 
 
 def test_stop_strings_max_tokens_and_stop_tokens(loaded_default, tokenizer, prompt_ids, baseline):
