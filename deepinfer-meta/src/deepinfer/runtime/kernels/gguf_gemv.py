@@ -62,8 +62,14 @@ GEMM_CONFIG = (64, 64, 64, 4, 3)  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_s
 # 124.4 -> 83.8; Q4_K 148.3 -> 129.8, 198.2 -> 186.1)
 GEMM_CONFIG_FEW_ROWS = (32, 64, 128, 4, 3)
 # the swapped GEMM (weights as the MMA's left operand: wgmma reads them from registers; BLOCK_N is
-# the MMA's M, 64 a warp group), up to DEEPINFER_GGUF_GEMM_SWAP_ROWS rows
-GEMM_CONFIG_SWAP = (32, 64, 128, 4, 3)
+# the MMA's M, 64 a warp group), up to DEEPINFER_GGUF_GEMM_SWAP_ROWS rows; up to 32 rows only for
+# the types where it won. H200, 8B shapes (`bench/gguf_gemv_bench.py --swap-sweep Q4_0,Q4_K`,
+# 2026-12-03), plain -> swapped: 128 rows Q4_0 gate_up 185 -> 155 us, down 173 -> 116, qkv 54 -> 41;
+# Q4_K 321 -> 243, 337 -> 192, 98 -> 61; 32 rows Q4_K 131 -> 118, 187 -> 178, 52 -> 46, but Q4_0
+# 79 -> 78, 86 -> 101, 24 -> 27
+GEMM_CONFIG_SWAP = (64, 64, 128, 4, 3)
+GEMM_CONFIG_SWAP_FEW_ROWS = (32, 64, 128, 4, 3)
+SWAP_FEW_ROWS_KINDS = ("Q4_K", "Q5_K")
 
 
 @triton.jit
@@ -641,7 +647,8 @@ def gguf_gemm(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
     """``F.linear(x, W, bias)`` for ``x`` [M, K] (rows contiguous) and the quantized W; [M, N] in
     ``x``'s dtype (weights decoded to that dtype in registers). ``out``: an [M, N] view with
     contiguous rows to write. ``swap``: the weights as the MMA's left operand (default: up to
-    ``gemm_swap_rows()`` rows); ``config``: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)."""
+    ``gemm_swap_rows()`` rows, and up to 32 only for ``SWAP_FEW_ROWS_KINDS``); ``config``:
+    (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)."""
     n, k = w.n, w.k
     if x.dim() != 2 or x.shape[1] != k or x.stride(1) != 1:
         raise ValueError(f"gguf_gemm: x must be [M, {k}] with contiguous rows, got shape {tuple(x.shape)}")
@@ -654,8 +661,11 @@ def gguf_gemm(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
     if m == 0:
         return out
     if swap is None:
-        swap = m <= gemm_swap_rows()
-    default = GEMM_CONFIG_SWAP if swap else GEMM_CONFIG_FEW_ROWS if m <= 32 else GEMM_CONFIG
+        swap = m <= gemm_swap_rows() and (m > 32 or w.kind in SWAP_FEW_ROWS_KINDS)
+    if swap:
+        default = GEMM_CONFIG_SWAP_FEW_ROWS if m <= 32 else GEMM_CONFIG_SWAP
+    else:
+        default = GEMM_CONFIG_FEW_ROWS if m <= 32 else GEMM_CONFIG
     block_m, block_n, block_k, warps, stages = config or default
     block_m = max(16, min(block_m, triton.next_power_of_2(m)))
     grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m))
