@@ -169,6 +169,21 @@ def test_layer_merges_runs_of_one_type_and_names_its_types(monkeypatch):
         GGUFLinearCUDA([part("Q4_K", 8), regroup(torch.from_numpy(random_blocks("Q4_K", 4, 512, seed=1)), "Q4_K")])
 
 
+def test_gemm_swap_rows_switch(monkeypatch):
+    from deepinfer.runtime.kernels.gguf_gemv import gemm_swap_rows
+
+    monkeypatch.delenv("DEEPINFER_GGUF_GEMM_SWAP_ROWS", raising=False)
+    assert gemm_swap_rows() == 128
+    monkeypatch.setenv("DEEPINFER_GGUF_GEMM_SWAP_ROWS", "0")
+    assert gemm_swap_rows() == 0
+    monkeypatch.setenv("DEEPINFER_GGUF_GEMM_SWAP_ROWS", "many")
+    with pytest.raises(ValueError, match="DEEPINFER_GGUF_GEMM_SWAP_ROWS='many' is not an integer"):
+        gemm_swap_rows()
+    monkeypatch.setenv("DEEPINFER_GGUF_GEMM_SWAP_ROWS", "-1")
+    with pytest.raises(ValueError, match="DEEPINFER_GGUF_GEMM_SWAP_ROWS=-1 must be at least 0"):
+        gemm_swap_rows()
+
+
 @pytest.mark.parametrize("device,dtype,deterministic,quantization,want", [
     ("cuda", None, False, "gguf", True), ("cuda", None, False, None, False),  # opt-in on CUDA (slower than bf16 yet)
     ("cuda", "bfloat16", False, "gguf", False), ("cuda", None, True, "gguf", False),

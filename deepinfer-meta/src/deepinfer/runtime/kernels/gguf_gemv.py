@@ -632,14 +632,7 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
 
 def gemm_swap_rows() -> int:
     """Rows up to which ``gguf_gemm`` takes the swapped tile (``DEEPINFER_GGUF_GEMM_SWAP_ROWS``)."""
-    raw = switches.value("DEEPINFER_GGUF_GEMM_SWAP_ROWS")
-    try:
-        rows = int(raw)
-    except ValueError:
-        rows = -1
-    if rows < 0:
-        raise ValueError(f"DEEPINFER_GGUF_GEMM_SWAP_ROWS must be a non-negative integer, got {raw!r}")
-    return rows
+    return switches.integer("DEEPINFER_GGUF_GEMM_SWAP_ROWS")
 
 
 def gguf_gemm(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
