@@ -18,6 +18,11 @@ SHAPES = {"qwen3-30b-a3b": (2048, 768, 128, 8), "deepseek-v2-lite": (2048, 1408,
           "mixtral-8x7b": (4096, 14336, 8, 2)}
 TILES = [(16, 64, 64), (16, 32, 64), (16, 32, 128), (16, 64, 128), (16, 32, 256), (16, 128, 64), (32, 64, 64),
          (64, 128, 64)]
+# Prefill-sized steps (T*k above fused_experts' SMALL_STEP_PAIRS) also sweep warps and stages: a
+# 128-token prefill reads every expert's weights (the whole layer), at ~1.2 TB/s with the defaults.
+PREFILL_TILES = [(16, 64, 128), (16, 128, 64), (16, 128, 128), (32, 64, 128), (32, 128, 64), (32, 128, 128),
+                 (64, 128, 64), (64, 64, 128)]
+LAUNCHES = [(4, 3), (4, 4), (8, 3), (8, 4)]
 
 
 def random_layer(shape: str) -> tuple[torch.Generator, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -82,6 +87,17 @@ def bench_tokens(shape: str, x: torch.Tensor, gate: torch.Tensor, w13: torch.Ten
             continue
         print(f"  tiles (M,N,K)={bm},{bn},{bk}: experts {ms * 1e3:.1f} us, {weight_bytes / ms / 1e6:,.0f} GB/s "
               f"of distinct expert weights", flush=True)
+    if t * k <= fm.SMALL_STEP_PAIRS:
+        return
+    for (bm, bn, bk), (warps, stages) in ((tile, launch) for tile in PREFILL_TILES for launch in LAUNCHES):
+        try:
+            ms = graph_ms(lambda bm=bm, bn=bn, bk=bk, w_=warps, s_=stages: fm.fused_experts(
+                x, w, ids, w13, w2, bm, bn, bk, num_warps=w_, num_stages=s_), reps=10)
+        except (OutOfResources, RuntimeError) as exc:
+            print(f"  tiles {bm},{bn},{bk} warps {warps} stages {stages}: {type(exc).__name__}: {str(exc)[:60]}")
+            continue
+        print(f"  tiles (M,N,K)={bm},{bn},{bk} warps {warps} stages {stages}: experts {ms * 1e3:.1f} us, "
+              f"{weight_bytes / ms / 1e6:,.0f} GB/s", flush=True)
 
 
 def main() -> None:

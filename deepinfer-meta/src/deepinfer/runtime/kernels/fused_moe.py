@@ -231,14 +231,18 @@ def check_expert_operands(name: str, x: torch.Tensor, weights: torch.Tensor, ids
 
 def fused_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                   block_m: int = 16, block_n: int | None = None, block_k: int | None = None,
-                  residual: torch.Tensor | None = None) -> torch.Tensor:
+                  residual: torch.Tensor | None = None, num_warps: int = 4, num_stages: int | None = None
+                  ) -> torch.Tensor:
     """Weighted sum over each token's routed SwiGLU experts, [T, H] in ``x.dtype``.
 
     ``x`` [T, H], ``weights`` [T, k] (any float dtype), ``ids`` [T, k] integer expert indices,
     ``w13`` [E, 2I, H], ``w2`` [E, H, I], all on one device, weights contiguous in their last dim.
     ``residual`` [T, H]: returned ``residual + sum`` instead, added in the combine kernel in
-    float32 (the decode graphs' residual stream: one rounding, no separate add)."""
+    float32 (the decode graphs' residual stream: one rounding, no separate add). ``num_warps`` and
+    ``num_stages`` (Triton's default when None) apply to both grouped GEMMs (the tile sweep of
+    ``bench/moe_layer_bench.py``)."""
     t, hidden, k, e, inter = check_expert_operands("fused_experts", x, weights, ids, w13, w2)
+    launch = {"num_warps": num_warps} | ({} if num_stages is None else {"num_stages": num_stages})
     if block_n is None or block_k is None:
         # H200, Qwen3-30B-A3B layer from a graph (bench/moe_layer_bench.py): one token's 8 pairs
         # 37.6 us with (32, 128) against 43.1 us with (64, 64); 64 tokens alike (314 / 317 us)
@@ -260,11 +264,11 @@ def fused_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13
     _gate_up_kernel[(blocks, triton.cdiv(inter, block_n))](
         x, w13, h, pairs, block_expert, num_pairs, k, hidden, inter,
         x.stride(0), w13.stride(0), w13.stride(1), h.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, IEEE=ieee)
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, IEEE=ieee, **launch)
     _down_kernel[(blocks, triton.cdiv(hidden, block_n))](
         h, w2, y, flat_w, pairs, block_expert, num_pairs, hidden, inter,
         h.stride(0), w2.stride(0), w2.stride(1), y.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, IEEE=ieee)
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, IEEE=ieee, **launch)
     # combine: each token's k weighted expert rows (+ the residual), one launch
     out = torch.empty_like(x)
     if residual is not None and (tuple(residual.shape) != (t, hidden) or residual.stride(-1) != 1):
