@@ -2,6 +2,8 @@
 
     python bench/spec_bench.py                                   # CPU, default model, n-gram, batch 1
     python bench/spec_bench.py --k 4 --runs 3 --threads 2
+    python bench/spec_bench.py --k 7 --lookup-min 3 --match longest --draft-length adaptive
+    python bench/spec_bench.py --no-llamacpp --compare 7/3-5/earliest/fixed,7/3-5/longest/adaptive   # in the same rounds
     python bench/spec_bench.py --shape llama3-8b --speculative-oracle --batch 1,32   # GPU, random weights
     python bench/spec_bench.py --method draft_model --draft PATH          # CPU, a draft model for the default model
     python bench/spec_bench.py --shape llama3-8b --method draft_model --draft-shape smollm2-135m \
@@ -12,7 +14,9 @@ and answer questions by quoting the prompt — one request at a time (batch 1), 
 ``LLM.generate`` with and without ``speculative_config={"method": "ngram", ...}``; the two
 engines run alternately (spec, plain, spec, plain ...) so load on a shared machine hits both
 alike. Prints tok/s of each run, the median ratio, the acceptance rate, mean accepted length
-and per-position acceptance, and checks the outputs are token for token the same.
+and per-position acceptance, and checks the outputs are token for token the same. ``--compare``
+times several n-gram settings (k, lookup range, ``ngram_match``, ``draft_length``) as engines of
+their own in the same rounds, each round's plain run the reference of all of them.
 
 llama.cpp's speculative mode as a contender (CPU): ``llama-cpp-python``'s prompt-lookup decoding
 (``Llama(draft_model=LlamaPromptLookupDecoding(...))``) on the same GGUF file (the default
@@ -164,11 +168,16 @@ def llamacpp_contenders(k: int, lookup_max: int, threads: int, max_tokens: int):
             "llama.cpp lookup defaults (10 drafts, n<=2)": make(LlamaPromptLookupDecoding())}
 
 
-def bench(plain, spec, groups, params, runs: int, oracle: bool, others=None) -> None:  # type: ignore[no-untyped-def]
-    """Interleaved timed runs of each group of requests (one generate call per group); ``others``:
-    {name: run(prompt ids) -> (tok/s, ids)} contenders timed in the same rounds (batch 1)."""
+def bench(plain, specs, groups, params, runs: int, oracle: bool, others=None) -> None:  # type: ignore[no-untyped-def]
+    """Interleaved timed runs of each group of requests (one generate call per group); ``specs``:
+    {name: speculative LLM}, each timed in every round before the plain one (ratios against that
+    round's plain run); ``others``: {name: run(prompt ids) -> (tok/s, ids)} contenders timed in
+    the same rounds (batch 1), compared with the first of ``specs``."""
     others = others or {}
-    ratios, plain_rates, spec_rates = [], [], []
+    first = next(iter(specs))
+    ratios: dict[str, list[float]] = {n: [] for n in specs}
+    spec_rates: dict[str, list[float]] = {n: [] for n in specs}
+    plain_rates: list[float] = []
     other_rates: dict[str, list[float]] = {n: [] for n in others}
     vs_best: list[float] = []
     same = True
@@ -179,37 +188,48 @@ def bench(plain, spec, groups, params, runs: int, oracle: bool, others=None) -> 
         # timed runs it finds the prompt in the prefix cache (a cold prefill may differ in the last bits)
         timed(plain, batch, params)
         _, ref = timed(plain, batch, params)
-        if oracle:
-            for req, toks in zip(batch, ref, strict=True):
-                spec.engine.speculator.record_oracle(req["prompt_token_ids"], toks)
-        timed(spec, batch, params)  # warm-up
+        for spec in specs.values():
+            if oracle:
+                for req, toks in zip(batch, ref, strict=True):
+                    spec.engine.speculator.record_oracle(req["prompt_token_ids"], toks)
+            timed(spec, batch, params)  # warm-up
         for r in range(runs):
-            a, ta = timed(spec, batch, params)
+            got_spec = {}
+            for n, spec in specs.items():
+                got_spec[n], ta = timed(spec, batch, params)
+                same &= ta == ref
             b, tb = timed(plain, batch, params)
-            same &= ta == tb == ref
-            spec_rates.append(a)
+            same &= tb == ref
             plain_rates.append(b)
-            ratios.append(a / b)
+            for n, a in got_spec.items():
+                spec_rates[n].append(a)
+                ratios[n].append(a / b)
             line = ""
             if others:
                 got = {n: run(batch[0]["prompt_token_ids"])[0] for n, run in others.items()}
                 for n, v in got.items():
                     other_rates[n].append(v)
                 best = max(v for n, v in got.items() if "lookup" in n)
-                vs_best.append(a / best)
-                line = "; " + ", ".join(f"{n} {v:,.1f}" for n, v in got.items()) + f"; spec / best llama.cpp " \
-                    f"speculative {a / best:.2f}x"
-            print(f"  group {g} run {r + 1}: spec {a:,.1f} tok/s, plain {b:,.1f} tok/s, ratio {a / b:.2f}x{line} "
-                  f"(load {os.getloadavg()[0]:.1f})", flush=True)
-    print(f"median spec {statistics.median(spec_rates):,.1f} tok/s, plain {statistics.median(plain_rates):,.1f} "
-          f"tok/s; median ratio {statistics.median(ratios):.2f}x (spread {min(ratios):.2f}-{max(ratios):.2f}, "
-          f"{len(ratios)} runs)")
+                vs_best.append(got_spec[first] / best)
+                line = "; " + ", ".join(f"{n} {v:,.1f}" for n, v in got.items()) + f"; {first} / best llama.cpp " \
+                    f"speculative {got_spec[first] / best:.2f}x"
+            each = ", ".join(f"{n} {a:,.1f} tok/s ({a / b:.2f}x)" for n, a in got_spec.items())
+            print(f"  group {g} run {r + 1}: plain {b:,.1f} tok/s, {each}{line} (load {os.getloadavg()[0]:.1f})",
+                  flush=True)
+    print(f"median plain {statistics.median(plain_rates):,.1f} tok/s")
+    for n in specs:
+        per_group = "; ".join(f"group {g} {min(ratios[n][g * runs:(g + 1) * runs]):.2f}-"
+                              f"{max(ratios[n][g * runs:(g + 1) * runs]):.2f}x" for g in range(len(groups)))
+        print(f"median {n} {statistics.median(spec_rates[n]):,.1f} tok/s; median ratio "
+              f"{statistics.median(ratios[n]):.2f}x (spread {min(ratios[n]):.2f}-{max(ratios[n]):.2f}, "
+              f"{len(ratios[n])} runs; {per_group})")
     for n, v in other_rates.items():
         print(f"median {n} {statistics.median(v):,.1f} tok/s")
     if vs_best:
-        print(f"median spec / best llama.cpp speculative mode: {statistics.median(vs_best):.2f}x "
+        print(f"median {first} / best llama.cpp speculative mode: {statistics.median(vs_best):.2f}x "
               f"(spread {min(vs_best):.2f}-{max(vs_best):.2f})")
-    print(f"spec stats: {report_stats(spec)}")
+    for n, spec in specs.items():
+        print(f"{n} stats: {report_stats(spec)}")
     print(f"outputs token for token equal to plain decoding: {same}")
 
 
@@ -235,6 +255,14 @@ def main() -> None:
     p.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
     p.add_argument("--lookup-min", type=int, default=2)
     p.add_argument("--lookup-max", type=int, default=5)
+    p.add_argument("--match", choices=("earliest", "latest", "longest"), default="earliest",
+                   help="n-gram: speculative_config's ngram_match")
+    p.add_argument("--draft-length", choices=("fixed", "adaptive"), default="fixed",
+                   help="n-gram: speculative_config's draft_length")
+    p.add_argument("--compare", default=None,
+                   help="CPU n-gram: several speculative settings timed in the same rounds, comma-separated "
+                        "K/MIN-MAX/MATCH/DRAFT_LENGTH, e.g. 7/3-5/earliest/fixed,7/3-5/longest/adaptive "
+                        "(instead of --k, --lookup-*, --match, --draft-length)")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--max-tokens", type=int, default=256)
@@ -263,14 +291,25 @@ def main() -> None:
         spec_cfg = {"method": "oracle", "num_speculative_tokens": args.k}
     else:
         spec_cfg = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_min": args.lookup_min,
-                    "prompt_lookup_max": args.lookup_max}
+                    "prompt_lookup_max": args.lookup_max, "ngram_match": args.match,
+                    "draft_length": args.draft_length}
     if args.shape is None:
         os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
         common = dict(num_threads=args.threads, max_num_seqs=4, max_model_len=2048)
         plain = LLM(**common)
-        spec = LLM(**common, speculative_config=spec_cfg)
+        cfgs = {"spec": spec_cfg}
+        if args.compare:
+            if args.method != "ngram" or args.speculative_oracle:
+                p.error("--compare is for the n-gram method")
+            cfgs = {}
+            for item in args.compare.split(","):
+                k, lookup, match, length = item.split("/")
+                lo, hi = lookup.split("-")
+                cfgs[item] = {"method": "ngram", "num_speculative_tokens": int(k), "prompt_lookup_min": int(lo),
+                              "prompt_lookup_max": int(hi), "ngram_match": match, "draft_length": length}
+        specs = {n: LLM(**common, speculative_config=c) for n, c in cfgs.items()}
         print(f"== CPU default model, {args.threads} threads, batch 1, greedy, max_tokens {args.max_tokens}, "
-              f"{spec_cfg}", flush=True)
+              f"{list(cfgs.values())}", flush=True)
         groups = [[{"prompt_token_ids": chat_ids(plain, w)}] for w in WORKLOAD]
         others = None
         if not args.no_llamacpp and args.method == "ngram" and not args.speculative_oracle:
@@ -278,7 +317,7 @@ def main() -> None:
             if isinstance(others, str):
                 print(f"llama.cpp skipped: {others}", flush=True)
                 others = None
-        bench(plain, spec, groups, SamplingParams(temperature=0, max_tokens=args.max_tokens), args.runs,
+        bench(plain, specs, groups, SamplingParams(temperature=0, max_tokens=args.max_tokens), args.runs,
               args.speculative_oracle, others)
         return
     sys.path.insert(0, HERE)

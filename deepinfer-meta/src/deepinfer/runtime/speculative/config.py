@@ -7,7 +7,11 @@ from dataclasses import dataclass
 from typing import Any
 
 METHODS = ("ngram", "draft_model", "oracle")
-KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "model")
+KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "model", "ngram_match",
+        "draft_length")
+NGRAM_MATCHES = ("earliest", "latest", "longest")  # ngram.MATCHES (no import: config stays numpy-free)
+DRAFT_LENGTHS = ("fixed", "adaptive")
+NGRAM_ONLY_KEYS = ("prompt_lookup_min", "prompt_lookup_max", "ngram_match", "draft_length")
 MAX_SPECULATIVE_TOKENS = 32
 DEFAULT_LOOKUP_MIN, DEFAULT_LOOKUP_MAX = 2, 5
 NGRAM_MODEL_NAMES = ("ngram", "[ngram]")  # vLLM's spellings of the n-gram method as a model name
@@ -24,6 +28,13 @@ class SpeculativeConfig:
     ``prompt_lookup_min`` / ``prompt_lookup_max``: the n-gram lengths tried, longest first
     (defaults 2 and 5: on bench/spec_bench.py's workload a minimum of 1 drafts from one-token
     coincidences, which cost verify rows and are rarely kept; vLLM defaults to 5 and 5).
+    ``ngram_match``: which earlier occurrence of the matched n-gram the drafts follow: "earliest"
+    (the default, as vLLM), "latest" (the most recent) or "longest" (the one with the most
+    preceding tokens in common with the context; ties: the latest). ``draft_length``: "fixed"
+    (the default: up to k drafts every step) or "adaptive" (a per-request cap, k at first, that
+    halves after a step with a rejected draft, never below 2, and doubles after a step that
+    kept all its drafts). Both are n-gram keys of DeepInfer's own (guide 12, "Choosing the
+    match and the draft length").
     """
 
     method: str = "ngram"
@@ -31,6 +42,8 @@ class SpeculativeConfig:
     prompt_lookup_min: int = DEFAULT_LOOKUP_MIN
     prompt_lookup_max: int = DEFAULT_LOOKUP_MAX
     model: str | None = None  # the draft model's path (method "draft_model")
+    ngram_match: str = "earliest"
+    draft_length: str = "fixed"
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens}
@@ -38,6 +51,10 @@ class SpeculativeConfig:
             d["model"] = self.model
         else:
             d.update(prompt_lookup_min=self.prompt_lookup_min, prompt_lookup_max=self.prompt_lookup_max)
+            if self.ngram_match != "earliest":
+                d["ngram_match"] = self.ngram_match
+            if self.draft_length != "fixed":
+                d["draft_length"] = self.draft_length
         return d
 
 
@@ -48,6 +65,13 @@ def _int_key(d: dict[str, Any], key: str, default: int, lo: int, hi: int) -> int
     if not lo <= v <= hi:
         raise ValueError(f"speculative_config[{key!r}] must be in [{lo}, {hi}], got {v}")
     return v
+
+
+def _choice_key(d: dict[str, Any], key: str, default: str, choices: tuple[str, ...]) -> str:
+    v = d.get(key, default)
+    if v not in choices:
+        raise ValueError(f"speculative_config[{key!r}] must be one of {', '.join(map(repr, choices))}, got {v!r}")
+    return str(v)
 
 
 def parse_speculative_config(value: Any) -> SpeculativeConfig | None:
@@ -81,9 +105,10 @@ def parse_speculative_config(value: Any) -> SpeculativeConfig | None:
         if not model or model in NGRAM_MODEL_NAMES:
             raise ValueError("speculative_config['model'] is required with method 'draft_model' (the draft "
                              f"model's path), got {model!r}")
-        if "prompt_lookup_min" in value or "prompt_lookup_max" in value:
-            raise ValueError("speculative_config: prompt_lookup_min/prompt_lookup_max belong to method 'ngram', "
-                             "not 'draft_model'")
+        given = [key for key in NGRAM_ONLY_KEYS if key in value]
+        if given:
+            raise ValueError(f"speculative_config[{given[0]!r}]: prompt_lookup_min/prompt_lookup_max/ngram_match/"
+                             "draft_length belong to method 'ngram', not 'draft_model'")
     elif model is not None and model not in NGRAM_MODEL_NAMES:
         raise ValueError(f"speculative_config['model'] ({model!r}) is a draft model: it needs method "
                          f"'draft_model', not {method!r}")
@@ -98,5 +123,8 @@ def parse_speculative_config(value: Any) -> SpeculativeConfig | None:
     if lo > hi:
         raise ValueError(f"speculative_config['prompt_lookup_min'] ({lo}) must be <= "
                          f"speculative_config['prompt_lookup_max'] ({hi})")
+    match = _choice_key(value, "ngram_match", "earliest", NGRAM_MATCHES)
+    draft_length = _choice_key(value, "draft_length", "fixed", DRAFT_LENGTHS)
     return SpeculativeConfig(method=method, num_speculative_tokens=k, prompt_lookup_min=lo, prompt_lookup_max=hi,
-                             model=model if method == "draft_model" else None)
+                             model=model if method == "draft_model" else None, ngram_match=match,
+                             draft_length=draft_length)

@@ -33,7 +33,7 @@ from deepinfer.runtime.sampling_params import GREEDY_TEMPERATURE_THRESHOLD
 from deepinfer.runtime.speculative.config import SpeculativeConfig
 from deepinfer.runtime.speculative.draft_model import Drafted, DraftModel, batch_rows
 from deepinfer.runtime.speculative.metrics import SpecDecodeStats
-from deepinfer.runtime.speculative.ngram import propose_ngram
+from deepinfer.runtime.speculative.ngram import next_draft_cap, propose_ngram
 from deepinfer.runtime.speculative.rejection import verify_drafts
 
 
@@ -86,6 +86,8 @@ class Speculator:
         self.oracle: dict[tuple[int, ...], np.ndarray] = {}
         # seq id -> (request id, SamplingParams, may draft, oracle recording): ``_request_of``
         self._by_seq: dict[int, tuple[str, Any, bool, np.ndarray | None]] = {}
+        # draft_length "adaptive": seq id -> (request id, its draft cap) (``next_draft_cap``)
+        self._caps: dict[int, tuple[str, int]] = {}
         if (config.method == "draft_model") != (draft is not None):
             raise ValueError("Speculator: method 'draft_model' needs its DraftModel (and only it takes one)")
         self.draft = draft
@@ -280,7 +282,7 @@ class Speculator:
                     return True
                 continue
             history = np.asarray(seq.token_ids, dtype=np.int32)
-            if len(propose_ngram(history, cfg.prompt_lookup_min, cfg.prompt_lookup_max, room)):
+            if len(propose_ngram(history, cfg.prompt_lookup_min, cfg.prompt_lookup_max, room, cfg.ngram_match)):
                 return True
         return False
 
@@ -312,7 +314,21 @@ class Speculator:
             elif cfg.method == "oracle":
                 drafts = np.zeros(0, np.int32) if rec is None else rec[num_out:num_out + room]
             else:
+                if cfg.draft_length == "adaptive":
+                    room = min(room, self._draft_cap(seq, int(step.num_drafts[r]), int(step.num_accepted[r])))
                 history = np.concatenate([np.asarray(seq.token_ids, dtype=np.int32), step.tokens[r, :n_step]])
-                drafts = propose_ngram(history, cfg.prompt_lookup_min, cfg.prompt_lookup_max, room)
+                drafts = propose_ngram(history, cfg.prompt_lookup_min, cfg.prompt_lookup_max, room, cfg.ngram_match)
             out[r, :len(drafts)] = drafts
         return out
+
+    def _draft_cap(self, seq: Any, num_drafts: int, num_accepted: int) -> int:
+        """draft_length "adaptive": the sequence's draft cap after a step that verified
+        ``num_drafts`` of its drafts and kept ``num_accepted`` (k before its first drafts)."""
+        sid, rid = int(seq.seq_id), seq.request_id
+        hit = self._caps.get(sid)
+        cap = hit[1] if hit is not None and hit[0] == rid else self.k
+        cap = next_draft_cap(cap, self.k, num_drafts, num_accepted)
+        if len(self._caps) >= 4096:  # finished sequences' entries: dropped wholesale now and then
+            self._caps.clear()
+        self._caps[sid] = (rid, cap)
+        return cap
