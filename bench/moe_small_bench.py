@@ -63,8 +63,15 @@ def main() -> None:
             w, ids = md.route_small(x, gate, k, False, True, norm=norm, config=rt)
             return md.experts_small(x, w, ids, w13, w2, residual=x, norm=norm, gate_up_config=gu, down_config=dn)
 
+        def small_prenormed(x=x):  # type: ignore[no-untyped-def]
+            normed = torch.empty_like(x)  # the router stores the normed rows (DEEPINFER_MOE_PRENORM)
+            w, ids = md.route_small(x, gate, k, False, True, norm=norm, normed_out=normed)
+            return md.experts_small(normed, w, ids, w13, w2, residual=x)
+
         _, ids = md.route_small(x, gate, k, False, True, norm=norm)
         used = ids.unique().numel()
+        pre_us = _us(small_prenormed)
+        pre_diff = float((small_prenormed().float() - small().float()).abs().max())
         err = float((small().float() - grouped().float()).abs().max())
         g_us, s_us = _us(grouped), _us(small)
         r_us = _us(lambda x=x: md.route_small(x, gate, k, False, True, norm=norm))
@@ -72,7 +79,8 @@ def main() -> None:
         print(f"{args.shape} T={t}: grouped path {g_us:.1f} us, few-token path {s_us:.1f} us "
               f"(router {r_us:.1f} us; experts {read / (s_us - r_us) / 1e3:,.0f} GB/s of pair reads, "
               f"{used * pair_bytes / (s_us - r_us) / 1e3:,.0f} GB/s distinct; {used} experts); "
-              f"ratio {g_us / s_us:.2f}x; max |diff| {err:.2e}", flush=True)
+              f"ratio {g_us / s_us:.2f}x; max |diff| {err:.2e}; with the router's stored normed rows "
+              f"{pre_us:.1f} us (|diff| {pre_diff:.1e})", flush=True)
         if args.quick:
             continue
         # one kernel's tiles at a time, the other two at their defaults

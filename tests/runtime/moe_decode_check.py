@@ -50,7 +50,7 @@ def make_case(name: str, device: str, dtype: torch.dtype):  # type: ignore[no-un
 
 
 def check_experts(device: str, dtype: torch.dtype) -> list[tuple[str, bool, float]]:
-    from deepinfer.runtime.kernels.moe_decode import experts_small
+    from deepinfer.runtime.kernels.moe_decode import experts_small, route_small
     from fused_moe_check import reference
 
     # Triton's interpreter runs one program at a time: wider tiles there (still cutting every
@@ -67,6 +67,16 @@ def check_experts(device: str, dtype: torch.dtype) -> list[tuple[str, bool, floa
         got = experts_small(x, w, ids, w13, w2, residual=res, norm=norm, **tiles).double().cpu()
         err = float((got - ref).abs().max() / ref.abs().max())
         out.append((f"experts_small {name} residual={res is not None} norm={norm is not None}", err <= tol, err))
+        if norm is not None:  # the router's stored normed rows: the same rows, the same experts' output bits
+            normed = torch.empty_like(x)
+            gw = torch.randn(w13.shape[0], x.shape[1], generator=torch.Generator().manual_seed(1)).to(x.device)
+            route_small(x, gw, ids.shape[1], False, True, norm=norm, normed_out=normed,
+                        **(dict(config=(16, 32, 4)) if device == "cpu" else {}))
+            pre = experts_small(normed, w, ids, w13, w2, residual=res, **tiles).double().cpu()
+            rows_err = float((normed.double() - xin.double()).abs().max())
+            same = torch.equal(pre, got) and rows_err <= (1e-6 if dtype == torch.float32 else 1e-2)
+            out.append((f"experts_small {name} on route_small's normed rows: bitwise the in-kernel norm's "
+                        f"output (rows' error {rows_err:.1e})", same, float((pre - got).abs().max())))
     return out
 
 

@@ -29,8 +29,9 @@ def test_few_token_moe_kernels_match_float64_references_in_tritons_interpreter()
     """Expert GEMVs + fused combine == a float64 per-expert reference (one token, several tokens,
     every token to one expert, one expert repeated across tokens, top_k 1 and 8, with and without
     the residual and the RMSNorm prologue); the one-launch router == route_greedy over the
-    float32 logits (softmax / sigmoid, renormalised or not, E up to 128, k 1..8)."""
-    _interpreted("kernels", 6 + 4)
+    float32 logits (softmax / sigmoid, renormalised or not, E up to 128, k 1..8); where the norm is
+    fused, the experts over the router's stored normed rows give the in-kernel norm's bits."""
+    _interpreted("kernels", 6 + 3 + 4)
 
 
 def test_few_token_path_and_grouped_path_give_the_same_logits_in_tritons_interpreter():
@@ -57,6 +58,10 @@ def test_few_token_kernels_refuse_bad_operands():
         route_small(x, torch.zeros(4, 8), 5, False, True)
     with pytest.raises(ValueError, match="gate_weight"):
         route_small(x, torch.zeros(4, 8, dtype=torch.float16), 2, False, True)
+    with pytest.raises(ValueError, match="normed_out needs norm.*no norm was given"):
+        route_small(x, torch.zeros(4, 8), 2, False, True, normed_out=torch.empty(2, 8))
+    with pytest.raises(ValueError, match=r"normed_out .*\[2, 8\].*got torch.float32 \(3, 8\)"):
+        route_small(x, torch.zeros(4, 8), 2, False, True, norm=(torch.ones(8), 1e-6), normed_out=torch.empty(3, 8))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -64,6 +64,9 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
            "the split-KV attention merge folded into the split kernel (0: a second kernel)"),
     Switch("DEEPINFER_MOE_SMALL_BATCH", "4", "models/moe.py",
            "tokens up to which a CUDA MoE layer runs the few-token kernels, no sort by expert (0: grouped GEMMs)"),
+    Switch("DEEPINFER_MOE_PRENORM", "1", "models/moe.py",
+           "the few-token MoE router stores the RMS-normed rows once for the experts (0: every gate/up program "
+           "normalises its row again)"),
     Switch("DEEPINFER_TP_TIMEOUT_S", "120", "parallel/process_group.py",
            "seconds a tensor-parallel rendezvous or collective may wait before failing"),
     Switch("DEEPINFER_CACHE", "~/.cache/deepinfer", "loading/tokenizer_loader.py",

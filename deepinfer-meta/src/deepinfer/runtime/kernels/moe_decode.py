@@ -44,11 +44,11 @@ def _down_tile(tokens: int) -> tuple[int, int, int]:
 
 
 @triton.jit
-def _router_kernel(x_ptr, nw_ptr, gw_ptr, logits_ptr, weights_ptr, ids_ptr, count_ptr, tokens, hidden,
+def _router_kernel(x_ptr, nw_ptr, gw_ptr, logits_ptr, weights_ptr, ids_ptr, count_ptr, xn_ptr, tokens, hidden,
                    num_experts, stride_x, eps, scaling,
                    BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr, NORM_BLOCK: tl.constexpr,
                    TOP_K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, SIGMOID: tl.constexpr,
-                   NORM_TOPK: tl.constexpr, PDL: tl.constexpr):
+                   NORM_TOPK: tl.constexpr, WRITE_NORMED: tl.constexpr, PDL: tl.constexpr):
     pid = tl.program_id(0)
     rows = (pid * BLOCK_E + tl.arange(0, BLOCK_E)).to(tl.int64)
     row_ok = rows < num_experts
@@ -65,11 +65,18 @@ def _router_kernel(x_ptr, nw_ptr, gw_ptr, logits_ptr, weights_ptr, ids_ptr, coun
             nc = tl.arange(0, NORM_BLOCK)
             xn = tl.load(x_row + nc, mask=nc < hidden, other=0.0).to(tl.float32)
             rstd = tl.math.rsqrt(tl.sum(xn * xn, axis=0) / hidden + eps)
-        acc = w_first * _activation_chunk(x_row, nw_ptr, x_ptr, cols, cols < hidden, hidden, rstd, False, NORM)[None, :]
+        xv = _activation_chunk(x_row, nw_ptr, x_ptr, cols, cols < hidden, hidden, rstd, False, NORM)
+        if WRITE_NORMED:  # program 0 keeps the normed rows (rounded as add_rmsnorm) for the experts
+            if pid == 0:
+                tl.store(xn_ptr + t * hidden + cols, xv.to(xn_ptr.dtype.element_ty), mask=cols < hidden)
+        acc = w_first * xv[None, :]
         for k0 in range(BLOCK_K, hidden, BLOCK_K):
             c = k0 + cols
             c_ok = c < hidden
             xv = _activation_chunk(x_row, nw_ptr, x_ptr, c, c_ok, hidden, rstd, False, NORM)
+            if WRITE_NORMED:
+                if pid == 0:
+                    tl.store(xn_ptr + t * hidden + c, xv.to(xn_ptr.dtype.element_ty), mask=c_ok)
             w = tl.load(gw_ptr + rows[:, None] * hidden + c[None, :], mask=row_ok[:, None] & c_ok[None, :], other=0.0)
             acc += w.to(tl.float32) * xv[None, :]
         tl.store(logits_ptr + t * num_experts + rows, tl.sum(acc, axis=1), mask=row_ok)
@@ -103,11 +110,14 @@ def _counter(device: torch.device) -> torch.Tensor:
 
 def route_small(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, sigmoid: bool, norm_topk_prob: bool,
                 routed_scaling_factor: float = 1.0, norm: tuple[torch.Tensor, float] | None = None,
-                config: tuple[int, int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                config: tuple[int, int, int] | None = None, normed_out: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights [T, k] float32, ids [T, k] int64) of the rows ``x`` [T, H] for a float32 router
     ``gate_weight`` [E, H], in one launch: ``route_greedy(x.float() @ gate_weight.T, ...)``.
     ``norm`` (weight [H], eps): the rows are RMSNorm(x) * weight first (rounded to x's dtype as
-    ``fused_ops.add_rmsnorm`` rounds), computed in the kernel."""
+    ``fused_ops.add_rmsnorm`` rounds), computed in the kernel. ``normed_out`` (with ``norm``; a
+    contiguous [T, H] of x's dtype): those normed rows are also stored there, so the experts read
+    them instead of normalising again in every gate/up program."""
     t, hidden = x.shape
     e = gate_weight.shape[0]
     if gate_weight.dtype != torch.float32 or tuple(gate_weight.shape) != (e, hidden) or not gate_weight.is_contiguous():
@@ -119,6 +129,12 @@ def route_small(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, sigmoid:
         raise ValueError("route_small: x must be contiguous in its last dimension")
     if norm is not None and (tuple(norm[0].shape) != (hidden,) or not norm[0].is_contiguous()):
         raise ValueError(f"route_small: the norm weight must be a contiguous [{hidden}] vector")
+    if normed_out is not None and (norm is None or tuple(normed_out.shape) != (t, hidden)
+                                   or normed_out.dtype != x.dtype or not normed_out.is_contiguous()
+                                   or normed_out.device != x.device):
+        raise ValueError(f"route_small: normed_out needs norm and must be a contiguous {x.dtype} [{t}, {hidden}] on "
+                         f"{x.device}, got {normed_out.dtype} {tuple(normed_out.shape)} on {normed_out.device}"
+                         + ("" if norm is not None else " (and no norm was given)"))
     weights = torch.empty(t, top_k, dtype=torch.float32, device=x.device)
     ids = torch.empty(t, top_k, dtype=torch.int64, device=x.device)
     if t == 0:
@@ -126,12 +142,13 @@ def route_small(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, sigmoid:
     logits = torch.empty(t, e, dtype=torch.float32, device=x.device)
     block_e, block_k, warps = config or ROUTER_CONFIG
     _router_kernel[(triton.cdiv(e, block_e),)](
-        x, norm[0] if norm is not None else x, gate_weight, logits, weights, ids, _counter(x.device), t, hidden, e,
+        x, norm[0] if norm is not None else x, gate_weight, logits, weights, ids, _counter(x.device),
+        normed_out if normed_out is not None else x, t, hidden, e,
         x.stride(0), norm[1] if norm is not None else 0.0, float(routed_scaling_factor),
         BLOCK_E=block_e, BLOCK_K=min(block_k, triton.next_power_of_2(hidden)), NORM=norm is not None,
         NORM_BLOCK=triton.next_power_of_2(hidden) if norm is not None else 1, TOP_K=top_k,
         K_PAD=triton.next_power_of_2(top_k), E_PAD=triton.next_power_of_2(e), SIGMOID=sigmoid,
-        NORM_TOPK=norm_topk_prob, num_warps=warps, **pdl_launch(x.device))
+        NORM_TOPK=norm_topk_prob, WRITE_NORMED=normed_out is not None, num_warps=warps, **pdl_launch(x.device))
     return weights, ids
 
 

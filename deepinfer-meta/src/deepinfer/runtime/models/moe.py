@@ -212,8 +212,13 @@ class SparseMoe(nn.Module):
         from deepinfer.runtime.kernels.moe_decode import experts_small, route_small
 
         spec = self.spec
+        # The router's program 0 keeps the normed rows: the gate/up programs then read them instead
+        # of each reading x and the norm weight twice more (DEEPINFER_MOE_PRENORM=0: they do).
+        normed = torch.empty(x.shape, dtype=x.dtype, device=x.device) if switches.enabled("DEEPINFER_MOE_PRENORM") else None
         weights, ids = route_small(x, self._gate_weight_f32(), spec.top_k, spec.scoring == "sigmoid",
-                                   spec.norm_topk_prob, spec.routed_scaling_factor, norm=norm)
+                                   spec.norm_topk_prob, spec.routed_scaling_factor, norm=norm, normed_out=normed)
+        if normed is not None:
+            return experts_small(normed, weights, ids, self.experts.w13, self.experts.w2, residual=x)
         return experts_small(x, weights, ids, self.experts.w13, self.experts.w2, residual=x, norm=norm)
 
     def slots(self, prefix: str, names: tuple[str, str, str, str]) -> dict[str, tuple[torch.Tensor, slice]]:
