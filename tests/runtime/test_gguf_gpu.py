@@ -161,8 +161,12 @@ def test_layer_merges_runs_of_one_type_and_names_its_types(monkeypatch):
     assert layer.kernel_path == ("triton gguf word gemv, float32 activations (one row) / int8 tensor-core mmq, "
                                  "8-bit activations (2-64 rows) / gemm (more rows)")
     monkeypatch.setenv("DEEPINFER_GGUF_MMQ_ROWS", "0")
+    assert layer.kernel_path == "triton gguf word gemv, float32 activations (one row) / gemm (more rows)"
     monkeypatch.setenv("DEEPINFER_GGUF_MMQ_ROWS", "many")
-    with pytest.raises(ValueError, match="DEEPINFER_GGUF_MMQ_ROWS must be a non-negative integer, got 'many'"):
+    with pytest.raises(ValueError, match=r"DEEPINFER_GGUF_MMQ_ROWS='many' is not an integer \(default 0: "):
+        layer.kernel_path  # noqa: B018
+    monkeypatch.setenv("DEEPINFER_GGUF_MMQ_ROWS", "-1")
+    with pytest.raises(ValueError, match="DEEPINFER_GGUF_MMQ_ROWS=-1 must be at least 0"):
         layer.kernel_path  # noqa: B018
     assert layer.out_features == 16 and layer.in_features == 256
     with pytest.raises(ValueError, match="one width"):

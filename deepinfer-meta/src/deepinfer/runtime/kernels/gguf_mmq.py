@@ -130,14 +130,7 @@ QuantizedRows = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 def mmq_rows() -> int:
     """Rows up to which a GGUF layer on a GPU takes ``gguf_mmq`` (``DEEPINFER_GGUF_MMQ_ROWS``; 0 or 1:
     never, every several-row product then decodes its weights to bf16 in ``gguf_gemm``)."""
-    raw = switches.value("DEEPINFER_GGUF_MMQ_ROWS")
-    try:
-        rows = int(raw)
-    except ValueError:
-        rows = -1
-    if rows < 0:
-        raise ValueError(f"DEEPINFER_GGUF_MMQ_ROWS must be a non-negative integer, got {raw!r}")
-    return rows
+    return switches.integer("DEEPINFER_GGUF_MMQ_ROWS")
 
 
 def mmq_supports(w: GGUFPlanes) -> bool:
