@@ -173,11 +173,12 @@ def run_serve(args: argparse.Namespace) -> int:
     except ImportError as exc:
         print(f"deepinfer serve: error: {exc.name} is not installed: {EXTRA_HINT}", file=sys.stderr)
         return 2
-    if getattr(args, "data_parallel_size", 1) > 1:
-        # the replica plan may ask torch for the GPUs: torch before any deepinfer native module
-        # (docs/troubleshooting.md: a native module loaded first crashes torch's import there)
-        with contextlib.suppress(ImportError):
-            import torch  # noqa: F401
+    # torch before any native module (the engine's, msgspec's, zmq's): this process imports torch
+    # anyway (the engine arguments' checks, the replica plan), and where a module loaded first
+    # holds its own C++ runtime, torch's import crashes (docs/troubleshooting.md; seen on the H200
+    # machine with engine wheels built there: `deepinfer serve` died with SIGSEGV at start)
+    with contextlib.suppress(ImportError):
+        import torch  # noqa: F401
     from deepinfer.serve.client import CoreError
     from deepinfer.serve.replicas import ReplicaError
 
