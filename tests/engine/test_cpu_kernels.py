@@ -73,19 +73,21 @@ def test_quantized_gemv_within_the_activation_rounding_bound(kind):
     for n, k in [(96, 576), (40, 96), (33, 288), (17, 32), (130, 1536)]:
         raw = random_blocks(rng, kind, n, k)
         w = dequantized(kind, raw)
-        for rows in (1, 2, 3, 4, 5, 7, 16):
+        for rows in (1, 2, 3, 4, 5, 7, 8, 16, 17):
             assert_linear_within_bound(kind, raw, w, rng.standard_normal((rows, k)).astype(np.float32))
 
 
 @pytest.mark.parametrize("kind", sorted(BLOCK_BYTES) + ["F32"])
 def test_a_row_is_bitwise_the_same_in_any_tile(kind):
-    """Rows are computed in tiles (up to 8 on AVX2): a row's output must not depend on how many
-    rows share its call. Speculative verify steps (1 + k rows of one sequence) rely on it for
-    greedy output equal to one-token decode steps, and deterministic=True for batch invariance."""
+    """Rows are computed in tiles (up to 8 on AVX2 and AVX-512): a row's output must not depend on
+    how many rows share its call. Speculative verify steps (1 + k rows of one sequence) rely on it
+    for greedy output equal to one-token decode steps, and deterministic=True for batch invariance.
+    2..20 rows: every tile size, 16 rows (2 x 8 or 4 x 4 tiles) and tiles after full ones; rows of
+    whole groups of 8 blocks and one with an odd last block."""
     rng = np.random.default_rng(11)
-    n, k = 37, 320
-    w = rng.standard_normal((n, k)).astype(np.float32) if kind == "F32" else random_blocks(rng, kind, n, k)
-    assert_rows_as_alone(kind, w, rng.standard_normal((12, k)).astype(np.float32))
+    for n, k in [(37, 320), (11, 288)]:
+        w = rng.standard_normal((n, k)).astype(np.float32) if kind == "F32" else random_blocks(rng, kind, n, k)
+        assert_rows_as_alone(kind, w, rng.standard_normal((20, k)).astype(np.float32))
 
 
 def assert_rows_as_alone(kind: str, w: np.ndarray, x: np.ndarray) -> None:

@@ -2,11 +2,17 @@
 // built for its instruction set, only called after best_kernels() found it at run time, and
 // shares no inline functions or templates with other files.
 //
-// GEMVs over several activation rows work on tiles of weight rows x 4 activation rows: each
-// weight vector loaded (and, for Q4, unpacked) once serves up to 4 activation rows, and a step
+// GEMVs over several activation rows work on tiles of weight rows x activation rows: each
+// weight vector loaded (and, for Q4, unpacked) once serves the tile's activation rows, and a step
 // over 16 rows reads every weight once while its tile sits in L1. The quantized tile takes two
 // blocks per 512-bit integer dot (vpdpbusd). One activation row: small quantized tiles, and
-// float32 rows read as one sequential stream (f32_single).
+// float32 rows read as one sequential stream (f32_single). Quantized tiles (act_tile): 2 weight
+// rows x up to 6 activation rows (a 5- or 6-row step in one tile, not 4 + 1 / 4 + 2; 7 and more
+// in tiles of 4, as 2 x 8 would spill), Q5_0 steps of 8+ rows 1 weight row x up to 8 (its code
+// unpacking is the costliest, shared by 8 rows). Several rows cost about the same per row in any
+// tile (per (weight row, activation row) and block pair: the dot, a scale permute, a conversion
+// and an FMA), so the shapes only trim the shared work. A row's arithmetic does not depend on
+// the tile (batch invariance): every (weight row, activation row) is summed alike in each.
 #include <immintrin.h>
 
 #include <cmath>
@@ -17,12 +23,14 @@
 namespace deepinfer::cpu {
 namespace {
 
-// Tile sizes (measured on this Zen 5 VM, one and two threads): activation rows per tile;
-// quantized weight rows per tile for one activation row (Q4: 2, Q8_0: 1 -- more rows are more
-// concurrent streams and registers, and were slower) and for several (more would spill the
-// accumulators); float32 weight rows for several activation rows (one row: f32_single).
+// Tile sizes (measured on this Zen 5 VM, one and two threads): float32 activation rows per tile
+// (quantized ones: act_tile); quantized weight rows per tile for one activation row (Q4: 2,
+// Q8_0: 1 -- more rows are more concurrent streams and registers, and were slower) and for
+// several (more would spill the accumulators); float32 weight rows for several activation rows
+// (one row: f32_single).
 constexpr int kActTile = 4;
 constexpr int kQ4Tile1 = 2, kQ8Tile1 = 1, kQuantTileN = 2;
+constexpr int kQ5Rows1 = 8;  // Q5_0 steps of this many rows or more: tiles of 1 weight row x up to 8
 constexpr int kF32Tile = 4;
 constexpr int kGroup = 8;  // blocks whose scales convert and multiply together
 
@@ -181,16 +189,41 @@ void quant_tile(const uint8_t* w, size_t row_bytes, int nb, int k, const Acts& x
     for (int j = 0; j < NR; ++j) y[static_cast<size_t>(r) * ldy + j] = _mm512_reduce_add_ps(acc[j][r]);
 }
 
+// Activation rows of the next tile with `left` rows to go. Tiles of NR = 2 weight rows: up to 6
+// rows one tile (5 and 6 in one are cheaper than 4 + 1 and 4 + 2: the small tile's shared work
+// serves one or two rows), 7 as 4 + 3, more in tiles of 4 (8 in one spills: 16 accumulators and
+// the 16 hoisted scale vectors); so 8 = 4 + 4, 9 = 4 + 5, 16 = 4 x 4. Tiles of NR = 1 (Q5_0 steps
+// of 8 or more rows): as even as possible, up to 8 (9 = 5 + 4, 16 = 8 + 8).
+template <int NR>
+inline int act_tile(int left) {
+  if constexpr (NR == 1) {
+    const int tiles = (left + 7) / 8;
+    return (left + tiles - 1) / tiles;
+  } else {
+    return left <= 6 ? left : 4;
+  }
+}
+
 template <WeightKind K, int NR>
 void quant_rows(const uint8_t* w, size_t row_bytes, int nb, int k, const Acts& x, int rows, float* y, int ldy) {
-  for (int b = 0; b < rows; b += kActTile) {
+  for (int b = 0; b < rows;) {
     const Acts xb{x.qs + static_cast<size_t>(b) * k, x.d + static_cast<size_t>(b) * nb, x.s + static_cast<size_t>(b) * nb};
     float* yb = y + static_cast<size_t>(b) * ldy;
-    switch (rows - b < kActTile ? rows - b : kActTile) {
+    const int r = act_tile<NR>(rows - b);
+    b += r;
+    switch (r) {
       case 1: quant_tile<K, NR, 1>(w, row_bytes, nb, k, xb, yb, ldy); break;
       case 2: quant_tile<K, NR, 2>(w, row_bytes, nb, k, xb, yb, ldy); break;
       case 3: quant_tile<K, NR, 3>(w, row_bytes, nb, k, xb, yb, ldy); break;
-      default: quant_tile<K, NR, 4>(w, row_bytes, nb, k, xb, yb, ldy); break;
+      case 4: quant_tile<K, NR, 4>(w, row_bytes, nb, k, xb, yb, ldy); break;
+      case 5: quant_tile<K, NR, 5>(w, row_bytes, nb, k, xb, yb, ldy); break;
+      case 6: quant_tile<K, NR, 6>(w, row_bytes, nb, k, xb, yb, ldy); break;
+      case 7:  // NR = 1 only: act_tile<2> is at most 6
+        if constexpr (NR == 1) quant_tile<K, NR, 7>(w, row_bytes, nb, k, xb, yb, ldy);
+        break;
+      default:
+        if constexpr (NR == 1) quant_tile<K, NR, 8>(w, row_bytes, nb, k, xb, yb, ldy);
+        break;
     }
   }
 }
@@ -198,14 +231,16 @@ void quant_rows(const uint8_t* w, size_t row_bytes, int nb, int k, const Acts& x
 template <WeightKind K>
 void gemv_kind(const uint8_t* w, size_t row_bytes, int k, const Acts& x, int rows, float* y, int ldy, int n0, int n1) {
   const int nb = k / kBlock;
-  const int tile = rows > 1 ? kQuantTileN : K == WeightKind::Q8_0 ? kQ8Tile1 : kQ4Tile1;
+  static_assert(kQ4Tile1 <= 2 && kQ8Tile1 <= 2 && kQuantTileN <= 2, "gemv_kind instantiates NR = 1 and 2");
+  const int tile = rows == 1                                   ? (K == WeightKind::Q8_0 ? kQ8Tile1 : kQ4Tile1)
+                   : K == WeightKind::Q5_0 && rows >= kQ5Rows1 ? 1
+                                                               : kQuantTileN;
   for (int n = n0; n < n1; n += tile) {
     const uint8_t* wn = w + static_cast<size_t>(n) * row_bytes;
-    switch (n1 - n < tile ? n1 - n : tile) {
-      case 1: quant_rows<K, 1>(wn, row_bytes, nb, k, x, rows, y + n, ldy); break;
-      case 2: quant_rows<K, 2>(wn, row_bytes, nb, k, x, rows, y + n, ldy); break;
-      case 3: quant_rows<K, 3>(wn, row_bytes, nb, k, x, rows, y + n, ldy); break;
-      default: quant_rows<K, 4>(wn, row_bytes, nb, k, x, rows, y + n, ldy); break;
+    if (tile == 1 || n1 - n < 2) {
+      quant_rows<K, 1>(wn, row_bytes, nb, k, x, rows, y + n, ldy);
+    } else {
+      quant_rows<K, 2>(wn, row_bytes, nb, k, x, rows, y + n, ldy);
     }
   }
 }
