@@ -145,6 +145,10 @@ def check_kind(kind: str, device: str, quick: bool) -> bool:
         for swap in (False, True) if quick or m in (5, 33) else (False,):  # weights as the MMA's left operand too
             ok &= _check(f"{kind} gemm{' swapped' if swap else ''} bf16 [{m},{k}]",
                          gguf_gemm(xm.to(device), planes, swap=swap), ref, mag, 2**-7, 2**-8)
+    # swapped over several row blocks, the last one ragged (the default from 33 up to 1024 rows)
+    xm = torch.randn(150, k, generator=g).to(bf)
+    ok &= _check(f"{kind} gemm swapped bf16 [150,{k}] (3 row blocks)", gguf_gemm(xm.to(device), planes, swap=True),
+                 xm.double() @ w_ref.T, xm.double().abs() @ w_ref.abs().T, 2**-7, 2**-8)
     # a GEMM with bias into a column slice of a wider output (how a mixed-type qkv writes)
     xm = torch.randn(4, k, generator=g).to(bf)
     bias = torch.randn(n, generator=g).to(bf)

@@ -66,7 +66,8 @@ GEMM_CONFIG_FEW_ROWS = (32, 64, 128, 4, 3)
 # the types where it won. H200, 8B shapes (`bench/gguf_gemv_bench.py --swap-sweep Q4_0,Q4_K`,
 # 2026-12-03), plain -> swapped: 128 rows Q4_0 gate_up 185 -> 155 us, down 173 -> 116, qkv 54 -> 41;
 # Q4_K 321 -> 243, 337 -> 192, 98 -> 61; 32 rows Q4_K 131 -> 118, 187 -> 178, 52 -> 46, but Q4_0
-# 79 -> 78, 86 -> 101, 24 -> 27
+# 79 -> 78, 86 -> 101, 24 -> 27. Up to 1024 rows since SmolLM2's 256-row decode steps gained too
+# (Q4_1 256 x (128, 256) end to end: 81,048 -> 96,588 tok/s at 512 rows, 97,856 at 1024)
 GEMM_CONFIG_SWAP = (64, 64, 128, 4, 3)
 GEMM_CONFIG_SWAP_FEW_ROWS = (32, 64, 128, 4, 3)
 SWAP_FEW_ROWS_KINDS = ("Q4_K", "Q5_K")
