@@ -11,7 +11,14 @@ output token — the client's decode, routing, detokenizing (the front end makes
 hand-over to each request's handler, merging, the chunk's JSON and SSE framing.
 
     python bench/serve_frontend_cpu.py [--streams 256] [--tokens 32] [--runs 5] [--json]
-        [--profile FILE]
+        [--profile FILE] [--server asgi|uvicorn] [--step-ms 2] [--paths written-here general]
+
+``--server uvicorn`` serves the same app with uvicorn (httptools) on loopback, and a client
+process opens the streams over sockets and reads them to ``[DONE]``: the HTTP parse, the socket
+writes and uvicorn count too (the steps are played on the server's loop, ``--step-ms`` apart as
+an engine's steps would come; the client's own CPU is not counted). ``--paths`` measures the
+common stream's chunks written by the engine client (``serve/token_stream.py``, the default)
+and the general path (that hand-over turned off), alternating run by run in one process.
 
 Compare builds by running them interleaved in separate processes and comparing medians (the
 machine this was written on is shared). A tiny random Llama directory is made for its tokenizer
@@ -168,6 +175,127 @@ async def run_once(
     return cpu, streams * tokens
 
 
+def _bodies(streams: int, tokens: int) -> list[bytes]:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    return [json.dumps({"model": "bench", "prompt": rng.integers(3, VOCAB, 16).tolist(), "max_tokens": tokens,
+                        "temperature": 0, "ignore_eos": True, "stream": True}).encode() for _ in range(streams)]
+
+
+def read_streams(port: int, bodies: list[bytes], out: Any) -> None:
+    """(A client process.) Every body POSTed as a stream on its own connection, each read to its
+    [DONE]; puts (streams ended with [DONE], SSE events read) on ``out``."""
+    import selectors
+    import socket
+
+    sel = selectors.DefaultSelector()
+    got: dict[Any, bytearray] = {}
+    for body in bodies:
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        sock.setblocking(False)
+        got[sock] = bytearray()
+        sel.register(sock, selectors.EVENT_READ)
+    open_ = len(bodies)
+    while open_:
+        for key, _ in sel.select(timeout=60):
+            sock = key.fileobj
+            data = sock.recv(1 << 18)
+            got[sock] += data
+            if not data or b"data: [DONE]" in got[sock][-64:]:
+                sel.unregister(sock)
+                open_ -= 1
+    done = sum(b"data: [DONE]" in g for g in got.values())
+    events = sum(g.count(b"data: ") for g in got.values())
+    for sock in got:
+        sock.close()
+    out.put((done, events))
+
+
+async def play_steps(client: Any, rids: list[str], tokens: int, step_s: float) -> tuple[float, float]:
+    """(On the server's loop.) A core's messages for ``rids``, one token each a step; the process
+    CPU seconds (user, system) from the first step until every request has left the front end."""
+    import msgspec
+    import numpy as np
+    from deepinfer.serve.engine_thread import RequestDelta, SampleDelta
+
+    rng = np.random.default_rng(1)
+    core = client._cores[0]
+    encoder = msgspec.msgpack.Encoder()
+    toks = rng.integers(3, VOCAB, (tokens, len(rids))).astype("<i4")
+    ones = np.ones(len(rids), "<i4").tobytes()
+    t0 = os.times()
+    for step in range(tokens):
+        row = toks[step]
+        if step == 0 or step == tokens - 1:
+            last = step == tokens - 1
+            deltas = [(rid, RequestDelta(0, [SampleDelta(0, [int(t)], "", None, "length" if last else None, None)],
+                                         last)) for rid, t in zip(rids, row.tolist(), strict=True)]
+            columns: list[Any] = []
+        else:
+            deltas, columns = [], [(rids, ones, row.tobytes())]
+        client._on_message(core, client._decoder.decode(encoder.encode(("batch", [], deltas, [], columns))))
+        await asyncio.sleep(step_s)
+    while client.in_flight:
+        await asyncio.sleep(0.001)
+    t1 = os.times()
+    return t1.user - t0.user, t1.system - t0.system
+
+
+def run_uvicorn(args: argparse.Namespace, model_dir: str) -> dict[str, list[float]]:
+    """``--server uvicorn``: front-end CPU per token, for each of ``args.paths``, alternating."""
+    import multiprocessing
+    import threading
+
+    import uvicorn
+    from deepinfer.serve.app import ServeConfig, build_app
+
+    client, sent = make_client(model_dir, args.streams)
+    attach, hold = client.attach_stream, client.hold_tokens
+    app = build_app(client, ServeConfig(served_model_names=["bench"], max_queue=0))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False,
+                                           lifespan="on", http="httptools"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    bodies = _bodies(args.streams, args.tokens)
+    ctx = multiprocessing.get_context("spawn")
+    out: dict[str, list[float]] = {p: [] for p in args.paths}
+    for i in range(args.runs + 1):  # (the first round warms up)
+        for path in args.paths:
+            general = path == "general"
+            client.attach_stream = (lambda rid, stream: False) if general else attach  # type: ignore[method-assign]
+            client.hold_tokens = (lambda rid: False) if general else hold  # type: ignore[method-assign]
+            sent.clear()
+            q = ctx.Queue()
+            reader = ctx.Process(target=read_streams, args=(port, bodies, q))
+            reader.start()
+            deadline = time.monotonic() + 120
+            while sum(1 for m in list(sent) if m[0] == "add") < args.streams:
+                if time.monotonic() > deadline:
+                    raise SystemExit("the streams did not reach the fake core within 120 s")
+                time.sleep(0.005)
+            rids = [m[1] for m in list(sent) if m[0] == "add"]
+            user, system = asyncio.run_coroutine_threadsafe(play_steps(client, rids, args.tokens, args.step_ms / 1000),
+                                                   client._loop).result(600)
+            done, events = q.get(timeout=120)
+            reader.join(60)
+            if done != args.streams:
+                raise SystemExit(f"{args.streams - done} streams did not end with [DONE]")
+            if i:
+                n = args.streams * args.tokens
+                out[path].append(1e6 * (user + system) / n)
+                print(f"  {path:12s} run {i}: {out[path][-1]:6.2f} us/token (user {1e6 * user / n:.2f}, system "
+                      f"{1e6 * system / n:.2f}; {events} events read)", file=sys.stderr)
+    server.should_exit = True
+    thread.join(30)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--streams", type=int, default=256)
@@ -175,8 +303,23 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--profile", help="cProfile (CPU time) one run into this file")
+    ap.add_argument("--server", choices=["asgi", "uvicorn"], default="asgi")
+    ap.add_argument("--step-ms", type=float, default=2.0, help="(uvicorn) time between two steps")
+    ap.add_argument("--paths", nargs="+", choices=["written-here", "general"], default=["written-here"],
+                    help="(uvicorn) the stream paths to measure, alternating")
     args = ap.parse_args()
     from deepinfer.serve.app import ServeConfig, build_app
+
+    if args.server == "uvicorn":
+        with tempfile.TemporaryDirectory() as d:
+            save_tiny_llama(d, VOCAB)
+            res = run_uvicorn(args, d)
+        if args.json:
+            print(json.dumps({f"frontend_us_{p}": v for p, v in res.items()}))
+        for p, v in res.items():
+            print(f"{p:12s} front end CPU per output token {statistics.median(v):6.2f} us  "
+                  f"runs {[round(x, 2) for x in v]}")
+        return 0
 
     with tempfile.TemporaryDirectory() as d:
         save_tiny_llama(d, VOCAB)

@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from deepinfer.runtime.engine.detokenizer import stop_automaton
 from deepinfer.runtime.sampling_params import SamplingParams
 from deepinfer.serve.access_log import AccessLogMiddleware, AccessRecord
+from deepinfer.serve.client import EngineClient
 from deepinfer.serve.engine_thread import EngineThread, RequestDelta, RequestFailed, SampleDelta
 from deepinfer.serve.guard import SHUTDOWN_MESSAGE, HostPolicy, RequestGuard, internal_error
 from deepinfer.serve.metrics import MetricFamilies, ServerMetrics, cache_info
@@ -44,6 +45,7 @@ from deepinfer.serve.protocol import (
 )
 from deepinfer.serve.responses import ResponseBuilder, TokenStrings
 from deepinfer.serve.structured import check_grammar, grammar_compiler, structured_params
+from deepinfer.serve.token_stream import TokenStream
 from deepinfer.serve.tools import TOOL_CALL_PARSERS, chat_tool_messages, tool_choice
 
 log = logging.getLogger("deepinfer.serve")
@@ -109,7 +111,6 @@ class ServingState:
         if config.tool_call_parser not in TOOL_CALL_PARSERS:
             raise ValueError(f"tool_call_parser must be one of {', '.join(TOOL_CALL_PARSERS)}, "
                              f"got {config.tool_call_parser!r}")
-        from deepinfer.serve.client import EngineClient
         from deepinfer.serve.replicas import ReplicaSet
 
         self.llm, self.config = llm, config
@@ -318,6 +319,15 @@ class EngineRun:
             else:
                 state.engine.submit(self._ids[i], p, sp, self._sink, i, prompt_embeds=embeds[i])
 
+    @property
+    def sink(self) -> asyncio.Queue[Any]:
+        return self._sink
+
+    @property
+    def request_ids(self) -> list[str]:
+        """The engine request ids, one per prompt."""
+        return self._ids
+
     def __aiter__(self) -> EngineRun:
         return self
 
@@ -339,34 +349,48 @@ class EngineRun:
         """Every delta available now, merged per prompt (one delta per prompt with all its new
         tokens), waiting until they hold ``min_tokens`` new tokens or every request has ended;
         [] at the end. A failure raises its APIError after the deltas before it were returned."""
+        items: list[RequestDelta] = []
+        tokens = 0
+        while True:
+            try:
+                got = await self.take()
+            except APIError as err:
+                if not items:
+                    raise
+                self._failure = err
+                return merge_deltas(items)
+            items += got
+            tokens += sum(len(smp.token_ids) for item in got for smp in item.samples)
+            if not got or tokens >= min_tokens or not self._unfinished:
+                return merge_deltas(items)
+
+    async def take(self) -> list[Any]:
+        """Everything in the sink now, as it came (SSE events as bytes from a ``TokenStream``,
+        deltas), waiting for one; [] at the end. A failure raises its APIError after the items
+        before it were returned."""
         if self._failure is not None:
             failure, self._failure = self._failure, None
             raise failure
         if not self._unfinished:
             self.close()
             return []
-        items: list[RequestDelta] = []
-        tokens = 0
+        items: list[Any] = []
+        item = await self._sink.get()
         while True:
-            item = await self._sink.get()
-            while True:
-                if isinstance(item, RequestFailed):
-                    self._unfinished.discard(self._ids[item.tag])
-                    self.close()
-                    err = APIError(item.status, item.message)
-                    if not items:
-                        raise err
-                    self._failure = err
-                    return merge_deltas(items)
-                items.append(item)
-                tokens += sum(len(smp.token_ids) for smp in item.samples)
-                if item.finished:
-                    self._unfinished.discard(self._ids[item.tag])
-                if self._sink.empty():
-                    break
-                item = self._sink.get_nowait()
-            if tokens >= min_tokens or not self._unfinished:
-                return merge_deltas(items)
+            if isinstance(item, RequestFailed):
+                self._unfinished.discard(self._ids[item.tag])
+                self.close()
+                err = APIError(item.status, item.message)
+                if not items:
+                    raise err
+                self._failure = err
+                return items
+            items.append(item)
+            if isinstance(item, RequestDelta) and item.finished:
+                self._unfinished.discard(self._ids[item.tag])
+            if self._sink.empty():
+                return items
+            item = self._sink.get_nowait()
 
     def close(self) -> None:
         if self._closed:
@@ -415,7 +439,10 @@ _ORJSON = orjson.OPT_NON_STR_KEYS
 
 def _sse(data: Any) -> bytes:
     """One SSE event; a list of chunks becomes their events in one write (orjson: no pydantic,
-    no json module per chunk; a non-finite float is written as null)."""
+    no json module per chunk; a non-finite float is written as null); bytes are events made
+    already (token_stream.py)."""
+    if isinstance(data, bytes):
+        return data
     if isinstance(data, list):
         return b"".join(b"data: " + orjson.dumps(d, option=_ORJSON) + b"\n\n" for d in data)
     return b"data: " + orjson.dumps(data, option=_ORJSON) + b"\n\n"
@@ -495,14 +522,17 @@ class EventStream(Response):
 
     media_type = "text/event-stream"
 
-    def __init__(self, events: AsyncIterator[bytes]) -> None:
+    def __init__(self, events: AsyncIterator[bytes], on_start: Callable[[Any], None] | None = None) -> None:
         self.events = events
+        self.on_start = on_start  # called with the server's ``receive`` once the response started
         self.status_code = 200
         self.background = None
         self.init_headers({"cache-control": "no-cache"})
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        if self.on_start is not None:
+            self.on_start(receive)
         try:
             async for chunk in self.events:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -789,7 +819,11 @@ async def _respond(request: Request, state: ServingState, builder: ResponseBuild
     record.request_id = builder.id
     record.prompt_tokens = builder.prompt_tokens
     deltas = state.start(builder.id, prompts, params, embeds)
+    engine = state.engine
     if not req.stream:
+        if isinstance(engine, EngineClient):  # the tokens wait in the engine client (one wake-up)
+            for rid in deltas.request_ids:
+                engine.hold_tokens(rid)
         async def collect() -> dict[str, Any]:
             try:
                 async for delta in deltas:
@@ -804,6 +838,13 @@ async def _respond(request: Request, state: ServingState, builder: ResponseBuild
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
     interval = state.config.stream_interval
+    if (isinstance(engine, EngineClient) and len(prompts) == 1 and builder.n == 1 and builder.top is None
+            and builder.echo is None and builder.tools is None):  # the common stream (token_stream.py)
+        template = builder.text_chunk_template(include_usage)
+        if template is not None:
+            stream = TokenStream(*template, interval, builder.choices[0], deltas.sink)
+            if engine.attach_stream(deltas.request_ids[0], stream):
+                return _token_stream(request, state, builder, deltas, stream, include_usage)
 
     async def chunks() -> AsyncIterator[Any]:  # --- coalesced: one write per batch (issue 25) ---
         if builder.kind == "chat":
@@ -821,6 +862,49 @@ async def _respond(request: Request, state: ServingState, builder: ResponseBuild
 
     return EventStream(_event_stream(request, chunks(), record, close))
 
+
+
+def _token_stream(request: Request, state: ServingState, builder: ResponseBuilder, deltas: EngineRun,
+                  stream: TokenStream, include_usage: bool) -> Response:
+    """A stream whose text chunks the engine client writes (token_stream.py): this handler sends
+    the opening and closing chunks, and any events queued when the server's transport is not
+    reachable."""
+    record: AccessRecord = request.state.access
+
+    async def chunks() -> AsyncIterator[Any]:
+        if builder.kind == "chat":
+            yield builder.role_chunks(include_usage)
+        while True:
+            stream.go_direct()  # (only once nothing waits in the sink)
+            items = await deltas.take()
+            if not items:
+                break
+            out = []
+            for item in items:
+                if isinstance(item, bytes):
+                    out.append(item)
+                    continue
+                held = stream.take_held()  # (--stream-interval) text before the last delta's
+                if held:
+                    _prepend_text(item, held)
+                out.append(_sse(builder.delta_chunks(item, include_usage)))
+            yield b"".join(out)
+        if include_usage:
+            yield builder.usage_chunk()
+
+    def close() -> None:
+        record.completion_tokens = builder.completion_tokens
+        deltas.close()
+
+    return EventStream(_event_stream(request, chunks(), record, close), on_start=stream.use_connection)
+
+
+def _prepend_text(delta: RequestDelta, text: str) -> None:
+    for s in delta.samples:
+        if s.index == 0:
+            s.text = text + s.text
+            return
+    delta.samples.insert(0, SampleDelta(0, [], text, None, None, None))
 
 
 # --- coalesced streams (issue 25) ---

@@ -38,6 +38,7 @@ from deepinfer.serve.engine_thread import RequestDelta, RequestFailed, SampleDel
 from deepinfer.serve.metrics import ServerMetrics
 from deepinfer.serve.output_text import RequestText, detokenized_here
 from deepinfer.serve.replicas import least_loaded
+from deepinfer.serve.token_stream import TokenStream
 
 __all__ = ["CoreError", "CoreProcess", "EngineClient"]
 
@@ -79,6 +80,8 @@ class _Route:
     seqs: int = 1
     tokens: int = 0
     text: RequestText | None = None  # this front end detokenizes the request (output_text.py)
+    stream: TokenStream | None = None  # its chunks are made and written here (token_stream.py)
+    held: list[int] | None = None  # a whole response: tokens kept until its last delta (hold_tokens)
 
 
 class EngineClient:
@@ -223,6 +226,26 @@ class EngineClient:
             message += (embeds_to_wire(prompt_embeds),)
         self._send(core, message)
 
+    def attach_stream(self, request_id: str, stream: TokenStream) -> bool:
+        """Make and write the chunks of ``request_id``'s plain deltas with ``stream`` (one sample,
+        text made here); False (nothing changes) when this front end does not make its text."""
+        route = self._routes.get(request_id)
+        if route is None or route.text is None or route.held is not None:
+            return False
+        stream.text = route.text
+        route.stream = stream
+        return True
+
+    def hold_tokens(self, request_id: str) -> bool:
+        """A whole (non-streamed) response: keep ``request_id``'s plain deltas' tokens here and
+        hand them over with its last delta, detokenized then (one wake-up of its handler instead
+        of one a step); False when this front end does not make its text."""
+        route = self._routes.get(request_id)
+        if route is None or route.text is None or route.stream is not None:
+            return False
+        route.held = []
+        return True
+
     def abort(self, request_id: str) -> None:
         """Abort a request in its core (idempotent; unknown ids are ignored)."""
         if self._loop is not None and self._loop.is_running() and not _on_loop(self._loop):
@@ -331,6 +354,13 @@ class EngineClient:
                 route = routes.get(rid)
                 if route is None:  # aborted by its client
                     continue
+                if route.held is not None:  # a whole response: nothing to hand over yet
+                    route.held += ids
+                    continue
+                stream = route.stream
+                if stream is not None:  # written from here (token_stream.py)
+                    self._stream_tokens(rid, route, stream, ids)
+                    continue
                 if route.sink.qsize() >= limit:
                     self._cut(rid, route)
                     continue
@@ -339,6 +369,14 @@ class EngineClient:
         for rid, delta in deltas:
             route = routes.get(rid)
             if route is None:  # aborted by its client
+                continue
+            if route.held:  # the held tokens go first in sample 0
+                _prepend(delta, route.held)
+                route.held = []
+            if route.stream is not None and not delta.finished:  # (a plain delta sent whole: in order)
+                ids = [t for smp in delta.samples if smp.index == 0 for t in smp.token_ids]
+                if ids:
+                    self._stream_tokens(rid, route, route.stream, ids)
                 continue
             if delta.finished:
                 self._drop(rid)
@@ -352,6 +390,15 @@ class EngineClient:
                 if self.size > 1 and failure.status >= 500:
                     failure = RequestFailed(failure.tag, failure.status, f"replica {core.index}: {failure.message}")
                 route.sink.put_nowait(failure)
+
+    def _stream_tokens(self, rid: str, route: _Route, stream: TokenStream, ids: list[int]) -> None:
+        if stream.backlog() >= self.max_stream_buffer:
+            self._cut(rid, route)
+            return
+        try:
+            stream.tokens(ids)
+        except Exception as exc:  # noqa: BLE001 - this request's failure only
+            self._fail_one(rid, route, f"the request failed: {type(exc).__name__}: {exc}")
 
     def _put(self, rid: str, route: _Route, delta: RequestDelta) -> None:
         """Hand a delta to its HTTP handler, with its text when this front end makes it."""
@@ -407,6 +454,15 @@ class EngineClient:
         log.error("%s: every open request fails, /health reports 503, the server exits", reason)
         if self.on_core_death is not None:
             self.on_core_death(reason)
+
+
+def _prepend(delta: RequestDelta, token_ids: list[int]) -> None:
+    """Put ``token_ids`` before the new tokens of the delta's sample 0."""
+    for s in delta.samples:
+        if s.index == 0:
+            s.token_ids = token_ids + s.token_ids
+            return
+    delta.samples.insert(0, SampleDelta(0, token_ids, "", None, None, None))
 
 
 def _split_columns(rids: list[str], counts: bytes, tokens: bytes) -> list[list[int]]:

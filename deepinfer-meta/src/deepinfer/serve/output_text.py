@@ -39,13 +39,23 @@ class RequestText:
         self._include_stop = params.include_stop_str_in_output
         self._detok: dict[int, IncrementalDetokenizer] = {}
 
+    def _sample(self, index: int) -> IncrementalDetokenizer:
+        d = self._detok.get(index)
+        if d is None:  # built at the first token: its prompt context is decoded once
+            d = self._detok[index] = IncrementalDetokenizer(self._tokenizer, self._prompt_ids,
+                                                            skip_special_tokens=self._skip)
+        return d
+
+    def step(self, token_ids: list[int]) -> str:
+        """The characters that new tokens of sample 0 (not its last) complete (token_stream.py)."""
+        d = self._sample(0)
+        d.append(token_ids)
+        return d.take_delta()
+
     def fill(self, delta: RequestDelta) -> None:
         """Set each sample's ``text`` to the characters its new tokens complete."""
         for s in delta.samples:
-            d = self._detok.get(s.index)
-            if d is None:  # built at the first token: its prompt context is decoded once
-                d = self._detok[s.index] = IncrementalDetokenizer(self._tokenizer, self._prompt_ids,
-                                                                  skip_special_tokens=self._skip)
+            d = self._sample(s.index)
             if s.finish_reason is None:
                 d.append(s.token_ids)
             else:

@@ -6,6 +6,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from deepinfer.serve.engine_thread import RequestDelta, SampleDelta
 from deepinfer.serve.protocol import usage
 from deepinfer.serve.tools import ToolChoice, ToolStream, parse_tool_calls
@@ -198,6 +200,21 @@ class ResponseBuilder:
         if include_usage:
             c["usage"] = None
         return c
+
+    def text_chunk_template(self, include_usage: bool) -> tuple[bytes, bytes] | None:
+        """The SSE event of choice 0's new text, not finishing, as (head, tail): head + the text's
+        JSON string + tail is byte for byte ``delta_chunks``' event (token_stream.py fills it).
+        None in the odd case that the marker shows elsewhere (a model named "\\x00")."""
+        mark = "\x00"  # a character JSON always escapes, so it is found once and only as the text
+        if self.kind == "chat":
+            choice: dict[str, Any] = {"index": 0, "delta": {"content": mark}, "logprobs": None, "finish_reason": None}
+        else:
+            choice = {"index": 0, "text": mark, "logprobs": None, "finish_reason": None, "stop_reason": None}
+        event = b"data: " + orjson.dumps(self.chunk([choice], include_usage), option=orjson.OPT_NON_STR_KEYS) + b"\n\n"
+        if event.count(b'"\\u0000"') != 1:
+            return None
+        head, _, tail = event.partition(b'"\\u0000"')
+        return head, tail
 
     def role_chunks(self, include_usage: bool) -> list[dict[str, Any]]:
         """Chat streams open each choice with the assistant role."""
