@@ -12,7 +12,10 @@ tokens), streamed (``stream``) or not (``plain``). The same N requests also go t
 output tokens/s of both and their ratio (median of the repeats, with each repeat's), time to
 first token and inter-token latency (p50/p99) as the clients see them, and the server's CPU per
 output token (user + system time of every server process: supervisor, engine core, front ends).
-Give ``--client-procs 8 16`` to show the figure does not depend on the clients.
+Give ``--client-procs 8 16`` to show the figure does not depend on the clients. Each row first
+runs ``--warmup-rounds`` (default 1) unmeasured rounds of both contenders at its client count:
+a batch of a size not seen yet pays one-time costs on either side (on the H200 the first
+measured repeat of a row often read 0.4-0.8 while the others read 0.9-1.1).
 
 Memory: on a GPU both contenders hold their own KV cache. The server starts first with
 ``--gpu-memory-utilization`` (default 0.4); the in-process LLM then gets the same KV share on
@@ -257,6 +260,9 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=32)
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--warmup-rounds", type=int, default=1,
+                        help="unmeasured rounds of both contenders before each row's repeats, at the row's "
+                             "client count (a first batch of a new size pays one-time costs on either side)")
     parser.add_argument("--mode", nargs="+", default=["stream", "plain"], choices=["stream", "plain"])
     parser.add_argument("--client-procs", type=int, nargs="+", default=[8],
                         help="client processes (several values: each is measured, to show it does not matter)")
@@ -364,6 +370,10 @@ def measure(args: argparse.Namespace, llm: object, url: str, pid: int, fresh: ob
             procs: int) -> dict[str, object]:
     ratios, serve_tps, gen_tps, ttft, itl, cpu, core_cpu = [], [], [], [], [], [], []
     gen_cpu, serve_steps, gen_steps, gen_ttft = [], [], [], []
+    for _ in range(args.warmup_rounds):
+        prompts = fresh(n)  # type: ignore[operator]
+        run_generate(llm, prompts, args.output_len)
+        run_clients(url, prompts, args.output_len, mode == "stream", min(procs, n), pid)
     for r in range(args.repeats):
         prompts = fresh(n)  # type: ignore[operator]
         order = ("generate", "serve") if r % 2 == 0 else ("serve", "generate")
