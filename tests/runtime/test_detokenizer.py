@@ -29,6 +29,28 @@ def test_incremental_text_equals_full_decode(tokenizer, text):
     assert decode_completion(tokenizer, prompt, ids) == expected
 
 
+@pytest.mark.parametrize("stop", [(), ("never",)], ids=["no-stop", "stop-strings"])
+def test_append_delta_is_append_then_take_delta_at_any_split(tokenizer, stop):
+    import random
+
+    prompt = tokenizer.encode("Say:", add_special_tokens=False)
+    ids = tokenizer.encode(" ".join(TEXTS), add_special_tokens=False)
+    rng = random.Random(0)
+    for _ in range(5):
+        fused = IncrementalDetokenizer(tokenizer, prompt, stop=stop)
+        plain = IncrementalDetokenizer(tokenizer, prompt, stop=stop)
+        at = 0
+        while at < len(ids):
+            step = ids[at:at + rng.randint(1, 3)]
+            at += len(step)
+            plain.append(step)
+            assert fused.append_delta(step) == plain.take_delta()
+            assert fused.text == plain.text
+        fused.append([], final=True)
+        plain.append([], final=True)
+        assert fused.text == plain.text == tokenizer.decode(ids, skip_special_tokens=True)
+
+
 @pytest.mark.parametrize("include", [False, True])
 def test_stop_string_finishes_at_the_right_character(tokenizer, include):
     text = "The answer is 42. STOP here and never print this"

@@ -48,9 +48,7 @@ class RequestText:
 
     def step(self, token_ids: list[int]) -> str:
         """The characters that new tokens of sample 0 (not its last) complete (token_stream.py)."""
-        d = self._sample(0)
-        d.append(token_ids)
-        return d.take_delta()
+        return self._sample(0).append_delta(token_ids)
 
     def fill(self, delta: RequestDelta) -> None:
         """Set each sample's ``text`` to the characters its new tokens complete."""

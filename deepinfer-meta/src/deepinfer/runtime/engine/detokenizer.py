@@ -109,6 +109,26 @@ class IncrementalDetokenizer:
                     return hit
         return self._flush() if final else None
 
+    def append_delta(self, new_ids: Sequence[int]) -> str:
+        """``append(new_ids)`` then ``take_delta()`` (not the last tokens), in one call for the
+        common sample without stop strings: a stream's per-token work (serve/token_stream.py)."""
+        stream = self._stream
+        if self._matcher is not None or stream is None or self.finished:
+            self.append(new_ids)
+            return self.take_delta()
+        ids, dec, new = self._ids, self._decode, ""
+        for t in new_ids:
+            ids.append(t)
+            chunk = stream.step(dec, t)
+            if chunk:  # None while the last character is incomplete
+                self._prefix_offset, self._read_offset = self._read_offset, len(ids)
+                new += chunk
+        if new:
+            self.text += new
+        delta = self.text[self._emitted:]  # (no stop strings: nothing is held back)
+        self._emitted = len(self.text)
+        return delta
+
     def _extend(self, delta: str) -> str | None:
         self.text += delta
         if self._matcher is None:
