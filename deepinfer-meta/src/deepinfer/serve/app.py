@@ -204,9 +204,9 @@ class ServingState:
         if isinstance(prompt, str):
             ids = list(self.tokenizer(check_text(prompt, param)).input_ids)
         else:
-            bad = [t for t in prompt if not 0 <= t < self.vocab_size]
-            if bad:
-                raise APIError(400, f"token id {bad[0]} is outside the vocabulary (size {self.vocab_size})", param)
+            if prompt and (min(prompt) < 0 or max(prompt) >= self.vocab_size):  # (C loops: the common case)
+                bad = next(t for t in prompt if not 0 <= t < self.vocab_size)
+                raise APIError(400, f"token id {bad} is outside the vocabulary (size {self.vocab_size})", param)
             ids = list(prompt)
         if not ids:
             raise APIError(400, "the prompt has no tokens", param)

@@ -41,6 +41,7 @@ loaded (``{"ready": info}``) or could not be (``{"failed": [type name, message]}
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import logging
@@ -77,17 +78,29 @@ def sampling_params_fields(params: Any) -> dict[str, Any]:
     import dataclasses
 
     out: dict[str, Any] = {}
-    for f in dataclasses.fields(params):
-        v = getattr(params, f.name)
-        if isinstance(v, tuple):
+    for name in _field_names(params.__class__):
+        v = getattr(params, name)
+        if type(v) in _SCALARS:  # (most fields: checked first, once per request and field)
+            pass
+        elif isinstance(v, tuple):
             v = list(v)
-        elif f.name == "logit_bias":
+        elif name == "logit_bias":
             v = dict(v)
         elif dataclasses.is_dataclass(v):  # StructuredOutputsParams
             v = {g.name: list(x) if isinstance(x := getattr(v, g.name), tuple) else x
                  for g in dataclasses.fields(v) if g.init}
-        out[f.name] = v
+        out[name] = v
     return out
+
+
+_SCALARS = (int, float, bool, str, type(None))
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    import dataclasses
+
+    return tuple(f.name for f in dataclasses.fields(cls))
 
 
 #: a step's plain deltas of one front end's requests: (request ids, counts, token ids) as above
