@@ -200,7 +200,10 @@ def read_streams(port: int, bodies: list[bytes], out: Any) -> None:
         sel.register(sock, selectors.EVENT_READ)
     open_ = len(bodies)
     while open_:
-        for key, _ in sel.select(timeout=60):
+        ready = sel.select(timeout=60)
+        if not ready:  # a minute without a byte: report what ended (the caller says which did not)
+            break
+        for key, _ in ready:
             sock = key.fileobj
             data = sock.recv(1 << 18)
             got[sock] += data
