@@ -17,7 +17,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -26,7 +25,13 @@ from deepinfer.runtime.engine.detokenizer import stop_automaton
 from deepinfer.runtime.sampling_params import SamplingParams
 from deepinfer.serve.access_log import AccessLogMiddleware, AccessRecord
 from deepinfer.serve.client import EngineClient
-from deepinfer.serve.engine_thread import EngineThread, RequestDelta, RequestFailed, SampleDelta
+from deepinfer.serve.engine_thread import (
+    EngineThread,
+    RequestDelta,
+    RequestFailed,
+    SampleDelta,
+    first_sample,
+)
 from deepinfer.serve.guard import SHUTDOWN_MESSAGE, HostPolicy, RequestGuard, internal_error
 from deepinfer.serve.metrics import MetricFamilies, ServerMetrics, cache_info
 from deepinfer.serve.protocol import (
@@ -44,6 +49,7 @@ from deepinfer.serve.protocol import (
     sampling_params,
 )
 from deepinfer.serve.responses import ResponseBuilder, TokenStrings
+from deepinfer.serve.responses import sse_events as _sse
 from deepinfer.serve.structured import check_grammar, grammar_compiler, structured_params
 from deepinfer.serve.token_stream import TokenStream
 from deepinfer.serve.tools import TOOL_CALL_PARSERS, chat_tool_messages, tool_choice
@@ -432,20 +438,6 @@ async def _unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
     with contextlib.suppress(asyncio.CancelledError):
         await task
     raise ClientGone
-
-
-_ORJSON = orjson.OPT_NON_STR_KEYS
-
-
-def _sse(data: Any) -> bytes:
-    """One SSE event; a list of chunks becomes their events in one write (orjson: no pydantic,
-    no json module per chunk; a non-finite float is written as null); bytes are events made
-    already (token_stream.py)."""
-    if isinstance(data, bytes):
-        return data
-    if isinstance(data, list):
-        return b"".join(b"data: " + orjson.dumps(d, option=_ORJSON) + b"\n\n" for d in data)
-    return b"data: " + orjson.dumps(data, option=_ORJSON) + b"\n\n"
 
 
 async def _event_stream(request: Request, chunks: AsyncIterator[Any], record: AccessRecord,
@@ -886,7 +878,8 @@ def _token_stream(request: Request, state: ServingState, builder: ResponseBuilde
                     continue
                 held = stream.take_held()  # (--stream-interval) text before the last delta's
                 if held:
-                    _prepend_text(item, held)
+                    first = first_sample(item)
+                    first.text = held + first.text
                 out.append(_sse(builder.delta_chunks(item, include_usage)))
             yield b"".join(out)
         if include_usage:
@@ -897,14 +890,6 @@ def _token_stream(request: Request, state: ServingState, builder: ResponseBuilde
         deltas.close()
 
     return EventStream(_event_stream(request, chunks(), record, close), on_start=stream.use_connection)
-
-
-def _prepend_text(delta: RequestDelta, text: str) -> None:
-    for s in delta.samples:
-        if s.index == 0:
-            s.text = text + s.text
-            return
-    delta.samples.insert(0, SampleDelta(0, [], text, None, None, None))
 
 
 # --- coalesced streams (issue 25) ---

@@ -34,7 +34,7 @@ import msgspec
 from deepinfer.runtime.sampling_params import SamplingParams
 from deepinfer.serve.core import pid_alive, sampling_params_fields
 from deepinfer.serve.core_process import CoreError, CoreProcess
-from deepinfer.serve.engine_thread import RequestDelta, RequestFailed, SampleDelta
+from deepinfer.serve.engine_thread import RequestDelta, RequestFailed, SampleDelta, first_sample
 from deepinfer.serve.metrics import ServerMetrics
 from deepinfer.serve.output_text import RequestText, detokenized_here
 from deepinfer.serve.replicas import least_loaded
@@ -371,7 +371,8 @@ class EngineClient:
             if route is None:  # aborted by its client
                 continue
             if route.held:  # the held tokens go first in sample 0
-                _prepend(delta, route.held)
+                first = first_sample(delta)
+                first.token_ids = route.held + first.token_ids
                 route.held = []
             if route.stream is not None and not delta.finished:  # (a plain delta sent whole: in order)
                 ids = [t for smp in delta.samples if smp.index == 0 for t in smp.token_ids]
@@ -454,15 +455,6 @@ class EngineClient:
         log.error("%s: every open request fails, /health reports 503, the server exits", reason)
         if self.on_core_death is not None:
             self.on_core_death(reason)
-
-
-def _prepend(delta: RequestDelta, token_ids: list[int]) -> None:
-    """Put ``token_ids`` before the new tokens of the delta's sample 0."""
-    for s in delta.samples:
-        if s.index == 0:
-            s.token_ids = token_ids + s.token_ids
-            return
-    delta.samples.insert(0, SampleDelta(0, token_ids, "", None, None, None))
 
 
 def _split_columns(rids: list[str], counts: bytes, tokens: bytes) -> list[list[int]]:

@@ -67,6 +67,16 @@ class RequestDelta(msgspec.Struct, array_like=True, gc=False):
     cached_tokens: int = 0  # prompt tokens served from the prefix cache (on the finished output)
 
 
+def first_sample(delta: RequestDelta) -> SampleDelta:
+    """The delta's sample 0; one with no tokens and no text is put first when it has none."""
+    for s in delta.samples:
+        if s.index == 0:
+            return s
+    s = SampleDelta(0, [], "", None, None, None)
+    delta.samples.insert(0, s)
+    return s
+
+
 class RequestFailed(msgspec.Struct, array_like=True, gc=False):
     """The engine request cannot complete; ``status`` is the HTTP status to report."""
 

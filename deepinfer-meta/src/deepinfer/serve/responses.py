@@ -13,6 +13,17 @@ from deepinfer.serve.protocol import usage
 from deepinfer.serve.tools import ToolChoice, ToolStream, parse_tool_calls
 
 
+def sse_events(data: Any) -> bytes:
+    """One SSE event; a list of chunks becomes their events in one write (orjson: no pydantic,
+    no json module per chunk; a non-finite float is written as null); bytes are events made
+    already (token_stream.py)."""
+    if isinstance(data, bytes):
+        return data
+    if isinstance(data, list):
+        return b"".join(b"data: " + orjson.dumps(d, option=orjson.OPT_NON_STR_KEYS) + b"\n\n" for d in data)
+    return b"data: " + orjson.dumps(data, option=orjson.OPT_NON_STR_KEYS) + b"\n\n"
+
+
 class TokenStrings:
     """The text of single tokens (for logprobs), decoded once each."""
 
@@ -210,7 +221,7 @@ class ResponseBuilder:
             choice: dict[str, Any] = {"index": 0, "delta": {"content": mark}, "logprobs": None, "finish_reason": None}
         else:
             choice = {"index": 0, "text": mark, "logprobs": None, "finish_reason": None, "stop_reason": None}
-        event = b"data: " + orjson.dumps(self.chunk([choice], include_usage), option=orjson.OPT_NON_STR_KEYS) + b"\n\n"
+        event = sse_events(self.chunk([choice], include_usage))
         if event.count(b'"\\u0000"') != 1:
             return None
         head, _, tail = event.partition(b'"\\u0000"')
