@@ -114,25 +114,12 @@ async def run_once(
 ) -> tuple[float, int]:
     import msgspec
     import numpy as np
-    from deepinfer.serve.engine_thread import RequestDelta, SampleDelta
 
     loop = asyncio.get_running_loop()
     done = asyncio.Event()
     chunks = [0]
     rng = np.random.default_rng(0)
-    bodies = [
-        json.dumps(
-            {
-                "model": "bench",
-                "prompt": rng.integers(3, VOCAB, 16).tolist(),
-                "max_tokens": tokens,
-                "temperature": 0,
-                "ignore_eos": True,
-                "stream": True,
-            }
-        ).encode()
-        for _ in range(streams)
-    ]
+    bodies = _bodies(streams, tokens)
     sent.clear()
     tasks = [loop.create_task(one_stream(app, b, done, chunks)) for b in bodies]
     while sum(1 for m in sent if m[0] == "add") < streams:  # every request admitted and sent
@@ -146,24 +133,7 @@ async def run_once(
         profile.enable()
     t0 = time.process_time()
     for step in range(tokens):
-        row = toks[step]
-        if step == 0 or step == tokens - 1:
-            last = step == tokens - 1
-            deltas = [
-                (
-                    rid,
-                    RequestDelta(
-                        0,
-                        [SampleDelta(0, [int(t)], "", None, "length" if last else None, None)],
-                        last,
-                    ),
-                )
-                for rid, t in zip(rids, row.tolist(), strict=True)
-            ]
-            columns: list[Any] = []
-        else:
-            deltas, columns = [], [(rids, ones, row.tobytes())]
-        raw = encoder.encode(("batch", [], deltas, [], columns))
+        raw = encoder.encode(core_message(rids, toks[step], ones, step, tokens))
         client._on_message(core, client._decoder.decode(raw))
         for _ in range(4):  # every handler takes its delta and writes its chunk
             await asyncio.sleep(0)
@@ -173,6 +143,19 @@ async def run_once(
     if profile is not None:
         profile.disable()
     return cpu, streams * tokens
+
+
+def core_message(rids: list[str], row: Any, ones: bytes, step: int, tokens: int) -> tuple[Any, ...]:
+    """A core's "batch" message for one step of ``tokens``: one token a request (``row``), the
+    first and the last step as RequestDeltas (the last finished), the steps between as columns."""
+    from deepinfer.serve.engine_thread import RequestDelta, SampleDelta
+
+    if step == 0 or step == tokens - 1:
+        last = step == tokens - 1
+        deltas = [(rid, RequestDelta(0, [SampleDelta(0, [int(t)], "", None, "length" if last else None, None)],
+                                     last)) for rid, t in zip(rids, row.tolist(), strict=True)]
+        return ("batch", [], deltas, [], [])
+    return ("batch", [], [], [], [(rids, ones, row.tobytes())])
 
 
 def _bodies(streams: int, tokens: int) -> list[bytes]:
@@ -222,7 +205,6 @@ async def play_steps(client: Any, rids: list[str], tokens: int, step_s: float) -
     CPU seconds (user, system) from the first step until every request has left the front end."""
     import msgspec
     import numpy as np
-    from deepinfer.serve.engine_thread import RequestDelta, SampleDelta
 
     rng = np.random.default_rng(1)
     core = client._cores[0]
@@ -231,15 +213,8 @@ async def play_steps(client: Any, rids: list[str], tokens: int, step_s: float) -
     ones = np.ones(len(rids), "<i4").tobytes()
     t0 = os.times()
     for step in range(tokens):
-        row = toks[step]
-        if step == 0 or step == tokens - 1:
-            last = step == tokens - 1
-            deltas = [(rid, RequestDelta(0, [SampleDelta(0, [int(t)], "", None, "length" if last else None, None)],
-                                         last)) for rid, t in zip(rids, row.tolist(), strict=True)]
-            columns: list[Any] = []
-        else:
-            deltas, columns = [], [(rids, ones, row.tobytes())]
-        client._on_message(core, client._decoder.decode(encoder.encode(("batch", [], deltas, [], columns))))
+        message = core_message(rids, toks[step], ones, step, tokens)
+        client._on_message(core, client._decoder.decode(encoder.encode(message)))
         await asyncio.sleep(step_s)
     while client.in_flight:
         await asyncio.sleep(0.001)
