@@ -152,8 +152,8 @@ def rotate(x, cos, sin):  # x [heads, d], rotate_half layout
 
 
 class RandomModel:
-    def __init__(self, rng, kind: str, d: int = D):
-        self.kind, self.d = kind, d
+    def __init__(self, rng, kind: str, d: int = D, heads: int = HEADS, kv_heads: int = KV_HEADS):
+        self.kind, self.d, self.heads, self.kv_heads = kind, d, heads, kv_heads
 
         def weight(n, k):
             if kind == "F32":
@@ -170,16 +170,16 @@ class RandomModel:
             self.layers.append(dict(
                 attn_norm=(1 + 0.1 * rng.standard_normal(H)).astype(np.float32),
                 ffn_norm=(1 + 0.1 * rng.standard_normal(H)).astype(np.float32),
-                q=weight(HEADS * self.d, H), k=weight(KV_HEADS * self.d, H), v=weight(KV_HEADS * self.d, H),
-                o=weight(H, HEADS * self.d), gate=weight(I, H), up=weight(I, H), down=weight(H, I),
-                bias=(0.1 * rng.standard_normal((HEADS + 2 * KV_HEADS) * self.d)).astype(np.float32)))
+                q=weight(heads * self.d, H), k=weight(kv_heads * self.d, H), v=weight(kv_heads * self.d, H),
+                o=weight(H, heads * self.d), gate=weight(I, H), up=weight(I, H), down=weight(H, I),
+                bias=(0.1 * rng.standard_normal((heads + 2 * kv_heads) * self.d)).astype(np.float32)))
         pos = np.arange(64)[:, None]
         inv = 1.0 / (10000 ** (np.arange(0, self.d, 2) / self.d))
         ang = np.concatenate((pos * inv, pos * inv), -1)
         self.cos, self.sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
 
     def native(self, caches, threads=1, isa="best"):
-        m = ck.DecodeModel(H, I, LAYERS, HEADS, KV_HEADS, self.d, V, EPS, num_threads=threads, isa=isa)
+        m = ck.DecodeModel(H, I, LAYERS, self.heads, self.kv_heads, self.d, V, EPS, num_threads=threads, isa=isa)
         m.set_embedding(self.embed[0])
         m.set_output(self.norm, self.head[0])
         m.set_rotary(self.cos, self.sin)
@@ -191,21 +191,22 @@ class RandomModel:
     def reference(self, ids, positions, slots, lens, tables, caches):
         """numpy float64 of the same step (writes k/v into ``caches`` like the native call)."""
         out = []
+        heads, kv_heads = self.heads, self.kv_heads
         x = self.embed[1][ids]
         for i, l in enumerate(self.layers):
             h = rms(x, l["attn_norm"])
             qkv = np.concatenate([h @ l[n][1].T for n in "qkv"], -1) + l["bias"]
-            attn = np.zeros((len(ids), HEADS * self.d))
+            attn = np.zeros((len(ids), heads * self.d))
             for b in range(len(ids)):
-                q = rotate(qkv[b, :HEADS * self.d].reshape(HEADS, self.d), self.cos[positions[b]], self.sin[positions[b]])
-                k = rotate(qkv[b, HEADS * self.d:(HEADS + KV_HEADS) * self.d].reshape(KV_HEADS, self.d),
+                q = rotate(qkv[b, :heads * self.d].reshape(heads, self.d), self.cos[positions[b]], self.sin[positions[b]])
+                k = rotate(qkv[b, heads * self.d:(heads + kv_heads) * self.d].reshape(kv_heads, self.d),
                            self.cos[positions[b]], self.sin[positions[b]])
-                v = qkv[b, (HEADS + KV_HEADS) * self.d:].reshape(KV_HEADS, self.d)
-                flat = caches[i].reshape(2, -1, KV_HEADS, self.d)
+                v = qkv[b, (heads + kv_heads) * self.d:].reshape(kv_heads, self.d)
+                flat = caches[i].reshape(2, -1, kv_heads, self.d)
                 flat[0, slots[b]], flat[1, slots[b]] = k, v
                 ctx = [tables[b, t // BS] * BS + t % BS for t in range(lens[b])]
-                for hd in range(HEADS):
-                    g = hd // (HEADS // KV_HEADS)
+                for hd in range(heads):
+                    g = hd // (heads // kv_heads)
                     s = flat[0, ctx, g].astype(np.float64) @ q[hd] / np.sqrt(self.d)
                     p = np.exp(s - s.max())
                     attn[b, hd * self.d:(hd + 1) * self.d] = (p / p.sum()) @ flat[1, ctx, g]
@@ -241,6 +242,32 @@ def test_decode_step_matches_a_numpy_reference(kind):
             assert np.abs(logits - ref).max() <= tol * scale, (kind, isa, threads, np.abs(logits - ref).max() / scale)
             for c, rc in zip(caches, ref_caches, strict=True):  # the new k/v went to their slots only
                 np.testing.assert_allclose(c, rc, rtol=0, atol=(1e-5 if kind == "F32" else 0.05) * np.abs(rc).max())
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_1", "Q4_0"])
+def test_decode_step_with_projections_that_cut_row_groups(kind):
+    """4 query heads and 1 kv head of 40: q has 160 rows, k and v 40 each. The fused qkv product is
+    cut into chunks of 16 rows (2 threads), so one chunk holds k's last 8 rows (after its whole
+    groups of 16) and v's first 8 (part of a group): the AVX-512 table computes such a group whole
+    and keeps the wanted rows. The step must still match the numpy reference, and one row must give
+    the same logits alone as in the batch."""
+    rng = np.random.default_rng(13)
+    d = 40
+    model = RandomModel(rng, kind, d, heads=4, kv_heads=1)
+    lens = np.array([3, 5], dtype=np.int64)
+    tables = np.array([[4, 1], [2, 6]], dtype=np.int64)
+    positions = lens - 1
+    slots = np.array([tables[b, p // BS] * BS + p % BS for b, p in enumerate(positions)], dtype=np.int64)
+    ids = np.array([7, 31], dtype=np.int64)
+    context = (rng.standard_normal((LAYERS, 2, 8, BS, 1, d)) * 0.5).astype(np.float32)
+    ref = model.reference(ids, positions, slots, lens, tables, [c.copy() for c in context])
+    for isa in ISAS:
+        caches = [c.copy() for c in context]
+        logits = model.native(caches, 2, isa).decode(ids, positions, slots, lens, tables)
+        assert np.abs(logits - ref).max() <= 0.05 * np.abs(ref).max(), (kind, isa)
+        caches = [c.copy() for c in context]
+        alone = model.native(caches, 2, isa).decode(ids[1:], positions[1:], slots[1:], lens[1:], tables[1:])
+        np.testing.assert_array_equal(alone[0], logits[1], err_msg=f"{kind} {isa}")
 
 
 @pytest.mark.parametrize("d", [16, 32, 48, 64, 128])

@@ -408,12 +408,9 @@ PYBIND11_MODULE(_cpu_kernels, m) {
     const Kernels& table = kernels_named(isa);
     py::dict out;
     for (const char* kind : {"F32", "Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"}) {
-      std::string runs = table.name;
-#if defined(DEEPINFER_HAVE_AVX2_KERNELS)
-      // the AVX-512 table hands the K-quants to the AVX2 kernels (kernels_avx512.cpp, gemv_quant)
-      if (&table == &avx512_kernels() && k_quant(parse_kind(kind, "kind"))) runs = avx2_kernels().name;
-#endif
-      out[kind] = runs;
+      // every table runs each type with its own kernels (the AVX-512 table's K-quant rows after a
+      // weight's last group of 16 rows aside: those take the AVX2 kernels)
+      out[kind] = table.name;
     }
     return out;
   }, py::arg("isa") = "best",

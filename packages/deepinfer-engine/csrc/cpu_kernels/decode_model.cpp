@@ -72,17 +72,17 @@ void DecodeModel::rms_norm(const float* x, const float* w, float* out, int rows)
 
 void DecodeModel::quantize(const float* x, int rows, int k, ActBuffer& out) const {
   const size_t nb = static_cast<size_t>(k / kBlock);
-  for (int b = 0; b < rows; ++b)
-    kernels_->quantize_row(x + static_cast<size_t>(b) * k, k, out.qs.data() + static_cast<size_t>(b) * k,
-                           out.d.data() + b * nb, out.s.data() + b * nb);
+  for (int b = 0; b < rows; ++b) {
+    int8_t* qs = out.qs.data() + static_cast<size_t>(b) * k;
+    kernels_->quantize_row(x + static_cast<size_t>(b) * k, k, qs, out.d.data() + b * nb, out.s.data() + b * nb);
+    code_sums(qs, k, out.sum.data() + 2 * b * nb);
+  }
 }
 
 Linear DecodeModel::regrouped(const Linear& ggml) {
   if (!quantized(ggml)) return ggml;
   auto buf = std::make_unique<uint8_t[]>(static_cast<size_t>(ggml.rows) * ggml.row_bytes);
-  for (int r = 0; r < ggml.rows; ++r)
-    kernels_->repack_row(ggml.kind, ggml.data + static_cast<size_t>(r) * ggml.row_bytes, ggml.cols / block_weights(ggml.kind),
-               buf.get() + static_cast<size_t>(r) * ggml.row_bytes);
+  kernels_->repack(ggml.kind, ggml.data, ggml.row_bytes, ggml.rows, ggml.cols / block_weights(ggml.kind), buf.get());
   Linear out = ggml;
   out.data = buf.get();
   owned_.push_back(std::move(buf));
@@ -101,7 +101,7 @@ void DecodeModel::run_linears(const Linear* const* parts, int num_parts, const f
       const int lo = std::max(c0, start) - start, hi = std::min(c1, start + w.rows) - start;
       if (lo < hi) {
         if (quantized(w)) {
-          k.gemv_quant(w.kind, w.data, w.row_bytes, w.cols, xq, rows, y + start, ldy, lo, hi);
+          k.gemv_quant(w.kind, w.data, w.row_bytes, w.rows, w.cols, xq, rows, y + start, ldy, lo, hi);
         } else {
           k.gemv_f32(reinterpret_cast<const float*>(w.data), w.cols, xf, rows, y + start, ldy, lo, hi);
         }
@@ -298,7 +298,7 @@ void DecodeModel::decode_layers(const StepInputs& in, float* logits) {
       for (const auto* wp : {&layer.gate, &layer.up}) {
         float* y = wp == &layer.gate ? gate_.data() : up_.data();
         if (quantized(*wp)) {
-          k.gemv_quant(wp->kind, wp->data, wp->row_bytes, H, hq_.view(), rows, y, I, j0, j1);
+          k.gemv_quant(wp->kind, wp->data, wp->row_bytes, wp->rows, H, hq_.view(), rows, y, I, j0, j1);
         } else {
           k.gemv_f32(reinterpret_cast<const float*>(wp->data), H, h, rows, y, I, j0, j1);
         }

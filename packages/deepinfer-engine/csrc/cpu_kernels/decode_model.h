@@ -34,14 +34,16 @@ struct Linear {
 struct ActBuffer {
   std::vector<int8_t> qs;
   std::vector<float> d, s;
+  std::vector<int32_t> sum;
   void reserve(size_t rows, size_t k) {
     if (qs.size() < rows * k) {
       qs.resize(rows * k);
       d.resize(rows * k / kBlock);
       s.resize(rows * k / kBlock);
+      sum.resize(rows * k / 16);
     }
   }
-  Acts view() const { return Acts{qs.data(), d.data(), s.data()}; }
+  Acts view() const { return Acts{qs.data(), d.data(), s.data(), sum.data()}; }
 };
 
 struct LayerWeights {

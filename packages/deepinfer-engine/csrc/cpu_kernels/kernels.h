@@ -23,10 +23,13 @@
 // w = (q - 16) * d) is regrouped as Q4_0 is, its fifth bits after the scales:
 //   [nibbles of every block, paired as Q4's][fp16 d of every block][4 bytes of fifth bits of every block]
 // so that the fifth bits of a pair of blocks are one 64-bit load (one byte mask on AVX-512). The
-// AVX2 table regroups them further (its Kernels::repack_row): the 32 bytes of fifth bits of each
+// AVX2 table regroups them further (its Kernels::repack): the 32 bytes of fifth bits of each
 // whole group of 8 blocks 8g..8g+7 (at the same place) become bit planes, bit b of byte j = the
 // fifth bit of weight j of block 8g + b, so that a block's bits are a shift and a mask of one load;
 // the blocks after the last whole group keep their 4 bytes.
+// The AVX-512 table interleaves Q4_0/Q4_1/Q5_0/Q8_0 weights by groups of 16 rows (kernels_avx512.cpp:
+// one 32-bit lane per weight row, so a 512-bit integer dot serves 16 rows and an activation's 4
+// codes are one broadcast); rows after the last whole group keep the per-row layout above.
 // Activations multiplied by quantized weights are quantized to 8 bits per block of 32 (as
 // ggml's Q8_1): x ~= q * d, |x - q * d| <= d / 2 with d = max|x| / 127, and s = d * sum(q).
 #pragma once
@@ -64,13 +67,23 @@ constexpr size_t block_bytes(WeightKind k) {
   return 0;
 }
 
-// Quantized activation rows: row r has codes qs[r * k ..], scales d[r * k / 32 ..] and block
-// sums s[r * k / 32 ..] (s = d * sum of the block's codes, for the offsets of Q4_0 and Q4_1).
+// Quantized activation rows: row r has codes qs[r * k ..], scales d[r * k / 32 ..], block
+// sums s[r * k / 32 ..] (s = d * sum of the block's codes, for the offsets of Q4_1 and the
+// K-quants' mins) and the codes' integer sums per half block, sum[r * k / 16 ..] (code_sums; the
+// AVX-512 kernels take the code offsets of Q4_0/Q5_0/Q8_0, and of Q6_K's 16-weight halves, out of
+// the integer dots with them, exactly).
 struct Acts {
   const int8_t* qs;
   const float* d;
   const float* s;
+  const int32_t* sum;
 };
+
+// x's rows from row b on (k codes a row). Out of line: the ISA files share no inline functions.
+Acts acts_from_row(const Acts& x, int b, int k);
+
+// The integer sum of each 16 codes of one activation row of k codes (k / 16 sums).
+void code_sums(const int8_t* qs, int k, int32_t* out);
 
 // bytes of the codes of one block (the regrouped row holds nb of these, then the scales)
 constexpr size_t code_bytes(WeightKind k) { return k == WeightKind::Q8_0 ? 32 : 16; }
@@ -88,9 +101,10 @@ void dequantize_ggml_row(WeightKind kind, const uint8_t* src, int cols, float* o
 struct Kernels {
   const char* name;
   // y[b * ldy + n] = dot(weight row n, activation row b) for n in [n0, n1), b < rows.
-  // Quantized: w points at regrouped row 0, row_bytes apart; x holds `rows` activation rows.
-  void (*gemv_quant)(WeightKind kind, const uint8_t* w, size_t row_bytes, int k, const Acts& x, int rows,
-                     float* y, int ldy, int n0, int n1);
+  // Quantized: w is this table's repack of a weight of n_rows rows of row_bytes (k inputs);
+  // x holds `rows` activation rows.
+  void (*gemv_quant)(WeightKind kind, const uint8_t* w, size_t row_bytes, int n_rows, int k, const Acts& x,
+                     int rows, float* y, int ldy, int n0, int n1);
   // F32: w [n, k] row-major; x [rows, k] row-major.
   void (*gemv_f32)(const float* w, int k, const float* x, int rows, float* y, int ldy, int n0, int n1);
   // x [k] -> codes qs [k], scales d [k / 32], sums s [k / 32]
@@ -109,10 +123,15 @@ struct Kernels {
   // tables load each token's k and v once for all of them). work: attend_work_floats(n, max len, d).
   void (*attend_many)(const float* const* qs, float* const* outs, const int* lens, int n, int d, const float* k,
                       const float* v, size_t stride, const int64_t* table, int block_size, float scale, float* work);
-  // One row of nb ggml blocks -> the layout this table's gemv_quant reads (same size): repack_row,
-  // or a table's own refinement of it (see above).
-  void (*repack_row)(WeightKind kind, const uint8_t* src, int nb, uint8_t* dst);
+  // A weight of `rows` rows of nb ggml blocks (row_bytes each) -> the layout this table's
+  // gemv_quant reads (same size): repack_row per row, or a table's own refinement of it (the AVX2
+  // table's Q5_0 planes, the AVX-512 table's groups of 16 rows; see above).
+  void (*repack)(WeightKind kind, const uint8_t* src, size_t row_bytes, int rows, int nb, uint8_t* dst);
 };
+
+// `repack` as one row_fn call per row (row_fn: repack_row, or a table's per-row refinement).
+void repack_each(void (*row_fn)(WeightKind, const uint8_t*, int, uint8_t*), WeightKind kind, const uint8_t* src,
+                 size_t row_bytes, int rows, int nb, uint8_t* dst);
 
 // Floats of `work` that attend_many takes for n queries of at most max_len tokens and head size d.
 inline size_t attend_work_floats(int n, int max_len, int d) {

@@ -325,7 +325,7 @@ void gemv_kind(const uint8_t* w, size_t row_bytes, int k, const Acts& x, int row
     prefetch_row_ahead(w, row_bytes, n, n1);
     for (int b = 0; b < rows;) {
       const int t = rows - b < 8 ? rows - b : 8;
-      const Acts xb{x.qs + static_cast<size_t>(b) * k, x.d + static_cast<size_t>(b) * nb, x.s + static_cast<size_t>(b) * nb};
+      const Acts xb = acts_from_row(x, b, k);
       float* yb = y + static_cast<size_t>(b) * ldy + n;
       b += t;
       if (t > kTile) {
@@ -367,7 +367,7 @@ void gemv_tiles(const uint8_t* w, size_t row_bytes, int k, const Acts& x, int ro
     const uint8_t* row = w + static_cast<size_t>(n) * row_bytes;
     prefetch_row_ahead(w, row_bytes, n, n1);
     for (int b = 0; b < rows;) {
-      const Acts xb{x.qs + static_cast<size_t>(b) * k, x.d + static_cast<size_t>(b) * nb, x.s + static_cast<size_t>(b) * nb};
+      const Acts xb = acts_from_row(x, b, k);
       float* yb = y + static_cast<size_t>(b) * ldy + n;
       switch (rows - b) {
         case 1: dots(std::integral_constant<int, 1>{}, row, nb, k, xb, yb); b += 1; break;
@@ -403,6 +403,10 @@ void repack_planes(WeightKind kind, const uint8_t* src, int nb, uint8_t* dst) {
       for (int j = 0; j < 8; ++j) bits[4 * static_cast<size_t>(g) + 8 * c + j] = static_cast<uint8_t>(m >> (8 * j));
     }
   }
+}
+
+void repack(WeightKind kind, const uint8_t* src, size_t row_bytes, int rows, int nb, uint8_t* dst) {
+  repack_each(repack_planes, kind, src, row_bytes, rows, nb, dst);
 }
 
 // ---- K-quants (ggml's super-block layout as stored, see kernels.h) ----------------------------
@@ -551,7 +555,7 @@ void gemv_k(const uint8_t* w, size_t row_bytes, int k, const Acts& x, int rows, 
   });
 }
 
-void gemv_quant(WeightKind kind, const uint8_t* w, size_t row_bytes, int k, const Acts& x, int rows,
+void gemv_quant(WeightKind kind, const uint8_t* w, size_t row_bytes, int /*n_rows*/, int k, const Acts& x, int rows,
                 float* y, int ldy, int n0, int n1) {
   switch (kind) {
     case WeightKind::Q4_K: gemv_k<WeightKind::Q4_K>(w, row_bytes, k, x, rows, y, ldy, n0, n1); break;
@@ -904,7 +908,7 @@ void attend_many(const float* const* qs, float* const* outs, const int* lens, in
 const Kernels& avx2_kernels() {
   // quantize_row: bitwise the generic one (the tables quantize activations alike).
   static const Kernels table{"avx2", gemv_quant, gemv_f32, quantize_row, dot, axpy,
-                             silu_mul, attend, attend_many, repack_planes};
+                             silu_mul, attend, attend_many, repack};
   return table;
 }
 

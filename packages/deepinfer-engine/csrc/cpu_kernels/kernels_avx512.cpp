@@ -2,23 +2,29 @@
 // built for its instruction set, only called after best_kernels() found it at run time, and
 // shares no inline functions or templates with other files.
 //
-// GEMVs over several activation rows work on tiles of weight rows x activation rows: each
-// weight vector loaded (and, for Q4, unpacked) once serves the tile's activation rows, and a step
-// over 16 rows reads every weight once while its tile sits in L1. The quantized tile takes two
-// blocks per 512-bit integer dot (vpdpbusd). One activation row: small quantized tiles, and
-// float32 rows read as one sequential stream (f32_single). Quantized tiles (act_tile): 2 weight
-// rows x up to 6 activation rows (a 5- or 6-row step in one tile, not 4 + 1 / 4 + 2; 7 and more
-// in tiles of 4, as 2 x 8 would spill), Q5_0 steps of 8+ rows 1 weight row x up to 8 (its code
-// unpacking is the costliest, shared by 8 rows). Several rows cost about the same per row in any
-// tile (per (weight row, activation row) and block pair: the dot, a scale permute, a conversion
-// and an FMA), so the shapes only trim the shared work. A row's arithmetic does not depend on
-// the tile (batch invariance): every (weight row, activation row) is summed alike in each.
+// Q4_0, Q4_1, Q5_0 and Q8_0 weights are interleaved by groups of 16 rows at registration (see
+// "groups of 16 interleaved weight rows" below): one 512-bit integer dot (vpdpbusd) multiplies 4
+// codes of each of 16 rows by 4 activation codes broadcast, so a block of 32 costs per activation
+// row 8 dots, a conversion, a multiply and an FMA for 16 rows, and no horizontal sum is left at the
+// end. Rows after a weight's last whole group (and the K-quants, on the AVX2 kernels) keep the
+// per-row layout and the tiles of weight rows x activation rows below: each weight vector loaded
+// (and, for Q4, unpacked) once serves the tile's activation rows, two blocks per 512-bit dot.
+// Their tiles (act_tile): 2 weight rows x up to 6 activation rows (7 and more in tiles of 4),
+// Q5_0 steps of 8+ rows 1 weight row x up to 8. A row's arithmetic does not depend on the tile or
+// on how many activation rows share the call (batch invariance): every (weight row, activation
+// row) is summed alike in each.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "cpu_kernels/kernels.h"
+
+#define DI_INLINE_LAMBDA __attribute__((always_inline))
 
 namespace deepinfer::cpu {
 namespace {
@@ -207,7 +213,7 @@ inline int act_tile(int left) {
 template <WeightKind K, int NR>
 void quant_rows(const uint8_t* w, size_t row_bytes, int nb, int k, const Acts& x, int rows, float* y, int ldy) {
   for (int b = 0; b < rows;) {
-    const Acts xb{x.qs + static_cast<size_t>(b) * k, x.d + static_cast<size_t>(b) * nb, x.s + static_cast<size_t>(b) * nb};
+    const Acts xb = acts_from_row(x, b, k);
     float* yb = y + static_cast<size_t>(b) * ldy;
     const int r = act_tile<NR>(rows - b);
     b += r;
@@ -229,9 +235,9 @@ void quant_rows(const uint8_t* w, size_t row_bytes, int nb, int k, const Acts& x
 }
 
 template <WeightKind K>
-void gemv_kind(const uint8_t* w, size_t row_bytes, int k, const Acts& x, int rows, float* y, int ldy, int n0, int n1) {
+void gemv_rows(const uint8_t* w, size_t row_bytes, int k, const Acts& x, int rows, float* y, int ldy, int n0, int n1) {
   const int nb = k / kBlock;
-  static_assert(kQ4Tile1 <= 2 && kQ8Tile1 <= 2 && kQuantTileN <= 2, "gemv_kind instantiates NR = 1 and 2");
+  static_assert(kQ4Tile1 <= 2 && kQ8Tile1 <= 2 && kQuantTileN <= 2, "gemv_rows instantiates NR = 1 and 2");
   const int tile = rows == 1                                   ? (K == WeightKind::Q8_0 ? kQ8Tile1 : kQ4Tile1)
                    : K == WeightKind::Q5_0 && rows >= kQ5Rows1 ? 1
                                                                : kQuantTileN;
@@ -245,19 +251,369 @@ void gemv_kind(const uint8_t* w, size_t row_bytes, int k, const Acts& x, int row
   }
 }
 
-void gemv_quant(WeightKind kind, const uint8_t* w, size_t row_bytes, int k, const Acts& x, int rows,
+// ---- groups of 16 interleaved weight rows (Q4_0, Q4_1, Q5_0, Q8_0) ----------------------------
+//
+// A weight's whole groups of kRowGroup rows are stored block by block: block b of group g (16
+// blocks of ggml, one per row, the same bytes) is
+//   codes: Q4: 4 vectors of 64 bytes, vector u lane l = bytes 4u..4u+3 of row l's 16 nibble bytes
+//          (low nibbles: codes 4u..4u+3, high nibbles: codes 16+4u..16+4u+3);
+//          Q8_0: 8 vectors, vector t lane l = codes 4t..4t+3 of row l, stored + 128 (unsigned);
+//   16 fp16 d (row l's), then Q4_1: 16 fp16 m; Q5_0: 8 masks of 64 bits, bit 4l + i of mask t =
+//   the fifth bit of code 4t + i of row l.
+// Unpacked, dot vector t (t < 8) holds in lane l the codes 4t..4t+3 of row l (Q4: t < 4 the low
+// nibbles of vector t, t >= 4 the high ones of vector t - 4), so one vpdpbusd against an
+// activation row's 4 codes broadcast adds 4 products to each of 16 rows, 8 finish a block, and
+// a block costs per activation row 8 dots, a conversion, a multiply and an FMA for 16 rows
+// (the tiles above: 4 ops per row and pair of blocks, 64 per 16 rows and block). The code offsets
+// (Q4_0 8, Q5_0 16, Q8_0 128) leave the integer dot exactly through the activations' code sums,
+// Q4_1's minimums go in through s. Rows after the last whole group keep the per-row layout and
+// the tiles above.
+constexpr int kRowGroup = 16;
+
+// 4 activation codes (one 32-bit word) in every lane: an embedded-broadcast operand of vpdpbusd.
+inline __m512i broadcast4(const int8_t* p) {
+  int32_t four;
+  std::memcpy(&four, p, 4);
+  return _mm512_set1_epi32(four);
+}
+constexpr int kGroupActTile = 8;  // activation rows per group tile (8 accumulators, 8 code vectors)
+
+constexpr bool grouped(WeightKind k) { return k != WeightKind::F32; }
+
+// The code offset taken out of the integer dot (w = (q - offset) d).
+template <WeightKind K>
+constexpr int code_offset() {
+  return K == WeightKind::Q4_0 ? 8 : K == WeightKind::Q5_0 ? 16 : K == WeightKind::Q8_0 ? 128 : 0;
+}
+
+void repack_group(WeightKind kind, const uint8_t* src, size_t row_bytes, int nb, uint8_t* dst) {
+  const size_t bb = block_bytes(kind);
+  const size_t cb = kind == WeightKind::Q8_0 ? 512 : 256;  // codes of a block of 16 rows
+  for (int b = 0; b < nb; ++b) {
+    uint8_t* out = dst + static_cast<size_t>(b) * kRowGroup * bb;
+    uint64_t masks[8] = {};
+    for (int l = 0; l < kRowGroup; ++l) {
+      const uint8_t* blk = src + static_cast<size_t>(l) * row_bytes + static_cast<size_t>(b) * bb;
+      std::memcpy(out + cb + 2 * l, blk, 2);  // d
+      if (kind == WeightKind::Q8_0) {
+        for (int t = 0; t < 8; ++t)
+          for (int i = 0; i < 4; ++i) out[64 * t + 4 * l + i] = static_cast<uint8_t>(blk[2 + 4 * t + i] ^ 0x80);
+        continue;
+      }
+      // after d: Q4_1's m, Q5_0's qh
+      const uint8_t* qs = blk + (kind == WeightKind::Q4_0 ? 2 : kind == WeightKind::Q4_1 ? 4 : 6);
+      for (int u = 0; u < 4; ++u) std::memcpy(out + 64 * u + 4 * l, qs + 4 * u, 4);
+      if (kind == WeightKind::Q4_1) std::memcpy(out + cb + 32 + 2 * l, blk + 2, 2);
+      if (kind == WeightKind::Q5_0) {
+        uint32_t qh;
+        std::memcpy(&qh, blk + 2, 4);
+        for (int t = 0; t < 8; ++t) masks[t] |= static_cast<uint64_t>((qh >> (4 * t)) & 0xF) << (4 * l);
+      }
+    }
+    if (kind == WeightKind::Q5_0) std::memcpy(out + cb + 32, masks, sizeof(masks));
+  }
+}
+
+
+// ---- K-quants by groups of 16 rows ------------------------------------------------------------
+//
+// Super-block s of a group (16 ggml super-blocks, one per row, the same bytes; sub-block j of
+// super-block s multiplies activation block 8 s + j):
+//   Q4_K (2304 bytes): codes: per pair p < 4 of sub-blocks, 8 vectors of 64 bytes, vector u lane l
+//        = bytes 4u..4u+3 of row l's 32 nibble bytes of the pair (low nibbles: codes 4u..4u+3 of
+//        sub-block 2p; high: of 2p + 1); then the rows' 12 scale bytes as 3 vectors (vector v lane
+//        l = scale bytes 4v..4v+3 of row l: ggml's 6-bit packing, unpacked for 16 rows at once);
+//        16 fp16 d; 16 fp16 dmin.
+//   Q5_K (2816): as Q4_K, with 64 masks of 64 bits after the codes: bit 4l + i of mask 8j + t =
+//        the fifth bit of code 4t + i of sub-block j of row l.
+//   Q6_K (3360): low nibbles as Q4_K's codes, ggml's 32-byte chunk P holding sub-blocks
+//        4(P / 2) + P % 2 (low) and that + 2 (high); high 2-bit pairs: per 32-byte chunk n < 2
+//        of ggml's, 8 vectors, vector u lane l = bytes 4u..4u+3 of row l's chunk (bits 2U: sub-block
+//        4n + U); the int8 scales, 32 bytes per sub-block j (its two 16-weight halves for the 16
+//        rows); 16 fp16 d.
+// Per sub-block and activation row: 8 dots, a conversion and an FMA (Q4_K/Q5_K: and the mins'
+// FMA; Q6_K: its two halves' dots start at -32 times their code sums and are weighted by their
+// int8 scales in integers, exactly).
+constexpr size_t kCodesK = 2048;  // codes (Q6_K: low nibbles) of a super-block of 16 rows
+
+void repack_group_k(WeightKind kind, const uint8_t* src, size_t row_bytes, int nsb, uint8_t* dst) {
+  const size_t bb = block_bytes(kind);
+  for (int sb = 0; sb < nsb; ++sb) {
+    uint8_t* out = dst + static_cast<size_t>(sb) * kRowGroup * bb;
+    for (int l = 0; l < kRowGroup; ++l) {
+      const uint8_t* blk = src + static_cast<size_t>(l) * row_bytes + static_cast<size_t>(sb) * bb;
+      if (kind == WeightKind::Q6_K) {
+        for (int P = 0; P < 4; ++P)
+          for (int u = 0; u < 8; ++u) std::memcpy(out + 512 * P + 64 * u + 4 * l, blk + 32 * P + 4 * u, 4);
+        for (int n = 0; n < 2; ++n)
+          for (int u = 0; u < 8; ++u) std::memcpy(out + kCodesK + 512 * n + 64 * u + 4 * l, blk + 128 + 32 * n + 4 * u, 4);
+        for (int j = 0; j < 8; ++j)
+          for (int h = 0; h < 2; ++h) out[kCodesK + 1024 + 32 * j + 16 * h + l] = blk[192 + 2 * j + h];
+        std::memcpy(out + kCodesK + 1280 + 2 * l, blk + 208, 2);
+        continue;
+      }
+      const uint8_t* qs = blk + (kind == WeightKind::Q5_K ? 48 : 16);
+      for (int p = 0; p < 4; ++p)
+        for (int u = 0; u < 8; ++u) std::memcpy(out + 512 * p + 64 * u + 4 * l, qs + 32 * p + 4 * u, 4);
+      size_t at = kCodesK;
+      if (kind == WeightKind::Q5_K) {
+        const uint8_t* qh = blk + 16;
+        for (int j = 0; j < 8; ++j)
+          for (int t = 0; t < 8; ++t) {
+            uint64_t mask;
+            std::memcpy(&mask, out + at + 64 * j + 8 * t, 8);
+            for (int i = 0; i < 4; ++i) mask |= static_cast<uint64_t>((qh[4 * t + i] >> j) & 1) << (4 * l + i);
+            std::memcpy(out + at + 64 * j + 8 * t, &mask, 8);
+          }
+        at += 512;
+      }
+      for (int v = 0; v < 3; ++v) std::memcpy(out + at + 64 * v + 4 * l, blk + 4 + 4 * v, 4);
+      std::memcpy(out + at + 192 + 2 * l, blk, 2);       // d
+      std::memcpy(out + at + 224 + 2 * l, blk + 2, 2);   // dmin
+    }
+  }
+}
+
+void repack(WeightKind kind, const uint8_t* src, size_t row_bytes, int rows, int nb, uint8_t* dst) {
+  const int whole = grouped(kind) ? rows / kRowGroup * kRowGroup : 0;
+  if (k_quant(kind)) std::memset(dst, 0, static_cast<size_t>(whole) * row_bytes);  // Q5_K's masks are or-ed in
+  for (int g = 0; g < whole; g += kRowGroup) {
+    uint8_t* out = dst + static_cast<size_t>(g) * row_bytes;
+    if (k_quant(kind)) {
+      repack_group_k(kind, src + static_cast<size_t>(g) * row_bytes, row_bytes, nb, out);
+    } else {
+      repack_group(kind, src + static_cast<size_t>(g) * row_bytes, row_bytes, nb, out);
+    }
+  }
+  repack_each(repack_row, kind, src + static_cast<size_t>(whole) * row_bytes, row_bytes, rows - whole, nb,
+              dst + static_cast<size_t>(whole) * row_bytes);
+}
+
+// One group of 16 weight rows (g: its first block) x R activation rows -> y[r * ldy + l], l < 16.
+template <WeightKind K, int R>
+void group_tile(const uint8_t* g, int nb, int k, const Acts& x, float* y, int ldy) {
+  constexpr size_t gb = kRowGroup * block_bytes(K);
+  constexpr size_t cb = K == WeightKind::Q8_0 ? 512 : 256;
+  constexpr int offset = code_offset<K>();
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int b = 0; b < nb; ++b) {
+    const uint8_t* blk = g + static_cast<size_t>(b) * gb;
+    __m512i wv[8];
+    if constexpr (K == WeightKind::Q8_0) {
+      for (int t = 0; t < 8; ++t) wv[t] = _mm512_loadu_si512(blk + 64 * t);
+    } else {
+      for (int u = 0; u < 4; ++u) {
+        const __m512i v = _mm512_loadu_si512(blk + 64 * u);
+        wv[u] = _mm512_and_si512(v, low4);
+        wv[u + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+      }
+      if constexpr (K == WeightKind::Q5_0) {
+        for (int t = 0; t < 8; ++t) {
+          uint64_t bits;
+          std::memcpy(&bits, blk + cb + 32 + 8 * t, 8);
+          wv[t] = _mm512_mask_add_epi8(wv[t], _cvtu64_mask64(bits), wv[t], _mm512_set1_epi8(0x10));
+        }
+      }
+    }
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + cb)));
+    __m512 mw = _mm512_setzero_ps();
+    if constexpr (K == WeightKind::Q4_1)
+      mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + cb + 32)));
+    for (int r = 0; r < R; ++r) {
+      const size_t at = static_cast<size_t>(r) * nb + b;
+      const int8_t* xq = x.qs + static_cast<size_t>(r) * k + static_cast<size_t>(b) * kBlock;
+      // two chains of 4 dots (integer sums: exact in any order), the first from the code offset
+      __m512i dot = offset ? _mm512_set1_epi32(-offset * (x.sum[2 * at] + x.sum[2 * at + 1])) : _mm512_setzero_si512();
+      __m512i dot1 = _mm512_setzero_si512();
+      for (int t = 0; t < 4; ++t) {
+        dot = _mm512_dpbusd_epi32(dot, wv[t], broadcast4(xq + 4 * t));
+        dot1 = _mm512_dpbusd_epi32(dot1, wv[t + 4], broadcast4(xq + 16 + 4 * t));
+      }
+      dot = _mm512_add_epi32(dot, dot1);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, _mm512_set1_ps(x.d[at])), acc[r]);
+      if constexpr (K == WeightKind::Q4_1) acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(x.s[at]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + static_cast<size_t>(r) * ldy, acc[r]);
+}
+
+// f(integral_constant<int, j>) for the 8 sub-blocks j of a super-block (compile-time shifts and offsets).
+template <typename F>
+inline __attribute__((always_inline)) void each_sub_block(F&& f) {
+  [&]<int... J>(std::integer_sequence<int, J...>) { (f(std::integral_constant<int, J>{}), ...); }(
+      std::make_integer_sequence<int, 8>{});
+}
+
+// One group of 16 K-quant weight rows (g: its first super-block) x R activation rows -> y[r * ldy + l].
+template <WeightKind K, int R>
+void group_tile_k(const uint8_t* g, int nsb, int k, const Acts& x, float* y, int ldy) {
+  constexpr size_t gb = kRowGroup * block_bytes(K);
+  const int nb = k / kBlock;
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  // R activation rows against sub-block j's 8 dot vectors (K-quant codes, unsigned)
+  auto rows_dot = [&](int i, const __m512i* wv, __m512 dsc, __m512 dmn, __m512i sc0, __m512i sc1) DI_INLINE_LAMBDA {
+    for (int r = 0; r < R; ++r) {
+      const size_t at = static_cast<size_t>(r) * nb + i;
+      const int8_t* xq = x.qs + static_cast<size_t>(r) * k + static_cast<size_t>(i) * kBlock;
+      // two chains of 4 dots (integer sums: exact in any order); Q6_K: one per 16-weight half
+      __m512i h0 = _mm512_setzero_si512(), h1 = _mm512_setzero_si512();
+      if constexpr (K == WeightKind::Q6_K) {
+        h0 = _mm512_set1_epi32(-32 * x.sum[2 * at]);
+        h1 = _mm512_set1_epi32(-32 * x.sum[2 * at + 1]);
+      }
+      for (int t = 0; t < 4; ++t) {
+        h0 = _mm512_dpbusd_epi32(h0, wv[t], broadcast4(xq + 4 * t));
+        h1 = _mm512_dpbusd_epi32(h1, wv[t + 4], broadcast4(xq + 16 + 4 * t));
+      }
+      __m512i dot;
+      if constexpr (K == WeightKind::Q6_K) {
+        dot = _mm512_add_epi32(_mm512_mullo_epi32(h0, sc0), _mm512_mullo_epi32(h1, sc1));
+      } else {
+        dot = _mm512_add_epi32(h0, h1);
+      }
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dsc, _mm512_set1_ps(x.d[at])), acc[r]);
+      if constexpr (K != WeightKind::Q6_K) acc[r] = _mm512_fnmadd_ps(dmn, _mm512_set1_ps(x.s[at]), acc[r]);
+    }
+  };
+  for (int sb = 0; sb < nsb; ++sb) {
+    const uint8_t* blk = g + static_cast<size_t>(sb) * gb;
+    const int i0 = 8 * sb;
+    __m512i wv[8];
+    if constexpr (K == WeightKind::Q6_K) {
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kCodesK + 1280)));
+      each_sub_block([&](auto jc) DI_INLINE_LAMBDA {
+        constexpr int j = decltype(jc)::value, n = j / 4, U = j % 4, P = 2 * n + (U & 1);
+        for (int t = 0; t < 8; ++t) {
+          const __m512i lo = _mm512_loadu_si512(blk + 512 * P + 64 * t);
+          const __m512i hi = _mm512_loadu_si512(blk + kCodesK + 512 * n + 64 * t);
+          __m512i nib = lo, top;
+          if constexpr (U >= 2) nib = _mm512_srli_epi16(lo, 4);
+          nib = _mm512_and_si512(nib, low4);
+          // bits 2U, 2U + 1 of each byte -> bits 4, 5 (a 16-bit shift, then the byte mask)
+          if constexpr (U < 2) {
+            top = _mm512_slli_epi16(hi, 4 - 2 * U);
+          } else if constexpr (U == 2) {
+            top = hi;
+          } else {
+            top = _mm512_srli_epi16(hi, 2);
+          }
+          wv[t] = _mm512_ternarylogic_epi32(nib, top, _mm512_set1_epi8(0x30), 0xF8);  // nib | (top & 0x30)
+        }
+        const uint8_t* sc = blk + kCodesK + 1024 + 32 * j;
+        const __m512i sc0 = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc)));
+        const __m512i sc1 = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + 16)));
+        rows_dot(i0 + j, wv, d, d, sc0, sc1);
+      });
+    } else {
+      constexpr size_t at = kCodesK + (K == WeightKind::Q5_K ? 512 : 0);
+      const __m512i a = _mm512_loadu_si512(blk + at), b = _mm512_loadu_si512(blk + at + 64);
+      const __m512i c = _mm512_loadu_si512(blk + at + 128);
+      const __m512i low6 = _mm512_set1_epi8(0x3F), top2 = _mm512_set1_epi8(0x03);
+      // ggml's 6-bit scales and mins, 4 sub-blocks a 32-bit lane (byte j % 4), for the 16 rows
+      const __m512i sc_lo = _mm512_and_si512(a, low6), m_lo = _mm512_and_si512(b, low6);
+      const __m512i sc_hi = _mm512_or_si512(_mm512_and_si512(c, low4),
+                                            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(a, 6), top2), 4));
+      const __m512i m_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(c, 4), low4),
+                                           _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(b, 6), top2), 4));
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + at + 192)));
+      const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + at + 224)));
+      const __m512i byte = _mm512_set1_epi32(0xFF);
+      each_sub_block([&](auto jc) DI_INLINE_LAMBDA {
+        constexpr int j = decltype(jc)::value, p = j / 2;
+        for (int t = 0; t < 8; ++t) {
+          __m512i v = _mm512_loadu_si512(blk + 512 * p + 64 * t);
+          if constexpr (j & 1) v = _mm512_srli_epi16(v, 4);
+          wv[t] = _mm512_and_si512(v, low4);
+          if constexpr (K == WeightKind::Q5_K) {
+            uint64_t bits;
+            std::memcpy(&bits, blk + kCodesK + 64 * j + 8 * t, 8);
+            wv[t] = _mm512_mask_add_epi8(wv[t], _cvtu64_mask64(bits), wv[t], _mm512_set1_epi8(0x10));
+          }
+        }
+        constexpr int shift = 8 * (j % 4);
+        const __m512i scj = _mm512_and_si512(_mm512_srli_epi32(j < 4 ? sc_lo : sc_hi, shift), byte);
+        const __m512i mj = _mm512_and_si512(_mm512_srli_epi32(j < 4 ? m_lo : m_hi, shift), byte);
+        rows_dot(i0 + j, wv, _mm512_mul_ps(d, _mm512_cvtepi32_ps(scj)), _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(mj)),
+                 byte, byte);
+      });
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + static_cast<size_t>(r) * ldy, acc[r]);
+}
+
+// One group x all activation rows, in tiles of up to kGroupActTile rows as even as possible.
+template <WeightKind K, int R>
+void any_group_tile(const uint8_t* g, int k, const Acts& x, float* y, int ldy) {
+  if constexpr (k_quant(K)) {
+    group_tile_k<K, R>(g, k / kSuper, k, x, y, ldy);
+  } else {
+    group_tile<K, R>(g, k / kBlock, k, x, y, ldy);
+  }
+}
+
+template <WeightKind K>
+void group_rows(const uint8_t* g, int k, const Acts& x, int rows, float* y, int ldy) {
+  const int tiles = (rows + kGroupActTile - 1) / kGroupActTile;
+  for (int t = 0, b = 0; t < tiles; ++t) {
+    const int r = (rows - b + tiles - t - 1) / (tiles - t);  // 9 = 5 + 4, 16 = 8 + 8
+    const Acts xb = acts_from_row(x, b, k);
+    float* yb = y + static_cast<size_t>(b) * ldy;
+    switch (r) {
+      case 1: any_group_tile<K, 1>(g, k, xb, yb, ldy); break;
+      case 2: any_group_tile<K, 2>(g, k, xb, yb, ldy); break;
+      case 3: any_group_tile<K, 3>(g, k, xb, yb, ldy); break;
+      case 4: any_group_tile<K, 4>(g, k, xb, yb, ldy); break;
+      case 5: any_group_tile<K, 5>(g, k, xb, yb, ldy); break;
+      case 6: any_group_tile<K, 6>(g, k, xb, yb, ldy); break;
+      case 7: any_group_tile<K, 7>(g, k, xb, yb, ldy); break;
+      default: any_group_tile<K, 8>(g, k, xb, yb, ldy); break;
+    }
+    b += r;
+  }
+}
+
+template <WeightKind K>
+void gemv_kind(const uint8_t* w, size_t row_bytes, int n_rows, int k, const Acts& x, int rows, float* y, int ldy,
+               int n0, int n1) {
+  const int whole = n_rows / kRowGroup * kRowGroup;
+  std::vector<float> part;  // a group cut by [n0, n1): computed whole, the wanted rows copied
+  for (int n = n0; n < std::min(n1, whole);) {
+    const int g0 = n / kRowGroup * kRowGroup;
+    const uint8_t* g = w + static_cast<size_t>(g0) * row_bytes;
+    const int take = std::min(n1, g0 + kRowGroup) - n;
+    if (n == g0 && take == kRowGroup) {
+      group_rows<K>(g, k, x, rows, y + g0, ldy);
+    } else {
+      part.resize(static_cast<size_t>(rows) * kRowGroup);
+      group_rows<K>(g, k, x, rows, part.data(), kRowGroup);
+      for (int r = 0; r < rows; ++r)
+        std::memcpy(y + static_cast<size_t>(r) * ldy + n, part.data() + static_cast<size_t>(r) * kRowGroup + (n - g0),
+                    sizeof(float) * static_cast<size_t>(take));
+    }
+    n += take;
+  }
+  if (n1 <= whole) return;
+  if constexpr (k_quant(K)) {  // rows after the last group: ggml's layout, the AVX2 kernels
+    avx2_kernels().gemv_quant(K, w, row_bytes, n_rows, k, x, rows, y, ldy, std::max(n0, whole), n1);
+  } else {
+    gemv_rows<K>(w, row_bytes, k, x, rows, y, ldy, std::max(n0, whole), n1);
+  }
+}
+
+void gemv_quant(WeightKind kind, const uint8_t* w, size_t row_bytes, int n_rows, int k, const Acts& x, int rows,
                 float* y, int ldy, int n0, int n1) {
   switch (kind) {
-    case WeightKind::Q4_0: gemv_kind<WeightKind::Q4_0>(w, row_bytes, k, x, rows, y, ldy, n0, n1); break;
-    case WeightKind::Q4_1: gemv_kind<WeightKind::Q4_1>(w, row_bytes, k, x, rows, y, ldy, n0, n1); break;
-    case WeightKind::Q8_0: gemv_kind<WeightKind::Q8_0>(w, row_bytes, k, x, rows, y, ldy, n0, n1); break;
-    case WeightKind::Q5_0: gemv_kind<WeightKind::Q5_0>(w, row_bytes, k, x, rows, y, ldy, n0, n1); break;
-    case WeightKind::Q4_K:
-    case WeightKind::Q5_K:
-    case WeightKind::Q6_K:
-      // the AVX2 K-quant kernels (this table's CPUs all have AVX2); no 512-bit versions yet
-      avx2_kernels().gemv_quant(kind, w, row_bytes, k, x, rows, y, ldy, n0, n1);
-      break;
+    case WeightKind::Q4_0: gemv_kind<WeightKind::Q4_0>(w, row_bytes, n_rows, k, x, rows, y, ldy, n0, n1); break;
+    case WeightKind::Q4_1: gemv_kind<WeightKind::Q4_1>(w, row_bytes, n_rows, k, x, rows, y, ldy, n0, n1); break;
+    case WeightKind::Q8_0: gemv_kind<WeightKind::Q8_0>(w, row_bytes, n_rows, k, x, rows, y, ldy, n0, n1); break;
+    case WeightKind::Q5_0: gemv_kind<WeightKind::Q5_0>(w, row_bytes, n_rows, k, x, rows, y, ldy, n0, n1); break;
+    case WeightKind::Q4_K: gemv_kind<WeightKind::Q4_K>(w, row_bytes, n_rows, k, x, rows, y, ldy, n0, n1); break;
+    case WeightKind::Q5_K: gemv_kind<WeightKind::Q5_K>(w, row_bytes, n_rows, k, x, rows, y, ldy, n0, n1); break;
+    case WeightKind::Q6_K: gemv_kind<WeightKind::Q6_K>(w, row_bytes, n_rows, k, x, rows, y, ldy, n0, n1); break;
     case WeightKind::F32: break;
   }
 }
@@ -519,7 +875,7 @@ void attend_many(const float* const* qs, float* const* outs, const int* lens, in
 
 const Kernels& avx512_kernels() {
   static const Kernels table{"avx512vnni", gemv_quant, gemv_f32, quantize_row, dot, axpy, silu_mul, attend,
-                             attend_many, repack_row};
+                             attend_many, repack};
   return table;
 }
 

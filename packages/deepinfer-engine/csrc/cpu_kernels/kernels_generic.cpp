@@ -172,6 +172,24 @@ void repack_row(WeightKind kind, const uint8_t* src, int nb, uint8_t* dst) {
   if (i < nb) std::memcpy(dst + i * cb, src + i * bb + head, cb);  // odd last block: ggml's layout
 }
 
+void repack_each(void (*row_fn)(WeightKind, const uint8_t*, int, uint8_t*), WeightKind kind, const uint8_t* src,
+                 size_t row_bytes, int rows, int nb, uint8_t* dst) {
+  for (int r = 0; r < rows; ++r) row_fn(kind, src + static_cast<size_t>(r) * row_bytes, nb, dst + static_cast<size_t>(r) * row_bytes);
+}
+
+Acts acts_from_row(const Acts& x, int b, int k) {
+  const size_t nb = static_cast<size_t>(k / kBlock) * static_cast<size_t>(b);
+  return Acts{x.qs + static_cast<size_t>(b) * static_cast<size_t>(k), x.d + nb, x.s + nb, x.sum ? x.sum + 2 * nb : nullptr};
+}
+
+void code_sums(const int8_t* qs, int k, int32_t* out) {
+  for (int i = 0; i < k / 16; ++i) {
+    int32_t sum = 0;
+    for (int j = 0; j < 16; ++j) sum += qs[i * 16 + j];
+    out[i] = sum;
+  }
+}
+
 namespace {
 
 // Code j (< 32) of block i of a regrouped Q4 row of nb blocks.
@@ -246,7 +264,7 @@ float row_dot(WeightKind kind, const uint8_t* row, int k, const int8_t* xq, cons
   return acc;
 }
 
-void gemv_quant(WeightKind kind, const uint8_t* w, size_t row_bytes, int k, const Acts& x, int rows,
+void gemv_quant(WeightKind kind, const uint8_t* w, size_t row_bytes, int /*n_rows*/, int k, const Acts& x, int rows,
                 float* y, int ldy, int n0, int n1) {
   const int nb = k / kBlock;
   for (int n = n0; n < n1; ++n)
@@ -342,8 +360,12 @@ void attend_many(const float* const* qs, float* const* outs, const int* lens, in
   attend_each(attend, qs, outs, lens, n, d, k, v, stride, table, block_size, scale, work);
 }
 
+void repack(WeightKind kind, const uint8_t* src, size_t row_bytes, int rows, int nb, uint8_t* dst) {
+  repack_each(repack_row, kind, src, row_bytes, rows, nb, dst);
+}
+
 const Kernels kGeneric{"generic", gemv_quant, gemv_f32, quantize_row, dot, axpy, silu_mul, attend, attend_many,
-                       repack_row};
+                       repack};
 
 }  // namespace
 

@@ -246,7 +246,7 @@ def kernel_paths(model: nn.Module | None, native: NativeDecode | None) -> list[s
     if native is not None:
         from deepinfer_engine import _cpu_kernels
 
-        table = dict(_cpu_kernels.weight_kernels(str(native.native.isa)))  # (K-quants: AVX2 on AVX-512)
+        table = dict(_cpu_kernels.weight_kernels(str(native.native.isa)))
     lines = []
     for part, kind in parts.items():
         prefill = ", ".join(sorted({f"{path} [{wt}]" for wt, path, _ in described[kind]})) or "-"
