@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <vector>
 
 #include "cpu_kernels/kernels.h"
@@ -139,7 +140,12 @@ class DecodeModel {
   // scratch, grown on demand
   std::vector<float> x_, h_, qkv_, attn_, tmp_, gate_, up_, act_, head_in_;
   ActBuffer hq_, aq_;
-  std::vector<std::unique_ptr<uint8_t[]>> owned_;  // regrouped weights
+  static constexpr std::align_val_t kWeightAlign{64};
+  struct AlignedDelete {
+    void operator()(uint8_t* p) const { ::operator delete[](p, kWeightAlign); }
+  };
+  using AlignedBytes = std::unique_ptr<uint8_t[], AlignedDelete>;
+  std::vector<AlignedBytes> owned_;  // regrouped weights
   // Attention work: an item is query heads q0..q1 of kv head g over rows row0..row0+rows-1, which
   // share a block-table row (one sequence's speculative verify rows; else one row); query j of
   // the item's (row, head) pairs is row row0 + j / group, head g * group + j % group.

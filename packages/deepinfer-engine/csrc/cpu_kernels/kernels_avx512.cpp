@@ -270,6 +270,14 @@ void gemv_rows(const uint8_t* w, size_t row_bytes, int k, const Acts& x, int row
 // the tiles above.
 constexpr int kRowGroup = 16;
 
+// The weight bytes [p + kAhead, p + kAhead + bytes) into L1, one line at a time: 4 KiB ahead of
+// the block being read, across the page boundary where the hardware prefetcher stops (a prefetch
+// never faults, also past the end of the weight).
+constexpr size_t kAhead = 4096;
+inline void prefetch_ahead(const uint8_t* p, size_t bytes) {
+  for (size_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + kAhead + o), _MM_HINT_T0);
+}
+
 // 4 activation codes (one 32-bit word) in every lane: an embedded-broadcast operand of vpdpbusd.
 inline __m512i broadcast4(const int8_t* p) {
   int32_t four;
@@ -400,6 +408,7 @@ void group_tile(const uint8_t* g, int nb, int k, const Acts& x, float* y, int ld
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (int b = 0; b < nb; ++b) {
     const uint8_t* blk = g + static_cast<size_t>(b) * gb;
+    prefetch_ahead(blk, gb);
     __m512i wv[8];
     if constexpr (K == WeightKind::Q8_0) {
       for (int t = 0; t < 8; ++t) wv[t] = _mm512_loadu_si512(blk + 64 * t);
@@ -487,6 +496,7 @@ void group_tile_k(const uint8_t* g, int nsb, int k, const Acts& x, float* y, int
       const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kCodesK + 1280)));
       each_sub_block([&](auto jc) DI_INLINE_LAMBDA {
         constexpr int j = decltype(jc)::value, n = j / 4, U = j % 4, P = 2 * n + (U & 1);
+        prefetch_ahead(blk + j * gb / 8, gb / 8);  // an eighth a sub-block: a few misses in flight at a time
         for (int t = 0; t < 8; ++t) {
           const __m512i lo = _mm512_loadu_si512(blk + 512 * P + 64 * t);
           const __m512i hi = _mm512_loadu_si512(blk + kCodesK + 512 * n + 64 * t);
@@ -524,6 +534,7 @@ void group_tile_k(const uint8_t* g, int nsb, int k, const Acts& x, float* y, int
       const __m512i byte = _mm512_set1_epi32(0xFF);
       each_sub_block([&](auto jc) DI_INLINE_LAMBDA {
         constexpr int j = decltype(jc)::value, p = j / 2;
+        prefetch_ahead(blk + j * gb / 8, gb / 8);
         for (int t = 0; t < 8; ++t) {
           __m512i v = _mm512_loadu_si512(blk + 512 * p + 64 * t);
           if constexpr (j & 1) v = _mm512_srli_epi16(v, 4);
