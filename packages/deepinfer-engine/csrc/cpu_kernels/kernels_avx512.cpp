@@ -304,8 +304,12 @@ void repack_group(WeightKind kind, const uint8_t* src, size_t row_bytes, int nb,
       const uint8_t* blk = src + static_cast<size_t>(l) * row_bytes + static_cast<size_t>(b) * bb;
       std::memcpy(out + cb + 2 * l, blk, 2);  // d
       if (kind == WeightKind::Q8_0) {
-        for (int t = 0; t < 8; ++t)
-          for (int i = 0; i < 4; ++i) out[64 * t + 4 * l + i] = static_cast<uint8_t>(blk[2 + 4 * t + i] ^ 0x80);
+        for (int t = 0; t < 8; ++t) {
+          uint32_t four;
+          std::memcpy(&four, blk + 2 + 4 * t, 4);
+          four ^= 0x80808080u;  // + 128 in each byte
+          std::memcpy(out + 64 * t + 4 * l, &four, 4);
+        }
         continue;
       }
       // after d: Q4_1's m, Q5_0's qh
