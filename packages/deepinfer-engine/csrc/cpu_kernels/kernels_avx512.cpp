@@ -251,7 +251,7 @@ void gemv_rows(const uint8_t* w, size_t row_bytes, int k, const Acts& x, int row
   }
 }
 
-// ---- groups of 16 interleaved weight rows (Q4_0, Q4_1, Q5_0, Q8_0) ----------------------------
+// ---- groups of 16 interleaved weight rows (Q4_0, Q4_1, Q5_0, Q8_0; the K-quants further down) ---
 //
 // A weight's whole groups of kRowGroup rows are stored block by block: block b of group g (16
 // blocks of ggml, one per row, the same bytes) is
