@@ -12,7 +12,7 @@
 // of block 2p + 1 in its high one (j < 32), so one 32-byte load, a shift and a mask give both
 // blocks' 64 codes in element order; an odd last block keeps ggml's 16-byte layout.
 // K-quants come in super-blocks of 256 weights (8 sub-blocks of 32) and run in ggml's layout
-// as stored (no regrouping):
+// as stored (no regrouping; the AVX-512 table's groups of 16 rows aside, below):
 //   Q4_K (144 bytes): fp16 d, fp16 dmin, 12 bytes of 6-bit sub-block scales sc and mins m,
 //        128 bytes of nibbles                      w = d * sc_j * q - dmin * m_j
 //   Q5_K (176 bytes): as Q4_K plus 32 bytes of fifth bits (bit j of byte l: weight l of
@@ -27,9 +27,10 @@
 // whole group of 8 blocks 8g..8g+7 (at the same place) become bit planes, bit b of byte j = the
 // fifth bit of weight j of block 8g + b, so that a block's bits are a shift and a mask of one load;
 // the blocks after the last whole group keep their 4 bytes.
-// The AVX-512 table interleaves Q4_0/Q4_1/Q5_0/Q8_0 weights by groups of 16 rows (kernels_avx512.cpp:
-// one 32-bit lane per weight row, so a 512-bit integer dot serves 16 rows and an activation's 4
-// codes are one broadcast); rows after the last whole group keep the per-row layout above.
+// The AVX-512 table interleaves the weights of every quantized kind, K-quants included, by groups
+// of 16 rows (kernels_avx512.cpp: one 32-bit lane per weight row, so a 512-bit integer dot serves
+// 16 rows and an activation's 4 codes are one broadcast); rows after the last whole group keep the
+// per-row layout above (K-quants: ggml's, as stored).
 // Activations multiplied by quantized weights are quantized to 8 bits per block of 32 (as
 // ggml's Q8_1): x ~= q * d, |x - q * d| <= d / 2 with d = max|x| / 127, and s = d * sum(q).
 #pragma once
