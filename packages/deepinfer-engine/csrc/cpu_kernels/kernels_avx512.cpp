@@ -2,12 +2,13 @@
 // built for its instruction set, only called after best_kernels() found it at run time, and
 // shares no inline functions or templates with other files.
 //
-// Q4_0, Q4_1, Q5_0 and Q8_0 weights are interleaved by groups of 16 rows at registration (see
-// "groups of 16 interleaved weight rows" below): one 512-bit integer dot (vpdpbusd) multiplies 4
-// codes of each of 16 rows by 4 activation codes broadcast, so a block of 32 costs per activation
-// row 8 dots, a conversion, a multiply and an FMA for 16 rows, and no horizontal sum is left at the
-// end. Rows after a weight's last whole group (and the K-quants, on the AVX2 kernels) keep the
-// per-row layout and the tiles of weight rows x activation rows below: each weight vector loaded
+// Quantized weights (Q4_0, Q4_1, Q5_0, Q8_0 and the K-quants) are interleaved by groups of 16 rows
+// at registration (see "groups of 16 interleaved weight rows" below): one 512-bit integer dot
+// (vpdpbusd) multiplies 4 codes of each of 16 rows by 4 activation codes broadcast, so a block of
+// 32 costs per activation row 8 dots, a conversion, a multiply and an FMA for 16 rows, and no
+// horizontal sum is left at the end. Rows after a weight's last whole group keep the per-row
+// layout (K-quants: ggml's, on the AVX2 kernels) and the tiles of weight rows x activation rows
+// below: each weight vector loaded
 // (and, for Q4, unpacked) once serves the tile's activation rows, two blocks per 512-bit dot.
 // Their tiles (act_tile): 2 weight rows x up to 6 activation rows (7 and more in tiles of 4),
 // Q5_0 steps of 8+ rows 1 weight row x up to 8. A row's arithmetic does not depend on the tile or
