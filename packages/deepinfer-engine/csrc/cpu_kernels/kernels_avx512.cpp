@@ -8,9 +8,8 @@
 // 32 costs per activation row 8 dots, a conversion, a multiply and an FMA for 16 rows, and no
 // horizontal sum is left at the end. Rows after a weight's last whole group keep the per-row
 // layout (K-quants: ggml's, on the AVX2 kernels) and the tiles of weight rows x activation rows
-// below: each weight vector loaded
-// (and, for Q4, unpacked) once serves the tile's activation rows, two blocks per 512-bit dot.
-// Their tiles (act_tile): 2 weight rows x up to 6 activation rows (7 and more in tiles of 4),
+// below: each weight vector loaded (and, for Q4, unpacked) once serves the tile's activation rows,
+// two blocks per 512-bit dot. Their tiles (act_tile): 2 weight rows x up to 6 activation rows (7 and more in tiles of 4),
 // Q5_0 steps of 8+ rows 1 weight row x up to 8. A row's arithmetic does not depend on the tile or
 // on how many activation rows share the call (batch invariance): every (weight row, activation
 // row) is summed alike in each.
