@@ -284,9 +284,17 @@ inline __m512i broadcast4(const int8_t* p) {
   std::memcpy(&four, p, 4);
   return _mm512_set1_epi32(four);
 }
-constexpr int kGroupActTile = 8;  // activation rows per group tile (8 accumulators, 8 code vectors)
 
-constexpr bool grouped(WeightKind k) { return k != WeightKind::F32; }
+// One activation row's 32 codes xq against a block's 8 dot vectors: codes 0-15 into h0, 16-31 into
+// h1 (two chains of 4 dots; integer sums, exact in any order).
+inline __attribute__((always_inline)) void dots8(const __m512i* wv, const int8_t* xq, __m512i& h0, __m512i& h1) {
+  for (int t = 0; t < 4; ++t) {
+    h0 = _mm512_dpbusd_epi32(h0, wv[t], broadcast4(xq + 4 * t));
+    h1 = _mm512_dpbusd_epi32(h1, wv[t + 4], broadcast4(xq + 16 + 4 * t));
+  }
+}
+
+constexpr int kGroupActTile = 8;  // activation rows per group tile (8 accumulators, 8 code vectors)
 
 // The code offset taken out of the integer dot (w = (q - offset) d).
 template <WeightKind K>
@@ -326,7 +334,6 @@ void repack_group(WeightKind kind, const uint8_t* src, size_t row_bytes, int nb,
   }
 }
 
-
 // ---- K-quants by groups of 16 rows ------------------------------------------------------------
 //
 // Super-block s of a group (16 ggml super-blocks, one per row, the same bytes; sub-block j of
@@ -352,6 +359,7 @@ void repack_group_k(WeightKind kind, const uint8_t* src, size_t row_bytes, int n
   const size_t bb = block_bytes(kind);
   for (int sb = 0; sb < nsb; ++sb) {
     uint8_t* out = dst + static_cast<size_t>(sb) * kRowGroup * bb;
+    uint64_t masks[64] = {};  // Q5_K: mask 8j + t
     for (int l = 0; l < kRowGroup; ++l) {
       const uint8_t* blk = src + static_cast<size_t>(l) * row_bytes + static_cast<size_t>(sb) * bb;
       if (kind == WeightKind::Q6_K) {
@@ -371,24 +379,20 @@ void repack_group_k(WeightKind kind, const uint8_t* src, size_t row_bytes, int n
       if (kind == WeightKind::Q5_K) {
         const uint8_t* qh = blk + 16;
         for (int j = 0; j < 8; ++j)
-          for (int t = 0; t < 8; ++t) {
-            uint64_t mask;
-            std::memcpy(&mask, out + at + 64 * j + 8 * t, 8);
-            for (int i = 0; i < 4; ++i) mask |= static_cast<uint64_t>((qh[4 * t + i] >> j) & 1) << (4 * l + i);
-            std::memcpy(out + at + 64 * j + 8 * t, &mask, 8);
-          }
-        at += 512;
+          for (int t = 0; t < 8; ++t)
+            for (int i = 0; i < 4; ++i) masks[8 * j + t] |= static_cast<uint64_t>((qh[4 * t + i] >> j) & 1) << (4 * l + i);
+        at += sizeof(masks);
       }
       for (int v = 0; v < 3; ++v) std::memcpy(out + at + 64 * v + 4 * l, blk + 4 + 4 * v, 4);
       std::memcpy(out + at + 192 + 2 * l, blk, 2);       // d
       std::memcpy(out + at + 224 + 2 * l, blk + 2, 2);   // dmin
     }
+    if (kind == WeightKind::Q5_K) std::memcpy(out + kCodesK, masks, sizeof(masks));
   }
 }
 
 void repack(WeightKind kind, const uint8_t* src, size_t row_bytes, int rows, int nb, uint8_t* dst) {
-  const int whole = grouped(kind) ? rows / kRowGroup * kRowGroup : 0;
-  if (k_quant(kind)) std::memset(dst, 0, static_cast<size_t>(whole) * row_bytes);  // Q5_K's masks are or-ed in
+  const int whole = rows / kRowGroup * kRowGroup;
   for (int g = 0; g < whole; g += kRowGroup) {
     uint8_t* out = dst + static_cast<size_t>(g) * row_bytes;
     if (k_quant(kind)) {
@@ -437,13 +441,10 @@ void group_tile(const uint8_t* g, int nb, int k, const Acts& x, float* y, int ld
     for (int r = 0; r < R; ++r) {
       const size_t at = static_cast<size_t>(r) * nb + b;
       const int8_t* xq = x.qs + static_cast<size_t>(r) * k + static_cast<size_t>(b) * kBlock;
-      // two chains of 4 dots (integer sums: exact in any order), the first from the code offset
+      // the first chain starts from the code offset
       __m512i dot = offset ? _mm512_set1_epi32(-offset * (x.sum[2 * at] + x.sum[2 * at + 1])) : _mm512_setzero_si512();
       __m512i dot1 = _mm512_setzero_si512();
-      for (int t = 0; t < 4; ++t) {
-        dot = _mm512_dpbusd_epi32(dot, wv[t], broadcast4(xq + 4 * t));
-        dot1 = _mm512_dpbusd_epi32(dot1, wv[t + 4], broadcast4(xq + 16 + 4 * t));
-      }
+      dots8(wv, xq, dot, dot1);
       dot = _mm512_add_epi32(dot, dot1);
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, _mm512_set1_ps(x.d[at])), acc[r]);
       if constexpr (K == WeightKind::Q4_1) acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(x.s[at]), acc[r]);
@@ -472,16 +473,13 @@ void group_tile_k(const uint8_t* g, int nsb, int k, const Acts& x, float* y, int
     for (int r = 0; r < R; ++r) {
       const size_t at = static_cast<size_t>(r) * nb + i;
       const int8_t* xq = x.qs + static_cast<size_t>(r) * k + static_cast<size_t>(i) * kBlock;
-      // two chains of 4 dots (integer sums: exact in any order); Q6_K: one per 16-weight half
+      // Q6_K: each 16-weight half's chain starts from its code offset
       __m512i h0 = _mm512_setzero_si512(), h1 = _mm512_setzero_si512();
       if constexpr (K == WeightKind::Q6_K) {
         h0 = _mm512_set1_epi32(-32 * x.sum[2 * at]);
         h1 = _mm512_set1_epi32(-32 * x.sum[2 * at + 1]);
       }
-      for (int t = 0; t < 4; ++t) {
-        h0 = _mm512_dpbusd_epi32(h0, wv[t], broadcast4(xq + 4 * t));
-        h1 = _mm512_dpbusd_epi32(h1, wv[t + 4], broadcast4(xq + 16 + 4 * t));
-      }
+      dots8(wv, xq, h0, h1);
       __m512i dot;
       if constexpr (K == WeightKind::Q6_K) {
         dot = _mm512_add_epi32(_mm512_mullo_epi32(h0, sc0), _mm512_mullo_epi32(h1, sc1));
@@ -560,7 +558,6 @@ void group_tile_k(const uint8_t* g, int nsb, int k, const Acts& x, float* y, int
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + static_cast<size_t>(r) * ldy, acc[r]);
 }
 
-// One group x all activation rows, in tiles of up to kGroupActTile rows as even as possible.
 template <WeightKind K, int R>
 void any_group_tile(const uint8_t* g, int k, const Acts& x, float* y, int ldy) {
   if constexpr (k_quant(K)) {
@@ -570,6 +567,7 @@ void any_group_tile(const uint8_t* g, int k, const Acts& x, float* y, int ldy) {
   }
 }
 
+// One group x all activation rows, in tiles of up to kGroupActTile rows as even as possible.
 template <WeightKind K>
 void group_rows(const uint8_t* g, int k, const Acts& x, int rows, float* y, int ldy) {
   const int tiles = (rows + kGroupActTile - 1) / kGroupActTile;
