@@ -96,6 +96,9 @@ def main() -> None:
     p.add_argument("--swap-sweep", default="",
                    help="types whose GEMM is timed plain and swapped (weights as the MMA's left operand) over tiles")
     p.add_argument("--swap-rows", default="16,32,64,128", help="row counts of --swap-sweep")
+    p.add_argument("--split-sweep", default="",
+                   help="types whose GEMM is timed with K split 1, 2, 3, 4, 6 and 8 ways and as chosen (split_k=0)")
+    p.add_argument("--split-rows", default="8,16,32,64", help="row counts of --split-sweep")
     p.add_argument("--fused", action="store_true",
                    help="one-row GEMVs with the decode graph's fusions (RMSNorm for qkv/gate_up, residual for o, "
                         "SiLU·mul for down)")
@@ -108,7 +111,7 @@ def main() -> None:
         x1 = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
         t = graph_time(lambda x1=x1, w=w: gemv(x1, w))
         print(f"{name:8s} bf16  gemv: {t * 1e6:7.1f} us {w.numel() * 2 / t / 1e9:6,.0f} GB/s", flush=True)
-        for kind in args.types.split(","):
+        for kind in filter(None, args.types.split(",")):
             planes = regroup(quantize(w, kind), kind)
             nbytes = planes.nbytes()
             outputs: dict[tuple[int, str], torch.Tensor] = {}
@@ -158,6 +161,8 @@ def main() -> None:
         mmq_sweep(kind)
     for kind in filter(None, args.swap_sweep.split(",")):
         swap_sweep(kind, [int(r) for r in args.swap_rows.split(",")])
+    for kind in filter(None, args.split_sweep.split(",")):
+        split_sweep(kind, [int(r) for r in args.split_rows.split(",")])
 
 
 TILES = [(4, 512, 4, 3), (2, 512, 4, 3), (8, 256, 4, 3), (4, 1024, 8, 2), (1, 1024, 4, 3), (8, 512, 8, 2)]
@@ -255,6 +260,33 @@ def swap_sweep(kind: str, rows_list: list[int]) -> None:
                       f"plain {diff:.3g}", flush=True)
             print(f"swap sweep {name:8s} {kind} {rows:3d} rows BEST {best[1]} {best[0] * 1e6:.1f} us "
                   f"(cuBLAS bf16 {tb * 1e6:.1f})", flush=True)
+        del planes, w, wb
+        torch.cuda.empty_cache()
+
+
+def split_sweep(kind: str, rows_list: list[int]) -> None:
+    """The GEMM at its default tile with K split 1..8 ways and as ``choose_split_k`` picks, per
+    projection and row count, beside cuBLAS bf16 (the split kernel's time includes the sum kernel)."""
+    from deepinfer.runtime.kernels.gguf_gemv import gguf_gemm
+    from deepinfer.runtime.kernels.gguf_layout import regroup
+    from gguf_quantizer import quantize
+
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    for name, (n, k) in SHAPES.items():
+        w = torch.randn(n, k, device="cuda", generator=gen) * 0.02
+        planes = regroup(quantize(w, kind), kind)
+        wb = w.to(torch.bfloat16)
+        for rows in rows_list:
+            x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+            ref = gguf_gemm(x, planes, split_k=1).float()
+            tb = graph_time(lambda x=x, wb=wb: F.linear(x, wb))
+            cells = []
+            for split in (1, 2, 3, 4, 6, 8, 0):
+                t = graph_time(lambda x=x, planes=planes, split=split: gguf_gemm(x, planes, split_k=split))
+                diff = float((gguf_gemm(x, planes, split_k=split).float() - ref).abs().max())
+                cells.append(f"{'chosen' if split == 0 else split} {t * 1e6:.1f}" + (f" (|diff| {diff:.2g})" if diff > 0.05 else ""))
+            print(f"split sweep {name:8s} {kind} {rows:3d} rows: cuBLAS bf16 {tb * 1e6:.1f} us; split -> us: "
+                  + ", ".join(cells), flush=True)
         del planes, w, wb
         torch.cuda.empty_cache()
 

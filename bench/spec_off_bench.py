@@ -1,16 +1,18 @@
-""""No slowdown when speculation is off": DeepInfer on the CPU from two source trees, interleaved.
+""""No slowdown when speculation is off": DeepInfer on the CPU from two source trees, in pairs.
 
     python bench/spec_off_bench.py --before /tmp/before --before-engine /tmp/before/build/dev/deepinfer-engine/pkg \
-        [--after .] [--after-engine build/dev/deepinfer-engine/pkg] [--rounds 3] [--threads 2]
+        [--after .] [--after-engine build/dev/deepinfer-engine/pkg] [--pairs 40] [--threads 2]
 
-Each round runs one child process per tree (``--after`` first in odd rounds, ``--before`` first
-in even ones), each with its tree's ``deepinfer-meta/src`` and its own engine build on
-``PYTHONPATH``. A child measures bench/cpu_vs_llamacpp.py's DeepInfer contender (``dq``: the
-default model with its quantization kept, no ``speculative_config``): batch-1 decode of a
-64-token prompt + 128 new tokens (new tokens / wall time) and 16 concurrent requests of 64 + 64
-(total new tokens / wall time), each the median of ``--repeats`` runs after a warm-up, greedy,
-EOS ignored, no prefix caching. Prints every figure with the 1-minute load average and the
-after / before ratio per round and over the rounds' medians (the issue asks for within 3 %).
+One long-lived child process per tree, each with its tree's ``deepinfer-meta/src`` and its own
+engine build on ``PYTHONPATH``, each loading bench/cpu_vs_llamacpp.py's DeepInfer contender once
+(``dq``: the default model with its quantization kept, no ``speculative_config``). The parent
+then asks them in turn for one measurement at a time: batch-1 decode of a 64-token prompt + 128
+new tokens (new tokens / wall time) and 16 concurrent requests of 64 + 64 (total new tokens /
+wall time), greedy, EOS ignored, no prefix caching. A pair is the two trees measured back to
+back (the order alternates), so load that drifts over seconds on a shared machine falls on both
+sides of a pair; rounds of separate processes a minute apart moved 0.76-1.52x here. Prints the
+after / before ratio of each pair, their median and a distribution-free 95 % interval for it
+(the issue asks for within 3 %), and tokens per second of the child's CPU time beside wall time.
 
 Use it for main against the parent of the commit that added ``runtime/speculative``
 (``git log --oneline -- deepinfer-meta/src/deepinfer/runtime/speculative | tail -1``), checked out
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -29,10 +32,13 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROMPT_LEN, NEW_TOKENS, CONC, CONC_NEW = 64, 128, 16, 64
+WORKLOADS = ("decode1", "concurrent16")
 
 
-def child(threads: int, repeats: int, concurrent: bool = True) -> None:
-    """Measure this process's deepinfer (whatever PYTHONPATH gives) and print one JSON line."""
+def child(threads: int) -> None:
+    """Load this process's deepinfer (whatever PYTHONPATH gives), then answer one JSON line per
+    workload name read from stdin: new tokens per wall second and per second of this process's
+    CPU time (all threads, user + system)."""
     import torch  # first, as on the GPU machines (before any deepinfer native module)
 
     torch.set_num_threads(threads)
@@ -41,35 +47,49 @@ def child(threads: int, repeats: int, concurrent: bool = True) -> None:
 
     llm = LLM(device="cpu", max_model_len=1024, enable_prefix_caching=False)
     rng = np.random.default_rng(0)
-    one = [rng.integers(100, 1000, PROMPT_LEN).tolist()]
-    many = rng.integers(100, 1000, (CONC, PROMPT_LEN)).tolist()
-
-    def rate(prompts: list[list[int]], n: int) -> float:
-        params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-        reqs = [{"prompt_token_ids": p} for p in prompts]
-        llm.generate(reqs, params, use_tqdm=False)  # warm-up
-        rates = []
-        for _ in range(repeats):
-            t = time.perf_counter()
-            llm.generate(reqs, params, use_tqdm=False)
-            rates.append(len(prompts) * n / (time.perf_counter() - t))
-        return statistics.median(rates)
-
-    out = {"decode1": rate(one, NEW_TOKENS), "load1": os.getloadavg()[0]}
-    out["concurrent16"] = rate(many, CONC_NEW) if concurrent else float("nan")
-    out["load2"] = os.getloadavg()[0]
-    print("RESULT " + json.dumps(out), flush=True)
+    prompts = {"decode1": [rng.integers(100, 1000, PROMPT_LEN).tolist()],
+               "concurrent16": rng.integers(100, 1000, (CONC, PROMPT_LEN)).tolist()}
+    new = {"decode1": NEW_TOKENS, "concurrent16": CONC_NEW}
+    print("READY", flush=True)
+    for line in sys.stdin:
+        name = line.strip()
+        params = SamplingParams(temperature=0.0, max_tokens=new[name], ignore_eos=True)
+        reqs = [{"prompt_token_ids": p} for p in prompts[name]]
+        t, c = time.perf_counter(), time.process_time()
+        llm.generate(reqs, params, use_tqdm=False)
+        tokens = len(reqs) * new[name]
+        print("RESULT " + json.dumps({"wall": tokens / (time.perf_counter() - t),
+                                      "cpu": tokens / (time.process_time() - c)}), flush=True)
 
 
-def run_tree(tree: str, engine: str, threads: int, repeats: int, concurrent: bool = True) -> dict[str, float]:
-    env = dict(os.environ, PYTHONPATH=f"{os.path.abspath(engine)}:{os.path.join(os.path.abspath(tree), 'deepinfer-meta', 'src')}",
-               OMP_NUM_THREADS=str(threads))
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--threads", str(threads),
-                           "--repeats", str(repeats)] + ([] if concurrent else ["--no-concurrent"]), env=env, capture_output=True, text=True, check=False)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
-        raise SystemExit(f"{tree}: the child failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    return dict(json.loads(lines[-1][len("RESULT "):]))
+class Tree:
+    """A child process serving measurements of one source tree."""
+
+    def __init__(self, name: str, tree: str, engine: str, threads: int) -> None:
+        self.name = name
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONPATH=os.pathsep.join(
+            [os.path.abspath(engine), os.path.join(os.path.abspath(tree), "deepinfer-meta", "src")]))
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child", "--threads", str(threads)],
+                                     env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._expect("READY")
+
+    def _expect(self, prefix: str) -> str:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith(prefix):
+                return line[len(prefix):]
+        raise SystemExit(f"{self.name}: the child ended (exit {self.proc.wait()}) before {prefix.strip()}")
+
+    def measure(self, workload: str) -> dict[str, float]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(workload + "\n")
+        self.proc.stdin.flush()
+        return dict(json.loads(self._expect("RESULT ")))
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait(timeout=60)
 
 
 def main() -> None:
@@ -78,42 +98,63 @@ def main() -> None:
     p.add_argument("--before-engine", help="its engine build's pkg folder, scripts/devbuild.sh (required)")
     p.add_argument("--after", default=os.path.dirname(HERE))
     p.add_argument("--after-engine", default=None, help="default: AFTER/build/dev/deepinfer-engine/pkg")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--pairs", type=int, default=40)
+    p.add_argument("--warmup", type=int, default=2, help="unmeasured measurements of each workload per tree")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--no-concurrent", action="store_true", help="batch-1 decode only (the 16 requests' "
-                   "prefill on torch takes most of a child's time)")
+    p.add_argument("--workloads", default=",".join(WORKLOADS), help="of " + ", ".join(WORKLOADS))
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        child(args.threads, args.repeats, not args.no_concurrent)
+        child(args.threads)
         return
     if not args.before or not args.before_engine:
         p.error("--before and --before-engine are required")
+    workloads = [w for w in args.workloads.split(",") if w]
+    if not workloads or set(workloads) - set(WORKLOADS):
+        p.error(f"--workloads must name some of {', '.join(WORKLOADS)}, got {args.workloads!r}")
     after_engine = args.after_engine or os.path.join(args.after, "build", "dev", "deepinfer-engine", "pkg")
-    trees = {"after": (args.after, after_engine), "before": (args.before, args.before_engine)}
-    results: dict[str, list[dict[str, float]]] = {"after": [], "before": []}
-    ratios: dict[str, list[float]] = {"decode1": []} if args.no_concurrent else {"decode1": [], "concurrent16": []}
     print(f"== DeepInfer CPU, default model, {args.threads} threads; after = {args.after}, before = {args.before}; "
-          f"{args.rounds} rounds, each figure the median of {args.repeats} runs", flush=True)
-    for r in range(args.rounds):
-        order = ["after", "before"] if r % 2 == 0 else ["before", "after"]
-        got = {}
-        for name in order:
-            got[name] = run_tree(*trees[name], args.threads, args.repeats, not args.no_concurrent)
-            results[name].append(got[name])
-            g = got[name]
-            conc = "" if args.no_concurrent else f", 16 concurrent {g['concurrent16']:.1f} tok/s (load {g['load2']:.1f})"
-            print(f"  round {r + 1} {name}: batch-1 decode {g['decode1']:.1f} tok/s (load {g['load1']:.1f}){conc}",
-                  flush=True)
-        for m in ratios:
-            ratios[m].append(got["after"][m] / got["before"][m])
-        print(f"  round {r + 1} after / before: " + ", ".join(f"{m} {ratios[m][-1]:.3f}" for m in ratios), flush=True)
-    for m in ratios:
-        med = {n: statistics.median(x[m] for x in results[n]) for n in results}
-        print(f"{m}: after {med['after']:.1f} tok/s, before {med['before']:.1f} tok/s (medians), ratio of medians "
-              f"{med['after'] / med['before']:.3f}; per-round ratios {', '.join(f'{x:.3f}' for x in ratios[m])} "
-              f"(median {statistics.median(ratios[m]):.3f})", flush=True)
+          f"{args.pairs} pairs a workload, load average {os.getloadavg()[0]:.1f}", flush=True)
+    trees = [Tree("after", args.after, after_engine, args.threads),
+             Tree("before", args.before, args.before_engine, args.threads)]
+    try:
+        for tree in trees:
+            for w in workloads:
+                for _ in range(args.warmup):
+                    tree.measure(w)
+        got: dict[str, dict[str, list[dict[str, float]]]] = {w: {"after": [], "before": []} for w in workloads}
+        for i in range(args.pairs):
+            for w in workloads:
+                for tree in (trees if i % 2 == 0 else trees[::-1]):
+                    got[w][tree.name].append(tree.measure(w))
+            if (i + 1) % 10 == 0:
+                print(f"  {i + 1} pairs, load average {os.getloadavg()[0]:.1f}", flush=True)
+    finally:
+        for tree in trees:
+            tree.close()
+    for w in workloads:
+        for clock in ("wall", "cpu"):
+            a = [x[clock] for x in got[w]["after"]]
+            b = [x[clock] for x in got[w]["before"]]
+            ratios = [x / y for x, y in zip(a, b, strict=True)]
+            lo, hi, level = median_interval(ratios)
+            print(f"{w} ({clock} clock): after {statistics.median(a):.1f}, before {statistics.median(b):.1f} tok/s "
+                  f"(medians; before's range {min(b):.1f}-{max(b):.1f}); after / before per pair: median "
+                  f"{statistics.median(ratios):.3f}, {level:.0%} interval {lo:.3f}-{hi:.3f}, quartiles "
+                  f"{statistics.quantiles(ratios, n=4)[0]:.3f}-{statistics.quantiles(ratios, n=4)[2]:.3f}", flush=True)
+
+
+def median_interval(xs: list[float]) -> tuple[float, float, float]:
+    """A distribution-free interval for the median of ``xs``: the order statistics j and n - j + 1
+    with the largest j whose binomial coverage is at least 95 % (the whole range when none is)."""
+    s, n = sorted(xs), len(xs)
+    best = (s[0], s[-1], 1.0 - 2 * 0.5 ** n)
+    for j in range(1, n // 2 + 1):  # coverage of [s[j-1], s[n-j]] is 1 - 2 P(Binomial(n, 1/2) < j)
+        cover = 1.0 - 2 * sum(math.comb(n, i) for i in range(j)) / 2 ** n
+        if cover < 0.95:
+            break
+        best = (s[j - 1], s[n - j], cover)
+    return best
 
 
 if __name__ == "__main__":

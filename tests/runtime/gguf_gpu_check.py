@@ -149,15 +149,24 @@ def check_kind(kind: str, device: str, quick: bool) -> bool:
     xm = torch.randn(150, k, generator=g).to(bf)
     ok &= _check(f"{kind} gemm swapped bf16 [150,{k}] (3 row blocks)", gguf_gemm(xm.to(device), planes, swap=True),
                  xm.double() @ w_ref.T, xm.double().abs() @ w_ref.abs().T, 2**-7, 2**-8)
+    # K split 3 ways (float32 partial sums added in order by a second kernel), plain and swapped,
+    # with more K steps than splits and a last split shorter than the others
+    xm = torch.randn(6, k2, generator=g).to(bf)
+    for swap in (False, True):
+        got = gguf_gemm(xm.to(device), planes2, swap=swap, split_k=3, config=(16, 16, 32, 4, 2))
+        ok &= _check(f"{kind} gemm{' swapped' if swap else ''} bf16 [6,{k2}] K split 3 ways", got,
+                     xm.double() @ w2.T, xm.double().abs() @ w2.abs().T, 2**-7, 2**-8)
     # a GEMM with bias into a column slice of a wider output (how a mixed-type qkv writes)
     xm = torch.randn(4, k, generator=g).to(bf)
     bias = torch.randn(n, generator=g).to(bf)
     ref = xm.double() @ w_ref.T + bias.double()
     mag = xm.double().abs() @ w_ref.abs().T + bias.double().abs()
-    for swap in (False, True):
+    for swap, split in ((False, 1), (True, 1), (False, 2), (True, 2)):
         wide = torch.zeros(4, n + 8, dtype=bf, device=device)
-        gguf_gemm(xm.to(device), planes, bias.to(device), out=wide[:, 8:], swap=swap)
-        ok &= _check(f"{kind} gemm{' swapped' if swap else ''} into a slice", wide[:, 8:], ref, mag, 2**-7, 2**-8)
+        gguf_gemm(xm.to(device), planes, bias.to(device), out=wide[:, 8:], swap=swap, split_k=split,
+                  config=(16, 16, 32, 4, 2) if split > 1 else None)
+        ok &= _check(f"{kind} gemm{' swapped' if swap else ''}{' split 2' if split > 1 else ''} into a slice",
+                     wide[:, 8:], ref, mag, 2**-7, 2**-8)
         ok &= bool((wide[:, :8] == 0).all())
     # several rows on the int8 tensor cores (gguf_mmq): activations rounded per 32 columns, exact
     # integer sums, float32 group sums, bfloat16 output

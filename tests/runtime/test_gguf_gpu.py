@@ -120,6 +120,33 @@ def test_kernel_entry_points_refuse_bad_shapes():
         gguf_gemm(torch.zeros(3, 63), planes)
     with pytest.raises(ValueError, match="bias must be a contiguous"):
         gguf_gemm(torch.zeros(3, 64), planes, torch.zeros(5))
+    with pytest.raises(ValueError, match="split_k must be >= 0, got -1"):
+        gguf_gemm(torch.zeros(3, 64), planes, split_k=-1)
+
+
+def test_split_k_only_where_the_tiles_leave_multiprocessors_idle(monkeypatch):
+    """choose_split_k on the 8B shapes (132 multiprocessors, 64 x 128-byte tiles), and its limits."""
+    from deepinfer.runtime.kernels import gguf_gemv as gk
+
+    assert gk.choose_split_k("Q4_0", 64, 32, 56, 132) == 4     # down: 64 tiles
+    assert gk.choose_split_k("Q4_K", 64, 32, 56, 132) == 6     # the heavier decode takes more
+    assert gk.choose_split_k("Q8_0", 96, 8, 32, 132) == 4      # qkv
+    assert gk.choose_split_k("Q4_0", 448, 32, 16, 132) == 2    # gate_up at 32 rows
+    assert gk.choose_split_k("Q5_K", 448, 16, 16, 132) == 3
+    assert gk.choose_split_k("Q4_0", 448, 64, 16, 132) == 1    # ... and not at 64 (the sweep)
+    assert gk.choose_split_k("Q4_0", 1024, 8, 64, 132) == 1    # the tiles fill the GPU
+    assert gk.choose_split_k("Q4_0", 64, 32, 9, 132) == 2      # at least SPLIT_K_MIN_STEPS steps a split
+    assert gk.choose_split_k("Q4_0", 9, 256, 3, 132) == 1      # SmolLM2's few steps: no split
+    assert gk.choose_split_k("Q4_0", 5, 4, 64, 0) == 1         # no multiprocessors known (the interpreter)
+    for tiles in (1, 7, 64, 263, 264, 527, 528, 1000):
+        for rows in (2, 32, 33):
+            for steps in (1, 3, 4, 9, 64):
+                split = gk.choose_split_k("Q6_K", tiles, rows, steps, 132)
+                assert split == 1 or split * gk.SPLIT_K_MIN_STEPS <= steps
+                assert split == 1 or tiles < 264 or (tiles < 528 and rows <= 32)
+    monkeypatch.setenv("DEEPINFER_GGUF_GEMM_SPLIT_K", "two")
+    with pytest.raises(ValueError, match="DEEPINFER_GGUF_GEMM_SPLIT_K='two' is not an integer"):
+        gk.gemm_split_k()
 
 
 def test_mmq_refuses_what_it_cannot_multiply():

@@ -58,6 +58,9 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
     Switch("DEEPINFER_GGUF_GEMM_SWAP_ROWS", "1024", "kernels/gguf_gemv.py",
            "GGUF products of 33 up to this many rows (of 1-32 for Q4_K/Q5_K) decode their weights as the MMA's "
            "left operand (Hopper's wgmma takes it from registers; 0: never)"),
+    Switch("DEEPINFER_GGUF_GEMM_SPLIT_K", "0", "kernels/gguf_gemv.py",
+           "GGUF products of several rows split K this many ways, partial sums added in order (0: chosen "
+           "from the shape and the GPU's multiprocessors, 1: never)"),
     Switch("DEEPINFER_FUSED_EAGER", "1", "models/llama_fused_decode.py",
            "eager CUDA steps (prompt chunks, mixed steps) of dense models run the fused Triton kernels (0: torch ops)"),
     Switch("DEEPINFER_FOLD_MERGE", "1", "models/llama_fused_decode.py",

@@ -71,6 +71,10 @@ GEMM_CONFIG_FEW_ROWS = (32, 64, 128, 4, 3)
 GEMM_CONFIG_SWAP = (64, 64, 128, 4, 3)
 GEMM_CONFIG_SWAP_FEW_ROWS = (32, 64, 128, 4, 3)
 SWAP_FEW_ROWS_KINDS = ("Q4_K", "Q5_K")
+# split K (choose_split_k): each split at least this many BLOCK_K steps; these types take more splits
+SPLIT_K_MIN_STEPS = 4
+SPLIT_K_HEAVY_KINDS = ("Q4_K", "Q5_K")
+SPLIT_K_SUM_BLOCK = 1024
 
 
 @triton.jit
@@ -479,11 +483,14 @@ def gemm_tile(mrows, n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _gguf_gemm_kernel(x_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, b_ptr, out_ptr, mrows, n, k, stride_x, stride_o,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PACKED: tl.constexpr,
-                      G: tl.constexpr, SB: tl.constexpr, HAS_MIN: tl.constexpr, BIAS: tl.constexpr,
-                      HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, TILED: tl.constexpr, PDL: tl.constexpr,
-                      SWAP: tl.constexpr):
+def _gguf_gemm_kernel(x_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, b_ptr, out_ptr, ws_ptr, mrows, n, k, stride_x,
+                      stride_o, k_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      PACKED: tl.constexpr, G: tl.constexpr, SB: tl.constexpr, HAS_MIN: tl.constexpr,
+                      BIAS: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, TILED: tl.constexpr,
+                      PDL: tl.constexpr, SWAP: tl.constexpr, SPLIT_K: tl.constexpr):
+    """One output tile over the code-plane bytes ``[s * k_split, (s + 1) * k_split)`` of split ``s =
+    program_id(2)``. SPLIT_K > 1: the float32 partial sum goes to ``ws`` [SPLIT_K, M, N] and
+    ``_split_k_sum_kernel`` adds the splits in order (deterministic; no atomics)."""
     rm, rn, m_ok, n_ok = gemm_tile(mrows, n, BLOCK_M, BLOCK_N)
     kc = k // 2 if PACKED else k
     ng = k // G
@@ -495,7 +502,8 @@ def _gguf_gemm_kernel(x_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, b_ptr, out_ptr,
         acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(0, kc, BLOCK_K):
+    k_lo = tl.program_id(2) * k_split
+    for k0 in range(k_lo, tl.minimum(kc, k_lo + k_split), BLOCK_K):
         c = k0 + cols
         c_ok = c < kc
         ok = n_ok[:, None] & c_ok[None, :]
@@ -511,7 +519,13 @@ def _gguf_gemm_kernel(x_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, b_ptr, out_ptr,
             w = _decode(raw, rn, n_ok, k0, c, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, BLOCK_N, BLOCK_K, G, SB, HAS_MIN,
                         BIAS, TILED).to(dt)
             acc = _mma(w, x_ptr, rm, m_ok, c, c_ok, stride_x, acc, SWAP, DOT_F32)
-    if SWAP:
+    if SPLIT_K > 1:
+        ws = ws_ptr + tl.program_id(2).to(tl.int64) * mrows * n
+        if SWAP:
+            tl.store(ws + rm[None, :] * n + rn[:, None], acc, mask=m_ok[None, :] & n_ok[:, None])
+        else:
+            tl.store(ws + rm[:, None] * n + rn[None, :], acc, mask=m_ok[:, None] & n_ok[None, :])
+    elif SWAP:
         if HAS_BIAS:
             acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[:, None]
         tl.store(out_ptr + rm[None, :] * stride_o + rn[:, None], acc.to(out_ptr.dtype.element_ty),
@@ -521,6 +535,22 @@ def _gguf_gemm_kernel(x_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, b_ptr, out_ptr,
             acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
         tl.store(out_ptr + rm[:, None] * stride_o + rn[None, :], acc.to(out_ptr.dtype.element_ty),
                  mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _split_k_sum_kernel(ws_ptr, b_ptr, out_ptr, mrows, n, stride_o, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+                        BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """``out = ws[0] + ws[1] + ... (+ bias)``, splits added in order, one rounding to out's dtype."""
+    pdl_begin(PDL)
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < mrows * n
+    acc = tl.load(ws_ptr + i, mask=ok, other=0.0)
+    for s in tl.static_range(1, SPLIT_K):
+        acc += tl.load(ws_ptr + s * mrows * n + i, mask=ok, other=0.0)
+    col = i % n
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + col, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + (i // n) * stride_o + col, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
 def _planes_args(w: GGUFPlanes) -> tuple[torch.Tensor, ...]:
@@ -636,13 +666,52 @@ def gemm_swap_rows() -> int:
     return switches.integer("DEEPINFER_GGUF_GEMM_SWAP_ROWS")
 
 
+def gemm_split_k() -> int:
+    """``DEEPINFER_GGUF_GEMM_SPLIT_K``: 0 (default) chooses the K splits from the shape
+    (``choose_split_k``), 1 never splits, a larger value splits K that many ways."""
+    return switches.integer("DEEPINFER_GGUF_GEMM_SPLIT_K")
+
+
+_SMS: dict[int, int] = {}
+
+
+def _num_sms(device: torch.device) -> int:
+    """Multiprocessors of a CUDA device; 0 elsewhere (Triton's interpreter: no split unless asked)."""
+    if device.type != "cuda":
+        return 0
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SMS:
+        _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SMS[index]
+
+
+def choose_split_k(kind: str, tiles: int, rows: int, k_steps: int, sms: int) -> int:
+    """K splits for a GEMM of ``tiles`` output tiles, ``rows`` activation rows and ``k_steps``
+    BLOCK_K steps on ``sms`` multiprocessors. Fewer tiles than two a multiprocessor (a projection
+    of 4096 or 6144 outputs has 64 or 96 along N, and a decode batch one along M): 4 splits, 6 for
+    the types whose decode costs most (``SPLIT_K_HEAVY_KINDS``); fewer than four a multiprocessor
+    and at most 32 rows (gate_up at 28672 outputs): 2, or 3. Else none. At least
+    SPLIT_K_MIN_STEPS steps a split. The H200's sweep of the 8B shapes behind these numbers is in
+    guide 08 ("Split K")."""
+    heavy = kind in SPLIT_K_HEAVY_KINDS
+    if tiles < 2 * sms:
+        want = 6 if heavy else 4
+    elif tiles < 4 * sms and rows <= 32:
+        want = 3 if heavy else 2
+    else:
+        return 1
+    return max(1, min(want, k_steps // SPLIT_K_MIN_STEPS))
+
+
 def gguf_gemm(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
-              config: tuple[int, int, int, int, int] | None = None, swap: bool | None = None) -> torch.Tensor:
+              config: tuple[int, int, int, int, int] | None = None, swap: bool | None = None,
+              split_k: int | None = None) -> torch.Tensor:
     """``F.linear(x, W, bias)`` for ``x`` [M, K] (rows contiguous) and the quantized W; [M, N] in
     ``x``'s dtype (weights decoded to that dtype in registers). ``out``: an [M, N] view with
     contiguous rows to write. ``swap``: the weights as the MMA's left operand (default: up to
     ``gemm_swap_rows()`` rows, and up to 32 only for ``SWAP_FEW_ROWS_KINDS``); ``config``:
-    (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)."""
+    (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages); ``split_k``: K split that many ways, float32
+    partial sums added in order by a second kernel (default: ``gemm_split_k()``)."""
     n, k = w.n, w.k
     if x.dim() != 2 or x.shape[1] != k or x.stride(1) != 1:
         raise ValueError(f"gguf_gemm: x must be [M, {k}] with contiguous rows, got shape {tuple(x.shape)}")
@@ -662,9 +731,25 @@ def gguf_gemm(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
         default = GEMM_CONFIG_FEW_ROWS if m <= 32 else GEMM_CONFIG
     block_m, block_n, block_k, warps, stages = config or default
     block_m = max(16, min(block_m, triton.next_power_of_2(m)))
-    grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m))
-    _gguf_gemm_kernel[grid](x, *_planes_args(w), bias if bias is not None else out, out, m, n, k, x.stride(0),
-                            out.stride(0), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, **_kind_meta(w),
+    tiles = triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
+    k_steps = triton.cdiv(w.codes.shape[1], block_k)
+    split = gemm_split_k() if split_k is None else split_k
+    if split < 0:
+        raise ValueError(f"gguf_gemm: split_k must be >= 0, got {split}")
+    if split == 0:
+        split = choose_split_k(w.kind, tiles, m, k_steps, _num_sms(x.device))
+    k_split = triton.cdiv(k_steps, min(split, k_steps)) * block_k
+    split = triton.cdiv(w.codes.shape[1], k_split)  # no empty split
+    ws = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else out
+    grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), split)
+    b = bias if bias is not None else out
+    pdl = pdl_launch(x.device)
+    _gguf_gemm_kernel[grid](x, *_planes_args(w), b, out, ws, m, n, k, x.stride(0), out.stride(0), k_split,
+                            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, **_kind_meta(w),
                             HAS_BIAS=bias is not None, DOT_F32=_INTERPRET or x.dtype == torch.float32,
-                            SWAP=swap, num_warps=warps, num_stages=stages, **pdl_launch(x.device))
+                            SWAP=swap, SPLIT_K=split, num_warps=warps, num_stages=stages, **pdl)
+    if split > 1:
+        _split_k_sum_kernel[(triton.cdiv(m * n, SPLIT_K_SUM_BLOCK),)](
+            ws, b, out, m, n, out.stride(0), SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK=SPLIT_K_SUM_BLOCK,
+            num_warps=4, **pdl)
     return out
