@@ -99,6 +99,10 @@ def main() -> None:
     p.add_argument("--split-sweep", default="",
                    help="types whose GEMM is timed with K split 1, 2, 3, 4, 6 and 8 ways and as chosen (split_k=0)")
     p.add_argument("--split-rows", default="8,16,32,64", help="row counts of --split-sweep")
+    p.add_argument("--tile-sweep", default="",
+                   help="types whose gate_up and down GEMMs are timed over TILE_SWEEP's tiles, plain and swapped, "
+                        "at several K splits")
+    p.add_argument("--tile-rows", default="16,32", help="row counts of --tile-sweep")
     p.add_argument("--fused", action="store_true",
                    help="one-row GEMVs with the decode graph's fusions (RMSNorm for qkv/gate_up, residual for o, "
                         "SiLU·mul for down)")
@@ -163,6 +167,8 @@ def main() -> None:
         swap_sweep(kind, [int(r) for r in args.swap_rows.split(",")])
     for kind in filter(None, args.split_sweep.split(",")):
         split_sweep(kind, [int(r) for r in args.split_rows.split(",")])
+    for kind in filter(None, args.tile_sweep.split(",")):
+        tile_sweep(kind, [int(r) for r in args.tile_rows.split(",")])
 
 
 TILES = [(4, 512, 4, 3), (2, 512, 4, 3), (8, 256, 4, 3), (4, 1024, 8, 2), (1, 1024, 4, 3), (8, 512, 8, 2)]
@@ -288,6 +294,46 @@ def split_sweep(kind: str, rows_list: list[int]) -> None:
             print(f"split sweep {name:8s} {kind} {rows:3d} rows: cuBLAS bf16 {tb * 1e6:.1f} us; split -> us: "
                   + ", ".join(cells), flush=True)
         del planes, w, wb
+        torch.cuda.empty_cache()
+
+
+# (swap, (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)) of --tile-sweep, and its splits per projection
+TILE_SWEEP = [(False, (32, 64, 128, 4, 3)), (False, (32, 128, 128, 8, 3)), (False, (32, 64, 256, 4, 2)),
+              (False, (32, 128, 64, 4, 3)), (False, (16, 64, 128, 4, 3)), (True, (32, 64, 128, 4, 3)),
+              (True, (32, 128, 128, 8, 3)), (True, (32, 128, 64, 4, 4)), (True, (16, 64, 256, 4, 2))]
+TILE_SPLITS = {"gate_up": (1, 2, 3), "down": (2, 4, 6, 8)}
+
+
+def tile_sweep(kind: str, rows_list: list[int]) -> None:
+    from deepinfer.runtime.kernels.gguf_gemv import gguf_gemm
+    from deepinfer.runtime.kernels.gguf_layout import regroup
+    from gguf_quantizer import quantize
+    from triton.runtime.errors import OutOfResources
+
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    for name, splits in TILE_SPLITS.items():
+        n, k = SHAPES[name]
+        planes = regroup(quantize(torch.randn(n, k, device="cuda", generator=gen) * 0.02, kind), kind)
+        for rows in rows_list:
+            x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+            t0 = graph_time(lambda x=x, planes=planes: gguf_gemm(x, planes))
+            best = (t0, "default")
+            print(f"tile sweep {name:8s} {kind} {rows:3d} rows: default {t0 * 1e6:.1f} us", flush=True)
+            for swap, tile in TILE_SWEEP:
+                cells = []
+                for split in splits:
+                    try:
+                        t = graph_time(lambda x=x, planes=planes, tile=tile, swap=swap, split=split:
+                                       gguf_gemm(x, planes, config=tile, swap=swap, split_k=split))
+                    except OutOfResources:
+                        cells.append(f"{split} -")
+                        continue
+                    best = min(best, (t, f"{'swapped' if swap else 'plain'} {tile} split {split}"))
+                    cells.append(f"{split} {t * 1e6:.1f}")
+                print(f"tile sweep {name:8s} {kind} {rows:3d} rows {'swapped' if swap else 'plain  '} {tile}: "
+                      + ", ".join(cells), flush=True)
+            print(f"tile sweep {name:8s} {kind} {rows:3d} rows BEST {best[1]} {best[0] * 1e6:.1f} us", flush=True)
+        del planes
         torch.cuda.empty_cache()
 
 

@@ -70,7 +70,9 @@ GEMM_CONFIG_FEW_ROWS = (32, 64, 128, 4, 3)
 # (Q4_1 256 x (128, 256) end to end: 81,048 -> 96,588 tok/s at 512 rows, 97,856 at 1024)
 GEMM_CONFIG_SWAP = (64, 64, 128, 4, 3)
 GEMM_CONFIG_SWAP_FEW_ROWS = (32, 64, 128, 4, 3)
-SWAP_FEW_ROWS_KINDS = ("Q4_K", "Q5_K")
+# With K split (2026-12-04, `--tile-sweep`), Q4_0 gained from the swapped tile up to 32 rows too
+# (gate_up at 32 rows 80.0 -> 66.9 us at 2 splits, down 38.5 -> 35.4 at 4; Q8_0 did not)
+SWAP_FEW_ROWS_KINDS = ("Q4_0", "Q4_K", "Q5_K")
 # split K (choose_split_k): each split at least this many BLOCK_K steps; these types take more splits
 SPLIT_K_MIN_STEPS = 4
 SPLIT_K_HEAVY_KINDS = ("Q4_K", "Q5_K")
@@ -487,9 +489,9 @@ def _gguf_gemm_kernel(x_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, b_ptr, out_ptr,
                       stride_o, k_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                       PACKED: tl.constexpr, G: tl.constexpr, SB: tl.constexpr, HAS_MIN: tl.constexpr,
                       BIAS: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, TILED: tl.constexpr,
-                      PDL: tl.constexpr, SWAP: tl.constexpr, SPLIT_K: tl.constexpr):
+                      PDL: tl.constexpr, SWAP: tl.constexpr, SPLIT: tl.constexpr):
     """One output tile over the code-plane bytes ``[s * k_split, (s + 1) * k_split)`` of split ``s =
-    program_id(2)``. SPLIT_K > 1: the float32 partial sum goes to ``ws`` [SPLIT_K, M, N] and
+    program_id(2)``. SPLIT: the float32 partial sum goes to ``ws`` [splits, M, N] and
     ``_split_k_sum_kernel`` adds the splits in order (deterministic; no atomics)."""
     rm, rn, m_ok, n_ok = gemm_tile(mrows, n, BLOCK_M, BLOCK_N)
     kc = k // 2 if PACKED else k
@@ -519,7 +521,7 @@ def _gguf_gemm_kernel(x_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, b_ptr, out_ptr,
             w = _decode(raw, rn, n_ok, k0, c, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, BLOCK_N, BLOCK_K, G, SB, HAS_MIN,
                         BIAS, TILED).to(dt)
             acc = _mma(w, x_ptr, rm, m_ok, c, c_ok, stride_x, acc, SWAP, DOT_F32)
-    if SPLIT_K > 1:
+    if SPLIT:
         ws = ws_ptr + tl.program_id(2).to(tl.int64) * mrows * n
         if SWAP:
             tl.store(ws + rm[None, :] * n + rn[:, None], acc, mask=m_ok[None, :] & n_ok[:, None])
@@ -538,14 +540,14 @@ def _gguf_gemm_kernel(x_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, b_ptr, out_ptr,
 
 
 @triton.jit
-def _split_k_sum_kernel(ws_ptr, b_ptr, out_ptr, mrows, n, stride_o, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+def _split_k_sum_kernel(ws_ptr, b_ptr, out_ptr, mrows, n, stride_o, splits, HAS_BIAS: tl.constexpr,
                         BLOCK: tl.constexpr, PDL: tl.constexpr):
     """``out = ws[0] + ws[1] + ... (+ bias)``, splits added in order, one rounding to out's dtype."""
     pdl_begin(PDL)
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = i < mrows * n
     acc = tl.load(ws_ptr + i, mask=ok, other=0.0)
-    for s in tl.static_range(1, SPLIT_K):
+    for s in range(1, splits):
         acc += tl.load(ws_ptr + s * mrows * n + i, mask=ok, other=0.0)
     col = i % n
     if HAS_BIAS:
@@ -747,9 +749,9 @@ def gguf_gemm(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
     _gguf_gemm_kernel[grid](x, *_planes_args(w), b, out, ws, m, n, k, x.stride(0), out.stride(0), k_split,
                             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, **_kind_meta(w),
                             HAS_BIAS=bias is not None, DOT_F32=_INTERPRET or x.dtype == torch.float32,
-                            SWAP=swap, SPLIT_K=split, num_warps=warps, num_stages=stages, **pdl)
+                            SWAP=swap, SPLIT=split > 1, num_warps=warps, num_stages=stages, **pdl)
     if split > 1:
         _split_k_sum_kernel[(triton.cdiv(m * n, SPLIT_K_SUM_BLOCK),)](
-            ws, b, out, m, n, out.stride(0), SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK=SPLIT_K_SUM_BLOCK,
+            ws, b, out, m, n, out.stride(0), split, HAS_BIAS=bias is not None, BLOCK=SPLIT_K_SUM_BLOCK,
             num_warps=4, **pdl)
     return out
