@@ -99,6 +99,9 @@ def main() -> None:
     p.add_argument("--after", default=os.path.dirname(HERE))
     p.add_argument("--after-engine", default=None, help="default: AFTER/build/dev/deepinfer-engine/pkg")
     p.add_argument("--pairs", type=int, default=40)
+    p.add_argument("--processes", type=int, default=1,
+                   help="start fresh child processes this many times, the pairs shared between them (a process's "
+                        "memory placement can move its speed by a few percent for its whole life)")
     p.add_argument("--warmup", type=int, default=2, help="unmeasured measurements of each workload per tree")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="of " + ", ".join(WORKLOADS))
@@ -114,24 +117,37 @@ def main() -> None:
         p.error(f"--workloads must name some of {', '.join(WORKLOADS)}, got {args.workloads!r}")
     after_engine = args.after_engine or os.path.join(args.after, "build", "dev", "deepinfer-engine", "pkg")
     print(f"== DeepInfer CPU, default model, {args.threads} threads; after = {args.after}, before = {args.before}; "
-          f"{args.pairs} pairs a workload, load average {os.getloadavg()[0]:.1f}", flush=True)
-    trees = [Tree("after", args.after, after_engine, args.threads),
-             Tree("before", args.before, args.before_engine, args.threads)]
-    try:
-        for tree in trees:
-            for w in workloads:
-                for _ in range(args.warmup):
-                    tree.measure(w)
-        got: dict[str, dict[str, list[dict[str, float]]]] = {w: {"after": [], "before": []} for w in workloads}
-        for i in range(args.pairs):
-            for w in workloads:
-                for tree in (trees if i % 2 == 0 else trees[::-1]):
-                    got[w][tree.name].append(tree.measure(w))
-            if (i + 1) % 10 == 0:
-                print(f"  {i + 1} pairs, load average {os.getloadavg()[0]:.1f}", flush=True)
-    finally:
-        for tree in trees:
-            tree.close()
+          f"{args.pairs} pairs a workload over {args.processes} process pairs, load average {os.getloadavg()[0]:.1f}", flush=True)
+    got: dict[str, dict[str, list[dict[str, float]]]] = {w: {"after": [], "before": []} for w in workloads}
+    per_process: dict[str, list[float]] = {w: [] for w in workloads}  # each process pair's median wall ratio
+    pairs = max(1, args.pairs // args.processes)
+    for proc in range(args.processes):
+        # fresh processes: their memory placement (and so cache behaviour) is drawn anew, once per
+        # process; the start order alternates too
+        specs = [("after", args.after, after_engine), ("before", args.before, args.before_engine)]
+        trees = [Tree(name, tree, engine, args.threads) for name, tree, engine in
+                 (specs if proc % 2 == 0 else specs[::-1])]
+        trees.sort(key=lambda t: t.name)  # "after" first in the pairs' alternation
+        try:
+            for tree in trees:
+                for w in workloads:
+                    for _ in range(args.warmup):
+                        tree.measure(w)
+            mine: dict[str, list[float]] = {w: [] for w in workloads}
+            for i in range(pairs):
+                for w in workloads:
+                    m = {tree.name: tree.measure(w) for tree in (trees if i % 2 == 0 else trees[::-1])}
+                    for name in m:
+                        got[w][name].append(m[name])
+                    mine[w].append(m["after"]["wall"] / m["before"]["wall"])
+        finally:
+            for tree in trees:
+                tree.close()
+        for w in workloads:
+            per_process[w].append(statistics.median(mine[w]))
+        print(f"  processes {proc + 1}: {pairs} pairs, median after / before (wall) "
+              + ", ".join(f"{w} {per_process[w][-1]:.3f}" for w in workloads)
+              + f"; load average {os.getloadavg()[0]:.1f}", flush=True)
     for w in workloads:
         for clock in ("wall", "cpu"):
             a = [x[clock] for x in got[w]["after"]]
@@ -142,6 +158,11 @@ def main() -> None:
                   f"(medians; before's range {min(b):.1f}-{max(b):.1f}); after / before per pair: median "
                   f"{statistics.median(ratios):.3f}, {level:.0%} interval {lo:.3f}-{hi:.3f}, quartiles "
                   f"{statistics.quantiles(ratios, n=4)[0]:.3f}-{statistics.quantiles(ratios, n=4)[2]:.3f}", flush=True)
+        if args.processes > 1:
+            lo, hi, level = median_interval(per_process[w])
+            print(f"{w}: the {args.processes} process pairs' medians (wall) "
+                  f"{', '.join(f'{x:.3f}' for x in per_process[w])}: median {statistics.median(per_process[w]):.3f}, "
+                  f"{level:.0%} interval {lo:.3f}-{hi:.3f}", flush=True)
 
 
 def median_interval(xs: list[float]) -> tuple[float, float, float]:

@@ -60,7 +60,7 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
            "left operand (Hopper's wgmma takes it from registers; 0: never)"),
     Switch("DEEPINFER_GGUF_GEMM_SPLIT_K", "0", "kernels/gguf_gemv.py",
            "GGUF products of several rows split K this many ways, partial sums added in order (0: chosen "
-           "from the shape and the GPU's multiprocessors, 1: never)"),
+           "from the shape and the GPU's multiprocessors inside CUDA graphs, none eagerly; 1: never)"),
     Switch("DEEPINFER_FUSED_EAGER", "1", "models/llama_fused_decode.py",
            "eager CUDA steps (prompt chunks, mixed steps) of dense models run the fused Triton kernels (0: torch ops)"),
     Switch("DEEPINFER_FOLD_MERGE", "1", "models/llama_fused_decode.py",
