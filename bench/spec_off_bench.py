@@ -1,7 +1,7 @@
 """"No slowdown when speculation is off": DeepInfer on the CPU from two source trees, in pairs.
 
     python bench/spec_off_bench.py --before /tmp/before --before-engine /tmp/before/build/dev/deepinfer-engine/pkg \
-        [--after .] [--after-engine build/dev/deepinfer-engine/pkg] [--pairs 40] [--threads 2]
+        [--after .] [--after-engine build/dev/deepinfer-engine/pkg] [--pairs 48] [--processes 6] [--threads 2]
 
 One long-lived child process per tree, each with its tree's ``deepinfer-meta/src`` and its own
 engine build on ``PYTHONPATH``, each loading bench/cpu_vs_llamacpp.py's DeepInfer contender once
@@ -10,9 +10,13 @@ then asks them in turn for one measurement at a time: batch-1 decode of a 64-tok
 new tokens (new tokens / wall time) and 16 concurrent requests of 64 + 64 (total new tokens /
 wall time), greedy, EOS ignored, no prefix caching. A pair is the two trees measured back to
 back (the order alternates), so load that drifts over seconds on a shared machine falls on both
-sides of a pair; rounds of separate processes a minute apart moved 0.76-1.52x here. Prints the
-after / before ratio of each pair, their median and a distribution-free 95 % interval for it
-(the issue asks for within 3 %), and tokens per second of the child's CPU time beside wall time.
+sides of a pair; rounds of separate processes a minute apart moved 0.76-1.52x here. A process
+also keeps its own speed for its whole life (memory placement: two children of the same tree
+differed by up to 4 % over 100 pairs), so ``--processes P`` starts P fresh pairs of children, in
+alternating start order, and shares the pairs between them. Prints the median after / before
+ratio of the pairs with a distribution-free 95 % interval (the issue asks for within 3 %), each
+process pair's median and their interval, and tokens per second of the child's CPU time beside
+wall time.
 
 Use it for main against the parent of the commit that added ``runtime/speculative``
 (``git log --oneline -- deepinfer-meta/src/deepinfer/runtime/speculative | tail -1``), checked out

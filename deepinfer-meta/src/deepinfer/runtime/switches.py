@@ -56,7 +56,7 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
            "experimental: GGUF layers on a GPU multiply up to this many rows on the int8 tensor cores with 8-bit "
            "activations (0: the bf16 GEMM for every several-row product; slower on the H200 so far)"),
     Switch("DEEPINFER_GGUF_GEMM_SWAP_ROWS", "1024", "kernels/gguf_gemv.py",
-           "GGUF products of 33 up to this many rows (of 1-32 for Q4_0/Q4_K/Q5_K) decode their weights as the MMA's "
+           "GGUF products of 33 up to this many rows (of 1-32 for Q4_K/Q5_K, and Q4_0 in CUDA graphs) decode their weights as the MMA's "
            "left operand (Hopper's wgmma takes it from registers; 0: never)"),
     Switch("DEEPINFER_GGUF_GEMM_SPLIT_K", "0", "kernels/gguf_gemv.py",
            "GGUF products of several rows split K this many ways, partial sums added in order (0: chosen "

@@ -70,9 +70,11 @@ GEMM_CONFIG_FEW_ROWS = (32, 64, 128, 4, 3)
 # (Q4_1 256 x (128, 256) end to end: 81,048 -> 96,588 tok/s at 512 rows, 97,856 at 1024)
 GEMM_CONFIG_SWAP = (64, 64, 128, 4, 3)
 GEMM_CONFIG_SWAP_FEW_ROWS = (32, 64, 128, 4, 3)
-# With K split (2026-12-04, `--tile-sweep`), Q4_0 gained from the swapped tile up to 32 rows too
-# (gate_up at 32 rows 80.0 -> 66.9 us at 2 splits, down 38.5 -> 35.4 at 4; Q8_0 did not)
-SWAP_FEW_ROWS_KINDS = ("Q4_0", "Q4_K", "Q5_K")
+SWAP_FEW_ROWS_KINDS = ("Q4_K", "Q5_K")
+# ... and in CUDA graphs, where K is split (2026-12-04, `--tile-sweep`): Q4_0 gained from the swapped
+# tile up to 32 rows too (gate_up at 32 rows 80.0 -> 66.9 us at 2 splits, down 38.5 -> 35.4 at 4;
+# Q8_0 did not). Unsplit, plain won for Q4_0 (above), so eager products keep it.
+SWAP_SPLIT_FEW_ROWS_KINDS = ("Q4_0",)
 # split K (choose_split_k): each split at least this many BLOCK_K steps; these types take more splits
 SPLIT_K_MIN_STEPS = 4
 SPLIT_K_HEAVY_KINDS = ("Q4_K", "Q5_K")
@@ -720,7 +722,8 @@ def gguf_gemm(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
     """``F.linear(x, W, bias)`` for ``x`` [M, K] (rows contiguous) and the quantized W; [M, N] in
     ``x``'s dtype (weights decoded to that dtype in registers). ``out``: an [M, N] view with
     contiguous rows to write. ``swap``: the weights as the MMA's left operand (default: up to
-    ``gemm_swap_rows()`` rows, and up to 32 only for ``SWAP_FEW_ROWS_KINDS``); ``config``:
+    ``gemm_swap_rows()`` rows, and up to 32 only for ``SWAP_FEW_ROWS_KINDS`` and, in CUDA graphs,
+    ``SWAP_SPLIT_FEW_ROWS_KINDS``); ``config``:
     (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages); ``split_k``: K split that many ways, float32
     partial sums added in order by a second kernel (default: ``gemm_split_k()``)."""
     n, k = w.n, w.k
@@ -734,8 +737,10 @@ def gguf_gemm(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
     out = torch.empty((m, n), dtype=x.dtype, device=x.device) if out is None else out
     if m == 0:
         return out
+    capturing = _capturing(x.device)
     if swap is None:
-        swap = m <= gemm_swap_rows() and (m > 32 or w.kind in SWAP_FEW_ROWS_KINDS)
+        swap = m <= gemm_swap_rows() and (m > 32 or w.kind in SWAP_FEW_ROWS_KINDS
+                                          or (capturing and w.kind in SWAP_SPLIT_FEW_ROWS_KINDS))
     if swap:
         default = GEMM_CONFIG_SWAP_FEW_ROWS if m <= 32 else GEMM_CONFIG_SWAP
     else:
@@ -748,7 +753,7 @@ def gguf_gemm(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
     if split < 0:
         raise ValueError(f"gguf_gemm: split_k must be >= 0, got {split}")
     if split == 0:  # chosen: only inside a CUDA graph, where the sum kernel's launch costs no CPU time
-        split = choose_split_k(w.kind, tiles, m, k_steps, _num_sms(x.device)) if _capturing(x.device) else 1
+        split = choose_split_k(w.kind, tiles, m, k_steps, _num_sms(x.device)) if capturing else 1
     k_split = triton.cdiv(k_steps, min(split, k_steps)) * block_k
     split = triton.cdiv(w.codes.shape[1], k_split)  # no empty split
     ws = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else out
