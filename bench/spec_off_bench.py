@@ -12,9 +12,9 @@ wall time), greedy, EOS ignored, no prefix caching. A pair is the two trees meas
 back (the order alternates), so load that drifts over seconds on a shared machine falls on both
 sides of a pair; rounds of separate processes a minute apart moved 0.76-1.52x here. A process
 also keeps its own speed for its whole life (memory placement, we think: one comparison gave a
-median of 0.997 over 40 pairs in one run and 0.955 over 100 in the next, each outside the other's
-interval), so ``--processes P`` starts P fresh pairs of children, in
-alternating start order, and shares the pairs between them. Prints the median after / before
+median of 0.997 over 40 pairs in one run and 0.955 (95 % interval 0.938-0.983) over 100 in
+the next), so ``--processes P`` starts P fresh pairs of children, in alternating start order, and
+shares the pairs between them. Prints the median after / before
 ratio of the pairs with a distribution-free 95 % interval (the issue asks for within 3 %), each
 process pair's median and their interval, and tokens per second of the child's CPU time beside
 wall time.
