@@ -151,10 +151,10 @@ def check_kind(kind: str, device: str, quick: bool) -> bool:
                  xm.double() @ w_ref.T, xm.double().abs() @ w_ref.abs().T, 2**-7, 2**-8)
     # K split 3 ways (float32 partial sums added in order by a second kernel), plain and swapped,
     # with more K steps than splits and a last split shorter than the others
-    xm = torch.randn(6, k2, generator=g).to(bf)
-    for swap in (False, True):
+    for m, swap in ((6, False), (6, True), (1, False)):
+        xm = torch.randn(m, k2, generator=g).to(bf)
         got = gguf_gemm(xm.to(device), planes2, swap=swap, split_k=3, config=(16, 16, 32, 4, 2))
-        ok &= _check(f"{kind} gemm{' swapped' if swap else ''} bf16 [6,{k2}] K split 3 ways", got,
+        ok &= _check(f"{kind} gemm{' swapped' if swap else ''} bf16 [{m},{k2}] K split 3 ways", got,
                      xm.double() @ w2.T, xm.double().abs() @ w2.abs().T, 2**-7, 2**-8)
     # a GEMM with bias into a column slice of a wider output (how a mixed-type qkv writes)
     xm = torch.randn(4, k, generator=g).to(bf)

@@ -546,11 +546,12 @@ def _split_k_sum_kernel(ws_ptr, b_ptr, out_ptr, mrows, n, stride_o, splits, HAS_
                         BLOCK: tl.constexpr, PDL: tl.constexpr):
     """``out = ws[0] + ws[1] + ... (+ bias)``, splits added in order, one rounding to out's dtype."""
     pdl_begin(PDL)
+    plane = tl.cast(mrows, tl.int64) * n  # one split's [M, N] (int64: splits x M x N may pass 2**31)
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    ok = i < mrows * n
+    ok = i < plane
     acc = tl.load(ws_ptr + i, mask=ok, other=0.0)
     for s in range(1, splits):
-        acc += tl.load(ws_ptr + s * mrows * n + i, mask=ok, other=0.0)
+        acc += tl.load(ws_ptr + s * plane + i, mask=ok, other=0.0)
     col = i % n
     if HAS_BIAS:
         acc += tl.load(b_ptr + col, mask=ok, other=0.0).to(tl.float32)
