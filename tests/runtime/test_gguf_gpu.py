@@ -138,7 +138,7 @@ def test_split_k_only_where_the_tiles_leave_multiprocessors_idle(monkeypatch):
     assert gk.choose_split_k("Q4_0", 1024, 8, 64, 132) == 1    # the tiles fill the GPU
     assert gk.choose_split_k("Q4_0", 64, 32, 9, 132) == 2      # at least SPLIT_K_MIN_STEPS steps a split
     assert gk.choose_split_k("Q4_0", 9, 256, 3, 132) == 1      # SmolLM2's few steps: no split
-    assert gk.choose_split_k("Q4_0", 5, 4, 64, 0) == 1         # no multiprocessors known (the interpreter)
+    assert gk.choose_split_k("Q4_0", 5, 4, 64, 0) == 1         # no multiprocessors: no split
     for tiles in (1, 7, 64, 263, 264, 527, 528, 1000):
         for rows in (2, 32, 33):
             for steps in (1, 3, 4, 9, 64):

@@ -678,19 +678,6 @@ def gemm_split_k() -> int:
     return switches.integer("DEEPINFER_GGUF_GEMM_SPLIT_K")
 
 
-_SMS: dict[int, int] = {}
-
-
-def _num_sms(device: torch.device) -> int:
-    """Multiprocessors of a CUDA device; 0 elsewhere (Triton's interpreter: no split unless asked)."""
-    if device.type != "cuda":
-        return 0
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SMS:
-        _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _SMS[index]
-
-
 def _capturing(device: torch.device) -> bool:
     """True while a CUDA graph is being captured on the current stream. Eager products keep one
     kernel: at batch 1 on the H200 (8B, 128-token prompts run eagerly), splitting the prompt's
@@ -754,7 +741,8 @@ def gguf_gemm(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
     if split < 0:
         raise ValueError(f"gguf_gemm: split_k must be >= 0, got {split}")
     if split == 0:  # chosen: only inside a CUDA graph, where the sum kernel's launch costs no CPU time
-        split = choose_split_k(w.kind, tiles, m, k_steps, _num_sms(x.device)) if capturing else 1
+        split = choose_split_k(w.kind, tiles, m, k_steps, torch.cuda.get_device_properties(
+            x.device).multi_processor_count) if capturing else 1
     k_split = triton.cdiv(k_steps, min(split, k_steps)) * block_k
     split = triton.cdiv(w.codes.shape[1], k_split)  # no empty split
     ws = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else out
