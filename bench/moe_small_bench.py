@@ -17,11 +17,11 @@ import torch
 from moe_layer_bench import SHAPES, graph_ms, random_layer
 
 # (BLOCK_N, BLOCK_K, num_warps) candidates of the gate/up and down kernels; (BLOCK_E, BLOCK_K, warps) of the router
-GATE_UP_TILES = [(1, 1024, 4), (2, 512, 4), (2, 1024, 4), (4, 256, 4), (4, 512, 4), (4, 1024, 8), (8, 256, 4),
-                 (8, 512, 8), (16, 256, 8)]
-DOWN_TILES = [(1, 256, 2), (2, 256, 4), (2, 512, 4), (4, 256, 4), (4, 128, 4), (8, 128, 4), (8, 256, 8),
-              (16, 128, 8), (4, 512, 8)]
-ROUTER_TILES = [(1, 1024, 4), (2, 1024, 4), (4, 512, 4), (8, 256, 4)]
+GATE_UP_TILES = [(1, 1024, 4), (1, 2048, 4), (2, 512, 4), (2, 1024, 4), (2, 2048, 8), (4, 256, 4), (4, 512, 4),
+                 (4, 1024, 8), (8, 256, 4), (8, 512, 8), (16, 256, 8)]
+DOWN_TILES = [(1, 256, 2), (1, 256, 4), (2, 256, 4), (2, 512, 4), (2, 1024, 4), (4, 256, 4), (4, 128, 4), (8, 128, 4),
+              (8, 256, 8), (16, 128, 8), (4, 512, 8)]
+ROUTER_TILES = [(1, 1024, 4), (1, 2048, 4), (2, 1024, 4), (2, 2048, 8), (4, 512, 4), (8, 256, 4)]
 
 
 def _us(fn) -> float:  # type: ignore[no-untyped-def]
@@ -59,9 +59,11 @@ def main() -> None:
             w, ids = route_greedy(h.float() @ gate.t(), k, False, True)
             return fused_experts(h, w, ids, w13, w2, residual=x)
 
-        def small(x=x, gu=md.GATE_UP_CONFIG, dn=md.DOWN_CONFIG, rt=md.ROUTER_CONFIG):  # type: ignore[no-untyped-def]
-            w, ids = md.route_small(x, gate, k, False, True, norm=norm, config=rt)
-            return md.experts_small(x, w, ids, w13, w2, residual=x, norm=norm, gate_up_config=gu, down_config=dn)
+        def small(x=x, gu=md.GATE_UP_CONFIG, dn=md.DOWN_CONFIG, rt=md.ROUTER_CONFIG, rank=None,  # type: ignore[no-untyped-def]
+                  static=None):
+            w, ids = md.route_small(x, gate, k, False, True, norm=norm, config=rt, rank_topk=rank)
+            return md.experts_small(x, w, ids, w13, w2, residual=x, norm=norm, gate_up_config=gu, down_config=dn,
+                                    static_k=static)
 
         def small_prenormed(x=x):  # type: ignore[no-untyped-def]
             normed = torch.empty_like(x)  # the router stores the normed rows (DEEPINFER_MOE_PRENORM)
@@ -81,6 +83,19 @@ def main() -> None:
               f"{used * pair_bytes / (s_us - r_us) / 1e3:,.0f} GB/s distinct; {used} experts); "
               f"ratio {g_us / s_us:.2f}x; max |diff| {err:.2e}; with the router's stored normed rows "
               f"{pre_us:.1f} us (|diff| {pre_diff:.1e})", flush=True)
+        # the router's top-k (ranks / argmax rounds) x the expert kernels' K loops (unrolled / runtime),
+        # alternated over 3 rounds so drift falls on each alike
+        times: dict[tuple[bool, bool], list[float]] = {}
+        for _ in range(3):
+            for rank in (True, False):
+                for static in (True, False):
+                    times.setdefault((rank, static), []).append(
+                        _us(lambda x=x, rank=rank, static=static: small(x, rank=rank, static=static)))
+        for (rank, static), us_list in times.items():
+            r_only = _us(lambda x=x, rank=rank: md.route_small(x, gate, k, False, True, norm=norm, rank_topk=rank))
+            print(f"  T={t} top-k by {'ranks' if rank else 'argmax'}, K loops {'unrolled' if static else 'runtime'}: "
+                  f"layer {sorted(us_list)[1]:.1f} us (runs {', '.join(f'{v:.1f}' for v in us_list)}); router alone "
+                  f"{r_only:.1f} us", flush=True)
         if args.quick:
             continue
         # one kernel's tiles at a time, the other two at their defaults

@@ -50,6 +50,7 @@ def make_case(name: str, device: str, dtype: torch.dtype):  # type: ignore[no-un
 
 
 def check_experts(device: str, dtype: torch.dtype) -> list[tuple[str, bool, float]]:
+    from deepinfer.runtime.kernels import moe_decode
     from deepinfer.runtime.kernels.moe_decode import experts_small, route_small
     from fused_moe_check import reference
 
@@ -67,6 +68,11 @@ def check_experts(device: str, dtype: torch.dtype) -> list[tuple[str, bool, floa
         got = experts_small(x, w, ids, w13, w2, residual=res, norm=norm, **tiles).double().cpu()
         err = float((got - ref).abs().max() / ref.abs().max())
         out.append((f"experts_small {name} residual={res is not None} norm={norm is not None}", err <= tol, err))
+        # the other form of the loops over K: compiled for the shape (unrolled) or over a runtime K
+        other = not moe_decode.STATIC_K
+        loop = experts_small(x, w, ids, w13, w2, residual=res, norm=norm, static_k=other, **tiles).double().cpu()
+        err = float((loop - ref).abs().max() / ref.abs().max())
+        out.append((f"experts_small {name} with {'unrolled' if other else 'runtime'} K loops", err <= tol, err))
         if norm is not None:  # the router's stored normed rows: the same rows, the same experts' output bits
             normed = torch.empty_like(x)
             gw = torch.randn(w13.shape[0], x.shape[1], generator=torch.Generator().manual_seed(1)).to(x.device)
@@ -82,26 +88,37 @@ def check_experts(device: str, dtype: torch.dtype) -> list[tuple[str, bool, floa
 
 
 def check_router(device: str, dtype: torch.dtype) -> list[tuple[str, bool, float]]:
-    """route_small == route_greedy over the float32 logits (norm in the prologue or not)."""
+    """route_small == route_greedy over the float32 logits (norm in the prologue or not), with the
+    top-k by ranks and by rounds of argmax; "ties": a gate whose rows repeat (equal logits), so
+    the lower expert index must come first (torch.topk on the CPU leaves tied indices unordered)."""
     from deepinfer.runtime.kernels.fused_moe import route_greedy
     from deepinfer.runtime.kernels.moe_decode import route_small
 
     out = []
-    for t, e, hidden, k, sigmoid, norm_topk, use_norm in [(1, 16, 96, 4, False, True, True),
-                                                          (7, 60, 64, 6, False, False, False),
-                                                          (3, 128, 128, 8, True, True, True),
-                                                          (2, 8, 40, 1, False, True, False)]:
+    for t, e, hidden, k, sigmoid, norm_topk, use_norm, ties in [(1, 16, 96, 4, False, True, True, False),
+                                                                (7, 60, 64, 6, False, False, False, False),
+                                                                (3, 128, 128, 8, True, True, True, False),
+                                                                (2, 8, 40, 1, False, True, False, False),
+                                                                (3, 32, 64, 6, False, True, False, True)]:
         g = torch.Generator().manual_seed(t * e)
         x = torch.randn(t, hidden, generator=g).to(device, dtype)
-        gw = (torch.randn(e, hidden, generator=g) * hidden ** -0.5).to(device)
+        gw = torch.randn(e, hidden, generator=g) * hidden ** -0.5
+        if ties:  # experts 2i and 2i+1 share a row, and so their logits, bit for bit
+            gw = gw[torch.arange(e) // 2 * 2].contiguous()
+        gw = gw.to(device)
         norm = ((torch.rand(hidden, generator=g) + 0.5).to(device, dtype), 1e-6) if use_norm else None
         xin = x if norm is None else rms(x, *norm)
         want_w, want_i = route_greedy(xin.float() @ gw.t(), k, sigmoid, norm_topk, 1.5)
-        got_w, got_i = route_small(x, gw, k, sigmoid, norm_topk, 1.5, norm=norm,
-                                   **(dict(config=(16, 32, 4)) if device == "cpu" else {}))
-        err = float((got_w - want_w).abs().max())
-        ok = torch.equal(got_i.cpu(), want_i.cpu()) and err <= 1e-5
-        out.append((f"route_small T={t} E={e} k={k} sigmoid={sigmoid} norm={use_norm}", ok, err))
+        if ties:  # the independent expectation: a stable descending sort (lower index first on ties)
+            order = torch.sort((xin.float() @ gw.t()).cpu(), dim=-1, descending=True, stable=True).indices[:, :k]
+            assert torch.equal(want_i.cpu(), order)
+        for rank in (True, False):
+            got_w, got_i = route_small(x, gw, k, sigmoid, norm_topk, 1.5, norm=norm, rank_topk=rank,
+                                       **(dict(config=(16, 32, 4)) if device == "cpu" else {}))
+            err = float((got_w - want_w).abs().max())
+            ok = torch.equal(got_i.cpu(), want_i.cpu()) and err <= 1e-5
+            out.append((f"route_small T={t} E={e} k={k} sigmoid={sigmoid} norm={use_norm} ties={ties} "
+                        f"top-k by {'ranks' if rank else 'argmax rounds'}", ok, err))
     return out
 
 

@@ -31,7 +31,7 @@ def test_few_token_moe_kernels_match_float64_references_in_tritons_interpreter()
     the residual and the RMSNorm prologue); the one-launch router == route_greedy over the
     float32 logits (softmax / sigmoid, renormalised or not, E up to 128, k 1..8); where the norm is
     fused, the experts over the router's stored normed rows give the in-kernel norm's bits."""
-    _interpreted("kernels", 6 + 3 + 4)
+    _interpreted("kernels", 2 * 6 + 3 + 2 * 5)
 
 
 def test_few_token_path_and_grouped_path_give_the_same_logits_in_tritons_interpreter():

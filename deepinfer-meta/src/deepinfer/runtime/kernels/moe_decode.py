@@ -37,6 +37,14 @@ from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch
 GATE_UP_CONFIG = (2, 512, 4)
 DOWN_CONFIG: tuple[int, int, int] | None = None  # None: by token count (_down_tile)
 ROUTER_CONFIG = (2, 1024, 4)
+# Two variants for the one-token step's critical path, both off until measured on the H200
+# (bench/moe_small_bench.py prints them side by side): the router's top-k by ranks
+# (fused_moe.route_row's RANK; up to RANK_TOPK_MAX_EXPERTS, its [E, E] comparison lives in
+# registers) instead of TOP_K serial rounds of argmax, and the expert kernels compiled for their
+# K so the loops unroll and every weight load of a program can be in flight at once.
+RANK_TOPK = False
+RANK_TOPK_MAX_EXPERTS = 128
+STATIC_K = False
 
 
 def _down_tile(tokens: int) -> tuple[int, int, int]:
@@ -48,7 +56,7 @@ def _router_kernel(x_ptr, nw_ptr, gw_ptr, logits_ptr, weights_ptr, ids_ptr, coun
                    num_experts, stride_x, eps, scaling,
                    BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr, NORM_BLOCK: tl.constexpr,
                    TOP_K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, SIGMOID: tl.constexpr,
-                   NORM_TOPK: tl.constexpr, WRITE_NORMED: tl.constexpr, PDL: tl.constexpr):
+                   NORM_TOPK: tl.constexpr, WRITE_NORMED: tl.constexpr, RANK: tl.constexpr, PDL: tl.constexpr):
     pid = tl.program_id(0)
     rows = (pid * BLOCK_E + tl.arange(0, BLOCK_E)).to(tl.int64)
     row_ok = rows < num_experts
@@ -90,7 +98,7 @@ def _router_kernel(x_ptr, nw_ptr, gw_ptr, logits_ptr, weights_ptr, ids_ptr, coun
         for t in range(tokens):
             x = tl.load(logits_ptr + t * num_experts + offs, mask=ok, other=0.0, cache_modifier=".cg")
             route_row(x, offs, ok, weights_ptr + t * TOP_K, ids_ptr + t * TOP_K, scaling, TOP_K, K_PAD, E_PAD,
-                      SIGMOID, NORM_TOPK)
+                      SIGMOID, NORM_TOPK, RANK)
 
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
@@ -110,14 +118,16 @@ def _counter(device: torch.device) -> torch.Tensor:
 
 def route_small(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, sigmoid: bool, norm_topk_prob: bool,
                 routed_scaling_factor: float = 1.0, norm: tuple[torch.Tensor, float] | None = None,
-                config: tuple[int, int, int] | None = None, normed_out: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                config: tuple[int, int, int] | None = None, normed_out: torch.Tensor | None = None,
+                rank_topk: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights [T, k] float32, ids [T, k] int64) of the rows ``x`` [T, H] for a float32 router
     ``gate_weight`` [E, H], in one launch: ``route_greedy(x.float() @ gate_weight.T, ...)``.
     ``norm`` (weight [H], eps): the rows are RMSNorm(x) * weight first (rounded to x's dtype as
     ``fused_ops.add_rmsnorm`` rounds), computed in the kernel. ``normed_out`` (with ``norm``; a
     contiguous [T, H] of x's dtype): those normed rows are also stored there, so the experts read
-    them instead of normalising again in every gate/up program."""
+    them instead of normalising again in every gate/up program. ``rank_topk``: the top-k by ranks
+    (``fused_moe.route_row``'s ``RANK``) or by rounds of argmax; default ``RANK_TOPK`` where the
+    experts fit its [E, E] comparison (up to ``RANK_TOPK_MAX_EXPERTS``)."""
     t, hidden = x.shape
     e = gate_weight.shape[0]
     if gate_weight.dtype != torch.float32 or tuple(gate_weight.shape) != (e, hidden) or not gate_weight.is_contiguous():
@@ -140,6 +150,9 @@ def route_small(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, sigmoid:
     if t == 0:
         return weights, ids
     logits = torch.empty(t, e, dtype=torch.float32, device=x.device)
+    e_pad = triton.next_power_of_2(e)
+    if rank_topk is None:
+        rank_topk = RANK_TOPK and e_pad <= RANK_TOPK_MAX_EXPERTS
     block_e, block_k, warps = config or ROUTER_CONFIG
     _router_kernel[(triton.cdiv(e, block_e),)](
         x, norm[0] if norm is not None else x, gate_weight, logits, weights, ids, _counter(x.device),
@@ -147,15 +160,26 @@ def route_small(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, sigmoid:
         x.stride(0), norm[1] if norm is not None else 0.0, float(routed_scaling_factor),
         BLOCK_E=block_e, BLOCK_K=min(block_k, triton.next_power_of_2(hidden)), NORM=norm is not None,
         NORM_BLOCK=triton.next_power_of_2(hidden) if norm is not None else 1, TOP_K=top_k,
-        K_PAD=triton.next_power_of_2(top_k), E_PAD=triton.next_power_of_2(e), SIGMOID=sigmoid,
-        NORM_TOPK=norm_topk_prob, WRITE_NORMED=normed_out is not None, num_warps=warps, **pdl_launch(x.device))
+        K_PAD=triton.next_power_of_2(top_k), E_PAD=e_pad, SIGMOID=sigmoid,
+        NORM_TOPK=norm_topk_prob, WRITE_NORMED=normed_out is not None, RANK=bool(rank_topk), num_warps=warps,
+        **pdl_launch(x.device))
     return weights, ids
+
+
+@triton.jit
+def _gate_up_chunk(acc_g, acc_u, x_row, nw_ptr, x_ptr, w_gate, w_up, c, row_ok, hidden, rstd, NORM: tl.constexpr):
+    c_ok = c < hidden
+    xv = _activation_chunk(x_row, nw_ptr, x_ptr, c, c_ok, hidden, rstd, False, NORM)[None, :]
+    m = row_ok[:, None] & c_ok[None, :]
+    acc_g += tl.load(w_gate + c[None, :], mask=m, other=0.0).to(tl.float32) * xv
+    acc_u += tl.load(w_up + c[None, :], mask=m, other=0.0).to(tl.float32) * xv
+    return acc_g, acc_u
 
 
 @triton.jit
 def _gate_up_kernel(x_ptr, nw_ptr, w13_ptr, ids_ptr, h_ptr, hidden, inter, stride_x, stride_we, stride_wn, eps,
                     TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr,
-                    NORM_BLOCK: tl.constexpr, PDL: tl.constexpr):
+                    NORM_BLOCK: tl.constexpr, STATIC_K: tl.constexpr, PDL: tl.constexpr):
     pair = tl.program_id(0).to(tl.int64)
     rows = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     row_ok = rows < inter
@@ -172,13 +196,14 @@ def _gate_up_kernel(x_ptr, nw_ptr, w13_ptr, ids_ptr, h_ptr, hidden, inter, strid
     w_up = w_gate + inter * stride_wn
     acc_g = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    for k0 in range(0, hidden, BLOCK_K):
-        c = k0 + cols
-        c_ok = c < hidden
-        xv = _activation_chunk(x_row, nw_ptr, x_ptr, c, c_ok, hidden, rstd, False, NORM)[None, :]
-        m = row_ok[:, None] & c_ok[None, :]
-        acc_g += tl.load(w_gate + c[None, :], mask=m, other=0.0).to(tl.float32) * xv
-        acc_u += tl.load(w_up + c[None, :], mask=m, other=0.0).to(tl.float32) * xv
+    if STATIC_K:  # K (= hidden) known at compile time: the chunks unroll, every load issued at once
+        for k0 in tl.static_range(0, STATIC_K, BLOCK_K):
+            acc_g, acc_u = _gate_up_chunk(acc_g, acc_u, x_row, nw_ptr, x_ptr, w_gate, w_up, k0 + cols, row_ok, hidden,
+                                          rstd, NORM)
+    else:
+        for k0 in range(0, hidden, BLOCK_K):
+            acc_g, acc_u = _gate_up_chunk(acc_g, acc_u, x_row, nw_ptr, x_ptr, w_gate, w_up, k0 + cols, row_ok, hidden,
+                                          rstd, NORM)
     g = tl.sum(acc_g, axis=1)
     u = tl.sum(acc_u, axis=1)
     h = g / (1.0 + tl.exp(-g)) * u  # silu(gate) * up in float32, rounded once as fused_experts does
@@ -186,9 +211,17 @@ def _gate_up_kernel(x_ptr, nw_ptr, w13_ptr, ids_ptr, h_ptr, hidden, inter, strid
 
 
 @triton.jit
+def _down_chunk(acc, h_ptr, w_rows, pair, c, row_ok, inter):
+    c_ok = c < inter
+    a = tl.load(h_ptr + pair * inter + c, mask=c_ok, other=0.0).to(tl.float32)
+    return acc + tl.load(w_rows + c[None, :], mask=row_ok[:, None] & c_ok[None, :], other=0.0).to(tl.float32) \
+        * a[None, :]
+
+
+@triton.jit
 def _down_kernel(h_ptr, w2_ptr, ids_ptr, weights_ptr, res_ptr, out_ptr, hidden, inter, stride_we, stride_wn,
                  stride_res, stride_out, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 RESIDUAL: tl.constexpr, PDL: tl.constexpr):
+                 RESIDUAL: tl.constexpr, STATIC_K: tl.constexpr, PDL: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     rows = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     row_ok = rows < hidden
@@ -200,12 +233,12 @@ def _down_kernel(h_ptr, w2_ptr, ids_ptr, weights_ptr, res_ptr, out_ptr, hidden, 
         expert = tl.load(ids_ptr + pair).to(tl.int64)
         w_rows = w2_ptr + expert * stride_we + rows[:, None] * stride_wn
         acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        for k0 in range(0, inter, BLOCK_K):
-            c = k0 + cols
-            c_ok = c < inter
-            a = tl.load(h_ptr + pair * inter + c, mask=c_ok, other=0.0).to(tl.float32)
-            acc += tl.load(w_rows + c[None, :], mask=row_ok[:, None] & c_ok[None, :], other=0.0).to(tl.float32) \
-                * a[None, :]
+        if STATIC_K:  # K (= inter) known at compile time: with the slots' loop, the whole read unrolls
+            for k0 in tl.static_range(0, STATIC_K, BLOCK_K):
+                acc = _down_chunk(acc, h_ptr, w_rows, pair, k0 + cols, row_ok, inter)
+        else:
+            for k0 in range(0, inter, BLOCK_K):
+                acc = _down_chunk(acc, h_ptr, w_rows, pair, k0 + cols, row_ok, inter)
         total += tl.load(weights_ptr + pair).to(tl.float32) * tl.sum(acc, axis=1)
     if RESIDUAL:
         total += tl.load(res_ptr + t * stride_res + rows, mask=row_ok, other=0.0).to(tl.float32)
@@ -215,12 +248,14 @@ def _down_kernel(h_ptr, w2_ptr, ids_ptr, weights_ptr, res_ptr, out_ptr, hidden, 
 def experts_small(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                   residual: torch.Tensor | None = None, norm: tuple[torch.Tensor, float] | None = None,
                   gate_up_config: tuple[int, int, int] | None = None,
-                  down_config: tuple[int, int, int] | None = None) -> torch.Tensor:
+                  down_config: tuple[int, int, int] | None = None, static_k: bool | None = None) -> torch.Tensor:
     """``fused_experts(x, weights, ids, w13, w2, residual=residual)`` for a few tokens, without the
     sort by expert: [T, H] in ``x.dtype``. ``norm`` (weight [H], eps): the experts' input is
     RMSNorm(x) * weight (as ``route_small``'s ``norm``), computed inside the gate/up kernel.
     ``gate_up_config`` / ``down_config``: (BLOCK_N, BLOCK_K, num_warps), default the module's.
-    ``weights`` [T, k] float32, ``ids`` [T, k] integer, both contiguous."""
+    ``weights`` [T, k] float32, ``ids`` [T, k] integer, both contiguous. ``static_k``: compile each
+    kernel for its K (hidden, inter) so its loop over K unrolls (default ``STATIC_K``; one compile
+    per model shape)."""
     t, hidden, k, _, inter = check_expert_operands("experts_small", x, weights, ids, w13, w2)
     if x.stride(-1) != 1:
         raise ValueError("experts_small: x must be contiguous in its last dimension")
@@ -235,17 +270,18 @@ def experts_small(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13
     if t == 0:
         return out
     pdl = pdl_launch(x.device)
+    static = STATIC_K if static_k is None else static_k
     h = torch.empty(t * k, inter, dtype=x.dtype, device=x.device)
     bn, bk, warps = gate_up_config or GATE_UP_CONFIG
     _gate_up_kernel[(t * k, triton.cdiv(inter, bn))](
         x, norm[0] if norm is not None else x, w13, ids, h, hidden, inter, x.stride(0), w13.stride(0), w13.stride(1),
         norm[1] if norm is not None else 0.0, TOP_K=k, BLOCK_N=bn, BLOCK_K=min(bk, triton.next_power_of_2(hidden)),
         NORM=norm is not None, NORM_BLOCK=triton.next_power_of_2(hidden) if norm is not None else 1,
-        num_warps=warps, **pdl)
+        STATIC_K=hidden if static else 0, num_warps=warps, **pdl)
     bn, bk, warps = down_config or _down_tile(t)
     res = residual if residual is not None else out
     _down_kernel[(t, triton.cdiv(hidden, bn))](
         h, w2, ids, weights, res, out, hidden, inter, w2.stride(0), w2.stride(1), res.stride(0), out.stride(0),
         TOP_K=k, BLOCK_N=bn, BLOCK_K=min(bk, triton.next_power_of_2(inter)), RESIDUAL=residual is not None,
-        num_warps=warps, **pdl)
+        STATIC_K=inter if static else 0, num_warps=warps, **pdl)
     return out
