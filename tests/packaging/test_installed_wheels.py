@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,13 +30,16 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     root = tmp_path_factory.mktemp("packaging") / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(root)], check=True)
     pip = [str(root / "bin" / "python"), "-m", "pip", "install", "-q"]
-    subprocess.run([*pip, "-c", CONSTRAINTS, *THIRD_PARTY], check=True)
-    subprocess.run([*pip, "--no-index", "--find-links", str(DIST), "deepinfer[cuda]"], check=True)
-    return root
+    try:
+        subprocess.run([*pip, "-c", CONSTRAINTS, *THIRD_PARTY], check=True)
+        subprocess.run([*pip, "--no-index", "--find-links", str(DIST), "deepinfer[cuda]"], check=True)
+        yield root
+    finally:  # ~2 GB with torch: pytest keeps its last three temp folders, not their venvs
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _run(venv: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
