@@ -11,14 +11,17 @@ output token — the client's decode, routing, detokenizing (the front end makes
 hand-over to each request's handler, merging, the chunk's JSON and SSE framing.
 
     python bench/serve_frontend_cpu.py [--streams 256] [--tokens 32] [--runs 5] [--json]
-        [--profile FILE] [--server asgi|uvicorn] [--step-ms 2] [--paths written-here general]
+        [--profile FILE] [--server asgi|uvicorn] [--step-ms 2] [--paths written-here per-step general]
 
 ``--server uvicorn`` serves the same app with uvicorn (httptools) on loopback, and a client
 process opens the streams over sockets and reads them to ``[DONE]``: the HTTP parse, the socket
-writes and uvicorn count too (the steps are played on the server's loop, ``--step-ms`` apart as
-an engine's steps would come; the client's own CPU is not counted). ``--paths`` measures the
-common stream's chunks written by the engine client (``serve/token_stream.py``, the default)
-and the general path (that hand-over turned off), alternating run by run in one process.
+writes and uvicorn count too (the steps are played on the server's loop, one due every
+``--step-ms`` as an engine's steps come whether or not the front end keeps up: the steps that fell
+due while the loop was busy are handled together, as the engine client drains its socket; the
+client's own CPU is not counted). ``--paths`` measures the common stream's chunks written by the
+engine client (``serve/token_stream.py``, the default: each stream's waiting tokens as one
+chunk), the same one chunk per step (``per-step``, as before streams coalesced) and the general
+path (that hand-over turned off), alternating run by run in one process.
 
 Compare builds by running them interleaved in separate processes and comparing medians (the
 machine this was written on is shared). A tiny random Llama directory is made for its tokenizer
@@ -200,9 +203,15 @@ def read_streams(port: int, bodies: list[bytes], out: Any) -> None:
     out.put((done, events))
 
 
-async def play_steps(client: Any, rids: list[str], tokens: int, step_s: float) -> tuple[float, float]:
-    """(On the server's loop.) A core's messages for ``rids``, one token each a step; the process
-    CPU seconds (user, system) from the first step until every request has left the front end."""
+async def play_steps(client: Any, rids: list[str], tokens: int, step_s: float,
+                     coalesce: bool = True) -> tuple[float, float]:
+    """(On the server's loop.) A core's messages for ``rids``, one token each a step, one step
+    every ``step_s`` as a core would send them whether or not the front end keeps up: the
+    messages due when the loop comes back are handled together, as the engine client's socket
+    drain handles the messages waiting for it, then the streams are flushed once
+    (``coalesce``) or after each message (every step its own chunk, as before coalescing). The
+    process CPU seconds (user, system) from the first step until every request has left the
+    front end (the messages are encoded before)."""
     import msgspec
     import numpy as np
 
@@ -211,11 +220,17 @@ async def play_steps(client: Any, rids: list[str], tokens: int, step_s: float) -
     encoder = msgspec.msgpack.Encoder()
     toks = rng.integers(3, VOCAB, (tokens, len(rids))).astype("<i4")
     ones = np.ones(len(rids), "<i4").tobytes()
+    raws = [encoder.encode(core_message(rids, toks[step], ones, step, tokens)) for step in range(tokens)]
     t0 = os.times()
-    for step in range(tokens):
-        message = core_message(rids, toks[step], ones, step, tokens)
-        client._on_message(core, client._decoder.decode(encoder.encode(message)))
-        await asyncio.sleep(step_s)
+    start = time.monotonic()
+    step = 0
+    while step < tokens:
+        due = min(tokens, int((time.monotonic() - start) / step_s) + 1)
+        while step < due:
+            client._on_message(core, client._decoder.decode(raws[step]), flush=not coalesce)
+            step += 1
+        client._flush_streams()
+        await asyncio.sleep(max(0.0, start + step * step_s - time.monotonic()))
     while client.in_flight:
         await asyncio.sleep(0.001)
     t1 = os.times()
@@ -246,6 +261,7 @@ def run_uvicorn(args: argparse.Namespace, model_dir: str) -> dict[str, list[floa
     for i in range(args.runs + 1):  # (the first round warms up)
         for path in args.paths:
             general = path == "general"
+            coalesce = path == "written-here"
             client.attach_stream = (lambda rid, stream: False) if general else attach  # type: ignore[method-assign]
             client.hold_tokens = (lambda rid: False) if general else hold  # type: ignore[method-assign]
             sent.clear()
@@ -258,8 +274,8 @@ def run_uvicorn(args: argparse.Namespace, model_dir: str) -> dict[str, list[floa
                     raise SystemExit("the streams did not reach the fake core within 120 s")
                 time.sleep(0.005)
             rids = [m[1] for m in list(sent) if m[0] == "add"]
-            user, system = asyncio.run_coroutine_threadsafe(play_steps(client, rids, args.tokens, args.step_ms / 1000),
-                                                   client._loop).result(600)
+            user, system = asyncio.run_coroutine_threadsafe(
+                play_steps(client, rids, args.tokens, args.step_ms / 1000, coalesce), client._loop).result(600)
             done, events = q.get(timeout=120)
             reader.join(60)
             if done != args.streams:
@@ -283,8 +299,10 @@ def main() -> int:
     ap.add_argument("--profile", help="cProfile (CPU time) one run into this file")
     ap.add_argument("--server", choices=["asgi", "uvicorn"], default="asgi")
     ap.add_argument("--step-ms", type=float, default=2.0, help="(uvicorn) time between two steps")
-    ap.add_argument("--paths", nargs="+", choices=["written-here", "general"], default=["written-here"],
-                    help="(uvicorn) the stream paths to measure, alternating")
+    ap.add_argument("--paths", nargs="+", choices=["written-here", "per-step", "general"], default=["written-here"],
+                    help="(uvicorn) the stream paths to measure, alternating: written-here (the engine client "
+                         "writes the common stream, each stream's waiting tokens as one chunk), per-step (the "
+                         "same, one chunk per step, as before coalescing), general (the handler task writes)")
     args = ap.parse_args()
     from deepinfer.serve.app import ServeConfig, build_app
 

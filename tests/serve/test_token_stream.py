@@ -106,20 +106,52 @@ class FakeCore:
         client._loop.call_soon_threadsafe(handle)
         assert done.wait(30)
 
-    def run(self, rids: list[str], tokens: list[list[int]], finish: str = "length") -> None:
+    def drain(self, messages: list[tuple[list[Any], list[Any], list[Any]]]) -> None:
+        """Several steps' messages ((deltas, columns, failures) each) handled in one go on the
+        server's loop, as the engine client's ``_read`` drains the messages waiting on its
+        socket: each with ``flush=False``, then the streams flushed once."""
+        import msgspec
+
+        client = self.client
+        enc = msgspec.msgpack.Encoder()
+        raws = [enc.encode(("batch", [], deltas, failures, columns)) for deltas, columns, failures in messages]
+        done = threading.Event()
+
+        def handle() -> None:
+            try:
+                for raw in raws:
+                    client._on_message(client._cores[0], client._decoder.decode(raw), flush=False)
+                client._flush_streams()
+            finally:
+                done.set()
+
+        assert client._loop is not None
+        client._loop.call_soon_threadsafe(handle)
+        assert done.wait(30)
+
+    def run(self, rids: list[str], tokens: list[list[int]], finish: str = "length", drained: int = 1) -> None:
         """Each request's tokens, one a step: the first as a delta, the middle ones as columns,
-        the last as the finished delta (as a core sends them)."""
+        the last as the finished delta (as a core sends them); ``drained`` steps' messages at a
+        time handled together (a front end that fell behind)."""
         import numpy as np
 
         steps = len(tokens[0])
+        messages: list[tuple[list[Any], list[Any], list[Any]]] = []
         for step in range(steps):
             row = [t[step] for t in tokens]
             if step == 0 or step == steps - 1:
                 last = step == steps - 1
-                self.play([(rid, RequestDelta(0, [SampleDelta(0, [tok], "", None, finish if last else None, None)],
-                                              last)) for rid, tok in zip(rids, row, strict=True)], [])
+                messages.append(([(rid, RequestDelta(0, [SampleDelta(0, [tok], "", None, finish if last else None,
+                                                                      None)], last))
+                                  for rid, tok in zip(rids, row, strict=True)], [], []))
             else:
-                self.play([], [(rids, np.ones(len(rids), "<i4").tobytes(), np.asarray(row, "<i4").tobytes())])
+                messages.append(([], [(rids, np.ones(len(rids), "<i4").tobytes(), np.asarray(row, "<i4").tobytes())],
+                                 []))
+        for i in range(0, steps, drained):
+            if drained == 1:
+                self.play(*messages[i][:2])
+            else:
+                self.drain(messages[i:i + drained])
 
 
 def _post(url: str, path: str, body: dict[str, Any], rcvbuf: int | None = None) -> socket.socket:
@@ -183,12 +215,13 @@ def _completion_ids(model_path: str, rng: random.Random, n: int) -> list[int]:
     return [rng.choice(PIECES + words) for _ in range(n)]
 
 
-def _stream(fake: FakeCore, path: str, body: dict[str, Any], tokens: list[int], count: int) -> list[bytes]:
-    """``count`` identical streams of ``tokens``; their bodies."""
+def _stream(fake: FakeCore, path: str, body: dict[str, Any], tokens: list[int], count: int,
+            drained: int = 1) -> list[bytes]:
+    """``count`` identical streams of ``tokens``; their bodies (``drained``: as ``FakeCore.run``)."""
     socks = [_post(fake.server.url, path, {**body, "stream": True}) for _ in range(count)]
     rids = fake.added(count)
     fake.sent.clear()
-    fake.run(rids, [tokens] * count)
+    fake.run(rids, [tokens] * count, drained=drained)
     out = []
     for s in socks:
         status, headers, data = _read_response(s)
@@ -227,6 +260,60 @@ def test_written_here_events_equal_the_general_path_and_the_decode_with_exact_us
     if usage:
         assert ref[-1]["choices"] == [] and ref[-1]["usage"]["completion_tokens"] == 40
         assert all(e["usage"] is None for e in ref[:-1])
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+def test_steps_drained_together_go_out_as_one_chunk_each_with_the_same_text(model_path, chat):
+    """A front end that fell behind: 4 steps' messages handled in one drain give one chunk per
+    stream (not 4), the same text as the general path one step at a time, the finish reason and
+    usage last (the last drain holds 3 steps' columns and the finished delta)."""
+    tokens = _completion_ids(model_path, random.Random(11 + chat), 40)
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    body: dict[str, Any] = {"max_tokens": 40, "stream_options": {"include_usage": True}}
+    body |= {"messages": [{"role": "user", "content": "Hi"}]} if chat else {"prompt": "Hello there"}
+    with FakeCore(model_path) as fake:
+        drained = _stream(fake, path, body, tokens, 2, drained=4)
+        assert all(s.direct for s in fake.streams)
+        fake.client.attach_stream = lambda rid, stream: False  # type: ignore[method-assign]
+        (general,) = _stream(fake, path, body, tokens, 1)
+    ref = _events(general)
+    for data in drained:
+        events = _events(data)
+        assert _text(events, chat) == _text(ref, chat)
+        # 10 drains, one content chunk each, but for the first (its first token may reach the handler
+        # before the stream writes directly) and the last (the kept tokens, then the finish chunk),
+        # chat's role chunk and the usage chunk; one step at a time gives a chunk per complete character
+        assert len(events) <= 10 + 2 + chat + 1 and len(ref) > 2 * len(events)
+        assert events[-2]["choices"][0]["finish_reason"] == "length"
+        assert events[-1]["usage"] == ref[-1]["usage"] and events[-1]["usage"]["completion_tokens"] == 40
+
+
+def test_tokens_kept_in_a_drain_are_written_before_a_failure_in_the_same_drain(model_path):
+    """Columns, then a failure of the request, in one drain: the kept tokens' text comes first,
+    then the error event; nothing is written after it."""
+    import numpy as np
+    from deepinfer.runtime.loading.tokenizer_loader import load_tokenizer
+    from deepinfer.serve.engine_thread import RequestFailed
+
+    hf = load_tokenizer(model_path)
+    tokens = list(hf(" one two three four five six seven").input_ids)[:7]  # whole words: no held bytes
+    with FakeCore(model_path) as fake:
+        sock = _post(fake.server.url, "/v1/completions", {"prompt": "Hello there", "max_tokens": 50, "stream": True})
+        (rid,) = fake.added(1)
+        fake.play([(rid, RequestDelta(0, [SampleDelta(0, [tokens[0]], "", None, None, None)], False))], [])
+        assert _wait(lambda: fake.streams and fake.streams[0].direct)
+        cols = [([], [([rid], np.ones(1, "<i4").tobytes(), np.asarray([t], "<i4").tobytes())], []) for t in tokens[1:4]]
+        fake.drain([*cols, ([], [], [(rid, RequestFailed(0, 500, "boom in the step"))]), *cols])
+        status, _, data = _read_response(sock)
+        sock.close()
+    assert status == 200
+    parts = data.split(b"\n\n")
+    texts = [json.loads(p[6:])["choices"][0]["text"] for p in parts if p.startswith(b"data: {") and b'"text"' in p]
+    error_at = next(i for i, p in enumerate(parts) if b"boom in the step" in p)
+    prompt = list(hf("Hello there").input_ids)
+    want = hf.decode(prompt + tokens[:4])[len(hf.decode(prompt)):]
+    assert "".join(texts) == want  # the first token, then the 3 kept ones; not the 3 after the failure
+    assert all(b'"text"' not in p for p in parts[error_at + 1:])
 
 
 def test_a_stream_interval_holds_tokens_and_the_rest_goes_with_the_last_chunk(model_path):

@@ -113,6 +113,7 @@ class EngineClient:
         self.on_core_death = on_core_death
         self.text_tokenizer = load_text_tokenizer(self.model_path)
         self._routes: dict[str, _Route] = {}
+        self._pending_streams: list[tuple[str, _Route, TokenStream]] = []  # kept tokens (_flush_streams)
         self._next = 0
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(Message)
@@ -328,16 +329,20 @@ class EngineClient:
                         raw = await sock.recv(zmq.NOBLOCK)
                     except zmq.Again:
                         break
-                    self._on_message(core, self._decoder.decode(raw))
+                    self._on_message(core, self._decoder.decode(raw), flush=False)
                     if core.death is not None:
                         return
+                self._flush_streams()  # the socket is empty: write each stream's tokens as one chunk
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the front end cannot read the core: it is as good as dead
             log.exception("reading engine core %d's messages failed", core.index)
             self._core_died(core, f"this front end could not read its messages: {exc!r}")
 
-    def _on_message(self, core: _Core, msg: Message) -> None:
+    def _on_message(self, core: _Core, msg: Message, flush: bool = True) -> None:
+        """One engine message. ``flush=False``: streams written from here keep the new tokens
+        (``TokenStream.add``) until ``_flush_streams``, which ``_read`` calls once it has drained
+        every waiting message, so a stream's tokens of several steps go out as one chunk."""
         kind, payload, deltas, failures, columns = msg
         if kind == "died":
             self._core_died(core, f"its loop stopped: {payload}")
@@ -374,6 +379,10 @@ class EngineClient:
                 first = first_sample(delta)
                 first.token_ids = route.held + first.token_ids
                 route.held = []
+            if route.stream is not None and route.stream.pending:  # its kept tokens go out first
+                self._flush_one(rid, route, route.stream)
+                if routes.get(rid) is not route:  # writing them failed the request
+                    continue
             if route.stream is not None and not delta.finished:  # (a plain delta sent whole: in order)
                 ids = [t for smp in delta.samples if smp.index == 0 for t in smp.token_ids]
                 if ids:
@@ -386,18 +395,38 @@ class EngineClient:
                 continue
             self._put(rid, route, delta)
         for rid, failure in failures:
+            route = routes.get(rid)
+            if route is not None and route.stream is not None and route.stream.pending:
+                self._flush_one(rid, route, route.stream)  # what came before the failure, first
             route = self._drop(rid)
             if route is not None:
                 if self.size > 1 and failure.status >= 500:
                     failure = RequestFailed(failure.tag, failure.status, f"replica {core.index}: {failure.message}")
                 route.sink.put_nowait(failure)
 
+        if flush:
+            self._flush_streams()
+
     def _stream_tokens(self, rid: str, route: _Route, stream: TokenStream, ids: list[int]) -> None:
         if stream.backlog() >= self.max_stream_buffer:
             self._cut(rid, route)
             return
+        if stream.add(ids):
+            self._pending_streams.append((rid, route, stream))
+
+    def _flush_streams(self) -> None:
+        """Write the tokens the streams kept while messages were drained (one chunk a stream)."""
+        pending, self._pending_streams = self._pending_streams, []
+        routes = self._routes
+        for rid, route, stream in pending:
+            if routes.get(rid) is route:
+                self._flush_one(rid, route, stream)
+            else:  # cut, aborted or failed meanwhile
+                stream.drop_pending()
+
+    def _flush_one(self, rid: str, route: _Route, stream: TokenStream) -> None:
         try:
-            stream.tokens(ids)
+            stream.flush()
         except Exception as exc:  # noqa: BLE001 - this request's failure only
             self._fail_one(rid, route, f"the request failed: {type(exc).__name__}: {exc}")
 
@@ -437,6 +466,7 @@ class EngineClient:
         """Fail the core's requests with a 503 naming it; the last core's death ends the front end."""
         if core.death is not None or self._stopping:
             return
+        self._flush_streams()  # the tokens that came before its death go out before the errors
         name = f"the engine core process (pid {core.pid})" if self.size == 1 else f"replica {core.index} died"
         reason = core.death = (f"{name} is gone" if why.startswith("its process") and self.size == 1
                                else f"{name}: {why}")

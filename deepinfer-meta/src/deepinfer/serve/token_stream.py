@@ -12,6 +12,11 @@ once, by the same ``ResponseBuilder`` that makes the general chunks) and writes 
 - **into the request's sink as bytes** under any other server (uvicorn's h11 protocol, an ASGI
   test client): the handler then sends whatever bytes have gathered in one ``send``.
 
+Streams coalesce: the engine client reads every message waiting on its socket before it writes
+(``add``, then ``flush`` once the socket is empty), so when the front end has fallen behind the
+engine, each stream's waiting tokens go out as one chunk (one detokenizer call, one write)
+instead of one chunk per step; a front end that keeps up writes every step as it comes.
+
 Per token and stream that is a dict lookup, the detokenizer's step, one ``orjson.dumps`` of the
 text and one write, where the general path woke the handler task, merged a delta, built the
 chunk's dicts and sent it through three ASGI ``send`` wrappers. The request's last delta (its
@@ -46,7 +51,7 @@ class TokenStream:
     (usage, the access log); ``sink``: the request's delta sink (the queued way out)."""
 
     __slots__ = ("_choice", "_direct", "_flow", "_head", "_held", "_held_tokens", "_interval", "_paused",
-                 "_sink", "_tail", "_transport", "text")
+                 "_pending", "_sink", "_tail", "_transport", "text")
 
     def __init__(self, head: bytes, tail: bytes, interval: int, choice: Any, sink: Any) -> None:
         self._head, self._tail = head, tail
@@ -60,8 +65,31 @@ class TokenStream:
         self._flow: Any = None
         self._direct = False
         self._paused = 0  # chunks written straight while uvicorn had paused writing (a stalled reader)
+        self._pending: list[int] = []  # token ids of the engine messages being drained (add / flush)
 
     # ---- the engine client's side (client.py) ------------------------------------------------
+    def add(self, ids: list[int]) -> bool:
+        """Keep a message's new tokens until ``flush``: the engine client drains every message
+        waiting on its socket before it writes, so a front end that fell behind sends all of a
+        stream's waiting tokens as one chunk. Whether the stream had nothing pending before."""
+        first = not self._pending
+        self._pending += ids
+        return first
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._pending)
+
+    def flush(self) -> None:
+        """Write what ``add`` kept (one chunk, or held for ``--stream-interval``)."""
+        ids, self._pending = self._pending, []
+        if ids:
+            self.tokens(ids)
+
+    def drop_pending(self) -> None:
+        """Forget what ``add`` kept (the request was cut, aborted or failed)."""
+        self._pending = []
+
     def tokens(self, ids: list[int]) -> None:
         """A step's new tokens of the request (not its last: that delta goes through the sink)."""
         text = self.text.step(ids)
