@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from deepinfer.runtime import switches
 from deepinfer.runtime.engine.overlap import count_pending_tokens, gather_ids, resolve_ids
 from deepinfer.runtime.engine.prompt_embeds import step_embeds
 from deepinfer.runtime.sampling.sampler import sample
@@ -158,7 +159,11 @@ class StepExecutor:
         # (overlap on CUDA) pinned landing place of each set's sampled ids, and its event
         self._host_tokens = [torch.zeros(rows, dtype=torch.int64, pin_memory=True) if self.cuda and buffer_sets > 1
                              else None for _ in self.buffers]
-        self._events = [torch.cuda.Event() if self.cuda and buffer_sets > 1 else None for _ in self.buffers]
+        # DEEPINFER_CUDA_BLOCKING_SYNC: a blocking event puts the waiting thread to sleep; CUDA's
+        # default wait spins, so a serving engine's process keeps a core busy for every step
+        blocking = switches.enabled("DEEPINFER_CUDA_BLOCKING_SYNC")
+        self._events = [torch.cuda.Event(blocking=blocking) if self.cuda and buffer_sets > 1 else None
+                        for _ in self.buffers]
         self.num_launched = 0
         # ---- speculative decoding (runtime.speculative): set by the engine loop when configured;
         # a step launched synchronously then goes through Speculator.verify and process_MTPInfo, a
