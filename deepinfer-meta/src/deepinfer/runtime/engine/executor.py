@@ -95,6 +95,8 @@ class LaunchedStep:
             return np.zeros(0, np.int32)
         self.finish()
         if self.sample_tokens is not None:
+            if self.event is not None:  # DEEPINFER_CUDA_BLOCKING_SYNC: sleep until the GPU is done
+                self.event.synchronize()
             return self.sample_tokens[:self.num_real_rows].to(torch.int32).cpu().numpy()
         if self.event is not None:
             self.event.synchronize()
@@ -164,6 +166,8 @@ class StepExecutor:
         blocking = switches.enabled("DEEPINFER_CUDA_BLOCKING_SYNC")
         self._events = [torch.cuda.Event(blocking=blocking) if self.cuda and buffer_sets > 1 else None
                         for _ in self.buffers]
+        # (blocking sync) steps that copy their tokens when applied wait on this first
+        self._wait_event = torch.cuda.Event(blocking=True) if self.cuda and blocking else None
         self.num_launched = 0
         # ---- speculative decoding (runtime.speculative): set by the engine loop when configured;
         # a step launched synchronously then goes through Speculator.verify and process_MTPInfo, a
@@ -414,6 +418,9 @@ class StepExecutor:
                     self._copy_tokens_behind(step, side)
             else:
                 step.sample_tokens = res.tokens
+                if self._wait_event is not None:  # (blocking sync) tokens() sleeps on it, then copies
+                    self._wait_event.record()
+                    step.event = self._wait_event
 
         if grammar is not None and prev is not None:
             step.pending = draw  # the bitmask needs prev's tokens: LaunchedStep.finish draws
