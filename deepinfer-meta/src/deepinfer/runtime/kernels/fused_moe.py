@@ -286,7 +286,8 @@ def fused_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13
 def route_row(x, offs, ok, weights_ptr, ids_ptr, scaling, TOP_K: tl.constexpr, K_PAD: tl.constexpr,
               E_PAD: tl.constexpr, SIGMOID: tl.constexpr, NORM: tl.constexpr, RANK: tl.constexpr = False):
     """One token's routing from its float32 logits ``x`` [E_PAD] (``ok``: real experts): scores,
-    top-k (ties: the lower expert index, as torch.topk returns them), renormalisation and scaling,
+    top-k (ties: the lower expert index first, as a stable sort orders them; torch.topk on the CPU
+    leaves tied indices unordered), renormalisation and scaling,
     stored at ``weights_ptr`` / ``ids_ptr`` [TOP_K]. The top-k is TOP_K rounds of argmax, each a
     reduction over the experts that waits for the one before; ``RANK`` instead counts, for every
     expert at once, the experts ranked above it (an [E_PAD, E_PAD] comparison, one reduction), and
