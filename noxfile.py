@@ -489,11 +489,11 @@ def ci(session: nox.Session) -> None:
     global _DROP_VENVS
     _DROP_VENVS = True
     free_gb = shutil.disk_usage(ROOT).free / 1e9
-    session.log(f"free disk at {ROOT}: {free_gb:.1f} GB (a ci run needs about {CI_DISK_GB:.0f} GB)")
+    session.log(f"free disk at {ROOT}: {free_gb:.1f} GB (a ci run peaks at about 3.5 GB)")
     if free_gb < CI_DISK_GB:
-        session.warn(f"only {free_gb:.1f} GB free at {ROOT}: a ci run needs about {CI_DISK_GB:.0f} GB "
-                     "(torch venvs, the build, the pip cache); sessions may fail with 'No space left on "
-                     "device'. Free disk, or run the sessions one by one.")
+        session.warn(f"only {free_gb:.1f} GB free at {ROOT}: a ci run peaks at about 3.5 GB (one torch venv "
+                     "at a time, the build, the pip cache); below that sessions fail with 'No space left on "
+                     "device'. Free disk first.")
     for name in ("lint", "build", "tests_registry", "tests_engine", "tests_engine_cpp", "tests_cuda",
                  "tests_ascend", "tests_runtime", "tests_reliability", "tests_serve", "packaging", "stubs",
                  "typecheck",
