@@ -71,7 +71,7 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
            "the few-token MoE router stores the RMS-normed rows once for the experts (0: every gate/up program "
            "normalises its row again)"),
     Switch("DEEPINFER_CUDA_BLOCKING_SYNC", "0", "engine/executor.py",
-           "1: the overlap loop waits for a step's sampled ids on a blocking CUDA event (the thread sleeps "
+           "1: the step executor waits for a step's sampled ids on blocking CUDA events (the thread sleeps "
            "until the GPU is done; 0: CUDA's default wait, which spins a core for the whole step)"),
     Switch("DEEPINFER_TP_TIMEOUT_S", "120", "parallel/process_group.py",
            "seconds a tensor-parallel rendezvous or collective may wait before failing"),

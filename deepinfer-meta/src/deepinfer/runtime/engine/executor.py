@@ -94,12 +94,10 @@ class LaunchedStep:
         if self.logits_rows is None:  # nothing was scheduled to run
             return np.zeros(0, np.int32)
         self.finish()
-        if self.sample_tokens is not None:
-            if self.event is not None:  # DEEPINFER_CUDA_BLOCKING_SYNC: sleep until the GPU is done
-                self.event.synchronize()
-            return self.sample_tokens[:self.num_real_rows].to(torch.int32).cpu().numpy()
-        if self.event is not None:
+        if self.event is not None:  # the pinned copy's event, or (blocking sync) the step's own
             self.event.synchronize()
+        if self.sample_tokens is not None:
+            return self.sample_tokens[:self.num_real_rows].to(torch.int32).cpu().numpy()
         assert self.row_tokens is not None
         src = self.row_tokens.cpu() if self.host is None else self.host
         return np.ascontiguousarray(src.numpy()[self.logits_rows], dtype=np.int32)

@@ -309,6 +309,7 @@ def route_row(x, offs, ok, weights_ptr, ids_ptr, scaling, TOP_K: tl.constexpr, K
         hit = rank[None, :] == k_offs[:, None]  # [K_PAD, E_PAD]: exactly one expert per slot
         top_w = tl.sum(tl.where(hit, scores[None, :], 0.0), axis=1)
         top_i = tl.sum(tl.where(hit, offs[None, :], 0), axis=1).to(tl.int64)
+        top_w = tl.where(k_offs < TOP_K, top_w, 0.0)  # slots past TOP_K (K_PAD padding) add nothing
     else:
         top_w = tl.zeros([K_PAD], dtype=tl.float32)
         top_i = tl.zeros([K_PAD], dtype=tl.int64)
@@ -318,7 +319,6 @@ def route_row(x, offs, ok, weights_ptr, ids_ptr, scaling, TOP_K: tl.constexpr, K
             top_w = tl.where(k_offs == j, w, top_w)
             top_i = tl.where(k_offs == j, best.to(tl.int64), top_i)
             scores = tl.where(offs == best, -2.0, scores)
-    top_w = tl.where(k_offs < TOP_K, top_w, 0.0)  # slots past TOP_K (K_PAD padding) add nothing
     if NORM:
         total = tl.sum(top_w, axis=0)
         if SIGMOID:
