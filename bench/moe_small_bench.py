@@ -59,9 +59,8 @@ def main() -> None:
             w, ids = route_greedy(h.float() @ gate.t(), k, False, True)
             return fused_experts(h, w, ids, w13, w2, residual=x)
 
-        def small(x=x, gu=md.GATE_UP_CONFIG, dn=md.DOWN_CONFIG, rt=md.ROUTER_CONFIG, rank=None,  # type: ignore[no-untyped-def]
-                  static=None):
-            w, ids = md.route_small(x, gate, k, False, True, norm=norm, config=rt, rank_topk=rank)
+        def small(x=x, gu=md.GATE_UP_CONFIG, dn=md.DOWN_CONFIG, rt=md.ROUTER_CONFIG, static=None):  # type: ignore[no-untyped-def]
+            w, ids = md.route_small(x, gate, k, False, True, norm=norm, config=rt)
             return md.experts_small(x, w, ids, w13, w2, residual=x, norm=norm, gate_up_config=gu, down_config=dn,
                                     static_k=static)
 
@@ -83,20 +82,15 @@ def main() -> None:
               f"{used * pair_bytes / (s_us - r_us) / 1e3:,.0f} GB/s distinct; {used} experts); "
               f"ratio {g_us / s_us:.2f}x; max |diff| {err:.2e}; with the router's stored normed rows "
               f"{pre_us:.1f} us (|diff| {pre_diff:.1e})", flush=True)
-        # the router's top-k (ranks / argmax rounds) x the expert kernels' K loops (unrolled / runtime),
-        # alternated over 3 rounds so drift falls on each alike
-        times: dict[tuple[bool, bool], list[float]] = {}
+        # the expert kernels' K loops unrolled (compiled for K) against a runtime K, alternated over 3
+        # rounds so drift falls on each alike (moe_decode.STATIC_K_MAX_TOKENS from these)
+        times: dict[bool, list[float]] = {}
         for _ in range(3):
-            for rank in (True, False):
-                for static in (True, False):
-                    times.setdefault((rank, static), []).append(
-                        _us(lambda x=x, rank=rank, static=static: small(x, rank=rank, static=static)))
-        router_us = {rank: _us(lambda x=x, rank=rank: md.route_small(x, gate, k, False, True, norm=norm,
-                                                                     rank_topk=rank)) for rank in (True, False)}
-        for (rank, static), us_list in times.items():
-            print(f"  T={t} top-k by {'ranks' if rank else 'argmax'}, K loops {'unrolled' if static else 'runtime'}: "
-                  f"layer {sorted(us_list)[1]:.1f} us (runs {', '.join(f'{v:.1f}' for v in us_list)}); router alone "
-                  f"{router_us[rank]:.1f} us", flush=True)
+            for static in (True, False):
+                times.setdefault(static, []).append(_us(lambda x=x, static=static: small(x, static=static)))
+        for static, us_list in times.items():
+            print(f"  T={t} K loops {'unrolled' if static else 'runtime'}: layer {sorted(us_list)[1]:.1f} us "
+                  f"(runs {', '.join(f'{v:.1f}' for v in us_list)})", flush=True)
         if args.quick:
             continue
         # one kernel's tiles at a time, the other two at their defaults

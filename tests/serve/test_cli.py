@@ -79,14 +79,14 @@ def test_front_ends_by_default_one_per_four_cores_at_most_four_and_one_in_proces
 
     from deepinfer.cli.serve import _check, add_serve_args, default_api_server_count
 
-    assert [default_api_server_count(False, c) for c in (1, 2, 3, 4, 7, 8, 15, 16, 64)] == [1, 1, 1, 1, 1, 2, 3, 4, 4]
+    assert [default_api_server_count(False, c) for c in (1, 2, 3, 4, 7, 8, 15, 16, 64)] == [1, 1, 1, 1, 1, 1, 1, 2, 2]
     assert default_api_server_count(True, 64) == 1
     p = argparse.ArgumentParser()
     add_serve_args(p)
     args = p.parse_args([])
     assert args.api_server_count is None
     _check(args)
-    assert args.api_server_count == max(1, min(4, len(os.sched_getaffinity(0)) // 4))
+    assert args.api_server_count == max(1, min(2, len(os.sched_getaffinity(0)) // 8))
     args = p.parse_args(["--engine-in-process"])
     _check(args)
     assert args.api_server_count == 1

@@ -68,7 +68,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     c = p.add_argument_group("engine core and front ends")
     c.add_argument("--api-server-count", type=int, default=None,
                    help="HTTP front-end processes (they share the port), each connected to every engine core "
-                        "(default: one per 4 CPU cores this process may use, at most 4; 1 with "
+                        "(default: one per 8 CPU cores this process may use, at most 2; 1 with "
                         "--engine-in-process)")
     c.add_argument("--stream-interval", type=int, default=1,
                    help="a stream chunk waits for at least this many new tokens of its request (or its end); "
@@ -82,10 +82,12 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
 
 
 def default_api_server_count(engine_in_process: bool, cpus: int | None = None) -> int:
-    """Front ends when ``--api-server-count`` is not given: one per 4 usable CPU cores, at most 4
-    (on the H200's 16-core host four front ends served the small model's 64 / 256 streams at 0.66 /
-    0.58 of in-process speed against one front end's 0.58 / 0.49, with a 10x lower inter-token p99;
-    on a 2-core machine more front ends only compete with the engine core); 1 in process."""
+    """Front ends when ``--api-server-count`` is not given: one per 8 usable CPU cores, at most 2;
+    1 in process. Every front end handles every step's message, so each one more costs CPU per
+    step: on the H200's 16-core host (2026-12-04, SmolLM2 shape, 64 / 256 streams) two front ends
+    spent 26-29 / 16-19 us of CPU a token beside the core against four's 38-43 / 22-24, with the
+    same throughput and latency within the runs' spread; one front end, the least CPU, leaves one
+    event loop to both accept and stream. On a 2-core machine more only compete with the core."""
     if engine_in_process:
         return 1
     if cpus is None:
@@ -93,7 +95,7 @@ def default_api_server_count(engine_in_process: bool, cpus: int | None = None) -
             cpus = len(os.sched_getaffinity(0))
         except AttributeError:  # not on Linux
             cpus = os.cpu_count() or 1
-    return max(1, min(4, cpus // 4))
+    return max(1, min(2, cpus // 8))
 
 
 def _check(args: argparse.Namespace) -> None:

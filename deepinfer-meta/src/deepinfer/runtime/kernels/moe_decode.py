@@ -37,14 +37,11 @@ from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch
 GATE_UP_CONFIG = (2, 512, 4)
 DOWN_CONFIG: tuple[int, int, int] | None = None  # None: by token count (_down_tile)
 ROUTER_CONFIG = (2, 1024, 4)
-# Two variants for the one-token step's critical path, both off until measured on the H200
-# (bench/moe_small_bench.py prints them side by side): the router's top-k by ranks
-# (fused_moe.route_row's RANK; up to RANK_TOPK_MAX_EXPERTS, its [E, E] comparison lives in
-# registers) instead of TOP_K serial rounds of argmax, and the expert kernels compiled for their
-# K so the loops unroll and every weight load of a program can be in flight at once.
-RANK_TOPK = False
-RANK_TOPK_MAX_EXPERTS = 128
-STATIC_K = False
+# Up to this many tokens the expert kernels are compiled for their K, so the loops over K unroll
+# and a program's weight loads are all in flight at once: on the H200 (bench/moe_small_bench.py,
+# 2026-12-04) a Qwen3-30B-A3B layer took 35.6 against 37.6 us at one token and 56.2 against 60.5
+# at two, but 100.5 against 98.8 at four (more programs, each with its registers full).
+STATIC_K_MAX_TOKENS = 2
 
 
 def _down_tile(tokens: int) -> tuple[int, int, int]:
@@ -56,7 +53,7 @@ def _router_kernel(x_ptr, nw_ptr, gw_ptr, logits_ptr, weights_ptr, ids_ptr, coun
                    num_experts, stride_x, eps, scaling,
                    BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr, NORM_BLOCK: tl.constexpr,
                    TOP_K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, SIGMOID: tl.constexpr,
-                   NORM_TOPK: tl.constexpr, WRITE_NORMED: tl.constexpr, RANK: tl.constexpr, PDL: tl.constexpr):
+                   NORM_TOPK: tl.constexpr, WRITE_NORMED: tl.constexpr, PDL: tl.constexpr):
     pid = tl.program_id(0)
     rows = (pid * BLOCK_E + tl.arange(0, BLOCK_E)).to(tl.int64)
     row_ok = rows < num_experts
@@ -98,7 +95,7 @@ def _router_kernel(x_ptr, nw_ptr, gw_ptr, logits_ptr, weights_ptr, ids_ptr, coun
         for t in range(tokens):
             x = tl.load(logits_ptr + t * num_experts + offs, mask=ok, other=0.0, cache_modifier=".cg")
             route_row(x, offs, ok, weights_ptr + t * TOP_K, ids_ptr + t * TOP_K, scaling, TOP_K, K_PAD, E_PAD,
-                      SIGMOID, NORM_TOPK, RANK)
+                      SIGMOID, NORM_TOPK)
 
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
@@ -118,16 +115,14 @@ def _counter(device: torch.device) -> torch.Tensor:
 
 def route_small(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, sigmoid: bool, norm_topk_prob: bool,
                 routed_scaling_factor: float = 1.0, norm: tuple[torch.Tensor, float] | None = None,
-                config: tuple[int, int, int] | None = None, normed_out: torch.Tensor | None = None,
-                rank_topk: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                config: tuple[int, int, int] | None = None,
+                normed_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights [T, k] float32, ids [T, k] int64) of the rows ``x`` [T, H] for a float32 router
     ``gate_weight`` [E, H], in one launch: ``route_greedy(x.float() @ gate_weight.T, ...)``.
     ``norm`` (weight [H], eps): the rows are RMSNorm(x) * weight first (rounded to x's dtype as
     ``fused_ops.add_rmsnorm`` rounds), computed in the kernel. ``normed_out`` (with ``norm``; a
     contiguous [T, H] of x's dtype): those normed rows are also stored there, so the experts read
-    them instead of normalising again in every gate/up program. ``rank_topk``: the top-k by ranks
-    (``fused_moe.route_row``'s ``RANK``) or by rounds of argmax; default ``RANK_TOPK`` where the
-    experts fit its [E, E] comparison (up to ``RANK_TOPK_MAX_EXPERTS``)."""
+    them instead of normalising again in every gate/up program."""
     t, hidden = x.shape
     e = gate_weight.shape[0]
     if gate_weight.dtype != torch.float32 or tuple(gate_weight.shape) != (e, hidden) or not gate_weight.is_contiguous():
@@ -150,9 +145,6 @@ def route_small(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, sigmoid:
     if t == 0:
         return weights, ids
     logits = torch.empty(t, e, dtype=torch.float32, device=x.device)
-    e_pad = triton.next_power_of_2(e)
-    if rank_topk is None:
-        rank_topk = RANK_TOPK and e_pad <= RANK_TOPK_MAX_EXPERTS
     block_e, block_k, warps = config or ROUTER_CONFIG
     _router_kernel[(triton.cdiv(e, block_e),)](
         x, norm[0] if norm is not None else x, gate_weight, logits, weights, ids, _counter(x.device),
@@ -160,8 +152,8 @@ def route_small(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, sigmoid:
         x.stride(0), norm[1] if norm is not None else 0.0, float(routed_scaling_factor),
         BLOCK_E=block_e, BLOCK_K=min(block_k, triton.next_power_of_2(hidden)), NORM=norm is not None,
         NORM_BLOCK=triton.next_power_of_2(hidden) if norm is not None else 1, TOP_K=top_k,
-        K_PAD=triton.next_power_of_2(top_k), E_PAD=e_pad, SIGMOID=sigmoid,
-        NORM_TOPK=norm_topk_prob, WRITE_NORMED=normed_out is not None, RANK=bool(rank_topk), num_warps=warps,
+        K_PAD=triton.next_power_of_2(top_k), E_PAD=triton.next_power_of_2(e), SIGMOID=sigmoid,
+        NORM_TOPK=norm_topk_prob, WRITE_NORMED=normed_out is not None, num_warps=warps,
         **pdl_launch(x.device))
     return weights, ids
 
@@ -254,8 +246,8 @@ def experts_small(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13
     RMSNorm(x) * weight (as ``route_small``'s ``norm``), computed inside the gate/up kernel.
     ``gate_up_config`` / ``down_config``: (BLOCK_N, BLOCK_K, num_warps), default the module's.
     ``weights`` [T, k] float32, ``ids`` [T, k] integer, both contiguous. ``static_k``: compile each
-    kernel for its K (hidden, inter) so its loop over K unrolls (default ``STATIC_K``; one compile
-    per model shape)."""
+    kernel for its K (hidden, inter) so its loop over K unrolls (default: up to
+    ``STATIC_K_MAX_TOKENS`` tokens; one compile per model shape)."""
     t, hidden, k, _, inter = check_expert_operands("experts_small", x, weights, ids, w13, w2)
     if x.stride(-1) != 1:
         raise ValueError("experts_small: x must be contiguous in its last dimension")
@@ -270,7 +262,7 @@ def experts_small(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13
     if t == 0:
         return out
     pdl = pdl_launch(x.device)
-    static = STATIC_K if static_k is None else static_k
+    static = t <= STATIC_K_MAX_TOKENS if static_k is None else static_k
     h = torch.empty(t * k, inter, dtype=x.dtype, device=x.device)
     bn, bk, warps = gate_up_config or GATE_UP_CONFIG
     _gate_up_kernel[(t * k, triton.cdiv(inter, bn))](
