@@ -40,7 +40,7 @@ ROUTER_CONFIG = (2, 1024, 4)
 # Up to this many tokens the expert kernels are compiled for their K, so the loops over K unroll
 # and a program's weight loads are all in flight at once: on the H200 (bench/moe_small_bench.py,
 # 2026-12-04) a Qwen3-30B-A3B layer took 35.6 against 37.6 us at one token and 56.2 against 60.5
-# at two, but 100.5 against 98.8 at four (more programs, each with its registers full).
+# at two, but 100.5 against 98.8 at four (probably: more programs, each with its registers full).
 STATIC_K_MAX_TOKENS = 2
 
 
