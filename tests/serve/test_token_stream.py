@@ -90,21 +90,7 @@ class FakeCore:
 
     def play(self, deltas: list[Any], columns: list[Any]) -> None:
         """One step's message (``core.py``'s "batch"), decoded and handled on the server's loop."""
-        import msgspec
-
-        client = self.client
-        raw = msgspec.msgpack.Encoder().encode(("batch", [], deltas, [], columns))
-        done = threading.Event()
-
-        def handle() -> None:
-            try:
-                client._on_message(client._cores[0], client._decoder.decode(raw))
-            finally:
-                done.set()
-
-        assert client._loop is not None
-        client._loop.call_soon_threadsafe(handle)
-        assert done.wait(30)
+        self.drain([(deltas, columns, [])])
 
     def drain(self, messages: list[tuple[list[Any], list[Any], list[Any]]]) -> None:
         """Several steps' messages ((deltas, columns, failures) each) handled in one go on the
@@ -148,10 +134,7 @@ class FakeCore:
                 messages.append(([], [(rids, np.ones(len(rids), "<i4").tobytes(), np.asarray(row, "<i4").tobytes())],
                                  []))
         for i in range(0, steps, drained):
-            if drained == 1:
-                self.play(*messages[i][:2])
-            else:
-                self.drain(messages[i:i + drained])
+            self.drain(messages[i:i + drained])
 
 
 def _post(url: str, path: str, body: dict[str, Any], rcvbuf: int | None = None) -> socket.socket:
