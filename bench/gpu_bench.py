@@ -156,7 +156,10 @@ def run_deepinfer(shape_dir: str, prompts: list[list[int]], out_len: int | list[
     print("  " + _kv_cache_line(llm), flush=True)
     params = [SamplingParams(temperature=temperature, max_tokens=n, ignore_eos=True) for n in lens]
     batch = [{"prompt_token_ids": p} for p in prompts]
-    llm.generate(batch, params, use_tqdm=False)  # warm-up
+    # the first call, untimed in the rates: it shows what a fresh process's first requests wait
+    # for (kernel compiles the start-up warm-up did not do; DEEPINFER_WARMUP=0 to compare)
+    first = measure_generate(llm, batch, params)
+    print("  first call (not in the rates): " + "\n    ".join(first.lines()), flush=True)
     rates = []
     for i in range(runs):
         rep = measure_generate(llm, batch, params)

@@ -152,6 +152,7 @@ class LLM:
                 else overlap, step_buffers=self.worker.step_buffers, speculative_config=args.speculative_config,
                 logits_processors=args.logits_processors, draft_runner=self.worker.draft_runner)
             self.worker.capture_graphs()
+            self.worker.warm_up()
         except BaseException:
             _stop_ranks(group, self._workers)  # the other ranks would wait for steps that never come
             raise

@@ -65,6 +65,9 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
            "eager CUDA steps (prompt chunks, mixed steps) of dense models run the fused Triton kernels (0: torch ops)"),
     Switch("DEEPINFER_FOLD_MERGE", "1", "models/llama_fused_decode.py",
            "the split-KV attention merge folded into the split kernel (0: a second kernel)"),
+    Switch("DEEPINFER_WARMUP", "1", "worker/warm_up.py",
+           "at start-up on CUDA, eager steps of a few row counts run once on dummy tokens so the first prompt "
+           "does not wait for Triton's compiles (0: off)"),
     Switch("DEEPINFER_MOE_SMALL_BATCH", "4", "models/moe.py",
            "tokens up to which a CUDA MoE layer runs the few-token kernels, no sort by expert (0: grouped GEMMs)"),
     Switch("DEEPINFER_MOE_PRENORM", "1", "models/moe.py",

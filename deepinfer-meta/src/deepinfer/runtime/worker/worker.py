@@ -172,6 +172,20 @@ class Worker:
             ids = [int(tok_eos)]
         return ids
 
+    def warm_up(self) -> None:
+        """Run eager steps of a few row counts on dummy tokens (``worker.warm_up``) so that the first
+        real prompt finds the eager kernels compiled: on CUDA unless ``DEEPINFER_WARMUP=0``. On rank
+        0 only: under tensor parallelism its runner announces the steps to the other ranks."""
+        from deepinfer.runtime.worker import warm_up as wu
+
+        if not wu.warm_up_wanted(self.device.type):
+            return
+        budget, max_len = self.args.max_num_batched_tokens, self.args.max_model_len
+        assert budget is not None and max_len is not None, "args.for_model first"
+        for runner in (self.runner, self.draft_runner):
+            if runner is not None:
+                wu.warm_up(runner, budget, self.args.max_num_seqs, max_len)
+
     def capture_graphs(self) -> None:
         """Capture the decode graphs over the step buffers (CUDA without ``enforce_eager``; a
         no-op elsewhere). Tensor-parallel ranks capture without GraphTimer regions."""
