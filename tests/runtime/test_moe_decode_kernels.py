@@ -65,6 +65,39 @@ def test_few_token_kernels_refuse_bad_operands():
         route_small(x, torch.zeros(4, 8), 2, False, True, norm=(torch.ones(8), 1e-6), normed_out=torch.empty(3, 8))
 
 
+@pytest.mark.parametrize("shape,tokens,expected", [
+    ("qwen3-30b-a3b", 1, (True, True)), ("qwen3-30b-a3b", 2, (True, True)), ("qwen3-30b-a3b", 4, (False, False)),
+    ("deepseek-v2-lite", 2, (True, True)), ("mixtral-8x7b", 1, (False, False)), ("llama4-like", 1, (False, True)),
+])
+def test_k_loops_unroll_where_the_h200_measured_a_gain(shape, tokens, expected):
+    """(gate/up, down) unrolled: Qwen3-30B-A3B and DeepSeek-V2-Lite gained at one and two tokens and
+    lost at four; Mixtral-8x7B (K 4096 and 14336) lost at one (moe_decode's table). A shape with a
+    wide hidden and a narrow expert unrolls only the down kernel."""
+    pytest.importorskip("triton", reason="triton is not installed")
+    from deepinfer.runtime.kernels.moe_decode import static_k_loops
+
+    hidden, inter = {"qwen3-30b-a3b": (2048, 768), "deepseek-v2-lite": (2048, 1408), "mixtral-8x7b": (4096, 14336),
+                     "llama4-like": (5120, 1024)}[shape]
+    assert static_k_loops(tokens, hidden, inter) == expected
+
+
+def test_large_experts_take_the_few_token_kernels_at_one_token_only(monkeypatch):
+    """Experts of LARGE_EXPERT_BYTES or more (Mixtral's) re-read per (token, slot) pair cost more than
+    the grouped path's sort: the few-token kernels run one token; smaller experts run up to the switch."""
+    from deepinfer.runtime.models import moe
+
+    monkeypatch.setattr(moe, "KERNELS_ON_CPU", True)
+    monkeypatch.setattr(moe, "_triton_available", lambda: True)
+    monkeypatch.delenv("DEEPINFER_MOE_SMALL_BATCH", raising=False)
+    small = moe.ExpertsSwiGLU(4, 8, 16)  # (2*16*8 + 8*16) float32 values = 1,536 bytes an expert
+    assert small.expert_bytes() == 1536
+    assert [moe._small_batch(torch.zeros(t, 8), small) for t in (1, 2, 4, 5)] == [True, True, True, False]
+    monkeypatch.setattr(moe, "LARGE_EXPERT_BYTES", 1536)
+    assert [moe._small_batch(torch.zeros(t, 8), small) for t in (1, 2, 4)] == [True, False, False]
+    monkeypatch.setenv("DEEPINFER_MOE_SMALL_BATCH", "0")
+    assert not moe._small_batch(torch.zeros(1, 8), small)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_few_token_moe_kernels_on_the_gpu(dtype):

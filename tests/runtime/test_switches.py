@@ -74,4 +74,4 @@ def test_a_bad_integer_switch_is_a_value_error_naming_it(monkeypatch, text, mess
     monkeypatch.setattr(moe, "KERNELS_ON_CPU", True)  # the MoE layer's read, where it acts on it
     monkeypatch.setattr(moe, "_triton_available", lambda: True)
     with pytest.raises(ValueError, match="DEEPINFER_MOE_SMALL_BATCH"):
-        moe._small_batch(torch.zeros(1, 4))
+        moe._small_batch(torch.zeros(1, 4), moe.ExpertsSwiGLU(2, 4, 8))

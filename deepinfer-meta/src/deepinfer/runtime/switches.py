@@ -69,7 +69,8 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
            "at start-up on CUDA, eager steps of a few row counts run once on dummy tokens so the first prompt "
            "does not wait for Triton's compiles (0: off)"),
     Switch("DEEPINFER_MOE_SMALL_BATCH", "4", "models/moe.py",
-           "tokens up to which a CUDA MoE layer runs the few-token kernels, no sort by expert (0: grouped GEMMs)"),
+           "tokens up to which a CUDA MoE layer runs the few-token kernels, no sort by expert (one token for "
+           "experts of 64 MiB or more; 0: grouped GEMMs)"),
     Switch("DEEPINFER_MOE_PRENORM", "1", "models/moe.py",
            "the few-token MoE router stores the RMS-normed rows once for the experts (0: every gate/up program "
            "normalises its row again)"),

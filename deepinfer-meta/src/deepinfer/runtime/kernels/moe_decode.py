@@ -30,22 +30,43 @@ from deepinfer.runtime.kernels.gemv import _activation_chunk
 from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch
 
 # (BLOCK_N, BLOCK_K, num_warps) of the gate/up and down kernels and (BLOCK_E, BLOCK_K, num_warps)
-# of the router: the best of bench/moe_small_bench.py's sweep on the H200 (Qwen3-30B-A3B layer from
-# a graph, 2026-12-02): one token 37.4 us against the grouped path's 55.0, two 60.5 / 76.3, four
-# 98.9 / 106.4 (the down kernel's tile per token count: (2, 512) at one, (4, 256) at two, (16, 128)
-# from three on); eight lost (184 / 152 us), hence DEEPINFER_MOE_SMALL_BATCH=4.
-GATE_UP_CONFIG = (2, 512, 4)
-DOWN_CONFIG: tuple[int, int, int] | None = None  # None: by token count (_down_tile)
-ROUTER_CONFIG = (2, 1024, 4)
-# Up to this many tokens the expert kernels are compiled for their K, so the loops over K unroll
-# and a program's weight loads are all in flight at once: on the H200 (bench/moe_small_bench.py,
-# 2026-12-04) a Qwen3-30B-A3B layer took 35.6 against 37.6 us at one token and 56.2 against 60.5
-# at two, but 100.5 against 98.8 at four (probably: more programs, each with its registers full).
+# of the router; None: by token count and loop form (the _*_tile functions), from
+# bench/moe_small_bench.py's sweeps on the H200 (one Qwen3-30B-A3B layer from a graph). The
+# 2026-12-02 sweep (runtime K): one token 37.4 us against the grouped path's 55.0, two 60.5 /
+# 76.3, four 98.9 / 106.4; eight lost (184 / 152 us), hence DEEPINFER_MOE_SMALL_BATCH=4. The
+# 2026-12-04 sweep with the K loops unrolled: gate/up (1, 2048, 4) (one chunk a row), the router
+# (1, 2048, 4) and at one token the down kernel (2, 1024, 4) took the layer from 35.7 to 29.6 us
+# at one token and from 56.2 to 48.9 at two.
+GATE_UP_CONFIG: tuple[int, int, int] | None = None
+DOWN_CONFIG: tuple[int, int, int] | None = None
+ROUTER_CONFIG: tuple[int, int, int] | None = None
+# Up to this many tokens, and for a kernel whose K is at most STATIC_K_MAX_K, the expert kernels
+# are compiled for their K, so the loops over K unroll and a program's weight loads are all in
+# flight at once. On the H200 (bench/moe_small_bench.py, 2026-12-04), same tiles: Qwen3-30B-A3B
+# (K 2048 and 768) 35.6 against 37.6 us at one token and 56.2 against 60.5 at two, but 100.5
+# against 98.8 at four; DeepSeek-V2-Lite (2048, 1408) 42.0 / 43.1 and 71.1 / 77.4; Mixtral-8x7B
+# (4096, 14336: its down kernel unrolled 28 chunks x 2 slots) lost, 242.5 against 186.5 at one.
 STATIC_K_MAX_TOKENS = 2
+STATIC_K_MAX_K = 2048
+
+
+def static_k_loops(tokens: int, hidden: int, inter: int) -> tuple[bool, bool]:
+    """Whether the gate/up and the down kernels of a ``tokens``-token step unroll their K loops
+    (K = ``hidden`` and ``inter``): up to STATIC_K_MAX_TOKENS tokens, for a K up to STATIC_K_MAX_K."""
+    few = tokens <= STATIC_K_MAX_TOKENS
+    return few and hidden <= STATIC_K_MAX_K, few and inter <= STATIC_K_MAX_K
+
+
+def _gate_up_tile(static: bool) -> tuple[int, int, int]:
+    return GATE_UP_CONFIG or ((1, 2048, 4) if static else (2, 512, 4))
+
+
+def _router_tile(tokens: int) -> tuple[int, int, int]:
+    return ROUTER_CONFIG or ((1, 2048, 4) if tokens <= 2 else (2, 1024, 4))
 
 
 def _down_tile(tokens: int) -> tuple[int, int, int]:
-    return DOWN_CONFIG or ((2, 512, 4) if tokens == 1 else (4, 256, 4) if tokens == 2 else (16, 128, 8))
+    return DOWN_CONFIG or ((2, 1024, 4) if tokens == 1 else (4, 256, 4) if tokens == 2 else (16, 128, 8))
 
 
 @triton.jit
@@ -145,7 +166,7 @@ def route_small(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, sigmoid:
     if t == 0:
         return weights, ids
     logits = torch.empty(t, e, dtype=torch.float32, device=x.device)
-    block_e, block_k, warps = config or ROUTER_CONFIG
+    block_e, block_k, warps = config or _router_tile(t)
     _router_kernel[(triton.cdiv(e, block_e),)](
         x, norm[0] if norm is not None else x, gate_weight, logits, weights, ids, _counter(x.device),
         normed_out if normed_out is not None else x, t, hidden, e,
@@ -245,9 +266,10 @@ def experts_small(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13
     sort by expert: [T, H] in ``x.dtype``. ``norm`` (weight [H], eps): the experts' input is
     RMSNorm(x) * weight (as ``route_small``'s ``norm``), computed inside the gate/up kernel.
     ``gate_up_config`` / ``down_config``: (BLOCK_N, BLOCK_K, num_warps), default the module's.
-    ``weights`` [T, k] float32, ``ids`` [T, k] integer, both contiguous. ``static_k``: compile each
-    kernel for its K (hidden, inter) so its loop over K unrolls (default: up to
-    ``STATIC_K_MAX_TOKENS`` tokens; one compile per model shape)."""
+    ``weights`` [T, k] float32, ``ids`` [T, k] integer, both contiguous. ``static_k``: compile both
+    kernels for their K (hidden, inter) so their loops over K unroll (default: up to
+    ``STATIC_K_MAX_TOKENS`` tokens, each kernel whose K is at most ``STATIC_K_MAX_K``; one compile
+    per model shape)."""
     t, hidden, k, _, inter = check_expert_operands("experts_small", x, weights, ids, w13, w2)
     if x.stride(-1) != 1:
         raise ValueError("experts_small: x must be contiguous in its last dimension")
@@ -262,18 +284,18 @@ def experts_small(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13
     if t == 0:
         return out
     pdl = pdl_launch(x.device)
-    static = t <= STATIC_K_MAX_TOKENS if static_k is None else static_k
+    static_gate_up, static_down = static_k_loops(t, hidden, inter) if static_k is None else (static_k, static_k)
     h = torch.empty(t * k, inter, dtype=x.dtype, device=x.device)
-    bn, bk, warps = gate_up_config or GATE_UP_CONFIG
+    bn, bk, warps = gate_up_config or _gate_up_tile(static_gate_up)
     _gate_up_kernel[(t * k, triton.cdiv(inter, bn))](
         x, norm[0] if norm is not None else x, w13, ids, h, hidden, inter, x.stride(0), w13.stride(0), w13.stride(1),
         norm[1] if norm is not None else 0.0, TOP_K=k, BLOCK_N=bn, BLOCK_K=min(bk, triton.next_power_of_2(hidden)),
         NORM=norm is not None, NORM_BLOCK=triton.next_power_of_2(hidden) if norm is not None else 1,
-        STATIC_K=hidden if static else 0, num_warps=warps, **pdl)
+        STATIC_K=hidden if static_gate_up else 0, num_warps=warps, **pdl)
     bn, bk, warps = down_config or _down_tile(t)
     res = residual if residual is not None else out
     _down_kernel[(t, triton.cdiv(hidden, bn))](
         h, w2, ids, weights, res, out, hidden, inter, w2.stride(0), w2.stride(1), res.stride(0), out.stride(0),
         TOP_K=k, BLOCK_N=bn, BLOCK_K=min(bk, triton.next_power_of_2(inter)), RESIDUAL=residual is not None,
-        STATIC_K=inter if static else 0, num_warps=warps, **pdl)
+        STATIC_K=inter if static_down else 0, num_warps=warps, **pdl)
     return out

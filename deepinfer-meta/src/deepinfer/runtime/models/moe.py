@@ -68,9 +68,22 @@ def _kernels(x: torch.Tensor) -> bool:
     return (x.is_cuda or KERNELS_ON_CPU) and _triton_available()
 
 
-def _small_batch(x: torch.Tensor) -> bool:
-    """Whether the few-token kernels (``kernels.moe_decode``, no sort by expert) run these rows."""
-    return _kernels(x) and 0 < x.shape[0] <= switches.integer("DEEPINFER_MOE_SMALL_BATCH")
+# Experts this large (bytes of one expert's w13 + w2) take the few-token kernels at one token only:
+# the grouped GEMMs read each distinct expert once, the few-token kernels once per (token, slot)
+# pair, and with large experts the re-reads cost more than the sort saves. H200, one Mixtral-8x7B
+# layer (352 MB an expert in bf16; bench/moe_small_bench.py --quick, 2026-12-04): few-token against
+# grouped 186.5 / 197.9 us at one token, 320.1 / 277.9 at two, 585.1 / 508.3 at four. Qwen3-30B-A3B
+# (9.4 MB) and DeepSeek-V2-Lite (17 MB) gain up to four tokens.
+LARGE_EXPERT_BYTES = 64 << 20
+
+
+def _small_batch(x: torch.Tensor, experts: ExpertsSwiGLU) -> bool:
+    """Whether the few-token kernels (``kernels.moe_decode``, no sort by expert) run these rows:
+    up to ``DEEPINFER_MOE_SMALL_BATCH`` tokens, one for experts of ``LARGE_EXPERT_BYTES`` or more."""
+    limit = switches.integer("DEEPINFER_MOE_SMALL_BATCH")
+    if experts.expert_bytes() >= LARGE_EXPERT_BYTES:
+        limit = min(limit, 1)
+    return _kernels(x) and 0 < x.shape[0] <= limit
 
 
 class ExpertsSwiGLU(nn.Module):
@@ -83,12 +96,16 @@ class ExpertsSwiGLU(nn.Module):
         self.w13 = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
         self.w2 = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
 
+    def expert_bytes(self) -> int:
+        """Bytes of one expert's weights (w13 and w2)."""
+        return (self.w13.shape[1] * self.w13.shape[2] + self.w2.shape[1] * self.w2.shape[2]) * self.w13.element_size()
+
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                 residual: torch.Tensor | None = None) -> torch.Tensor:
         """Sum over each token's experts of weight * expert(x) [T, H] (plus ``residual``, given);
         only routed rows computed (on CUDA: the fused Triton kernels of ``kernels.fused_moe``, or
         for a few tokens those of ``kernels.moe_decode``)."""
-        if _small_batch(x):
+        if _small_batch(x, self):
             from deepinfer.runtime.kernels.moe_decode import experts_small
 
             return experts_small(x, weights.float().contiguous(), ids.contiguous(), self.w13, self.w2,
@@ -175,7 +192,7 @@ class SparseMoe(nn.Module):
         top-k routing runs as one Triton kernel after the router's matmul
         (``kernels.fused_moe.route_greedy``), or for a few tokens with it (``moe_decode.route_small``)."""
         spec = self.spec
-        if self._greedy() and _small_batch(h):
+        if self._greedy() and _small_batch(h, self.experts):
             from deepinfer.runtime.kernels.moe_decode import route_small
 
             return route_small(h, self._gate_weight_f32(), spec.top_k, spec.scoring == "sigmoid",
@@ -203,7 +220,7 @@ class SparseMoe(nn.Module):
 
     def fuses_norm(self, x: torch.Tensor) -> bool:
         """Whether ``forward_normed`` runs these rows: a few tokens, greedy routing, no shared expert."""
-        return self.shared is None and self._greedy() and _small_batch(x)
+        return self.shared is None and self._greedy() and _small_batch(x, self.experts)
 
     def forward_normed(self, x: torch.Tensor, norm: tuple[torch.Tensor, float]) -> torch.Tensor:
         """``x + forward(RMSNorm(x) * norm weight)`` for the residual stream ``x`` [T, H] where
