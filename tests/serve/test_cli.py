@@ -71,7 +71,7 @@ def test_sigterm_lets_short_requests_finish_cuts_long_ones_and_exits_0():
     assert re.search(r"latency=\d+\.\d+s", short_line)
 
 
-def test_front_ends_by_default_one_per_four_cores_at_most_four_and_one_in_process():
+def test_front_ends_by_default_one_per_eight_cores_at_most_two_and_one_in_process():
     """``--api-server-count`` unset: the rule of the serving guide, on hand-picked core counts,
     and the parsed default resolves to it on this machine (a 2-core CI machine: 1)."""
     import argparse

@@ -30,6 +30,7 @@ from deepinfer.serve.engine_thread import (
     RequestDelta,
     RequestFailed,
     SampleDelta,
+    arrival_gap_seconds,
     first_sample,
 )
 from deepinfer.serve.guard import SHUTDOWN_MESSAGE, HostPolicy, RequestGuard, internal_error
@@ -84,6 +85,9 @@ class ServeConfig:
     # stream_interval: a stream chunk waits for this many new tokens of its request (or its end);
     # every token available when a chunk is sent goes into it whatever the interval.
     stream_interval: int = 1
+    # arrival_gap_ms: an idle engine waits for requests arriving this close together before its
+    # first step (serve/engine_thread.py); None: 3 ms on CPU, 0 elsewhere
+    arrival_gap_ms: float | None = None
     # tool_call_parser: the tool-call format of tool_choice auto ("hermes", "llama3_json"), or
     # "auto": chosen from the chat template (serve/tools.py)
     tool_call_parser: str = "auto"
@@ -157,7 +161,8 @@ class ServingState:
             self.max_num_seqs = llm.engine.cfg.max_num_seqs
             families = MetricFamilies(self.max_model_len)
             self.engine = EngineThread(llm, ServerMetrics(name, self.max_model_len, llm.engine.cfg.num_blocks,
-                                                          families, cache=cache_info(llm)))
+                                                          families, cache=cache_info(llm)),
+                                       arrival_gap_seconds(llm.device.type, config.arrival_gap_ms))
             self.capacity_rule = "max_num_seqs + max_queue"
             self.embeds_hidden_size = int(llm.model_config.hidden_size) if getattr(
                 llm.engine_args, "enable_prompt_embeds", False) else 0

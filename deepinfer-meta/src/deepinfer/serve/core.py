@@ -63,6 +63,7 @@ from deepinfer.serve.engine_thread import (
     EngineThread,
     RequestDelta,
     RequestFailed,
+    arrival_gap_seconds,
     embeds_from_wire,
 )
 from deepinfer.serve.metrics import MetricsRecorder
@@ -136,15 +137,20 @@ class _Commands:
         self._ready: list[tuple[Any, ...]] = []
         self._next_check = 0.0
 
-    def get(self) -> tuple[Any, ...]:
+    def get(self, timeout: float | None = None) -> tuple[Any, ...]:
+        """The next command, waiting for one (at most ``timeout`` seconds: then queue.Empty)."""
         import zmq
 
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             if self._ready:
                 return self._ready.pop(0)
-            if self._sock.poll(int(LIVENESS_CHECK_S * 1000), zmq.POLLIN):
+            wait = LIVENESS_CHECK_S if deadline is None else min(LIVENESS_CHECK_S, deadline - time.monotonic())
+            if wait <= 0:
+                raise queue.Empty
+            if self._sock.poll(max(1, int(wait * 1000)), zmq.POLLIN):
                 self._receive()
-            self._check(force=True)
+            self._check(force=deadline is None)
 
     def get_nowait(self) -> tuple[Any, ...]:
         if not self._ready:
@@ -217,11 +223,11 @@ class CoreEngine(EngineThread):
 
     columnar = True
 
-    def __init__(self, llm: Any, sock: Any, info: dict[str, Any], parent_pid: int) -> None:
+    def __init__(self, llm: Any, sock: Any, info: dict[str, Any], parent_pid: int, arrival_gap_s: float = 0.0) -> None:
         import msgspec
         import numpy as np
 
-        super().__init__(llm, MetricsRecorder())  # type: ignore[arg-type]
+        super().__init__(llm, MetricsRecorder(), arrival_gap_s)  # type: ignore[arg-type]
         self._sock = sock
         self.info = info
         self.frontends: dict[bytes, int] = {}
@@ -405,7 +411,7 @@ def core_main(config: dict[str, Any]) -> int:
     sock.setsockopt(zmq.SNDHWM, 0)  # one message per step: never drop one for a live front end
     sock.setsockopt(zmq.RCVHWM, 0)
     sock.bind(config["address"])
-    engine = CoreEngine(llm, sock, info, parent_pid)
+    engine = CoreEngine(llm, sock, info, parent_pid, arrival_gap_seconds(llm.device.type, config.get("arrival_gap_ms")))
     engine.stop_requested = stop["flag"]
     # The model, torch and every module live as long as this process: out of the garbage
     # collector's sight, so that a full collection (~190 ms of CPU over a tiny model's 375k

@@ -33,12 +33,12 @@ class CoreProcess:
     ``wait=False`` it returns at once, and ``wait_ready()`` does that part."""
 
     def __init__(self, llm_kwargs: dict[str, Any], log_level: str = "info", env: dict[str, str] | None = None,
-                 wait: bool = True, name: str = "engine core") -> None:
+                 wait: bool = True, name: str = "engine core", arrival_gap_ms: float | None = None) -> None:
         self._dir = tempfile.mkdtemp(prefix="deepinfer-core-")
         self.address = f"ipc://{self._dir}/engine.sock"
         self.name = name
         config = {"address": self.address, "llm_kwargs": llm_kwargs, "log_level": log_level,
-                  "parent_pid": os.getpid(), "env": env or {}}
+                  "parent_pid": os.getpid(), "env": env or {}, "arrival_gap_ms": arrival_gap_ms}
         try:
             payload = json.dumps(config)
         except TypeError as exc:

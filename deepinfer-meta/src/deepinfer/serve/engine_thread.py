@@ -117,6 +117,28 @@ def rebuild_if_stuck(llm: Any) -> bool:
     return True
 
 
+# An idle engine that receives a request keeps taking the requests that follow it within
+# ``--arrival-gap-ms`` of each other, for at most this many gaps, before its first step: a burst
+# of requests that reach the engine one by one (each parsed and sent by a front end in turn) is
+# then prefilled in one step, not in a step of the first few and another of the rest. On the
+# 2-core VM (default model, 16 clients x (32 + 32) tokens, `bench/serve_bench.py`, two rounds) a
+# 3 ms gap took serve/generate from 0.816 / 0.839 to 0.885 / 0.912 (32 steps instead of 33, TTFT
+# p50 ~80 ms lower), for ~2 ms more TTFT of a lone request (guide 10).
+ARRIVAL_WINDOW_GAPS = 10
+DEFAULT_CPU_ARRIVAL_GAP_MS = 3.0
+
+
+def arrival_gap_seconds(device_type: str, gap_ms: float | None) -> float:
+    """``--arrival-gap-ms`` in seconds: the value given, else 3 ms on CPU (where a prompt step takes
+    tens of milliseconds) and 0 elsewhere (not measured on a GPU yet). A negative value is a
+    ValueError naming the flag."""
+    if gap_ms is None:
+        gap_ms = DEFAULT_CPU_ARRIVAL_GAP_MS if device_type == "cpu" else 0.0
+    if isinstance(gap_ms, bool) or not isinstance(gap_ms, (int, float)) or not gap_ms >= 0:
+        raise ValueError(f"--arrival-gap-ms must be a number >= 0, got {gap_ms!r}")
+    return float(gap_ms) / 1000.0
+
+
 class EngineThread:
     """Owns ``llm.engine``: adds, aborts and steps happen on this thread only."""
 
@@ -124,7 +146,10 @@ class EngineThread:
     #: implements ``_new_slot``, ``_free_slot``, ``_take_columns`` and the slot arrays
     columnar = False
 
-    def __init__(self, llm: Any, metrics: ServerMetrics) -> None:
+    def __init__(self, llm: Any, metrics: ServerMetrics, arrival_gap_s: float = 0.0) -> None:
+        # an idle engine's first step waits while requests keep coming this close together
+        # (``arrival_gap_seconds``)
+        self.arrival_gap_s = arrival_gap_s
         self._llm = llm
         self._metrics = metrics
         self._commands: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
@@ -192,6 +217,8 @@ class EngineThread:
         except queue.Empty:
             return True
         aborted = False
+        gap = self.arrival_gap_s if block else 0.0
+        deadline = time.monotonic() + ARRIVAL_WINDOW_GAPS * gap
         while True:
             if cmd[0] == "stop":
                 return False
@@ -202,7 +229,14 @@ class EngineThread:
             try:
                 cmd = self._commands.get_nowait()
             except queue.Empty:
-                break
+                # an idle engine's first step waits while requests keep arriving (a burst)
+                wait = min(gap, deadline - time.monotonic())
+                if wait <= 0 or not self._llm.engine.has_unfinished():
+                    break
+                try:
+                    cmd = self._commands.get(timeout=wait)
+                except queue.Empty:
+                    break
         if aborted:  # the blocks are free already: the gauges say so before the next step
             self._metrics.observe_engine(self._llm.engine.stats())
         return True
