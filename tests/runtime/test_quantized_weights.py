@@ -1,7 +1,7 @@
 """GGUF block decoding and the quantized CPU layers, against gguf's numpy reference.
 
-* ``gguf_blocks.dequantize_torch`` is bitwise ``gguf.quants.dequantize`` (random blocks of every
-  decoded type, with sane fp16 scales).
+* ``gguf_blocks.dequantize_torch`` and the engine's native decoder (``dequantize_native``) are
+  bitwise ``gguf.quants.dequantize`` (random blocks of every decoded type, with sane fp16 scales).
 * The int4 form of each type dequantizes to the same weights (exactly for float32 scales).
 * ``Int4Linear`` matches ``x @ W.T`` with the dequantized float32 W within the stated tolerance:
   its activations and outputs are bfloat16, so each output is off by at most about
@@ -27,14 +27,15 @@ from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
 _SCALE_BYTES = {  # byte offsets of fp16 scales inside a block (set to sane values in random blocks)
-    "Q4_0": [0], "Q4_1": [0, 2], "Q8_0": [0], "Q4_K": [0, 2],
+    "Q4_0": [0], "Q4_1": [0, 2], "Q8_0": [0], "Q4_K": [0, 2], "Q5_0": [0], "Q5_K": [0, 2], "Q6_K": [208],
 }
+_NATIVE_BLOCK_BYTES = {**gguf_blocks._BLOCK_BYTES, "Q5_K": 176}
 
 
 def random_blocks(kind: str, rows: int, k: int, seed: int) -> np.ndarray:
     """Raw GGUF bytes [rows, bytes per row] of random codes with fp16 scales in [0.001, 0.05]."""
     rng = np.random.default_rng(seed)
-    per = gguf_blocks._BLOCK_BYTES[kind]
+    per = _NATIVE_BLOCK_BYTES[kind]
     block = 256 if kind.endswith("_K") else 32
     raw = rng.integers(0, 256, size=(rows, k // block, per), dtype=np.uint8)
     for off in _SCALE_BYTES[kind]:
@@ -51,6 +52,36 @@ def test_torch_decoding_is_bitwise_gguf(kind):
     ref = gguf_dequantize(raw, GGMLQuantizationType[kind]).reshape(24, k)
     assert ours is not None
     assert torch.equal(ours, torch.from_numpy(np.ascontiguousarray(ref, dtype=np.float32)))
+
+
+@pytest.mark.parametrize("kind", list(gguf_blocks.NATIVE_DEQUANTIZE_TYPES))
+def test_native_decoding_is_bitwise_gguf(kind):
+    """The engine's native decoder, which ``dequantize`` takes where the wheel has it: bitwise
+    ``gguf.quants`` for every type it decodes (random codes, sane fp16 scales)."""
+    pytest.importorskip("deepinfer_engine._cpu_kernels", reason="the engine wheel has no CPU kernels")
+    k = 512
+    raw = random_blocks(kind, 24, k, seed=3)
+    ours = gguf_blocks.dequantize_native(torch.from_numpy(raw), kind)
+    ref = gguf_dequantize(raw, GGMLQuantizationType[kind]).reshape(24, k)
+    assert ours is not None and ours.dtype == torch.float32
+    np.testing.assert_array_equal(ours.numpy(), np.ascontiguousarray(ref, dtype=np.float32))
+
+
+def test_dequantize_takes_the_native_decoder_and_else_torch(monkeypatch):
+    """``dequantize`` of a quantized tensor goes through the native decoder where the wheel has
+    it, and through the torch decoders (the same bits) where it has not."""
+    from types import SimpleNamespace
+
+    raw = random_blocks("Q5_0", 8, 256, seed=4)
+    tensor = SimpleNamespace(tensor_type=GGMLQuantizationType.Q5_0, shape=[256, 8], data=raw.reshape(-1))
+    ref = np.ascontiguousarray(gguf_dequantize(raw, GGMLQuantizationType.Q5_0), dtype=np.float32).reshape(8, 256)
+    calls = []
+    native = gguf_blocks.dequantize_native
+    monkeypatch.setattr(gguf_blocks, "dequantize_native", lambda r, k: calls.append(k) or native(r, k))
+    np.testing.assert_array_equal(gguf_blocks.dequantize(tensor).numpy(), ref)
+    assert calls == ["Q5_0"]
+    monkeypatch.setattr(gguf_blocks, "dequantize_native", lambda r, k: None)  # a wheel without CPU kernels
+    np.testing.assert_array_equal(gguf_blocks.dequantize(tensor).numpy(), ref)
 
 
 @pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q8_0", "Q4_K"])
