@@ -130,7 +130,8 @@ DEFAULT_CPU_ARRIVAL_GAP_MS = 3.0
 
 def arrival_gap_seconds(device_type: str, gap_ms: float | None) -> float:
     """``--arrival-gap-ms`` in seconds: the value given, else 3 ms on CPU (where a prompt step takes
-    tens of milliseconds) and 0 elsewhere (not measured on a GPU yet). A negative value is a
+    tens of milliseconds) and 0 elsewhere (on the H200, SmolLM2 at 64 clients, a 2 ms gap changed
+    neither the step count nor the ratio beyond the runs' spread). A negative value is a
     ValueError naming the flag."""
     if gap_ms is None:
         gap_ms = DEFAULT_CPU_ARRIVAL_GAP_MS if device_type == "cpu" else 0.0
