@@ -69,7 +69,7 @@ def check_experts(device: str, dtype: torch.dtype) -> list[tuple[str, bool, floa
         err = float((got - ref).abs().max() / ref.abs().max())
         out.append((f"experts_small {name} residual={res is not None} norm={norm is not None}", err <= tol, err))
         # the other form of the loops over K: compiled for the shape (unrolled) or over a runtime K
-        other = not x.shape[0] <= moe_decode.STATIC_K_MAX_TOKENS
+        other = not moe_decode.static_k_loops(x.shape[0], x.shape[1], w2.shape[2])[0]
         loop = experts_small(x, w, ids, w13, w2, residual=res, norm=norm, static_k=other, **tiles).double().cpu()
         err = float((loop - ref).abs().max() / ref.abs().max())
         out.append((f"experts_small {name} with {'unrolled' if other else 'runtime'} K loops", err <= tol, err))

@@ -189,10 +189,12 @@ def dequantize(tensor: Any) -> torch.Tensor:
                 t = torch.from_numpy(raw.view(np.float32 if kind == "F32" else np.float16))
         return t.float().reshape(shape)
     out = None
-    if kind in NATIVE_DEQUANTIZE_TYPES:
-        out = dequantize_native(raw_blocks(tensor.data, rows), kind)
-    if out is None and kind in _BLOCK_BYTES:
-        out = dequantize_torch(raw_blocks(tensor.data, rows), kind)
+    if kind in NATIVE_DEQUANTIZE_TYPES or kind in _BLOCK_BYTES:
+        blocks = raw_blocks(tensor.data, rows)
+        if kind in NATIVE_DEQUANTIZE_TYPES:
+            out = dequantize_native(blocks, kind)
+        if out is None and kind in _BLOCK_BYTES:
+            out = dequantize_torch(blocks, kind)
     if out is None:
         from gguf.quants import dequantize as gguf_dequantize
 
