@@ -2,12 +2,18 @@
 
     python bench/decode_profile.py --shape llama3-8b --batch 1 --context 256
     python bench/decode_profile.py --variants "pdl off:DEEPINFER_PDL=0|no qkv:DEEPINFER_ONE_ROW_GEMV=o,gate_up,down"
+    python bench/decode_profile.py --shape qwen3-30b-a3b --prompt 128
 
 Runs a short generate to fill the KV cache, then profiles ``--steps`` replays of the decode graph
 of ``--batch`` rows and prints each kernel's device time per step (grouped by kernel name), the
 sum, and the step's wall time between CUDA events. ``--variants`` then captures the graphs again
 under each named set of environment switches (``DEEPINFER_PDL``, ``DEEPINFER_ONE_ROW_GEMV``,
 ``DEEPINFER_FOLD_MERGE``, ``DEEPINFER_ONE_ROW_TILES``; several joined by ``&``) and prints each one's replay time beside the default's.
+
+``--prompt N`` profiles eager prompt steps instead: ``--steps`` one-token requests of N fresh
+tokens each (no prefix-cache hit), and prints each call's wall time, the kernels' device time, the
+device's idle share, and the host calls that wait on the device (synchronisations, copies to the
+host), which is where an eager step loses time to its launches.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ def main() -> None:
     p.add_argument("--context", type=int, default=256)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--variants", default="", help="'name:VAR=VALUE&VAR=VALUE|name2:...' (recaptured, timed only)")
+    p.add_argument("--prompt", type=int, default=0, help="profile eager prompt steps of this many tokens")
+    p.add_argument("--cprofile", action="store_true", help="with --prompt: also the host's Python time by function")
     args = p.parse_args()
     import deepinfer.runtime.loading.model_loader as ml
     from deepinfer import LLM, SamplingParams
@@ -40,7 +48,10 @@ def main() -> None:
     ml.load_model = _load_on_device  # type: ignore[assignment]
     shape_dir = write_shape_dir(tempfile.mkdtemp(prefix="shape-"), args.shape)
     llm = LLM(shape_dir, dtype="bfloat16", dummy_weights=True, max_num_seqs=args.batch,
-              max_model_len=args.context + 64, gpu_memory_utilization=0.85)
+              max_model_len=max(args.context, args.prompt) + 64, gpu_memory_utilization=0.85)
+    if args.prompt:
+        profile_prompts(llm, args.prompt, args.steps, args.cprofile)
+        return
     prompts = [[100 + i] * (args.context - 8) for i in range(args.batch)]
     llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True), use_tqdm=False)
     graphs = llm.runner.graphs
@@ -65,6 +76,72 @@ def main() -> None:
               f"mean {sum(times) / len(times):7.2f} us  {name[:110]}")
     if args.variants:
         compare_variants(llm, rows, args.steps, args.variants, step_ms)
+
+
+# Host calls that block until the device catches up: each one drains the launch queue of an eager step.
+_WAITS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "aten::_local_scalar_dense",
+          "cudaMemcpy", "aten::nonzero")
+
+
+def profile_prompts(llm, tokens: int, calls: int, python_profile: bool) -> None:  # type: ignore[no-untyped-def]
+    """Wall time, kernel time and host waits of one-token requests of ``tokens`` fresh prompt tokens
+    (``python_profile``: then cProfile's 25 costliest functions, by own time and by cumulative time)."""
+    import time
+
+    from deepinfer import SamplingParams
+    from torch.profiler import ProfilerActivity, profile
+
+    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+
+    def prompt(i: int) -> list[int]:  # distinct first tokens: no two calls share a cached block
+        return [1000 + 7 * i] + [100 + (i * 31 + j) % 20000 for j in range(tokens - 1)]
+
+    for i in range(3):
+        llm.generate([prompt(10_000 + i)], params, use_tqdm=False)
+    walls = []
+    for i in range(calls):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        llm.generate([prompt(i)], params, use_tqdm=False)
+        torch.cuda.synchronize()
+        walls.append((time.perf_counter() - t0) * 1000)
+    walls.sort()
+    print(f"== prompt {tokens} tokens, {calls} calls: wall median {walls[len(walls) // 2]:.2f} ms "
+          f"(min {walls[0]:.2f}, max {walls[-1]:.2f})")
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for i in range(calls):
+            llm.generate([prompt(calls + i)], params, use_tqdm=False)
+        torch.cuda.synchronize()
+        wall_ms = (time.perf_counter() - t0) * 1000 / calls
+    per_kernel: dict[str, list[float]] = collections.defaultdict(list)
+    host: dict[str, list[float]] = collections.defaultdict(list)
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            per_kernel[ev.name].append(ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total)
+        elif any(w in ev.name for w in _WAITS) or ev.name in ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx"):
+            host[ev.name].append(ev.cpu_time_total)
+    kernel_ms = sum(sum(v) for v in per_kernel.values()) / calls / 1000
+    print(f"  under the profiler: {wall_ms:.2f} ms per call, kernels {kernel_ms:.2f} ms "
+          f"({sum(len(v) for v in per_kernel.values()) / calls:.0f} per call), device idle {1 - kernel_ms / wall_ms:.0%}")
+    for name, times in sorted(host.items(), key=lambda kv: -sum(kv[1])):
+        print(f"  host {len(times) / calls:6.0f}x per call  {sum(times) / calls / 1000:7.2f} ms  {name}")
+    for name, times in sorted(per_kernel.items(), key=lambda kv: -sum(kv[1]))[:25]:
+        print(f"  {sum(times) / calls / 1000:8.3f} ms/call  {len(times) / calls:5.0f}x  "
+              f"mean {sum(times) / len(times):8.2f} us  {name[:100]}")
+    if python_profile:
+        import cProfile
+        import pstats
+
+        prof_py = cProfile.Profile()
+        prof_py.enable()
+        for i in range(calls):
+            llm.generate([prompt(2 * calls + i)], params, use_tqdm=False)
+        torch.cuda.synchronize()
+        prof_py.disable()
+        for key in ("tottime", "cumulative"):
+            print(f"  -- cProfile over {calls} calls, by {key}")
+            pstats.Stats(prof_py, stream=sys.stdout).sort_stats(key).print_stats(25)
 
 
 def replay_ms(graphs, rows: int, steps: int) -> float:  # type: ignore[no-untyped-def]

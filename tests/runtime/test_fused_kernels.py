@@ -20,15 +20,20 @@ def test_fused_kernels_match_torch_ops():
     assert out.stdout.strip().endswith("ok")
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "qwen3_moe", "mixtral", "qwen2_moe"])
 def test_fused_eager_steps_match_the_models_own_forward(tmp_path, arch):
     """Prompt chunks, a mixed step and a one-row step through ``fused_step_forward`` (what eager
-    CUDA steps of dense models run) give the hidden states and KV cache of the
-    model's forward with the torch attention (float32, Triton's interpreter)."""
+    CUDA steps of dense and mixture-of-experts models run) give the hidden states and KV cache of
+    the model's forward with the torch attention and torch experts (float32, Triton's interpreter;
+    Qwen2-MoE brings a shared expert)."""
     pytest.importorskip("triton", reason="Triton is not installed (it ships with torch's CUDA wheels)")
     from tiny_models import save_tiny_model
+    from tiny_moe_models import save_tiny_moe
 
-    save_tiny_model(tmp_path, arch=arch)
+    if arch in ("qwen3_moe", "mixtral", "qwen2_moe"):
+        save_tiny_moe(tmp_path, arch)
+    else:
+        save_tiny_model(tmp_path, arch=arch)
     env = dict(os.environ, TRITON_INTERPRET="1")
     here = os.path.dirname(__file__)
     out = subprocess.run([sys.executable, os.path.join(here, "fused_step_check.py"), str(tmp_path), "cpu"],

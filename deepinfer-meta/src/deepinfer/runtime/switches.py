@@ -62,7 +62,8 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
            "GGUF products of several rows split K this many ways, partial sums added in order (0: chosen "
            "from the shape and the GPU's multiprocessors inside CUDA graphs, none eagerly; 1: never)"),
     Switch("DEEPINFER_FUSED_EAGER", "1", "models/llama_fused_decode.py",
-           "eager CUDA steps (prompt chunks, mixed steps) of dense models run the fused Triton kernels (0: torch ops)"),
+           "eager CUDA steps (prompt chunks, mixed steps) of dense and mixture-of-experts models run the fused Triton "
+           "kernels (0: torch ops)"),
     Switch("DEEPINFER_FOLD_MERGE", "1", "models/llama_fused_decode.py",
            "the split-KV attention merge folded into the split kernel (0: a second kernel)"),
     Switch("DEEPINFER_WARMUP", "1", "worker/warm_up.py",

@@ -166,17 +166,20 @@ def fused_step_forward(model: LlamaForCausalLM, input_ids: torch.Tensor, positio
 
 
 def fused_step_supported(model: nn.Module, attention: object) -> bool:
-    """Whether ``fused_step_forward`` computes this model's eager steps: a dense Llama-family
-    model (every layer a plain ``LlamaLayer``, the base class's forward) with the var-len Triton
-    attention (not the batch-invariant one), unless ``DEEPINFER_FUSED_EAGER=0``. Mixture-of-experts
-    models keep their torch forward for eager steps: the layer loop runs their MLP (float32 equal
-    to the torch forward in the interpreter), but in bf16 on the H200 a tiny Qwen3-MoE's prompt
-    step differed from the torch step in 13 of 1408 values (a routing near-tie, not yet shown)."""
+    """Whether ``fused_step_forward`` computes this model's eager steps: a Llama-family model
+    whose layers are plain ``LlamaLayer``s or mixture-of-experts ``MoeLayer``s (the base class's
+    forward; not DeepSeek's MLA layers) with the var-len Triton attention (not the batch-invariant
+    one), unless ``DEEPINFER_FUSED_EAGER=0``. For a mixture of experts this matters most: its torch
+    forward launched about 54 kernels a layer, and a 128-token prompt step of the Qwen3-30B-A3B
+    shape left the H200 85 % idle under the profiler (bench/decode_profile.py --prompt). In bf16 the fused step rounds differently from the torch one,
+    and a routing near-tie can then pick another expert for a token (``fused_step_check.py``
+    bounds the share of values that move)."""
     from deepinfer.runtime.attention.triton_paged import paged_attention
+    from deepinfer.runtime.models.moe import MoeLayer
 
     return (switches.enabled("DEEPINFER_FUSED_EAGER") and attention is paged_attention
             and isinstance(model, LlamaForCausalLM) and type(model).forward is LlamaForCausalLM.forward
-            and all(type(layer) is LlamaLayer and not layer.input_layernorm.batch_invariant
+            and all(type(layer) in (LlamaLayer, MoeLayer) and not cast(LlamaLayer, layer).input_layernorm.batch_invariant
                     for layer in model.layers))
 
 
