@@ -81,6 +81,8 @@ def test_graph_decode_matches_eager_greedy(shape_dir):
     assert llm.runner.graphs is not None and llm.backend in ("cuda", "cpu")
     fused, rows = _scenario(llm)
     assert llm.runner.graphs.num_replays > 20
+    # prompt and mixed steps (max_num_batched_tokens=128) replayed step graphs (worker/step_graph_runner.py)
+    assert llm.runner.step_graphs is not None and llm.runner.step_graphs.num_replays > 5
     assert {1, 2, 4, 8, 16, 32} & rows and len(rows & set(llm.runner.graphs.batch_sizes)) >= 3, rows
     assert set(fused) == set(eager)
     # The model's own forward replayed (no fused kernels): the eager ops exactly.

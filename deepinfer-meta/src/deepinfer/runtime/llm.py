@@ -203,6 +203,9 @@ class LLM:
 
     def __repr__(self) -> str:
         graphs = "off" if self.runner.graphs is None else f"{len(self.runner.graphs.batch_sizes)} decode graphs"
+        steps = getattr(self.runner, "step_graphs", None)
+        if steps is not None:
+            graphs += f" + {len(steps.token_counts)} step graphs"
         tp = f", tensor_parallel_size={self.tensor_parallel_size}" if self.tensor_parallel_size > 1 else ""
         dense = str(self.dtype).replace("torch.", "")
         weights = self.weight_format

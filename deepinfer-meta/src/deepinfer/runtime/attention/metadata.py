@@ -30,6 +30,9 @@ class AttentionMetadata:
     # Rows of single-token (decode) sequences and of multi-token (prefill) sequences.
     decode_seq_idx: np.ndarray
     prefill_seq_idx: np.ndarray
+    # Rows past the sequences' query rows (a step graph's padding, worker/step_graph_runner.py):
+    # the Triton attention then zeroes its output first, so those rows stay finite.
+    padded_rows: bool = False
 
 
 def build_attention_metadata(

@@ -113,7 +113,7 @@ def attend_cached(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetada
     # Decode-only steps: few query rows per tile (M >= 16 for tl.dot); prefill: 16 tokens per tile.
     block_q = max(1, 16 // group_pad) if meta.max_query_len == 1 or batch_invariant else 16
     tile_seq, tile_start = _tiles(meta, block_q, q.device)
-    out = torch.empty_like(q)
+    out = torch.zeros_like(q) if meta.padded_rows else torch.empty_like(q)
     k_cache, v_cache = kv_cache[0], kv_cache[1]
     block_tables = meta.block_tables
     if len(tile_seq) == 0:

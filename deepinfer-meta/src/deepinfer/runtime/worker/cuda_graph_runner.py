@@ -16,7 +16,8 @@ over ``timed_replay_every`` steps. ``timer.enable()`` / ``disable()`` switch it 
 Without a usable backend (or the deepinfer-graph-timer wheel) graphs are captured without
 regions and ``timer`` is None.
 
-Prefill and mixed steps stay eager; so do decode steps whose padded size has no graph.
+Prefill and mixed steps of up to 512 tokens replay graphs of their own (``step_graph_runner``);
+larger ones stay eager, and so do decode steps whose padded size has no graph.
 """
 
 from __future__ import annotations

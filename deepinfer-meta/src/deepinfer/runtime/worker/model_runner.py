@@ -90,6 +90,8 @@ class ModelRunner:
         # eager CUDA steps through the fused Triton kernels (models.llama_fused_decode.fused_step_forward)
         self.fused_steps: bool | None = None
         self.graphs: DecodeGraphs | None = None  # decode steps replayed from CUDA graphs, when captured
+        # eager steps of up to a few hundred tokens replayed from CUDA graphs (worker.step_graph_runner)
+        self.step_graphs: Any = None
         # speculative verify steps replayed from CUDA graphs (worker.verify_graph_runner), when captured
         self.verify_graphs: Any = None
         # CPU, float32 KV cache: decode-only steps run natively (models.native_decode), else None
@@ -209,6 +211,11 @@ class ModelRunner:
                        ) -> torch.Tensor:
         if self.native_decode is not None:
             _set_torch_threads(self.torch_threads)
+        if prompt_embeds is None and self.step_graphs is not None and self.step_graphs.fits(
+                len(positions), len(seq_lens)):
+            hidden = self.step_graphs.run(input_ids, positions, slot_mapping, query_start_loc, seq_lens, block_tables)
+            picked = torch.from_numpy(np.ascontiguousarray(logits_indices, dtype=np.int64)).to(self.device)
+            return self.model.compute_logits(hidden[picked])
         meta = build_attention_metadata(
             slot_mapping=np.asarray(slot_mapping), query_start_loc=np.asarray(query_start_loc),
             seq_lens=np.asarray(seq_lens), block_tables=np.asarray(block_tables),

@@ -188,13 +188,20 @@ class Worker:
 
     def capture_graphs(self) -> None:
         """Capture the decode graphs over the step buffers (CUDA without ``enforce_eager``; a
-        no-op elsewhere). Tensor-parallel ranks capture without GraphTimer regions."""
+        no-op elsewhere), then on one rank the graphs of eager steps (``step_graph_runner``).
+        Tensor-parallel ranks capture without GraphTimer regions."""
         if self.graph_batch_sizes is None:
             return
         from deepinfer.runtime.worker.cuda_graph_runner import capture_decode_graphs
 
         capture_decode_graphs(self.runner, self.step_buffers, self.graph_batch_sizes, self.args.max_model_len,
                               timed=not self.parallel)
+        if not self.parallel:  # (tensor-parallel ranks: eager steps stay eager)
+            from deepinfer.runtime.worker.step_graph_runner import capture_step_graphs
+
+            budget, max_len = self.args.max_num_batched_tokens, self.args.max_model_len
+            assert budget is not None and max_len is not None, "args.for_model first"
+            capture_step_graphs(self.runner, budget, self.args.max_num_seqs, max_len)
         spec = self.args.speculative_config
         if spec is not None and not self.parallel:  # (tensor-parallel ranks: verify steps stay eager)
             from deepinfer.runtime.worker.verify_graph_runner import capture_verify_graphs

@@ -1,0 +1,108 @@
+"""Eager steps replayed from CUDA graphs (``worker/step_graph_runner.py``): the token counts, the
+padded host inputs, and the padded forward against the unpadded fused step (Triton's interpreter;
+the captured graphs themselves need a GPU: ``step_graph_check.py MODEL_DIR cuda`` by hand)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+HERE = os.path.dirname(__file__)
+
+
+def test_token_counts_are_powers_of_two_within_the_budget_and_the_moe_sort(monkeypatch):
+    from deepinfer.runtime.kernels.fused_moe import TRITON_ALIGN_MAX_PAIRS
+    from deepinfer.runtime.worker.step_graph_runner import step_graph_token_counts
+
+    assert step_graph_token_counts(8192) == [16, 32, 64, 128, 256, 512]
+    assert step_graph_token_counts(100) == [16, 32, 64]
+    assert step_graph_token_counts(15) == []
+    # (token, expert) pairs stay within the one-launch sort a graph can hold
+    assert max(step_graph_token_counts(8192, top_k=8)) * 8 <= TRITON_ALIGN_MAX_PAIRS
+    assert step_graph_token_counts(8192, top_k=16) == [16, 32, 64, 128, 256]
+    monkeypatch.setenv("DEEPINFER_STEP_GRAPH_TOKENS", "64")
+    assert step_graph_token_counts(8192) == [16, 32, 64]
+    monkeypatch.setenv("DEEPINFER_STEP_GRAPH_TOKENS", "0")
+    assert step_graph_token_counts(8192) == []
+
+
+def _graphs(max_seqs: int = 5):
+    from deepinfer.runtime.worker.step_graph_runner import StepGraphs
+
+    runner = SimpleNamespace(device=torch.device("cpu"), block_size=16, num_blocks=40, scratch_slot=640)
+    return StepGraphs(runner, [16, 32, 64], max_num_seqs=max_seqs, max_model_len=128)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("q_lens", [[22], [17, 5], [1, 7, 3], [1], [16, 16, 1, 2, 9]])
+def test_host_inputs_pad_rows_to_the_scratch_slot_and_tiles_to_an_empty_sequence(q_lens):
+    from deepinfer.runtime.attention.metadata import build_attention_metadata
+    from deepinfer.runtime.attention.triton_paged import _tiles
+
+    graphs = _graphs()
+    n, rows = len(q_lens), sum(q_lens)
+    tokens = graphs._count(rows)
+    qsl = np.concatenate([[0], np.cumsum(q_lens)])
+    seq_lens = np.array(q_lens) + 3  # three cached tokens before each
+    positions = np.concatenate([np.arange(3, 3 + q) for q in q_lens])
+    slots = np.arange(rows) + 100
+    slots[0] = -1  # an engine padding row
+    host = graphs.host_inputs(tokens, positions, slots, qsl, seq_lens)
+    # rows: the step's, then position 0 writing the scratch slot; the engine's -1 is the scratch slot too
+    assert host["positions"].tolist() == positions.tolist() + [0] * (tokens - rows)
+    assert host["slots"].tolist() == [640] + slots[1:].tolist() + [640] * (tokens - rows)
+    # sequences past the step's: no query rows (their start is the step's row count) and no context
+    assert host["qsl"].tolist() == qsl.tolist() + [rows] * (graphs.max_seqs + 1 - n)
+    assert host["seq_lens"].tolist() == seq_lens.tolist() + [0] * (graphs.max_seqs + 1 - n)
+    # the real tiles are the eager attention's (16 rows each), the rest name the empty sequence n
+    meta = build_attention_metadata(slot_mapping=slots, query_start_loc=qsl, seq_lens=seq_lens,
+                                    block_tables=np.zeros((n, 8), np.int32), block_size=16, scratch_slot=640,
+                                    device=torch.device("cpu"))
+    want_seq, want_start = (t.numpy() for t in _tiles(meta, 16, torch.device("cpu")))
+    used = len(want_seq)
+    assert len(host["tile_seq"]) == graphs.max_tiles(tokens) >= used
+    assert host["tile_seq"][:used].tolist() == want_seq.tolist()
+    assert host["tile_start"][:used].tolist() == want_start.tolist()
+    assert set(host["tile_seq"][used:].tolist()) <= {n} and not host["tile_start"][used:].any()
+
+
+def test_steps_fit_by_rows_and_sequences():
+    graphs = _graphs(max_seqs=5)
+    assert graphs.fits(64, 5) and graphs.fits(1, 1)
+    assert not graphs.fits(65, 1) and not graphs.fits(10, 6) and not graphs.fits(0, 0)
+    assert [graphs._count(r) for r in (1, 16, 17, 33, 64)] == [16, 16, 32, 64, 64]
+
+
+def test_capture_needs_cuda_and_the_fused_eager_step(tmp_path):
+    from deepinfer.runtime.worker.step_graph_runner import capture_step_graphs
+
+    graphs = _graphs()
+    with pytest.raises(ValueError, match="CUDA device"):
+        graphs.capture()
+    cpu_runner = SimpleNamespace(device=torch.device("cpu"))
+    assert capture_step_graphs(cpu_runner, 8192, 4, 256) is None  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3_moe"])
+def test_padded_steps_match_the_unpadded_fused_step(tmp_path, arch):
+    """Padded to 16 and 32 rows, with the query tiles padded by an empty sequence, the step's real
+    rows and the KV cache come out as the unpadded fused step's (float32, Triton's interpreter)."""
+    pytest.importorskip("triton", reason="Triton is not installed (it ships with torch's CUDA wheels)")
+    from tiny_models import save_tiny_model
+    from tiny_moe_models import save_tiny_moe
+
+    if arch == "qwen3_moe":
+        save_tiny_moe(tmp_path, arch)
+    else:
+        save_tiny_model(tmp_path, arch=arch)
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, os.path.join(HERE, "step_graph_check.py"), str(tmp_path), "cpu"],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert out.stdout.strip().endswith("ok")
+    assert out.stdout.count("run_eager step ") == 3, out.stdout
