@@ -48,7 +48,12 @@ def _k_min_scales(w: torch.Tensor, levels: int) -> tuple[torch.Tensor, ...]:
 
 
 def quantize(w: torch.Tensor, kind: str) -> torch.Tensor:
-    """Raw GGUF blocks of float weights ``w`` [rows, K] (K a multiple of the type's block)."""
+    """Raw GGUF blocks of float weights ``w`` [rows, K] (K a multiple of the type's block: ValueError
+    otherwise, e.g. SmolLM2's K = 576 for the 256-wide K-quants)."""
+    block = 256 if kind.endswith("_K") else 32
+    if w.dim() != 2 or w.shape[1] % block:
+        raise ValueError(f"quantize: {kind} packs rows of whole {block}-weight blocks; a weight of shape "
+                         f"{tuple(w.shape)} has K = {w.shape[-1]}, not a multiple of {block}")
     w = w.float()
     rows = w.shape[0]
     if kind == "Q8_0":

@@ -93,6 +93,16 @@ def test_kernels_on_cuda(dp4a):
     _run("gguf_gpu_check.py", "cuda", interpret=False, DEEPINFER_GGUF_DP4A=dp4a)
 
 
+def test_the_quantizer_refuses_rows_of_partial_blocks():
+    from gguf_quantizer import quantize
+
+    with pytest.raises(ValueError, match="K = 576, not a multiple of 256"):
+        quantize(torch.zeros(4, 576), "Q4_K")  # SmolLM2's hidden size: no K-quants
+    with pytest.raises(ValueError, match="not a multiple of 32"):
+        quantize(torch.zeros(4, 48), "Q4_0")
+    assert quantize(torch.zeros(4, 576), "Q4_0").shape == (4, 576 // 32 * 18)
+
+
 def test_unsupported_type_and_width_are_value_errors():
     with pytest.raises(ValueError, match="Q2_K has no GPU kernel"):
         regroup(torch.zeros(1, 84, dtype=torch.uint8), "Q2_K")
