@@ -16,7 +16,7 @@ The attention's query tiles (16 tokens of one sequence each; ``attention.triton_
 worked out on the host per step. Their count is padded to the graph's fixed grid with tiles of an
 empty sequence (no query rows, no context), whose programs return at once.
 
-Per step the host copies up seven small arrays and launches one graph, whatever the model's depth.
+Per step the host copies up eight small arrays and launches one graph, whatever the model's depth.
 The hidden states come back as a view of the graph's output; the caller takes the rows it needs
 logits of and runs the LM head eagerly.
 """
