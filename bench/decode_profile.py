@@ -10,10 +10,12 @@ sum, and the step's wall time between CUDA events. ``--variants`` then captures 
 under each named set of environment switches (``DEEPINFER_PDL``, ``DEEPINFER_ONE_ROW_GEMV``,
 ``DEEPINFER_FOLD_MERGE``, ``DEEPINFER_ONE_ROW_TILES``; several joined by ``&``) and prints each one's replay time beside the default's.
 
-``--prompt N`` profiles eager prompt steps instead: ``--steps`` one-token requests of N fresh
-tokens each (no prefix-cache hit), and prints each call's wall time, the kernels' device time, the
-device's idle share, and the host calls that wait on the device (synchronisations, copies to the
-host), which is where an eager step loses time to its launches.
+``--prompt N`` profiles prompt steps instead: ``--steps`` one-token requests of N fresh tokens
+each (no prefix-cache hit), and prints each call's wall time, the kernels' device time, the
+device's idle share, the kernel launches and the host calls that wait on the device
+(synchronisations, copies to the host): where an eager step loses time to its launches. Prompts
+of up to 512 tokens replay step graphs (``worker/step_graph_runner.py``);
+``DEEPINFER_STEP_GRAPH_TOKENS=0`` profiles the eager step.
 """
 
 from __future__ import annotations

@@ -171,9 +171,10 @@ def fused_step_supported(model: nn.Module, attention: object) -> bool:
     forward; not DeepSeek's MLA layers) with the var-len Triton attention (not the batch-invariant
     one), unless ``DEEPINFER_FUSED_EAGER=0``. For a mixture of experts this matters most: its torch
     forward launched about 54 kernels a layer, and a 128-token prompt step of the Qwen3-30B-A3B
-    shape left the H200 85 % idle under the profiler (bench/decode_profile.py --prompt). In bf16 the fused step rounds differently from the torch one,
-    and a routing near-tie can then pick another expert for a token (``fused_step_check.py``
-    bounds the share of values that move)."""
+    shape left the H200 85 % idle under the profiler (``bench/decode_profile.py --prompt``). In
+    bf16 the fused step rounds differently from the torch one, and a routing near-tie can then
+    pick another expert for a token (``fused_step_check.py`` bounds the median error there and
+    prints the tail)."""
     from deepinfer.runtime.attention.triton_paged import paged_attention
     from deepinfer.runtime.models.moe import MoeLayer
 
