@@ -88,6 +88,27 @@ def test_capture_needs_cuda_and_the_fused_eager_step(tmp_path):
     assert capture_step_graphs(cpu_runner, 8192, 4, 256) is None  # type: ignore[arg-type]
 
 
+def test_out_of_memory_while_capturing_warns_and_leaves_steps_eager(monkeypatch):
+    import deepinfer.runtime.models.llama_fused_decode as fused
+    import deepinfer.runtime.worker.step_graph_runner as sgr
+
+    class Refused:
+        def __init__(self, *args):
+            pass
+
+        def capture(self):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(fused, "fused_step_supported", lambda model, attention: True)
+    monkeypatch.setattr(sgr, "StepGraphs", Refused)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    runner = SimpleNamespace(device=torch.device("cuda"), model=None, attention=None, config=SimpleNamespace(),
+                             step_graphs=None)
+    with pytest.warns(RuntimeWarning, match=r"out of device memory \(CUDA out of memory.*up to 512 tokens"):
+        assert sgr.capture_step_graphs(runner, 8192, 4, 256) is None  # type: ignore[arg-type]
+    assert runner.step_graphs is None
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen3_moe"])
 def test_padded_steps_match_the_unpadded_fused_step(tmp_path, arch):
     """Padded to 16 and 32 rows, with the query tiles padded by an empty sequence, the step's real

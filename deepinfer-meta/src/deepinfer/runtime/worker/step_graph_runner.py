@@ -23,6 +23,7 @@ logits of and runs the LM head eagerly.
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -211,7 +212,8 @@ class StepGraphs:
 def capture_step_graphs(runner: ModelRunner, budget: int, max_num_seqs: int, max_model_len: int) -> StepGraphs | None:
     """Capture the step graphs of ``runner`` and install them as ``runner.step_graphs``: where its
     eager steps run the fused forward (``llama_fused_decode.fused_step_supported``) and
-    ``step_graph_token_counts`` is not empty; else None."""
+    ``step_graph_token_counts`` is not empty; else None. Out of device memory while capturing:
+    a RuntimeWarning that says what to lower, and None (the steps run eagerly)."""
     from deepinfer.runtime.models.llama_fused_decode import fused_step_supported
 
     if runner.device.type != "cuda" or not fused_step_supported(runner.model, runner.attention):
@@ -222,7 +224,16 @@ def capture_step_graphs(runner: ModelRunner, budget: int, max_num_seqs: int, max
               if -(-t // max_model_len) <= max_num_seqs]
     if not counts:
         return None
-    graphs = StepGraphs(runner, counts, max_num_seqs, max_model_len)
-    graphs.capture()
+    try:
+        graphs = StepGraphs(runner, counts, max_num_seqs, max_model_len)
+        graphs.capture()
+    except torch.OutOfMemoryError as exc:
+        # the KV cache took the memory budget first: serve without them rather than not at all
+        graphs = None
+        torch.cuda.empty_cache()
+        warnings.warn(f"step graphs not captured: out of device memory ({str(exc).splitlines()[0]}); prompt and "
+                      "mixed steps run eagerly. Lower gpu_memory_utilization, or DEEPINFER_STEP_GRAPH_TOKENS "
+                      f"(now up to {counts[-1]} tokens)", RuntimeWarning, stacklevel=2)
+        return None
     runner.step_graphs = graphs
     return graphs
