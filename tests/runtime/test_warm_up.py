@@ -106,6 +106,20 @@ def test_warm_up_leaves_every_sequence_block_and_every_output_as_it_was(llm):
     assert _greedy(llm, prompts) == before
 
 
+def test_warm_up_skips_the_steps_that_step_graphs_replay():
+    from types import SimpleNamespace
+
+    from deepinfer.runtime.worker.step_graph_runner import StepGraphs
+
+    seen = []
+    runner = SimpleNamespace(block_size=16, num_blocks=8, scratch_slot=128, device=torch.device("cpu"),
+                             execute=lambda **a: seen.append((len(a["input_ids"]), len(a["seq_lens"]))))
+    runner.step_graphs = StepGraphs(runner, [16, 32], max_num_seqs=3, max_model_len=64)  # type: ignore[arg-type]
+    steps = wu.warm_up(runner, budget=100, max_num_seqs=5, max_model_len=64)
+    # up to 32 rows of up to 3 sequences replay a graph; the rest run (and compile) eagerly
+    assert steps == seen == [(33, 1), (64, 1), (65, 2), (100, 2), (4, 4), (5, 5)]
+
+
 def test_llm_warms_up_where_wanted(tiny_model_dir, monkeypatch):
     calls = []
     monkeypatch.setattr(wu, "warm_up_wanted", lambda device_type: device_type == "cpu")

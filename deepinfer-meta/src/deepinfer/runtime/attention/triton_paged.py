@@ -74,16 +74,23 @@ def _paged_attention_kernel(
              out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
 
+def query_tiles(query_start_loc: np.ndarray, block_q: int) -> tuple[np.ndarray, np.ndarray]:
+    """The kernel's query tiles of a step, int32 on the host: each tile's sequence, and its first
+    query index within that sequence (``block_q`` query rows of one sequence a tile)."""
+    q_lens = np.diff(np.asarray(query_start_loc, dtype=np.int64))
+    n_tiles = ((q_lens + block_q - 1) // block_q).astype(np.int64)
+    tile_seq = np.repeat(np.arange(len(q_lens), dtype=np.int32), n_tiles)
+    first = np.repeat(np.cumsum(n_tiles) - n_tiles, n_tiles)
+    tile_start = ((np.arange(int(n_tiles.sum())) - first) * block_q).astype(np.int32)
+    return tile_seq, tile_start
+
+
 def _tiles(meta: AttentionMetadata, block_q: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     # Per step, shared by every layer: cache on the metadata object.
     cached = getattr(meta, "_triton_tiles", None)
     if cached is not None and cached[0] == block_q:
         return cached[1], cached[2]
-    q_lens = np.diff(meta.query_start_loc)
-    n_tiles = (q_lens + block_q - 1) // block_q
-    tile_seq = np.repeat(np.arange(len(q_lens), dtype=np.int32), n_tiles)
-    first = np.repeat(np.cumsum(n_tiles) - n_tiles, n_tiles)
-    tile_start = ((np.arange(int(n_tiles.sum())) - first) * block_q).astype(np.int32)
+    tile_seq, tile_start = query_tiles(meta.query_start_loc, block_q)
     ts = torch.from_numpy(tile_seq).to(device, non_blocking=True)
     tt = torch.from_numpy(tile_start).to(device, non_blocking=True)
     meta._triton_tiles = (block_q, ts, tt)  # type: ignore[attr-defined]

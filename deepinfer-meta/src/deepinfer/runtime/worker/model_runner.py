@@ -214,8 +214,17 @@ class ModelRunner:
         if prompt_embeds is None and self.step_graphs is not None and self.step_graphs.fits(
                 len(positions), len(seq_lens)):
             hidden = self.step_graphs.run(input_ids, positions, slot_mapping, query_start_loc, seq_lens, block_tables)
-            picked = torch.from_numpy(np.ascontiguousarray(logits_indices, dtype=np.int64)).to(self.device)
-            return self.model.compute_logits(hidden[picked])
+        else:
+            hidden = self._eager_hidden(input_ids, positions, slot_mapping, query_start_loc, seq_lens, block_tables,
+                                        prompt_embeds)
+        rows = torch.from_numpy(np.ascontiguousarray(logits_indices, dtype=np.int64)).to(self.device)
+        return self.model.compute_logits(hidden[rows])
+
+    def _eager_hidden(self, input_ids: np.ndarray | torch.Tensor, positions: np.ndarray, slot_mapping: np.ndarray,
+                      query_start_loc: np.ndarray, seq_lens: np.ndarray, block_tables: np.ndarray,
+                      prompt_embeds: tuple[np.ndarray, torch.Tensor] | None) -> torch.Tensor:
+        """The final hidden states of an eager step: the fused forward on CUDA where it runs this
+        model, else the model's own."""
         meta = build_attention_metadata(
             slot_mapping=np.asarray(slot_mapping), query_start_loc=np.asarray(query_start_loc),
             seq_lens=np.asarray(seq_lens), block_tables=np.asarray(block_tables),
@@ -236,8 +245,5 @@ class ModelRunner:
         if self.fused_steps:
             from deepinfer.runtime.models.llama_fused_decode import fused_step_forward
 
-            hidden = fused_step_forward(self.model, ids, pos, self.kv_caches, meta, inputs_embeds=embeds)
-        else:
-            hidden = self.model(ids, pos, self.kv_caches, meta, self.attention, inputs_embeds=embeds)
-        rows = torch.from_numpy(np.ascontiguousarray(logits_indices, dtype=np.int64)).to(self.device)
-        return self.model.compute_logits(hidden[rows])
+            return fused_step_forward(self.model, ids, pos, self.kv_caches, meta, inputs_embeds=embeds)
+        return self.model(ids, pos, self.kv_caches, meta, self.attention, inputs_embeds=embeds)

@@ -117,6 +117,9 @@ class StepGraphs:
         """One step's graph inputs on the host, padded to ``tokens`` rows (input ids and block tables
         apart): positions, slots (the scratch slot for padding rows), query starts and sequence
         lengths over every sequence slot, and the query tiles."""
+        # (imported here: the module needs Triton, this one does not)
+        from deepinfer.runtime.attention.triton_paged import query_tiles
+
         rows, n = len(positions), len(seq_lens)
         scratch = self.runner.scratch_slot
         pos = np.zeros(tokens, np.int64)
@@ -127,15 +130,12 @@ class StepGraphs:
         qsl[:n + 1] = query_start_loc
         lens = np.zeros(self.max_seqs + 1, np.int32)
         lens[:n] = seq_lens
-        # the query tiles: 16 rows of one sequence each, then the empty sequence n's up to the grid
-        q_lens = np.diff(np.asarray(query_start_loc, np.int64))
-        per_seq = ((q_lens + TILE - 1) // TILE).astype(np.int64)
-        used = int(per_seq.sum())
+        # the attention's query tiles, then the empty sequence n's up to the grid
+        real_seq, real_start = query_tiles(query_start_loc, TILE)
         tile_seq = np.full(self.max_tiles(tokens), n, np.int32)
         tile_start = np.zeros(self.max_tiles(tokens), np.int32)
-        tile_seq[:used] = np.repeat(np.arange(n, dtype=np.int32), per_seq)
-        first = np.repeat(np.cumsum(per_seq) - per_seq, per_seq)
-        tile_start[:used] = (np.arange(used) - first) * TILE
+        tile_seq[:len(real_seq)] = real_seq
+        tile_start[:len(real_start)] = real_start
         return {"positions": pos, "slots": slots, "qsl": qsl, "seq_lens": lens, "tile_seq": tile_seq,
                 "tile_start": tile_start}
 

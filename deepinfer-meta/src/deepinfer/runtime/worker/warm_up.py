@@ -83,7 +83,8 @@ def dummy_step(rows: int, max_model_len: int, block_size: int, scratch_block: in
 def warm_up(runner: Any, budget: int, max_num_seqs: int, max_model_len: int) -> list[tuple[int, int]]:
     """Run ``runner.execute`` on dummy tokens (see ``dummy_step``): whole prompts of each of
     ``warm_up_rows(budget)`` rows, then each of ``warm_up_rows(min(budget, max_num_seqs), 1)``
-    one-row sequences after a cached block (where the model length leaves room for it); then wait
+    one-row sequences after a cached block (where the model length leaves room for it), except the
+    steps that the runner's step graphs replay (their capture compiled those kernels); then wait
     for the device. Returns the steps run, as (rows, sequences)."""
     import torch
 
@@ -92,6 +93,9 @@ def warm_up(runner: Any, budget: int, max_num_seqs: int, max_model_len: int) -> 
     if max_model_len > bs:
         steps += [dummy_step(n, max_model_len, bs, scratch, context=bs, per_seq=1)
                   for n in warm_up_rows(min(budget, max_num_seqs), start=1)]
+    graphs = getattr(runner, "step_graphs", None)
+    if graphs is not None:
+        steps = [a for a in steps if not graphs.fits(len(a["input_ids"]), len(a["seq_lens"]))]
     for arrays in steps:
         runner.execute(**arrays)
     if runner.device.type == "cuda":
