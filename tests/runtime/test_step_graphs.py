@@ -79,11 +79,13 @@ def test_steps_fit_by_rows_and_sequences():
 
 
 def test_capture_needs_cuda_and_the_fused_eager_step(tmp_path):
-    from deepinfer.runtime.worker.step_graph_runner import capture_step_graphs
+    from deepinfer.runtime.worker.step_graph_runner import StepGraphs, capture_step_graphs
 
     graphs = _graphs()
     with pytest.raises(ValueError, match="CUDA device"):
         graphs.capture()
+    with pytest.raises(ValueError, match="token counts must be positive, got \\[0, 16\\]"):
+        StepGraphs(graphs.runner, [0, 16], max_num_seqs=2, max_model_len=64)
     cpu_runner = SimpleNamespace(device=torch.device("cpu"))
     assert capture_step_graphs(cpu_runner, 8192, 4, 256) is None  # type: ignore[arg-type]
 
