@@ -8,7 +8,10 @@ weighted values); the last of them to finish (an integer arrival counter per (se
 head), so the merge order is fixed) merges the partials with the log-sum-exp rule, or, with
 ``fold_merge=False``, a second kernel does. Every input is a device tensor (no host-side
 lengths), so the kernels can be captured in a CUDA graph and replayed for any sequence lengths;
-``num_splits`` is fixed per captured batch size.
+``num_splits`` is fixed per captured batch size. With the folded merge only the splits that hold
+tokens run: a sequence of ``seq_len`` tokens uses ``cdiv(seq_len, per_split)`` of them, the others
+return at once and the merge reads only the used ones, so a graph captured with 64 splits for
+long contexts spends no empty programs and no 64-way merge on a short one.
 """
 
 from __future__ import annotations
@@ -19,6 +22,12 @@ import triton.language as tl
 
 from deepinfer.runtime.attention.triton_softmax import online_softmax_block
 from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch
+
+
+@triton.jit
+def _store_normalised(out_ptrs, acc, l_i, mask):
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    tl.store(out_ptrs, out.to(out_ptrs.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -38,6 +47,11 @@ def _decode_split_kernel(
     per_split = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
     start = split * per_split
     end = tl.minimum(start + per_split, seq_len)
+    # the splits that hold tokens (at least one, for an empty sequence's output)
+    active = tl.maximum(tl.cdiv(seq_len, tl.maximum(per_split, 1)), 1)
+    if FOLD_MERGE:
+        if split >= active:  # no tokens and not counted by the merge: nothing to do
+            return
 
     rows = tl.arange(0, M)
     row_ok = rows < GROUP
@@ -60,10 +74,14 @@ def _decode_split_kernel(
         v = tl.load(v_ptr + base, mask=m2, other=0.0)
         m_i, l_i, acc = online_softmax_block(q, k, v, kmask[None, :], m_i, l_i, acc, scale, IEEE)
     if DIRECT:  # one split: normalise and store the output here (no merge launch)
-        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        tl.store(o_ptr + seq * stride_ot + head[:, None] * stride_oh + d[None, :], out.to(o_ptr.dtype.element_ty),
-                 mask=row_ok[:, None] & d_ok[None, :])
+        _store_normalised(o_ptr + seq * stride_ot + head[:, None] * stride_oh + d[None, :], acc, l_i,
+                          row_ok[:, None] & d_ok[None, :])
         return
+    if FOLD_MERGE:
+        if active == 1:  # a short context: the one split with tokens stores the output
+            _store_normalised(o_ptr + seq * stride_ot + head[:, None] * stride_oh + d[None, :], acc, l_i,
+                              row_ok[:, None] & d_ok[None, :])
+            return
     # partials: o [B, H, S, D] (unnormalised), ml [B, H, S, 2] (max, sum)
     num_heads = tl.num_programs(1) * GROUP
     pidx = (seq * num_heads + head) * num_splits + split
@@ -76,17 +94,17 @@ def _decode_split_kernel(
         # the merging program sets it back to 0 for the next call.
         tl.debug_barrier()  # every thread's partial stores before the release below
         counter = count_ptr + seq * tl.num_programs(1) + kvh
-        if tl.atomic_add(counter, 1, sem="acq_rel") == num_splits - 1:
+        if tl.atomic_add(counter, 1, sem="acq_rel") == active - 1:
             tl.store(counter, 0)
             base = (seq * num_heads + head) * num_splits
             m_max = tl.full([M], float("-inf"), tl.float32)
-            for s in range(0, num_splits):
+            for s in range(0, active):
                 m_s = tl.load(part_ml_ptr + (base + s) * 2, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
                 m_max = tl.maximum(m_max, m_s)
             m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
             total = tl.zeros([M], tl.float32)
             merged = tl.zeros([M, HEAD_DIM_PAD], tl.float32)
-            for s in range(0, num_splits):
+            for s in range(0, active):
                 m_s = tl.load(part_ml_ptr + (base + s) * 2, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
                 l_s = tl.load(part_ml_ptr + (base + s) * 2 + 1, mask=row_ok, other=0.0, cache_modifier=".cg")
                 w_s = tl.where(m_s > float("-inf"), tl.exp(m_s - m_max), 0.0)
