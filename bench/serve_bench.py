@@ -10,7 +10,8 @@ send one completion request (prompt as token ids, greedy, EOS ignored, exactly `
 tokens), streamed (``stream``) or not (``plain``). The same N requests also go through
 ``LLM.generate`` in this process (one call, continuous batching). Per client count and mode:
 output tokens/s of both and their ratio (median of the repeats, with each repeat's), time to
-first token and inter-token latency (p50/p99) as the clients see them, and the server's CPU per
+first token and inter-token latency (p50/p99) as the clients see them (and the inter-token
+latency once every stream has its first token: the steady decode without the arrival burst), and the server's CPU per
 output token (user + system time of every server process: supervisor, engine core, front ends).
 Give ``--client-procs 8 16`` to show the figure does not depend on the clients. Each row first
 runs ``--warmup-rounds`` (default 1) unmeasured rounds of both contenders at its client count:
@@ -108,6 +109,7 @@ async def _one(host: str, port: int, prompt: list[int], output_len: int, stream:
         if h.lower().startswith(b"content-length:"):
             length = int(h.split(b":")[1])
     ttft, itl, last, tokens = None, [], None, 0
+    first_at, gap_at = None, []  # wall-clock times: the first token, each gap's start
     if not stream:
         data = json.loads(await reader.readexactly(length or 0))
         tokens = data["usage"]["completion_tokens"]
@@ -125,11 +127,13 @@ async def _one(host: str, port: int, prompt: list[int], output_len: int, stream:
             elif b'"text":"' in line:
                 if last is None:
                     ttft = now - t0
+                    first_at = time.time()
                 else:
                     itl.append(now - last)
+                    gap_at.append(time.time() - (now - last))
                 last = now
     writer.close()
-    return tokens, ttft, itl, time.perf_counter()
+    return tokens, ttft, itl, time.perf_counter(), first_at, gap_at
 
 
 def _client_ready(ready: object) -> None:
@@ -141,7 +145,7 @@ def _client_proc(url: str, prompts: list[list[int]], output_len: int, stream: bo
                  ) -> dict[str, object]:
     host, port = url.removeprefix("http://").rsplit(":", 1)
 
-    async def run() -> list[tuple[int, float | None, list[float], float]]:
+    async def run() -> list[tuple[int, float | None, list[float], float, float | None, list[float]]]:
         return await asyncio.gather(*(_one(host, int(port), p, output_len, stream) for p in prompts))
 
     time.sleep(max(0.0, start_at - time.time()))
@@ -149,7 +153,8 @@ def _client_proc(url: str, prompts: list[list[int]], output_len: int, stream: bo
     res = asyncio.run(run())
     return {"start": time.time() - (time.perf_counter() - t0), "end": time.time(),
             "tokens": sum(r[0] for r in res), "ttft": [r[1] for r in res if r[1] is not None],
-            "itl": [x for r in res for x in r[2]]}
+            "itl": [x for r in res for x in r[2]], "first_at": [r[4] for r in res if r[4] is not None],
+            "itl_at": [x for r in res for x in r[5]]}
 
 
 def process_tree(pid: int) -> list[int]:
@@ -217,7 +222,18 @@ def run_clients(url: str, prompts: list[list[int]], output_len: int, stream: boo
     dt = max(float(r["end"]) for r in res) - min(float(r["start"]) for r in res)  # type: ignore[arg-type]
     return {"tok_s": tokens / dt, "tokens": tokens, "cpu_us_per_token": cpu / max(1, tokens) * 1e6,
             "core_us_per_token": core / max(1, tokens) * 1e6, "steps": steps,
-            "ttft": [t for r in res for t in r["ttft"]], "itl": [t for r in res for t in r["itl"]]}  # type: ignore[attr-defined]
+            "ttft": [t for r in res for t in r["ttft"]], "itl": [t for r in res for t in r["itl"]],  # type: ignore[attr-defined]
+            "itl_steady": steady_gaps(res)}
+
+
+def steady_gaps(res: list[dict[str, object]]) -> list[float]:
+    """The inter-token gaps that began once every stream had its first token: the steady decode,
+    without the arrival burst (new requests' prompt steps and front-end work between tokens)."""
+    firsts = [t for r in res for t in r["first_at"]]  # type: ignore[attr-defined]
+    if not firsts:
+        return []
+    started = max(firsts)
+    return [g for r in res for g, at in zip(r["itl"], r["itl_at"], strict=True) if at >= started]  # type: ignore[call-overload]
 
 
 def run_generate(llm: object, prompts: list[list[int]], output_len: int) -> dict[str, object]:
@@ -315,8 +331,14 @@ def main() -> None:
                 kwargs["gpu_memory_utilization"] = min(0.95, (total - free) / total + share * 0.9)
             if args.shape:
                 kwargs.update(dummy_weights=True, dtype="bfloat16")
-            llm = LLM(args.model, device=args.device, max_model_len=args.max_model_len, max_num_seqs=max_seqs,
-                      **kwargs)
+            # the server's engine settings: its step budget (--server-args, else serve's default)
+            budget = re.search(r"--max-num-batched-tokens[= ](\d+)", args.server_args)
+            kwargs.update(device=args.device, max_model_len=args.max_model_len, max_num_seqs=max_seqs,
+                          max_num_batched_tokens=int(budget.group(1)) if budget else None)
+            from deepinfer.serve.engine_defaults import serve_llm_kwargs
+
+            kwargs = serve_llm_kwargs(kwargs)
+            llm = LLM(args.model, **kwargs)
             vocab = llm.model_config.vocab_size
 
             def fresh(n: int, vocab: int = vocab) -> list[list[int]]:
@@ -326,6 +348,7 @@ def main() -> None:
             run_clients(url, fresh(2), 4, True, 1, proc.pid)
             print(f"deepinfer serve vs LLM.generate: {args.input_len} prompt + {args.output_len} output tokens per "
                   f"request, greedy, EOS ignored, model {args.shape or args.model or 'default'}, device {llm.device}, "
+                  f"step budget {kwargs['max_num_batched_tokens'] or 'default'} tokens, "
                   f"torch threads {args.threads or 'default'}, {os.cpu_count()} cores, --api-server-count "
                   f"{count}, --stream-interval {args.stream_interval} {args.server_args}", flush=True)
             for mode in args.mode:
@@ -349,11 +372,11 @@ def main() -> None:
 def print_table(rows: list[dict[str, object]]) -> None:
     """Every measurement in one compact table (medians of the repeats)."""
     print("\n| mode | clients | client procs | front ends | serve tok/s | generate tok/s | ratio | TTFT p50 ms | "
-          "ITL p99 ms | server CPU us/tok | core us/tok |")
+          "ITL p99 ms (all / steady) | server CPU us/tok | core us/tok |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['mode']} | {r['clients']} | {r['procs']} | {r['api']} | {r['serve']:.1f} | {r['generate']:.1f} | "
-              f"{r['ratio']:.3f} | {r['ttft_p50']:.0f} | {r['itl_p99']:.1f} | {r['cpu']:.1f} | {r['core_cpu']:.1f} |",
+              f"{r['ratio']:.3f} | {r['ttft_p50']:.0f} | {r['itl_p99']:.1f} / {r['itl_steady_p99']:.1f} | {r['cpu']:.1f} | {r['core_cpu']:.1f} |",
               flush=True)
 
 
@@ -368,7 +391,7 @@ def _has_cuda() -> bool:
 
 def measure(args: argparse.Namespace, llm: object, url: str, pid: int, fresh: object, n: int, mode: str,
             procs: int) -> dict[str, object]:
-    ratios, serve_tps, gen_tps, ttft, itl, cpu, core_cpu = [], [], [], [], [], [], []
+    ratios, serve_tps, gen_tps, ttft, itl, itl_steady, cpu, core_cpu = [], [], [], [], [], [], [], []
     gen_cpu, serve_steps, gen_steps, gen_ttft = [], [], [], []
     for _ in range(args.warmup_rounds):
         prompts = fresh(n)  # type: ignore[operator]
@@ -393,10 +416,12 @@ def measure(args: argparse.Namespace, llm: object, url: str, pid: int, fresh: ob
         gen_steps.append(res["generate"]["steps"])
         ttft += res["serve"]["ttft"]
         itl += res["serve"]["itl"]
+        itl_steady += res["serve"]["itl_steady"]
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     lat = (f"TTFT p50 {pct(ttft, 50):.0f} ms p99 {pct(ttft, 99):.0f} ms (generate's p50 "
            f"{pct(gen_ttft, 50):.0f} ms); ITL p50 {pct(itl, 50):.1f} ms "
-           f"p99 {pct(itl, 99):.1f} ms" if mode == "stream" else f"latency p50 {pct(ttft, 50):.0f} ms")
+           f"p99 {pct(itl, 99):.1f} ms (once every stream has started: {len(itl_steady)} gaps, p50 "
+           f"{pct(itl_steady, 50):.1f} ms p99 {pct(itl_steady, 99):.1f} ms)" if mode == "stream" else f"latency p50 {pct(ttft, 50):.0f} ms")
     print(f"{mode:6s} {n:3d} clients / {procs:2d} procs: serve {statistics.median(serve_tps):8.1f} tok/s "
           f"(min {min(serve_tps):.1f} max {max(serve_tps):.1f}), generate {statistics.median(gen_tps):8.1f} "
           f"tok/s, ratio {statistics.median(ratios):.3f} (per repeat {', '.join(f'{x:.3f}' for x in ratios)}); "
@@ -407,7 +432,7 @@ def measure(args: argparse.Namespace, llm: object, url: str, pid: int, fresh: ob
           f"load average {load}", flush=True)
     return {"mode": mode, "clients": n, "procs": procs, "serve": statistics.median(serve_tps),
             "generate": statistics.median(gen_tps), "ratio": statistics.median(ratios), "ttft_p50": pct(ttft, 50),
-            "itl_p99": pct(itl, 99), "cpu": statistics.median(cpu), "core_cpu": statistics.median(core_cpu)}
+            "itl_p99": pct(itl, 99), "itl_steady_p99": pct(itl_steady, 99), "cpu": statistics.median(cpu), "core_cpu": statistics.median(core_cpu)}
 
 
 def compare_replicas(args: argparse.Namespace) -> None:

@@ -440,8 +440,9 @@ def _load(args: argparse.Namespace) -> Any:
 
         return ReplicaSet(kwargs, args.data_parallel_size, args.tensor_parallel_size, log_level=args.log_level)
     from deepinfer.runtime.llm import LLM
+    from deepinfer.serve.engine_defaults import serve_llm_kwargs
 
-    return LLM(**kwargs)
+    return LLM(**serve_llm_kwargs(kwargs))
 
 
 def _stop_replicas(llm: Any) -> None:

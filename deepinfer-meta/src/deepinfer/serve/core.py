@@ -389,8 +389,9 @@ def core_main(config: dict[str, Any]) -> int:
     signal.signal(signal.SIGTERM, on_term)
     try:
         from deepinfer.runtime.llm import LLM
+        from deepinfer.serve.engine_defaults import serve_llm_kwargs
 
-        llm = LLM(**config["llm_kwargs"])
+        llm = LLM(**serve_llm_kwargs(config["llm_kwargs"]))
     except BaseException as exc:  # noqa: BLE001 - reported to the supervisor, which raises it
         print(json.dumps({"failed": [type(exc).__name__, str(exc)]}), flush=True)
         return 1

@@ -92,8 +92,9 @@ def replica_main(index: int, env: dict[str, str], llm_kwargs: dict[str, Any], co
                         format=f"%(asctime)s %(levelname)s %(name)s [replica {index}]: %(message)s")
     try:
         from deepinfer.runtime.llm import LLM
+        from deepinfer.serve.engine_defaults import serve_llm_kwargs
 
-        llm = LLM(**llm_kwargs)
+        llm = LLM(**serve_llm_kwargs(llm_kwargs))
     except BaseException as exc:  # noqa: BLE001 - reported to the front end, which raises it
         conn.send(("failed", type(exc).__name__, str(exc)))
         return
