@@ -38,6 +38,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "runti
 
 
 WEIGHTS = "bf16"  # --weights: "bf16", or a GGUF scheme the projections are quantized to (gguf_quantizer)
+BUDGET: int | None = None  # --max-num-batched-tokens (None: 8192, or 16384 with a fixed max_model_len)
 
 
 def _load_on_device(path, *, device, dtype, dummy_weights=False, max_positions=None, seed=0, **_ignored):  # type: ignore[no-untyped-def]
@@ -149,7 +150,8 @@ def run_deepinfer(shape_dir: str, prompts: list[list[int]], out_len: int | list[
     max_len = max_model_len or max(len(p) for p in prompts) + max(lens) + 16
     t0 = time.perf_counter()
     llm = LLM(shape_dir, dtype="bfloat16", dummy_weights=True, max_num_seqs=max(len(prompts), 1),
-              max_model_len=max_len, max_num_batched_tokens=max(16384 if max_model_len else 8192, max_len),
+              max_model_len=max_len,
+              max_num_batched_tokens=BUDGET or max(16384 if max_model_len else 8192, max_len),
               enforce_eager=eager, gpu_memory_utilization=0.85, overlap_scheduling=overlap and not eager,
               quantization=quantization)
     print(f"  {llm!r} ready in {time.perf_counter() - t0:.1f} s", flush=True)
@@ -198,7 +200,12 @@ def main() -> None:
                         "a comma list runs each in turn in this process")
     p.add_argument("--workload", choices=("fixed", "nanovllm"), default="fixed",
                    help="nanovllm: nano-vllm's benchmark on the Qwen3-0.6B shape (DeepInfer only)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="DeepInfer's step budget (default 8192, or 16384 with a fixed max_model_len: prompts in few "
+                        "steps); 512 makes every step a step graph (worker/step_graph_runner.py)")
     args = p.parse_args()
+    global BUDGET
+    BUDGET = args.max_num_batched_tokens
     schemes = args.weights.split(",")
     if any(w not in ("bf16", "q4_0", "q4_1", "q8_0", "q4_k_m") for w in schemes):
         p.error(f"--weights {args.weights!r}: each of bf16, q4_0, q4_1, q8_0, q4_k_m")
