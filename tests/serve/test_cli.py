@@ -19,6 +19,8 @@ def test_sigterm_lets_short_requests_finish_cuts_long_ones_and_exits_0():
     lines: list[str] = []
     try:
         url = read_until_listening(proc, lines, 180)
+        # the core says its step budget: on a CPU the LLM() default (serve's own is for CUDA)
+        assert any("steps of up to 2048 tokens" in line for line in lines), "".join(lines)
         reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)  # type: ignore[arg-type]
         reader.start()
         events: dict[str, list[str]] = {"short": [], "long": []}

@@ -402,6 +402,7 @@ def core_main(config: dict[str, Any]) -> int:
     cfg = llm.engine.cfg
     info = {"pid": os.getpid(), "device": str(llm.device), "model_path": str(llm.model_path),
             "max_model_len": cfg.max_model_len, "max_num_seqs": cfg.max_num_seqs, "num_blocks": cfg.num_blocks,
+            "max_num_batched_tokens": cfg.max_num_batched_tokens,
             "vocab_size": llm.model_config.vocab_size, "cache": cache_info(llm),
             "max_logprobs": getattr(llm.engine_args, "max_logprobs", 20),
             "hidden_size": llm.model_config.hidden_size,
