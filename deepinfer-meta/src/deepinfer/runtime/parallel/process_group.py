@@ -92,7 +92,13 @@ def init_groups(rank: int, world_size: int, device: torch.device, init_method: s
         dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
                                 timeout=timeout)
     data = dist.group.WORLD
-    control = dist.new_group(backend="gloo", timeout=_IDLE_TIMEOUT)
+    # Ranks > 0 wait on the control group for rank 0's next step as long as the LLM stays idle.
+    # Rank 0 only sends there (and meets the others at start and at close), so its operations
+    # are bounded by the collective timeout: one stuck on a killed rank then ends, and the
+    # group's threads can be joined when it is freed. With the idle timeout on rank 0, freeing
+    # the group of an LLM whose rank had been killed blocked its process for good (a CI run hung
+    # in the gc.collect() of a later test).
+    control = dist.new_group(backend="gloo", timeout=timeout if rank == 0 else _IDLE_TIMEOUT)
     return TensorParallelGroup(rank=rank, world_size=world_size, device=device, data_group=data,
                                control_group=control, timeout_s=timeout_s)
 
