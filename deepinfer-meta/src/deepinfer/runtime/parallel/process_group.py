@@ -108,6 +108,9 @@ def agree_num_blocks(group: TensorParallelGroup, num_blocks: int) -> int:
     if group.world_size == 1:
         return num_blocks
     t = torch.tensor([num_blocks], dtype=torch.int64)
+    # The ranks load their shards at their own pace: rank 0 waits here for every one of them as
+    # long as it takes (its other operations on this group are bounded by the collective timeout).
+    dist.monitored_barrier(group=group.control_group, timeout=_IDLE_TIMEOUT)
     dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group.control_group)
     return int(t.item())
 
