@@ -1,9 +1,10 @@
 """The engine options of ``deepinfer serve`` whose defaults differ from ``LLM()``'s.
 
 On CUDA the step budget (``max_num_batched_tokens``) defaults to the step graphs' largest token
-count (``DEEPINFER_STEP_GRAPH_TOKENS``, 512; at least ``max_num_seqs``) instead of 2048. Every
-step of a server then replays a CUDA graph, and a new request's prompt chunk holds the streams
-already running for about one decode step rather than for an eager 2048-token step. On the H200
+count (``DEEPINFER_STEP_GRAPH_TOKENS``, 512; at least ``max_num_seqs``) instead of 2048. Where
+step graphs run (one rank; not MLA models or prompt embeddings) every step of a server then
+replays a CUDA graph; everywhere a new request's prompt chunk holds the streams already running
+for a step of at most 512 tokens rather than 2048. On the H200
 (SmolLM2 shape, 64 streamed clients, docs/guide/10-serving.md) the inter-token p99 went from
 11.7 to 2.6 ms with it. An offline ``LLM()`` keeps 2048: fewer, larger prompt steps. An explicit
 ``--max-num-batched-tokens`` wins everywhere; CPU and Ascend servers keep the ``LLM()`` default.
