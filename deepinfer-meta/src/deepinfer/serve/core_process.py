@@ -75,7 +75,7 @@ class CoreProcess:
             raise
         self.info = msg["ready"]
         log.info("%s: pid %d, device %s, %d KV blocks, steps of up to %s tokens", self.name, self.proc.pid,
-                 self.info["device"], self.info["num_blocks"], self.info.get("max_num_batched_tokens", "?"))
+                 self.info["device"], self.info["num_blocks"], self.info["max_num_batched_tokens"])
         # the core's stdout after its ready line (torch may print there) must not fill the pipe
         threading.Thread(target=_drain, args=(self.proc.stdout,), name="deepinfer-core-stdout", daemon=True).start()
         return self.info

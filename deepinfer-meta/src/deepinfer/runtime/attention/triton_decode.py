@@ -26,6 +26,7 @@ from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch
 
 @triton.jit
 def _store_normalised(out_ptrs, acc, l_i, mask):
+    """acc / l_i (rows with no weight stay 0) in the output's dtype."""
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(out_ptrs, out.to(out_ptrs.dtype.element_ty), mask=mask)
 
@@ -58,8 +59,10 @@ def _decode_split_kernel(
     head = kvh * GROUP + rows
     d = tl.arange(0, HEAD_DIM_PAD)
     d_ok = d < HEAD_DIM
+    out_mask = row_ok[:, None] & d_ok[None, :]  # this program's query heads: q, partials, output
+    out_ptrs = o_ptr + seq * stride_ot + head[:, None] * stride_oh + d[None, :]
     q = tl.load(q_ptr + seq * stride_qt + head[:, None] * stride_qh + d[None, :],
-                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+                mask=out_mask, other=0.0)
     m_i = tl.full([M], float("-inf"), tl.float32)
     l_i = tl.zeros([M], tl.float32)
     acc = tl.zeros([M, HEAD_DIM_PAD], tl.float32)
@@ -74,18 +77,16 @@ def _decode_split_kernel(
         v = tl.load(v_ptr + base, mask=m2, other=0.0)
         m_i, l_i, acc = online_softmax_block(q, k, v, kmask[None, :], m_i, l_i, acc, scale, IEEE)
     if DIRECT:  # one split: normalise and store the output here (no merge launch)
-        _store_normalised(o_ptr + seq * stride_ot + head[:, None] * stride_oh + d[None, :], acc, l_i,
-                          row_ok[:, None] & d_ok[None, :])
+        _store_normalised(out_ptrs, acc, l_i, out_mask)
         return
     if FOLD_MERGE:
         if active == 1:  # a short context: the one split with tokens stores the output
-            _store_normalised(o_ptr + seq * stride_ot + head[:, None] * stride_oh + d[None, :], acc, l_i,
-                              row_ok[:, None] & d_ok[None, :])
+            _store_normalised(out_ptrs, acc, l_i, out_mask)
             return
     # partials: o [B, H, S, D] (unnormalised), ml [B, H, S, 2] (max, sum)
     num_heads = tl.num_programs(1) * GROUP
     pidx = (seq * num_heads + head) * num_splits + split
-    tl.store(part_o_ptr + pidx[:, None] * HEAD_DIM + d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
+    tl.store(part_o_ptr + pidx[:, None] * HEAD_DIM + d[None, :], acc, mask=out_mask)
     tl.store(part_ml_ptr + pidx * 2, m_i, mask=row_ok)
     tl.store(part_ml_ptr + pidx * 2 + 1, l_i, mask=row_ok)
     if FOLD_MERGE:
@@ -110,11 +111,9 @@ def _decode_split_kernel(
                 w_s = tl.where(m_s > float("-inf"), tl.exp(m_s - m_max), 0.0)
                 total += w_s * l_s
                 po = tl.load(part_o_ptr + (base + s)[:, None] * HEAD_DIM + d[None, :],
-                             mask=row_ok[:, None] & d_ok[None, :], other=0.0, cache_modifier=".cg")
+                             mask=out_mask, other=0.0, cache_modifier=".cg")
                 merged += po * w_s[:, None]
-            out = merged / tl.where(total == 0.0, 1.0, total)[:, None]
-            tl.store(o_ptr + seq * stride_ot + head[:, None] * stride_oh + d[None, :],
-                     out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+            _store_normalised(out_ptrs, merged, total, out_mask)
 
 
 @triton.jit

@@ -229,7 +229,6 @@ def capture_step_graphs(runner: ModelRunner, budget: int, max_num_seqs: int, max
         graphs.capture()
     except torch.OutOfMemoryError as exc:
         # the KV cache took the memory budget first: serve without them rather than not at all
-        graphs = None
         torch.cuda.empty_cache()
         warnings.warn(f"step graphs not captured: out of device memory ({str(exc).splitlines()[0]}); prompt and "
                       "mixed steps run eagerly. Lower gpu_memory_utilization, or DEEPINFER_STEP_GRAPH_TOKENS "
