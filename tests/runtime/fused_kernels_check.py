@@ -66,7 +66,12 @@ def check_rotary_kv(dtype: torch.dtype, g: torch.Generator, qk_norm: bool = Fals
         qn.weight.copy_(torch.rand(d, generator=g) + 0.5)
         kn.weight.copy_(torch.rand(d, generator=g) + 0.5)
     norms = (qn.weight, kn.weight, 1e-6) if qk_norm else None
-    q = rotary_kv_write(qkv, pos, rot.cos, rot.sin, slots, cache, heads, kvh, norms)
+    before = cache.clone()
+    q = rotary_kv_write(qkv, pos, rot.cos, rot.sin, slots, cache, heads, kvh, norms, preload=False)
+    # the step's inputs loaded before the PDL wait (kernels/pdl.py): the same bits
+    cache_pre = before.clone()
+    q_pre = rotary_kv_write(qkv, pos, rot.cos, rot.sin, slots, cache_pre, heads, kvh, norms, preload=True)
+    assert torch.equal(q_pre, q) and torch.equal(cache_pre, cache)
     cs = rot.tables(pos.long(), dtype)
     qk = qkv[:, :(heads + kvh) * d].view(t, heads + kvh, d)
     if qk_norm:  # Qwen3: RMSNorm per q and k head before rotary (models.llama.LlamaLayer)
@@ -115,6 +120,15 @@ def check_gemv(dtype: torch.dtype, g: torch.Generator) -> None:
         torch.testing.assert_close(gemv(x, w, residual=res, config=config), F.linear(x, w) + res, **TOL[dtype])
         torch.testing.assert_close(gemv(gu, w, silu_mul=True, residual=res, config=config),
                                    F.linear(silu_mul(gu), w) + res, **TOL[dtype])
+    # the whole [rows, K] tile loaded before the PDL wait (kernels/pdl.py) and the chunked loop
+    for preload in (False, True):
+        torch.testing.assert_close(gemv(xs, w, bias, norm=(nw, 1e-5), preload=preload), F.linear(h_ref, w, bias),
+                                   **TOL[dtype])
+        torch.testing.assert_close(gemv(gu, w, silu_mul=True, residual=res, preload=preload),
+                                   F.linear(silu_mul(gu), w) + res, **TOL[dtype])
+        logits, greedy = gemv_argmax(x, w, (4, 256, 4, 2), preload=preload)
+        torch.testing.assert_close(logits, F.linear(x, w), **TOL[dtype])
+        assert int(greedy) == int(logits.argmax())
     # split-K: the last program of each row block adds the partials (6 splits: the last one empty)
     for config in ((4, 256, 4, 2, 3), (8, 256, 4, 2, 6)):
         torch.testing.assert_close(gemv(x, w, bias, config=config), F.linear(x, w, bias), **TOL[dtype])
@@ -160,14 +174,15 @@ def check_decode_attention(dtype: torch.dtype, g: torch.Generator, bs: int = 16)
     bt = torch.from_numpy(tables).to(DEV)
     sl = torch.tensor(lens, dtype=torch.int32, device=DEV)
     for splits in (1, 3, 8):
-        out = decode_attention(q, cache, bt, sl, d ** -0.5, splits, fold_merge=False)
-        torch.testing.assert_close(out, ref, **TOL[dtype])
+        for preload in (False, True):  # the first tile of earlier tokens loaded before the PDL wait, or after
+            out = decode_attention(q, cache, bt, sl, d ** -0.5, splits, fold_merge=False, preload=preload)
+            torch.testing.assert_close(out, ref, **TOL[dtype])
     # the merge folded into the last split program: its counters go back to 0, so a second call
     # over the same workspace (as in a replayed graph) merges again; with 64 splits most hold no
     # tokens (they return at once and the merge reads only the used ones)
     ws = DecodeWorkspace(len(lens) * 64, heads, d, DEV)
-    for splits in (3, 8, 8, 64):
-        out = decode_attention(q, cache, bt, sl, d ** -0.5, splits, ws)
+    for splits, preload in ((3, True), (8, False), (8, True), (64, True)):
+        out = decode_attention(q, cache, bt, sl, d ** -0.5, splits, ws, preload=preload)
         torch.testing.assert_close(out, ref, **TOL[dtype])
         assert int(ws.counters.abs().sum()) == 0
 

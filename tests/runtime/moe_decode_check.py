@@ -73,6 +73,11 @@ def check_experts(device: str, dtype: torch.dtype) -> list[tuple[str, bool, floa
         loop = experts_small(x, w, ids, w13, w2, residual=res, norm=norm, static_k=other, **tiles).double().cpu()
         err = float((loop - ref).abs().max() / ref.abs().max())
         out.append((f"experts_small {name} with {'unrolled' if other else 'runtime'} K loops", err <= tol, err))
+        # the down kernel with every slot's expert rows loaded before its PDL wait (one [k, rows, K] tile)
+        pre_tiles = dict(tiles, down_config=(4, 0, 4)) if device == "cpu" else tiles
+        pre = experts_small(x, w, ids, w13, w2, residual=res, norm=norm, preload=True, **pre_tiles).double().cpu()
+        err = float((pre - ref).abs().max() / ref.abs().max())
+        out.append((f"experts_small {name} with the down rows preloaded", err <= tol, err))
         if norm is not None:  # the router's stored normed rows: the same rows, the same experts' output bits
             normed = torch.empty_like(x)
             gw = torch.randn(w13.shape[0], x.shape[1], generator=torch.Generator().manual_seed(1)).to(x.device)

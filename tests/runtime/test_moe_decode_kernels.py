@@ -31,8 +31,9 @@ def test_few_token_moe_kernels_match_float64_references_in_tritons_interpreter()
     the residual and the RMSNorm prologue); the one-launch router == route_greedy over the
     float32 logits (softmax / sigmoid, renormalised or not, E up to 128, k 1..8, tied scores to the
     lower index); where the norm is fused, the experts over the router's stored normed rows give
-    the in-kernel norm's bits."""
-    _interpreted("kernels", 2 * 6 + 3 + 5)
+    the in-kernel norm's bits; the down kernel with its expert rows preloaded (before the PDL
+    wait) matches the same reference."""
+    _interpreted("kernels", 3 * 6 + 3 + 5)
 
 
 def test_few_token_path_and_grouped_path_give_the_same_logits_in_tritons_interpreter():

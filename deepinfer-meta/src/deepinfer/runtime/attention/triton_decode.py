@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from deepinfer.runtime.attention.triton_softmax import online_softmax_block
-from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch
+from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch, prefetch_enabled
 
 
 @triton.jit
@@ -38,9 +38,13 @@ def _decode_split_kernel(
     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt, stride_ot, stride_oh,
     GROUP: tl.constexpr, M: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, IEEE: tl.constexpr, DIRECT: tl.constexpr,
-    FOLD_MERGE: tl.constexpr, PDL: tl.constexpr,
+    FOLD_MERGE: tl.constexpr, PDL: tl.constexpr, PRELOAD: tl.constexpr = False,
 ):
-    pdl_begin(PDL)
+    # PRELOAD: before the wait (kernels/pdl.py) the lengths and block tables (step inputs) and the
+    # first tile's cached keys and values of earlier tokens. The kernel before this one stores the
+    # new token's k/v (at seq_len - 1), so that row alone is read after the wait.
+    if not PRELOAD:
+        pdl_begin(PDL)
     seq = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -61,13 +65,31 @@ def _decode_split_kernel(
     d_ok = d < HEAD_DIM
     out_mask = row_ok[:, None] & d_ok[None, :]  # this program's query heads: q, partials, output
     out_ptrs = o_ptr + seq * stride_ot + head[:, None] * stride_oh + d[None, :]
-    q = tl.load(q_ptr + seq * stride_qt + head[:, None] * stride_qh + d[None, :],
-                mask=out_mask, other=0.0)
     m_i = tl.full([M], float("-inf"), tl.float32)
     l_i = tl.zeros([M], tl.float32)
     acc = tl.zeros([M, HEAD_DIM_PAD], tl.float32)
     n = tl.arange(0, BLOCK_N)
-    for kstart in range(start, end, BLOCK_N):
+    kpos = start + n
+    kmask = kpos < end
+    block_id = tl.load(block_tables_ptr + seq * stride_bt + kpos // BLOCK_SIZE, mask=kmask, other=0).to(tl.int64)
+    base = block_id[:, None] * stride_kb + (kpos % BLOCK_SIZE)[:, None] * stride_ks + kvh * stride_kh + d[None, :]
+    if PRELOAD:
+        old = (kmask & (kpos < seq_len - 1))[:, None] & d_ok[None, :]
+        k = tl.load(k_ptr + base, mask=old, other=0.0)
+        v = tl.load(v_ptr + base, mask=old, other=0.0)
+        pdl_begin(PDL)
+        new = (kmask & (kpos == seq_len - 1))[:, None] & d_ok[None, :]
+        k = tl.where(new, tl.load(k_ptr + base, mask=new, other=0.0), k)
+        v = tl.where(new, tl.load(v_ptr + base, mask=new, other=0.0), v)
+    else:
+        m2 = kmask[:, None] & d_ok[None, :]
+        k = tl.load(k_ptr + base, mask=m2, other=0.0)
+        v = tl.load(v_ptr + base, mask=m2, other=0.0)
+    q = tl.load(q_ptr + seq * stride_qt + head[:, None] * stride_qh + d[None, :],
+                mask=out_mask, other=0.0)
+    if start < end:
+        m_i, l_i, acc = online_softmax_block(q, k, v, kmask[None, :], m_i, l_i, acc, scale, IEEE)
+    for kstart in range(start + BLOCK_N, end, BLOCK_N):
         kpos = kstart + n
         kmask = kpos < end
         block_id = tl.load(block_tables_ptr + seq * stride_bt + kpos // BLOCK_SIZE, mask=kmask, other=0).to(tl.int64)
@@ -163,13 +185,16 @@ class DecodeWorkspace:
 
 def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
                      scale: float, num_splits: int, workspace: DecodeWorkspace | None = None,
-                     out: torch.Tensor | None = None, fold_merge: bool = True) -> torch.Tensor:
+                     out: torch.Tensor | None = None, fold_merge: bool = True,
+                     preload: bool | None = None) -> torch.Tensor:
     """Attention of one query token per sequence ``q`` [B, H, D] over its first ``seq_lens[b]``
     cached tokens (block table row ``block_tables[b]``) in ``kv_cache`` [2, blocks, bs, KVH, D];
     the new token's k/v must already be in the cache. Returns [B, H, D].
 
     ``fold_merge``: the last split program of each (sequence, kv head) merges the partials (one
-    launch); False merges them in a second kernel."""
+    launch); False merges them in a second kernel. ``preload``: each program loads its first tile
+    of cached keys and values, all but the new token's row, before waiting for the kernel before
+    it, which stores that row (default: ``DEEPINFER_PDL_PREFETCH``, ``kernels/pdl.py``)."""
     b, num_heads, head_dim = q.shape
     kv_heads, block_size = kv_cache.shape[3], kv_cache.shape[2]
     if num_heads % kv_heads:
@@ -196,7 +221,8 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torc
         out.stride(0), out.stride(1),
         GROUP=group, M=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size, BLOCK_N=block_n,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=triton.next_power_of_2(head_dim), IEEE=q.dtype == torch.float32,
-        DIRECT=num_splits == 1, FOLD_MERGE=fold, num_warps=4, **pdl)
+        DIRECT=num_splits == 1, FOLD_MERGE=fold, PRELOAD=prefetch_enabled() if preload is None else preload,
+        num_warps=4, **pdl)
     if num_splits == 1 or fold:
         return out
     _decode_merge_kernel[(b, num_heads)](

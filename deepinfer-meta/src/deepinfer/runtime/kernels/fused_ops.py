@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch
+from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch, prefetch_enabled
 
 
 @triton.jit
@@ -64,10 +64,13 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Te
 def _rotary_kv_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, q_out_ptr, cache_ptr, qn_ptr, kn_ptr, eps,
                       stride_qkv, stride_qo_t, stride_qo_h, stride_cos, plane, stride_slot, stride_kvh,
                       NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                      HALF_PAD: tl.constexpr, HEAD_BLOCK: tl.constexpr, QK_NORM: tl.constexpr, PDL: tl.constexpr):
+                      HALF_PAD: tl.constexpr, HEAD_BLOCK: tl.constexpr, QK_NORM: tl.constexpr, PDL: tl.constexpr,
+                      PRELOAD: tl.constexpr = False):
     # one program: HEAD_BLOCK heads (q, k or v) of one token, as a [HEAD_BLOCK, HALF_PAD] tile of
-    # first halves and one of second halves
-    pdl_begin(PDL)
+    # first halves and one of second halves. PRELOAD: before the wait it loads what no kernel of the
+    # step writes (positions, slots, the cos/sin tables, the norm weights; kernels/pdl.py), after it qkv.
+    if not PRELOAD:
+        pdl_begin(PDL)
     tok = tl.program_id(0).to(tl.int64)
     head = (tl.program_id(1) * HEAD_BLOCK + tl.arange(0, HEAD_BLOCK))[:, None]
     half: tl.constexpr = HEAD_DIM // 2
@@ -84,6 +87,16 @@ def _rotary_kv_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, q_out_ptr, c
     c2 = tl.load(cos_ptr + pos * stride_cos + half + i, mask=col_ok, other=0.0).to(dt).to(tl.float32)
     s1 = tl.load(sin_ptr + pos * stride_cos + i, mask=col_ok, other=0.0).to(dt).to(tl.float32)
     s2 = tl.load(sin_ptr + pos * stride_cos + half + i, mask=col_ok, other=0.0).to(dt).to(tl.float32)
+    slot = tl.load(slot_ptr + tok)
+    w1 = c1
+    w2 = c2
+    if QK_NORM:
+        w1 = tl.where(is_q, tl.load(qn_ptr + i, mask=col_ok, other=0.0).to(tl.float32),
+                      tl.load(kn_ptr + i, mask=col_ok, other=0.0).to(tl.float32))
+        w2 = tl.where(is_q, tl.load(qn_ptr + half + i, mask=col_ok, other=0.0).to(tl.float32),
+                      tl.load(kn_ptr + half + i, mask=col_ok, other=0.0).to(tl.float32))
+    if PRELOAD:
+        pdl_begin(PDL)
     base = qkv_ptr + tok * stride_qkv + head * HEAD_DIM
     raw1 = tl.load(base + i, mask=ok, other=0.0)
     raw2 = tl.load(base + half + i, mask=ok, other=0.0)
@@ -91,10 +104,6 @@ def _rotary_kv_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, q_out_ptr, c
     x2 = raw2.to(tl.float32)
     if QK_NORM:  # RMSNorm of each q/k head (as models.llama.RMSNorm rounds), then rotate
         r = tl.math.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / HEAD_DIM + eps)[:, None]
-        w1 = tl.where(is_q, tl.load(qn_ptr + i, mask=col_ok, other=0.0).to(tl.float32),
-                      tl.load(kn_ptr + i, mask=col_ok, other=0.0).to(tl.float32))
-        w2 = tl.where(is_q, tl.load(qn_ptr + half + i, mask=col_ok, other=0.0).to(tl.float32),
-                      tl.load(kn_ptr + half + i, mask=col_ok, other=0.0).to(tl.float32))
         x1 = (w1 * (x1 * r).to(dt).to(tl.float32)).to(dt).to(tl.float32)
         x2 = (w2 * (x2 * r).to(dt).to(tl.float32)).to(dt).to(tl.float32)
     # torch: x * cos + rotate_half(x) * sin, each product and the sum rounded to dt
@@ -103,7 +112,6 @@ def _rotary_kv_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, q_out_ptr, c
     qo = q_out_ptr + tok * stride_qo_t + head * stride_qo_h
     tl.store(qo + i, o1, mask=is_q & col_ok)
     tl.store(qo + half + i, o2, mask=is_q & col_ok)
-    slot = tl.load(slot_ptr + tok)
     if slot >= 0:  # padding rows (slot -1) write nothing; v heads are stored as they are
         k_dst = cache_ptr + slot * stride_slot + (head - NUM_HEADS) * stride_kvh
         tl.store(k_dst + i, o1, mask=is_k & col_ok)
@@ -120,11 +128,14 @@ ROTARY_ALL_HEADS_FROM = 64
 
 def rotary_kv_write(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                     slot_mapping: torch.Tensor, kv_cache: torch.Tensor, num_heads: int, num_kv_heads: int,
-                    qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None) -> torch.Tensor:
+                    qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
+                    preload: bool | None = None) -> torch.Tensor:
     """Rotate the q and k heads of ``qkv`` [T, (H + 2*KVH) * D] (NEOX layout) at ``positions``, store
     k and v at ``slot_mapping`` (rows with slot < 0 store nothing) in ``kv_cache``
     [2, blocks, block_size, KVH, D]; return the rotated q [T, H, D]. ``qk_norm`` (q weight [D],
-    k weight [D], eps): RMSNorm each q and k head before rotating it (Qwen3)."""
+    k weight [D], eps): RMSNorm each q and k head before rotating it (Qwen3). ``preload``: the
+    positions, slots, cos/sin rows and norm weights are loaded before the PDL wait (default:
+    ``DEEPINFER_PDL_PREFETCH``, ``kernels/pdl.py``)."""
     t = qkv.shape[0]
     d = kv_cache.shape[-1]
     if qkv.shape[1] != (num_heads + 2 * num_kv_heads) * d or qkv.stride(1) != 1:
@@ -147,7 +158,7 @@ def rotary_kv_write(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tenso
             kv_cache.stride(3),
             NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=d, HALF_PAD=half_pad, HEAD_BLOCK=head_block,
             QK_NORM=qk_norm is not None, num_warps=max(1, min(8, head_block * half_pad // 256)),
-            **pdl_launch(qkv.device))
+            PRELOAD=prefetch_enabled() if preload is None else preload, **pdl_launch(qkv.device))
     return q
 
 

@@ -6,7 +6,8 @@ bound by how fast the weights stream from device memory. Each program streams ``
 contiguous weight rows in ``BLOCK_K`` chunks (16-byte loads) and accumulates in float32 (one
 rounding at the end, as cuBLAS does). Its first weight tile is loaded before the program waits
 for the previous kernel (programmatic dependent launch, ``kernels/pdl.py``), so weight streaming
-starts during that kernel's tail. On the H200 this read the Llama-3-8B projections at 3.4-4.4
+starts during that kernel's tail (with ``DEEPINFER_PDL_PREFETCH=1``, experimental, its whole
+tile where it fits: ``kernels/pdl.py``). On the H200 this read the Llama-3-8B projections at 3.4-4.4
 TB/s, as fast as or faster than cuBLAS (bench/gemv_bench.py).
 
 Fused in, each saving a launch and a round trip of the activations through memory:
@@ -34,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch
+from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch, prefetch_fits
 
 # (BLOCK_N, BLOCK_K, num_warps, num_stages): the best tile of most Llama-3-8B projections on the
 # H200 (bench/gemv_bench.py); any values give the same results up to the float32 summation order.
@@ -99,10 +100,21 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, max_ptr, arg_ptr
                  stride_w, eps,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SILU_MUL: tl.constexpr, HAS_BIAS: tl.constexpr,
                  ARGMAX: tl.constexpr, NORM: tl.constexpr, NORM_BLOCK: tl.constexpr, RESIDUAL: tl.constexpr,
-                 SPLIT_K: tl.constexpr, PDL: tl.constexpr):
+                 SPLIT_K: tl.constexpr, PDL: tl.constexpr, PRELOAD_K: tl.constexpr = 0):
     pid = tl.program_id(0)
     rows = (pid * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     row_ok = rows < n
+    if PRELOAD_K:  # the program's whole weight tile (K padded to PRELOAD_K) before the wait, one product after it
+        c = tl.arange(0, PRELOAD_K)
+        c_ok = c < k
+        w_all = tl.load(w_ptr + rows[:, None] * stride_w + c[None, :], mask=row_ok[:, None] & c_ok[None, :],
+                        other=0.0)
+        pdl_begin(PDL)
+        rstd = _row_rstd(x_ptr, k, eps, NORM, NORM_BLOCK)
+        xv = _activation_chunk(x_ptr, nw_ptr, out_ptr, c, c_ok, k, rstd, SILU_MUL, NORM)
+        y = tl.sum(w_all.to(tl.float32) * xv[None, :], axis=1)
+        _gemv_epilogue(y, rows, row_ok, pid, n, b_ptr, res_ptr, out_ptr, max_ptr, arg_ptr, HAS_BIAS, RESIDUAL, ARGMAX)
+        return
     cols = tl.arange(0, BLOCK_K)
     k_lo = tl.program_id(1) * k_per  # this program's share of K (split-K), a multiple of BLOCK_K
     k_hi = tl.minimum(k_lo + k_per, k)
@@ -177,7 +189,8 @@ def check_one_row(name: str, x: torch.Tensor, n: int, k: int, weight: str, *, si
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, silu_mul: bool = False,
          norm: tuple[torch.Tensor, float] | None = None, residual: torch.Tensor | None = None,
-         config: tuple[int, ...] = DEFAULT_CONFIG, out: torch.Tensor | None = None) -> torch.Tensor:
+         config: tuple[int, ...] = DEFAULT_CONFIG, out: torch.Tensor | None = None,
+         preload: bool | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for one row ``x`` [1, K] and ``weight`` [N, K] with contiguous
     rows; returns [1, N] in ``x``'s dtype.
 
@@ -186,7 +199,9 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     residual), computed inside the kernel. ``residual`` [1, N]: returns ``F.linear(...) + residual``
     (each rounded as torch rounds), the residual add of the layer. ``config``: (BLOCK_N, BLOCK_K,
     num_warps, num_stages[, split_k]); with split_k > 1 each row block's K is cut into split_k
-    programs whose float32 partial sums the last of them adds up, in a fixed order."""
+    programs whose float32 partial sums the last of them adds up, in a fixed order. ``preload``:
+    each program loads its whole weight tile before waiting for the previous kernel (split_k 1
+    only; default: where the tile fits, ``kernels/pdl.py``)."""
     if weight.dim() != 2 or weight.stride(1) != 1:
         raise ValueError(f"gemv: weight must be [N, K] with contiguous rows, got shape {tuple(weight.shape)}")
     n, k = weight.shape
@@ -196,6 +211,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         raise ValueError(f"gemv: config must be (BLOCK_N, BLOCK_K, num_warps, num_stages[, split_k]) of positive "
                          f"integers, got {config!r}")
     out = torch.empty((1, n), dtype=x.dtype, device=x.device) if out is None else out
+    preload_k = _preload_k(block_n, k, warps, preload) if split_k == 1 else 0
     programs = triton.cdiv(n, block_n)
     k_per = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
     if split_k > 1:
@@ -209,8 +225,15 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         norm[1] if norm is not None else 0.0,
         BLOCK_N=block_n, BLOCK_K=block_k, SILU_MUL=silu_mul, HAS_BIAS=bias is not None, ARGMAX=False,
         NORM=norm is not None, NORM_BLOCK=triton.next_power_of_2(k) if norm is not None else 1,
-        RESIDUAL=residual is not None, SPLIT_K=split_k, num_warps=warps, num_stages=stages, **pdl_launch(x.device))
+        RESIDUAL=residual is not None, SPLIT_K=split_k, num_warps=warps, num_stages=stages, PRELOAD_K=preload_k,
+        **pdl_launch(x.device))
     return out
+
+
+def _preload_k(block_n: int, k: int, warps: int, preload: bool | None) -> int:
+    """K padded to a power of two where a program loads its whole [block_n, K] tile before the wait, else 0."""
+    padded = triton.next_power_of_2(k)
+    return padded if (prefetch_fits(block_n * padded, warps) if preload is None else preload) else 0
 
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
@@ -228,8 +251,8 @@ def _split_counters(device: torch.device, programs: int) -> torch.Tensor:
     return have
 
 
-def gemv_argmax(x: torch.Tensor, weight: torch.Tensor, config: tuple[int, int, int, int] = DEFAULT_CONFIG
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+def gemv_argmax(x: torch.Tensor, weight: torch.Tensor, config: tuple[int, int, int, int] = DEFAULT_CONFIG,
+                preload: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(``F.linear(x, weight)`` [1, N], its argmax as int64 [1]) for one row ``x`` [1, K]: the
     logits and the greedy token of an LM head, without a separate argmax pass over the logits."""
     if x.dim() != 2 or x.shape[0] != 1 or x.stride(1) != 1:
@@ -248,7 +271,7 @@ def gemv_argmax(x: torch.Tensor, weight: torch.Tensor, config: tuple[int, int, i
     _gemv_kernel[(programs, 1)](x, weight, weight, weight, out, out, maxes, args, out, out, n, k, k, weight.stride(0),
                                 0.0, BLOCK_N=block_n, BLOCK_K=block_k, SILU_MUL=False, HAS_BIAS=False, ARGMAX=True,
                                 NORM=False, NORM_BLOCK=1, RESIDUAL=False, SPLIT_K=1, num_warps=warps,
-                                num_stages=stages, **pdl)
+                                num_stages=stages, PRELOAD_K=_preload_k(block_n, k, warps, preload), **pdl)
     # wide: with 1024 lanes the 32k partials of a 128k vocabulary took 29 us of serial loads
     _argmax_partials_kernel[(1,)](maxes, args, greedy, programs, BLOCK=min(8192, triton.next_power_of_2(programs)),
                                   num_warps=16, **pdl)

@@ -27,7 +27,7 @@ import triton.language as tl
 
 from deepinfer.runtime.kernels.fused_moe import check_expert_operands, route_row
 from deepinfer.runtime.kernels.gemv import _activation_chunk
-from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch
+from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch, prefetch_fits
 
 # (BLOCK_N, BLOCK_K, num_warps) of the gate/up and down kernels and (BLOCK_E, BLOCK_K, num_warps)
 # of the router; None: by token count and loop form (the _*_tile functions), from
@@ -46,6 +46,9 @@ ROUTER_CONFIG: tuple[int, int, int] | None = None
 # (K 2048 and 768) 35.6 against 37.6 us at one token and 56.2 against 60.5 at two, but 100.5
 # against 98.8 at four; DeepSeek-V2-Lite (2048, 1408) 42.0 / 43.1 and 71.1 / 77.4; Mixtral-8x7B
 # (4096, 14336: its down kernel unrolled 28 chunks x 2 slots) lost, 242.5 against 186.5 at one.
+# (BLOCK_N, num_warps) of the down kernel where it preloads its experts' rows before waiting for
+# gate/up (kernels/pdl.py): the K_PAD x TOP_K_PAD x BLOCK_N tile spread over 8 warps.
+DOWN_PRELOAD_TILE = (2, 8)
 STATIC_K_MAX_TOKENS = 2
 STATIC_K_MAX_K = 2048
 
@@ -234,10 +237,31 @@ def _down_chunk(acc, h_ptr, w_rows, pair, c, row_ok, inter):
 @triton.jit
 def _down_kernel(h_ptr, w2_ptr, ids_ptr, weights_ptr, res_ptr, out_ptr, hidden, inter, stride_we, stride_wn,
                  stride_res, stride_out, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 RESIDUAL: tl.constexpr, STATIC_K: tl.constexpr, PDL: tl.constexpr):
+                 RESIDUAL: tl.constexpr, STATIC_K: tl.constexpr, PDL: tl.constexpr, PRELOAD_K: tl.constexpr = 0,
+                 TOP_K_PAD: tl.constexpr = 1):
     t = tl.program_id(0).to(tl.int64)
     rows = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     row_ok = rows < hidden
+    if PRELOAD_K:
+        # The ids and weights come from the router, two launches back (finished by now, pdl.py):
+        # every slot's expert rows [TOP_K_PAD, BLOCK_N, PRELOAD_K] load while gate/up still runs.
+        s = tl.arange(0, TOP_K_PAD)
+        s_ok = s < TOP_K
+        pairs = t * TOP_K + s
+        experts = tl.load(ids_ptr + pairs, mask=s_ok, other=0, cache_modifier=".cg").to(tl.int64)
+        gates = tl.load(weights_ptr + pairs, mask=s_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+        c = tl.arange(0, PRELOAD_K)
+        c_ok = c < inter
+        w = tl.load(w2_ptr + experts[:, None, None] * stride_we + rows[None, :, None] * stride_wn + c[None, None, :],
+                    mask=s_ok[:, None, None] & row_ok[None, :, None] & c_ok[None, None, :], other=0.0)
+        pdl_begin(PDL)
+        hv = tl.load(h_ptr + pairs[:, None] * inter + c[None, :], mask=s_ok[:, None] & c_ok[None, :], other=0.0)
+        per_slot = tl.sum(w.to(tl.float32) * hv.to(tl.float32)[:, None, :], axis=2)  # [TOP_K_PAD, BLOCK_N]
+        total = tl.sum(gates[:, None] * per_slot, axis=0)
+        if RESIDUAL:
+            total += tl.load(res_ptr + t * stride_res + rows, mask=row_ok, other=0.0).to(tl.float32)
+        tl.store(out_ptr + t * stride_out + rows, total.to(out_ptr.dtype.element_ty), mask=row_ok)
+        return
     cols = tl.arange(0, BLOCK_K)
     pdl_begin(PDL)
     total = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -261,7 +285,8 @@ def _down_kernel(h_ptr, w2_ptr, ids_ptr, weights_ptr, res_ptr, out_ptr, hidden, 
 def experts_small(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                   residual: torch.Tensor | None = None, norm: tuple[torch.Tensor, float] | None = None,
                   gate_up_config: tuple[int, int, int] | None = None,
-                  down_config: tuple[int, int, int] | None = None, static_k: bool | None = None) -> torch.Tensor:
+                  down_config: tuple[int, int, int] | None = None, static_k: bool | None = None,
+                  preload: bool | None = None) -> torch.Tensor:
     """``fused_experts(x, weights, ids, w13, w2, residual=residual)`` for a few tokens, without the
     sort by expert: [T, H] in ``x.dtype``. ``norm`` (weight [H], eps): the experts' input is
     RMSNorm(x) * weight (as ``route_small``'s ``norm``), computed inside the gate/up kernel.
@@ -269,7 +294,9 @@ def experts_small(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13
     ``weights`` [T, k] float32, ``ids`` [T, k] integer, both contiguous. ``static_k``: compile both
     kernels for their K (hidden, inter) so their loops over K unroll (default: up to
     ``STATIC_K_MAX_TOKENS`` tokens, each kernel whose K is at most ``STATIC_K_MAX_K``; one compile
-    per model shape)."""
+    per model shape). ``preload``: the down kernel loads every slot's expert rows before waiting
+    for the gate/up kernel, with the tile DOWN_PRELOAD_TILE (default: where they fit,
+    ``kernels/pdl.py``, and no ``down_config`` is given)."""
     t, hidden, k, _, inter = check_expert_operands("experts_small", x, weights, ids, w13, w2)
     if x.stride(-1) != 1:
         raise ValueError("experts_small: x must be contiguous in its last dimension")
@@ -293,9 +320,16 @@ def experts_small(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13
         NORM=norm is not None, NORM_BLOCK=triton.next_power_of_2(hidden) if norm is not None else 1,
         STATIC_K=hidden if static_gate_up else 0, num_warps=warps, **pdl)
     bn, bk, warps = down_config or _down_tile(t)
+    inter_pad = triton.next_power_of_2(inter)
+    if preload is None:
+        preload = down_config is None and prefetch_fits(
+            triton.next_power_of_2(k) * DOWN_PRELOAD_TILE[0] * inter_pad, DOWN_PRELOAD_TILE[1])
+    if preload and down_config is None:
+        bn, warps = DOWN_PRELOAD_TILE
     res = residual if residual is not None else out
     _down_kernel[(t, triton.cdiv(hidden, bn))](
         h, w2, ids, weights, res, out, hidden, inter, w2.stride(0), w2.stride(1), res.stride(0), out.stride(0),
         TOP_K=k, BLOCK_N=bn, BLOCK_K=min(bk, triton.next_power_of_2(inter)), RESIDUAL=residual is not None,
-        STATIC_K=inter if static_down else 0, num_warps=warps, **pdl)
+        STATIC_K=inter if static_down else 0, num_warps=warps, PRELOAD_K=inter_pad if preload else 0,
+        TOP_K_PAD=triton.next_power_of_2(k), **pdl)
     return out

@@ -10,6 +10,17 @@ what overlaps is launch latency and block scheduling, never a read of unfinished
 capture keeps such launches as programmatic edges (cuBLAS launches its GEMMs the same way).
 
 ``DEEPINFER_PDL=0`` turns it off (to measure against, or to rule it out).
+
+Prefetch before the wait. What a kernel loads before ``gdc_wait`` overlaps its predecessor's run,
+so the one-row GEMVs load their whole weight tile there, the small-batch MoE down kernel its
+experts' rows (the router, two kernels back, has written their ids), the rotary kernel its
+positions and cos/sin rows, and the decode attention its lengths, block tables and the cached
+keys and values of earlier tokens. The rule that keeps it exact: before the wait a kernel reads
+only what no kernel of the step writes (weights, the step's inputs) or what a kernel at least two
+launches back wrote. That kernel has finished by then, because the kernel in between lets its
+successor launch only after its own wait. It is off until measured on a GPU
+(``DEEPINFER_PDL_PREFETCH=1`` turns it on; off, the one-row GEMVs preload their first weight tile
+as before); Triton's interpreter checks both forms in CI.
 """
 
 from __future__ import annotations
@@ -35,6 +46,22 @@ def pdl_begin(PDL: tl.constexpr):
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
+
+
+# Preloaded elements per thread at most (a program's tile / its threads): beyond it the registers
+# the tile holds cost more occupancy than the overlap wins back.
+PREFETCH_MAX_PER_THREAD = 64
+
+
+def prefetch_enabled() -> bool:
+    """``DEEPINFER_PDL_PREFETCH``: whether kernels preload before their wait what they may."""
+    return switches.enabled("DEEPINFER_PDL_PREFETCH")
+
+
+def prefetch_fits(elements: int, num_warps: int) -> bool:
+    """Whether a program that would preload ``elements`` weights before its wait does: the switch is
+    on and they fit in PREFETCH_MAX_PER_THREAD a thread."""
+    return prefetch_enabled() and elements <= PREFETCH_MAX_PER_THREAD * 32 * num_warps
 
 
 _ENABLED: dict[int, bool] = {}
