@@ -101,6 +101,12 @@ def check_kind(kind: str, device: str, quick: bool) -> bool:
     for config in ((1, 64, 4, 3), (2, 512, 4, 3), (8, 128, 2, 2)):
         ok &= _check(f"{kind} gemv f32 [1,{k2}]x[9,{k2}] tiles {config}", gguf_gemv(x2.to(device), planes2, config=config),
                      x2.double() @ w2.T, x2.double().abs() @ w2.abs().T, 2**-16, 2**-24, q8_error(x2, w2))
+    # the word GEMV with its rows' first chunk of code words loaded before the PDL wait
+    # (kernels/pdl.py; the byte GEMV has no such form): the same bits as loading them after it
+    for config in ((1, 64, 4, 3), (8, 128, 2, 2)):
+        same = torch.equal(*(gguf_gemv(x2.to(device), planes2, config=config, preload=p) for p in (False, True)))
+        print(f"{'ok  ' if same else 'FAIL'} {kind} gemv, first chunk preloaded or not, tiles {config}: the same bits")
+        ok &= same
     # fused: bias + residual, RMSNorm prologue, SiLU·mul input (bfloat16 activations)
     bf = torch.bfloat16
     xb = torch.randn(1, k, generator=g).to(bf)
@@ -137,6 +143,12 @@ def check_kind(kind: str, device: str, quick: bool) -> bool:
     mag = act.abs() @ w_ref.abs().T
     ok &= _check(f"{kind} gemv bf16 silu_mul", gguf_gemv(gu.to(device), planes, silu_mul=True), ref, mag,
                  2**-7, 2**-7, q8_error(act, w_ref))
+    same = torch.equal(*(gguf_gemv(gu.to(device), planes, silu_mul=True, preload=p) for p in (False, True)))
+    same &= torch.equal(*(gguf_gemv(xb.to(device), planes, norm=(nw.to(device), eps), residual=res.to(device),
+                                    preload=p) for p in (False, True)))
+    print(f"{'ok  ' if same else 'FAIL'} {kind} gemv bf16 silu_mul / rmsnorm + residual, first chunk preloaded or "
+          f"not: the same bits")
+    ok &= same
     # several rows: GEMM (bfloat16), 2..64 rows
     for m in ((3, 17) if quick else (2, 5, 16, 33, 64)):
         xm = torch.randn(m, k, generator=g).to(bf)

@@ -39,7 +39,7 @@ from deepinfer.runtime.kernels.gemv import (
     check_one_row,
 )
 from deepinfer.runtime.kernels.gguf_layout import KINDS, GGUFPlanes
-from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch
+from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch, prefetch_fits
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # (BLOCK_N, BLOCK_K, num_warps, num_stages); BLOCK_K counts bytes of the code plane
@@ -338,13 +338,23 @@ def _group_update(acc, wd, x0, x1, x2, x3, xg, row, n, g, ng, nsb, s_ptr, m_ptr,
 
 
 @triton.jit
+def _row_words(q_ptr, row, n, kw, w0, wi, w_ok):
+    """Row ``row``'s code words ``w0 + wi`` (0 past the last row)."""
+    return tl.load(q_ptr + row * kw + w0 + wi, mask=w_ok & (row + wi * 0 < n), other=0)
+
+
+@triton.jit
 def _row_update(acc, row, n, q_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr,
                 G: tl.constexpr, SB: tl.constexpr, PACKED: tl.constexpr, SIGNED: tl.constexpr,
                 HAS_MIN: tl.constexpr, OFFSET: tl.constexpr, DP4A: tl.constexpr,
-                CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr):
-    """One row's chunk of words ``w0 + wi``: the low nibbles (or bytes) with activations ``lo``, a
-    4-bit type's high nibbles with ``hi`` (the same columns of the second half)."""
-    wd = tl.load(q_ptr + row * kw + w0 + wi, mask=w_ok & (row + wi * 0 < n), other=0)
+                CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr, wd_pre, HAVE: tl.constexpr):
+    """One row's chunk of words ``w0 + wi`` (HAVE: already loaded, ``wd_pre``): the low nibbles (or
+    bytes) with activations ``lo``, a 4-bit type's high nibbles with ``hi`` (the same columns of
+    the second half)."""
+    if HAVE:
+        wd = wd_pre
+    else:
+        wd = _row_words(q_ptr, row, n, kw, w0, wi, w_ok)
     x0, x1, x2, x3, xg = lo
     acc = _group_update(acc, wd, x0, x1, x2, x3, xg, row, n, glo, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr, G, SB,
                         PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE)
@@ -365,19 +375,33 @@ def _row_out(acc, row, n, b_ptr, res_ptr, out_ptr, HAS_BIAS: tl.constexpr, RESID
 def _rows_update(a0, a1, a2, a3, r, NR: tl.constexpr, n, q_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr,
                  m_ptr, d_ptr, dm_ptr, G: tl.constexpr, SB: tl.constexpr, PACKED: tl.constexpr, SIGNED: tl.constexpr,
                  HAS_MIN: tl.constexpr, OFFSET: tl.constexpr, DP4A: tl.constexpr,
-                CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr):
-    """``_row_update`` for rows ``r .. r + NR - 1`` (NR 1, 2 or 4), accumulators ``a0..a3``."""
+                 CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr, p0, p1, p2, p3, HAVE: tl.constexpr):
+    """``_row_update`` for rows ``r .. r + NR - 1`` (NR 1, 2 or 4), accumulators ``a0..a3``
+    (HAVE: their words already loaded, ``p0..p3``)."""
     a0 = _row_update(a0, r, n, q_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr, G, SB,
-                     PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE)
+                     PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p0, HAVE)
     if NR > 1:
         a1 = _row_update(a1, r + 1, n, q_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr,
-                         G, SB, PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE)
+                         G, SB, PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p1, HAVE)
     if NR > 2:
         a2 = _row_update(a2, r + 2, n, q_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr,
-                         G, SB, PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE)
+                         G, SB, PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p2, HAVE)
         a3 = _row_update(a3, r + 3, n, q_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr,
-                         G, SB, PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE)
+                         G, SB, PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p3, HAVE)
     return a0, a1, a2, a3
+
+
+@triton.jit
+def _rows_words(q_ptr, r, NR: tl.constexpr, n, kw, wi, w_ok):
+    """The first chunk's words of rows ``r .. r + NR - 1`` (NR 1, 2 or 4; the others repeat row r's)."""
+    p0 = _row_words(q_ptr, r, n, kw, 0, wi, w_ok)
+    p1, p2, p3 = p0, p0, p0
+    if NR > 1:
+        p1 = _row_words(q_ptr, r + 1, n, kw, 0, wi, w_ok)
+    if NR > 2:
+        p2 = _row_words(q_ptr, r + 2, n, kw, 0, wi, w_ok)
+        p3 = _row_words(q_ptr, r + 3, n, kw, 0, wi, w_ok)
+    return p0, p1, p2, p3
 
 
 @triton.jit
@@ -392,20 +416,62 @@ def _rows_out(a0, a1, a2, a3, r, NR: tl.constexpr, n, b_ptr, res_ptr, out_ptr, H
 
 
 @triton.jit
+def _words_chunk(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0, p0, p1, p2, p3, p4, p5, p6, p7, r0, gi, wi,
+                 x_ptr, xw_ptr, xq_ptr, st_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, nw_ptr, nww_ptr, out_ptr, n, k,
+                 kw, kt, ng, nsb, rstd, ROWS: tl.constexpr, PACKED: tl.constexpr, SIGNED: tl.constexpr,
+                 G: tl.constexpr, SB: tl.constexpr, HAS_MIN: tl.constexpr, OFFSET: tl.constexpr,
+                 SILU_MUL: tl.constexpr, NORM: tl.constexpr, X_WORDS: tl.constexpr, DP4A: tl.constexpr,
+                 CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr, HAVE: tl.constexpr):
+    """The word GEMV's chunk of words ``w0 + wi`` of its ROWS rows (HAVE: the words ``p0..p7``
+    were loaded before the PDL wait): the chunk's activations once, then every row's update."""
+    GW: tl.constexpr = 4
+    w_ok = (w0 + wi) < kw
+    if DP4A:  # a tile row of 4 words is one 16-column activation tile
+        t = (w0 + GW * gi) // GW
+        t_ok = (w0 + GW * gi) < kw
+        lo = _quantized_activations(xq_ptr, st_ptr, w0 + wi, t, w_ok, t_ok, kt, HAS_MIN, CODE_BIAS)
+    else:
+        lo = _word_activations(x_ptr, xw_ptr, nw_ptr, nww_ptr, out_ptr, 4 * (w0 + wi), w_ok, k, rstd, HAS_MIN,
+                               SILU_MUL, NORM, X_WORDS)
+    glo = (w0 + GW * gi) // (G // 4)  # the scale group of each tile row
+    hi = lo
+    ghi = glo
+    if PACKED:  # the high nibbles: the same columns of the row's second half
+        if DP4A:
+            hi = _quantized_activations(xq_ptr, st_ptr, k // 8 + w0 + wi, kt // 2 + t, w_ok, t_ok, kt, HAS_MIN,
+                                        CODE_BIAS)
+        else:
+            hi = _word_activations(x_ptr, xw_ptr, nw_ptr, nww_ptr, out_ptr, k // 2 + 4 * (w0 + wi), w_ok, k,
+                                   rstd, HAS_MIN, SILU_MUL, NORM, X_WORDS)
+        ghi = (k // 2) // G + glo
+    acc0, acc1, acc2, acc3 = _rows_update(acc0, acc1, acc2, acc3, r0, min(ROWS, 4), n, q_ptr, kw, w0, wi, w_ok,
+                                          lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr, G, SB, PACKED,
+                                          SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p0, p1, p2, p3, HAVE)
+    if ROWS > 4:
+        acc4, acc5, acc6, acc7 = _rows_update(acc4, acc5, acc6, acc7, r0 + 4, 4, n, q_ptr, kw, w0, wi, w_ok, lo,
+                                              hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr, G, SB, PACKED,
+                                              SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p4, p5, p6, p7,
+                                              HAVE)
+    return acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7
+
+
+@triton.jit
 def _gguf_gemv_words_kernel(x_ptr, xw_ptr, xq_ptr, st_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, b_ptr, nw_ptr, nww_ptr,
                             res_ptr, out_ptr, n, k, kw, eps,
                             ROWS: tl.constexpr, BLOCK_W: tl.constexpr, PACKED: tl.constexpr, SIGNED: tl.constexpr,
                             G: tl.constexpr, SB: tl.constexpr, HAS_MIN: tl.constexpr, OFFSET: tl.constexpr,
                             SILU_MUL: tl.constexpr, NORM: tl.constexpr, NORM_BLOCK: tl.constexpr,
                             HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr, X_WORDS: tl.constexpr,
-                            DP4A: tl.constexpr, CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr, PDL: tl.constexpr):
+                            DP4A: tl.constexpr, CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr, PDL: tl.constexpr,
+                            PRELOAD: tl.constexpr = False):
     """The one-row GEMV reading the code plane as int32 words (``q_ptr``, ``kw`` words a row):
     ROWS (1, 2, 4 or 8) output rows a program, chunks of BLOCK_W words a row as [NG, 4] tiles. A tile
     row is one 16-byte load and lies in one scale group (16 or 32 columns; a 32-column group is two
     tile rows), so each thread sums its own products: on the H200 a tile row of a whole 32-byte
     group, summed across two threads, ran the GEMV 2x slower. A chunk's activations are computed
     once and used for every row. DP4A: the activations are ``_quantize_activations_kernel``'s
-    signed bytes (``xq_ptr``, int32 words) and tile sums (``st_ptr``), already normalized."""
+    signed bytes (``xq_ptr``, int32 words) and tile sums (``st_ptr``), already normalized.
+    PRELOAD: the first chunk's words of every row are loaded before the PDL wait (kernels/pdl.py)."""
     GW: tl.constexpr = 4
     NG: tl.constexpr = BLOCK_W // GW
     r0 = tl.program_id(0).to(tl.int64) * ROWS
@@ -414,37 +480,30 @@ def _gguf_gemv_words_kernel(x_ptr, xw_ptr, xq_ptr, st_ptr, q_ptr, s_ptr, m_ptr, 
     kt = k // 16
     gi = tl.arange(0, NG)
     wi = gi[:, None] * GW + tl.arange(0, GW)[None, :]
+    p0, p1, p2, p3 = wi, wi, wi, wi  # (unused without PRELOAD)
+    p4, p5, p6, p7 = wi, wi, wi, wi
+    if PRELOAD:
+        p0, p1, p2, p3 = _rows_words(q_ptr, r0, min(ROWS, 4), n, kw, wi, wi < kw)
+        if ROWS > 4:
+            p4, p5, p6, p7 = _rows_words(q_ptr, r0 + 4, 4, n, kw, wi, wi < kw)
     pdl_begin(PDL)
     rstd = _row_rstd(x_ptr, k, eps, NORM, NORM_BLOCK)
     acc0 = tl.zeros([NG], tl.float32)
     acc1, acc2, acc3, acc4, acc5, acc6, acc7 = acc0, acc0, acc0, acc0, acc0, acc0, acc0
-    for w0 in range(0, kw, BLOCK_W):
-        w_ok = (w0 + wi) < kw
-        if DP4A:  # a tile row of 4 words is one 16-column activation tile
-            t = (w0 + GW * gi) // GW
-            t_ok = (w0 + GW * gi) < kw
-            lo = _quantized_activations(xq_ptr, st_ptr, w0 + wi, t, w_ok, t_ok, kt, HAS_MIN, CODE_BIAS)
-        else:
-            lo = _word_activations(x_ptr, xw_ptr, nw_ptr, nww_ptr, out_ptr, 4 * (w0 + wi), w_ok, k, rstd, HAS_MIN,
-                                   SILU_MUL, NORM, X_WORDS)
-        glo = (w0 + GW * gi) // (G // 4)  # the scale group of each tile row
-        hi = lo
-        ghi = glo
-        if PACKED:  # the high nibbles: the same columns of the row's second half
-            if DP4A:
-                hi = _quantized_activations(xq_ptr, st_ptr, k // 8 + w0 + wi, kt // 2 + t, w_ok, t_ok, kt, HAS_MIN,
-                                            CODE_BIAS)
-            else:
-                hi = _word_activations(x_ptr, xw_ptr, nw_ptr, nww_ptr, out_ptr, k // 2 + 4 * (w0 + wi), w_ok, k,
-                                       rstd, HAS_MIN, SILU_MUL, NORM, X_WORDS)
-            ghi = (k // 2) // G + glo
-        acc0, acc1, acc2, acc3 = _rows_update(acc0, acc1, acc2, acc3, r0, min(ROWS, 4), n, q_ptr, kw, w0, wi, w_ok,
-                                              lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr, G, SB, PACKED,
-                                              SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE)
-        if ROWS > 4:
-            acc4, acc5, acc6, acc7 = _rows_update(acc4, acc5, acc6, acc7, r0 + 4, 4, n, q_ptr, kw, w0, wi, w_ok, lo,
-                                                  hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr, G, SB, PACKED,
-                                                  SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE)
+    first = 0
+    if PRELOAD:
+        acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _words_chunk(
+            acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, 0, p0, p1, p2, p3, p4, p5, p6, p7, r0, gi, wi, x_ptr,
+            xw_ptr, xq_ptr, st_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, nw_ptr, nww_ptr, out_ptr, n, k, kw, kt, ng,
+            nsb, rstd, ROWS, PACKED, SIGNED, G, SB, HAS_MIN, OFFSET, SILU_MUL, NORM, X_WORDS, DP4A, CODE_BIAS,
+            EMULATE, True)
+        first = BLOCK_W
+    for w0 in range(first, kw, BLOCK_W):
+        acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _words_chunk(
+            acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0, p0, p1, p2, p3, p4, p5, p6, p7, r0, gi, wi, x_ptr,
+            xw_ptr, xq_ptr, st_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, nw_ptr, nww_ptr, out_ptr, n, k, kw, kt, ng,
+            nsb, rstd, ROWS, PACKED, SIGNED, G, SB, HAS_MIN, OFFSET, SILU_MUL, NORM, X_WORDS, DP4A, CODE_BIAS,
+            EMULATE, False)
     _rows_out(acc0, acc1, acc2, acc3, r0, min(ROWS, 4), n, b_ptr, res_ptr, out_ptr, HAS_BIAS, RESIDUAL)
     if ROWS > 4:
         _rows_out(acc4, acc5, acc6, acc7, r0 + 4, 4, n, b_ptr, res_ptr, out_ptr, HAS_BIAS, RESIDUAL)
@@ -602,10 +661,13 @@ def one_row_path() -> str:
 
 def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, *, silu_mul: bool = False,
               norm: tuple[torch.Tensor, float] | None = None, residual: torch.Tensor | None = None,
-              out: torch.Tensor | None = None, config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+              out: torch.Tensor | None = None, config: tuple[int, int, int, int] | None = None,
+              preload: bool | None = None) -> torch.Tensor:
     """``F.linear(x, W, bias)`` for one row ``x`` [1, K] (``[1, 2K]`` gate/up with ``silu_mul``) and
     the quantized W; [1, N] in ``x``'s dtype. ``norm``/``residual``/``silu_mul`` as ``kernels.gemv.gemv``.
-    ``out``: a contiguous [1, N] to write (a slice of a wider output)."""
+    ``out``: a contiguous [1, N] to write (a slice of a wider output). ``preload`` (the word GEMV):
+    each program loads its rows' first chunk of code words before the PDL wait (default: where
+    they fit, with ``DEEPINFER_PDL_PREFETCH=1``; ``kernels/pdl.py``)."""
     n, k = w.n, w.k
     check_one_row("gguf_gemv", x, n, k, f"the {w.kind} weight", silu_mul=silu_mul, bias=bias, norm=norm,
                   residual=residual)
@@ -653,6 +715,7 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
             NORM_BLOCK=norm_block, HAS_BIAS=bias is not None,
             RESIDUAL=residual is not None, X_WORDS=x_words, DP4A=dp4a, CODE_BIAS=float(code_bias),
             EMULATE=_INTERPRET, num_warps=warps, num_stages=stages,
+            PRELOAD=prefetch_fits(rows * max(block_k // 4, 4), warps) if preload is None else preload,
             **pdl_launch(x.device))
         return out
     if _INTERPRET:  # Triton's interpreter runs programs one by one: fewer, wider ones (same products)
