@@ -99,10 +99,15 @@ def test_graph_decode_matches_eager_greedy(shape_dir):
     assert same_fused == len(eager)
 
 
-def test_qwen3_graph_decode_matches_eager_greedy(tmp_path):
+@pytest.mark.parametrize("prefetch", ["0", "1"])
+def test_qwen3_graph_decode_matches_eager_greedy(tmp_path, monkeypatch, prefetch):
     """Qwen3's q/k norm inside the fused rotary kernel: the replayed decode graphs give the eager
-    path's greedy tokens (float32, TF32 off) across paddings, arrivals and aborts."""
+    path's greedy tokens (float32, TF32 off) across paddings, arrivals and aborts; also with the
+    kernels' loads before their PDL wait (``DEEPINFER_PDL_PREFETCH=1``, read at capture), where a
+    read of the new token's k/v before the rotary kernel stored it would change tokens."""
     from gpu_shapes import write_shape_dir
+
+    monkeypatch.setenv("DEEPINFER_PDL_PREFETCH", prefetch)
 
     qwen3_dir = write_shape_dir(str(tmp_path), "test-small-qwen3")
     eager, _ = _scenario(_llm(qwen3_dir, enforce_eager=True))

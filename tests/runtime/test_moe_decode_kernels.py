@@ -101,7 +101,10 @@ def test_large_experts_take_the_few_token_kernels_at_one_token_only(monkeypatch)
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_few_token_moe_kernels_on_the_gpu(dtype):
+@pytest.mark.parametrize("prefetch", ["0", "1"])  # DEEPINFER_PDL_PREFETCH: loads before the PDL wait
+def test_few_token_moe_kernels_on_the_gpu(dtype, prefetch, monkeypatch):
     from moe_decode_check import main
+
+    monkeypatch.setenv("DEEPINFER_PDL_PREFETCH", prefetch)
 
     assert main("cuda", dtype, "kernels" if dtype == "bfloat16" else "all") == 0
