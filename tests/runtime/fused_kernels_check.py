@@ -121,6 +121,7 @@ def check_gemv(dtype: torch.dtype, g: torch.Generator) -> None:
         torch.testing.assert_close(gemv(gu, w, silu_mul=True, residual=res, config=config),
                                    F.linear(silu_mul(gu), w) + res, **TOL[dtype])
     # the whole [rows, K] tile loaded before the PDL wait (kernels/pdl.py) and the chunked loop
+    w_odd = (torch.randn(301, k, generator=g) * 0.05).to(DEV, dtype)
     for preload in (False, True):
         torch.testing.assert_close(gemv(xs, w, bias, norm=(nw, 1e-5), preload=preload), F.linear(h_ref, w, bias),
                                    **TOL[dtype])
@@ -129,6 +130,10 @@ def check_gemv(dtype: torch.dtype, g: torch.Generator) -> None:
         logits, greedy = gemv_argmax(x, w, (4, 256, 4, 2), preload=preload)
         torch.testing.assert_close(logits, F.linear(x, w), **TOL[dtype])
         assert int(greedy) == int(logits.argmax())
+        # a last row block cut short (301 rows in blocks of 2 and 8)
+        for config in ((2, 1024, 4, 3), (8, 512, 4, 3)):
+            torch.testing.assert_close(gemv(x, w_odd, config=config, preload=preload), F.linear(x, w_odd),
+                                       **TOL[dtype])
     # split-K: the last program of each row block adds the partials (6 splits: the last one empty)
     for config in ((4, 256, 4, 2, 3), (8, 256, 4, 2, 6)):
         torch.testing.assert_close(gemv(x, w, bias, config=config), F.linear(x, w, bias), **TOL[dtype])
@@ -185,6 +190,16 @@ def check_decode_attention(dtype: torch.dtype, g: torch.Generator, bs: int = 16)
         out = decode_attention(q, cache, bt, sl, d ** -0.5, splits, ws, preload=preload)
         torch.testing.assert_close(out, ref, **TOL[dtype])
         assert int(ws.counters.abs().sum()) == 0
+    # a verify step's rows: the last new_rows positions of each context are read after the wait
+    for splits, new_rows in ((1, 3), (8, 5), (64, 70)):
+        out = decode_attention(q, cache, bt, sl, d ** -0.5, splits, ws, preload=True, new_rows=new_rows)
+        torch.testing.assert_close(out, ref, **TOL[dtype])
+    try:
+        decode_attention(q, cache, bt, sl, d ** -0.5, 8, ws, new_rows=0)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("decode_attention accepted new_rows=0")
 
 
 def check_one_row_forward(arch: str, fp8: bool = False) -> None:

@@ -74,7 +74,7 @@ def check_experts(device: str, dtype: torch.dtype) -> list[tuple[str, bool, floa
         err = float((loop - ref).abs().max() / ref.abs().max())
         out.append((f"experts_small {name} with {'unrolled' if other else 'runtime'} K loops", err <= tol, err))
         # the down kernel with every slot's expert rows loaded before its PDL wait (one [k, rows, K] tile)
-        pre_tiles = dict(tiles, down_config=(4, 0, 4)) if device == "cpu" else tiles
+        pre_tiles = dict(tiles, down_config=(4, 32, 4)) if device == "cpu" else tiles
         pre = experts_small(x, w, ids, w13, w2, residual=res, norm=norm, preload=True, **pre_tiles).double().cpu()
         err = float((pre - ref).abs().max() / ref.abs().max())
         out.append((f"experts_small {name} with the down rows preloaded", err <= tol, err))

@@ -51,7 +51,11 @@ def _run(llm):
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
-def test_verify_graphs_give_the_eager_greedy_tokens(shape_dir):
+@pytest.mark.parametrize("prefetch", ["0", "1"])
+def test_verify_graphs_give_the_eager_greedy_tokens(shape_dir, monkeypatch, prefetch):
+    # DEEPINFER_PDL_PREFETCH=1 (read at capture): the decode attention of a verify row reads the
+    # step's k + 1 new keys and values only after its PDL wait (CudaGraphRunner's new_rows)
+    monkeypatch.setenv("DEEPINFER_PDL_PREFETCH", prefetch)
     spec = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
     eager = _run(_llm(shape_dir, enforce_eager=True))
     llm = _llm(shape_dir, speculative_config=spec)

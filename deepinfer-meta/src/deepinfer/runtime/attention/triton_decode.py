@@ -32,17 +32,29 @@ def _store_normalised(out_ptrs, acc, l_i, mask):
 
 
 @triton.jit
+def _kv_tile(block_tables_ptr, seq, kvh, kstart, end, n, d, stride_bt, stride_kb, stride_ks, stride_kh,
+             BLOCK_SIZE: tl.constexpr):
+    """Offsets [BLOCK_N, D] of the cached keys (or values) at positions ``kstart + n`` of ``seq``'s
+    kv head ``kvh`` through its block table, and the positions' mask (< ``end``)."""
+    kpos = kstart + n
+    kmask = kpos < end
+    block_id = tl.load(block_tables_ptr + seq * stride_bt + kpos // BLOCK_SIZE, mask=kmask, other=0).to(tl.int64)
+    return block_id[:, None] * stride_kb + (kpos % BLOCK_SIZE)[:, None] * stride_ks + kvh * stride_kh + d[None, :], kmask
+
+
+@triton.jit
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, block_tables_ptr, seq_lens_ptr, part_o_ptr, part_ml_ptr, o_ptr, count_ptr,
     scale, num_splits,
     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt, stride_ot, stride_oh,
     GROUP: tl.constexpr, M: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, IEEE: tl.constexpr, DIRECT: tl.constexpr,
-    FOLD_MERGE: tl.constexpr, PDL: tl.constexpr, PRELOAD: tl.constexpr = False,
+    FOLD_MERGE: tl.constexpr, PDL: tl.constexpr, PRELOAD: tl.constexpr = False, NEW_ROWS: tl.constexpr = 1,
 ):
     # PRELOAD: before the wait (kernels/pdl.py) the lengths and block tables (step inputs) and the
-    # first tile's cached keys and values of earlier tokens. The kernel before this one stores the
-    # new token's k/v (at seq_len - 1), so that row alone is read after the wait.
+    # first tile's cached keys and values of earlier steps' tokens. The kernel just before this one
+    # stores this step's k/v: the last NEW_ROWS positions of a row's context (one for a decode
+    # step; a verify row's context ends with up to k + 1 of them), so those are read after the wait.
     if not PRELOAD:
         pdl_begin(PDL)
     seq = tl.program_id(0).to(tl.int64)
@@ -55,7 +67,9 @@ def _decode_split_kernel(
     # the splits that hold tokens (at least one, for an empty sequence's output)
     active = tl.maximum(tl.cdiv(seq_len, tl.maximum(per_split, 1)), 1)
     if FOLD_MERGE:
-        if split >= active:  # no tokens and not counted by the merge: nothing to do
+        # no tokens and not counted by the merge: nothing to do (with PRELOAD it returns before
+        # the wait; split 0 always waits, so the grid still ends after the kernel before it)
+        if split >= active:
             return
 
     rows = tl.arange(0, M)
@@ -69,31 +83,26 @@ def _decode_split_kernel(
     l_i = tl.zeros([M], tl.float32)
     acc = tl.zeros([M, HEAD_DIM_PAD], tl.float32)
     n = tl.arange(0, BLOCK_N)
-    kpos = start + n
-    kmask = kpos < end
-    block_id = tl.load(block_tables_ptr + seq * stride_bt + kpos // BLOCK_SIZE, mask=kmask, other=0).to(tl.int64)
-    base = block_id[:, None] * stride_kb + (kpos % BLOCK_SIZE)[:, None] * stride_ks + kvh * stride_kh + d[None, :]
-    if PRELOAD:
-        old = (kmask & (kpos < seq_len - 1))[:, None] & d_ok[None, :]
+    if PRELOAD:  # the first tile: earlier steps' rows before the wait, this step's after it
+        base, kmask = _kv_tile(block_tables_ptr, seq, kvh, start, end, n, d, stride_bt, stride_kb, stride_ks,
+                               stride_kh, BLOCK_SIZE)
+        old = (kmask & (start + n < seq_len - NEW_ROWS))[:, None] & d_ok[None, :]
         k = tl.load(k_ptr + base, mask=old, other=0.0)
         v = tl.load(v_ptr + base, mask=old, other=0.0)
         pdl_begin(PDL)
-        new = (kmask & (kpos == seq_len - 1))[:, None] & d_ok[None, :]
+        new = (kmask & (start + n >= seq_len - NEW_ROWS))[:, None] & d_ok[None, :]
         k = tl.where(new, tl.load(k_ptr + base, mask=new, other=0.0), k)
         v = tl.where(new, tl.load(v_ptr + base, mask=new, other=0.0), v)
+        q = tl.load(q_ptr + seq * stride_qt + head[:, None] * stride_qh + d[None, :], mask=out_mask, other=0.0)
+        if start < end:
+            m_i, l_i, acc = online_softmax_block(q, k, v, kmask[None, :], m_i, l_i, acc, scale, IEEE)
+        first = start + BLOCK_N
     else:
-        m2 = kmask[:, None] & d_ok[None, :]
-        k = tl.load(k_ptr + base, mask=m2, other=0.0)
-        v = tl.load(v_ptr + base, mask=m2, other=0.0)
-    q = tl.load(q_ptr + seq * stride_qt + head[:, None] * stride_qh + d[None, :],
-                mask=out_mask, other=0.0)
-    if start < end:
-        m_i, l_i, acc = online_softmax_block(q, k, v, kmask[None, :], m_i, l_i, acc, scale, IEEE)
-    for kstart in range(start + BLOCK_N, end, BLOCK_N):
-        kpos = kstart + n
-        kmask = kpos < end
-        block_id = tl.load(block_tables_ptr + seq * stride_bt + kpos // BLOCK_SIZE, mask=kmask, other=0).to(tl.int64)
-        base = block_id[:, None] * stride_kb + (kpos % BLOCK_SIZE)[:, None] * stride_ks + kvh * stride_kh + d[None, :]
+        q = tl.load(q_ptr + seq * stride_qt + head[:, None] * stride_qh + d[None, :], mask=out_mask, other=0.0)
+        first = start
+    for kstart in range(first, end, BLOCK_N):
+        base, kmask = _kv_tile(block_tables_ptr, seq, kvh, kstart, end, n, d, stride_bt, stride_kb, stride_ks,
+                               stride_kh, BLOCK_SIZE)
         m2 = kmask[:, None] & d_ok[None, :]
         k = tl.load(k_ptr + base, mask=m2, other=0.0)
         v = tl.load(v_ptr + base, mask=m2, other=0.0)
@@ -186,15 +195,20 @@ class DecodeWorkspace:
 def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
                      scale: float, num_splits: int, workspace: DecodeWorkspace | None = None,
                      out: torch.Tensor | None = None, fold_merge: bool = True,
-                     preload: bool | None = None) -> torch.Tensor:
+                     preload: bool | None = None, new_rows: int = 1) -> torch.Tensor:
     """Attention of one query token per sequence ``q`` [B, H, D] over its first ``seq_lens[b]``
     cached tokens (block table row ``block_tables[b]``) in ``kv_cache`` [2, blocks, bs, KVH, D];
     the new token's k/v must already be in the cache. Returns [B, H, D].
 
     ``fold_merge``: the last split program of each (sequence, kv head) merges the partials (one
     launch); False merges them in a second kernel. ``preload``: each program loads its first tile
-    of cached keys and values, all but the new token's row, before waiting for the kernel before
-    it, which stores that row (default: ``DEEPINFER_PDL_PREFETCH``, ``kernels/pdl.py``)."""
+    of cached keys and values before waiting for the kernel before it (default:
+    ``DEEPINFER_PDL_PREFETCH``, ``kernels/pdl.py``), all but the last ``new_rows`` positions of
+    each row's context, which that kernel stores: 1 for a decode step, k + 1 for the rows of a
+    verify step with k drafts (a row's context ends with up to k + 1 of its sequence's new tokens)."""
+    if new_rows < 1:
+        raise ValueError(f"decode_attention: new_rows must be >= 1, got {new_rows}")
+    preload = prefetch_enabled() if preload is None else preload
     b, num_heads, head_dim = q.shape
     kv_heads, block_size = kv_cache.shape[3], kv_cache.shape[2]
     if num_heads % kv_heads:
@@ -221,8 +235,8 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torc
         out.stride(0), out.stride(1),
         GROUP=group, M=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size, BLOCK_N=block_n,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=triton.next_power_of_2(head_dim), IEEE=q.dtype == torch.float32,
-        DIRECT=num_splits == 1, FOLD_MERGE=fold, PRELOAD=prefetch_enabled() if preload is None else preload,
-        num_warps=4, **pdl)
+        DIRECT=num_splits == 1, FOLD_MERGE=fold, PRELOAD=preload, NEW_ROWS=new_rows if preload else 1, num_warps=4,
+        **pdl)
     if num_splits == 1 or fold:
         return out
     _decode_merge_kernel[(b, num_heads)](

@@ -211,7 +211,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         raise ValueError(f"gemv: config must be (BLOCK_N, BLOCK_K, num_warps, num_stages[, split_k]) of positive "
                          f"integers, got {config!r}")
     out = torch.empty((1, n), dtype=x.dtype, device=x.device) if out is None else out
-    preload_k = _preload_k(block_n, k, warps, preload) if split_k == 1 else 0
+    preload_k = _preload_k(block_n, k, warps, preload, weight.element_size()) if split_k == 1 else 0
     programs = triton.cdiv(n, block_n)
     k_per = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
     if split_k > 1:
@@ -230,10 +230,11 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     return out
 
 
-def _preload_k(block_n: int, k: int, warps: int, preload: bool | None) -> int:
-    """K padded to a power of two where a program loads its whole [block_n, K] tile before the wait, else 0."""
+def _preload_k(block_n: int, k: int, warps: int, preload: bool | None, itemsize: int) -> int:
+    """K padded to a power of two where a program loads its whole [block_n, K] tile of ``itemsize``
+    bytes a weight before the wait, else 0."""
     padded = triton.next_power_of_2(k)
-    return padded if (prefetch_fits(block_n * padded, warps) if preload is None else preload) else 0
+    return padded if (prefetch_fits(block_n * padded * itemsize, warps) if preload is None else preload) else 0
 
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
@@ -271,7 +272,7 @@ def gemv_argmax(x: torch.Tensor, weight: torch.Tensor, config: tuple[int, int, i
     _gemv_kernel[(programs, 1)](x, weight, weight, weight, out, out, maxes, args, out, out, n, k, k, weight.stride(0),
                                 0.0, BLOCK_N=block_n, BLOCK_K=block_k, SILU_MUL=False, HAS_BIAS=False, ARGMAX=True,
                                 NORM=False, NORM_BLOCK=1, RESIDUAL=False, SPLIT_K=1, num_warps=warps,
-                                num_stages=stages, PRELOAD_K=_preload_k(block_n, k, warps, preload), **pdl)
+                                num_stages=stages, PRELOAD_K=_preload_k(block_n, k, warps, preload, weight.element_size()), **pdl)
     # wide: with 1024 lanes the 32k partials of a 128k vocabulary took 29 us of serial loads
     _argmax_partials_kernel[(1,)](maxes, args, greedy, programs, BLOCK=min(8192, triton.next_power_of_2(programs)),
                                   num_warps=16, **pdl)

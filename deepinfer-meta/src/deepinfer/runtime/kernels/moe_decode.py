@@ -12,7 +12,8 @@ expert's weights as a GEMV, three launches a layer:
    and both the gate and the up rows, and stores ``silu(gate) * up`` (one read of ``w13``).
 3. ``_down_kernel``: grid (token, BLOCK_N columns of H); the program loops over the token's k
    slots, adds weight * (w2 @ h) in float32 in slot order, adds the residual, rounds once:
-   the combine is fused and deterministic (no atomics).
+   the combine is fused and deterministic (no atomics). With its rows preloaded before the PDL
+   wait (``DEEPINFER_PDL_PREFETCH=1``) it adds the slots as a tree instead, as deterministic.
 
 Same numbers as ``fused_moe.fused_experts`` up to the float32 summation order. Shapes depend on
 T only and nothing syncs the host, so the decode graphs capture it. Runs on CPU under Triton's
@@ -295,8 +296,10 @@ def experts_small(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13
     kernels for their K (hidden, inter) so their loops over K unroll (default: up to
     ``STATIC_K_MAX_TOKENS`` tokens, each kernel whose K is at most ``STATIC_K_MAX_K``; one compile
     per model shape). ``preload``: the down kernel loads every slot's expert rows before waiting
-    for the gate/up kernel, with the tile DOWN_PRELOAD_TILE (default: where they fit,
-    ``kernels/pdl.py``, and no ``down_config`` is given)."""
+    for the gate/up kernel, in the tile DOWN_PRELOAD_TILE unless a down tile is given
+    (``down_config`` or DOWN_CONFIG); default: where they fit and no down tile is given
+    (``kernels/pdl.py``). It then adds the slots as a tree (``tl.sum``), deterministic but not
+    the slot order of the other form: the last bits can differ between the two."""
     t, hidden, k, _, inter = check_expert_operands("experts_small", x, weights, ids, w13, w2)
     if x.stride(-1) != 1:
         raise ValueError("experts_small: x must be contiguous in its last dimension")
@@ -321,10 +324,11 @@ def experts_small(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13
         STATIC_K=hidden if static_gate_up else 0, num_warps=warps, **pdl)
     bn, bk, warps = down_config or _down_tile(t)
     inter_pad = triton.next_power_of_2(inter)
+    tiled = down_config is not None or DOWN_CONFIG is not None  # a tile asked for: kept as given
     if preload is None:
-        preload = down_config is None and prefetch_fits(
-            triton.next_power_of_2(k) * DOWN_PRELOAD_TILE[0] * inter_pad, DOWN_PRELOAD_TILE[1])
-    if preload and down_config is None:
+        preload = not tiled and prefetch_fits(
+            triton.next_power_of_2(k) * DOWN_PRELOAD_TILE[0] * inter_pad * w2.element_size(), DOWN_PRELOAD_TILE[1])
+    if preload and not tiled:
         bn, warps = DOWN_PRELOAD_TILE
     res = residual if residual is not None else out
     _down_kernel[(t, triton.cdiv(hidden, bn))](

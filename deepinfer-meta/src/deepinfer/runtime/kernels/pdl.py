@@ -48,9 +48,10 @@ def pdl_begin(PDL: tl.constexpr):
         gdc_launch_dependents()
 
 
-# Preloaded elements per thread at most (a program's tile / its threads): beyond it the registers
-# the tile holds cost more occupancy than the overlap wins back.
-PREFETCH_MAX_PER_THREAD = 64
+# Bytes a thread may hold preloaded (a program's tile / its threads), at most: 32 registers (64
+# bf16 weights, 32 GGUF code words); beyond it the registers cost more occupancy than the
+# overlap wins back (a guess until measured).
+PREFETCH_MAX_BYTES_PER_THREAD = 128
 
 
 def prefetch_enabled() -> bool:
@@ -58,10 +59,10 @@ def prefetch_enabled() -> bool:
     return switches.enabled("DEEPINFER_PDL_PREFETCH")
 
 
-def prefetch_fits(elements: int, num_warps: int) -> bool:
-    """Whether a program that would preload ``elements`` weights before its wait does: the switch is
-    on and they fit in PREFETCH_MAX_PER_THREAD a thread."""
-    return prefetch_enabled() and elements <= PREFETCH_MAX_PER_THREAD * 32 * num_warps
+def prefetch_fits(nbytes: int, num_warps: int) -> bool:
+    """Whether a program that would preload ``nbytes`` before its wait does: the switch is on and
+    they fit in PREFETCH_MAX_BYTES_PER_THREAD a thread."""
+    return prefetch_enabled() and nbytes <= PREFETCH_MAX_BYTES_PER_THREAD * 32 * num_warps
 
 
 _ENABLED: dict[int, bool] = {}

@@ -135,14 +135,15 @@ Attend = Callable[[LlamaLayer, torch.Tensor, torch.Tensor], torch.Tensor]
 def fused_decode_forward(model: LlamaForCausalLM, input_ids: torch.Tensor, positions: torch.Tensor,
                          kv_caches: list[torch.Tensor], slot_mapping: torch.Tensor, block_tables: torch.Tensor,
                          seq_lens: torch.Tensor, workspace: DecodeWorkspace, num_splits: int,
-                         region: Region = no_region) -> torch.Tensor:
+                         region: Region = no_region, new_rows: int = 1) -> torch.Tensor:
     """Final hidden states [B, hidden] of one decode token per sequence (rows with slot -1 are
-    padding: they write no KV)."""
+    padding: they write no KV). ``new_rows``: the most positions at the end of a row's context
+    that this step stores (1; k + 1 for verify rows), see ``decode_attention``."""
     fold_merge = switches.enabled("DEEPINFER_FOLD_MERGE")
 
     def attend(layer: LlamaLayer, q: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
         return decode_attention(q, cache, block_tables, seq_lens, layer.scale, num_splits, workspace,
-                                fold_merge=fold_merge)
+                                fold_merge=fold_merge, new_rows=new_rows)
 
     with region("embed"):
         st = _Stream(model.embed_tokens.forward(input_ids))  # a module call: the vocabulary-parallel one all-reduces

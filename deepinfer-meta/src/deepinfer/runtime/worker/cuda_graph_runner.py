@@ -72,16 +72,20 @@ class CudaGraphRunner:
     ``buffers``: the engine's StepBuffers (pinned); the graphs read a device twin of them.
     ``fused``: the decode forward with the fused Triton kernels (``llama_fused_decode``); False
     replays the model's own forward with the runner's (Triton) attention, op for op what the
-    eager path runs.
+    eager path runs. ``new_rows``: the most positions of one row's context that a step stores
+    (1 for decode steps; k + 1 for the verify rows of k drafts): the decode attention reads those
+    only after its PDL wait (``attention/triton_decode.py``).
     """
 
     def __init__(self, runner: ModelRunner, buffers: StepBuffers, batch_sizes: list[int], *,
-                 fused: bool = True, timer: Any | None = None, max_model_len: int | None = None) -> None:
+                 fused: bool = True, timer: Any | None = None, max_model_len: int | None = None,
+                 new_rows: int = 1) -> None:
         if runner.device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device, the model is on {runner.device}")
         if not batch_sizes or any(not isinstance(b, int) or not 1 <= b <= buffers.max_seqs for b in batch_sizes):
             raise ValueError(f"graph batch sizes must be integers in [1, {buffers.max_seqs}], got {batch_sizes!r}")
         self.runner, self.buffers, self.fused, self.timer = runner, buffers, fused, timer
+        self.new_rows = new_rows
         self.batch_sizes = sorted(set(batch_sizes))
         self.max_model_len = max_model_len or runner.config.max_position_embeddings
         self.device_bytes = torch.zeros(buffers.nbytes, dtype=torch.uint8, device=runner.device)
@@ -136,7 +140,7 @@ class CudaGraphRunner:
             from deepinfer.runtime.models.llama_fused_decode import fused_decode_forward
 
             hidden = fused_decode_forward(model, ids, pos, r.kv_caches, slots, bt, seq_lens, self._workspace,
-                                          self._splits[b], self._region)
+                                          self._splits[b], self._region, new_rows=self.new_rows)
         else:
             meta = self._metas[b]
             meta.slot_mapping = torch.where(slots < 0, torch.full_like(slots, r.scratch_slot), slots)

@@ -38,8 +38,9 @@ class VerifyGraphRunner:
         self.runner, self.k, self.sizes = runner, k, sorted(set(sizes))
         most = self.sizes[-1]
         self.buffers = StepBuffers(most, most, block_table_width, pin=runner.device.type == "cuda")
+        # a row's context ends with up to k + 1 keys and values that this step stores
         self.graphs = CudaGraphRunner(runner, self.buffers, self.sizes, fused=True, timer=None,
-                                      max_model_len=max_model_len)
+                                      max_model_len=max_model_len, new_rows=k + 1)
         self.num_replays = 0
 
     def capture(self) -> None:
