@@ -39,7 +39,8 @@ def _kv_tile(block_tables_ptr, seq, kvh, kstart, end, n, d, stride_bt, stride_kb
     kpos = kstart + n
     kmask = kpos < end
     block_id = tl.load(block_tables_ptr + seq * stride_bt + kpos // BLOCK_SIZE, mask=kmask, other=0).to(tl.int64)
-    return block_id[:, None] * stride_kb + (kpos % BLOCK_SIZE)[:, None] * stride_ks + kvh * stride_kh + d[None, :], kmask
+    offsets = block_id[:, None] * stride_kb + (kpos % BLOCK_SIZE)[:, None] * stride_ks + kvh * stride_kh + d[None, :]
+    return offsets, kmask
 
 
 @triton.jit

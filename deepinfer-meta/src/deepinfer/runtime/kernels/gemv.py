@@ -269,10 +269,11 @@ def gemv_argmax(x: torch.Tensor, weight: torch.Tensor, config: tuple[int, int, i
     args = torch.empty(programs, dtype=torch.int64, device=x.device)
     greedy = torch.empty(1, dtype=torch.int64, device=x.device)
     pdl = pdl_launch(x.device)
+    preload_k = _preload_k(block_n, k, warps, preload, weight.element_size())
     _gemv_kernel[(programs, 1)](x, weight, weight, weight, out, out, maxes, args, out, out, n, k, k, weight.stride(0),
                                 0.0, BLOCK_N=block_n, BLOCK_K=block_k, SILU_MUL=False, HAS_BIAS=False, ARGMAX=True,
                                 NORM=False, NORM_BLOCK=1, RESIDUAL=False, SPLIT_K=1, num_warps=warps,
-                                num_stages=stages, PRELOAD_K=_preload_k(block_n, k, warps, preload, weight.element_size()), **pdl)
+                                num_stages=stages, PRELOAD_K=preload_k, **pdl)
     # wide: with 1024 lanes the 32k partials of a 128k vocabulary took 29 us of serial loads
     _argmax_partials_kernel[(1,)](maxes, args, greedy, programs, BLOCK=min(8192, triton.next_power_of_2(programs)),
                                   num_warps=16, **pdl)
