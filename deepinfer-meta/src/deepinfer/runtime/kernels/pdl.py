@@ -12,10 +12,11 @@ capture keeps such launches as programmatic edges (cuBLAS launches its GEMMs the
 ``DEEPINFER_PDL=0`` turns it off (to measure against, or to rule it out).
 
 Prefetch before the wait. What a kernel loads before ``gdc_wait`` overlaps its predecessor's run,
-so the one-row GEMVs load their whole weight tile there, the small-batch MoE down kernel its
-experts' rows (the router, two kernels back, has written their ids), the rotary kernel its
-positions and cos/sin rows, and the decode attention its lengths, block tables and the cached
-keys and values of earlier tokens. The rule that keeps it exact: before the wait a kernel reads
+so the one-row GEMVs load their whole weight tile there, the GGUF word GEMV its first chunk of
+code words, the small-batch MoE down kernel its experts' rows (the router, two kernels back, has
+written their ids), the rotary kernel its positions and cos/sin rows, and the decode attention
+its lengths, block tables and the cached keys and values of earlier steps (the rows this step
+stores are read after the wait: ``decode_attention``'s ``new_rows``). The rule that keeps it exact: before the wait a kernel reads
 only what no kernel of the step writes (weights, the step's inputs) or what a kernel at least two
 launches back wrote. That kernel has finished by then, because the kernel in between lets its
 successor launch only after its own wait. It is off until measured on a GPU
