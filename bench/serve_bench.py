@@ -5,15 +5,18 @@
 
 The server runs as its own processes (``python -m deepinfer serve``: the engine core and its
 front ends, the same engine settings). N concurrent clients, spread over ``--client-procs``
-processes (a plain asyncio HTTP/1.1 client each: light, so the figure is the server's), each
+processes (an event loop each, uvloop where installed, whose connections' responses an
+``asyncio.Protocol`` parses in bulk: light, so the figure is the server's), each
 send one completion request (prompt as token ids, greedy, EOS ignored, exactly ``--output-len``
 tokens), streamed (``stream``) or not (``plain``). The same N requests also go through
 ``LLM.generate`` in this process (one call, continuous batching). Per client count and mode:
 output tokens/s of both and their ratio (median of the repeats, with each repeat's), time to
 first token and inter-token latency (p50/p99) as the clients see them (and the inter-token
 latency once every stream has its first token: the steady decode without the arrival burst), and the server's CPU per
-output token (user + system time of every server process: supervisor, engine core, front ends).
-Give ``--client-procs 8 16`` to show the figure does not depend on the clients. Each row first
+output token (user + system time of every server process: supervisor, engine core, front ends),
+and the clients' own CPU per output token with the busiest client process's share of the time on
+a CPU (near 100 %: the clients set the figure, give more ``--client-procs``). Give
+``--client-procs 8 16`` to show the figure does not depend on the clients. Each row first
 runs ``--warmup-rounds`` (default 1) unmeasured rounds of both contenders at its client count:
 a batch of a size not seen yet pays one-time costs on either side (on the H200 the first
 measured repeat of a row often read 0.4-0.8 while the others read 0.9-1.1).
@@ -91,49 +94,102 @@ def start_server(args: argparse.Namespace, max_num_seqs: int, replicas: int = 1,
     raise SystemExit("the server did not start")
 
 
-# ---- the clients: processes of plain asyncio HTTP/1.1 connections ------------------------------
+# ---- the clients: processes of asyncio HTTP/1.1 connections, parsed in bulk ----------------------
+class ResponseReader(asyncio.Protocol):
+    """One request on its own connection, its response read as it comes (``asyncio.Protocol``: no
+    coroutine step per line, as ``StreamReader.readline`` takes). A stream's SSE events are found
+    by splitting what arrived at its last newline; the events of one read share its timestamp.
+    ``done`` gets (completion tokens, time to first token, inter-token gaps, end time, wall time of
+    the first token, wall time at each gap's start)."""
+
+    def __init__(self, request: bytes, stream: bool, t0: float, done: asyncio.Future) -> None:
+        self.request, self.stream, self.t0, self.done = request, stream, t0, done
+        self.buf = bytearray()
+        self.head_done = False
+        self.length: int | None = None
+        self.tokens = 0
+        self.ttft: float | None = None
+        self.last: float | None = None
+        self.itl: list[float] = []
+        self.first_at: float | None = None
+        self.gap_at: list[float] = []
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        transport.write(self.request)  # type: ignore[attr-defined]
+
+    def data_received(self, data: bytes) -> None:
+        if self.done.done():
+            return
+        now = time.perf_counter()
+        self.buf += data
+        if not self.head_done:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = bytes(self.buf[:end]).split(b"\r\n")
+            del self.buf[:end + 4]
+            if b" 200 " not in head[0] + b" ":
+                self._finish(RuntimeError(f"the server answered {head[0]!r}"))
+                return
+            for h in head[1:]:
+                if h.lower().startswith(b"content-length:"):
+                    self.length = int(h.split(b":")[1])
+            self.head_done = True
+        if not self.stream:
+            if self.length is not None and len(self.buf) >= self.length:
+                self.tokens = json.loads(bytes(self.buf[:self.length]))["usage"]["completion_tokens"]
+                self.ttft = now - self.t0
+                self._finish()
+            return
+        cut = self.buf.rfind(b"\n")
+        if cut < 0:
+            return
+        lines = bytes(self.buf[:cut]).split(b"\n")
+        del self.buf[:cut + 1]
+        for line in lines:  # SSE events (and the chunked framing's size lines, skipped)
+            if not line.startswith(b"data: "):
+                continue
+            if line.startswith(b"data: [DONE]"):
+                self._finish()
+                return
+            if b'"usage":{' in line:
+                self.tokens = json.loads(line[6:])["usage"]["completion_tokens"]
+            elif b'"text":"' in line:
+                if self.last is None:
+                    self.ttft = now - self.t0
+                    self.first_at = time.time()
+                else:
+                    self.itl.append(now - self.last)
+                    self.gap_at.append(time.time() - (now - self.last))
+                self.last = now
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            self._finish(exc or RuntimeError("the server closed the connection before the response ended"))
+
+    def _finish(self, error: BaseException | None = None) -> None:
+        if error is not None:
+            self.done.set_exception(error)
+        else:
+            self.done.set_result((self.tokens, self.ttft, self.itl, time.perf_counter(), self.first_at, self.gap_at))
+        if self.transport is not None:
+            self.transport.close()
+
+
 async def _one(host: str, port: int, prompt: list[int], output_len: int, stream: bool
-               ) -> tuple[int, float | None, list[float], float]:
+               ) -> tuple[int, float | None, list[float], float, float | None, list[float]]:
     body = json.dumps({"model": "bench", "prompt": prompt, "max_tokens": output_len, "temperature": 0,
                        "ignore_eos": True, "stream": stream,
                        **({"stream_options": {"include_usage": True}} if stream else {})}).encode()
+    request = (b"POST /v1/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+               b"Content-Length: %d\r\n\r\n" % (host.encode(), len(body)) + body)
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future = loop.create_future()
     t0 = time.perf_counter()
-    reader, writer = await asyncio.open_connection(host, port, limit=1 << 24)
-    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: %d\r\n\r\n" % (host.encode(), len(body)) + body)
-    status = await reader.readline()
-    if b" 200 " not in status:
-        raise RuntimeError(f"the server answered {status!r}")
-    length = None
-    while (h := await reader.readline()) not in (b"\r\n", b""):
-        if h.lower().startswith(b"content-length:"):
-            length = int(h.split(b":")[1])
-    ttft, itl, last, tokens = None, [], None, 0
-    first_at, gap_at = None, []  # wall-clock times: the first token, each gap's start
-    if not stream:
-        data = json.loads(await reader.readexactly(length or 0))
-        tokens = data["usage"]["completion_tokens"]
-        ttft = time.perf_counter() - t0
-    else:
-        while True:
-            line = await reader.readline()
-            if not line or line.startswith(b"data: [DONE]"):
-                break
-            if not line.startswith(b"data: "):
-                continue
-            now = time.perf_counter()
-            if b'"usage":{' in line:
-                tokens = json.loads(line[6:])["usage"]["completion_tokens"]
-            elif b'"text":"' in line:
-                if last is None:
-                    ttft = now - t0
-                    first_at = time.time()
-                else:
-                    itl.append(now - last)
-                    gap_at.append(time.time() - (now - last))
-                last = now
-    writer.close()
-    return tokens, ttft, itl, time.perf_counter(), first_at, gap_at
+    await loop.create_connection(lambda: ResponseReader(request, stream, t0, done), host, port)
+    return await done
 
 
 def _client_ready(ready: object) -> None:
@@ -148,10 +204,19 @@ def _client_proc(url: str, prompts: list[list[int]], output_len: int, stream: bo
     async def run() -> list[tuple[int, float | None, list[float], float, float | None, list[float]]]:
         return await asyncio.gather(*(_one(host, int(port), p, output_len, stream) for p in prompts))
 
+    try:  # the client's own event loop as light as the server's
+        import uvloop
+
+        loop_factory = uvloop.new_event_loop
+    except ImportError:
+        loop_factory = None
     time.sleep(max(0.0, start_at - time.time()))
-    t0 = time.perf_counter()
-    res = asyncio.run(run())
+    t0, c0 = time.perf_counter(), os.times()
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        res = runner.run(run())
+    c1 = os.times()
     return {"start": time.time() - (time.perf_counter() - t0), "end": time.time(),
+            "cpu": (c1.user - c0.user) + (c1.system - c0.system), "wall": time.perf_counter() - t0,
             "tokens": sum(r[0] for r in res), "ttft": [r[1] for r in res if r[1] is not None],
             "itl": [x for r in res for x in r[2]], "first_at": [r[4] for r in res if r[4] is not None],
             "itl_at": [x for r in res for x in r[5]]}
@@ -222,6 +287,9 @@ def run_clients(url: str, prompts: list[list[int]], output_len: int, stream: boo
     dt = max(float(r["end"]) for r in res) - min(float(r["start"]) for r in res)  # type: ignore[arg-type]
     return {"tok_s": tokens / dt, "tokens": tokens, "cpu_us_per_token": cpu / max(1, tokens) * 1e6,
             "core_us_per_token": core / max(1, tokens) * 1e6, "steps": steps,
+            # the clients' own CPU (a figure of the server only while no client process is near 100 %)
+            "client_us_per_token": sum(float(r["cpu"]) for r in res) / max(1, tokens) * 1e6,  # type: ignore[arg-type]
+            "client_busy": max(float(r["cpu"]) / max(1e-9, float(r["wall"])) for r in res),  # type: ignore[arg-type]
             "ttft": [t for r in res for t in r["ttft"]], "itl": [t for r in res for t in r["itl"]],  # type: ignore[attr-defined]
             "itl_steady": steady_gaps(res)}
 
@@ -372,11 +440,12 @@ def main() -> None:
 def print_table(rows: list[dict[str, object]]) -> None:
     """Every measurement in one compact table (medians of the repeats)."""
     print("\n| mode | clients | client procs | front ends | serve tok/s | generate tok/s | ratio | TTFT p50 ms | "
-          "ITL p99 ms (all / steady) | server CPU us/tok | core us/tok |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "ITL p99 ms (all / steady) | server CPU us/tok | core us/tok | client CPU us/tok (busiest %) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['mode']} | {r['clients']} | {r['procs']} | {r['api']} | {r['serve']:.1f} | {r['generate']:.1f} | "
-              f"{r['ratio']:.3f} | {r['ttft_p50']:.0f} | {r['itl_p99']:.1f} / {r['itl_steady_p99']:.1f} | {r['cpu']:.1f} | {r['core_cpu']:.1f} |",
+              f"{r['ratio']:.3f} | {r['ttft_p50']:.0f} | {r['itl_p99']:.1f} / {r['itl_steady_p99']:.1f} | {r['cpu']:.1f} | {r['core_cpu']:.1f} | "
+              f"{r['client_cpu']:.1f} ({100 * float(r['client_busy']):.0f}) |",  # type: ignore[arg-type]
               flush=True)
 
 
@@ -392,7 +461,7 @@ def _has_cuda() -> bool:
 def measure(args: argparse.Namespace, llm: object, url: str, pid: int, fresh: object, n: int, mode: str,
             procs: int) -> dict[str, object]:
     ratios, serve_tps, gen_tps, ttft, itl, itl_steady, cpu, core_cpu = [], [], [], [], [], [], [], []
-    gen_cpu, serve_steps, gen_steps, gen_ttft = [], [], [], []
+    gen_cpu, serve_steps, gen_steps, gen_ttft, client_cpu, client_busy = [], [], [], [], [], []
     for _ in range(args.warmup_rounds):
         prompts = fresh(n)  # type: ignore[operator]
         run_generate(llm, prompts, args.output_len)
@@ -411,6 +480,8 @@ def measure(args: argparse.Namespace, llm: object, url: str, pid: int, fresh: ob
         cpu.append(res["serve"]["cpu_us_per_token"])
         core_cpu.append(res["serve"]["core_us_per_token"])
         gen_cpu.append(res["generate"]["cpu_us_per_token"])
+        client_cpu.append(res["serve"]["client_us_per_token"])
+        client_busy.append(res["serve"]["client_busy"])
         gen_ttft += res["generate"]["ttft"]
         serve_steps.append(res["serve"]["steps"])
         gen_steps.append(res["generate"]["steps"])
@@ -428,11 +499,13 @@ def measure(args: argparse.Namespace, llm: object, url: str, pid: int, fresh: ob
           f"{lat}; server CPU {statistics.median(cpu):.1f} us/token (engine core {statistics.median(core_cpu):.1f}, "
           f"the rest {statistics.median(c - k for c, k in zip(cpu, core_cpu, strict=True)):.1f}; generate's "
           f"process {statistics.median(gen_cpu):.1f}); engine steps serve {statistics.median(serve_steps):.0f} vs "
-          f"generate {statistics.median(gen_steps):.0f}; "
+          f"generate {statistics.median(gen_steps):.0f}; clients' CPU {statistics.median(client_cpu):.1f} us/token "
+          f"(busiest client process {100 * max(client_busy):.0f} % of the time); "
           f"load average {load}", flush=True)
     return {"mode": mode, "clients": n, "procs": procs, "serve": statistics.median(serve_tps),
             "generate": statistics.median(gen_tps), "ratio": statistics.median(ratios), "ttft_p50": pct(ttft, 50),
-            "itl_p99": pct(itl, 99), "itl_steady_p99": pct(itl_steady, 99), "cpu": statistics.median(cpu), "core_cpu": statistics.median(core_cpu)}
+            "itl_p99": pct(itl, 99), "itl_steady_p99": pct(itl_steady, 99), "cpu": statistics.median(cpu), "core_cpu": statistics.median(core_cpu),
+            "client_cpu": statistics.median(client_cpu), "client_busy": max(client_busy)}
 
 
 def compare_replicas(args: argparse.Namespace) -> None:
