@@ -13,9 +13,9 @@ import pytest
 pytest.importorskip("fastapi", reason="the serve extra (fastapi) is not installed")
 
 from deepinfer.runtime.sampling_params import SamplingParams
-from deepinfer.serve.app import merge_deltas
 from deepinfer.serve.client import Message, _split_columns
 from deepinfer.serve.core import pid_alive, sampling_params_fields
+from deepinfer.serve.engine_run import merge_deltas
 from deepinfer.serve.engine_thread import RequestDelta, RequestFailed, SampleDelta
 
 

@@ -13,9 +13,11 @@ import pytest
 pytest.importorskip("fastapi", reason="the serve extra (fastapi) is not installed")
 
 from deepinfer.serve.access_log import AccessRecord
-from deepinfer.serve.app import APIError, DeltaSink, _event_stream, merge_deltas
+from deepinfer.serve.engine_run import DeltaSink, merge_deltas
 from deepinfer.serve.engine_thread import RequestDelta, SampleDelta
+from deepinfer.serve.event_stream import event_stream
 from deepinfer.serve.guard import SHUTDOWN_MESSAGE
+from deepinfer.serve.protocol import APIError
 
 
 def test_the_delta_sink_is_a_fifo_whose_get_waits_and_survives_a_cancelled_get():
@@ -79,7 +81,7 @@ def test_a_client_gone_while_its_next_chunk_is_awaited_ends_the_stream_and_close
         request, record = FakeRequest(), AccessRecord()
         out: list[bytes] = []
         task = asyncio.ensure_future(
-            _collect(_event_stream(request, chunks(), record, lambda: closed.append(1)), out)
+            _collect(event_stream(request, chunks(), record, lambda: closed.append(1)), out)
         )
         sink.put_nowait(1)
         for _ in range(5):
@@ -103,7 +105,7 @@ def test_the_shutdown_cut_off_and_an_error_become_an_error_event_then_done():
 
         request, record, closed, out = FakeRequest(), AccessRecord(), [], []
         task = asyncio.ensure_future(
-            _collect(_event_stream(request, never(), record, lambda: closed.append(1)), out)
+            _collect(event_stream(request, never(), record, lambda: closed.append(1)), out)
         )
         for _ in range(5):
             await asyncio.sleep(0)
@@ -121,7 +123,7 @@ def test_the_shutdown_cut_off_and_an_error_become_an_error_event_then_done():
             raise APIError(400, "no")
 
         request, record, closed, out = FakeRequest(), AccessRecord(), [], []
-        await _collect(_event_stream(request, bad(), record, lambda: closed.append(1)), out)
+        await _collect(event_stream(request, bad(), record, lambda: closed.append(1)), out)
         assert record.note == "error 400" and closed == [1]
         assert out[0] == b'data: {"n":1}\n\n' and out[-1] == b"data: [DONE]\n\n"
 

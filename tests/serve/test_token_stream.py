@@ -21,9 +21,10 @@ pytest.importorskip("fastapi", reason="the serve extra (fastapi) is not installe
 pytest.importorskip("httptools", reason="httptools (uvicorn's fast HTTP parser, the serve extra) is not installed")
 
 from conftest import ServerThread
-from deepinfer.serve.app import ServeConfig, _sse, build_app
+from deepinfer.serve.app import ServeConfig, build_app
 from deepinfer.serve.engine_thread import RequestDelta, SampleDelta
 from deepinfer.serve.responses import ResponseBuilder, TokenStrings
+from deepinfer.serve.responses import sse_events as _sse
 
 # byte tokens of "🙂" and "日本" (each alone decodes to U+FFFD), "é", a quote and a backslash
 PIECES = [10813, 38887, 23274, 115, 40993, 2756, 18, 61]

@@ -206,7 +206,7 @@ def test_tool_call_parser_flag_refuses_unknown_names_listing_the_choices(capsys)
 
 def test_serve_config_refuses_an_unknown_parser():
     from deepinfer.serve import ServeConfig
-    from deepinfer.serve.app import ServingState
+    from deepinfer.serve.serving_state import ServingState
 
     with pytest.raises(ValueError, match="tool_call_parser must be one of auto, hermes, llama3_json, got 'xml'"):
         ServingState(None, ServeConfig(served_model_names=["m"], tool_call_parser="xml"))

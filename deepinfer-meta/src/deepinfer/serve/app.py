@@ -1,21 +1,21 @@
-"""The HTTP routes of ``deepinfer serve`` (FastAPI) over one EngineThread or data-parallel replicas."""
+"""The HTTP routes of ``deepinfer serve`` (FastAPI) over one EngineThread, data-parallel replicas or
+the engine-core client: ``build_app``, and how a generation request is answered (``_respond``:
+one JSON body, a coalesced event stream, or the common stream the engine client writes).
+
+What the routes share is ``serving_state.py``; a request's engine requests ``engine_run.py``; the
+event stream and the disconnect watch ``event_stream.py``."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import gc
 import json
 import logging
-import secrets
 import time
 import uuid
-from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -25,16 +25,10 @@ from deepinfer.runtime.engine.detokenizer import stop_automaton
 from deepinfer.runtime.sampling_params import SamplingParams
 from deepinfer.serve.access_log import AccessLogMiddleware, AccessRecord
 from deepinfer.serve.client import EngineClient
-from deepinfer.serve.engine_thread import (
-    EngineThread,
-    RequestDelta,
-    RequestFailed,
-    SampleDelta,
-    arrival_gap_seconds,
-    first_sample,
-)
-from deepinfer.serve.guard import SHUTDOWN_MESSAGE, HostPolicy, RequestGuard, internal_error
-from deepinfer.serve.metrics import MetricFamilies, ServerMetrics, cache_info
+from deepinfer.serve.engine_run import EngineRun
+from deepinfer.serve.engine_thread import first_sample
+from deepinfer.serve.event_stream import ClientGone, EventStream, event_stream, unless_disconnected
+from deepinfer.serve.guard import HostPolicy, RequestGuard
 from deepinfer.serve.protocol import (
     APIError,
     ChatCompletionRequest,
@@ -51,495 +45,14 @@ from deepinfer.serve.protocol import (
 )
 from deepinfer.serve.responses import ResponseBuilder, TokenStrings
 from deepinfer.serve.responses import sse_events as _sse
+from deepinfer.serve.serving_state import INLINE_INPUT, ServeConfig, ServingState
 from deepinfer.serve.structured import check_grammar, grammar_compiler, structured_params
 from deepinfer.serve.token_stream import TokenStream
-from deepinfer.serve.tools import TOOL_CALL_PARSERS, chat_tool_messages, tool_choice
+from deepinfer.serve.tools import chat_tool_messages, tool_choice
+
+__all__ = ["ServeConfig", "build_app"]
 
 log = logging.getLogger("deepinfer.serve")
-T = TypeVar("T")
-
-DEFAULT_MAX_REQUEST_BYTES = 4 << 20
-# Request input (prompt characters, token ids) up to this size is tokenized on the event loop;
-# more goes to the input threads (a thread hop costs more than tokenizing a short prompt).
-INLINE_INPUT = 4096
-INPUT_THREADS = 4
-
-
-@dataclass
-class ServeConfig:
-    """What the server needs besides the LLM (the CLI flags of the same names).
-
-    ``host``: the address the server listens on (the Host check accepts its name);
-    ``allowed_hosts``: more names the Host header may give (``*``: any); ``max_request_bytes``:
-    larger bodies get a 413; ``max_stop_strings``: longer ``stop`` lists get a 400."""
-
-    served_model_names: list[str]
-    api_key: str | None = None
-    max_queue: int = 1024
-    allowed_origins: list[str] = field(default_factory=list)
-    host: str = "127.0.0.1"
-    allowed_hosts: list[str] = field(default_factory=list)
-    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
-    max_stop_strings: int = 4
-    # --- engine core and streams (issue 25) ---
-    # stream_interval: a stream chunk waits for this many new tokens of its request (or its end);
-    # every token available when a chunk is sent goes into it whatever the interval.
-    stream_interval: int = 1
-    # arrival_gap_ms: an idle engine waits for requests arriving this close together before its
-    # first step (serve/engine_thread.py); None: 3 ms on CPU, 0 elsewhere
-    arrival_gap_ms: float | None = None
-    # tool_call_parser: the tool-call format of tool_choice auto ("hermes", "llama3_json"), or
-    # "auto": chosen from the chat template (serve/tools.py)
-    tool_call_parser: str = "auto"
-
-
-class ClientGone(Exception):
-    """The client disconnected before its response was complete."""
-
-
-class ServingState:
-    """The model, the engine (one engine thread, or data-parallel replicas), metrics and the
-    admission count, shared by every route.
-
-    ``llm`` is an ``LLM`` (served in this process by an EngineThread) or a ``ReplicaSet`` (the
-    replicas' processes serve; it has the tokenizer and limits the routes need)."""
-
-    def __init__(self, llm: Any, config: ServeConfig) -> None:
-        if not config.served_model_names:
-            raise ValueError("served_model_names must name at least one model")
-        if config.max_queue < 0:
-            raise ValueError(f"max_queue must be >= 0, got {config.max_queue}")
-        if config.api_key == "":
-            raise ValueError("api_key must not be empty (None: no key)")
-        if config.max_request_bytes < 1:
-            raise ValueError(f"max_request_bytes must be >= 1, got {config.max_request_bytes}")
-        if config.max_stop_strings < 0:
-            raise ValueError(f"max_stop_strings must be >= 0, got {config.max_stop_strings}")
-        if isinstance(config.stream_interval, bool) or not isinstance(config.stream_interval, int) \
-                or config.stream_interval < 1:
-            raise ValueError(f"stream_interval must be an int >= 1, got {config.stream_interval!r}")
-        if config.tool_call_parser not in TOOL_CALL_PARSERS:
-            raise ValueError(f"tool_call_parser must be one of {', '.join(TOOL_CALL_PARSERS)}, "
-                             f"got {config.tool_call_parser!r}")
-        from deepinfer.serve.replicas import ReplicaSet
-
-        self.llm, self.config = llm, config
-        self.tokenizer = llm.text_tokenizer  # the runtime's (no transformers import)
-        name = config.served_model_names[0]
-        self.engine: EngineThread | ReplicaSet | EngineClient
-        if isinstance(llm, EngineClient):  # --- engine core: this is one front end of it (issue 25) ---
-            self.max_model_len: int = llm.max_model_len
-            self.vocab_size: int = llm.vocab_size
-            self.max_num_seqs: int = llm.max_num_seqs
-            per_engine = llm.size > 1  # data-parallel replicas: one engine core each (issue 25)
-            families = MetricFamilies(self.max_model_len, per_engine=per_engine)
-            llm.attach_metrics([ServerMetrics(name, self.max_model_len, blocks, families,
-                                              engine=i if per_engine else None, cache=cache)
-                                for i, (blocks, cache) in enumerate(zip(llm.num_blocks, llm.cache_infos,
-                                                                        strict=True))])
-            self.engine = llm
-            self.capacity_rule = (f"{llm.size} replicas x " if per_engine else "") + \
-                "max_num_seqs + max_queue, per front end"
-            # prompt embeddings (--enable-prompt-embeds): the width the front end checks them against
-            self.embeds_hidden_size = int(llm.info.get("hidden_size", 0)) if llm.info.get(
-                "enable_prompt_embeds") else 0
-        elif isinstance(llm, ReplicaSet):
-            self.max_model_len = llm.max_model_len
-            self.vocab_size = llm.vocab_size
-            self.max_num_seqs = llm.max_num_seqs
-            families = MetricFamilies(self.max_model_len, per_engine=True)
-            llm.attach_metrics([ServerMetrics(name, self.max_model_len, blocks, families, engine=i, cache=cache)
-                                for i, (blocks, cache) in enumerate(zip(llm.num_blocks, llm.cache_infos,
-                                                                        strict=True))])
-            self.engine = llm
-            self.capacity_rule = f"{llm.size} replicas x max_num_seqs + max_queue"
-            self.embeds_hidden_size = int(llm.info.get("hidden_size", 0)) if llm.info.get(
-                "enable_prompt_embeds") else 0
-        else:
-            self.max_model_len = llm.engine.cfg.max_model_len
-            self.vocab_size = llm.model_config.vocab_size
-            self.max_num_seqs = llm.engine.cfg.max_num_seqs
-            families = MetricFamilies(self.max_model_len)
-            self.engine = EngineThread(llm, ServerMetrics(name, self.max_model_len, llm.engine.cfg.num_blocks,
-                                                          families, cache=cache_info(llm)),
-                                       arrival_gap_seconds(llm.device.type, config.arrival_gap_ms))
-            self.capacity_rule = "max_num_seqs + max_queue"
-            self.embeds_hidden_size = int(llm.model_config.hidden_size) if getattr(
-                llm.engine_args, "enable_prompt_embeds", False) else 0
-        self.metrics = families
-        self.strings = TokenStrings(self.tokenizer)
-        self.token_ids = self.strings.ids()
-        self.capacity = (llm.size if isinstance(llm, ReplicaSet | EngineClient) else 1) * self.max_num_seqs \
-            + config.max_queue
-        self.in_flight = 0  # engine requests admitted and not yet finished (event-loop thread only)
-        # Tokenizing and chat templates run here, off the event loop: a long prompt must not
-        # stall every other stream and /health (the tokenizer releases the GIL while it works).
-        self.input_pool = ThreadPoolExecutor(INPUT_THREADS, thread_name_prefix="deepinfer-input")
-
-    async def off_loop(self, size: int, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` on an input thread, or inline when the input is small (``size``:
-        characters or token ids)."""
-        if size <= INLINE_INPUT:
-            return fn(*args)
-        return await asyncio.get_running_loop().run_in_executor(self.input_pool, functools.partial(fn, *args))
-
-    # ---- checks ----------------------------------------------------------------------------
-    def authorize(self, request: Request) -> None:
-        key = self.config.api_key
-        if key is None:
-            return
-        header = request.headers.get("authorization", "")
-        given = header[7:] if header[:7].lower() == "bearer " else ""
-        if not secrets.compare_digest(given.encode(), key.encode()):
-            raise APIError(401, "missing or invalid API key (send 'Authorization: Bearer <key>')",
-                           code="invalid_api_key")
-
-    def model_name(self, requested: str | None) -> str:
-        names = self.config.served_model_names
-        if requested is None:
-            return names[0]
-        if requested not in names:
-            raise APIError(404, f"the model {requested!r} does not exist; served models: {', '.join(names)}",
-                           "model", "model_not_found")
-        return requested
-
-    def admit(self, count: int) -> None:
-        if not self.engine.alive:
-            raise APIError(503, self.engine.unhealthy_reason() or "the engine is not running")
-        if self.in_flight + count > self.capacity:
-            raise APIError(503, f"the server is full ({self.in_flight} requests in flight, capacity "
-                                f"{self.capacity} = {self.capacity_rule}): retry later")
-        self.in_flight += count
-
-    def prompt_ids(self, prompt: str | list[int], param: str) -> list[int]:
-        if isinstance(prompt, str):
-            ids = list(self.tokenizer(check_text(prompt, param)).input_ids)
-        else:
-            if prompt and (min(prompt) < 0 or max(prompt) >= self.vocab_size):  # (C loops: the common case)
-                bad = next(t for t in prompt if not 0 <= t < self.vocab_size)
-                raise APIError(400, f"token id {bad} is outside the vocabulary (size {self.vocab_size})", param)
-            ids = list(prompt)
-        if not ids:
-            raise APIError(400, "the prompt has no tokens", param)
-        return ids
-
-    def max_tokens(self, n_prompt: int, requested: int | None, default: int | None, prompt_param: str,
-                   tokens_param: str) -> int:
-        """The completion budget; a 400 with both counts when the context cannot hold it."""
-        limit = self.max_model_len
-        if n_prompt >= limit:
-            raise APIError(400, f"this model's maximum context length is {limit} tokens, but the prompt has "
-                                f"{n_prompt} tokens (no room for a completion)", prompt_param,
-                           "context_length_exceeded")
-        if requested is None:
-            return limit - n_prompt if default is None else min(default, limit - n_prompt)
-        if requested < 1:
-            raise APIError(400, f"{tokens_param} must be >= 1, got {requested}", tokens_param)
-        if n_prompt + requested > limit:
-            raise APIError(400, f"this model's maximum context length is {limit} tokens, but {n_prompt + requested} "
-                                f"were requested ({n_prompt} in the prompt, {requested} for the completion)",
-                           tokens_param, "context_length_exceeded")
-        return requested
-
-    def checked(self, params: SamplingParams) -> SamplingParams:
-        seqs = self.max_num_seqs
-        if params.n > seqs:  # its samples could never run together
-            raise APIError(400, f"n={params.n} is more than the server runs at once (--max-num-seqs {seqs})", "n")
-        cap = getattr(getattr(self.llm, "engine_args", None), "max_logprobs", 20)
-        cap = 20 if cap < 0 else cap  # --max-logprobs -1: no cap of its own, the API's 20
-        if (params.logprobs or 0) > cap or (params.prompt_logprobs or 0) > cap:
-            raise APIError(400, f"logprobs={max(params.logprobs or 0, params.prompt_logprobs or 0)} is more than "
-                                f"the server allows (--max-logprobs {cap})", "logprobs")
-        try:
-            params.check_vocab(self.vocab_size)
-        except ValueError as exc:
-            param = "logit_bias" if "logit_bias" in str(exc) else "stop_token_ids"
-            raise APIError(400, str(exc).replace("SamplingParams.", ""), param) from None
-        return params
-
-    def start(self, request_id: str, prompts: list[list[int]], params: list[SamplingParams],
-              embeds: list[Any] | None = None) -> EngineRun:
-        """Admit (503 when full or the engine is down) and submit one engine request per prompt
-        (``embeds``: the prompts' embeddings, whose ids are placeholders)."""
-        self.admit(len(prompts))
-        return EngineRun(self, request_id, prompts, params, embeds)
-
-
-class DeltaSink(asyncio.Queue[Any]):
-    """The queue of one HTTP request's deltas: unbounded, read by its handler alone. The same
-    methods as ``asyncio.Queue`` without the task accounting and the waiter queues (a put and a
-    get per token and stream: asyncio.Queue's cost ~10 Python calls a token)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._items: deque[Any] = deque()
-        self._waiter: asyncio.Future[None] | None = None
-
-    def qsize(self) -> int:
-        return len(self._items)
-
-    def empty(self) -> bool:
-        return not self._items
-
-    def full(self) -> bool:
-        return False
-
-    def put_nowait(self, item: Any) -> None:
-        self._items.append(item)
-        waiter = self._waiter
-        if waiter is not None:
-            self._waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
-
-    def get_nowait(self) -> Any:
-        if not self._items:
-            raise asyncio.QueueEmpty
-        return self._items.popleft()
-
-    async def get(self) -> Any:
-        while not self._items:
-            waiter = self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await waiter
-            finally:
-                if self._waiter is waiter:  # (cancelled while waiting)
-                    self._waiter = None
-        return self._items.popleft()
-
-
-class EngineRun:
-    """The engine requests of one HTTP request: an async iterator of their deltas.
-
-    ``close()`` (idempotent, also on garbage collection) aborts whatever has not finished and
-    gives the admission slots back; every path out of a handler calls it.
-    """
-
-    def __init__(self, state: ServingState, request_id: str, prompts: list[list[int]],
-                 params: list[SamplingParams], embeds: list[Any] | None = None) -> None:
-        self._state = state
-        self._count = len(prompts)
-        self._sink: asyncio.Queue[Any] = DeltaSink()
-        self._ids = [f"{request_id}-{i}" for i in range(len(prompts))]
-        self._unfinished = set(self._ids)
-        self._closed = False
-        self._failure: APIError | None = None
-        for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):
-            if embeds is None:
-                state.engine.submit(self._ids[i], p, sp, self._sink, i)
-            else:
-                state.engine.submit(self._ids[i], p, sp, self._sink, i, prompt_embeds=embeds[i])
-
-    @property
-    def sink(self) -> asyncio.Queue[Any]:
-        return self._sink
-
-    @property
-    def request_ids(self) -> list[str]:
-        """The engine request ids, one per prompt."""
-        return self._ids
-
-    def __aiter__(self) -> EngineRun:
-        return self
-
-    async def __anext__(self) -> RequestDelta:
-        if not self._unfinished:
-            self.close()
-            raise StopAsyncIteration
-        item = await self._sink.get()
-        if isinstance(item, RequestFailed):
-            self._unfinished.discard(self._ids[item.tag])
-            self.close()
-            raise APIError(item.status, item.message)
-        if item.finished:
-            self._unfinished.discard(self._ids[item.tag])
-        return item
-
-    # --- coalesced streams (issue 25) ---
-    async def batch(self, min_tokens: int = 1) -> list[RequestDelta]:
-        """Every delta available now, merged per prompt (one delta per prompt with all its new
-        tokens), waiting until they hold ``min_tokens`` new tokens or every request has ended;
-        [] at the end. A failure raises its APIError after the deltas before it were returned."""
-        items: list[RequestDelta] = []
-        tokens = 0
-        while True:
-            try:
-                got = await self.take()
-            except APIError as err:
-                if not items:
-                    raise
-                self._failure = err
-                return merge_deltas(items)
-            items += got
-            tokens += sum(len(smp.token_ids) for item in got for smp in item.samples)
-            if not got or tokens >= min_tokens or not self._unfinished:
-                return merge_deltas(items)
-
-    async def take(self) -> list[Any]:
-        """Everything in the sink now, as it came (SSE events as bytes from a ``TokenStream``,
-        deltas), waiting for one; [] at the end. A failure raises its APIError after the items
-        before it were returned."""
-        if self._failure is not None:
-            failure, self._failure = self._failure, None
-            raise failure
-        if not self._unfinished:
-            self.close()
-            return []
-        items: list[Any] = []
-        item = await self._sink.get()
-        while True:
-            if isinstance(item, RequestFailed):
-                self._unfinished.discard(self._ids[item.tag])
-                self.close()
-                err = APIError(item.status, item.message)
-                if not items:
-                    raise err
-                self._failure = err
-                return items
-            items.append(item)
-            if isinstance(item, RequestDelta) and item.finished:
-                self._unfinished.discard(self._ids[item.tag])
-            if self._sink.empty():
-                return items
-            item = self._sink.get_nowait()
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        for rid in self._unfinished:
-            self._state.engine.abort(rid)
-        self._unfinished.clear()
-        self._state.in_flight -= self._count
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - __del__ must not raise (e.g. at interpreter exit)
-            pass
-
-
-async def _disconnected(request: Request) -> None:
-    """Returns when the client has gone away (the body has been read already)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-async def _unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(request))
-    try:
-        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:  # cancelled (the shutdown timeout): the work ends too, its requests aborted
-        task.cancel()
-        raise
-    finally:
-        watcher.cancel()
-    if task in done:
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-    raise ClientGone
-
-
-async def _event_stream(request: Request, chunks: AsyncIterator[Any], record: AccessRecord,
-                        close: Callable[[], None]) -> AsyncIterator[bytes]:
-    """SSE framing of ``chunks``; ends as soon as the client goes away, whether or not a chunk is
-    due. An error, a failure of the server's own (its id logged once) or the cut-off at the end
-    of --shutdown-timeout (uvicorn cancels the task) becomes an error event, then ``[DONE]``.
-    ``close`` (synchronous: cleanup must not await) aborts the requests on every way out.
-
-    The next chunk is awaited in this task; a disconnect while it waits cancels the task (and is
-    told from uvicorn's cancel by ``gone``). (A task and an ``asyncio.wait`` per chunk, racing the
-    chunk against the disconnect, cost ~2.5x the CPU of the whole hand-over per chunk.)"""
-    task = asyncio.current_task()
-    state = {"waiting": False, "gone": False}
-
-    def on_disconnect(fut: asyncio.Future[None]) -> None:
-        if fut.cancelled():
-            return
-        fut.exception()  # (a receive that failed counts as gone, as before; retrieved here)
-        state["gone"] = True
-        if state["waiting"] and task is not None:
-            task.cancel()  # wakes the wait for the next chunk (told from a cut-off by "gone")
-
-    watcher = asyncio.ensure_future(_disconnected(request))
-    watcher.add_done_callback(on_disconnect)
-    try:
-        while True:
-            if state["gone"]:  # (gone while a chunk was written)
-                record.note = "client disconnected"
-                return
-            state["waiting"] = True
-            try:
-                chunk = await chunks.__anext__()
-            except asyncio.CancelledError:
-                if state["gone"]:
-                    uncancel = getattr(task, "uncancel", None)  # (Python >= 3.11 counts cancels)
-                    if uncancel is not None:
-                        uncancel()
-                    record.note = "client disconnected"
-                    return
-                record.note = "cut off at shutdown"
-                yield _sse(APIError(503, SHUTDOWN_MESSAGE).body())
-                break
-            except StopAsyncIteration:
-                break
-            except APIError as exc:
-                record.note = f"error {exc.status}"
-                yield _sse(exc.body())
-                break
-            except Exception as exc:  # an error event, never a stream that just stops
-                error_id = f"err-{uuid.uuid4().hex[:16]}"
-                log.exception("unhandled error %s in the stream of %s", error_id, record.request_id)
-                record.note = f"error 500 {error_id}"
-                yield _sse(internal_error(error_id, exc).body())
-                break
-            finally:
-                state["waiting"] = False
-            yield _sse(chunk)
-        yield b"data: [DONE]\n\n"
-    finally:
-        state["waiting"] = False
-        watcher.remove_done_callback(on_disconnect)
-        watcher.cancel()
-        close()
-
-
-class EventStream(Response):
-    """A ``text/event-stream`` response sent straight from ``events``.
-
-    Not Starlette's StreamingResponse: under an ASGI 2.3 server that one runs the body in an
-    anyio task group whose cancel scope cancels every later await once uvicorn cancels the
-    request at the end of --shutdown-timeout, so the stream could not send its closing error
-    event. Disconnects are ``_event_stream``'s business (it watches ``receive`` itself)."""
-
-    media_type = "text/event-stream"
-
-    def __init__(self, events: AsyncIterator[bytes], on_start: Callable[[Any], None] | None = None) -> None:
-        self.events = events
-        self.on_start = on_start  # called with the server's ``receive`` once the response started
-        self.status_code = 200
-        self.background = None
-        self.init_headers({"cache-control": "no-cache"})
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        if self.on_start is not None:
-            self.on_start(receive)
-        try:
-            async for chunk in self.events:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except OSError:  # the client went away while a chunk was sent
-            pass
-        finally:
-            aclose = getattr(self.events, "aclose", None)
-            if aclose is not None:
-                await aclose()
 
 
 def build_app(llm: Any, config: ServeConfig) -> FastAPI:
@@ -830,7 +343,7 @@ async def _respond(request: Request, state: ServingState, builder: ResponseBuild
                 deltas.close()
             return builder.body()
 
-        return JSONResponse(await _unless_disconnected(request, collect()))
+        return JSONResponse(await unless_disconnected(request, collect()))
 
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
@@ -857,7 +370,7 @@ async def _respond(request: Request, state: ServingState, builder: ResponseBuild
         record.completion_tokens = builder.completion_tokens
         deltas.close()
 
-    return EventStream(_event_stream(request, chunks(), record, close))
+    return EventStream(event_stream(request, chunks(), record, close))
 
 
 
@@ -894,44 +407,4 @@ def _token_stream(request: Request, state: ServingState, builder: ResponseBuilde
         record.completion_tokens = builder.completion_tokens
         deltas.close()
 
-    return EventStream(_event_stream(request, chunks(), record, close), on_start=stream.use_connection)
-
-
-# --- coalesced streams (issue 25) ---
-def merge_deltas(items: list[RequestDelta]) -> list[RequestDelta]:
-    """Consecutive deltas of one HTTP request merged per prompt (tag), in order: each sample's
-    tokens, text and logprobs joined, its finish reason the last one given. One delta comes back
-    as it is (nothing merges into it: no copy, the common case of a stream that keeps up)."""
-    if len(items) == 1:
-        return items
-    merged: dict[int, RequestDelta] = {}
-    for d in items:
-        m = merged.get(d.tag)
-        if m is None:
-            merged[d.tag] = RequestDelta(d.tag, [_copy_sample(x) for x in d.samples], d.finished,
-                                         None if d.prompt_logprobs is None else list(d.prompt_logprobs),
-                                         d.cached_tokens)
-            continue
-        by_index = {x.index: x for x in m.samples}
-        for x in d.samples:
-            t = by_index.get(x.index)
-            if t is None:
-                m.samples.append(_copy_sample(x))
-                continue
-            t.token_ids.extend(x.token_ids)
-            t.text += x.text
-            if x.logprobs is not None:
-                t.logprobs = (t.logprobs or []) + list(x.logprobs)
-            if x.finish_reason is not None:
-                t.finish_reason, t.stop_reason = x.finish_reason, x.stop_reason
-        if d.prompt_logprobs:
-            m.prompt_logprobs = (m.prompt_logprobs or []) + list(d.prompt_logprobs)
-        if d.finished:
-            m.finished = True
-            m.cached_tokens = d.cached_tokens
-    return list(merged.values())
-
-
-def _copy_sample(x: SampleDelta) -> SampleDelta:
-    return SampleDelta(x.index, list(x.token_ids), x.text, None if x.logprobs is None else list(x.logprobs),
-                       x.finish_reason, x.stop_reason)
+    return EventStream(event_stream(request, chunks(), record, close), on_start=stream.use_connection)

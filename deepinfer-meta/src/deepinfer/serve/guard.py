@@ -12,7 +12,7 @@
 - **Catch-all.** An exception a route lets out becomes an OpenAI-shaped 500 naming an id, logged
   once with that id (never a bare text/plain 500). A request cut off at the end of
   ``--shutdown-timeout`` (uvicorn cancels its task) gets an OpenAI-shaped 503; a stream that
-  was cut off ends with an error event and ``[DONE]`` (``app._event_stream``).
+  was cut off ends with an error event and ``[DONE]`` (``event_stream.event_stream``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,229 @@
+"""What every route of a ``deepinfer serve`` front end shares: its configuration (``ServeConfig``,
+the CLI flags of the same names) and ``ServingState``: the model's limits, the engine (an engine
+thread, data-parallel replicas, or the engine-core client), metrics, the admission count and the
+checks a request passes before it reaches the engine."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import secrets
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from fastapi import Request
+
+from deepinfer.runtime.sampling_params import SamplingParams
+from deepinfer.serve.client import EngineClient
+from deepinfer.serve.engine_run import EngineRun
+from deepinfer.serve.engine_thread import EngineThread, arrival_gap_seconds
+from deepinfer.serve.metrics import MetricFamilies, ServerMetrics, cache_info
+from deepinfer.serve.protocol import APIError, check_text
+from deepinfer.serve.responses import TokenStrings
+from deepinfer.serve.tools import TOOL_CALL_PARSERS
+
+T = TypeVar("T")
+
+DEFAULT_MAX_REQUEST_BYTES = 4 << 20
+# Request input (prompt characters, token ids) up to this size is tokenized on the event loop;
+# more goes to the input threads (a thread hop costs more than tokenizing a short prompt).
+INLINE_INPUT = 4096
+INPUT_THREADS = 4
+
+
+@dataclass
+class ServeConfig:
+    """What the server needs besides the LLM (the CLI flags of the same names).
+
+    ``host``: the address the server listens on (the Host check accepts its name);
+    ``allowed_hosts``: more names the Host header may give (``*``: any); ``max_request_bytes``:
+    larger bodies get a 413; ``max_stop_strings``: longer ``stop`` lists get a 400."""
+
+    served_model_names: list[str]
+    api_key: str | None = None
+    max_queue: int = 1024
+    allowed_origins: list[str] = field(default_factory=list)
+    host: str = "127.0.0.1"
+    allowed_hosts: list[str] = field(default_factory=list)
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    max_stop_strings: int = 4
+    # --- engine core and streams (issue 25) ---
+    # stream_interval: a stream chunk waits for this many new tokens of its request (or its end);
+    # every token available when a chunk is sent goes into it whatever the interval.
+    stream_interval: int = 1
+    # arrival_gap_ms: an idle engine waits for requests arriving this close together before its
+    # first step (serve/engine_thread.py); None: 3 ms on CPU, 0 elsewhere
+    arrival_gap_ms: float | None = None
+    # tool_call_parser: the tool-call format of tool_choice auto ("hermes", "llama3_json"), or
+    # "auto": chosen from the chat template (serve/tools.py)
+    tool_call_parser: str = "auto"
+
+
+class ServingState:
+    """The model, the engine (one engine thread, or data-parallel replicas), metrics and the
+    admission count, shared by every route.
+
+    ``llm`` is an ``LLM`` (served in this process by an EngineThread) or a ``ReplicaSet`` (the
+    replicas' processes serve; it has the tokenizer and limits the routes need)."""
+
+    def __init__(self, llm: Any, config: ServeConfig) -> None:
+        if not config.served_model_names:
+            raise ValueError("served_model_names must name at least one model")
+        if config.max_queue < 0:
+            raise ValueError(f"max_queue must be >= 0, got {config.max_queue}")
+        if config.api_key == "":
+            raise ValueError("api_key must not be empty (None: no key)")
+        if config.max_request_bytes < 1:
+            raise ValueError(f"max_request_bytes must be >= 1, got {config.max_request_bytes}")
+        if config.max_stop_strings < 0:
+            raise ValueError(f"max_stop_strings must be >= 0, got {config.max_stop_strings}")
+        if isinstance(config.stream_interval, bool) or not isinstance(config.stream_interval, int) \
+                or config.stream_interval < 1:
+            raise ValueError(f"stream_interval must be an int >= 1, got {config.stream_interval!r}")
+        if config.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ValueError(f"tool_call_parser must be one of {', '.join(TOOL_CALL_PARSERS)}, "
+                             f"got {config.tool_call_parser!r}")
+        from deepinfer.serve.replicas import ReplicaSet
+
+        self.llm, self.config = llm, config
+        self.tokenizer = llm.text_tokenizer  # the runtime's (no transformers import)
+        name = config.served_model_names[0]
+        self.engine: EngineThread | ReplicaSet | EngineClient
+        if isinstance(llm, EngineClient):  # --- engine core: this is one front end of it (issue 25) ---
+            self.max_model_len: int = llm.max_model_len
+            self.vocab_size: int = llm.vocab_size
+            self.max_num_seqs: int = llm.max_num_seqs
+            per_engine = llm.size > 1  # data-parallel replicas: one engine core each (issue 25)
+            families = MetricFamilies(self.max_model_len, per_engine=per_engine)
+            llm.attach_metrics([ServerMetrics(name, self.max_model_len, blocks, families,
+                                              engine=i if per_engine else None, cache=cache)
+                                for i, (blocks, cache) in enumerate(zip(llm.num_blocks, llm.cache_infos,
+                                                                        strict=True))])
+            self.engine = llm
+            self.capacity_rule = (f"{llm.size} replicas x " if per_engine else "") + \
+                "max_num_seqs + max_queue, per front end"
+            # prompt embeddings (--enable-prompt-embeds): the width the front end checks them against
+            self.embeds_hidden_size = int(llm.info.get("hidden_size", 0)) if llm.info.get(
+                "enable_prompt_embeds") else 0
+        elif isinstance(llm, ReplicaSet):
+            self.max_model_len = llm.max_model_len
+            self.vocab_size = llm.vocab_size
+            self.max_num_seqs = llm.max_num_seqs
+            families = MetricFamilies(self.max_model_len, per_engine=True)
+            llm.attach_metrics([ServerMetrics(name, self.max_model_len, blocks, families, engine=i, cache=cache)
+                                for i, (blocks, cache) in enumerate(zip(llm.num_blocks, llm.cache_infos,
+                                                                        strict=True))])
+            self.engine = llm
+            self.capacity_rule = f"{llm.size} replicas x max_num_seqs + max_queue"
+            self.embeds_hidden_size = int(llm.info.get("hidden_size", 0)) if llm.info.get(
+                "enable_prompt_embeds") else 0
+        else:
+            self.max_model_len = llm.engine.cfg.max_model_len
+            self.vocab_size = llm.model_config.vocab_size
+            self.max_num_seqs = llm.engine.cfg.max_num_seqs
+            families = MetricFamilies(self.max_model_len)
+            self.engine = EngineThread(llm, ServerMetrics(name, self.max_model_len, llm.engine.cfg.num_blocks,
+                                                          families, cache=cache_info(llm)),
+                                       arrival_gap_seconds(llm.device.type, config.arrival_gap_ms))
+            self.capacity_rule = "max_num_seqs + max_queue"
+            self.embeds_hidden_size = int(llm.model_config.hidden_size) if getattr(
+                llm.engine_args, "enable_prompt_embeds", False) else 0
+        self.metrics = families
+        self.strings = TokenStrings(self.tokenizer)
+        self.token_ids = self.strings.ids()
+        self.capacity = (llm.size if isinstance(llm, ReplicaSet | EngineClient) else 1) * self.max_num_seqs \
+            + config.max_queue
+        self.in_flight = 0  # engine requests admitted and not yet finished (event-loop thread only)
+        # Tokenizing and chat templates run here, off the event loop: a long prompt must not
+        # stall every other stream and /health (the tokenizer releases the GIL while it works).
+        self.input_pool = ThreadPoolExecutor(INPUT_THREADS, thread_name_prefix="deepinfer-input")
+
+    async def off_loop(self, size: int, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on an input thread, or inline when the input is small (``size``:
+        characters or token ids)."""
+        if size <= INLINE_INPUT:
+            return fn(*args)
+        return await asyncio.get_running_loop().run_in_executor(self.input_pool, functools.partial(fn, *args))
+
+    # ---- checks ----------------------------------------------------------------------------
+    def authorize(self, request: Request) -> None:
+        key = self.config.api_key
+        if key is None:
+            return
+        header = request.headers.get("authorization", "")
+        given = header[7:] if header[:7].lower() == "bearer " else ""
+        if not secrets.compare_digest(given.encode(), key.encode()):
+            raise APIError(401, "missing or invalid API key (send 'Authorization: Bearer <key>')",
+                           code="invalid_api_key")
+
+    def model_name(self, requested: str | None) -> str:
+        names = self.config.served_model_names
+        if requested is None:
+            return names[0]
+        if requested not in names:
+            raise APIError(404, f"the model {requested!r} does not exist; served models: {', '.join(names)}",
+                           "model", "model_not_found")
+        return requested
+
+    def admit(self, count: int) -> None:
+        if not self.engine.alive:
+            raise APIError(503, self.engine.unhealthy_reason() or "the engine is not running")
+        if self.in_flight + count > self.capacity:
+            raise APIError(503, f"the server is full ({self.in_flight} requests in flight, capacity "
+                                f"{self.capacity} = {self.capacity_rule}): retry later")
+        self.in_flight += count
+
+    def prompt_ids(self, prompt: str | list[int], param: str) -> list[int]:
+        if isinstance(prompt, str):
+            ids = list(self.tokenizer(check_text(prompt, param)).input_ids)
+        else:
+            if prompt and (min(prompt) < 0 or max(prompt) >= self.vocab_size):  # (C loops: the common case)
+                bad = next(t for t in prompt if not 0 <= t < self.vocab_size)
+                raise APIError(400, f"token id {bad} is outside the vocabulary (size {self.vocab_size})", param)
+            ids = list(prompt)
+        if not ids:
+            raise APIError(400, "the prompt has no tokens", param)
+        return ids
+
+    def max_tokens(self, n_prompt: int, requested: int | None, default: int | None, prompt_param: str,
+                   tokens_param: str) -> int:
+        """The completion budget; a 400 with both counts when the context cannot hold it."""
+        limit = self.max_model_len
+        if n_prompt >= limit:
+            raise APIError(400, f"this model's maximum context length is {limit} tokens, but the prompt has "
+                                f"{n_prompt} tokens (no room for a completion)", prompt_param,
+                           "context_length_exceeded")
+        if requested is None:
+            return limit - n_prompt if default is None else min(default, limit - n_prompt)
+        if requested < 1:
+            raise APIError(400, f"{tokens_param} must be >= 1, got {requested}", tokens_param)
+        if n_prompt + requested > limit:
+            raise APIError(400, f"this model's maximum context length is {limit} tokens, but {n_prompt + requested} "
+                                f"were requested ({n_prompt} in the prompt, {requested} for the completion)",
+                           tokens_param, "context_length_exceeded")
+        return requested
+
+    def checked(self, params: SamplingParams) -> SamplingParams:
+        seqs = self.max_num_seqs
+        if params.n > seqs:  # its samples could never run together
+            raise APIError(400, f"n={params.n} is more than the server runs at once (--max-num-seqs {seqs})", "n")
+        cap = getattr(getattr(self.llm, "engine_args", None), "max_logprobs", 20)
+        cap = 20 if cap < 0 else cap  # --max-logprobs -1: no cap of its own, the API's 20
+        if (params.logprobs or 0) > cap or (params.prompt_logprobs or 0) > cap:
+            raise APIError(400, f"logprobs={max(params.logprobs or 0, params.prompt_logprobs or 0)} is more than "
+                                f"the server allows (--max-logprobs {cap})", "logprobs")
+        try:
+            params.check_vocab(self.vocab_size)
+        except ValueError as exc:
+            param = "logit_bias" if "logit_bias" in str(exc) else "stop_token_ids"
+            raise APIError(400, str(exc).replace("SamplingParams.", ""), param) from None
+        return params
+
+    def start(self, request_id: str, prompts: list[list[int]], params: list[SamplingParams],
+              embeds: list[Any] | None = None) -> EngineRun:
+        """Admit (503 when full or the engine is down) and submit one engine request per prompt
+        (``embeds``: the prompts' embeddings, whose ids are placeholders)."""
+        self.admit(len(prompts))
+        return EngineRun(self, request_id, prompts, params, embeds)
