@@ -184,6 +184,15 @@ def test_malformed_bodies_are_400_in_the_openai_shape(server, path, what):
     assert words in _error(r, 400)["message"]
 
 
+@pytest.mark.parametrize("path, allow", [("/v1/completions", "POST"), ("/v1/chat/completions", "POST"),
+                                         ("/tokenize", "POST"), ("/health", "GET")])
+def test_a_method_the_path_does_not_take_is_405_in_the_openai_shape_with_allow(server, path, allow):
+    method = "PUT" if allow == "GET" else "GET"
+    r = httpx.request(method, f"{server.url}{path}", timeout=60)
+    assert "Method Not Allowed" in _error(r, 405)["message"]
+    assert r.headers["allow"] == allow
+
+
 def test_lone_surrogates_in_prompt_lists_and_chat_messages_are_400(server):
     for path, body in (("/v1/completions", b'{"prompt": ["ok", "\\udfff"], "max_tokens": 1}'),
                        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "a \\udc00 b"}]}'),
