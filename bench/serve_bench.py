@@ -12,7 +12,8 @@ tokens), streamed (``stream``) or not (``plain``). The same N requests also go t
 ``LLM.generate`` in this process (one call, continuous batching). Per client count and mode:
 output tokens/s of both and their ratio (median of the repeats, with each repeat's), time to
 first token and inter-token latency (p50/p99) as the clients see them (and the inter-token
-latency once every stream has its first token: the steady decode without the arrival burst), and the server's CPU per
+latency once every stream has its first token: the steady decode without the arrival burst; and
+the tokens a text chunk carried on average: above 1, streams coalesced), and the server's CPU per
 output token (user + system time of every server process: supervisor, engine core, front ends),
 and the clients' own CPU per output token with the busiest client process's share of the time on
 a CPU (near 100 %: the clients set the figure, give more ``--client-procs``). Give
@@ -489,10 +490,14 @@ def measure(args: argparse.Namespace, llm: object, url: str, pid: int, fresh: ob
         itl += res["serve"]["itl"]
         itl_steady += res["serve"]["itl_steady"]
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    # text chunks = a first one per stream + one per gap: above 1 token a chunk, the streams coalesced
+    # (a front end behind the engine, or --stream-interval), and each write carried several tokens
+    tokens_per_chunk = n * args.repeats * args.output_len / max(1, len(ttft) + len(itl))
     lat = (f"TTFT p50 {pct(ttft, 50):.0f} ms p99 {pct(ttft, 99):.0f} ms (generate's p50 "
            f"{pct(gen_ttft, 50):.0f} ms); ITL p50 {pct(itl, 50):.1f} ms "
            f"p99 {pct(itl, 99):.1f} ms (once every stream has started: {len(itl_steady)} gaps, p50 "
-           f"{pct(itl_steady, 50):.1f} ms p99 {pct(itl_steady, 99):.1f} ms)" if mode == "stream" else f"latency p50 {pct(ttft, 50):.0f} ms")
+           f"{pct(itl_steady, 50):.1f} ms p99 {pct(itl_steady, 99):.1f} ms); {tokens_per_chunk:.2f} tokens a text "
+           "chunk" if mode == "stream" else f"latency p50 {pct(ttft, 50):.0f} ms")
     print(f"{mode:6s} {n:3d} clients / {procs:2d} procs: serve {statistics.median(serve_tps):8.1f} tok/s "
           f"(min {min(serve_tps):.1f} max {max(serve_tps):.1f}), generate {statistics.median(gen_tps):8.1f} "
           f"tok/s, ratio {statistics.median(ratios):.3f} (per repeat {', '.join(f'{x:.3f}' for x in ratios)}); "
