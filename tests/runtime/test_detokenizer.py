@@ -51,6 +51,42 @@ def test_append_delta_is_append_then_take_delta_at_any_split(tokenizer, stop):
         assert fused.text == plain.text == tokenizer.decode(ids, skip_special_tokens=True)
 
 
+@pytest.mark.parametrize("max_parts", [1, 2, 1024])
+def test_text_in_pieces_reads_the_same_wherever_they_were_joined(tokenizer, monkeypatch, max_parts):
+    # The text is kept as pieces, joined every _MAX_PARTS and whenever ``text`` is read: deltas,
+    # ``text`` and a stop string's cut must not depend on where that happened.
+    import random
+
+    from deepinfer.runtime.engine import detokenizer
+
+    monkeypatch.setattr(detokenizer, "_MAX_PARTS", max_parts)
+    prompt = tokenizer.encode("Say:", add_special_tokens=False)
+    body = " ".join(TEXTS * 3)
+    ids = tokenizer.encode(body, add_special_tokens=False)
+    rng = random.Random(max_parts)
+    for stop in ((), ("never",), ("STOP",)):
+        d = IncrementalDetokenizer(tokenizer, prompt, stop=stop)
+        text_ids = ids + tokenizer.encode(" then STOP and more", add_special_tokens=False) if stop == ("STOP",) else ids
+        streamed, at, hit = "", 0, None
+        while at < len(text_ids) and hit is None:
+            step = text_ids[at:at + rng.randint(1, 3)]
+            at += len(step)
+            if stop:
+                hit = d.append(step)
+                streamed += d.take_delta()
+            else:
+                streamed += d.append_delta(step)
+            if rng.random() < 0.2:  # a read of the whole text joins the pieces
+                assert d.text.startswith(streamed)
+        d.append([], final=True)
+        d.finish()
+        streamed += d.take_delta()
+        whole = tokenizer.decode(ids, skip_special_tokens=True)
+        want = whole + " then " if stop == ("STOP",) else whole  # cut where the stop string starts
+        assert hit == ("STOP" if stop == ("STOP",) else None)
+        assert d.text == want and streamed == want, (stop, max_parts)
+
+
 @pytest.mark.parametrize("include", [False, True])
 def test_stop_string_finishes_at_the_right_character(tokenizer, include):
     text = "The answer is 42. STOP here and never print this"

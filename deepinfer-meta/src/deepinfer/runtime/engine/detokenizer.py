@@ -32,6 +32,11 @@ from collections.abc import Sequence
 from typing import Any
 
 _PROMPT_CONTEXT = 6  # prompt tokens kept as decoding context
+# The text is kept as pieces joined when read whole (``text``): ``str +=`` on an attribute copies
+# the whole string, so a long completion cost O(its length) a token (64K tokens of 4-5 characters:
+# 1.4 us a token over the first 8K, 6.9 over the last). The pieces are joined into one every
+# _MAX_PARTS of them, which bounds their memory and costs O(text) per _MAX_PARTS tokens.
+_MAX_PARTS = 1024
 
 
 class IncrementalDetokenizer:
@@ -49,13 +54,14 @@ class IncrementalDetokenizer:
         self._prefix_offset = 0
         self._read_offset = len(ctx)
         self._num_prompt_ctx = len(ctx)
-        self.text = ""
+        self._parts: list[str] = []  # the text, in pieces (``text`` joins them)
+        self._len = 0  # its length in characters
         self.stop = list(stop)
         self.include_stop = include_stop_str_in_output
         self.min_tokens = min_tokens
         self._hold = max((len(s) for s in self.stop), default=1) - 1
         self._matcher = StopMatcher(self.stop) if self.stop else None
-        self._emitted = 0  # characters of self.text already returned as deltas
+        self._emitted = 0  # characters of the text already returned as deltas
         self.stop_reason: str | None = None
         self.finished = False
         self._stream = self._decode_stream(ctx)
@@ -77,6 +83,35 @@ class IncrementalDetokenizer:
         if self._decode is not None:
             return self._decode.decode(ids, skip_special_tokens=self._skip)
         return self._tok.decode(ids, skip_special_tokens=self._skip)
+
+    @property
+    def text(self) -> str:
+        """The sample's text so far (its pieces joined once, then kept joined)."""
+        parts = self._parts
+        if len(parts) > 1:
+            parts[:] = ["".join(parts)]
+        return parts[0] if parts else ""
+
+    @text.setter
+    def text(self, value: str) -> None:
+        self._parts = [value] if value else []
+        self._len = len(value)
+
+    def _append_text(self, piece: str) -> None:
+        parts = self._parts
+        parts.append(piece)
+        self._len += len(piece)
+        if len(parts) > _MAX_PARTS:
+            parts[:] = ["".join(parts)]
+
+    def _suffix(self, start: int) -> str:
+        """``text[start:]``, joining only the pieces from the one that holds ``start`` on (the
+        characters not yet returned are in the last few pieces)."""
+        parts, pos, i = self._parts, self._len, len(self._parts)
+        while i > 0 and pos > start:
+            i -= 1
+            pos -= len(parts[i])
+        return "".join(parts[i:])[start - pos:]
 
     @property
     def num_output_tokens(self) -> int:
@@ -124,13 +159,13 @@ class IncrementalDetokenizer:
                 self._prefix_offset, self._read_offset = self._read_offset, len(ids)
                 new += chunk
         if new:
-            self.text += new
-        delta = self.text[self._emitted:]  # (no stop strings: nothing is held back)
-        self._emitted = len(self.text)
+            self._append_text(new)
+        delta = self._suffix(self._emitted)  # (no stop strings: nothing is held back)
+        self._emitted = self._len
         return delta
 
     def _extend(self, delta: str) -> str | None:
-        self.text += delta
+        self._append_text(delta)
         if self._matcher is None:
             return None
         # every character goes through the automaton (its state must follow the text); only a
@@ -163,8 +198,8 @@ class IncrementalDetokenizer:
 
     def take_delta(self) -> str:
         """Text not yet returned, minus a possible partial stop string unless finished."""
-        end = len(self.text) if self.finished else max(self._emitted, len(self.text) - self._hold)
-        delta = self.text[self._emitted:end]
+        end = self._len if self.finished else max(self._emitted, self._len - self._hold)
+        delta = self._suffix(self._emitted)[:end - self._emitted]
         self._emitted = end
         return delta
 
