@@ -33,9 +33,10 @@ from typing import Any
 
 _PROMPT_CONTEXT = 6  # prompt tokens kept as decoding context
 # The text is kept as pieces joined when read whole (``text``): ``str +=`` on an attribute copies
-# the whole string, so a long completion cost O(its length) a token (64K tokens of 4-5 characters:
-# 1.4 us a token over the first 8K, 6.9 over the last). The pieces are joined into one every
-# _MAX_PARTS of them, which bounds their memory and costs O(text) per _MAX_PARTS tokens.
+# the whole string, so a long completion cost O(its length) a token (bench/detokenizer_bench.py
+# --long 65536: 1.76 us a token over the first eighth, 10.8 over the last; 1.35 throughout in
+# pieces). The pieces are joined into one every _MAX_PARTS of them, which bounds their memory and
+# costs O(text) per _MAX_PARTS tokens.
 _MAX_PARTS = 1024
 
 
