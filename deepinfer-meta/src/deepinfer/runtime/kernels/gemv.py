@@ -96,6 +96,22 @@ def _gemv_epilogue(y, rows, row_ok, pid, n, b_ptr, res_ptr, out_ptr, max_ptr, ar
 
 
 @triton.jit
+def _gemv_preloaded(x_ptr, w_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, max_ptr, arg_ptr, rows, row_ok, pid, n, k, stride_w,
+                    eps, SILU_MUL: tl.constexpr, HAS_BIAS: tl.constexpr, ARGMAX: tl.constexpr, NORM: tl.constexpr,
+                    NORM_BLOCK: tl.constexpr, RESIDUAL: tl.constexpr, PDL: tl.constexpr, PRELOAD_K: tl.constexpr):
+    """_gemv_kernel with the program's whole weight tile (K padded to PRELOAD_K) loaded before the
+    wait and one product after it."""
+    c = tl.arange(0, PRELOAD_K)
+    c_ok = c < k
+    w_all = tl.load(w_ptr + rows[:, None] * stride_w + c[None, :], mask=row_ok[:, None] & c_ok[None, :], other=0.0)
+    pdl_begin(PDL)
+    rstd = _row_rstd(x_ptr, k, eps, NORM, NORM_BLOCK)
+    xv = _activation_chunk(x_ptr, nw_ptr, out_ptr, c, c_ok, k, rstd, SILU_MUL, NORM)
+    y = tl.sum(w_all.to(tl.float32) * xv[None, :], axis=1)
+    _gemv_epilogue(y, rows, row_ok, pid, n, b_ptr, res_ptr, out_ptr, max_ptr, arg_ptr, HAS_BIAS, RESIDUAL, ARGMAX)
+
+
+@triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, max_ptr, arg_ptr, part_ptr, count_ptr, n, k, k_per,
                  stride_w, eps,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SILU_MUL: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -104,16 +120,11 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, max_ptr, arg_ptr
     pid = tl.program_id(0)
     rows = (pid * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     row_ok = rows < n
-    if PRELOAD_K:  # the program's whole weight tile (K padded to PRELOAD_K) before the wait, one product after it
-        c = tl.arange(0, PRELOAD_K)
-        c_ok = c < k
-        w_all = tl.load(w_ptr + rows[:, None] * stride_w + c[None, :], mask=row_ok[:, None] & c_ok[None, :],
-                        other=0.0)
-        pdl_begin(PDL)
-        rstd = _row_rstd(x_ptr, k, eps, NORM, NORM_BLOCK)
-        xv = _activation_chunk(x_ptr, nw_ptr, out_ptr, c, c_ok, k, rstd, SILU_MUL, NORM)
-        y = tl.sum(w_all.to(tl.float32) * xv[None, :], axis=1)
-        _gemv_epilogue(y, rows, row_ok, pid, n, b_ptr, res_ptr, out_ptr, max_ptr, arg_ptr, HAS_BIAS, RESIDUAL, ARGMAX)
+    if PRELOAD_K:
+        # In a function of its own: Triton compiles the code after this branch's return too, and a
+        # [PRELOAD_K] name here would clash with the loop's [BLOCK_K] one of the same name below.
+        _gemv_preloaded(x_ptr, w_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, max_ptr, arg_ptr, rows, row_ok, pid, n, k,
+                        stride_w, eps, SILU_MUL, HAS_BIAS, ARGMAX, NORM, NORM_BLOCK, RESIDUAL, PDL, PRELOAD_K)
         return
     cols = tl.arange(0, BLOCK_K)
     k_lo = tl.program_id(1) * k_per  # this program's share of K (split-K), a multiple of BLOCK_K
