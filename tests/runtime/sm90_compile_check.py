@@ -1,0 +1,165 @@
+"""Run by test_sm90_compile.py in a subprocess *without* TRITON_INTERPRET: compiles every Triton
+kernel of a CUDA-graph decode step, as the H200 would run it, for compute capability 9.0 (PTX
+and cubin through Triton's own ptxas) on a machine with no GPU. Nothing is launched.
+
+Triton's interpreter runs a kernel's Python, so it cannot see what only the compiler rejects
+(a name whose type changes between a constexpr branch and a loop, an unsupported op); such an
+error then first shows on the GPU machine, a whole device session later. Here the model is built
+on the meta device (shapes, no memory), a driver that reports an sm_90 GPU stands in for the CUDA
+one, and each ``kernel[grid](...)`` compiles (``warmup``) instead of launching. The kernels and
+their constexprs are the ones a real step picks: ``fused_decode_forward`` and the graph's LM head
+at batch 1 (the one-row GEMVs) and at a few rows (the few-token MoE kernels), and the GGUF
+one-row GEMV of each GPU type at the Llama-3-8B projections' K, each with the PDL prefetch off
+and on.
+
+    python sm90_compile_check.py [SHAPE ...] [gguf]    # names from gpu_shapes.SHAPES
+
+Prints one line per (shape, batch, prefetch) with the kernels it compiled; exits non-zero on the
+first compile error (its message names the kernel).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from collections import Counter
+from typing import Any
+
+import torch
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    sys.exit("sm90_compile_check.py compiles for the GPU: run it without TRITON_INTERPRET=1")
+
+from gpu_shapes import write_shape_dir
+from triton.backends.compiler import GPUTarget
+from triton.runtime.driver import driver
+from triton.runtime.jit import JITFunction
+
+TARGET = GPUTarget("cuda", 90, 32)  # H100 / H200
+compiled: Counter[str] = Counter()
+
+
+class CompileOnlyDriver:
+    """What JITFunction.run asks of the active driver before it compiles: a device, a stream and
+    the target (the launch itself never happens here)."""
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: int | None = None) -> int:
+        return 0
+
+    def get_current_target(self) -> GPUTarget:
+        return TARGET
+
+
+def _compile_instead_of_launch(self: JITFunction, grid: Any) -> Any:
+    def launch(*args: Any, **kwargs: Any) -> Any:
+        kernel = self.run(*args, grid=grid, warmup=True, **kwargs)  # compiles (cached), no launch
+        assert kernel.asm.get("cubin"), f"{self.fn.__name__}: no cubin"
+        compiled[self.fn.__name__] += 1
+        return kernel
+    return launch
+
+
+def install() -> None:
+    driver.set_active(CompileOnlyDriver())  # type: ignore[arg-type]
+    JITFunction.__getitem__ = _compile_instead_of_launch  # type: ignore[method-assign]
+    from deepinfer.runtime.kernels import pdl
+    from deepinfer.runtime.models import moe
+
+    pdl.pdl_enabled = lambda device: True  # the H200's launches: PDL constexprs and launch option on
+    moe.KERNELS_ON_CPU = True  # the MoE layer picks its Triton kernels for meta tensors too
+
+
+def decode_step(shape: str, batch: int) -> None:
+    """One graph decode step of ``shape`` (one layer of it: every layer compiles the same
+    kernels) at ``batch`` rows, on meta tensors."""
+    from deepinfer.runtime.attention.triton_decode import DecodeWorkspace, choose_num_splits
+    from deepinfer.runtime.loading.model_loader import model_class, read_config
+    from deepinfer.runtime.models.llama_fused_decode import fused_decode_forward
+    from deepinfer.runtime.worker.cuda_graph_runner import (
+        LM_HEAD_GEMV_CONFIG,
+        LM_HEAD_GEMV_CONFIG_SMALL_K,
+    )
+
+    with tempfile.TemporaryDirectory() as d:
+        cfg = read_config(write_shape_dir(d, shape))
+    cfg.num_hidden_layers = 1 if cfg.moe is None or cfg.mla is None else 2  # DeepSeek: dense layer 0, then MoE
+    meta = torch.device("meta")
+    with meta:
+        model = model_class(cfg)(cfg, max_positions=4096)
+    for param in model.parameters():  # bf16 weights; the rotary tables stay float32 (as loading leaves them)
+        param.data = torch.empty_like(param, dtype=torch.bfloat16)
+    model.rotary.to(meta)
+    block_size, blocks = 16, 64
+    planes, heads, dim = cfg.kv_cache_layout()
+    caches = [torch.empty(planes, blocks + 1, block_size, heads, dim, dtype=torch.bfloat16, device=meta)
+              for _ in range(cfg.num_hidden_layers)]
+    ids = torch.empty(batch, dtype=torch.int32, device=meta)
+    pos = torch.empty(batch, dtype=torch.int32, device=meta)
+    slots = torch.empty(batch, dtype=torch.int64, device=meta)
+    bt = torch.empty(batch, blocks, dtype=torch.int32, device=meta)
+    seq_lens = torch.empty(batch, dtype=torch.int32, device=meta)
+    splits = choose_num_splits(batch, cfg.num_key_value_heads, blocks * block_size)
+    ws = DecodeWorkspace(batch * splits, cfg.num_attention_heads, cfg.head_dim, meta)
+    with torch.no_grad():
+        graph_forward = getattr(model, "graph_decode_forward", None)
+        if graph_forward is not None:  # MLA models (DeepSeek): their own forward, the MLA decode kernel
+            from deepinfer.runtime.attention.triton_mla import choose_mla_splits
+
+            hidden = graph_forward(ids, pos, caches, slots, bt, seq_lens,
+                                   choose_mla_splits(batch, cfg.num_attention_heads, blocks * block_size, 132))
+        else:  # at 4 rows as a verify graph's rows (3 drafts: 4 new positions a row) read them
+            hidden = fused_decode_forward(model, ids, pos, caches, slots, bt, seq_lens, ws, splits,
+                                          new_rows=1 if batch == 1 else 4)
+        if batch == 1:
+            from deepinfer.runtime.kernels.gemv import gemv_argmax
+
+            w = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
+            gemv_argmax(hidden, w, LM_HEAD_GEMV_CONFIG if w.shape[1] >= 2048 else LM_HEAD_GEMV_CONFIG_SMALL_K)
+
+
+def gguf_one_row(kind: str) -> None:
+    """The GGUF GEMV of ``kind`` as a Llama-3-8B layer calls it at batch 1: qkv with the RMSNorm
+    (K 4096), down with SiLU·mul and the residual (K 14336)."""
+    from deepinfer.runtime.kernels.gguf_gemv import gguf_gemv
+    from deepinfer.runtime.kernels.gguf_layout import regroup
+    from gguf_gpu_check import random_blocks
+
+    meta = torch.device("meta")
+    for k, fusions in ((4096, "norm"), (14336, "silu_mul")):
+        planes = regroup(torch.from_numpy(random_blocks(kind, 8, k, seed=0)), kind).map(lambda t: t.to(meta))
+        if fusions == "norm":
+            x = torch.empty(1, k, dtype=torch.bfloat16, device=meta)
+            gguf_gemv(x, planes, norm=(torch.empty(k, dtype=torch.bfloat16, device=meta), 1e-5))
+        else:
+            x = torch.empty(1, 2 * k, dtype=torch.bfloat16, device=meta)
+            gguf_gemv(x, planes, silu_mul=True, residual=torch.empty(1, 8, dtype=torch.bfloat16, device=meta))
+
+
+def _report(what: str) -> None:
+    kernels = ", ".join(f"{name} x{n}" for name, n in sorted(compiled.items()))
+    print(f"ok   {what}: {kernels}", flush=True)
+    compiled.clear()
+
+
+def main(args: list[str]) -> None:
+    install()
+    for prefetch in ("0", "1"):
+        os.environ["DEEPINFER_PDL_PREFETCH"] = prefetch
+        for shape in (a for a in args if a != "gguf"):
+            for batch in (1, 4):
+                decode_step(shape, batch)
+                _report(f"{shape} batch {batch} prefetch {prefetch}")
+        if "gguf" in args:
+            from deepinfer.runtime.kernels.gguf_layout import GPU_TYPES
+
+            for kind in GPU_TYPES:
+                gguf_one_row(kind)
+                _report(f"gguf {kind} one row prefetch {prefetch}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or ["smollm2-135m"])

@@ -1,0 +1,72 @@
+"""Every Triton kernel of a CUDA-graph decode step compiles for an H100/H200 (sm_90), with the PDL
+prefetch off and on, on this machine without a GPU (``sm90_compile_check.py``: meta tensors, a
+driver that reports sm_90, compile instead of launch).
+
+Triton's interpreter, which the other kernel tests use, runs a kernel's Python and so accepts
+what the compiler rejects: twice a kernel's prefetch form passed every interpreter check here and
+then failed to compile on the H200 (a name whose tile shape changed between a constexpr branch
+and a later loop or ``if``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+SHAPES = ["smollm2-135m", "llama3-8b", "qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite"]
+
+
+def _compiler_for_sm90() -> None:
+    pytest.importorskip("triton", reason="Triton is not installed (it ships with torch's CUDA wheels)")
+    try:
+        from triton.backends.nvidia.compiler import CUDABackend  # noqa: F401
+    except ImportError:
+        pytest.skip("this Triton has no NVIDIA backend (it compiles for sm_90 with its own ptxas)")
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    here = os.path.dirname(__file__)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([here] + sys.path)
+    return subprocess.run([sys.executable, os.path.join(here, "sm90_compile_check.py"), *args], env=env,
+                          capture_output=True, text=True, timeout=900)
+
+
+def test_decode_step_kernels_compile_for_sm90():
+    _compiler_for_sm90()
+    out = _run(*SHAPES, "gguf")
+    assert out.returncode == 0, out.stderr[-4000:]
+    lines = out.stdout.splitlines()
+    # each shape at batch 1 and 4, each GGUF type, with the prefetch off and on
+    assert len(lines) == 2 * (2 * len(SHAPES) + 6) and all(line.startswith("ok") for line in lines), out.stdout
+    qwen3 = next(line for line in lines if line.startswith("ok   qwen3-30b-a3b batch 1 prefetch 1"))
+    for kernel in ("_gemv_kernel", "_decode_split_kernel", "_rotary_kv_kernel", "_router_kernel", "_gate_up_kernel",
+                   "_down_kernel", "_argmax_partials_kernel"):
+        assert kernel in qwen3, qwen3
+
+
+def test_a_compile_error_fails_the_check(tmp_path):
+    """The check reports what only the compiler sees: a kernel whose loop changes a name's shape
+    (run in Triton's interpreter, the same kernel works)."""
+    _compiler_for_sm90()
+    (tmp_path / "bad_kernel.py").write_text(
+        "import torch, triton, triton.language as tl\n"
+        "@triton.jit\n"
+        "def _bad_kernel(x_ptr, n, WIDE: tl.constexpr, NARROW: tl.constexpr):\n"
+        "    c = tl.arange(0, WIDE)\n"
+        "    for k0 in range(0, n, NARROW):\n"
+        "        c = k0 + tl.arange(0, NARROW)\n"
+        "    tl.store(x_ptr + c, 0.0)\n"
+        "def launch():\n"
+        "    x = torch.empty(64, device='meta')\n"
+        "    _bad_kernel[(1,)](x, 64, WIDE=32, NARROW=16)\n")
+    here = os.path.dirname(__file__)
+    code = (f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import sm90_compile_check as c; c.install(); "
+            "import bad_kernel; bad_kernel.launch()")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([here] + sys.path)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0
+    assert "_bad_kernel" in out.stderr and "Loop-carried variable c" in out.stderr, out.stderr[-3000:]
