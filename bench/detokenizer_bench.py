@@ -7,7 +7,9 @@ tokenizer (byte-level BPE) with English, CJK and emoji text.
 
 ``--long N`` streams N tokens through one detokenizer as a front end does (``append_delta``) and
 prints the cost per token in each eighth of the stream: flat when a token costs the same late in
-a long completion as early (the text's pieces, not a string copied whole per token).
+a long completion as early (the text's pieces, not a string copied whole per token). It then
+feeds the same deltas to a tool-call parser (``serve.tool_parsers``, hermes format: content until
+a ``<tool_call>`` that never comes), which also keeps the whole text, per eighth likewise.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 from deepinfer.runtime.engine.detokenizer import IncrementalDetokenizer
 from deepinfer.runtime.loading.default_model import default_model_path
 from deepinfer.runtime.loading.tokenizer_loader import load_tokenizer
+from deepinfer.serve.tool_parsers import ToolCallParser
 
 
 class PythonWindow(IncrementalDetokenizer):
@@ -68,15 +71,24 @@ def long_stream(tok: Any, n: int) -> None:
     ids = (unit * (n // len(unit) + 1))[:n]
     d = IncrementalDetokenizer(tok, tok.encode("Say something:", add_special_tokens=False))
     eighth = max(1, n // 8)
-    costs = []
+    costs, deltas = [], []
     t = time.perf_counter()
     for i, x in enumerate(ids, 1):
-        d.append_delta([x])
+        deltas.append(d.append_delta([x]))
         if i % eighth == 0:
             now = time.perf_counter()
             costs.append((now - t) / eighth * 1e6)
             t = now
     print(f"{n} tokens ({len(d.text)} characters), us/token per eighth: {', '.join(f'{c:.2f}' for c in costs)}")
+    parser, costs = ToolCallParser("hermes"), []
+    t = time.perf_counter()
+    for i, delta in enumerate(deltas, 1):
+        parser.feed(delta)
+        if i % eighth == 0:
+            now = time.perf_counter()
+            costs.append((now - t) / eighth * 1e6)
+            t = now
+    print(f"tool-call parser (hermes) fed the same deltas, us/token per eighth: {', '.join(f'{c:.2f}' for c in costs)}")
 
 
 if __name__ == "__main__":

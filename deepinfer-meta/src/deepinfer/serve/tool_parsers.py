@@ -237,7 +237,11 @@ class ToolCallParser:
 
     def feed(self, new: str, finished: bool = False) -> list[dict[str, Any]]:
         """The stream deltas for ``new`` text (``finished``: the output ends with it)."""
-        self.text += new
+        # ``self.text += new`` copies the whole text (the attribute holds a second reference): a
+        # long output cost O(its length) a token. Held by one local only, CPython grows it in place.
+        text, self.text = self.text, ""
+        text += new
+        self.text = text
         out: list[dict[str, Any]] = []
         if self.fmt == "named":
             if self.num_sent == 0:
