@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Any
+from typing import Any, Protocol
 
 from deepinfer.runtime.sampling_params import SamplingParams
 from deepinfer.serve.engine_thread import RequestDelta, RequestFailed, SampleDelta
@@ -56,15 +56,33 @@ class DeltaSink(asyncio.Queue[Any]):
         return self._items.popleft()
 
 
+class RequestSubmitter(Protocol):
+    """An engine as the routes see it (``EngineThread``, ``ReplicaSet``, ``EngineClient``)."""
+
+    def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams, sink: asyncio.Queue[Any],
+               tag: int, prompt_embeds: Any = None) -> None: ...
+
+    def abort(self, request_id: str) -> None: ...
+
+
+class Admission(Protocol):
+    """What an ``EngineRun`` uses of the routes' ``ServingState`` (which imports this module)."""
+
+    in_flight: int
+
+    @property
+    def engine(self) -> RequestSubmitter: ...
+
+
 class EngineRun:
     """The engine requests of one HTTP request: an async iterator of their deltas.
 
     ``close()`` (idempotent, also on garbage collection) aborts whatever has not finished and
     gives the admission slots back; every path out of a handler calls it. ``state``: the routes'
-    ``ServingState`` (its ``engine`` and ``in_flight``; not imported here: it imports this module).
+    ``ServingState`` (its ``engine`` and ``in_flight``).
     """
 
-    def __init__(self, state: Any, request_id: str, prompts: list[list[int]],
+    def __init__(self, state: Admission, request_id: str, prompts: list[list[int]],
                  params: list[SamplingParams], embeds: list[Any] | None = None) -> None:
         self._state = state
         self._count = len(prompts)
