@@ -8,9 +8,9 @@ error then first shows on the GPU machine, a whole device session later. Here th
 on the meta device (shapes, no memory), a driver that reports an sm_90 GPU stands in for the CUDA
 one, and each ``kernel[grid](...)`` compiles (``warmup``) instead of launching. The kernels and
 their constexprs are the ones a real step picks: ``fused_decode_forward`` and the graph's LM head
-at batch 1 (the one-row GEMVs) and at a few rows (the few-token MoE kernels), and the GGUF
-one-row GEMV of each GPU type at the Llama-3-8B projections' K, each with the PDL prefetch off
-and on.
+at batch 1 (the one-row GEMVs) and at a few rows (the few-token MoE kernels), an eager step
+(``fused_step_forward``: a prompt chunk and a decode row), and the GGUF one-row GEMV of each GPU
+type at the Llama-3-8B projections' K, each with the PDL prefetch off and on.
 
     python sm90_compile_check.py [SHAPE ...] [gguf]    # names from gpu_shapes.SHAPES
 
@@ -73,30 +73,39 @@ def install() -> None:
     moe.KERNELS_ON_CPU = True  # the MoE layer picks its Triton kernels for meta tensors too
 
 
-def decode_step(shape: str, batch: int) -> None:
-    """One graph decode step of ``shape`` (one layer of it: every layer compiles the same
-    kernels) at ``batch`` rows, on meta tensors."""
-    from deepinfer.runtime.attention.triton_decode import DecodeWorkspace, choose_num_splits
+def _meta_model(shape: str) -> tuple[Any, list[torch.Tensor], Any]:
+    """``shape``'s model (one layer; DeepSeek: its dense layer 0 and an MoE layer) with bf16
+    weights, and KV caches of 64 blocks of 16, all on the meta device."""
     from deepinfer.runtime.loading.model_loader import model_class, read_config
-    from deepinfer.runtime.models.llama_fused_decode import fused_decode_forward
-    from deepinfer.runtime.worker.cuda_graph_runner import (
-        LM_HEAD_GEMV_CONFIG,
-        LM_HEAD_GEMV_CONFIG_SMALL_K,
-    )
 
     with tempfile.TemporaryDirectory() as d:
         cfg = read_config(write_shape_dir(d, shape))
-    cfg.num_hidden_layers = 1 if cfg.moe is None or cfg.mla is None else 2  # DeepSeek: dense layer 0, then MoE
+    cfg.num_hidden_layers = 1 if cfg.moe is None or cfg.mla is None else 2
     meta = torch.device("meta")
     with meta:
         model = model_class(cfg)(cfg, max_positions=4096)
     for param in model.parameters():  # bf16 weights; the rotary tables stay float32 (as loading leaves them)
         param.data = torch.empty_like(param, dtype=torch.bfloat16)
     model.rotary.to(meta)
-    block_size, blocks = 16, 64
     planes, heads, dim = cfg.kv_cache_layout()
-    caches = [torch.empty(planes, blocks + 1, block_size, heads, dim, dtype=torch.bfloat16, device=meta)
+    caches = [torch.empty(planes, 65, 16, heads, dim, dtype=torch.bfloat16, device=meta)
               for _ in range(cfg.num_hidden_layers)]
+    return model, caches, cfg
+
+
+def decode_step(shape: str, batch: int) -> None:
+    """One graph decode step of ``shape`` (one layer of it: every layer compiles the same
+    kernels) at ``batch`` rows, on meta tensors."""
+    from deepinfer.runtime.attention.triton_decode import DecodeWorkspace, choose_num_splits
+    from deepinfer.runtime.models.llama_fused_decode import fused_decode_forward
+    from deepinfer.runtime.worker.cuda_graph_runner import (
+        LM_HEAD_GEMV_CONFIG,
+        LM_HEAD_GEMV_CONFIG_SMALL_K,
+    )
+
+    model, caches, cfg = _meta_model(shape)
+    meta = torch.device("meta")
+    block_size, blocks = 16, 64
     ids = torch.empty(batch, dtype=torch.int32, device=meta)
     pos = torch.empty(batch, dtype=torch.int32, device=meta)
     slots = torch.empty(batch, dtype=torch.int64, device=meta)
@@ -121,6 +130,25 @@ def decode_step(shape: str, batch: int) -> None:
             gemv_argmax(hidden, w, LM_HEAD_GEMV_CONFIG if w.shape[1] >= 2048 else LM_HEAD_GEMV_CONFIG_SMALL_K)
 
 
+def eager_step(shape: str) -> None:
+    """One eager step of ``shape`` through ``fused_step_forward`` (what CUDA steps outside the
+    graphs run): a 7-token prompt chunk and a decode row, with the var-len Triton attention."""
+    import numpy as np
+    from deepinfer.runtime.attention.metadata import build_attention_metadata
+    from deepinfer.runtime.models.llama_fused_decode import fused_step_forward
+
+    model, caches, _ = _meta_model(shape)
+    meta = torch.device("meta")
+    qsl = np.array([0, 7, 8])
+    attn = build_attention_metadata(slot_mapping=np.arange(8), query_start_loc=qsl, seq_lens=np.array([7, 20]),
+                                    block_tables=np.arange(8).reshape(2, 4), block_size=16, scratch_slot=1024,
+                                    device=meta)
+    ids = torch.empty(8, dtype=torch.int64, device=meta)
+    pos = torch.empty(8, dtype=torch.int64, device=meta)
+    with torch.no_grad():
+        fused_step_forward(model, ids, pos, caches, attn)
+
+
 def gguf_one_row(kind: str) -> None:
     """The GGUF GEMV of ``kind`` as a Llama-3-8B layer calls it at batch 1: qkv with the RMSNorm
     (K 4096), down with SiLU·mul and the residual (K 14336)."""
@@ -139,6 +167,12 @@ def gguf_one_row(kind: str) -> None:
             gguf_gemv(x, planes, silu_mul=True, residual=torch.empty(1, 8, dtype=torch.bfloat16, device=meta))
 
 
+def _read_shape_config(shape: str) -> dict[str, Any]:
+    from gpu_shapes import SHAPES
+
+    return SHAPES[shape]
+
+
 def _report(what: str) -> None:
     kernels = ", ".join(f"{name} x{n}" for name, n in sorted(compiled.items()))
     print(f"ok   {what}: {kernels}", flush=True)
@@ -153,6 +187,9 @@ def main(args: list[str]) -> None:
             for batch in (1, 4):
                 decode_step(shape, batch)
                 _report(f"{shape} batch {batch} prefetch {prefetch}")
+            if _read_shape_config(shape).get("kv_lora_rank") is None:  # MLA models take no fused eager step
+                eager_step(shape)
+                _report(f"{shape} eager step prefetch {prefetch}")
         if "gguf" in args:
             from deepinfer.runtime.kernels.gguf_layout import GPU_TYPES
 
