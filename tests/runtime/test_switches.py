@@ -75,3 +75,34 @@ def test_a_bad_integer_switch_is_a_value_error_naming_it(monkeypatch, text, mess
     monkeypatch.setattr(moe, "_triton_available", lambda: True)
     with pytest.raises(ValueError, match="DEEPINFER_MOE_SMALL_BATCH"):
         moe._small_batch(torch.zeros(1, 4), moe.ExpertsSwiGLU(2, 4, 8))
+
+
+def test_tile_switches(monkeypatch):
+    monkeypatch.setenv("DEEPINFER_MOE_TILES", " gate_up=1,2048,4 ; router=2,1024,2;")
+    assert switches.tiles("DEEPINFER_MOE_TILES", ("gate_up", "down", "router"), (3,)) == \
+        {"gate_up": (1, 2048, 4), "router": (2, 1024, 2)}
+    monkeypatch.delenv("DEEPINFER_MOE_TILES")
+    assert switches.tiles("DEEPINFER_MOE_TILES", ("gate_up", "down", "router"), (3,)) == {}
+    monkeypatch.setenv("DEEPINFER_ONE_ROW_TILES", "down=4,2048,8,1,2;o=2,1024,4,3")
+    assert switches.tiles("DEEPINFER_ONE_ROW_TILES", ("qkv", "o", "gate_up", "down"), (4, 5)) == \
+        {"down": (4, 2048, 8, 1, 2), "o": (2, 1024, 4, 3)}
+
+
+@pytest.mark.parametrize("text", ["gate=1,2048,4", "gate_up=1,2048", "gate_up=1,x,4", "gate_up=0,2048,4", "gate_up"])
+def test_a_bad_tile_switch_names_itself(monkeypatch, text):
+    monkeypatch.setenv("DEEPINFER_MOE_TILES", text)
+    with pytest.raises(ValueError, match="DEEPINFER_MOE_TILES"):
+        switches.tiles("DEEPINFER_MOE_TILES", ("gate_up", "down", "router"), (3,))
+
+
+
+def test_the_moe_tile_switch_reaches_the_kernels(monkeypatch):
+    pytest.importorskip("triton", reason="Triton is not installed (it ships with torch's CUDA wheels)")
+    from deepinfer.runtime.kernels import moe_decode
+
+    monkeypatch.delenv("DEEPINFER_MOE_TILES", raising=False)
+    default = moe_decode._down_tile(1), moe_decode._router_tile(1), moe_decode._gate_up_tile(True)
+    monkeypatch.setenv("DEEPINFER_MOE_TILES", "down=4,256,2;router=1,2048,1")
+    assert moe_decode._down_tile(1) == (4, 256, 2) != default[0]
+    assert moe_decode._router_tile(1) == (1, 2048, 1) != default[1]
+    assert moe_decode._gate_up_tile(True) == default[2]  # not named: the default

@@ -79,6 +79,9 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
     Switch("DEEPINFER_MOE_SMALL_BATCH", "4", "models/moe.py",
            "tokens up to which a CUDA MoE layer runs the few-token kernels, no sort by expert (one token for "
            "experts of 64 MiB or more; 0: grouped GEMMs)"),
+    Switch("DEEPINFER_MOE_TILES", "", "kernels/moe_decode.py",
+           "tile overrides of the few-token MoE kernels, \"gate_up=1,2048,4;down=2,1024,4;router=1,2048,2\" "
+           "(BLOCK_N or BLOCK_E, BLOCK_K, num_warps; benchmarks)"),
     Switch("DEEPINFER_MOE_PRENORM", "1", "models/moe.py",
            "the few-token MoE router stores the RMS-normed rows once for the experts (0: every gate/up program "
            "normalises its row again)"),
@@ -122,6 +125,25 @@ def integer(name: str, lo: int = 0) -> int:
     if number < lo:
         raise ValueError(f"{name}={number} must be at least {lo}")
     return number
+
+
+def tiles(name: str, kernels: tuple[str, ...], sizes: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+    """A tile-override switch, ``"kernel=a,b,c;other=..."``: the tile of each named kernel (one of
+    ``kernels``), each of one of ``sizes`` positive integers; anything else is a ValueError naming
+    the switch."""
+    out: dict[str, tuple[int, ...]] = {}
+    for item in filter(None, (part.strip() for part in value(name).split(";"))):
+        key, _, text = item.partition("=")
+        key = key.strip()
+        try:
+            tile = tuple(int(v) for v in text.split(","))
+        except ValueError:
+            tile = ()
+        if key not in kernels or len(tile) not in sizes or min(tile) < 1:
+            raise ValueError(f"{name}: {item!r} is not KERNEL=N,N,... with KERNEL one of {', '.join(kernels)} and "
+                             f"{' or '.join(map(str, sizes))} positive integers ({SWITCHES[name].what})")
+        out[key] = tile
+    return out
 
 
 def native_cpu_decode_wanted() -> bool:

@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from deepinfer.runtime import switches
 from deepinfer.runtime.kernels.fused_moe import check_expert_operands, route_row
 from deepinfer.runtime.kernels.gemv import _activation_chunk
 from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch, prefetch_fits
@@ -61,16 +62,23 @@ def static_k_loops(tokens: int, hidden: int, inter: int) -> tuple[bool, bool]:
     return few and hidden <= STATIC_K_MAX_K, few and inter <= STATIC_K_MAX_K
 
 
+def _switch_tile(kernel: str) -> tuple[int, int, int] | None:
+    # DEEPINFER_MOE_TILES="gate_up=1,2048,4;down=...;router=..." overrides tiles (benchmarks)
+    tile = switches.tiles("DEEPINFER_MOE_TILES", ("gate_up", "down", "router"), (3,)).get(kernel)
+    return None if tile is None else (tile[0], tile[1], tile[2])
+
+
 def _gate_up_tile(static: bool) -> tuple[int, int, int]:
-    return GATE_UP_CONFIG or ((1, 2048, 4) if static else (2, 512, 4))
+    return GATE_UP_CONFIG or _switch_tile("gate_up") or ((1, 2048, 4) if static else (2, 512, 4))
 
 
 def _router_tile(tokens: int) -> tuple[int, int, int]:
-    return ROUTER_CONFIG or ((1, 2048, 4) if tokens <= 2 else (2, 1024, 4))
+    return ROUTER_CONFIG or _switch_tile("router") or ((1, 2048, 4) if tokens <= 2 else (2, 1024, 4))
 
 
 def _down_tile(tokens: int) -> tuple[int, int, int]:
-    return DOWN_CONFIG or ((2, 1024, 4) if tokens == 1 else (4, 256, 4) if tokens == 2 else (16, 128, 8))
+    return DOWN_CONFIG or _switch_tile("down") or (
+        (2, 1024, 4) if tokens == 1 else (4, 256, 4) if tokens == 2 else (16, 128, 8))
 
 
 @triton.jit
@@ -324,7 +332,7 @@ def experts_small(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13
         STATIC_K=hidden if static_gate_up else 0, num_warps=warps, **pdl)
     bn, bk, warps = down_config or _down_tile(t)
     inter_pad = triton.next_power_of_2(inter)
-    tiled = down_config is not None or DOWN_CONFIG is not None  # a tile asked for: kept as given
+    tiled = down_config is not None or DOWN_CONFIG is not None or _switch_tile("down") is not None  # kept as given
     if preload is None:
         preload = not tiled and prefetch_fits(
             triton.next_power_of_2(k) * DOWN_PRELOAD_TILE[0] * inter_pad * w2.element_size(), DOWN_PRELOAD_TILE[1])

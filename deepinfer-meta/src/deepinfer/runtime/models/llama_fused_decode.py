@@ -45,11 +45,8 @@ SMALL_K_CONFIGS = {"qkv": (4, 1024, 4, 2), "o": (2, 1024, 4, 3), "gate_up": (8, 
 
 def _tile(name: str, weight: torch.Tensor) -> tuple[int, ...]:
     # DEEPINFER_ONE_ROW_TILES="down=4,2048,8,1,2;o=..." overrides tiles (benchmarks)
-    for item in switches.value("DEEPINFER_ONE_ROW_TILES").split(";"):
-        key, _, value = item.partition("=")
-        if key == name and value:
-            return tuple(int(v) for v in value.split(","))
-    return (ONE_ROW_CONFIGS if weight.shape[1] >= 2048 else SMALL_K_CONFIGS)[name]
+    given = switches.tiles("DEEPINFER_ONE_ROW_TILES", tuple(ONE_ROW_CONFIGS), (4, 5)).get(name)
+    return given or (ONE_ROW_CONFIGS if weight.shape[1] >= 2048 else SMALL_K_CONFIGS)[name]
 
 
 def one_row_gemv_projections() -> frozenset[str]:
