@@ -317,6 +317,11 @@ def test_cli_refuses_bad_front_end_options(capsys):
     for flags, needle in ((["--api-server-count", "0"], "--api-server-count must be >= 1"),
                           (["--stream-interval", "0"], "--stream-interval must be >= 1"),
                           (["--max-stream-buffer", "0"], "--max-stream-buffer must be >= 1"),
+                          (["--max-queue", "-1"], "--max-queue must be >= 0, got -1"),
+                          (["--api-key", ""], "--api-key must not be empty"),
+                          (["--max-request-bytes", "0"], "--max-request-bytes must be >= 1"),
+                          (["--max-stop-strings", "-2"], "--max-stop-strings must be >= 0"),
+                          (["--arrival-gap-ms", "-1"], "--arrival-gap-ms must be >= 0"),
                           (["--api-server-count", "2", "--engine-in-process"], "needs the engine-core process")):
         assert main(["serve", "--max-model-len", str(LLM_KWARGS["max_model_len"]), *flags]) == 2
         assert needle in capsys.readouterr().err

@@ -109,21 +109,13 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
     if args.data_parallel_size < 1:
         raise ValueError(f"--data-parallel-size must be >= 1, got {args.data_parallel_size}")
-    if args.max_queue < 0:
-        raise ValueError(f"--max-queue must be >= 0, got {args.max_queue}")
     if args.shutdown_timeout < 0:
         raise ValueError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
-    if args.api_key == "":
-        raise ValueError("--api-key must not be empty")
-    if args.max_request_bytes < 1:
-        raise ValueError(f"--max-request-bytes must be >= 1, got {args.max_request_bytes}")
-    if args.max_stop_strings < 0:
-        raise ValueError(f"--max-stop-strings must be >= 0, got {args.max_stop_strings}")
-    for flag in ("api_server_count", "stream_interval", "max_stream_buffer"):
+    for flag in ("api_server_count", "max_stream_buffer"):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
-    if args.arrival_gap_ms is not None and not args.arrival_gap_ms >= 0:
-        raise ValueError(f"--arrival-gap-ms must be >= 0, got {args.arrival_gap_ms}")
+    # the server's own limits, as the app checks them, named by their flags (before the model loads)
+    serve_config(args, getattr(args, "model", None) or "model").check(lambda field: "--" + field.replace("_", "-"))
     if args.api_server_count > 1 and args.engine_in_process:
         raise ValueError(f"--api-server-count {args.api_server_count} needs the engine-core process; "
                          "--engine-in-process serves from one front end only")

@@ -60,6 +60,25 @@ class ServeConfig:
     # "auto": chosen from the chat template (serve/tools.py)
     tool_call_parser: str = "auto"
 
+    def check(self, spell: Callable[[str], str] = str) -> None:
+        """A ValueError for a value the server cannot run with, naming the field as ``spell``
+        spells it (the CLI checks its flags with it before loading a model: ``--max-queue``)."""
+        if not self.served_model_names:
+            raise ValueError(f"{spell('served_model_names')} must name at least one model")
+        if self.api_key == "":
+            raise ValueError(f"{spell('api_key')} must not be empty (no key: leave it out)")
+        for name, lo in (("max_queue", 0), ("max_request_bytes", 1), ("max_stop_strings", 0), ("stream_interval", 1)):
+            number = getattr(self, name)
+            if isinstance(number, bool) or not isinstance(number, int):
+                raise ValueError(f"{spell(name)} must be an int >= {lo}, got {number!r}")
+            if number < lo:
+                raise ValueError(f"{spell(name)} must be >= {lo}, got {number}")
+        if self.arrival_gap_ms is not None and not self.arrival_gap_ms >= 0:
+            raise ValueError(f"{spell('arrival_gap_ms')} must be >= 0, got {self.arrival_gap_ms}")
+        if self.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ValueError(f"{spell('tool_call_parser')} must be one of {', '.join(TOOL_CALL_PARSERS)}, "
+                             f"got {self.tool_call_parser!r}")
+
 
 class ServingState:
     """The model, the engine (one engine thread, or data-parallel replicas), metrics and the
@@ -69,22 +88,7 @@ class ServingState:
     replicas' processes serve; it has the tokenizer and limits the routes need)."""
 
     def __init__(self, llm: Any, config: ServeConfig) -> None:
-        if not config.served_model_names:
-            raise ValueError("served_model_names must name at least one model")
-        if config.max_queue < 0:
-            raise ValueError(f"max_queue must be >= 0, got {config.max_queue}")
-        if config.api_key == "":
-            raise ValueError("api_key must not be empty (None: no key)")
-        if config.max_request_bytes < 1:
-            raise ValueError(f"max_request_bytes must be >= 1, got {config.max_request_bytes}")
-        if config.max_stop_strings < 0:
-            raise ValueError(f"max_stop_strings must be >= 0, got {config.max_stop_strings}")
-        if isinstance(config.stream_interval, bool) or not isinstance(config.stream_interval, int) \
-                or config.stream_interval < 1:
-            raise ValueError(f"stream_interval must be an int >= 1, got {config.stream_interval!r}")
-        if config.tool_call_parser not in TOOL_CALL_PARSERS:
-            raise ValueError(f"tool_call_parser must be one of {', '.join(TOOL_CALL_PARSERS)}, "
-                             f"got {config.tool_call_parser!r}")
+        config.check()
         from deepinfer.serve.replicas import ReplicaSet
 
         self.llm, self.config = llm, config
