@@ -12,7 +12,10 @@ at batch 1 (the one-row GEMVs) and at a few rows (the few-token MoE kernels), an
 (``fused_step_forward``: a prompt chunk and a decode row), and the GGUF one-row GEMV of each GPU
 type at the Llama-3-8B projections' K, each with the PDL prefetch off and on.
 
-    python sm90_compile_check.py [SHAPE ...] [gguf]    # names from gpu_shapes.SHAPES
+    python sm90_compile_check.py [SHAPE ...] [gguf] [others]    # names from gpu_shapes.SHAPES
+
+``others``: the kernels outside a bf16 decode step, once (they have no prefetch form): the FP8
+weight kernels, the GGUF several-row GEMM and MMQ, the structured-output masks.
 
 Prints one line per (shape, batch, prefetch) with the kernels it compiled; exits non-zero on the
 first compile error (its message names the kernel).
@@ -167,6 +170,51 @@ def gguf_one_row(kind: str) -> None:
             gguf_gemv(x, planes, silu_mul=True, residual=torch.empty(1, 8, dtype=torch.bfloat16, device=meta))
 
 
+def fp8_kernels() -> None:
+    """The FP8 weight kernels at a Llama-3-8B K: the one-row GEMV in each of its maths (with the
+    RMSNorm; SiLU·mul + residual), the weight-only GEMM at 4 and 64 rows, the W8A8 GEMM."""
+    from deepinfer.runtime.kernels.fp8_act import fp8_w8a8_gemm
+    from deepinfer.runtime.kernels.fp8_gemv import MATHS, fp8_gemm, fp8_gemv
+
+    meta, bf16 = torch.device("meta"), torch.bfloat16
+    w = torch.empty(64, 4096, dtype=torch.float8_e4m3fn, device=meta)
+    scale = torch.empty(64, dtype=torch.float32, device=meta)
+    for math in MATHS:
+        fp8_gemv(torch.empty(1, 4096, dtype=bf16, device=meta), w, scale, math=math,
+                 norm=(torch.empty(4096, dtype=bf16, device=meta), 1e-5))
+        fp8_gemv(torch.empty(1, 8192, dtype=bf16, device=meta), w, scale, math=math, silu_mul=True,
+                 residual=torch.empty(1, 64, dtype=bf16, device=meta))
+    for rows in (4, 64):
+        fp8_gemm(torch.empty(rows, 4096, dtype=bf16, device=meta), w, scale)
+    fp8_w8a8_gemm(torch.empty(32, 4096, dtype=bf16, device=meta), w, scale)
+
+
+def gguf_several_rows(kind: str) -> None:
+    """The GGUF kernels of several rows: the GEMM (4 rows) and the int8 MMQ (64 rows)."""
+    from deepinfer.runtime.kernels.gguf_gemv import gguf_gemm
+    from deepinfer.runtime.kernels.gguf_layout import regroup
+    from deepinfer.runtime.kernels.gguf_mmq import gguf_mmq, quantize_rows
+    from gguf_gpu_check import random_blocks
+
+    meta = torch.device("meta")
+    planes = regroup(torch.from_numpy(random_blocks(kind, 8, 4096, seed=0)), kind).map(lambda t: t.to(meta))
+    gguf_gemm(torch.empty(4, 4096, dtype=torch.bfloat16, device=meta), planes)
+    gguf_mmq(quantize_rows(torch.empty(64, 4096, dtype=torch.bfloat16, device=meta)), planes)
+
+
+def grammar_masks() -> None:
+    """The structured-output kernels: the masked argmax of the decode graphs and the logit mask."""
+    from deepinfer.runtime.kernels.grammar_mask import mask_logits_, masked_argmax_, packed_size
+
+    meta, vocab = torch.device("meta"), 49152
+    words = vocab // 32
+    logits = torch.empty(8, vocab, dtype=torch.float32, device=meta)
+    packed = torch.empty(packed_size(8, 8, words), dtype=torch.int32, device=meta)
+    masked_argmax_(torch.empty(8, dtype=torch.int64, device=meta), logits, packed, 8, words)
+    mask_logits_(logits, torch.empty(2, dtype=torch.int64, device=meta),
+                 torch.empty(2, words, dtype=torch.int32, device=meta))
+
+
 def _read_shape_config(shape: str) -> dict[str, Any]:
     from gpu_shapes import SHAPES
 
@@ -183,7 +231,7 @@ def main(args: list[str]) -> None:
     install()
     for prefetch in ("0", "1"):
         os.environ["DEEPINFER_PDL_PREFETCH"] = prefetch
-        for shape in (a for a in args if a != "gguf"):
+        for shape in (a for a in args if a not in ("gguf", "others")):
             for batch in (1, 4):
                 decode_step(shape, batch)
                 _report(f"{shape} batch {batch} prefetch {prefetch}")
@@ -196,6 +244,16 @@ def main(args: list[str]) -> None:
             for kind in GPU_TYPES:
                 gguf_one_row(kind)
                 _report(f"gguf {kind} one row prefetch {prefetch}")
+    if "others" in args:  # no prefetch form: once
+        fp8_kernels()
+        _report("fp8 one row (every math), gemm, w8a8")
+        from deepinfer.runtime.kernels.gguf_layout import GPU_TYPES
+
+        for kind in GPU_TYPES:
+            gguf_several_rows(kind)
+            _report(f"gguf {kind} several rows")
+        grammar_masks()
+        _report("grammar masks")
 
 
 if __name__ == "__main__":

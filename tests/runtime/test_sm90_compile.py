@@ -1,5 +1,6 @@
 """Every Triton kernel of a CUDA-graph decode step and of an eager step compiles for an H100/H200
-(sm_90), with the PDL prefetch off and on, on this machine without a GPU (``sm90_compile_check.py``: meta tensors, a
+(sm_90), with the PDL prefetch off and on, and so do the FP8, GGUF several-row and grammar-mask
+kernels, on this machine without a GPU (``sm90_compile_check.py``: meta tensors, a
 driver that reports sm_90, compile instead of launch).
 
 Triton's interpreter, which the other kernel tests use, runs a kernel's Python and so accepts
@@ -36,11 +37,13 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_decode_step_kernels_compile_for_sm90():
     _compiler_for_sm90()
-    out = _run(*SHAPES, "gguf")
+    out = _run(*SHAPES, "gguf", "others")
     assert out.returncode == 0, out.stderr[-4000:]
     lines = out.stdout.splitlines()
-    # each shape at batch 1 and 4 and (but DeepSeek's MLA) an eager step, each GGUF type; prefetch off and on
-    assert len(lines) == 2 * (3 * len(SHAPES) - 1 + 6) and all(line.startswith("ok") for line in lines), out.stdout
+    # each shape at batch 1 and 4 and (but DeepSeek's MLA) an eager step, each GGUF type; prefetch off and
+    # on; then once the FP8 kernels, each GGUF type's several-row kernels and the grammar masks
+    assert len(lines) == 2 * (3 * len(SHAPES) - 1 + 6) + 1 + 6 + 1, out.stdout
+    assert all(line.startswith("ok") for line in lines), out.stdout
     qwen3 = next(line for line in lines if line.startswith("ok   qwen3-30b-a3b batch 1 prefetch 1"))
     for kernel in ("_gemv_kernel", "_decode_split_kernel", "_rotary_kv_kernel", "_router_kernel", "_gate_up_kernel",
                    "_down_kernel", "_argmax_partials_kernel"):
