@@ -102,7 +102,23 @@ def test_the_moe_tile_switch_reaches_the_kernels(monkeypatch):
 
     monkeypatch.delenv("DEEPINFER_MOE_TILES", raising=False)
     default = moe_decode._down_tile(1), moe_decode._router_tile(1), moe_decode._gate_up_tile(True)
-    monkeypatch.setenv("DEEPINFER_MOE_TILES", "down=4,256,2;router=1,2048,1")
+    monkeypatch.setenv("DEEPINFER_MOE_TILES", "down=4,256,2;router=2,1024,2")
     assert moe_decode._down_tile(1) == (4, 256, 2) != default[0]
-    assert moe_decode._router_tile(1) == (1, 2048, 1) != default[1]
+    assert moe_decode._router_tile(1) == (2, 1024, 2) != default[1]
     assert moe_decode._gate_up_tile(True) == default[2]  # not named: the default
+
+
+def test_one_row_tiles_by_shape_and_switch(monkeypatch):
+    """The one-row GEMV tiles: by K (small models), the narrowing o projection's own tile
+    (Qwen3-30B-A3B's 4096 -> 2048), and the switch over both."""
+    import torch
+    from deepinfer.runtime.models import llama_fused_decode as fd
+
+    monkeypatch.delenv("DEEPINFER_ONE_ROW_TILES", raising=False)
+    w = lambda n, k: torch.empty(n, k, device="meta")  # noqa: E731
+    assert fd._tile("o", w(4096, 4096)) == fd.ONE_ROW_CONFIGS["o"]  # Llama-3-8B: square
+    assert fd._tile("o", w(2048, 4096)) == fd.NARROWING_O_CONFIG != fd.ONE_ROW_CONFIGS["o"]
+    assert fd._tile("o", w(576, 576)) == fd.SMALL_K_CONFIGS["o"]
+    assert fd._tile("qkv", w(5120, 2048)) == fd.ONE_ROW_CONFIGS["qkv"]
+    monkeypatch.setenv("DEEPINFER_ONE_ROW_TILES", "o=2,1024,4,3")
+    assert fd._tile("o", w(2048, 4096)) == (2, 1024, 4, 3)
