@@ -10,6 +10,7 @@ A boolean switch is off for "0", "false", "no" or "off" (any case), on otherwise
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -35,9 +36,10 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
     Switch("DEEPINFER_PDL", "1", "kernels/pdl.py",
            "Triton kernels of the decode graph launch with programmatic dependent launch (0: off)"),
     Switch("DEEPINFER_PDL_PREFETCH", "0", "kernels/pdl.py",
-           "experimental, slower on the H200 (Qwen3-30B-A3B batch 1: 318 against 365 tok/s): 1 makes the Triton decode kernels (and every step's rotary "
-           "kernel) load their weights, the step's inputs and what kernels two launches back wrote before the PDL "
-           "wait (0: the one-row GEMVs preload only their first weight tile)"),
+           "experimental, slower on the H200 (Qwen3-30B-A3B batch 1: 318 against 365 tok/s): 1 makes the "
+           "Triton decode kernels (and every step's rotary kernel) load their weights, the step's inputs "
+           "and what kernels two launches back wrote before the PDL wait (0: the one-row GEMVs preload only "
+           "their first weight tile)"),
     Switch("DEEPINFER_ONE_ROW_GEMV", "qkv,o,gate_up,down", "models/llama_fused_decode.py",
            "projections of a one-row step that run the fused Triton GEMV (\"none\": cuBLAS for all)"),
     Switch("DEEPINFER_ONE_ROW_TILES", "", "models/llama_fused_decode.py",
@@ -130,9 +132,16 @@ def integer(name: str, lo: int = 0) -> int:
 def tiles(name: str, kernels: tuple[str, ...], sizes: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
     """A tile-override switch, ``"kernel=a,b,c;other=..."``: the tile of each named kernel (one of
     ``kernels``), each of one of ``sizes`` positive integers; anything else is a ValueError naming
-    the switch."""
+    the switch. Read at every kernel launch (a benchmark may change it between captures), parsed
+    once per value."""
+    return dict(_parse_tiles(name, value(name), kernels, sizes))
+
+
+@functools.lru_cache(maxsize=64)
+def _parse_tiles(name: str, text: str, kernels: tuple[str, ...],
+                 sizes: tuple[int, ...]) -> tuple[tuple[str, tuple[int, ...]], ...]:
     out: dict[str, tuple[int, ...]] = {}
-    for item in filter(None, (part.strip() for part in value(name).split(";"))):
+    for item in filter(None, (part.strip() for part in text.split(";"))):
         key, _, text = item.partition("=")
         key = key.strip()
         try:
@@ -143,7 +152,7 @@ def tiles(name: str, kernels: tuple[str, ...], sizes: tuple[int, ...]) -> dict[s
             raise ValueError(f"{name}: {item!r} is not KERNEL=N,N,... with KERNEL one of {', '.join(kernels)} and "
                              f"{' or '.join(map(str, sizes))} positive integers ({SWITCHES[name].what})")
         out[key] = tile
-    return out
+    return tuple(out.items())
 
 
 def native_cpu_decode_wanted() -> bool:

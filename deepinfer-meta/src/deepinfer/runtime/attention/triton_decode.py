@@ -129,20 +129,20 @@ def _decode_split_kernel(
         counter = count_ptr + seq * tl.num_programs(1) + kvh
         if tl.atomic_add(counter, 1, sem="acq_rel") == active - 1:
             tl.store(counter, 0)
-            first_part = (seq * num_heads + head) * num_splits
+            part0 = (seq * num_heads + head) * num_splits
             m_max = tl.full([M], float("-inf"), tl.float32)
             for s in range(0, active):
-                m_s = tl.load(part_ml_ptr + (first_part + s) * 2, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
+                m_s = tl.load(part_ml_ptr + (part0 + s) * 2, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
                 m_max = tl.maximum(m_max, m_s)
             m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
             total = tl.zeros([M], tl.float32)
             merged = tl.zeros([M, HEAD_DIM_PAD], tl.float32)
             for s in range(0, active):
-                m_s = tl.load(part_ml_ptr + (first_part + s) * 2, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
-                l_s = tl.load(part_ml_ptr + (first_part + s) * 2 + 1, mask=row_ok, other=0.0, cache_modifier=".cg")
+                m_s = tl.load(part_ml_ptr + (part0 + s) * 2, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
+                l_s = tl.load(part_ml_ptr + (part0 + s) * 2 + 1, mask=row_ok, other=0.0, cache_modifier=".cg")
                 w_s = tl.where(m_s > float("-inf"), tl.exp(m_s - m_max), 0.0)
                 total += w_s * l_s
-                po = tl.load(part_o_ptr + (first_part + s)[:, None] * HEAD_DIM + d[None, :],
+                po = tl.load(part_o_ptr + (part0 + s)[:, None] * HEAD_DIM + d[None, :],
                              mask=out_mask, other=0.0, cache_modifier=".cg")
                 merged += po * w_s[:, None]
             _store_normalised(out_ptrs, merged, total, out_mask)

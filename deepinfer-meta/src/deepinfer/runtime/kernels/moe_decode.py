@@ -334,9 +334,10 @@ def experts_small(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13
         norm[1] if norm is not None else 0.0, TOP_K=k, BLOCK_N=bn, BLOCK_K=min(bk, triton.next_power_of_2(hidden)),
         NORM=norm is not None, NORM_BLOCK=triton.next_power_of_2(hidden) if norm is not None else 1,
         STATIC_K=hidden if static_gate_up else 0, num_warps=warps, **pdl)
-    bn, bk, warps = down_config or _down_tile(t)
+    asked = down_config or DOWN_CONFIG or _switch_tile("down")  # a tile asked for: kept as given
+    bn, bk, warps = asked or _down_tile(t)
     inter_pad = triton.next_power_of_2(inter)
-    tiled = down_config is not None or DOWN_CONFIG is not None or _switch_tile("down") is not None  # kept as given
+    tiled = asked is not None
     if preload is None:
         preload = not tiled and prefetch_fits(
             triton.next_power_of_2(k) * DOWN_PRELOAD_TILE[0] * inter_pad * w2.element_size(), DOWN_PRELOAD_TILE[1])

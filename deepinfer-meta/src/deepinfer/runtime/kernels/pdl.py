@@ -21,8 +21,9 @@ only what no kernel of the step writes (weights, the step's inputs) or what a ke
 launches back wrote. That kernel has finished by then, because the kernel in between lets its
 successor launch only after its own wait. It is off by default: measured on the H200 it loses
 (Qwen3-30B-A3B batch 1: 318 against 365 output tok/s; guide 08). ``DEEPINFER_PDL_PREFETCH=1``
-turns it on; off, the one-row GEMVs preload their first weight tile as before; Triton's interpreter checks both forms in CI, and tests/runtime/test_sm90_compile.py
-compiles them for sm_90.
+turns it on; off, the one-row GEMVs preload their first weight tile as before. Triton's
+interpreter checks both forms in CI, and tests/runtime/test_sm90_compile.py compiles them for
+sm_90.
 """
 
 from __future__ import annotations
