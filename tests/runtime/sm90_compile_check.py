@@ -34,7 +34,7 @@ import torch
 if os.environ.get("TRITON_INTERPRET") == "1":
     sys.exit("sm90_compile_check.py compiles for the GPU: run it without TRITON_INTERPRET=1")
 
-from gpu_shapes import write_shape_dir
+from gpu_shapes import SHAPES, write_shape_dir
 from triton.backends.compiler import GPUTarget
 from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
@@ -215,12 +215,6 @@ def grammar_masks() -> None:
                  torch.empty(2, words, dtype=torch.int32, device=meta))
 
 
-def _read_shape_config(shape: str) -> dict[str, Any]:
-    from gpu_shapes import SHAPES
-
-    return SHAPES[shape]
-
-
 def _report(what: str) -> None:
     kernels = ", ".join(f"{name} x{n}" for name, n in sorted(compiled.items()))
     print(f"ok   {what}: {kernels}", flush=True)
@@ -235,7 +229,7 @@ def main(args: list[str]) -> None:
             for batch in (1, 4):
                 decode_step(shape, batch)
                 _report(f"{shape} batch {batch} prefetch {prefetch}")
-            if _read_shape_config(shape).get("kv_lora_rank") is None:  # MLA models take no fused eager step
+            if "kv_lora_rank" not in SHAPES[shape]:  # MLA models take no fused eager step
                 eager_step(shape)
                 _report(f"{shape} eager step prefetch {prefetch}")
         if "gguf" in args:
