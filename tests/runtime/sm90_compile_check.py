@@ -232,6 +232,11 @@ def main(args: list[str]) -> None:
             if "kv_lora_rank" not in SHAPES[shape]:  # MLA models take no fused eager step
                 eager_step(shape)
                 _report(f"{shape} eager step prefetch {prefetch}")
+                if prefetch == "0":  # the rotary inside the decode attention (no prefetch form)
+                    os.environ["DEEPINFER_ROTARY_IN_ATTENTION"] = "1"
+                    decode_step(shape, 1)
+                    del os.environ["DEEPINFER_ROTARY_IN_ATTENTION"]
+                    _report(f"{shape} batch 1 rotary in attention")
         if "gguf" in args:
             from deepinfer.runtime.kernels.gguf_layout import GPU_TYPES
 

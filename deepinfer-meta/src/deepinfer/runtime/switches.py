@@ -75,6 +75,10 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
            "two from 16 (0: eager); read at start-up"),
     Switch("DEEPINFER_FOLD_MERGE", "1", "models/llama_fused_decode.py",
            "the split-KV attention merge folded into the split kernel (0: a second kernel)"),
+    Switch("DEEPINFER_ROTARY_IN_ATTENTION", "0", "models/llama_fused_decode.py",
+           "experimental, not yet timed on a GPU: 1 makes the decode graphs' split-K attention rotate its own query "
+           "heads and store the step's key and value (one launch a layer fewer than the rotary kernel then the "
+           "attention; plain decode steps, not verify steps or with DEEPINFER_PDL_PREFETCH=1); read at capture"),
     Switch("DEEPINFER_WARMUP", "1", "worker/warm_up.py",
            "at start-up on CUDA, eager steps of a few row counts run once on dummy tokens so the first prompt "
            "does not wait for Triton's compiles (0: off)"),

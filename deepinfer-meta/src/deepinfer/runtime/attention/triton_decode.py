@@ -23,6 +23,10 @@ import triton.language as tl
 from deepinfer.runtime.attention.triton_softmax import online_softmax_block
 from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch, prefetch_enabled
 
+QKNorm = tuple[torch.Tensor, torch.Tensor, float]  # Qwen3's q and k norm weights [D] and their eps
+# what rotary_decode_attention adds to a launch: positions, slots, cos and sin tables, QKNorm
+Rotary = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, "QKNorm | None"]
+
 
 @triton.jit
 def _store_normalised(out_ptrs, acc, l_i, mask):
@@ -44,14 +48,59 @@ def _kv_tile(block_tables_ptr, seq, kvh, kstart, end, n, d, stride_bt, stride_kb
 
 
 @triton.jit
+def _rotate_heads(rows, raw, d, mask, pos, cos_ptr, sin_ptr, stride_cos, w_ptr, eps, HEAD_DIM: tl.constexpr,
+                  QK_NORM: tl.constexpr):
+    """``rotary_kv_write``'s math for the heads whose values ``raw`` [R, D_PAD] were loaded from
+    ``rows`` + d (NEOX layout): Qwen3's per-head RMSNorm with ``w_ptr`` first (QK_NORM), then
+    x * cos + rotate_half(x) * sin at position ``pos``, rounded where torch rounds; in raw's dtype."""
+    dt = raw.dtype
+    half: tl.constexpr = HEAD_DIM // 2
+    lo = d < half
+    partner = tl.where(lo, d + half, d - half)  # rotate_half's source column
+    x = raw.to(tl.float32)
+    xp = tl.load(rows + partner[None, :], mask=mask, other=0.0).to(tl.float32)
+    if QK_NORM:
+        r = tl.math.rsqrt(tl.sum(x * x, axis=1) / HEAD_DIM + eps)[:, None]
+        x = (tl.load(w_ptr + d, mask=d < HEAD_DIM, other=0.0).to(tl.float32)[None, :]
+             * (x * r).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+        xp = (tl.load(w_ptr + partner, mask=d < HEAD_DIM, other=0.0).to(tl.float32)[None, :]
+              * (xp * r).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    # the float32 cos/sin tables rounded to the activation dtype first, as torch does
+    c = tl.load(cos_ptr + pos * stride_cos + d, mask=d < HEAD_DIM, other=0.0).to(dt).to(tl.float32)[None, :]
+    s = tl.load(sin_ptr + pos * stride_cos + d, mask=d < HEAD_DIM, other=0.0).to(dt).to(tl.float32)[None, :]
+    rot = tl.where(lo[None, :], -xp, xp)
+    return ((x * c).to(dt).to(tl.float32) + (rot * s).to(dt).to(tl.float32)).to(dt)
+
+
+@triton.jit
+def _store_new_kv(qkv_row, kvh, num_heads, d, pos, slot, cos_ptr, sin_ptr, stride_cos, kn_ptr, eps, k_ptr, v_ptr,
+                  stride_kb, stride_ks, stride_kh, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  QK_NORM: tl.constexpr):
+    """This step's key (normed, rotated) and value of kv head ``kvh`` from the qkv row into the
+    cache at ``slot`` (``rotary_kv_write``'s stores for one sequence and kv head)."""
+    mask = (d < HEAD_DIM)[None, :]
+    k_rows = qkv_row + (num_heads + kvh) * HEAD_DIM + tl.zeros([1, 1], tl.int64)
+    v_rows = k_rows + tl.num_programs(1) * HEAD_DIM
+    k = _rotate_heads(k_rows, tl.load(k_rows + d[None, :], mask=mask, other=0.0), d, mask, pos, cos_ptr, sin_ptr,
+                      stride_cos, kn_ptr, eps, HEAD_DIM, QK_NORM)
+    dst = (slot // BLOCK_SIZE) * stride_kb + (slot % BLOCK_SIZE) * stride_ks + kvh * stride_kh + d[None, :]
+    tl.store(k_ptr + dst, k, mask=mask)
+    tl.store(v_ptr + dst, tl.load(v_rows + d[None, :], mask=mask, other=0.0), mask=mask)
+
+
+@triton.jit
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, block_tables_ptr, seq_lens_ptr, part_o_ptr, part_ml_ptr, o_ptr, count_ptr,
-    scale, num_splits,
-    stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt, stride_ot, stride_oh,
+    pos_ptr, slot_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr, eps, scale, num_splits,
+    stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt, stride_ot, stride_oh, stride_cos,
     GROUP: tl.constexpr, M: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, IEEE: tl.constexpr, DIRECT: tl.constexpr,
     FOLD_MERGE: tl.constexpr, PDL: tl.constexpr, PRELOAD: tl.constexpr = False, NEW_ROWS: tl.constexpr = 1,
+    ROTARY: tl.constexpr = False, QK_NORM: tl.constexpr = False,
 ):
+    # ROTARY: q_ptr is the step's qkv rows; each program rotates its query heads itself, and the
+    # split holding a row's last position (this step's token) first stores the token's key and
+    # value (rotary_decode_attention). Not with PRELOAD.
     # PRELOAD: before the wait (kernels/pdl.py) the lengths and block tables (step inputs) and the
     # first tile's cached keys and values of earlier steps' tokens. The kernel just before this one
     # stores this step's k/v: the last NEW_ROWS positions of a row's context (one for a decode
@@ -99,7 +148,18 @@ def _decode_split_kernel(
             m_i, l_i, acc = online_softmax_block(q, k, v, kmask[None, :], m_i, l_i, acc, scale, IEEE)
         first = start + BLOCK_N
     else:
-        q = tl.load(q_ptr + seq * stride_qt + head[:, None] * stride_qh + d[None, :], mask=out_mask, other=0.0)
+        q_rows = q_ptr + seq * stride_qt + head[:, None] * stride_qh
+        q = tl.load(q_rows + d[None, :], mask=out_mask, other=0.0)
+        if ROTARY:
+            pos = tl.load(pos_ptr + seq).to(tl.int64)
+            q = _rotate_heads(q_rows, q, d, out_mask, pos, cos_ptr, sin_ptr, stride_cos, qn_ptr, eps, HEAD_DIM,
+                              QK_NORM)
+            slot = tl.load(slot_ptr + seq)
+            if (split == active - 1) & (slot >= 0):  # padding rows (slot -1) store nothing
+                _store_new_kv(q_ptr + seq * stride_qt, kvh, tl.num_programs(1) * GROUP, d, pos, slot, cos_ptr,
+                              sin_ptr, stride_cos, kn_ptr, eps, k_ptr, v_ptr, stride_kb, stride_ks, stride_kh,
+                              BLOCK_SIZE, HEAD_DIM, QK_NORM)
+            tl.debug_barrier()  # those stores before this program's loads of the same rows
         first = start
     for kstart in range(first, end, BLOCK_N):
         base, kmask = _kv_tile(block_tables_ptr, seq, kvh, kstart, end, n, d, stride_bt, stride_kb, stride_ks,
@@ -211,37 +271,89 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torc
         raise ValueError(f"decode_attention: new_rows must be >= 1, got {new_rows}")
     preload = prefetch_enabled() if preload is None else preload
     b, num_heads, head_dim = q.shape
-    kv_heads, block_size = kv_cache.shape[3], kv_cache.shape[2]
-    if num_heads % kv_heads:
-        raise ValueError(f"decode_attention: {num_heads} query heads are not a multiple of {kv_heads} kv heads")
+    _check(kv_cache, num_heads, num_splits, "decode_attention")
+    out = torch.empty_like(q) if out is None else out
+    _launch(q, q.stride(0), q.stride(1), b, num_heads, head_dim, kv_cache, block_tables, seq_lens, scale, num_splits,
+            workspace, out, fold_merge, preload, new_rows if preload else 1, None)
+    return out
+
+
+def rotary_decode_attention(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                            slot_mapping: torch.Tensor, kv_cache: torch.Tensor, num_heads: int,
+                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, num_splits: int,
+                            workspace: DecodeWorkspace | None = None,
+                            qk_norm: QKNorm | None = None, fold_merge: bool = True) -> torch.Tensor:
+    """``rotary_kv_write`` then ``decode_attention`` of a decode step in one launch: the same
+    results from the step's ``qkv`` rows [B, (H + 2*KVH) * D] (NEOX layout) at ``positions``.
+    Each program rotates (and with ``qk_norm``, RMS-normalises first) its own query heads, and
+    the split program that holds a row's last position stores that row's key and value at
+    ``slot_mapping`` before reading it (rows with slot < 0 store nothing). One new position per
+    row (not a verify step's k + 1), and no preload before the PDL wait. Returns [B, H, D]."""
+    b = qkv.shape[0]
+    head_dim = kv_cache.shape[-1]
+    kv_heads = kv_cache.shape[3]
+    if qkv.dim() != 2 or qkv.shape[1] != (num_heads + 2 * kv_heads) * head_dim or qkv.stride(1) != 1:
+        raise ValueError(f"rotary_decode_attention: qkv of shape {tuple(qkv.shape)} does not hold {num_heads} q and "
+                         f"2x{kv_heads} kv heads of {head_dim}")
+    if head_dim % 2:
+        raise ValueError(f"rotary_decode_attention: the head size must be even for the rotary, got {head_dim}")
+    if not kv_cache.is_contiguous() or cos.stride(1) != 1 or cos.stride() != sin.stride():
+        raise ValueError("rotary_decode_attention: kv_cache and the cos/sin tables must be contiguous")
+    if qk_norm is not None and (qk_norm[0].shape != (head_dim,) or qk_norm[1].shape != (head_dim,)):
+        raise ValueError(f"rotary_decode_attention: the q/k norm weights must be [{head_dim}], got "
+                         f"{tuple(qk_norm[0].shape)} and {tuple(qk_norm[1].shape)}")
+    for name, t in (("positions", positions), ("slot_mapping", slot_mapping), ("seq_lens", seq_lens)):
+        if t.shape != (b,):
+            raise ValueError(f"rotary_decode_attention: {name} must hold one value per qkv row ({b}), got shape "
+                             f"{tuple(t.shape)}")
+    _check(kv_cache, num_heads, num_splits, "rotary_decode_attention")
+    out = torch.empty((b, num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
+    _launch(qkv, qkv.stride(0), head_dim, b, num_heads, head_dim, kv_cache, block_tables, seq_lens, scale, num_splits,
+            workspace, out, fold_merge, False, 1, (positions, slot_mapping, cos, sin, qk_norm))
+    return out
+
+
+def _check(kv_cache: torch.Tensor, num_heads: int, num_splits: int, name: str) -> None:
+    if num_heads % kv_cache.shape[3]:
+        raise ValueError(f"{name}: {num_heads} query heads are not a multiple of {kv_cache.shape[3]} kv heads")
     if not 1 <= num_splits <= 1024:
-        raise ValueError(f"decode_attention: num_splits must be in [1, 1024], got {num_splits}")
+        raise ValueError(f"{name}: num_splits must be in [1, 1024], got {num_splits}")
+
+
+def _launch(q: torch.Tensor, stride_qt: int, stride_qh: int, b: int, num_heads: int, head_dim: int,
+            kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, num_splits: int,
+            workspace: DecodeWorkspace | None, out: torch.Tensor, fold_merge: bool, preload: bool, new_rows: int,
+            rotary: Rotary | None) -> None:
+    """The split kernel (and the separate merge where it runs) over query rows at ``q`` with the
+    given strides; ``rotary``: (positions, slots, cos, sin, qk_norm), q then being the qkv rows."""
+    kv_heads, block_size = kv_cache.shape[3], kv_cache.shape[2]
     if workspace is None:
         workspace = DecodeWorkspace(b * num_splits, num_heads, head_dim, q.device)
     if workspace.max_partials < b * num_splits or workspace.part_o.numel() < b * num_splits * num_heads * head_dim:
         raise ValueError(f"decode_attention: the workspace holds {workspace.max_partials} partials, this call needs "
                          f"{b} sequences x {num_splits} splits")
-    group = num_heads // kv_heads
-    out = torch.empty_like(q) if out is None else out
     if b == 0:
-        return out
+        return
+    group = num_heads // kv_heads
     part_o, part_ml = workspace.part_o, workspace.part_ml
     k_cache, v_cache = kv_cache[0], kv_cache[1]
     block_n = max(64, triton.next_power_of_2(block_size))
     pdl = pdl_launch(q.device)
     fold = fold_merge and num_splits > 1
+    positions, slots, cos, sin, qk_norm = rotary if rotary is not None else (seq_lens, seq_lens, q, q, None)
+    qn, kn, eps = qk_norm if qk_norm is not None else (q, q, 0.0)
     _decode_split_kernel[(b, kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, seq_lens, part_o, part_ml, out, workspace.counters, scale, num_splits,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        out.stride(0), out.stride(1),
+        q, k_cache, v_cache, block_tables, seq_lens, part_o, part_ml, out, workspace.counters,
+        positions, slots, cos, sin, qn, kn, eps, scale, num_splits,
+        stride_qt, stride_qh, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        out.stride(0), out.stride(1), cos.stride(0) if rotary is not None else 0,
         GROUP=group, M=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size, BLOCK_N=block_n,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=triton.next_power_of_2(head_dim), IEEE=q.dtype == torch.float32,
-        DIRECT=num_splits == 1, FOLD_MERGE=fold, PRELOAD=preload, NEW_ROWS=new_rows if preload else 1, num_warps=4,
-        **pdl)
+        DIRECT=num_splits == 1, FOLD_MERGE=fold, PRELOAD=preload, NEW_ROWS=new_rows, ROTARY=rotary is not None,
+        QK_NORM=qk_norm is not None, num_warps=4, **pdl)
     if num_splits == 1 or fold:
-        return out
+        return
     _decode_merge_kernel[(b, num_heads)](
         part_o, part_ml, out, num_splits, out.stride(0), out.stride(1),
         SPLITS_PAD=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim,
         HEAD_DIM_PAD=triton.next_power_of_2(head_dim), num_warps=1, **pdl)
-    return out

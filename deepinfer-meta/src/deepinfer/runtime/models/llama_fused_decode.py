@@ -28,9 +28,14 @@ from torch import nn
 
 from deepinfer.runtime import switches
 from deepinfer.runtime.attention.metadata import AttentionMetadata
-from deepinfer.runtime.attention.triton_decode import DecodeWorkspace, decode_attention
+from deepinfer.runtime.attention.triton_decode import (
+    DecodeWorkspace,
+    decode_attention,
+    rotary_decode_attention,
+)
 from deepinfer.runtime.kernels.fused_ops import add_rmsnorm, rotary_kv_write, silu_mul
 from deepinfer.runtime.kernels.gemv import gemv
+from deepinfer.runtime.kernels.pdl import prefetch_enabled
 from deepinfer.runtime.models.gguf_linear import GGUFLinearCUDA
 from deepinfer.runtime.models.llama import LlamaForCausalLM, LlamaLayer, RMSNorm
 
@@ -136,7 +141,16 @@ def _residual_linear(st: _Stream, a: torch.Tensor, proj: nn.Module, name: str, g
     st.pending = proj.forward(silu_mul(a) if silu else a)
 
 
+# (layer, the step's qkv rows, the layer's KV cache) -> attention output [B, H, D]: rotates q and
+# k and stores the step's k and v, then attends
 Attend = Callable[[LlamaLayer, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _qk_norm(layer: LlamaLayer) -> tuple[torch.Tensor, torch.Tensor, float] | None:
+    """Qwen3's per-head q/k RMSNorm (weights, eps) for the rotary kernels, None without one."""
+    if layer.q_norm is None or layer.k_norm is None:
+        return None
+    return layer.q_norm.weight, layer.k_norm.weight, layer.q_norm.eps
 
 
 def fused_decode_forward(model: LlamaForCausalLM, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -147,14 +161,24 @@ def fused_decode_forward(model: LlamaForCausalLM, input_ids: torch.Tensor, posit
     padding: they write no KV). ``new_rows``: the most positions at the end of a row's context
     that this step stores (1; k + 1 for verify rows), see ``decode_attention``."""
     fold_merge = switches.enabled("DEEPINFER_FOLD_MERGE")
+    cos, sin = model.rotary.cos, model.rotary.sin
+    # the rotary + KV store inside the attention kernel: one new position a row (not a verify
+    # step's k + 1, whose rows read each other's stores) and no preload before the PDL wait
+    in_attention = new_rows == 1 and switches.enabled("DEEPINFER_ROTARY_IN_ATTENTION") and not prefetch_enabled()
 
-    def attend(layer: LlamaLayer, q: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
+    def attend(layer: LlamaLayer, qkv: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
+        if in_attention:
+            return rotary_decode_attention(qkv, positions, cos, sin, slot_mapping, cache, layer.num_heads,
+                                           block_tables, seq_lens, layer.scale, num_splits, workspace,
+                                           _qk_norm(layer), fold_merge=fold_merge)
+        q = rotary_kv_write(qkv, positions, cos, sin, slot_mapping, cache, layer.num_heads, layer.num_kv_heads,
+                            _qk_norm(layer))
         return decode_attention(q, cache, block_tables, seq_lens, layer.scale, num_splits, workspace,
                                 fold_merge=fold_merge, new_rows=new_rows)
 
     with region("embed"):
         st = _Stream(model.embed_tokens.forward(input_ids))  # a module call: the vocabulary-parallel one all-reduces
-    return _fused_layers(model, st, positions, slot_mapping, kv_caches, attend, region)
+    return _fused_layers(model, st, kv_caches, attend, region)
 
 
 def fused_step_forward(model: LlamaForCausalLM, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -166,11 +190,13 @@ def fused_step_forward(model: LlamaForCausalLM, input_ids: torch.Tensor, positio
     and values are stored by the rotary kernel; the var-len Triton attention reads them there."""
     from deepinfer.runtime.attention.triton_paged import attend_cached
 
-    def attend(layer: LlamaLayer, q: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
+    def attend(layer: LlamaLayer, qkv: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
+        q = rotary_kv_write(qkv, positions, model.rotary.cos, model.rotary.sin, meta.slot_mapping, cache,
+                            layer.num_heads, layer.num_kv_heads, _qk_norm(layer))
         return attend_cached(q, cache, meta, layer.scale)
 
     st = _Stream(model.embed_tokens.forward(input_ids) if inputs_embeds is None else inputs_embeds)
-    return _fused_layers(model, st, positions, meta.slot_mapping, kv_caches, attend, no_region)
+    return _fused_layers(model, st, kv_caches, attend, no_region)
 
 
 def fused_step_supported(model: nn.Module, attention: object) -> bool:
@@ -192,21 +218,16 @@ def fused_step_supported(model: nn.Module, attention: object) -> bool:
                     for layer in model.layers))
 
 
-def _fused_layers(model: LlamaForCausalLM, st: _Stream, positions: torch.Tensor, slot_mapping: torch.Tensor,
-                  kv_caches: list[torch.Tensor], attend: Attend, region: Region) -> torch.Tensor:
+def _fused_layers(model: LlamaForCausalLM, st: _Stream, kv_caches: list[torch.Tensor], attend: Attend,
+                  region: Region) -> torch.Tensor:
     """The decoder layers and the final norm over the residual stream ``st`` of ``b`` rows."""
     b = st.stream.shape[0]
     gemv_names = one_row_gemv_projections()
-    cos, sin = model.rotary.cos, model.rotary.sin
     for module, cache in zip(model.layers, kv_caches, strict=True):
         layer = cast(LlamaLayer, module)
         with region("attention"):
             qkv = _norm_linear(st, layer.input_layernorm, layer.qkv_proj, "qkv", gemv_names, b)
-            qk_norm = None if layer.q_norm is None or layer.k_norm is None else (
-                layer.q_norm.weight, layer.k_norm.weight, layer.q_norm.eps)
-            q = rotary_kv_write(qkv, positions, cos, sin, slot_mapping, cache, layer.num_heads, layer.num_kv_heads,
-                                qk_norm)
-            o = attend(layer, q, cache)
+            o = attend(layer, qkv, cache)
             _residual_linear(st, o.view(b, -1), layer.o_proj, "o", gemv_names, b)
         with region("mlp"):
             moe = getattr(layer, "moe", None)
