@@ -308,6 +308,14 @@ def check_one_row_forward(arch: str, fp8: bool = False) -> None:
         torch.testing.assert_close(logits, ref.to(DEV), atol=1e-4, rtol=1e-4)
 
 
+
+
+def done(what: str) -> None:
+    """One line a check as it passes: a run cut by a time limit shows how far it got (on a GPU
+    each check compiles its kernels first)."""
+    print(f"passed {what}", flush=True)
+
+
 gen = torch.Generator().manual_seed(0)
 for dt in DTYPES:
     check_add_rmsnorm(dt, gen)
@@ -316,13 +324,18 @@ for dt in DTYPES:
     check_rotary_kv(dt, gen, t=ROTARY_ALL_HEADS_FROM + 6)
     check_rotary_kv(dt, gen, qk_norm=True, t=ROTARY_ALL_HEADS_FROM + 6)
     check_silu_mul(dt, gen)
+    done(f"add_rmsnorm, rotary_kv_write, silu_mul {dt}")
     check_gemv(dt, gen)
+    done(f"gemv {dt}")
     check_decode_attention(dt, gen)
     check_rotary_decode_attention(dt, gen)
+    done(f"decode attention {dt}")
 check_decode_attention(torch.float32, gen, bs=24)  # a block size that is no power of two
 check_rotary_decode_attention(torch.float32, gen, d=80, bs=24)
+done("decode attention, block size 24, head size 80")
 check_one_row_forward("llama")
 check_one_row_forward("qwen3")  # q/k norm (qkv bias: the GEMV's bias in check_gemv)
 if DEV.type == "cpu" or torch.cuda.get_device_capability(DEV) >= (8, 9):
     check_one_row_forward("qwen2", fp8=True)  # qkv bias through the fp8 GEMV's epilogue
+done("one-row forward")
 print("ok")
