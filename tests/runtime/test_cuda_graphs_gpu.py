@@ -6,6 +6,7 @@ cuBLAS graphs whose edges carry data. Skipped without a CUDA device."""
 from __future__ import annotations
 
 import copy
+import math
 import os
 import subprocess
 import sys
@@ -125,12 +126,19 @@ def test_qwen3_graph_decode_matches_eager_greedy(tmp_path, monkeypatch, switch):
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_bf16_greedy_matches_transformers(tmp_path, arch):
     """bf16 on the GPU, graphs on: the first 16 greedy tokens of a mixed batch (chunked prefill
-    next to decodes, prompts of 3..70 tokens) equal transformers' greedy ``generate`` of each
-    prompt alone. Where a token differs, the two tokens must be a near-tie of the model itself:
-    their float32 logits (transformers in float32 on the shared prefix) within 0.1 — two bf16
-    runs (ours and transformers') each round their way, and on this random model's logits of
-    ~4-5 a bf16 ulp is 0.03; the sequence is compared up to there. Over all prompts, ours must
-    equal the float32 model's greedy tokens as often as transformers' bf16 run does, give or take one."""
+    next to decodes, prompts of 3..70 tokens), judged against the float32 model as transformers'
+    own bf16 ``generate`` of each prompt alone is judged.
+
+    Each bf16 run rounds its own way, so on a random model whose top two logits are often a bf16
+    ulp apart (logits of ~5: an ulp is 0.03) neither run follows the float32 model's tokens
+    exactly. What a correct bf16 forward guarantees is that every token it picks is a near-tie of
+    the float32 model at that point. So the float32 model reads each run's own tokens (teacher
+    forcing), and at every step the gap between its best logit and the logit of the token the
+    run chose is the run's error there. Ours must be no worse than transformers' bf16 run by more
+    than 4 bf16 ulps of the logits' scale. (The earlier form compared our tokens with
+    transformers' bf16 tokens at their first difference with a fixed 0.1; that gap holds both
+    runs' errors, and transformers' alone reached 0.165 on the tiny Llama, so it failed on
+    rounding that was not ours.)"""
     from deepinfer import LLM, SamplingParams
     from gpu_shapes import write_tokenizer
     from tiny_models import save_tiny_model
@@ -144,32 +152,35 @@ def test_bf16_greedy_matches_transformers(tmp_path, arch):
     rng = np.random.default_rng(3)
     prompts = [rng.integers(3, 300, n).tolist() for n in (3, 70, 17, 9, 40, 5)]
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True), use_tqdm=False)
-    identical, near_ties, ours_exact, theirs_exact = 0, 0, 0, 0
+
+    def errors(prompt: list[int], tokens: list[int]) -> tuple[torch.Tensor, float]:
+        """Per step: the float32 model's best logit minus its logit of the token chosen; and the
+        largest |logit| seen (the scale of a bf16 ulp)."""
+        with torch.no_grad():
+            logits = hf32(torch.tensor([prompt + tokens], device="cuda")).logits[0, len(prompt) - 1:-1].float()
+        chosen = logits.gather(1, torch.tensor(tokens, device="cuda")[:, None])[:, 0]
+        return (logits.max(dim=1).values - chosen).cpu(), float(logits.abs().max())
+
+    ours_worst, theirs_worst, scale, identical, ours_exact, theirs_exact = 0.0, 0.0, 0.0, 0, 0, 0
     for prompt, out in zip(prompts, outs, strict=True):
         ours = list(out.outputs[0].token_ids)
         with torch.no_grad():
-            ref = hf.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=16, min_new_tokens=16,
-                              do_sample=False, output_scores=True, return_dict_in_generate=True, pad_token_id=0)
-            exact = hf32.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=16, min_new_tokens=16,
-                                  do_sample=False, pad_token_id=0)[0, len(prompt):].tolist()
-        theirs = ref.sequences[0, len(prompt):].tolist()
-        ours_exact += ours == exact
-        theirs_exact += theirs == exact
-        if ours == theirs:
-            identical += 1
-            continue
-        j = next(i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != b)
-        with torch.no_grad():
-            logits = hf32(torch.tensor([prompt + theirs[:j]], device="cuda")).logits[0, -1]
-        gap = abs(float(logits[ours[j]] - logits[theirs[j]]))
-        print(f"prompt of {len(prompt)}: first difference at token {j}, float32 logits of the two tokens "
-              f"{gap:.4f} apart")
-        assert gap < 0.1, (ours, theirs)
-        near_ties += 1
-    print(f"{arch} bf16: {identical}/{len(prompts)} identical over 16 tokens, {near_ties} differ after a near-tie; "
-          f"equal to the float32 model's tokens: ours {ours_exact}, transformers' bf16 {theirs_exact}")
-    # as faithful to the float32 model as transformers' own bf16 run (give or take one prompt)
-    assert ours_exact >= theirs_exact - 1
+            theirs = hf.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=16, min_new_tokens=16,
+                                 do_sample=False, pad_token_id=0)[0, len(prompt):].tolist()
+        ours_err, s1 = errors(prompt, ours)
+        theirs_err, s2 = errors(prompt, theirs)
+        identical += ours == theirs
+        ours_exact += bool((ours_err == 0).all())
+        theirs_exact += bool((theirs_err == 0).all())
+        ours_worst, theirs_worst = max(ours_worst, float(ours_err.max())), max(theirs_worst, float(theirs_err.max()))
+        scale = max(scale, s1, s2)
+        print(f"prompt of {len(prompt)}: largest float32 gap of a chosen token: ours {float(ours_err.max()):.4f}, "
+              f"transformers' bf16 {float(theirs_err.max()):.4f}")
+    ulp = 2.0 ** (math.floor(math.log2(scale)) - 7)  # bf16: 8 significant bits
+    print(f"{arch} bf16: {identical}/{len(prompts)} identical to transformers' bf16 over 16 tokens; the float32 "
+          f"model's own tokens: ours {ours_exact}, transformers' {theirs_exact}; largest gap ours {ours_worst:.4f}, "
+          f"transformers' {theirs_worst:.4f} (bf16 ulp at the logits' scale {scale:.2f}: {ulp})")
+    assert ours_worst <= theirs_worst + 4 * ulp, (ours_worst, theirs_worst, ulp)
 
 
 def test_fused_kernels_on_gpu():
