@@ -12,6 +12,11 @@ lengths), so the kernels can be captured in a CUDA graph and replayed for any se
 tokens run: a sequence of ``seq_len`` tokens uses ``cdiv(seq_len, per_split)`` of them, the others
 return at once and the merge reads only the used ones, so a graph captured with 64 splits for
 long contexts spends no empty programs and no 64-way merge on a short one.
+
+``rotary_decode_attention`` (experimental, ``DEEPINFER_ROTARY_IN_ATTENTION=1``) is the same kernel
+reading the step's qkv rows instead of a rotated q: each program rotates its own query heads, and
+the split that holds a row's new position stores the position's key and value before it reads
+them, so the separate rotary + KV-store launch (``kernels.fused_ops.rotary_kv_write``) goes.
 """
 
 from __future__ import annotations

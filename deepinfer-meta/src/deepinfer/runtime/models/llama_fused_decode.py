@@ -4,7 +4,8 @@ and the eager forward of steps of any shape through the same kernels (``fused_st
 Same math as ``LlamaForCausalLM.forward`` for one token per sequence, with the residual add
 carried into the next RMSNorm (``add_rmsnorm``), (Qwen3's q/k norm +) rotary + KV-cache store in
 one kernel, SiLU·mul in one kernel and the split-K decode attention (its merge folded into the
-last split program). Every input is a device tensor, so the whole forward can be captured once
+last split program; with ``DEEPINFER_ROTARY_IN_ATTENTION=1`` the rotary and the KV store run inside
+that attention kernel). Every input is a device tensor, so the whole forward can be captured once
 per batch size and replayed. ``region(name)`` brackets the attention and MLP blocks (a
 GraphTimer's ``region`` during capture, or a no-op).
 
@@ -30,6 +31,7 @@ from deepinfer.runtime import switches
 from deepinfer.runtime.attention.metadata import AttentionMetadata
 from deepinfer.runtime.attention.triton_decode import (
     DecodeWorkspace,
+    QKNorm,
     decode_attention,
     rotary_decode_attention,
 )
@@ -146,7 +148,7 @@ def _residual_linear(st: _Stream, a: torch.Tensor, proj: nn.Module, name: str, g
 Attend = Callable[[LlamaLayer, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def _qk_norm(layer: LlamaLayer) -> tuple[torch.Tensor, torch.Tensor, float] | None:
+def _qk_norm(layer: LlamaLayer) -> QKNorm | None:
     """Qwen3's per-head q/k RMSNorm (weights, eps) for the rotary kernels, None without one."""
     if layer.q_norm is None or layer.k_norm is None:
         return None
