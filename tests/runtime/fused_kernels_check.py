@@ -247,6 +247,13 @@ def check_rotary_decode_attention(dtype: torch.dtype, g: torch.Generator, d: int
             pass
         else:
             raise AssertionError(f"rotary_decode_attention accepted {list(bad)}")
+    try:  # a workspace without room for 6 rows x 3 splits
+        rotary_decode_attention(qkv, pos, rot.cos, rot.sin, slots, cache.clone(), heads, bt, sl, d ** -0.5, 3,
+                                DecodeWorkspace(2, heads, d, DEV))
+    except ValueError as err:
+        assert str(err).startswith("rotary_decode_attention: the workspace holds 2 partials"), err
+    else:
+        raise AssertionError("rotary_decode_attention accepted a workspace too small")
 
 
 def check_one_row_forward(arch: str, fp8: bool = False) -> None:

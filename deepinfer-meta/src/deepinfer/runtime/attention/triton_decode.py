@@ -276,7 +276,8 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torc
         raise ValueError(f"decode_attention: new_rows must be >= 1, got {new_rows}")
     preload = prefetch_enabled() if preload is None else preload
     b, num_heads, head_dim = q.shape
-    _check(kv_cache, num_heads, num_splits, "decode_attention")
+    workspace = _checked_workspace(kv_cache, num_heads, num_splits, workspace, b, head_dim, q.device,
+                                   "decode_attention")
     out = torch.empty_like(q) if out is None else out
     _launch(q, q.stride(0), q.stride(1), b, num_heads, head_dim, kv_cache, block_tables, seq_lens, scale, num_splits,
             workspace, out, fold_merge, preload, new_rows if preload else 1, None)
@@ -311,32 +312,37 @@ def rotary_decode_attention(qkv: torch.Tensor, positions: torch.Tensor, cos: tor
         if t.shape != (b,):
             raise ValueError(f"rotary_decode_attention: {name} must hold one value per qkv row ({b}), got shape "
                              f"{tuple(t.shape)}")
-    _check(kv_cache, num_heads, num_splits, "rotary_decode_attention")
+    workspace = _checked_workspace(kv_cache, num_heads, num_splits, workspace, b, head_dim, qkv.device,
+                                   "rotary_decode_attention")
     out = torch.empty((b, num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     _launch(qkv, qkv.stride(0), head_dim, b, num_heads, head_dim, kv_cache, block_tables, seq_lens, scale, num_splits,
             workspace, out, fold_merge, False, 1, (positions, slot_mapping, cos, sin, qk_norm))
     return out
 
 
-def _check(kv_cache: torch.Tensor, num_heads: int, num_splits: int, name: str) -> None:
+def _checked_workspace(kv_cache: torch.Tensor, num_heads: int, num_splits: int, workspace: DecodeWorkspace | None,
+                       b: int, head_dim: int, device: torch.device, name: str) -> DecodeWorkspace:
+    """The call's workspace (a new one for ``None``) once the heads, the splits and its room are
+    checked; ValueError naming ``name`` otherwise."""
     if num_heads % kv_cache.shape[3]:
         raise ValueError(f"{name}: {num_heads} query heads are not a multiple of {kv_cache.shape[3]} kv heads")
     if not 1 <= num_splits <= 1024:
         raise ValueError(f"{name}: num_splits must be in [1, 1024], got {num_splits}")
+    if workspace is None:
+        workspace = DecodeWorkspace(b * num_splits, num_heads, head_dim, device)
+    if workspace.max_partials < b * num_splits or workspace.part_o.numel() < b * num_splits * num_heads * head_dim:
+        raise ValueError(f"{name}: the workspace holds {workspace.max_partials} partials, this call needs {b} "
+                         f"sequences x {num_splits} splits")
+    return workspace
 
 
 def _launch(q: torch.Tensor, stride_qt: int, stride_qh: int, b: int, num_heads: int, head_dim: int,
             kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, num_splits: int,
-            workspace: DecodeWorkspace | None, out: torch.Tensor, fold_merge: bool, preload: bool, new_rows: int,
+            workspace: DecodeWorkspace, out: torch.Tensor, fold_merge: bool, preload: bool, new_rows: int,
             rotary: Rotary | None) -> None:
     """The split kernel (and the separate merge where it runs) over query rows at ``q`` with the
     given strides; ``rotary``: (positions, slots, cos, sin, qk_norm), q then being the qkv rows."""
     kv_heads, block_size = kv_cache.shape[3], kv_cache.shape[2]
-    if workspace is None:
-        workspace = DecodeWorkspace(b * num_splits, num_heads, head_dim, q.device)
-    if workspace.max_partials < b * num_splits or workspace.part_o.numel() < b * num_splits * num_heads * head_dim:
-        raise ValueError(f"decode_attention: the workspace holds {workspace.max_partials} partials, this call needs "
-                         f"{b} sequences x {num_splits} splits")
     if b == 0:
         return
     group = num_heads // kv_heads
