@@ -293,8 +293,11 @@ def rotary_decode_attention(qkv: torch.Tensor, positions: torch.Tensor, cos: tor
     results from the step's ``qkv`` rows [B, (H + 2*KVH) * D] (NEOX layout) at ``positions``.
     Each program rotates (and with ``qk_norm``, RMS-normalises first) its own query heads, and
     the split program that holds a row's last position stores that row's key and value at
-    ``slot_mapping`` before reading it (rows with slot < 0 store nothing). One new position per
-    row (not a verify step's k + 1), and no preload before the PDL wait. Returns [B, H, D]."""
+    ``slot_mapping`` before reading it (rows with slot < 0 store nothing). A row's slot must be
+    the cache slot of its context's last position (``seq_lens[b] - 1``, at ``positions[b]``), as
+    a decode step's are: only the program that reads that position waits for the store. One new
+    position per row (not a verify step's k + 1), and no preload before the PDL wait. Returns
+    [B, H, D]."""
     b = qkv.shape[0]
     head_dim = kv_cache.shape[-1]
     kv_heads = kv_cache.shape[3]
