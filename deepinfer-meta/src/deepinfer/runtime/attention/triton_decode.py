@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from deepinfer.runtime.attention.triton_softmax import online_softmax_block
+from deepinfer.runtime.kernels.fused_ops import qk_normed, rope_rounded
 from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch, prefetch_enabled
 
 QKNorm = tuple[torch.Tensor, torch.Tensor, float]  # Qwen3's q and k norm weights [D] and their eps
@@ -55,7 +56,7 @@ def _kv_tile(block_tables_ptr, seq, kvh, kstart, end, n, d, stride_bt, stride_kb
 @triton.jit
 def _rotate_heads(rows, raw, d, mask, pos, cos_ptr, sin_ptr, stride_cos, w_ptr, eps, HEAD_DIM: tl.constexpr,
                   QK_NORM: tl.constexpr):
-    """``rotary_kv_write``'s math for the heads whose values ``raw`` [R, D_PAD] were loaded from
+    """``rotary_kv_write``'s math (the same helpers) for the heads whose values ``raw`` [R, D_PAD] were loaded from
     ``rows`` + d (NEOX layout): Qwen3's per-head RMSNorm with ``w_ptr`` first (QK_NORM), then
     x * cos + rotate_half(x) * sin at position ``pos``, rounded where torch rounds; in raw's dtype."""
     dt = raw.dtype
@@ -66,15 +67,12 @@ def _rotate_heads(rows, raw, d, mask, pos, cos_ptr, sin_ptr, stride_cos, w_ptr, 
     xp = tl.load(rows + partner[None, :], mask=mask, other=0.0).to(tl.float32)
     if QK_NORM:
         r = tl.math.rsqrt(tl.sum(x * x, axis=1) / HEAD_DIM + eps)[:, None]
-        x = (tl.load(w_ptr + d, mask=d < HEAD_DIM, other=0.0).to(tl.float32)[None, :]
-             * (x * r).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-        xp = (tl.load(w_ptr + partner, mask=d < HEAD_DIM, other=0.0).to(tl.float32)[None, :]
-              * (xp * r).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+        x = qk_normed(x, tl.load(w_ptr + d, mask=d < HEAD_DIM, other=0.0).to(tl.float32)[None, :], r, dt)
+        xp = qk_normed(xp, tl.load(w_ptr + partner, mask=d < HEAD_DIM, other=0.0).to(tl.float32)[None, :], r, dt)
     # the float32 cos/sin tables rounded to the activation dtype first, as torch does
     c = tl.load(cos_ptr + pos * stride_cos + d, mask=d < HEAD_DIM, other=0.0).to(dt).to(tl.float32)[None, :]
     s = tl.load(sin_ptr + pos * stride_cos + d, mask=d < HEAD_DIM, other=0.0).to(dt).to(tl.float32)[None, :]
-    rot = tl.where(lo[None, :], -xp, xp)
-    return ((x * c).to(dt).to(tl.float32) + (rot * s).to(dt).to(tl.float32)).to(dt)
+    return rope_rounded(x, tl.where(lo[None, :], -xp, xp), c, s, dt)
 
 
 @triton.jit

@@ -61,6 +61,20 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Te
 
 
 @triton.jit
+def qk_normed(x, w, r, dt: tl.constexpr):
+    """Qwen3's per-head RMSNorm of float32 values ``x`` with weight ``w`` and factor ``r``, rounded
+    as models.llama.RMSNorm rounds (to ``dt`` after the scaling and after the weight); float32."""
+    return (w * (x * r).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+
+
+@triton.jit
+def rope_rounded(x, rotated, c, s, dt: tl.constexpr):
+    """x * cos + rotate_half(x) * sin (``rotated``: rotate_half's value at x's columns), each
+    product and the sum rounded to ``dt`` as torch rounds; in ``dt``."""
+    return ((x * c).to(dt).to(tl.float32) + (rotated * s).to(dt).to(tl.float32)).to(dt)
+
+
+@triton.jit
 def _rotary_kv_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, q_out_ptr, cache_ptr, qn_ptr, kn_ptr, eps,
                       stride_qkv, stride_qo_t, stride_qo_h, stride_cos, plane, stride_slot, stride_kvh,
                       NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -104,11 +118,11 @@ def _rotary_kv_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, q_out_ptr, c
     x2 = raw2.to(tl.float32)
     if QK_NORM:  # RMSNorm of each q/k head (as models.llama.RMSNorm rounds), then rotate
         r = tl.math.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / HEAD_DIM + eps)[:, None]
-        x1 = (w1 * (x1 * r).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-        x2 = (w2 * (x2 * r).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+        x1 = qk_normed(x1, w1, r, dt)
+        x2 = qk_normed(x2, w2, r, dt)
     # torch: x * cos + rotate_half(x) * sin, each product and the sum rounded to dt
-    o1 = ((x1 * c1).to(dt).to(tl.float32) + (-x2 * s1).to(dt).to(tl.float32)).to(dt)
-    o2 = ((x2 * c2).to(dt).to(tl.float32) + (x1 * s2).to(dt).to(tl.float32)).to(dt)
+    o1 = rope_rounded(x1, -x2, c1, s1, dt)
+    o2 = rope_rounded(x2, x1, c2, s2, dt)
     qo = q_out_ptr + tok * stride_qo_t + head * stride_qo_h
     tl.store(qo + i, o1, mask=is_q & col_ok)
     tl.store(qo + half + i, o2, mask=is_q & col_ok)
