@@ -202,11 +202,14 @@ def gguf_several_rows(kind: str) -> None:
     gguf_mmq(quantize_rows(torch.empty(64, 4096, dtype=torch.bfloat16, device=meta)), planes)
 
 
-def grammar_masks() -> None:
-    """The structured-output kernels: the masked argmax of the decode graphs and the logit mask."""
+def greedy_picks() -> None:
+    """The argmax of decode graphs whose head does not fold it (bf16 logits), and the
+    structured-output kernels: the masked argmax of the decode graphs and the logit mask."""
+    from deepinfer.runtime.kernels.argmax import argmax_rows
     from deepinfer.runtime.kernels.grammar_mask import mask_logits_, masked_argmax_, packed_size
 
     meta, vocab = torch.device("meta"), 49152
+    argmax_rows(torch.empty(1, 128256, dtype=torch.bfloat16, device=meta))
     words = vocab // 32
     logits = torch.empty(8, vocab, dtype=torch.float32, device=meta)
     packed = torch.empty(packed_size(8, 8, words), dtype=torch.int32, device=meta)
@@ -251,8 +254,8 @@ def main(args: list[str]) -> None:
         for kind in GPU_TYPES:
             gguf_several_rows(kind)
             _report(f"gguf {kind} several rows")
-        grammar_masks()
-        _report("grammar masks")
+        greedy_picks()
+        _report("argmax rows, grammar masks")
 
 
 if __name__ == "__main__":

@@ -10,14 +10,28 @@ import sys
 import pytest
 
 
-def test_fused_kernels_match_torch_ops():
+def _interpreted(script: str) -> str:
+    """stdout of ``script cpu`` run under Triton's interpreter (set before triton loads), checked to end in ok."""
     pytest.importorskip("triton", reason="Triton is not installed (it ships with torch's CUDA wheels)")
     env = dict(os.environ, TRITON_INTERPRET="1")
     here = os.path.dirname(__file__)
-    out = subprocess.run([sys.executable, os.path.join(here, "fused_kernels_check.py"), "cpu"], env=env,
+    out = subprocess.run([sys.executable, os.path.join(here, script), "cpu"], env=env,
                          capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     assert out.stdout.strip().endswith("ok")
+    return out.stdout
+
+
+def test_fused_kernels_match_torch_ops():
+    _interpreted("fused_kernels_check.py")
+
+
+def test_argmax_rows_equals_torch_argmax():
+    """``kernels.argmax.argmax_rows`` (the greedy pick of decode graphs whose LM head does not fold
+    the argmax) equals ``torch.argmax``: first index on ties, also across its chunks, NaN above
+    +inf, -0.0 tied with +0.0, bf16/fp16/float32, rows of a wider buffer; bad input is a
+    ValueError (``argmax_check.py``; on a GPU: ``python argmax_check.py cuda``)."""
+    assert _interpreted("argmax_check.py").count(": ok") == 16
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "qwen3_moe", "mixtral", "qwen2_moe"])

@@ -51,6 +51,9 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
            "how the one-row fp8 GEMV multiplies: \"f32\" (weights widened to float32), \"f16\" (float16 "
            "products), \"f16bits\" (float16 weights from the E4M3 bits by shifts) or \"mma\" (FP8 activation "
            "chunks on the tensor cores)"),
+    Switch("DEEPINFER_TRITON_ARGMAX_ROWS", "1", "worker/cuda_graph_runner.py",
+           "decode graphs of up to this many rows whose LM head does not fold the argmax (GGUF, tensor-parallel "
+           "heads) pick their tokens with kernels/argmax.py's two launches (0: torch.argmax everywhere)"),
     Switch("DEEPINFER_GGUF_TILED_SCALES", "1", "kernels/gguf_gemv.py",
            "GGUF kernels load each group's scale once and broadcast it (0: gathered per column)"),
     Switch("DEEPINFER_GGUF_WORDS", "1", "kernels/gguf_gemv.py",

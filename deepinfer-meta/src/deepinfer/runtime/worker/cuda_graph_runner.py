@@ -2,8 +2,9 @@
 
 A decode step of B sequences launches a few hundred kernels; from Python that takes far longer
 than the GPU needs to run them. Here the whole decode forward, the LM head and the greedy
-argmax are captured once per graph batch size (the engine pads a decode-only step to the next
-one: ``PrepareArgs(graph_batch_sizes=...)``) and replayed: per step, one host-to-device copy of
+argmax (``kernels/argmax.py`` where the head does not fold it) are captured once per graph batch
+size (the engine pads a decode-only step to the next one: ``PrepareArgs(graph_batch_sizes=...)``)
+and replayed: per step, one host-to-device copy of
 the engine's pinned input buffers (``StepBuffers``) and one graph launch.
 
 Each graph is wrapped in the backend's ``graph_timer.GraphHandle`` through a ``GraphTimer``
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from deepinfer.runtime import switches
 from deepinfer.runtime.attention.metadata import AttentionMetadata
 from deepinfer.runtime.models.llama import LlamaForCausalLM
 from deepinfer.runtime.worker.step_buffers import StepBuffers
@@ -96,6 +98,7 @@ class CudaGraphRunner:
         self.num_replays = 0
         self._capturing = False
         self._metas: dict[int, AttentionMetadata] = {}
+        self._triton_argmax_rows = switches.integer("DEEPINFER_TRITON_ARGMAX_ROWS")
         cfg = runner.config
         # MLA models (DeepSeek) replay their own decode forward (models.deepseek_v2) with the
         # Triton MLA decode kernel, fused or not; its context splits are chosen per batch size here
@@ -160,7 +163,12 @@ class CudaGraphRunner:
             # the argmax of bf16 logits is the argmax of their float32 copy
             logits = model.head_logits(hidden)
         with self._region("sampler"):
-            greedy = logits.argmax(dim=-1)
+            if logits.shape[0] <= self._triton_argmax_rows:  # torch's took 36-39 us of a batch-1 step
+                from deepinfer.runtime.kernels.argmax import argmax_rows
+
+                greedy = argmax_rows(logits)
+            else:
+                greedy = logits.argmax(dim=-1)
         return logits, greedy
 
     def _reference_metadata(self, b: int) -> AttentionMetadata:
