@@ -256,6 +256,68 @@ def check_rotary_decode_attention(dtype: torch.dtype, g: torch.Generator, d: int
         raise AssertionError("rotary_decode_attention accepted a workspace too small")
 
 
+def check_quantized_output(dtype: torch.dtype, g: torch.Generator, d: int = 64) -> None:
+    """The decode attention's output stored also as the GGUF dp4a GEMV's 8-bit activations
+    (``quantized=``) equals ``_quantize_activations_kernel`` run on the output it stored: the same
+    codes, scales and integer sums, float sums up to their summation order; for one split, the
+    merge folded or separate, the rotary form, a group of 3 query heads (padded program rows) and
+    a head size that is no power of two (d=80). Bad buffers are ValueErrors."""
+    from deepinfer.runtime.kernels.gguf_gemv import QUANTIZE_BLOCK, _quantize_activations_kernel
+
+    heads, kvh, nb, bs = 6, 2, 240, 16
+    lens = [1, 37, 200, 16, 513]
+    tables = np.random.default_rng(1).permutation(nb)[:200].reshape(len(lens), 40).astype(np.int32)
+    pos = torch.tensor([n - 1 for n in lens], dtype=torch.int32, device=DEV)
+    slots = torch.tensor([int(tables[i][(n - 1) // bs]) * bs + (n - 1) % bs for i, n in enumerate(lens)], device=DEV)
+    rot = RotaryEmbedding(d, 1024, 10000.0, None).to(DEV)
+    qkv = torch.randn(len(lens), (heads + 2 * kvh) * d, generator=g).to(DEV, dtype)
+    q = torch.randn(len(lens), heads, d, generator=g).to(DEV, dtype)
+    cache = torch.randn(2, nb, bs, kvh, d, generator=g).to(DEV, dtype)
+    bt = torch.from_numpy(tables).to(DEV)
+    sl = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    ws = DecodeWorkspace(len(lens) * 8, heads, d, DEV)
+    k = len(lens) * heads * d
+
+    def buffers() -> tuple[torch.Tensor, torch.Tensor]:  # poisoned: every value must be written
+        return (torch.full((k,), 99, dtype=torch.int8, device=DEV),
+                torch.full((3 * (k // 16),), float("nan"), dtype=torch.float32, device=DEV))
+
+    for form, splits, fold in (("plain", 1, True), ("plain", 3, True), ("plain", 8, True), ("plain", 3, False),
+                               ("rotary", 3, True), ("rotary", 1, True)):
+        xq, st = buffers()
+        if form == "plain":
+            out = decode_attention(q, cache, bt, sl, d ** -0.5, splits, ws, fold_merge=fold, quantized=(xq, st))
+            plain = decode_attention(q, cache, bt, sl, d ** -0.5, splits, ws, fold_merge=fold)
+        else:
+            c1, c2 = cache.clone(), cache.clone()
+            out = rotary_decode_attention(qkv, pos, rot.cos, rot.sin, slots, c1, heads, bt, sl, d ** -0.5, splits,
+                                          ws, fold_merge=fold, quantized=(xq, st))
+            plain = rotary_decode_attention(qkv, pos, rot.cos, rot.sin, slots, c2, heads, bt, sl, d ** -0.5, splits,
+                                            ws, fold_merge=fold)
+        assert torch.equal(out, plain), f"{form} {splits} splits: the output changed with quantized="
+        ref_q = torch.empty(k, dtype=torch.int8, device=DEV)
+        ref_st = torch.empty(3 * (k // 16), dtype=torch.float32, device=DEV)
+        flat = out.reshape(1, k)
+        _quantize_activations_kernel[(-(-k // QUANTIZE_BLOCK),)](flat, flat, flat, ref_q, ref_st, k, 0.0,
+                                                                 BLOCK=QUANTIZE_BLOCK, SILU_MUL=False, NORM=False,
+                                                                 NORM_BLOCK=1, PDL=False)
+        kt = k // 16
+        what = f"{form}, {splits} splits, fold {fold}, {dtype}, d={d}"
+        assert torch.equal(xq, ref_q), f"{what}: codes differ at {(xq != ref_q).nonzero().flatten()[:8].tolist()}"
+        assert torch.equal(st[:2 * kt], ref_st[:2 * kt]), f"{what}: scales or integer sums differ"
+        torch.testing.assert_close(st[2 * kt:], ref_st[2 * kt:], atol=1e-5, rtol=1e-6)
+        assert int(ws.counters.abs().sum()) == 0
+    xq, st = buffers()
+    for bad, words in (((xq[:-1], st), "codes must be"), ((xq, st[:-1]), "stats must be"),
+                       ((xq.to(torch.int32), st), "codes must be")):
+        try:
+            decode_attention(q, cache, bt, sl, d ** -0.5, 3, ws, quantized=bad)
+        except ValueError as err:
+            assert str(err).startswith("decode_attention: quantized " + words), err
+        else:
+            raise AssertionError(f"decode_attention accepted quantized buffers ({words})")
+
+
 def check_one_row_forward(arch: str, fp8: bool = False) -> None:
     """The decode forward of one sequence with the GEMV fusions (norm prologue, residual and
     SiLU·mul epilogues) gives the eager step's logits, and so does the cuBLAS + separate kernels path.
@@ -340,6 +402,10 @@ for dt in DTYPES:
 check_decode_attention(torch.float32, gen, bs=24)  # a block size that is no power of two
 check_rotary_decode_attention(torch.float32, gen, d=80, bs=24)
 done("decode attention, block size 24, head size 80")
+for dt in (torch.float32, torch.bfloat16):
+    check_quantized_output(dt, gen)
+check_quantized_output(torch.bfloat16, gen, d=80)
+done("decode attention stored as 8-bit activations")
 check_one_row_forward("llama")
 check_one_row_forward("qwen3")  # q/k norm (qkv bias: the GEMV's bias in check_gemv)
 if DEV.type == "cpu" or torch.cuda.get_device_capability(DEV) >= (8, 9):

@@ -120,7 +120,51 @@ def check_cpu(path: str) -> bool:
         ref = dense.compute_logits(dense(torch.tensor([7]), torch.tensor([pos]), caches[id(dense)], meta,
                                          paged_attention))
     ok &= _close("1 token, fused decode forward", quant.compute_logits(h), ref)
+    ok &= check_o_quantized_in_attention(quant, caches[id(quant)], pos)
     return ok
+
+
+def check_o_quantized_in_attention(quant: torch.nn.Module, caches: list[torch.Tensor], pos: int) -> bool:
+    """With 8-bit activations (dp4a), ``DEEPINFER_GGUF_O_QUANT_IN_ATTENTION=1`` has the decode
+    attention store the o projection's activations: one quantization launch a layer fewer, the
+    same hidden states (the same codes and scales; float sums up to their order)."""
+    import deepinfer.runtime.kernels.gguf_gemv as gguf_gemv
+    from deepinfer.runtime.attention.triton_decode import DecodeWorkspace
+    from deepinfer.runtime.models.llama_fused_decode import fused_decode_forward
+
+    real = gguf_gemv._quantize_activations_kernel
+    launches: list[object] = []
+
+    class Counting:  # counts the quantization launches of the dp4a GEMVs
+        def __getitem__(self, grid: object) -> object:
+            launches.append(grid)
+            return real[grid]
+
+    i32 = torch.int32
+    saved = {name: os.environ.get(name) for name in ("DEEPINFER_GGUF_DP4A", "DEEPINFER_GGUF_O_QUANT_IN_ATTENTION")}
+    hidden, counts = {}, {}
+    gguf_gemv._quantize_activations_kernel = Counting()  # type: ignore[assignment]
+    try:
+        os.environ["DEEPINFER_GGUF_DP4A"] = "1"
+        for flag in ("0", "1"):
+            os.environ["DEEPINFER_GGUF_O_QUANT_IN_ATTENTION"] = flag
+            launches.clear()
+            hidden[flag] = fused_decode_forward(
+                quant, torch.tensor([7], dtype=i32), torch.tensor([pos], dtype=i32), caches, torch.tensor([pos]),
+                torch.zeros((1, 1), dtype=i32), torch.tensor([pos + 1], dtype=i32), DecodeWorkspace(2, HEADS, HD,
+                                                                                                  torch.device("cpu")),
+                2)
+            counts[flag] = len(launches)
+    finally:
+        gguf_gemv._quantize_activations_kernel = real
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    fewer = counts["0"] - counts["1"]
+    print(f"o activations quantized in the attention: {counts['0']} -> {counts['1']} quantization launches")
+    return (fewer == L) & _close("1 token, o activations from the attention", hidden["1"], hidden["0"])
 
 
 def _close(name: str, got: torch.Tensor, ref: torch.Tensor) -> bool:

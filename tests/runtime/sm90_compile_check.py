@@ -154,12 +154,29 @@ def eager_step(shape: str) -> None:
 
 def gguf_one_row(kind: str) -> None:
     """The GGUF GEMV of ``kind`` as a Llama-3-8B layer calls it at batch 1: qkv with the RMSNorm
-    (K 4096), down with SiLU·mul and the residual (K 14336)."""
+    (K 4096), down with SiLU·mul and the residual (K 14336); and o with the residual from the
+    8-bit activations that the decode attention stores (``DEEPINFER_GGUF_O_QUANT_IN_ATTENTION``),
+    that attention too (folded merge, separate merge, rotary form)."""
+    from deepinfer.runtime.attention.triton_decode import decode_attention, rotary_decode_attention
     from deepinfer.runtime.kernels.gguf_gemv import gguf_gemv
     from deepinfer.runtime.kernels.gguf_layout import regroup
     from gguf_gpu_check import random_blocks
 
     meta = torch.device("meta")
+    k = 4096
+    xq, st = (torch.empty(k, dtype=torch.int8, device=meta), torch.empty(3 * k // 16, dtype=torch.float32, device=meta))
+    cache = torch.empty(2, 64, 16, 8, 128, dtype=torch.bfloat16, device=meta)
+    bt, one = torch.empty(1, 64, dtype=torch.int32, device=meta), torch.empty(1, dtype=torch.int32, device=meta)
+    for fold in (True, False):
+        decode_attention(torch.empty(1, 32, 128, dtype=torch.bfloat16, device=meta), cache, bt, one, 0.088, 4,
+                         fold_merge=fold, quantized=(xq, st))
+    cos = torch.empty(1024, 64, dtype=torch.float32, device=meta)
+    rotary_decode_attention(torch.empty(1, 48 * 128, dtype=torch.bfloat16, device=meta), one, cos, cos,
+                            torch.empty(1, dtype=torch.int64, device=meta), cache, 32, bt, one, 0.088, 4,
+                            quantized=(xq, st))
+    planes = regroup(torch.from_numpy(random_blocks(kind, 8, k, seed=0)), kind).map(lambda t: t.to(meta))
+    gguf_gemv(torch.empty(1, k, dtype=torch.bfloat16, device=meta), planes,
+              residual=torch.empty(1, 8, dtype=torch.bfloat16, device=meta), quantized=(xq, st))
     for k, fusions in ((4096, "norm"), (14336, "silu_mul")):
         planes = regroup(torch.from_numpy(random_blocks(kind, 8, k, seed=0)), kind).map(lambda t: t.to(meta))
         if fusions == "norm":

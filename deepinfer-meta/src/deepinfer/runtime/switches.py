@@ -61,6 +61,10 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
     Switch("DEEPINFER_GGUF_DP4A", "1", "kernels/gguf_gemv.py",
            "the GGUF word GEMV takes 8-bit activations (one scale per 16 columns) and multiplies with dp4a "
            "(0: float32 activations)"),
+    Switch("DEEPINFER_GGUF_O_QUANT_IN_ATTENTION", "0", "models/llama_fused_decode.py",
+           "experimental, not yet timed on a GPU: 1 makes the one-row decode graphs' attention store its output "
+           "as the GGUF o projection's 8-bit activations too (one launch a layer fewer than the dp4a GEMV's own "
+           "quantization); read at capture"),
     Switch("DEEPINFER_GGUF_MMQ_ROWS", "0", "kernels/gguf_mmq.py",
            "experimental: GGUF layers on a GPU multiply up to this many rows on the int8 tensor cores with 8-bit "
            "activations (0: the bf16 GEMM for every several-row product; slower on the H200 so far)"),

@@ -17,6 +17,12 @@ long contexts spends no empty programs and no 64-way merge on a short one.
 reading the step's qkv rows instead of a rotated q: each program rotates its own query heads, and
 the split that holds a row's new position stores the position's key and value before it reads
 them, so the separate rotary + KV-store launch (``kernels.fused_ops.rotary_kv_write``) goes.
+
+``quantized=(xq, st)`` (experimental, ``DEEPINFER_GGUF_O_QUANT_IN_ATTENTION=1``) also stores the
+output as the 8-bit activations of the GGUF dp4a GEMV that reads it next (the o projection):
+signed-byte codes and, per 16 columns, the scale and the sums that
+``kernels.gguf_gemv._quantize_activations_kernel`` would compute from the stored output, so that
+kernel's launch goes.
 """
 
 from __future__ import annotations
@@ -27,18 +33,43 @@ import triton.language as tl
 
 from deepinfer.runtime.attention.triton_softmax import online_softmax_block
 from deepinfer.runtime.kernels.fused_ops import qk_normed, rope_rounded
+from deepinfer.runtime.kernels.gguf_gemv import round_groups_to_bytes
 from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch, prefetch_enabled
 
 QKNorm = tuple[torch.Tensor, torch.Tensor, float]  # Qwen3's q and k norm weights [D] and their eps
 # what rotary_decode_attention adds to a launch: positions, slots, cos and sin tables, QKNorm
 Rotary = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, "QKNorm | None"]
+# the output also as 8-bit activations: codes int8 [B*H*D], stats float32 [3 * B*H*D/16]
+Quantized = tuple[torch.Tensor, torch.Tensor]
 
 
 @triton.jit
-def _store_normalised(out_ptrs, acc, l_i, mask):
-    """acc / l_i (rows with no weight stay 0) in the output's dtype."""
+def _store_normalised(out_ptrs, acc, l_i, mask, cols, xq_ptr, st_ptr, kt, R: tl.constexpr, QUANT: tl.constexpr):
+    """acc / l_i (rows with no weight stay 0) in the output's dtype (and quantized, ``_store_out``)."""
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-    tl.store(out_ptrs, out.to(out_ptrs.dtype.element_ty), mask=mask)
+    _store_out(out_ptrs, out, mask, cols, xq_ptr, st_ptr, kt, R, QUANT)
+
+
+@triton.jit
+def _store_out(out_ptrs, out, mask, cols, xq_ptr, st_ptr, kt, R: tl.constexpr, QUANT: tl.constexpr):
+    """The output tile ``out`` (float32) in the output's dtype. QUANT: also as the dp4a GEMV's
+    activations, exactly as ``_quantize_activations_kernel`` makes them from the stored values:
+    codes at the flat columns ``cols`` of ``xq``, and for each 16 columns (``R`` groups in the
+    tile; a head's groups are all in or all out) the scale, the integer sum and the float sum at
+    ``st + t``, ``st + kt + t`` and ``st + 2 * kt + t``."""
+    dt: tl.constexpr = out_ptrs.dtype.element_ty
+    tl.store(out_ptrs, out.to(dt), mask=mask)
+    if QUANT:
+        ok = tl.reshape(mask, [R, 16])
+        xv = tl.where(ok, tl.reshape(out.to(dt).to(tl.float32), [R, 16]), 0.0)
+        c = tl.reshape(cols, [R, 16])
+        q, scale = round_groups_to_bytes(xv)
+        tl.store(xq_ptr + c, q.to(tl.int8), mask=ok)
+        g_ok = tl.max(ok.to(tl.int32), axis=1) > 0
+        t = tl.min(c, axis=1) // 16
+        tl.store(st_ptr + t, scale, mask=g_ok)
+        tl.store(st_ptr + kt + t, tl.sum(q, axis=1).to(tl.float32), mask=g_ok)
+        tl.store(st_ptr + 2 * kt + t, tl.sum(xv, axis=1), mask=g_ok)
 
 
 @triton.jit
@@ -94,13 +125,14 @@ def _store_new_kv(qkv_row, kvh, num_heads, d, pos, slot, cos_ptr, sin_ptr, strid
 @triton.jit
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, block_tables_ptr, seq_lens_ptr, part_o_ptr, part_ml_ptr, o_ptr, count_ptr,
-    pos_ptr, slot_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr, eps, scale, num_splits,
+    pos_ptr, slot_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr, eps, scale, num_splits, xq_ptr, st_ptr, kt,
     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt, stride_ot, stride_oh, stride_cos,
     GROUP: tl.constexpr, M: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, IEEE: tl.constexpr, DIRECT: tl.constexpr,
     FOLD_MERGE: tl.constexpr, PDL: tl.constexpr, PRELOAD: tl.constexpr = False, NEW_ROWS: tl.constexpr = 1,
-    ROTARY: tl.constexpr = False, QK_NORM: tl.constexpr = False,
+    ROTARY: tl.constexpr = False, QK_NORM: tl.constexpr = False, QUANT: tl.constexpr = False,
 ):
+    # QUANT: the output is also stored as the o projection's 8-bit activations (``_store_out``).
     # ROTARY: q_ptr is the step's qkv rows; each program rotates its query heads itself, and the
     # split holding a row's last position (this step's token) first stores the token's key and
     # value (rotary_decode_attention). Not with PRELOAD.
@@ -132,6 +164,8 @@ def _decode_split_kernel(
     d_ok = d < HEAD_DIM
     out_mask = row_ok[:, None] & d_ok[None, :]  # this program's query heads: q, partials, output
     out_ptrs = o_ptr + seq * stride_ot + head[:, None] * stride_oh + d[None, :]
+    out_cols = (seq * tl.num_programs(1) * GROUP + head)[:, None] * HEAD_DIM + d[None, :]  # flat, for QUANT
+    R: tl.constexpr = M * HEAD_DIM_PAD // 16
     m_i = tl.full([M], float("-inf"), tl.float32)
     l_i = tl.zeros([M], tl.float32)
     acc = tl.zeros([M, HEAD_DIM_PAD], tl.float32)
@@ -172,11 +206,11 @@ def _decode_split_kernel(
         v = tl.load(v_ptr + base, mask=m2, other=0.0)
         m_i, l_i, acc = online_softmax_block(q, k, v, kmask[None, :], m_i, l_i, acc, scale, IEEE)
     if DIRECT:  # one split: normalise and store the output here (no merge launch)
-        _store_normalised(out_ptrs, acc, l_i, out_mask)
+        _store_normalised(out_ptrs, acc, l_i, out_mask, out_cols, xq_ptr, st_ptr, kt, R, QUANT)
         return
     if FOLD_MERGE:
         if active == 1:  # a short context: the one split with tokens stores the output
-            _store_normalised(out_ptrs, acc, l_i, out_mask)
+            _store_normalised(out_ptrs, acc, l_i, out_mask, out_cols, xq_ptr, st_ptr, kt, R, QUANT)
             return
     # partials: o [B, H, S, D] (unnormalised), ml [B, H, S, 2] (max, sum)
     num_heads = tl.num_programs(1) * GROUP
@@ -208,13 +242,13 @@ def _decode_split_kernel(
                 po = tl.load(part_o_ptr + (part0 + s)[:, None] * HEAD_DIM + d[None, :],
                              mask=out_mask, other=0.0, cache_modifier=".cg")
                 merged += po * w_s[:, None]
-            _store_normalised(out_ptrs, merged, total, out_mask)
+            _store_normalised(out_ptrs, merged, total, out_mask, out_cols, xq_ptr, st_ptr, kt, R, QUANT)
 
 
 @triton.jit
-def _decode_merge_kernel(part_o_ptr, part_ml_ptr, o_ptr, num_splits, stride_ot, stride_oh,
+def _decode_merge_kernel(part_o_ptr, part_ml_ptr, o_ptr, num_splits, stride_ot, stride_oh, xq_ptr, st_ptr, kt,
                          SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-                         PDL: tl.constexpr):
+                         PDL: tl.constexpr, QUANT: tl.constexpr = False):
     pdl_begin(PDL)
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -233,7 +267,8 @@ def _decode_merge_kernel(part_o_ptr, part_ml_ptr, o_ptr, num_splits, stride_ot, 
     po = tl.load(part_o_ptr + (base + s)[:, None] * HEAD_DIM + d[None, :], mask=s_ok[:, None] & d_ok[None, :],
                  other=0.0)
     out = tl.sum(po * w[:, None], 0) / tl.where(total == 0.0, 1.0, total)
-    tl.store(o_ptr + seq * stride_ot + head * stride_oh + d, out.to(o_ptr.dtype.element_ty), mask=d_ok)
+    _store_out(o_ptr + seq * stride_ot + head * stride_oh + d, out, d_ok, (seq * num_heads + head) * HEAD_DIM + d,
+               xq_ptr, st_ptr, kt, HEAD_DIM_PAD // 16, QUANT)
 
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_model_len: int, num_sms: int = 132,
@@ -259,7 +294,8 @@ class DecodeWorkspace:
 def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
                      scale: float, num_splits: int, workspace: DecodeWorkspace | None = None,
                      out: torch.Tensor | None = None, fold_merge: bool = True,
-                     preload: bool | None = None, new_rows: int = 1) -> torch.Tensor:
+                     preload: bool | None = None, new_rows: int = 1,
+                     quantized: Quantized | None = None) -> torch.Tensor:
     """Attention of one query token per sequence ``q`` [B, H, D] over its first ``seq_lens[b]``
     cached tokens (block table row ``block_tables[b]``) in ``kv_cache`` [2, blocks, bs, KVH, D];
     the new token's k/v must already be in the cache. Returns [B, H, D].
@@ -269,7 +305,9 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torc
     of cached keys and values before waiting for the kernel before it (default:
     ``DEEPINFER_PDL_PREFETCH``, ``kernels/pdl.py``), all but the last ``new_rows`` positions of
     each row's context, which that kernel stores: 1 for a decode step, k + 1 for the rows of a
-    verify step with k drafts (a row's context ends with up to k + 1 of its sequence's new tokens)."""
+    verify step with k drafts (a row's context ends with up to k + 1 of its sequence's new tokens).
+    ``quantized`` (int8 [B*H*D], float32 [3 * B*H*D/16]): also the output as 8-bit activations
+    (per 16 columns: scale, integer sum, float sum), as the GGUF dp4a GEMV reads them."""
     if new_rows < 1:
         raise ValueError(f"decode_attention: new_rows must be >= 1, got {new_rows}")
     preload = prefetch_enabled() if preload is None else preload
@@ -277,8 +315,9 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torc
     workspace = _checked_workspace(kv_cache, num_heads, num_splits, workspace, b, head_dim, q.device,
                                    "decode_attention")
     out = torch.empty_like(q) if out is None else out
+    _check_quantized(quantized, out, b * num_heads * head_dim, "decode_attention")
     _launch(q, q.stride(0), q.stride(1), b, num_heads, head_dim, kv_cache, block_tables, seq_lens, scale, num_splits,
-            workspace, out, fold_merge, preload, new_rows if preload else 1, None)
+            workspace, out, fold_merge, preload, new_rows if preload else 1, None, quantized)
     return out
 
 
@@ -286,7 +325,8 @@ def rotary_decode_attention(qkv: torch.Tensor, positions: torch.Tensor, cos: tor
                             slot_mapping: torch.Tensor, kv_cache: torch.Tensor, num_heads: int,
                             block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, num_splits: int,
                             workspace: DecodeWorkspace | None = None,
-                            qk_norm: QKNorm | None = None, fold_merge: bool = True) -> torch.Tensor:
+                            qk_norm: QKNorm | None = None, fold_merge: bool = True,
+                            quantized: Quantized | None = None) -> torch.Tensor:
     """``rotary_kv_write`` then ``decode_attention`` of a decode step in one launch: the same
     results from the step's ``qkv`` rows [B, (H + 2*KVH) * D] (NEOX layout) at ``positions``.
     Each program rotates (and with ``qk_norm``, RMS-normalises first) its own query heads, and
@@ -294,8 +334,8 @@ def rotary_decode_attention(qkv: torch.Tensor, positions: torch.Tensor, cos: tor
     ``slot_mapping`` before reading it (rows with slot < 0 store nothing). A row's slot must be
     the cache slot of its context's last position (``seq_lens[b] - 1``, at ``positions[b]``), as
     a decode step's are: only the program that reads that position waits for the store. One new
-    position per row (not a verify step's k + 1), and no preload before the PDL wait. Returns
-    [B, H, D]."""
+    position per row (not a verify step's k + 1), and no preload before the PDL wait.
+    ``quantized`` as ``decode_attention``'s. Returns [B, H, D]."""
     b = qkv.shape[0]
     head_dim = kv_cache.shape[-1]
     kv_heads = kv_cache.shape[3]
@@ -316,9 +356,30 @@ def rotary_decode_attention(qkv: torch.Tensor, positions: torch.Tensor, cos: tor
     workspace = _checked_workspace(kv_cache, num_heads, num_splits, workspace, b, head_dim, qkv.device,
                                    "rotary_decode_attention")
     out = torch.empty((b, num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
+    _check_quantized(quantized, out, b * num_heads * head_dim, "rotary_decode_attention")
     _launch(qkv, qkv.stride(0), head_dim, b, num_heads, head_dim, kv_cache, block_tables, seq_lens, scale, num_splits,
-            workspace, out, fold_merge, False, 1, (positions, slot_mapping, cos, sin, qk_norm))
+            workspace, out, fold_merge, False, 1, (positions, slot_mapping, cos, sin, qk_norm), quantized)
     return out
+
+
+def _check_quantized(quantized: Quantized | None, out: torch.Tensor, cols: int, name: str) -> None:
+    """ValueError naming ``name`` unless ``quantized`` (if given) holds ``cols`` 8-bit activations
+    and their per-16-column stats, for a contiguous output whose heads are whole 16-column groups."""
+    if quantized is None:
+        return
+    xq, st = quantized
+    head_dim = out.shape[-1]
+    if head_dim % 16 or not out.is_contiguous():
+        raise ValueError(f"{name}: a quantized output needs a contiguous output of heads a multiple of 16 wide, "
+                         f"got shape {tuple(out.shape)} with strides {out.stride()}")
+    if xq.dtype != torch.int8 or xq.numel() != cols or not xq.is_contiguous():
+        raise ValueError(f"{name}: quantized codes must be a contiguous int8 tensor of {cols} values, got "
+                         f"{xq.dtype} {tuple(xq.shape)}")
+    if st.dtype != torch.float32 or st.numel() != 3 * (cols // 16) or not st.is_contiguous():
+        raise ValueError(f"{name}: quantized stats must be a contiguous float32 tensor of {3 * (cols // 16)} values "
+                         f"(scale, integer sum, float sum per 16 columns), got {st.dtype} {tuple(st.shape)}")
+    if xq.device != out.device or st.device != out.device:
+        raise ValueError(f"{name}: quantized buffers are on {xq.device} / {st.device}, the output on {out.device}")
 
 
 def _checked_workspace(kv_cache: torch.Tensor, num_heads: int, num_splits: int, workspace: DecodeWorkspace | None,
@@ -340,9 +401,10 @@ def _checked_workspace(kv_cache: torch.Tensor, num_heads: int, num_splits: int, 
 def _launch(q: torch.Tensor, stride_qt: int, stride_qh: int, b: int, num_heads: int, head_dim: int,
             kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, num_splits: int,
             workspace: DecodeWorkspace, out: torch.Tensor, fold_merge: bool, preload: bool, new_rows: int,
-            rotary: Rotary | None) -> None:
+            rotary: Rotary | None, quantized: Quantized | None) -> None:
     """The split kernel (and the separate merge where it runs) over query rows at ``q`` with the
-    given strides; ``rotary``: (positions, slots, cos, sin, qk_norm), q then being the qkv rows."""
+    given strides; ``rotary``: (positions, slots, cos, sin, qk_norm), q then being the qkv rows;
+    ``quantized``: (codes, stats) the output is also stored to."""
     kv_heads, block_size = kv_cache.shape[3], kv_cache.shape[2]
     if b == 0:
         return
@@ -354,18 +416,20 @@ def _launch(q: torch.Tensor, stride_qt: int, stride_qh: int, b: int, num_heads: 
     fold = fold_merge and num_splits > 1
     positions, slots, cos, sin, qk_norm = rotary if rotary is not None else (seq_lens, seq_lens, q, q, None)
     qn, kn, eps = qk_norm if qk_norm is not None else (q, q, 0.0)
+    xq, st = quantized if quantized is not None else (out, out)
+    kt = b * num_heads * head_dim // 16
     _decode_split_kernel[(b, kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, part_o, part_ml, out, workspace.counters,
-        positions, slots, cos, sin, qn, kn, eps, scale, num_splits,
+        positions, slots, cos, sin, qn, kn, eps, scale, num_splits, xq, st, kt,
         stride_qt, stride_qh, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         out.stride(0), out.stride(1), cos.stride(0) if rotary is not None else 0,
         GROUP=group, M=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size, BLOCK_N=block_n,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=triton.next_power_of_2(head_dim), IEEE=q.dtype == torch.float32,
         DIRECT=num_splits == 1, FOLD_MERGE=fold, PRELOAD=preload, NEW_ROWS=new_rows, ROTARY=rotary is not None,
-        QK_NORM=qk_norm is not None, num_warps=4, **pdl)
+        QK_NORM=qk_norm is not None, QUANT=quantized is not None, num_warps=4, **pdl)
     if num_splits == 1 or fold:
         return
     _decode_merge_kernel[(b, num_heads)](
-        part_o, part_ml, out, num_splits, out.stride(0), out.stride(1),
+        part_o, part_ml, out, num_splits, out.stride(0), out.stride(1), xq, st, kt,
         SPLITS_PAD=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim,
-        HEAD_DIM_PAD=triton.next_power_of_2(head_dim), num_warps=1, **pdl)
+        HEAD_DIM_PAD=triton.next_power_of_2(head_dim), QUANT=quantized is not None, num_warps=1, **pdl)

@@ -662,17 +662,32 @@ def one_row_path() -> str:
 def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, *, silu_mul: bool = False,
               norm: tuple[torch.Tensor, float] | None = None, residual: torch.Tensor | None = None,
               out: torch.Tensor | None = None, config: tuple[int, int, int, int] | None = None,
-              preload: bool | None = None) -> torch.Tensor:
+              preload: bool | None = None, quantized: tuple[torch.Tensor, torch.Tensor] | None = None
+              ) -> torch.Tensor:
     """``F.linear(x, W, bias)`` for one row ``x`` [1, K] (``[1, 2K]`` gate/up with ``silu_mul``) and
     the quantized W; [1, N] in ``x``'s dtype. ``norm``/``residual``/``silu_mul`` as ``kernels.gemv.gemv``.
     ``out``: a contiguous [1, N] to write (a slice of a wider output). ``preload`` (the word GEMV):
     each program loads its rows' first chunk of code words before the PDL wait (default: where
-    they fit, with ``DEEPINFER_PDL_PREFETCH=1``; ``kernels/pdl.py``)."""
+    they fit, with ``DEEPINFER_PDL_PREFETCH=1``; ``kernels/pdl.py``). ``quantized``: ``x`` already
+    as the dp4a GEMV's 8-bit activations (codes int8 [K], stats float32 [3 * K/16]: per 16
+    columns the scale, the integer sum and the float sum, as ``_quantize_activations_kernel``
+    writes them; the decode attention's ``quantized`` output), so that kernel is not launched;
+    used only by the dp4a GEMV, and not with ``norm`` or ``silu_mul``."""
     n, k = w.n, w.k
     check_one_row("gguf_gemv", x, n, k, f"the {w.kind} weight", silu_mul=silu_mul, bias=bias, norm=norm,
                   residual=residual)
     if x.device != w.codes.device:
         raise ValueError(f"gguf_gemv: x is on {x.device}, the weight on {w.codes.device}")
+    if quantized is not None:
+        if norm is not None or silu_mul:
+            raise ValueError("gguf_gemv: quantized activations are the row as it is: not with norm or silu_mul")
+        xq_in, st_in = quantized
+        if (xq_in.dtype != torch.int8 or xq_in.numel() != k or not xq_in.is_contiguous()
+                or st_in.dtype != torch.float32 or st_in.numel() != 3 * (k // 16) or not st_in.is_contiguous()
+                or xq_in.device != x.device or st_in.device != x.device):
+            raise ValueError(f"gguf_gemv: quantized must be (int8 codes [{k}], float32 stats [{3 * (k // 16)}]) "
+                             f"contiguous on {x.device}, got {xq_in.dtype} {tuple(xq_in.shape)} on {xq_in.device} "
+                             f"and {st_in.dtype} {tuple(st_in.shape)} on {st_in.device}")
     out = torch.empty((1, n), dtype=x.dtype, device=x.device) if out is None else out
     words = word_codes()
     dp4a = words and dp4a_gemv()
@@ -690,7 +705,11 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
         nw = norm[0] if norm is not None else out
         eps = norm[1] if norm is not None else 0.0
         norm_block = triton.next_power_of_2(k) if norm is not None else 1
-        if dp4a:  # the activations quantized once, with the RMSNorm / SiLU·mul applied there
+        if dp4a and quantized is not None:  # quantized by the kernel that wrote x
+            xq, st = quantized
+            xq_words, x_words, xw = xq.view(torch.int32), False, x
+            norm_block, fused_norm = 1, False
+        elif dp4a:  # the activations quantized once, with the RMSNorm / SiLU·mul applied there
             xq = torch.empty(k, dtype=torch.int8, device=x.device)
             st = torch.empty(3 * (k // 16), dtype=torch.float32, device=x.device)
             _quantize_activations_kernel[(triton.cdiv(k, QUANTIZE_BLOCK),)](

@@ -32,6 +32,7 @@ from deepinfer.runtime.attention.metadata import AttentionMetadata
 from deepinfer.runtime.attention.triton_decode import (
     DecodeWorkspace,
     QKNorm,
+    Quantized,
     decode_attention,
     rotary_decode_attention,
 )
@@ -128,24 +129,40 @@ def _norm_linear(st: _Stream, norm: RMSNorm, proj: nn.Module, name: str, gemv_na
 
 
 def _residual_linear(st: _Stream, a: torch.Tensor, proj: nn.Module, name: str, gemv_names: frozenset[str], b: int,
-                     silu: bool = False) -> None:
+                     silu: bool = False, quantized: Quantized | None = None) -> None:
     """stream += proj(a) (SiLU·mul of a first with ``silu``): in the GEMV's epilogue where it runs,
-    else left pending for the next add_rmsnorm."""
+    else left pending for the next add_rmsnorm. ``quantized``: ``a`` as 8-bit activations too (a
+    GGUF GEMV then launches no quantization)."""
     if _gemv_ok(b, proj, name in gemv_names):
         assert st.pending is None
         st.stream = _one_row(proj, a, name, silu_mul=silu, residual=st.stream)
         return
     if b == 1 and isinstance(proj, GGUFLinearCUDA):
         assert st.pending is None
-        st.stream = proj.gemv(a, silu_mul=silu, residual=st.stream)
+        st.stream = proj.gemv(a, silu_mul=silu, residual=st.stream, quantized=quantized)
         return
     assert st.pending is None
     st.pending = proj.forward(silu_mul(a) if silu else a)
 
 
-# (layer, the step's qkv rows, the layer's KV cache) -> attention output [B, H, D]: rotates q and
-# k and stores the step's k and v, then attends
-Attend = Callable[[LlamaLayer, torch.Tensor, torch.Tensor], torch.Tensor]
+# (layer, the step's qkv rows, the layer's KV cache, where to store the output as 8-bit activations
+# too or None) -> attention output [B, H, D]: rotates q and k and stores the step's k and v, then attends
+Attend = Callable[[LlamaLayer, torch.Tensor, torch.Tensor, "Quantized | None"], torch.Tensor]
+
+
+def _o_activations(layer: LlamaLayer, b: int) -> Quantized | None:
+    """Buffers for the attention output as the o projection's 8-bit activations, where the decode
+    attention writes them (``DEEPINFER_GGUF_O_QUANT_IN_ATTENTION=1``): one row, a GGUF o
+    projection multiplying with dp4a, heads of whole 16-column groups. Else None."""
+    from deepinfer.runtime.kernels.gguf_gemv import dp4a_gemv, word_codes
+
+    proj = layer.o_proj
+    if not (b == 1 and isinstance(proj, GGUFLinearCUDA) and word_codes() and dp4a_gemv()
+            and layer.head_dim % 16 == 0 and switches.enabled("DEEPINFER_GGUF_O_QUANT_IN_ATTENTION")):
+        return None
+    k = proj.in_features
+    dev = proj.parts[0].codes.device
+    return (torch.empty(k, dtype=torch.int8, device=dev), torch.empty(3 * (k // 16), dtype=torch.float32, device=dev))
 
 
 def _qk_norm(layer: LlamaLayer) -> QKNorm | None:
@@ -168,19 +185,19 @@ def fused_decode_forward(model: LlamaForCausalLM, input_ids: torch.Tensor, posit
     # step's k + 1, whose rows read each other's stores) and no preload before the PDL wait
     in_attention = new_rows == 1 and switches.enabled("DEEPINFER_ROTARY_IN_ATTENTION") and not prefetch_enabled()
 
-    def attend(layer: LlamaLayer, qkv: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
+    def attend(layer: LlamaLayer, qkv: torch.Tensor, cache: torch.Tensor, quantized: Quantized | None) -> torch.Tensor:
         if in_attention:
             return rotary_decode_attention(qkv, positions, cos, sin, slot_mapping, cache, layer.num_heads,
                                            block_tables, seq_lens, layer.scale, num_splits, workspace,
-                                           _qk_norm(layer), fold_merge=fold_merge)
+                                           _qk_norm(layer), fold_merge=fold_merge, quantized=quantized)
         q = rotary_kv_write(qkv, positions, cos, sin, slot_mapping, cache, layer.num_heads, layer.num_kv_heads,
                             _qk_norm(layer))
         return decode_attention(q, cache, block_tables, seq_lens, layer.scale, num_splits, workspace,
-                                fold_merge=fold_merge, new_rows=new_rows)
+                                fold_merge=fold_merge, new_rows=new_rows, quantized=quantized)
 
     with region("embed"):
         st = _Stream(model.embed_tokens.forward(input_ids))  # a module call: the vocabulary-parallel one all-reduces
-    return _fused_layers(model, st, kv_caches, attend, region)
+    return _fused_layers(model, st, kv_caches, attend, region, quantize_o=True)
 
 
 def fused_step_forward(model: LlamaForCausalLM, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -192,7 +209,7 @@ def fused_step_forward(model: LlamaForCausalLM, input_ids: torch.Tensor, positio
     and values are stored by the rotary kernel; the var-len Triton attention reads them there."""
     from deepinfer.runtime.attention.triton_paged import attend_cached
 
-    def attend(layer: LlamaLayer, qkv: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
+    def attend(layer: LlamaLayer, qkv: torch.Tensor, cache: torch.Tensor, quantized: Quantized | None) -> torch.Tensor:
         q = rotary_kv_write(qkv, positions, model.rotary.cos, model.rotary.sin, meta.slot_mapping, cache,
                             layer.num_heads, layer.num_kv_heads, _qk_norm(layer))
         return attend_cached(q, cache, meta, layer.scale)
@@ -221,16 +238,19 @@ def fused_step_supported(model: nn.Module, attention: object) -> bool:
 
 
 def _fused_layers(model: LlamaForCausalLM, st: _Stream, kv_caches: list[torch.Tensor], attend: Attend,
-                  region: Region) -> torch.Tensor:
-    """The decoder layers and the final norm over the residual stream ``st`` of ``b`` rows."""
+                  region: Region, quantize_o: bool = False) -> torch.Tensor:
+    """The decoder layers and the final norm over the residual stream ``st`` of ``b`` rows.
+    ``quantize_o``: ``attend`` can store its output as the o projection's 8-bit activations too
+    (``_o_activations`` says where that applies)."""
     b = st.stream.shape[0]
     gemv_names = one_row_gemv_projections()
     for module, cache in zip(model.layers, kv_caches, strict=True):
         layer = cast(LlamaLayer, module)
         with region("attention"):
             qkv = _norm_linear(st, layer.input_layernorm, layer.qkv_proj, "qkv", gemv_names, b)
-            o = attend(layer, qkv, cache)
-            _residual_linear(st, o.view(b, -1), layer.o_proj, "o", gemv_names, b)
+            quantized = _o_activations(layer, b) if quantize_o else None
+            o = attend(layer, qkv, cache, quantized)
+            _residual_linear(st, o.view(b, -1), layer.o_proj, "o", gemv_names, b, quantized=quantized)
         with region("mlp"):
             moe = getattr(layer, "moe", None)
             if moe is not None:  # a mixture-of-experts layer (models.moe.MoeLayer): routing and
