@@ -149,6 +149,8 @@ def check_kind(kind: str, device: str, quick: bool) -> bool:
     print(f"{'ok  ' if same else 'FAIL'} {kind} gemv bf16 silu_mul / rmsnorm + residual, first chunk preloaded or "
           f"not: the same bits")
     ok &= same
+    if DP4A:
+        ok &= check_producer_quantized(kind, device, 256, g)
     # several rows: GEMM (bfloat16), 2..64 rows
     for m in ((3, 17) if quick else (2, 5, 16, 33, 64)):
         xm = torch.randn(m, k, generator=g).to(bf)
@@ -197,6 +199,71 @@ def check_kind(kind: str, device: str, quick: bool) -> bool:
     ok &= _check(f"{kind} mmq [4,{k2}] with bias into a slice", wide[:, 8:], ref, mag, 2**-12, 2**-8,
                  act8_error(xm, w2, 32))
     ok &= bool((wide[:, :8] == 0).all())
+    return ok
+
+
+def _quantized_reference(x: torch.Tensor, k: int, silu_mul: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """What ``_quantize_activations_kernel`` makes of the row ``x`` (SiLU·mul of it with ``silu_mul``)."""
+    from deepinfer.runtime.kernels.gguf_gemv import QUANTIZE_BLOCK, _quantize_activations_kernel
+
+    xq = torch.empty(k, dtype=torch.int8, device=x.device)
+    st = torch.empty(3 * (k // 16), dtype=torch.float32, device=x.device)
+    _quantize_activations_kernel[(-(-k // QUANTIZE_BLOCK),)](x, x, x, xq, st, k, 0.0, BLOCK=QUANTIZE_BLOCK,
+                                                             SILU_MUL=silu_mul, NORM=False, NORM_BLOCK=1, PDL=False)
+    return xq, st
+
+
+def check_producer_quantized(kind: str, device: str, k: int, g: torch.Generator) -> bool:
+    """The dp4a GEMV's activations made by the kernel before it: a gate/up GEMV (``silu_quantized``,
+    every row tiling) stores SiLU(gate)·up of its output as the down projection's 8-bit activations,
+    equal to what ``_quantize_activations_kernel`` makes from the stored output (codes, scales,
+    integer sums; float sums up to their order), and its output is unchanged; a GEMV given such
+    activations (``quantized``) equals the one that quantizes them itself. Bad buffers are
+    ValueErrors."""
+    ok = True
+    bf = torch.bfloat16
+    hidden = 256 if kind.endswith("_K") else 64  # the down projection's K: whole blocks of the type
+    raw = random_blocks(kind, 2 * hidden, k, seed=20 + GPU_TYPES.index(kind))
+    gate_up = regroup(torch.from_numpy(raw), kind).map(lambda t: t.to(device))
+    raw_d = random_blocks(kind, 9, hidden, seed=30 + GPU_TYPES.index(kind))
+    down = regroup(torch.from_numpy(raw_d), kind).map(lambda t: t.to(device))
+    x = torch.randn(1, k, generator=g).to(bf).to(device)
+    nw = (1 + 0.1 * torch.randn(k, generator=g)).to(bf).to(device)
+    kt = hidden // 16
+    # 8 and 4 programs a 16-column group (4 + 4 and 2 + 2; the default tile, then 8 rows in chunks of
+    # 128 bytes: the K-quants' 512 rows only in the first, for the interpreter's time)
+    for config in ((4, 1024, 2, 2),) if kind.endswith("_K") else ((4, 1024, 2, 2), (8, 128, 2, 2)):
+        xq = torch.full((hidden,), 99, dtype=torch.int8, device=device)  # poisoned: each value must be written
+        st = torch.full((3 * kt,), float("nan"), device=device)
+        out = gguf_gemv(x, gate_up, norm=(nw, 1e-5), config=config, silu_quantized=(xq, st))
+        plain = gguf_gemv(x, gate_up, norm=(nw, 1e-5), config=config)
+        ref_q, ref_st = _quantized_reference(out, hidden, silu_mul=True)
+        same = (torch.equal(out, plain) and torch.equal(xq, ref_q) and torch.equal(st[:2 * kt], ref_st[:2 * kt])
+                and torch.allclose(st[2 * kt:], ref_st[2 * kt:], rtol=1e-6, atol=1e-6))
+        print(f"{'ok  ' if same else 'FAIL'} {kind} gate/up gemv tiles {config} stores SiLU·mul as 8-bit "
+              f"activations: those of the quantization kernel")
+        ok &= same
+        # the down GEMV from them against the down GEMV quantizing SiLU·mul itself
+        got = gguf_gemv(out, down, silu_mul=True, residual=plain[:, :9], quantized=(xq, st)).float()
+        want = gguf_gemv(out, down, silu_mul=True, residual=plain[:, :9]).float()
+        close = bool(((got - want).abs() <= 2**-8 * want.abs().max() + 1e-6).all())
+        print(f"{'ok  ' if close else 'FAIL'} {kind} down gemv tiles {config} from the stored activations: "
+              f"max diff {(got - want).abs().max():.2e} against quantizing itself")
+        ok &= close
+    bad = [(dict(quantized=(xq[:-1], st)), "quantized must be"),
+           (dict(quantized=(xq, st), norm=(nw[:hidden], 1e-5)), "cannot take the norm"),
+           (dict(silu_quantized=(xq, st[:-1])), "silu_quantized must be")]
+    for kwargs, words in bad:
+        try:
+            if "silu_quantized" in kwargs:
+                gguf_gemv(x, gate_up, **kwargs)  # type: ignore[arg-type]
+            else:
+                gguf_gemv(torch.randn(1, hidden, device=device).to(bf), down, **kwargs)  # type: ignore[arg-type]
+            raised = False
+        except ValueError as err:
+            raised = words in str(err)
+        print(f"{'ok  ' if raised else 'FAIL'} {kind} gemv refuses {words!r} misuse")
+        ok &= raised
     return ok
 
 

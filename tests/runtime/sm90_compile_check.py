@@ -156,7 +156,8 @@ def gguf_one_row(kind: str) -> None:
     """The GGUF GEMV of ``kind`` as a Llama-3-8B layer calls it at batch 1: qkv with the RMSNorm
     (K 4096), down with SiLU·mul and the residual (K 14336); and o with the residual from the
     8-bit activations that the decode attention stores (``DEEPINFER_GGUF_O_QUANT_IN_ATTENTION``),
-    that attention too (folded merge, separate merge, rotary form)."""
+    that attention too (folded merge, separate merge, rotary form); gate/up storing the down
+    projection's (``DEEPINFER_GGUF_DOWN_QUANT_IN_GATE_UP``)."""
     from deepinfer.runtime.attention.triton_decode import decode_attention, rotary_decode_attention
     from deepinfer.runtime.kernels.gguf_gemv import gguf_gemv
     from deepinfer.runtime.kernels.gguf_layout import regroup
@@ -177,6 +178,11 @@ def gguf_one_row(kind: str) -> None:
     planes = regroup(torch.from_numpy(random_blocks(kind, 8, k, seed=0)), kind).map(lambda t: t.to(meta))
     gguf_gemv(torch.empty(1, k, dtype=torch.bfloat16, device=meta), planes,
               residual=torch.empty(1, 8, dtype=torch.bfloat16, device=meta), quantized=(xq, st))
+    # gate/up storing SiLU(gate) * up as the down projection's activations (DEEPINFER_GGUF_DOWN_QUANT_IN_GATE_UP)
+    gate_up = regroup(torch.from_numpy(random_blocks(kind, 32, k, seed=0)), kind).map(lambda t: t.to(meta))
+    gguf_gemv(torch.empty(1, k, dtype=torch.bfloat16, device=meta), gate_up,
+              norm=(torch.empty(k, dtype=torch.bfloat16, device=meta), 1e-5),
+              silu_quantized=(xq[:16], st[:3]))
     for k, fusions in ((4096, "norm"), (14336, "silu_mul")):
         planes = regroup(torch.from_numpy(random_blocks(kind, 8, k, seed=0)), kind).map(lambda t: t.to(meta))
         if fusions == "norm":

@@ -16,6 +16,9 @@ feeds two runs of activation columns.
   (``_gguf_gemv_kernel``, ``DEEPINFER_GGUF_WORDS=0``) reads bytes, converts each (a byte-to-float
   conversion runs at a quarter of the float rate) and scales each weight: ~9.5 instructions a
   weight in its loop against ~6 (PTX of the Q4_0 loops), 1.2-1.5x slower on the H200.
+  With 8-bit activations (dp4a, the default) the row is quantized once per GEMV by
+  ``_quantize_activations_kernel``, or (experimental switches) by the kernel that wrote it: the
+  decode attention for o (``quantized=``), the gate/up GEMV for down (``silu_quantized=``).
 * ``gguf_gemm`` (several rows: prefill, batches): each program decodes a [BLOCK_N, BLOCK_K] weight
   tile to the activations' dtype in registers and multiplies it on the tensor cores (``tl.dot``),
   float32 accumulation. Weights rounded to bfloat16 there are the weights of the same file
@@ -36,6 +39,7 @@ from deepinfer.runtime.kernels.gemv import (
     _activation_math,
     _gemv_epilogue,
     _row_rstd,
+    _split_counters,
     check_one_row,
 )
 from deepinfer.runtime.kernels.gguf_layout import KINDS, GGUFPlanes
@@ -457,13 +461,13 @@ def _words_chunk(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0, p0, p1, p2,
 
 @triton.jit
 def _gguf_gemv_words_kernel(x_ptr, xw_ptr, xq_ptr, st_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, b_ptr, nw_ptr, nww_ptr,
-                            res_ptr, out_ptr, n, k, kw, eps,
+                            res_ptr, out_ptr, n, k, kw, eps, sq_ptr, sst_ptr, cnt_ptr,
                             ROWS: tl.constexpr, BLOCK_W: tl.constexpr, PACKED: tl.constexpr, SIGNED: tl.constexpr,
                             G: tl.constexpr, SB: tl.constexpr, HAS_MIN: tl.constexpr, OFFSET: tl.constexpr,
                             SILU_MUL: tl.constexpr, NORM: tl.constexpr, NORM_BLOCK: tl.constexpr,
                             HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr, X_WORDS: tl.constexpr,
                             DP4A: tl.constexpr, CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr, PDL: tl.constexpr,
-                            PRELOAD: tl.constexpr = False):
+                            PRELOAD: tl.constexpr = False, SILU_QUANT: tl.constexpr = False):
     """The one-row GEMV reading the code plane as int32 words (``q_ptr``, ``kw`` words a row):
     ROWS (1, 2, 4 or 8) output rows a program, chunks of BLOCK_W words a row as [NG, 4] tiles. A tile
     row is one 16-byte load and lies in one scale group (16 or 32 columns; a 32-column group is two
@@ -471,7 +475,9 @@ def _gguf_gemv_words_kernel(x_ptr, xw_ptr, xq_ptr, st_ptr, q_ptr, s_ptr, m_ptr, 
     group, summed across two threads, ran the GEMV 2x slower. A chunk's activations are computed
     once and used for every row. DP4A: the activations are ``_quantize_activations_kernel``'s
     signed bytes (``xq_ptr``, int32 words) and tile sums (``st_ptr``), already normalized.
-    PRELOAD: the first chunk's words of every row are loaded before the PDL wait (kernels/pdl.py)."""
+    PRELOAD: the first chunk's words of every row are loaded before the PDL wait (kernels/pdl.py).
+    SILU_QUANT (gate/up): SiLU(gate)·up of the output also as the down projection's 8-bit
+    activations (``sq_ptr``, ``sst_ptr``; ``_silu_quantize_group``, counters at ``cnt_ptr``)."""
     GW: tl.constexpr = 4
     NG: tl.constexpr = BLOCK_W // GW
     r0 = tl.program_id(0).to(tl.int64) * ROWS
@@ -507,6 +513,34 @@ def _gguf_gemv_words_kernel(x_ptr, xw_ptr, xq_ptr, st_ptr, q_ptr, s_ptr, m_ptr, 
     _rows_out(acc0, acc1, acc2, acc3, r0, min(ROWS, 4), n, b_ptr, res_ptr, out_ptr, HAS_BIAS, RESIDUAL)
     if ROWS > 4:
         _rows_out(acc4, acc5, acc6, acc7, r0 + 4, 4, n, b_ptr, res_ptr, out_ptr, HAS_BIAS, RESIDUAL)
+    if SILU_QUANT:
+        _silu_quantize_group(out_ptr, sq_ptr, sst_ptr, cnt_ptr, r0, n, ROWS)
+
+
+@triton.jit
+def _silu_quantize_group(out_ptr, q_ptr, st_ptr, cnt_ptr, r0, n, ROWS: tl.constexpr):
+    """After a gate/up program has stored its rows ``r0 ..`` of ``out`` [gate | up]: the last of
+    the 2 * 16 / ROWS programs that write a 16-column group's gate and up rows computes SiLU(gate)
+    * up of those columns from the stored values and quantizes them exactly as
+    ``_quantize_activations_kernel`` with SILU_MUL does (codes ``q``; scale, integer sum and float
+    sum in ``st``'s three planes), then sets the group's arrival counter back to 0. An integer
+    counter, no float atomics: the same bytes whichever program comes last."""
+    half = n // 2
+    g = (r0 % half) // 16
+    tl.debug_barrier()  # every thread's output stores before the release below
+    if tl.atomic_add(cnt_ptr + g, 1, sem="acq_rel") == 2 * (16 // ROWS) - 1:
+        tl.store(cnt_ptr + g, 0)
+        c = g * 16 + tl.arange(0, 16)
+        gate = tl.load(out_ptr + c, cache_modifier=".cg").to(tl.float32)
+        up = tl.load(out_ptr + half + c, cache_modifier=".cg").to(tl.float32)
+        xv = tl.reshape(_activation_math(gate, up, gate, 0.0, out_ptr.dtype.element_ty, True, False), [1, 16])
+        q, scale = round_groups_to_bytes(xv)
+        tl.store(q_ptr + tl.reshape(c, [1, 16]), q.to(tl.int8))
+        kt = half // 16
+        one = g + tl.arange(0, 1)
+        tl.store(st_ptr + one, scale)
+        tl.store(st_ptr + kt + one, tl.sum(q, axis=1).to(tl.float32))
+        tl.store(st_ptr + 2 * kt + one, tl.sum(xv, axis=1))
 
 
 @triton.jit
@@ -662,8 +696,8 @@ def one_row_path() -> str:
 def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, *, silu_mul: bool = False,
               norm: tuple[torch.Tensor, float] | None = None, residual: torch.Tensor | None = None,
               out: torch.Tensor | None = None, config: tuple[int, int, int, int] | None = None,
-              preload: bool | None = None, quantized: tuple[torch.Tensor, torch.Tensor] | None = None
-              ) -> torch.Tensor:
+              preload: bool | None = None, quantized: tuple[torch.Tensor, torch.Tensor] | None = None,
+              silu_quantized: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """``F.linear(x, W, bias)`` for one row ``x`` [1, K] (``[1, 2K]`` gate/up with ``silu_mul``) and
     the quantized W; [1, N] in ``x``'s dtype. ``norm``/``residual``/``silu_mul`` as ``kernels.gemv.gemv``.
     ``out``: a contiguous [1, N] to write (a slice of a wider output). ``preload`` (the word GEMV):
@@ -671,23 +705,25 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
     they fit, with ``DEEPINFER_PDL_PREFETCH=1``; ``kernels/pdl.py``). ``quantized``: ``x`` already
     as the dp4a GEMV's 8-bit activations (codes int8 [K], stats float32 [3 * K/16]: per 16
     columns the scale, the integer sum and the float sum, as ``_quantize_activations_kernel``
-    writes them; the decode attention's ``quantized`` output), so that kernel is not launched;
-    used only by the dp4a GEMV, and not with ``norm`` or ``silu_mul``."""
+    writes them; the decode attention's ``quantized`` output; with ``silu_mul``, of SiLU(gate) *
+    up), so that kernel is not launched; used only by the dp4a GEMV, and not with ``norm``.
+    ``silu_quantized`` (a gate/up projection [2H, K], the whole output, by the dp4a GEMV):
+    SiLU(gate) * up of the output is also stored as the down projection's 8-bit activations
+    (codes int8 [H], stats float32 [3 * H/16]), for its ``quantized``."""
     n, k = w.n, w.k
     check_one_row("gguf_gemv", x, n, k, f"the {w.kind} weight", silu_mul=silu_mul, bias=bias, norm=norm,
                   residual=residual)
     if x.device != w.codes.device:
         raise ValueError(f"gguf_gemv: x is on {x.device}, the weight on {w.codes.device}")
     if quantized is not None:
-        if norm is not None or silu_mul:
-            raise ValueError("gguf_gemv: quantized activations are the row as it is: not with norm or silu_mul")
-        xq_in, st_in = quantized
-        if (xq_in.dtype != torch.int8 or xq_in.numel() != k or not xq_in.is_contiguous()
-                or st_in.dtype != torch.float32 or st_in.numel() != 3 * (k // 16) or not st_in.is_contiguous()
-                or xq_in.device != x.device or st_in.device != x.device):
-            raise ValueError(f"gguf_gemv: quantized must be (int8 codes [{k}], float32 stats [{3 * (k // 16)}]) "
-                             f"contiguous on {x.device}, got {xq_in.dtype} {tuple(xq_in.shape)} on {xq_in.device} "
-                             f"and {st_in.dtype} {tuple(st_in.shape)} on {st_in.device}")
+        if norm is not None:
+            raise ValueError("gguf_gemv: quantized activations cannot take the norm (its factor needs the whole row)")
+        _check_activations("quantized", quantized, k, x.device)
+    if silu_quantized is not None:
+        if n % 32 or (out is not None and (out.shape != (1, n) or not out.is_contiguous())):
+            raise ValueError(f"gguf_gemv: silu_quantized needs a gate/up projection of whole 16-column groups "
+                             f"(N a multiple of 32, got {n}) writing its whole contiguous output")
+        _check_activations("silu_quantized", silu_quantized, n // 2, x.device)
     out = torch.empty((1, n), dtype=x.dtype, device=x.device) if out is None else out
     words = word_codes()
     dp4a = words and dp4a_gemv()
@@ -708,7 +744,7 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
         if dp4a and quantized is not None:  # quantized by the kernel that wrote x
             xq, st = quantized
             xq_words, x_words, xw = xq.view(torch.int32), False, x
-            norm_block, fused_norm = 1, False
+            silu_mul, norm_block, fused_norm = False, 1, False
         elif dp4a:  # the activations quantized once, with the RMSNorm / SiLU·mul applied there
             xq = torch.empty(k, dtype=torch.int8, device=x.device)
             st = torch.empty(3 * (k // 16), dtype=torch.float32, device=x.device)
@@ -725,10 +761,14 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
                        and (norm is None or norm[0].storage_offset() % 4 == 0))
             xw = x[0].view(torch.int64) if x_words else x
             xq_words, st, fused_norm = codes, out, norm is not None
+        silu_quant = dp4a and silu_quantized is not None
+        sq, sst = silu_quantized if silu_quant and silu_quantized is not None else (out, out)
+        counters = _split_counters(x.device, n // 32) if silu_quant else out
         _gguf_gemv_words_kernel[(triton.cdiv(n, rows),)](
             x, xw, xq_words, st, codes, *_planes_args(w)[1:], bias if bias is not None else out, nw,
             nw.view(torch.int64) if x_words and norm is not None else nw, residual if residual is not None else out,
-            out, n, k, codes.shape[1], eps, ROWS=rows, BLOCK_W=max(block_k // 4, 4),
+            out, n, k, codes.shape[1], eps, sq, sst, counters, SILU_QUANT=silu_quant,
+            ROWS=rows, BLOCK_W=max(block_k // 4, 4),
             PACKED=packed, SIGNED=signed, G=g, SB=sb, HAS_MIN=has_min,
             OFFSET=8388608.0 + code_bias + (128.0 if signed else 0.0), SILU_MUL=silu_mul, NORM=fused_norm,
             NORM_BLOCK=norm_block, HAS_BIAS=bias is not None,
@@ -746,6 +786,16 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
         NORM_BLOCK=triton.next_power_of_2(k) if norm is not None else 1, HAS_BIAS=bias is not None,
         RESIDUAL=residual is not None, num_warps=warps, num_stages=stages, **pdl_launch(x.device))
     return out
+
+
+def _check_activations(name: str, act: tuple[torch.Tensor, torch.Tensor], k: int, device: torch.device) -> None:
+    """ValueError unless ``act`` is (int8 codes [k], float32 stats [3 * k/16]), contiguous on ``device``."""
+    xq, st = act
+    if (xq.dtype != torch.int8 or xq.numel() != k or not xq.is_contiguous() or st.dtype != torch.float32
+            or st.numel() != 3 * (k // 16) or not st.is_contiguous() or xq.device != device or st.device != device):
+        raise ValueError(f"gguf_gemv: {name} must be (int8 codes [{k}], float32 stats [{3 * (k // 16)}]) "
+                         f"contiguous on {device}, got {xq.dtype} {tuple(xq.shape)} on {xq.device} "
+                         f"and {st.dtype} {tuple(st.shape)} on {st.device}")
 
 
 def gemm_swap_rows() -> int:

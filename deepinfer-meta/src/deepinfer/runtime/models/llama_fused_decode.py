@@ -119,12 +119,14 @@ def _one_row(proj: nn.Module, x: torch.Tensor, name: str, **fusions: object) -> 
 
 
 def _norm_linear(st: _Stream, norm: RMSNorm, proj: nn.Module, name: str, gemv_names: frozenset[str],
-                 b: int) -> torch.Tensor:
-    """proj(RMSNorm(residual stream)): the norm inside the GEMV where it runs, else add_rmsnorm + cuBLAS."""
+                 b: int, silu_quantized: Quantized | None = None) -> torch.Tensor:
+    """proj(RMSNorm(residual stream)): the norm inside the GEMV where it runs, else add_rmsnorm + cuBLAS.
+    ``silu_quantized``: where a GGUF gate/up GEMV stores SiLU(gate) * up as 8-bit activations too."""
     if st.pending is None and _gemv_ok(b, proj, name in gemv_names):
         return _one_row(proj, st.stream, name, norm=(norm.weight, norm.eps))
     if st.pending is None and b == 1 and isinstance(proj, GGUFLinearCUDA):
-        return proj.gemv(st.stream, norm=(norm.weight, norm.eps))  # GGUF weights: their GEMV fuses the same norm
+        # GGUF weights: their GEMV fuses the same norm
+        return proj.gemv(st.stream, norm=(norm.weight, norm.eps), silu_quantized=silu_quantized)
     return proj.forward(st.normed(norm))
 
 
@@ -154,11 +156,28 @@ def _o_activations(layer: LlamaLayer, b: int) -> Quantized | None:
     """Buffers for the attention output as the o projection's 8-bit activations, where the decode
     attention writes them (``DEEPINFER_GGUF_O_QUANT_IN_ATTENTION=1``): one row, a GGUF o
     projection multiplying with dp4a, heads of whole 16-column groups. Else None."""
+    if not (layer.head_dim % 16 == 0 and switches.enabled("DEEPINFER_GGUF_O_QUANT_IN_ATTENTION")):
+        return None
+    return _dp4a_activations(layer.o_proj, b)
+
+
+def _down_activations(layer: LlamaLayer, b: int) -> Quantized | None:
+    """Buffers for SiLU(gate) * up as the down projection's 8-bit activations, where the gate/up
+    GEMV writes them (``DEEPINFER_GGUF_DOWN_QUANT_IN_GATE_UP=1``): one row, GGUF gate/up (of one
+    weight type, whole 16-column groups) and down projections multiplying with dp4a. Else None."""
+    gate_up = getattr(layer, "gate_up_proj", None)
+    if not (switches.enabled("DEEPINFER_GGUF_DOWN_QUANT_IN_GATE_UP") and isinstance(gate_up, GGUFLinearCUDA)
+            and len(gate_up.parts) == 1 and gate_up.out_features % 32 == 0):
+        return None
+    return _dp4a_activations(layer.down_proj, b)
+
+
+def _dp4a_activations(proj: nn.Module, b: int) -> Quantized | None:
+    """(codes, stats) buffers for ``proj``'s input as the dp4a GEMV's 8-bit activations, where it
+    runs one row through it; else None."""
     from deepinfer.runtime.kernels.gguf_gemv import dp4a_gemv, word_codes
 
-    proj = layer.o_proj
-    if not (b == 1 and isinstance(proj, GGUFLinearCUDA) and word_codes() and dp4a_gemv()
-            and layer.head_dim % 16 == 0 and switches.enabled("DEEPINFER_GGUF_O_QUANT_IN_ATTENTION")):
+    if not (b == 1 and isinstance(proj, GGUFLinearCUDA) and word_codes() and dp4a_gemv()):
         return None
     k = proj.in_features
     dev = proj.parts[0].codes.device
@@ -197,7 +216,7 @@ def fused_decode_forward(model: LlamaForCausalLM, input_ids: torch.Tensor, posit
 
     with region("embed"):
         st = _Stream(model.embed_tokens.forward(input_ids))  # a module call: the vocabulary-parallel one all-reduces
-    return _fused_layers(model, st, kv_caches, attend, region, quantize_o=True)
+    return _fused_layers(model, st, kv_caches, attend, region, quantize_inputs=True)
 
 
 def fused_step_forward(model: LlamaForCausalLM, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -238,17 +257,18 @@ def fused_step_supported(model: nn.Module, attention: object) -> bool:
 
 
 def _fused_layers(model: LlamaForCausalLM, st: _Stream, kv_caches: list[torch.Tensor], attend: Attend,
-                  region: Region, quantize_o: bool = False) -> torch.Tensor:
+                  region: Region, quantize_inputs: bool = False) -> torch.Tensor:
     """The decoder layers and the final norm over the residual stream ``st`` of ``b`` rows.
-    ``quantize_o``: ``attend`` can store its output as the o projection's 8-bit activations too
-    (``_o_activations`` says where that applies)."""
+    ``quantize_inputs``: a decode graph's step, where ``attend`` can store its output as the o
+    projection's 8-bit activations too and the gate/up GEMV the down projection's
+    (``_o_activations``, ``_down_activations`` say where those apply)."""
     b = st.stream.shape[0]
     gemv_names = one_row_gemv_projections()
     for module, cache in zip(model.layers, kv_caches, strict=True):
         layer = cast(LlamaLayer, module)
         with region("attention"):
             qkv = _norm_linear(st, layer.input_layernorm, layer.qkv_proj, "qkv", gemv_names, b)
-            quantized = _o_activations(layer, b) if quantize_o else None
+            quantized = _o_activations(layer, b) if quantize_inputs else None
             o = attend(layer, qkv, cache, quantized)
             _residual_linear(st, o.view(b, -1), layer.o_proj, "o", gemv_names, b, quantized=quantized)
         with region("mlp"):
@@ -263,8 +283,10 @@ def _fused_layers(model: LlamaForCausalLM, st: _Stream, kv_caches: list[torch.Te
                 h = st.normed(norm)
                 st.stream = moe(h, residual=st.stream)
                 continue
-            gate_up = _norm_linear(st, layer.post_attention_layernorm, layer.gate_up_proj, "gate_up", gemv_names, b)
-            _residual_linear(st, gate_up, layer.down_proj, "down", gemv_names, b, silu=True)
+            down_in = _down_activations(layer, b) if quantize_inputs else None
+            gate_up = _norm_linear(st, layer.post_attention_layernorm, layer.gate_up_proj, "gate_up", gemv_names, b,
+                                   silu_quantized=down_in)
+            _residual_linear(st, gate_up, layer.down_proj, "down", gemv_names, b, silu=True, quantized=down_in)
     with region("final_norm"):
         h = st.normed(model.norm)
     return h
