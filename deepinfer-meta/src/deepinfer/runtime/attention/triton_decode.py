@@ -32,8 +32,7 @@ import triton
 import triton.language as tl
 
 from deepinfer.runtime.attention.triton_softmax import online_softmax_block
-from deepinfer.runtime.kernels.fused_ops import qk_normed, rope_rounded
-from deepinfer.runtime.kernels.gguf_gemv import round_groups_to_bytes
+from deepinfer.runtime.kernels.fused_ops import qk_normed, rope_rounded, round_groups_to_bytes
 from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch, prefetch_enabled
 
 QKNorm = tuple[torch.Tensor, torch.Tensor, float]  # Qwen3's q and k norm weights [D] and their eps

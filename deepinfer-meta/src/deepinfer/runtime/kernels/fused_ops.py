@@ -75,6 +75,18 @@ def rope_rounded(x, rotated, c, s, dt: tl.constexpr):
 
 
 @triton.jit
+def round_groups_to_bytes(x):
+    """Each row of ``x`` [T, group] (float32) as integers in [-127, 127] (int32) times its scale
+    ``amax / 127`` [T]: rounded to nearest, ties to even (an all-zero row: zeros, scale 0). The
+    8-bit activations of the GGUF kernels (``gguf_gemv``'s dp4a GEMV, ``gguf_mmq``), wherever they
+    are made (also by the decode attention for the o projection)."""
+    amax = tl.max(tl.abs(x), axis=1)
+    inv = tl.where(amax > 0, 127.0 / tl.where(amax > 0, amax, 1.0), 0.0)[:, None]
+    # (v + 1.5 * 2**23) - 1.5 * 2**23 rounds |v| <= 127 to the nearest integer (ties to even)
+    return ((x * inv + 12582912.0) - 12582912.0).to(tl.int32), amax / 127.0
+
+
+@triton.jit
 def _rotary_kv_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, q_out_ptr, cache_ptr, qn_ptr, kn_ptr, eps,
                       stride_qkv, stride_qo_t, stride_qo_h, stride_cos, plane, stride_slot, stride_kvh,
                       NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,

@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from deepinfer.runtime import switches
+from deepinfer.runtime.kernels.fused_ops import round_groups_to_bytes
 from deepinfer.runtime.kernels.gemv import (
     _activation_chunk,
     _activation_math,
@@ -225,16 +226,6 @@ def _dp4a(a, b, EMULATE: tl.constexpr):
         return r + (a >> 24) * (b >> 24)
     return tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, tl.zeros_like(a)],
                                      dtype=tl.int32, is_pure=True, pack=1)
-
-
-@triton.jit
-def round_groups_to_bytes(x):
-    """Each row of ``x`` [T, group] (float32) as integers in [-127, 127] (int32) times its scale
-    ``amax / 127`` [T]: rounded to nearest, ties to even (an all-zero row: zeros, scale 0)."""
-    amax = tl.max(tl.abs(x), axis=1)
-    inv = tl.where(amax > 0, 127.0 / tl.where(amax > 0, amax, 1.0), 0.0)[:, None]
-    # (v + 1.5 * 2**23) - 1.5 * 2**23 rounds |v| <= 127 to the nearest integer (ties to even)
-    return ((x * inv + 12582912.0) - 12582912.0).to(tl.int32), amax / 127.0
 
 
 @triton.jit

@@ -25,7 +25,8 @@ import triton
 import triton.language as tl
 
 from deepinfer.runtime import switches
-from deepinfer.runtime.kernels.gguf_gemv import gemm_tile, round_groups_to_bytes
+from deepinfer.runtime.kernels.fused_ops import round_groups_to_bytes
+from deepinfer.runtime.kernels.gguf_gemv import gemm_tile
 from deepinfer.runtime.kernels.gguf_layout import KINDS, GGUFPlanes
 from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch
 

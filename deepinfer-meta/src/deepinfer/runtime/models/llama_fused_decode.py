@@ -283,7 +283,9 @@ def _fused_layers(model: LlamaForCausalLM, st: _Stream, kv_caches: list[torch.Te
                 h = st.normed(norm)
                 st.stream = moe(h, residual=st.stream)
                 continue
-            down_in = _down_activations(layer, b) if quantize_inputs else None
+            # written by _norm_linear's GGUF GEMV, which runs only with nothing pending (an o
+            # projection on cuBLAS leaves its output pending: then down quantizes for itself)
+            down_in = _down_activations(layer, b) if quantize_inputs and st.pending is None else None
             gate_up = _norm_linear(st, layer.post_attention_layernorm, layer.gate_up_proj, "gate_up", gemv_names, b,
                                    silu_quantized=down_in)
             _residual_linear(st, gate_up, layer.down_proj, "down", gemv_names, b, silu=True, quantized=down_in)
