@@ -128,7 +128,9 @@ def check_o_quantized_in_attention(quant: torch.nn.Module, caches: list[torch.Te
     """With 8-bit activations (dp4a), ``DEEPINFER_GGUF_O_QUANT_IN_ATTENTION=1`` has the decode
     attention store the o projection's activations, and ``DEEPINFER_GGUF_DOWN_QUANT_IN_GATE_UP=1``
     the gate/up GEMV the down projection's: one quantization launch a layer fewer each, the same
-    hidden states (the same codes and scales; float sums up to their order)."""
+    hidden states (the same codes and scales; float sums up to their order). The last run also
+    folds the rotary into the attention (``DEEPINFER_ROTARY_IN_ATTENTION=1``, the quantized output
+    then comes from that form)."""
     import deepinfer.runtime.kernels.gguf_gemv as gguf_gemv
     from deepinfer.runtime.attention.triton_decode import DecodeWorkspace
     from deepinfer.runtime.models.llama_fused_decode import fused_decode_forward
@@ -143,14 +145,15 @@ def check_o_quantized_in_attention(quant: torch.nn.Module, caches: list[torch.Te
 
     i32 = torch.int32
     o_switch, down_switch = "DEEPINFER_GGUF_O_QUANT_IN_ATTENTION", "DEEPINFER_GGUF_DOWN_QUANT_IN_GATE_UP"
-    saved = {name: os.environ.get(name) for name in ("DEEPINFER_GGUF_DP4A", o_switch, down_switch)}
+    rotary_switch = "DEEPINFER_ROTARY_IN_ATTENTION"
+    saved = {name: os.environ.get(name) for name in ("DEEPINFER_GGUF_DP4A", o_switch, down_switch, rotary_switch)}
     hidden, counts = {}, {}
     gguf_gemv._quantize_activations_kernel = Counting()  # type: ignore[assignment]
     try:
         os.environ["DEEPINFER_GGUF_DP4A"] = "1"
         for flag in ("none", "o", "o+down"):
             os.environ[o_switch] = "0" if flag == "none" else "1"
-            os.environ[down_switch] = "1" if flag == "o+down" else "0"
+            os.environ[down_switch] = os.environ[rotary_switch] = "1" if flag == "o+down" else "0"
             launches.clear()
             hidden[flag] = fused_decode_forward(
                 quant, torch.tensor([7], dtype=i32), torch.tensor([pos], dtype=i32), caches, torch.tensor([pos]),
@@ -166,7 +169,8 @@ def check_o_quantized_in_attention(quant: torch.nn.Module, caches: list[torch.Te
             else:
                 os.environ[name] = value
     print(f"activations quantized by the kernel before: {counts['none']} quantization launches, "
-          f"{counts['o']} with o's from the attention, {counts['o+down']} with down's from gate/up too")
+          f"{counts['o']} with o's from the attention, {counts['o+down']} with down's from gate/up too "
+          f"(and the rotary in the attention)")
     ok = counts["none"] - counts["o"] == L and counts["o"] - counts["o+down"] == L
     ok &= _close("1 token, o activations from the attention", hidden["o"], hidden["none"])
     return ok & _close("1 token, down activations from gate/up too", hidden["o+down"], hidden["none"])
