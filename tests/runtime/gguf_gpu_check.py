@@ -218,8 +218,10 @@ def check_producer_quantized(kind: str, device: str, k: int, g: torch.Generator)
     every row tiling) stores SiLU(gate)·up of its output as the down projection's 8-bit activations,
     equal to what ``_quantize_activations_kernel`` makes from the stored output (codes, scales,
     integer sums; float sums up to their order), and its output is unchanged; a GEMV given such
-    activations (``quantized``) equals the one that quantizes them itself. Bad buffers are
-    ValueErrors."""
+    activations (``quantized``) equals the one that quantizes them itself. A residual GEMV stores
+    the stream times the next norm's weight (``norm_quantized``) as the quantization kernel would,
+    and the next GEMV (``norm`` + ``quantized``) is within the 8-bit bound of the float64 RMSNorm
+    product. Bad buffers are ValueErrors."""
     ok = True
     bf = torch.bfloat16
     hidden = 256 if kind.endswith("_K") else 64  # the down projection's K: whole blocks of the type
@@ -250,12 +252,34 @@ def check_producer_quantized(kind: str, device: str, k: int, g: torch.Generator)
         print(f"{'ok  ' if close else 'FAIL'} {kind} down gemv tiles {config} from the stored activations: "
               f"max diff {(got - want).abs().max():.2e} against quantizing itself")
         ok &= close
+    # a residual GEMV (o, down) storing the new stream times the next norm's weight as the next
+    # GEMV's activations (without the RMS factor), and that GEMV applying the factor to the scales
+    raw_o = random_blocks(kind, hidden, k, seed=40 + GPU_TYPES.index(kind))
+    o_proj = regroup(torch.from_numpy(raw_o), kind).map(lambda t: t.to(device))
+    res = torch.randn(1, hidden, generator=g).to(bf).to(device)
+    w_next = (1 + 0.1 * torch.randn(hidden, generator=g)).to(bf).to(device)
+    nq = torch.full((hidden,), 99, dtype=torch.int8, device=device)
+    nst = torch.full((3 * kt,), float("nan"), device=device)
+    h = gguf_gemv(x, o_proj, residual=res, norm_quantized=(w_next, nq, nst))
+    plain = gguf_gemv(x, o_proj, residual=res)
+    ref_q, ref_st = _quantized_reference((h.float() * w_next.float()).reshape(1, hidden), hidden, silu_mul=False)
+    same = (torch.equal(h, plain) and torch.equal(nq, ref_q) and torch.equal(nst[:2 * kt], ref_st[:2 * kt])
+            and torch.allclose(nst[2 * kt:], ref_st[2 * kt:], rtol=1e-6, atol=1e-6))
+    print(f"{'ok  ' if same else 'FAIL'} {kind} residual gemv stores stream x next norm weight as 8-bit activations: "
+          f"those of the quantization kernel")
+    ok &= same
+    hd = h.double().cpu()
+    normed = (hd * torch.rsqrt((hd * hd).mean() + 1e-5)).to(bf).double() * w_next.double().cpu()
+    w_d = reference_weight(raw_d, kind, 9)
+    got = gguf_gemv(h, down, norm=(w_next, 1e-5), quantized=(nq, nst))
+    ok &= _check(f"{kind} gemv from stored norm activations (the RMS factor on the scales)", got, normed @ w_d.T,
+                 normed.abs() @ w_d.abs().T, 2**-7, 2**-7, q8_error(normed, w_d))
     bad = [(dict(quantized=(xq[:-1], st)), "quantized must be"),
-           (dict(quantized=(xq, st), norm=(nw[:hidden], 1e-5)), "cannot take the norm"),
+           (dict(norm_quantized=(w_next[:-1], nq, nst)), "next norm weight must be"),
            (dict(silu_quantized=(xq, st[:-1])), "silu_quantized must be")]
     for kwargs, words in bad:
         try:
-            if "silu_quantized" in kwargs:
+            if "silu_quantized" in kwargs or "norm_quantized" in kwargs:
                 gguf_gemv(x, gate_up, **kwargs)  # type: ignore[arg-type]
             else:
                 gguf_gemv(torch.randn(1, hidden, device=device).to(bf), down, **kwargs)  # type: ignore[arg-type]

@@ -157,7 +157,8 @@ def gguf_one_row(kind: str) -> None:
     (K 4096), down with SiLU·mul and the residual (K 14336); and o with the residual from the
     8-bit activations that the decode attention stores (``DEEPINFER_GGUF_O_QUANT_IN_ATTENTION``),
     that attention too (folded merge, separate merge, rotary form); gate/up storing the down
-    projection's (``DEEPINFER_GGUF_DOWN_QUANT_IN_GATE_UP``)."""
+    projection's (``DEEPINFER_GGUF_DOWN_QUANT_IN_GATE_UP``); a residual GEMV storing the next
+    norm's and a GEMV reading them (``DEEPINFER_GGUF_NORM_QUANT_IN_RESIDUAL``)."""
     from deepinfer.runtime.attention.triton_decode import decode_attention, rotary_decode_attention
     from deepinfer.runtime.kernels.gguf_gemv import gguf_gemv
     from deepinfer.runtime.kernels.gguf_layout import regroup
@@ -183,6 +184,13 @@ def gguf_one_row(kind: str) -> None:
     gguf_gemv(torch.empty(1, k, dtype=torch.bfloat16, device=meta), gate_up,
               norm=(torch.empty(k, dtype=torch.bfloat16, device=meta), 1e-5),
               silu_quantized=(xq[:16], st[:3]))
+    # a residual GEMV storing the next norm's activations, and the next GEMV reading them
+    # (DEEPINFER_GGUF_NORM_QUANT_IN_RESIDUAL)
+    gguf_gemv(torch.empty(1, k, dtype=torch.bfloat16, device=meta), gate_up,
+              residual=torch.empty(1, 32, dtype=torch.bfloat16, device=meta),
+              norm_quantized=(torch.empty(32, dtype=torch.bfloat16, device=meta), xq[:32], st[:6]))
+    gguf_gemv(torch.empty(1, k, dtype=torch.bfloat16, device=meta), planes,
+              norm=(torch.empty(k, dtype=torch.bfloat16, device=meta), 1e-5), quantized=(xq, st))
     for k, fusions in ((4096, "norm"), (14336, "silu_mul")):
         planes = regroup(torch.from_numpy(random_blocks(kind, 8, k, seed=0)), kind).map(lambda t: t.to(meta))
         if fusions == "norm":

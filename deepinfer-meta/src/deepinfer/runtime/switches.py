@@ -69,6 +69,10 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
            "experimental, not yet timed on a GPU: 1 makes the one-row decode graphs' GGUF gate/up GEMV store "
            "SiLU(gate)*up as the down projection's 8-bit activations too (the last program of each 16 columns; "
            "one launch a layer fewer than the dp4a GEMV's own quantization); read at capture"),
+    Switch("DEEPINFER_GGUF_NORM_QUANT_IN_RESIDUAL", "0", "models/llama_fused_decode.py",
+           "experimental, not yet timed on a GPU: 1 makes the one-row decode graphs' GGUF o and down GEMVs store "
+           "the residual stream times the next RMSNorm's weight as the next GEMV's 8-bit activations (that GEMV "
+           "applies the RMS factor to the scales; two launches a layer fewer); read at capture"),
     Switch("DEEPINFER_GGUF_MMQ_ROWS", "0", "kernels/gguf_mmq.py",
            "experimental: GGUF layers on a GPU multiply up to this many rows on the int8 tensor cores with 8-bit "
            "activations (0: the bf16 GEMM for every several-row product; slower on the H200 so far)"),

@@ -18,7 +18,9 @@ feeds two runs of activation columns.
   weight in its loop against ~6 (PTX of the Q4_0 loops), 1.2-1.5x slower on the H200.
   With 8-bit activations (dp4a, the default) the row is quantized once per GEMV by
   ``_quantize_activations_kernel``, or (experimental switches) by the kernel that wrote it: the
-  decode attention for o (``quantized=``), the gate/up GEMV for down (``silu_quantized=``).
+  decode attention for o (``quantized=``), the gate/up GEMV for down (``silu_quantized=``), the
+  residual GEMVs (o, down) for the next RMSNorm's input (``norm_quantized=``; the reading GEMV
+  applies the RMS factor).
 * ``gguf_gemm`` (several rows: prefill, batches): each program decodes a [BLOCK_N, BLOCK_K] weight
   tile to the activations' dtype in registers and multiplies it on the tensor cores (``tl.dot``),
   float32 accumulation. Weights rounded to bfloat16 there are the weights of the same file
@@ -254,17 +256,24 @@ def _quantize_activations_kernel(x_ptr, nw_ptr, dt_ptr, q_ptr, st_ptr, k, eps, B
 
 
 @triton.jit
-def _quantized_activations(xq_ptr, st_ptr, wq, t, w_ok, t_ok, kt, HAS_MIN: tl.constexpr, CODE_BIAS: tl.constexpr):
+def _quantized_activations(xq_ptr, st_ptr, wq, t, w_ok, t_ok, kt, rstd, HAS_MIN: tl.constexpr,
+                           CODE_BIAS: tl.constexpr, NORM: tl.constexpr):
     """The dp4a GEMV's activations of words ``wq`` [NG, GW] (tiles ``t`` [NG]), as
-    ``_word_activations`` returns them: (signed-byte words, scales, integer sums, -, float sums)."""
+    ``_word_activations`` returns them: (signed-byte words, scales, integer sums, -, float sums).
+    NORM: they are the codes of ``x * weight`` (the kernel before quantized them without the RMS
+    factor, which a group's codes do not depend on): scales and float sums times ``rstd``."""
     words = tl.load(xq_ptr + wq, mask=w_ok, other=0)
     scale = tl.load(st_ptr + t, mask=t_ok, other=0.0)
+    if NORM:
+        scale = scale * rstd
     isum = scale
     xsum = scale
     if CODE_BIAS != 0:
         isum = tl.load(st_ptr + kt + t, mask=t_ok, other=0.0)
     if HAS_MIN:
         xsum = tl.load(st_ptr + 2 * kt + t, mask=t_ok, other=0.0)
+        if NORM:
+            xsum = xsum * rstd
     return words, scale, isum, isum, xsum
 
 
@@ -424,7 +433,7 @@ def _words_chunk(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0, p0, p1, p2,
     if DP4A:  # a tile row of 4 words is one 16-column activation tile
         t = (w0 + GW * gi) // GW
         t_ok = (w0 + GW * gi) < kw
-        lo = _quantized_activations(xq_ptr, st_ptr, w0 + wi, t, w_ok, t_ok, kt, HAS_MIN, CODE_BIAS)
+        lo = _quantized_activations(xq_ptr, st_ptr, w0 + wi, t, w_ok, t_ok, kt, rstd, HAS_MIN, CODE_BIAS, NORM)
     else:
         lo = _word_activations(x_ptr, xw_ptr, nw_ptr, nww_ptr, out_ptr, 4 * (w0 + wi), w_ok, k, rstd, HAS_MIN,
                                SILU_MUL, NORM, X_WORDS)
@@ -433,8 +442,8 @@ def _words_chunk(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0, p0, p1, p2,
     ghi = glo
     if PACKED:  # the high nibbles: the same columns of the row's second half
         if DP4A:
-            hi = _quantized_activations(xq_ptr, st_ptr, k // 8 + w0 + wi, kt // 2 + t, w_ok, t_ok, kt, HAS_MIN,
-                                        CODE_BIAS)
+            hi = _quantized_activations(xq_ptr, st_ptr, k // 8 + w0 + wi, kt // 2 + t, w_ok, t_ok, kt, rstd,
+                                        HAS_MIN, CODE_BIAS, NORM)
         else:
             hi = _word_activations(x_ptr, xw_ptr, nw_ptr, nww_ptr, out_ptr, k // 2 + 4 * (w0 + wi), w_ok, k,
                                    rstd, HAS_MIN, SILU_MUL, NORM, X_WORDS)
@@ -452,13 +461,14 @@ def _words_chunk(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0, p0, p1, p2,
 
 @triton.jit
 def _gguf_gemv_words_kernel(x_ptr, xw_ptr, xq_ptr, st_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, b_ptr, nw_ptr, nww_ptr,
-                            res_ptr, out_ptr, n, k, kw, eps, sq_ptr, sst_ptr, cnt_ptr,
+                            res_ptr, out_ptr, n, k, kw, eps, sq_ptr, sst_ptr, cnt_ptr, nwn_ptr,
                             ROWS: tl.constexpr, BLOCK_W: tl.constexpr, PACKED: tl.constexpr, SIGNED: tl.constexpr,
                             G: tl.constexpr, SB: tl.constexpr, HAS_MIN: tl.constexpr, OFFSET: tl.constexpr,
                             SILU_MUL: tl.constexpr, NORM: tl.constexpr, NORM_BLOCK: tl.constexpr,
                             HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr, X_WORDS: tl.constexpr,
                             DP4A: tl.constexpr, CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr, PDL: tl.constexpr,
-                            PRELOAD: tl.constexpr = False, SILU_QUANT: tl.constexpr = False):
+                            PRELOAD: tl.constexpr = False, SILU_QUANT: tl.constexpr = False,
+                            NORM_QUANT: tl.constexpr = False):
     """The one-row GEMV reading the code plane as int32 words (``q_ptr``, ``kw`` words a row):
     ROWS (1, 2, 4 or 8) output rows a program, chunks of BLOCK_W words a row as [NG, 4] tiles. A tile
     row is one 16-byte load and lies in one scale group (16 or 32 columns; a 32-column group is two
@@ -468,7 +478,10 @@ def _gguf_gemv_words_kernel(x_ptr, xw_ptr, xq_ptr, st_ptr, q_ptr, s_ptr, m_ptr, 
     signed bytes (``xq_ptr``, int32 words) and tile sums (``st_ptr``), already normalized.
     PRELOAD: the first chunk's words of every row are loaded before the PDL wait (kernels/pdl.py).
     SILU_QUANT (gate/up): SiLU(gate)·up of the output also as the down projection's 8-bit
-    activations (``sq_ptr``, ``sst_ptr``; ``_silu_quantize_group``, counters at ``cnt_ptr``)."""
+    activations (``sq_ptr``, ``sst_ptr``; ``_silu_quantize_group``, counters at ``cnt_ptr``).
+    NORM_QUANT (o, down: the residual stream): the output times the next norm's weight ``nwn_ptr``
+    as the next GEMV's 8-bit activations without the RMS factor (``_norm_quantize_group``). With
+    DP4A and NORM, the activations read are such codes, and the scales take this row's factor."""
     GW: tl.constexpr = 4
     NG: tl.constexpr = BLOCK_W // GW
     r0 = tl.program_id(0).to(tl.int64) * ROWS
@@ -506,6 +519,37 @@ def _gguf_gemv_words_kernel(x_ptr, xw_ptr, xq_ptr, st_ptr, q_ptr, s_ptr, m_ptr, 
         _rows_out(acc4, acc5, acc6, acc7, r0 + 4, 4, n, b_ptr, res_ptr, out_ptr, HAS_BIAS, RESIDUAL)
     if SILU_QUANT:
         _silu_quantize_group(out_ptr, sq_ptr, sst_ptr, cnt_ptr, r0, n, ROWS)
+    if NORM_QUANT:
+        _norm_quantize_group(out_ptr, nwn_ptr, sq_ptr, sst_ptr, cnt_ptr, r0, n, ROWS)
+
+
+@triton.jit
+def _norm_quantize_group(out_ptr, nw_ptr, q_ptr, st_ptr, cnt_ptr, r0, n, ROWS: tl.constexpr):
+    """After a program has stored its rows ``r0 ..`` of the residual stream ``out`` [N]: the last
+    of the 16 / ROWS programs writing a 16-column group quantizes ``out * nw`` of those columns
+    (the next RMSNorm's input times its weight; the RMS factor, which needs the whole row, scales
+    the group's codes alike, so the next GEMV applies it to the scales) as
+    ``_quantize_activations_kernel`` does, then sets the group's counter back to 0."""
+    g = r0 // 16
+    tl.debug_barrier()  # every thread's output stores before the release below
+    if tl.atomic_add(cnt_ptr + g, 1, sem="acq_rel") == 16 // ROWS - 1:
+        tl.store(cnt_ptr + g, 0)
+        c = g * 16 + tl.arange(0, 16)
+        h = tl.load(out_ptr + c, cache_modifier=".cg").to(tl.float32)
+        xv = tl.reshape(h * tl.load(nw_ptr + c).to(tl.float32), [1, 16])
+        _store_group(xv, q_ptr, st_ptr, c, g, n // 16)
+
+
+@triton.jit
+def _store_group(xv, q_ptr, st_ptr, c, g, kt):
+    """One 16-column group ``xv`` [1, 16] (columns ``c``, group ``g`` of ``kt``) as the dp4a GEMV's
+    activations: codes, and the scale, integer sum and float sum in ``st``'s three planes."""
+    q, scale = round_groups_to_bytes(xv)
+    tl.store(q_ptr + tl.reshape(c, [1, 16]), q.to(tl.int8))
+    one = g + tl.arange(0, 1)
+    tl.store(st_ptr + one, scale)
+    tl.store(st_ptr + kt + one, tl.sum(q, axis=1).to(tl.float32))
+    tl.store(st_ptr + 2 * kt + one, tl.sum(xv, axis=1))
 
 
 @triton.jit
@@ -525,13 +569,7 @@ def _silu_quantize_group(out_ptr, q_ptr, st_ptr, cnt_ptr, r0, n, ROWS: tl.conste
         gate = tl.load(out_ptr + c, cache_modifier=".cg").to(tl.float32)
         up = tl.load(out_ptr + half + c, cache_modifier=".cg").to(tl.float32)
         xv = tl.reshape(_activation_math(gate, up, gate, 0.0, out_ptr.dtype.element_ty, True, False), [1, 16])
-        q, scale = round_groups_to_bytes(xv)
-        tl.store(q_ptr + tl.reshape(c, [1, 16]), q.to(tl.int8))
-        kt = half // 16
-        one = g + tl.arange(0, 1)
-        tl.store(st_ptr + one, scale)
-        tl.store(st_ptr + kt + one, tl.sum(q, axis=1).to(tl.float32))
-        tl.store(st_ptr + 2 * kt + one, tl.sum(xv, axis=1))
+        _store_group(xv, q_ptr, st_ptr, c, g, half // 16)
 
 
 @triton.jit
@@ -688,7 +726,8 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
               norm: tuple[torch.Tensor, float] | None = None, residual: torch.Tensor | None = None,
               out: torch.Tensor | None = None, config: tuple[int, int, int, int] | None = None,
               preload: bool | None = None, quantized: tuple[torch.Tensor, torch.Tensor] | None = None,
-              silu_quantized: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+              silu_quantized: tuple[torch.Tensor, torch.Tensor] | None = None,
+              norm_quantized: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """``F.linear(x, W, bias)`` for one row ``x`` [1, K] (``[1, 2K]`` gate/up with ``silu_mul``) and
     the quantized W; [1, N] in ``x``'s dtype. ``norm``/``residual``/``silu_mul`` as ``kernels.gemv.gemv``.
     ``out``: a contiguous [1, N] to write (a slice of a wider output). ``preload`` (the word GEMV):
@@ -697,24 +736,35 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
     as the dp4a GEMV's 8-bit activations (codes int8 [K], stats float32 [3 * K/16]: per 16
     columns the scale, the integer sum and the float sum, as ``_quantize_activations_kernel``
     writes them; the decode attention's ``quantized`` output; with ``silu_mul``, of SiLU(gate) *
-    up), so that kernel is not launched; used only by the dp4a GEMV, and not with ``norm``.
+    up; with ``norm``, of ``x * norm weight`` without the RMS factor, which this GEMV computes
+    from ``x`` and applies to the scales), so that kernel is not launched; used only by the dp4a
+    GEMV.
     ``silu_quantized`` (a gate/up projection [2H, K], the whole output, by the dp4a GEMV):
     SiLU(gate) * up of the output is also stored as the down projection's 8-bit activations
-    (codes int8 [H], stats float32 [3 * H/16]), for its ``quantized``."""
+    (codes int8 [H], stats float32 [3 * H/16]), for its ``quantized``. ``norm_quantized`` (weight
+    [N], codes int8 [N], stats float32 [3 * N/16]; the whole output, by the dp4a GEMV): the output
+    (the residual stream) times ``weight`` (the next RMSNorm's) also stored as the next GEMV's
+    8-bit activations, for its ``quantized`` with ``norm``."""
     n, k = w.n, w.k
     check_one_row("gguf_gemv", x, n, k, f"the {w.kind} weight", silu_mul=silu_mul, bias=bias, norm=norm,
                   residual=residual)
     if x.device != w.codes.device:
         raise ValueError(f"gguf_gemv: x is on {x.device}, the weight on {w.codes.device}")
     if quantized is not None:
-        if norm is not None:
-            raise ValueError("gguf_gemv: quantized activations cannot take the norm (its factor needs the whole row)")
         _check_activations("quantized", quantized, k, x.device)
     if silu_quantized is not None:
         if n % 32 or (out is not None and (out.shape != (1, n) or not out.is_contiguous())):
             raise ValueError(f"gguf_gemv: silu_quantized needs a gate/up projection of whole 16-column groups "
                              f"(N a multiple of 32, got {n}) writing its whole contiguous output")
         _check_activations("silu_quantized", silu_quantized, n // 2, x.device)
+    if norm_quantized is not None:
+        if n % 16 or (out is not None and (out.shape != (1, n) or not out.is_contiguous())) or silu_quantized:
+            raise ValueError(f"gguf_gemv: norm_quantized needs whole 16-column groups (N {n}), the whole "
+                             f"contiguous output, and no silu_quantized")
+        if norm_quantized[0].shape != (n,) or not norm_quantized[0].is_contiguous():
+            raise ValueError(f"gguf_gemv: the next norm weight must be a contiguous [{n}] vector, got "
+                             f"{tuple(norm_quantized[0].shape)}")
+        _check_activations("norm_quantized", norm_quantized[1:], n, x.device)  # type: ignore[arg-type]
     out = torch.empty((1, n), dtype=x.dtype, device=x.device) if out is None else out
     words = word_codes()
     dp4a = words and dp4a_gemv()
@@ -733,9 +783,9 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
         eps = norm[1] if norm is not None else 0.0
         norm_block = triton.next_power_of_2(k) if norm is not None else 1
         if dp4a and quantized is not None:  # quantized by the kernel that wrote x
-            xq, st = quantized
+            xq, st = quantized  # with norm: codes of x * weight; the scales take this row's RMS factor
             xq_words, x_words, xw = xq.view(torch.int32), False, x
-            silu_mul, norm_block, fused_norm = False, 1, False
+            silu_mul, fused_norm = False, norm is not None
         elif dp4a:  # the activations quantized once, with the RMSNorm / SiLU·mul applied there
             xq = torch.empty(k, dtype=torch.int8, device=x.device)
             st = torch.empty(3 * (k // 16), dtype=torch.float32, device=x.device)
@@ -753,12 +803,14 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
             xw = x[0].view(torch.int64) if x_words else x
             xq_words, st, fused_norm = codes, out, norm is not None
         silu_quant = dp4a and silu_quantized is not None
-        sq, sst = silu_quantized if silu_quant and silu_quantized is not None else (out, out)
-        counters = _split_counters(x.device, n // 32) if silu_quant else out
+        norm_quant = dp4a and norm_quantized is not None
+        nwn, sq, sst = (norm_quantized if norm_quant and norm_quantized is not None else
+                        (out, *silu_quantized) if silu_quant and silu_quantized is not None else (out, out, out))
+        counters = _split_counters(x.device, n // 16) if silu_quant or norm_quant else out
         _gguf_gemv_words_kernel[(triton.cdiv(n, rows),)](
             x, xw, xq_words, st, codes, *_planes_args(w)[1:], bias if bias is not None else out, nw,
             nw.view(torch.int64) if x_words and norm is not None else nw, residual if residual is not None else out,
-            out, n, k, codes.shape[1], eps, sq, sst, counters, SILU_QUANT=silu_quant,
+            out, n, k, codes.shape[1], eps, sq, sst, counters, nwn, SILU_QUANT=silu_quant, NORM_QUANT=norm_quant,
             ROWS=rows, BLOCK_W=max(block_k // 4, 4),
             PACKED=packed, SIGNED=signed, G=g, SB=sb, HAS_MIN=has_min,
             OFFSET=8388608.0 + code_bias + (128.0 if signed else 0.0), SILU_MUL=silu_mul, NORM=fused_norm,

@@ -106,20 +106,21 @@ class GGUFLinearCUDA(nn.Module):
 
     def gemv(self, x: torch.Tensor, *, silu_mul: bool = False, norm: tuple[torch.Tensor, float] | None = None,
              residual: torch.Tensor | None = None, quantized: tuple[torch.Tensor, torch.Tensor] | None = None,
-             silu_quantized: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+             silu_quantized: tuple[torch.Tensor, torch.Tensor] | None = None,
+             norm_quantized: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """One row [1, K] (``[1, 2K]`` with ``silu_mul``) -> [1, N], with ``kernels.gemv``'s fusions;
-        ``quantized``: x already as 8-bit activations; ``silu_quantized`` (a gate/up projection of
-        one part): SiLU(gate) * up of the output stored as 8-bit activations too
-        (``kernels.gguf_gemv.gguf_gemv``)."""
+        ``quantized``: x already as 8-bit activations; ``silu_quantized`` / ``norm_quantized`` (a
+        projection of one part): SiLU(gate) * up of the output, or the output times the next norm's
+        weight, stored as 8-bit activations too (``kernels.gguf_gemv.gguf_gemv``)."""
         from deepinfer.runtime.kernels.gguf_gemv import gguf_gemv
 
-        if silu_quantized is not None and len(self.parts) != 1:
-            raise ValueError(f"GGUFLinearCUDA.gemv: silu_quantized needs a projection of one weight type, this one "
-                             f"has {len(self.parts)} ({self.weight_type})")
+        if (silu_quantized is not None or norm_quantized is not None) and len(self.parts) != 1:
+            raise ValueError(f"GGUFLinearCUDA.gemv: storing the next activations needs a projection of one weight "
+                             f"type, this one has {len(self.parts)} ({self.weight_type})")
         out = torch.empty((1, self.out_features), dtype=x.dtype, device=x.device)
         for p, off in zip(self.parts, self.offsets, strict=True):
             sl = slice(off, off + p.n)
             gguf_gemv(x, p, None if self.bias is None else self.bias[sl], silu_mul=silu_mul, norm=norm,
                       residual=None if residual is None else residual[:, sl], out=out[:, sl], quantized=quantized,
-                      silu_quantized=silu_quantized)
+                      silu_quantized=silu_quantized, norm_quantized=norm_quantized)
         return out

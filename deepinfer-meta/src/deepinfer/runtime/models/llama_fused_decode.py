@@ -119,29 +119,32 @@ def _one_row(proj: nn.Module, x: torch.Tensor, name: str, **fusions: object) -> 
 
 
 def _norm_linear(st: _Stream, norm: RMSNorm, proj: nn.Module, name: str, gemv_names: frozenset[str],
-                 b: int, silu_quantized: Quantized | None = None) -> torch.Tensor:
+                 b: int, silu_quantized: Quantized | None = None, quantized: Quantized | None = None) -> torch.Tensor:
     """proj(RMSNorm(residual stream)): the norm inside the GEMV where it runs, else add_rmsnorm + cuBLAS.
-    ``silu_quantized``: where a GGUF gate/up GEMV stores SiLU(gate) * up as 8-bit activations too."""
+    ``silu_quantized``: where a GGUF gate/up GEMV stores SiLU(gate) * up as 8-bit activations too;
+    ``quantized``: the stream times the norm's weight as 8-bit activations (the GEMV before made them)."""
     if st.pending is None and _gemv_ok(b, proj, name in gemv_names):
         return _one_row(proj, st.stream, name, norm=(norm.weight, norm.eps))
     if st.pending is None and b == 1 and isinstance(proj, GGUFLinearCUDA):
         # GGUF weights: their GEMV fuses the same norm
-        return proj.gemv(st.stream, norm=(norm.weight, norm.eps), silu_quantized=silu_quantized)
+        return proj.gemv(st.stream, norm=(norm.weight, norm.eps), silu_quantized=silu_quantized, quantized=quantized)
     return proj.forward(st.normed(norm))
 
 
 def _residual_linear(st: _Stream, a: torch.Tensor, proj: nn.Module, name: str, gemv_names: frozenset[str], b: int,
-                     silu: bool = False, quantized: Quantized | None = None) -> None:
+                     silu: bool = False, quantized: Quantized | None = None,
+                     norm_quantized: NormQuantized | None = None) -> None:
     """stream += proj(a) (SiLU·mul of a first with ``silu``): in the GEMV's epilogue where it runs,
     else left pending for the next add_rmsnorm. ``quantized``: ``a`` as 8-bit activations too (a
-    GGUF GEMV then launches no quantization)."""
+    GGUF GEMV then launches no quantization); ``norm_quantized``: where a GGUF GEMV also stores
+    the new stream times the next norm's weight as 8-bit activations."""
     if _gemv_ok(b, proj, name in gemv_names):
         assert st.pending is None
         st.stream = _one_row(proj, a, name, silu_mul=silu, residual=st.stream)
         return
     if b == 1 and isinstance(proj, GGUFLinearCUDA):
         assert st.pending is None
-        st.stream = proj.gemv(a, silu_mul=silu, residual=st.stream, quantized=quantized)
+        st.stream = proj.gemv(a, silu_mul=silu, residual=st.stream, quantized=quantized, norm_quantized=norm_quantized)
         return
     assert st.pending is None
     st.pending = proj.forward(silu_mul(a) if silu else a)
@@ -170,6 +173,22 @@ def _down_activations(layer: LlamaLayer, b: int) -> Quantized | None:
             and len(gate_up.parts) == 1 and gate_up.out_features % 32 == 0):
         return None
     return _dp4a_activations(layer.down_proj, b)
+
+
+# the next norm's weight, and where the residual GEMV stores the stream times it as 8-bit activations
+NormQuantized = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def _norm_activations(producer: nn.Module, norm: RMSNorm, consumer: nn.Module | None, b: int) -> NormQuantized | None:
+    """Where the GGUF residual GEMV ``producer`` (o, down) stores the new stream times ``norm``'s
+    weight as the 8-bit activations of ``consumer`` (gate/up, the next layer's qkv), which applies
+    the RMS factor itself (``DEEPINFER_GGUF_NORM_QUANT_IN_RESIDUAL=1``): (weight, codes, stats);
+    else None."""
+    if not (switches.enabled("DEEPINFER_GGUF_NORM_QUANT_IN_RESIDUAL") and isinstance(producer, GGUFLinearCUDA)
+            and len(producer.parts) == 1 and producer.out_features % 16 == 0 and consumer is not None):
+        return None
+    buffers = _dp4a_activations(consumer, b)
+    return None if buffers is None else (norm.weight, *buffers)
 
 
 def _dp4a_activations(proj: nn.Module, b: int) -> Quantized | None:
@@ -259,18 +278,24 @@ def fused_step_supported(model: nn.Module, attention: object) -> bool:
 def _fused_layers(model: LlamaForCausalLM, st: _Stream, kv_caches: list[torch.Tensor], attend: Attend,
                   region: Region, quantize_inputs: bool = False) -> torch.Tensor:
     """The decoder layers and the final norm over the residual stream ``st`` of ``b`` rows.
-    ``quantize_inputs``: a decode graph's step, where ``attend`` can store its output as the o
-    projection's 8-bit activations too and the gate/up GEMV the down projection's
-    (``_o_activations``, ``_down_activations`` say where those apply)."""
+    ``quantize_inputs``: a decode graph's step, where a GGUF projection's 8-bit activations can
+    be stored by the kernel before it: ``attend`` for o, gate/up for down, o and down for the next
+    RMSNorm's GEMV (``_o_activations``, ``_down_activations``, ``_norm_activations`` say where)."""
     b = st.stream.shape[0]
     gemv_names = one_row_gemv_projections()
-    for module, cache in zip(model.layers, kv_caches, strict=True):
+    made: Quantized | None = None  # the next norm'd GEMV's activations, stored by the residual GEMV before
+    layers = list(model.layers)
+    for i, (module, cache) in enumerate(zip(layers, kv_caches, strict=True)):
         layer = cast(LlamaLayer, module)
         with region("attention"):
-            qkv = _norm_linear(st, layer.input_layernorm, layer.qkv_proj, "qkv", gemv_names, b)
+            qkv = _norm_linear(st, layer.input_layernorm, layer.qkv_proj, "qkv", gemv_names, b, quantized=made)
             quantized = _o_activations(layer, b) if quantize_inputs else None
             o = attend(layer, qkv, cache, quantized)
-            _residual_linear(st, o.view(b, -1), layer.o_proj, "o", gemv_names, b, quantized=quantized)
+            made_n = (_norm_activations(layer.o_proj, layer.post_attention_layernorm,
+                                        getattr(layer, "gate_up_proj", None), b) if quantize_inputs else None)
+            _residual_linear(st, o.view(b, -1), layer.o_proj, "o", gemv_names, b, quantized=quantized,
+                             norm_quantized=made_n)
+            made = None if made_n is None else made_n[1:]
         with region("mlp"):
             moe = getattr(layer, "moe", None)
             if moe is not None:  # a mixture-of-experts layer (models.moe.MoeLayer): routing and
@@ -287,8 +312,13 @@ def _fused_layers(model: LlamaForCausalLM, st: _Stream, kv_caches: list[torch.Te
             # projection on cuBLAS leaves its output pending: then down quantizes for itself)
             down_in = _down_activations(layer, b) if quantize_inputs and st.pending is None else None
             gate_up = _norm_linear(st, layer.post_attention_layernorm, layer.gate_up_proj, "gate_up", gemv_names, b,
-                                   silu_quantized=down_in)
-            _residual_linear(st, gate_up, layer.down_proj, "down", gemv_names, b, silu=True, quantized=down_in)
+                                   silu_quantized=down_in, quantized=made)
+            following = cast(LlamaLayer, layers[i + 1]) if i + 1 < len(layers) else None
+            made_n = (_norm_activations(layer.down_proj, following.input_layernorm, following.qkv_proj, b)
+                      if quantize_inputs and following is not None else None)
+            _residual_linear(st, gate_up, layer.down_proj, "down", gemv_names, b, silu=True, quantized=down_in,
+                             norm_quantized=made_n)
+            made = None if made_n is None else made_n[1:]
     with region("final_norm"):
         h = st.normed(model.norm)
     return h
