@@ -222,10 +222,13 @@ class SparseMoe(nn.Module):
         """Whether ``forward_normed`` runs these rows: a few tokens, greedy routing, no shared expert."""
         return self.shared is None and self._greedy() and _small_batch(x, self.experts)
 
-    def forward_normed(self, x: torch.Tensor, norm: tuple[torch.Tensor, float]) -> torch.Tensor:
+    def forward_normed(self, x: torch.Tensor, norm: tuple[torch.Tensor, float],
+                       l2: frozenset[str] = frozenset()) -> torch.Tensor:
         """``x + forward(RMSNorm(x) * norm weight)`` for the residual stream ``x`` [T, H] where
         ``fuses_norm(x)``: the norm runs inside the router and gate/up kernels, the residual add
-        inside the down kernel (three launches; ``kernels.moe_decode``)."""
+        inside the down kernel (three launches; ``kernels.moe_decode``). ``l2``: ``w13`` / ``w2``
+        prefetch the chosen experts' weights into L2 once routed (``kernels/l2_prefetch.py``)."""
+        from deepinfer.runtime.kernels import l2_prefetch
         from deepinfer.runtime.kernels.moe_decode import experts_small, route_small
 
         spec = self.spec
@@ -234,6 +237,9 @@ class SparseMoe(nn.Module):
         normed = torch.empty(x.shape, dtype=x.dtype, device=x.device) if switches.enabled("DEEPINFER_MOE_PRENORM") else None
         weights, ids = route_small(x, self._gate_weight_f32(), spec.top_k, spec.scoring == "sigmoid",
                                    spec.norm_topk_prob, spec.routed_scaling_factor, norm=norm, normed_out=normed)
+        for name, w in (("w13", self.experts.w13), ("w2", self.experts.w2)):
+            if name in l2:
+                l2_prefetch.prefetch_experts(w, ids, "last" in l2)
         if normed is not None:
             return experts_small(normed, weights, ids, self.experts.w13, self.experts.w2, residual=x)
         return experts_small(x, weights, ids, self.experts.w13, self.experts.w2, residual=x, norm=norm)
