@@ -262,7 +262,7 @@ def check_quantized_output(dtype: torch.dtype, g: torch.Generator, d: int = 64) 
     codes, scales and integer sums, float sums up to their summation order; for one split, the
     merge folded or separate, the rotary form, a group of 3 query heads (padded program rows) and
     a head size that is no power of two (d=80). Bad buffers are ValueErrors."""
-    from deepinfer.runtime.kernels.gguf_gemv import QUANTIZE_BLOCK, _quantize_activations_kernel
+    from deepinfer.runtime.kernels.gguf_gemv import quantize_activations
 
     heads, kvh, nb, bs = 6, 2, 240, 16
     lens = [1, 37, 200, 16, 513]
@@ -295,12 +295,7 @@ def check_quantized_output(dtype: torch.dtype, g: torch.Generator, d: int = 64) 
             plain = rotary_decode_attention(qkv, pos, rot.cos, rot.sin, slots, c2, heads, bt, sl, d ** -0.5, splits,
                                             ws, fold_merge=fold)
         assert torch.equal(out, plain), f"{form} {splits} splits: the output changed with quantized="
-        ref_q = torch.empty(k, dtype=torch.int8, device=DEV)
-        ref_st = torch.empty(3 * (k // 16), dtype=torch.float32, device=DEV)
-        flat = out.reshape(1, k)
-        _quantize_activations_kernel[(-(-k // QUANTIZE_BLOCK),)](flat, flat, flat, ref_q, ref_st, k, 0.0,
-                                                                 BLOCK=QUANTIZE_BLOCK, SILU_MUL=False, NORM=False,
-                                                                 NORM_BLOCK=1, PDL=False)
+        ref_q, ref_st = quantize_activations(out.reshape(1, k), k)
         kt = k // 16
         what = f"{form}, {splits} splits, fold {fold}, {dtype}, d={d}"
         assert torch.equal(xq, ref_q), f"{what}: codes differ at {(xq != ref_q).nonzero().flatten()[:8].tolist()}"

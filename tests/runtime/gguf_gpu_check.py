@@ -24,7 +24,12 @@ import sys
 
 import numpy as np
 import torch
-from deepinfer.runtime.kernels.gguf_gemv import gguf_gemm, gguf_gemv, one_row_path
+from deepinfer.runtime.kernels.gguf_gemv import (
+    gguf_gemm,
+    gguf_gemv,
+    one_row_path,
+    quantize_activations,
+)
 from deepinfer.runtime.kernels.gguf_layout import BLOCK_BYTES, GPU_TYPES, regroup
 from deepinfer.runtime.kernels.gguf_mmq import gguf_mmq, quantize_rows
 from gguf.constants import GGMLQuantizationType
@@ -202,17 +207,6 @@ def check_kind(kind: str, device: str, quick: bool) -> bool:
     return ok
 
 
-def _quantized_reference(x: torch.Tensor, k: int, silu_mul: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """What ``_quantize_activations_kernel`` makes of the row ``x`` (SiLU·mul of it with ``silu_mul``)."""
-    from deepinfer.runtime.kernels.gguf_gemv import QUANTIZE_BLOCK, _quantize_activations_kernel
-
-    xq = torch.empty(k, dtype=torch.int8, device=x.device)
-    st = torch.empty(3 * (k // 16), dtype=torch.float32, device=x.device)
-    _quantize_activations_kernel[(-(-k // QUANTIZE_BLOCK),)](x, x, x, xq, st, k, 0.0, BLOCK=QUANTIZE_BLOCK,
-                                                             SILU_MUL=silu_mul, NORM=False, NORM_BLOCK=1, PDL=False)
-    return xq, st
-
-
 def check_producer_quantized(kind: str, device: str, k: int, g: torch.Generator) -> bool:
     """The dp4a GEMV's activations made by the kernel before it: a gate/up GEMV (``silu_quantized``,
     every row tiling) stores SiLU(gate)·up of its output as the down projection's 8-bit activations,
@@ -239,7 +233,7 @@ def check_producer_quantized(kind: str, device: str, k: int, g: torch.Generator)
         st = torch.full((3 * kt,), float("nan"), device=device)
         out = gguf_gemv(x, gate_up, norm=(nw, 1e-5), config=config, silu_quantized=(xq, st))
         plain = gguf_gemv(x, gate_up, norm=(nw, 1e-5), config=config)
-        ref_q, ref_st = _quantized_reference(out, hidden, silu_mul=True)
+        ref_q, ref_st = quantize_activations(out, hidden, silu_mul=True)
         same = (torch.equal(out, plain) and torch.equal(xq, ref_q) and torch.equal(st[:2 * kt], ref_st[:2 * kt])
                 and torch.allclose(st[2 * kt:], ref_st[2 * kt:], rtol=1e-6, atol=1e-6))
         print(f"{'ok  ' if same else 'FAIL'} {kind} gate/up gemv tiles {config} stores SiLU·mul as 8-bit "
@@ -262,7 +256,7 @@ def check_producer_quantized(kind: str, device: str, k: int, g: torch.Generator)
     nst = torch.full((3 * kt,), float("nan"), device=device)
     h = gguf_gemv(x, o_proj, residual=res, norm_quantized=(w_next, nq, nst))
     plain = gguf_gemv(x, o_proj, residual=res)
-    ref_q, ref_st = _quantized_reference((h.float() * w_next.float()).reshape(1, hidden), hidden, silu_mul=False)
+    ref_q, ref_st = quantize_activations((h.float() * w_next.float()).reshape(1, hidden), hidden)
     same = (torch.equal(h, plain) and torch.equal(nq, ref_q) and torch.equal(nst[:2 * kt], ref_st[:2 * kt])
             and torch.allclose(nst[2 * kt:], ref_st[2 * kt:], rtol=1e-6, atol=1e-6))
     print(f"{'ok  ' if same else 'FAIL'} {kind} residual gemv stores stream x next norm weight as 8-bit activations: "

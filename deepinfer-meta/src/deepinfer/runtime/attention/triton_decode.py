@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from deepinfer.runtime.attention.triton_softmax import online_softmax_block
-from deepinfer.runtime.kernels.fused_ops import qk_normed, rope_rounded, round_groups_to_bytes
+from deepinfer.runtime.kernels.fused_ops import qk_normed, rope_rounded, store_quantized_groups
 from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch, prefetch_enabled
 
 QKNorm = tuple[torch.Tensor, torch.Tensor, float]  # Qwen3's q and k norm weights [D] and their eps
@@ -61,14 +61,7 @@ def _store_out(out_ptrs, out, mask, cols, xq_ptr, st_ptr, kt, R: tl.constexpr, Q
     if QUANT:
         ok = tl.reshape(mask, [R, 16])
         xv = tl.where(ok, tl.reshape(out.to(dt).to(tl.float32), [R, 16]), 0.0)
-        c = tl.reshape(cols, [R, 16])
-        q, scale = round_groups_to_bytes(xv)
-        tl.store(xq_ptr + c, q.to(tl.int8), mask=ok)
-        g_ok = tl.max(ok.to(tl.int32), axis=1) > 0
-        t = tl.min(c, axis=1) // 16
-        tl.store(st_ptr + t, scale, mask=g_ok)
-        tl.store(st_ptr + kt + t, tl.sum(q, axis=1).to(tl.float32), mask=g_ok)
-        tl.store(st_ptr + 2 * kt + t, tl.sum(xv, axis=1), mask=g_ok)
+        store_quantized_groups(xv, tl.reshape(cols, [R, 16]), ok, xq_ptr, st_ptr, kt)
 
 
 @triton.jit

@@ -87,6 +87,21 @@ def round_groups_to_bytes(x):
 
 
 @triton.jit
+def store_quantized_groups(xv, cols, ok, q_ptr, st_ptr, kt):
+    """The 16-column groups ``xv`` [R, 16] (float32; flat columns ``cols``, stored where ``ok``; a
+    group's columns all in or all out) as the dp4a GEMV's activations of ``kt`` groups: codes at
+    ``q + cols``, and for group ``t`` the scale, integer sum and float sum at ``st + t``,
+    ``st + kt + t`` and ``st + 2 * kt + t``."""
+    q, scale = round_groups_to_bytes(xv)
+    tl.store(q_ptr + cols, q.to(tl.int8), mask=ok)
+    g_ok = tl.max(ok.to(tl.int32), axis=1) > 0
+    t = tl.min(cols, axis=1) // 16
+    tl.store(st_ptr + t, scale, mask=g_ok)
+    tl.store(st_ptr + kt + t, tl.sum(q, axis=1).to(tl.float32), mask=g_ok)
+    tl.store(st_ptr + 2 * kt + t, tl.sum(xv, axis=1), mask=g_ok)
+
+
+@triton.jit
 def _rotary_kv_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, q_out_ptr, cache_ptr, qn_ptr, kn_ptr, eps,
                       stride_qkv, stride_qo_t, stride_qo_h, stride_cos, plane, stride_slot, stride_kvh,
                       NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from deepinfer.runtime import switches
-from deepinfer.runtime.kernels.fused_ops import round_groups_to_bytes
+from deepinfer.runtime.kernels.fused_ops import store_quantized_groups
 from deepinfer.runtime.kernels.gemv import (
     _activation_chunk,
     _activation_math,
@@ -246,13 +246,24 @@ def _quantize_activations_kernel(x_ptr, nw_ptr, dt_ptr, q_ptr, st_ptr, k, eps, B
     c = t[:, None] * 16 + tl.arange(0, 16)[None, :]
     ok = c < k
     xv = _activation_chunk(x_ptr, nw_ptr, dt_ptr, c, ok, k, rstd, SILU_MUL, NORM)
-    q, scale = round_groups_to_bytes(xv)
-    tl.store(q_ptr + c, q.to(tl.int8), mask=ok)
-    kt = k // 16
-    t_ok = t < kt
-    tl.store(st_ptr + t, scale, mask=t_ok)
-    tl.store(st_ptr + kt + t, tl.sum(q, axis=1).to(tl.float32), mask=t_ok)
-    tl.store(st_ptr + 2 * kt + t, tl.sum(xv, axis=1), mask=t_ok)
+    store_quantized_groups(xv, c, ok, q_ptr, st_ptr, k // 16)  # (K is a multiple of 32: whole groups)
+
+
+def quantize_activations(x: torch.Tensor, k: int, silu_mul: bool = False,
+                         norm: tuple[torch.Tensor, float] | None = None,
+                         rounding: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The dp4a GEMV's 8-bit activations of the row ``x`` (one launch of
+    ``_quantize_activations_kernel``): codes [K] int8 and ``st`` [3 * K/16] float32 (scales,
+    integer sums, float sums). ``silu_mul``: of SiLU(gate) * up of ``x`` [1, 2K], rounded to
+    ``rounding``'s dtype (default x's); ``norm`` (weight, eps): of RMSNorm(x) * weight. The
+    caller checks shapes (``gguf_gemv``; the tests call it as the reference of the fused forms)."""
+    xq = torch.empty(k, dtype=torch.int8, device=x.device)
+    st = torch.empty(3 * (k // 16), dtype=torch.float32, device=x.device)
+    _quantize_activations_kernel[(triton.cdiv(k, QUANTIZE_BLOCK),)](
+        x, norm[0] if norm is not None else x, x if rounding is None else rounding, xq, st, k,
+        norm[1] if norm is not None else 0.0, BLOCK=QUANTIZE_BLOCK, SILU_MUL=silu_mul, NORM=norm is not None,
+        NORM_BLOCK=triton.next_power_of_2(k) if norm is not None else 1, num_warps=4, **pdl_launch(x.device))
+    return xq, st
 
 
 @triton.jit
@@ -537,19 +548,7 @@ def _norm_quantize_group(out_ptr, nw_ptr, q_ptr, st_ptr, cnt_ptr, r0, n, ROWS: t
         c = g * 16 + tl.arange(0, 16)
         h = tl.load(out_ptr + c, cache_modifier=".cg").to(tl.float32)
         xv = tl.reshape(h * tl.load(nw_ptr + c).to(tl.float32), [1, 16])
-        _store_group(xv, q_ptr, st_ptr, c, g, n // 16)
-
-
-@triton.jit
-def _store_group(xv, q_ptr, st_ptr, c, g, kt):
-    """One 16-column group ``xv`` [1, 16] (columns ``c``, group ``g`` of ``kt``) as the dp4a GEMV's
-    activations: codes, and the scale, integer sum and float sum in ``st``'s three planes."""
-    q, scale = round_groups_to_bytes(xv)
-    tl.store(q_ptr + tl.reshape(c, [1, 16]), q.to(tl.int8))
-    one = g + tl.arange(0, 1)
-    tl.store(st_ptr + one, scale)
-    tl.store(st_ptr + kt + one, tl.sum(q, axis=1).to(tl.float32))
-    tl.store(st_ptr + 2 * kt + one, tl.sum(xv, axis=1))
+        store_quantized_groups(xv, tl.reshape(c, [1, 16]), tl.full([1, 16], 1, tl.int1), q_ptr, st_ptr, n // 16)
 
 
 @triton.jit
@@ -569,7 +568,8 @@ def _silu_quantize_group(out_ptr, q_ptr, st_ptr, cnt_ptr, r0, n, ROWS: tl.conste
         gate = tl.load(out_ptr + c, cache_modifier=".cg").to(tl.float32)
         up = tl.load(out_ptr + half + c, cache_modifier=".cg").to(tl.float32)
         xv = tl.reshape(_activation_math(gate, up, gate, 0.0, out_ptr.dtype.element_ty, True, False), [1, 16])
-        _store_group(xv, q_ptr, st_ptr, c, g, half // 16)
+        store_quantized_groups(xv, tl.reshape(c, [1, 16]), tl.full([1, 16], 1, tl.int1), q_ptr, st_ptr,
+                               half // 16)
 
 
 @triton.jit
@@ -787,11 +787,7 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
             xq_words, x_words, xw = xq.view(torch.int32), False, x
             silu_mul, fused_norm = False, norm is not None
         elif dp4a:  # the activations quantized once, with the RMSNorm / SiLU·mul applied there
-            xq = torch.empty(k, dtype=torch.int8, device=x.device)
-            st = torch.empty(3 * (k // 16), dtype=torch.float32, device=x.device)
-            _quantize_activations_kernel[(triton.cdiv(k, QUANTIZE_BLOCK),)](
-                x, nw, out, xq, st, k, eps, BLOCK=QUANTIZE_BLOCK, SILU_MUL=silu_mul, NORM=norm is not None,
-                NORM_BLOCK=norm_block, num_warps=4, **pdl_launch(x.device))
+            xq, st = quantize_activations(x, k, silu_mul, norm, rounding=out)
             xq_words, x_words, xw = xq.view(torch.int32), False, x
             silu_mul, norm_block, fused_norm = False, 1, False
         else:

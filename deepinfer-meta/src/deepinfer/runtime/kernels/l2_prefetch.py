@@ -16,7 +16,7 @@ them for its values, so they cannot change a result.
 
 ``DEEPINFER_L2_PREFETCH`` (default off) names what is prefetched, comma-separated: ``o`` (the o
 projection, issued after the qkv GEMV), ``qkv`` (the next layer's qkv projection, issued after the
-o GEMV), ``w2`` / ``w13`` (the chosen experts' down / gate-up weights, issued after the router of
+o GEMV), ``qkv_down`` (the same, issued after the gate/up kernel: beside the down projection), ``w2`` / ``w13`` (the chosen experts' down / gate-up weights, issued after the router of
 a few-token MoE step), ``last`` (the lines are marked evict-last, so the streaming reads between
 the prefetch and its reader evict them after others). Hopper or later only; elsewhere nothing runs.
 """
@@ -31,7 +31,7 @@ import triton.language as tl
 
 from deepinfer.runtime import switches
 
-TOKENS = ("o", "qkv", "w2", "w13", "last")
+TOKENS = ("o", "qkv", "qkv_down", "w2", "w13", "last")
 CHUNK = 16384  # bytes a bulk-prefetch instruction asks for
 PER_PROGRAM = 32  # instructions a program issues (one warp, one each)
 

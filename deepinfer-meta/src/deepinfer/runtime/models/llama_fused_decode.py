@@ -20,6 +20,7 @@ and grouped GEMMs, all with shapes fixed by the batch size.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import cast
@@ -297,6 +298,10 @@ def _fused_layers(model: LlamaForCausalLM, st: _Stream, kv_caches: list[torch.Te
     layers = list(model.layers)
     for i, (module, cache) in enumerate(zip(layers, kv_caches, strict=True)):
         layer = cast(LlamaLayer, module)
+        following = cast(LlamaLayer, layers[i + 1]) if i + 1 < len(layers) else None
+        # the next layer's qkv into L2 beside this layer's down projection ("qkv_down")
+        early_qkv = None if following is None or "qkv_down" not in l2 else \
+            functools.partial(l2_prefetch.prefetch, _weights(following.qkv_proj), last)
         with region("attention"):
             qkv = _norm_linear(st, layer.input_layernorm, layer.qkv_proj, "qkv", gemv_names, b, quantized=made)
             if "o" in l2:  # read two launches on, after the latency-bound rotary and attention
@@ -308,8 +313,8 @@ def _fused_layers(model: LlamaForCausalLM, st: _Stream, kv_caches: list[torch.Te
             _residual_linear(st, o.view(b, -1), layer.o_proj, "o", gemv_names, b, quantized=quantized,
                              norm_quantized=made_n)
             made = None if made_n is None else made_n[1:]
-            if "qkv" in l2 and i + 1 < len(layers):  # the next layer's, read after this MLP
-                l2_prefetch.prefetch(_weights(cast(LlamaLayer, layers[i + 1]).qkv_proj), last)
+            if "qkv" in l2 and following is not None:  # the next layer's, read after this MLP
+                l2_prefetch.prefetch(_weights(following.qkv_proj), last)
         with region("mlp"):
             moe = getattr(layer, "moe", None)
             if moe is not None:  # a mixture-of-experts layer (models.moe.MoeLayer): routing and
@@ -317,7 +322,7 @@ def _fused_layers(model: LlamaForCausalLM, st: _Stream, kv_caches: list[torch.Te
                 # combine kernel, so the next layer's qkv GEMV can take its norm in its prologue
                 norm = layer.post_attention_layernorm
                 if st.pending is None and moe.fuses_norm(st.stream):  # a few tokens: 3 launches
-                    st.stream = moe.forward_normed(st.stream, (norm.weight, norm.eps), l2=l2)
+                    st.stream = moe.forward_normed(st.stream, (norm.weight, norm.eps), l2=l2, between=early_qkv)
                     continue
                 h = st.normed(norm)
                 st.stream = moe(h, residual=st.stream)
@@ -327,7 +332,8 @@ def _fused_layers(model: LlamaForCausalLM, st: _Stream, kv_caches: list[torch.Te
             down_in = _down_activations(layer, b) if quantize_inputs and st.pending is None else None
             gate_up = _norm_linear(st, layer.post_attention_layernorm, layer.gate_up_proj, "gate_up", gemv_names, b,
                                    silu_quantized=down_in, quantized=made)
-            following = cast(LlamaLayer, layers[i + 1]) if i + 1 < len(layers) else None
+            if early_qkv is not None:
+                early_qkv()
             made_n = (_norm_activations(layer.down_proj, following.input_layernorm, following.qkv_proj, b)
                       if quantize_inputs and following is not None else None)
             _residual_linear(st, gate_up, layer.down_proj, "down", gemv_names, b, silu=True, quantized=down_in,

@@ -10,6 +10,7 @@ the same float32 scores, with the family's ``sorted`` flag.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar
 
 import torch
@@ -223,11 +224,12 @@ class SparseMoe(nn.Module):
         return self.shared is None and self._greedy() and _small_batch(x, self.experts)
 
     def forward_normed(self, x: torch.Tensor, norm: tuple[torch.Tensor, float],
-                       l2: frozenset[str] = frozenset()) -> torch.Tensor:
+                       l2: frozenset[str] = frozenset(), between: Callable[[], None] | None = None) -> torch.Tensor:
         """``x + forward(RMSNorm(x) * norm weight)`` for the residual stream ``x`` [T, H] where
         ``fuses_norm(x)``: the norm runs inside the router and gate/up kernels, the residual add
         inside the down kernel (three launches; ``kernels.moe_decode``). ``l2``: ``w13`` / ``w2``
-        prefetch the chosen experts' weights into L2 once routed (``kernels/l2_prefetch.py``)."""
+        prefetch the chosen experts' weights into L2 once routed (``kernels/l2_prefetch.py``);
+        ``between``: run between the expert kernels (``experts_small``)."""
         from deepinfer.runtime.kernels import l2_prefetch
         from deepinfer.runtime.kernels.moe_decode import experts_small, route_small
 
@@ -241,8 +243,9 @@ class SparseMoe(nn.Module):
             if name in l2:
                 l2_prefetch.prefetch_experts(w, ids, "last" in l2)
         if normed is not None:
-            return experts_small(normed, weights, ids, self.experts.w13, self.experts.w2, residual=x)
-        return experts_small(x, weights, ids, self.experts.w13, self.experts.w2, residual=x, norm=norm)
+            return experts_small(normed, weights, ids, self.experts.w13, self.experts.w2, residual=x, between=between)
+        return experts_small(x, weights, ids, self.experts.w13, self.experts.w2, residual=x, norm=norm,
+                             between=between)
 
     def slots(self, prefix: str, names: tuple[str, str, str, str]) -> dict[str, tuple[torch.Tensor, slice]]:
         """Checkpoint name -> (parameter, rows). ``names``: the routed experts' folder and their
