@@ -282,6 +282,20 @@ def check_producer_quantized(kind: str, device: str, k: int, g: torch.Generator)
             raised = words in str(err)
         print(f"{'ok  ' if raised else 'FAIL'} {kind} gemv refuses {words!r} misuse")
         ok &= raised
+    # a projection of two weights (the qkv of a mixed file) has no one output to quantize for the next GEMV
+    from deepinfer.runtime.models.gguf_linear import GGUFLinearCUDA
+
+    other = "Q8_0" if kind != "Q8_0" else "Q4_0"  # parts of one type would merge into one run
+    two = GGUFLinearCUDA([gate_up, regroup(torch.from_numpy(random_blocks(other, 16, k, seed=50)), other)
+                          .map(lambda t: t.to(device))])
+    for kwargs in (dict(silu_quantized=(xq, st)), dict(norm_quantized=(w_next, nq, nst))):
+        try:
+            two.gemv(x, **kwargs)  # type: ignore[arg-type]
+            raised = False
+        except ValueError as err:
+            raised = "needs a projection of one weight type, this one has 2" in str(err)
+        print(f"{'ok  ' if raised else 'FAIL'} {kind} two-part GGUFLinearCUDA.gemv refuses {next(iter(kwargs))}")
+        ok &= raised
     return ok
 
 
