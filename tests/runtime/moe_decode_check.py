@@ -195,88 +195,6 @@ def check_model_switch(device: str, arch: str, batches: tuple[int, ...]) -> tupl
     return f"decode forward {arch} float32 batch {batches} few-token path vs grouped path", err <= 1e-5, err
 
 
-def check_l2_prefetch(device: str) -> tuple[str, bool, float]:
-    """``DEEPINFER_L2_PREFETCH`` (kernels/l2_prefetch.py) in the batch-1 decode forward of a tiny
-    float32 Qwen3-MoE model: the logits are those without it (a prefetch only warms the cache), and
-    each layer asks for its o weight after its qkv GEMV, the next layer's qkv after o (``qkv``) and
-    after the gate/up kernel (``qkv_down``), and its routed experts' w13 and w2 with the router's
-    ids. On CPU the prefetches are recorded (bulk prefetch needs a Hopper GPU); on CUDA they run."""
-    import os
-    import tempfile
-
-    from deepinfer.runtime.attention.triton_decode import DecodeWorkspace
-    from deepinfer.runtime.kernels import l2_prefetch, moe_decode
-    from deepinfer.runtime.loading.model_loader import load_model
-    from deepinfer.runtime.models import moe
-    from deepinfer.runtime.models.llama_fused_decode import fused_decode_forward
-    from tiny_moe_models import save_tiny_moe
-
-    dev = torch.device(device)
-    with tempfile.TemporaryDirectory() as tmp:
-        save_tiny_moe(tmp, "qwen3_moe")
-        model = load_model(tmp, device=dev, dtype=torch.float32).model
-    plain_linears(model)
-    cfg = model.config
-    caches = [torch.randn(2, 8, 4, cfg.num_key_value_heads, cfg.head_dim, generator=torch.Generator().manual_seed(i))
-              .to(dev) for i in range(cfg.num_hidden_layers)]
-    i32 = lambda v: torch.tensor(v, dtype=torch.int32, device=dev)  # noqa: E731
-    calls: list[tuple[str, object]] = []
-    real = l2_prefetch.supported, l2_prefetch.prefetch, l2_prefetch.prefetch_experts, l2_prefetch.join
-    saved_env, saved_cpu = os.environ.get("DEEPINFER_L2_PREFETCH"), moe.KERNELS_ON_CPU
-    saved_tiles = moe_decode.GATE_UP_CONFIG, moe_decode.DOWN_CONFIG, moe_decode.ROUTER_CONFIG
-    moe.KERNELS_ON_CPU = True
-    if device == "cpu":
-        moe_decode.GATE_UP_CONFIG = moe_decode.DOWN_CONFIG = moe_decode.ROUTER_CONFIG = (16, 32, 4)
-        l2_prefetch.supported = lambda d: True  # type: ignore[assignment]
-        l2_prefetch.prefetch = lambda ws, last=False: calls.append(("w", [w.data_ptr() for w in ws]))  # type: ignore[assignment]
-        l2_prefetch.prefetch_experts = lambda w, ids, last=False: calls.append(  # type: ignore[assignment]
-            ("experts", (w.data_ptr(), ids.flatten().tolist())))
-        l2_prefetch.join = lambda d: calls.append(("join", None))  # type: ignore[assignment]
-    out = {}
-    try:
-        for plan in ("", "o,qkv,qkv_down,w13,w2"):
-            os.environ["DEEPINFER_L2_PREFETCH"] = plan
-            ws = DecodeWorkspace(2, cfg.num_attention_heads, cfg.head_dim, dev)
-            hidden = fused_decode_forward(model, i32([12]), i32([5]), [c.clone() for c in caches],
-                                          torch.tensor([1 * 4 + 1], device=dev), i32([[0, 1, 2]]), i32([6]), ws, 2)
-            out[plan] = model.head_logits(hidden).float().cpu()
-    finally:
-        l2_prefetch.supported, l2_prefetch.prefetch, l2_prefetch.prefetch_experts, l2_prefetch.join = real
-        moe.KERNELS_ON_CPU = saved_cpu
-        moe_decode.GATE_UP_CONFIG, moe_decode.DOWN_CONFIG, moe_decode.ROUTER_CONFIG = saved_tiles
-        if saved_env is None:
-            os.environ.pop("DEEPINFER_L2_PREFETCH", None)
-        else:
-            os.environ["DEEPINFER_L2_PREFETCH"] = saved_env
-    same = torch.equal(out[""], out["o,qkv,qkv_down,w13,w2"])
-    if device == "cpu":  # the expected order of the asks, from the model's own modules
-        layers = list(model.layers)
-        want: list[tuple[str, object]] = []
-        for i, layer in enumerate(layers):
-            want.append(("w", [layer.o_proj.weight.data_ptr()]))
-            nxt = [layers[i + 1].qkv_proj.weight.data_ptr()] if i + 1 < len(layers) else None
-            if nxt:
-                want.append(("w", nxt))
-            if getattr(layer, "moe", None) is None:  # a dense layer: qkv_down after its gate/up GEMV
-                if nxt:
-                    want.append(("w", nxt))
-                continue
-            w13, w2 = layer.moe.experts.w13, layer.moe.experts.w2
-            got_ids = next((c[1][1] for c in calls[len(want):] if c[0] == "experts"), [])  # type: ignore[index]
-            # the ids are the router's: top-k of the layer's gate logits on the normed stream (checked by
-            # check_router); here they must be k distinct experts in range
-            ok_ids = len(got_ids) == layer.moe.spec.top_k and len(set(got_ids)) == len(got_ids) and \
-                all(0 <= e < layer.moe.spec.num_experts for e in got_ids)
-            same &= ok_ids
-            want += [("experts", (w13.data_ptr(), got_ids)), ("experts", (w2.data_ptr(), got_ids))]
-            if nxt:
-                want.append(("w", nxt))
-        want.append(("join", None))
-        same &= calls == want
-    err = float((out[""] - out["o,qkv,qkv_down,w13,w2"]).abs().max())
-    return "decode forward qwen3_moe float32 batch 1 with every L2 prefetch: same logits, the asks in order", same, err
-
-
 def main(device: str, dtype_name: str, part: str = "all") -> int:
     dtype = getattr(torch, dtype_name)
     if device == "cpu":
@@ -287,8 +205,7 @@ def main(device: str, dtype_name: str, part: str = "all") -> int:
     if part in ("kernels", "all"):
         rows += check_experts(device, dtype) + check_router(device, dtype)
     if part in ("models", "all") and dtype == torch.float32:
-        rows += [check_model_switch(device, "qwen3_moe", (1, 3)), check_model_switch(device, "qwen2_moe", (3,)),
-                 check_l2_prefetch(device)]
+        rows += [check_model_switch(device, "qwen3_moe", (1, 3)), check_model_switch(device, "qwen2_moe", (3,))]
     bad = 0
     for name, ok, err in rows:
         bad += not ok

@@ -73,10 +73,6 @@ def install() -> None:
     from deepinfer.runtime.models import moe
 
     pdl.pdl_enabled = lambda device: True  # the H200's launches: PDL constexprs and launch option on
-    from deepinfer.runtime.kernels import l2_prefetch
-
-    l2_prefetch.supported = lambda device: True  # the L2 prefetches compile too, with no side stream:
-    l2_prefetch._side = lambda device: None  # torch.cuda.stream(None) is a no-op
     moe.KERNELS_ON_CPU = True  # the MoE layer picks its Triton kernels for meta tensors too
 
 
@@ -275,11 +271,6 @@ def main(args: list[str]) -> None:
                     decode_step(shape, 1)
                     del os.environ["DEEPINFER_ROTARY_IN_ATTENTION"]
                     _report(f"{shape} batch 1 rotary in attention")
-                    for plan in ("o,qkv,w2,w13", "o,qkv,w2,w13,last"):  # kernels/l2_prefetch.py, both hints
-                        os.environ["DEEPINFER_L2_PREFETCH"] = plan
-                        decode_step(shape, 1)
-                        del os.environ["DEEPINFER_L2_PREFETCH"]
-                        _report(f"{shape} batch 1 L2 prefetch {plan}")
         if "gguf" in args:
             from deepinfer.runtime.kernels.gguf_layout import GPU_TYPES
 

@@ -122,16 +122,3 @@ def test_one_row_tiles_by_shape_and_switch(monkeypatch):
     assert fd._tile("qkv", w(5120, 2048)) == fd.ONE_ROW_CONFIGS["qkv"]
     monkeypatch.setenv("DEEPINFER_ONE_ROW_TILES", "o=2,1024,4,3")
     assert fd._tile("o", w(2048, 4096)) == (2, 1024, 4, 3)
-
-
-def test_l2_prefetch_plan(monkeypatch):
-    from deepinfer.runtime.kernels import l2_prefetch
-
-    monkeypatch.delenv("DEEPINFER_L2_PREFETCH", raising=False)
-    assert l2_prefetch.plan() == frozenset()
-    monkeypatch.setenv("DEEPINFER_L2_PREFETCH", " o, qkv ,last")
-    assert l2_prefetch.plan() == {"o", "qkv", "last"}
-    monkeypatch.setenv("DEEPINFER_L2_PREFETCH", "o,gate")
-    with pytest.raises(ValueError, match="DEEPINFER_L2_PREFETCH: unknown gate"):
-        l2_prefetch.plan()
-    assert not l2_prefetch.supported(__import__("torch").device("cpu"))  # nothing runs off a Hopper GPU

@@ -40,10 +40,6 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
            "Triton decode kernels (and every step's rotary kernel) load their weights, the step's inputs "
            "and what kernels two launches back wrote before the PDL wait (0: the one-row GEMVs preload only "
            "their first weight tile)"),
-    Switch("DEEPINFER_L2_PREFETCH", "", "kernels/l2_prefetch.py",
-           "experimental: weights a decode graph prefetches into L2 on a side branch, comma-separated: \"o\", "
-           "\"qkv\" (the next layer's, from after o), \"qkv_down\" (from after gate/up), \"w2\", \"w13\" (the "
-           "routed experts'), \"last\" (evict-last lines); read at capture"),
     Switch("DEEPINFER_ONE_ROW_GEMV", "qkv,o,gate_up,down", "models/llama_fused_decode.py",
            "projections of a one-row step that run the fused Triton GEMV (\"none\": cuBLAS for all)"),
     Switch("DEEPINFER_ONE_ROW_TILES", "", "models/llama_fused_decode.py",

@@ -22,8 +22,6 @@ interpreter (``TRITON_INTERPRET=1``, the tests).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import triton
 import triton.language as tl
@@ -301,7 +299,7 @@ def experts_small(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13
                   residual: torch.Tensor | None = None, norm: tuple[torch.Tensor, float] | None = None,
                   gate_up_config: tuple[int, int, int] | None = None,
                   down_config: tuple[int, int, int] | None = None, static_k: bool | None = None,
-                  preload: bool | None = None, between: Callable[[], None] | None = None) -> torch.Tensor:
+                  preload: bool | None = None) -> torch.Tensor:
     """``fused_experts(x, weights, ids, w13, w2, residual=residual)`` for a few tokens, without the
     sort by expert: [T, H] in ``x.dtype``. ``norm`` (weight [H], eps): the experts' input is
     RMSNorm(x) * weight (as ``route_small``'s ``norm``), computed inside the gate/up kernel.
@@ -313,8 +311,7 @@ def experts_small(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13
     for the gate/up kernel, in the tile DOWN_PRELOAD_TILE unless a down tile is given
     (``down_config`` or DOWN_CONFIG); default: where they fit and no down tile is given
     (``kernels/pdl.py``). It then adds the slots as a tree (``tl.sum``), deterministic but not
-    the slot order of the other form: the last bits can differ between the two. ``between``: called
-    after the gate/up launch, before the down launch (an L2 prefetch beside the down kernel)."""
+    the slot order of the other form: the last bits can differ between the two."""
     t, hidden, k, _, inter = check_expert_operands("experts_small", x, weights, ids, w13, w2)
     if x.stride(-1) != 1:
         raise ValueError("experts_small: x must be contiguous in its last dimension")
@@ -347,8 +344,6 @@ def experts_small(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13
     if preload and not tiled:
         bn, warps = DOWN_PRELOAD_TILE
     res = residual if residual is not None else out
-    if between is not None:
-        between()
     _down_kernel[(t, triton.cdiv(hidden, bn))](
         h, w2, ids, weights, res, out, hidden, inter, w2.stride(0), w2.stride(1), res.stride(0), out.stride(0),
         TOP_K=k, BLOCK_N=bn, BLOCK_K=min(bk, triton.next_power_of_2(inter)), RESIDUAL=residual is not None,

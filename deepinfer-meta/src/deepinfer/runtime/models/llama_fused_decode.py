@@ -20,7 +20,6 @@ and grouped GEMMs, all with shapes fixed by the batch size.
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import cast
@@ -37,7 +36,6 @@ from deepinfer.runtime.attention.triton_decode import (
     decode_attention,
     rotary_decode_attention,
 )
-from deepinfer.runtime.kernels import l2_prefetch
 from deepinfer.runtime.kernels.fused_ops import add_rmsnorm, rotary_kv_write, silu_mul
 from deepinfer.runtime.kernels.gemv import gemv
 from deepinfer.runtime.kernels.pdl import prefetch_enabled
@@ -237,9 +235,7 @@ def fused_decode_forward(model: LlamaForCausalLM, input_ids: torch.Tensor, posit
 
     with region("embed"):
         st = _Stream(model.embed_tokens.forward(input_ids))  # a module call: the vocabulary-parallel one all-reduces
-    l2 = l2_prefetch.plan()  # read (and checked) everywhere, acted on where bulk prefetch exists
-    l2 = l2 if l2_prefetch.supported(input_ids.device) else frozenset()
-    return _fused_layers(model, st, kv_caches, attend, region, quantize_inputs=True, l2=l2)
+    return _fused_layers(model, st, kv_caches, attend, region, quantize_inputs=True)
 
 
 def fused_step_forward(model: LlamaForCausalLM, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -279,33 +275,20 @@ def fused_step_supported(model: nn.Module, attention: object) -> bool:
                     for layer in model.layers))
 
 
-def _weights(proj: nn.Module) -> list[torch.Tensor]:
-    """The tensors a projection's kernel reads (a linear's weight and bias, a GGUF or FP8 layer's buffers)."""
-    return [t for t in (*proj.parameters(recurse=False), *proj.buffers(recurse=False)) if t is not None]
-
-
 def _fused_layers(model: LlamaForCausalLM, st: _Stream, kv_caches: list[torch.Tensor], attend: Attend,
-                  region: Region, quantize_inputs: bool = False, l2: frozenset[str] = frozenset()) -> torch.Tensor:
+                  region: Region, quantize_inputs: bool = False) -> torch.Tensor:
     """The decoder layers and the final norm over the residual stream ``st`` of ``b`` rows.
     ``quantize_inputs``: a decode graph's step, where a GGUF projection's 8-bit activations can
     be stored by the kernel before it: ``attend`` for o, gate/up for down, o and down for the next
-    RMSNorm's GEMV (``_o_activations``, ``_down_activations``, ``_norm_activations`` say where).
-    ``l2``: the weights prefetched into L2 on a side stream (``kernels/l2_prefetch.py``)."""
+    RMSNorm's GEMV (``_o_activations``, ``_down_activations``, ``_norm_activations`` say where)."""
     b = st.stream.shape[0]
-    last = "last" in l2
     gemv_names = one_row_gemv_projections()
     made: Quantized | None = None  # the next norm'd GEMV's activations, stored by the residual GEMV before
     layers = list(model.layers)
     for i, (module, cache) in enumerate(zip(layers, kv_caches, strict=True)):
         layer = cast(LlamaLayer, module)
-        following = cast(LlamaLayer, layers[i + 1]) if i + 1 < len(layers) else None
-        # the next layer's qkv into L2 beside this layer's down projection ("qkv_down")
-        early_qkv = None if following is None or "qkv_down" not in l2 else \
-            functools.partial(l2_prefetch.prefetch, _weights(following.qkv_proj), last)
         with region("attention"):
             qkv = _norm_linear(st, layer.input_layernorm, layer.qkv_proj, "qkv", gemv_names, b, quantized=made)
-            if "o" in l2:  # read two launches on, after the latency-bound rotary and attention
-                l2_prefetch.prefetch(_weights(layer.o_proj), last)
             quantized = _o_activations(layer, b) if quantize_inputs else None
             o = attend(layer, qkv, cache, quantized)
             made_n = (_norm_activations(layer.o_proj, layer.post_attention_layernorm,
@@ -313,8 +296,6 @@ def _fused_layers(model: LlamaForCausalLM, st: _Stream, kv_caches: list[torch.Te
             _residual_linear(st, o.view(b, -1), layer.o_proj, "o", gemv_names, b, quantized=quantized,
                              norm_quantized=made_n)
             made = None if made_n is None else made_n[1:]
-            if "qkv" in l2 and following is not None:  # the next layer's, read after this MLP
-                l2_prefetch.prefetch(_weights(following.qkv_proj), last)
         with region("mlp"):
             moe = getattr(layer, "moe", None)
             if moe is not None:  # a mixture-of-experts layer (models.moe.MoeLayer): routing and
@@ -322,7 +303,7 @@ def _fused_layers(model: LlamaForCausalLM, st: _Stream, kv_caches: list[torch.Te
                 # combine kernel, so the next layer's qkv GEMV can take its norm in its prologue
                 norm = layer.post_attention_layernorm
                 if st.pending is None and moe.fuses_norm(st.stream):  # a few tokens: 3 launches
-                    st.stream = moe.forward_normed(st.stream, (norm.weight, norm.eps), l2=l2, between=early_qkv)
+                    st.stream = moe.forward_normed(st.stream, (norm.weight, norm.eps))
                     continue
                 h = st.normed(norm)
                 st.stream = moe(h, residual=st.stream)
@@ -332,15 +313,12 @@ def _fused_layers(model: LlamaForCausalLM, st: _Stream, kv_caches: list[torch.Te
             down_in = _down_activations(layer, b) if quantize_inputs and st.pending is None else None
             gate_up = _norm_linear(st, layer.post_attention_layernorm, layer.gate_up_proj, "gate_up", gemv_names, b,
                                    silu_quantized=down_in, quantized=made)
-            if early_qkv is not None:
-                early_qkv()
+            following = cast(LlamaLayer, layers[i + 1]) if i + 1 < len(layers) else None
             made_n = (_norm_activations(layer.down_proj, following.input_layernorm, following.qkv_proj, b)
                       if quantize_inputs and following is not None else None)
             _residual_linear(st, gate_up, layer.down_proj, "down", gemv_names, b, silu=True, quantized=down_in,
                              norm_quantized=made_n)
             made = None if made_n is None else made_n[1:]
-    if l2:
-        l2_prefetch.join(st.stream.device)
     with region("final_norm"):
         h = st.normed(model.norm)
     return h

@@ -10,7 +10,6 @@ the same float32 scores, with the family's ``sorted`` flag.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import ClassVar
 
 import torch
@@ -223,14 +222,10 @@ class SparseMoe(nn.Module):
         """Whether ``forward_normed`` runs these rows: a few tokens, greedy routing, no shared expert."""
         return self.shared is None and self._greedy() and _small_batch(x, self.experts)
 
-    def forward_normed(self, x: torch.Tensor, norm: tuple[torch.Tensor, float],
-                       l2: frozenset[str] = frozenset(), between: Callable[[], None] | None = None) -> torch.Tensor:
+    def forward_normed(self, x: torch.Tensor, norm: tuple[torch.Tensor, float]) -> torch.Tensor:
         """``x + forward(RMSNorm(x) * norm weight)`` for the residual stream ``x`` [T, H] where
         ``fuses_norm(x)``: the norm runs inside the router and gate/up kernels, the residual add
-        inside the down kernel (three launches; ``kernels.moe_decode``). ``l2``: ``w13`` / ``w2``
-        prefetch the chosen experts' weights into L2 once routed (``kernels/l2_prefetch.py``);
-        ``between``: run between the expert kernels (``experts_small``)."""
-        from deepinfer.runtime.kernels import l2_prefetch
+        inside the down kernel (three launches; ``kernels.moe_decode``)."""
         from deepinfer.runtime.kernels.moe_decode import experts_small, route_small
 
         spec = self.spec
@@ -239,13 +234,9 @@ class SparseMoe(nn.Module):
         normed = torch.empty(x.shape, dtype=x.dtype, device=x.device) if switches.enabled("DEEPINFER_MOE_PRENORM") else None
         weights, ids = route_small(x, self._gate_weight_f32(), spec.top_k, spec.scoring == "sigmoid",
                                    spec.norm_topk_prob, spec.routed_scaling_factor, norm=norm, normed_out=normed)
-        for name, w in (("w13", self.experts.w13), ("w2", self.experts.w2)):
-            if name in l2:
-                l2_prefetch.prefetch_experts(w, ids, "last" in l2)
         if normed is not None:
-            return experts_small(normed, weights, ids, self.experts.w13, self.experts.w2, residual=x, between=between)
-        return experts_small(x, weights, ids, self.experts.w13, self.experts.w2, residual=x, norm=norm,
-                             between=between)
+            return experts_small(normed, weights, ids, self.experts.w13, self.experts.w2, residual=x)
+        return experts_small(x, weights, ids, self.experts.w13, self.experts.w2, residual=x, norm=norm)
 
     def slots(self, prefix: str, names: tuple[str, str, str, str]) -> dict[str, tuple[torch.Tensor, slice]]:
         """Checkpoint name -> (parameter, rows). ``names``: the routed experts' folder and their
