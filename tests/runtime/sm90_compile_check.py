@@ -158,8 +158,7 @@ def gguf_one_row(kind: str) -> None:
     8-bit activations that the decode attention stores (``DEEPINFER_GGUF_O_QUANT_IN_ATTENTION``),
     that attention too (folded merge, separate merge, rotary form); gate/up storing the down
     projection's (``DEEPINFER_GGUF_DOWN_QUANT_IN_GATE_UP``); a residual GEMV storing the next
-    norm's and a GEMV reading them (``DEEPINFER_GGUF_NORM_QUANT_IN_RESIDUAL``); qkv and down
-    also rounding their activations to bytes themselves (``DEEPINFER_GGUF_QUANTIZE_IN_GEMV``)."""
+    norm's and a GEMV reading them (``DEEPINFER_GGUF_NORM_QUANT_IN_RESIDUAL``)."""
     from deepinfer.runtime.attention.triton_decode import decode_attention, rotary_decode_attention
     from deepinfer.runtime.kernels.gguf_gemv import gguf_gemv
     from deepinfer.runtime.kernels.gguf_layout import regroup
@@ -194,15 +193,12 @@ def gguf_one_row(kind: str) -> None:
               norm=(torch.empty(k, dtype=torch.bfloat16, device=meta), 1e-5), quantized=(xq, st))
     for k, fusions in ((4096, "norm"), (14336, "silu_mul")):
         planes = regroup(torch.from_numpy(random_blocks(kind, 8, k, seed=0)), kind).map(lambda t: t.to(meta))
-        for quant_in in (False, True):  # True: the activations rounded in the GEMV (DEEPINFER_GGUF_QUANTIZE_IN_GEMV)
-            if fusions == "norm":
-                x = torch.empty(1, k, dtype=torch.bfloat16, device=meta)
-                gguf_gemv(x, planes, norm=(torch.empty(k, dtype=torch.bfloat16, device=meta), 1e-5),
-                          quantize_in_gemv=quant_in)
-            else:
-                x = torch.empty(1, 2 * k, dtype=torch.bfloat16, device=meta)
-                gguf_gemv(x, planes, silu_mul=True, residual=torch.empty(1, 8, dtype=torch.bfloat16, device=meta),
-                          quantize_in_gemv=quant_in)
+        if fusions == "norm":
+            x = torch.empty(1, k, dtype=torch.bfloat16, device=meta)
+            gguf_gemv(x, planes, norm=(torch.empty(k, dtype=torch.bfloat16, device=meta), 1e-5))
+        else:
+            x = torch.empty(1, 2 * k, dtype=torch.bfloat16, device=meta)
+            gguf_gemv(x, planes, silu_mul=True, residual=torch.empty(1, 8, dtype=torch.bfloat16, device=meta))
 
 
 def fp8_kernels() -> None:

@@ -61,9 +61,6 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
     Switch("DEEPINFER_GGUF_DP4A", "1", "kernels/gguf_gemv.py",
            "the GGUF word GEMV takes 8-bit activations (one scale per 16 columns) and multiplies with dp4a "
            "(0: float32 activations)"),
-    Switch("DEEPINFER_GGUF_QUANTIZE_IN_GEMV", "0", "kernels/gguf_gemv.py",
-           "experimental: 1 makes the dp4a GEMV round its activation row to bytes in every program (no "
-           "quantization kernel before each GGUF one-row GEMV: four launches a layer fewer); read at capture"),
     Switch("DEEPINFER_GGUF_O_QUANT_IN_ATTENTION", "0", "models/llama_fused_decode.py",
            "experimental, slower on the H100 (Llama-3-8B Q4_0 batch 1: 414 against 422 tok/s): 1 makes the one-row "
            "decode graphs' attention store its output as the GGUF o projection's 8-bit activations too (one launch a"

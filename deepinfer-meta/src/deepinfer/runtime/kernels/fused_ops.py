@@ -81,21 +81,9 @@ def round_groups_to_bytes(x):
     8-bit activations of the GGUF kernels (``gguf_gemv``'s dp4a GEMV, ``gguf_mmq``), wherever they
     are made (also by the decode attention for the o projection)."""
     amax = tl.max(tl.abs(x), axis=1)
-    return round_to_byte(x * byte_inverse_scale(amax)[:, None]), amax / 127.0
-
-
-@triton.jit
-def byte_inverse_scale(amax):
-    """``127 / amax`` (0 where ``amax`` is 0): what a group of 8-bit activations is multiplied by
-    before ``round_to_byte`` (its scale is ``amax / 127``)."""
-    return tl.where(amax > 0, 127.0 / tl.where(amax > 0, amax, 1.0), 0.0)
-
-
-@triton.jit
-def round_to_byte(v):
-    """``v`` (float32, |v| <= 127) rounded to the nearest integer, ties to even, as int32:
-    (v + 1.5 * 2**23) - 1.5 * 2**23 leaves the rounded value."""
-    return ((v + 12582912.0) - 12582912.0).to(tl.int32)
+    inv = tl.where(amax > 0, 127.0 / tl.where(amax > 0, amax, 1.0), 0.0)[:, None]
+    # (v + 1.5 * 2**23) - 1.5 * 2**23 rounds |v| <= 127 to the nearest integer (ties to even)
+    return ((x * inv + 12582912.0) - 12582912.0).to(tl.int32), amax / 127.0
 
 
 @triton.jit

@@ -36,11 +36,7 @@ import triton
 import triton.language as tl
 
 from deepinfer.runtime import switches
-from deepinfer.runtime.kernels.fused_ops import (
-    byte_inverse_scale,
-    round_to_byte,
-    store_quantized_groups,
-)
+from deepinfer.runtime.kernels.fused_ops import store_quantized_groups
 from deepinfer.runtime.kernels.gemv import (
     _activation_chunk,
     _activation_math,
@@ -293,26 +289,6 @@ def _quantized_activations(xq_ptr, st_ptr, wq, t, w_ok, t_ok, kt, rstd, HAS_MIN:
 
 
 @triton.jit
-def _quantize_words(x0, x1, x2, x3, xg):
-    """The dp4a GEMV's activations made in the GEMV itself (``QUANT_IN``) from the float32
-    activations ``_word_activations`` returns: tile row ``i`` of ``x0..x3`` [NG, 4] (byte ``b`` of
-    word ``j`` is column ``4 j + b``) is one 16-column group, rounded as
-    ``_quantize_activations_kernel`` rounds it (fused_ops.round_groups_to_bytes); returned as
-    ``_quantized_activations`` returns stored ones: (signed-byte words, scales, integer sums, -,
-    float sums ``xg``)."""
-    amax = tl.maximum(tl.maximum(tl.max(tl.abs(x0), axis=1), tl.max(tl.abs(x1), axis=1)),
-                      tl.maximum(tl.max(tl.abs(x2), axis=1), tl.max(tl.abs(x3), axis=1)))
-    inv = byte_inverse_scale(amax)[:, None]
-    q0 = round_to_byte(x0 * inv)
-    q1 = round_to_byte(x1 * inv)
-    q2 = round_to_byte(x2 * inv)
-    q3 = round_to_byte(x3 * inv)
-    words = (q0 & 0xFF) | ((q1 & 0xFF) << 8) | ((q2 & 0xFF) << 16) | (q3 << 24)
-    isum = tl.sum((q0 + q1) + (q2 + q3), axis=1).to(tl.float32)
-    return words, amax / 127.0, isum, isum, xg
-
-
-@triton.jit
 def _word_activations(x_ptr, xw_ptr, nw_ptr, nww_ptr, out_ptr, cw, w_ok, k, rstd, HAS_MIN: tl.constexpr,
                       SILU_MUL: tl.constexpr, NORM: tl.constexpr, X_WORDS: tl.constexpr):
     """The activations of byte ``b`` of each word whose first column is ``cw`` [NG, GW]: ``cw + b``
@@ -460,16 +436,12 @@ def _words_chunk(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0, p0, p1, p2,
                  kw, kt, ng, nsb, rstd, ROWS: tl.constexpr, PACKED: tl.constexpr, SIGNED: tl.constexpr,
                  G: tl.constexpr, SB: tl.constexpr, HAS_MIN: tl.constexpr, OFFSET: tl.constexpr,
                  SILU_MUL: tl.constexpr, NORM: tl.constexpr, X_WORDS: tl.constexpr, DP4A: tl.constexpr,
-                 CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr, HAVE: tl.constexpr, QUANT_IN: tl.constexpr):
+                 CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr, HAVE: tl.constexpr):
     """The word GEMV's chunk of words ``w0 + wi`` of its ROWS rows (HAVE: the words ``p0..p7``
     were loaded before the PDL wait): the chunk's activations once, then every row's update."""
     GW: tl.constexpr = 4
     w_ok = (w0 + wi) < kw
-    if DP4A and QUANT_IN:  # float32 activations, rounded to bytes here (a tile row: one 16-column group)
-        x0, x1, x2, x3, xg = _word_activations(x_ptr, xw_ptr, nw_ptr, nww_ptr, out_ptr, 4 * (w0 + wi), w_ok, k,
-                                               rstd, HAS_MIN, SILU_MUL, NORM, X_WORDS)
-        lo = _quantize_words(x0, x1, x2, x3, xg)
-    elif DP4A:  # a tile row of 4 words is one 16-column activation tile
+    if DP4A:  # a tile row of 4 words is one 16-column activation tile
         t = (w0 + GW * gi) // GW
         t_ok = (w0 + GW * gi) < kw
         lo = _quantized_activations(xq_ptr, st_ptr, w0 + wi, t, w_ok, t_ok, kt, rstd, HAS_MIN, CODE_BIAS, NORM)
@@ -480,11 +452,7 @@ def _words_chunk(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0, p0, p1, p2,
     hi = lo
     ghi = glo
     if PACKED:  # the high nibbles: the same columns of the row's second half
-        if DP4A and QUANT_IN:
-            x0, x1, x2, x3, xg = _word_activations(x_ptr, xw_ptr, nw_ptr, nww_ptr, out_ptr, k // 2 + 4 * (w0 + wi),
-                                                   w_ok, k, rstd, HAS_MIN, SILU_MUL, NORM, X_WORDS)
-            hi = _quantize_words(x0, x1, x2, x3, xg)
-        elif DP4A:
+        if DP4A:
             hi = _quantized_activations(xq_ptr, st_ptr, k // 8 + w0 + wi, kt // 2 + t, w_ok, t_ok, kt, rstd,
                                         HAS_MIN, CODE_BIAS, NORM)
         else:
@@ -511,7 +479,7 @@ def _gguf_gemv_words_kernel(x_ptr, xw_ptr, xq_ptr, st_ptr, q_ptr, s_ptr, m_ptr, 
                             HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr, X_WORDS: tl.constexpr,
                             DP4A: tl.constexpr, CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr, PDL: tl.constexpr,
                             PRELOAD: tl.constexpr = False, SILU_QUANT: tl.constexpr = False,
-                            NORM_QUANT: tl.constexpr = False, QUANT_IN: tl.constexpr = False):
+                            NORM_QUANT: tl.constexpr = False):
     """The one-row GEMV reading the code plane as int32 words (``q_ptr``, ``kw`` words a row):
     ROWS (1, 2, 4 or 8) output rows a program, chunks of BLOCK_W words a row as [NG, 4] tiles. A tile
     row is one 16-byte load and lies in one scale group (16 or 32 columns; a 32-column group is two
@@ -524,10 +492,7 @@ def _gguf_gemv_words_kernel(x_ptr, xw_ptr, xq_ptr, st_ptr, q_ptr, s_ptr, m_ptr, 
     activations (``sq_ptr``, ``sst_ptr``; ``_silu_quantize_group``, counters at ``cnt_ptr``).
     NORM_QUANT (o, down: the residual stream): the output times the next norm's weight ``nwn_ptr``
     as the next GEMV's 8-bit activations without the RMS factor (``_norm_quantize_group``). With
-    DP4A and NORM, the activations read are such codes, and the scales take this row's factor.
-    QUANT_IN (with DP4A): the activations are read as the float32 path reads them (x, RMSNorm /
-    SiLU·mul applied here) and each chunk's are rounded to bytes in the program
-    (``_quantize_words``): no quantization kernel before this one."""
+    DP4A and NORM, the activations read are such codes, and the scales take this row's factor."""
     GW: tl.constexpr = 4
     NG: tl.constexpr = BLOCK_W // GW
     r0 = tl.program_id(0).to(tl.int64) * ROWS
@@ -552,14 +517,14 @@ def _gguf_gemv_words_kernel(x_ptr, xw_ptr, xq_ptr, st_ptr, q_ptr, s_ptr, m_ptr, 
             acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, 0, p0, p1, p2, p3, p4, p5, p6, p7, r0, gi, wi, x_ptr,
             xw_ptr, xq_ptr, st_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, nw_ptr, nww_ptr, out_ptr, n, k, kw, kt, ng,
             nsb, rstd, ROWS, PACKED, SIGNED, G, SB, HAS_MIN, OFFSET, SILU_MUL, NORM, X_WORDS, DP4A, CODE_BIAS,
-            EMULATE, True, QUANT_IN)
+            EMULATE, True)
         first = BLOCK_W
     for w0 in range(first, kw, BLOCK_W):
         acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _words_chunk(
             acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0, p0, p1, p2, p3, p4, p5, p6, p7, r0, gi, wi, x_ptr,
             xw_ptr, xq_ptr, st_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, nw_ptr, nww_ptr, out_ptr, n, k, kw, kt, ng,
             nsb, rstd, ROWS, PACKED, SIGNED, G, SB, HAS_MIN, OFFSET, SILU_MUL, NORM, X_WORDS, DP4A, CODE_BIAS,
-            EMULATE, False, QUANT_IN)
+            EMULATE, False)
     _rows_out(acc0, acc1, acc2, acc3, r0, min(ROWS, 4), n, b_ptr, res_ptr, out_ptr, HAS_BIAS, RESIDUAL)
     if ROWS > 4:
         _rows_out(acc4, acc5, acc6, acc7, r0 + 4, 4, n, b_ptr, res_ptr, out_ptr, HAS_BIAS, RESIDUAL)
@@ -750,13 +715,6 @@ def dp4a_gemv() -> bool:
     return switches.enabled("DEEPINFER_GGUF_DP4A")
 
 
-def quantize_in_gemv_enabled() -> bool:
-    """Experimental (``DEEPINFER_GGUF_QUANTIZE_IN_GEMV=1``): the dp4a GEMV rounds its activations
-    to bytes in each program instead of after one quantization kernel (one launch fewer a
-    projection; the activation row's work is repeated by every program)."""
-    return switches.enabled("DEEPINFER_GGUF_QUANTIZE_IN_GEMV")
-
-
 def one_row_path() -> str:
     """The one-row GEMV the switches select, in words (``deepinfer env``, ``GGUFLinearCUDA.kernel_path``)."""
     if not word_codes():
@@ -769,8 +727,7 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
               out: torch.Tensor | None = None, config: tuple[int, int, int, int] | None = None,
               preload: bool | None = None, quantized: tuple[torch.Tensor, torch.Tensor] | None = None,
               silu_quantized: tuple[torch.Tensor, torch.Tensor] | None = None,
-              norm_quantized: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-              quantize_in_gemv: bool | None = None) -> torch.Tensor:
+              norm_quantized: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """``F.linear(x, W, bias)`` for one row ``x`` [1, K] (``[1, 2K]`` gate/up with ``silu_mul``) and
     the quantized W; [1, N] in ``x``'s dtype. ``norm``/``residual``/``silu_mul`` as ``kernels.gemv.gemv``.
     ``out``: a contiguous [1, N] to write (a slice of a wider output). ``preload`` (the word GEMV):
@@ -787,10 +744,7 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
     (codes int8 [H], stats float32 [3 * H/16]), for its ``quantized``. ``norm_quantized`` (weight
     [N], codes int8 [N], stats float32 [3 * N/16]; the whole output, by the dp4a GEMV): the output
     (the residual stream) times ``weight`` (the next RMSNorm's) also stored as the next GEMV's
-    8-bit activations, for its ``quantized`` with ``norm``. ``quantize_in_gemv`` (the dp4a GEMV
-    without ``quantized``; default ``DEEPINFER_GGUF_QUANTIZE_IN_GEMV``): each program rounds its
-    chunks of the activation row to bytes itself, the same codes and scales as the quantization
-    kernel's, which is then not launched."""
+    8-bit activations, for its ``quantized`` with ``norm``."""
     n, k = w.n, w.k
     check_one_row("gguf_gemv", x, n, k, f"the {w.kind} weight", silu_mul=silu_mul, bias=bias, norm=norm,
                   residual=residual)
@@ -828,17 +782,15 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
         nw = norm[0] if norm is not None else out
         eps = norm[1] if norm is not None else 0.0
         norm_block = triton.next_power_of_2(k) if norm is not None else 1
-        quant_in = dp4a and quantized is None and (quantize_in_gemv if quantize_in_gemv is not None
-                                                    else quantize_in_gemv_enabled())
         if dp4a and quantized is not None:  # quantized by the kernel that wrote x
             xq, st = quantized  # with norm: codes of x * weight; the scales take this row's RMS factor
             xq_words, x_words, xw = xq.view(torch.int32), False, x
             silu_mul, fused_norm = False, norm is not None
-        elif dp4a and not quant_in:  # the activations quantized once, with the RMSNorm / SiLU·mul applied there
+        elif dp4a:  # the activations quantized once, with the RMSNorm / SiLU·mul applied there
             xq, st = quantize_activations(x, k, silu_mul, norm, rounding=out)
             xq_words, x_words, xw = xq.view(torch.int32), False, x
             silu_mul, norm_block, fused_norm = False, 1, False
-        else:  # float32 activations (QUANT_IN: rounded to bytes in the GEMV)
+        else:
             # 16-bit activations are read as 64-bit words of four (one per code word); others per
             # column (the row as one vector: a row of a wider buffer has any row stride; it must
             # start on a 64-bit word, and so must the norm weight)
@@ -858,7 +810,7 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
             ROWS=rows, BLOCK_W=max(block_k // 4, 4),
             PACKED=packed, SIGNED=signed, G=g, SB=sb, HAS_MIN=has_min,
             OFFSET=8388608.0 + code_bias + (128.0 if signed else 0.0), SILU_MUL=silu_mul, NORM=fused_norm,
-            NORM_BLOCK=norm_block, HAS_BIAS=bias is not None, QUANT_IN=quant_in,
+            NORM_BLOCK=norm_block, HAS_BIAS=bias is not None,
             RESIDUAL=residual is not None, X_WORDS=x_words, DP4A=dp4a, CODE_BIAS=float(code_bias),
             EMULATE=_INTERPRET, num_warps=warps, num_stages=stages,
             PRELOAD=prefetch_fits(rows * max(block_k // 4, 4) * 4, warps) if preload is None else preload,
