@@ -25,6 +25,7 @@ import sys
 import numpy as np
 import torch
 from deepinfer.runtime.kernels.gguf_gemv import (
+    dp4a_config,
     gguf_gemm,
     gguf_gemv,
     one_row_path,
@@ -106,6 +107,18 @@ def check_kind(kind: str, device: str, quick: bool) -> bool:
     for config in ((1, 64, 4, 3), (2, 512, 4, 3), (8, 128, 2, 2)):
         ok &= _check(f"{kind} gemv f32 [1,{k2}]x[9,{k2}] tiles {config}", gguf_gemv(x2.to(device), planes2, config=config),
                      x2.double() @ w2.T, x2.double().abs() @ w2.abs().T, 2**-16, 2**-24, q8_error(x2, w2))
+    # the default tile of a narrow projection from a wide K (Llama-3-8B's o and down): Q4_0 takes
+    # two rows a program (dp4a_config), the others the common tile
+    raw3 = random_blocks(kind, 9, 4096, seed=50 + GPU_TYPES.index(kind))
+    w3 = reference_weight(raw3, kind, 9)
+    planes3 = regroup(torch.from_numpy(raw3), kind).map(lambda t: t.to(device))
+    x3 = torch.randn(1, 4096, generator=g)
+    tile = dp4a_config(planes3)
+    want_tile = (2, 2048, 2, 2) if kind == "Q4_0" else (4, 1024, 2, 2)
+    ok &= _check(f"{kind} gemv f32 [1,4096]x[9,4096], default tiles", gguf_gemv(x3.to(device), planes3),
+                 x3.double() @ w3.T, x3.double().abs() @ w3.abs().T, 2**-16, 2**-24, q8_error(x3, w3))
+    print(f"{'ok  ' if tile == want_tile else 'FAIL'} {kind} narrow projection's dp4a tile {tile}")
+    ok &= tile == want_tile
     # the word GEMV with its rows' first chunk of code words loaded before the PDL wait
     # (kernels/pdl.py; the byte GEMV has no such form): the same bits as loading them after it
     for config in ((1, 64, 4, 3), (8, 128, 2, 2)):

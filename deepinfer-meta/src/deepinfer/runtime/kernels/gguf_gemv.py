@@ -62,6 +62,13 @@ WORDS_GEMV_CONFIG_BY_KIND = {"Q4_0": (8, 2048, 4, 2), "Q8_0": (8, 2048, 4, 2)}
 # QUANTIZE_BLOCK columns a program): within 10 % of the best swept tile of the 8B gate_up and down
 # for Q4_0 and Q4_K on the H200 (Q4_0 gate_up 20.5 us, 8 rows 4 warps 29.3; down 9.1 us)
 DP4A_GEMV_CONFIG = (4, 1024, 2, 2)
+# Q4_0 projections of at most NARROW_MAX_N outputs from K >= 4096 (Llama-3-8B's o and down): 2 rows a
+# program, 2048 bytes a chunk (twice the programs). Replays of the 8B Q4_0 batch-1 decode step on an
+# H100 (bench/decode_profile.py --weights q4_0 --variants, 2026-12-05): 2,327 -> 2,261 us (-2.9 %;
+# o alone -1.1 %, down alone -1.7 %); Q8_0 measured the same either way and Q4_K_M 2.5 % slower, so
+# they keep DP4A_GEMV_CONFIG.
+DP4A_NARROW_CONFIG_BY_KIND = {"Q4_0": (2, 2048, 2, 2)}
+NARROW_MAX_N = 4096
 QUANTIZE_BLOCK = 512
 GEMM_CONFIG = (64, 64, 64, 4, 3)  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
 # up to 32 rows (decode batches): the best swept tile of the 8B gate_up and down at 32 rows on the
@@ -768,7 +775,7 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
     out = torch.empty((1, n), dtype=x.dtype, device=x.device) if out is None else out
     words = word_codes()
     dp4a = words and dp4a_gemv()
-    block_n, block_k, warps, stages = config or (DP4A_GEMV_CONFIG if dp4a else
+    block_n, block_k, warps, stages = config or (dp4a_config(w) if dp4a else
                                                  WORDS_GEMV_CONFIG_BY_KIND.get(w.kind, WORDS_GEMV_CONFIG) if words
                                                  else GEMV_CONFIG)
     if min(block_n, warps, stages) < 1 or block_k < 16 or block_k & (block_k - 1):
@@ -825,6 +832,13 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
         NORM_BLOCK=triton.next_power_of_2(k) if norm is not None else 1, HAS_BIAS=bias is not None,
         RESIDUAL=residual is not None, num_warps=warps, num_stages=stages, **pdl_launch(x.device))
     return out
+
+
+def dp4a_config(w: GGUFPlanes) -> tuple[int, int, int, int]:
+    """The dp4a GEMV's (ROWS, BLOCK_K, num_warps, num_stages) for the weight ``w``."""
+    if w.n <= NARROW_MAX_N and w.k >= 4096:
+        return DP4A_NARROW_CONFIG_BY_KIND.get(w.kind, DP4A_GEMV_CONFIG)
+    return DP4A_GEMV_CONFIG
 
 
 def _check_activations(name: str, act: tuple[torch.Tensor, torch.Tensor], k: int, device: torch.device) -> None:
