@@ -75,8 +75,8 @@ def main() -> None:
         if ev.device_type == torch.autograd.DeviceType.CUDA:
             per_kernel[ev.name].append(ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total)
     total = sum(sum(v) for v in per_kernel.values()) / args.steps
-    print(f"== {args.shape} {args.weights} batch {args.batch} (graph {rows}), context {args.context}: replay {step_ms * 1000:.0f} us "
-          f"per step (CUDA events), kernels sum to {total:.0f} us per step, "
+    print(f"== {args.shape} {args.weights} batch {args.batch} (graph {rows}), context {args.context}: replay "
+          f"{step_ms * 1000:.0f} us per step (CUDA events), kernels sum to {total:.0f} us per step, "
           f"{sum(len(v) for v in per_kernel.values()) / args.steps:.0f} kernels per step")
     for name, times in sorted(per_kernel.items(), key=lambda kv: -sum(kv[1]))[:25]:
         print(f"  {sum(times) / args.steps:8.1f} us/step  {len(times) / args.steps:5.0f}x  "

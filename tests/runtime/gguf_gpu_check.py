@@ -265,16 +265,18 @@ def check_producer_quantized(kind: str, device: str, k: int, g: torch.Generator)
     o_proj = regroup(torch.from_numpy(raw_o), kind).map(lambda t: t.to(device))
     res = torch.randn(1, hidden, generator=g).to(bf).to(device)
     w_next = (1 + 0.1 * torch.randn(hidden, generator=g)).to(bf).to(device)
-    nq = torch.full((hidden,), 99, dtype=torch.int8, device=device)
-    nst = torch.full((3 * kt,), float("nan"), device=device)
-    h = gguf_gemv(x, o_proj, residual=res, norm_quantized=(w_next, nq, nst))
-    plain = gguf_gemv(x, o_proj, residual=res)
-    ref_q, ref_st = quantize_activations((h.float() * w_next.float()).reshape(1, hidden), hidden)
-    same = (torch.equal(h, plain) and torch.equal(nq, ref_q) and torch.equal(nst[:2 * kt], ref_st[:2 * kt])
-            and torch.allclose(nst[2 * kt:], ref_st[2 * kt:], rtol=1e-6, atol=1e-6))
-    print(f"{'ok  ' if same else 'FAIL'} {kind} residual gemv stores stream x next norm weight as 8-bit activations: "
-          f"those of the quantization kernel")
-    ok &= same
+    # the default tile, and 2 rows a program (8 programs a 16-column group: Q4_0's narrow tile, dp4a_config)
+    for config in (None, (2, 2048, 2, 2)):
+        nq = torch.full((hidden,), 99, dtype=torch.int8, device=device)
+        nst = torch.full((3 * kt,), float("nan"), device=device)
+        h = gguf_gemv(x, o_proj, residual=res, norm_quantized=(w_next, nq, nst), config=config)
+        plain = gguf_gemv(x, o_proj, residual=res, config=config)
+        ref_q, ref_st = quantize_activations((h.float() * w_next.float()).reshape(1, hidden), hidden)
+        same = (torch.equal(h, plain) and torch.equal(nq, ref_q) and torch.equal(nst[:2 * kt], ref_st[:2 * kt])
+                and torch.allclose(nst[2 * kt:], ref_st[2 * kt:], rtol=1e-6, atol=1e-6))
+        print(f"{'ok  ' if same else 'FAIL'} {kind} residual gemv (tiles {config or 'default'}) stores stream x next "
+              f"norm weight as 8-bit activations: those of the quantization kernel")
+        ok &= same
     hd = h.double().cpu()
     normed = (hd * torch.rsqrt((hd * hd).mean() + 1e-5)).to(bf).double() * w_next.double().cpu()
     w_d = reference_weight(raw_d, kind, 9)
