@@ -20,11 +20,13 @@ Bounds (stated; ``mag = |x| @ |W|.T`` in float64, ``u`` the output dtype's unit 
 
 from __future__ import annotations
 
+import os
 import sys
 
 import numpy as np
 import torch
 from deepinfer.runtime.kernels.gguf_gemv import (
+    dense_weight,
     dp4a_config,
     gguf_gemm,
     gguf_gemv,
@@ -177,6 +179,31 @@ def check_kind(kind: str, device: str, quick: bool) -> bool:
         for swap in (False, True) if quick or m in (5, 33) else (False,):  # weights as the MMA's left operand too
             ok &= _check(f"{kind} gemm{' swapped' if swap else ''} bf16 [{m},{k}]",
                          gguf_gemm(xm.to(device), planes, swap=swap), ref, mag, 2**-7, 2**-8)
+    # the whole weight decoded on the device (DEEPINFER_GGUF_DENSE_ROWS' products): gguf's float32
+    # weights exactly, in bf16 their rounding (Triton's interpreter rounds toward zero: within one
+    # bf16 step there); a 2-part layer multiplying 5 rows through it
+    dense = dense_weight(planes, torch.float32).double().cpu()
+    same = torch.equal(dense, w_ref.float().double())
+    d16 = dense_weight(planes, bf).float().cpu()
+    if device == "cuda":
+        same &= torch.equal(d16, w_ref.float().to(bf).float())
+    else:
+        same &= bool(((d16 - w_ref.float()).abs() <= 2**-7 * w_ref.float().abs()).all())
+    print(f"{'ok  ' if same else 'FAIL'} {kind} dequantized whole: gguf's float32 weights (max diff "
+          f"{(dense - w_ref).abs().max():.2e}), bf16 their rounding")
+    ok &= same
+    from deepinfer.runtime.models.gguf_linear import GGUFLinearCUDA
+
+    two = GGUFLinearCUDA([planes, planes2]) if planes2.k == k else GGUFLinearCUDA([planes, planes])
+    w_two = torch.cat([w_ref, w2 if planes2.k == k else w_ref])
+    xm = torch.randn(5, k, generator=g).to(bf)
+    os.environ["DEEPINFER_GGUF_DENSE_ROWS"] = "2"
+    try:
+        got = two(xm.to(device))
+    finally:
+        del os.environ["DEEPINFER_GGUF_DENSE_ROWS"]
+    ok &= _check(f"{kind} two-part layer, 5 rows through the dequantized weights", got, xm.double() @ w_two.T,
+                 xm.double().abs() @ w_two.abs().T, 2**-7, 2**-8)
     # swapped over several row blocks, the last one ragged (the default from 33 up to 1024 rows)
     xm = torch.randn(150, k, generator=g).to(bf)
     ok &= _check(f"{kind} gemm swapped bf16 [150,{k}] (3 row blocks)", gguf_gemm(xm.to(device), planes, swap=True),

@@ -221,8 +221,9 @@ def fp8_kernels() -> None:
 
 
 def gguf_several_rows(kind: str) -> None:
-    """The GGUF kernels of several rows: the GEMM (4 rows) and the int8 MMQ (64 rows)."""
-    from deepinfer.runtime.kernels.gguf_gemv import gguf_gemm
+    """The GGUF kernels of several rows: the GEMM (4 rows), the int8 MMQ (64 rows) and the whole
+    weight's decode (``DEEPINFER_GGUF_DENSE_ROWS``)."""
+    from deepinfer.runtime.kernels.gguf_gemv import dense_weight, gguf_gemm
     from deepinfer.runtime.kernels.gguf_layout import regroup
     from deepinfer.runtime.kernels.gguf_mmq import gguf_mmq, quantize_rows
     from gguf_gpu_check import random_blocks
@@ -231,6 +232,7 @@ def gguf_several_rows(kind: str) -> None:
     planes = regroup(torch.from_numpy(random_blocks(kind, 8, 4096, seed=0)), kind).map(lambda t: t.to(meta))
     gguf_gemm(torch.empty(4, 4096, dtype=torch.bfloat16, device=meta), planes)
     gguf_mmq(quantize_rows(torch.empty(64, 4096, dtype=torch.bfloat16, device=meta)), planes)
+    dense_weight(planes, torch.bfloat16)
 
 
 def greedy_picks() -> None:

@@ -77,13 +77,14 @@ def test_kernels_match_gguf_dequantization_in_float64(words, tiled, dp4a):
     # 6 types x (4 GEMV + 3 GEMV tilings + 1 narrow projection of K 4096 and its dp4a tile + 3 with
     # the first chunk preloaded or not + 1 row at an odd offset + 5 GEMM sizes + 2 of them swapped
     # + 1 of 150 rows swapped (3 row blocks) + 3 with K split 3 ways (6 rows plain and swapped, 1
-    # row) + 1 slice plain, swapped and both split 2 ways + 5 MMQ sizes + 1 MMQ slice); with 8-bit
+    # row) + 1 slice plain, swapped and both split 2 ways + 5 MMQ sizes + 1 MMQ slice + the weight
+    # decoded whole and a 2-part layer through it); with 8-bit
     # activations also the activations a gate/up GEMV stores for the down projection (Q4_0/Q4_1/Q8_0
     # two tilings, the K-quants one, each with the down GEMV from them), those a residual GEMV
     # stores for the next norm (two tilings) and the GEMV from them, 3 refusals, 2 refusals of a
     # two-part projection
     producer = 3 * (2 * 2 + 3 + 3 + 2) + 3 * (1 * 2 + 3 + 3 + 2) if (words, dp4a) == ("1", "1") else 0
-    assert out.count("ok  ") == 204 + producer, out[-3000:]
+    assert out.count("ok  ") == 216 + producer, out[-3000:]
 
 
 def test_mixed_type_model_matches_its_dequantized_self():

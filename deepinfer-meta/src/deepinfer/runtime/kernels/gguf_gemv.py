@@ -687,6 +687,58 @@ def _split_k_sum_kernel(ws_ptr, b_ptr, out_ptr, mrows, n, stride_o, splits, HAS_
     tl.store(out_ptr + (i // n) * stride_o + col, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
+@triton.jit
+def _dequantize_kernel(q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, out_ptr, n, k, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, PACKED: tl.constexpr, G: tl.constexpr, SB: tl.constexpr,
+                       HAS_MIN: tl.constexpr, BIAS: tl.constexpr, TILED: tl.constexpr, PDL: tl.constexpr):
+    """The dense weights [N, K] (out's dtype) of a [BLOCK_N, BLOCK_K] tile of the code plane, decoded
+    as the GEMM decodes them (``_decode``; a 4-bit byte: columns c and c + K/2)."""
+    rn = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    c = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    kc = k // 2 if PACKED else k
+    n_ok = rn < n
+    ok = n_ok[:, None] & (c < kc)[None, :]
+    ng = k // G
+    nsb = k // SB if SB > 0 else 1
+    k0 = tl.program_id(1) * BLOCK_K
+    dt = out_ptr.dtype.element_ty
+    pdl_begin(PDL)
+    raw = tl.load(q_ptr + rn[:, None] * kc + c[None, :], mask=ok, other=0)
+    if PACKED:
+        lo = _decode(raw & 0x0F, rn, n_ok, k0, c, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, BLOCK_N, BLOCK_K, G, SB,
+                     HAS_MIN, BIAS, TILED)
+        tl.store(out_ptr + rn[:, None] * k + c[None, :], lo.to(dt), mask=ok)
+        hi = _decode(raw >> 4, rn, n_ok, k0 + kc, c + kc, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, BLOCK_N, BLOCK_K,
+                     G, SB, HAS_MIN, BIAS, TILED)
+        tl.store(out_ptr + rn[:, None] * k + (c + kc)[None, :], hi.to(dt), mask=ok)
+    else:
+        w = _decode(raw, rn, n_ok, k0, c, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, BLOCK_N, BLOCK_K, G, SB, HAS_MIN,
+                    BIAS, TILED)
+        tl.store(out_ptr + rn[:, None] * k + c[None, :], w.to(dt), mask=ok)
+
+
+def dense_weight(w: GGUFPlanes, dtype: torch.dtype) -> torch.Tensor:
+    """The dense weight [N, K] in ``dtype``, decoded on the device as ``gguf_gemm`` decodes its tiles:
+    for ``dense_rows()`` products (cuBLAS on the decoded copy, which is dropped after the product)."""
+    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"dense_weight: dtype must be float32, float16 or bfloat16, got {dtype}")
+    out = torch.empty((w.n, w.k), dtype=dtype, device=w.codes.device)
+    kc = w.codes.shape[1]
+    block_n, block_k = (64, 128) if not _INTERPRET else (64, 512)
+    _dequantize_kernel[(triton.cdiv(w.n, block_n), triton.cdiv(kc, block_k))](
+        *_planes_args(w), out, w.n, w.k, BLOCK_N=block_n, BLOCK_K=block_k, **_kind_meta(w), num_warps=4,
+        **pdl_launch(w.codes.device))
+    return out
+
+
+def dense_rows() -> int:
+    """Experimental (``DEEPINFER_GGUF_DENSE_ROWS``, 0: off): products of at least this many rows
+    decode the whole weight to the activations' dtype (``dense_weight``) and multiply with
+    cuBLAS, as vLLM does for the GGUF types it has no kernel for: at many rows a product is bound
+    by the tensor cores, not by the weight's bytes."""
+    return switches.integer("DEEPINFER_GGUF_DENSE_ROWS")
+
+
 def _planes_args(w: GGUFPlanes) -> tuple[torch.Tensor, ...]:
     s = w.scale
     return (w.codes, s, w.minimum if w.minimum is not None else s, w.d if w.d is not None else s,

@@ -76,7 +76,7 @@ class GGUFLinearCUDA(nn.Module):
         return sum(p.nbytes() for p in self.parts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from deepinfer.runtime.kernels.gguf_gemv import gguf_gemm
+        from deepinfer.runtime.kernels.gguf_gemv import dense_rows, dense_weight, gguf_gemm
         from deepinfer.runtime.kernels.gguf_mmq import (
             gguf_mmq,
             mmq_rows,
@@ -95,10 +95,16 @@ class GGUFLinearCUDA(nn.Module):
         mmq = (x.device.type == "cuda" and x2.shape[0] <= mmq_rows() and x.dtype != torch.float32
                and all(mmq_supports(p) for p in self.parts))
         xq = quantize_rows(x2) if mmq else None
+        dense = not mmq and 0 < dense_rows() <= x2.shape[0]
         for p, off in zip(self.parts, self.offsets, strict=True):
             b = None if self.bias is None else self.bias[off:off + p.n]
             part_out = out if len(self.parts) == 1 else out[:, off:off + p.n]
-            if xq is not None:
+            if dense:  # the weight decoded whole, then cuBLAS (experimental, DEEPINFER_GGUF_DENSE_ROWS)
+                y = torch.nn.functional.linear(x2, dense_weight(p, x.dtype), b)
+                if len(self.parts) == 1:
+                    return y.reshape(*lead, self.out_features)
+                part_out.copy_(y)
+            elif xq is not None:
                 gguf_mmq(xq, p, b, out=part_out)
             else:
                 gguf_gemm(x2, p, b, out=part_out)
