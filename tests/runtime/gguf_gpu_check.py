@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import sys
 
+import deepinfer.runtime.kernels.gguf_gemv as gguf_gemv_module
 import numpy as np
 import torch
 from deepinfer.runtime.kernels.gguf_gemv import (
@@ -181,7 +182,8 @@ def check_kind(kind: str, device: str, quick: bool) -> bool:
                          gguf_gemm(xm.to(device), planes, swap=swap), ref, mag, 2**-7, 2**-8)
     # the whole weight decoded on the device (DEEPINFER_GGUF_DENSE_ROWS' products): gguf's float32
     # weights exactly, in bf16 their rounding (Triton's interpreter rounds toward zero: within one
-    # bf16 step there); a 2-part layer multiplying 5 rows through it
+    # bf16 step there); a layer of two parts of different types (each decoded, multiplied and
+    # written to its slice of the output, bias included) multiplying 5 rows through them
     dense = dense_weight(planes, torch.float32).double().cpu()
     same = torch.equal(dense, w_ref.float().double())
     d16 = dense_weight(planes, bf).float().cpu()
@@ -194,16 +196,27 @@ def check_kind(kind: str, device: str, quick: bool) -> bool:
     ok &= same
     from deepinfer.runtime.models.gguf_linear import GGUFLinearCUDA
 
-    two = GGUFLinearCUDA([planes, planes2]) if planes2.k == k else GGUFLinearCUDA([planes, planes])
-    w_two = torch.cat([w_ref, w2 if planes2.k == k else w_ref])
+    other = "Q4_0" if kind == "Q8_0" else "Q8_0"
+    raw_o = random_blocks(other, 5, k, seed=60 + GPU_TYPES.index(kind))
+    two = GGUFLinearCUDA([planes, regroup(torch.from_numpy(raw_o), other)], (torch.randn(n + 5, generator=g)).to(bf))
+    two = two.to(device)
+    assert len(two.parts) == 2, two.weight_type
+    w_two = torch.cat([w_ref, reference_weight(raw_o, other, 5)])
     xm = torch.randn(5, k, generator=g).to(bf)
+    decoded: list[str] = []  # the parts the layer decoded whole (it must take that path for both)
     os.environ["DEEPINFER_GGUF_DENSE_ROWS"] = "2"
+    gguf_gemv_module.dense_weight = lambda w, dtype: decoded.append(w.kind) or dense_weight(w, dtype)
     try:
         got = two(xm.to(device))
     finally:
         del os.environ["DEEPINFER_GGUF_DENSE_ROWS"]
-    ok &= _check(f"{kind} two-part layer, 5 rows through the dequantized weights", got, xm.double() @ w_two.T,
-                 xm.double().abs() @ w_two.abs().T, 2**-7, 2**-8)
+        gguf_gemv_module.dense_weight = dense_weight
+    b2 = two.bias.double().cpu()
+    if decoded != [kind, other]:
+        print(f"FAIL {kind}+{other} layer: the parts decoded whole were {decoded}")
+        ok = False
+    ok &= _check(f"{kind}+{other} layer, 5 rows through the dequantized weights", got, xm.double() @ w_two.T + b2,
+                 xm.double().abs() @ w_two.abs().T + b2.abs(), 2**-7, 2**-8)
     # swapped over several row blocks, the last one ragged (the default from 33 up to 1024 rows)
     xm = torch.randn(150, k, generator=g).to(bf)
     ok &= _check(f"{kind} gemm swapped bf16 [150,{k}] (3 row blocks)", gguf_gemm(xm.to(device), planes, swap=True),

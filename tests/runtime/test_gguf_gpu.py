@@ -78,11 +78,10 @@ def test_kernels_match_gguf_dequantization_in_float64(words, tiled, dp4a):
     # the first chunk preloaded or not + 1 row at an odd offset + 5 GEMM sizes + 2 of them swapped
     # + 1 of 150 rows swapped (3 row blocks) + 3 with K split 3 ways (6 rows plain and swapped, 1
     # row) + 1 slice plain, swapped and both split 2 ways + 5 MMQ sizes + 1 MMQ slice + the weight
-    # decoded whole and a 2-part layer through it); with 8-bit
-    # activations also the activations a gate/up GEMV stores for the down projection (Q4_0/Q4_1/Q8_0
-    # two tilings, the K-quants one, each with the down GEMV from them), those a residual GEMV
-    # stores for the next norm (two tilings) and the GEMV from them, 3 refusals, 2 refusals of a
-    # two-part projection
+    # decoded whole and a layer of two types through it); with 8-bit activations also the
+    # activations a gate/up GEMV stores for the down projection (Q4_0/Q4_1/Q8_0 two tilings, the
+    # K-quants one, each with the down GEMV from them), those a residual GEMV stores for the next
+    # norm (two tilings) and the GEMV from them, 3 refusals, 2 refusals of a two-part projection
     producer = 3 * (2 * 2 + 3 + 3 + 2) + 3 * (1 * 2 + 3 + 3 + 2) if (words, dp4a) == ("1", "1") else 0
     assert out.count("ok  ") == 216 + producer, out[-3000:]
 
