@@ -204,12 +204,15 @@ def check_kind(kind: str, device: str, quick: bool) -> bool:
     w_two = torch.cat([w_ref, reference_weight(raw_o, other, 5)])
     xm = torch.randn(5, k, generator=g).to(bf)
     decoded: list[str] = []  # the parts the layer decoded whole (it must take that path for both)
+    saved = os.environ.get("DEEPINFER_GGUF_DENSE_ROWS")
     os.environ["DEEPINFER_GGUF_DENSE_ROWS"] = "2"
     gguf_gemv_module.dense_weight = lambda w, dtype: decoded.append(w.kind) or dense_weight(w, dtype)
     try:
         got = two(xm.to(device))
     finally:
-        del os.environ["DEEPINFER_GGUF_DENSE_ROWS"]
+        os.environ.pop("DEEPINFER_GGUF_DENSE_ROWS")
+        if saved is not None:
+            os.environ["DEEPINFER_GGUF_DENSE_ROWS"] = saved
         gguf_gemv_module.dense_weight = dense_weight
     b2 = two.bias.double().cpu()
     if decoded != [kind, other]:

@@ -99,6 +99,16 @@ def test_kernels_on_cuda(dp4a):
     _run("gguf_gpu_check.py", "cuda", interpret=False, DEEPINFER_GGUF_DP4A=dp4a)
 
 
+def test_dense_weight_refuses_a_dtype_it_cannot_write():
+    from deepinfer.runtime.kernels.gguf_gemv import dense_weight
+    from gguf_gpu_check import random_blocks
+
+    planes = regroup(torch.from_numpy(random_blocks("Q4_0", 4, 64, seed=0)), "Q4_0")
+    for dtype in (torch.int8, torch.float64):
+        with pytest.raises(ValueError, match=f"dense_weight: dtype must be float32, float16 or bfloat16, got {dtype}"):
+            dense_weight(planes, dtype)
+
+
 def test_the_quantizer_refuses_rows_of_partial_blocks():
     from gguf_quantizer import quantize
 

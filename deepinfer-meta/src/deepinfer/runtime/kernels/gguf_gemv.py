@@ -694,13 +694,13 @@ def _dequantize_kernel(q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, out_ptr, n, k, BLOCK_
     """The dense weights [N, K] (out's dtype) of a [BLOCK_N, BLOCK_K] tile of the code plane, decoded
     as the GEMM decodes them (``_decode``; a 4-bit byte: columns c and c + K/2)."""
     rn = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
-    c = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    k0 = tl.program_id(1) * BLOCK_K
+    c = k0 + tl.arange(0, BLOCK_K)
     kc = k // 2 if PACKED else k
     n_ok = rn < n
     ok = n_ok[:, None] & (c < kc)[None, :]
     ng = k // G
     nsb = k // SB if SB > 0 else 1
-    k0 = tl.program_id(1) * BLOCK_K
     dt = out_ptr.dtype.element_ty
     pdl_begin(PDL)
     raw = tl.load(q_ptr + rn[:, None] * kc + c[None, :], mask=ok, other=0)
