@@ -14,11 +14,7 @@ import torch
 import torch.nn.functional as F
 from deepinfer.runtime.attention import torch_paged
 from deepinfer.runtime.attention.metadata import build_attention_metadata
-from deepinfer.runtime.attention.triton_decode import (
-    DecodeWorkspace,
-    decode_attention,
-    rotary_decode_attention,
-)
+from deepinfer.runtime.attention.triton_decode import DecodeWorkspace, decode_attention
 from deepinfer.runtime.kernels.fused_ops import (
     ROTARY_ALL_HEADS_FROM,
     add_rmsnorm,
@@ -204,73 +200,25 @@ def check_decode_attention(dtype: torch.dtype, g: torch.Generator, bs: int = 16)
         pass
     else:
         raise AssertionError("decode_attention accepted new_rows=0")
-
-
-def check_rotary_decode_attention(dtype: torch.dtype, g: torch.Generator, d: int = 64, bs: int = 16) -> None:
-    """rotary_decode_attention against rotary_kv_write then decode_attention (the two launches it
-    replaces): the same output and the same cache, with and without q/k norm, one split or
-    several (merge folded or separate), a padding row (slot -1: stores nothing), a context of one
-    token and a head size that is no power of two (d=80)."""
-    heads, kvh, nb = 6, 2, 240
-    lens = [1, 37, 200, 16, 513, 9]
-    # disjoint tables, as a sequence's blocks are its own where this step writes
-    tables = np.random.default_rng(0).permutation(nb).reshape(len(lens), 40).astype(np.int32)
-    pos = torch.tensor([n - 1 for n in lens], dtype=torch.int32, device=DEV)
-    slots = torch.tensor([int(tables[i][(n - 1) // bs]) * bs + (n - 1) % bs for i, n in enumerate(lens)], device=DEV)
-    slots[5] = -1  # a padding row of a graph
-    rot = RotaryEmbedding(d, 1024, 10000.0, None).to(DEV)
-    qkv = torch.randn(len(lens), (heads + 2 * kvh) * d, generator=g).to(DEV, dtype)
-    cache = torch.randn(2, nb, bs, kvh, d, generator=g).to(DEV, dtype)
-    norms = (torch.rand(d, generator=g).to(DEV, dtype) + 0.5, torch.rand(d, generator=g).to(DEV, dtype) + 0.5, 1e-6)
-    bt = torch.from_numpy(tables).to(DEV)
-    sl = torch.tensor(lens, dtype=torch.int32, device=DEV)
-    ws = DecodeWorkspace(len(lens) * 8, heads, d, DEV)
-    for qk_norm in (None, norms):
-        for splits, fold in ((1, True), (3, True), (8, True), (3, False)):
-            ref_cache = cache.clone()
-            q = rotary_kv_write(qkv, pos, rot.cos, rot.sin, slots, ref_cache, heads, kvh, qk_norm, preload=False)
-            ref = decode_attention(q, ref_cache, bt, sl, d ** -0.5, splits, ws, fold_merge=fold, preload=False)
-            got_cache = cache.clone()
-            got = rotary_decode_attention(qkv, pos, rot.cos, rot.sin, slots, got_cache, heads, bt, sl, d ** -0.5,
-                                          splits, ws, qk_norm, fold_merge=fold)
-            torch.testing.assert_close(got_cache, ref_cache, **TOL[dtype])
-            changed = (got_cache != cache).reshape(2, nb * bs, -1).any(dim=2).any(dim=0).nonzero().flatten()
-            assert set(changed.tolist()) <= set(slots[:5].tolist()), "a store outside the rows' slots"
-            torch.testing.assert_close(got, ref, **TOL[dtype])
-            assert int(ws.counters.abs().sum()) == 0
-    for bad in (dict(qkv=qkv[:, :-1]), dict(positions=pos[:-1]), dict(qk_norm=(norms[0][:-1], norms[1], 1e-6))):
-        args = dict(qkv=qkv, positions=pos, qk_norm=None) | bad
-        try:
-            rotary_decode_attention(args["qkv"], args["positions"], rot.cos, rot.sin, slots, cache.clone(), heads,
-                                    bt, sl, d ** -0.5, 3, ws, args["qk_norm"])
-        except ValueError:
-            pass
-        else:
-            raise AssertionError(f"rotary_decode_attention accepted {list(bad)}")
-    try:  # a workspace without room for 6 rows x 3 splits
-        rotary_decode_attention(qkv, pos, rot.cos, rot.sin, slots, cache.clone(), heads, bt, sl, d ** -0.5, 3,
-                                DecodeWorkspace(2, heads, d, DEV))
+    try:  # a workspace without room for 5 rows x 3 splits
+        decode_attention(q, cache, bt, sl, d ** -0.5, 3, DecodeWorkspace(2, heads, d, DEV))
     except ValueError as err:
-        assert str(err).startswith("rotary_decode_attention: the workspace holds 2 partials"), err
+        assert str(err).startswith("decode_attention: the workspace holds 2 partials"), err
     else:
-        raise AssertionError("rotary_decode_attention accepted a workspace too small")
+        raise AssertionError("decode_attention accepted a workspace too small")
 
 
 def check_quantized_output(dtype: torch.dtype, g: torch.Generator, d: int = 64) -> None:
     """The decode attention's output stored also as the GGUF dp4a GEMV's 8-bit activations
     (``quantized=``) equals ``_quantize_activations_kernel`` run on the output it stored: the same
     codes, scales and integer sums, float sums up to their summation order; for one split, the
-    merge folded or separate, the rotary form, a group of 3 query heads (padded program rows) and
-    a head size that is no power of two (d=80). Bad buffers are ValueErrors."""
+    merge folded or separate, a group of 3 query heads (padded program rows) and a head size that
+    is no power of two (d=80). Bad buffers are ValueErrors."""
     from deepinfer.runtime.kernels.gguf_gemv import quantize_activations
 
     heads, kvh, nb, bs = 6, 2, 240, 16
     lens = [1, 37, 200, 16, 513]
     tables = np.random.default_rng(1).permutation(nb)[:200].reshape(len(lens), 40).astype(np.int32)
-    pos = torch.tensor([n - 1 for n in lens], dtype=torch.int32, device=DEV)
-    slots = torch.tensor([int(tables[i][(n - 1) // bs]) * bs + (n - 1) % bs for i, n in enumerate(lens)], device=DEV)
-    rot = RotaryEmbedding(d, 1024, 10000.0, None).to(DEV)
-    qkv = torch.randn(len(lens), (heads + 2 * kvh) * d, generator=g).to(DEV, dtype)
     q = torch.randn(len(lens), heads, d, generator=g).to(DEV, dtype)
     cache = torch.randn(2, nb, bs, kvh, d, generator=g).to(DEV, dtype)
     bt = torch.from_numpy(tables).to(DEV)
@@ -282,22 +230,14 @@ def check_quantized_output(dtype: torch.dtype, g: torch.Generator, d: int = 64) 
         return (torch.full((k,), 99, dtype=torch.int8, device=DEV),
                 torch.full((3 * (k // 16),), float("nan"), dtype=torch.float32, device=DEV))
 
-    for form, splits, fold in (("plain", 1, True), ("plain", 3, True), ("plain", 8, True), ("plain", 3, False),
-                               ("rotary", 3, True), ("rotary", 1, True)):
+    for splits, fold in ((1, True), (3, True), (8, True), (3, False)):
         xq, st = buffers()
-        if form == "plain":
-            out = decode_attention(q, cache, bt, sl, d ** -0.5, splits, ws, fold_merge=fold, quantized=(xq, st))
-            plain = decode_attention(q, cache, bt, sl, d ** -0.5, splits, ws, fold_merge=fold)
-        else:
-            c1, c2 = cache.clone(), cache.clone()
-            out = rotary_decode_attention(qkv, pos, rot.cos, rot.sin, slots, c1, heads, bt, sl, d ** -0.5, splits,
-                                          ws, fold_merge=fold, quantized=(xq, st))
-            plain = rotary_decode_attention(qkv, pos, rot.cos, rot.sin, slots, c2, heads, bt, sl, d ** -0.5, splits,
-                                            ws, fold_merge=fold)
-        assert torch.equal(out, plain), f"{form} {splits} splits: the output changed with quantized="
+        out = decode_attention(q, cache, bt, sl, d ** -0.5, splits, ws, fold_merge=fold, quantized=(xq, st))
+        plain = decode_attention(q, cache, bt, sl, d ** -0.5, splits, ws, fold_merge=fold)
+        assert torch.equal(out, plain), f"{splits} splits: the output changed with quantized="
         ref_q, ref_st = quantize_activations(out.reshape(1, k), k)
         kt = k // 16
-        what = f"{form}, {splits} splits, fold {fold}, {dtype}, d={d}"
+        what = f"{splits} splits, fold {fold}, {dtype}, d={d}"
         assert torch.equal(xq, ref_q), f"{what}: codes differ at {(xq != ref_q).nonzero().flatten()[:8].tolist()}"
         assert torch.equal(st[:2 * kt], ref_st[:2 * kt]), f"{what}: scales or integer sums differ"
         torch.testing.assert_close(st[2 * kt:], ref_st[2 * kt:], atol=1e-5, rtol=1e-6)
@@ -349,9 +289,8 @@ def check_one_row_forward(arch: str, fp8: bool = False) -> None:
     if fp8:  # the fusions' plumbing at float32 math: the float16 math's error (~1e-3) is bounded in
         # fp8_kernels_check.py against its own per-chunk reference
         os.environ["DEEPINFER_FP8_ONE_ROW_MATH"] = "f32"
-    for names, in_attention in (("qkv,o,gate_up,down", "0"), ("none", "0"), ("qkv,o,gate_up,down", "1")):
+    for names in ("qkv,o,gate_up,down", "none"):
         os.environ["DEEPINFER_ONE_ROW_GEMV"] = names
-        os.environ["DEEPINFER_ROTARY_IN_ATTENTION"] = in_attention  # the rotary inside the attention kernel
         for cache in runner.kv_caches:  # each run must store the new token's k and v itself
             cache[:, slot // 4, slot % 4] = 0
         hidden = fused_decode_forward(
@@ -360,8 +299,8 @@ def check_one_row_forward(arch: str, fp8: bool = False) -> None:
             torch.tensor([slot], device=DEV), torch.tensor(table, dtype=torch.int32, device=DEV),
             torch.tensor([n + 1], dtype=torch.int32, device=DEV),
             DecodeWorkspace(2, cfg.num_attention_heads, cfg.head_dim, DEV), 2)
-        got[names, in_attention] = runner.model.head_logits(hidden).float()
-    del os.environ["DEEPINFER_ONE_ROW_GEMV"], os.environ["DEEPINFER_ROTARY_IN_ATTENTION"]
+        got[names] = runner.model.head_logits(hidden).float()
+    del os.environ["DEEPINFER_ONE_ROW_GEMV"]
     # the reference: the eager step of one row, which on CUDA also runs the fp8 one-row GEMV, so
     # it takes the same float32 math (with the float16 default it was ~9e-3 off on the H200)
     ref = runner.execute(input_ids=np.array([12]), positions=np.array([n]), slot_mapping=np.array([slot]),
@@ -392,11 +331,9 @@ for dt in DTYPES:
     check_gemv(dt, gen)
     done(f"gemv {dt}")
     check_decode_attention(dt, gen)
-    check_rotary_decode_attention(dt, gen)
     done(f"decode attention {dt}")
 check_decode_attention(torch.float32, gen, bs=24)  # a block size that is no power of two
-check_rotary_decode_attention(torch.float32, gen, d=80, bs=24)
-done("decode attention, block size 24, head size 80")
+done("decode attention, block size 24")
 for dt in (torch.float32, torch.bfloat16):
     check_quantized_output(dt, gen)
 check_quantized_output(torch.bfloat16, gen, d=80)

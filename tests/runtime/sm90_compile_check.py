@@ -156,10 +156,8 @@ def gguf_one_row(kind: str) -> None:
     """The GGUF GEMV of ``kind`` as a Llama-3-8B layer calls it at batch 1: qkv with the RMSNorm
     (K 4096), down with SiLU·mul and the residual (K 14336); and o with the residual from the
     8-bit activations that the decode attention stores (``DEEPINFER_GGUF_O_QUANT_IN_ATTENTION``),
-    that attention too (folded merge, separate merge, rotary form); gate/up storing the down
-    projection's (``DEEPINFER_GGUF_DOWN_QUANT_IN_GATE_UP``); a residual GEMV storing the next
-    norm's and a GEMV reading them (``DEEPINFER_GGUF_NORM_QUANT_IN_RESIDUAL``)."""
-    from deepinfer.runtime.attention.triton_decode import decode_attention, rotary_decode_attention
+    that attention too (folded merge, separate merge)."""
+    from deepinfer.runtime.attention.triton_decode import decode_attention
     from deepinfer.runtime.kernels.gguf_gemv import gguf_gemv
     from deepinfer.runtime.kernels.gguf_layout import regroup
     from gguf_gpu_check import random_blocks
@@ -172,25 +170,9 @@ def gguf_one_row(kind: str) -> None:
     for fold in (True, False):
         decode_attention(torch.empty(1, 32, 128, dtype=torch.bfloat16, device=meta), cache, bt, one, 0.088, 4,
                          fold_merge=fold, quantized=(xq, st))
-    cos = torch.empty(1024, 64, dtype=torch.float32, device=meta)
-    rotary_decode_attention(torch.empty(1, 48 * 128, dtype=torch.bfloat16, device=meta), one, cos, cos,
-                            torch.empty(1, dtype=torch.int64, device=meta), cache, 32, bt, one, 0.088, 4,
-                            quantized=(xq, st))
     planes = regroup(torch.from_numpy(random_blocks(kind, 8, k, seed=0)), kind).map(lambda t: t.to(meta))
     gguf_gemv(torch.empty(1, k, dtype=torch.bfloat16, device=meta), planes,
               residual=torch.empty(1, 8, dtype=torch.bfloat16, device=meta), quantized=(xq, st))
-    # gate/up storing SiLU(gate) * up as the down projection's activations (DEEPINFER_GGUF_DOWN_QUANT_IN_GATE_UP)
-    gate_up = regroup(torch.from_numpy(random_blocks(kind, 32, k, seed=0)), kind).map(lambda t: t.to(meta))
-    gguf_gemv(torch.empty(1, k, dtype=torch.bfloat16, device=meta), gate_up,
-              norm=(torch.empty(k, dtype=torch.bfloat16, device=meta), 1e-5),
-              silu_quantized=(xq[:16], st[:3]))
-    # a residual GEMV storing the next norm's activations, and the next GEMV reading them
-    # (DEEPINFER_GGUF_NORM_QUANT_IN_RESIDUAL)
-    gguf_gemv(torch.empty(1, k, dtype=torch.bfloat16, device=meta), gate_up,
-              residual=torch.empty(1, 32, dtype=torch.bfloat16, device=meta),
-              norm_quantized=(torch.empty(32, dtype=torch.bfloat16, device=meta), xq[:32], st[:6]))
-    gguf_gemv(torch.empty(1, k, dtype=torch.bfloat16, device=meta), planes,
-              norm=(torch.empty(k, dtype=torch.bfloat16, device=meta), 1e-5), quantized=(xq, st))
     for k, fusions in ((4096, "norm"), (14336, "silu_mul")):
         planes = regroup(torch.from_numpy(random_blocks(kind, 8, k, seed=0)), kind).map(lambda t: t.to(meta))
         if fusions == "norm":
@@ -268,11 +250,6 @@ def main(args: list[str]) -> None:
             if "kv_lora_rank" not in SHAPES[shape]:  # MLA models take no fused eager step
                 eager_step(shape)
                 _report(f"{shape} eager step prefetch {prefetch}")
-                if prefetch == "0":  # the rotary inside the decode attention (no prefetch form)
-                    os.environ["DEEPINFER_ROTARY_IN_ATTENTION"] = "1"
-                    decode_step(shape, 1)
-                    del os.environ["DEEPINFER_ROTARY_IN_ATTENTION"]
-                    _report(f"{shape} batch 1 rotary in attention")
         if "gguf" in args:
             from deepinfer.runtime.kernels.gguf_layout import GPU_TYPES
 

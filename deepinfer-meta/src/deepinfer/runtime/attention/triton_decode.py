@@ -13,11 +13,6 @@ tokens run: a sequence of ``seq_len`` tokens uses ``cdiv(seq_len, per_split)`` o
 return at once and the merge reads only the used ones, so a graph captured with 64 splits for
 long contexts spends no empty programs and no 64-way merge on a short one.
 
-``rotary_decode_attention`` (experimental, ``DEEPINFER_ROTARY_IN_ATTENTION=1``) is the same kernel
-reading the step's qkv rows instead of a rotated q: each program rotates its own query heads, and
-the split that holds a row's new position stores the position's key and value before it reads
-them, so the separate rotary + KV-store launch (``kernels.fused_ops.rotary_kv_write``) goes.
-
 ``quantized=(xq, st)`` (experimental, ``DEEPINFER_GGUF_O_QUANT_IN_ATTENTION=1``) also stores the
 output as the 8-bit activations of the GGUF dp4a GEMV that reads it next (the o projection):
 signed-byte codes and, per 16 columns, the scale and the sums that
@@ -32,12 +27,9 @@ import triton
 import triton.language as tl
 
 from deepinfer.runtime.attention.triton_softmax import online_softmax_block
-from deepinfer.runtime.kernels.fused_ops import qk_normed, rope_rounded, store_quantized_groups
+from deepinfer.runtime.kernels.fused_ops import store_quantized_groups
 from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch, prefetch_enabled
 
-QKNorm = tuple[torch.Tensor, torch.Tensor, float]  # Qwen3's q and k norm weights [D] and their eps
-# what rotary_decode_attention adds to a launch: positions, slots, cos and sin tables, QKNorm
-Rotary = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, "QKNorm | None"]
 # the output also as 8-bit activations: codes int8 [B*H*D], stats float32 [3 * B*H*D/16]
 Quantized = tuple[torch.Tensor, torch.Tensor]
 
@@ -77,57 +69,16 @@ def _kv_tile(block_tables_ptr, seq, kvh, kstart, end, n, d, stride_bt, stride_kb
 
 
 @triton.jit
-def _rotate_heads(rows, raw, d, mask, pos, cos_ptr, sin_ptr, stride_cos, w_ptr, eps, HEAD_DIM: tl.constexpr,
-                  QK_NORM: tl.constexpr):
-    """``rotary_kv_write``'s math (the same helpers) for the heads whose values ``raw`` [R, D_PAD] were loaded from
-    ``rows`` + d (NEOX layout): Qwen3's per-head RMSNorm with ``w_ptr`` first (QK_NORM), then
-    x * cos + rotate_half(x) * sin at position ``pos``, rounded where torch rounds; in raw's dtype."""
-    dt = raw.dtype
-    half: tl.constexpr = HEAD_DIM // 2
-    lo = d < half
-    partner = tl.where(lo, d + half, d - half)  # rotate_half's source column
-    x = raw.to(tl.float32)
-    xp = tl.load(rows + partner[None, :], mask=mask, other=0.0).to(tl.float32)
-    if QK_NORM:
-        r = tl.math.rsqrt(tl.sum(x * x, axis=1) / HEAD_DIM + eps)[:, None]
-        x = qk_normed(x, tl.load(w_ptr + d, mask=d < HEAD_DIM, other=0.0).to(tl.float32)[None, :], r, dt)
-        xp = qk_normed(xp, tl.load(w_ptr + partner, mask=d < HEAD_DIM, other=0.0).to(tl.float32)[None, :], r, dt)
-    # the float32 cos/sin tables rounded to the activation dtype first, as torch does
-    c = tl.load(cos_ptr + pos * stride_cos + d, mask=d < HEAD_DIM, other=0.0).to(dt).to(tl.float32)[None, :]
-    s = tl.load(sin_ptr + pos * stride_cos + d, mask=d < HEAD_DIM, other=0.0).to(dt).to(tl.float32)[None, :]
-    return rope_rounded(x, tl.where(lo[None, :], -xp, xp), c, s, dt)
-
-
-@triton.jit
-def _store_new_kv(qkv_row, kvh, num_heads, d, pos, slot, cos_ptr, sin_ptr, stride_cos, kn_ptr, eps, k_ptr, v_ptr,
-                  stride_kb, stride_ks, stride_kh, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
-                  QK_NORM: tl.constexpr):
-    """This step's key (normed, rotated) and value of kv head ``kvh`` from the qkv row into the
-    cache at ``slot`` (``rotary_kv_write``'s stores for one sequence and kv head)."""
-    mask = (d < HEAD_DIM)[None, :]
-    k_rows = qkv_row + (num_heads + kvh) * HEAD_DIM + tl.zeros([1, 1], tl.int64)
-    v_rows = k_rows + tl.num_programs(1) * HEAD_DIM
-    k = _rotate_heads(k_rows, tl.load(k_rows + d[None, :], mask=mask, other=0.0), d, mask, pos, cos_ptr, sin_ptr,
-                      stride_cos, kn_ptr, eps, HEAD_DIM, QK_NORM)
-    dst = (slot // BLOCK_SIZE) * stride_kb + (slot % BLOCK_SIZE) * stride_ks + kvh * stride_kh + d[None, :]
-    tl.store(k_ptr + dst, k, mask=mask)
-    tl.store(v_ptr + dst, tl.load(v_rows + d[None, :], mask=mask, other=0.0), mask=mask)
-
-
-@triton.jit
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, block_tables_ptr, seq_lens_ptr, part_o_ptr, part_ml_ptr, o_ptr, count_ptr,
-    pos_ptr, slot_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr, eps, scale, num_splits, xq_ptr, st_ptr, kt,
-    stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt, stride_ot, stride_oh, stride_cos,
+    scale, num_splits, xq_ptr, st_ptr, kt,
+    stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt, stride_ot, stride_oh,
     GROUP: tl.constexpr, M: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, IEEE: tl.constexpr, DIRECT: tl.constexpr,
     FOLD_MERGE: tl.constexpr, PDL: tl.constexpr, PRELOAD: tl.constexpr = False, NEW_ROWS: tl.constexpr = 1,
-    ROTARY: tl.constexpr = False, QK_NORM: tl.constexpr = False, QUANT: tl.constexpr = False,
+    QUANT: tl.constexpr = False,
 ):
     # QUANT: the output is also stored as the o projection's 8-bit activations (``_store_out``).
-    # ROTARY: q_ptr is the step's qkv rows; each program rotates its query heads itself, and the
-    # split holding a row's last position (this step's token) first stores the token's key and
-    # value (rotary_decode_attention). Not with PRELOAD.
     # PRELOAD: before the wait (kernels/pdl.py) the lengths and block tables (step inputs) and the
     # first tile's cached keys and values of earlier steps' tokens. The kernel just before this one
     # stores this step's k/v: the last NEW_ROWS positions of a row's context (one for a decode
@@ -177,18 +128,7 @@ def _decode_split_kernel(
             m_i, l_i, acc = online_softmax_block(q, k, v, kmask[None, :], m_i, l_i, acc, scale, IEEE)
         first = start + BLOCK_N
     else:
-        q_rows = q_ptr + seq * stride_qt + head[:, None] * stride_qh
-        q = tl.load(q_rows + d[None, :], mask=out_mask, other=0.0)
-        if ROTARY:
-            pos = tl.load(pos_ptr + seq).to(tl.int64)
-            q = _rotate_heads(q_rows, q, d, out_mask, pos, cos_ptr, sin_ptr, stride_cos, qn_ptr, eps, HEAD_DIM,
-                              QK_NORM)
-            slot = tl.load(slot_ptr + seq)
-            if (split == active - 1) & (slot >= 0):  # padding rows (slot -1) store nothing
-                _store_new_kv(q_ptr + seq * stride_qt, kvh, tl.num_programs(1) * GROUP, d, pos, slot, cos_ptr,
-                              sin_ptr, stride_cos, kn_ptr, eps, k_ptr, v_ptr, stride_kb, stride_ks, stride_kh,
-                              BLOCK_SIZE, HEAD_DIM, QK_NORM)
-            tl.debug_barrier()  # those stores before this program's loads of the same rows
+        q = tl.load(q_ptr + seq * stride_qt + head[:, None] * stride_qh + d[None, :], mask=out_mask, other=0.0)
         first = start
     for kstart in range(first, end, BLOCK_N):
         base, kmask = _kv_tile(block_tables_ptr, seq, kvh, kstart, end, n, d, stride_bt, stride_kb, stride_ks,
@@ -308,49 +248,8 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torc
                                    "decode_attention")
     out = torch.empty_like(q) if out is None else out
     _check_quantized(quantized, out, b * num_heads * head_dim, "decode_attention")
-    _launch(q, q.stride(0), q.stride(1), b, num_heads, head_dim, kv_cache, block_tables, seq_lens, scale, num_splits,
-            workspace, out, fold_merge, preload, new_rows if preload else 1, None, quantized)
-    return out
-
-
-def rotary_decode_attention(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                            slot_mapping: torch.Tensor, kv_cache: torch.Tensor, num_heads: int,
-                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, num_splits: int,
-                            workspace: DecodeWorkspace | None = None,
-                            qk_norm: QKNorm | None = None, fold_merge: bool = True,
-                            quantized: Quantized | None = None) -> torch.Tensor:
-    """``rotary_kv_write`` then ``decode_attention`` of a decode step in one launch: the same
-    results from the step's ``qkv`` rows [B, (H + 2*KVH) * D] (NEOX layout) at ``positions``.
-    Each program rotates (and with ``qk_norm``, RMS-normalises first) its own query heads, and
-    the split program that holds a row's last position stores that row's key and value at
-    ``slot_mapping`` before reading it (rows with slot < 0 store nothing). A row's slot must be
-    the cache slot of its context's last position (``seq_lens[b] - 1``, at ``positions[b]``), as
-    a decode step's are: only the program that reads that position waits for the store. One new
-    position per row (not a verify step's k + 1), and no preload before the PDL wait.
-    ``quantized`` as ``decode_attention``'s. Returns [B, H, D]."""
-    b = qkv.shape[0]
-    head_dim = kv_cache.shape[-1]
-    kv_heads = kv_cache.shape[3]
-    if qkv.dim() != 2 or qkv.shape[1] != (num_heads + 2 * kv_heads) * head_dim or qkv.stride(1) != 1:
-        raise ValueError(f"rotary_decode_attention: qkv of shape {tuple(qkv.shape)} does not hold {num_heads} q and "
-                         f"2x{kv_heads} kv heads of {head_dim}")
-    if head_dim % 2:
-        raise ValueError(f"rotary_decode_attention: the head size must be even for the rotary, got {head_dim}")
-    if not kv_cache.is_contiguous() or cos.stride(1) != 1 or cos.stride() != sin.stride():
-        raise ValueError("rotary_decode_attention: kv_cache and the cos/sin tables must be contiguous")
-    if qk_norm is not None and (qk_norm[0].shape != (head_dim,) or qk_norm[1].shape != (head_dim,)):
-        raise ValueError(f"rotary_decode_attention: the q/k norm weights must be [{head_dim}], got "
-                         f"{tuple(qk_norm[0].shape)} and {tuple(qk_norm[1].shape)}")
-    for name, t in (("positions", positions), ("slot_mapping", slot_mapping), ("seq_lens", seq_lens)):
-        if t.shape != (b,):
-            raise ValueError(f"rotary_decode_attention: {name} must hold one value per qkv row ({b}), got shape "
-                             f"{tuple(t.shape)}")
-    workspace = _checked_workspace(kv_cache, num_heads, num_splits, workspace, b, head_dim, qkv.device,
-                                   "rotary_decode_attention")
-    out = torch.empty((b, num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
-    _check_quantized(quantized, out, b * num_heads * head_dim, "rotary_decode_attention")
-    _launch(qkv, qkv.stride(0), head_dim, b, num_heads, head_dim, kv_cache, block_tables, seq_lens, scale, num_splits,
-            workspace, out, fold_merge, False, 1, (positions, slot_mapping, cos, sin, qk_norm), quantized)
+    _launch(q, b, num_heads, head_dim, kv_cache, block_tables, seq_lens, scale, num_splits, workspace, out,
+            fold_merge, preload, new_rows if preload else 1, quantized)
     return out
 
 
@@ -390,12 +289,10 @@ def _checked_workspace(kv_cache: torch.Tensor, num_heads: int, num_splits: int, 
     return workspace
 
 
-def _launch(q: torch.Tensor, stride_qt: int, stride_qh: int, b: int, num_heads: int, head_dim: int,
-            kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, num_splits: int,
-            workspace: DecodeWorkspace, out: torch.Tensor, fold_merge: bool, preload: bool, new_rows: int,
-            rotary: Rotary | None, quantized: Quantized | None) -> None:
-    """The split kernel (and the separate merge where it runs) over query rows at ``q`` with the
-    given strides; ``rotary``: (positions, slots, cos, sin, qk_norm), q then being the qkv rows;
+def _launch(q: torch.Tensor, b: int, num_heads: int, head_dim: int, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+            seq_lens: torch.Tensor, scale: float, num_splits: int, workspace: DecodeWorkspace, out: torch.Tensor,
+            fold_merge: bool, preload: bool, new_rows: int, quantized: Quantized | None) -> None:
+    """The split kernel (and the separate merge where it runs) over the query rows ``q`` [B, H, D];
     ``quantized``: (codes, stats) the output is also stored to."""
     kv_heads, block_size = kv_cache.shape[3], kv_cache.shape[2]
     if b == 0:
@@ -406,19 +303,17 @@ def _launch(q: torch.Tensor, stride_qt: int, stride_qh: int, b: int, num_heads: 
     block_n = max(64, triton.next_power_of_2(block_size))
     pdl = pdl_launch(q.device)
     fold = fold_merge and num_splits > 1
-    positions, slots, cos, sin, qk_norm = rotary if rotary is not None else (seq_lens, seq_lens, q, q, None)
-    qn, kn, eps = qk_norm if qk_norm is not None else (q, q, 0.0)
     xq, st = quantized if quantized is not None else (out, out)
     kt = b * num_heads * head_dim // 16
     _decode_split_kernel[(b, kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, part_o, part_ml, out, workspace.counters,
-        positions, slots, cos, sin, qn, kn, eps, scale, num_splits, xq, st, kt,
-        stride_qt, stride_qh, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        out.stride(0), out.stride(1), cos.stride(0) if rotary is not None else 0,
+        scale, num_splits, xq, st, kt,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        out.stride(0), out.stride(1),
         GROUP=group, M=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size, BLOCK_N=block_n,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=triton.next_power_of_2(head_dim), IEEE=q.dtype == torch.float32,
-        DIRECT=num_splits == 1, FOLD_MERGE=fold, PRELOAD=preload, NEW_ROWS=new_rows, ROTARY=rotary is not None,
-        QK_NORM=qk_norm is not None, QUANT=quantized is not None, num_warps=4, **pdl)
+        DIRECT=num_splits == 1, FOLD_MERGE=fold, PRELOAD=preload, NEW_ROWS=new_rows, QUANT=quantized is not None,
+        num_warps=4, **pdl)
     if num_splits == 1 or fold:
         return
     _decode_merge_kernel[(b, num_heads)](

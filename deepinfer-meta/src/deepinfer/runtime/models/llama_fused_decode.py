@@ -4,8 +4,7 @@ and the eager forward of steps of any shape through the same kernels (``fused_st
 Same math as ``LlamaForCausalLM.forward`` for one token per sequence, with the residual add
 carried into the next RMSNorm (``add_rmsnorm``), (Qwen3's q/k norm +) rotary + KV-cache store in
 one kernel, SiLU·mul in one kernel and the split-K decode attention (its merge folded into the
-last split program; with ``DEEPINFER_ROTARY_IN_ATTENTION=1`` the rotary and the KV store run inside
-that attention kernel). Every input is a device tensor, so the whole forward can be captured once
+last split program). Every input is a device tensor, so the whole forward can be captured once
 per batch size and replayed. ``region(name)`` brackets the attention and MLP blocks (a
 GraphTimer's ``region`` during capture, or a no-op).
 
@@ -29,16 +28,9 @@ from torch import nn
 
 from deepinfer.runtime import switches
 from deepinfer.runtime.attention.metadata import AttentionMetadata
-from deepinfer.runtime.attention.triton_decode import (
-    DecodeWorkspace,
-    QKNorm,
-    Quantized,
-    decode_attention,
-    rotary_decode_attention,
-)
+from deepinfer.runtime.attention.triton_decode import DecodeWorkspace, Quantized, decode_attention
 from deepinfer.runtime.kernels.fused_ops import add_rmsnorm, rotary_kv_write, silu_mul
 from deepinfer.runtime.kernels.gemv import gemv
-from deepinfer.runtime.kernels.pdl import prefetch_enabled
 from deepinfer.runtime.models.gguf_linear import GGUFLinearCUDA
 from deepinfer.runtime.models.llama import LlamaForCausalLM, LlamaLayer, RMSNorm
 
@@ -119,32 +111,28 @@ def _one_row(proj: nn.Module, x: torch.Tensor, name: str, **fusions: object) -> 
 
 
 def _norm_linear(st: _Stream, norm: RMSNorm, proj: nn.Module, name: str, gemv_names: frozenset[str],
-                 b: int, silu_quantized: Quantized | None = None, quantized: Quantized | None = None) -> torch.Tensor:
-    """proj(RMSNorm(residual stream)): the norm inside the GEMV where it runs, else add_rmsnorm + cuBLAS.
-    ``silu_quantized``: where a GGUF gate/up GEMV stores SiLU(gate) * up as 8-bit activations too;
-    ``quantized``: the stream times the norm's weight as 8-bit activations (the GEMV before made them)."""
+                 b: int) -> torch.Tensor:
+    """proj(RMSNorm(residual stream)): the norm inside the GEMV where it runs, else add_rmsnorm + cuBLAS."""
     if st.pending is None and _gemv_ok(b, proj, name in gemv_names):
         return _one_row(proj, st.stream, name, norm=(norm.weight, norm.eps))
     if st.pending is None and b == 1 and isinstance(proj, GGUFLinearCUDA):
         # GGUF weights: their GEMV fuses the same norm
-        return proj.gemv(st.stream, norm=(norm.weight, norm.eps), silu_quantized=silu_quantized, quantized=quantized)
+        return proj.gemv(st.stream, norm=(norm.weight, norm.eps))
     return proj.forward(st.normed(norm))
 
 
 def _residual_linear(st: _Stream, a: torch.Tensor, proj: nn.Module, name: str, gemv_names: frozenset[str], b: int,
-                     silu: bool = False, quantized: Quantized | None = None,
-                     norm_quantized: NormQuantized | None = None) -> None:
+                     silu: bool = False, quantized: Quantized | None = None) -> None:
     """stream += proj(a) (SiLU·mul of a first with ``silu``): in the GEMV's epilogue where it runs,
     else left pending for the next add_rmsnorm. ``quantized``: ``a`` as 8-bit activations too (a
-    GGUF GEMV then launches no quantization); ``norm_quantized``: where a GGUF GEMV also stores
-    the new stream times the next norm's weight as 8-bit activations."""
+    GGUF GEMV then launches no quantization)."""
     if _gemv_ok(b, proj, name in gemv_names):
         assert st.pending is None
         st.stream = _one_row(proj, a, name, silu_mul=silu, residual=st.stream)
         return
     if b == 1 and isinstance(proj, GGUFLinearCUDA):
         assert st.pending is None
-        st.stream = proj.gemv(a, silu_mul=silu, residual=st.stream, quantized=quantized, norm_quantized=norm_quantized)
+        st.stream = proj.gemv(a, silu_mul=silu, residual=st.stream, quantized=quantized)
         return
     assert st.pending is None
     st.pending = proj.forward(silu_mul(a) if silu else a)
@@ -164,33 +152,6 @@ def _o_activations(layer: LlamaLayer, b: int) -> Quantized | None:
     return _dp4a_activations(layer.o_proj, b)
 
 
-def _down_activations(layer: LlamaLayer, b: int) -> Quantized | None:
-    """Buffers for SiLU(gate) * up as the down projection's 8-bit activations, where the gate/up
-    GEMV writes them (``DEEPINFER_GGUF_DOWN_QUANT_IN_GATE_UP=1``): one row, GGUF gate/up (of one
-    weight type, whole 16-column groups) and down projections multiplying with dp4a. Else None."""
-    gate_up = getattr(layer, "gate_up_proj", None)
-    if not (switches.enabled("DEEPINFER_GGUF_DOWN_QUANT_IN_GATE_UP") and isinstance(gate_up, GGUFLinearCUDA)
-            and len(gate_up.parts) == 1 and gate_up.out_features % 32 == 0):
-        return None
-    return _dp4a_activations(layer.down_proj, b)
-
-
-# the next norm's weight, and where the residual GEMV stores the stream times it as 8-bit activations
-NormQuantized = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-
-
-def _norm_activations(producer: nn.Module, norm: RMSNorm, consumer: nn.Module | None, b: int) -> NormQuantized | None:
-    """Where the GGUF residual GEMV ``producer`` (o, down) stores the new stream times ``norm``'s
-    weight as the 8-bit activations of ``consumer`` (gate/up, the next layer's qkv), which applies
-    the RMS factor itself (``DEEPINFER_GGUF_NORM_QUANT_IN_RESIDUAL=1``): (weight, codes, stats);
-    else None."""
-    if not (switches.enabled("DEEPINFER_GGUF_NORM_QUANT_IN_RESIDUAL") and isinstance(producer, GGUFLinearCUDA)
-            and len(producer.parts) == 1 and producer.out_features % 16 == 0 and consumer is not None):
-        return None
-    buffers = _dp4a_activations(consumer, b)
-    return None if buffers is None else (norm.weight, *buffers)
-
-
 def _dp4a_activations(proj: nn.Module, b: int) -> Quantized | None:
     """(codes, stats) buffers for ``proj``'s input as the dp4a GEMV's 8-bit activations, where it
     runs one row through it; else None."""
@@ -203,7 +164,7 @@ def _dp4a_activations(proj: nn.Module, b: int) -> Quantized | None:
     return (torch.empty(k, dtype=torch.int8, device=dev), torch.empty(3 * (k // 16), dtype=torch.float32, device=dev))
 
 
-def _qk_norm(layer: LlamaLayer) -> QKNorm | None:
+def _qk_norm(layer: LlamaLayer) -> tuple[torch.Tensor, torch.Tensor, float] | None:
     """Qwen3's per-head q/k RMSNorm (weights, eps) for the rotary kernels, None without one."""
     if layer.q_norm is None or layer.k_norm is None:
         return None
@@ -219,15 +180,8 @@ def fused_decode_forward(model: LlamaForCausalLM, input_ids: torch.Tensor, posit
     that this step stores (1; k + 1 for verify rows), see ``decode_attention``."""
     fold_merge = switches.enabled("DEEPINFER_FOLD_MERGE")
     cos, sin = model.rotary.cos, model.rotary.sin
-    # the rotary + KV store inside the attention kernel: one new position a row (not a verify
-    # step's k + 1, whose rows read each other's stores) and no preload before the PDL wait
-    in_attention = new_rows == 1 and switches.enabled("DEEPINFER_ROTARY_IN_ATTENTION") and not prefetch_enabled()
 
     def attend(layer: LlamaLayer, qkv: torch.Tensor, cache: torch.Tensor, quantized: Quantized | None) -> torch.Tensor:
-        if in_attention:
-            return rotary_decode_attention(qkv, positions, cos, sin, slot_mapping, cache, layer.num_heads,
-                                           block_tables, seq_lens, layer.scale, num_splits, workspace,
-                                           _qk_norm(layer), fold_merge=fold_merge, quantized=quantized)
         q = rotary_kv_write(qkv, positions, cos, sin, slot_mapping, cache, layer.num_heads, layer.num_kv_heads,
                             _qk_norm(layer))
         return decode_attention(q, cache, block_tables, seq_lens, layer.scale, num_splits, workspace,
@@ -278,24 +232,17 @@ def fused_step_supported(model: nn.Module, attention: object) -> bool:
 def _fused_layers(model: LlamaForCausalLM, st: _Stream, kv_caches: list[torch.Tensor], attend: Attend,
                   region: Region, quantize_inputs: bool = False) -> torch.Tensor:
     """The decoder layers and the final norm over the residual stream ``st`` of ``b`` rows.
-    ``quantize_inputs``: a decode graph's step, where a GGUF projection's 8-bit activations can
-    be stored by the kernel before it: ``attend`` for o, gate/up for down, o and down for the next
-    RMSNorm's GEMV (``_o_activations``, ``_down_activations``, ``_norm_activations`` say where)."""
+    ``quantize_inputs``: a decode graph's step, where ``attend`` can store its output as the GGUF
+    o projection's 8-bit activations too (``_o_activations`` says where)."""
     b = st.stream.shape[0]
     gemv_names = one_row_gemv_projections()
-    made: Quantized | None = None  # the next norm'd GEMV's activations, stored by the residual GEMV before
-    layers = list(model.layers)
-    for i, (module, cache) in enumerate(zip(layers, kv_caches, strict=True)):
+    for module, cache in zip(model.layers, kv_caches, strict=True):
         layer = cast(LlamaLayer, module)
         with region("attention"):
-            qkv = _norm_linear(st, layer.input_layernorm, layer.qkv_proj, "qkv", gemv_names, b, quantized=made)
+            qkv = _norm_linear(st, layer.input_layernorm, layer.qkv_proj, "qkv", gemv_names, b)
             quantized = _o_activations(layer, b) if quantize_inputs else None
             o = attend(layer, qkv, cache, quantized)
-            made_n = (_norm_activations(layer.o_proj, layer.post_attention_layernorm,
-                                        getattr(layer, "gate_up_proj", None), b) if quantize_inputs else None)
-            _residual_linear(st, o.view(b, -1), layer.o_proj, "o", gemv_names, b, quantized=quantized,
-                             norm_quantized=made_n)
-            made = None if made_n is None else made_n[1:]
+            _residual_linear(st, o.view(b, -1), layer.o_proj, "o", gemv_names, b, quantized=quantized)
         with region("mlp"):
             moe = getattr(layer, "moe", None)
             if moe is not None:  # a mixture-of-experts layer (models.moe.MoeLayer): routing and
@@ -308,17 +255,8 @@ def _fused_layers(model: LlamaForCausalLM, st: _Stream, kv_caches: list[torch.Te
                 h = st.normed(norm)
                 st.stream = moe(h, residual=st.stream)
                 continue
-            # written by _norm_linear's GGUF GEMV, which runs only with nothing pending (an o
-            # projection on cuBLAS leaves its output pending: then down quantizes for itself)
-            down_in = _down_activations(layer, b) if quantize_inputs and st.pending is None else None
-            gate_up = _norm_linear(st, layer.post_attention_layernorm, layer.gate_up_proj, "gate_up", gemv_names, b,
-                                   silu_quantized=down_in, quantized=made)
-            following = cast(LlamaLayer, layers[i + 1]) if i + 1 < len(layers) else None
-            made_n = (_norm_activations(layer.down_proj, following.input_layernorm, following.qkv_proj, b)
-                      if quantize_inputs and following is not None else None)
-            _residual_linear(st, gate_up, layer.down_proj, "down", gemv_names, b, silu=True, quantized=down_in,
-                             norm_quantized=made_n)
-            made = None if made_n is None else made_n[1:]
+            gate_up = _norm_linear(st, layer.post_attention_layernorm, layer.gate_up_proj, "gate_up", gemv_names, b)
+            _residual_linear(st, gate_up, layer.down_proj, "down", gemv_names, b, silu=True)
     with region("final_norm"):
         h = st.normed(model.norm)
     return h
