@@ -171,7 +171,7 @@ def check_kind(kind: str, device: str, quick: bool) -> bool:
           f"not: the same bits")
     ok &= same
     if DP4A:
-        ok &= check_producer_quantized(kind, device, 256, g)
+        ok &= check_quantized_input(kind, device, 256, g)
     # several rows: GEMM (bfloat16), 2..64 rows
     for m in ((3, 17) if quick else (2, 5, 16, 33, 64)):
         xm = torch.randn(m, k, generator=g).to(bf)
@@ -206,7 +206,7 @@ def check_kind(kind: str, device: str, quick: bool) -> bool:
     decoded: list[str] = []  # the parts the layer decoded whole (it must take that path for both)
     saved = os.environ.get("DEEPINFER_GGUF_DENSE_ROWS")
     os.environ["DEEPINFER_GGUF_DENSE_ROWS"] = "2"
-    gguf_gemv_module.dense_weight = lambda w, dtype: decoded.append(w.kind) or dense_weight(w, dtype)
+    gguf_gemv_module.dense_weight = lambda w, dtype, out=None: decoded.append(w.kind) or dense_weight(w, dtype, out)
     try:
         got = two(xm.to(device))
     finally:
@@ -263,96 +263,36 @@ def check_kind(kind: str, device: str, quick: bool) -> bool:
     return ok
 
 
-def check_producer_quantized(kind: str, device: str, k: int, g: torch.Generator) -> bool:
-    """The dp4a GEMV's activations made by the kernel before it: a gate/up GEMV (``silu_quantized``,
-    every row tiling) stores SiLU(gate)·up of its output as the down projection's 8-bit activations,
-    equal to what ``_quantize_activations_kernel`` makes from the stored output (codes, scales,
-    integer sums; float sums up to their order), and its output is unchanged; a GEMV given such
-    activations (``quantized``) equals the one that quantizes them itself. A residual GEMV stores
-    the stream times the next norm's weight (``norm_quantized``) as the quantization kernel would,
-    and the next GEMV (``norm`` + ``quantized``) is within the 8-bit bound of the float64 RMSNorm
-    product. Bad buffers are ValueErrors."""
+def check_quantized_input(kind: str, device: str, k: int, g: torch.Generator) -> bool:
+    """The dp4a GEMV given its 8-bit activations made by the kernel before it (``quantized``: as the
+    decode attention stores them for the o projection, which adds the residual) equals the GEMV
+    that quantizes the row itself: the same codes and scales, so the same bits; for the default
+    tile and 2 rows a program (Q4_0's narrow tile, ``dp4a_config``). Bad buffers, and
+    ``quantized`` with ``norm`` or ``silu_mul`` (the row as it is only), are ValueErrors."""
     ok = True
     bf = torch.bfloat16
-    hidden = 256 if kind.endswith("_K") else 64  # the down projection's K: whole blocks of the type
-    raw = random_blocks(kind, 2 * hidden, k, seed=20 + GPU_TYPES.index(kind))
-    gate_up = regroup(torch.from_numpy(raw), kind).map(lambda t: t.to(device))
-    raw_d = random_blocks(kind, 9, hidden, seed=30 + GPU_TYPES.index(kind))
-    down = regroup(torch.from_numpy(raw_d), kind).map(lambda t: t.to(device))
+    raw = random_blocks(kind, 64, k, seed=40 + GPU_TYPES.index(kind))
+    o_proj = regroup(torch.from_numpy(raw), kind).map(lambda t: t.to(device))
     x = torch.randn(1, k, generator=g).to(bf).to(device)
-    nw = (1 + 0.1 * torch.randn(k, generator=g)).to(bf).to(device)
-    kt = hidden // 16
-    # 8 and 4 programs a 16-column group (4 + 4 and 2 + 2; the default tile, then 8 rows in chunks of
-    # 128 bytes: the K-quants' 512 rows only in the first, for the interpreter's time)
-    for config in ((4, 1024, 2, 2),) if kind.endswith("_K") else ((4, 1024, 2, 2), (8, 128, 2, 2)):
-        xq = torch.full((hidden,), 99, dtype=torch.int8, device=device)  # poisoned: each value must be written
-        st = torch.full((3 * kt,), float("nan"), device=device)
-        out = gguf_gemv(x, gate_up, norm=(nw, 1e-5), config=config, silu_quantized=(xq, st))
-        plain = gguf_gemv(x, gate_up, norm=(nw, 1e-5), config=config)
-        ref_q, ref_st = quantize_activations(out, hidden, silu_mul=True)
-        same = (torch.equal(out, plain) and torch.equal(xq, ref_q) and torch.equal(st[:2 * kt], ref_st[:2 * kt])
-                and torch.allclose(st[2 * kt:], ref_st[2 * kt:], rtol=1e-6, atol=1e-6))
-        print(f"{'ok  ' if same else 'FAIL'} {kind} gate/up gemv tiles {config} stores SiLU·mul as 8-bit "
-              f"activations: those of the quantization kernel")
-        ok &= same
-        # the down GEMV from them against the down GEMV quantizing SiLU·mul itself
-        got = gguf_gemv(out, down, silu_mul=True, residual=plain[:, :9], quantized=(xq, st)).float()
-        want = gguf_gemv(out, down, silu_mul=True, residual=plain[:, :9]).float()
-        close = bool(((got - want).abs() <= 2**-8 * want.abs().max() + 1e-6).all())
-        print(f"{'ok  ' if close else 'FAIL'} {kind} down gemv tiles {config} from the stored activations: "
-              f"max diff {(got - want).abs().max():.2e} against quantizing itself")
-        ok &= close
-    # a residual GEMV (o, down) storing the new stream times the next norm's weight as the next
-    # GEMV's activations (without the RMS factor), and that GEMV applying the factor to the scales
-    raw_o = random_blocks(kind, hidden, k, seed=40 + GPU_TYPES.index(kind))
-    o_proj = regroup(torch.from_numpy(raw_o), kind).map(lambda t: t.to(device))
-    res = torch.randn(1, hidden, generator=g).to(bf).to(device)
-    w_next = (1 + 0.1 * torch.randn(hidden, generator=g)).to(bf).to(device)
-    # the default tile, and 2 rows a program (8 programs a 16-column group: Q4_0's narrow tile, dp4a_config)
+    res = torch.randn(1, 64, generator=g).to(bf).to(device)
+    xq, st = quantize_activations(x, k)
     for config in (None, (2, 2048, 2, 2)):
-        nq = torch.full((hidden,), 99, dtype=torch.int8, device=device)
-        nst = torch.full((3 * kt,), float("nan"), device=device)
-        h = gguf_gemv(x, o_proj, residual=res, norm_quantized=(w_next, nq, nst), config=config)
-        plain = gguf_gemv(x, o_proj, residual=res, config=config)
-        ref_q, ref_st = quantize_activations((h.float() * w_next.float()).reshape(1, hidden), hidden)
-        same = (torch.equal(h, plain) and torch.equal(nq, ref_q) and torch.equal(nst[:2 * kt], ref_st[:2 * kt])
-                and torch.allclose(nst[2 * kt:], ref_st[2 * kt:], rtol=1e-6, atol=1e-6))
-        print(f"{'ok  ' if same else 'FAIL'} {kind} residual gemv (tiles {config or 'default'}) stores stream x next "
-              f"norm weight as 8-bit activations: those of the quantization kernel")
+        got = gguf_gemv(x, o_proj, residual=res, quantized=(xq, st), config=config)
+        same = torch.equal(got, gguf_gemv(x, o_proj, residual=res, config=config))
+        print(f"{'ok  ' if same else 'FAIL'} {kind} residual gemv (tiles {config or 'default'}) from stored 8-bit "
+              f"activations: the bits of the gemv quantizing them itself")
         ok &= same
-    hd = h.double().cpu()
-    normed = (hd * torch.rsqrt((hd * hd).mean() + 1e-5)).to(bf).double() * w_next.double().cpu()
-    w_d = reference_weight(raw_d, kind, 9)
-    got = gguf_gemv(h, down, norm=(w_next, 1e-5), quantized=(nq, nst))
-    ok &= _check(f"{kind} gemv from stored norm activations (the RMS factor on the scales)", got, normed @ w_d.T,
-                 normed.abs() @ w_d.abs().T, 2**-7, 2**-7, q8_error(normed, w_d))
-    bad = [(dict(quantized=(xq[:-1], st)), "quantized must be"),
-           (dict(norm_quantized=(w_next[:-1], nq, nst)), "next norm weight must be"),
-           (dict(silu_quantized=(xq, st[:-1])), "silu_quantized must be")]
-    for kwargs, words in bad:
+    nw = torch.ones(k, dtype=bf, device=device)
+    bad = [(x, dict(quantized=(xq[:-1], st)), "quantized must be"),
+           (x, dict(quantized=(xq, st), norm=(nw, 1e-5)), "not with norm or silu_mul"),
+           (torch.cat((x, x), dim=1), dict(quantized=(xq, st), silu_mul=True), "not with norm or silu_mul")]
+    for row, kwargs, words in bad:
         try:
-            if "silu_quantized" in kwargs or "norm_quantized" in kwargs:
-                gguf_gemv(x, gate_up, **kwargs)  # type: ignore[arg-type]
-            else:
-                gguf_gemv(torch.randn(1, hidden, device=device).to(bf), down, **kwargs)  # type: ignore[arg-type]
+            gguf_gemv(row, o_proj, **kwargs)  # type: ignore[arg-type]
             raised = False
         except ValueError as err:
             raised = words in str(err)
-        print(f"{'ok  ' if raised else 'FAIL'} {kind} gemv refuses {words!r} misuse")
-        ok &= raised
-    # a projection of two weights (the qkv of a mixed file) has no one output to quantize for the next GEMV
-    from deepinfer.runtime.models.gguf_linear import GGUFLinearCUDA
-
-    other = "Q8_0" if kind != "Q8_0" else "Q4_0"  # parts of one type would merge into one run
-    two = GGUFLinearCUDA([gate_up, regroup(torch.from_numpy(random_blocks(other, 16, k, seed=50)), other)
-                          .map(lambda t: t.to(device))])
-    for kwargs in (dict(silu_quantized=(xq, st)), dict(norm_quantized=(w_next, nq, nst))):
-        try:
-            two.gemv(x, **kwargs)  # type: ignore[arg-type]
-            raised = False
-        except ValueError as err:
-            raised = "needs a projection of one weight type, this one has 2" in str(err)
-        print(f"{'ok  ' if raised else 'FAIL'} {kind} two-part GGUFLinearCUDA.gemv refuses {next(iter(kwargs))}")
+        print(f"{'ok  ' if raised else 'FAIL'} {kind} gemv refuses {sorted(kwargs)} ({words!r})")
         ok &= raised
     return ok
 

@@ -113,6 +113,7 @@ def quantize_model_projections(model: torch.nn.Module, scheme: str) -> dict[str,
     own (dense) weights quantized by ``scheme`` ("q4_0", "q8_0", "q4_1", "q4_k_m"); returns the count
     of tensors per type. For benchmarks of random-weight shapes (no GGUF file written)."""
     from deepinfer.runtime.kernels.gguf_layout import regroup
+    from deepinfer.runtime.models.gguf_dense_chain import chain_model
     from deepinfer.runtime.models.gguf_linear import GGUFLinearCUDA
 
     counts: dict[str, int] = {}
@@ -137,4 +138,5 @@ def quantize_model_projections(model: torch.nn.Module, scheme: str) -> dict[str,
         head = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
         model.quantized_head = GGUFLinearCUDA([planes(head, "Q6_K" if scheme == "q4_k_m" else scheme.upper())])
         model.lm_head = None
+    chain_model(model)  # as the GGUF loader does (DEEPINFER_GGUF_DENSE_ROWS)
     return counts

@@ -62,25 +62,17 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
            "the GGUF word GEMV takes 8-bit activations (one scale per 16 columns) and multiplies with dp4a "
            "(0: float32 activations)"),
     Switch("DEEPINFER_GGUF_O_QUANT_IN_ATTENTION", "0", "models/llama_fused_decode.py",
-           "experimental, slower on the H100 (Llama-3-8B Q4_0 batch 1: 414 against 422 tok/s): 1 makes the one-row "
+           "experimental (Llama-3-8B Q4_0 batch 1: 414 against 422 tok/s on the H100; graph replays 0.99x there and on "
+           "the H200): 1 makes the one-row "
            "decode graphs' attention store its output as the GGUF o projection's 8-bit activations too (one launch a"
            " layer fewer than the dp4a GEMV's own quantization); read at capture"),
-    Switch("DEEPINFER_GGUF_DOWN_QUANT_IN_GATE_UP", "0", "models/llama_fused_decode.py",
-           "experimental, slower on the H100 (Llama-3-8B Q4_0 batch 1: 413 against 422 tok/s): 1 makes the one-row "
-           "decode graphs' GGUF gate/up GEMV store SiLU(gate)*up as the down projection's 8-bit activations too (the"
-           " last program of each 16 columns; one launch a layer fewer than the dp4a GEMV's own quantization); read "
-           "at capture"),
-    Switch("DEEPINFER_GGUF_NORM_QUANT_IN_RESIDUAL", "0", "models/llama_fused_decode.py",
-           "experimental, slower on the H100 (Llama-3-8B Q4_0 batch 1: 405 against 422 tok/s): 1 makes the one-row "
-           "decode graphs' GGUF o and down GEMVs store the residual stream times the next RMSNorm's weight as the "
-           "next GEMV's 8-bit activations (that GEMV applies the RMS factor to the scales; two launches a layer "
-           "fewer); read at capture"),
     Switch("DEEPINFER_GGUF_MMQ_ROWS", "0", "kernels/gguf_mmq.py",
            "experimental: GGUF layers on a GPU multiply up to this many rows on the int8 tensor cores with 8-bit "
            "activations (0: the bf16 GEMM for every several-row product; slower on the H200 so far)"),
     Switch("DEEPINFER_GGUF_DENSE_ROWS", "0", "kernels/gguf_gemv.py",
            "experimental: GGUF products of at least this many rows on a GPU decode the whole weight to the "
-           "activations' dtype and multiply with cuBLAS (0: never; the GEMM decodes tiles in registers)"),
+           "activations' dtype and multiply with cuBLAS, the next projection's weight decoded meanwhile on a side "
+           "stream (0: never; the GEMM decodes tiles in registers; 64 suits small models at large batches)"),
     Switch("DEEPINFER_GGUF_GEMM_SWAP_ROWS", "1024", "kernels/gguf_gemv.py",
            "GGUF products of 33 up to this many rows (of 1-32 for Q4_K/Q5_K, and Q4_0 in CUDA graphs) decode their weights as the MMA's "
            "left operand (Hopper's wgmma takes it from registers; 0: never)"),
@@ -95,11 +87,6 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
            "two from 16 (0: eager); read at start-up"),
     Switch("DEEPINFER_FOLD_MERGE", "1", "models/llama_fused_decode.py",
            "the split-KV attention merge folded into the split kernel (0: a second kernel)"),
-    Switch("DEEPINFER_ROTARY_IN_ATTENTION", "0", "models/llama_fused_decode.py",
-           "experimental, slower on the H100 (Qwen3-30B-A3B batch 1: 302 against 321 tok/s): 1 makes the decode "
-           "graphs' split-K attention rotate its own query heads and store the step's key and value (one launch a "
-           "layer fewer than the rotary kernel then the attention; plain decode steps, not verify steps or with "
-           "DEEPINFER_PDL_PREFETCH=1); read at capture"),
     Switch("DEEPINFER_WARMUP", "1", "worker/warm_up.py",
            "at start-up on CUDA, eager steps of a few row counts run once on dummy tokens so the first prompt "
            "does not wait for Triton's compiles (0: off)"),

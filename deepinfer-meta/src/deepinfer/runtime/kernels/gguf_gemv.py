@@ -17,10 +17,8 @@ feeds two runs of activation columns.
   conversion runs at a quarter of the float rate) and scales each weight: ~9.5 instructions a
   weight in its loop against ~6 (PTX of the Q4_0 loops), 1.2-1.5x slower on the H200.
   With 8-bit activations (dp4a, the default) the row is quantized once per GEMV by
-  ``_quantize_activations_kernel``, or (experimental switches) by the kernel that wrote it: the
-  decode attention for o (``quantized=``), the gate/up GEMV for down (``silu_quantized=``), the
-  residual GEMVs (o, down) for the next RMSNorm's input (``norm_quantized=``; the reading GEMV
-  applies the RMS factor).
+  ``_quantize_activations_kernel``, or (experimental, ``DEEPINFER_GGUF_O_QUANT_IN_ATTENTION=1``)
+  by the kernel that wrote it: the decode attention for o (``quantized=``).
 * ``gguf_gemm`` (several rows: prefill, batches): each program decodes a [BLOCK_N, BLOCK_K] weight
   tile to the activations' dtype in registers and multiplies it on the tensor cores (``tl.dot``),
   float32 accumulation. Weights rounded to bfloat16 there are the weights of the same file
@@ -42,7 +40,6 @@ from deepinfer.runtime.kernels.gemv import (
     _activation_math,
     _gemv_epilogue,
     _row_rstd,
-    _split_counters,
     check_one_row,
 )
 from deepinfer.runtime.kernels.gguf_layout import KINDS, GGUFPlanes
@@ -274,24 +271,17 @@ def quantize_activations(x: torch.Tensor, k: int, silu_mul: bool = False,
 
 
 @triton.jit
-def _quantized_activations(xq_ptr, st_ptr, wq, t, w_ok, t_ok, kt, rstd, HAS_MIN: tl.constexpr,
-                           CODE_BIAS: tl.constexpr, NORM: tl.constexpr):
+def _quantized_activations(xq_ptr, st_ptr, wq, t, w_ok, t_ok, kt, HAS_MIN: tl.constexpr, CODE_BIAS: tl.constexpr):
     """The dp4a GEMV's activations of words ``wq`` [NG, GW] (tiles ``t`` [NG]), as
-    ``_word_activations`` returns them: (signed-byte words, scales, integer sums, -, float sums).
-    NORM: they are the codes of ``x * weight`` (the kernel before quantized them without the RMS
-    factor, which a group's codes do not depend on): scales and float sums times ``rstd``."""
+    ``_word_activations`` returns them: (signed-byte words, scales, integer sums, -, float sums)."""
     words = tl.load(xq_ptr + wq, mask=w_ok, other=0)
     scale = tl.load(st_ptr + t, mask=t_ok, other=0.0)
-    if NORM:
-        scale = scale * rstd
     isum = scale
     xsum = scale
     if CODE_BIAS != 0:
         isum = tl.load(st_ptr + kt + t, mask=t_ok, other=0.0)
     if HAS_MIN:
         xsum = tl.load(st_ptr + 2 * kt + t, mask=t_ok, other=0.0)
-        if NORM:
-            xsum = xsum * rstd
     return words, scale, isum, isum, xsum
 
 
@@ -451,7 +441,7 @@ def _words_chunk(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0, p0, p1, p2,
     if DP4A:  # a tile row of 4 words is one 16-column activation tile
         t = (w0 + GW * gi) // GW
         t_ok = (w0 + GW * gi) < kw
-        lo = _quantized_activations(xq_ptr, st_ptr, w0 + wi, t, w_ok, t_ok, kt, rstd, HAS_MIN, CODE_BIAS, NORM)
+        lo = _quantized_activations(xq_ptr, st_ptr, w0 + wi, t, w_ok, t_ok, kt, HAS_MIN, CODE_BIAS)
     else:
         lo = _word_activations(x_ptr, xw_ptr, nw_ptr, nww_ptr, out_ptr, 4 * (w0 + wi), w_ok, k, rstd, HAS_MIN,
                                SILU_MUL, NORM, X_WORDS)
@@ -460,8 +450,8 @@ def _words_chunk(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0, p0, p1, p2,
     ghi = glo
     if PACKED:  # the high nibbles: the same columns of the row's second half
         if DP4A:
-            hi = _quantized_activations(xq_ptr, st_ptr, k // 8 + w0 + wi, kt // 2 + t, w_ok, t_ok, kt, rstd,
-                                        HAS_MIN, CODE_BIAS, NORM)
+            hi = _quantized_activations(xq_ptr, st_ptr, k // 8 + w0 + wi, kt // 2 + t, w_ok, t_ok, kt, HAS_MIN,
+                                        CODE_BIAS)
         else:
             hi = _word_activations(x_ptr, xw_ptr, nw_ptr, nww_ptr, out_ptr, k // 2 + 4 * (w0 + wi), w_ok, k,
                                    rstd, HAS_MIN, SILU_MUL, NORM, X_WORDS)
@@ -479,14 +469,13 @@ def _words_chunk(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0, p0, p1, p2,
 
 @triton.jit
 def _gguf_gemv_words_kernel(x_ptr, xw_ptr, xq_ptr, st_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, b_ptr, nw_ptr, nww_ptr,
-                            res_ptr, out_ptr, n, k, kw, eps, sq_ptr, sst_ptr, cnt_ptr, nwn_ptr,
+                            res_ptr, out_ptr, n, k, kw, eps,
                             ROWS: tl.constexpr, BLOCK_W: tl.constexpr, PACKED: tl.constexpr, SIGNED: tl.constexpr,
                             G: tl.constexpr, SB: tl.constexpr, HAS_MIN: tl.constexpr, OFFSET: tl.constexpr,
                             SILU_MUL: tl.constexpr, NORM: tl.constexpr, NORM_BLOCK: tl.constexpr,
                             HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr, X_WORDS: tl.constexpr,
                             DP4A: tl.constexpr, CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr, PDL: tl.constexpr,
-                            PRELOAD: tl.constexpr = False, SILU_QUANT: tl.constexpr = False,
-                            NORM_QUANT: tl.constexpr = False):
+                            PRELOAD: tl.constexpr = False):
     """The one-row GEMV reading the code plane as int32 words (``q_ptr``, ``kw`` words a row):
     ROWS (1, 2, 4 or 8) output rows a program, chunks of BLOCK_W words a row as [NG, 4] tiles. A tile
     row is one 16-byte load and lies in one scale group (16 or 32 columns; a 32-column group is two
@@ -494,12 +483,7 @@ def _gguf_gemv_words_kernel(x_ptr, xw_ptr, xq_ptr, st_ptr, q_ptr, s_ptr, m_ptr, 
     group, summed across two threads, ran the GEMV 2x slower. A chunk's activations are computed
     once and used for every row. DP4A: the activations are ``_quantize_activations_kernel``'s
     signed bytes (``xq_ptr``, int32 words) and tile sums (``st_ptr``), already normalized.
-    PRELOAD: the first chunk's words of every row are loaded before the PDL wait (kernels/pdl.py).
-    SILU_QUANT (gate/up): SiLU(gate)·up of the output also as the down projection's 8-bit
-    activations (``sq_ptr``, ``sst_ptr``; ``_silu_quantize_group``, counters at ``cnt_ptr``).
-    NORM_QUANT (o, down: the residual stream): the output times the next norm's weight ``nwn_ptr``
-    as the next GEMV's 8-bit activations without the RMS factor (``_norm_quantize_group``). With
-    DP4A and NORM, the activations read are such codes, and the scales take this row's factor."""
+    PRELOAD: the first chunk's words of every row are loaded before the PDL wait (kernels/pdl.py)."""
     GW: tl.constexpr = 4
     NG: tl.constexpr = BLOCK_W // GW
     r0 = tl.program_id(0).to(tl.int64) * ROWS
@@ -535,48 +519,6 @@ def _gguf_gemv_words_kernel(x_ptr, xw_ptr, xq_ptr, st_ptr, q_ptr, s_ptr, m_ptr, 
     _rows_out(acc0, acc1, acc2, acc3, r0, min(ROWS, 4), n, b_ptr, res_ptr, out_ptr, HAS_BIAS, RESIDUAL)
     if ROWS > 4:
         _rows_out(acc4, acc5, acc6, acc7, r0 + 4, 4, n, b_ptr, res_ptr, out_ptr, HAS_BIAS, RESIDUAL)
-    if SILU_QUANT:
-        _silu_quantize_group(out_ptr, sq_ptr, sst_ptr, cnt_ptr, r0, n, ROWS)
-    if NORM_QUANT:
-        _norm_quantize_group(out_ptr, nwn_ptr, sq_ptr, sst_ptr, cnt_ptr, r0, n, ROWS)
-
-
-@triton.jit
-def _norm_quantize_group(out_ptr, nw_ptr, q_ptr, st_ptr, cnt_ptr, r0, n, ROWS: tl.constexpr):
-    """After a program has stored its rows ``r0 ..`` of the residual stream ``out`` [N]: the last
-    of the 16 / ROWS programs writing a 16-column group quantizes ``out * nw`` of those columns
-    (the next RMSNorm's input times its weight; the RMS factor, which needs the whole row, scales
-    the group's codes alike, so the next GEMV applies it to the scales) as
-    ``_quantize_activations_kernel`` does, then sets the group's counter back to 0."""
-    g = r0 // 16
-    tl.debug_barrier()  # every thread's output stores before the release below
-    if tl.atomic_add(cnt_ptr + g, 1, sem="acq_rel") == 16 // ROWS - 1:
-        tl.store(cnt_ptr + g, 0)
-        c = g * 16 + tl.arange(0, 16)
-        h = tl.load(out_ptr + c, cache_modifier=".cg").to(tl.float32)
-        xv = tl.reshape(h * tl.load(nw_ptr + c).to(tl.float32), [1, 16])
-        store_quantized_groups(xv, tl.reshape(c, [1, 16]), tl.full([1, 16], 1, tl.int1), q_ptr, st_ptr, n // 16)
-
-
-@triton.jit
-def _silu_quantize_group(out_ptr, q_ptr, st_ptr, cnt_ptr, r0, n, ROWS: tl.constexpr):
-    """After a gate/up program has stored its rows ``r0 ..`` of ``out`` [gate | up]: the last of
-    the 2 * 16 / ROWS programs that write a 16-column group's gate and up rows computes SiLU(gate)
-    * up of those columns from the stored values and quantizes them exactly as
-    ``_quantize_activations_kernel`` with SILU_MUL does (codes ``q``; scale, integer sum and float
-    sum in ``st``'s three planes), then sets the group's arrival counter back to 0. An integer
-    counter, no float atomics: the same bytes whichever program comes last."""
-    half = n // 2
-    g = (r0 % half) // 16
-    tl.debug_barrier()  # every thread's output stores before the release below
-    if tl.atomic_add(cnt_ptr + g, 1, sem="acq_rel") == 2 * (16 // ROWS) - 1:
-        tl.store(cnt_ptr + g, 0)
-        c = g * 16 + tl.arange(0, 16)
-        gate = tl.load(out_ptr + c, cache_modifier=".cg").to(tl.float32)
-        up = tl.load(out_ptr + half + c, cache_modifier=".cg").to(tl.float32)
-        xv = tl.reshape(_activation_math(gate, up, gate, 0.0, out_ptr.dtype.element_ty, True, False), [1, 16])
-        store_quantized_groups(xv, tl.reshape(c, [1, 16]), tl.full([1, 16], 1, tl.int1), q_ptr, st_ptr,
-                               half // 16)
 
 
 @triton.jit
@@ -692,7 +634,9 @@ def _dequantize_kernel(q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, out_ptr, n, k, BLOCK_
                        BLOCK_K: tl.constexpr, PACKED: tl.constexpr, G: tl.constexpr, SB: tl.constexpr,
                        HAS_MIN: tl.constexpr, BIAS: tl.constexpr, TILED: tl.constexpr, PDL: tl.constexpr):
     """The dense weights [N, K] (out's dtype) of a [BLOCK_N, BLOCK_K] tile of the code plane, decoded
-    as the GEMM decodes them (``_decode``; a 4-bit byte: columns c and c + K/2)."""
+    as the GEMM decodes them (``_decode``; a 4-bit byte: columns c and c + K/2). The weights are
+    constant, so the tile is read and decoded before the PDL wait, overlapping the previous kernel;
+    only the stores wait (``out`` may reuse memory that kernel still reads)."""
     rn = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     k0 = tl.program_id(1) * BLOCK_K
     c = k0 + tl.arange(0, BLOCK_K)
@@ -702,33 +646,65 @@ def _dequantize_kernel(q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, out_ptr, n, k, BLOCK_
     ng = k // G
     nsb = k // SB if SB > 0 else 1
     dt = out_ptr.dtype.element_ty
-    pdl_begin(PDL)
     raw = tl.load(q_ptr + rn[:, None] * kc + c[None, :], mask=ok, other=0)
     if PACKED:
         lo = _decode(raw & 0x0F, rn, n_ok, k0, c, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, BLOCK_N, BLOCK_K, G, SB,
                      HAS_MIN, BIAS, TILED)
-        tl.store(out_ptr + rn[:, None] * k + c[None, :], lo.to(dt), mask=ok)
         hi = _decode(raw >> 4, rn, n_ok, k0 + kc, c + kc, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, BLOCK_N, BLOCK_K,
                      G, SB, HAS_MIN, BIAS, TILED)
+        pdl_begin(PDL)
+        tl.store(out_ptr + rn[:, None] * k + c[None, :], lo.to(dt), mask=ok)
         tl.store(out_ptr + rn[:, None] * k + (c + kc)[None, :], hi.to(dt), mask=ok)
     else:
         w = _decode(raw, rn, n_ok, k0, c, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, BLOCK_N, BLOCK_K, G, SB, HAS_MIN,
                     BIAS, TILED)
+        pdl_begin(PDL)
         tl.store(out_ptr + rn[:, None] * k + c[None, :], w.to(dt), mask=ok)
 
 
-def dense_weight(w: GGUFPlanes, dtype: torch.dtype) -> torch.Tensor:
+def dense_weight(w: GGUFPlanes, dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
     """The dense weight [N, K] in ``dtype``, decoded on the device as ``gguf_gemm`` decodes its tiles:
-    for ``dense_rows()`` products (cuBLAS on the decoded copy, which is dropped after the product)."""
+    for ``dense_rows()`` products (cuBLAS on the decoded copy, which is dropped after the product).
+    ``out``: where to write it (a contiguous [N, K] of ``dtype``, e.g. one part's rows of a layer's
+    whole weight)."""
     if dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise ValueError(f"dense_weight: dtype must be float32, float16 or bfloat16, got {dtype}")
-    out = torch.empty((w.n, w.k), dtype=dtype, device=w.codes.device)
+    if out is None:
+        out = torch.empty((w.n, w.k), dtype=dtype, device=w.codes.device)
+    elif (tuple(out.shape) != (w.n, w.k) or out.dtype != dtype or not out.is_contiguous()
+          or out.device != w.codes.device):
+        raise ValueError(f"dense_weight: out must be a contiguous [{w.n}, {w.k}] {dtype} on {w.codes.device}, got "
+                         f"{list(out.shape)} {out.dtype} on {out.device}{'' if out.is_contiguous() else ', strided'}")
     kc = w.codes.shape[1]
-    block_n, block_k = (64, 128) if not _INTERPRET else (64, 512)
+    block_n, block_k, warps = dense_tile(w.n, kc, _multiprocessors(w.codes.device))
     _dequantize_kernel[(triton.cdiv(w.n, block_n), triton.cdiv(kc, block_k))](
-        *_planes_args(w), out, w.n, w.k, BLOCK_N=block_n, BLOCK_K=block_k, **_kind_meta(w), num_warps=4,
+        *_planes_args(w), out, w.n, w.k, BLOCK_N=block_n, BLOCK_K=block_k, **_kind_meta(w), num_warps=warps,
         **pdl_launch(w.codes.device))
     return out
+
+
+def dense_tile(n: int, kc: int, sms: int) -> tuple[int, int, int]:
+    """``dense_weight``'s (rows, code bytes, warps) a program: 128 bytes of each row, and rows halved
+    from 64 (down to 8) until the grid fills every multiprocessor twice: a small projection
+    (SmolLM2's 576 x 576) in 64-row tiles is a grid of a third of the GPU."""
+    if _INTERPRET:
+        return 64, 512, 4
+    block_k, block_n = 128, 64
+    while block_n > 8 and triton.cdiv(n, block_n) * triton.cdiv(kc, block_k) < 2 * sms:
+        block_n //= 2
+    return block_n, block_k, 4 if block_n >= 32 else 2
+
+
+_SMS: dict[int, int] = {}
+
+
+def _multiprocessors(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 1
+    i = device.index if device.index is not None else torch.cuda.current_device()
+    if i not in _SMS:
+        _SMS[i] = torch.cuda.get_device_properties(i).multi_processor_count
+    return _SMS[i]
 
 
 def dense_rows() -> int:
@@ -784,9 +760,8 @@ def one_row_path() -> str:
 def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, *, silu_mul: bool = False,
               norm: tuple[torch.Tensor, float] | None = None, residual: torch.Tensor | None = None,
               out: torch.Tensor | None = None, config: tuple[int, int, int, int] | None = None,
-              preload: bool | None = None, quantized: tuple[torch.Tensor, torch.Tensor] | None = None,
-              silu_quantized: tuple[torch.Tensor, torch.Tensor] | None = None,
-              norm_quantized: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+              preload: bool | None = None, quantized: tuple[torch.Tensor, torch.Tensor] | None = None
+              ) -> torch.Tensor:
     """``F.linear(x, W, bias)`` for one row ``x`` [1, K] (``[1, 2K]`` gate/up with ``silu_mul``) and
     the quantized W; [1, N] in ``x``'s dtype. ``norm``/``residual``/``silu_mul`` as ``kernels.gemv.gemv``.
     ``out``: a contiguous [1, N] to write (a slice of a wider output). ``preload`` (the word GEMV):
@@ -794,36 +769,17 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
     they fit, with ``DEEPINFER_PDL_PREFETCH=1``; ``kernels/pdl.py``). ``quantized``: ``x`` already
     as the dp4a GEMV's 8-bit activations (codes int8 [K], stats float32 [3 * K/16]: per 16
     columns the scale, the integer sum and the float sum, as ``_quantize_activations_kernel``
-    writes them; the decode attention's ``quantized`` output; with ``silu_mul``, of SiLU(gate) *
-    up; with ``norm``, of ``x * norm weight`` without the RMS factor, which this GEMV computes
-    from ``x`` and applies to the scales), so that kernel is not launched; used only by the dp4a
-    GEMV.
-    ``silu_quantized`` (a gate/up projection [2H, K], the whole output, by the dp4a GEMV):
-    SiLU(gate) * up of the output is also stored as the down projection's 8-bit activations
-    (codes int8 [H], stats float32 [3 * H/16]), for its ``quantized``. ``norm_quantized`` (weight
-    [N], codes int8 [N], stats float32 [3 * N/16]; the whole output, by the dp4a GEMV): the output
-    (the residual stream) times ``weight`` (the next RMSNorm's) also stored as the next GEMV's
-    8-bit activations, for its ``quantized`` with ``norm``."""
+    writes them; the decode attention's ``quantized`` output), so that kernel is not launched;
+    used only by the dp4a GEMV, and not with ``norm`` or ``silu_mul``."""
     n, k = w.n, w.k
     check_one_row("gguf_gemv", x, n, k, f"the {w.kind} weight", silu_mul=silu_mul, bias=bias, norm=norm,
                   residual=residual)
     if x.device != w.codes.device:
         raise ValueError(f"gguf_gemv: x is on {x.device}, the weight on {w.codes.device}")
     if quantized is not None:
+        if norm is not None or silu_mul:
+            raise ValueError("gguf_gemv: quantized activations are the row as it is: not with norm or silu_mul")
         _check_activations("quantized", quantized, k, x.device)
-    if silu_quantized is not None:
-        if n % 32 or (out is not None and (out.shape != (1, n) or not out.is_contiguous())):
-            raise ValueError(f"gguf_gemv: silu_quantized needs a gate/up projection of whole 16-column groups "
-                             f"(N a multiple of 32, got {n}) writing its whole contiguous output")
-        _check_activations("silu_quantized", silu_quantized, n // 2, x.device)
-    if norm_quantized is not None:
-        if n % 16 or (out is not None and (out.shape != (1, n) or not out.is_contiguous())) or silu_quantized:
-            raise ValueError(f"gguf_gemv: norm_quantized needs whole 16-column groups (N {n}), the whole "
-                             f"contiguous output, and no silu_quantized")
-        if norm_quantized[0].shape != (n,) or not norm_quantized[0].is_contiguous():
-            raise ValueError(f"gguf_gemv: the next norm weight must be a contiguous [{n}] vector, got "
-                             f"{tuple(norm_quantized[0].shape)}")
-        _check_activations("norm_quantized", norm_quantized[1:], n, x.device)  # type: ignore[arg-type]
     out = torch.empty((1, n), dtype=x.dtype, device=x.device) if out is None else out
     words = word_codes()
     dp4a = words and dp4a_gemv()
@@ -842,9 +798,9 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
         eps = norm[1] if norm is not None else 0.0
         norm_block = triton.next_power_of_2(k) if norm is not None else 1
         if dp4a and quantized is not None:  # quantized by the kernel that wrote x
-            xq, st = quantized  # with norm: codes of x * weight; the scales take this row's RMS factor
+            xq, st = quantized
             xq_words, x_words, xw = xq.view(torch.int32), False, x
-            silu_mul, fused_norm = False, norm is not None
+            fused_norm = False
         elif dp4a:  # the activations quantized once, with the RMSNorm / SiLU·mul applied there
             xq, st = quantize_activations(x, k, silu_mul, norm, rounding=out)
             xq_words, x_words, xw = xq.view(torch.int32), False, x
@@ -857,16 +813,10 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
                        and (norm is None or norm[0].storage_offset() % 4 == 0))
             xw = x[0].view(torch.int64) if x_words else x
             xq_words, st, fused_norm = codes, out, norm is not None
-        silu_quant = dp4a and silu_quantized is not None
-        norm_quant = dp4a and norm_quantized is not None
-        nwn, sq, sst = (norm_quantized if norm_quant and norm_quantized is not None else
-                        (out, *silu_quantized) if silu_quant and silu_quantized is not None else (out, out, out))
-        counters = _split_counters(x.device, n // 16) if silu_quant or norm_quant else out
         _gguf_gemv_words_kernel[(triton.cdiv(n, rows),)](
             x, xw, xq_words, st, codes, *_planes_args(w)[1:], bias if bias is not None else out, nw,
             nw.view(torch.int64) if x_words and norm is not None else nw, residual if residual is not None else out,
-            out, n, k, codes.shape[1], eps, sq, sst, counters, nwn, SILU_QUANT=silu_quant, NORM_QUANT=norm_quant,
-            ROWS=rows, BLOCK_W=max(block_k // 4, 4),
+            out, n, k, codes.shape[1], eps, ROWS=rows, BLOCK_W=max(block_k // 4, 4),
             PACKED=packed, SIGNED=signed, G=g, SB=sb, HAS_MIN=has_min,
             OFFSET=8388608.0 + code_bias + (128.0 if signed else 0.0), SILU_MUL=silu_mul, NORM=fused_norm,
             NORM_BLOCK=norm_block, HAS_BIAS=bias is not None,

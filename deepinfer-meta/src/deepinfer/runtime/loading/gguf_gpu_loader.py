@@ -16,6 +16,7 @@ import torch
 from deepinfer.runtime.kernels import gguf_blocks
 from deepinfer.runtime.kernels.gguf_layout import GPU_TYPES, GGUFPlanes, regroup
 from deepinfer.runtime.loading.gguf_loader import GGUFModel
+from deepinfer.runtime.models.gguf_dense_chain import chain_model
 from deepinfer.runtime.models.gguf_linear import GGUFLinearCUDA
 from deepinfer.runtime.models.llama import LlamaForCausalLM, LlamaLayer
 
@@ -66,6 +67,7 @@ def keep_gguf_quantization_cuda(model: LlamaForCausalLM, gguf_model: GGUFModel, 
             q = quantized(names)
             if q is not None:
                 setattr(layer, attr, q)
+    chain_model(model)  # DEEPINFER_GGUF_DENSE_ROWS: each weight decoded while the one before multiplies
     head = "model.embed_tokens.weight" if model.lm_head is None else "lm_head.weight"
     model.quantized_head = quantized([head])
     if model.quantized_head is not None:

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from deepinfer.runtime.kernels.gguf_layout import GGUFPlanes, cat_rows
+from deepinfer.runtime.models.gguf_dense_chain import DenseChain
 
 
 def merge_runs(parts: list[GGUFPlanes]) -> list[GGUFPlanes]:
@@ -49,6 +50,8 @@ class GGUFLinearCUDA(nn.Module):
         self.register_buffer("bias", bias)
         kinds = sorted({p.kind for p in parts}, key=[p.kind for p in parts].index)
         self.weight_type = "+".join(kinds)
+        # DEEPINFER_GGUF_DENSE_ROWS: the model's projections in call order, decoding ahead (gguf_dense_chain)
+        self.dense_chain: DenseChain | None = None
 
     @property
     def kernel_path(self) -> str:  # models/describe.py: what `deepinfer env` and `deepinfer bench` print
@@ -75,8 +78,18 @@ class GGUFLinearCUDA(nn.Module):
     def nbytes(self) -> int:
         return sum(p.nbytes() for p in self.parts)
 
+    def decode_dense(self, dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The whole weight [N, K] in ``dtype``: every part decoded into its rows (of ``out``)."""
+        from deepinfer.runtime.kernels.gguf_gemv import dense_weight
+
+        if out is None:
+            out = torch.empty((self.out_features, self.in_features), dtype=dtype, device=self.parts[0].codes.device)
+        for p, off in zip(self.parts, self.offsets, strict=True):
+            dense_weight(p, dtype, out=out[off:off + p.n])
+        return out
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from deepinfer.runtime.kernels.gguf_gemv import dense_rows, dense_weight, gguf_gemm
+        from deepinfer.runtime.kernels.gguf_gemv import dense_rows, gguf_gemm
         from deepinfer.runtime.kernels.gguf_mmq import (
             gguf_mmq,
             mmq_rows,
@@ -90,43 +103,37 @@ class GGUFLinearCUDA(nn.Module):
             x2 = x2.contiguous()
         if x2.shape[0] == 1:
             return self.gemv(x2).reshape(*lead, self.out_features)
-        out = torch.empty((x2.shape[0], self.out_features), dtype=x.dtype, device=x.device)
         # a few rows on a GPU: activations quantized once, int8 tensor cores (kernels/gguf_mmq.py)
         mmq = (x.device.type == "cuda" and x2.shape[0] <= mmq_rows() and x.dtype != torch.float32
                and all(mmq_supports(p) for p in self.parts))
+        if not mmq and 0 < dense_rows() <= x2.shape[0]:  # experimental, DEEPINFER_GGUF_DENSE_ROWS
+            # the whole weight (decoded ahead by the model's chain, or now), then one cuBLAS product
+            if self.dense_chain is not None:
+                dense = self.dense_chain.weight(self, x.dtype)
+            else:
+                dense = self.decode_dense(x.dtype)
+            return torch.nn.functional.linear(x2, dense, self.bias).reshape(*lead, self.out_features)
+        out = torch.empty((x2.shape[0], self.out_features), dtype=x.dtype, device=x.device)
         xq = quantize_rows(x2) if mmq else None
-        dense = not mmq and 0 < dense_rows() <= x2.shape[0]
         for p, off in zip(self.parts, self.offsets, strict=True):
             b = None if self.bias is None else self.bias[off:off + p.n]
             part_out = out if len(self.parts) == 1 else out[:, off:off + p.n]
-            if dense:  # the weight decoded whole, then cuBLAS (experimental, DEEPINFER_GGUF_DENSE_ROWS)
-                y = torch.nn.functional.linear(x2, dense_weight(p, x.dtype), b)
-                if len(self.parts) == 1:
-                    return y.reshape(*lead, self.out_features)
-                part_out.copy_(y)
-            elif xq is not None:
+            if xq is not None:
                 gguf_mmq(xq, p, b, out=part_out)
             else:
                 gguf_gemm(x2, p, b, out=part_out)
         return out.reshape(*lead, self.out_features)
 
     def gemv(self, x: torch.Tensor, *, silu_mul: bool = False, norm: tuple[torch.Tensor, float] | None = None,
-             residual: torch.Tensor | None = None, quantized: tuple[torch.Tensor, torch.Tensor] | None = None,
-             silu_quantized: tuple[torch.Tensor, torch.Tensor] | None = None,
-             norm_quantized: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+             residual: torch.Tensor | None = None,
+             quantized: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """One row [1, K] (``[1, 2K]`` with ``silu_mul``) -> [1, N], with ``kernels.gemv``'s fusions;
-        ``quantized``: x already as 8-bit activations; ``silu_quantized`` / ``norm_quantized`` (a
-        projection of one part): SiLU(gate) * up of the output, or the output times the next norm's
-        weight, stored as 8-bit activations too (``kernels.gguf_gemv.gguf_gemv``)."""
+        ``quantized``: x already as 8-bit activations (``kernels.gguf_gemv.gguf_gemv``)."""
         from deepinfer.runtime.kernels.gguf_gemv import gguf_gemv
 
-        if (silu_quantized is not None or norm_quantized is not None) and len(self.parts) != 1:
-            raise ValueError(f"GGUFLinearCUDA.gemv: storing the next activations needs a projection of one weight "
-                             f"type, this one has {len(self.parts)} ({self.weight_type})")
         out = torch.empty((1, self.out_features), dtype=x.dtype, device=x.device)
         for p, off in zip(self.parts, self.offsets, strict=True):
             sl = slice(off, off + p.n)
             gguf_gemv(x, p, None if self.bias is None else self.bias[sl], silu_mul=silu_mul, norm=norm,
-                      residual=None if residual is None else residual[:, sl], out=out[:, sl], quantized=quantized,
-                      silu_quantized=silu_quantized, norm_quantized=norm_quantized)
+                      residual=None if residual is None else residual[:, sl], out=out[:, sl], quantized=quantized)
         return out
