@@ -685,8 +685,8 @@ def dense_weight(w: GGUFPlanes, dtype: torch.dtype, out: torch.Tensor | None = N
 
 def dense_tile(n: int, kc: int, sms: int) -> tuple[int, int, int]:
     """``dense_weight``'s (rows, code bytes, warps) a program: 128 bytes of each row, and rows halved
-    from 64 (down to 8) until the grid fills every multiprocessor twice: a small projection
-    (SmolLM2's 576 x 576) in 64-row tiles is a grid of a third of the GPU."""
+    from 64 (down to 8) until the grid fills every multiprocessor twice: in 64-row tiles a small
+    projection (SmolLM2's o, 576 x 576) is a grid of 27 programs for the H200's 132 multiprocessors."""
     if _INTERPRET:
         return 64, 512, 4
     block_k, block_n = 128, 64

@@ -43,9 +43,6 @@ class DenseChain:
         self._pending: dict[int, tuple[int, torch.dtype, torch.cuda.Event | None]] = {}
         self.decoded_ahead = 0  # weights a product found decoded ahead (for tests and benchmarks)
 
-    def __contains__(self, layer: GGUFLinearCUDA) -> bool:
-        return id(layer) in self._index
-
     def weight(self, layer: GGUFLinearCUDA, dtype: torch.dtype) -> torch.Tensor:
         """``layer``'s whole weight [N, K] in ``dtype``, valid on the current stream until the chain's
         next-but-one ``weight`` call; starts decoding the next projection's weight."""
