@@ -113,8 +113,7 @@ def quantize_model_projections(model: torch.nn.Module, scheme: str) -> dict[str,
     own (dense) weights quantized by ``scheme`` ("q4_0", "q8_0", "q4_1", "q4_k_m"); returns the count
     of tensors per type. For benchmarks of random-weight shapes (no GGUF file written)."""
     from deepinfer.runtime.kernels.gguf_layout import regroup
-    from deepinfer.runtime.models.gguf_dense_chain import chain_model
-    from deepinfer.runtime.models.gguf_linear import GGUFLinearCUDA
+    from deepinfer.runtime.models.gguf_linear import GGUFLinearCUDA, chain_model
 
     counts: dict[str, int] = {}
     layers = model.layers

@@ -16,8 +16,7 @@ import torch
 from deepinfer.runtime.kernels import gguf_blocks
 from deepinfer.runtime.kernels.gguf_layout import GPU_TYPES, GGUFPlanes, regroup
 from deepinfer.runtime.loading.gguf_loader import GGUFModel
-from deepinfer.runtime.models.gguf_dense_chain import chain_model
-from deepinfer.runtime.models.gguf_linear import GGUFLinearCUDA
+from deepinfer.runtime.models.gguf_linear import GGUFLinearCUDA, chain_model
 from deepinfer.runtime.models.llama import LlamaForCausalLM, LlamaLayer
 
 

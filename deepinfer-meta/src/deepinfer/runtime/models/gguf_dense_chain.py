@@ -20,18 +20,28 @@ bookkeeping runs with every decode done at once, so a wrong buffer turn gives wr
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from deepinfer.runtime.models.gguf_linear import GGUFLinearCUDA
+from deepinfer.runtime.kernels.gguf_layout import GGUFPlanes
+
+
+class DenseProjection(Protocol):
+    """What the chain needs of a projection (``GGUFLinearCUDA``, which imports this module)."""
+
+    in_features: int
+    out_features: int
+    parts: list[GGUFPlanes]
+    dense_chain: DenseChain | None
+
+    def decode_dense(self, dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor: ...
 
 
 class DenseChain:
     """Two decode buffers, taken in turn by ``layers`` (projections in call order)."""
 
-    def __init__(self, layers: list[GGUFLinearCUDA]) -> None:
+    def __init__(self, layers: list[DenseProjection]) -> None:
         if len({id(layer) for layer in layers}) != len(layers):
             raise ValueError("DenseChain: a projection appears twice in the chain")
         self.layers = layers
@@ -43,7 +53,7 @@ class DenseChain:
         self._pending: dict[int, tuple[int, torch.dtype, torch.cuda.Event | None]] = {}
         self.decoded_ahead = 0  # weights a product found decoded ahead (for tests and benchmarks)
 
-    def weight(self, layer: GGUFLinearCUDA, dtype: torch.dtype) -> torch.Tensor:
+    def weight(self, layer: DenseProjection, dtype: torch.dtype) -> torch.Tensor:
         """``layer``'s whole weight [N, K] in ``dtype``, valid on the current stream until the chain's
         next-but-one ``weight`` call; starts decoding the next projection's weight."""
         i = self._index[id(layer)]
@@ -89,7 +99,7 @@ class DenseChain:
         ready.record(side)
         self._pending[slot] = (j, dtype, ready)
 
-    def _buffer(self, layer: GGUFLinearCUDA, dtype: torch.dtype, slot: int) -> torch.Tensor:
+    def _buffer(self, layer: DenseProjection, dtype: torch.dtype, slot: int) -> torch.Tensor:
         device = layer.parts[0].codes.device
         key = (device, dtype, slot)
         buf = self._buffers.get(key)
@@ -98,19 +108,9 @@ class DenseChain:
         return buf[:layer.out_features * layer.in_features].view(layer.out_features, layer.in_features)
 
 
-def chain_projections(layers: list[GGUFLinearCUDA]) -> DenseChain:
+def chain_projections(layers: list[DenseProjection]) -> DenseChain:
     """Link ``layers`` (in the order a forward pass calls them) into one ``DenseChain``."""
     chain = DenseChain(layers)
     for layer in layers:
         layer.dense_chain = chain
     return chain
-
-
-def chain_model(model: torch.nn.Module) -> DenseChain:
-    """Chain a Llama-family model's GGUF projections layer by layer: qkv, o, gate/up, down. The
-    head is left out: a prompt step multiplies only its last rows, often too few for this path."""
-    from deepinfer.runtime.models.gguf_linear import GGUFLinearCUDA
-
-    layers = [getattr(layer, name, None) for layer in model.layers  # type: ignore[union-attr]
-              for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")]
-    return chain_projections([p for p in layers if isinstance(p, GGUFLinearCUDA)])

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from deepinfer.runtime.kernels.gguf_layout import GGUFPlanes, cat_rows
-from deepinfer.runtime.models.gguf_dense_chain import DenseChain
+from deepinfer.runtime.models.gguf_dense_chain import DenseChain, chain_projections
 
 
 def merge_runs(parts: list[GGUFPlanes]) -> list[GGUFPlanes]:
@@ -137,3 +137,12 @@ class GGUFLinearCUDA(nn.Module):
             gguf_gemv(x, p, None if self.bias is None else self.bias[sl], silu_mul=silu_mul, norm=norm,
                       residual=None if residual is None else residual[:, sl], out=out[:, sl], quantized=quantized)
         return out
+
+
+def chain_model(model: nn.Module) -> DenseChain:
+    """Chain a Llama-family model's GGUF projections layer by layer, in call order: qkv, o, gate/up,
+    down (``gguf_dense_chain``, for ``DEEPINFER_GGUF_DENSE_ROWS``). The head is left out: a prompt
+    step multiplies only its last rows, often too few for that path."""
+    projections = [getattr(layer, name, None) for layer in cast(nn.ModuleList, model.layers)
+                   for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")]
+    return chain_projections([p for p in projections if isinstance(p, GGUFLinearCUDA)])
