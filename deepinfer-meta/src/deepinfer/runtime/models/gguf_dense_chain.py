@@ -9,9 +9,9 @@ multiplies, projection i + 1's weight is already being decoded into the other bu
 stream, so the decodes overlap the products, the attention and the norms.
 
 Ordering, on the device: the side stream's decode of i + 1 is forked from the main stream after
-i's weight is ready and before i's product is launched, so it starts after product i - 1 (the
-last reader of that buffer) has been launched ahead of it; projection i + 1 waits for it before
-its product. A projection called out of the chain's order still gets its own weight (decoded in
+i's weight is ready and before i's product is launched, so it waits for everything enqueued
+before it, product i - 1 (the last reader of that buffer) included, and runs beside product i;
+projection i + 1 waits for it before its product. A projection called out of the chain's order still gets its own weight (decoded in
 line, after any decode still pending for its buffer). The last projection of the chain prefetches
 nothing, so a forward pass leaves no side-stream work behind (a CUDA graph capture must join it);
 ``join`` waits for any that a partial pass left. On a CPU (Triton's interpreter) the same
@@ -92,7 +92,7 @@ class DenseChain:
         side = self._side.get(out.device)
         if side is None:
             side = self._side[out.device] = torch.cuda.Stream(out.device)
-        side.wait_stream(main)  # fork: after the last product that read this buffer was launched
+        side.wait_stream(main)  # fork: after the last product that read this buffer (enqueued) is done
         with torch.cuda.stream(side):
             layer.decode_dense(dtype, out=out)
         ready = torch.cuda.Event()
