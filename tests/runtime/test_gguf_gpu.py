@@ -9,6 +9,9 @@ before triton loads) and on CUDA where there is one.
 * A tiny GGUF mixing all six types (``gguf_gpu_model_check.py``): the model with
   ``GGUFLinearCUDA`` layers gives the logits of the same file dequantized, prompt (GEMM) and one
   token (GEMV); a fused qkv whose parts differ in type (Q4_K + Q6_K) runs as two parts.
+* ``DEEPINFER_GGUF_DENSE_ROWS``' weights decoded ahead (``models.gguf_dense_chain``,
+  ``gguf_dense_chain_check.py``): a chain of four projections run as a forward pass, in and out
+  of order, against gguf's dequantization in float64; on CUDA also captured in a graph and replayed.
 * Bad input is a ValueError naming what is wrong; GGUF files on CUDA keep their quantization only
   with quantization="gguf", no dtype asked and not deterministic (opt-in: slower than bf16 yet).
 """
@@ -130,6 +133,29 @@ def test_dense_tiles_fill_the_gpu_and_stop_at_8_rows():
     assert gguf_gemv.dense_tile(3072, 288, 132) == (32, 128, 4)
     assert gguf_gemv.dense_tile(128256, 2048, 132) == (64, 128, 4)
     assert gguf_gemv.dense_tile(16, 64, 132) == (8, 128, 2)  # never below 8 rows
+
+
+def test_dense_chain_decodes_each_weight_ahead_in_its_turn():
+    out = _run("gguf_dense_chain_check.py", "cpu")
+    # 2 passes x (4 products + 1 count) + 4 out of order
+    assert out.count("ok  ") == 14, out
+    assert out.count("3 weights decoded ahead, 0 left pending") == 2, out
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_dense_chain_on_cuda_and_in_a_cuda_graph():
+    out = _run("gguf_dense_chain_check.py", "cuda", interpret=False)
+    assert "a pass captured in a CUDA graph and replayed equals the eager pass" in out, out
+
+
+def test_dense_chain_refuses_a_projection_twice():
+    from deepinfer.runtime.models.gguf_dense_chain import DenseChain
+    from deepinfer.runtime.models.gguf_linear import GGUFLinearCUDA
+    from gguf_gpu_check import random_blocks
+
+    layer = GGUFLinearCUDA([regroup(torch.from_numpy(random_blocks("Q4_0", 4, 64, seed=0)), "Q4_0")])
+    with pytest.raises(ValueError, match="DenseChain: a projection appears twice in the chain"):
+        DenseChain([layer, layer])
 
 
 def test_the_quantizer_refuses_rows_of_partial_blocks():

@@ -676,7 +676,9 @@ def dense_weight(w: GGUFPlanes, dtype: torch.dtype, out: torch.Tensor | None = N
         raise ValueError(f"dense_weight: out must be a contiguous [{w.n}, {w.k}] {dtype} on {w.codes.device}, got "
                          f"{list(out.shape)} {out.dtype} on {out.device}{'' if out.is_contiguous() else ', strided'}")
     kc = w.codes.shape[1]
-    block_n, block_k, warps = dense_tile(w.n, kc, _multiprocessors(w.codes.device))
+    dev = w.codes.device
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 1
+    block_n, block_k, warps = dense_tile(w.n, kc, sms)
     _dequantize_kernel[(triton.cdiv(w.n, block_n), triton.cdiv(kc, block_k))](
         *_planes_args(w), out, w.n, w.k, BLOCK_N=block_n, BLOCK_K=block_k, **_kind_meta(w), num_warps=warps,
         **pdl_launch(w.codes.device))
@@ -693,18 +695,6 @@ def dense_tile(n: int, kc: int, sms: int) -> tuple[int, int, int]:
     while block_n > 8 and triton.cdiv(n, block_n) * triton.cdiv(kc, block_k) < 2 * sms:
         block_n //= 2
     return block_n, block_k, 4 if block_n >= 32 else 2
-
-
-_SMS: dict[int, int] = {}
-
-
-def _multiprocessors(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 1
-    i = device.index if device.index is not None else torch.cuda.current_device()
-    if i not in _SMS:
-        _SMS[i] = torch.cuda.get_device_properties(i).multi_processor_count
-    return _SMS[i]
 
 
 def dense_rows() -> int:

@@ -8,14 +8,14 @@ layer: qkv, o, gate/up, down) and gives them two decode buffers in turn. When pr
 multiplies, projection i + 1's weight is already being decoded into the other buffer on a side
 stream, so the decodes overlap the products, the attention and the norms.
 
-Ordering, on the device: the side stream's decode of i + 1 is forked from the main stream after
-i's weight is ready and before i's product is launched, so it waits for everything enqueued
-before it, product i - 1 (the last reader of that buffer) included, and runs beside product i;
-projection i + 1 waits for it before its product. A projection called out of the chain's order still gets its own weight (decoded in
-line, after any decode still pending for its buffer). The last projection of the chain prefetches
-nothing, so a forward pass leaves no side-stream work behind (a CUDA graph capture must join it);
-``join`` waits for any that a partial pass left. On a CPU (Triton's interpreter) the same
-bookkeeping runs with every decode done at once, so a wrong buffer turn gives wrong products.
+Ordering, on the device: the side stream's decode of i + 1 is forked from the main stream after i's
+weight is ready and before i's product is launched, so it waits for everything enqueued before it,
+product i - 1 (the last reader of that buffer) included, and runs beside product i; projection
+i + 1 waits for it before its product. A projection called out of the chain's order still gets its own
+weight (decoded in line, after any decode still pending for its buffer). The last projection of the
+chain prefetches nothing, so a forward pass leaves no side-stream work behind (a CUDA graph capture
+must join it); ``join`` waits for any that a partial pass left. On a CPU (Triton's interpreter) the
+same bookkeeping runs with every decode done at once, so a wrong buffer turn gives wrong products.
 """
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ class DenseProjection(Protocol):
     def decode_dense(self, dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor: ...
 
 
+Pending = tuple[int, torch.dtype, "torch.cuda.Event | None"]  # a decode started ahead: (index, dtype, event)
+
+
 class DenseChain:
     """Two decode buffers, taken in turn by ``layers`` (projections in call order)."""
 
@@ -50,7 +53,7 @@ class DenseChain:
         self._buffers: dict[tuple[torch.device, torch.dtype, int], torch.Tensor] = {}
         self._side: dict[torch.device, torch.cuda.Stream] = {}
         # buffer slot -> (layer index, dtype, the side stream's "decoded" event; None on a CPU)
-        self._pending: dict[int, tuple[int, torch.dtype, torch.cuda.Event | None]] = {}
+        self._pending: dict[int, Pending] = {}
         self.decoded_ahead = 0  # weights a product found decoded ahead (for tests and benchmarks)
 
     def weight(self, layer: DenseProjection, dtype: torch.dtype) -> torch.Tensor:
@@ -59,11 +62,8 @@ class DenseChain:
         i = self._index[id(layer)]
         slot = i % 2
         out = self._buffer(layer, dtype, slot)
-        cuda = out.device.type == "cuda"
-        main = torch.cuda.current_stream(out.device) if cuda else None
-        pending = self._pending.pop(slot, None)
-        if pending is not None and pending[2] is not None and main is not None:
-            main.wait_event(pending[2])  # joins the side stream's decode: this weight, or a stale one
+        main = torch.cuda.current_stream(out.device) if out.device.type == "cuda" else None
+        pending = self._take(slot, main)  # this weight decoded ahead, or a stale one
         if pending is not None and pending[:2] == (i, dtype):
             self.decoded_ahead += 1
         else:
@@ -82,13 +82,11 @@ class DenseChain:
     def _decode_ahead(self, j: int, dtype: torch.dtype, main: torch.cuda.Stream | None) -> None:
         layer, slot = self.layers[j], j % 2
         out = self._buffer(layer, dtype, slot)
-        stale = self._pending.pop(slot, None)
+        self._take(slot, main)  # a stale decode there (a capture must join every side-stream op)
         if main is None:  # a CPU: decode now, in the turn a GPU would
             layer.decode_dense(dtype, out=out)
             self._pending[slot] = (j, dtype, None)
             return
-        if stale is not None and stale[2] is not None:
-            main.wait_event(stale[2])  # a capture must join every side-stream op
         side = self._side.get(out.device)
         if side is None:
             side = self._side[out.device] = torch.cuda.Stream(out.device)
@@ -98,6 +96,13 @@ class DenseChain:
         ready = torch.cuda.Event()
         ready.record(side)
         self._pending[slot] = (j, dtype, ready)
+
+    def _take(self, slot: int, main: torch.cuda.Stream | None) -> Pending | None:
+        """The decode pending for ``slot`` (or None), removed, with ``main`` made to wait for it."""
+        pending = self._pending.pop(slot, None)
+        if pending is not None and pending[2] is not None and main is not None:
+            main.wait_event(pending[2])
+        return pending
 
     def _buffer(self, layer: DenseProjection, dtype: torch.dtype, slot: int) -> torch.Tensor:
         device = layer.parts[0].codes.device
