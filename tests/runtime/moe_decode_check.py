@@ -125,6 +125,74 @@ def check_router(device: str, dtype: torch.dtype) -> list[tuple[str, bool, float
     return out
 
 
+def check_route_in_o(device: str, dtype: torch.dtype) -> list[tuple[str, bool, float]]:
+    """route_in_o (the router in the o projection's launch) against the separate kernels: h is
+    bitwise gemv(a, W_o, residual=x); the ids equal route_greedy's over the float64 logits of
+    RMSNorm(h) (a stable descending sort where gate rows repeat: ties to the lower index); the
+    weights stored by the gate/up kernel and the block's output match the reference path."""
+    from deepinfer.runtime.kernels.fused_moe import route_greedy
+    from deepinfer.runtime.kernels.gemv import gemv
+    from deepinfer.runtime.kernels.moe_decode import experts_small, route_in_o
+    from fused_moe_check import reference
+
+    out = []
+    # (experts, top_k, hidden, attention width, inter, sigmoid, norm_topk, scaling, ties)
+    for e, k, hidden, q, inter, sigmoid, norm_topk, scaling, ties in [(16, 4, 96, 128, 40, False, True, 1.0, False),
+                                                                      (60, 6, 64, 96, 32, False, False, 1.0, False),
+                                                                      (128, 8, 128, 64, 24, True, True, 2.5, False),
+                                                                      (8, 1, 40, 72, 16, False, True, 1.0, False),
+                                                                      (32, 6, 64, 64, 16, False, True, 1.0, True)]:
+        g = torch.Generator().manual_seed(e * k + q)
+        a = torch.randn(1, q, generator=g)
+        wo = torch.randn(hidden, q, generator=g) * q ** -0.5
+        x = torch.randn(1, hidden, generator=g)
+        gw = torch.randn(e, hidden, generator=g) * hidden ** -0.5
+        if ties:  # experts 2i and 2i+1 share a row, so their logits are equal bit for bit
+            gw = gw[torch.arange(e) // 2 * 2].contiguous()
+        gamma = torch.rand(hidden, generator=g) + 0.5
+        w13 = torch.randn(e, 2 * inter, hidden, generator=g) * hidden ** -0.5
+        w2 = torch.randn(e, hidden, inter, generator=g) * inter ** -0.5
+        to = lambda v: v.to(device=device, dtype=dtype)  # noqa: E731
+        a, wo, x, gamma, w13, w2 = map(to, (a, wo, x, gamma, w13, w2))
+        wx = (gw * gamma.float().cpu()[None, :]).to(device)
+        wa = (wx.double().cpu() @ wo.double().cpu()).float().to(device)
+        tile = (4, 32, 4, 1)
+        h, weights, ids, logits = route_in_o(a, wo, x, wx, wa, k, sigmoid, tile, route_config=(2, 32))
+        want_h = gemv(a, wo, residual=x, config=tile)
+        norm = (gamma, 1e-6)
+        hn = rms(h, *norm)
+        ref_logits = hn.double().cpu() @ gw.double().t()
+        want_i = route_greedy(ref_logits.float(), k, sigmoid, norm_topk, scaling)[1].cpu()
+        if ties:
+            order = torch.sort(ref_logits, dim=-1, descending=True, stable=True).indices[:, :k]
+            assert torch.equal(want_i, order)
+        tiles = dict(gate_up_config=(16, 32, 4), down_config=(16, 32, 4)) if device == "cpu" else {}
+        got = experts_small(h, weights, ids, w13, w2, residual=h, norm=norm,
+                            route_logits=(logits, sigmoid, norm_topk, scaling), **tiles).double().cpu()
+        got_i = ids.cpu()
+        if dtype == torch.float32:  # the same experts
+            ids_ok = torch.equal(got_i, want_i)
+        else:  # bf16: the logits round differently from the reference's (normed rows in bf16): a
+            # near-tie may pick another expert, whose reference logit is then within 2 % of the k-th
+            kth = ref_logits.sort(dim=-1, descending=True).values[:, k - 1]
+            ids_ok = bool((ref_logits.gather(1, got_i) >= kth - 0.02 * ref_logits.abs().max()).all())
+        # the reference weights of the experts chosen, from the float64 scores
+        scores = ref_logits.sigmoid() if sigmoid else ref_logits.softmax(dim=-1)
+        want_w = scores.gather(1, got_i)
+        if norm_topk:
+            want_w = want_w / want_w.sum(dim=-1, keepdim=True)
+        want_w = want_w * scaling
+        ref = reference(hn.cpu(), want_w.float(), got_i, w13.cpu(), w2.cpu()) + h.cpu().double()
+        tol = 1e-5 if dtype == torch.float32 else 2e-2
+        w_err = float((weights.cpu().double() - want_w).abs().max())
+        out_err = float((got - ref).abs().max() / ref.abs().max())
+        ok = (torch.equal(h.cpu(), want_h.cpu()) and ids_ok
+              and w_err <= (1e-5 if dtype == torch.float32 else 1e-2) and out_err <= tol)
+        out.append((f"route_in_o E={e} k={k} sigmoid={sigmoid} norm_topk={norm_topk} ties={ties}: h bitwise gemv's, "
+                    f"ids, weights (err {w_err:.1e}) and the block's output", ok, out_err))
+    return out
+
+
 def plain_linears(model: torch.nn.Module) -> None:
     """The CPU loader's CpuLinear projections back to plain nn.Linear with [out, in] rows, so the
     fused decode forward runs its one-row GEMVs (and at batch 1 the norm-fused MoE layer) as on CUDA."""
@@ -171,28 +239,33 @@ def check_model_switch(device: str, arch: str, batches: tuple[int, ...]) -> tupl
     slots = torch.tensor([1 * bs + 1, 3 * bs + 1, -1], device=dev)
     tables = i32([[0, 1, 2], [4, 6, 3], [0, 0, 0]])
     logits: dict[tuple[str, int], torch.Tensor] = {}
-    saved, saved_cpu = os.environ.get("DEEPINFER_MOE_SMALL_BATCH"), moe.KERNELS_ON_CPU
+    saved = {v: os.environ.get(v) for v in ("DEEPINFER_MOE_SMALL_BATCH", "DEEPINFER_MOE_ROUTER_IN_O")}
+    saved_cpu = moe.KERNELS_ON_CPU
     saved_tiles = moe_decode.GATE_UP_CONFIG, moe_decode.DOWN_CONFIG, moe_decode.ROUTER_CONFIG
     moe.KERNELS_ON_CPU = True
     if device == "cpu":  # wider tiles: fewer programs for Triton's interpreter to run one by one
         moe_decode.GATE_UP_CONFIG = moe_decode.DOWN_CONFIG = moe_decode.ROUTER_CONFIG = (16, 32, 4)
     try:
-        for limit in ("4", "0"):
+        # the few-token path (at one row also with the router in the o projection's launch), then the grouped one
+        for limit, in_o in (("4", "0"), ("4", "1"), ("0", "0")):
             os.environ["DEEPINFER_MOE_SMALL_BATCH"] = limit
+            os.environ["DEEPINFER_MOE_ROUTER_IN_O"] = in_o
             ws = DecodeWorkspace(6, cfg.num_attention_heads, cfg.head_dim, dev)
             for b in batches:
                 hidden = fused_decode_forward(model, ids[:b], pos[:b], [c.clone() for c in caches], slots[:b],
                                               tables[:b], lens[:b], ws, 2)
-                logits[limit, b] = model.head_logits(hidden[:2]).float().cpu()
+                logits[limit + in_o, b] = model.head_logits(hidden[:2]).float().cpu()
     finally:
         moe.KERNELS_ON_CPU = saved_cpu
         moe_decode.GATE_UP_CONFIG, moe_decode.DOWN_CONFIG, moe_decode.ROUTER_CONFIG = saved_tiles
-        if saved is None:
-            os.environ.pop("DEEPINFER_MOE_SMALL_BATCH", None)
-        else:
-            os.environ["DEEPINFER_MOE_SMALL_BATCH"] = saved
-    err = max(float((logits["4", b] - logits["0", b]).abs().max()) for b in batches)
-    return f"decode forward {arch} float32 batch {batches} few-token path vs grouped path", err <= 1e-5, err
+        for v, old in saved.items():
+            if old is None:
+                os.environ.pop(v, None)
+            else:
+                os.environ[v] = old
+    err = max(float((logits[few, b] - logits["00", b]).abs().max()) for b in batches for few in ("40", "41"))
+    return (f"decode forward {arch} float32 batch {batches} few-token path (router in o's launch or not) vs grouped "
+            f"path", err <= 1e-5, err)
 
 
 def main(device: str, dtype_name: str, part: str = "all") -> int:
@@ -203,7 +276,7 @@ def main(device: str, dtype_name: str, part: str = "all") -> int:
         interpreter_loop_bounds_compat()
     rows: list[tuple[str, bool, float]] = []
     if part in ("kernels", "all"):
-        rows += check_experts(device, dtype) + check_router(device, dtype)
+        rows += check_experts(device, dtype) + check_router(device, dtype) + check_route_in_o(device, dtype)
     if part in ("models", "all") and dtype == torch.float32:
         rows += [check_model_switch(device, "qwen3_moe", (1, 3)), check_model_switch(device, "qwen2_moe", (3,))]
     bad = 0

@@ -32,12 +32,15 @@ def test_few_token_moe_kernels_match_float64_references_in_tritons_interpreter()
     float32 logits (softmax / sigmoid, renormalised or not, E up to 128, k 1..8, tied scores to the
     lower index); where the norm is fused, the experts over the router's stored normed rows give
     the in-kernel norm's bits; the down kernel with its expert rows preloaded (before the PDL
-    wait) matches the same reference."""
-    _interpreted("kernels", 3 * 6 + 3 + 5)
+    wait) matches the same reference; the router in the o projection's launch (``route_in_o``)
+    gives the o GEMV's bits, the float64 reference's top-k (ties to the lower index) and, through
+    the gate/up kernel, its routing weights and block output."""
+    _interpreted("kernels", 3 * 6 + 3 + 5 + 5)
 
 
 def test_few_token_path_and_grouped_path_give_the_same_logits_in_tritons_interpreter():
-    """Tiny float32 Qwen3-MoE (norm fused into the router at one row) and Qwen2-MoE (shared
+    """Tiny float32 Qwen3-MoE (norm fused into the router at one row, and with
+    DEEPINFER_MOE_ROUTER_IN_O=1 the router in the o projection's launch) and Qwen2-MoE (shared
     expert): the decode forward's logits with the few-token kernels equal the grouped GEMMs' (1e-5)."""
     pytest.importorskip("transformers", reason="transformers (the tiny checkpoints) is not installed")
     _interpreted("models", 2)
@@ -64,6 +67,37 @@ def test_few_token_kernels_refuse_bad_operands():
         route_small(x, torch.zeros(4, 8), 2, False, True, normed_out=torch.empty(2, 8))
     with pytest.raises(ValueError, match=r"normed_out .*\[2, 8\].*got torch.float32 \(3, 8\)"):
         route_small(x, torch.zeros(4, 8), 2, False, True, norm=(torch.ones(8), 1e-6), normed_out=torch.empty(3, 8))
+
+
+def test_router_in_o_refuses_bad_operands():
+    pytest.importorskip("triton", reason="triton is not installed")
+    from deepinfer.runtime.kernels.moe_decode import experts_small, route_in_o
+
+    a, wo, x = torch.zeros(1, 16), torch.zeros(8, 16), torch.zeros(1, 8)
+    wx, wa = torch.zeros(4, 8), torch.zeros(4, 16)
+    tile = (2, 16, 1, 1)
+    with pytest.raises(ValueError, match="one contiguous row"):
+        route_in_o(torch.zeros(2, 16), wo, x, wx, wa, 2, False, tile)
+    with pytest.raises(ValueError, match="o_weight"):
+        route_in_o(a, torch.zeros(8, 12), x, wx, wa, 2, False, tile)
+    with pytest.raises(ValueError, match="residual"):
+        route_in_o(a, wo, torch.zeros(1, 9), wx, wa, 2, False, tile)
+    with pytest.raises(ValueError, match="wa must be a contiguous float32"):
+        route_in_o(a, wo, x, wx, wa.double(), 2, False, tile)
+    with pytest.raises(ValueError, match="top_k"):
+        route_in_o(a, wo, x, wx, wa, 5, False, tile)
+    with pytest.raises(ValueError, match="split-K"):
+        route_in_o(a, wo, x, wx, wa, 2, False, (2, 16, 1, 1, 2))
+    w13, w2 = torch.zeros(4, 12, 8), torch.zeros(4, 8, 6)
+    ids, w = torch.zeros(1, 2, dtype=torch.int64), torch.zeros(1, 2)
+    logits = torch.zeros(1, 4)
+    with pytest.raises(ValueError, match="route_logits needs norm"):
+        experts_small(x, w, ids, w13, w2, route_logits=(logits, False, True, 1.0))
+    with pytest.raises(ValueError, match="route_logits"):
+        experts_small(x, w, ids, w13, w2, norm=(torch.ones(8), 1e-6), route_logits=(logits.double(), False, True, 1.0))
+    with pytest.raises(ValueError, match="preload=True"):
+        experts_small(x, w, ids, w13, w2, norm=(torch.ones(8), 1e-6), route_logits=(logits, False, True, 1.0),
+                      preload=True)
 
 
 @pytest.mark.parametrize("shape,tokens,expected", [

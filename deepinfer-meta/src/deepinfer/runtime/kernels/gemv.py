@@ -112,23 +112,11 @@ def _gemv_preloaded(x_ptr, w_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, max_ptr, arg_
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, max_ptr, arg_ptr, part_ptr, count_ptr, n, k, k_per,
-                 stride_w, eps,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SILU_MUL: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 ARGMAX: tl.constexpr, NORM: tl.constexpr, NORM_BLOCK: tl.constexpr, RESIDUAL: tl.constexpr,
-                 SPLIT_K: tl.constexpr, PDL: tl.constexpr, PRELOAD_K: tl.constexpr = 0):
-    pid = tl.program_id(0)
-    rows = (pid * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
-    row_ok = rows < n
-    if PRELOAD_K:
-        # In a function of its own: Triton compiles the code after this branch's return too, and a
-        # [PRELOAD_K] name here would clash with the loop's [BLOCK_K] one of the same name below.
-        _gemv_preloaded(x_ptr, w_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, max_ptr, arg_ptr, rows, row_ok, pid, n, k,
-                        stride_w, eps, SILU_MUL, HAS_BIAS, ARGMAX, NORM, NORM_BLOCK, RESIDUAL, PDL, PRELOAD_K)
-        return
+def _gemv_rows(x_ptr, w_ptr, nw_ptr, out_ptr, rows, row_ok, k, k_lo, k_hi, stride_w, eps, BLOCK_K: tl.constexpr,
+              SILU_MUL: tl.constexpr, NORM: tl.constexpr, NORM_BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """float32 sums over columns [k_lo, k_hi) of the weight ``rows`` times the activation row (a
+    program's share of the GEMV; it waits for the previous kernel here, ``pdl_begin``)."""
     cols = tl.arange(0, BLOCK_K)
-    k_lo = tl.program_id(1) * k_per  # this program's share of K (split-K), a multiple of BLOCK_K
-    k_hi = tl.minimum(k_lo + k_per, k)
     c0 = k_lo + cols
     # The first weight tile is read before waiting for the previous kernel (no kernel of a step
     # writes weights): with PDL its loads overlap that kernel's tail.
@@ -145,7 +133,27 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, max_ptr, arg_ptr
         xv = _activation_chunk(x_ptr, nw_ptr, out_ptr, c, c_ok, k, rstd, SILU_MUL, NORM)
         w = tl.load(w_ptr + rows[:, None] * stride_w + c[None, :], mask=row_ok[:, None] & c_ok[None, :], other=0.0)
         acc += w.to(tl.float32) * xv[None, :]
-    y = tl.sum(acc, axis=1)
+    return tl.sum(acc, axis=1)
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, max_ptr, arg_ptr, part_ptr, count_ptr, n, k, k_per,
+                 stride_w, eps,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SILU_MUL: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 ARGMAX: tl.constexpr, NORM: tl.constexpr, NORM_BLOCK: tl.constexpr, RESIDUAL: tl.constexpr,
+                 SPLIT_K: tl.constexpr, PDL: tl.constexpr, PRELOAD_K: tl.constexpr = 0):
+    pid = tl.program_id(0)
+    rows = (pid * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    row_ok = rows < n
+    if PRELOAD_K:
+        # In a function of its own: Triton compiles the code after this branch's return too, and a
+        # [PRELOAD_K] name here would clash with the loop's [BLOCK_K] one of the same name below.
+        _gemv_preloaded(x_ptr, w_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, max_ptr, arg_ptr, rows, row_ok, pid, n, k,
+                        stride_w, eps, SILU_MUL, HAS_BIAS, ARGMAX, NORM, NORM_BLOCK, RESIDUAL, PDL, PRELOAD_K)
+        return
+    k_lo = tl.program_id(1) * k_per  # this program's share of K (split-K), a multiple of BLOCK_K
+    y = _gemv_rows(x_ptr, w_ptr, nw_ptr, out_ptr, rows, row_ok, k, k_lo, tl.minimum(k_lo + k_per, k), stride_w, eps,
+                  BLOCK_K, SILU_MUL, NORM, NORM_BLOCK, PDL)
     if SPLIT_K == 1:
         _gemv_epilogue(y, rows, row_ok, pid, n, b_ptr, res_ptr, out_ptr, max_ptr, arg_ptr, HAS_BIAS, RESIDUAL, ARGMAX)
     else:

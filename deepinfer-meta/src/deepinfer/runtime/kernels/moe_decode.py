@@ -15,6 +15,11 @@ expert's weights as a GEMV, three launches a layer:
    the combine is fused and deterministic (no atomics). With its rows preloaded before the PDL
    wait (``DEEPINFER_PDL_PREFETCH=1``) it adds the slots as a tree instead, as deterministic.
 
+At one token the router can instead run inside the o projection's launch (``route_in_o``,
+``DEEPINFER_MOE_ROUTER_IN_O``): its programs compute the logits from the o projection's inputs,
+and the gate/up kernel, which normalises the row anyway, stores the routing weights; two
+launches after the o projection instead of three.
+
 Same numbers as ``fused_moe.fused_experts`` up to the float32 summation order. Shapes depend on
 T only and nothing syncs the host, so the decode graphs capture it. Runs on CPU under Triton's
 interpreter (``TRITON_INTERPRET=1``, the tests).
@@ -28,7 +33,7 @@ import triton.language as tl
 
 from deepinfer.runtime import switches
 from deepinfer.runtime.kernels.fused_moe import check_expert_operands, route_row
-from deepinfer.runtime.kernels.gemv import _activation_chunk
+from deepinfer.runtime.kernels.gemv import _activation_chunk, _gemv_epilogue, _gemv_rows
 from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch, prefetch_fits
 
 # (BLOCK_N, BLOCK_K, num_warps) of the gate/up and down kernels and (BLOCK_E, BLOCK_K, num_warps)
@@ -196,6 +201,140 @@ def route_small(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, sigmoid:
 
 
 @triton.jit
+def _route_in_o_rows(a_ptr, x_ptr, wx_ptr, wa_ptr, logits_ptr, weights_ptr, ids_ptr, count_ptr, pid, programs,
+                     hidden, q, num_experts, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, TOP_K: tl.constexpr,
+                     K_PAD: tl.constexpr, E_PAD: tl.constexpr, SIGMOID: tl.constexpr, PDL: tl.constexpr):
+    """Router programs of ``_o_route_kernel``: float32 logits of BLOCK_E experts before the norm's
+    1/RMS, ``wx @ x + wa @ a``; the last of ``programs`` to finish takes the top-k of them."""
+    rows = (pid * BLOCK_E + tl.arange(0, BLOCK_E)).to(tl.int64)
+    row_ok = rows < num_experts
+    cols = tl.arange(0, BLOCK_K)
+    # the weights are constant: the first tile loads before the wait, as the GEMV's does
+    w_first = tl.load(wx_ptr + rows[:, None] * hidden + cols[None, :], mask=row_ok[:, None] & (cols < hidden)[None, :],
+                      other=0.0)
+    pdl_begin(PDL)
+    acc = w_first * tl.load(x_ptr + cols, mask=cols < hidden, other=0.0).to(tl.float32)[None, :]
+    for k0 in range(BLOCK_K, hidden, BLOCK_K):
+        c = k0 + cols
+        c_ok = c < hidden
+        w = tl.load(wx_ptr + rows[:, None] * hidden + c[None, :], mask=row_ok[:, None] & c_ok[None, :], other=0.0)
+        acc += w * tl.load(x_ptr + c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+    for k0 in range(0, q, BLOCK_K):
+        c = k0 + cols
+        c_ok = c < q
+        w = tl.load(wa_ptr + rows[:, None] * q + c[None, :], mask=row_ok[:, None] & c_ok[None, :], other=0.0)
+        acc += w * tl.load(a_ptr + c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+    tl.store(logits_ptr + rows, tl.sum(acc, axis=1), mask=row_ok)
+    tl.debug_barrier()  # every thread's logits stored before the release below
+    if tl.atomic_add(count_ptr, 1, sem="acq_rel") == programs - 1:
+        tl.store(count_ptr, 0)
+        offs = tl.arange(0, E_PAD)
+        ok = offs < num_experts
+        x = tl.load(logits_ptr + offs, mask=ok, other=0.0, cache_modifier=".cg")
+        # the order of the experts' scores is the order of these logits (1/RMS > 0 scales them):
+        # the ids are final; the weights stored here are replaced by the gate/up kernel's
+        route_row(x, offs, ok, weights_ptr, ids_ptr, 1.0, TOP_K, K_PAD, E_PAD, SIGMOID, False)
+
+
+@triton.jit
+def _o_route_kernel(a_ptr, wo_ptr, x_ptr, out_ptr, wx_ptr, wa_ptr, logits_ptr, weights_ptr, ids_ptr, count_ptr,
+                    hidden, q, num_experts, stride_wo, route_programs,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr, ROUTE_BLOCK_K: tl.constexpr,
+                    TOP_K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, SIGMOID: tl.constexpr,
+                    PDL: tl.constexpr):
+    # The router's programs first (they are scheduled first, so their top-k tail runs while the
+    # o programs still stream), then the o projection's, as gemv's with the residual add.
+    pid = tl.program_id(0)
+    if pid < route_programs:
+        _route_in_o_rows(a_ptr, x_ptr, wx_ptr, wa_ptr, logits_ptr, weights_ptr, ids_ptr, count_ptr, pid,
+                         route_programs, hidden, q, num_experts, BLOCK_E, ROUTE_BLOCK_K, TOP_K, K_PAD, E_PAD, SIGMOID,
+                         PDL)
+    else:
+        opid = pid - route_programs
+        rows = (opid * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+        row_ok = rows < hidden
+        y = _gemv_rows(a_ptr, wo_ptr, a_ptr, out_ptr, rows, row_ok, q, 0, q, stride_wo, 0.0, BLOCK_K, False, False, 1,
+                       PDL)
+        _gemv_epilogue(y, rows, row_ok, opid, hidden, a_ptr, x_ptr, out_ptr, out_ptr, out_ptr, False, True, False)
+
+
+def route_in_o(a: torch.Tensor, o_weight: torch.Tensor, x: torch.Tensor, wx: torch.Tensor, wa: torch.Tensor,
+               top_k: int, sigmoid: bool, o_config: tuple[int, ...], route_config: tuple[int, int] = (1, 2048)
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The o projection and its residual add, ``h = x + a @ o_weight.T`` ([1, H], x's dtype, bitwise
+    ``gemv(a, o_weight, residual=x, config=o_config)``), and in the same launch the router of the
+    MoE block after it: (h, weights [1, k] float32, ids [1, k] int64, logits [1, E] float32).
+
+    The router reads RMSNorm(h) * g, which needs all of h. Its logits are ``rstd(h) * (W_r g) @ h``
+    and ``(W_r g) @ h = wx @ x + wa @ a`` with ``wx = W_r diag(g)`` [E, H] and ``wa = wx @ W_o``
+    [E, Q] (float32, made once at load: ``SparseMoe``), so programs beside the o projection's
+    compute ``logits`` (without the factor rstd) from the o projection's inputs, and the last of
+    them the ids of the top-k (the factor keeps their order). ``experts_small(...,
+    route_logits=logits)`` computes the weights once h is known. ``o_config``: the GEMV tile
+    (BLOCK_N, BLOCK_K, num_warps, num_stages); ``route_config``: (BLOCK_E, BLOCK_K) of the router."""
+    if a.dim() != 2 or a.shape[0] != 1 or a.stride(1) != 1:
+        raise ValueError(f"route_in_o: a must be one contiguous row [1, Q], got shape {tuple(a.shape)}")
+    q = a.shape[1]
+    if o_weight.dim() != 2 or o_weight.shape[1] != q or o_weight.stride(1) != 1 or o_weight.dtype != a.dtype:
+        raise ValueError(f"route_in_o: o_weight must be [H, {q}] of {a.dtype} with contiguous rows, got "
+                         f"{o_weight.dtype} {tuple(o_weight.shape)}")
+    hidden = o_weight.shape[0]
+    if tuple(x.shape) != (1, hidden) or x.stride(1) != 1 or x.dtype != a.dtype:
+        raise ValueError(f"route_in_o: x (the residual) must be one contiguous {a.dtype} row [1, {hidden}], got "
+                         f"{x.dtype} {tuple(x.shape)}")
+    e = wx.shape[0]
+    for name, w, k in (("wx", wx, hidden), ("wa", wa, q)):
+        if w.dtype != torch.float32 or tuple(w.shape) != (e, k) or not w.is_contiguous():
+            raise ValueError(f"route_in_o: {name} must be a contiguous float32 [{e}, {k}], got {w.dtype} "
+                             f"{tuple(w.shape)}")
+    if not 1 <= top_k <= e:
+        raise ValueError(f"route_in_o: top_k must be in [1, {e}], got {top_k}")
+    if len(o_config) not in (4, 5) or o_config[4:] not in ((), (1,)):
+        raise ValueError(f"route_in_o: o_config must be (BLOCK_N, BLOCK_K, num_warps, num_stages) (no split-K), got "
+                         f"{o_config!r}")
+    block_n, block_k, warps, stages = o_config[:4]
+    block_e, route_k = route_config
+    h = torch.empty(1, hidden, dtype=a.dtype, device=a.device)
+    weights = torch.empty(1, top_k, dtype=torch.float32, device=a.device)
+    ids = torch.empty(1, top_k, dtype=torch.int64, device=a.device)
+    logits = torch.empty(1, e, dtype=torch.float32, device=a.device)
+    route_programs = triton.cdiv(e, block_e)
+    _o_route_kernel[(route_programs + triton.cdiv(hidden, block_n),)](
+        a, o_weight, x, h, wx, wa, logits, weights, ids, _counter(a.device), hidden, q, e, o_weight.stride(0),
+        route_programs, BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_E=block_e,
+        ROUTE_BLOCK_K=min(route_k, triton.next_power_of_2(max(hidden, q))), TOP_K=top_k,
+        K_PAD=triton.next_power_of_2(top_k), E_PAD=triton.next_power_of_2(e), SIGMOID=sigmoid, num_warps=warps,
+        num_stages=stages, **pdl_launch(a.device))
+    return h, weights, ids, logits
+
+
+@triton.jit
+def _weights_from_logits(logits_ptr, ids_ptr, weights_ptr, rstd, num_experts, scaling, TOP_K: tl.constexpr,
+                         K_PAD: tl.constexpr, E_PAD: tl.constexpr, SIGMOID: tl.constexpr, NORM_TOPK: tl.constexpr):
+    """One token's routing weights for its chosen ``ids`` from logits without the norm's factor
+    ``rstd`` (``route_in_o``), as ``fused_moe.route_row`` computes them from the full logits."""
+    offs = tl.arange(0, E_PAD)
+    ok = offs < num_experts
+    x = tl.load(logits_ptr + offs, mask=ok, other=0.0) * rstd
+    if SIGMOID:
+        scores = 1.0 / (1.0 + tl.exp(-x))
+    else:
+        x = tl.where(ok, x, -float("inf"))
+        e = tl.exp(x - tl.max(x, axis=0))
+        scores = e / tl.sum(e, axis=0)
+    k_offs = tl.arange(0, K_PAD)
+    k_ok = k_offs < TOP_K
+    ids = tl.load(ids_ptr + k_offs, mask=k_ok, other=-1)
+    w = tl.sum(tl.where(offs[None, :] == ids[:, None], scores[None, :], 0.0), axis=1)
+    if NORM_TOPK:
+        total = tl.sum(w, axis=0)
+        if SIGMOID:
+            total += 1e-20
+        w = w / total
+    tl.store(weights_ptr + k_offs, w * scaling, mask=k_ok)
+
+
+@triton.jit
 def _gate_up_chunk(acc_g, acc_u, x_row, nw_ptr, x_ptr, w_gate, w_up, c, row_ok, hidden, rstd, NORM: tl.constexpr):
     c_ok = c < hidden
     xv = _activation_chunk(x_row, nw_ptr, x_ptr, c, c_ok, hidden, rstd, False, NORM)[None, :]
@@ -206,9 +345,12 @@ def _gate_up_chunk(acc_g, acc_u, x_row, nw_ptr, x_ptr, w_gate, w_up, c, row_ok, 
 
 
 @triton.jit
-def _gate_up_kernel(x_ptr, nw_ptr, w13_ptr, ids_ptr, h_ptr, hidden, inter, stride_x, stride_we, stride_wn, eps,
+def _gate_up_kernel(x_ptr, nw_ptr, w13_ptr, ids_ptr, h_ptr, logits_ptr, weights_ptr, hidden, inter, stride_x,
+                    stride_we, stride_wn, eps, num_experts, scaling,
                     TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr,
-                    NORM_BLOCK: tl.constexpr, STATIC_K: tl.constexpr, PDL: tl.constexpr):
+                    NORM_BLOCK: tl.constexpr, STATIC_K: tl.constexpr, PDL: tl.constexpr, WEIGHTS: tl.constexpr = False,
+                    K_PAD: tl.constexpr = 1, E_PAD: tl.constexpr = 1, SIGMOID: tl.constexpr = False,
+                    NORM_TOPK: tl.constexpr = False):
     pair = tl.program_id(0).to(tl.int64)
     rows = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     row_ok = rows < inter
@@ -221,6 +363,10 @@ def _gate_up_kernel(x_ptr, nw_ptr, w13_ptr, ids_ptr, h_ptr, hidden, inter, strid
         nc = tl.arange(0, NORM_BLOCK)
         xn = tl.load(x_row + nc, mask=nc < hidden, other=0.0).to(tl.float32)
         rstd = tl.math.rsqrt(tl.sum(xn * xn, axis=0) / hidden + eps)
+        if WEIGHTS:  # route_in_o's logits: the first program of each token stores its routing weights
+            if pair % TOP_K == 0 and tl.program_id(1) == 0:
+                _weights_from_logits(logits_ptr + (pair // TOP_K) * num_experts, ids_ptr + pair, weights_ptr + pair,
+                                     rstd, num_experts, scaling, TOP_K, K_PAD, E_PAD, SIGMOID, NORM_TOPK)
     w_gate = w13_ptr + expert * stride_we + rows[:, None] * stride_wn
     w_up = w_gate + inter * stride_wn
     acc_g = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
@@ -299,7 +445,8 @@ def experts_small(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13
                   residual: torch.Tensor | None = None, norm: tuple[torch.Tensor, float] | None = None,
                   gate_up_config: tuple[int, int, int] | None = None,
                   down_config: tuple[int, int, int] | None = None, static_k: bool | None = None,
-                  preload: bool | None = None) -> torch.Tensor:
+                  preload: bool | None = None,
+                  route_logits: tuple[torch.Tensor, bool, bool, float] | None = None) -> torch.Tensor:
     """``fused_experts(x, weights, ids, w13, w2, residual=residual)`` for a few tokens, without the
     sort by expert: [T, H] in ``x.dtype``. ``norm`` (weight [H], eps): the experts' input is
     RMSNorm(x) * weight (as ``route_small``'s ``norm``), computed inside the gate/up kernel.
@@ -311,7 +458,11 @@ def experts_small(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13
     for the gate/up kernel, in the tile DOWN_PRELOAD_TILE unless a down tile is given
     (``down_config`` or DOWN_CONFIG); default: where they fit and no down tile is given
     (``kernels/pdl.py``). It then adds the slots as a tree (``tl.sum``), deterministic but not
-    the slot order of the other form: the last bits can differ between the two."""
+    the slot order of the other form: the last bits can differ between the two.
+    ``route_logits`` (logits [T, E] float32, sigmoid, norm_topk_prob, routed_scaling_factor), with
+    ``norm``: ``route_in_o``'s logits before the norm's factor; the gate/up kernel, which computes
+    that factor, stores the routing ``weights`` of the chosen ``ids`` from them (``weights`` is
+    written, not read, until the down kernel)."""
     t, hidden, k, _, inter = check_expert_operands("experts_small", x, weights, ids, w13, w2)
     if x.stride(-1) != 1:
         raise ValueError("experts_small: x must be contiguous in its last dimension")
@@ -322,22 +473,37 @@ def experts_small(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13
                          f"got {tuple(residual.shape)}")
     if norm is not None and (tuple(norm[0].shape) != (hidden,) or not norm[0].is_contiguous()):
         raise ValueError(f"experts_small: the norm weight must be a contiguous [{hidden}] vector")
+    if route_logits is not None and (norm is None or route_logits[0].dtype != torch.float32
+                                     or route_logits[0].dim() != 2 or route_logits[0].shape[0] != t
+                                     or not route_logits[0].is_contiguous()):
+        raise ValueError(f"experts_small: route_logits needs norm and contiguous float32 logits [{t}, E], got "
+                         f"{route_logits[0].dtype} {tuple(route_logits[0].shape)}"
+                         + ("" if norm is not None else " (and no norm was given)"))
+    if route_logits is not None and preload:
+        raise ValueError("experts_small: preload=True reads the weights before the wait; with route_logits the "
+                         "gate/up kernel just before writes them")
     out = torch.empty(t, hidden, dtype=x.dtype, device=x.device)
     if t == 0:
         return out
     pdl = pdl_launch(x.device)
+    logits, sigmoid, norm_topk, scaling = route_logits if route_logits is not None else (weights, False, False, 1.0)
+    num_experts = logits.shape[1]
     static_gate_up, static_down = static_k_loops(t, hidden, inter) if static_k is None else (static_k, static_k)
     h = torch.empty(t * k, inter, dtype=x.dtype, device=x.device)
     bn, bk, warps = gate_up_config or _gate_up_tile(static_gate_up)
     _gate_up_kernel[(t * k, triton.cdiv(inter, bn))](
-        x, norm[0] if norm is not None else x, w13, ids, h, hidden, inter, x.stride(0), w13.stride(0), w13.stride(1),
-        norm[1] if norm is not None else 0.0, TOP_K=k, BLOCK_N=bn, BLOCK_K=min(bk, triton.next_power_of_2(hidden)),
-        NORM=norm is not None, NORM_BLOCK=triton.next_power_of_2(hidden) if norm is not None else 1,
-        STATIC_K=hidden if static_gate_up else 0, num_warps=warps, **pdl)
+        x, norm[0] if norm is not None else x, w13, ids, h, logits, weights, hidden, inter, x.stride(0), w13.stride(0),
+        w13.stride(1), norm[1] if norm is not None else 0.0, num_experts, float(scaling), TOP_K=k, BLOCK_N=bn,
+        BLOCK_K=min(bk, triton.next_power_of_2(hidden)), NORM=norm is not None,
+        NORM_BLOCK=triton.next_power_of_2(hidden) if norm is not None else 1, STATIC_K=hidden if static_gate_up else 0,
+        WEIGHTS=route_logits is not None, K_PAD=triton.next_power_of_2(k), E_PAD=triton.next_power_of_2(num_experts),
+        SIGMOID=sigmoid, NORM_TOPK=norm_topk, num_warps=warps, **pdl)
     asked = down_config or DOWN_CONFIG or _switch_tile("down")  # a tile asked for: kept as given
     bn, bk, warps = asked or _down_tile(t)
     inter_pad = triton.next_power_of_2(inter)
     tiled = asked is not None
+    if route_logits is not None:  # the weights come from gate/up, the kernel just before: read after the wait
+        preload = False
     if preload is None:
         preload = not tiled and prefetch_fits(
             triton.next_power_of_2(k) * DOWN_PRELOAD_TILE[0] * inter_pad * w2.element_size(), DOWN_PRELOAD_TILE[1])

@@ -238,13 +238,23 @@ def _fused_layers(model: LlamaForCausalLM, st: _Stream, kv_caches: list[torch.Te
     gemv_names = one_row_gemv_projections()
     for module, cache in zip(model.layers, kv_caches, strict=True):
         layer = cast(LlamaLayer, module)
+        moe = getattr(layer, "moe", None)
         with region("attention"):
             qkv = _norm_linear(st, layer.input_layernorm, layer.qkv_proj, "qkv", gemv_names, b)
             quantized = _o_activations(layer, b) if quantize_inputs else None
             o = attend(layer, qkv, cache, quantized)
-            _residual_linear(st, o.view(b, -1), layer.o_proj, "o", gemv_names, b, quantized=quantized)
+            # one row of a mixture of experts: its router may run in the o projection's launch
+            o_tile = _tile("o", layer.o_proj.weight) if moe is not None and type(layer.o_proj) is nn.Linear else ()
+            routed = (moe is not None and st.pending is None and quantized is None and "o" in gemv_names
+                      and o_tile[4:] in ((), (1,)) and moe.routes_in_o(st.stream, layer.o_proj))
+            if not routed:
+                _residual_linear(st, o.view(b, -1), layer.o_proj, "o", gemv_names, b, quantized=quantized)
         with region("mlp"):
-            moe = getattr(layer, "moe", None)
+            if routed and moe is not None:
+                norm = layer.post_attention_layernorm
+                st.stream = moe.forward_from_attention(o.view(b, -1), st.stream, layer.o_proj, o_tile,
+                                                       (norm.weight, norm.eps))
+                continue
             if moe is not None:  # a mixture-of-experts layer (models.moe.MoeLayer): routing and
                 # the fused experts, fixed shapes, no host sync; the residual is added in their
                 # combine kernel, so the next layer's qkv GEMV can take its norm in its prologue

@@ -238,6 +238,41 @@ class SparseMoe(nn.Module):
             return experts_small(normed, weights, ids, self.experts.w13, self.experts.w2, residual=x)
         return experts_small(x, weights, ids, self.experts.w13, self.experts.w2, residual=x, norm=norm)
 
+    def routes_in_o(self, x: torch.Tensor, o_proj: nn.Module) -> bool:
+        """Whether ``forward_from_attention`` runs this one-row step: ``fuses_norm``, a plain
+        ``o_proj`` (no bias, not quantized, not sharded) and ``DEEPINFER_MOE_ROUTER_IN_O=1``."""
+        return (x.shape[0] == 1 and switches.enabled("DEEPINFER_MOE_ROUTER_IN_O") and type(o_proj) is nn.Linear
+                and o_proj.bias is None and o_proj.weight.dtype == x.dtype and o_proj.weight.stride(1) == 1
+                and self.fuses_norm(x))
+
+    def _router_in_o(self, o_weight: torch.Tensor, norm_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # (W_r diag(g), W_r diag(g) W_o) in float32 for route_in_o, made on first use and again
+        # whenever one of the three weights is written (a reload bumps their versions)
+        gate = self.gate.weight
+        key = tuple((w.data_ptr(), w._version) for w in (gate, o_weight, norm_weight))
+        cached = getattr(self, "_router_o", None)
+        if cached is None or cached[0] != key:
+            wx = (gate.detach().float() * norm_weight.detach().float()[None, :]).contiguous()
+            cached = (key, wx, (wx.double() @ o_weight.detach().double()).float().contiguous())
+            self._router_o = cached
+        return cached[1], cached[2]
+
+    def forward_from_attention(self, a: torch.Tensor, x: torch.Tensor, o_proj: nn.Linear,
+                               o_config: tuple[int, ...], norm: tuple[torch.Tensor, float]) -> torch.Tensor:
+        """``h + forward(RMSNorm(h) * norm weight)`` with ``h = x + o_proj(a)`` for one row where
+        ``routes_in_o``: the router runs in the o projection's launch (``moe_decode.route_in_o``),
+        the routing weights are stored by the gate/up kernel: three launches for the o projection
+        and the block instead of four."""
+        from deepinfer.runtime.kernels.moe_decode import experts_small, route_in_o
+
+        spec = self.spec
+        wx, wa = self._router_in_o(o_proj.weight, norm[0])
+        h, weights, ids, logits = route_in_o(a, o_proj.weight, x, wx, wa, spec.top_k, spec.scoring == "sigmoid",
+                                             o_config)
+        return experts_small(h, weights, ids, self.experts.w13, self.experts.w2, residual=h, norm=norm,
+                             route_logits=(logits, spec.scoring == "sigmoid", spec.norm_topk_prob,
+                                           spec.routed_scaling_factor))
+
     def slots(self, prefix: str, names: tuple[str, str, str, str]) -> dict[str, tuple[torch.Tensor, slice]]:
         """Checkpoint name -> (parameter, rows). ``names``: the routed experts' folder and their
         gate, up and down projection names (``experts``, ``gate_proj``...; Mixtral ``w1``...)."""
