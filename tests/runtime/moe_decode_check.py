@@ -239,22 +239,24 @@ def check_model_switch(device: str, arch: str, batches: tuple[int, ...]) -> tupl
     slots = torch.tensor([1 * bs + 1, 3 * bs + 1, -1], device=dev)
     tables = i32([[0, 1, 2], [4, 6, 3], [0, 0, 0]])
     logits: dict[tuple[str, int], torch.Tensor] = {}
-    saved = {v: os.environ.get(v) for v in ("DEEPINFER_MOE_SMALL_BATCH", "DEEPINFER_MOE_ROUTER_IN_O")}
+    switch_names = ("DEEPINFER_MOE_SMALL_BATCH", "DEEPINFER_MOE_ROUTER_IN_O", "DEEPINFER_ROTARY_IN_QKV")
+    saved = {v: os.environ.get(v) for v in switch_names}
     saved_cpu = moe.KERNELS_ON_CPU
     saved_tiles = moe_decode.GATE_UP_CONFIG, moe_decode.DOWN_CONFIG, moe_decode.ROUTER_CONFIG
     moe.KERNELS_ON_CPU = True
     if device == "cpu":  # wider tiles: fewer programs for Triton's interpreter to run one by one
         moe_decode.GATE_UP_CONFIG = moe_decode.DOWN_CONFIG = moe_decode.ROUTER_CONFIG = (16, 32, 4)
     try:
-        # the few-token path (at one row also with the router in the o projection's launch), then the grouped one
-        for limit, in_o in (("4", "0"), ("4", "1"), ("0", "0")):
-            os.environ["DEEPINFER_MOE_SMALL_BATCH"] = limit
-            os.environ["DEEPINFER_MOE_ROUTER_IN_O"] = in_o
+        # the few-token path (at one row also with the router in the o projection's launch, and with
+        # the qkv GEMV rotating the heads itself), then the grouped one
+        variants = ("400", "410", "411", "000")
+        for variant in variants:
+            os.environ.update(zip(switch_names, ("4" if variant[0] == "4" else "0", variant[1], variant[2])))
             ws = DecodeWorkspace(6, cfg.num_attention_heads, cfg.head_dim, dev)
             for b in batches:
                 hidden = fused_decode_forward(model, ids[:b], pos[:b], [c.clone() for c in caches], slots[:b],
                                               tables[:b], lens[:b], ws, 2)
-                logits[limit + in_o, b] = model.head_logits(hidden[:2]).float().cpu()
+                logits[variant, b] = model.head_logits(hidden[:2]).float().cpu()
     finally:
         moe.KERNELS_ON_CPU = saved_cpu
         moe_decode.GATE_UP_CONFIG, moe_decode.DOWN_CONFIG, moe_decode.ROUTER_CONFIG = saved_tiles
@@ -263,9 +265,9 @@ def check_model_switch(device: str, arch: str, batches: tuple[int, ...]) -> tupl
                 os.environ.pop(v, None)
             else:
                 os.environ[v] = old
-    err = max(float((logits[few, b] - logits["00", b]).abs().max()) for b in batches for few in ("40", "41"))
-    return (f"decode forward {arch} float32 batch {batches} few-token path (router in o's launch or not) vs grouped "
-            f"path", err <= 1e-5, err)
+    err = max(float((logits[few, b] - logits["000", b]).abs().max()) for b in batches for few in variants[:3])
+    return (f"decode forward {arch} float32 batch {batches} few-token path (router in o's launch or not, rotary in "
+            f"the qkv GEMV or not) vs grouped path", err <= 1e-5, err)
 
 
 def main(device: str, dtype_name: str, part: str = "all") -> int:
