@@ -87,6 +87,11 @@ def check_experts(device: str, dtype: torch.dtype) -> list[tuple[str, bool, floa
             # relative to the rows' largest value: bf16 rows may differ from rms()'s rounding by an ulp or two
             rows_err = float((normed.double() - xin.double()).abs().max() / xin.double().abs().max())
             same = torch.equal(pre, got) and rows_err <= (1e-6 if dtype == torch.float32 else 2**-6)
+            # K in one chunk (the GPU's tiles here): the gate/up kernel reuses the row it loaded for the norm
+            one_tile = dict(tiles, gate_up_config=(16, 128, 4))
+            one = experts_small(x, w, ids, w13, w2, residual=res, norm=norm, static_k=True, **one_tile)
+            same = same and torch.equal(one, experts_small(normed, w, ids, w13, w2, residual=res, static_k=True,
+                                                           **one_tile))
             out.append((f"experts_small {name} on route_small's normed rows: bitwise the in-kernel norm's "
                         f"output (rows' error {rows_err:.1e})", same, float((pre - got).abs().max())))
     return out

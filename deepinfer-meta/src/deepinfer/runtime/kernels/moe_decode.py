@@ -33,7 +33,12 @@ import triton.language as tl
 
 from deepinfer.runtime import switches
 from deepinfer.runtime.kernels.fused_moe import check_expert_operands, route_row
-from deepinfer.runtime.kernels.gemv import _activation_chunk, _gemv_epilogue, _gemv_rows
+from deepinfer.runtime.kernels.gemv import (
+    _activation_chunk,
+    _activation_math,
+    _gemv_epilogue,
+    _gemv_rows,
+)
 from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch, prefetch_fits
 
 # (BLOCK_N, BLOCK_K, num_warps) of the gate/up and down kernels and (BLOCK_E, BLOCK_K, num_warps)
@@ -350,7 +355,7 @@ def _gate_up_kernel(x_ptr, nw_ptr, w13_ptr, ids_ptr, h_ptr, logits_ptr, weights_
                     TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr,
                     NORM_BLOCK: tl.constexpr, STATIC_K: tl.constexpr, PDL: tl.constexpr, WEIGHTS: tl.constexpr = False,
                     K_PAD: tl.constexpr = 1, E_PAD: tl.constexpr = 1, SIGMOID: tl.constexpr = False,
-                    NORM_TOPK: tl.constexpr = False):
+                    NORM_TOPK: tl.constexpr = False, ONE_CHUNK: tl.constexpr = False):
     pair = tl.program_id(0).to(tl.int64)
     rows = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     row_ok = rows < inter
@@ -371,7 +376,14 @@ def _gate_up_kernel(x_ptr, nw_ptr, w13_ptr, ids_ptr, h_ptr, logits_ptr, weights_
     w_up = w_gate + inter * stride_wn
     acc_g = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    if STATIC_K:  # K (= hidden) known at compile time: the chunks unroll, every load issued at once
+    if ONE_CHUNK:  # NORM, K in one chunk of NORM_BLOCK: the row loaded for the norm is the chunk (no second load)
+        c_ok = cols < hidden
+        nw = tl.load(nw_ptr + cols, mask=c_ok, other=0.0).to(tl.float32)
+        xv = _activation_math(xn, xn, nw, rstd, x_ptr.dtype.element_ty, False, True)[None, :]
+        m = row_ok[:, None] & c_ok[None, :]
+        acc_g += tl.load(w_gate + cols[None, :], mask=m, other=0.0).to(tl.float32) * xv
+        acc_u += tl.load(w_up + cols[None, :], mask=m, other=0.0).to(tl.float32) * xv
+    elif STATIC_K:  # K (= hidden) known at compile time: the chunks unroll, every load issued at once
         for k0 in tl.static_range(0, STATIC_K, BLOCK_K):
             acc_g, acc_u = _gate_up_chunk(acc_g, acc_u, x_row, nw_ptr, x_ptr, w_gate, w_up, k0 + cols, row_ok, hidden,
                                           rstd, NORM)
@@ -497,7 +509,8 @@ def experts_small(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13
         BLOCK_K=min(bk, triton.next_power_of_2(hidden)), NORM=norm is not None,
         NORM_BLOCK=triton.next_power_of_2(hidden) if norm is not None else 1, STATIC_K=hidden if static_gate_up else 0,
         WEIGHTS=route_logits is not None, K_PAD=triton.next_power_of_2(k), E_PAD=triton.next_power_of_2(num_experts),
-        SIGMOID=sigmoid, NORM_TOPK=norm_topk, num_warps=warps, **pdl)
+        SIGMOID=sigmoid, NORM_TOPK=norm_topk, ONE_CHUNK=norm is not None and min(bk, triton.next_power_of_2(hidden))
+        == triton.next_power_of_2(hidden), num_warps=warps, **pdl)
     asked = down_config or DOWN_CONFIG or _switch_tile("down")  # a tile asked for: kept as given
     bn, bk, warps = asked or _down_tile(t)
     inter_pad = triton.next_power_of_2(inter)
