@@ -130,6 +130,33 @@ def check_router(device: str, dtype: torch.dtype) -> list[tuple[str, bool, float
     return out
 
 
+def check_top_ids(device: str) -> list[tuple[str, bool, float]]:
+    """route_in_o's top-k over integer keys (``moe_decode._top_ids``) against a stable descending
+    sort: signed zeros tie, negatives order by magnitude, infinities, tiny values, repeated
+    values to the lower index, padding experts never chosen."""
+    import triton
+    import triton.language as tl
+    from deepinfer.runtime.kernels import moe_decode
+
+    globals()["_top_ids"] = moe_decode._top_ids  # the kernel below resolves it among this module's names
+
+    @triton.jit
+    def run(x_ptr, ids_ptr, n, TOP_K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr):
+        offs = tl.arange(0, E_PAD)
+        ok = offs < n
+        _top_ids(tl.load(x_ptr + offs, mask=ok, other=0.0), offs, ok, ids_ptr, TOP_K, K_PAD, E_PAD)  # noqa: F821
+
+    x = torch.tensor([3.0, -0.0, 0.0, -1e30, 1e30, -2.5, -2.5, 7.0, float("inf"), float("-inf"), 1e-30, -1e-30, 0.5],
+                     device=device)
+    out = []
+    for k in (1, 5, 13):
+        ids = torch.full((k,), -7, dtype=torch.int64, device=device)
+        run[(1,)](x, ids, x.numel(), TOP_K=k, K_PAD=triton.next_power_of_2(k), E_PAD=16)
+        want = torch.sort(x.cpu(), descending=True, stable=True).indices[:k]
+        out.append((f"route_in_o's top-k keys, k={k} of 13 (16 padded)", torch.equal(ids.cpu(), want), 0.0))
+    return out
+
+
 def check_route_in_o(device: str, dtype: torch.dtype) -> list[tuple[str, bool, float]]:
     """route_in_o (the router in the o projection's launch) against the separate kernels: h is
     bitwise gemv(a, W_o, residual=x); the ids equal route_greedy's over the float64 logits of
@@ -284,6 +311,7 @@ def main(device: str, dtype_name: str, part: str = "all") -> int:
     rows: list[tuple[str, bool, float]] = []
     if part in ("kernels", "all"):
         rows += check_experts(device, dtype) + check_router(device, dtype) + check_route_in_o(device, dtype)
+        rows += check_top_ids(device)
     if part in ("models", "all") and dtype == torch.float32:
         rows += [check_model_switch(device, "qwen3_moe", (1, 3)), check_model_switch(device, "qwen2_moe", (3,))]
     bad = 0
