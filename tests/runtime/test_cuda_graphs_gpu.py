@@ -1,5 +1,5 @@
 """Decode steps replayed from CUDA graphs give the eager path's greedy tokens (float32, TF32 off),
-while the batch grows and shrinks across graph paddings (Llama and Qwen3 shapes); bf16 greedy
+while the batch grows and shrinks across graph paddings (Llama, Qwen3 and Qwen3-MoE shapes); bf16 greedy
 tokens match transformers; GraphTimer regions inside the graphs add up to the replay time, also in
 cuBLAS graphs whose edges carry data. Skipped without a CUDA device."""
 
@@ -118,6 +118,38 @@ def test_qwen3_graph_decode_matches_eager_greedy(tmp_path, monkeypatch, prefetch
     same = sum(fused[r] == eager[r] for r in eager)
     print(f"qwen3 graphs (fused kernels) identical to eager: {same}/{len(eager)}; rows {sorted(rows)}")
     assert set(fused) == set(eager) and same == len(eager)
+
+
+@pytest.mark.parametrize("folds", ["0", "1"])
+def test_qwen3_moe_graph_decode_matches_eager_greedy(tmp_path, monkeypatch, folds):
+    """A small Qwen3-MoE shape: the replayed decode graphs give the eager path's greedy tokens in
+    the scenario above and for a request alone (the batch-1 graph, where the one-row folds apply).
+    ``folds=1``: the graphs are captured with the router in the o projection's launch and the
+    rotary in the qkv GEMV (``DEEPINFER_MOE_ROUTER_IN_O``, ``DEEPINFER_ROTARY_IN_QKV``); the eager
+    reference runs without them."""
+    from deepinfer import SamplingParams
+    from gpu_shapes import write_shape_dir
+
+    moe_dir = write_shape_dir(str(tmp_path), "test-small-moe")
+    alone = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    prompt = [{"prompt_token_ids": list(range(7, 40))}]
+    for name in ("DEEPINFER_MOE_ROUTER_IN_O", "DEEPINFER_ROTARY_IN_QKV"):
+        monkeypatch.setenv(name, "0")
+    eager_llm = _llm(moe_dir, enforce_eager=True)
+    eager, _ = _scenario(eager_llm)
+    eager_alone = list(eager_llm.generate(prompt, alone)[0].outputs[0].token_ids)
+    del eager_llm
+    for name in ("DEEPINFER_MOE_ROUTER_IN_O", "DEEPINFER_ROTARY_IN_QKV"):
+        monkeypatch.setenv(name, folds)
+    llm = _llm(moe_dir)
+    assert llm.runner.graphs is not None
+    fused, rows = _scenario(llm)
+    fused_alone = list(llm.generate(prompt, alone)[0].outputs[0].token_ids)
+    same = sum(fused[r] == eager[r] for r in eager)
+    print(f"qwen3-moe graphs (folds={folds}) identical to eager: {same}/{len(eager)}; rows {sorted(rows)}; "
+          f"alone {fused_alone == eager_alone}")
+    assert set(fused) == set(eager) and same == len(eager)
+    assert fused_alone == eager_alone
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
