@@ -189,7 +189,7 @@ def check_route_in_o(device: str, dtype: torch.dtype) -> list[tuple[str, bool, f
         wx = (gw * gamma.float().cpu()[None, :]).to(device)
         wa = (wx.double().cpu() @ wo.double().cpu()).float().to(device)
         tile = (4, 32, 4, 1)
-        h, weights, ids, logits = route_in_o(a, wo, x, wx, wa, k, sigmoid, tile, route_config=(2, 32))
+        h, weights, ids, logits = route_in_o(a, wo, x, wx, wa, k, tile, route_config=(2, 32))
         want_h = gemv(a, wo, residual=x, config=tile)
         norm = (gamma, 1e-6)
         hn = rms(h, *norm)

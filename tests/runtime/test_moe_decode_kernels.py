@@ -78,17 +78,17 @@ def test_router_in_o_refuses_bad_operands():
     wx, wa = torch.zeros(4, 8), torch.zeros(4, 16)
     tile = (2, 16, 1, 1)
     with pytest.raises(ValueError, match="one contiguous row"):
-        route_in_o(torch.zeros(2, 16), wo, x, wx, wa, 2, False, tile)
+        route_in_o(torch.zeros(2, 16), wo, x, wx, wa, 2, tile)
     with pytest.raises(ValueError, match="o_weight"):
-        route_in_o(a, torch.zeros(8, 12), x, wx, wa, 2, False, tile)
+        route_in_o(a, torch.zeros(8, 12), x, wx, wa, 2, tile)
     with pytest.raises(ValueError, match="residual"):
-        route_in_o(a, wo, torch.zeros(1, 9), wx, wa, 2, False, tile)
+        route_in_o(a, wo, torch.zeros(1, 9), wx, wa, 2, tile)
     with pytest.raises(ValueError, match="wa must be a contiguous float32"):
-        route_in_o(a, wo, x, wx, wa.double(), 2, False, tile)
+        route_in_o(a, wo, x, wx, wa.double(), 2, tile)
     with pytest.raises(ValueError, match="top_k"):
-        route_in_o(a, wo, x, wx, wa, 5, False, tile)
+        route_in_o(a, wo, x, wx, wa, 5, tile)
     with pytest.raises(ValueError, match="split-K"):
-        route_in_o(a, wo, x, wx, wa, 2, False, (2, 16, 1, 1, 2))
+        route_in_o(a, wo, x, wx, wa, 2, (2, 16, 1, 1, 2))
     w13, w2 = torch.zeros(4, 12, 8), torch.zeros(4, 8, 6)
     ids, w = torch.zeros(1, 2, dtype=torch.int64), torch.zeros(1, 2)
     logits = torch.zeros(1, 4)

@@ -298,6 +298,9 @@ def gemv_rotary(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     if tuple(positions.shape) != (1,) or tuple(slot_mapping.shape) != (1,):
         raise ValueError(f"gemv_rotary: one position and one slot, got {tuple(positions.shape)} and "
                          f"{tuple(slot_mapping.shape)}")
+    if kv_cache.dim() != 5 or kv_cache.shape[0] != 2 or kv_cache.shape[3] != num_kv_heads or kv_cache.dtype != x.dtype:
+        raise ValueError(f"gemv_rotary: kv_cache must be [2, blocks, block_size, {num_kv_heads}, D] of {x.dtype}, got "
+                         f"{kv_cache.dtype} {tuple(kv_cache.shape)}")
     if not kv_cache.is_contiguous() or cos.stride(1) != 1 or cos.stride() != sin.stride():
         raise ValueError("gemv_rotary: kv_cache and the cos/sin tables must be contiguous")
     if qk_norm is not None and (qk_norm[0].shape != (d,) or qk_norm[1].shape != (d,)):

@@ -206,9 +206,9 @@ def route_small(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, sigmoid:
 
 
 @triton.jit
-def _route_in_o_rows(a_ptr, x_ptr, wx_ptr, wa_ptr, logits_ptr, weights_ptr, ids_ptr, count_ptr, pid, programs,
-                     hidden, q, num_experts, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, TOP_K: tl.constexpr,
-                     K_PAD: tl.constexpr, E_PAD: tl.constexpr, SIGMOID: tl.constexpr, PDL: tl.constexpr):
+def _route_in_o_rows(a_ptr, x_ptr, wx_ptr, wa_ptr, logits_ptr, ids_ptr, count_ptr, pid, programs, hidden, q,
+                     num_experts, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, TOP_K: tl.constexpr,
+                     K_PAD: tl.constexpr, E_PAD: tl.constexpr, PDL: tl.constexpr):
     """Router programs of ``_o_route_kernel``: float32 logits of BLOCK_E experts before the norm's
     1/RMS, ``wx @ x + wa @ a``; the last of ``programs`` to finish takes the top-k of them."""
     rows = (pid * BLOCK_E + tl.arange(0, BLOCK_E)).to(tl.int64)
@@ -261,18 +261,16 @@ def _top_ids(x, offs, ok, ids_ptr, TOP_K: tl.constexpr, K_PAD: tl.constexpr, E_P
 
 
 @triton.jit
-def _o_route_kernel(a_ptr, wo_ptr, x_ptr, out_ptr, wx_ptr, wa_ptr, logits_ptr, weights_ptr, ids_ptr, count_ptr,
-                    hidden, q, num_experts, stride_wo, route_programs,
+def _o_route_kernel(a_ptr, wo_ptr, x_ptr, out_ptr, wx_ptr, wa_ptr, logits_ptr, ids_ptr, count_ptr, hidden, q,
+                    num_experts, stride_wo, route_programs,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr, ROUTE_BLOCK_K: tl.constexpr,
-                    TOP_K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, SIGMOID: tl.constexpr,
-                    PDL: tl.constexpr):
+                    TOP_K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, PDL: tl.constexpr):
     # The router's programs first (they are scheduled first, so their top-k tail runs while the
     # o programs still stream), then the o projection's, as gemv's with the residual add.
     pid = tl.program_id(0)
     if pid < route_programs:
-        _route_in_o_rows(a_ptr, x_ptr, wx_ptr, wa_ptr, logits_ptr, weights_ptr, ids_ptr, count_ptr, pid,
-                         route_programs, hidden, q, num_experts, BLOCK_E, ROUTE_BLOCK_K, TOP_K, K_PAD, E_PAD, SIGMOID,
-                         PDL)
+        _route_in_o_rows(a_ptr, x_ptr, wx_ptr, wa_ptr, logits_ptr, ids_ptr, count_ptr, pid, route_programs, hidden,
+                         q, num_experts, BLOCK_E, ROUTE_BLOCK_K, TOP_K, K_PAD, E_PAD, PDL)
     else:
         opid = pid - route_programs
         rows = (opid * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
@@ -283,11 +281,12 @@ def _o_route_kernel(a_ptr, wo_ptr, x_ptr, out_ptr, wx_ptr, wa_ptr, logits_ptr, w
 
 
 def route_in_o(a: torch.Tensor, o_weight: torch.Tensor, x: torch.Tensor, wx: torch.Tensor, wa: torch.Tensor,
-               top_k: int, sigmoid: bool, o_config: tuple[int, ...], route_config: tuple[int, int] = (1, 2048)
+               top_k: int, o_config: tuple[int, ...], route_config: tuple[int, int] = (1, 2048)
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The o projection and its residual add, ``h = x + a @ o_weight.T`` ([1, H], x's dtype, bitwise
     ``gemv(a, o_weight, residual=x, config=o_config)``), and in the same launch the router of the
-    MoE block after it: (h, weights [1, k] float32, ids [1, k] int64, logits [1, E] float32).
+    MoE block after it: (h, weights [1, k] float32, ids [1, k] int64, logits [1, E] float32), where
+    ``weights`` is only allocated here: ``experts_small(..., route_logits=)`` writes it.
 
     The router reads RMSNorm(h) * g, which needs all of h. Its logits are ``rstd(h) * (W_r g) @ h``
     and ``(W_r g) @ h = wx @ x + wa @ a`` with ``wx = W_r diag(g)`` [E, H] and ``wa = wx @ W_o``
@@ -325,11 +324,11 @@ def route_in_o(a: torch.Tensor, o_weight: torch.Tensor, x: torch.Tensor, wx: tor
     logits = torch.empty(1, e, dtype=torch.float32, device=a.device)
     route_programs = triton.cdiv(e, block_e)
     _o_route_kernel[(route_programs + triton.cdiv(hidden, block_n),)](
-        a, o_weight, x, h, wx, wa, logits, weights, ids, _counter(a.device), hidden, q, e, o_weight.stride(0),
-        route_programs, BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_E=block_e,
+        a, o_weight, x, h, wx, wa, logits, ids, _counter(a.device), hidden, q, e, o_weight.stride(0), route_programs,
+        BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_E=block_e,
         ROUTE_BLOCK_K=min(route_k, triton.next_power_of_2(max(hidden, q))), TOP_K=top_k,
-        K_PAD=triton.next_power_of_2(top_k), E_PAD=triton.next_power_of_2(e), SIGMOID=sigmoid, num_warps=warps,
-        num_stages=stages, **pdl_launch(a.device))
+        K_PAD=triton.next_power_of_2(top_k), E_PAD=triton.next_power_of_2(e), num_warps=warps, num_stages=stages,
+        **pdl_launch(a.device))
     return h, weights, ids, logits
 
 

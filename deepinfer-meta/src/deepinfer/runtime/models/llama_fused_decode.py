@@ -281,9 +281,10 @@ def _fused_layers(model: LlamaForCausalLM, st: _Stream, kv_caches: list[torch.Te
                 qkv = _norm_linear(st, layer.input_layernorm, layer.qkv_proj, "qkv", gemv_names, b)
                 o = attend(layer, qkv, cache, quantized)
             # one row of a mixture of experts: its router may run in the o projection's launch
-            o_tile = _tile("o", layer.o_proj.weight) if moe is not None and type(layer.o_proj) is nn.Linear else ()
             routed = (moe is not None and st.pending is None and quantized is None and "o" in gemv_names
-                      and o_tile[4:] in ((), (1,)) and moe.routes_in_o(st.stream, layer.o_proj))
+                      and moe.routes_in_o(st.stream, layer.o_proj))
+            o_tile = _tile("o", layer.o_proj.weight) if routed else ()
+            routed = routed and o_tile[4:] in ((), (1,))  # a split-K tile (a benchmark's override): the plain GEMV
             if not routed:
                 _residual_linear(st, o.view(b, -1), layer.o_proj, "o", gemv_names, b, quantized=quantized)
         with region("mlp"):

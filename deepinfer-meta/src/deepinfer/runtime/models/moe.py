@@ -267,8 +267,7 @@ class SparseMoe(nn.Module):
 
         spec = self.spec
         wx, wa = self._router_in_o(o_proj.weight, norm[0])
-        h, weights, ids, logits = route_in_o(a, o_proj.weight, x, wx, wa, spec.top_k, spec.scoring == "sigmoid",
-                                             o_config)
+        h, weights, ids, logits = route_in_o(a, o_proj.weight, x, wx, wa, spec.top_k, o_config)
         return experts_small(h, weights, ids, self.experts.w13, self.experts.w2, residual=h, norm=norm,
                              route_logits=(logits, spec.scoring == "sigmoid", spec.norm_topk_prob,
                                            spec.routed_scaling_factor))
