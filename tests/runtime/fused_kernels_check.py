@@ -220,6 +220,19 @@ def check_decode_attention(dtype: torch.dtype, g: torch.Generator, bs: int = 16)
         out = decode_attention(q, cache, bt, sl, d ** -0.5, splits, ws, preload=preload)
         torch.testing.assert_close(out, ref, **TOL[dtype])
         assert int(ws.counters.abs().sum()) == 0
+    # other tiles (DEEPINFER_DECODE_TILES, benchmarks): 16- and 32-position tiles with 2 warps, so a
+    # context uses more splits and the merge reads more partials
+    import os
+
+    for tile in ("split=32,2", "split=16,2"):
+        os.environ["DEEPINFER_DECODE_TILES"] = tile
+        try:
+            for splits, preload in ((8, True), (64, False)):
+                out = decode_attention(q, cache, bt, sl, d ** -0.5, splits, ws, preload=preload)
+                torch.testing.assert_close(out, ref, **TOL[dtype])
+                assert int(ws.counters.abs().sum()) == 0
+        finally:
+            del os.environ["DEEPINFER_DECODE_TILES"]
     # a verify step's rows: the last new_rows positions of each context are read after the wait
     for splits, new_rows in ((1, 3), (8, 5), (64, 70)):
         out = decode_attention(q, cache, bt, sl, d ** -0.5, splits, ws, preload=True, new_rows=new_rows)

@@ -91,3 +91,20 @@ def test_gemv_rotary_refuses_bad_operands():
         call(kv_cache=cache.double())
     with pytest.raises(ValueError, match="q/k norm weights"):
         call(qk_norm=(torch.ones(4), torch.ones(d), 1e-6))
+
+
+@pytest.mark.parametrize("text,want", [("", (64, 4)), ("split=32,2", (32, 2)), ("split=16,8", (16, 8)),
+                                       ("split=24,4", "power of two"), ("split=8,4", "power of two"),
+                                       ("split=32", "KERNEL=N,N"), ("merge=32,4", "KERNEL=N,N")])
+def test_decode_attention_tile_switch(monkeypatch, text, want):
+    """DEEPINFER_DECODE_TILES (benchmarks) sets the split kernel's (BLOCK_N, num_warps); a bad value
+    is a ValueError naming the switch."""
+    pytest.importorskip("triton", reason="triton is not installed")
+    from deepinfer.runtime.attention.triton_decode import split_tile
+
+    monkeypatch.setenv("DEEPINFER_DECODE_TILES", text)
+    if isinstance(want, tuple):
+        assert split_tile(16) == want
+    else:
+        with pytest.raises(ValueError, match=f"DEEPINFER_DECODE_TILES.*{want}"):
+            split_tile(16)

@@ -44,6 +44,9 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
            "projections of a one-row step that run the fused Triton GEMV (\"none\": cuBLAS for all)"),
     Switch("DEEPINFER_ONE_ROW_TILES", "", "models/llama_fused_decode.py",
            "tile overrides of the one-row GEMVs, \"down=4,2048,8,1,2;o=...\" (benchmarks)"),
+    Switch("DEEPINFER_DECODE_TILES", "", "attention/triton_decode.py",
+           "tile override of the split-K decode attention, \"split=32,4\" (BLOCK_N a power of two >= 16, "
+           "num_warps; benchmarks)"),
     Switch("DEEPINFER_FP8_GEMM", "auto", "models/fp8_linear.py",
            "several-row products of fp8 layers: \"auto\" (by row count), \"triton\" (weight-only), "
            "\"w8a8\" or \"scaled_mm\" (FP8 activations)"),

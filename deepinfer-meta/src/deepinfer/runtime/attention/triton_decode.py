@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from deepinfer.runtime import switches
 from deepinfer.runtime.attention.triton_softmax import online_softmax_block
 from deepinfer.runtime.kernels.fused_ops import store_quantized_groups
 from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch, prefetch_enabled
@@ -289,6 +290,18 @@ def _checked_workspace(kv_cache: torch.Tensor, num_heads: int, num_splits: int, 
     return workspace
 
 
+def split_tile(block_size: int) -> tuple[int, int]:
+    """(BLOCK_N, num_warps) of the split kernel: (64 or the block size if larger, 4), or what
+    ``DEEPINFER_DECODE_TILES="split=N,W"`` asks for (benchmarks; N a power of two). A split
+    covers a multiple of BLOCK_N positions, so the tile also sets how many splits a context uses."""
+    given = switches.tiles("DEEPINFER_DECODE_TILES", ("split",), (2,)).get("split")
+    if given is None:
+        return max(64, triton.next_power_of_2(block_size)), 4
+    if given[0] & (given[0] - 1) or given[0] < 16:
+        raise ValueError(f"DEEPINFER_DECODE_TILES: BLOCK_N must be a power of two of at least 16, got {given[0]}")
+    return given[0], given[1]
+
+
 def _launch(q: torch.Tensor, b: int, num_heads: int, head_dim: int, kv_cache: torch.Tensor, block_tables: torch.Tensor,
             seq_lens: torch.Tensor, scale: float, num_splits: int, workspace: DecodeWorkspace, out: torch.Tensor,
             fold_merge: bool, preload: bool, new_rows: int, quantized: Quantized | None) -> None:
@@ -300,7 +313,7 @@ def _launch(q: torch.Tensor, b: int, num_heads: int, head_dim: int, kv_cache: to
     group = num_heads // kv_heads
     part_o, part_ml = workspace.part_o, workspace.part_ml
     k_cache, v_cache = kv_cache[0], kv_cache[1]
-    block_n = max(64, triton.next_power_of_2(block_size))
+    block_n, warps = split_tile(block_size)
     pdl = pdl_launch(q.device)
     fold = fold_merge and num_splits > 1
     xq, st = quantized if quantized is not None else (out, out)
@@ -313,7 +326,7 @@ def _launch(q: torch.Tensor, b: int, num_heads: int, head_dim: int, kv_cache: to
         GROUP=group, M=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size, BLOCK_N=block_n,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=triton.next_power_of_2(head_dim), IEEE=q.dtype == torch.float32,
         DIRECT=num_splits == 1, FOLD_MERGE=fold, PRELOAD=preload, NEW_ROWS=new_rows, QUANT=quantized is not None,
-        num_warps=4, **pdl)
+        num_warps=warps, **pdl)
     if num_splits == 1 or fold:
         return
     _decode_merge_kernel[(b, num_heads)](
