@@ -104,7 +104,7 @@ def check_gemv_rotary(dtype: torch.dtype, g: torch.Generator) -> None:
                                (100, bias, None, (2, 32, 4, 1)), (5, None, None, (32, 64, 4, 1))):
         slots = torch.tensor([slot], dtype=torch.int64, device=DEV)
         want_cache = cache0.clone()
-        qkv = gemv(x, w, b, norm=norm, config=tile)
+        qkv = gemv(x, w, b, norm=norm, config=tile, preload=False)  # gemv_rotary's loop over K
         want_q = rotary_kv_write(qkv, pos, rot.cos, rot.sin, slots, want_cache, heads, kvh, qkn, preload=False)
         for _ in range(2):
             cache = cache0.clone()

@@ -190,11 +190,11 @@ def check_route_in_o(device: str, dtype: torch.dtype) -> list[tuple[str, bool, f
         wa = (wx.double().cpu() @ wo.double().cpu()).float().to(device)
         tile = (4, 32, 4, 1)
         h, weights, ids, logits = route_in_o(a, wo, x, wx, wa, k, tile, route_config=(2, 32))
-        want_h = gemv(a, wo, residual=x, config=tile)
+        want_h = gemv(a, wo, residual=x, config=tile, preload=False)  # the same loop over K (no whole-tile preload)
         norm = (gamma, 1e-6)
         hn = rms(h, *norm)
         ref_logits = hn.double().cpu() @ gw.double().t()
-        want_i = route_greedy(ref_logits.float(), k, sigmoid, norm_topk, scaling)[1].cpu()
+        want_i = route_greedy(ref_logits.float().to(device), k, sigmoid, norm_topk, scaling)[1].cpu()
         if ties:
             order = torch.sort(ref_logits, dim=-1, descending=True, stable=True).indices[:, :k]
             assert torch.equal(want_i, order)
@@ -283,7 +283,7 @@ def check_model_switch(device: str, arch: str, batches: tuple[int, ...]) -> tupl
         # the qkv GEMV rotating the heads itself), then the grouped one
         variants = ("400", "410", "411", "000")
         for variant in variants:
-            os.environ.update(zip(switch_names, ("4" if variant[0] == "4" else "0", variant[1], variant[2])))
+            os.environ.update(zip(switch_names, variant))  # "411": SMALL_BATCH 4, ROUTER_IN_O 1, ROTARY_IN_QKV 1
             ws = DecodeWorkspace(6, cfg.num_attention_heads, cfg.head_dim, dev)
             for b in batches:
                 hidden = fused_decode_forward(model, ids[:b], pos[:b], [c.clone() for c in caches], slots[:b],
