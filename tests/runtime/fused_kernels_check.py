@@ -21,7 +21,7 @@ from deepinfer.runtime.kernels.fused_ops import (
     rotary_kv_write,
     silu_mul,
 )
-from deepinfer.runtime.kernels.gemv import _argmax_partials_kernel, gemv, gemv_argmax, gemv_rotary
+from deepinfer.runtime.kernels.gemv import _argmax_partials_kernel, gemv, gemv_argmax
 from deepinfer.runtime.models.llama import RMSNorm
 from deepinfer.runtime.models.rotary import RotaryEmbedding
 from triton_interpreter_compat import interpreter_loop_bounds_compat
@@ -83,36 +83,6 @@ def check_rotary_kv(dtype: torch.dtype, g: torch.Generator, qk_norm: bool = Fals
     torch_paged.write_kv(ref_cache, qk[keep, heads:], v[keep], slots[keep])
     torch.testing.assert_close(q, qk[:, :heads], **TOL[dtype])
     torch.testing.assert_close(cache, ref_cache, **TOL[dtype])  # row with slot -1 wrote nothing
-
-
-def check_gemv_rotary(dtype: torch.dtype, g: torch.Generator) -> None:
-    """gemv_rotary (the qkv GEMV whose last program of each head rotates and stores it) gives the
-    bits of gemv + rotary_kv_write: q and the cache, with and without bias and q/k norm, at a
-    cache slot and at a padding row (slot -1 stores nothing), twice in a row (its arrival
-    counters go back to 0), at two tiles."""
-    heads, kvh, d, k, bs, nb = 6, 2, 32, 96, 16, 8
-    rot = RotaryEmbedding(d, 256, 10000.0, None).to(DEV)
-    n = (heads + 2 * kvh) * d
-    w = (torch.randn(n, k, generator=g) * k ** -0.5).to(DEV, dtype)
-    bias = torch.randn(n, generator=g).to(DEV, dtype)
-    x = torch.randn(1, k, generator=g).to(DEV, dtype)
-    norm = ((torch.rand(k, generator=g) + 0.5).to(DEV, dtype), 1e-5)
-    qk = ((torch.rand(d, generator=g) + 0.5).to(DEV, dtype), (torch.rand(d, generator=g) + 0.5).to(DEV, dtype), 1e-6)
-    cache0 = torch.randn(2, nb, bs, kvh, d, generator=g).to(DEV, dtype)
-    pos = torch.tensor([37], dtype=torch.int32, device=DEV)
-    for slot, b, qkn, tile in ((21, None, qk, (2, 32, 4, 1)), (-1, bias, qk, (4, 64, 2, 2)),
-                               (100, bias, None, (2, 32, 4, 1)), (5, None, None, (32, 64, 4, 1))):
-        slots = torch.tensor([slot], dtype=torch.int64, device=DEV)
-        want_cache = cache0.clone()
-        qkv = gemv(x, w, b, norm=norm, config=tile, preload=False)  # gemv_rotary's loop over K
-        want_q = rotary_kv_write(qkv, pos, rot.cos, rot.sin, slots, want_cache, heads, kvh, qkn, preload=False)
-        for _ in range(2):
-            cache = cache0.clone()
-            q = gemv_rotary(x, w, b, norm, pos, rot.cos, rot.sin, slots, cache, heads, kvh, qkn, config=tile)
-            assert torch.equal(q, want_q), (slot, tile, (q - want_q).abs().max())
-            assert torch.equal(cache, want_cache), (slot, tile)
-        if slot < 0:
-            assert torch.equal(cache, cache0)
 
 
 def check_silu_mul(dtype: torch.dtype, g: torch.Generator) -> None:
@@ -332,10 +302,8 @@ def check_one_row_forward(arch: str, fp8: bool = False) -> None:
     if fp8:  # the fusions' plumbing at float32 math: the float16 math's error (~1e-3) is bounded in
         # fp8_kernels_check.py against its own per-chunk reference
         os.environ["DEEPINFER_FP8_ONE_ROW_MATH"] = "f32"
-    # the fused GEMVs (also with the qkv GEMV rotating the heads itself), then cuBLAS + separate kernels
-    for names, rotary in (("qkv,o,gate_up,down", "0"), ("qkv,o,gate_up,down", "1"), ("none", "0")):
+    for names in ("qkv,o,gate_up,down", "none"):
         os.environ["DEEPINFER_ONE_ROW_GEMV"] = names
-        os.environ["DEEPINFER_ROTARY_IN_QKV"] = rotary
         for cache in runner.kv_caches:  # each run must store the new token's k and v itself
             cache[:, slot // 4, slot % 4] = 0
         hidden = fused_decode_forward(
@@ -344,8 +312,8 @@ def check_one_row_forward(arch: str, fp8: bool = False) -> None:
             torch.tensor([slot], device=DEV), torch.tensor(table, dtype=torch.int32, device=DEV),
             torch.tensor([n + 1], dtype=torch.int32, device=DEV),
             DecodeWorkspace(2, cfg.num_attention_heads, cfg.head_dim, DEV), 2)
-        got[names + rotary] = runner.model.head_logits(hidden).float()
-    del os.environ["DEEPINFER_ONE_ROW_GEMV"], os.environ["DEEPINFER_ROTARY_IN_QKV"]
+        got[names] = runner.model.head_logits(hidden).float()
+    del os.environ["DEEPINFER_ONE_ROW_GEMV"]
     # the reference: the eager step of one row, which on CUDA also runs the fp8 one-row GEMV, so
     # it takes the same float32 math (with the float16 default it was ~9e-3 off on the H200)
     ref = runner.execute(input_ids=np.array([12]), positions=np.array([n]), slot_mapping=np.array([slot]),
@@ -374,8 +342,7 @@ for dt in DTYPES:
     check_silu_mul(dt, gen)
     done(f"add_rmsnorm, rotary_kv_write, silu_mul {dt}")
     check_gemv(dt, gen)
-    check_gemv_rotary(dt, gen)
-    done(f"gemv, gemv_rotary {dt}")
+    done(f"gemv {dt}")
     check_decode_attention(dt, gen)
     done(f"decode attention {dt}")
 check_decode_attention(torch.float32, gen, bs=24)  # a block size that is no power of two

@@ -247,11 +247,11 @@ def main(args: list[str]) -> None:
             for batch in (1, 4):
                 decode_step(shape, batch)
                 _report(f"{shape} batch {batch} prefetch {prefetch}")
-            if shape == "qwen3-30b-a3b":  # the router in the o projection's launch, the rotary in the qkv GEMV
-                os.environ.update(DEEPINFER_MOE_ROUTER_IN_O="1", DEEPINFER_ROTARY_IN_QKV="1")
+            if shape == "qwen3-30b-a3b":  # the router in the o projection's launch (DEEPINFER_MOE_ROUTER_IN_O)
+                os.environ["DEEPINFER_MOE_ROUTER_IN_O"] = "1"
                 decode_step(shape, 1)
-                del os.environ["DEEPINFER_MOE_ROUTER_IN_O"], os.environ["DEEPINFER_ROTARY_IN_QKV"]
-                _report(f"{shape} batch 1 router in o, rotary in qkv, prefetch {prefetch}")
+                del os.environ["DEEPINFER_MOE_ROUTER_IN_O"]
+                _report(f"{shape} batch 1 router in o, prefetch {prefetch}")
             if "kv_lora_rank" not in SHAPES[shape]:  # MLA models take no fused eager step
                 eager_step(shape)
                 _report(f"{shape} eager step prefetch {prefetch}")

@@ -120,33 +120,38 @@ def test_qwen3_graph_decode_matches_eager_greedy(tmp_path, monkeypatch, prefetch
     assert set(fused) == set(eager) and same == len(eager)
 
 
-@pytest.mark.parametrize("folds", ["0", "1"])
-def test_qwen3_moe_graph_decode_matches_eager_greedy(tmp_path, monkeypatch, folds):
+@pytest.mark.parametrize("in_o", ["0", "1"])
+def test_qwen3_moe_graph_decode_matches_eager_greedy(tmp_path, monkeypatch, in_o):
     """A small Qwen3-MoE shape: the replayed decode graphs give the eager path's greedy tokens in
-    the scenario above and for a request alone (the batch-1 graph, where the one-row folds apply).
-    ``folds=1``: the graphs are captured with the router in the o projection's launch and the
-    rotary in the qkv GEMV (``DEEPINFER_MOE_ROUTER_IN_O``, ``DEEPINFER_ROTARY_IN_QKV``); the eager
-    reference runs without them."""
+    the scenario above and for a request alone (the batch-1 graph). ``in_o=1``: the graphs are
+    captured with the router in the o projection's launch (``DEEPINFER_MOE_ROUTER_IN_O``); the
+    eager reference runs without it. The graphs are captured again after ``_llm`` rewrites the
+    weights: the router-in-o path keeps weights derived from them (``W_r diag(g) W_o``), made
+    when a forward runs outside a replay, and a graph captured before the rewrite would keep the
+    old ones (the engine loads weights only before it captures)."""
     from deepinfer import SamplingParams
+    from deepinfer.runtime.worker.cuda_graph_runner import capture_decode_graphs
     from gpu_shapes import write_shape_dir
 
     moe_dir = write_shape_dir(str(tmp_path), "test-small-moe")
     alone = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     prompt = [{"prompt_token_ids": list(range(7, 40))}]
-    for name in ("DEEPINFER_MOE_ROUTER_IN_O", "DEEPINFER_ROTARY_IN_QKV"):
-        monkeypatch.setenv(name, "0")
+    monkeypatch.setenv("DEEPINFER_MOE_ROUTER_IN_O", "0")
     eager_llm = _llm(moe_dir, enforce_eager=True)
     eager, _ = _scenario(eager_llm)
     eager_alone = list(eager_llm.generate(prompt, alone)[0].outputs[0].token_ids)
     del eager_llm
-    for name in ("DEEPINFER_MOE_ROUTER_IN_O", "DEEPINFER_ROTARY_IN_QKV"):
-        monkeypatch.setenv(name, folds)
+    monkeypatch.setenv("DEEPINFER_MOE_ROUTER_IN_O", in_o)
     llm = _llm(moe_dir)
-    assert llm.runner.graphs is not None
+    old = llm.runner.graphs
+    assert old is not None
+    llm.runner.graphs = None
+    llm.runner.graphs = capture_decode_graphs(llm.runner, llm.engine.step_buffers, old.batch_sizes, old.max_model_len)
+    del old
     fused, rows = _scenario(llm)
     fused_alone = list(llm.generate(prompt, alone)[0].outputs[0].token_ids)
     same = sum(fused[r] == eager[r] for r in eager)
-    print(f"qwen3-moe graphs (folds={folds}) identical to eager: {same}/{len(eager)}; rows {sorted(rows)}; "
+    print(f"qwen3-moe graphs (router in o {in_o}) identical to eager: {same}/{len(eager)}; rows {sorted(rows)}; "
           f"alone {fused_alone == eager_alone}")
     assert set(fused) == set(eager) and same == len(eager)
     assert fused_alone == eager_alone

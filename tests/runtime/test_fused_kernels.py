@@ -57,42 +57,6 @@ def test_fused_eager_steps_match_the_models_own_forward(tmp_path, arch):
     assert out.stdout.count("step ") == 3, out.stdout
 
 
-def test_gemv_rotary_refuses_bad_operands():
-    """gemv_rotary (the qkv GEMV rotating its heads itself) names what is wrong before launching."""
-    pytest.importorskip("triton", reason="triton is not installed")
-    import torch
-    from deepinfer.runtime.kernels.gemv import gemv_rotary
-
-    heads, kvh, d, k = 2, 1, 8, 16
-    x, w = torch.zeros(1, k), torch.zeros((heads + 2 * kvh) * d, k)
-    norm = (torch.ones(k), 1e-6)
-    pos, slots, cos = torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int64), torch.zeros(16, d)
-    cache = torch.zeros(2, 4, 4, kvh, d)
-    tile = (2, 16, 1, 1)
-
-    def call(**kw):
-        args = dict(x=x, weight=w, bias=None, norm=norm, positions=pos, cos=cos, sin=cos, slot_mapping=slots,
-                    kv_cache=cache, num_heads=heads, num_kv_heads=kvh, config=tile)
-        gemv_rotary(**{**args, **kw})
-
-    with pytest.raises(ValueError, match=r"weight must be \[32, K\]"):
-        call(weight=torch.zeros(24, k))
-    with pytest.raises(ValueError, match="x has 12 columns"):
-        call(x=torch.zeros(1, 12))
-    with pytest.raises(ValueError, match="BLOCK_N dividing the head dim 8"):
-        call(config=(3, 16, 1, 1))
-    with pytest.raises(ValueError, match="no split-K"):
-        call(config=(2, 16, 1, 1, 2))
-    with pytest.raises(ValueError, match="one position and one slot"):
-        call(positions=torch.zeros(2, dtype=torch.int32))
-    with pytest.raises(ValueError, match="kv_cache must be"):
-        call(kv_cache=torch.zeros(2, 4, 4, 2, d))
-    with pytest.raises(ValueError, match="kv_cache must be"):
-        call(kv_cache=cache.double())
-    with pytest.raises(ValueError, match="q/k norm weights"):
-        call(qk_norm=(torch.ones(4), torch.ones(d), 1e-6))
-
-
 @pytest.mark.parametrize("text,want", [("", (64, 4)), ("split=32,2", (32, 2)), ("split=16,8", (16, 8)),
                                        ("split=24,4", "power of two"), ("split=8,4", "power of two"),
                                        ("split=32", "KERNEL=N,N"), ("merge=32,4", "KERNEL=N,N")])

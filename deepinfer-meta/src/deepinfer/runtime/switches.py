@@ -104,10 +104,7 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
            "normalises its row again)"),
     Switch("DEEPINFER_MOE_ROUTER_IN_O", "0", "models/moe.py",
            "1: at one token the MoE router runs in the o projection's launch (logits from its inputs, the weights "
-           "stored by gate/up; experimental, being measured)"),
-    Switch("DEEPINFER_ROTARY_IN_QKV", "0", "models/llama_fused_decode.py",
-           "1: at one row the qkv GEMV rotates and stores each head itself, the last program of a head's rows "
-           "(no rotary launch; experimental, being measured)"),
+           "stored by gate/up; experimental: within 0.7 % of the default on an H100)"),
     Switch("DEEPINFER_CUDA_BLOCKING_SYNC", "0", "engine/executor.py",
            "1: the step executor waits for a step's sampled ids on blocking CUDA events (the thread sleeps "
            "until the GPU is done: half the engine core's CPU with Llama-3-8B's steps on the H200; 0: CUDA's "

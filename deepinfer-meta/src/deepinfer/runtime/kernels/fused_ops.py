@@ -102,15 +102,27 @@ def store_quantized_groups(xv, cols, ok, q_ptr, st_ptr, kt):
 
 
 @triton.jit
-def rotary_tables(pos_ptr, cos_ptr, sin_ptr, slot_ptr, qn_ptr, kn_ptr, tok, is_q, stride_cos, dt: tl.constexpr,
-                  HEAD_DIM: tl.constexpr, HALF_PAD: tl.constexpr, QK_NORM: tl.constexpr):
-    """What rotating token ``tok``'s heads reads besides qkv (no kernel of a step writes it):
-    (cos and sin of both halves rounded to ``dt`` as torch rounds them, the q/k norm weights of
-    both halves or cos again, the token's cache slot)."""
+def _rotary_kv_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, q_out_ptr, cache_ptr, qn_ptr, kn_ptr, eps,
+                      stride_qkv, stride_qo_t, stride_qo_h, stride_cos, plane, stride_slot, stride_kvh,
+                      NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                      HALF_PAD: tl.constexpr, HEAD_BLOCK: tl.constexpr, QK_NORM: tl.constexpr, PDL: tl.constexpr,
+                      PRELOAD: tl.constexpr = False):
+    # one program: HEAD_BLOCK heads (q, k or v) of one token, as a [HEAD_BLOCK, HALF_PAD] tile of
+    # first halves and one of second halves. PRELOAD: before the wait it loads what no kernel of the
+    # step writes (positions, slots, the cos/sin tables, the norm weights; kernels/pdl.py), after it qkv.
+    if not PRELOAD:
+        pdl_begin(PDL)
+    tok = tl.program_id(0).to(tl.int64)
+    head = (tl.program_id(1) * HEAD_BLOCK + tl.arange(0, HEAD_BLOCK))[:, None]
     half: tl.constexpr = HEAD_DIM // 2
     i = tl.arange(0, HALF_PAD)[None, :]
     col_ok = i < half
+    is_q = head < NUM_HEADS
+    is_k = (head >= NUM_HEADS) & (head < NUM_HEADS + NUM_KV_HEADS)
+    is_v = (head >= NUM_HEADS + NUM_KV_HEADS) & (head < NUM_HEADS + 2 * NUM_KV_HEADS)
+    ok = (is_q | is_k | is_v) & col_ok
     pos = tl.load(pos_ptr + tok).to(tl.int64)
+    dt = qkv_ptr.dtype.element_ty
     # cos/sin rows are float32 tables; torch rounds them to the activation dtype first
     c1 = tl.load(cos_ptr + pos * stride_cos + i, mask=col_ok, other=0.0).to(dt).to(tl.float32)
     c2 = tl.load(cos_ptr + pos * stride_cos + half + i, mask=col_ok, other=0.0).to(dt).to(tl.float32)
@@ -124,32 +136,11 @@ def rotary_tables(pos_ptr, cos_ptr, sin_ptr, slot_ptr, qn_ptr, kn_ptr, tok, is_q
                       tl.load(kn_ptr + i, mask=col_ok, other=0.0).to(tl.float32))
         w2 = tl.where(is_q, tl.load(qn_ptr + half + i, mask=col_ok, other=0.0).to(tl.float32),
                       tl.load(kn_ptr + half + i, mask=col_ok, other=0.0).to(tl.float32))
-    return c1, c2, s1, s2, w1, w2, slot
-
-
-@triton.jit
-def rotate_and_store(qkv_ptr, q_out_ptr, cache_ptr, tok, head, c1, c2, s1, s2, w1, w2, slot, eps, stride_qkv,
-                     stride_qo_t, stride_qo_h, plane, stride_slot, stride_kvh, NUM_HEADS: tl.constexpr,
-                     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HALF_PAD: tl.constexpr,
-                     QK_NORM: tl.constexpr, FROM_L2: tl.constexpr):
-    """Token ``tok``'s ``head`` [HB, 1] (q, k or v) of qkv: (q/k norm +) rotary, q stored at
-    ``q_out``, k and v at the token's cache slot (none where slot < 0). FROM_L2: qkv is read past
-    the SM's L1 (other programs of this kernel wrote it)."""
-    half: tl.constexpr = HEAD_DIM // 2
-    i = tl.arange(0, HALF_PAD)[None, :]
-    col_ok = i < half
-    is_q = head < NUM_HEADS
-    is_k = (head >= NUM_HEADS) & (head < NUM_HEADS + NUM_KV_HEADS)
-    is_v = (head >= NUM_HEADS + NUM_KV_HEADS) & (head < NUM_HEADS + 2 * NUM_KV_HEADS)
-    ok = (is_q | is_k | is_v) & col_ok
-    dt = qkv_ptr.dtype.element_ty
+    if PRELOAD:
+        pdl_begin(PDL)
     base = qkv_ptr + tok * stride_qkv + head * HEAD_DIM
-    if FROM_L2:
-        raw1 = tl.load(base + i, mask=ok, other=0.0, cache_modifier=".cg")
-        raw2 = tl.load(base + half + i, mask=ok, other=0.0, cache_modifier=".cg")
-    else:
-        raw1 = tl.load(base + i, mask=ok, other=0.0)
-        raw2 = tl.load(base + half + i, mask=ok, other=0.0)
+    raw1 = tl.load(base + i, mask=ok, other=0.0)
+    raw2 = tl.load(base + half + i, mask=ok, other=0.0)
     x1 = raw1.to(tl.float32)
     x2 = raw2.to(tl.float32)
     if QK_NORM:  # RMSNorm of each q/k head (as models.llama.RMSNorm rounds), then rotate
@@ -169,29 +160,6 @@ def rotate_and_store(qkv_ptr, q_out_ptr, cache_ptr, tok, head, c1, c2, s1, s2, w
         v_dst = cache_ptr + plane + slot * stride_slot + (head - NUM_HEADS - NUM_KV_HEADS) * stride_kvh
         tl.store(v_dst + i, raw1, mask=is_v & col_ok)
         tl.store(v_dst + half + i, raw2, mask=is_v & col_ok)
-
-
-@triton.jit
-def _rotary_kv_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, q_out_ptr, cache_ptr, qn_ptr, kn_ptr, eps,
-                      stride_qkv, stride_qo_t, stride_qo_h, stride_cos, plane, stride_slot, stride_kvh,
-                      NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                      HALF_PAD: tl.constexpr, HEAD_BLOCK: tl.constexpr, QK_NORM: tl.constexpr, PDL: tl.constexpr,
-                      PRELOAD: tl.constexpr = False):
-    # one program: HEAD_BLOCK heads (q, k or v) of one token, as a [HEAD_BLOCK, HALF_PAD] tile of
-    # first halves and one of second halves. PRELOAD: before the wait it loads what no kernel of the
-    # step writes (positions, slots, the cos/sin tables, the norm weights; kernels/pdl.py), after it qkv.
-    if not PRELOAD:
-        pdl_begin(PDL)
-    tok = tl.program_id(0).to(tl.int64)
-    head = (tl.program_id(1) * HEAD_BLOCK + tl.arange(0, HEAD_BLOCK))[:, None]
-    c1, c2, s1, s2, w1, w2, slot = rotary_tables(pos_ptr, cos_ptr, sin_ptr, slot_ptr, qn_ptr, kn_ptr, tok,
-                                                 head < NUM_HEADS, stride_cos, qkv_ptr.dtype.element_ty, HEAD_DIM,
-                                                 HALF_PAD, QK_NORM)
-    if PRELOAD:
-        pdl_begin(PDL)
-    rotate_and_store(qkv_ptr, q_out_ptr, cache_ptr, tok, head, c1, c2, s1, s2, w1, w2, slot, eps, stride_qkv,
-                     stride_qo_t, stride_qo_h, plane, stride_slot, stride_kvh, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM,
-                     HALF_PAD, QK_NORM, False)
 
 
 # Tokens from which one program rotates all heads of a token (fewer, larger programs: at 256

@@ -35,7 +35,6 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer.runtime.kernels.fused_ops import rotary_tables, rotate_and_store
 from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch, prefetch_fits
 
 # (BLOCK_N, BLOCK_K, num_warps, num_stages): the best tile of most Llama-3-8B projections on the
@@ -248,76 +247,6 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         RESIDUAL=residual is not None, SPLIT_K=split_k, num_warps=warps, num_stages=stages, PRELOAD_K=preload_k,
         **pdl_launch(x.device))
     return out
-
-
-@triton.jit
-def _gemv_rotary_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, qkv_ptr, count_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, q_out_ptr,
-                        cache_ptr, qn_ptr, kn_ptr, n, k, stride_w, eps, qk_eps, stride_cos, plane, stride_slot,
-                        stride_kvh, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-                        NORM_BLOCK: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
-                        HEAD_DIM: tl.constexpr, HALF_PAD: tl.constexpr, QK_NORM: tl.constexpr, PDL: tl.constexpr):
-    pid = tl.program_id(0)
-    rows = (pid * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
-    row_ok = rows < n
-    y = _gemv_rows(x_ptr, w_ptr, nw_ptr, qkv_ptr, rows, row_ok, k, 0, k, stride_w, eps, BLOCK_K, False, True,
-                   NORM_BLOCK, PDL)
-    _gemv_epilogue(y, rows, row_ok, pid, n, b_ptr, qkv_ptr, qkv_ptr, qkv_ptr, qkv_ptr, HAS_BIAS, False, False)
-    # The last of a head's HEAD_DIM / BLOCK_N programs to finish rotates it and stores it (an
-    # integer arrival counter per head, set back to 0 for the next call)
-    head = pid * BLOCK_N // HEAD_DIM
-    tl.debug_barrier()  # every thread's rows stored before the release below
-    if tl.atomic_add(count_ptr + head, 1, sem="acq_rel") == HEAD_DIM // BLOCK_N - 1:
-        tl.store(count_ptr + head, 0)
-        hv = head + tl.zeros([1, 1], dtype=tl.int32)
-        c1, c2, s1, s2, w1, w2, slot = rotary_tables(pos_ptr, cos_ptr, sin_ptr, slot_ptr, qn_ptr, kn_ptr, 0,
-                                                     hv < NUM_HEADS, stride_cos, qkv_ptr.dtype.element_ty, HEAD_DIM,
-                                                     HALF_PAD, QK_NORM)
-        rotate_and_store(qkv_ptr, q_out_ptr, cache_ptr, 0, hv, c1, c2, s1, s2, w1, w2, slot, qk_eps, 0, 0, HEAD_DIM,
-                         plane, stride_slot, stride_kvh, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, HALF_PAD, QK_NORM, True)
-
-
-def gemv_rotary(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, norm: tuple[torch.Tensor, float],
-                positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slot_mapping: torch.Tensor,
-                kv_cache: torch.Tensor, num_heads: int, num_kv_heads: int,
-                qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
-                config: tuple[int, ...] = DEFAULT_CONFIG) -> torch.Tensor:
-    """The qkv projection of one row and what ``fused_ops.rotary_kv_write`` does after it, in one
-    launch: ``rotary_kv_write(gemv(x, weight, bias, norm=norm), positions, ...)``, the rotated q
-    [1, H, D] (k and v stored in ``kv_cache``). The last program to finish a head's rows rotates
-    that head (an arrival counter per head), so the heads rotate while the later rows stream.
-    ``config``: the GEMV tile (BLOCK_N, BLOCK_K, num_warps, num_stages), BLOCK_N dividing D."""
-    d = kv_cache.shape[-1]
-    n, k = weight.shape if weight.dim() == 2 else (0, 0)
-    if weight.dim() != 2 or weight.stride(1) != 1 or n != (num_heads + 2 * num_kv_heads) * d:
-        raise ValueError(f"gemv_rotary: weight must be [{(num_heads + 2 * num_kv_heads) * d}, K] ({num_heads} q and "
-                         f"2x{num_kv_heads} kv heads of {d}) with contiguous rows, got {tuple(weight.shape)}")
-    check_one_row("gemv_rotary", x, n, k, "weight", silu_mul=False, bias=bias, norm=norm, residual=None)
-    if len(config) not in (4, 5) or config[4:] not in ((), (1,)) or d % config[0]:
-        raise ValueError(f"gemv_rotary: config must be (BLOCK_N, BLOCK_K, num_warps, num_stages) with BLOCK_N dividing "
-                         f"the head dim {d} (no split-K), got {config!r}")
-    if tuple(positions.shape) != (1,) or tuple(slot_mapping.shape) != (1,):
-        raise ValueError(f"gemv_rotary: one position and one slot, got {tuple(positions.shape)} and "
-                         f"{tuple(slot_mapping.shape)}")
-    if kv_cache.dim() != 5 or kv_cache.shape[0] != 2 or kv_cache.shape[3] != num_kv_heads or kv_cache.dtype != x.dtype:
-        raise ValueError(f"gemv_rotary: kv_cache must be [2, blocks, block_size, {num_kv_heads}, D] of {x.dtype}, got "
-                         f"{kv_cache.dtype} {tuple(kv_cache.shape)}")
-    if not kv_cache.is_contiguous() or cos.stride(1) != 1 or cos.stride() != sin.stride():
-        raise ValueError("gemv_rotary: kv_cache and the cos/sin tables must be contiguous")
-    if qk_norm is not None and (qk_norm[0].shape != (d,) or qk_norm[1].shape != (d,)):
-        raise ValueError(f"gemv_rotary: the q/k norm weights must be [{d}], got {tuple(qk_norm[0].shape)} and "
-                         f"{tuple(qk_norm[1].shape)}")
-    block_n, block_k, warps, stages = config[:4]
-    qkv = torch.empty((1, n), dtype=x.dtype, device=x.device)
-    q = torch.empty((1, num_heads, d), dtype=x.dtype, device=x.device)
-    qn, kn, qk_eps = qk_norm if qk_norm is not None else (weight, weight, 0.0)
-    _gemv_rotary_kernel[(triton.cdiv(n, block_n),)](
-        x, weight, bias if bias is not None else weight, norm[0], qkv, _split_counters(x.device, n // d), positions,
-        cos, sin, slot_mapping, q, kv_cache, qn, kn, n, k, weight.stride(0), norm[1], qk_eps, cos.stride(0),
-        kv_cache.stride(0), kv_cache.stride(2), kv_cache.stride(3),
-        BLOCK_N=block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None, NORM_BLOCK=triton.next_power_of_2(k),
-        NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=d, HALF_PAD=triton.next_power_of_2(d // 2),
-        QK_NORM=qk_norm is not None, num_warps=warps, num_stages=stages, **pdl_launch(x.device))
-    return q
 
 
 def _preload_k(block_n: int, k: int, warps: int, preload: bool | None, itemsize: int) -> int:

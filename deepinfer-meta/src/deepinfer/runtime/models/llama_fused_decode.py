@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import NamedTuple, cast
+from typing import cast
 
 import torch
 from torch import nn
@@ -30,7 +30,7 @@ from deepinfer.runtime import switches
 from deepinfer.runtime.attention.metadata import AttentionMetadata
 from deepinfer.runtime.attention.triton_decode import DecodeWorkspace, Quantized, decode_attention
 from deepinfer.runtime.kernels.fused_ops import add_rmsnorm, rotary_kv_write, silu_mul
-from deepinfer.runtime.kernels.gemv import gemv, gemv_rotary
+from deepinfer.runtime.kernels.gemv import gemv
 from deepinfer.runtime.models.gguf_linear import GGUFLinearCUDA
 from deepinfer.runtime.models.llama import LlamaForCausalLM, LlamaLayer, RMSNorm
 
@@ -171,28 +171,6 @@ def _qk_norm(layer: LlamaLayer) -> tuple[torch.Tensor, torch.Tensor, float] | No
     return layer.q_norm.weight, layer.k_norm.weight, layer.q_norm.eps
 
 
-class _RotaryInQkv(NamedTuple):
-    """What the qkv GEMV needs to rotate and store the heads itself (``gemv_rotary``) in a graph
-    decode step of one row (``DEEPINFER_ROTARY_IN_QKV=1``), and the attention over the rotated q."""
-
-    positions: torch.Tensor
-    cos: torch.Tensor
-    sin: torch.Tensor
-    slot_mapping: torch.Tensor
-    attend: Attend  # over the rotated q
-
-
-def _rotates_in_qkv(st: _Stream, layer: LlamaLayer, b: int, gemv_names: frozenset[str]) -> tuple[int, ...] | None:
-    """The qkv tile where ``gemv_rotary`` runs this layer's qkv and rotary: one row, a plain qkv
-    projection through the GEMV (its norm in the prologue), a tile whose rows divide a head."""
-    proj = layer.qkv_proj
-    if not (b == 1 and st.pending is None and "qkv" in gemv_names and type(proj) is nn.Linear
-            and proj.weight.stride(1) == 1):
-        return None
-    tile = _tile("qkv", proj.weight)
-    return tile if tile[4:] in ((), (1,)) and layer.head_dim % tile[0] == 0 else None
-
-
 def fused_decode_forward(model: LlamaForCausalLM, input_ids: torch.Tensor, positions: torch.Tensor,
                          kv_caches: list[torch.Tensor], slot_mapping: torch.Tensor, block_tables: torch.Tensor,
                          seq_lens: torch.Tensor, workspace: DecodeWorkspace, num_splits: int,
@@ -203,21 +181,15 @@ def fused_decode_forward(model: LlamaForCausalLM, input_ids: torch.Tensor, posit
     fold_merge = switches.enabled("DEEPINFER_FOLD_MERGE")
     cos, sin = model.rotary.cos, model.rotary.sin
 
-    def attend_rotated(layer: LlamaLayer, q: torch.Tensor, cache: torch.Tensor,
-                       quantized: Quantized | None) -> torch.Tensor:
-        return decode_attention(q, cache, block_tables, seq_lens, layer.scale, num_splits, workspace,
-                                fold_merge=fold_merge, new_rows=new_rows, quantized=quantized)
-
     def attend(layer: LlamaLayer, qkv: torch.Tensor, cache: torch.Tensor, quantized: Quantized | None) -> torch.Tensor:
         q = rotary_kv_write(qkv, positions, cos, sin, slot_mapping, cache, layer.num_heads, layer.num_kv_heads,
                             _qk_norm(layer))
-        return attend_rotated(layer, q, cache, quantized)
+        return decode_attention(q, cache, block_tables, seq_lens, layer.scale, num_splits, workspace,
+                                fold_merge=fold_merge, new_rows=new_rows, quantized=quantized)
 
-    rotary = _RotaryInQkv(positions, cos, sin, slot_mapping, attend_rotated) \
-        if switches.enabled("DEEPINFER_ROTARY_IN_QKV") else None
     with region("embed"):
         st = _Stream(model.embed_tokens.forward(input_ids))  # a module call: the vocabulary-parallel one all-reduces
-    return _fused_layers(model, st, kv_caches, attend, region, quantize_inputs=True, rotary=rotary)
+    return _fused_layers(model, st, kv_caches, attend, region, quantize_inputs=True)
 
 
 def fused_step_forward(model: LlamaForCausalLM, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -258,28 +230,19 @@ def fused_step_supported(model: nn.Module, attention: object) -> bool:
 
 
 def _fused_layers(model: LlamaForCausalLM, st: _Stream, kv_caches: list[torch.Tensor], attend: Attend,
-                  region: Region, quantize_inputs: bool = False, rotary: _RotaryInQkv | None = None) -> torch.Tensor:
+                  region: Region, quantize_inputs: bool = False) -> torch.Tensor:
     """The decoder layers and the final norm over the residual stream ``st`` of ``b`` rows.
     ``quantize_inputs``: a decode graph's step, where ``attend`` can store its output as the GGUF
-    o projection's 8-bit activations too (``_o_activations`` says where). ``rotary``: the qkv
-    GEMV rotates and stores the heads itself where ``_rotates_in_qkv`` allows."""
+    o projection's 8-bit activations too (``_o_activations`` says where)."""
     b = st.stream.shape[0]
     gemv_names = one_row_gemv_projections()
     for module, cache in zip(model.layers, kv_caches, strict=True):
         layer = cast(LlamaLayer, module)
         moe = getattr(layer, "moe", None)
         with region("attention"):
+            qkv = _norm_linear(st, layer.input_layernorm, layer.qkv_proj, "qkv", gemv_names, b)
             quantized = _o_activations(layer, b) if quantize_inputs else None
-            qkv_tile = _rotates_in_qkv(st, layer, b, gemv_names) if rotary is not None else None
-            if rotary is not None and qkv_tile is not None:
-                norm = layer.input_layernorm
-                q = gemv_rotary(st.stream, layer.qkv_proj.weight, layer.qkv_proj.bias, (norm.weight, norm.eps),
-                                rotary.positions, rotary.cos, rotary.sin, rotary.slot_mapping, cache, layer.num_heads,
-                                layer.num_kv_heads, _qk_norm(layer), config=qkv_tile)
-                o = rotary.attend(layer, q, cache, quantized)
-            else:
-                qkv = _norm_linear(st, layer.input_layernorm, layer.qkv_proj, "qkv", gemv_names, b)
-                o = attend(layer, qkv, cache, quantized)
+            o = attend(layer, qkv, cache, quantized)
             # one row of a mixture of experts: its router may run in the o projection's launch
             routed = (moe is not None and st.pending is None and quantized is None and "o" in gemv_names
                       and moe.routes_in_o(st.stream, layer.o_proj))
