@@ -283,6 +283,27 @@ def fused_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13
 
 
 @triton.jit
+def route_scores(x, ok, SIGMOID: tl.constexpr):
+    """Each expert's score from float32 logits ``x`` (``ok``: real experts, the others score 0):
+    softmax over the experts, or DeepSeek-V3's per-expert sigmoid."""
+    x = tl.where(ok, x, -float("inf"))
+    if SIGMOID:
+        return 1.0 / (1.0 + tl.exp(-x))
+    e = tl.exp(x - tl.max(x, axis=0))
+    return e / tl.sum(e, axis=0)
+
+
+@triton.jit
+def renormalised(w, SIGMOID: tl.constexpr):
+    """The chosen experts' weights ``w`` divided by their sum (norm_topk_prob; sigmoid scores add
+    1e-20 to it, as DeepSeek-V3 does)."""
+    total = tl.sum(w, axis=0)
+    if SIGMOID:
+        total += 1e-20
+    return w / total
+
+
+@triton.jit
 def route_row(x, offs, ok, weights_ptr, ids_ptr, scaling, TOP_K: tl.constexpr, K_PAD: tl.constexpr,
               E_PAD: tl.constexpr, SIGMOID: tl.constexpr, NORM: tl.constexpr):
     """One token's routing from its float32 logits ``x`` [E_PAD] (``ok``: real experts): scores,
@@ -291,13 +312,7 @@ def route_row(x, offs, ok, weights_ptr, ids_ptr, scaling, TOP_K: tl.constexpr, K
     ``ids_ptr`` [TOP_K]. The top-k is TOP_K rounds of argmax (a top-k by ranks, one [E_PAD, E_PAD]
     comparison instead of the serial rounds, was slower on the H200 for 128 experts: the
     few-token router 6.2 against 5.7 us at one token, 12.3 against 8.9 at two)."""
-    x = tl.where(ok, x, -float("inf"))
-    if SIGMOID:
-        scores = 1.0 / (1.0 + tl.exp(-x))
-    else:
-        e = tl.exp(x - tl.max(x, axis=0))
-        scores = e / tl.sum(e, axis=0)
-    scores = tl.where(ok, scores, -1.0)  # below every real score (softmax and sigmoid are >= 0)
+    scores = tl.where(ok, route_scores(x, ok, SIGMOID), -1.0)  # below every real score (softmax and sigmoid are >= 0)
     k_offs = tl.arange(0, K_PAD)
     top_w = tl.zeros([K_PAD], dtype=tl.float32)
     top_i = tl.zeros([K_PAD], dtype=tl.int64)
@@ -308,10 +323,7 @@ def route_row(x, offs, ok, weights_ptr, ids_ptr, scaling, TOP_K: tl.constexpr, K
         top_i = tl.where(k_offs == j, best.to(tl.int64), top_i)
         scores = tl.where(offs == best, -2.0, scores)
     if NORM:
-        total = tl.sum(top_w, axis=0)
-        if SIGMOID:
-            total += 1e-20
-        top_w = top_w / total
+        top_w = renormalised(top_w, SIGMOID)
     top_w = top_w * scaling
     k_ok = k_offs < TOP_K
     tl.store(weights_ptr + k_offs, top_w, mask=k_ok)

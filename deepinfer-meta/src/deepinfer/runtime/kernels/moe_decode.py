@@ -32,7 +32,12 @@ import triton
 import triton.language as tl
 
 from deepinfer.runtime import switches
-from deepinfer.runtime.kernels.fused_moe import check_expert_operands, route_row
+from deepinfer.runtime.kernels.fused_moe import (
+    check_expert_operands,
+    renormalised,
+    route_row,
+    route_scores,
+)
 from deepinfer.runtime.kernels.gemv import (
     _activation_chunk,
     _activation_math,
@@ -213,23 +218,11 @@ def _route_in_o_rows(a_ptr, x_ptr, wx_ptr, wa_ptr, logits_ptr, ids_ptr, count_pt
     1/RMS, ``wx @ x + wa @ a``; the last of ``programs`` to finish takes the top-k of them."""
     rows = (pid * BLOCK_E + tl.arange(0, BLOCK_E)).to(tl.int64)
     row_ok = rows < num_experts
-    cols = tl.arange(0, BLOCK_K)
-    # the weights are constant: the first tile loads before the wait, as the GEMV's does
-    w_first = tl.load(wx_ptr + rows[:, None] * hidden + cols[None, :], mask=row_ok[:, None] & (cols < hidden)[None, :],
-                      other=0.0)
-    pdl_begin(PDL)
-    acc = w_first * tl.load(x_ptr + cols, mask=cols < hidden, other=0.0).to(tl.float32)[None, :]
-    for k0 in range(BLOCK_K, hidden, BLOCK_K):
-        c = k0 + cols
-        c_ok = c < hidden
-        w = tl.load(wx_ptr + rows[:, None] * hidden + c[None, :], mask=row_ok[:, None] & c_ok[None, :], other=0.0)
-        acc += w * tl.load(x_ptr + c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
-    for k0 in range(0, q, BLOCK_K):
-        c = k0 + cols
-        c_ok = c < q
-        w = tl.load(wa_ptr + rows[:, None] * q + c[None, :], mask=row_ok[:, None] & c_ok[None, :], other=0.0)
-        acc += w * tl.load(a_ptr + c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
-    tl.store(logits_ptr + rows, tl.sum(acc, axis=1), mask=row_ok)
+    # the GEMV's row loop over each part (its first wx tile loads before the wait, as the GEMV's does)
+    logits = _gemv_rows(x_ptr, wx_ptr, x_ptr, x_ptr, rows, row_ok, hidden, 0, hidden, hidden, 0.0, BLOCK_K, False,
+                        False, 1, PDL)
+    logits += _gemv_rows(a_ptr, wa_ptr, a_ptr, a_ptr, rows, row_ok, q, 0, q, q, 0.0, BLOCK_K, False, False, 1, False)
+    tl.store(logits_ptr + rows, logits, mask=row_ok)
     tl.debug_barrier()  # every thread's logits stored before the release below
     if tl.atomic_add(count_ptr, 1, sem="acq_rel") == programs - 1:
         tl.store(count_ptr, 0)
@@ -339,22 +332,13 @@ def _weights_from_logits(logits_ptr, ids_ptr, weights_ptr, rstd, num_experts, sc
     ``rstd`` (``route_in_o``), as ``fused_moe.route_row`` computes them from the full logits."""
     offs = tl.arange(0, E_PAD)
     ok = offs < num_experts
-    x = tl.load(logits_ptr + offs, mask=ok, other=0.0) * rstd
-    if SIGMOID:
-        scores = 1.0 / (1.0 + tl.exp(-x))
-    else:
-        x = tl.where(ok, x, -float("inf"))
-        e = tl.exp(x - tl.max(x, axis=0))
-        scores = e / tl.sum(e, axis=0)
+    scores = route_scores(tl.load(logits_ptr + offs, mask=ok, other=0.0) * rstd, ok, SIGMOID)
     k_offs = tl.arange(0, K_PAD)
     k_ok = k_offs < TOP_K
     ids = tl.load(ids_ptr + k_offs, mask=k_ok, other=-1)
     w = tl.sum(tl.where(offs[None, :] == ids[:, None], scores[None, :], 0.0), axis=1)
     if NORM_TOPK:
-        total = tl.sum(w, axis=0)
-        if SIGMOID:
-            total += 1e-20
-        w = w / total
+        w = renormalised(w, SIGMOID)
     tl.store(weights_ptr + k_offs, w * scaling, mask=k_ok)
 
 
