@@ -10,7 +10,8 @@ the same float32 scores, with the family's ``sorted`` flag.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Callable
+from typing import ClassVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -171,18 +172,23 @@ class SparseMoe(nn.Module):
         # DeepSeek-V3 (noaux_tc): a per-expert bias added to the scores for the choice only
         self.correction_bias = nn.Parameter(torch.empty(spec.num_experts)) if spec.topk_method == "noaux_tc" else None
 
+    def _derived(self, name: str, sources: tuple[torch.Tensor, ...], make: Callable[[], object]) -> object:
+        """``make()``, kept as attribute ``name`` until one of ``sources`` is written (a reload bumps
+        its version) or replaced."""
+        key = tuple((w.data_ptr(), w._version, w.device) for w in sources)
+        cached = getattr(self, name, None)
+        if cached is None or cached[0] != key:
+            cached = (key, make())
+            setattr(self, name, cached)
+        return cached[1]
+
     def _gate_weight_f32(self) -> torch.Tensor:
         # the router runs in float32; a model in bf16 keeps a float32 copy of its (small) router
         # rather than casting it every step (two launches a layer, and a copy inside graphs)
         w = self.gate.weight
         if w.dtype == torch.float32:
             return w
-        key = (w.data_ptr(), w._version, w.device)
-        cached = getattr(self, "_gate_f32", None)
-        if cached is None or cached[0] != key:
-            cached = (key, w.detach().float())
-            self._gate_f32 = cached
-        return cached[1]
+        return cast(torch.Tensor, self._derived("_gate_f32", (w,), lambda: w.detach().float()))
 
     def _greedy(self) -> bool:
         return self.spec.topk_method == "greedy" and self.correction_bias is None
@@ -246,16 +252,14 @@ class SparseMoe(nn.Module):
                 and self.fuses_norm(x))
 
     def _router_in_o(self, o_weight: torch.Tensor, norm_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # (W_r diag(g), W_r diag(g) W_o) in float32 for route_in_o, made on first use and again
-        # whenever one of the three weights is written (a reload bumps their versions)
+        # (W_r diag(g), W_r diag(g) W_o) in float32 for route_in_o
         gate = self.gate.weight
-        key = tuple((w.data_ptr(), w._version) for w in (gate, o_weight, norm_weight))
-        cached = getattr(self, "_router_o", None)
-        if cached is None or cached[0] != key:
+
+        def make() -> tuple[torch.Tensor, torch.Tensor]:
             wx = (gate.detach().float() * norm_weight.detach().float()[None, :]).contiguous()
-            cached = (key, wx, (wx.double() @ o_weight.detach().double()).float().contiguous())
-            self._router_o = cached
-        return cached[1], cached[2]
+            return wx, (wx.double() @ o_weight.detach().double()).float().contiguous()
+
+        return cast(tuple[torch.Tensor, torch.Tensor], self._derived("_router_o", (gate, o_weight, norm_weight), make))
 
     def forward_from_attention(self, a: torch.Tensor, x: torch.Tensor, o_proj: nn.Linear,
                                o_config: tuple[int, ...], norm: tuple[torch.Tensor, float]) -> torch.Tensor:
