@@ -4,6 +4,7 @@
     python bench/decode_profile.py --variants "pdl off:DEEPINFER_PDL=0|no qkv:DEEPINFER_ONE_ROW_GEMV=o,gate_up,down"
     python bench/decode_profile.py --shape qwen3-30b-a3b --prompt 128
     python bench/decode_profile.py --weights q4_0 --variants "o quant:DEEPINFER_GGUF_O_QUANT_IN_ATTENTION=1"
+    python bench/decode_profile.py --quantization fp8 --variants "f32:DEEPINFER_FP8_ONE_ROW_MATH=f32"
 
 Runs a short generate to fill the KV cache, then profiles ``--steps`` replays of the decode graph
 of ``--batch`` rows and prints each kernel's device time per step (grouped by kernel name), the
@@ -41,6 +42,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--weights", default="bf16", choices=("bf16", "q4_0", "q4_1", "q8_0", "q4_k_m"),
                    help="the projections quantized on the GPU to this GGUF scheme (as gpu_bench.py --weights)")
+    p.add_argument("--quantization", default="none", choices=("none", "fp8"),
+                   help="LLM(quantization=...): fp8 quantizes the bf16 projections to E4M3 at load")
     p.add_argument("--variants", default="", help="'name:VAR=VALUE&VAR=VALUE|name2:...' (recaptured, timed only)")
     p.add_argument("--prompt", type=int, default=0, help="profile eager prompt steps of this many tokens")
     p.add_argument("--cprofile", action="store_true", help="with --prompt: also the host's Python time by function")
@@ -55,7 +58,8 @@ def main() -> None:
     ml.load_model = _load_on_device  # type: ignore[assignment]
     shape_dir = write_shape_dir(tempfile.mkdtemp(prefix="shape-"), args.shape)
     llm = LLM(shape_dir, dtype="bfloat16", dummy_weights=True, max_num_seqs=args.batch,
-              max_model_len=max(args.context, args.prompt) + 64, gpu_memory_utilization=0.85)
+              max_model_len=max(args.context, args.prompt) + 64, gpu_memory_utilization=0.85,
+              quantization=None if args.quantization == "none" else args.quantization)
     if args.prompt:
         profile_prompts(llm, args.prompt, args.steps, args.cprofile)
         return
@@ -75,7 +79,8 @@ def main() -> None:
         if ev.device_type == torch.autograd.DeviceType.CUDA:
             per_kernel[ev.name].append(ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total)
     total = sum(sum(v) for v in per_kernel.values()) / args.steps
-    print(f"== {args.shape} {args.weights} batch {args.batch} (graph {rows}), context {args.context}: replay "
+    weights = args.weights if args.quantization == "none" else args.quantization
+    print(f"== {args.shape} {weights} batch {args.batch} (graph {rows}), context {args.context}: replay "
           f"{step_ms * 1000:.0f} us per step (CUDA events), kernels sum to {total:.0f} us per step, "
           f"{sum(len(v) for v in per_kernel.values()) / args.steps:.0f} kernels per step")
     for name, times in sorted(per_kernel.items(), key=lambda kv: -sum(kv[1]))[:25]:

@@ -122,3 +122,18 @@ def test_one_row_tiles_by_shape_and_switch(monkeypatch):
     assert fd._tile("qkv", w(5120, 2048)) == fd.ONE_ROW_CONFIGS["qkv"]
     monkeypatch.setenv("DEEPINFER_ONE_ROW_TILES", "o=2,1024,4,3")
     assert fd._tile("o", w(2048, 4096)) == (2, 1024, 4, 3)
+
+
+def test_the_fp8_tile_switch_overrides_one_projection(monkeypatch):
+    pytest.importorskip("triton", reason="Triton is not installed (it ships with torch's CUDA wheels)")
+    from deepinfer.runtime.kernels import fp8_gemv
+
+    monkeypatch.delenv("DEEPINFER_FP8_ONE_ROW_TILES", raising=False)
+    default = fp8_gemv.one_row_config(4096, "f16", "gate_up")
+    assert default == fp8_gemv.PROJECTION_CONFIGS[("gate_up", "f16")]
+    monkeypatch.setenv("DEEPINFER_FP8_ONE_ROW_TILES", "gate_up=8,1024,8,2")
+    assert fp8_gemv.one_row_config(4096, "f16", "gate_up") == (8, 1024, 8, 2) != default
+    assert fp8_gemv.one_row_config(4096, "f16", "down") == fp8_gemv.PROJECTION_CONFIGS[("down", "f16")]
+    monkeypatch.setenv("DEEPINFER_FP8_ONE_ROW_TILES", "gate_up=8,1024,8")
+    with pytest.raises(ValueError, match="DEEPINFER_FP8_ONE_ROW_TILES"):
+        fp8_gemv.one_row_config(4096, "f16", "gate_up")

@@ -50,6 +50,8 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
     Switch("DEEPINFER_FP8_GEMM", "auto", "models/fp8_linear.py",
            "several-row products of fp8 layers: \"auto\" (by row count), \"triton\" (weight-only), "
            "\"w8a8\" or \"scaled_mm\" (FP8 activations)"),
+    Switch("DEEPINFER_FP8_ONE_ROW_TILES", "", "kernels/fp8_gemv.py",
+           "tile overrides of the one-row fp8 GEMV per projection, \"gate_up=8,1024,8,2;down=...\" (benchmarks)"),
     Switch("DEEPINFER_FP8_ONE_ROW_MATH", "f16", "kernels/fp8_gemv.py",
            "how the one-row fp8 GEMV multiplies: \"f32\" (weights widened to float32), \"f16\" (float16 "
            "products), \"f16bits\" (float16 weights from the E4M3 bits by shifts) or \"mma\" (FP8 activation "

@@ -29,6 +29,8 @@ No host syncs and no allocation other than the outputs: every path runs inside C
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import triton
 import triton.language as tl
@@ -62,7 +64,8 @@ def one_row_math() -> str:
     return math
 
 
-# per projection ("qkv", "o", "gate_up", "down") and math, where the sweep found a better tile
+PROJECTIONS = ("qkv", "o", "gate_up", "down")
+# per projection and math, where the sweep found a better tile
 # (H200, Llama-3-8B shapes: bench/fp8_sweep.py --part gemv)
 PROJECTION_CONFIGS: dict[tuple[str, str], tuple[int, int, int, int]] = {
     ("qkv", "f16"): (8, 1024, 8, 2), ("o", "f16"): (4, 2048, 8, 2), ("gate_up", "f16"): (4, 2048, 8, 2),
@@ -73,7 +76,12 @@ PROJECTION_CONFIGS: dict[tuple[str, str], tuple[int, int, int, int]] = {
 
 
 def one_row_config(k: int, math: str = "f32", projection: str | None = None) -> tuple[int, int, int, int]:
-    """The one-row tile for ``k`` inputs, ``math`` and (when known) the ``projection``."""
+    """The one-row tile for ``k`` inputs, ``math`` and (when known) the ``projection``
+    (``DEEPINFER_FP8_ONE_ROW_TILES`` overrides a projection's, for benchmarks)."""
+    if projection is not None:
+        given = switches.tiles("DEEPINFER_FP8_ONE_ROW_TILES", PROJECTIONS, (4,)).get(projection)
+        if given:
+            return cast(tuple[int, int, int, int], given)
     if projection is not None and (projection, math) in PROJECTION_CONFIGS:
         return PROJECTION_CONFIGS[(projection, math)]
     if math in MATH_CONFIGS:
