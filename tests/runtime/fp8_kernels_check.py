@@ -130,6 +130,27 @@ def main(device: str, dtype_name: str) -> int:
                                                           ref8))
             if dtype != torch.float32 and n % 16 == 0 and k % 16 == 0:  # bf16 out; cuBLASLt: N, K % 16
                 report(f"scaled_mm {rows}x{n}x{k}+bias", _rel(fp8_scaled_mm(xm, q, s, bias), ref8))
+    # silu_out: gate/up [2n, K] whose epilogue stores SiLU(gate) * up, the down projection's input
+    for n, k, tile in ((10, 96, (4, 32, 1, 1)), (33, 200, (2, 64, 1, 1)), (8, 64, (16, 32, 4, 1))):
+        q, s = (t.to(device) for t in quantize_fp8(torch.randn(2 * n, k, generator=g)))
+        wd = dequantize_fp8(q.cpu(), s.cpu(), torch.float64)
+        dq, ds = (t.to(device) for t in quantize_fp8(torch.randn(12, n, generator=g)))
+        x1 = torch.randn(1, k, generator=g).to(device, dtype)
+        nw = (torch.rand(k, generator=g) + 0.5).to(device, dtype)
+        xf = x1.float().cpu()
+        normed = nw.float().cpu() * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)).to(dtype).float()
+        h = normed.double() @ wd.T
+        for math in ("f32", "f16", "mma") if tile[0] >= 16 else ("f32", "f16"):
+            gate_up = fp8_gemv(x1, q, s, norm=(nw, 1e-5), config=tile, math=math)
+            act = fp8_gemv(x1, q, s, norm=(nw, 1e-5), config=tile, math=math, silu_out=True)
+            # the down projection's output equals the two-launch path's (down's own SiLU·mul input) bit for bit
+            down_tile = (2, 32, 1, 1)
+            report_ok(f"gemv {math} {2 * n}x{k} silu_out: down bitwise",
+                      torch.equal(fp8_gemv(act, dq, ds, config=down_tile, math="f32"),
+                                  fp8_gemv(gate_up, dq, ds, silu_mul=True, config=down_tile, math="f32")))
+            if math != "mma":  # (mma: the activation chunks' quantization error, checked above)
+                report_bound(f"gemv {math} {2 * n}x{k} silu_out", _rel(act, F.silu(h[:, :n]) * h[:, n:]),
+                             max(_bound(dtype), 2e-3 if math == "f16" else 0.0))
     print(f"{'FAILED' if failures else 'all ok'}")
     return 1 if failures else 0
 

@@ -144,16 +144,32 @@ def test_cli_takes_quantization():
 
 
 # ---- the kernels -------------------------------------------------------------------------------
+def test_fp8_gemv_silu_out_refuses_what_it_cannot_pair():
+    pytest.importorskip("triton", reason="triton is not installed")
+    from deepinfer.runtime.kernels.fp8_gemv import fp8_gemv
+
+    x = torch.zeros(1, 64, dtype=torch.bfloat16)
+    q, s = torch.zeros(7, 64).to(torch.float8_e4m3fn), torch.ones(7)
+    with pytest.raises(ValueError, match=r"silu_out needs an even number of weight rows .*got 7"):
+        fp8_gemv(x, q, s, silu_out=True, config=(2, 64, 1, 1))
+    q, s = torch.zeros(8, 64).to(torch.float8_e4m3fn), torch.ones(8)
+    with pytest.raises(ValueError, match=r"an even BLOCK_N \(got 3\)"):
+        fp8_gemv(x, q, s, silu_out=True, config=(3, 64, 1, 1))
+    with pytest.raises(ValueError, match="takes no residual"):
+        fp8_gemv(x, q, s, silu_out=True, residual=torch.zeros(1, 8, dtype=torch.bfloat16), config=(2, 64, 1, 1))
+
+
 def test_fp8_kernels_in_tritons_interpreter():
-    """fp8_gemv (plain + bias, RMSNorm prologue, residual epilogue, SiLU·mul input) and fp8_gemm
-    (1-64 rows, bias) under Triton's interpreter, float32 activations, vs float64 of the dequantized
+    """fp8_gemv (plain + bias, RMSNorm prologue, residual epilogue, SiLU·mul input, SiLU·mul
+    output: the down projection after it bitwise the two-launch path's) and fp8_gemm (1-64 rows,
+    bias) under Triton's interpreter, float32 activations, vs float64 of the dequantized
     weights (bound 1e-5: summation order only)."""
     pytest.importorskip("triton", reason="triton is not installed")
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([HERE] + sys.path))
     proc = subprocess.run([sys.executable, os.path.join(HERE, "fp8_kernels_check.py"), "cpu", "float32"],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count("(ok,") == 49 and "all ok" in proc.stdout, proc.stdout
+    assert proc.stdout.count("(ok,") == 62 and "all ok" in proc.stdout, proc.stdout
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),

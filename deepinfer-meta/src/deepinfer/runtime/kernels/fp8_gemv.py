@@ -77,7 +77,8 @@ PROJECTION_CONFIGS: dict[tuple[str, str], tuple[int, int, int, int]] = {
 
 def one_row_config(k: int, math: str = "f32", projection: str | None = None) -> tuple[int, int, int, int]:
     """The one-row tile for ``k`` inputs, ``math`` and (when known) the ``projection``
-    (``DEEPINFER_FP8_ONE_ROW_TILES`` overrides a projection's, for benchmarks)."""
+    (``DEEPINFER_FP8_ONE_ROW_TILES`` overrides a projection's, for benchmarks). BLOCK_N counts
+    weight rows, also where ``silu_out`` pairs them."""
     if projection is not None:
         given = switches.tiles("DEEPINFER_FP8_ONE_ROW_TILES", PROJECTIONS, (4,)).get(projection)
         if given:
@@ -116,10 +117,16 @@ def _weight_chunk_dot(w, xv, acc, MATH: tl.constexpr, BLOCK_N: tl.constexpr, BLO
 def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, n, k, stride_w, eps,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SILU_MUL: tl.constexpr, HAS_BIAS: tl.constexpr,
                      NORM: tl.constexpr, NORM_BLOCK: tl.constexpr, RESIDUAL: tl.constexpr, PDL: tl.constexpr,
-                     MATH: tl.constexpr):
+                     MATH: tl.constexpr, SILU_OUT: tl.constexpr):
     pid = tl.program_id(0)
-    rows = (pid * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
-    row_ok = rows < n
+    r = tl.arange(0, BLOCK_N)
+    if SILU_OUT:  # n gate rows then n up rows: the tile pairs gate row i (even r) with up row i (odd r)
+        pair = pid * (BLOCK_N // 2) + r // 2
+        row_ok = pair < n
+        rows = (pair + (r % 2) * n).to(tl.int64)
+    else:
+        rows = (pid * BLOCK_N + r).to(tl.int64)
+        row_ok = rows < n
     cols = tl.arange(0, BLOCK_K)
     # first weight tile before waiting for the previous kernel (PDL), as kernels/gemv.py does
     w_first = tl.load(w_ptr + rows[:, None] * stride_w + cols[None, :], mask=row_ok[:, None] & (cols < k)[None, :],
@@ -147,7 +154,23 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, n, k,
     if MATH == 1 or MATH == 3:
         y = y * 256.0
     y = y * tl.load(s_ptr + rows, mask=row_ok, other=0.0)
-    _gemv_epilogue(y, rows, row_ok, pid, n, b_ptr, res_ptr, out_ptr, out_ptr, out_ptr, HAS_BIAS, RESIDUAL, False)
+    if SILU_OUT:
+        _silu_mul_epilogue(y, rows, row_ok, pid, n, b_ptr, out_ptr, BLOCK_N, HAS_BIAS)
+    else:
+        _gemv_epilogue(y, rows, row_ok, pid, n, b_ptr, res_ptr, out_ptr, out_ptr, out_ptr, HAS_BIAS, RESIDUAL, False)
+
+
+@triton.jit
+def _silu_mul_epilogue(y, rows, row_ok, pid, n, b_ptr, out_ptr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """Stores SiLU(gate) * up of the tile's (gate, up) row pairs, each rounded where torch's gate/up
+    projection and ``silu_mul`` round: the down projection's input, ready."""
+    dt = out_ptr.dtype.element_ty
+    if HAS_BIAS:
+        y += tl.load(b_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+    gate, up = tl.split(tl.reshape(y.to(dt).to(tl.float32), (BLOCK_N // 2, 2)))
+    act = (gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)
+    outs = pid * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+    tl.store(out_ptr + outs, (act * up).to(dt), mask=outs < n)
 
 
 @triton.jit
@@ -192,27 +215,37 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: t
              silu_mul: bool = False, norm: tuple[torch.Tensor, float] | None = None,
              residual: torch.Tensor | None = None, config: tuple[int, int, int, int] | None = None,
              out: torch.Tensor | None = None, math: str | None = None,
-             projection: str | None = None) -> torch.Tensor:
+             projection: str | None = None, silu_out: bool = False) -> torch.Tensor:
     """``(x @ weight.float().T) * scale (+ bias)`` for one row ``x`` [1, K] (or [1, 2K] with
     ``silu_mul``); ``norm``/``residual``/``silu_mul`` as in ``kernels.gemv.gemv``. Returns [1, N]
-    in ``x``'s dtype. ``math``: one of ``MATHS`` (module docstring; default ``one_row_math()``)."""
+    in ``x``'s dtype. ``math``: one of ``MATHS`` (module docstring; default ``one_row_math()``).
+
+    ``silu_out``: ``weight`` is a gate/up projection [2I, K] (gate rows, then up rows); returns
+    ``silu_mul`` of the product, [1, I] (each program multiplies matching gate and up rows, so the
+    down projection reads its input ready instead of every program computing the SiLU again).
+    ``config``'s BLOCK_N then counts both rows of a pair (even)."""
     n, k = _check_weight("fp8_gemv", weight, scale)
     math = math or one_row_math()
     if math not in MATHS:
         raise ValueError(f"fp8_gemv: math must be one of {list(MATHS)}, got {math!r}")
     check_one_row("fp8_gemv", x, n, k, "weight", silu_mul=silu_mul, bias=bias, norm=norm, residual=residual)
     block_n, block_k, warps, stages = config or one_row_config(k, math, projection)
+    if silu_out:
+        if n % 2 or block_n % 2 or residual is not None or silu_mul:
+            raise ValueError(f"fp8_gemv: silu_out needs an even number of weight rows ([2I, K] gate then up, got "
+                             f"{n}) and an even BLOCK_N (got {block_n}), and takes no residual or silu_mul input")
+        n //= 2
     if math in ("f16", "f16bits") and block_k % 16:
         raise ValueError(f"fp8_gemv: math={math!r} needs BLOCK_K a multiple of 16, got {block_k}")
     if math == "mma" and (block_n < 16 or block_k < 32):
         raise ValueError(f"fp8_gemv: math='mma' needs BLOCK_N >= 16 and BLOCK_K >= 32, got {block_n}, {block_k}")
     out = torch.empty((1, n), dtype=x.dtype, device=x.device) if out is None else out
-    _fp8_gemv_kernel[(triton.cdiv(n, block_n),)](
+    _fp8_gemv_kernel[(triton.cdiv(n, block_n // 2 if silu_out else block_n),)](
         x, weight, scale, bias if bias is not None else scale, norm[0] if norm is not None else scale,
         residual if residual is not None else out, out, n, k, weight.stride(0), norm[1] if norm is not None else 0.0,
         BLOCK_N=block_n, BLOCK_K=block_k, SILU_MUL=silu_mul, HAS_BIAS=bias is not None, NORM=norm is not None,
         NORM_BLOCK=triton.next_power_of_2(k) if norm is not None else 1, RESIDUAL=residual is not None,
-        MATH=MATHS.index(math), num_warps=warps, num_stages=stages, **pdl_launch(x.device))
+        MATH=MATHS.index(math), SILU_OUT=silu_out, num_warps=warps, num_stages=stages, **pdl_launch(x.device))
     return out
 
 

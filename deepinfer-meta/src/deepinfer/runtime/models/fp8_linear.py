@@ -59,6 +59,7 @@ class Fp8Linear(nn.Module):
     weight_scale: torch.Tensor
     bias: torch.Tensor | None
     weight_type = "fp8_e4m3 per-channel"
+    fused_silu_out = True  # fused_gemv(silu_out=True): models/llama_fused_decode._dense_mlp
 
     def __init__(self, codes: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
                  projection: str | None = None) -> None:
@@ -109,12 +110,14 @@ class Fp8Linear(nn.Module):
         return y.reshape(*lead, self.out_features)
 
     def fused_gemv(self, x: torch.Tensor, *, norm: tuple[torch.Tensor, float] | None = None,
-                   residual: torch.Tensor | None = None, silu_mul: bool = False) -> torch.Tensor:
-        """The one-row product with ``kernels.gemv.gemv``'s fusions (the decode graphs' batch-1 path)."""
+                   residual: torch.Tensor | None = None, silu_mul: bool = False,
+                   silu_out: bool = False) -> torch.Tensor:
+        """The one-row product with ``kernels.gemv.gemv``'s fusions (the decode graphs' batch-1 path);
+        ``silu_out`` (a gate/up projection): SiLU(gate)·up of the product (``fp8_gemv``)."""
         from deepinfer.runtime.kernels.fp8_gemv import fp8_gemv
 
         return fp8_gemv(x, self.weight, self.weight_scale, self.bias, norm=norm, residual=residual, silu_mul=silu_mul,
-                        projection=self.projection)
+                        projection=self.projection, silu_out=silu_out)
 
 
 # The several-row kernel by row count, (from this many rows, path), picked on the H200

@@ -138,6 +138,22 @@ def _residual_linear(st: _Stream, a: torch.Tensor, proj: nn.Module, name: str, g
     st.pending = proj.forward(silu_mul(a) if silu else a)
 
 
+def _dense_mlp(st: _Stream, layer: LlamaLayer, gemv_names: frozenset[str], b: int) -> None:
+    """stream += down(SiLU·mul(gate_up(RMSNorm(stream)))). Where both run as fp8 one-row GEMVs and
+    ``DEEPINFER_FP8_SILU_IN_GATE_UP`` is on, gate/up's epilogue stores SiLU(gate)·up (each program
+    pairs matching gate and up rows) and down reads it ready: otherwise each of down's programs
+    computes the SiLU of the whole row again (same bits either way)."""
+    gate_up, down, norm = layer.gate_up_proj, layer.down_proj, layer.post_attention_layernorm
+    if (st.pending is None and switches.enabled("DEEPINFER_FP8_SILU_IN_GATE_UP")
+            and getattr(gate_up, "fused_silu_out", False) and hasattr(down, "fused_gemv")
+            and _gemv_ok(b, gate_up, "gate_up" in gemv_names) and _gemv_ok(b, down, "down" in gemv_names)):
+        act = _one_row(gate_up, st.stream, "gate_up", norm=(norm.weight, norm.eps), silu_out=True)
+        st.stream = _one_row(down, act, "down", residual=st.stream)
+        return
+    h = _norm_linear(st, norm, gate_up, "gate_up", gemv_names, b)
+    _residual_linear(st, h, down, "down", gemv_names, b, silu=True)
+
+
 # (layer, the step's qkv rows, the layer's KV cache, where to store the output as 8-bit activations
 # too or None) -> attention output [B, H, D]: rotates q and k and stores the step's k and v, then attends
 Attend = Callable[[LlamaLayer, torch.Tensor, torch.Tensor, "Quantized | None"], torch.Tensor]
@@ -266,8 +282,7 @@ def _fused_layers(model: LlamaForCausalLM, st: _Stream, kv_caches: list[torch.Te
                 h = st.normed(norm)
                 st.stream = moe(h, residual=st.stream)
                 continue
-            gate_up = _norm_linear(st, layer.post_attention_layernorm, layer.gate_up_proj, "gate_up", gemv_names, b)
-            _residual_linear(st, gate_up, layer.down_proj, "down", gemv_names, b, silu=True)
+            _dense_mlp(st, layer, gemv_names, b)
     with region("final_norm"):
         h = st.normed(model.norm)
     return h
