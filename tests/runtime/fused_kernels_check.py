@@ -140,6 +140,24 @@ def check_gemv(dtype: torch.dtype, g: torch.Generator) -> None:
         torch.testing.assert_close(gemv(gu, w, silu_mul=True, residual=res, config=config),
                                    F.linear(silu_mul(gu), w) + res, **TOL[dtype])
         torch.testing.assert_close(gemv(xs, w, norm=(nw, 1e-5), config=config), F.linear(h_ref, w), **TOL[dtype])
+    # silu_out: gate/up [2N, K] whose epilogue stores SiLU(gate)·up; down after it equals down
+    # with its own SiLU·mul input bit for bit, preloaded tile or chunked loop
+    w_gu = (torch.randn(2 * n, k, generator=g) * 0.05).to(DEV, dtype)
+    w_dn = (torch.randn(40, n, generator=g) * 0.05).to(DEV, dtype)
+    res_dn = torch.randn(1, 40, generator=g).to(DEV, dtype)
+    for config, preload in (((4, 256, 4, 2), False), ((2, 1024, 4, 3), True), ((8, 512, 4, 3), False)):
+        gate_up = gemv(xs, w_gu, norm=(nw, 1e-5), config=config, preload=preload)
+        act = gemv(xs, w_gu, norm=(nw, 1e-5), config=config, preload=preload, silu_out=True)
+        torch.testing.assert_close(act, silu_mul(gate_up), **TOL[dtype])
+        assert torch.equal(gemv(act, w_dn, residual=res_dn, config=(4, 256, 4, 2)),
+                           gemv(gate_up, w_dn, silu_mul=True, residual=res_dn, config=(4, 256, 4, 2)))
+    for bad_config in ((3, 256, 4, 2), (4, 256, 4, 2, 2)):  # odd BLOCK_N, split-K
+        try:
+            gemv(xs, w_gu, config=bad_config, silu_out=True)
+        except ValueError as exc:
+            assert "silu_out" in str(exc), exc
+        else:
+            raise AssertionError(f"gemv(silu_out=True) accepted {bad_config}")
     from deepinfer.runtime.kernels.gemv import _COUNTERS
     assert all(int(c.abs().sum()) == 0 for c in _COUNTERS.values())  # left at 0 for the next call
     for bad in (dict(norm=(nw[:-1], 1e-5)), dict(residual=res[:, :-1]), dict(norm=(nw, 1e-5), silu_mul=True)):
@@ -289,6 +307,13 @@ def check_one_row_forward(arch: str, fp8: bool = False) -> None:
 
             assert quantize_model(loaded.model, "fp8") == 4 * len(loaded.model.layers)
         runner = ModelRunner(loaded, num_blocks=8, block_size=4, device=DEV, dtype=torch.float32)
+    for layer in runner.model.layers:  # CPU: plain nn.Linear views again (not CpuLinear's), so the
+        for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):  # interpreter runs the GEMVs
+            lin = getattr(layer, name)
+            if type(lin).__name__ == "CpuLinear":
+                plain = torch.nn.Linear(lin.in_features, lin.out_features, bias=lin.bias is not None)
+                plain.weight, plain.bias = lin.weight, lin.bias
+                setattr(layer, name, plain)
     os.environ.pop("DEEPINFER_CPU_NATIVE", None)
     prompt, table = [5, 17, 33, 2, 99, 140, 7], np.array([[1, 2, 3]])
     n = len(prompt)
@@ -302,8 +327,19 @@ def check_one_row_forward(arch: str, fp8: bool = False) -> None:
     if fp8:  # the fusions' plumbing at float32 math: the float16 math's error (~1e-3) is bounded in
         # fp8_kernels_check.py against its own per-chunk reference
         os.environ["DEEPINFER_FP8_ONE_ROW_MATH"] = "f32"
-    for names in ("qkv,o,gate_up,down", "none"):
+    from deepinfer.runtime.models import llama_fused_decode
+
+    one_row, paired = llama_fused_decode._one_row, []
+
+    def spy(proj, x, name, **fusions):  # type: ignore[no-untyped-def]
+        paired.append(bool(fusions.get("silu_out")))
+        return one_row(proj, x, name, **fusions)
+
+    llama_fused_decode._one_row = spy  # type: ignore[assignment]
+    for names, silu_in_gate_up in (("qkv,o,gate_up,down", "0"), ("qkv,o,gate_up,down", "1"), ("none", "0")):
         os.environ["DEEPINFER_ONE_ROW_GEMV"] = names
+        os.environ["DEEPINFER_SILU_IN_GATE_UP"] = silu_in_gate_up
+        paired.clear()
         for cache in runner.kv_caches:  # each run must store the new token's k and v itself
             cache[:, slot // 4, slot % 4] = 0
         hidden = fused_decode_forward(
@@ -312,8 +348,12 @@ def check_one_row_forward(arch: str, fp8: bool = False) -> None:
             torch.tensor([slot], device=DEV), torch.tensor(table, dtype=torch.int32, device=DEV),
             torch.tensor([n + 1], dtype=torch.int32, device=DEV),
             DecodeWorkspace(2, cfg.num_attention_heads, cfg.head_dim, DEV), 2)
-        got[names] = runner.model.head_logits(hidden).float()
-    del os.environ["DEEPINFER_ONE_ROW_GEMV"]
+        got[names + silu_in_gate_up] = runner.model.head_logits(hidden).float()
+        assert paired.count(True) == (len(runner.model.layers) if silu_in_gate_up == "1" else 0), paired
+    llama_fused_decode._one_row = one_row  # type: ignore[assignment]
+    del os.environ["DEEPINFER_ONE_ROW_GEMV"], os.environ["DEEPINFER_SILU_IN_GATE_UP"]
+    # SiLU·mul stored by gate/up's epilogue: the same bits as down's own SiLU·mul input
+    assert torch.equal(got["qkv,o,gate_up,down1"], got["qkv,o,gate_up,down0"])
     # the reference: the eager step of one row, which on CUDA also runs the fp8 one-row GEMV, so
     # it takes the same float32 math (with the float16 default it was ~9e-3 off on the H200)
     ref = runner.execute(input_ids=np.array([12]), positions=np.array([n]), slot_mapping=np.array([slot]),

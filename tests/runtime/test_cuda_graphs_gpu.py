@@ -157,18 +157,21 @@ def test_qwen3_moe_graph_decode_matches_eager_greedy(tmp_path, monkeypatch, in_o
     assert fused_alone == eager_alone
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
-                    reason="fp8 weights need a CUDA GPU with compute capability >= 8.9")
-def test_fp8_silu_in_gate_up_gives_the_same_tokens(shape_dir, monkeypatch):
-    """An fp8 model's batch-1 decode graphs with SiLU(gate)·up stored by the gate/up GEMV
-    (``DEEPINFER_FP8_SILU_IN_GATE_UP=1``) give the same greedy tokens as with down's own SiLU·mul
-    input: the same bits by construction (fp8_kernels_check.py checks the kernels bitwise)."""
+@pytest.mark.parametrize("quantization", [None, "fp8"])
+def test_silu_in_gate_up_gives_the_same_tokens(shape_dir, monkeypatch, quantization):
+    """bf16 and fp8 models: the batch-1 decode graphs with SiLU(gate)·up stored by the gate/up GEMV
+    (``DEEPINFER_SILU_IN_GATE_UP=1``) give the same greedy tokens as with down's own SiLU·mul
+    input: the same bits by construction (fused_kernels_check.py and fp8_kernels_check.py check
+    the kernels bitwise)."""
+    if quantization == "fp8" and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 weights need a CUDA GPU with compute capability >= 8.9")
     from deepinfer import LLM, SamplingParams
+    from deepinfer.runtime.models import llama_fused_decode
     from deepinfer.runtime.models.fp8_linear import Fp8Linear, quantize_fp8
     from deepinfer.runtime.worker.cuda_graph_runner import capture_decode_graphs
 
-    llm = LLM(shape_dir, device="cuda", dtype="bfloat16", quantization="fp8", dummy_weights=True, max_model_len=512,
-              num_kv_blocks=256, max_num_seqs=4, max_num_batched_tokens=128)
+    llm = LLM(shape_dir, device="cuda", dtype="bfloat16", quantization=quantization, dummy_weights=True,
+              max_model_len=512, num_kv_blocks=256, max_num_seqs=4, max_num_batched_tokens=128)
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():  # livelier than the dummy init: distinct greedy tokens
         for module in llm.runner.model.modules():
@@ -179,29 +182,29 @@ def test_fp8_silu_in_gate_up_gives_the_same_tokens(shape_dir, monkeypatch):
         for p in llm.runner.model.parameters():
             if p.dim() == 2:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.08)
-    calls: list[bool] = []
-    fused_gemv = Fp8Linear.fused_gemv
+    paired: list[bool] = []
+    one_row = llama_fused_decode._one_row
 
-    def counted(self, x, **kw):  # type: ignore[no-untyped-def]
-        calls.append(bool(kw.get("silu_out")))
-        return fused_gemv(self, x, **kw)
+    def spy(proj, x, name, **fusions):  # type: ignore[no-untyped-def]
+        paired.append(bool(fusions.get("silu_out")))
+        return one_row(proj, x, name, **fusions)
 
-    monkeypatch.setattr(Fp8Linear, "fused_gemv", counted)
+    monkeypatch.setattr(llama_fused_decode, "_one_row", spy)
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     prompt = [{"prompt_token_ids": list(range(7, 40))}]
     tokens = {}
     for on in ("0", "1"):
-        monkeypatch.setenv("DEEPINFER_FP8_SILU_IN_GATE_UP", on)
+        monkeypatch.setenv("DEEPINFER_SILU_IN_GATE_UP", on)
         old = llm.runner.graphs
         assert old is not None
         llm.runner.graphs = None
-        calls.clear()
+        paired.clear()
         llm.runner.graphs = capture_decode_graphs(llm.runner, llm.engine.step_buffers, old.batch_sizes,
                                                   old.max_model_len)
         del old
-        assert any(calls) == (on == "1"), calls  # the batch-1 graph took the paired epilogue, or did not
+        assert any(paired) == (on == "1"), paired  # the batch-1 graph took the paired epilogue, or did not
         tokens[on] = list(llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids)
-    print(f"fp8 tokens, SiLU in down: {tokens['0']}; in gate/up: {tokens['1']}")
+    print(f"{quantization or 'bf16'} tokens, SiLU in down: {tokens['0']}; in gate/up: {tokens['1']}")
     assert len(set(tokens["0"])) > 3  # a model lively enough that a wrong activation would show
     assert tokens["1"] == tokens["0"]
 

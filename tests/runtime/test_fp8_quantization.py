@@ -153,7 +153,7 @@ def test_fp8_gemv_silu_out_refuses_what_it_cannot_pair():
     with pytest.raises(ValueError, match=r"silu_out needs an even number of weight rows .*got 7"):
         fp8_gemv(x, q, s, silu_out=True, config=(2, 64, 1, 1))
     q, s = torch.zeros(8, 64).to(torch.float8_e4m3fn), torch.ones(8)
-    with pytest.raises(ValueError, match=r"an even BLOCK_N \(got 3\)"):
+    with pytest.raises(ValueError, match=r"an even BLOCK_N without split-K \(got 3, split 1\)"):
         fp8_gemv(x, q, s, silu_out=True, config=(3, 64, 1, 1))
     with pytest.raises(ValueError, match="takes no residual"):
         fp8_gemv(x, q, s, silu_out=True, residual=torch.zeros(1, 8, dtype=torch.bfloat16), config=(2, 64, 1, 1))

@@ -41,7 +41,10 @@ from deepinfer.runtime.kernels.gemv import (
     _activation_chunk,
     _gemv_epilogue,
     _row_rstd,
+    _silu_mul_epilogue,
+    _tile_rows,
     check_one_row,
+    check_silu_out,
 )
 from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch
 
@@ -119,14 +122,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, n, k,
                      NORM: tl.constexpr, NORM_BLOCK: tl.constexpr, RESIDUAL: tl.constexpr, PDL: tl.constexpr,
                      MATH: tl.constexpr, SILU_OUT: tl.constexpr):
     pid = tl.program_id(0)
-    r = tl.arange(0, BLOCK_N)
-    if SILU_OUT:  # n gate rows then n up rows: the tile pairs gate row i (even r) with up row i (odd r)
-        pair = pid * (BLOCK_N // 2) + r // 2
-        row_ok = pair < n
-        rows = (pair + (r % 2) * n).to(tl.int64)
-    else:
-        rows = (pid * BLOCK_N + r).to(tl.int64)
-        row_ok = rows < n
+    rows, row_ok = _tile_rows(pid, n, BLOCK_N, SILU_OUT)
     cols = tl.arange(0, BLOCK_K)
     # first weight tile before waiting for the previous kernel (PDL), as kernels/gemv.py does
     w_first = tl.load(w_ptr + rows[:, None] * stride_w + cols[None, :], mask=row_ok[:, None] & (cols < k)[None, :],
@@ -158,19 +154,6 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, n, k,
         _silu_mul_epilogue(y, rows, row_ok, pid, n, b_ptr, out_ptr, BLOCK_N, HAS_BIAS)
     else:
         _gemv_epilogue(y, rows, row_ok, pid, n, b_ptr, res_ptr, out_ptr, out_ptr, out_ptr, HAS_BIAS, RESIDUAL, False)
-
-
-@triton.jit
-def _silu_mul_epilogue(y, rows, row_ok, pid, n, b_ptr, out_ptr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """Stores SiLU(gate) * up of the tile's (gate, up) row pairs, each rounded where torch's gate/up
-    projection and ``silu_mul`` round: the down projection's input, ready."""
-    dt = out_ptr.dtype.element_ty
-    if HAS_BIAS:
-        y += tl.load(b_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
-    gate, up = tl.split(tl.reshape(y.to(dt).to(tl.float32), (BLOCK_N // 2, 2)))
-    act = (gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)
-    outs = pid * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-    tl.store(out_ptr + outs, (act * up).to(dt), mask=outs < n)
 
 
 @triton.jit
@@ -231,9 +214,7 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: t
     check_one_row("fp8_gemv", x, n, k, "weight", silu_mul=silu_mul, bias=bias, norm=norm, residual=residual)
     block_n, block_k, warps, stages = config or one_row_config(k, math, projection)
     if silu_out:
-        if n % 2 or block_n % 2 or residual is not None or silu_mul:
-            raise ValueError(f"fp8_gemv: silu_out needs an even number of weight rows ([2I, K] gate then up, got "
-                             f"{n}) and an even BLOCK_N (got {block_n}), and takes no residual or silu_mul input")
+        check_silu_out("fp8_gemv", n, block_n, 1, residual, silu_mul)
         n //= 2
     if math in ("f16", "f16bits") and block_k % 16:
         raise ValueError(f"fp8_gemv: math={math!r} needs BLOCK_K a multiple of 16, got {block_k}")

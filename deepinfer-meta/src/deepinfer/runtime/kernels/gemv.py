@@ -96,9 +96,39 @@ def _gemv_epilogue(y, rows, row_ok, pid, n, b_ptr, res_ptr, out_ptr, max_ptr, ar
 
 
 @triton.jit
+def _tile_rows(pid, n, BLOCK_N: tl.constexpr, SILU_OUT: tl.constexpr):
+    """The weight rows of program ``pid``'s tile and which exist. SILU_OUT: the weight is a gate/up
+    projection, ``n`` gate rows then ``n`` up rows, and the tile pairs gate row i (even places)
+    with up row i (odd places), for ``_silu_mul_epilogue``."""
+    r = tl.arange(0, BLOCK_N)
+    if SILU_OUT:
+        pair = pid * (BLOCK_N // 2) + r // 2
+        rows = (pair + (r % 2) * n).to(tl.int64)
+        row_ok = pair < n
+    else:
+        rows = (pid * BLOCK_N + r).to(tl.int64)
+        row_ok = rows < n
+    return rows, row_ok
+
+
+@triton.jit
+def _silu_mul_epilogue(y, rows, row_ok, pid, n, b_ptr, out_ptr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """Stores SiLU(gate) * up of the tile's (gate, up) row pairs (``_tile_rows``), each rounded where
+    torch's gate/up projection and ``silu_mul`` round: the down projection's input, ready."""
+    dt = out_ptr.dtype.element_ty
+    if HAS_BIAS:
+        y += tl.load(b_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+    gate, up = tl.split(tl.reshape(y.to(dt).to(tl.float32), (BLOCK_N // 2, 2)))
+    act = (gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)
+    outs = pid * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+    tl.store(out_ptr + outs, (act * up).to(dt), mask=outs < n)
+
+
+@triton.jit
 def _gemv_preloaded(x_ptr, w_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, max_ptr, arg_ptr, rows, row_ok, pid, n, k, stride_w,
                     eps, SILU_MUL: tl.constexpr, HAS_BIAS: tl.constexpr, ARGMAX: tl.constexpr, NORM: tl.constexpr,
-                    NORM_BLOCK: tl.constexpr, RESIDUAL: tl.constexpr, PDL: tl.constexpr, PRELOAD_K: tl.constexpr):
+                    NORM_BLOCK: tl.constexpr, RESIDUAL: tl.constexpr, PDL: tl.constexpr, PRELOAD_K: tl.constexpr,
+                    SILU_OUT: tl.constexpr, BLOCK_N: tl.constexpr):
     """_gemv_kernel with the program's whole weight tile (K padded to PRELOAD_K) loaded before the
     wait and one product after it."""
     c = tl.arange(0, PRELOAD_K)
@@ -108,7 +138,10 @@ def _gemv_preloaded(x_ptr, w_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, max_ptr, arg_
     rstd = _row_rstd(x_ptr, k, eps, NORM, NORM_BLOCK)
     xv = _activation_chunk(x_ptr, nw_ptr, out_ptr, c, c_ok, k, rstd, SILU_MUL, NORM)
     y = tl.sum(w_all.to(tl.float32) * xv[None, :], axis=1)
-    _gemv_epilogue(y, rows, row_ok, pid, n, b_ptr, res_ptr, out_ptr, max_ptr, arg_ptr, HAS_BIAS, RESIDUAL, ARGMAX)
+    if SILU_OUT:
+        _silu_mul_epilogue(y, rows, row_ok, pid, n, b_ptr, out_ptr, BLOCK_N, HAS_BIAS)
+    else:
+        _gemv_epilogue(y, rows, row_ok, pid, n, b_ptr, res_ptr, out_ptr, max_ptr, arg_ptr, HAS_BIAS, RESIDUAL, ARGMAX)
 
 
 @triton.jit
@@ -141,20 +174,22 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, max_ptr, arg_ptr
                  stride_w, eps,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SILU_MUL: tl.constexpr, HAS_BIAS: tl.constexpr,
                  ARGMAX: tl.constexpr, NORM: tl.constexpr, NORM_BLOCK: tl.constexpr, RESIDUAL: tl.constexpr,
-                 SPLIT_K: tl.constexpr, PDL: tl.constexpr, PRELOAD_K: tl.constexpr = 0):
+                 SPLIT_K: tl.constexpr, PDL: tl.constexpr, PRELOAD_K: tl.constexpr = 0, SILU_OUT: tl.constexpr = False):
     pid = tl.program_id(0)
-    rows = (pid * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
-    row_ok = rows < n
+    rows, row_ok = _tile_rows(pid, n, BLOCK_N, SILU_OUT)
     if PRELOAD_K:
         # In a function of its own: Triton compiles the code after this branch's return too, and a
         # [PRELOAD_K] name here would clash with the loop's [BLOCK_K] one of the same name below.
         _gemv_preloaded(x_ptr, w_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, max_ptr, arg_ptr, rows, row_ok, pid, n, k,
-                        stride_w, eps, SILU_MUL, HAS_BIAS, ARGMAX, NORM, NORM_BLOCK, RESIDUAL, PDL, PRELOAD_K)
+                        stride_w, eps, SILU_MUL, HAS_BIAS, ARGMAX, NORM, NORM_BLOCK, RESIDUAL, PDL, PRELOAD_K, SILU_OUT,
+                        BLOCK_N)
         return
     k_lo = tl.program_id(1) * k_per  # this program's share of K (split-K), a multiple of BLOCK_K
     y = _gemv_rows(x_ptr, w_ptr, nw_ptr, out_ptr, rows, row_ok, k, k_lo, tl.minimum(k_lo + k_per, k), stride_w, eps,
                   BLOCK_K, SILU_MUL, NORM, NORM_BLOCK, PDL)
-    if SPLIT_K == 1:
+    if SILU_OUT:  # (one program per row block: gemv refuses split-K here)
+        _silu_mul_epilogue(y, rows, row_ok, pid, n, b_ptr, out_ptr, BLOCK_N, HAS_BIAS)
+    elif SPLIT_K == 1:
         _gemv_epilogue(y, rows, row_ok, pid, n, b_ptr, res_ptr, out_ptr, max_ptr, arg_ptr, HAS_BIAS, RESIDUAL, ARGMAX)
     else:
         # The last of the SPLIT_K programs of these rows to finish adds the partial sums in split
@@ -209,7 +244,7 @@ def check_one_row(name: str, x: torch.Tensor, n: int, k: int, weight: str, *, si
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, silu_mul: bool = False,
          norm: tuple[torch.Tensor, float] | None = None, residual: torch.Tensor | None = None,
          config: tuple[int, ...] = DEFAULT_CONFIG, out: torch.Tensor | None = None,
-         preload: bool | None = None) -> torch.Tensor:
+         preload: bool | None = None, silu_out: bool = False) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for one row ``x`` [1, K] and ``weight`` [N, K] with contiguous
     rows; returns [1, N] in ``x``'s dtype.
 
@@ -220,7 +255,10 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     num_warps, num_stages[, split_k]); with split_k > 1 each row block's K is cut into split_k
     programs whose float32 partial sums the last of them adds up, in a fixed order. ``preload``:
     each program loads its whole weight tile before waiting for the previous kernel (split_k 1
-    only; default: where the tile fits, ``kernels/pdl.py``)."""
+    only; default: where the tile fits, ``kernels/pdl.py``). ``silu_out``: ``weight`` is a gate/up
+    projection [2I, K] (gate rows, then up rows); returns ``silu_mul`` of the product, [1, I]: each
+    program multiplies matching gate and up rows (BLOCK_N counts both; even), so the down
+    projection reads its input ready instead of each of its programs computing the SiLU again."""
     if weight.dim() != 2 or weight.stride(1) != 1:
         raise ValueError(f"gemv: weight must be [N, K] with contiguous rows, got shape {tuple(weight.shape)}")
     n, k = weight.shape
@@ -229,9 +267,12 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     if len(config) not in (4, 5) or min(block_n, block_k, warps, stages, split_k) < 1:
         raise ValueError(f"gemv: config must be (BLOCK_N, BLOCK_K, num_warps, num_stages[, split_k]) of positive "
                          f"integers, got {config!r}")
+    if silu_out:
+        check_silu_out("gemv", n, block_n, split_k, residual, silu_mul)
+        n //= 2
     out = torch.empty((1, n), dtype=x.dtype, device=x.device) if out is None else out
     preload_k = _preload_k(block_n, k, warps, preload, weight.element_size()) if split_k == 1 else 0
-    programs = triton.cdiv(n, block_n)
+    programs = triton.cdiv(n, block_n // 2 if silu_out else block_n)
     k_per = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
     if split_k > 1:
         part = torch.empty(split_k * n, dtype=torch.float32, device=x.device)
@@ -245,8 +286,17 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         BLOCK_N=block_n, BLOCK_K=block_k, SILU_MUL=silu_mul, HAS_BIAS=bias is not None, ARGMAX=False,
         NORM=norm is not None, NORM_BLOCK=triton.next_power_of_2(k) if norm is not None else 1,
         RESIDUAL=residual is not None, SPLIT_K=split_k, num_warps=warps, num_stages=stages, PRELOAD_K=preload_k,
-        **pdl_launch(x.device))
+        SILU_OUT=silu_out, **pdl_launch(x.device))
     return out
+
+
+def check_silu_out(name: str, n: int, block_n: int, split_k: int, residual: torch.Tensor | None,
+                   silu_mul: bool) -> None:
+    """ValueError naming ``name`` where a GEMV cannot pair gate and up rows (``silu_out``)."""
+    if n % 2 or block_n % 2 or split_k != 1 or residual is not None or silu_mul:
+        raise ValueError(f"{name}: silu_out needs an even number of weight rows ([2I, K] gate then up, got {n}) and "
+                         f"an even BLOCK_N without split-K (got {block_n}, split {split_k}), and takes no residual "
+                         f"or silu_mul input")
 
 
 def _preload_k(block_n: int, k: int, warps: int, preload: bool | None, itemsize: int) -> int:

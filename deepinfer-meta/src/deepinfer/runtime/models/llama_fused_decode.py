@@ -139,13 +139,13 @@ def _residual_linear(st: _Stream, a: torch.Tensor, proj: nn.Module, name: str, g
 
 
 def _dense_mlp(st: _Stream, layer: LlamaLayer, gemv_names: frozenset[str], b: int) -> None:
-    """stream += down(SiLU·mul(gate_up(RMSNorm(stream)))). Where both run as fp8 one-row GEMVs and
-    ``DEEPINFER_FP8_SILU_IN_GATE_UP`` is on, gate/up's epilogue stores SiLU(gate)·up (each program
-    pairs matching gate and up rows) and down reads it ready: otherwise each of down's programs
-    computes the SiLU of the whole row again (same bits either way)."""
+    """stream += down(SiLU·mul(gate_up(RMSNorm(stream)))). Where both run as one-row GEMVs (bf16/fp16
+    or fp8) and ``DEEPINFER_SILU_IN_GATE_UP`` is on, gate/up's epilogue stores SiLU(gate)·up (each
+    program pairs matching gate and up rows) and down reads it ready: otherwise each of down's
+    programs computes the SiLU of the whole row again (same bits either way)."""
     gate_up, down, norm = layer.gate_up_proj, layer.down_proj, layer.post_attention_layernorm
-    if (st.pending is None and switches.enabled("DEEPINFER_FP8_SILU_IN_GATE_UP")
-            and getattr(gate_up, "fused_silu_out", False) and hasattr(down, "fused_gemv")
+    pairs = type(gate_up) is nn.Linear or getattr(gate_up, "fused_silu_out", False)
+    if (st.pending is None and pairs and switches.enabled("DEEPINFER_SILU_IN_GATE_UP")
             and _gemv_ok(b, gate_up, "gate_up" in gemv_names) and _gemv_ok(b, down, "down" in gemv_names)):
         act = _one_row(gate_up, st.stream, "gate_up", norm=(norm.weight, norm.eps), silu_out=True)
         st.stream = _one_row(down, act, "down", residual=st.stream)
