@@ -185,7 +185,7 @@ def gguf_one_row(kind: str) -> None:
 
 def fp8_kernels() -> None:
     """The FP8 weight kernels at a Llama-3-8B K: the one-row GEMV in each of its maths (with the
-    RMSNorm; SiLU·mul + residual), the weight-only GEMM at 4 and 64 rows, the W8A8 GEMM."""
+    RMSNorm; SiLU·mul + residual; RMSNorm + SiLU·mul out), the weight-only GEMM at 4 and 64 rows, the W8A8 GEMM."""
     from deepinfer.runtime.kernels.fp8_act import fp8_w8a8_gemm
     from deepinfer.runtime.kernels.fp8_gemv import MATHS, fp8_gemm, fp8_gemv
 
@@ -197,6 +197,8 @@ def fp8_kernels() -> None:
                  norm=(torch.empty(4096, dtype=bf16, device=meta), 1e-5))
         fp8_gemv(torch.empty(1, 8192, dtype=bf16, device=meta), w, scale, math=math, silu_mul=True,
                  residual=torch.empty(1, 64, dtype=bf16, device=meta))
+        fp8_gemv(torch.empty(1, 4096, dtype=bf16, device=meta), w, scale, math=math, silu_out=True,
+                 norm=(torch.empty(4096, dtype=bf16, device=meta), 1e-5))
     for rows in (4, 64):
         fp8_gemm(torch.empty(rows, 4096, dtype=bf16, device=meta), w, scale)
     fp8_w8a8_gemm(torch.empty(32, 4096, dtype=bf16, device=meta), w, scale)
@@ -252,6 +254,11 @@ def main(args: list[str]) -> None:
                 decode_step(shape, 1)
                 del os.environ["DEEPINFER_MOE_ROUTER_IN_O"]
                 _report(f"{shape} batch 1 router in o, prefetch {prefetch}")
+            if shape == "llama3-8b":  # SiLU·mul in the gate/up GEMV's epilogue (DEEPINFER_SILU_IN_GATE_UP)
+                os.environ["DEEPINFER_SILU_IN_GATE_UP"] = "1"
+                decode_step(shape, 1)
+                del os.environ["DEEPINFER_SILU_IN_GATE_UP"]
+                _report(f"{shape} batch 1 silu in gate/up, prefetch {prefetch}")
             if "kv_lora_rank" not in SHAPES[shape]:  # MLA models take no fused eager step
                 eager_step(shape)
                 _report(f"{shape} eager step prefetch {prefetch}")

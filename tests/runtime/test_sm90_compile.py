@@ -42,8 +42,9 @@ def test_decode_step_kernels_compile_for_sm90():
     lines = out.stdout.splitlines()
     # each shape at batch 1 and 4 and (but DeepSeek's MLA) an eager step, each GGUF type; prefetch off and
     # on; then once the FP8 kernels, each GGUF type's several-row kernels and the grammar masks
-    # (+ Qwen3-30B-A3B at batch 1 with the router in the o projection's launch)
-    assert len(lines) == 2 * (3 * len(SHAPES) - 1 + 1 + 6) + 1 + 6 + 1, out.stdout
+    # (+ Qwen3-30B-A3B at batch 1 with the router in the o projection's launch, Llama-3-8B at batch 1
+    # with SiLU·mul in the gate/up GEMV's epilogue)
+    assert len(lines) == 2 * (3 * len(SHAPES) - 1 + 1 + 1 + 6) + 1 + 6 + 1, out.stdout
     assert all(line.startswith("ok") for line in lines), out.stdout
     qwen3 = next(line for line in lines if line.startswith("ok   qwen3-30b-a3b batch 1 prefetch 1"))
     for kernel in ("_gemv_kernel", "_decode_split_kernel", "_rotary_kv_kernel", "_router_kernel", "_gate_up_kernel",
@@ -51,6 +52,8 @@ def test_decode_step_kernels_compile_for_sm90():
         assert kernel in qwen3, qwen3
     in_o = next(line for line in lines if line.startswith("ok   qwen3-30b-a3b batch 1 router in o, prefetch 1"))
     assert "_o_route_kernel" in in_o and "_router_kernel" not in in_o, in_o
+    silu = next(line for line in lines if line.startswith("ok   llama3-8b batch 1 silu in gate/up, prefetch 1"))
+    assert "_gemv_kernel" in silu, silu
 
 
 def test_a_compile_error_fails_the_check(tmp_path):
