@@ -151,6 +151,22 @@ def main(device: str, dtype_name: str) -> int:
             if math != "mma":  # (mma: the activation chunks' quantization error, checked above)
                 report_bound(f"gemv {math} {2 * n}x{k} silu_out", _rel(act, F.silu(h[:, :n]) * h[:, n:]),
                              max(_bound(dtype), 2e-3 if math == "f16" else 0.0))
+    # several row tiles a program (K in one chunk): the same bits as one tile a program
+    for n, k, tile in ((10, 96, (4, 128, 1, 1)), (33, 200, (2, 256, 1, 1)), (24, 64, (16, 64, 4, 1))):
+        q, s = (t.to(device) for t in quantize_fp8(torch.randn(2 * n, k, generator=g)))
+        x = torch.randn(1, 2 * k, generator=g).to(device, dtype)
+        x1 = x[:, :k].contiguous()
+        nw = (torch.rand(k, generator=g) + 0.5).to(device, dtype)
+        bias = torch.randn(2 * n, generator=g).to(device, dtype)
+        res = torch.randn(1, 2 * n, generator=g).to(device, dtype)
+        for math in ("f32", "f16", "mma") if tile[0] >= 16 else ("f32", "f16"):
+            for tiles in (3, 4):
+                calls = (dict(x=x1, norm=(nw, 1e-5), bias=bias), dict(x=x, silu_mul=True, residual=res),
+                         dict(x=x1, norm=(nw, 1e-5), silu_out=True))
+                same = all(torch.equal(fp8_gemv(kw.pop("x"), q, s, config=(*tile, tiles), math=math, **kw),
+                                       fp8_gemv(kw2.pop("x"), q, s, config=tile, math=math, **kw2))
+                           for kw, kw2 in ((dict(c), dict(c)) for c in calls))
+                report_ok(f"gemv {math} {2 * n}x{k} {tiles} row tiles a program: bitwise one tile's", same)
     print(f"{'FAILED' if failures else 'all ok'}")
     return 1 if failures else 0
 

@@ -144,7 +144,7 @@ def test_cli_takes_quantization():
 
 
 # ---- the kernels -------------------------------------------------------------------------------
-def test_fp8_gemv_silu_out_refuses_what_it_cannot_pair():
+def test_fp8_gemv_refuses_tiles_it_cannot_run():
     pytest.importorskip("triton", reason="triton is not installed")
     from deepinfer.runtime.kernels.fp8_gemv import fp8_gemv
 
@@ -155,13 +155,18 @@ def test_fp8_gemv_silu_out_refuses_what_it_cannot_pair():
     q, s = torch.zeros(8, 64).to(torch.float8_e4m3fn), torch.ones(8)
     with pytest.raises(ValueError, match=r"an even BLOCK_N without split-K \(got 3, split 1\)"):
         fp8_gemv(x, q, s, silu_out=True, config=(3, 64, 1, 1))
+    with pytest.raises(ValueError, match=r"3 row tiles a program need K in one chunk \(BLOCK_K >= 64\), got BLOCK_K 32"):
+        fp8_gemv(x, q, s, config=(2, 32, 1, 1, 3))
+    with pytest.raises(ValueError, match=r"config must be \(BLOCK_N, BLOCK_K, num_warps, num_stages\[, row tiles"):
+        fp8_gemv(x, q, s, config=(2, 64, 1))
     with pytest.raises(ValueError, match="takes no residual"):
         fp8_gemv(x, q, s, silu_out=True, residual=torch.zeros(1, 8, dtype=torch.bfloat16), config=(2, 64, 1, 1))
 
 
 def test_fp8_kernels_in_tritons_interpreter():
     """fp8_gemv (plain + bias, RMSNorm prologue, residual epilogue, SiLU·mul input, SiLU·mul
-    output: the down projection after it bitwise the two-launch path's) and fp8_gemm (1-64 rows,
+    output: the down projection after it bitwise the two-launch path's; several row tiles a program
+    bitwise one's) and fp8_gemm (1-64 rows,
     bias) under Triton's interpreter, float32 activations, vs float64 of the dequantized
     weights (bound 1e-5: summation order only)."""
     pytest.importorskip("triton", reason="triton is not installed")
@@ -169,7 +174,7 @@ def test_fp8_kernels_in_tritons_interpreter():
     proc = subprocess.run([sys.executable, os.path.join(HERE, "fp8_kernels_check.py"), "cpu", "float32"],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count("(ok,") == 62 and "all ok" in proc.stdout, proc.stdout
+    assert proc.stdout.count("(ok,") == 76 and "all ok" in proc.stdout, proc.stdout
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),

@@ -29,8 +29,6 @@ No host syncs and no allocation other than the outputs: every path runs inside C
 
 from __future__ import annotations
 
-from typing import cast
-
 import torch
 import triton
 import triton.language as tl
@@ -78,14 +76,14 @@ PROJECTION_CONFIGS: dict[tuple[str, str], tuple[int, int, int, int]] = {
 }
 
 
-def one_row_config(k: int, math: str = "f32", projection: str | None = None) -> tuple[int, int, int, int]:
+def one_row_config(k: int, math: str = "f32", projection: str | None = None) -> tuple[int, ...]:
     """The one-row tile for ``k`` inputs, ``math`` and (when known) the ``projection``
     (``DEEPINFER_FP8_ONE_ROW_TILES`` overrides a projection's, for benchmarks). BLOCK_N counts
     weight rows, also where ``silu_out`` pairs them."""
     if projection is not None:
-        given = switches.tiles("DEEPINFER_FP8_ONE_ROW_TILES", PROJECTIONS, (4,)).get(projection)
+        given = switches.tiles("DEEPINFER_FP8_ONE_ROW_TILES", PROJECTIONS, (4, 5)).get(projection)
         if given:
-            return cast(tuple[int, int, int, int], given)
+            return given
     if projection is not None and (projection, math) in PROJECTION_CONFIGS:
         return PROJECTION_CONFIGS[(projection, math)]
     if math in MATH_CONFIGS:
@@ -120,8 +118,13 @@ def _weight_chunk_dot(w, xv, acc, MATH: tl.constexpr, BLOCK_N: tl.constexpr, BLO
 def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, n, k, stride_w, eps,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SILU_MUL: tl.constexpr, HAS_BIAS: tl.constexpr,
                      NORM: tl.constexpr, NORM_BLOCK: tl.constexpr, RESIDUAL: tl.constexpr, PDL: tl.constexpr,
-                     MATH: tl.constexpr, SILU_OUT: tl.constexpr):
+                     MATH: tl.constexpr, SILU_OUT: tl.constexpr, TILES: tl.constexpr = 1):
     pid = tl.program_id(0)
+    if TILES > 1:
+        # In a function of its own: Triton compiles the code after this branch's return too.
+        _fp8_gemv_tiles(x_ptr, w_ptr, s_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, pid, n, k, stride_w, eps, BLOCK_N,
+                        BLOCK_K, SILU_MUL, HAS_BIAS, NORM, NORM_BLOCK, RESIDUAL, PDL, MATH, SILU_OUT, TILES)
+        return
     rows, row_ok = _tile_rows(pid, n, BLOCK_N, SILU_OUT)
     cols = tl.arange(0, BLOCK_K)
     # first weight tile before waiting for the previous kernel (PDL), as kernels/gemv.py does
@@ -129,20 +132,61 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, n, k,
                       other=0.0)
     pdl_begin(PDL)
     rstd = _row_rstd(x_ptr, k, eps, NORM, NORM_BLOCK)
-    if MATH == 0:
-        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    elif MATH == 1 or MATH == 3:
-        acc = tl.zeros((BLOCK_N, BLOCK_K // 16), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
     xv = _activation_chunk(x_ptr, nw_ptr, out_ptr, cols, cols < k, k, rstd, SILU_MUL, NORM)
-    acc = _weight_chunk_dot(w_first, xv, acc, MATH, BLOCK_N, BLOCK_K)
+    acc = _weight_chunk_dot(w_first, xv, _fp8_acc(MATH, BLOCK_N, BLOCK_K), MATH, BLOCK_N, BLOCK_K)
     for k0 in range(BLOCK_K, k, BLOCK_K):
         c = k0 + cols
         c_ok = c < k
         xv = _activation_chunk(x_ptr, nw_ptr, out_ptr, c, c_ok, k, rstd, SILU_MUL, NORM)
         w = tl.load(w_ptr + rows[:, None] * stride_w + c[None, :], mask=row_ok[:, None] & c_ok[None, :], other=0.0)
         acc = _weight_chunk_dot(w, xv, acc, MATH, BLOCK_N, BLOCK_K)
+    _fp8_epilogue(acc, rows, row_ok, pid, n, s_ptr, b_ptr, res_ptr, out_ptr, BLOCK_N, HAS_BIAS, RESIDUAL, MATH,
+                  SILU_OUT)
+
+
+@triton.jit
+def _fp8_gemv_tiles(x_ptr, w_ptr, s_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, pid, n, k, stride_w, eps,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SILU_MUL: tl.constexpr, HAS_BIAS: tl.constexpr,
+                    NORM: tl.constexpr, NORM_BLOCK: tl.constexpr, RESIDUAL: tl.constexpr, PDL: tl.constexpr,
+                    MATH: tl.constexpr, SILU_OUT: tl.constexpr, TILES: tl.constexpr):
+    """TILES row tiles of one program, K in one chunk (BLOCK_K >= K): the activation row (its norm,
+    its SiLU) is made once and kept in registers while the tiles' weights stream, each tile's
+    loads issued before the previous tile's product."""
+    cols = tl.arange(0, BLOCK_K)
+    c_ok = cols < k
+    rows, row_ok = _tile_rows(pid * TILES, n, BLOCK_N, SILU_OUT)
+    w = tl.load(w_ptr + rows[:, None] * stride_w + cols[None, :], mask=row_ok[:, None] & c_ok[None, :], other=0.0)
+    pdl_begin(PDL)
+    rstd = _row_rstd(x_ptr, k, eps, NORM, NORM_BLOCK)
+    xv = _activation_chunk(x_ptr, nw_ptr, out_ptr, cols, c_ok, k, rstd, SILU_MUL, NORM)
+    for t in tl.static_range(TILES):
+        if t + 1 < TILES:
+            rows_next, ok_next = _tile_rows(pid * TILES + t + 1, n, BLOCK_N, SILU_OUT)
+            w_next = tl.load(w_ptr + rows_next[:, None] * stride_w + cols[None, :],
+                             mask=ok_next[:, None] & c_ok[None, :], other=0.0)
+        acc = _weight_chunk_dot(w, xv, _fp8_acc(MATH, BLOCK_N, BLOCK_K), MATH, BLOCK_N, BLOCK_K)
+        _fp8_epilogue(acc, rows, row_ok, pid * TILES + t, n, s_ptr, b_ptr, res_ptr, out_ptr, BLOCK_N, HAS_BIAS,
+                      RESIDUAL, MATH, SILU_OUT)
+        if t + 1 < TILES:
+            w, rows, row_ok = w_next, rows_next, ok_next
+
+
+@triton.jit
+def _fp8_acc(MATH: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The float32 accumulator of ``_weight_chunk_dot`` for MATH, zeroed."""
+    if MATH == 0:
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    elif MATH == 1 or MATH == 3:
+        acc = tl.zeros((BLOCK_N, BLOCK_K // 16), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
+    return acc
+
+
+@triton.jit
+def _fp8_epilogue(acc, rows, row_ok, tile, n, s_ptr, b_ptr, res_ptr, out_ptr, BLOCK_N: tl.constexpr,
+                  HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr, MATH: tl.constexpr, SILU_OUT: tl.constexpr):
+    """The rows' sums from the accumulator, times their scales, then the GEMV's epilogue (or SiLU·mul)."""
     if MATH == 2:
         y = tl.sum(acc, axis=1) * 0.0625  # the 16 equal columns
     else:
@@ -151,9 +195,9 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, n, k,
         y = y * 256.0
     y = y * tl.load(s_ptr + rows, mask=row_ok, other=0.0)
     if SILU_OUT:
-        _silu_mul_epilogue(y, rows, row_ok, pid, n, b_ptr, out_ptr, BLOCK_N, HAS_BIAS)
+        _silu_mul_epilogue(y, rows, row_ok, tile, n, b_ptr, out_ptr, BLOCK_N, HAS_BIAS)
     else:
-        _gemv_epilogue(y, rows, row_ok, pid, n, b_ptr, res_ptr, out_ptr, out_ptr, out_ptr, HAS_BIAS, RESIDUAL, False)
+        _gemv_epilogue(y, rows, row_ok, tile, n, b_ptr, res_ptr, out_ptr, out_ptr, out_ptr, HAS_BIAS, RESIDUAL, False)
 
 
 @triton.jit
@@ -196,7 +240,7 @@ def _check_weight(name: str, weight: torch.Tensor, scale: torch.Tensor) -> tuple
 
 def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None, *,
              silu_mul: bool = False, norm: tuple[torch.Tensor, float] | None = None,
-             residual: torch.Tensor | None = None, config: tuple[int, int, int, int] | None = None,
+             residual: torch.Tensor | None = None, config: tuple[int, ...] | None = None,
              out: torch.Tensor | None = None, math: str | None = None,
              projection: str | None = None, silu_out: bool = False) -> torch.Tensor:
     """``(x @ weight.float().T) * scale (+ bias)`` for one row ``x`` [1, K] (or [1, 2K] with
@@ -206,13 +250,23 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: t
     ``silu_out``: ``weight`` is a gate/up projection [2I, K] (gate rows, then up rows); returns
     ``silu_mul`` of the product, [1, I] (each program multiplies matching gate and up rows, so the
     down projection reads its input ready instead of every program computing the SiLU again).
-    ``config``'s BLOCK_N then counts both rows of a pair (even)."""
+    ``config``'s BLOCK_N then counts both rows of a pair (even).
+
+    ``config`` (BLOCK_N, BLOCK_K, num_warps, num_stages[, tiles]): with tiles > 1 (K in one chunk)
+    each program makes the activation row once and streams ``tiles`` row tiles with it."""
     n, k = _check_weight("fp8_gemv", weight, scale)
     math = math or one_row_math()
     if math not in MATHS:
         raise ValueError(f"fp8_gemv: math must be one of {list(MATHS)}, got {math!r}")
     check_one_row("fp8_gemv", x, n, k, "weight", silu_mul=silu_mul, bias=bias, norm=norm, residual=residual)
-    block_n, block_k, warps, stages = config or one_row_config(k, math, projection)
+    cfg = config or one_row_config(k, math, projection)
+    if len(cfg) not in (4, 5) or min(cfg) < 1:
+        raise ValueError(f"fp8_gemv: config must be (BLOCK_N, BLOCK_K, num_warps, num_stages[, row tiles a "
+                         f"program]) of positive integers, got {cfg!r}")
+    block_n, block_k, warps, stages, tiles = (*cfg, 1)[:5]
+    if tiles > 1 and block_k < k:
+        raise ValueError(f"fp8_gemv: {tiles} row tiles a program need K in one chunk (BLOCK_K >= {k}), "
+                         f"got BLOCK_K {block_k}")
     if silu_out:
         check_silu_out("fp8_gemv", n, block_n, 1, residual, silu_mul)
         n //= 2
@@ -221,12 +275,13 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: t
     if math == "mma" and (block_n < 16 or block_k < 32):
         raise ValueError(f"fp8_gemv: math='mma' needs BLOCK_N >= 16 and BLOCK_K >= 32, got {block_n}, {block_k}")
     out = torch.empty((1, n), dtype=x.dtype, device=x.device) if out is None else out
-    _fp8_gemv_kernel[(triton.cdiv(n, block_n // 2 if silu_out else block_n),)](
+    _fp8_gemv_kernel[(triton.cdiv(triton.cdiv(n, block_n // 2 if silu_out else block_n), tiles),)](
         x, weight, scale, bias if bias is not None else scale, norm[0] if norm is not None else scale,
         residual if residual is not None else out, out, n, k, weight.stride(0), norm[1] if norm is not None else 0.0,
         BLOCK_N=block_n, BLOCK_K=block_k, SILU_MUL=silu_mul, HAS_BIAS=bias is not None, NORM=norm is not None,
         NORM_BLOCK=triton.next_power_of_2(k) if norm is not None else 1, RESIDUAL=residual is not None,
-        MATH=MATHS.index(math), SILU_OUT=silu_out, num_warps=warps, num_stages=stages, **pdl_launch(x.device))
+        MATH=MATHS.index(math), SILU_OUT=silu_out, TILES=tiles, num_warps=warps, num_stages=stages,
+        **pdl_launch(x.device))
     return out
 
 
