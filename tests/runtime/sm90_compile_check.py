@@ -185,7 +185,7 @@ def gguf_one_row(kind: str) -> None:
 
 def fp8_kernels() -> None:
     """The FP8 weight kernels at a Llama-3-8B K: the one-row GEMV in each of its maths (with the
-    RMSNorm; SiLU·mul + residual; RMSNorm + SiLU·mul out), the weight-only GEMM at 4 and 64 rows, the W8A8 GEMM."""
+    RMSNorm; SiLU·mul + residual; RMSNorm + SiLU·mul out; 4 row tiles a program), the weight-only GEMM at 4 and 64 rows, the W8A8 GEMM."""
     from deepinfer.runtime.kernels.fp8_act import fp8_w8a8_gemm
     from deepinfer.runtime.kernels.fp8_gemv import MATHS, fp8_gemm, fp8_gemv
 
@@ -199,6 +199,9 @@ def fp8_kernels() -> None:
                  residual=torch.empty(1, 64, dtype=bf16, device=meta))
         fp8_gemv(torch.empty(1, 4096, dtype=bf16, device=meta), w, scale, math=math, silu_out=True,
                  norm=(torch.empty(4096, dtype=bf16, device=meta), 1e-5))
+        fp8_gemv(torch.empty(1, 4096, dtype=bf16, device=meta), w, scale, math=math,  # 4 row tiles a program
+                 config=(16 if math == "mma" else 4, 4096, 8, 2, 4), norm=(torch.empty(4096, dtype=bf16, device=meta),
+                                                                           1e-5))
     for rows in (4, 64):
         fp8_gemm(torch.empty(rows, 4096, dtype=bf16, device=meta), w, scale)
     fp8_w8a8_gemm(torch.empty(32, 4096, dtype=bf16, device=meta), w, scale)
