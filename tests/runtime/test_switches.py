@@ -129,11 +129,35 @@ def test_the_fp8_tile_switch_overrides_one_projection(monkeypatch):
     from deepinfer.runtime.kernels import fp8_gemv
 
     monkeypatch.delenv("DEEPINFER_FP8_ONE_ROW_TILES", raising=False)
+    # K in one chunk: 4 row tiles of 4 rows a program (BLOCK_K K's power of two); beyond 4096, one tile
     default = fp8_gemv.one_row_config(4096, "f16", "gate_up")
-    assert default == fp8_gemv.PROJECTION_CONFIGS[("gate_up", "f16")]
+    assert default == (4, 4096, 8, 2, 4)
+    assert fp8_gemv.one_row_config(576, "f16", "qkv") == (4, 1024, 8, 2, 4)
+    assert fp8_gemv.one_row_config(8192, "f16", "gate_up") == fp8_gemv.PROJECTION_CONFIGS[("gate_up", "f16")]
+    assert fp8_gemv.one_row_config(4096, "f32", "gate_up") == fp8_gemv.PROJECTION_CONFIGS[("gate_up", "f32")]
     monkeypatch.setenv("DEEPINFER_FP8_ONE_ROW_TILES", "gate_up=8,1024,8,2")
     assert fp8_gemv.one_row_config(4096, "f16", "gate_up") == (8, 1024, 8, 2) != default
     assert fp8_gemv.one_row_config(4096, "f16", "down") == fp8_gemv.PROJECTION_CONFIGS[("down", "f16")]
     monkeypatch.setenv("DEEPINFER_FP8_ONE_ROW_TILES", "gate_up=8,1024,8")
     with pytest.raises(ValueError, match="DEEPINFER_FP8_ONE_ROW_TILES"):
         fp8_gemv.one_row_config(4096, "f16", "gate_up")
+
+
+def test_the_silu_in_gate_up_switch_picks_the_gemvs(monkeypatch):
+    """"fp8" (the default) pairs only fp8 gate/up projections, "1" plain bf16/fp16 ones too, "0"
+    none; anything else is a ValueError naming the switch."""
+    import torch
+    from deepinfer.runtime.models.fp8_linear import Fp8Linear
+    from deepinfer.runtime.models.llama_fused_decode import _silu_in_gate_up
+
+    plain = torch.nn.Linear(8, 16, bias=False)
+    fp8 = Fp8Linear(torch.zeros(16, 8).to(torch.float8_e4m3fn), torch.ones(16))
+    monkeypatch.delenv("DEEPINFER_SILU_IN_GATE_UP", raising=False)
+    assert (_silu_in_gate_up(fp8), _silu_in_gate_up(plain)) == (True, False)
+    monkeypatch.setenv("DEEPINFER_SILU_IN_GATE_UP", "1")
+    assert (_silu_in_gate_up(fp8), _silu_in_gate_up(plain)) == (True, True)
+    monkeypatch.setenv("DEEPINFER_SILU_IN_GATE_UP", "0")
+    assert (_silu_in_gate_up(fp8), _silu_in_gate_up(plain)) == (False, False)
+    monkeypatch.setenv("DEEPINFER_SILU_IN_GATE_UP", "yes")
+    with pytest.raises(ValueError, match="DEEPINFER_SILU_IN_GATE_UP must be 0, 1 or fp8, got 'yes'"):
+        _silu_in_gate_up(plain)

@@ -50,9 +50,10 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
     Switch("DEEPINFER_FP8_GEMM", "auto", "models/fp8_linear.py",
            "several-row products of fp8 layers: \"auto\" (by row count), \"triton\" (weight-only), "
            "\"w8a8\" or \"scaled_mm\" (FP8 activations)"),
-    Switch("DEEPINFER_SILU_IN_GATE_UP", "0", "models/llama_fused_decode.py",
-           "1: a one-row step (bf16/fp16 and fp8 GEMVs) stores SiLU(gate)·up from the gate/up GEMV's epilogue, "
-           "and the down GEMV reads it ready (no SiLU in each of its programs); read at capture"),
+    Switch("DEEPINFER_SILU_IN_GATE_UP", "fp8", "models/llama_fused_decode.py",
+           "where a one-row step stores SiLU(gate)·up from the gate/up GEMV's epilogue, so the down GEMV reads it "
+           "ready (no SiLU in each of its programs): \"fp8\" (fp8 GEMVs), \"1\" (bf16/fp16 ones too) or \"0\"; "
+           "read at capture"),
     Switch("DEEPINFER_FP8_ONE_ROW_TILES", "", "kernels/fp8_gemv.py",
            "tile overrides of the one-row fp8 GEMV per projection, \"gate_up=8,1024,8,2;down=...\" (benchmarks)"),
     Switch("DEEPINFER_FP8_ONE_ROW_MATH", "f16", "kernels/fp8_gemv.py",
