@@ -4,7 +4,9 @@ bfloat16/float16: ``y = (x @ q.T) * scale (+ bias)``.
 - ``fp8_gemv``: one row (a decode step of one sequence). The bf16 GEMV of ``kernels/gemv.py``
   with 1-byte weights: half the bytes streamed per step. Same fusions and helpers (RMSNorm
   prologue, residual epilogue, SiLU·mul input, PDL); the row's scale multiplies the float32
-  sum before the epilogue.
+  sum before the epilogue. Two more: ``silu_out`` (a gate/up projection whose epilogue stores
+  SiLU(gate)·up, each program pairing gate and up rows) and several row tiles a program where K
+  fits one chunk (the activation row made once for all of them).
 - ``fp8_gemm``: several rows (prefill, batched decode). Each program loads fp8 weight tiles,
   widens them to the activation dtype in registers and runs ``tl.dot`` (float32 accumulate);
   the scales multiply the accumulator once. The weights are never dequantized in memory.
