@@ -185,7 +185,8 @@ def gguf_one_row(kind: str) -> None:
 
 def fp8_kernels() -> None:
     """The FP8 weight kernels at a Llama-3-8B K: the one-row GEMV in each of its maths (with the
-    RMSNorm; SiLU·mul + residual; RMSNorm + SiLU·mul out; 4 row tiles a program), the weight-only GEMM at 4 and 64 rows, the W8A8 GEMM."""
+    RMSNorm; SiLU·mul + residual; RMSNorm + SiLU·mul out; 4 row tiles a program), the weight-only
+    GEMM at 4 and 64 rows, the W8A8 GEMM."""
     from deepinfer.runtime.kernels.fp8_act import fp8_w8a8_gemm
     from deepinfer.runtime.kernels.fp8_gemv import MATHS, fp8_gemm, fp8_gemv
 
