@@ -129,14 +129,16 @@ def test_the_fp8_tile_switch_overrides_one_projection(monkeypatch):
     from deepinfer.runtime.kernels import fp8_gemv
 
     monkeypatch.delenv("DEEPINFER_FP8_ONE_ROW_TILES", raising=False)
-    # K in one chunk: 4 row tiles of 4 rows a program (BLOCK_K K's power of two); beyond 4096, one tile
-    default = fp8_gemv.one_row_config(4096, "f16", "gate_up")
+    # K in one chunk and 4096 rows or more: 4 row tiles of 4 rows a program (BLOCK_K K's power of
+    # two); K beyond 4096 or fewer rows (a small model): one tile a program
+    default = fp8_gemv.one_row_config(4096, "f16", "gate_up", 28672)
     assert default == (4, 4096, 8, 2, 4)
-    assert fp8_gemv.one_row_config(576, "f16", "qkv") == (4, 1024, 8, 2, 4)
-    assert fp8_gemv.one_row_config(8192, "f16", "gate_up") == fp8_gemv.PROJECTION_CONFIGS[("gate_up", "f16")]
-    assert fp8_gemv.one_row_config(4096, "f32", "gate_up") == fp8_gemv.PROJECTION_CONFIGS[("gate_up", "f32")]
+    assert fp8_gemv.one_row_config(2880, "f16", "qkv", 4096) == (4, 4096, 8, 2, 4)
+    assert fp8_gemv.one_row_config(576, "f16", "qkv", 960) == fp8_gemv.PROJECTION_CONFIGS[("qkv", "f16")]
+    assert fp8_gemv.one_row_config(8192, "f16", "gate_up", 57344) == fp8_gemv.PROJECTION_CONFIGS[("gate_up", "f16")]
+    assert fp8_gemv.one_row_config(4096, "f32", "gate_up", 28672) == fp8_gemv.PROJECTION_CONFIGS[("gate_up", "f32")]
     monkeypatch.setenv("DEEPINFER_FP8_ONE_ROW_TILES", "gate_up=8,1024,8,2")
-    assert fp8_gemv.one_row_config(4096, "f16", "gate_up") == (8, 1024, 8, 2) != default
+    assert fp8_gemv.one_row_config(4096, "f16", "gate_up", 28672) == (8, 1024, 8, 2) != default
     assert fp8_gemv.one_row_config(4096, "f16", "down") == fp8_gemv.PROJECTION_CONFIGS[("down", "f16")]
     monkeypatch.setenv("DEEPINFER_FP8_ONE_ROW_TILES", "gate_up=8,1024,8")
     with pytest.raises(ValueError, match="DEEPINFER_FP8_ONE_ROW_TILES"):

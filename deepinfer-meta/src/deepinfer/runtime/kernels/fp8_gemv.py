@@ -84,17 +84,18 @@ PROJECTION_CONFIGS: dict[tuple[str, str], tuple[int, int, int, int]] = {
 ROW_TILES: dict[tuple[str, str], tuple[int, int, int, int]] = {("qkv", "f16"): (4, 8, 2, 4),
                                                                ("gate_up", "f16"): (4, 8, 2, 4)}
 ROW_TILES_MAX_K = 4096
+ROW_TILES_MIN_N = 4096  # 256 programs of 16 rows at least: a small model's projection keeps one tile a program
 
 
-def one_row_config(k: int, math: str = "f32", projection: str | None = None) -> tuple[int, ...]:
-    """The one-row tile for ``k`` inputs, ``math`` and (when known) the ``projection``
-    (``DEEPINFER_FP8_ONE_ROW_TILES`` overrides a projection's, for benchmarks). BLOCK_N counts
-    weight rows, also where ``silu_out`` pairs them."""
+def one_row_config(k: int, math: str = "f32", projection: str | None = None, n: int = 0) -> tuple[int, ...]:
+    """The one-row tile for ``k`` inputs, ``math``, and (when known) the ``projection`` and its ``n``
+    weight rows (``DEEPINFER_FP8_ONE_ROW_TILES`` overrides a projection's, for benchmarks). BLOCK_N
+    counts weight rows, also where ``silu_out`` pairs them."""
     if projection is not None:
         given = switches.tiles("DEEPINFER_FP8_ONE_ROW_TILES", PROJECTIONS, (4, 5)).get(projection)
         if given:
             return given
-    if projection is not None and (projection, math) in ROW_TILES and k <= ROW_TILES_MAX_K:
+    if projection is not None and (projection, math) in ROW_TILES and k <= ROW_TILES_MAX_K and n >= ROW_TILES_MIN_N:
         block_n, warps, stages, tiles = ROW_TILES[(projection, math)]
         return (block_n, max(16, triton.next_power_of_2(k)), warps, stages, tiles)
     if projection is not None and (projection, math) in PROJECTION_CONFIGS:
@@ -272,7 +273,7 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: t
     if math not in MATHS:
         raise ValueError(f"fp8_gemv: math must be one of {list(MATHS)}, got {math!r}")
     check_one_row("fp8_gemv", x, n, k, "weight", silu_mul=silu_mul, bias=bias, norm=norm, residual=residual)
-    cfg = config or one_row_config(k, math, projection)
+    cfg = config or one_row_config(k, math, projection, n)
     if len(cfg) not in (4, 5) or min(cfg) < 1:
         raise ValueError(f"fp8_gemv: config must be (BLOCK_N, BLOCK_K, num_warps, num_stages[, row tiles a "
                          f"program]) of positive integers, got {cfg!r}")
