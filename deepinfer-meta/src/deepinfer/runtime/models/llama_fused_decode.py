@@ -154,8 +154,8 @@ def _dense_mlp(st: _Stream, layer: LlamaLayer, gemv_names: frozenset[str], b: in
     program pairs matching gate and up rows) and down reads it ready: otherwise each of down's
     programs computes the SiLU of the whole row again (same bits either way)."""
     gate_up, down, norm = layer.gate_up_proj, layer.down_proj, layer.post_attention_layernorm
-    if (st.pending is None and _silu_in_gate_up(gate_up)
-            and _gemv_ok(b, gate_up, "gate_up" in gemv_names) and _gemv_ok(b, down, "down" in gemv_names)):
+    if (st.pending is None and _gemv_ok(b, gate_up, "gate_up" in gemv_names)
+            and _gemv_ok(b, down, "down" in gemv_names) and _silu_in_gate_up(gate_up)):
         act = _one_row(gate_up, st.stream, "gate_up", norm=(norm.weight, norm.eps), silu_out=True)
         st.stream = _one_row(down, act, "down", residual=st.stream)
         return
