@@ -119,9 +119,10 @@ def _silu_mul_epilogue(y, rows, row_ok, pid, n, b_ptr, out_ptr, BLOCK_N: tl.cons
     if HAS_BIAS:
         y += tl.load(b_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
     gate, up = tl.split(tl.reshape(y.to(dt).to(tl.float32), (BLOCK_N // 2, 2)))
-    act = (gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)
+    # the down GEMV's own SiLU·mul input math: the same bits by construction
+    act = _activation_math(gate, up, gate, 0.0, dt, True, False)
     outs = pid * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-    tl.store(out_ptr + outs, (act * up).to(dt), mask=outs < n)
+    tl.store(out_ptr + outs, act.to(dt), mask=outs < n)
 
 
 @triton.jit
