@@ -5,12 +5,18 @@
     python bench/decode_profile.py --shape qwen3-30b-a3b --prompt 128
     python bench/decode_profile.py --weights q4_0 --variants "o quant:DEEPINFER_GGUF_O_QUANT_IN_ATTENTION=1"
     python bench/decode_profile.py --quantization fp8 --variants "f32:DEEPINFER_FP8_ONE_ROW_MATH=f32"
+    python bench/decode_profile.py --weights q4_0 --variants "no attention:-attention|no quantization:-quantize"
 
 Runs a short generate to fill the KV cache, then profiles ``--steps`` replays of the decode graph
 of ``--batch`` rows and prints each kernel's device time per step (grouped by kernel name), the
 sum, and the step's wall time between CUDA events. ``--variants`` then captures the graphs again
 under each named set of environment switches (``DEEPINFER_PDL``, ``DEEPINFER_ONE_ROW_GEMV``,
 ``DEEPINFER_FOLD_MERGE``, ``DEEPINFER_ONE_ROW_TILES``; several joined by ``&``) and prints each one's replay time beside the default's.
+A variant may also name parts to leave out of the captured step, ``-attention``, ``-rotary`` or
+``-quantize`` (the decode attention, the rotary/KV-store kernel, the GGUF dp4a GEMV's activation
+quantization): the replay then computes garbage, and the difference to the default is what that part
+really costs inside the graph (with PDL a kernel's profiled duration includes its wait for the one
+before it, so the profiler's times overstate the small kernels). Timing only.
 
 ``--prompt N`` profiles prompt steps instead: ``--steps`` one-token requests of N fresh tokens
 each (no prefix-cache hit), and prints each call's wall time, the kernels' device time, the
@@ -173,6 +179,35 @@ def replay_ms(graphs, rows: int, steps: int) -> float:  # type: ignore[no-untype
     return best
 
 
+def _without(part: str) -> tuple[object, str, object]:
+    """(module, attribute, stand-in) that leaves ``part`` out of a captured decode step: the stand-in
+    launches nothing and returns a tensor of the right shape (its values are garbage)."""
+    import deepinfer.runtime.kernels.gguf_gemv as gguf_gemv
+    import deepinfer.runtime.models.llama_fused_decode as fused
+
+    def no_attention(q, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return q
+
+    def no_rotary(qkv, positions, cos, sin, slot_mapping, kv_cache, num_heads, *args, **kwargs):  # type: ignore[no-untyped-def]
+        head_dim = kv_cache.shape[-1]
+        return qkv[:, :num_heads * head_dim].unflatten(1, (num_heads, head_dim))
+
+    made: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def no_quantize(x, k, *args, **kwargs):  # type: ignore[no-untyped-def]
+        key = (k, str(x.device))
+        if key not in made:  # (allocated once, kept, never written: torch.empty launches nothing in a capture)
+            made[key] = (torch.empty(k, dtype=torch.int8, device=x.device),
+                         torch.empty(3 * (k // 16), dtype=torch.float32, device=x.device))
+        return made[key]
+
+    parts = {"attention": (fused, "decode_attention", no_attention), "rotary": (fused, "rotary_kv_write", no_rotary),
+             "quantize": (gguf_gemv, "quantize_activations", no_quantize)}
+    if part not in parts:
+        raise SystemExit(f"--variants: no part {part!r} to leave out (parts: {', '.join(parts)})")
+    return parts[part]
+
+
 def compare_variants(llm, rows: int, steps: int, spec: str, default_ms: float) -> None:  # type: ignore[no-untyped-def]
     from deepinfer.runtime.worker.cuda_graph_runner import capture_decode_graphs
 
@@ -182,7 +217,12 @@ def compare_variants(llm, rows: int, steps: int, spec: str, default_ms: float) -
     for item in spec.split("|"):
         name, _, assigns = item.partition(":")
         saved = dict(os.environ)
-        os.environ.update(dict(a.split("=", 1) for a in assigns.split("&") if a))
+        items = [a for a in assigns.split("&") if a]
+        os.environ.update(dict(a.split("=", 1) for a in items if not a.startswith("-")))
+        patches = [_without(a[1:]) for a in items if a.startswith("-")]
+        originals = [(module, attr, getattr(module, attr)) for module, attr, _ in patches]
+        for module, attr, stand_in in patches:
+            setattr(module, attr, stand_in)
         try:
             llm.runner.graphs = None
             del old
@@ -195,6 +235,8 @@ def compare_variants(llm, rows: int, steps: int, spec: str, default_ms: float) -
         finally:
             os.environ.clear()
             os.environ.update(saved)
+            for module, attr, original in originals:
+                setattr(module, attr, original)
     print(f"  (first replay timing above: {default_ms * 1000:.0f} us)")
     for name, ms in results:  # (a failed variant has no line here)
         print(f"  variant {name:24s} replay {ms * 1000:7.0f} us per step ({ms / results[0][1]:.3f} of default)")
