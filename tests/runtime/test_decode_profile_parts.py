@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import os
+import sys
 
 import pytest
 import torch
@@ -20,7 +21,11 @@ def decode_profile():
     spec = importlib.util.spec_from_file_location("decode_profile_under_test", _BENCH)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    path = list(sys.path)
+    try:
+        spec.loader.exec_module(module)
+    finally:  # (the script puts bench/ and tests/runtime first on the path for itself)
+        sys.path[:] = path
     return module
 
 
@@ -42,7 +47,8 @@ def test_the_stand_ins_return_the_real_shapes(decode_profile):
     q = no_rotary(qkv, torch.zeros(t, dtype=torch.long), None, None, torch.zeros(t, dtype=torch.long), cache,
                   heads, kv_heads)
     assert q.shape == (t, heads, dim)  # rotary_kv_write's return: the rotated q [T, H, D]
-    assert torch.equal(q.reshape(t, -1), qkv[:, :heads * dim])  # a view of the q columns: nothing launched
+    assert torch.equal(q.reshape(t, -1), qkv[:, :heads * dim])  # the q columns ...
+    assert q.untyped_storage().data_ptr() == qkv.untyped_storage().data_ptr()  # ... as a view: nothing launched
     _, _, no_attention = decode_profile._without("attention")
     assert no_attention(q, cache) is q  # decode_attention returns [B, H, D] like q
     _, _, no_quantize = decode_profile._without("quantize")
