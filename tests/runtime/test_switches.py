@@ -77,6 +77,20 @@ def test_a_bad_integer_switch_is_a_value_error_naming_it(monkeypatch, text, mess
         moe._small_batch(torch.zeros(1, 4), moe.ExpertsSwiGLU(2, 4, 8))
 
 
+@pytest.mark.parametrize("text,expected", [(" FP8 ", "fp8"), ("0", "0"), ("1", "1")])
+def test_choice_switches(monkeypatch, text, expected):
+    monkeypatch.setenv("DEEPINFER_SILU_IN_GATE_UP", text)
+    assert switches.choice("DEEPINFER_SILU_IN_GATE_UP", ("0", "1", "fp8")) == expected
+    monkeypatch.delenv("DEEPINFER_SILU_IN_GATE_UP")
+    assert switches.choice("DEEPINFER_SILU_IN_GATE_UP", ("0", "1", "fp8")) == "fp8"  # the default
+
+
+def test_a_bad_choice_switch_names_itself_and_the_options(monkeypatch):
+    monkeypatch.setenv("DEEPINFER_FP8_GEMM", "cublas")
+    with pytest.raises(ValueError, match=r"DEEPINFER_FP8_GEMM must be one of \['auto', 'triton'\], got 'cublas'"):
+        switches.choice("DEEPINFER_FP8_GEMM", ("auto", "triton"))
+
+
 def test_tile_switches(monkeypatch):
     monkeypatch.setenv("DEEPINFER_MOE_TILES", " gate_up=1,2048,4 ; router=2,1024,2;")
     assert switches.tiles("DEEPINFER_MOE_TILES", ("gate_up", "down", "router"), (3,)) == \
@@ -161,5 +175,5 @@ def test_the_silu_in_gate_up_switch_picks_the_gemvs(monkeypatch):
     monkeypatch.setenv("DEEPINFER_SILU_IN_GATE_UP", "0")
     assert (_silu_in_gate_up(fp8), _silu_in_gate_up(plain)) == (False, False)
     monkeypatch.setenv("DEEPINFER_SILU_IN_GATE_UP", "yes")
-    with pytest.raises(ValueError, match="DEEPINFER_SILU_IN_GATE_UP must be 0, 1 or fp8, got 'yes'"):
+    with pytest.raises(ValueError, match=r"DEEPINFER_SILU_IN_GATE_UP must be one of \['0', '1', 'fp8'\], got 'yes'"):
         _silu_in_gate_up(plain)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Collection
 from dataclasses import dataclass
 
 
@@ -151,6 +152,15 @@ def integer(name: str, lo: int = 0) -> int:
     if number < lo:
         raise ValueError(f"{name}={number} must be at least {lo}")
     return number
+
+
+def choice(name: str, options: Collection[str]) -> str:
+    """A switch taking one of ``options`` (case and surrounding spaces ignored); any other value is a
+    ValueError naming the switch and the options."""
+    text = value(name).strip().lower()
+    if text not in options:
+        raise ValueError(f"{name} must be one of {list(options)}, got {text!r}")
+    return text
 
 
 def tiles(name: str, kernels: tuple[str, ...], sizes: tuple[int, ...]) -> dict[str, tuple[int, ...]]:

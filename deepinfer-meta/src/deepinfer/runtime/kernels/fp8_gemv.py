@@ -61,10 +61,7 @@ MATH_CONFIGS = {"f16": (4, 2048, 8, 2), "f16bits": (4, 2048, 8, 2), "mma": (16, 
 
 def one_row_math() -> str:
     """The default ``math`` of ``fp8_gemv`` (``DEEPINFER_FP8_ONE_ROW_MATH``)."""
-    math = switches.value("DEEPINFER_FP8_ONE_ROW_MATH").strip().lower()
-    if math not in MATHS:
-        raise ValueError(f"DEEPINFER_FP8_ONE_ROW_MATH must be one of {list(MATHS)}, got {math!r}")
-    return math
+    return switches.choice("DEEPINFER_FP8_ONE_ROW_MATH", MATHS)
 
 
 PROJECTIONS = ("qkv", "o", "gate_up", "down")

@@ -141,9 +141,7 @@ def _residual_linear(st: _Stream, a: torch.Tensor, proj: nn.Module, name: str, g
 def _silu_in_gate_up(gate_up: nn.Module) -> bool:
     """Whether ``DEEPINFER_SILU_IN_GATE_UP`` ("fp8" by default: the fp8 GEMV, where it measured
     faster; "1": the bf16/fp16 GEMV too, where it measured the same; "0") pairs this projection."""
-    mode = switches.value("DEEPINFER_SILU_IN_GATE_UP").strip().lower()
-    if mode not in ("0", "1", "fp8"):
-        raise ValueError(f"DEEPINFER_SILU_IN_GATE_UP must be 0, 1 or fp8, got {mode!r}")
+    mode = switches.choice("DEEPINFER_SILU_IN_GATE_UP", ("0", "1", "fp8"))
     fp8 = bool(getattr(gate_up, "fused_silu_out", False))
     return (mode == "1" and (fp8 or type(gate_up) is nn.Linear)) or (mode == "fp8" and fp8)
 
