@@ -117,7 +117,7 @@ def check_kind(kind: str, device: str, quick: bool) -> bool:
     planes3 = regroup(torch.from_numpy(raw3), kind).map(lambda t: t.to(device))
     x3 = torch.randn(1, 4096, generator=g)
     tile = dp4a_config(planes3)
-    want_tile = (2, 2048, 2, 2) if kind == "Q4_0" else (4, 1024, 2, 2)
+    want_tile = (2, 1024, 1, 2) if kind == "Q4_0" else (4, 1024, 2, 2)
     ok &= _check(f"{kind} gemv f32 [1,4096]x[9,4096], default tiles", gguf_gemv(x3.to(device), planes3),
                  x3.double() @ w3.T, x3.double().abs() @ w3.abs().T, 2**-16, 2**-24, q8_error(x3, w3))
     print(f"{'ok  ' if tile == want_tile else 'FAIL'} {kind} narrow projection's dp4a tile {tile}")
@@ -276,7 +276,7 @@ def check_quantized_input(kind: str, device: str, k: int, g: torch.Generator) ->
     x = torch.randn(1, k, generator=g).to(bf).to(device)
     res = torch.randn(1, 64, generator=g).to(bf).to(device)
     xq, st = quantize_activations(x, k)
-    for config in (None, (2, 2048, 2, 2)):
+    for config in (None, (2, 2048, 2, 2), (4, 512, 1, 2)):
         got = gguf_gemv(x, o_proj, residual=res, quantized=(xq, st), config=config)
         same = torch.equal(got, gguf_gemv(x, o_proj, residual=res, config=config))
         print(f"{'ok  ' if same else 'FAIL'} {kind} residual gemv (tiles {config or 'default'}) from stored 8-bit "

@@ -64,7 +64,11 @@ DP4A_GEMV_CONFIG = (4, 1024, 2, 2)
 # H100 (bench/decode_profile.py --weights q4_0 --variants, 2026-12-05): 2,327 -> 2,261 us (-2.9 %;
 # o alone -1.1 %, down alone -1.7 %); Q8_0 measured the same either way and Q4_K_M 2.5 % slower, so
 # they keep DP4A_GEMV_CONFIG.
-DP4A_NARROW_CONFIG_BY_KIND = {"Q4_0": (2, 2048, 2, 2)}
+# Q4_0 at one warp a program (2026-12-06, H100, same replays): every 8B projection's one-warp tile
+# together 2,226 -> 2,155 us a step (-3.2 %; gate_up (4, 512) alone -1.3 %, down (2, 1024) -1.0 %,
+# qkv and o -0.5 % each); Q4_K_M gained under 1 % and lost 4 % on down, so the others keep 2 warps.
+DP4A_CONFIG_BY_KIND = {"Q4_0": (4, 512, 1, 2)}
+DP4A_NARROW_CONFIG_BY_KIND = {"Q4_0": (2, 1024, 1, 2)}
 NARROW_MAX_N = 4096
 QUANTIZE_BLOCK = 512
 GEMM_CONFIG = (64, 64, 64, 4, 3)  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
@@ -830,7 +834,7 @@ def dp4a_config(w: GGUFPlanes) -> tuple[int, int, int, int]:
     """The dp4a GEMV's (ROWS, BLOCK_K, num_warps, num_stages) for the weight ``w``."""
     if w.n <= NARROW_MAX_N and w.k >= 4096:
         return DP4A_NARROW_CONFIG_BY_KIND.get(w.kind, DP4A_GEMV_CONFIG)
-    return DP4A_GEMV_CONFIG
+    return DP4A_CONFIG_BY_KIND.get(w.kind, DP4A_GEMV_CONFIG)
 
 
 def _check_activations(name: str, act: tuple[torch.Tensor, torch.Tensor], k: int, device: torch.device) -> None:
