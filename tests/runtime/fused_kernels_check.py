@@ -21,7 +21,12 @@ from deepinfer.runtime.kernels.fused_ops import (
     rotary_kv_write,
     silu_mul,
 )
-from deepinfer.runtime.kernels.gemv import _argmax_partials_kernel, gemv, gemv_argmax
+from deepinfer.runtime.kernels.gemv import (
+    _argmax_partials_kernel,
+    argmax_partials,
+    gemv,
+    gemv_argmax,
+)
 from deepinfer.runtime.models.llama import RMSNorm
 from deepinfer.runtime.models.rotary import RotaryEmbedding
 from triton_interpreter_compat import interpreter_loop_bounds_compat
@@ -179,8 +184,20 @@ def check_gemv(dtype: torch.dtype, g: torch.Generator) -> None:
     maxes[[13, 61, 97]] = 9.0
     args = torch.arange(100, device=DEV, dtype=torch.int64) * 4 + 1
     out = torch.empty(1, dtype=torch.int64, device=DEV)
-    _argmax_partials_kernel[(1,)](maxes, args, out, 100, BLOCK=16)
+    _argmax_partials_kernel[(1,)](maxes, args, out, maxes, 100, 100, BLOCK=16)
     assert int(out) == 13 * 4 + 1
+    # two passes (argmax_partials: slices of `span` reduced in parallel, then their results): the
+    # tie across slices (13, 61, 97 in slices 0, 3, 6 of 16), a tie inside the winning slice, a
+    # slice of a single partial (span 1) and one slice of all (100, 128) give the first index
+    for span in (16, 7, 1, 100, 128):
+        out.fill_(-1)
+        assert int(argmax_partials(maxes, args, out, span=span)) == 13 * 4 + 1, span
+    maxes[[14, 15]] = 10.0  # the new largest twice inside one slice: its first wins
+    assert int(argmax_partials(maxes, args, out, span=16)) == 14 * 4 + 1
+    wide = torch.randn(70_000, generator=g).to(DEV)  # a 128k vocabulary's partials: more than ARGMAX_SPAN
+    wide_args = torch.arange(70_000, device=DEV, dtype=torch.int64) * 2
+    assert int(argmax_partials(wide, wide_args, out)) == int(wide.argmax()) * 2
+    assert int(argmax_partials(wide, wide_args, out, span=70_000)) == int(wide.argmax()) * 2
 
 
 def check_decode_attention(dtype: torch.dtype, g: torch.Generator, bs: int = 16) -> None:

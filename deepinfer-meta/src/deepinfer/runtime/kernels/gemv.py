@@ -25,11 +25,13 @@ Fused in, each saving a launch and a round trip of the activations through memor
 Rounding follows the torch ops (``fused_ops.add_rmsnorm``, ``silu_mul``, the add).
 
 ``gemv_argmax`` is the LM head of a greedy step: each program also keeps the largest of its
-(rounded) logits, and a one-program kernel reduces those to the argmax (first index on ties, as
+(rounded) logits, and ``argmax_partials`` reduces those to the argmax (first index on ties, as
 ``torch.argmax``), in place of torch's argmax pass over the logits (36 us per Llama-3-8B step).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import triton
@@ -37,6 +39,8 @@ import triton.language as tl
 
 from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch, prefetch_fits
 
+# partials of gemv_argmax reduced per program in its first pass (argmax_partials)
+ARGMAX_SPAN = 2048
 # (BLOCK_N, BLOCK_K, num_warps, num_stages): the best tile of most Llama-3-8B projections on the
 # H200 (bench/gemv_bench.py); any values give the same results up to the float32 summation order.
 DEFAULT_CONFIG = (2, 1024, 4, 3)
@@ -207,20 +211,49 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, max_ptr, arg_ptr
 
 
 @triton.jit
-def _argmax_partials_kernel(max_ptr, arg_ptr, out_ptr, num, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+def _argmax_partials_kernel(max_ptr, arg_ptr, out_ptr, out_max_ptr, num, span, BLOCK: tl.constexpr,
+                            KEEP_MAX: tl.constexpr = False, PDL: tl.constexpr = False):
+    """Program ``p``: the argmax of partials ``p * span .. (p + 1) * span - 1`` (of ``num``) into
+    ``out_ptr[p]`` (the smallest arg among the largest values; args grow with the partial's index),
+    with KEEP_MAX its value into ``out_max_ptr[p]`` (for a second pass over the programs' results)."""
     pdl_begin(PDL)
+    lo = tl.program_id(0) * span
+    hi = tl.minimum(lo + span, num)
     i = tl.arange(0, BLOCK)
     best = tl.full([BLOCK], float("-inf"), tl.float32)
     best_arg = tl.full([BLOCK], 2**62, tl.int64)
-    for start in range(0, num, BLOCK):  # lane-wise running best; later chunks hold larger indices
-        ok = start + i < num
+    for start in range(lo, hi, BLOCK):  # lane-wise running best; later chunks hold larger indices
+        ok = start + i < hi
         v = tl.load(max_ptr + start + i, mask=ok, other=float("-inf"))
         a = tl.load(arg_ptr + start + i, mask=ok, other=2**62)
         better = v > best
         best = tl.where(better, v, best)
         best_arg = tl.where(better, a, best_arg)
     top = tl.max(best, axis=0)
-    tl.store(out_ptr, tl.min(tl.where(best == top, best_arg, 2**62), axis=0))
+    tl.store(out_ptr + tl.program_id(0), tl.min(tl.where(best == top, best_arg, 2**62), axis=0))
+    if KEEP_MAX:
+        tl.store(out_max_ptr + tl.program_id(0), top)
+
+
+def argmax_partials(maxes: torch.Tensor, args: torch.Tensor, out: torch.Tensor, *, span: int = ARGMAX_SPAN,
+                    pdl: dict[str, Any] | None = None) -> torch.Tensor:
+    """``out`` [1] = ``args[i]`` of the largest of ``maxes`` (float32 [P]; the smallest arg on ties):
+    the programs' partials of ``gemv_argmax``. More than ``span`` partials take two passes, the
+    first over slices of ``span`` in parallel (one program over a 128k vocabulary's 64k partials
+    took 22.6 us of serial loads on an H100)."""
+    pdl = pdl or {}
+    num = maxes.numel()
+    if num > span:
+        parts = triton.cdiv(num, span)
+        part_max = torch.empty(parts, dtype=torch.float32, device=maxes.device)
+        part_arg = torch.empty(parts, dtype=torch.int64, device=maxes.device)
+        _argmax_partials_kernel[(parts,)](maxes, args, part_arg, part_max, num, span,
+                                          BLOCK=min(1024, triton.next_power_of_2(span)), KEEP_MAX=True, num_warps=4,
+                                          **pdl)
+        maxes, args, num = part_max, part_arg, parts
+    _argmax_partials_kernel[(1,)](maxes, args, out, maxes, num, num, BLOCK=min(8192, triton.next_power_of_2(num)),
+                                  num_warps=max(1, min(16, triton.next_power_of_2(num) // 512)), **pdl)
+    return out
 
 
 def check_one_row(name: str, x: torch.Tensor, n: int, k: int, weight: str, *, silu_mul: bool,
@@ -344,7 +377,5 @@ def gemv_argmax(x: torch.Tensor, weight: torch.Tensor, config: tuple[int, int, i
                                 0.0, BLOCK_N=block_n, BLOCK_K=block_k, SILU_MUL=False, HAS_BIAS=False, ARGMAX=True,
                                 NORM=False, NORM_BLOCK=1, RESIDUAL=False, SPLIT_K=1, num_warps=warps,
                                 num_stages=stages, PRELOAD_K=preload_k, **pdl)
-    # wide: with 1024 lanes the 32k partials of a 128k vocabulary took 29 us of serial loads
-    _argmax_partials_kernel[(1,)](maxes, args, greedy, programs, BLOCK=min(8192, triton.next_power_of_2(programs)),
-                                  num_warps=16, **pdl)
+    argmax_partials(maxes, args, greedy, pdl=pdl)
     return out, greedy
