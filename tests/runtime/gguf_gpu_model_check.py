@@ -15,10 +15,12 @@ first divergence, the dense run's logprob gap between the two tokens (a near-tie
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -121,40 +123,29 @@ def check_cpu(path: str) -> bool:
                                          paged_attention))
     ok &= _close("1 token, fused decode forward", quant.compute_logits(h), ref)
     ok &= check_o_quantized_in_attention(quant, caches[id(quant)], pos)
+    ok &= check_parts_share_quantization(quant)
     return ok
 
 
-def check_o_quantized_in_attention(quant: torch.nn.Module, caches: list[torch.Tensor], pos: int) -> bool:
-    """With 8-bit activations (dp4a), ``DEEPINFER_GGUF_O_QUANT_IN_ATTENTION=1`` has the decode
-    attention store the o projection's activations: one quantization launch a layer fewer, the
-    same hidden states (the same codes and scales; float sums up to their order)."""
+@contextlib.contextmanager
+def counted_quantizations(**env: str) -> Iterator[list[object]]:
+    """The dp4a GEMVs' activation quantization launches (appended to the list yielded) while the
+    environment holds ``env``; both restored after."""
     import deepinfer.runtime.kernels.gguf_gemv as gguf_gemv
-    from deepinfer.runtime.attention.triton_decode import DecodeWorkspace
-    from deepinfer.runtime.models.llama_fused_decode import fused_decode_forward
 
     real = gguf_gemv._quantize_activations_kernel
     launches: list[object] = []
 
-    class Counting:  # counts the quantization launches of the dp4a GEMVs
+    class Counting:
         def __getitem__(self, grid: object) -> object:
             launches.append(grid)
             return real[grid]
 
-    i32 = torch.int32
-    saved = {name: os.environ.get(name) for name in ("DEEPINFER_GGUF_DP4A", "DEEPINFER_GGUF_O_QUANT_IN_ATTENTION")}
-    hidden, counts = {}, {}
+    saved = {name: os.environ.get(name) for name in env}
     gguf_gemv._quantize_activations_kernel = Counting()  # type: ignore[assignment]
+    os.environ.update(env)
     try:
-        os.environ["DEEPINFER_GGUF_DP4A"] = "1"
-        for flag in ("0", "1"):
-            os.environ["DEEPINFER_GGUF_O_QUANT_IN_ATTENTION"] = flag
-            launches.clear()
-            hidden[flag] = fused_decode_forward(
-                quant, torch.tensor([7], dtype=i32), torch.tensor([pos], dtype=i32), caches, torch.tensor([pos]),
-                torch.zeros((1, 1), dtype=i32), torch.tensor([pos + 1], dtype=i32), DecodeWorkspace(2, HEADS, HD,
-                                                                                                  torch.device("cpu")),
-                2)
-            counts[flag] = len(launches)
+        yield launches
     finally:
         gguf_gemv._quantize_activations_kernel = real
         for name, value in saved.items():
@@ -162,6 +153,67 @@ def check_o_quantized_in_attention(quant: torch.nn.Module, caches: list[torch.Te
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def check_parts_share_quantization(quant: torch.nn.Module) -> bool:
+    """With 8-bit activations (dp4a), a projection of parts of several types (layer 0's qkv: Q4_K q
+    and k, Q6_K v) quantizes its row once for all parts (with the RMSNorm, or SiLU·mul): one
+    quantization launch instead of one a part, the same bits as each part quantizing it itself."""
+    import deepinfer.runtime.kernels.gguf_gemv as gguf_gemv
+    from deepinfer.runtime.models.gguf_linear import GGUFLinearCUDA
+
+    qkv = quant.layers[0].qkv_proj
+    assert isinstance(qkv, GGUFLinearCUDA) and len(qkv.parts) == 2, qkv
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(1, 2 * H, generator=g)
+    nw = 1 + 0.1 * torch.randn(H, generator=g)
+    res = torch.randn(1, qkv.out_features, generator=g)
+    ok = True
+    with counted_quantizations(DEEPINFER_GGUF_DP4A="1") as launches:
+        for name, row, kw in (("RMSNorm", x[:, :H], {"norm": (nw, 1e-5), "residual": res}),
+                              ("SiLU·mul", x, {"silu_mul": True})):
+            launches.clear()
+            got = qkv.gemv(row, **kw)
+            shared = len(launches)
+            launches.clear()
+            each = torch.empty_like(got)  # every part quantizing the row itself (as before)
+            for p, off in zip(qkv.parts, qkv.offsets, strict=True):
+                part_kw = dict(kw)
+                if "residual" in part_kw:
+                    part_kw["residual"] = res[:, off:off + p.n]
+                gguf_gemv.gguf_gemv(row, p, out=each[:, off:off + p.n], **part_kw)
+            same = torch.equal(got, each) and shared == 1 and len(launches) == len(qkv.parts)
+            print(f"{'ok  ' if same else 'FAIL'} {qkv.weight_type} qkv, {name}: {shared} quantization launch "
+                  f"for {len(qkv.parts)} parts (each part alone: {len(launches)}), the same bits")
+            ok &= same
+        for bad, words in (({"norm": (nw[:-1], 1e-5)}, "norm weight"), ({"silu_mul": True}, "columns")):
+            try:  # checked before the shared quantization, which trusts its caller
+                qkv.gemv(x[:, :H], **bad)
+                refused = False
+            except ValueError as exc:
+                refused = words in str(exc)
+            print(f"{'ok  ' if refused else 'FAIL'} {qkv.weight_type} qkv refuses {sorted(bad)} of the wrong size")
+            ok &= refused
+    return ok
+
+
+def check_o_quantized_in_attention(quant: torch.nn.Module, caches: list[torch.Tensor], pos: int) -> bool:
+    """With 8-bit activations (dp4a), ``DEEPINFER_GGUF_O_QUANT_IN_ATTENTION=1`` has the decode
+    attention store the o projection's activations: one quantization launch a layer fewer, the
+    same hidden states (the same codes and scales; float sums up to their order)."""
+    from deepinfer.runtime.attention.triton_decode import DecodeWorkspace
+    from deepinfer.runtime.models.llama_fused_decode import fused_decode_forward
+
+    i32 = torch.int32
+    hidden, counts = {}, {}
+    for flag in ("0", "1"):
+        with counted_quantizations(DEEPINFER_GGUF_DP4A="1", DEEPINFER_GGUF_O_QUANT_IN_ATTENTION=flag) as launches:
+            hidden[flag] = fused_decode_forward(
+                quant, torch.tensor([7], dtype=i32), torch.tensor([pos], dtype=i32), caches, torch.tensor([pos]),
+                torch.zeros((1, 1), dtype=i32), torch.tensor([pos + 1], dtype=i32), DecodeWorkspace(2, HEADS, HD,
+                                                                                                  torch.device("cpu")),
+                2)
+            counts[flag] = len(launches)
     fewer = counts["0"] - counts["1"]
     print(f"o activations quantized in the attention: {counts['0']} -> {counts['1']} quantization launches")
     return (fewer == L) & _close("1 token, o activations from the attention", hidden["1"], hidden["0"])

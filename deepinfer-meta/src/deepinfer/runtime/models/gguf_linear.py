@@ -128,10 +128,27 @@ class GGUFLinearCUDA(nn.Module):
              residual: torch.Tensor | None = None,
              quantized: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """One row [1, K] (``[1, 2K]`` with ``silu_mul``) -> [1, N], with ``kernels.gemv``'s fusions;
-        ``quantized``: x already as 8-bit activations (``kernels.gguf_gemv.gguf_gemv``)."""
-        from deepinfer.runtime.kernels.gguf_gemv import gguf_gemv
+        ``quantized``: x already as 8-bit activations (``kernels.gguf_gemv.gguf_gemv``). Parts of
+        several types share one quantization of the row (with its RMSNorm / SiLU·mul) under the dp4a
+        GEMV, where each part's GEMV would make the same codes again (Q4_K_M's qkv: Q4_K q and k, Q6_K v)."""
+        from deepinfer.runtime.kernels.gemv import check_one_row
+        from deepinfer.runtime.kernels.gguf_gemv import (
+            dp4a_gemv,
+            gguf_gemv,
+            quantize_activations,
+            word_codes,
+        )
 
         out = torch.empty((1, self.out_features), dtype=x.dtype, device=x.device)
+        if len(self.parts) > 1 and quantized is None and word_codes() and dp4a_gemv():
+            k = self.in_features  # (checked here: the quantization kernel trusts its caller)
+            check_one_row("GGUFLinearCUDA.gemv", x, self.out_features, k, f"the {self.weight_type} weight",
+                          silu_mul=silu_mul, bias=self.bias, norm=norm, residual=residual)
+            if x.device != self.parts[0].codes.device or (norm is not None and norm[0].device != x.device):
+                raise ValueError(f"GGUFLinearCUDA.gemv: x is on {x.device}, the weight on {self.parts[0].codes.device}"
+                                 + ("" if norm is None else f", the norm weight on {norm[0].device}"))
+            quantized = quantize_activations(x, k, silu_mul, norm, rounding=out)
+            x, silu_mul, norm = x[:, :k], False, None  # (the parts read the codes, not x)
         for p, off in zip(self.parts, self.offsets, strict=True):
             sl = slice(off, off + p.n)
             gguf_gemv(x, p, None if self.bias is None else self.bias[sl], silu_mul=silu_mul, norm=norm,
