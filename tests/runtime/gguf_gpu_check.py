@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 
 import deepinfer.runtime.kernels.gguf_gemv as gguf_gemv_module
 import numpy as np
@@ -263,6 +264,15 @@ def check_kind(kind: str, device: str, quick: bool) -> bool:
     return ok
 
 
+def refuses(call: Callable[[], object], words: str) -> bool:
+    """Whether ``call()`` raises a ValueError whose message holds ``words``."""
+    try:
+        call()
+    except ValueError as err:
+        return words in str(err)
+    return False
+
+
 def check_quantized_input(kind: str, device: str, k: int, g: torch.Generator) -> bool:
     """The dp4a GEMV given its 8-bit activations made by the kernel before it (``quantized``: as the
     decode attention stores them for the o projection, which adds the residual) equals the GEMV
@@ -287,11 +297,7 @@ def check_quantized_input(kind: str, device: str, k: int, g: torch.Generator) ->
            (x, dict(quantized=(xq, st), norm=(nw, 1e-5)), "not with norm or silu_mul"),
            (torch.cat((x, x), dim=1), dict(quantized=(xq, st), silu_mul=True), "not with norm or silu_mul")]
     for row, kwargs, words in bad:
-        try:
-            gguf_gemv(row, o_proj, **kwargs)  # type: ignore[arg-type]
-            raised = False
-        except ValueError as err:
-            raised = words in str(err)
+        raised = refuses(lambda: gguf_gemv(row, o_proj, **kwargs), words)  # type: ignore[arg-type]  # noqa: B023
         print(f"{'ok  ' if raised else 'FAIL'} {kind} gemv refuses {sorted(kwargs)} ({words!r})")
         ok &= raised
     return ok

@@ -161,6 +161,7 @@ def check_parts_share_quantization(quant: torch.nn.Module) -> bool:
     quantization launch instead of one a part, the same bits as each part quantizing it itself."""
     import deepinfer.runtime.kernels.gguf_gemv as gguf_gemv
     from deepinfer.runtime.models.gguf_linear import GGUFLinearCUDA
+    from gguf_gpu_check import refuses
 
     qkv = quant.layers[0].qkv_proj
     assert isinstance(qkv, GGUFLinearCUDA) and len(qkv.parts) == 2, qkv
@@ -187,11 +188,8 @@ def check_parts_share_quantization(quant: torch.nn.Module) -> bool:
                   f"for {len(qkv.parts)} parts (each part alone: {len(launches)}), the same bits")
             ok &= same
         for bad, words in (({"norm": (nw[:-1], 1e-5)}, "norm weight"), ({"silu_mul": True}, "columns")):
-            try:  # checked before the shared quantization, which trusts its caller
-                qkv.gemv(x[:, :H], **bad)
-                refused = False
-            except ValueError as exc:
-                refused = words in str(exc)
+            # checked before the shared quantization, which trusts its caller
+            refused = refuses(lambda: qkv.gemv(x[:, :H], **bad), words)  # noqa: B023
             print(f"{'ok  ' if refused else 'FAIL'} {qkv.weight_type} qkv refuses {sorted(bad)} of the wrong size")
             ok &= refused
     return ok
