@@ -198,6 +198,23 @@ def check_gemv(dtype: torch.dtype, g: torch.Generator) -> None:
     wide_args = torch.arange(70_000, device=DEV, dtype=torch.int64) * 2
     assert int(argmax_partials(wide, wide_args, out)) == int(wide.argmax()) * 2
     assert int(argmax_partials(wide, wide_args, out, span=70_000)) == int(wide.argmax()) * 2
+    for bad_args, words in (((wide.double(), wide_args, out), "maxes float32"),
+                            ((wide, wide_args[:-1], out), "args int64 [P]"),
+                            ((wide, wide_args.int(), out), "args int64 [P]"),
+                            ((wide, wide_args, out[:0]), "out int64"),
+                            ((wide[::2], wide_args[::2], out), "contiguous")):
+        try:
+            argmax_partials(*bad_args)
+        except ValueError as err:
+            assert words in str(err), err
+        else:
+            raise AssertionError(f"argmax_partials accepted {words!r} wrong")
+    try:
+        argmax_partials(wide, wide_args, out, span=0)
+    except ValueError as err:
+        assert "span" in str(err), err
+    else:
+        raise AssertionError("argmax_partials accepted span 0")
 
 
 def check_decode_attention(dtype: torch.dtype, g: torch.Generator, bs: int = 16) -> None:

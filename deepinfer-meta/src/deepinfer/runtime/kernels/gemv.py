@@ -241,6 +241,15 @@ def argmax_partials(maxes: torch.Tensor, args: torch.Tensor, out: torch.Tensor, 
     the programs' partials of ``gemv_argmax``. More than ``span`` partials take two passes, the
     first over slices of ``span`` in parallel (one program over a 128k vocabulary's 64k partials
     took 22.6 us of serial loads on an H100)."""
+    if (maxes.dtype != torch.float32 or args.dtype != torch.int64 or out.dtype != torch.int64
+            or maxes.dim() != 1 or args.shape != maxes.shape or out.numel() < 1 or maxes.numel() < 1
+            or not (maxes.is_contiguous() and args.is_contiguous() and out.is_contiguous())
+            or not maxes.device == args.device == out.device):
+        raise ValueError(f"argmax_partials: maxes float32 [P] (P >= 1), args int64 [P] and out int64 [>= 1], contiguous "
+                         f"on one device; got {maxes.dtype} {tuple(maxes.shape)} on {maxes.device}, {args.dtype} "
+                         f"{tuple(args.shape)} on {args.device}, {out.dtype} {tuple(out.shape)} on {out.device}")
+    if span < 1:
+        raise ValueError(f"argmax_partials: span must be a positive number of partials, got {span}")
     pdl = pdl or {}
     num = maxes.numel()
     if num > span:
