@@ -281,3 +281,45 @@ def test_llm_and_generate_import_no_transformers_until_llm_tokenizer(text_defaul
                          timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["False", "True", "transformers", "True", "True"]
+
+
+def test_gguf_tokenizer_class_gives_what_autotokenizer_gives(tmp_path, default_gguf):
+    """The default model's tokenizer built by the class ``gguf_tokenizer_class`` names (without
+    AutoTokenizer's slow config read) saves the same files as ``AutoTokenizer``'s."""
+    from deepinfer.runtime.loading.tokenizer_loader import gguf_tokenizer_class
+    from transformers import AutoTokenizer
+    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES
+
+    cls = gguf_tokenizer_class(default_gguf)
+    if cls is None:  # only when this transformers registers a tokenizer class of its own for llama
+        assert TOKENIZER_MAPPING_NAMES.get("llama") is not None
+        return
+    folder, name = os.path.dirname(default_gguf), os.path.basename(default_gguf)
+    cls.from_pretrained(folder, gguf_file=name, local_files_only=True).save_pretrained(tmp_path / "direct")
+    AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True).save_pretrained(tmp_path / "auto")
+    names = sorted(os.listdir(tmp_path / "auto"))
+    assert names == sorted(os.listdir(tmp_path / "direct")) and "tokenizer.json" in names
+    for f in names:
+        assert (tmp_path / "direct" / f).read_bytes() == (tmp_path / "auto" / f).read_bytes(), f
+
+
+def test_gguf_tokenizer_class_leaves_other_files_to_autotokenizer(tmp_path, default_gguf):
+    import gguf
+    from deepinfer.runtime.loading.tokenizer_loader import gguf_tokenizer_class
+
+    beside = tmp_path / "beside"  # a tokenizer_config.json next to the file may name another class
+    beside.mkdir()
+    os.symlink(default_gguf, beside / "model.gguf")
+    assert gguf_tokenizer_class(str(beside / "model.gguf")) is gguf_tokenizer_class(default_gguf)  # alone: as above
+    (beside / "tokenizer_config.json").write_text("{}")
+    assert gguf_tokenizer_class(str(beside / "model.gguf")) is None
+    other = tmp_path / "qwen2.gguf"  # another architecture
+    w = gguf.GGUFWriter(str(other), "qwen2")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert gguf_tokenizer_class(str(other)) is None
+    broken = tmp_path / "broken.gguf"  # not a GGUF: AutoTokenizer gets it and says what is wrong
+    broken.write_bytes(b"nope" * 10)
+    assert gguf_tokenizer_class(str(broken)) is None

@@ -81,6 +81,37 @@ def publish_cache_dir(final: str, write: Callable[[str], object], *, replace_exi
         _sweep_stale_tmp(parent, time.time())
 
 
+# files beside a GGUF file that can make AutoTokenizer pick another tokenizer class
+_CLASS_HINTS = ("tokenizer_config.json", "config.json", "tokenizer.json")
+
+
+def gguf_tokenizer_class(model_path: str) -> Any:
+    """The class ``AutoTokenizer.from_pretrained(gguf_file=)`` picks for this GGUF file, where it can be
+    named without AutoTokenizer's own config read (transformers' legacy GGUF reader: ~4 s of the
+    default model's first load, building a numpy object per vocabulary entry); else None.
+
+    Named only in the plain case: a ``llama`` file (the default model's architecture) with no
+    tokenizer class registered for ``llama`` in this transformers (AutoTokenizer then falls back
+    to its generic ``TokenizersBackend``) and nothing beside the file that names a class. Any
+    other file keeps AutoTokenizer; the test suite checks that both give the same files."""
+    if any(os.path.exists(os.path.join(os.path.dirname(os.path.abspath(model_path)), f)) for f in _CLASS_HINTS):
+        return None
+    from deepinfer.runtime.loading.gguf_file import GGUFFile
+
+    try:
+        arch = GGUFFile(model_path).fields.get("general.architecture")
+    except (OSError, ValueError):
+        return None  # AutoTokenizer says what is wrong with the file
+    if arch != "llama":
+        return None
+    import transformers
+    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES
+
+    if TOKENIZER_MAPPING_NAMES.get("llama") is not None:
+        return None
+    return getattr(transformers, "TokenizersBackend", None)
+
+
 def load_tokenizer(model_path: str) -> Any:
     """A transformers tokenizer for a model directory or a GGUF file, without network access."""
     _offline()
@@ -96,8 +127,9 @@ def load_tokenizer(model_path: str) -> Any:
             return AutoTokenizer.from_pretrained(cached, local_files_only=True)
         except (OSError, ValueError):  # a damaged cache entry: rebuild it below
             pass
-    tok = AutoTokenizer.from_pretrained(os.path.dirname(os.path.abspath(model_path)),
-                                        gguf_file=os.path.basename(model_path), local_files_only=True)
+    folder, name = os.path.dirname(os.path.abspath(model_path)), os.path.basename(model_path)
+    direct = gguf_tokenizer_class(model_path)
+    tok = (direct or AutoTokenizer).from_pretrained(folder, gguf_file=name, local_files_only=True)
     # a damaged entry (no tokenizer.json) is replaced; a read-only home runs without the cache
     publish_cache_dir(cached, tok.save_pretrained,
                       replace_existing=os.path.isdir(cached)
