@@ -105,8 +105,11 @@ def gguf_tokenizer_class(model_path: str) -> Any:
     if arch != "llama":
         return None
     import transformers
-    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES
 
+    try:  # (a transformers that moved these: AutoTokenizer decides)
+        from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES
+    except ImportError:
+        return None
     if TOKENIZER_MAPPING_NAMES.get("llama") is not None:
         return None
     return getattr(transformers, "TokenizersBackend", None)
