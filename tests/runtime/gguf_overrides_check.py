@@ -1,0 +1,91 @@
+"""``bench/gguf_overrides.py`` on the runtime (Triton's interpreter on the CPU, or a GPU): each
+variable changes the choice it names and nothing else.
+
+``python gguf_overrides_check.py [cpu|cuda]``; prints ``ok`` last."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import gguf_overrides
+from deepinfer.runtime.kernels import gemv, gguf_gemv
+from deepinfer.runtime.kernels.gguf_layout import regroup
+from deepinfer.runtime.models.gguf_linear import GGUFLinearCUDA
+from gguf_gpu_check import random_blocks
+from gguf_gpu_model_check import counted_quantizations
+
+
+def main() -> None:
+    dev = torch.device(sys.argv[1] if len(sys.argv) > 1 else "cpu")
+    parts = [regroup(torch.from_numpy(random_blocks(kind, 8, 256, seed=i)), kind).map(lambda t: t.to(dev))
+             for i, kind in enumerate(("Q4_0", "Q8_0"))]
+    layer = GGUFLinearCUDA(parts)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 256, generator=g).to(dev)
+    nw = (1 + 0.1 * torch.randn(256, generator=g)).to(dev)
+    undo = gguf_overrides.install()
+    try:
+        # X_PER_PART_QUANT=1: one quantization a part, the same bits as the shared one
+        with counted_quantizations(DEEPINFER_GGUF_DP4A="1") as launches:
+            shared = layer.gemv(x, norm=(nw, 1e-5))
+            assert len(launches) == 1, launches
+            launches.clear()
+            os.environ["X_PER_PART_QUANT"] = "1"
+            try:
+                each = layer.gemv(x, norm=(nw, 1e-5))
+            finally:
+                del os.environ["X_PER_PART_QUANT"]
+            assert len(launches) == 2 and torch.equal(each, shared), len(launches)
+        # X_DP4A_<N>x<K>: that shape's tile, the others' unchanged
+        default = gguf_gemv.dp4a_config(parts[0])
+        os.environ["X_DP4A_8x256"] = "2,512,1,3"
+        try:
+            assert gguf_gemv.dp4a_config(parts[0]) == (2, 512, 1, 3)
+            os.environ["X_DP4A_8x256"] = "2,512"
+            try:
+                gguf_gemv.dp4a_config(parts[0])
+                raise AssertionError("a tile of two values was taken")
+            except ValueError as err:
+                assert "X_DP4A_8x256" in str(err), err
+        finally:
+            del os.environ["X_DP4A_8x256"]
+        assert gguf_gemv.dp4a_config(parts[0]) == default
+        # X_ARGMAX_SPAN: the span argmax_partials gets (the answer is the same)
+        maxes = torch.randn(100, generator=g).to(dev)
+        args = torch.arange(100, device=dev, dtype=torch.int64)
+        out = torch.empty(1, dtype=torch.int64, device=dev)
+        seen: list[int] = []
+        inner = gemv._argmax_partials_kernel
+
+        class Spy:
+            def __getitem__(self, grid: tuple[int, ...]) -> object:
+                seen.append(grid[0])
+                return inner[grid]
+
+        gemv._argmax_partials_kernel = Spy()  # type: ignore[assignment]
+        try:
+            os.environ["X_ARGMAX_SPAN"] = "16"
+            try:
+                assert int(gemv.argmax_partials(maxes, args, out)) == int(maxes.argmax())
+            finally:
+                del os.environ["X_ARGMAX_SPAN"]
+            assert seen == [7, 1], seen  # 100 partials in slices of 16, then their 7 results
+            seen.clear()
+            assert int(gemv.argmax_partials(maxes, args, out)) == int(maxes.argmax())
+            assert seen == [1], seen  # the default span (2,048) holds them all
+        finally:
+            gemv._argmax_partials_kernel = inner
+    finally:
+        undo()
+    assert gguf_gemv.dp4a_config.__module__ == gguf_gemv.__name__  # undone
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()
