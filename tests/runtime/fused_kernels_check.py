@@ -181,7 +181,7 @@ def check_gemv(dtype: torch.dtype, g: torch.Generator) -> None:
     assert int(greedy) == 77 == int(F.linear(xt, wt).argmax())
     if DEV.type == "cuda":  # more programs than ARGMAX_SPAN: the two passes, under PDL as in the graphs
         wt = torch.zeros(4500, k, dtype=dtype, device=DEV)  # 2,250 programs of 2 rows
-        wt[[4400, 4300, 4301, 17], 5] = torch.tensor([1.0, 1.0, 1.0, 0.5], dtype=dtype)
+        wt[[4400, 4300, 4301, 17], 5] = torch.tensor([1.0, 1.0, 1.0, 0.5], dtype=dtype, device=DEV)
         _, greedy = gemv_argmax(xt, wt, (2, 256, 4, 2))
         assert int(greedy) == 4300 == int(F.linear(xt, wt).argmax()), int(greedy)
     # the partials' reduction over several chunks of lanes (the 128k-vocabulary case), ties included
