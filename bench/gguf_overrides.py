@@ -76,13 +76,7 @@ def install() -> Callable[[], None]:
             return own_gemv(self, x, **kw)
         import torch
 
-        out = torch.empty((1, self.out_features), dtype=x.dtype, device=x.device)
-        residual = kw.pop("residual", None)
-        for p, off in zip(self.parts, self.offsets, strict=True):
-            sl = slice(off, off + p.n)
-            gguf_gemv.gguf_gemv(x, p, None if self.bias is None else self.bias[sl], out=out[:, sl],
-                                residual=None if residual is None else residual[:, sl], **kw)
-        return out
+        return self.gemv_parts(x, torch.empty((1, self.out_features), dtype=x.dtype, device=x.device), **kw)
 
     gguf_gemv.dp4a_config = dp4a_config
     gemv.argmax_partials = argmax_partials

@@ -132,12 +132,7 @@ class GGUFLinearCUDA(nn.Module):
         several types share one quantization of the row (with its RMSNorm / SiLU·mul) under the dp4a
         GEMV, where each part's GEMV would make the same codes again (Q4_K_M's qkv: Q4_K q and k, Q6_K v)."""
         from deepinfer.runtime.kernels.gemv import check_one_row
-        from deepinfer.runtime.kernels.gguf_gemv import (
-            dp4a_gemv,
-            gguf_gemv,
-            quantize_activations,
-            word_codes,
-        )
+        from deepinfer.runtime.kernels.gguf_gemv import dp4a_gemv, quantize_activations, word_codes
 
         out = torch.empty((1, self.out_features), dtype=x.dtype, device=x.device)
         if len(self.parts) > 1 and quantized is None and word_codes() and dp4a_gemv():
@@ -149,6 +144,15 @@ class GGUFLinearCUDA(nn.Module):
                                  + ("" if norm is None else f", the norm weight on {norm[0].device}"))
             quantized = quantize_activations(x, k, silu_mul, norm, rounding=out)
             x, silu_mul, norm = x[:, :k], False, None  # (the parts read the codes, not x)
+        return self.gemv_parts(x, out, silu_mul=silu_mul, norm=norm, residual=residual, quantized=quantized)
+
+    def gemv_parts(self, x: torch.Tensor, out: torch.Tensor, *, silu_mul: bool = False,
+                   norm: tuple[torch.Tensor, float] | None = None, residual: torch.Tensor | None = None,
+                   quantized: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """``gemv`` part by part into ``out`` [1, N]: one ``gguf_gemv`` a part, each on its slice (with
+        ``quantized`` None, each dp4a part quantizes the row itself)."""
+        from deepinfer.runtime.kernels.gguf_gemv import gguf_gemv
+
         for p, off in zip(self.parts, self.offsets, strict=True):
             sl = slice(off, off + p.n)
             gguf_gemv(x, p, None if self.bias is None else self.bias[sl], silu_mul=silu_mul, norm=norm,
