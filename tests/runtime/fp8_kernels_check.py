@@ -19,6 +19,10 @@ def _bound(dtype: torch.dtype) -> float:
     return {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3}[dtype]
 
 
+# the "f16" math's bound (its float16 products and 16-column sums), relative to max|ref|
+F16_BOUND = 2e-3
+
+
 def _rel(got: torch.Tensor, ref: torch.Tensor) -> float:
     return float((got.double().cpu() - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
 
@@ -104,7 +108,7 @@ def main(device: str, dtype_name: str) -> int:
         a = (F.silu(x[:, :k].float()).to(dtype).float() * x[:, k:].float()).to(dtype).double().cpu()
         report(f"gemv {n}x{k} silu_mul", _rel(fp8_gemv(x, q, s, silu_mul=True, config=tile, math="f32"), a @ wd.T))
         # the other one-row maths: float16 products (one float16 rounding more), fp8 MMA
-        f16_bound = max(_bound(dtype), 2e-3)
+        f16_bound = max(_bound(dtype), F16_BOUND)
         report_bound(f"gemv f16 {n}x{k} residual", _rel(fp8_gemv(x1, q, s, residual=res, config=tile, math="f16"),
                                                          xd @ wd.T + res.double().cpu()), f16_bound)
         report_bound(f"gemv f16 {n}x{k} silu_mul", _rel(fp8_gemv(x, q, s, silu_mul=True, config=tile, math="f16"),
@@ -148,12 +152,22 @@ def main(device: str, dtype_name: str) -> int:
             report_ok(f"gemv {math} {2 * n}x{k} silu_out: down bitwise",
                       torch.equal(fp8_gemv(act, dq, ds, config=down_tile, math="f32"),
                                   fp8_gemv(gate_up, dq, ds, silu_mul=True, config=down_tile, math="f32")))
-            if math != "mma":  # (mma: the activation chunks' quantization error, checked above)
+            if math == "f32":
                 # against the float64 product rounded where torch's projection and silu_mul round
                 g_, u_ = (h[:, :n].to(dtype).float(), h[:, n:].to(dtype).float())
                 ref = (F.silu(g_).to(dtype).float() * u_).to(dtype).double()
-                report_bound(f"gemv {math} {2 * n}x{k} silu_out", _rel(act, ref),
-                             max(_bound(dtype), 2e-3 if math == "f16" else 0.0))
+                report(f"gemv {math} {2 * n}x{k} silu_out", _rel(act, ref))
+            elif math == "f16":
+                # float16 products: gate and up are each within F16_BOUND of max|h| (the f16 GEMV
+                # checks above), and SiLU(gate)·up carries both errors, |u|·|silu'(g)| <= 1.1|u| and
+                # |silu(g)| times theirs (the H100 gave 2.2e-3 of max|act| at 66x200: a small
+                # product of large gate and up): checked elementwise against that propagated bound
+                g_, u_ = h[:, :n], h[:, n:]
+                ref = F.silu(g_) * u_
+                e = max(_bound(dtype), F16_BOUND) * float(h.abs().max())
+                tol = e * (1.1 * u_.abs() + F.silu(g_).abs()) + e * e + 2 * _bound(dtype) * ref.abs().max()
+                worst = float(((act.double().cpu() - ref).abs() / tol).max())
+                report_bound(f"gemv f16 {2 * n}x{k} silu_out: error / propagated bound", worst, 1.0)
     # several row tiles a program (K in one chunk): the same bits as one tile a program
     for n, k, tile in ((10, 96, (4, 128, 1, 1)), (33, 200, (2, 256, 1, 1)), (24, 64, (16, 64, 4, 1))):
         q, s = (t.to(device) for t in quantize_fp8(torch.randn(2 * n, k, generator=g)))
@@ -166,10 +180,19 @@ def main(device: str, dtype_name: str) -> int:
             for tiles in (3, 4):
                 calls = (dict(x=x1, norm=(nw, 1e-5), bias=bias), dict(x=x, silu_mul=True, residual=res),
                          dict(x=x1, norm=(nw, 1e-5), silu_out=True))
-                same = all(torch.equal(fp8_gemv(kw.pop("x"), q, s, config=(*tile, tiles), math=math, **kw),
-                                       fp8_gemv(kw2.pop("x"), q, s, config=tile, math=math, **kw2))
-                           for kw, kw2 in ((dict(c), dict(c)) for c in calls))
-                report_ok(f"gemv {math} {2 * n}x{k} {tiles} row tiles a program: bitwise one tile's", same)
+                pairs = [(fp8_gemv(kw.pop("x"), q, s, config=(*tile, tiles), math=math, **kw),
+                          fp8_gemv(kw2.pop("x"), q, s, config=tile, math=math, **kw2))
+                         for kw, kw2 in ((dict(c), dict(c)) for c in calls)]
+                if math == "f16" and device != "cpu":
+                    # float16 sums: the GPU's compiled reduction order may differ with the tiles (the
+                    # H100: 1.6e-3 at 48x64, 4 warps; one bf16 ulp at 20x96), so not bitwise: each is
+                    # within the f16 bound of float64 (above), hence within twice it of the other
+                    report_bound(f"gemv f16 {2 * n}x{k} {tiles} row tiles a program: against one tile's",
+                                 max(_rel(a, b.double().cpu()) for a, b in pairs),
+                                 2 * max(_bound(dtype), F16_BOUND))
+                else:
+                    report_ok(f"gemv {math} {2 * n}x{k} {tiles} row tiles a program: bitwise one tile's",
+                              all(torch.equal(a, b) for a, b in pairs))
     print(f"{'FAILED' if failures else 'all ok'}")
     return 1 if failures else 0
 
