@@ -15,7 +15,9 @@ Bounds (stated; ``mag = |x| @ |W|.T`` in float64, ``u`` the output dtype's unit 
 * 8-bit activations in the GEMV (the default; ``DEEPINFER_GGUF_DP4A=0``: float32): each GEMV bound
   plus ``q8_error``.
 * GEMM: weights and activations rounded to bfloat16 (2**-9 each), float32 sums:
-  ``|y - ref| <= 2**-7 * mag + 2**-8 * |ref|``.
+  ``|y - ref| <= 2**-7 * mag + 2**-8 * |ref|``. The "bf16" decode of 4-bit codes (GPU) rounds the
+  group scale (and minimum) to bfloat16 first (a Q4_0 weight 2**-7 off at most), within that bound; it
+  is also checked against its own weights (``bf16_decode_weight``): ``2**-16 * mag + 2**-8 * |ref|``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import deepinfer.runtime.kernels.gguf_gemv as gguf_gemv_module
 import numpy as np
 import torch
 from deepinfer.runtime.kernels.gguf_gemv import (
+    bf16_codes,
     dense_weight,
     dp4a_config,
     gguf_gemm,
@@ -35,7 +38,7 @@ from deepinfer.runtime.kernels.gguf_gemv import (
     one_row_path,
     quantize_activations,
 )
-from deepinfer.runtime.kernels.gguf_layout import BLOCK_BYTES, GPU_TYPES, regroup
+from deepinfer.runtime.kernels.gguf_layout import BLOCK_BYTES, GPU_TYPES, KINDS, GGUFPlanes, regroup
 from deepinfer.runtime.kernels.gguf_mmq import gguf_mmq, quantize_rows
 from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
@@ -87,6 +90,26 @@ def _check(name: str, got: torch.Tensor, ref: torch.Tensor, mag: torch.Tensor, r
     ok = bool((err <= bound).all())
     print(f"{'ok  ' if ok else 'FAIL'} {name}: max error / bound = {worst:.3g}")
     return ok
+
+
+def bf16_decode_weight(planes: GGUFPlanes) -> torch.Tensor:
+    """The weights ``gguf_gemm``'s "bf16" decode makes of the planes, computed by torch from
+    the planes (independent of the kernel's PTX): the exact code ``q - BIAS`` times the group scale
+    rounded to bfloat16, plus the minimum rounded to bfloat16, rounded once (float32 holds the sum
+    exactly here: a code of at most 7 bits times an 8-bit mantissa plus another)."""
+    packed, g, sb, has_min, bias = KINDS[planes.kind]
+    codes = planes.codes.cpu()
+    q = (torch.cat([codes & 0x0F, codes >> 4], dim=1) if packed else codes).float() - bias
+    s = planes.scale.cpu().float()
+    if sb:
+        s = planes.d.cpu().float().repeat_interleave(sb // g, dim=1) * s
+    w = q * s.to(torch.bfloat16).float().repeat_interleave(g, dim=1)
+    if has_min:
+        mn = planes.minimum.cpu().float()
+        if sb:
+            mn = -(planes.dmin.cpu().float().repeat_interleave(sb // g, dim=1) * mn)
+        w = w + mn.to(torch.bfloat16).float().repeat_interleave(g, dim=1)
+    return w.to(torch.bfloat16)
 
 
 def check_kind(kind: str, device: str, quick: bool) -> bool:
@@ -181,6 +204,16 @@ def check_kind(kind: str, device: str, quick: bool) -> bool:
         for swap in (False, True) if quick or m in (5, 33) else (False,):  # weights as the MMA's left operand too
             ok &= _check(f"{kind} gemm{' swapped' if swap else ''} bf16 [{m},{k}]",
                          gguf_gemm(xm.to(device), planes, swap=swap), ref, mag, 2**-7, 2**-8)
+    if bf16_codes(planes, bf):
+        # the "bf16" decode (GPU only): its weights are bf16_decode_weight's, so the product is
+        # that float64 product up to float32 sums and the output's rounding; a nibble, scale or
+        # minimum taken from the wrong place is off by the weights' own size
+        w16 = bf16_decode_weight(planes).double()
+        for m, swap, split in ((5, False, 1), (5, True, 1), (33, True, 2)):
+            xm = torch.randn(m, k, generator=g).to(bf)
+            ok &= _check(f"{kind} gemm{' swapped' if swap else ''} [{m},{k}] bf16 decode: its own weights",
+                         gguf_gemm(xm.to(device), planes, swap=swap, split_k=split), xm.double() @ w16.T,
+                         xm.double().abs() @ w16.abs().T, 2**-16, 2**-8)
     # the whole weight decoded on the device (DEEPINFER_GGUF_DENSE_ROWS' products): gguf's float32
     # weights exactly, in bf16 their rounding (Triton's interpreter rounds toward zero: within one
     # bf16 step there); a layer of two parts of different types (each decoded, multiplied and

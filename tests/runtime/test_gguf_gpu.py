@@ -258,6 +258,10 @@ def test_layer_merges_runs_of_one_type_and_names_its_types(monkeypatch):
     monkeypatch.delenv("DEEPINFER_GGUF_DP4A", raising=False)
     monkeypatch.delenv("DEEPINFER_GGUF_WORDS", raising=False)
     monkeypatch.delenv("DEEPINFER_GGUF_MMQ_ROWS", raising=False)
+    monkeypatch.delenv("DEEPINFER_GGUF_GEMM_DECODE", raising=False)
+    assert layer.kernel_path == ("triton gguf word gemv, 8-bit activations (dp4a) (one row) / gemm, bf16 decode "
+                                 "(more rows)")
+    monkeypatch.setenv("DEEPINFER_GGUF_GEMM_DECODE", "f32")
     assert layer.kernel_path == "triton gguf word gemv, 8-bit activations (dp4a) (one row) / gemm (more rows)"
     monkeypatch.setenv("DEEPINFER_GGUF_DP4A", "0")
     monkeypatch.setenv("DEEPINFER_GGUF_MMQ_ROWS", "64")
@@ -265,6 +269,15 @@ def test_layer_merges_runs_of_one_type_and_names_its_types(monkeypatch):
                                  "8-bit activations (2-64 rows) / gemm (more rows)")
     monkeypatch.setenv("DEEPINFER_GGUF_MMQ_ROWS", "0")
     assert layer.kernel_path == "triton gguf word gemv, float32 activations (one row) / gemm (more rows)"
+    # Q8_0's signed bytes do not fit bf16's mantissa: its parts keep the float32 decode
+    monkeypatch.delenv("DEEPINFER_GGUF_GEMM_DECODE")
+    mixed = GGUFLinearCUDA([part("Q4_0", 4), part("Q8_0", 4)])
+    assert mixed.kernel_path.endswith("/ gemm, bf16 decode of Q4_0 (more rows)"), mixed.kernel_path
+    assert GGUFLinearCUDA([part("Q8_0", 4)]).kernel_path.endswith("/ gemm (more rows)")
+    monkeypatch.setenv("DEEPINFER_GGUF_GEMM_DECODE", "fp8")
+    with pytest.raises(ValueError, match="DEEPINFER_GGUF_GEMM_DECODE"):
+        layer.kernel_path  # noqa: B018
+    monkeypatch.delenv("DEEPINFER_GGUF_GEMM_DECODE")
     monkeypatch.setenv("DEEPINFER_GGUF_MMQ_ROWS", "many")
     with pytest.raises(ValueError, match=r"DEEPINFER_GGUF_MMQ_ROWS='many' is not an integer \(default 0: "):
         layer.kernel_path  # noqa: B018
@@ -321,3 +334,19 @@ def test_quantization_gguf_is_refused_where_it_cannot_run(tmp_path):
         check_quantization("gguf", torch.device("cpu"), str(tmp_path / "missing.gguf"))
     with pytest.raises(ValueError, match="quantization='gguf' runs on one rank"):
         check_quantization("gguf", torch.device("cpu"), str(path), tensor_parallel_size=2)
+
+
+def test_gemm_decode_switch_is_checked_and_off_where_no_ptx_runs(monkeypatch):
+    """``DEEPINFER_GGUF_GEMM_DECODE`` picks the GEMM's decode: a value other than bf16/f32 is a
+    ValueError naming the switch before any launch; CPU tensors (Triton's interpreter, which runs no
+    PTX) and Q8_0 never take the bf16 decode (its GPU cases are in gguf_gpu_check.py)."""
+    from deepinfer.runtime.kernels.gguf_gemv import bf16_codes, gguf_gemm
+    from gguf_gpu_check import random_blocks
+
+    planes = {kind: regroup(torch.from_numpy(random_blocks(kind, 4, 256, seed=1)), kind) for kind in ("Q4_0", "Q8_0")}
+    monkeypatch.setenv("DEEPINFER_GGUF_GEMM_DECODE", "fp16")
+    with pytest.raises(ValueError, match="DEEPINFER_GGUF_GEMM_DECODE"):
+        gguf_gemm(torch.zeros(3, 256, dtype=torch.bfloat16), planes["Q4_0"])
+    for value in ("bf16", "f32"):
+        monkeypatch.setenv("DEEPINFER_GGUF_GEMM_DECODE", value)
+        assert not any(bf16_codes(p, torch.bfloat16) for p in planes.values())  # CPU planes

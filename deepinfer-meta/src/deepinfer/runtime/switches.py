@@ -86,6 +86,9 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
     Switch("DEEPINFER_GGUF_GEMM_SWAP_ROWS", "1024", "kernels/gguf_gemv.py",
            "GGUF products of 33 up to this many rows (of 1-32 for Q4_K/Q5_K, and Q4_0 in CUDA graphs) decode their weights as the MMA's "
            "left operand (Hopper's wgmma takes it from registers; 0: never)"),
+    Switch("DEEPINFER_GGUF_GEMM_DECODE", "bf16", "kernels/gguf_gemv.py",
+           "how the GGUF GEMM decodes codes (all types but Q8_0): bf16 (exact bf16 codes by PTX bit tricks, times the "
+           "bf16-rounded group scale) or f32 (gguf's float32 weight, then rounded: the dequantized file's bf16 weights)"),
     Switch("DEEPINFER_GGUF_GEMM_SPLIT_K", "0", "kernels/gguf_gemv.py",
            "GGUF products of several rows split K this many ways, partial sums added in order (0: chosen "
            "from the shape and the GPU's multiprocessors inside CUDA graphs, none eagerly; 1: never)"),

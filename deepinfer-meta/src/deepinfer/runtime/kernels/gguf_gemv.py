@@ -21,8 +21,10 @@ feeds two runs of activation columns.
   by the kernel that wrote it: the decode attention for o (``quantized=``).
 * ``gguf_gemm`` (several rows: prefill, batches): each program decodes a [BLOCK_N, BLOCK_K] weight
   tile to the activations' dtype in registers and multiplies it on the tensor cores (``tl.dot``),
-  float32 accumulation. Weights rounded to bfloat16 there are the weights of the same file
-  dequantized to bfloat16 at load (the path an explicit ``dtype`` takes).
+  float32 accumulation. On the GPU with bfloat16 activations the codes become bfloat16 by PTX bit
+  tricks and meet each group's scale rounded to bfloat16 (``gemm_decode``: a third of the instructions
+  a weight); elsewhere, and for Q8_0, weights rounded to bfloat16 there are the weights of the same
+  file dequantized to bfloat16 at load (the path an explicit ``dtype`` takes).
 """
 
 from __future__ import annotations
@@ -108,19 +110,30 @@ def _code_float(q, BIAS: tl.constexpr):
 
 
 @triton.jit
+def _group_scales(rows, row_ok, c0, s_ptr, d_ptr, ng, nsb, BK: tl.constexpr, G: tl.constexpr, SB: tl.constexpr):
+    """Float32 scales [R, BK/G] of the column groups from ``c0`` (a multiple of G) at ``rows``: the
+    group's, times its super-block's ``d`` for the K-quants; with the mask and the group and
+    super-block indexes (``gok``, ``g2``, ``sb2``) the minimums are loaded by."""
+    gi = c0 // G + tl.arange(0, BK // G)
+    gok = row_ok[:, None] & (gi < ng)[None, :]
+    g2 = rows[:, None] * ng + gi[None, :]
+    s = tl.load(s_ptr + g2, mask=gok, other=0).to(tl.float32)
+    if SB > 0:
+        sb2 = rows[:, None] * nsb + (gi * G // SB)[None, :]
+        s = tl.load(d_ptr + sb2, mask=gok, other=0.0).to(tl.float32) * s
+    else:
+        sb2 = g2
+    return s, gok, g2, sb2
+
+
+@triton.jit
 def _decode(q, rows, row_ok, c0, c, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, R: tl.constexpr, BK: tl.constexpr,
             G: tl.constexpr, SB: tl.constexpr, HAS_MIN: tl.constexpr, BIAS: tl.constexpr, TILED: tl.constexpr):
     """Float32 weights of codes ``q`` [R, BK] at rows ``rows`` [R] and columns ``c = c0 + arange(BK)``
     (gguf's operations and order). TILED: the scales are loaded once per group ([R, BK/G]) and
     broadcast over its G columns (``c0`` a multiple of G); else gathered per column."""
     if TILED:
-        gi = c0 // G + tl.arange(0, BK // G)
-        gok = row_ok[:, None] & (gi < ng)[None, :]
-        g2 = rows[:, None] * ng + gi[None, :]
-        s = tl.load(s_ptr + g2, mask=gok, other=0).to(tl.float32)
-        if SB > 0:
-            sb2 = rows[:, None] * nsb + (gi * G // SB)[None, :]
-            s = tl.load(d_ptr + sb2, mask=gok, other=0.0).to(tl.float32) * s
+        s, gok, g2, sb2 = _group_scales(rows, row_ok, c0, s_ptr, d_ptr, ng, nsb, BK, G, SB)
         w = s[:, :, None] * tl.reshape(_code_float(q, BIAS), (R, BK // G, G))
         if HAS_MIN:
             mn = tl.load(m_ptr + g2, mask=gok, other=0).to(tl.float32)
@@ -142,6 +155,95 @@ def _decode(q, rows, row_ok, c0, c, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, R:
         else:
             w = w + mn
     return w
+
+
+# Both nibbles of 4 code bytes as bfloat16 pairs, exactly ``code - BIAS`` (GPU only: Triton's
+# interpreter runs no PTX). Each 16-bit lane gets a nibble under bf16's 128.0 (0x4300 | n is
+# 128 + n: a 7-bit mantissa holds it), and one bf16x2 FMA takes 128 + BIAS off, exactly: 4 bytes
+# (8 weights) in 13 instructions, where the float32 route spends ~6 a weight and a conversion.
+_NIBBLE_PAIRS = """
+{
+.reg .b32 t0, t1, u0, u1, r4, one, c;
+mov.b32 one, 0x3F803F80;
+mov.b32 c, C_PAIR;
+prmt.b32 t0, $4, 0, 0x4140;
+prmt.b32 t1, $4, 0, 0x4342;
+shr.u32 r4, $4, 4;
+prmt.b32 u0, r4, 0, 0x4140;
+prmt.b32 u1, r4, 0, 0x4342;
+lop3.b32 t0, t0, 0x000F000F, 0x43004300, 0xEA;
+lop3.b32 t1, t1, 0x000F000F, 0x43004300, 0xEA;
+lop3.b32 u0, u0, 0x000F000F, 0x43004300, 0xEA;
+lop3.b32 u1, u1, 0x000F000F, 0x43004300, 0xEA;
+fma.rn.bf16x2 $0, t0, one, c;
+fma.rn.bf16x2 $1, t1, one, c;
+fma.rn.bf16x2 $2, u0, one, c;
+fma.rn.bf16x2 $3, u1, one, c;
+}
+"""
+_NIBBLES_MINUS_128 = tl.constexpr(_NIBBLE_PAIRS.replace("C_PAIR", "0xC300C300"))  # bf16 -128.0, twice
+_NIBBLES_MINUS_136 = tl.constexpr(_NIBBLE_PAIRS.replace("C_PAIR", "0xC308C308"))  # bf16 -136.0, twice
+
+
+# 4 one-byte codes of at most 7 bits (Q5_K 0..31, Q6_K 0..63) as bfloat16 pairs ``code - BIAS``, the same way
+_BYTE_PAIRS = """
+{
+.reg .b32 t0, t1, one, c;
+mov.b32 one, 0x3F803F80;
+mov.b32 c, C_PAIR;
+prmt.b32 t0, $2, 0, 0x4140;
+prmt.b32 t1, $2, 0, 0x4342;
+or.b32 t0, t0, 0x43004300;
+or.b32 t1, t1, 0x43004300;
+fma.rn.bf16x2 $0, t0, one, c;
+fma.rn.bf16x2 $1, t1, one, c;
+}
+"""
+_BYTES_MINUS_128 = tl.constexpr(_BYTE_PAIRS.replace("C_PAIR", "0xC300C300"))  # bf16 -128.0, twice
+_BYTES_MINUS_160 = tl.constexpr(_BYTE_PAIRS.replace("C_PAIR", "0xC320C320"))  # bf16 -160.0, twice
+# the kinds whose codes fit bfloat16's 7-bit mantissa under 128.0 (Q8_0's signed bytes do not)
+BF16_CODE_KINDS = ("Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
+
+
+@triton.jit
+def _byte_codes_bf16(raw, BIAS: tl.constexpr):
+    """One-byte codes ``raw`` (uint8, < 128) as bfloat16 ``code - BIAS`` (BIAS 0 or 32), exactly."""
+    if BIAS == 32:
+        q = tl.inline_asm_elementwise(_BYTES_MINUS_160, "=r,=r,r", [raw], dtype=tl.bfloat16, is_pure=True, pack=4)
+    else:
+        q = tl.inline_asm_elementwise(_BYTES_MINUS_128, "=r,=r,r", [raw], dtype=tl.bfloat16, is_pure=True, pack=4)
+    return q
+
+
+@triton.jit
+def _nibble_codes_bf16(raw, BIAS: tl.constexpr):
+    """The low and high nibbles of the code bytes ``raw`` (uint8) as bfloat16 ``nibble - BIAS``
+    (BIAS 0 or 8), exactly."""
+    if BIAS == 8:
+        lo, hi = tl.inline_asm_elementwise(_NIBBLES_MINUS_136, "=r,=r,=r,=r,r", [raw],
+                                           dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+    else:
+        lo, hi = tl.inline_asm_elementwise(_NIBBLES_MINUS_128, "=r,=r,=r,=r,r", [raw],
+                                           dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+    return lo, hi
+
+
+@triton.jit
+def _scale_bf16(q, rows, row_ok, c0, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, R: tl.constexpr, BK: tl.constexpr,
+                G: tl.constexpr, SB: tl.constexpr, HAS_MIN: tl.constexpr):
+    """Bfloat16 weights of exact bfloat16 codes ``q`` [R, BK] (``c0`` a multiple of G): each group's
+    scale (and minimum) computed in float32 as ``_decode`` does, rounded to bfloat16 once, then
+    ``q * scale (+ minimum)`` in one bfloat16 FMA (hardware bf16x2)."""
+    s, gok, g2, sb2 = _group_scales(rows, row_ok, c0, s_ptr, d_ptr, ng, nsb, BK, G, SB)
+    q3 = tl.reshape(q, (R, BK // G, G))
+    if HAS_MIN:
+        mn = tl.load(m_ptr + g2, mask=gok, other=0).to(tl.float32)
+        if SB > 0:
+            mn = -(tl.load(dm_ptr + sb2, mask=gok, other=0.0).to(tl.float32) * mn)
+        w = q3 * s.to(tl.bfloat16)[:, :, None] + mn.to(tl.bfloat16)[:, :, None]
+    else:
+        w = q3 * s.to(tl.bfloat16)[:, :, None]
+    return tl.reshape(w, (R, BK))
 
 
 @triton.jit
@@ -566,7 +668,7 @@ def _gguf_gemm_kernel(x_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, b_ptr, out_ptr,
                       stride_o, k_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                       PACKED: tl.constexpr, G: tl.constexpr, SB: tl.constexpr, HAS_MIN: tl.constexpr,
                       BIAS: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, TILED: tl.constexpr,
-                      PDL: tl.constexpr, SWAP: tl.constexpr, SPLIT: tl.constexpr):
+                      PDL: tl.constexpr, SWAP: tl.constexpr, SPLIT: tl.constexpr, BF16_CODES: tl.constexpr):
     """One output tile over the code-plane bytes ``[s * k_split, (s + 1) * k_split)`` of split ``s =
     program_id(2)``. SPLIT: the float32 partial sum goes to ``ws`` [splits, M, N] and
     ``_split_k_sum_kernel`` adds the splits in order (deterministic; no atomics)."""
@@ -587,7 +689,18 @@ def _gguf_gemm_kernel(x_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, b_ptr, out_ptr,
         c_ok = c < kc
         ok = n_ok[:, None] & c_ok[None, :]
         raw = tl.load(q_ptr + rn[:, None] * kc + c[None, :], mask=ok, other=0)
-        if PACKED:
+        if BF16_CODES and not PACKED:  # bf16 activations, on the GPU (gemm_decode())
+            w = _scale_bf16(_byte_codes_bf16(raw, BIAS), rn, n_ok, k0, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, BLOCK_N,
+                            BLOCK_K, G, SB, HAS_MIN)
+            acc = _mma(w, x_ptr, rm, m_ok, c, c_ok, stride_x, acc, SWAP, DOT_F32)
+        elif BF16_CODES:
+            lo, hi = _nibble_codes_bf16(raw, BIAS)
+            lo = _scale_bf16(lo, rn, n_ok, k0, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, BLOCK_N, BLOCK_K, G, SB, HAS_MIN)
+            acc = _mma(lo, x_ptr, rm, m_ok, c, c_ok, stride_x, acc, SWAP, DOT_F32)
+            hi = _scale_bf16(hi, rn, n_ok, k0 + kc, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, BLOCK_N, BLOCK_K, G, SB,
+                             HAS_MIN)
+            acc = _mma(hi, x_ptr, rm, m_ok, c + kc, c_ok, stride_x, acc, SWAP, DOT_F32)
+        elif PACKED:
             lo = _decode(raw & 0x0F, rn, n_ok, k0, c, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, BLOCK_N, BLOCK_K, G, SB,
                          HAS_MIN, BIAS, TILED).to(dt)
             acc = _mma(lo, x_ptr, rm, m_ok, c, c_ok, stride_x, acc, SWAP, DOT_F32)
@@ -847,6 +960,25 @@ def _check_activations(name: str, act: tuple[torch.Tensor, torch.Tensor], k: int
                          f"and {st.dtype} {tuple(st.shape)} on {st.device}")
 
 
+def gemm_decode() -> str:
+    """How the GEMM turns codes into bfloat16 weights (``DEEPINFER_GGUF_GEMM_DECODE``):
+    "bf16" (default on the GPU, for ``BF16_CODE_KINDS``): codes to exact bfloat16 by PTX bit tricks
+    (both nibbles of 4 bytes in 13 instructions), times each group's scale rounded to bfloat16,
+    in one bf16 FMA; "f32" (and always Q8_0, whose signed bytes do not fit): each weight
+    in float32 as gguf computes it (``_decode``), then rounded to bfloat16 (the weights of the file
+    dequantized to bfloat16 exactly; Triton's interpreter always takes it, since it runs no PTX).
+    The "bf16" weight rounds the scale too: a Q4_0 or Q6_K weight at most 2**-7 off gguf's instead
+    of 2**-8 (bfloat16's unit roundoff); with a minimum (Q4_1, Q4_K, Q5_K) the minimum's rounding
+    adds up to 2**-8 of it."""
+    return switches.choice("DEEPINFER_GGUF_GEMM_DECODE", ("bf16", "f32"))
+
+
+def bf16_codes(w: GGUFPlanes, dtype: torch.dtype) -> bool:
+    """Whether ``gguf_gemm`` of ``w`` with ``dtype`` activations takes the "bf16" decode."""
+    return (gemm_decode() == "bf16" and w.kind in BF16_CODE_KINDS and dtype == torch.bfloat16 and not _INTERPRET
+            and w.codes.device.type == "cuda" and tiled_scales())
+
+
 def gemm_swap_rows() -> int:
     """Rows up to which ``gguf_gemm`` takes the swapped tile (``DEEPINFER_GGUF_GEMM_SWAP_ROWS``)."""
     return switches.integer("DEEPINFER_GGUF_GEMM_SWAP_ROWS")
@@ -933,7 +1065,8 @@ def gguf_gemm(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
     _gguf_gemm_kernel[grid](x, *_planes_args(w), b, out, ws, m, n, k, x.stride(0), out.stride(0), k_split,
                             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, **_kind_meta(w),
                             HAS_BIAS=bias is not None, DOT_F32=_INTERPRET or x.dtype == torch.float32,
-                            SWAP=swap, SPLIT=split > 1, num_warps=warps, num_stages=stages, **pdl)
+                            SWAP=swap, SPLIT=split > 1, BF16_CODES=bf16_codes(w, x.dtype), num_warps=warps,
+                            num_stages=stages, **pdl)
     if split > 1:
         _split_k_sum_kernel[(triton.cdiv(m * n, SPLIT_K_SUM_BLOCK),)](
             ws, b, out, m, n, out.stride(0), split, HAS_BIAS=bias is not None, BLOCK=SPLIT_K_SUM_BLOCK,

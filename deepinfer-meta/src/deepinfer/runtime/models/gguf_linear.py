@@ -55,12 +55,15 @@ class GGUFLinearCUDA(nn.Module):
 
     @property
     def kernel_path(self) -> str:  # models/describe.py: what `deepinfer env` and `deepinfer bench` print
-        from deepinfer.runtime.kernels.gguf_gemv import one_row_path
+        from deepinfer.runtime.kernels.gguf_gemv import BF16_CODE_KINDS, gemm_decode, one_row_path
         from deepinfer.runtime.kernels.gguf_mmq import mmq_rows
 
         rows = mmq_rows()
         few = f" / int8 tensor-core mmq, 8-bit activations (2-{rows} rows)" if rows > 1 else ""
-        return f"triton gguf {one_row_path()} (one row){few} / gemm (more rows)"
+        kinds = self.weight_type.split("+")
+        bf16 = [k for k in kinds if k in BF16_CODE_KINDS] if gemm_decode() == "bf16" else []
+        decode = "" if not bf16 else ", bf16 decode" if len(bf16) == len(kinds) else f", bf16 decode of {'+'.join(bf16)}"
+        return f"triton gguf {one_row_path()} (one row){few} / gemm{decode} (more rows)"
 
     def _sync_parts(self) -> None:
         # after .to()/.cuda() the buffers are new tensors: point the planes at them
