@@ -10,6 +10,9 @@ the one before it runs in one process, side by side (guide 08 reports such runs)
                                                (a huge value: one pass, as before 2026-12-06)
   X_PER_PART_QUANT=1                           a projection of several GGUF types quantizes its
                                                row once per part (as before 2026-12-06)
+  X_GEMM_MASKS=1                               the GEMM keeps its weight masks where it would
+                                               drop them (``kernels.gguf_gemv.unmasked_tiles``;
+                                               as before 2026-12-06)
 
     python bench/gguf_overrides.py bench/decode_profile.py --shape llama3-8b --batch 1 \\
         --weights q4_0 --variants "gu 1w:X_DP4A_28672x4096=4,512,1,2|again:"
@@ -78,14 +81,21 @@ def install() -> Callable[[], None]:
 
         return self.gemv_parts(x, torch.empty((1, self.out_features), dtype=x.dtype, device=x.device), **kw)
 
+    own_unmasked = gguf_gemv.unmasked_tiles
+
+    def unmasked_tiles(w: Any, block_n: int, block_k: int) -> bool:
+        return os.environ.get("X_GEMM_MASKS") != "1" and own_unmasked(w, block_n, block_k)
+
     gguf_gemv.dp4a_config = dp4a_config
     gemv.argmax_partials = argmax_partials
     gguf_linear.GGUFLinearCUDA.gemv = per_part_gemv  # type: ignore[method-assign]
+    gguf_gemv.unmasked_tiles = unmasked_tiles
 
     def undo() -> None:
         gguf_gemv.dp4a_config = own_tile
         gemv.argmax_partials = own_partials
         gguf_linear.GGUFLinearCUDA.gemv = own_gemv  # type: ignore[method-assign]
+        gguf_gemv.unmasked_tiles = own_unmasked
 
     return undo
 

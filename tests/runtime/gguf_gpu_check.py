@@ -265,6 +265,16 @@ def check_kind(kind: str, device: str, quick: bool) -> bool:
         got = gguf_gemm(xm.to(device), planes2, swap=swap, split_k=3, config=(16, 16, 32, 4, 2))
         ok &= _check(f"{kind} gemm{' swapped' if swap else ''} bf16 [{m},{k2}] K split 3 ways", got,
                      xm.double() @ w2.T, xm.double().abs() @ w2.abs().T, 2**-7, 2**-8)
+    # shapes the tiles divide (N by BLOCK_N, the code plane by BLOCK_K: for Q4_0, Q4_1 and Q8_0 the
+    # kernel drops its weight masks, as for every Llama-shape projection), plain and swapped, K split or not
+    raw3 = random_blocks(kind, 32, k, seed=20 + GPU_TYPES.index(kind))
+    w3 = reference_weight(raw3, kind, 32)
+    planes3 = regroup(torch.from_numpy(raw3), kind).map(lambda t: t.to(device))
+    for swap, split in ((False, 1), (True, 1), (True, 2)):
+        xm = torch.randn(5, k, generator=g).to(bf)
+        ok &= _check(f"{kind} gemm{' swapped' if swap else ''} [5,{k}]x[32,{k}] even tiles, split {split}",
+                     gguf_gemm(xm.to(device), planes3, swap=swap, split_k=split, config=(16, 16, 32, 4, 2)),
+                     xm.double() @ w3.T, xm.double().abs() @ w3.abs().T, 2**-7, 2**-8)
     # a GEMM with bias into a column slice of a wider output (how a mixed-type qkv writes)
     xm = torch.randn(4, k, generator=g).to(bf)
     bias = torch.randn(n, generator=g).to(bf)

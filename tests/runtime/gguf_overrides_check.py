@@ -81,9 +81,33 @@ def main() -> None:
             assert seen == [1], seen  # the default span (2,048) holds them all
         finally:
             gemv._argmax_partials_kernel = inner
+        # X_GEMM_MASKS=1: the GEMM keeps its weight masks where its tiles divide the weight; same bits
+        even = regroup(torch.from_numpy(random_blocks("Q4_0", 32, 256, seed=5)), "Q4_0").map(lambda t: t.to(dev))
+        xm = torch.randn(3, 256, generator=g).to(dev, torch.bfloat16)
+        flags: list[bool] = []
+        gemm_kernel = gguf_gemv._gguf_gemm_kernel
+
+        class GemmSpy:
+            def __getitem__(self, grid: tuple[int, ...]) -> object:
+                def launch(*args: object, **kw: object) -> object:
+                    flags.append(bool(kw["EVEN"]))
+                    return gemm_kernel[grid](*args, **kw)
+                return launch
+
+        gguf_gemv._gguf_gemm_kernel = GemmSpy()  # type: ignore[assignment]
+        try:
+            unmasked = gguf_gemv.gguf_gemm(xm, even, config=(16, 16, 32, 4, 2), split_k=1)
+            os.environ["X_GEMM_MASKS"] = "1"
+            try:
+                masked = gguf_gemv.gguf_gemm(xm, even, config=(16, 16, 32, 4, 2), split_k=1)
+            finally:
+                del os.environ["X_GEMM_MASKS"]
+        finally:
+            gguf_gemv._gguf_gemm_kernel = gemm_kernel
+        assert flags == [True, False] and torch.equal(unmasked, masked), flags
     finally:
         undo()
-    assert gguf_gemv.dp4a_config.__module__ == gguf_gemv.__name__  # undone
+    assert gguf_gemv.dp4a_config.__module__ == gguf_gemv.unmasked_tiles.__module__ == gguf_gemv.__name__  # undone
     print("ok")
 
 

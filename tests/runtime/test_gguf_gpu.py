@@ -80,11 +80,12 @@ def test_kernels_match_gguf_dequantization_in_float64(words, tiled, dp4a):
     # 6 types x (4 GEMV + 3 GEMV tilings + 1 narrow projection of K 4096 and its dp4a tile + 3 with
     # the first chunk preloaded or not + 1 row at an odd offset + 5 GEMM sizes + 2 of them swapped
     # + 1 of 150 rows swapped (3 row blocks) + 3 with K split 3 ways (6 rows plain and swapped, 1
-    # row) + 1 slice plain, swapped and both split 2 ways + 5 MMQ sizes + 1 MMQ slice + the weight
+    # row) + 1 slice plain, swapped and both split 2 ways + 3 of shapes the tiles divide (Q4_0,
+    # Q4_1, Q8_0 with no weight masks: plain, swapped, swapped split 2) + 5 MMQ sizes + 1 MMQ slice + the weight
     # decoded whole and a layer of two types through it); with 8-bit activations also a residual
     # GEMV from activations stored by the kernel before it (three tilings) and 3 refusals
     stored = 6 * (3 + 3) if (words, dp4a) == ("1", "1") else 0
-    assert out.count("ok  ") == 216 + stored, out[-3000:]
+    assert out.count("ok  ") == 234 + stored, out[-3000:]
 
 
 def test_mixed_type_model_matches_its_dequantized_self():
@@ -350,3 +351,19 @@ def test_gemm_decode_switch_is_checked_and_off_where_no_ptx_runs(monkeypatch):
     for value in ("bf16", "f32"):
         monkeypatch.setenv("DEEPINFER_GGUF_GEMM_DECODE", value)
         assert not any(bf16_codes(p, torch.bfloat16) for p in planes.values())  # CPU planes
+
+
+def test_gemm_drops_its_weight_masks_only_where_measured_and_the_tiles_divide():
+    """``unmasked_tiles``: the types without super-blocks whose code plane the tiles divide; the
+    K-quants keep their masks (Q4_K_M lost 0.5 % without them on the H100)."""
+    from deepinfer.runtime.kernels.gguf_gemv import unmasked_tiles
+    from gguf_gpu_check import random_blocks
+
+    def planes(kind: str, rows: int, k: int) -> GGUFPlanes:
+        return regroup(torch.from_numpy(random_blocks(kind, rows, k, seed=2)), kind)
+
+    assert unmasked_tiles(planes("Q4_0", 32, 256), 16, 32)  # 32 rows by 16, 128 code bytes by 32
+    assert unmasked_tiles(planes("Q8_0", 32, 256), 16, 128)  # 256 code bytes by 128
+    assert not unmasked_tiles(planes("Q4_0", 40, 256), 16, 32)  # 40 rows: a ragged row tile
+    assert not unmasked_tiles(planes("Q4_0", 32, 256), 16, 256)  # 128 code bytes in 256-byte steps
+    assert not any(unmasked_tiles(planes(kind, 32, 256), 16, 32) for kind in ("Q4_K", "Q5_K", "Q6_K"))
