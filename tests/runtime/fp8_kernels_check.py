@@ -185,8 +185,9 @@ def main(device: str, dtype_name: str) -> int:
                          for kw, kw2 in ((dict(c), dict(c)) for c in calls)]
                 if math == "f16" and device != "cpu":
                     # float16 sums: the GPU's compiled reduction order may differ with the tiles (the
-                    # H100: 1.6e-3 at 48x64, 4 warps; one bf16 ulp at 20x96), so not bitwise: each is
-                    # within the f16 bound of float64 (above), hence within twice it of the other
+                    # H100: 1.6e-3 at 48x64, 4 warps; one bf16 ulp at 20x96), so not bitwise: within
+                    # twice the f16 bound of one tile's (two f16 results of one product, each held to
+                    # the float64 reference above)
                     report_bound(f"gemv f16 {2 * n}x{k} {tiles} row tiles a program: against one tile's",
                                  max(_rel(a, b.double().cpu()) for a, b in pairs),
                                  2 * max(_bound(dtype), F16_BOUND))

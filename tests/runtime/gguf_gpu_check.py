@@ -15,7 +15,7 @@ Bounds (stated; ``mag = |x| @ |W|.T`` in float64, ``u`` the output dtype's unit 
 * 8-bit activations in the GEMV (the default; ``DEEPINFER_GGUF_DP4A=0``: float32): each GEMV bound
   plus ``q8_error``.
 * GEMM: weights and activations rounded to bfloat16 (2**-9 each), float32 sums:
-  ``|y - ref| <= 2**-7 * mag + 2**-8 * |ref|``. The "bf16" decode of 4-bit codes (GPU) rounds the
+  ``|y - ref| <= 2**-7 * mag + 2**-8 * |ref|``. The "bf16" decode (GPU; every type but Q8_0) rounds the
   group scale (and minimum) to bfloat16 first (a Q4_0 weight 2**-7 off at most), within that bound; it
   is also checked against its own weights (``bf16_decode_weight``): ``2**-16 * mag + 2**-8 * |ref|``.
 """
