@@ -14,60 +14,26 @@ product of the dense weights (variant 1: of the codes alone).
 import torch
 import triton
 import triton.language as tl
-from deepinfer.runtime.kernels.gguf_gemv import _NIBBLES_MINUS_136, _code_float, gguf_gemm
+from deepinfer.runtime.kernels.gguf_gemv import (
+    _NIBBLE_PAIRS,
+    _NIBBLES_MINUS_136,
+    _code_float,
+    gguf_gemm,
+)
 from deepinfer.runtime.kernels.gguf_layout import GGUFPlanes
 
-ASM_SCALED = tl.constexpr("""
-{
-.reg .b32 t0, t1, u0, u1, r4, one, c, nz;
-mov.b32 one, 0x3F803F80;
-mov.b32 c, 0xC308C308;
-mov.b32 nz, 0x80008000;
-prmt.b32 t0, $4, 0, 0x4140;
-prmt.b32 t1, $4, 0, 0x4342;
-shr.u32 r4, $4, 4;
-prmt.b32 u0, r4, 0, 0x4140;
-prmt.b32 u1, r4, 0, 0x4342;
-lop3.b32 t0, t0, 0x000F000F, 0x43004300, 0xEA;
-lop3.b32 t1, t1, 0x000F000F, 0x43004300, 0xEA;
-lop3.b32 u0, u0, 0x000F000F, 0x43004300, 0xEA;
-lop3.b32 u1, u1, 0x000F000F, 0x43004300, 0xEA;
-fma.rn.bf16x2 t0, t0, one, c;
-fma.rn.bf16x2 t1, t1, one, c;
-fma.rn.bf16x2 u0, u0, one, c;
-fma.rn.bf16x2 u1, u1, one, c;
-fma.rn.bf16x2 $0, t0, $5, nz;
-fma.rn.bf16x2 $1, t1, $6, nz;
-fma.rn.bf16x2 $2, u0, $7, nz;
-fma.rn.bf16x2 $3, u1, $8, nz;
-}
-""")
-
-ASM_F16 = tl.constexpr("""
-{
-.reg .b32 t0, t1, u0, u1, r4, one, c, nz;
-mov.b32 one, 0x3C003C00;
-mov.b32 c, 0xE408E408;
-mov.b32 nz, 0x80008000;
-prmt.b32 t0, $4, 0, 0x4140;
-prmt.b32 t1, $4, 0, 0x4342;
-shr.u32 r4, $4, 4;
-prmt.b32 u0, r4, 0, 0x4140;
-prmt.b32 u1, r4, 0, 0x4342;
-lop3.b32 t0, t0, 0x000F000F, 0x64006400, 0xEA;
-lop3.b32 t1, t1, 0x000F000F, 0x64006400, 0xEA;
-lop3.b32 u0, u0, 0x000F000F, 0x64006400, 0xEA;
-lop3.b32 u1, u1, 0x000F000F, 0x64006400, 0xEA;
-fma.rn.f16x2 t0, t0, one, c;
-fma.rn.f16x2 t1, t1, one, c;
-fma.rn.f16x2 u0, u0, one, c;
-fma.rn.f16x2 u1, u1, one, c;
-fma.rn.f16x2 $0, t0, $5, nz;
-fma.rn.f16x2 $1, t1, $6, nz;
-fma.rn.f16x2 $2, u0, $7, nz;
-fma.rn.f16x2 $3, u1, $8, nz;
-}
-""")
+# the production nibble extraction (gguf_gemv._NIBBLE_PAIRS) with each pair then times its scale
+# ($5-$8: the low and high nibbles' scales, two bf16 a register), and its float16 twin (0x6400 | n is
+# 1024 + n; -1032 takes the bias off; llama.cpp's dequantization, one rounding)
+_SCALED = (_NIBBLE_PAIRS.replace("C_PAIR", "0xC308C308")
+           .replace("one, c;\nmov.b32 one", "one, c, nz;\nmov.b32 nz, 0x80008000;\nmov.b32 one")
+           .replace("$0, t0,", "t0, t0,").replace("$1, t1,", "t1, t1,").replace("$2, u0,", "u0, u0,")
+           .replace("$3, u1,", "u1, u1,")
+           .replace("\n}\n", "".join(f"\nfma.rn.bf16x2 ${i}, {r}, ${i + 5}, nz;"
+                                      for i, r in enumerate(("t0", "t1", "u0", "u1"))) + "\n}\n"))
+ASM_SCALED = tl.constexpr(_SCALED)
+ASM_F16 = tl.constexpr(_SCALED.replace("bf16x2", "f16x2").replace("0x43004300", "0x64006400")
+                       .replace("0x3F803F80", "0x3C003C00").replace("0xC308C308", "0xE408E408"))
 
 
 @triton.jit
@@ -96,10 +62,10 @@ def gemm(x_ptr, q_ptr, s_ptr, ws_ptr, M, N, K, k_split, BM: tl.constexpr, BN: tl
         xl = tl.load(x_ptr + rm[None, :] * K + c[:, None], mask=m_ok[None, :], other=0.0)
         xh = tl.load(x_ptr + rm[None, :] * K + (c + kc)[:, None], mask=m_ok[None, :], other=0.0)
         if VAR == 0:  # production: float32 magic, float32 scale, rounded to bf16
-            lo = tl.reshape(s_lo.to(tl.float32)[:, :, None] * tl.reshape(_code_float(raw & 0x0F, 8), (BN, BK // 32, 32)),
-                            (BN, BK)).to(tl.bfloat16)
-            hi = tl.reshape(s_hi.to(tl.float32)[:, :, None] * tl.reshape(_code_float(raw >> 4, 8), (BN, BK // 32, 32)),
-                            (BN, BK)).to(tl.bfloat16)
+            lo3 = tl.reshape(_code_float(raw & 0x0F, 8), (BN, BK // 32, 32))
+            hi3 = tl.reshape(_code_float(raw >> 4, 8), (BN, BK // 32, 32))
+            lo = tl.reshape(s_lo.to(tl.float32)[:, :, None] * lo3, (BN, BK)).to(tl.bfloat16)
+            hi = tl.reshape(s_hi.to(tl.float32)[:, :, None] * hi3, (BN, BK)).to(tl.bfloat16)
         elif VAR == 1:  # codes only (q - 8) in bf16 by asm, no scale: the decode's floor
             lo, hi = tl.inline_asm_elementwise(_NIBBLES_MINUS_136, "=r,=r,=r,=r,r", [raw],
                                                dtype=(tl.bfloat16, tl.bfloat16),
