@@ -20,7 +20,8 @@ import gc
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -128,26 +129,38 @@ def check_cpu(path: str) -> bool:
 
 
 @contextlib.contextmanager
+def spied_launches(module: object, name: str, record: Callable[[Any, dict[str, Any]], object]) -> Iterator[None]:
+    """While inside, each launch ``module.name[grid](*args, **kw)`` of a Triton kernel calls
+    ``record(grid, kw)`` first and then launches as before; the kernel is put back after."""
+    kernel = getattr(module, name)
+
+    class Spy:
+        def __getitem__(self, grid: Any) -> Callable[..., object]:
+            def launch(*args: object, **kw: Any) -> object:
+                record(grid, kw)
+                return kernel[grid](*args, **kw)
+            return launch
+
+    setattr(module, name, Spy())
+    try:
+        yield
+    finally:
+        setattr(module, name, kernel)
+
+
+@contextlib.contextmanager
 def counted_quantizations(**env: str) -> Iterator[list[object]]:
     """The dp4a GEMVs' activation quantization launches (appended to the list yielded) while the
     environment holds ``env``; both restored after."""
     import deepinfer.runtime.kernels.gguf_gemv as gguf_gemv
 
-    real = gguf_gemv._quantize_activations_kernel
     launches: list[object] = []
-
-    class Counting:
-        def __getitem__(self, grid: object) -> object:
-            launches.append(grid)
-            return real[grid]
-
     saved = {name: os.environ.get(name) for name in env}
-    gguf_gemv._quantize_activations_kernel = Counting()  # type: ignore[assignment]
     os.environ.update(env)
     try:
-        yield launches
+        with spied_launches(gguf_gemv, "_quantize_activations_kernel", lambda grid, kw: launches.append(grid)):
+            yield launches
     finally:
-        gguf_gemv._quantize_activations_kernel = real
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)

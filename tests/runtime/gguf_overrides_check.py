@@ -18,7 +18,7 @@ from deepinfer.runtime.kernels import gemv, gguf_gemv
 from deepinfer.runtime.kernels.gguf_layout import regroup
 from deepinfer.runtime.models.gguf_linear import GGUFLinearCUDA
 from gguf_gpu_check import random_blocks
-from gguf_gpu_model_check import counted_quantizations
+from gguf_gpu_model_check import counted_quantizations, spied_launches
 
 
 def main() -> None:
@@ -61,15 +61,7 @@ def main() -> None:
         args = torch.arange(100, device=dev, dtype=torch.int64)
         out = torch.empty(1, dtype=torch.int64, device=dev)
         seen: list[int] = []
-        inner = gemv._argmax_partials_kernel
-
-        class Spy:
-            def __getitem__(self, grid: tuple[int, ...]) -> object:
-                seen.append(grid[0])
-                return inner[grid]
-
-        gemv._argmax_partials_kernel = Spy()  # type: ignore[assignment]
-        try:
+        with spied_launches(gemv, "_argmax_partials_kernel", lambda grid, kw: seen.append(grid[0])):
             os.environ["X_ARGMAX_SPAN"] = "16"
             try:
                 assert int(gemv.argmax_partials(maxes, args, out)) == int(maxes.argmax())
@@ -79,31 +71,17 @@ def main() -> None:
             seen.clear()
             assert int(gemv.argmax_partials(maxes, args, out)) == int(maxes.argmax())
             assert seen == [1], seen  # the default span (2,048) holds them all
-        finally:
-            gemv._argmax_partials_kernel = inner
         # X_GEMM_MASKS=1: the GEMM keeps its weight masks where its tiles divide the weight; same bits
         even = regroup(torch.from_numpy(random_blocks("Q4_0", 32, 256, seed=5)), "Q4_0").map(lambda t: t.to(dev))
         xm = torch.randn(3, 256, generator=g).to(dev, torch.bfloat16)
         flags: list[bool] = []
-        gemm_kernel = gguf_gemv._gguf_gemm_kernel
-
-        class GemmSpy:
-            def __getitem__(self, grid: tuple[int, ...]) -> object:
-                def launch(*args: object, **kw: object) -> object:
-                    flags.append(bool(kw["EVEN"]))
-                    return gemm_kernel[grid](*args, **kw)
-                return launch
-
-        gguf_gemv._gguf_gemm_kernel = GemmSpy()  # type: ignore[assignment]
-        try:
+        with spied_launches(gguf_gemv, "_gguf_gemm_kernel", lambda grid, kw: flags.append(bool(kw["EVEN"]))):
             unmasked = gguf_gemv.gguf_gemm(xm, even, config=(16, 16, 32, 4, 2), split_k=1)
             os.environ["X_GEMM_MASKS"] = "1"
             try:
                 masked = gguf_gemv.gguf_gemm(xm, even, config=(16, 16, 32, 4, 2), split_k=1)
             finally:
                 del os.environ["X_GEMM_MASKS"]
-        finally:
-            gguf_gemv._gguf_gemm_kernel = gemm_kernel
         assert flags == [True, False] and torch.equal(unmasked, masked), flags
     finally:
         undo()
