@@ -103,6 +103,8 @@ def main() -> None:
                    help="types whose gate_up and down GEMMs are timed over TILE_SWEEP's tiles, plain and swapped, "
                         "at several K splits")
     p.add_argument("--tile-rows", default="16,32", help="row counts of --tile-sweep")
+    p.add_argument("--tile-sweep-set", default="default", choices=("default", "occupancy"),
+                   help="the tiles --tile-sweep times: TILE_SWEEP, or TILE_SWEEP_OCCUPANCY (less shared memory)")
     p.add_argument("--fused", action="store_true",
                    help="one-row GEMVs with the decode graph's fusions (RMSNorm for qkv/gate_up, residual for o, "
                         "SiLU·mul for down)")
@@ -168,7 +170,8 @@ def main() -> None:
     for kind in filter(None, args.split_sweep.split(",")):
         split_sweep(kind, [int(r) for r in args.split_rows.split(",")])
     for kind in filter(None, args.tile_sweep.split(",")):
-        tile_sweep(kind, [int(r) for r in args.tile_rows.split(",")])
+        tile_sweep(kind, [int(r) for r in args.tile_rows.split(",")],
+                   TILE_SWEEP_OCCUPANCY if args.tile_sweep_set == "occupancy" else None)
 
 
 TILES = [(4, 512, 4, 3), (2, 512, 4, 3), (8, 256, 4, 3), (4, 1024, 8, 2), (1, 1024, 4, 3), (8, 512, 8, 2)]
@@ -301,10 +304,17 @@ def split_sweep(kind: str, rows_list: list[int]) -> None:
 TILE_SWEEP = [(False, (32, 64, 128, 4, 3)), (False, (32, 128, 128, 8, 3)), (False, (32, 64, 256, 4, 2)),
               (False, (32, 128, 64, 4, 3)), (False, (16, 64, 128, 4, 3)), (True, (32, 64, 128, 4, 3)),
               (True, (32, 128, 128, 8, 3)), (True, (32, 128, 64, 4, 4)), (True, (16, 64, 256, 4, 2))]
+# --tile-sweep-set occupancy: tiles with less shared memory a program than the defaults (ncu, H100, Q4_0 gate_up
+# at 32 rows: 3 programs of 4 warps a multiprocessor, held by 66 KB of shared memory and 128 registers each;
+# one eligible warp in 1.5 cycles)
+TILE_SWEEP_OCCUPANCY = [(True, (32, 64, 128, 4, 3)), (True, (32, 64, 128, 4, 2)), (True, (32, 64, 64, 4, 3)),
+                        (True, (32, 64, 64, 4, 4)), (True, (32, 64, 128, 8, 3)), (True, (32, 128, 128, 8, 2)),
+                        (True, (32, 128, 64, 8, 3)), (False, (32, 64, 128, 4, 3)), (False, (32, 64, 128, 4, 2)),
+                        (False, (32, 64, 64, 4, 3)), (False, (32, 128, 64, 8, 3))]
 TILE_SPLITS = {"gate_up": (1, 2, 3), "down": (2, 4, 6, 8)}
 
 
-def tile_sweep(kind: str, rows_list: list[int]) -> None:
+def tile_sweep(kind: str, rows_list: list[int], tiles: list | None = None) -> None:
     from deepinfer.runtime.kernels.gguf_gemv import gguf_gemm
     from deepinfer.runtime.kernels.gguf_layout import regroup
     from gguf_quantizer import quantize
@@ -319,7 +329,7 @@ def tile_sweep(kind: str, rows_list: list[int]) -> None:
             t0 = graph_time(lambda x=x, planes=planes: gguf_gemm(x, planes))
             best = (t0, "default")
             print(f"tile sweep {name:8s} {kind} {rows:3d} rows: default {t0 * 1e6:.1f} us", flush=True)
-            for swap, tile in TILE_SWEEP:
+            for swap, tile in tiles or TILE_SWEEP:
                 cells = []
                 for split in splits:
                     try:

@@ -13,6 +13,11 @@ the one before it runs in one process, side by side (guide 08 reports such runs)
   X_GEMM_MASKS=1                               the GEMM keeps its weight masks where it would
                                                drop them (``kernels.gguf_gemv.unmasked_tiles``;
                                                as before 2026-12-06)
+  X_GEMM_TILE_FEW_ROWS="bm,bn,bk,warps,stages"  the GEMM's tile up to 32 rows, plain and swapped,
+  X_GEMM_TILE_SWAP_FEW_ROWS="..."               for every type (``GEMM_CONFIG_FEW_ROWS``,
+                                               ``GEMM_CONFIG_SWAP_FEW_ROWS[_BY_KIND]``); read once
+  X_GEMM_SPLITS_<KIND>="narrow,wide"            ``choose_split_k``'s splits of that type up to 32
+                                               rows (``SPLIT_K_FEW_ROWS``); read once, at start
 
     python bench/gguf_overrides.py bench/decode_profile.py --shape llama3-8b --batch 1 \\
         --weights q4_0 --variants "gu 1w:X_DP4A_28672x4096=4,512,1,2|again:"
@@ -29,19 +34,37 @@ from collections.abc import Callable
 from typing import Any
 
 
+def integers(name: str, spec: str, names: str) -> tuple[int, ...]:
+    """``spec`` (the value of variable ``name``) as positive integers, as many as ``names`` (e.g.
+    "rows,block_k,warps,stages") lists; else a ValueError naming the variable."""
+    want = len(names.split(","))
+    try:
+        values = tuple(int(v) for v in spec.split(","))
+    except ValueError:
+        values = ()
+    if len(values) != want or min(values) < 1:
+        count = {2: "two", 4: "four", 5: "five"}.get(want, str(want))
+        raise ValueError(f"{name} must be {count} positive integers {names}, got {spec!r}")
+    return values
+
+
 def dp4a_tile(n: int, k: int) -> tuple[int, int, int, int] | None:
     """``X_DP4A_<n>x<k>`` as (rows, block_k, warps, stages), or None when unset."""
     name = f"X_DP4A_{n}x{k}"
     spec = os.environ.get(name)
-    if not spec:
-        return None
-    try:
-        tile = tuple(int(v) for v in spec.split(","))
-    except ValueError:
-        tile = ()
-    if len(tile) != 4 or min(tile) < 1:
-        raise ValueError(f"{name} must be four positive integers rows,block_k,warps,stages, got {spec!r}")
-    return tile  # type: ignore[return-value]
+    return integers(name, spec, "rows,block_k,warps,stages") if spec else None  # type: ignore[return-value]
+
+
+def gemm_tile(name: str) -> tuple[int, int, int, int, int] | None:
+    """``name`` (an ``X_GEMM_TILE_*`` variable) as (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages), or None."""
+    spec = os.environ.get(name)
+    return integers(name, spec, "bm,bn,bk,warps,stages") if spec else None  # type: ignore[return-value]
+
+
+def few_rows_splits() -> dict[str, tuple[int, int]]:
+    """The ``X_GEMM_SPLITS_<KIND>`` variables set, as {kind: (narrow, wide)}."""
+    return {name.removeprefix("X_GEMM_SPLITS_"): integers(name, spec, "narrow,wide")  # type: ignore[misc]
+            for name, spec in os.environ.items() if name.startswith("X_GEMM_SPLITS_")}
 
 
 def argmax_span() -> int | None:
@@ -86,6 +109,13 @@ def install() -> Callable[[], None]:
     def unmasked_tiles(w: Any, block_n: int, block_k: int) -> bool:
         return os.environ.get("X_GEMM_MASKS") != "1" and own_unmasked(w, block_n, block_k)
 
+    own_tiles = (gguf_gemv.GEMM_CONFIG_FEW_ROWS, gguf_gemv.GEMM_CONFIG_SWAP_FEW_ROWS,
+                 gguf_gemv.GEMM_CONFIG_SWAP_FEW_ROWS_BY_KIND, gguf_gemv.SPLIT_K_FEW_ROWS)
+    gguf_gemv.GEMM_CONFIG_FEW_ROWS = gemm_tile("X_GEMM_TILE_FEW_ROWS") or own_tiles[0]
+    swapped = gemm_tile("X_GEMM_TILE_SWAP_FEW_ROWS")
+    if swapped:
+        gguf_gemv.GEMM_CONFIG_SWAP_FEW_ROWS, gguf_gemv.GEMM_CONFIG_SWAP_FEW_ROWS_BY_KIND = swapped, {}
+    gguf_gemv.SPLIT_K_FEW_ROWS = {**own_tiles[3], **few_rows_splits()}
     gguf_gemv.dp4a_config = dp4a_config
     gemv.argmax_partials = argmax_partials
     gguf_linear.GGUFLinearCUDA.gemv = per_part_gemv  # type: ignore[method-assign]
@@ -96,6 +126,8 @@ def install() -> Callable[[], None]:
         gemv.argmax_partials = own_partials
         gguf_linear.GGUFLinearCUDA.gemv = own_gemv  # type: ignore[method-assign]
         gguf_gemv.unmasked_tiles = own_unmasked
+        (gguf_gemv.GEMM_CONFIG_FEW_ROWS, gguf_gemv.GEMM_CONFIG_SWAP_FEW_ROWS,
+         gguf_gemv.GEMM_CONFIG_SWAP_FEW_ROWS_BY_KIND, gguf_gemv.SPLIT_K_FEW_ROWS) = own_tiles
 
     return undo
 

@@ -86,6 +86,28 @@ def main() -> None:
     finally:
         undo()
     assert gguf_gemv.dp4a_config.__module__ == gguf_gemv.unmasked_tiles.__module__ == gguf_gemv.__name__  # undone
+    # X_GEMM_TILE_SWAP_FEW_ROWS / X_GEMM_SPLITS_<KIND>, read at install: the swapped tile of every
+    # type up to 32 rows and that type's splits; the same product; all put back by the undo
+    own = (gguf_gemv.GEMM_CONFIG_SWAP_FEW_ROWS_BY_KIND, gguf_gemv.SPLIT_K_FEW_ROWS)
+    os.environ.update(X_GEMM_TILE_SWAP_FEW_ROWS="16,16,32,4,2", X_GEMM_SPLITS_Q4_0="4,2")
+    try:
+        undo = gguf_overrides.install()
+    finally:
+        del os.environ["X_GEMM_TILE_SWAP_FEW_ROWS"], os.environ["X_GEMM_SPLITS_Q4_0"]
+    try:
+        assert gguf_gemv.GEMM_CONFIG_SWAP_FEW_ROWS == (16, 16, 32, 4, 2)
+        assert gguf_gemv.gemm_tile_for("Q4_0", 20, True) == gguf_gemv.gemm_tile_for("Q4_K", 3, True) == (16, 16, 32, 4, 2)
+        assert gguf_gemv.choose_split_k("Q4_0", 448, 32, 16, 132) == 2  # the table's 1 overridden
+        assert gguf_gemv.choose_split_k("Q4_K", 448, 32, 16, 132) == 3  # the others' kept
+        blocks: list[tuple[int, int, int]] = []
+        with spied_launches(gguf_gemv, "_gguf_gemm_kernel",
+                            lambda grid, kw: blocks.append((kw["BLOCK_N"], kw["BLOCK_K"], kw["num_stages"]))):
+            swapped = gguf_gemv.gguf_gemm(xm, even, swap=True, split_k=1)
+        assert blocks == [(16, 32, 2)], blocks
+    finally:
+        undo()
+    assert (gguf_gemv.GEMM_CONFIG_SWAP_FEW_ROWS_BY_KIND, gguf_gemv.SPLIT_K_FEW_ROWS) == own
+    assert torch.equal(swapped, gguf_gemv.gguf_gemm(xm, even, swap=True, split_k=1))
     print("ok")
 
 

@@ -209,8 +209,9 @@ def fp8_kernels() -> None:
 
 
 def gguf_several_rows(kind: str) -> None:
-    """The GGUF kernels of several rows: the GEMM (4 rows; its bf16 decode, the default, and the
-    float32 one), the int8 MMQ (64 rows) and the whole weight's decode (``DEEPINFER_GGUF_DENSE_ROWS``)."""
+    """The GGUF kernels of several rows: the GEMM (4 rows; 20 rows swapped and split, as a decode
+    graph runs it; its bf16 decode, the default, and the float32 one), the int8 MMQ (64 rows) and
+    the whole weight's decode (``DEEPINFER_GGUF_DENSE_ROWS``)."""
     from deepinfer.runtime.kernels.gguf_gemv import dense_weight, gguf_gemm
     from deepinfer.runtime.kernels.gguf_layout import regroup
     from deepinfer.runtime.kernels.gguf_mmq import gguf_mmq, quantize_rows
@@ -219,6 +220,7 @@ def gguf_several_rows(kind: str) -> None:
     meta = torch.device("meta")
     planes = regroup(torch.from_numpy(random_blocks(kind, 8, 4096, seed=0)), kind).map(lambda t: t.to(meta))
     gguf_gemm(torch.empty(4, 4096, dtype=torch.bfloat16, device=meta), planes)
+    gguf_gemm(torch.empty(20, 4096, dtype=torch.bfloat16, device=meta), planes, swap=True, split_k=2)  # graphs' tile
     saved = os.environ.get("DEEPINFER_GGUF_GEMM_DECODE")
     os.environ["DEEPINFER_GGUF_GEMM_DECODE"] = "f32"
     try:

@@ -205,12 +205,16 @@ def test_split_k_only_where_the_tiles_leave_multiprocessors_idle(monkeypatch):
     """choose_split_k on the 8B shapes (132 multiprocessors, 64 x 128-byte tiles), and its limits."""
     from deepinfer.runtime.kernels import gguf_gemv as gk
 
-    assert gk.choose_split_k("Q4_0", 64, 32, 56, 132) == 4     # down: 64 tiles
-    assert gk.choose_split_k("Q4_K", 64, 32, 56, 132) == 6     # the heavier decode takes more
-    assert gk.choose_split_k("Q8_0", 96, 8, 32, 132) == 4      # qkv
-    assert gk.choose_split_k("Q4_0", 448, 32, 16, 132) == 2    # gate_up at 32 rows
-    assert gk.choose_split_k("Q5_K", 448, 16, 16, 132) == 3
-    assert gk.choose_split_k("Q4_0", 448, 64, 16, 132) == 1    # ... and not at 64 (the sweep)
+    assert gk.choose_split_k("Q4_0", 64, 32, 56, 132) == 6     # down at 32 rows: 64 tiles
+    assert gk.choose_split_k("Q4_K", 64, 32, 56, 132) == 6
+    assert gk.choose_split_k("Q4_0", 64, 33, 56, 132) == 4     # ... at more rows, 4 (6 for the heavier decode)
+    assert gk.choose_split_k("Q4_K", 128, 64, 56, 132) == 6
+    assert gk.choose_split_k("Q8_0", 96, 8, 32, 132) == 6      # qkv
+    assert gk.choose_split_k("Q4_0", 96, 32, 16, 132) == 4     # ... 4-bit codes: 16 steps, at least 4 a split
+    assert gk.choose_split_k("Q4_0", 448, 32, 16, 132) == 1    # gate_up at 32 rows: Q4_0's tiles fill one wave
+    assert gk.choose_split_k("Q6_K", 448, 32, 32, 132) == 2
+    assert gk.choose_split_k("Q5_K", 448, 16, 16, 132) == 3    # the heavier decode takes more
+    assert gk.choose_split_k("Q6_K", 448, 64, 16, 132) == 1    # ... and not at 64 (the sweep)
     assert gk.choose_split_k("Q4_0", 1024, 8, 64, 132) == 1    # the tiles fill the GPU
     assert gk.choose_split_k("Q4_0", 64, 32, 9, 132) == 2      # at least SPLIT_K_MIN_STEPS steps a split
     assert gk.choose_split_k("Q4_0", 9, 256, 3, 132) == 1      # SmolLM2's few steps: no split
@@ -224,6 +228,21 @@ def test_split_k_only_where_the_tiles_leave_multiprocessors_idle(monkeypatch):
     monkeypatch.setenv("DEEPINFER_GGUF_GEMM_SPLIT_K", "two")
     with pytest.raises(ValueError, match="DEEPINFER_GGUF_GEMM_SPLIT_K='two' is not an integer"):
         gk.gemm_split_k()
+
+
+def test_few_row_gemm_takes_its_type_s_tile_from_its_row_count():
+    """``gemm_tile_for``: swapped, up to 32 rows, Q4_0 takes two pipeline stages at any row count
+    and Q4_K from 17 rows (the end-to-end A/Bs in guide 08), the other types three; more rows and
+    the plain tile as before. (The two-stage tile's products are checked by gguf_gpu_check.py's
+    swapped GEMM cases, whose rows are at most 32 in quick mode.)"""
+    from deepinfer.runtime.kernels.gguf_gemv import gemm_tile_for
+
+    two, three = (32, 64, 128, 4, 2), (32, 64, 128, 4, 3)
+    assert gemm_tile_for("Q4_0", 1, True) == gemm_tile_for("Q4_0", 32, True) == two
+    assert gemm_tile_for("Q4_K", 16, True) == three and gemm_tile_for("Q4_K", 17, True) == two
+    assert gemm_tile_for("Q6_K", 32, True) == gemm_tile_for("Q5_K", 20, True) == three
+    assert gemm_tile_for("Q4_0", 33, True) == gemm_tile_for("Q4_K", 1024, True) == (64, 64, 128, 4, 3)
+    assert gemm_tile_for("Q4_0", 32, False) == three and gemm_tile_for("Q4_K", 33, False) == (64, 64, 64, 4, 3)
 
 
 def test_mmq_refuses_what_it_cannot_multiply():

@@ -46,3 +46,21 @@ def test_tiles_and_span_read_as_given(monkeypatch):
         monkeypatch.setenv("X_ARGMAX_SPAN", bad)
         with pytest.raises(ValueError, match="X_ARGMAX_SPAN must be a positive integer"):
             gguf_overrides.argmax_span()
+
+
+def test_gemm_tiles_and_splits_read_as_given(monkeypatch):
+    for name in [n for n in os.environ if n.startswith("X_GEMM_")]:
+        monkeypatch.delenv(name)
+    assert gguf_overrides.gemm_tile("X_GEMM_TILE_FEW_ROWS") is None and gguf_overrides.few_rows_splits() == {}
+    monkeypatch.setenv("X_GEMM_TILE_FEW_ROWS", "32,64,128,4,2")
+    monkeypatch.setenv("X_GEMM_SPLITS_Q4_0", "4,2")
+    assert gguf_overrides.gemm_tile("X_GEMM_TILE_FEW_ROWS") == (32, 64, 128, 4, 2)
+    assert gguf_overrides.few_rows_splits() == {"Q4_0": (4, 2)}
+    for bad in ("32,64,128,4", "32,64,128,4,0", "a,b,c,d,e"):
+        monkeypatch.setenv("X_GEMM_TILE_FEW_ROWS", bad)
+        with pytest.raises(ValueError, match="X_GEMM_TILE_FEW_ROWS must be five positive integers"):
+            gguf_overrides.gemm_tile("X_GEMM_TILE_FEW_ROWS")
+    for bad in ("4", "4,0", "4,2,1", "x,2"):
+        monkeypatch.setenv("X_GEMM_SPLITS_Q4_0", bad)
+        with pytest.raises(ValueError, match="X_GEMM_SPLITS_Q4_0 must be two positive integers"):
+            gguf_overrides.few_rows_splits()

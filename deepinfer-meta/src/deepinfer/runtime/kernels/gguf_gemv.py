@@ -87,6 +87,11 @@ GEMM_CONFIG_FEW_ROWS = (32, 64, 128, 4, 3)
 # (Q4_1 256 x (128, 256) end to end: 81,048 -> 96,588 tok/s at 512 rows, 97,856 at 1024)
 GEMM_CONFIG_SWAP = (64, 64, 128, 4, 3)
 GEMM_CONFIG_SWAP_FEW_ROWS = (32, 64, 128, 4, 3)
+# ... with two pipeline stages for these types, from the given row count (2026-12-06, an H100; ncu: at
+# three stages a 32-row program holds 66 KB of shared memory and only 3 fit a multiprocessor, each
+# warp issuing every ~6 cycles). End to end, same call each: Q4_0 gained at 8, 16 and 32 rows; Q4_K_M
+# gained at 32 but lost 2 % at 8 and 16 (a 16-row tile holds 48 KB: 4 programs fit at three stages)
+GEMM_CONFIG_SWAP_FEW_ROWS_BY_KIND = {"Q4_0": (1, (32, 64, 128, 4, 2)), "Q4_K": (17, (32, 64, 128, 4, 2))}
 SWAP_FEW_ROWS_KINDS = ("Q4_K", "Q5_K")
 # ... and in CUDA graphs, where K is split (2026-12-04, `--tile-sweep`): Q4_0 gained from the swapped
 # tile up to 32 rows too (gate_up at 32 rows 80.0 -> 66.9 us at 2 splits, down 38.5 -> 35.4 at 4;
@@ -95,6 +100,10 @@ SWAP_SPLIT_FEW_ROWS_KINDS = ("Q4_0",)
 # split K (choose_split_k): each split at least this many BLOCK_K steps; these types take more splits
 SPLIT_K_MIN_STEPS = 4
 SPLIT_K_HEAVY_KINDS = ("Q4_K", "Q5_K")
+# up to 32 rows, by type: (splits below two tiles a multiprocessor, below four); the others take
+# SPLIT_K_FEW_ROWS_DEFAULT (2026-12-06 sweep at 32 rows, an H100: `--split-sweep`)
+SPLIT_K_FEW_ROWS = {"Q4_0": (6, 1), "Q4_K": (6, 3), "Q5_K": (6, 3)}
+SPLIT_K_FEW_ROWS_DEFAULT = (6, 2)
 SPLIT_K_SUM_BLOCK = 1024
 
 
@@ -201,7 +210,10 @@ fma.rn.bf16x2 $1, t1, one, c;
 """
 _BYTES_MINUS_128 = tl.constexpr(_BYTE_PAIRS.replace("C_PAIR", "0xC300C300"))  # bf16 -128.0, twice
 _BYTES_MINUS_160 = tl.constexpr(_BYTE_PAIRS.replace("C_PAIR", "0xC320C320"))  # bf16 -160.0, twice
-# the kinds whose codes fit bfloat16's 7-bit mantissa under 128.0 (Q8_0's signed bytes do not)
+# the kinds the "bf16" decode covers. Q8_0's signed bytes need 8 significant bits, more than the 128.0
+# trick holds; through float32 (2**23 trick, one exact conversion, the scale in bf16) they measured the
+# same as the float32 decode (H100, 8B shape, 32 concurrent: 5,683 and 5,671 against 5,661 tok/s) while
+# rounding the scale, so Q8_0 keeps the float32 decode.
 BF16_CODE_KINDS = ("Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
 
 
@@ -970,12 +982,12 @@ def gemm_decode() -> str:
     """How the GEMM turns codes into bfloat16 weights (``DEEPINFER_GGUF_GEMM_DECODE``):
     "bf16" (default on the GPU, for ``BF16_CODE_KINDS``): codes to exact bfloat16 by PTX bit tricks
     (both nibbles of 4 bytes in 13 instructions), times each group's scale rounded to bfloat16,
-    in one bf16 FMA; "f32" (and always Q8_0, whose signed bytes do not fit): each weight
-    in float32 as gguf computes it (``_decode``), then rounded to bfloat16 (the weights of the file
-    dequantized to bfloat16 exactly; Triton's interpreter always takes it, since it runs no PTX).
-    The "bf16" weight rounds the scale too: a Q4_0 or Q6_K weight at most 2**-7 off gguf's instead
-    of 2**-8 (bfloat16's unit roundoff); with a minimum (Q4_1, Q4_K, Q5_K) the minimum's rounding
-    adds up to 2**-8 of it."""
+    in one bf16 FMA; "f32" (and always Q8_0: ``BF16_CODE_KINDS``): each weight in float32 as gguf
+    computes it (``_decode``), then rounded to bfloat16 (the weights of the file dequantized to
+    bfloat16 exactly; Triton's interpreter always takes it, since it runs no PTX). The "bf16" weight
+    rounds the scale too: a Q4_0 or Q6_K weight at most 2**-7 off gguf's instead of 2**-8
+    (bfloat16's unit roundoff); with a minimum (Q4_1, Q4_K, Q5_K) the minimum's rounding adds up
+    to 2**-8 of it."""
     return switches.choice("DEEPINFER_GGUF_GEMM_DECODE", ("bf16", "f32"))
 
 
@@ -989,10 +1001,12 @@ def bf16_codes(w: GGUFPlanes, dtype: torch.dtype) -> bool:
 def unmasked_tiles(w: GGUFPlanes, block_n: int, block_k: int) -> bool:
     """Whether the GEMM drops its weight masks: for the types without super-blocks (Q4_0, Q4_1,
     Q8_0) where the tiles divide the code plane (every Llama-shape projection). The masks of
-    [BLOCK_N, BLOCK_K] take registers: with them the Q4_0 and Q4_K kernels spill 126-214 registers to
-    local memory, without them none (sm_90 SASS). End to end (H100, 8B shape, 32 concurrent, same
-    call) Q4_0 gained 1.4 % (6,109 against 6,023 tok/s) but Q4_K_M lost 0.5 % (4,316 against
-    4,339), so the K-quants keep their masks; Q4_1 and Q8_0 were not measured apart."""
+    [BLOCK_N, BLOCK_K] cost instructions, not registers: the 32-row sm_90 kernel as a graph
+    launches it (its integer arguments specialised as multiples of 16) spills nothing either way,
+    and has 1,152 instructions without the masks against 1,224 with them (Q4_0). End to end (H100,
+    8B shape, 32 concurrent, same call) Q4_0 gained 1.4 % (6,109 against 6,023 tok/s) but Q4_K_M
+    lost 0.5 % (4,316 against 4,339), so the K-quants keep their masks; Q4_1 and Q8_0 were not
+    measured apart."""
     return KINDS[w.kind][2] == 0 and w.n % block_n == 0 and w.codes.shape[1] % block_k == 0
 
 
@@ -1018,20 +1032,30 @@ def _capturing(device: torch.device) -> bool:
 
 def choose_split_k(kind: str, tiles: int, rows: int, k_steps: int, sms: int) -> int:
     """K splits for a GEMM of ``tiles`` output tiles, ``rows`` activation rows and ``k_steps``
-    BLOCK_K steps on ``sms`` multiprocessors. Fewer tiles than two a multiprocessor (a projection
-    of 4096 or 6144 outputs has 64 or 96 along N, and a decode batch one along M): 4 splits, 6 for
-    the types whose decode costs most (``SPLIT_K_HEAVY_KINDS``); fewer than four a multiprocessor
-    and at most 32 rows (gate_up at 28672 outputs): 2, or 3. Else none. At least
-    SPLIT_K_MIN_STEPS steps a split. The H200's sweep of the 8B shapes behind these numbers is in
-    guide 08 ("Split K")."""
-    heavy = kind in SPLIT_K_HEAVY_KINDS
-    if tiles < 2 * sms:
-        want = 6 if heavy else 4
-    elif tiles < 4 * sms and rows <= 32:
-        want = 3 if heavy else 2
+    BLOCK_K steps on ``sms`` multiprocessors. Up to 32 rows (decode batches), by type
+    (``SPLIT_K_FEW_ROWS``): fewer tiles than two a multiprocessor (a projection of 4096 or 6144
+    outputs has 64 or 96 along N) 6 splits; fewer than four (gate_up at 28672 outputs) 3 for the
+    types whose decode costs most, 1 for Q4_0 (its two-stage tile fits four programs a
+    multiprocessor: 448 tiles in one wave), else 2. More rows: 4 splits (6 for
+    ``SPLIT_K_HEAVY_KINDS``) below two tiles a multiprocessor, none beyond. At least
+    SPLIT_K_MIN_STEPS steps a split. The sweeps behind these numbers are in guide 08 ("Split K")."""
+    if rows <= 32:
+        narrow, wide = SPLIT_K_FEW_ROWS.get(kind, SPLIT_K_FEW_ROWS_DEFAULT)
+        want = narrow if tiles < 2 * sms else wide if tiles < 4 * sms else 1
     else:
-        return 1
+        want = (6 if kind in SPLIT_K_HEAVY_KINDS else 4) if tiles < 2 * sms else 1
     return max(1, min(want, k_steps // SPLIT_K_MIN_STEPS))
+
+
+def gemm_tile_for(kind: str, rows: int, swap: bool) -> tuple[int, int, int, int, int]:
+    """``gguf_gemm``'s default (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) for ``rows`` rows of a
+    ``kind`` weight, plain or ``swap``ped (BLOCK_M is then cut to the rows)."""
+    if not swap:
+        return GEMM_CONFIG_FEW_ROWS if rows <= 32 else GEMM_CONFIG
+    if rows > 32:
+        return GEMM_CONFIG_SWAP
+    from_rows, few = GEMM_CONFIG_SWAP_FEW_ROWS_BY_KIND.get(kind, (1, GEMM_CONFIG_SWAP_FEW_ROWS))
+    return few if rows >= from_rows else GEMM_CONFIG_SWAP_FEW_ROWS
 
 
 def gguf_gemm(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
@@ -1059,11 +1083,7 @@ def gguf_gemm(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
     if swap is None:
         swap = m <= gemm_swap_rows() and (m > 32 or w.kind in SWAP_FEW_ROWS_KINDS
                                           or (capturing and w.kind in SWAP_SPLIT_FEW_ROWS_KINDS))
-    if swap:
-        default = GEMM_CONFIG_SWAP_FEW_ROWS if m <= 32 else GEMM_CONFIG_SWAP
-    else:
-        default = GEMM_CONFIG_FEW_ROWS if m <= 32 else GEMM_CONFIG
-    block_m, block_n, block_k, warps, stages = config or default
+    block_m, block_n, block_k, warps, stages = config or gemm_tile_for(w.kind, m, swap)
     block_m = max(16, min(block_m, triton.next_power_of_2(m)))
     tiles = triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
     k_steps = triton.cdiv(w.codes.shape[1], block_k)
