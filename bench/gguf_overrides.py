@@ -18,6 +18,8 @@ the one before it runs in one process, side by side (guide 08 reports such runs)
                                                ``GEMM_CONFIG_SWAP_FEW_ROWS[_BY_KIND]``); read once
   X_GEMM_SPLITS_<KIND>="narrow,wide"            ``choose_split_k``'s splits of that type up to 32
                                                rows (``SPLIT_K_FEW_ROWS``); read once, at start
+  X_GEMM_TILE="bm,bn,bk,warps,stages"           the GEMM's tile above 32 rows, plain and swapped
+  X_GEMM_TILE_SWAP="..."                        (``GEMM_CONFIG``, ``GEMM_CONFIG_SWAP``); read once
 
     python bench/gguf_overrides.py bench/decode_profile.py --shape llama3-8b --batch 1 \\
         --weights q4_0 --variants "gu 1w:X_DP4A_28672x4096=4,512,1,2|again:"
@@ -110,8 +112,11 @@ def install() -> Callable[[], None]:
         return os.environ.get("X_GEMM_MASKS") != "1" and own_unmasked(w, block_n, block_k)
 
     own_tiles = (gguf_gemv.GEMM_CONFIG_FEW_ROWS, gguf_gemv.GEMM_CONFIG_SWAP_FEW_ROWS,
-                 gguf_gemv.GEMM_CONFIG_SWAP_FEW_ROWS_BY_KIND, gguf_gemv.SPLIT_K_FEW_ROWS)
+                 gguf_gemv.GEMM_CONFIG_SWAP_FEW_ROWS_BY_KIND, gguf_gemv.SPLIT_K_FEW_ROWS,
+                 gguf_gemv.GEMM_CONFIG, gguf_gemv.GEMM_CONFIG_SWAP)
     gguf_gemv.GEMM_CONFIG_FEW_ROWS = gemm_tile("X_GEMM_TILE_FEW_ROWS") or own_tiles[0]
+    gguf_gemv.GEMM_CONFIG = gemm_tile("X_GEMM_TILE") or own_tiles[4]
+    gguf_gemv.GEMM_CONFIG_SWAP = gemm_tile("X_GEMM_TILE_SWAP") or own_tiles[5]
     swapped = gemm_tile("X_GEMM_TILE_SWAP_FEW_ROWS")
     if swapped:
         gguf_gemv.GEMM_CONFIG_SWAP_FEW_ROWS, gguf_gemv.GEMM_CONFIG_SWAP_FEW_ROWS_BY_KIND = swapped, {}
@@ -127,7 +132,8 @@ def install() -> Callable[[], None]:
         gguf_linear.GGUFLinearCUDA.gemv = own_gemv  # type: ignore[method-assign]
         gguf_gemv.unmasked_tiles = own_unmasked
         (gguf_gemv.GEMM_CONFIG_FEW_ROWS, gguf_gemv.GEMM_CONFIG_SWAP_FEW_ROWS,
-         gguf_gemv.GEMM_CONFIG_SWAP_FEW_ROWS_BY_KIND, gguf_gemv.SPLIT_K_FEW_ROWS) = own_tiles
+         gguf_gemv.GEMM_CONFIG_SWAP_FEW_ROWS_BY_KIND, gguf_gemv.SPLIT_K_FEW_ROWS,
+         gguf_gemv.GEMM_CONFIG, gguf_gemv.GEMM_CONFIG_SWAP) = own_tiles
 
     return undo
 
