@@ -230,11 +230,11 @@ def test_split_k_only_where_the_tiles_leave_multiprocessors_idle(monkeypatch):
         gk.gemm_split_k()
 
 
-def test_few_row_gemm_takes_its_type_s_tile_from_its_row_count():
+def test_few_row_gemm_tile_by_type_and_row_count():
     """``gemm_tile_for``: swapped, up to 32 rows, Q4_0 takes two pipeline stages at any row count
     and Q4_K from 17 rows (the end-to-end A/Bs in guide 08), the other types three; more rows and
-    the plain tile as before. (The two-stage tile's products are checked by gguf_gpu_check.py's
-    swapped GEMM cases, whose rows are at most 32 in quick mode.)"""
+    the plain tile as before. (Its products: gguf_gpu_check.py's swapped GEMM cases of 3 and 17
+    rows take these tiles; the interpreter ignores the stages, a GPU run does not.)"""
     from deepinfer.runtime.kernels.gguf_gemv import gemm_tile_for
 
     two, three = (32, 64, 128, 4, 2), (32, 64, 128, 4, 3)
