@@ -26,9 +26,8 @@ ROWS = 32
 
 def main() -> None:
     from deepinfer.runtime.kernels.gguf_gemv import (
-        SWAP_FEW_ROWS_KINDS,
-        SWAP_SPLIT_FEW_ROWS_KINDS,
         choose_split_k,
+        gemm_swapped,
         gemm_tile_for,
         gguf_gemm,
     )
@@ -43,7 +42,7 @@ def main() -> None:
         for name, (n, k) in SHAPES.items():
             planes = regroup(quantize(torch.randn(n, k, device="cuda", generator=gen) * 0.02, kind), kind)
             x = torch.randn(ROWS, k, device="cuda", dtype=torch.bfloat16)
-            swap = kind in SWAP_FEW_ROWS_KINDS or kind in SWAP_SPLIT_FEW_ROWS_KINDS  # as in a graph
+            swap = gemm_swapped(kind, ROWS, capturing=True)  # as in a graph
             _, block_n, block_k, _, _ = gemm_tile_for(kind, ROWS, swap)
             split = choose_split_k(kind, triton.cdiv(n, block_n), ROWS,
                                    triton.cdiv(planes.codes.shape[1], block_k), sms)

@@ -57,6 +57,12 @@ def dp4a_tile(n: int, k: int) -> tuple[int, int, int, int] | None:
     return integers(name, spec, "rows,block_k,warps,stages") if spec else None  # type: ignore[return-value]
 
 
+# X_GEMM_TILE_* variable -> the ``kernels.gguf_gemv`` default tile it replaces
+GEMM_TILE_VARIABLES = {"X_GEMM_TILE_FEW_ROWS": "GEMM_CONFIG_FEW_ROWS",
+                       "X_GEMM_TILE_SWAP_FEW_ROWS": "GEMM_CONFIG_SWAP_FEW_ROWS",
+                       "X_GEMM_TILE": "GEMM_CONFIG", "X_GEMM_TILE_SWAP": "GEMM_CONFIG_SWAP"}
+
+
 def gemm_tile(name: str) -> tuple[int, int, int, int, int] | None:
     """``name`` (an ``X_GEMM_TILE_*`` variable) as (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages), or None."""
     spec = os.environ.get(name)
@@ -111,16 +117,15 @@ def install() -> Callable[[], None]:
     def unmasked_tiles(w: Any, block_n: int, block_k: int) -> bool:
         return os.environ.get("X_GEMM_MASKS") != "1" and own_unmasked(w, block_n, block_k)
 
-    own_tiles = (gguf_gemv.GEMM_CONFIG_FEW_ROWS, gguf_gemv.GEMM_CONFIG_SWAP_FEW_ROWS,
-                 gguf_gemv.GEMM_CONFIG_SWAP_FEW_ROWS_BY_KIND, gguf_gemv.SPLIT_K_FEW_ROWS,
-                 gguf_gemv.GEMM_CONFIG, gguf_gemv.GEMM_CONFIG_SWAP)
-    gguf_gemv.GEMM_CONFIG_FEW_ROWS = gemm_tile("X_GEMM_TILE_FEW_ROWS") or own_tiles[0]
-    gguf_gemv.GEMM_CONFIG = gemm_tile("X_GEMM_TILE") or own_tiles[4]
-    gguf_gemv.GEMM_CONFIG_SWAP = gemm_tile("X_GEMM_TILE_SWAP") or own_tiles[5]
-    swapped = gemm_tile("X_GEMM_TILE_SWAP_FEW_ROWS")
-    if swapped:
-        gguf_gemv.GEMM_CONFIG_SWAP_FEW_ROWS, gguf_gemv.GEMM_CONFIG_SWAP_FEW_ROWS_BY_KIND = swapped, {}
-    gguf_gemv.SPLIT_K_FEW_ROWS = {**own_tiles[3], **few_rows_splits()}
+    own_tables = {name: getattr(gguf_gemv, name) for name in (*GEMM_TILE_VARIABLES.values(),
+                                                               "GEMM_CONFIG_SWAP_FEW_ROWS_BY_KIND", "SPLIT_K_FEW_ROWS")}
+    for variable, name in GEMM_TILE_VARIABLES.items():
+        tile = gemm_tile(variable)
+        if tile:
+            setattr(gguf_gemv, name, tile)
+    if gemm_tile("X_GEMM_TILE_SWAP_FEW_ROWS"):  # every type's, the per-type table's too
+        gguf_gemv.GEMM_CONFIG_SWAP_FEW_ROWS_BY_KIND = {}
+    gguf_gemv.SPLIT_K_FEW_ROWS = {**gguf_gemv.SPLIT_K_FEW_ROWS, **few_rows_splits()}
     gguf_gemv.dp4a_config = dp4a_config
     gemv.argmax_partials = argmax_partials
     gguf_linear.GGUFLinearCUDA.gemv = per_part_gemv  # type: ignore[method-assign]
@@ -131,9 +136,8 @@ def install() -> Callable[[], None]:
         gemv.argmax_partials = own_partials
         gguf_linear.GGUFLinearCUDA.gemv = own_gemv  # type: ignore[method-assign]
         gguf_gemv.unmasked_tiles = own_unmasked
-        (gguf_gemv.GEMM_CONFIG_FEW_ROWS, gguf_gemv.GEMM_CONFIG_SWAP_FEW_ROWS,
-         gguf_gemv.GEMM_CONFIG_SWAP_FEW_ROWS_BY_KIND, gguf_gemv.SPLIT_K_FEW_ROWS,
-         gguf_gemv.GEMM_CONFIG, gguf_gemv.GEMM_CONFIG_SWAP) = own_tiles
+        for name, value in own_tables.items():
+            setattr(gguf_gemv, name, value)
 
     return undo
 

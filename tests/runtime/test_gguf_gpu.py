@@ -245,6 +245,21 @@ def test_few_row_gemm_tile_by_type_and_row_count():
     assert gemm_tile_for("Q4_0", 32, False) == three and gemm_tile_for("Q4_K", 33, False) == (64, 64, 64, 4, 3)
 
 
+
+def test_gemm_swaps_where_measured(monkeypatch):
+    """``gemm_swapped``: above 32 rows up to DEEPINFER_GGUF_GEMM_SWAP_ROWS every type; up to 32
+    rows the K-quants Q4_K and Q5_K, and Q4_0 only while a CUDA graph is captured."""
+    from deepinfer.runtime.kernels.gguf_gemv import gemm_swapped
+
+    monkeypatch.delenv("DEEPINFER_GGUF_GEMM_SWAP_ROWS", raising=False)
+    assert not gemm_swapped("Q4_0", 32, False) and gemm_swapped("Q4_0", 32, True)
+    assert gemm_swapped("Q4_K", 8, False) and gemm_swapped("Q5_K", 32, False)
+    assert not gemm_swapped("Q6_K", 32, True) and gemm_swapped("Q6_K", 33, False)
+    assert gemm_swapped("Q8_0", 1024, False) and not gemm_swapped("Q8_0", 1025, False)
+    monkeypatch.setenv("DEEPINFER_GGUF_GEMM_SWAP_ROWS", "0")
+    assert not gemm_swapped("Q4_K", 8, True)
+
+
 def test_mmq_refuses_what_it_cannot_multiply():
     from deepinfer.runtime.kernels.gguf_mmq import gguf_mmq, mmq_supports, quantize_rows
     from gguf_gpu_check import random_blocks

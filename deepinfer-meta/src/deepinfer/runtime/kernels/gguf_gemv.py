@@ -1047,6 +1047,14 @@ def choose_split_k(kind: str, tiles: int, rows: int, k_steps: int, sms: int) -> 
     return max(1, min(want, k_steps // SPLIT_K_MIN_STEPS))
 
 
+def gemm_swapped(kind: str, rows: int, capturing: bool) -> bool:
+    """Whether ``gguf_gemm`` takes the swapped tile by default for ``rows`` rows of a ``kind``
+    weight: up to ``gemm_swap_rows()`` rows, and up to 32 only for ``SWAP_FEW_ROWS_KINDS`` and,
+    while a CUDA graph is captured (``capturing``), ``SWAP_SPLIT_FEW_ROWS_KINDS``."""
+    return rows <= gemm_swap_rows() and (rows > 32 or kind in SWAP_FEW_ROWS_KINDS
+                                         or (capturing and kind in SWAP_SPLIT_FEW_ROWS_KINDS))
+
+
 def gemm_tile_for(kind: str, rows: int, swap: bool) -> tuple[int, int, int, int, int]:
     """``gguf_gemm``'s default (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) for ``rows`` rows of a
     ``kind`` weight, plain or ``swap``ped (BLOCK_M is then cut to the rows)."""
@@ -1081,8 +1089,7 @@ def gguf_gemm(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
         return out
     capturing = _capturing(x.device)
     if swap is None:
-        swap = m <= gemm_swap_rows() and (m > 32 or w.kind in SWAP_FEW_ROWS_KINDS
-                                          or (capturing and w.kind in SWAP_SPLIT_FEW_ROWS_KINDS))
+        swap = gemm_swapped(w.kind, m, capturing)
     block_m, block_n, block_k, warps, stages = config or gemm_tile_for(w.kind, m, swap)
     block_m = max(16, min(block_m, triton.next_power_of_2(m)))
     tiles = triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
