@@ -16,6 +16,13 @@ SHAPES: dict[str, dict[str, Any]] = {
     "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                       num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0,
                       max_position_embeddings=8192, tie_word_embeddings=False),
+    # Llama-3.2-1B and -3B (tied heads; their llama3 rope scaling is left out: random weights)
+    "llama3.2-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                        num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0,
+                        max_position_embeddings=8192, tie_word_embeddings=True),
+    "llama3.2-3b": dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24,
+                        num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0,
+                        max_position_embeddings=8192, tie_word_embeddings=True),
     # Qwen3-0.6B (q/k norm, head_dim 128 != hidden / heads)
     "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
                        num_key_value_heads=8, head_dim=128, vocab_size=151936, rope_theta=1000000.0,

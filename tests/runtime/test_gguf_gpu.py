@@ -241,7 +241,11 @@ def test_few_row_gemm_tile_by_type_and_row_count():
     assert gemm_tile_for("Q4_0", 1, True) == gemm_tile_for("Q4_0", 32, True) == two
     assert gemm_tile_for("Q4_K", 16, True) == three and gemm_tile_for("Q4_K", 17, True) == two
     assert gemm_tile_for("Q6_K", 32, True) == gemm_tile_for("Q5_K", 20, True) == three
-    assert gemm_tile_for("Q4_0", 33, True) == gemm_tile_for("Q4_K", 1024, True) == (64, 64, 128, 4, 3)
+    # above 32 rows 128 weights a K step: 64 bytes of the 4-bit types (two stages), 128 of the byte codes
+    assert gemm_tile_for("Q4_0", 33, True) == gemm_tile_for("Q4_K", 1024, True) == (64, 64, 64, 4, 2)
+    assert gemm_tile_for("Q4_1", 256, True) == (64, 64, 64, 4, 2)
+    assert gemm_tile_for("Q8_0", 33, True) == gemm_tile_for("Q6_K", 256, True) == (64, 64, 128, 4, 3)
+    assert gemm_tile_for("Q5_K", 1024, True) == (64, 64, 128, 4, 3)
     assert gemm_tile_for("Q4_0", 32, False) == three and gemm_tile_for("Q4_K", 33, False) == (64, 64, 64, 4, 3)
 
 
@@ -294,6 +298,11 @@ def test_layer_merges_runs_of_one_type_and_names_its_types(monkeypatch):
     monkeypatch.delenv("DEEPINFER_GGUF_WORDS", raising=False)
     monkeypatch.delenv("DEEPINFER_GGUF_MMQ_ROWS", raising=False)
     monkeypatch.delenv("DEEPINFER_GGUF_GEMM_DECODE", raising=False)
+    monkeypatch.delenv("DEEPINFER_GGUF_DENSE_ROWS", raising=False)
+    # auto: a model of hidden size <= 1024 (here an unchained layer of K = 256) decodes whole weights from 64 rows
+    assert layer.kernel_path == ("triton gguf word gemv, 8-bit activations (dp4a) (one row) / gemm, bf16 decode "
+                                 "(below 64 rows) / decoded weight + cuBLAS (64 rows or more)")
+    monkeypatch.setenv("DEEPINFER_GGUF_DENSE_ROWS", "0")
     assert layer.kernel_path == ("triton gguf word gemv, 8-bit activations (dp4a) (one row) / gemm, bf16 decode "
                                  "(more rows)")
     monkeypatch.setenv("DEEPINFER_GGUF_GEMM_DECODE", "f32")
@@ -401,3 +410,58 @@ def test_gemm_drops_its_weight_masks_only_where_measured_and_the_tiles_divide():
     assert not unmasked_tiles(planes("Q4_0", 40, 256), 16, 32)  # 40 rows: a ragged row tile
     assert not unmasked_tiles(planes("Q4_0", 32, 256), 16, 256)  # 128 code bytes in 256-byte steps
     assert not any(unmasked_tiles(planes(kind, 32, 256), 16, 32) for kind in ("Q4_K", "Q5_K", "Q6_K"))
+
+
+def test_dense_rows_by_model_size(monkeypatch):
+    """``DEEPINFER_GGUF_DENSE_ROWS``: auto takes the decoded weight from 64 rows up to hidden size 1024,
+    from 256 up to 3072, never above (the H100 measurements of guide 08); a number applies to every
+    model; anything else is a ValueError naming the switch."""
+    from deepinfer.runtime.kernels.gguf_gemv import dense_rows
+
+    monkeypatch.delenv("DEEPINFER_GGUF_DENSE_ROWS", raising=False)
+    assert [dense_rows(h) for h in (576, 1024, 1025, 2048, 3072, 3073, 4096)] == [64, 64, 256, 256, 256, 0, 0]
+    assert dense_rows(None) == 0  # a model auto was not measured on (a mixture of experts' attention)
+    monkeypatch.setenv("DEEPINFER_GGUF_DENSE_ROWS", " Auto ")
+    assert dense_rows(4096) == 0 and dense_rows(576) == 64
+    monkeypatch.setenv("DEEPINFER_GGUF_DENSE_ROWS", "32")
+    assert dense_rows(576) == 32 and dense_rows(8192) == 32 and dense_rows(None) == 32
+    monkeypatch.setenv("DEEPINFER_GGUF_DENSE_ROWS", "0")
+    assert dense_rows(576) == 0
+    for bad in ("sometimes", "-1"):
+        monkeypatch.setenv("DEEPINFER_GGUF_DENSE_ROWS", bad)
+        with pytest.raises(ValueError, match="DEEPINFER_GGUF_DENSE_ROWS"):
+            dense_rows(576)
+
+
+def test_a_chained_layer_takes_its_models_hidden_size():
+    """The LM head (outside the chain) goes by its own input width; a chained projection by the
+    chain's hidden size: layer 0's qkv width where every layer's MLP is a GGUF projection (so a
+    down projection, K = intermediate size, follows its model's rule), else None (auto: never)."""
+    from deepinfer.runtime.models.gguf_linear import GGUFLinearCUDA, chain_model
+    from gguf_gpu_check import random_blocks
+    from torch import nn
+
+    def layer(rows: int, k: int) -> GGUFLinearCUDA:
+        return GGUFLinearCUDA([regroup(torch.from_numpy(random_blocks("Q8_0", rows, k, seed=rows)), "Q8_0")])
+
+    def model(moe: bool) -> nn.Module:
+        blocks = nn.ModuleList()
+        for _ in range(2):
+            block = nn.Module()
+            block.qkv_proj, block.o_proj = layer(8, 1024), layer(4, 256)
+            if not moe:
+                block.gate_up_proj, block.down_proj = layer(8, 1024), layer(4, 4096)
+            blocks.append(block)
+        m = nn.Module()
+        m.layers = blocks
+        return m
+
+    head = layer(4, 1024)
+    assert head.model_hidden_size == 1024
+    dense = model(moe=False)
+    chain = chain_model(dense)
+    assert chain.hidden_size == 1024 and len(chain.layers) == 8
+    down = dense.layers[1].down_proj
+    assert down.dense_chain is chain and down.model_hidden_size == 1024
+    moe = model(moe=True)
+    assert chain_model(moe).hidden_size is None and moe.layers[0].qkv_proj.model_hidden_size is None

@@ -79,10 +79,11 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
     Switch("DEEPINFER_GGUF_MMQ_ROWS", "0", "kernels/gguf_mmq.py",
            "experimental: GGUF layers on a GPU multiply up to this many rows on the int8 tensor cores with 8-bit "
            "activations (0: the bf16 GEMM for every several-row product; slower on the H200 so far)"),
-    Switch("DEEPINFER_GGUF_DENSE_ROWS", "0", "kernels/gguf_gemv.py",
-           "experimental: GGUF products of at least this many rows on a GPU decode the whole weight to the "
-           "activations' dtype and multiply with cuBLAS, the next projection's weight decoded meanwhile on a side "
-           "stream (0: never; the GEMM decodes tiles in registers; 64 suits small models at large batches)"),
+    Switch("DEEPINFER_GGUF_DENSE_ROWS", "auto", "kernels/gguf_gemv.py",
+           "GGUF products of at least this many rows on a GPU decode the whole weight to the activations' dtype "
+           "and multiply with cuBLAS, the next projection's weight decoded meanwhile on a side stream (auto: from "
+           "64 rows for models of hidden size <= 1024, from 256 up to 3072, never above; 0: never, the GEMM "
+           "decodes tiles in registers)"),
     Switch("DEEPINFER_GGUF_GEMM_SWAP_ROWS", "1024", "kernels/gguf_gemv.py",
            "GGUF products of 33 up to this many rows (of 1-32 for Q4_K/Q5_K, and Q4_0 in CUDA graphs) decode their weights as the MMA's "
            "left operand (Hopper's wgmma takes it from registers; 0: never)"),

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from deepinfer.runtime.kernels.gguf_layout import GGUFPlanes, cat_rows
-from deepinfer.runtime.models.gguf_dense_chain import DenseChain, chain_projections
+from deepinfer.runtime.models.gguf_dense_chain import DenseChain, DenseProjection, chain_projections
 
 
 def merge_runs(parts: list[GGUFPlanes]) -> list[GGUFPlanes]:
@@ -54,8 +54,19 @@ class GGUFLinearCUDA(nn.Module):
         self.dense_chain: DenseChain | None = None
 
     @property
+    def model_hidden_size(self) -> int | None:
+        """The hidden size that sets this layer's ``dense_rows``: its chain's (None for a model the
+        auto rule was not measured on), or this layer's input width outside a chain (the LM head)."""
+        return self.dense_chain.hidden_size if self.dense_chain is not None else self.in_features
+
+    @property
     def kernel_path(self) -> str:  # models/describe.py: what `deepinfer env` and `deepinfer bench` print
-        from deepinfer.runtime.kernels.gguf_gemv import BF16_CODE_KINDS, gemm_decode, one_row_path
+        from deepinfer.runtime.kernels.gguf_gemv import (
+            BF16_CODE_KINDS,
+            dense_rows,
+            gemm_decode,
+            one_row_path,
+        )
         from deepinfer.runtime.kernels.gguf_mmq import mmq_rows
 
         rows = mmq_rows()
@@ -63,6 +74,10 @@ class GGUFLinearCUDA(nn.Module):
         kinds = self.weight_type.split("+")
         bf16 = [k for k in kinds if k in BF16_CODE_KINDS] if gemm_decode() == "bf16" else []
         decode = "" if not bf16 else ", bf16 decode" if len(bf16) == len(kinds) else f", bf16 decode of {'+'.join(bf16)}"
+        dense = dense_rows(self.model_hidden_size)
+        if dense > 0:
+            return (f"triton gguf {one_row_path()} (one row){few} / gemm{decode} (below {dense} rows) / "
+                    f"decoded weight + cuBLAS ({dense} rows or more)")
         return f"triton gguf {one_row_path()} (one row){few} / gemm{decode} (more rows)"
 
     def _sync_parts(self) -> None:
@@ -109,7 +124,7 @@ class GGUFLinearCUDA(nn.Module):
         # a few rows on a GPU: activations quantized once, int8 tensor cores (kernels/gguf_mmq.py)
         mmq = (x.device.type == "cuda" and x2.shape[0] <= mmq_rows() and x.dtype != torch.float32
                and all(mmq_supports(p) for p in self.parts))
-        if not mmq and 0 < dense_rows() <= x2.shape[0]:  # experimental, DEEPINFER_GGUF_DENSE_ROWS
+        if not mmq and 0 < dense_rows(self.model_hidden_size) <= x2.shape[0]:  # DEEPINFER_GGUF_DENSE_ROWS
             # the whole weight (decoded ahead by the model's chain, or now), then one cuBLAS product
             if self.dense_chain is not None:
                 dense = self.dense_chain.weight(self, x.dtype)
@@ -166,7 +181,14 @@ class GGUFLinearCUDA(nn.Module):
 def chain_model(model: nn.Module) -> DenseChain:
     """Chain a Llama-family model's GGUF projections layer by layer, in call order: qkv, o, gate/up,
     down (``gguf_dense_chain``, for ``DEEPINFER_GGUF_DENSE_ROWS``). The head is left out: a prompt
-    step multiplies only its last rows, often too few for that path."""
-    projections = [getattr(layer, name, None) for layer in cast(nn.ModuleList, model.layers)
+    step multiplies only its last rows, often too few for that path. The chain carries the model's
+    hidden size (layer 0's qkv width) for the ``auto`` rule only where every layer's MLP is a GGUF
+    projection, the dense models it was measured on; a mixture of experts' attention keeps the GEMM
+    unless the rows are given."""
+    layers = cast(nn.ModuleList, model.layers)
+    projections = [getattr(layer, name, None) for layer in layers
                    for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")]
-    return chain_projections([p for p in projections if isinstance(p, GGUFLinearCUDA)])
+    chained: list[DenseProjection] = [p for p in projections if isinstance(p, GGUFLinearCUDA)]
+    dense = len(layers) > 0 and all(isinstance(getattr(layer, name, None), GGUFLinearCUDA)
+                                    for layer in layers for name in ("gate_up_proj", "down_proj"))
+    return chain_projections(chained, chained[0].in_features if dense and chained else None)
