@@ -19,10 +19,8 @@ the one before it runs in one process, side by side (guide 08 reports such runs)
   X_GEMM_SPLITS_<KIND>="narrow,wide"            ``choose_split_k``'s splits of that type up to 32
                                                rows (``SPLIT_K_FEW_ROWS``); read once, at start
   X_GEMM_TILE="bm,bn,bk,warps,stages"           the GEMM's tile above 32 rows, plain and swapped
-  X_GEMM_TILE_SWAP="..."                        (``GEMM_CONFIG``, ``GEMM_CONFIG_SWAP``; the swapped
-                                               one for every type); read once
-  X_GEMM_TILE_SWAP_BYTES="..."                  the swapped tile above 32 rows of the byte-code
-                                               types only (Q8_0, Q5_K, Q6_K: ``GEMM_CONFIG_SWAP_BYTES``)
+  X_GEMM_TILE_SWAP="..."                        (``GEMM_CONFIG``, ``GEMM_CONFIG_SWAP[_BY_KIND]``:
+                                               the swapped one for every type); read once
 
     python bench/gguf_overrides.py bench/decode_profile.py --shape llama3-8b --batch 1 \\
         --weights q4_0 --variants "gu 1w:X_DP4A_28672x4096=4,512,1,2|again:"
@@ -63,8 +61,7 @@ def dp4a_tile(n: int, k: int) -> tuple[int, int, int, int] | None:
 # X_GEMM_TILE_* variable -> the ``kernels.gguf_gemv`` default tile it replaces
 GEMM_TILE_VARIABLES = {"X_GEMM_TILE_FEW_ROWS": "GEMM_CONFIG_FEW_ROWS",
                        "X_GEMM_TILE_SWAP_FEW_ROWS": "GEMM_CONFIG_SWAP_FEW_ROWS",
-                       "X_GEMM_TILE": "GEMM_CONFIG", "X_GEMM_TILE_SWAP": "GEMM_CONFIG_SWAP",
-                       "X_GEMM_TILE_SWAP_BYTES": "GEMM_CONFIG_SWAP_BYTES"}
+                       "X_GEMM_TILE": "GEMM_CONFIG", "X_GEMM_TILE_SWAP": "GEMM_CONFIG_SWAP"}
 
 
 def gemm_tile(name: str) -> tuple[int, int, int, int, int] | None:
@@ -122,13 +119,14 @@ def install() -> Callable[[], None]:
         return os.environ.get("X_GEMM_MASKS") != "1" and own_unmasked(w, block_n, block_k)
 
     own_tables = {name: getattr(gguf_gemv, name) for name in (*GEMM_TILE_VARIABLES.values(),
-                                                               "GEMM_CONFIG_SWAP_FEW_ROWS_BY_KIND", "SPLIT_K_FEW_ROWS")}
+                                                               "GEMM_CONFIG_SWAP_FEW_ROWS_BY_KIND", "GEMM_CONFIG_SWAP_BY_KIND",
+                                                               "SPLIT_K_FEW_ROWS")}
     for variable, name in GEMM_TILE_VARIABLES.items():
         tile = gemm_tile(variable)
         if tile:
             setattr(gguf_gemv, name, tile)
-    if gemm_tile("X_GEMM_TILE_SWAP") and not gemm_tile("X_GEMM_TILE_SWAP_BYTES"):  # every type's
-        gguf_gemv.GEMM_CONFIG_SWAP_BYTES = gemm_tile("X_GEMM_TILE_SWAP")
+    if gemm_tile("X_GEMM_TILE_SWAP"):  # every type's, the per-type table's too
+        gguf_gemv.GEMM_CONFIG_SWAP_BY_KIND = {}
     if gemm_tile("X_GEMM_TILE_SWAP_FEW_ROWS"):  # every type's, the per-type table's too
         gguf_gemv.GEMM_CONFIG_SWAP_FEW_ROWS_BY_KIND = {}
     gguf_gemv.SPLIT_K_FEW_ROWS = {**gguf_gemv.SPLIT_K_FEW_ROWS, **few_rows_splits()}

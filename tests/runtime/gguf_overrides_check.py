@@ -89,7 +89,7 @@ def main() -> None:
     # X_GEMM_TILE_SWAP_FEW_ROWS / X_GEMM_SPLITS_<KIND>, read at install: the swapped tile of every
     # type up to 32 rows and that type's splits; the same product; all put back by the undo
     own = (gguf_gemv.GEMM_CONFIG_SWAP_FEW_ROWS_BY_KIND, gguf_gemv.SPLIT_K_FEW_ROWS, gguf_gemv.GEMM_CONFIG_SWAP,
-           gguf_gemv.GEMM_CONFIG_SWAP_BYTES)
+           gguf_gemv.GEMM_CONFIG_SWAP_BY_KIND)
     variables = {"X_GEMM_TILE_SWAP_FEW_ROWS": "16,16,32,4,2", "X_GEMM_SPLITS_Q4_0": "4,2",
                  "X_GEMM_TILE_SWAP": "64,32,64,4,2"}
     os.environ.update(variables)
@@ -100,7 +100,7 @@ def main() -> None:
             del os.environ[name]
     try:
         assert gguf_gemv.gemm_tile_for("Q4_0", 33, True) == (64, 32, 64, 4, 2)  # X_GEMM_TILE_SWAP: above 32 rows
-        assert gguf_gemv.gemm_tile_for("Q8_0", 33, True) == (64, 32, 64, 4, 2)  # ... of the byte-code types too
+        assert gguf_gemv.gemm_tile_for("Q8_0", 33, True) == (64, 32, 64, 4, 2)  # ... of Q8_0 too
         assert gguf_gemv.GEMM_CONFIG_SWAP_FEW_ROWS == (16, 16, 32, 4, 2)
         assert gguf_gemv.gemm_tile_for("Q4_0", 20, True) == gguf_gemv.gemm_tile_for("Q4_K", 3, True) == (16, 16, 32, 4, 2)
         assert gguf_gemv.choose_split_k("Q4_0", 448, 32, 16, 132) == 2  # the table's 1 overridden
@@ -113,7 +113,7 @@ def main() -> None:
     finally:
         undo()
     assert (gguf_gemv.GEMM_CONFIG_SWAP_FEW_ROWS_BY_KIND, gguf_gemv.SPLIT_K_FEW_ROWS, gguf_gemv.GEMM_CONFIG_SWAP,
-            gguf_gemv.GEMM_CONFIG_SWAP_BYTES) == own
+            gguf_gemv.GEMM_CONFIG_SWAP_BY_KIND) == own
     assert torch.equal(swapped, gguf_gemv.gguf_gemm(xm, even, swap=True, split_k=1))
     print("ok")
 

@@ -241,11 +241,10 @@ def test_few_row_gemm_tile_by_type_and_row_count():
     assert gemm_tile_for("Q4_0", 1, True) == gemm_tile_for("Q4_0", 32, True) == two
     assert gemm_tile_for("Q4_K", 16, True) == three and gemm_tile_for("Q4_K", 17, True) == two
     assert gemm_tile_for("Q6_K", 32, True) == gemm_tile_for("Q5_K", 20, True) == three
-    # above 32 rows 128 weights a K step: 64 bytes of the 4-bit types (two stages), 128 of the byte codes
+    # above 32 rows 64-byte K steps in two stages, but Q8_0's 128 in three
     assert gemm_tile_for("Q4_0", 33, True) == gemm_tile_for("Q4_K", 1024, True) == (64, 64, 64, 4, 2)
-    assert gemm_tile_for("Q4_1", 256, True) == (64, 64, 64, 4, 2)
-    assert gemm_tile_for("Q8_0", 33, True) == gemm_tile_for("Q6_K", 256, True) == (64, 64, 128, 4, 3)
-    assert gemm_tile_for("Q5_K", 1024, True) == (64, 64, 128, 4, 3)
+    assert gemm_tile_for("Q4_1", 256, True) == gemm_tile_for("Q6_K", 256, True) == (64, 64, 64, 4, 2)
+    assert gemm_tile_for("Q8_0", 33, True) == gemm_tile_for("Q8_0", 1024, True) == (64, 64, 128, 4, 3)
     assert gemm_tile_for("Q4_0", 32, False) == three and gemm_tile_for("Q4_K", 33, False) == (64, 64, 64, 4, 3)
 
 
@@ -414,15 +413,15 @@ def test_gemm_drops_its_weight_masks_only_where_measured_and_the_tiles_divide():
 
 def test_dense_rows_by_model_size(monkeypatch):
     """``DEEPINFER_GGUF_DENSE_ROWS``: auto takes the decoded weight from 64 rows up to hidden size 1024,
-    from 256 up to 3072, never above (the H100 measurements of guide 08); a number applies to every
+    from 256 up to 4096, never above (the H100 measurements of guide 08); a number applies to every
     model; anything else is a ValueError naming the switch."""
     from deepinfer.runtime.kernels.gguf_gemv import dense_rows
 
     monkeypatch.delenv("DEEPINFER_GGUF_DENSE_ROWS", raising=False)
-    assert [dense_rows(h) for h in (576, 1024, 1025, 2048, 3072, 3073, 4096)] == [64, 64, 256, 256, 256, 0, 0]
+    assert [dense_rows(h) for h in (576, 1024, 1025, 2048, 4096, 4097, 8192)] == [64, 64, 256, 256, 256, 0, 0]
     assert dense_rows(None) == 0  # a model auto was not measured on (a mixture of experts' attention)
     monkeypatch.setenv("DEEPINFER_GGUF_DENSE_ROWS", " Auto ")
-    assert dense_rows(4096) == 0 and dense_rows(576) == 64
+    assert dense_rows(8192) == 0 and dense_rows(576) == 64
     monkeypatch.setenv("DEEPINFER_GGUF_DENSE_ROWS", "32")
     assert dense_rows(576) == 32 and dense_rows(8192) == 32 and dense_rows(None) == 32
     monkeypatch.setenv("DEEPINFER_GGUF_DENSE_ROWS", "0")

@@ -82,7 +82,7 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
     Switch("DEEPINFER_GGUF_DENSE_ROWS", "auto", "kernels/gguf_gemv.py",
            "GGUF products of at least this many rows on a GPU decode the whole weight to the activations' dtype "
            "and multiply with cuBLAS, the next projection's weight decoded meanwhile on a side stream (auto: from "
-           "64 rows for models of hidden size <= 1024, from 256 up to 3072, never above; 0: never, the GEMM "
+           "64 rows for models of hidden size <= 1024, from 256 up to 4096, never above; 0: never, the GEMM "
            "decodes tiles in registers)"),
     Switch("DEEPINFER_GGUF_GEMM_SWAP_ROWS", "1024", "kernels/gguf_gemv.py",
            "GGUF products of 33 up to this many rows (of 1-32 for Q4_K/Q5_K, and Q4_0 in CUDA graphs) decode their weights as the MMA's "

@@ -85,14 +85,15 @@ GEMM_CONFIG_FEW_ROWS = (32, 64, 128, 4, 3)
 # Q4_K 321 -> 243, 337 -> 192, 98 -> 61; 32 rows Q4_K 131 -> 118, 187 -> 178, 52 -> 46, but Q4_0
 # 79 -> 78, 86 -> 101, 24 -> 27. Up to 1024 rows since SmolLM2's 256-row decode steps gained too
 # (Q4_1 256 x (128, 256) end to end: 81,048 -> 96,588 tok/s at 512 rows, 97,856 at 1024).
-# The 4-bit types (two weights a code byte) take 64-byte K steps in two stages (2026-12-06, an H100):
-# 37 KB of shared memory and 113-128 registers a program (sm_90 compile), so four programs share a
-# multiprocessor where 64 x 64 x 128 in three stages (115 KB, 146-159 registers) fitted two. End to
-# end, 8B at 128 concurrent, same call: Q4_0 11,002 against 10,178 tok/s, Q4_K_M 7,045 against 6,719,
-# but Q8_0 8,275 against 9,206: a byte-code type's 64-byte step is only 64 weights, so Q8_0, Q5_K
-# and Q6_K keep 128-byte steps in three stages (GEMM_CONFIG_SWAP_BYTES): 128 weights a step either way
+# 64-byte K steps in two stages (2026-12-06, an H100): 21-37 KB of shared memory and 96-128
+# registers a program (sm_90 compile), so four or five programs share a multiprocessor where
+# 64 x 64 x 128 in three stages (66-115 KB, 146-173 registers) fitted two or three. End to end, 8B at
+# 128 concurrent, same call: Q4_0 11,002 against 10,178 tok/s, Q4_K_M 7,045 against 6,719 (and
+# 7,091 against 6,976 with only its Q6_K part changed, a later call), but Q8_0 8,275 against 9,206,
+# so Q8_0 keeps the old tile (GEMM_CONFIG_SWAP_BY_KIND; its decode is the cheapest, its product the
+# most bound by the MMAs and their operand loads). Q5_K was not measured apart.
 GEMM_CONFIG_SWAP = (64, 64, 64, 4, 2)
-GEMM_CONFIG_SWAP_BYTES = (64, 64, 128, 4, 3)
+GEMM_CONFIG_SWAP_BY_KIND = {"Q8_0": (64, 64, 128, 4, 3)}
 GEMM_CONFIG_SWAP_FEW_ROWS = (32, 64, 128, 4, 3)
 # ... with two pipeline stages for these types, from the given row count (2026-12-06, an H100; ncu: at
 # three stages a 32-row program holds 66 KB of shared memory and only 3 fit a multiprocessor, each
@@ -840,13 +841,13 @@ def dense_tile(n: int, kc: int, sms: int) -> tuple[int, int, int]:
 
 
 # DEEPINFER_GGUF_DENSE_ROWS=auto (the default): (largest hidden size, rows from which a product takes
-# the decoded weight). Measured on an H100 (2026-12-06, guide 08, "Many rows through the decoded
-# weight"), 256 x (128, 256) unless said: the decoded weight won for SmolLM2-135M (576) at 64, 128
-# and 256 rows (+41 %, +41 %, +37 %), Qwen3-0.6B (1024) at 64 and 256 (+3 %, +13 %), Llama-3.2-1B
-# (2048; Q4_0 +10 %, Q4_K_M +48 %) and -3B (3072, Q4_0 +17 %) at 256, and lost on Llama-3-8B (4096)
-# at 128 concurrent (-21 %): there the GEMM splits K and fills the GPU, and rewriting 8 B weights a
-# step costs as much as the products.
-DENSE_ROWS_BY_HIDDEN = ((1024, 64), (3072, 256))
+# the decoded weight). Measured on an H100 (2026-12-06, guide 08, "The decoded weight by default"),
+# 256 x (128, 256) unless said: the decoded weight won for SmolLM2-135M (576) at 64, 128 and 256
+# rows (+41 %, +41 %, +37 %), Qwen3-0.6B (1024) at 64 and 256 (+3 %, +13 %), Llama-3.2-1B (2048;
+# Q4_0 +10 %, Q4_K_M +48 %), -3B (3072, Q4_0 +17 %) and Llama-3-8B (4096, Q4_0 +24 %) at 256; it
+# lost at 128 rows on the 1B (-22 %) and the 8B (-21 %), where the GEMM splits K and fills the GPU
+# and rewriting the weights each step costs more than it saves. Larger models were not measured.
+DENSE_ROWS_BY_HIDDEN = ((1024, 64), (4096, 256))
 
 
 def dense_rows(hidden: int | None) -> int:
@@ -1085,7 +1086,7 @@ def gemm_tile_for(kind: str, rows: int, swap: bool) -> tuple[int, int, int, int,
     if not swap:
         return GEMM_CONFIG_FEW_ROWS if rows <= 32 else GEMM_CONFIG
     if rows > 32:
-        return GEMM_CONFIG_SWAP if KINDS[kind][0] else GEMM_CONFIG_SWAP_BYTES
+        return GEMM_CONFIG_SWAP_BY_KIND.get(kind, GEMM_CONFIG_SWAP)
     from_rows, few = GEMM_CONFIG_SWAP_FEW_ROWS_BY_KIND.get(kind, (1, GEMM_CONFIG_SWAP_FEW_ROWS))
     return few if rows >= from_rows else GEMM_CONFIG_SWAP_FEW_ROWS
 
