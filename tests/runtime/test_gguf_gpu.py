@@ -433,9 +433,10 @@ def test_dense_rows_by_model_size(monkeypatch):
 
 
 def test_a_chained_layer_takes_its_models_hidden_size():
-    """The LM head (outside the chain) goes by its own input width; a chained projection by the
-    chain's hidden size: layer 0's qkv width where every layer's MLP is a GGUF projection (so a
-    down projection, K = intermediate size, follows its model's rule), else None (auto: never)."""
+    """A chained projection goes by the chain's hidden size: layer 0's qkv width where every layer's
+    MLP is a GGUF projection (so a down projection, K = intermediate size, follows its model's
+    rule), else None (auto: never); the GGUF LM head (outside the chain) by the same; a layer of no
+    model by its own input width."""
     from deepinfer.runtime.models.gguf_linear import GGUFLinearCUDA, chain_model
     from gguf_gpu_check import random_blocks
     from torch import nn
@@ -444,6 +445,8 @@ def test_a_chained_layer_takes_its_models_hidden_size():
         return GGUFLinearCUDA([regroup(torch.from_numpy(random_blocks("Q8_0", rows, k, seed=rows)), "Q8_0")])
 
     def model(moe: bool) -> nn.Module:
+        m = nn.Module()
+        m.quantized_head = layer(16, 1024)
         blocks = nn.ModuleList()
         for _ in range(2):
             block = nn.Module()
@@ -451,16 +454,17 @@ def test_a_chained_layer_takes_its_models_hidden_size():
             if not moe:
                 block.gate_up_proj, block.down_proj = layer(8, 1024), layer(4, 4096)
             blocks.append(block)
-        m = nn.Module()
         m.layers = blocks
         return m
 
-    head = layer(4, 1024)
-    assert head.model_hidden_size == 1024
+    assert layer(4, 768).model_hidden_size == 768
     dense = model(moe=False)
+    assert dense.quantized_head.model_hidden_size == 1024
     chain = chain_model(dense)
     assert chain.hidden_size == 1024 and len(chain.layers) == 8
     down = dense.layers[1].down_proj
     assert down.dense_chain is chain and down.model_hidden_size == 1024
+    assert dense.quantized_head.dense_chain is None and dense.quantized_head.model_hidden_size == 1024
     moe = model(moe=True)
     assert chain_model(moe).hidden_size is None and moe.layers[0].qkv_proj.model_hidden_size is None
+    assert moe.quantized_head.model_hidden_size is None

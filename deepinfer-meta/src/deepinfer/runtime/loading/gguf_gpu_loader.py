@@ -66,8 +66,8 @@ def keep_gguf_quantization_cuda(model: LlamaForCausalLM, gguf_model: GGUFModel, 
             q = quantized(names)
             if q is not None:
                 setattr(layer, attr, q)
-    chain_model(model)  # DEEPINFER_GGUF_DENSE_ROWS: each weight decoded while the one before multiplies
     head = "model.embed_tokens.weight" if model.lm_head is None else "lm_head.weight"
     model.quantized_head = quantized([head])
     if model.quantized_head is not None:
         model.lm_head = None
+    chain_model(model)  # DEEPINFER_GGUF_DENSE_ROWS: each weight decoded while the one before multiplies
