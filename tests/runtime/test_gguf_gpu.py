@@ -446,7 +446,7 @@ def test_a_chained_layer_takes_its_models_hidden_size():
 
     def model(moe: bool) -> nn.Module:
         m = nn.Module()
-        m.quantized_head = layer(16, 1024)
+        m.quantized_head = layer(16, 512)  # (narrower than the model, to tell the two widths apart)
         blocks = nn.ModuleList()
         for _ in range(2):
             block = nn.Module()
@@ -459,7 +459,7 @@ def test_a_chained_layer_takes_its_models_hidden_size():
 
     assert layer(4, 768).model_hidden_size == 768
     dense = model(moe=False)
-    assert dense.quantized_head.model_hidden_size == 1024
+    assert dense.quantized_head.model_hidden_size == 512  # its own width until the model is chained
     chain = chain_model(dense)
     assert chain.hidden_size == 1024 and len(chain.layers) == 8
     down = dense.layers[1].down_proj
