@@ -62,6 +62,9 @@ def dp4a_tile(n: int, k: int) -> tuple[int, int, int, int] | None:
 GEMM_TILE_VARIABLES = {"X_GEMM_TILE_FEW_ROWS": "GEMM_CONFIG_FEW_ROWS",
                        "X_GEMM_TILE_SWAP_FEW_ROWS": "GEMM_CONFIG_SWAP_FEW_ROWS",
                        "X_GEMM_TILE": "GEMM_CONFIG", "X_GEMM_TILE_SWAP": "GEMM_CONFIG_SWAP"}
+# ... and the per-type exceptions to that tile, which such a variable clears
+PER_TYPE_TILES = {"X_GEMM_TILE_SWAP_FEW_ROWS": "GEMM_CONFIG_SWAP_FEW_ROWS_BY_KIND",
+                  "X_GEMM_TILE_SWAP": "GEMM_CONFIG_SWAP_BY_KIND"}
 
 
 def gemm_tile(name: str) -> tuple[int, int, int, int, int] | None:
@@ -119,16 +122,13 @@ def install() -> Callable[[], None]:
         return os.environ.get("X_GEMM_MASKS") != "1" and own_unmasked(w, block_n, block_k)
 
     own_tables = {name: getattr(gguf_gemv, name) for name in (*GEMM_TILE_VARIABLES.values(),
-                                                               "GEMM_CONFIG_SWAP_FEW_ROWS_BY_KIND", "GEMM_CONFIG_SWAP_BY_KIND",
-                                                               "SPLIT_K_FEW_ROWS")}
+                                                               *PER_TYPE_TILES.values(), "SPLIT_K_FEW_ROWS")}
     for variable, name in GEMM_TILE_VARIABLES.items():
         tile = gemm_tile(variable)
         if tile:
             setattr(gguf_gemv, name, tile)
-    if gemm_tile("X_GEMM_TILE_SWAP"):  # every type's, the per-type table's too
-        gguf_gemv.GEMM_CONFIG_SWAP_BY_KIND = {}
-    if gemm_tile("X_GEMM_TILE_SWAP_FEW_ROWS"):  # every type's, the per-type table's too
-        gguf_gemv.GEMM_CONFIG_SWAP_FEW_ROWS_BY_KIND = {}
+            if variable in PER_TYPE_TILES:  # every type's: the per-type table's exceptions go too
+                setattr(gguf_gemv, PER_TYPE_TILES[variable], {})
     gguf_gemv.SPLIT_K_FEW_ROWS = {**gguf_gemv.SPLIT_K_FEW_ROWS, **few_rows_splits()}
     gguf_gemv.dp4a_config = dp4a_config
     gemv.argmax_partials = argmax_partials

@@ -433,7 +433,7 @@ def test_dense_rows_by_model_size(monkeypatch):
 
 
 def test_a_chained_layer_takes_its_models_hidden_size():
-    """A chained projection goes by the chain's hidden size: layer 0's qkv width where every layer's
+    """A chained projection goes by its model's hidden size: layer 0's qkv width where every layer's
     MLP is a GGUF projection (so a down projection, K = intermediate size, follows its model's
     rule), else None (auto: never); the GGUF LM head (outside the chain) by the same; a layer of no
     model by its own input width."""
@@ -461,10 +461,11 @@ def test_a_chained_layer_takes_its_models_hidden_size():
     dense = model(moe=False)
     assert dense.quantized_head.model_hidden_size == 512  # its own width until the model is chained
     chain = chain_model(dense)
-    assert chain.hidden_size == 1024 and len(chain.layers) == 8
+    assert len(chain.layers) == 8 and all(p.model_hidden_size == 1024 for p in chain.layers)
     down = dense.layers[1].down_proj
     assert down.dense_chain is chain and down.model_hidden_size == 1024
     assert dense.quantized_head.dense_chain is None and dense.quantized_head.model_hidden_size == 1024
     moe = model(moe=True)
-    assert chain_model(moe).hidden_size is None and moe.layers[0].qkv_proj.model_hidden_size is None
+    assert all(p.model_hidden_size is None for p in chain_model(moe).layers)
+    assert moe.layers[0].qkv_proj.model_hidden_size is None
     assert moe.quantized_head.model_hidden_size is None

@@ -55,9 +55,6 @@ class DenseChain:
         # buffer slot -> (layer index, dtype, the side stream's "decoded" event; None on a CPU)
         self._pending: dict[int, Pending] = {}
         self.decoded_ahead = 0  # weights a product found decoded ahead (for tests and benchmarks)
-        # the model's hidden size, which sets DEEPINFER_GGUF_DENSE_ROWS=auto's rows; None: a model
-        # auto was not measured on (chain_model: one whose MLPs are not all GGUF projections)
-        self.hidden_size: int | None = None
 
     def weight(self, layer: DenseProjection, dtype: torch.dtype) -> torch.Tensor:
         """``layer``'s whole weight [N, K] in ``dtype``, valid on the current stream until the chain's
@@ -116,11 +113,9 @@ class DenseChain:
         return buf[:layer.out_features * layer.in_features].view(layer.out_features, layer.in_features)
 
 
-def chain_projections(layers: list[DenseProjection], hidden_size: int | None = None) -> DenseChain:
-    """Link ``layers`` (in the order a forward pass calls them) into one ``DenseChain`` of a model of
-    ``hidden_size`` (None: ``DEEPINFER_GGUF_DENSE_ROWS=auto`` leaves the chain's products on the GEMM)."""
+def chain_projections(layers: list[DenseProjection]) -> DenseChain:
+    """Link ``layers`` (in the order a forward pass calls them) into one ``DenseChain``."""
     chain = DenseChain(layers)
-    chain.hidden_size = hidden_size
     for layer in layers:
         layer.dense_chain = chain
     return chain

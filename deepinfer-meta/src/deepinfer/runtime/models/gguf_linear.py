@@ -52,14 +52,9 @@ class GGUFLinearCUDA(nn.Module):
         self.weight_type = "+".join(kinds)
         # DEEPINFER_GGUF_DENSE_ROWS: the model's projections in call order, decoding ahead (gguf_dense_chain)
         self.dense_chain: DenseChain | None = None
-        # ... and the hidden size its auto rule goes by outside a chain (chain_model gives the LM head its model's)
-        self.unchained_hidden_size: int | None = k
-
-    @property
-    def model_hidden_size(self) -> int | None:
-        """The hidden size that sets this layer's ``dense_rows``: its chain's (None for a model the
-        auto rule was not measured on), else ``unchained_hidden_size`` (the LM head: its model's)."""
-        return self.dense_chain.hidden_size if self.dense_chain is not None else self.unchained_hidden_size
+        # the hidden size DEEPINFER_GGUF_DENSE_ROWS=auto goes by (``dense_rows``): its own width until
+        # chain_model gives it its model's (None: a model auto was not measured on)
+        self.model_hidden_size: int | None = k
 
     @property
     def kernel_path(self) -> str:  # models/describe.py: what `deepinfer env` and `deepinfer bench` print
@@ -187,15 +182,15 @@ def chain_model(model: nn.Module) -> DenseChain:
     hidden size (layer 0's qkv width) for the ``auto`` rule only where every layer's MLP is a GGUF
     projection, the dense models it was measured on; a mixture of experts' attention keeps the GEMM
     unless the rows are given. A GGUF head (``model.quantized_head``, set before this is called)
-    goes by the same hidden size."""
+    goes by the same hidden size (each layer's ``model_hidden_size``)."""
     layers = cast(nn.ModuleList, model.layers)
     projections = [getattr(layer, name, None) for layer in layers
                    for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")]
-    chained: list[DenseProjection] = [p for p in projections if isinstance(p, GGUFLinearCUDA)]
+    chained = [p for p in projections if isinstance(p, GGUFLinearCUDA)]
     dense = len(layers) > 0 and all(isinstance(getattr(layer, name, None), GGUFLinearCUDA)
                                     for layer in layers for name in ("gate_up_proj", "down_proj"))
-    chain = chain_projections(chained, chained[0].in_features if dense and chained else None)
+    hidden = chained[0].in_features if dense and chained else None
     head = getattr(model, "quantized_head", None)
-    if isinstance(head, GGUFLinearCUDA):
-        head.unchained_hidden_size = chain.hidden_size
-    return chain
+    for p in chained + ([head] if isinstance(head, GGUFLinearCUDA) else []):
+        p.model_hidden_size = hidden
+    return chain_projections(cast(list[DenseProjection], chained))
