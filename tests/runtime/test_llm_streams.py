@@ -162,6 +162,46 @@ def test_output_queues_reject_unknown_requests(llm):
     assert not eng.requests
 
 
+def test_take_outputs_takes_only_the_asked_ids_and_leaves_the_others_queued(llm, alone):
+    """The server's engine thread takes a step's outputs with ``take_outputs(its live ids)``; a
+    request of another owner (here one read with ``pop_output``) keeps its queue, and each
+    owner gets every output of its requests, equal to the request run alone."""
+    eng = llm.engine
+    start = _free(llm)
+    mine = [eng.new_request_id() for _ in range(2)]
+    theirs = eng.new_request_id()
+    for rid, i in zip(mine, (0, 1), strict=True):
+        eng.add_request(rid, PROMPTS[i], GREEDY, collect="all")
+    eng.add_request(theirs, PROMPTS[0], GREEDY, collect="all")  # (token ids: add_request takes no text)
+    live = set(mine)
+    toks: dict[str, list[int]] = {rid: [] for rid in mine}
+    held = []
+    for _ in range(64):
+        if not live:
+            break
+        eng.step()
+        for rid, taken in eng.take_outputs(live):
+            assert rid in live and not isinstance(taken, BaseException)
+            for ro in taken:  # (cumulative outputs: each holds every token so far)
+                assert len(ro.outputs[0].token_ids) > len(toks[rid])
+                toks[rid] = list(ro.outputs[0].token_ids)
+                if ro.finished:
+                    live.discard(rid)
+    assert not live
+    assert [toks[rid] for rid in mine] == [alone[0][0], alone[1][0]]
+    _drain(llm)
+    # nothing of the other owner's request was taken: every output of it waited in its queue
+    while True:
+        ro = eng.pop_output(theirs)
+        assert ro is not None
+        held.append(ro)
+        if ro.finished:
+            break
+    assert len(held) == len(alone[0][0]) and list(held[-1].outputs[0].token_ids) == alone[0][0]
+    assert eng.take_outputs(set(mine) | {theirs}) == []  # all taken: no queue left
+    assert _free(llm) == start
+
+
 # ---- finish reason of a stop string completed by the last allowed token --------------------
 # Greedy "1, 2, 3, 4, 5," continues " 6, 7, 8, ..." one character per token (' ', '6', ',', ...),
 # hand-checked with the tokenizer; test_stop_strings_land_on_the_max_tokens_token re-derives the
