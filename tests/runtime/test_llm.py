@@ -99,6 +99,35 @@ def test_prompt_token_ids_are_checked_whatever_their_int_type(llm):
     assert list(a.outputs[0].token_ids) == list(b.outputs[0].token_ids)
 
 
+def test_prompts_of_the_wrong_type_name_what_is_wrong(llm):
+    """Each wrong prompt is a TypeError naming where it is and what was found (never "'NoneType'
+    object is not iterable"); arrays of ids and iterators are prompts like their lists."""
+    cases = [
+        (None, r"^prompts must be a string, a list of token ids, a dict, or a list of these, got NoneType$"),
+        (7, "got int$"),
+        ([[1, "a", 3]], r"^prompts\[0\]: a list prompt holds token ids \(ints\), but item 1 is str 'a'$"),
+        ([{"prompt_token_ids": [1.5, 2]}], r"^prompts\[0\]\['prompt_token_ids'\]: .* item 0 is float 1.5$"),
+        ([{"prompt_token_ids": 7}], r"^prompts\[0\]\['prompt_token_ids'\] must be a list of token ids, got int$"),
+        (["ok", None], r"^prompts\[1\]: a prompt must be a string, a list of token ids or a dict, got NoneType$"),
+    ]
+    for prompts, message in cases:
+        with pytest.raises(TypeError, match=message):
+            llm.generate(prompts, use_tqdm=False)
+    params = SamplingParams(temperature=0.0, max_tokens=2)
+    as_lists = llm.generate([[5, 6, 7], [8, 9]], params, use_tqdm=False)
+    expected = [list(o.outputs[0].token_ids) for o in as_lists]
+    (one,) = llm.generate(np.array([5, 6, 7]), params, use_tqdm=False)
+    assert list(one.prompt_token_ids) == [5, 6, 7] and list(one.outputs[0].token_ids) == expected[0]
+    rows = llm.generate(np.array([[5, 6, 7], [8, 9, 10]])[:, :3], params, use_tqdm=False)
+    assert [list(o.prompt_token_ids) for o in rows] == [[5, 6, 7], [8, 9, 10]]
+    # an iterator is read once: its prompts' texts come back with their outputs
+    texts = ["Hi", "Hello"]
+    outs = llm.generate(iter(texts), params, use_tqdm=False)
+    assert [o.prompt for o in outs] == texts
+    assert [list(o.outputs[0].token_ids) for o in outs] == [
+        list(o.outputs[0].token_ids) for o in llm.generate(texts, params, use_tqdm=False)]
+
+
 def test_too_long_prompt_is_refused_with_both_counts_and_nothing_runs(llm):
     long_prompt = [100 + (i % 500) for i in range(300)]  # > max_model_len (256)
     sp = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from deepinfer.runtime.beam_search import BeamSearchOutput, BeamSearchParams, run_beam_search
@@ -236,7 +236,10 @@ class LLM:
                             f"{type(prompt).__name__} (decode it first, e.g. prompt.decode('utf-8'))")
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
-                return self._prompt_ids(list(prompt["prompt_token_ids"]), where)
+                ids = prompt["prompt_token_ids"]
+                if isinstance(ids, (str, dict)) or not isinstance(ids, Sequence):
+                    raise TypeError(f"{where}['prompt_token_ids'] must be a list of token ids, got {type(ids).__name__}")
+                return self._prompt_ids(list(ids), f"{where}['prompt_token_ids']")
             if "prompt" in prompt:
                 return self._prompt_ids(prompt["prompt"], where)
             raise ValueError(f"{where}: a dict prompt needs 'prompt' or 'prompt_token_ids', got keys {sorted(prompt)}")
@@ -252,6 +255,10 @@ class LLM:
                 bad = next(t for t in ids if not 0 <= t < vocab)
                 raise ValueError(f"{where}: token id {bad} is outside the vocabulary (size {vocab})")
             return ids
+        if isinstance(prompt, Sequence):  # a list of something else: name the first item that is no id
+            k, bad = next((k, t) for k, t in enumerate(prompt) if not _is_int(t))
+            raise TypeError(f"{where}: a list prompt holds token ids (ints), but item {k} is "
+                            f"{type(bad).__name__} {bad!r:.40}")
         raise TypeError(f"{where}: a prompt must be a string, a list of token ids or a dict, got {type(prompt).__name__}")
 
     def _prompt_embeds(self, prompt: Any, where: str) -> Any:
@@ -337,11 +344,12 @@ class LLM:
         for a list of another length). Outputs stay in prompt order.
         """
         embeds: list[Any] = []
-        ids, params = self._normalise(prompts, sampling_params, embeds)
+        plist = _as_list(prompts)  # (once: an iterator is read once)
+        ids, params = self._normalise(plist, sampling_params, embeds)
         for i, p in enumerate(ids):
             if not p:
                 raise ValueError(f"prompts[{i}] is empty (no tokens)")
-        texts = [_prompt_text(p) for p in _as_list(prompts)]
+        texts = [_prompt_text(p) for p in plist]
         prio = self._priorities(priority, len(ids))
         order: dict[str, int] = {}
         try:
@@ -480,7 +488,12 @@ if LLM.__doc__:  # (python -OO drops docstrings)
 
 
 def _as_list(prompts: Any) -> list[Any]:
-    """One prompt or a list of prompts as a list."""
+    """One prompt or a list of prompts as a list (a numpy array or tensor of token ids: its rows)."""
+    if hasattr(prompts, "tolist") and getattr(prompts, "ndim", None) in (1, 2):
+        prompts = prompts.tolist()
+    if not isinstance(prompts, Iterable):
+        raise TypeError("prompts must be a string, a list of token ids, a dict, or a list of these, got "
+                        f"{type(prompts).__name__}")
     single = isinstance(prompts, (str, dict, bytes, bytearray, memoryview)) or (
         isinstance(prompts, Sequence) and len(prompts) > 0 and _is_int(prompts[0]))
     return [prompts] if single else list(prompts)
