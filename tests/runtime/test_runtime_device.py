@@ -58,6 +58,21 @@ def test_an_explicit_device_wins_and_bad_ones_are_refused(selected):
         rd.resolve_runtime_device("")
 
 
+def test_a_device_torch_does_not_know_is_a_valueerror_saying_what_to_use():
+    """(torch's own RuntimeError lists every device type it parses, and none of what to install.)"""
+    from deepinfer.runtime.worker.worker import runtime_device
+
+    for bad in ("tpu", "cuda:x", "gpu0"):
+        with pytest.raises(ValueError, match=rf"^device='{bad}' is not a device this torch knows: use 'cpu', 'cuda'"):
+            runtime_device(bad)
+    try:
+        import torch_npu  # noqa: F401
+    except ImportError:  # (without it torch does not parse "npu")
+        with pytest.raises(ValueError, match=r"^device='npu' needs torch_npu.*deepinfer\[ascend\]"):
+            runtime_device("npu")
+    assert str(runtime_device("cpu:0")[0]) == "cpu:0"
+
+
 def test_env_report_says_which_backend_serves_the_runtime(selected, monkeypatch):
     selected("cuda")
     monkeypatch.setattr(backend_devices, "_torch_cuda_available", lambda: True)

@@ -32,7 +32,14 @@ def runtime_device(device: str | None) -> tuple[torch.device, RuntimeDevice]:
     from deepinfer.runtime.worker.device import resolve_runtime_device
 
     where = resolve_runtime_device(device)
-    dev = torch.device(where.device)
+    try:
+        dev = torch.device(where.device)
+    except RuntimeError as exc:  # torch's message lists every device type it parses, ours included or not
+        if where.device.split(":", 1)[0] == "npu":
+            raise ValueError(f"device={where.device!r} needs torch_npu, which registers the NPU with torch: "
+                             "install deepinfer[ascend] on a machine with Ascend NPUs") from exc
+        raise ValueError(f"device={where.device!r} is not a device this torch knows: use 'cpu', 'cuda' or "
+                         "'cuda:N' (deepinfer[cuda]), or 'npu' (deepinfer[ascend], with torch_npu)") from exc
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={device!r}: CUDA is not available in this torch build/machine")
     return dev, where
