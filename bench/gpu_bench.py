@@ -12,7 +12,10 @@ scheme (tests/runtime/gguf_quantizer.py, seconds for 8B) and run by the GGUF ker
 256 sequences with input and output lengths uniform in [100, 1024] and token ids in [0, 10000]
 drawn with Python's ``random`` seeded 0 in nano-vllm's order, temperature 0.6, EOS ignored,
 ``max_model_len=4096``; output tok/s is the sum of the max_tokens over the wall time.
-Every contender gets one warm-up call (transformers: of 4 new tokens), then ``--runs`` timed calls; prints each run and the
+Every contender gets one warm-up call (transformers: of 4 new tokens), then ``--runs`` timed calls
+(DeepInfer's each with new token ids of the same lengths, so that no prompt comes from its prefix
+cache: before 2026-12-06 the timed calls repeated the first call's prompts, which made their
+prompt steps nearly free); prints each run and the
 median with the spread (min-max) of output tok/s. DeepInfer's runs also print the
 ``deepinfer bench`` report (TTFT/TPOT, GPU idle fraction, MFU); ``--profile`` adds one run with
 the GraphTimer on (region times inside the decode graphs).
@@ -157,20 +160,26 @@ def run_deepinfer(shape_dir: str, prompts: list[list[int]], out_len: int | list[
     print(f"  {llm!r} ready in {time.perf_counter() - t0:.1f} s", flush=True)
     print("  " + _kv_cache_line(llm), flush=True)
     params = [SamplingParams(temperature=temperature, max_tokens=n, ignore_eos=True) for n in lens]
-    batch = [{"prompt_token_ids": p} for p in prompts]
+    vocab = llm.model_config.vocab_size
+
+    def batch(call: int) -> list[dict[str, list[int]]]:
+        # new ids every call (the same lengths): a repeated prompt would come from the prefix cache,
+        # which transformers does not have and a new request does not get
+        return [{"prompt_token_ids": [(t + 7919 * call) % vocab for t in p]} for p in prompts]
+
     # the first call, untimed in the rates: it shows what a fresh process's first requests wait
     # for (kernel compiles the start-up warm-up did not do; DEEPINFER_WARMUP=0 to compare)
-    first = measure_generate(llm, batch, params)
+    first = measure_generate(llm, batch(0), params)
     print("  first call (not in the rates): " + "\n    ".join(first.lines()), flush=True)
     rates = []
     for i in range(runs):
-        rep = measure_generate(llm, batch, params)
+        rep = measure_generate(llm, batch(i + 1), params)
         rates.append(rep.output_tok_s)
         mode = "eager" if eager else ("graphs+ZOS" if overlap else "graphs, ZOS off")
         mode += f", weights {quantization}" if quantization else ""
         print(f"  deepinfer {mode} run {i + 1}: " + "\n    ".join(rep.lines()), flush=True)
     if profile and not eager:
-        rep = measure_generate(llm, batch, params, profile=True)
+        rep = measure_generate(llm, batch(runs + 1), params, profile=True)
         print("  profiled run (GraphTimer on): " + "\n    ".join(rep.lines()), flush=True)
     del llm
     gc.collect()
