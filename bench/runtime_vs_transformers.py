@@ -65,7 +65,8 @@ def main() -> None:
     from deepinfer import LLM, SamplingParams
     from deepinfer.runtime.loading.default_model import default_model_path
     path = args.model or default_model_path()
-    llm = LLM(path, device="cpu", dtype="float32")
+    # no prefix cache: every repeat sends the same prompts, which transformers computes anew each time
+    llm = LLM(path, device="cpu", dtype="float32", enable_prefix_caching=False)
     hf = load_transformers_gguf(path)
     # EOS neither stops nor is masked on either side (DeepInfer: ignore_eos=True): exactly
     # --new-tokens tokens each, the same greedy choices.
