@@ -48,12 +48,15 @@ def child(args: argparse.Namespace) -> None:
     print(f"  {llm!r} ready in {time.perf_counter() - t0:.1f} s", flush=True)
     params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
     vocab = llm.model_config.vocab_size
-    batch = [{"prompt_token_ids": [(7 * i + 13 * j) % (vocab - 3) + 3 for j in range(args.input_len)]}
-             for i in range(args.batch)]
-    llm.generate(batch, params, use_tqdm=False)
+
+    def batch(call: int) -> list[dict[str, list[int]]]:  # new ids each call: none from the prefix cache
+        return [{"prompt_token_ids": [(7 * i + 13 * j + 7919 * call) % (vocab - 3) + 3 for j in range(args.input_len)]}
+                for i in range(args.batch)]
+
+    llm.generate(batch(0), params, use_tqdm=False)
     rates, tpots = [], []
     for i in range(args.runs):
-        rep = measure_generate(llm, batch, params)
+        rep = measure_generate(llm, batch(i + 1), params)
         rates.append(rep.output_tok_s)
         tpots.append(statistics.median(rep.tpot_ms) if rep.tpot_ms else float("nan"))
         print(f"  TP={args.child} run {i + 1}: " + "\n    ".join(rep.lines()), flush=True)
