@@ -20,7 +20,8 @@ def test_token_counts_are_powers_of_two_within_the_budget_and_the_moe_sort(monke
     from deepinfer.runtime.kernels.fused_moe import TRITON_ALIGN_MAX_PAIRS
     from deepinfer.runtime.worker.step_graph_runner import step_graph_token_counts
 
-    assert step_graph_token_counts(8192) == [16, 32, 64, 128, 256, 512]
+    assert step_graph_token_counts(8192) == [16, 32, 64, 128, 256, 512, 1024, 2048]
+    assert step_graph_token_counts(2048) == [16, 32, 64, 128, 256, 512, 1024, 2048]  # LLM()'s budget: every step
     assert step_graph_token_counts(100) == [16, 32, 64]
     assert step_graph_token_counts(15) == []
     # (token, expert) pairs stay within the one-launch sort a graph can hold
@@ -106,8 +107,8 @@ def test_out_of_memory_while_capturing_warns_and_leaves_steps_eager(monkeypatch)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     runner = SimpleNamespace(device=torch.device("cuda"), model=None, attention=None, config=SimpleNamespace(),
                              step_graphs=None)
-    with pytest.warns(RuntimeWarning, match=r"out of device memory \(CUDA out of memory.*up to 512 tokens"):
-        assert sgr.capture_step_graphs(runner, 8192, 4, 256) is None  # type: ignore[arg-type]
+    with pytest.warns(RuntimeWarning, match=r"out of device memory \(CUDA out of memory.*up to 1024 tokens"):
+        assert sgr.capture_step_graphs(runner, 8192, 4, 256) is None  # type: ignore[arg-type]  # (4 sequences of 256 hold 1024 tokens)
     assert runner.step_graphs is None
 
 

@@ -1,5 +1,5 @@
 """``deepinfer serve``'s own engine defaults (serve/engine_defaults.py): on CUDA the step budget
-is the step graphs' largest token count (at least the batch), an explicit budget or chunked
+is 512 tokens, within the step graphs (at least the batch), an explicit budget or chunked
 prefill turned off is left alone, and CPU servers keep ``LLM()``'s default."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def on_cuda(monkeypatch):
     return seen
 
 
-def test_cuda_budget_is_the_step_graphs_largest_count(on_cuda):
+def test_cuda_budget_is_512_tokens(on_cuda):
     assert serve_llm_kwargs({"model": "m"})["max_num_batched_tokens"] == 512
     assert on_cuda == [None]  # resolved as LLM() resolves it: the selected backend's device
 
@@ -34,9 +34,11 @@ def test_cuda_budget_holds_a_full_decode_batch(on_cuda):
     assert serve_llm_kwargs({"max_num_seqs": None})["max_num_batched_tokens"] == max(512, EngineArgs.max_num_seqs)
 
 
-def test_cuda_budget_follows_the_step_graph_switch(on_cuda, monkeypatch):
-    monkeypatch.setenv("DEEPINFER_STEP_GRAPH_TOKENS", "1024")
-    assert serve_llm_kwargs({})["max_num_batched_tokens"] == 1024
+def test_cuda_budget_stays_within_the_step_graph_switch(on_cuda, monkeypatch):
+    monkeypatch.setenv("DEEPINFER_STEP_GRAPH_TOKENS", "256")
+    assert serve_llm_kwargs({})["max_num_batched_tokens"] == 256
+    monkeypatch.setenv("DEEPINFER_STEP_GRAPH_TOKENS", "4096")  # larger graphs: the server's steps stay short
+    assert serve_llm_kwargs({})["max_num_batched_tokens"] == 512
     monkeypatch.setenv("DEEPINFER_STEP_GRAPH_TOKENS", "0")  # no step graphs: LLM()'s default
     assert serve_llm_kwargs({}) == {}
 

@@ -149,7 +149,7 @@ class EngineArgs:
         lo=1, hi=1 << 20))
     max_num_batched_tokens: int | None = field(default=None, metadata=_opt(
         "Most tokens in one engine step. Default: 2048 with chunked prefill (deepinfer serve on "
-        "CUDA: 512, the step graphs' largest count, or max_num_seqs if larger), else the larger of "
+        "CUDA: 512, or max_num_seqs if larger), else the larger of "
         "2048 and max_model_len (a whole prompt must fit one step).",
         "int", "--max-num-batched-tokens", metavar="N", lo=1, hi=1 << 24, none=True))
     enable_prefix_caching: bool = field(default=True, metadata=_opt(

@@ -1,7 +1,7 @@
 """The engine options of ``deepinfer serve`` whose defaults differ from ``LLM()``'s.
 
-On CUDA the step budget (``max_num_batched_tokens``) defaults to the step graphs' largest token
-count (``DEEPINFER_STEP_GRAPH_TOKENS``, 512; at least ``max_num_seqs``) instead of 2048. Where
+On CUDA the step budget (``max_num_batched_tokens``) defaults to 512 tokens (``SERVE_STEP_TOKENS``;
+fewer if ``DEEPINFER_STEP_GRAPH_TOKENS`` captures fewer; at least ``max_num_seqs``) instead of 2048. Where
 step graphs run (one rank; not MLA models or prompt embeddings) every step of a server then
 replays a CUDA graph; everywhere a new request's prompt chunk holds the streams already running
 for a step of at most 512 tokens rather than 2048. On the H200
@@ -13,6 +13,9 @@ for a step of at most 512 tokens rather than 2048. On the H200
 from __future__ import annotations
 
 from typing import Any
+
+#: the server's step budget on CUDA: short steps keep the running streams' inter-token gaps short
+SERVE_STEP_TOKENS = 512
 
 
 def serve_llm_kwargs(llm_kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -32,6 +35,6 @@ def serve_llm_kwargs(llm_kwargs: dict[str, Any]) -> dict[str, Any]:
         return llm_kwargs
     from deepinfer.runtime.engine_args import EngineArgs
 
-    # a full decode batch still fits one step
+    # within the step graphs; a full decode batch still fits one step
     seqs = llm_kwargs.get("max_num_seqs") or EngineArgs.max_num_seqs
-    return {**llm_kwargs, "max_num_batched_tokens": max(graph_tokens, int(seqs))}
+    return {**llm_kwargs, "max_num_batched_tokens": max(min(SERVE_STEP_TOKENS, graph_tokens), int(seqs))}

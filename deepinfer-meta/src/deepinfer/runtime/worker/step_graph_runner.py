@@ -42,7 +42,7 @@ TILE = 16
 
 def step_graph_token_counts(budget: int, top_k: int | None = None) -> list[int]:
     """Token counts of the step graphs: the powers of two from 16 up to both
-    ``DEEPINFER_STEP_GRAPH_TOKENS`` (512) and the step budget ``budget``; larger steps stay eager.
+    ``DEEPINFER_STEP_GRAPH_TOKENS`` (2048) and the step budget ``budget``; larger steps stay eager.
     A mixture of experts (``top_k`` experts a token) stops where its (token, expert) pairs outgrow
     the one-launch sort (``fused_moe.TRITON_ALIGN_MAX_PAIRS``), whose fixed shapes a graph can
     hold. Empty when the switch is 0."""
