@@ -33,8 +33,9 @@ def _llm(shape_dir, **kw):
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+    kw.setdefault("max_num_batched_tokens", 128)
     llm = LLM(shape_dir, device="cuda", dtype="float32", dummy_weights=True, max_model_len=512, num_kv_blocks=256,
-              max_num_seqs=32, max_num_batched_tokens=128, **kw)
+              max_num_seqs=32, **kw)
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():  # livelier than the dummy init: distinct greedy tokens
         for name, p in llm.runner.model.named_parameters():
@@ -98,6 +99,28 @@ def test_graph_decode_matches_eager_greedy(shape_dir):
           f"{same_fused}/{len(eager)}; padded batch sizes replayed: {sorted(rows & set(sizes))}")
     assert same_ref == len(eager)
     assert same_fused == len(eager)
+
+
+def test_step_graphs_up_to_2048_tokens_match_eager_greedy(shape_dir):
+    """``LLM()``'s budget of 2048 tokens: a burst of prompts (~3,000 tokens) fills a 2048-token step
+    and a ~1,000-token one, which replay the largest step graphs (``DEEPINFER_STEP_GRAPH_TOKENS``,
+    2048 since 2026-12-06); the greedy tokens equal the eager run's."""
+    from deepinfer import SamplingParams
+
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(3, 1000, int(rng.integers(150, 280))).tolist() for _ in range(14)]
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+
+    def run(llm):
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        return [list(o.outputs[0].token_ids) for o in outs]
+
+    eager = run(_llm(shape_dir, enforce_eager=True, max_num_batched_tokens=2048))
+    llm = _llm(shape_dir, max_num_batched_tokens=2048)
+    graphs = llm.runner.step_graphs
+    assert graphs is not None and graphs.token_counts[-2:] == [1024, 2048]
+    assert run(llm) == eager
+    assert graphs.num_replays >= 2
 
 
 @pytest.mark.parametrize("prefetch", ["0", "1"])
