@@ -118,6 +118,9 @@ def test_prompts_of_the_wrong_type_name_what_is_wrong(llm):
     expected = [list(o.outputs[0].token_ids) for o in as_lists]
     (one,) = llm.generate(np.array([5, 6, 7]), params, use_tqdm=False)
     assert list(one.prompt_token_ids) == [5, 6, 7] and list(one.outputs[0].token_ids) == expected[0]
+    for ids in (np.array([5, 6, 7]), (5, 6, 7)):  # any iterable of ids under 'prompt_token_ids', as before
+        (d,) = llm.generate({"prompt_token_ids": ids}, params, use_tqdm=False)
+        assert list(d.prompt_token_ids) == [5, 6, 7] and list(d.outputs[0].token_ids) == expected[0]
     rows = llm.generate(np.array([[5, 6, 7], [8, 9, 10]])[:, :3], params, use_tqdm=False)
     assert [list(o.prompt_token_ids) for o in rows] == [[5, 6, 7], [8, 9, 10]]
     # an iterator is read once: its prompts' texts come back with their outputs

@@ -237,7 +237,7 @@ class LLM:
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
                 ids = prompt["prompt_token_ids"]
-                if isinstance(ids, (str, dict)) or not isinstance(ids, Sequence):
+                if isinstance(ids, (str, bytes, dict)) or not isinstance(ids, Iterable):  # (an array or tuple is fine)
                     raise TypeError(f"{where}['prompt_token_ids'] must be a list of token ids, got {type(ids).__name__}")
                 return self._prompt_ids(list(ids), f"{where}['prompt_token_ids']")
             if "prompt" in prompt:
