@@ -200,6 +200,9 @@ def test_take_outputs_takes_only_the_asked_ids_and_leaves_the_others_queued(llm,
     assert len(held) == len(alone[0][0]) and list(held[-1].outputs[0].token_ids) == alone[0][0]
     assert eng.take_outputs(set(mine) | {theirs}) == []  # all taken: no queue left
     assert _free(llm) == start
+    # generate never calls take_outputs: its finished requests leave nothing behind either
+    llm.generate([PROMPTS[0], PROMPTS[1]], GREEDY, use_tqdm=False)
+    assert not eng._queues and not eng._queued
 
 
 # ---- finish reason of a stop string completed by the last allowed token --------------------

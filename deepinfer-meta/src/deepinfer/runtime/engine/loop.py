@@ -192,7 +192,8 @@ class EngineLoop:
         self._final_only: set[str] = set()  # queue only the finished output of these
         # The ids whose queue got an output since ``take_outputs`` last looked (in order): it walks
         # these, not every request a server has live (~0.3 us a token at 256 streams, most of
-        # whose tokens travel as columns and queue nothing).
+        # whose tokens travel as columns and queue nothing). Only ids that still have a queue:
+        # ``_drop_queue`` removes both, so callers that never take_outputs (generate) leave none.
         self._queued: dict[str, None] = {}
         self._ids = itertools.count()
         self.num_steps = 0
@@ -444,8 +445,7 @@ class EngineLoop:
         self._pending_releases.append(request_id)
 
     def _release(self, request_id: str) -> None:
-        self._queues.pop(request_id, None)
-        self._final_only.discard(request_id)
+        self._drop_queue(request_id)
         self._abort(request_id)
         state = self.requests.pop(request_id, None)  # nobody reads it: its abort is reported to nobody
         if state is not None and state.columnar:
@@ -482,8 +482,7 @@ class EngineLoop:
                 return None
             ro = q.popleft()
             if isinstance(ro, _Failure) or ro.finished:
-                del self._queues[request_id]
-                self._final_only.discard(request_id)
+                self._drop_queue(request_id)
             if isinstance(ro, _Failure):
                 raise ro.error
             return ro
@@ -499,7 +498,7 @@ class EngineLoop:
             queued = self._queued
             for rid in list(queued):
                 q = self._queues.get(rid)
-                if not q:  # taken by pop_output, or released
+                if not q:  # its outputs taken by pop_output meanwhile
                     del queued[rid]
                     continue
                 if rid not in request_ids:  # another owner's: left queued for it
@@ -510,8 +509,7 @@ class EngineLoop:
                 while q:
                     ro = q.popleft()
                     if isinstance(ro, _Failure) or ro.finished:
-                        del self._queues[rid]
-                        self._final_only.discard(rid)
+                        self._drop_queue(rid)
                         if isinstance(ro, _Failure):
                             item = ro.error
                         else:
@@ -520,6 +518,12 @@ class EngineLoop:
                     outs.append(ro)
                 taken.append((rid, item))
         return taken
+
+    def _drop_queue(self, request_id: str) -> None:
+        """Forget ``request_id``'s output queue (its last output taken, or released)."""
+        self._queues.pop(request_id, None)
+        self._queued.pop(request_id, None)
+        self._final_only.discard(request_id)
 
     def take_columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The rows of the ``columns_slot`` requests' plain deltas built since the last call, in
