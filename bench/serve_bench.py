@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import multiprocessing
 import os
@@ -57,6 +58,9 @@ import threading
 import time
 
 import numpy as np
+
+#: the running server's last lines of stderr (printed when the bench fails)
+SERVER_LOG: collections.deque[str] = collections.deque(maxlen=60)
 
 
 def start_server(args: argparse.Namespace, max_num_seqs: int, replicas: int = 1,
@@ -89,8 +93,8 @@ def start_server(args: argparse.Namespace, max_num_seqs: int, replicas: int = 1,
             raise SystemExit(f"the server exited ({proc.wait()}):\n" + "".join(seen[-60:]))
         seen.append(line)
         m = re.search(r"listening on (http://\S+)", line)
-        if m:  # keep draining stderr, or the server blocks on a full pipe
-            threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()  # type: ignore[union-attr]
+        if m:  # keep draining stderr, or the server blocks on a full pipe; its last lines say why it failed
+            threading.Thread(target=SERVER_LOG.extend, args=(proc.stderr,), daemon=True).start()
             return proc, m.group(1)
     raise SystemExit("the server did not start")
 
@@ -555,4 +559,9 @@ def compare_replicas(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except BaseException:
+        if SERVER_LOG:
+            print("the server's last lines:\n" + "".join(SERVER_LOG), file=sys.stderr)
+        raise
