@@ -37,6 +37,7 @@ from deepinfer.runtime.sampling.sampler_inputs import (
     is_plain_greedy,
     sampling_batch_from_engine,
 )
+from deepinfer.runtime.worker.host_to_device import host_to_device
 from deepinfer.runtime.worker.step_buffers import StepBuffers, step_buffer_dims
 
 
@@ -307,8 +308,8 @@ class StepExecutor:
         ids: np.ndarray | torch.Tensor = a["input_ids"][:n_tokens]
         if prev is not None and prev.row_tokens is not None:
             dev = self.runner.device
-            src = torch.from_numpy(a["zos_source_index"][:n_tokens].astype(np.int64)).to(dev)
-            ids = gather_ids(torch.from_numpy(np.asarray(ids).astype(np.int64)).to(dev), src, prev.row_tokens)
+            src = host_to_device(a["zos_source_index"][:n_tokens], dev)
+            ids = gather_ids(host_to_device(ids, dev), src, prev.row_tokens)
         extra = {} if embeds is None else {"prompt_embeds": embeds}  # (only the ModelRunner takes them)
         logits = self.runner.execute(
             input_ids=ids, positions=a["positions"][:n_tokens], slot_mapping=a["slot_mapping"][:n_tokens],

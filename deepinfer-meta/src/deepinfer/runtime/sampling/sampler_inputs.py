@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from deepinfer.runtime.sampling.sampler import SamplingBatch
+from deepinfer.runtime.worker.host_to_device import host_to_device
 
 
 def _t(a: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -87,13 +88,13 @@ class PenaltyTables:
         self._grow(int(tr.num_penalty_slots), int(toks.max()) + 1 if len(toks) else 0)
         dev = self.device
         if reset.any():
-            r = torch.from_numpy(slots[reset]).to(dev)
+            r = host_to_device(slots[reset], dev)
             self.counts[r] = 0
             self.seen[r] = False
         if len(toks):
-            es, et = torch.from_numpy(entry_slot).to(dev), torch.from_numpy(toks).to(dev)
+            es, et = host_to_device(entry_slot, dev), host_to_device(toks, dev)
             self.seen[es, et] = True
-            o = torch.from_numpy(is_out).to(dev)
+            o = host_to_device(is_out, dev, bool)
             self.counts.index_put_((es[o], et[o]), torch.ones(int(is_out.sum()), dtype=torch.int32, device=dev),
                                    accumulate=True)
 
@@ -108,8 +109,8 @@ class PenaltyTables:
         """(rows with a slot, their counts float32 [P, width], their seen flags bool [P, width])."""
         slots = np.asarray(penalty_slots)
         rows = np.flatnonzero(slots >= 0)
-        s = torch.from_numpy(slots[rows].astype(np.int64)).to(self.device)
-        return torch.from_numpy(rows.astype(np.int64)).to(self.device), self.counts[s].float(), self.seen[s]
+        s = host_to_device(slots[rows], self.device)
+        return host_to_device(rows, self.device), self.counts[s].float(), self.seen[s]
 
 
 def sampling_batch_from_engine(si: Any, device: torch.device,

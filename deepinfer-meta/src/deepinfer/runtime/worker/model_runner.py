@@ -10,6 +10,7 @@ import torch
 
 from deepinfer.runtime.attention.metadata import build_attention_metadata
 from deepinfer.runtime.loading.model_loader import LoadedModel
+from deepinfer.runtime.worker.host_to_device import host_to_device
 from deepinfer.runtime.worker.kv_cache import allocate_kv_caches
 
 if TYPE_CHECKING:
@@ -217,7 +218,7 @@ class ModelRunner:
         else:
             hidden = self._eager_hidden(input_ids, positions, slot_mapping, query_start_loc, seq_lens, block_tables,
                                         prompt_embeds)
-        rows = torch.from_numpy(np.ascontiguousarray(logits_indices, dtype=np.int64)).to(self.device)
+        rows = host_to_device(logits_indices, self.device)
         return self.model.compute_logits(hidden[rows])
 
     def _eager_hidden(self, input_ids: np.ndarray | torch.Tensor, positions: np.ndarray, slot_mapping: np.ndarray,
@@ -232,13 +233,13 @@ class ModelRunner:
         if isinstance(input_ids, torch.Tensor):  # (the overlap loop's ids, gathered on the device)
             ids = input_ids.to(device=self.device, dtype=torch.int64)
         else:
-            ids = torch.from_numpy(np.ascontiguousarray(input_ids, dtype=np.int64)).to(self.device)
-        pos = torch.from_numpy(np.ascontiguousarray(positions, dtype=np.int64)).to(self.device)
+            ids = host_to_device(input_ids, self.device)
+        pos = host_to_device(positions, self.device)
         embeds = None
         if prompt_embeds is not None:
             at, values = prompt_embeds
             embeds = self.model.embed_tokens(ids)
-            embeds[torch.from_numpy(np.ascontiguousarray(at, dtype=np.int64)).to(self.device)] = \
+            embeds[host_to_device(at, self.device)] = \
                 values.to(device=self.device, dtype=embeds.dtype)
         if self.fused_steps is None:  # decided at the first eager step (the loader may swap layers before)
             self.fused_steps = self.device.type == "cuda" and _fused_step_supported(self.model, self.attention)

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from deepinfer.runtime.worker.cuda_graph_runner import CudaGraphRunner
+from deepinfer.runtime.worker.host_to_device import host_to_device
 from deepinfer.runtime.worker.step_buffers import StepBuffers
 from deepinfer.runtime.worker.verify_rows import (
     expand_verify_rows,
@@ -77,7 +78,7 @@ class VerifyGraphRunner:
         li = np.asarray(logits_indices)
         if len(li) == t and np.array_equal(li, np.arange(t)):
             return logits[:t]
-        return logits[torch.from_numpy(li.astype(np.int64)).to(logits.device)]
+        return logits[host_to_device(li, logits.device)]
 
 
 def capture_verify_graphs(runner: ModelRunner, block_table_width: int, k: int, decode_sizes: list[int],
