@@ -11,6 +11,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 import msgspec
+import numpy as np
 import pytest
 
 pytest.importorskip("zmq", reason="pyzmq (the serve extra) is not installed")
@@ -199,3 +200,37 @@ def test_columns_slot_is_checked_before_the_request_is_added(reference_llm):
     engine.release("col-ok")  # released: unregistered, nothing left
     assert engine.output_pool.num_columnar == 0 and "col-ok" not in engine.requests
     assert engine.take_columns()[0].tolist() == []
+
+
+class _ColumnsEngine:
+    """One step's rows as ``EngineLoop.take_columns`` gives them: slots, offsets, token ids."""
+
+    def __init__(self, slots: list[int], counts: list[int]) -> None:
+        self.slots = np.array(slots, np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.tokens = np.arange(100, 100 + int(self.offsets[-1]), dtype=np.int64)
+
+    def take_columns(self) -> tuple[Any, Any, Any]:
+        return self.slots, self.offsets, self.tokens
+
+
+@pytest.mark.parametrize("counts", [[1, 1, 1, 1, 1], [2, 0, 1, 3, 1], [1, 2, 1, 1, 0]])
+def test_a_steps_rows_split_by_front_end_keep_each_rows_tokens(reference_llm, counts):
+    """Rows of two front ends, interleaved, one token each (a plain decode) or several and none (a
+    speculative step): each front end gets its own rows' ids, counts and tokens, in row order."""
+    core = CoreEngine(reference_llm, FakeRouter(), {}, os.getppid())
+    owners = [FRONT_ENDS[i % 2] for i in range(5)]
+    slots = [core._new_slot((ident, f"r{i}"), f"r{i}") for i, ident in enumerate(owners)]
+    engine = _ColumnsEngine(slots[::-1], counts)  # (rows in another order than the slots)
+    itl: list[float] = []
+    assert core._take_columns(engine, 1.0, itl) == sum(counts)
+    rows = [(f"r{4 - j}", owners[4 - j]) for j in range(5)]
+    start = np.concatenate([[0], np.cumsum(counts)])
+    for ident in FRONT_ENDS:
+        mine = [j for j, (_, owner) in enumerate(rows) if owner == ident]
+        [(rids, raw_counts, raw_tokens)] = core._pending[ident][2]
+        assert rids == [rows[j][0] for j in mine]
+        assert np.frombuffer(raw_counts, "<i4").tolist() == [counts[j] for j in mine]
+        assert np.frombuffer(raw_tokens, "<i4").tolist() == [100 + t for j in mine
+                                                              for t in range(start[j], start[j + 1])]
+    assert len(itl) == sum(1 for c in counts if c > 0)

@@ -339,12 +339,13 @@ class CoreEngine(EngineThread):
         if fe is None or (fe == fe[0]).all():  # one front end (the common case)
             self._columns_for(0 if fe is None else int(fe[0])).append((rids.tolist(), counts.tobytes(),
                                                                        tokens.tobytes()))
-        else:
-            per_token = np.repeat(fe, counts)
-            for k in np.unique(fe).tolist():
+        else:  # (a loop over the few front ends, not np.unique; a plain decode has one token a row)
+            per_token = fe if len(tokens) == len(fe) and (per_row == 1).all() else np.repeat(fe, counts)
+            for k in range(len(self._fe_idents)):
                 mine = fe == k
-                self._columns_for(k).append((rids[mine].tolist(), counts[mine].tobytes(),
-                                             tokens[per_token == k].tobytes()))
+                if mine.any():
+                    self._columns_for(k).append((rids[mine].tolist(), counts[mine].tobytes(),
+                                                 tokens[per_token == k].tobytes()))
         return int(offsets[-1])
 
     def _columns_for(self, fe: int) -> list[Columns]:
