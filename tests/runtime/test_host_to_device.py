@@ -1,4 +1,4 @@
-"""``host_to_device``: the step's small host arrays on the device (worker/host_to_device.py).
+"""``host_to_device``: the step's small host arrays on the device (runtime/host_to_device.py).
 
 On every device the copy equals the array, in the dtype asked. On CUDA (skipped without one) the
 two promises the step path relies on: the host does not wait for the kernels queued before the
@@ -14,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from deepinfer.runtime.worker.host_to_device import host_to_device  # noqa: E402
+from deepinfer.runtime.host_to_device import host_to_device  # noqa: E402
 
 
 @pytest.mark.parametrize("dtype", [np.int64, np.int32, bool])

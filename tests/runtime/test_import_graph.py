@@ -35,7 +35,7 @@ ROOMS: list[tuple[str, ...]] = [
     ("deepinfer.runtime.attention",),
     ("deepinfer.runtime.kernels",),
     ("deepinfer.runtime.engine_args", "deepinfer.runtime.sampling_params", "deepinfer.runtime.interrupts",
-     "deepinfer.runtime.switches"),
+     "deepinfer.runtime.switches", "deepinfer.runtime.host_to_device"),
     # speculative_config's keys (read by engine_args), StructuredOutputsParams (read by sampling_params)
     ("deepinfer.runtime.speculative.config", "deepinfer.runtime.structured.params",
      "deepinfer.runtime.sampling.logits_processors"),

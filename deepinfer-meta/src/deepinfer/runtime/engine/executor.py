@@ -31,13 +31,13 @@ import torch
 from deepinfer.runtime import switches
 from deepinfer.runtime.engine.overlap import count_pending_tokens, gather_ids, resolve_ids
 from deepinfer.runtime.engine.prompt_embeds import step_embeds
+from deepinfer.runtime.host_to_device import host_to_device
 from deepinfer.runtime.sampling.sampler import sample
 from deepinfer.runtime.sampling.sampler_inputs import (
     PenaltyTables,
     is_plain_greedy,
     sampling_batch_from_engine,
 )
-from deepinfer.runtime.worker.host_to_device import host_to_device
 from deepinfer.runtime.worker.step_buffers import StepBuffers, step_buffer_dims
 
 

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from deepinfer.runtime.host_to_device import host_to_device
 from deepinfer.runtime.sampling.sampler import SamplingBatch
-from deepinfer.runtime.worker.host_to_device import host_to_device
 
 
 def _t(a: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

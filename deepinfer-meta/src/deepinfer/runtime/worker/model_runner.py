@@ -9,8 +9,8 @@ import numpy as np
 import torch
 
 from deepinfer.runtime.attention.metadata import build_attention_metadata
+from deepinfer.runtime.host_to_device import host_to_device
 from deepinfer.runtime.loading.model_loader import LoadedModel
-from deepinfer.runtime.worker.host_to_device import host_to_device
 from deepinfer.runtime.worker.kv_cache import allocate_kv_caches
 
 if TYPE_CHECKING:

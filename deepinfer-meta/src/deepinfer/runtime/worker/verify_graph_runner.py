@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from deepinfer.runtime.host_to_device import host_to_device
 from deepinfer.runtime.worker.cuda_graph_runner import CudaGraphRunner
-from deepinfer.runtime.worker.host_to_device import host_to_device
 from deepinfer.runtime.worker.step_buffers import StepBuffers
 from deepinfer.runtime.worker.verify_rows import (
     expand_verify_rows,
