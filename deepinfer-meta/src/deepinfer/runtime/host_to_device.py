@@ -9,9 +9,10 @@ On CUDA the array goes through pinned memory: torch's caching host allocator giv
 block, the bytes are copied into it on the host (from a fresh copy of the array, also when the
 array is a view of pinned memory), and the device copy is queued ``non_blocking``. The host
 returns at once, and the source array may be rewritten at once. The allocator does not hand the
-block out again until the copy has run, because torch records an event on it. A ``non_blocking`` copy straight from pageable memory would not promise this: CUDA
-documents that such a copy "may synchronize with the stream" when it stages the bytes (CUDA's
-"API synchronization behavior"). Other devices keep the blocking copy.
+block out again until the copy has run, because torch records an event on it. A ``non_blocking``
+copy straight from pageable memory would not promise this: CUDA documents that such a copy "may
+synchronize with the stream" when it stages the bytes (CUDA's "API synchronization behavior").
+Other devices keep the blocking copy.
 ``tests/runtime/test_host_to_device.py`` checks on CUDA that the host does not wait for queued
 kernels, and that the source may be overwritten right after the call.
 """

@@ -159,12 +159,13 @@ class IncrementalDetokenizer:
             if chunk:  # None while the last character is incomplete
                 self._prefix_offset, self._read_offset = self._read_offset, len(ids)
                 new += chunk
-        emitted, self._emitted = self._emitted, self._len + len(new)
+        before, emitted = self._len, self._emitted
         if new:
             self._append_text(new)
+        self._emitted = self._len
         # no stop strings: nothing is held back, so the delta is the new text whenever every earlier
         # character went out already (the stream's every call after its first; no join then)
-        return new if emitted == self._len - len(new) else self._suffix(emitted)
+        return new if emitted == before else self._suffix(emitted)
 
     def _extend(self, delta: str) -> str | None:
         self._append_text(delta)
