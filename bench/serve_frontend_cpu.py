@@ -113,8 +113,9 @@ async def one_stream(app: Any, body: bytes, done: asyncio.Event, chunks: list[in
 
 
 async def run_once(
-    app: Any, client: Any, sent: list[Any], streams: int, tokens: int, profile: Any = None
-) -> tuple[float, int]:
+    app: Any, client: Any, sent: list[Any], streams: int, tokens: int, profile: Any = None,
+    admission_profile: Any = None, prompt_len: int = 16,
+) -> tuple[float, int, float]:
     import msgspec
     import numpy as np
 
@@ -122,11 +123,19 @@ async def run_once(
     done = asyncio.Event()
     chunks = [0]
     rng = np.random.default_rng(0)
-    bodies = _bodies(streams, tokens)
+    bodies = _bodies(streams, tokens, prompt_len)
     sent.clear()
+    if admission_profile is not None:
+        admission_profile.enable()
+    t_admit = time.process_time()
     tasks = [loop.create_task(one_stream(app, b, done, chunks)) for b in bodies]
-    while sum(1 for m in sent if m[0] == "add") < streams:  # every request admitted and sent
+    while len(sent) < streams:  # every request admitted and sent (nothing else is sent before)
         await asyncio.sleep(0)
+    admission = time.process_time() - t_admit
+    if admission_profile is not None:
+        admission_profile.disable()
+    if any(m[0] != "add" for m in sent):
+        raise SystemExit(f"the front end sent more than its adds: {sorted({m[0] for m in sent})}")
     rids = [m[1] for m in sent if m[0] == "add"]
     core = client._cores[0]
     encoder = msgspec.msgpack.Encoder()
@@ -145,7 +154,7 @@ async def run_once(
     cpu = time.process_time() - t0
     if profile is not None:
         profile.disable()
-    return cpu, streams * tokens
+    return cpu, streams * tokens, admission / streams
 
 
 def core_message(rids: list[str], row: Any, ones: bytes, step: int, tokens: int) -> tuple[Any, ...]:
@@ -161,11 +170,11 @@ def core_message(rids: list[str], row: Any, ones: bytes, step: int, tokens: int)
     return ("batch", [], [], [], [(rids, ones, row.tobytes())])
 
 
-def _bodies(streams: int, tokens: int) -> list[bytes]:
+def _bodies(streams: int, tokens: int, prompt_len: int = 16) -> list[bytes]:
     import numpy as np
 
     rng = np.random.default_rng(0)
-    return [json.dumps({"model": "bench", "prompt": rng.integers(3, VOCAB, 16).tolist(), "max_tokens": tokens,
+    return [json.dumps({"model": "bench", "prompt": rng.integers(3, VOCAB, prompt_len).tolist(), "max_tokens": tokens,
                         "temperature": 0, "ignore_eos": True, "stream": True}).encode() for _ in range(streams)]
 
 
@@ -255,7 +264,7 @@ def run_uvicorn(args: argparse.Namespace, model_dir: str) -> dict[str, list[floa
     while not server.started:
         time.sleep(0.01)
     port = server.servers[0].sockets[0].getsockname()[1]
-    bodies = _bodies(args.streams, args.tokens)
+    bodies = _bodies(args.streams, args.tokens, args.prompt_len)
     ctx = multiprocessing.get_context("spawn")
     out: dict[str, list[float]] = {p: [] for p in args.paths}
     for i in range(args.runs + 1):  # (the first round warms up)
@@ -294,9 +303,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--streams", type=int, default=256)
     ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--prompt-len", type=int, default=16, help="token ids in each request's prompt")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--profile", help="cProfile (CPU time) one run into this file")
+    ap.add_argument("--profile", help="cProfile (CPU time) one run's streaming into this file")
+    ap.add_argument("--profile-admission", help="cProfile (CPU time) one run's admission into this file")
     ap.add_argument("--server", choices=["asgi", "uvicorn"], default="asgi")
     ap.add_argument("--step-ms", type=float, default=2.0, help="(uvicorn) time between two steps")
     ap.add_argument("--paths", nargs="+", choices=["written-here", "per-step", "general"], default=["written-here"],
@@ -326,29 +337,38 @@ def main() -> int:
             async with app.router.lifespan_context(app):  # (the app's start-up: its GC freeze)
                 return await runs()
 
-        async def runs() -> list[float]:
-            await run_once(app, client, sent, args.streams, args.tokens)  # warm-up
-            if args.profile:
+        async def runs() -> tuple[list[float], list[float]]:
+            common = dict(prompt_len=args.prompt_len)
+            await run_once(app, client, sent, args.streams, args.tokens, **common)  # warm-up
+            if args.profile or args.profile_admission:
                 import cProfile
 
                 prof = cProfile.Profile(time.process_time)
-                await run_once(app, client, sent, args.streams, args.tokens, prof)
-                prof.dump_stats(args.profile)
-                return []
-            out = []
+                if args.profile:
+                    await run_once(app, client, sent, args.streams, args.tokens, profile=prof, **common)
+                    prof.dump_stats(args.profile)
+                else:
+                    await run_once(app, client, sent, args.streams, args.tokens, admission_profile=prof, **common)
+                    prof.dump_stats(args.profile_admission)
+                return [], []
+            out, admit = [], []
             for _ in range(args.runs):
-                cpu, toks = await run_once(app, client, sent, args.streams, args.tokens)
+                cpu, toks, per_request = await run_once(app, client, sent, args.streams, args.tokens, **common)
                 out.append(1e6 * cpu / toks)
-            return out
+                admit.append(1e6 * per_request)
+            return out, admit
 
-        us = asyncio.run(all_runs())
-    if args.profile:
+        us, admit = asyncio.run(all_runs())
+    if args.profile or args.profile_admission:
         return 0
     if args.json:
-        print(json.dumps({"frontend_us": us}))
+        print(json.dumps({"frontend_us": us, "admission_us": admit}))
     else:
         print(
             f"front end CPU per output token {statistics.median(us):6.2f} us  runs {[round(x, 2) for x in us]}"
+        )
+        print(
+            f"admission CPU per request      {statistics.median(admit):6.1f} us  runs {[round(x) for x in admit]}"
         )
     return 0
 

@@ -46,6 +46,11 @@ def test_every_sampling_field_crosses_including_ones_added_later():
         assert back == sp and back.structured_outputs == so
     sp = SamplingParams(detokenize=False, max_tokens=4)
     assert SamplingParams(**msgspec.msgpack.decode(msgspec.msgpack.encode(sampling_params_fields(sp)))) == sp
+    # logprobs -1 (the whole vocabulary) is kept beside the engine's field, which holds 0
+    sp = SamplingParams(logprobs=-1, prompt_logprobs=-1, max_tokens=4)
+    fields = sampling_params_fields(sp)
+    assert fields["logprobs"] == fields["prompt_logprobs"] == -1
+    assert SamplingParams(**msgspec.msgpack.decode(msgspec.msgpack.encode(fields))) == sp
 
 
 def test_a_steps_message_crosses_msgpack_unchanged():

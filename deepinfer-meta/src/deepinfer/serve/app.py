@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import json
 import logging
 import time
 import uuid
@@ -40,6 +39,7 @@ from deepinfer.serve.protocol import (
     check_stop,
     check_text,
     completion_prompts,
+    loads_json,
     parse_body,
     sampling_params,
 )
@@ -130,7 +130,7 @@ def build_app(llm: Any, config: ServeConfig) -> FastAPI:
             parts.append(part)
         body = b"".join(parts)
         try:
-            raw = json.loads(body)
+            raw = loads_json(body)
         except RecursionError:
             raise APIError(400, "the request body is not valid JSON: nested too deeply") from None
         except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer of > 4300 digits
@@ -257,7 +257,13 @@ def build_app(llm: Any, config: ServeConfig) -> FastAPI:
     # The middlewares and exception handlers above apply to them as to every route.
     app.add_route("/v1/completions", completions, methods=["POST"])
     app.add_route("/v1/chat/completions", chat_completions, methods=["POST"])
+    # ... and matched first: a request tries the routes in order (~1.5 us each route it passes),
+    # and no other route has their paths, so the order changes nothing else (a stable sort)
+    app.router.routes.sort(key=lambda r: getattr(r, "path", None) not in _GENERATION_PATHS)
     return app
+
+
+_GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
 
 
 def _chat_size(messages: list[dict[str, str]]) -> int:
