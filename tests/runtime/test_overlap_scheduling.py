@@ -124,3 +124,119 @@ def test_the_flag_is_checked_and_shown():
 
     with pytest.raises(TypeError, match="overlap_scheduling must be a bool or None"):
         LLM(device="cpu", overlap_scheduling="yes")
+
+
+# ---- step(after_launch=): the caller's work while the device computes ---------------------------
+def _traced(engine, events):
+    """Record each launch (when it returned) and each apply (when it began) of ``engine``'s executor."""
+    launch = engine.executor.launch
+
+    def traced_launch(*args, **kwargs):
+        launched = launch(*args, **kwargs)
+        apply = launched.apply
+
+        def traced_apply(*a, **k):
+            events.append("apply")
+            return apply(*a, **k)
+
+        launched.apply = traced_apply
+        events.append("launch")
+        return launched
+
+    engine.executor.launch = traced_launch
+    return launch
+
+
+def _add(engine, tag):
+    ids = [f"{tag}{i}" for i in range(4)]
+    for i, rid in enumerate(ids):  # prompt steps, then plain decode steps (which ZOS runs ahead)
+        engine.add_request(rid, [5 + i, 6, 7, 8, 9][: 3 + i], SamplingParams(temperature=0.0, max_tokens=6 + i,
+                                                                            ignore_eos=True, detokenize=False),
+                           output_kind="delta", collect="all")
+    return ids
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "zos"])
+def test_after_launch_runs_once_a_step_after_its_launches_and_before_it_waits(pair, overlap):
+    """Each step's hook runs after the step's last launch and before its first apply (the wait for
+    tokens), and takes the outputs the steps before it queued (the first hook none; the last
+    step's wait for the caller): every token comes out as the loop without a hook gives it."""
+    llm = pair[overlap]
+    engine = llm.engine
+    events: list[str] = []
+    launch = _traced(engine, events)
+    try:
+        ids = _add(engine, f"h{overlap}-")
+        tokens = {rid: [] for rid in ids}
+        per_step = []  # (the step's events, the tokens its hook took)
+
+        def take(into):
+            for rid, outs in engine.take_outputs(ids):
+                for ro in outs:
+                    tokens[rid].extend(ro.outputs[0].token_ids)
+                    into.append(len(ro.outputs[0].token_ids))
+
+        while engine.has_unfinished():
+            start, taken = len(events), []
+
+            def hook(taken=taken):
+                events.append("hook")
+                take(taken)
+
+            engine.step(after_launch=hook)
+            per_step.append((events[start:], taken))
+        last: list[int] = []
+        take(last)
+    finally:
+        engine.executor.launch = launch
+    for k, (step_events, _) in enumerate(per_step):
+        assert step_events.count("hook") == 1, (k, step_events)
+        hook_at = step_events.index("hook")
+        assert "launch" not in step_events[hook_at:] and "apply" not in step_events[:hook_at], (k, step_events)
+    at = 0  # at each hook, a launched step is still to be applied (ZOS: maybe the call before's)
+    for k, (step_events, _) in enumerate(per_step):
+        at += step_events.index("hook")
+        assert events[:at].count("launch") > events[:at].count("apply"), (k, events[:at + 1])
+        at += len(step_events) - step_events.index("hook")
+    assert per_step[0][1] == [] and sum(last) > 0 and all(sum(t) > 0 for _, t in per_step[1:])
+    if overlap:  # (a step ahead: two launches before the hook)
+        assert any(e[:2] == ["launch", "launch"] for e, _ in per_step)
+    want = llm.generate([{"prompt_token_ids": [5 + i, 6, 7, 8, 9][: 3 + i]} for i in range(4)],
+                        [SamplingParams(temperature=0.0, max_tokens=6 + i, ignore_eos=True) for i in range(4)],
+                        use_tqdm=False)
+    assert [tokens[rid] for rid in ids] == [list(o.outputs[0].token_ids) for o in want]
+    _idle(llm)
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "zos"])
+def test_an_after_launch_error_is_raised_once_the_step_completed(pair, overlap):
+    """A hook that raises neither abandons nor breaks the step: step() raises the hook's error
+    after the step has applied its tokens and queued its outputs, and the next steps run on to the
+    tokens of a run without hooks."""
+    llm = pair[overlap]
+    engine = llm.engine
+    ids = _add(engine, f"e{overlap}-")
+    tokens = {rid: [] for rid in ids}
+
+    def take():
+        for rid, outs in engine.take_outputs(ids):
+            for ro in outs:
+                tokens[rid].extend(ro.outputs[0].token_ids)
+
+    def boom():
+        raise RuntimeError("the caller's own bug")
+
+    steps = 0
+    while engine.has_unfinished():
+        if steps == 2:
+            with pytest.raises(RuntimeError, match="the caller's own bug"):
+                engine.step(after_launch=boom)
+        else:
+            engine.step(after_launch=None)
+        steps += 1
+        take()
+    want = llm.generate([{"prompt_token_ids": [5 + i, 6, 7, 8, 9][: 3 + i]} for i in range(4)],
+                        [SamplingParams(temperature=0.0, max_tokens=6 + i, ignore_eos=True) for i in range(4)],
+                        use_tqdm=False)
+    assert steps > 3 and [tokens[rid] for rid in ids] == [list(o.outputs[0].token_ids) for o in want]
+    _idle(llm)

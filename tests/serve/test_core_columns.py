@@ -82,19 +82,23 @@ def requests() -> list[tuple[str, bytes, list[int], SamplingParams]]:
     ]
 
 
-def run(llm: Any, columnar: bool) -> tuple[dict[str, list[Any]], list[Any], int]:
+def run(llm: Any, columnar: bool, defer: bool = True, later: Any = None,
+        sock: Any = None) -> tuple[dict[str, list[Any]], list[Any], int]:
     """Each request's items as its front end rebuilds them (client.py), every metric event, and the
-    rows that came as columns."""
-    sock = FakeRouter()
+    rows that came as columns (``defer``: a step's outputs sent during the next step, the core's
+    default; ``later``: the commands after the adds, by default an abort at the fourth turn)."""
+    sock = FakeRouter() if sock is None else sock
     core = CoreEngine(llm, sock, {}, os.getppid())
     core.columnar = columnar
+    core.defer_outputs = defer
     for ident in FRONT_ENDS:
         core.frontends[ident] = os.getpid()
     adds = [
         ("add", rid, prompt, params, (ident, rid), i, 0.0, None)
         for i, (rid, ident, prompt, params) in enumerate(requests())
     ]
-    core._commands = Script(adds, [(4, ("abort", "aborted"))])  # type: ignore[assignment]
+    later = [(4, ("abort", "aborted"))] if later is None else later
+    core._commands = Script(adds, later)  # type: ignore[assignment]
     core.run()
     assert core.error is None
     decoder = msgspec.msgpack.Decoder(Message)
@@ -234,3 +238,55 @@ def test_a_steps_rows_split_by_front_end_keep_each_rows_tokens(reference_llm, co
         assert np.frombuffer(raw_tokens, "<i4").tolist() == [100 + t for j in mine
                                                               for t in range(start[j], start[j + 1])]
     assert len(itl) == sum(1 for c in counts if c > 0)
+
+
+def test_a_steps_outputs_go_while_the_next_step_runs_and_are_those_sent_after_it(reference_llm):
+    """The core sends a step's outputs from the next step's ``after_launch`` (the device computes
+    meanwhile), not after the step: every front end gets the same items and metric updates as
+    from a core that sends after each step, and most messages leave while a launched step waits
+    to be applied (none do without deferring)."""
+    engine = reference_llm.engine
+    trace: list[str] = []
+
+    class TracedRouter(FakeRouter):
+        def send_multipart(self, parts: list[bytes], flags: int = 0) -> None:
+            trace.append("send")
+            super().send_multipart(parts, flags)
+
+    launch = engine.executor.launch
+
+    def traced_launch(*args: Any, **kwargs: Any) -> Any:
+        launched = launch(*args, **kwargs)
+        apply = launched.apply
+
+        def traced_apply(*a: Any, **k: Any) -> Any:
+            trace.append("apply")
+            return apply(*a, **k)
+
+        launched.apply = traced_apply
+        trace.append("launch")
+        return launched
+
+    engine.executor.launch = traced_launch  # type: ignore[method-assign]
+    results, during = {}, {}
+    try:
+        for defer in (False, True):
+            trace.clear()
+            results[defer] = run(reference_llm, columnar=True, defer=defer, later=[], sock=TracedRouter())
+            in_flight, sends, during[defer] = 0, 0, 0
+            for e in trace:
+                in_flight += {"launch": 1, "apply": -1}.get(e, 0)
+                if e == "send":
+                    sends += 1
+                    during[defer] += in_flight > 0
+            during[defer] = (during[defer], sends, trace.count("apply"))
+    finally:
+        engine.executor.launch = launch  # type: ignore[method-assign]
+    (plain, plain_events, plain_rows), (deferred, deferred_events, deferred_rows) = results[False], results[True]
+    assert deferred == plain and deferred_rows == plain_rows > 0
+    assert metric_totals(deferred_events) == metric_totals(plain_events)
+    assert during[False][0] == 0
+    sent_during, sends, steps = during[True]
+    # (outside a step: the refused add's failure before the first step, the last step's outputs
+    # after it; each goes to every front end)
+    assert steps > 5 and sent_during >= steps - 1 and sends - sent_during <= 2 * len(FRONT_ENDS), during

@@ -228,6 +228,7 @@ class CoreEngine(EngineThread):
     its id and its front end), so the core does no Python work per request and step for them."""
 
     columnar = True
+    defer_outputs = True
 
     def __init__(self, llm: Any, sock: Any, info: dict[str, Any], parent_pid: int, arrival_gap_s: float = 0.0) -> None:
         import msgspec

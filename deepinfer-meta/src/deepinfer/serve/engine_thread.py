@@ -146,6 +146,9 @@ class EngineThread:
     #: a subclass that takes a step's plain deltas as columns (``EngineLoop.take_columns``)
     #: implements ``_new_slot``, ``_free_slot``, ``_take_columns`` and the slot arrays
     columnar = False
+    #: take and send a step's outputs while the next step runs on the device (``EngineLoop.step``'s
+    #: ``after_launch``), not between the steps, where the device would wait for them
+    defer_outputs = False
 
     def __init__(self, llm: Any, metrics: ServerMetrics, arrival_gap_s: float = 0.0) -> None:
         # an idle engine's first step waits while requests keep coming this close together
@@ -162,6 +165,8 @@ class EngineThread:
         self._step_tokens = 0  # tokens of the step being taken apart (iteration_tokens_total)
         self._step_generated = 0  # its generated tokens (generation_tokens_total, one update a step)
         self._step_itl: list[float] = []  # its inter-token latencies (observed at its end)
+        self._outputs_due = False  # (defer_outputs) the last step's outputs are not taken yet
+        self._outputs_error: BaseException | None = None  # taking them raised (a bug): _run dies
 
     # ---- called from the event loop --------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -196,15 +201,20 @@ class EngineThread:
     # ---- the engine thread -----------------------------------------------------------------
     def _run(self) -> None:
         try:
-            while self._take_commands(block=not self._llm.engine.has_unfinished()):
+            while self._take_commands(block=not self._llm.engine.has_unfinished() and not self._outputs_due):
                 if self._llm.engine.has_unfinished():
                     self._step()
+                else:  # (aborts ended what ran: no step follows to send the last one's outputs)
+                    self._take_due_outputs()
                 self._flush()
+                if self._outputs_error is not None:
+                    raise self._outputs_error
         except BaseException as exc:
             self.error = exc
             log.exception("the engine thread died; /health reports 503 from now on")
             self._fail(list(self._live), 503, f"the engine stopped: {exc!r}")
         else:
+            self._take_due_outputs()
             self._abort_all("the server is shutting down")
         self._flush()
 
@@ -299,16 +309,46 @@ class EngineThread:
         (none of its requests could take it) is logged, and a scheduler left mid-step is
         rebuilt, failing every live request."""
         engine = self._llm.engine
+        failed_step = False
         try:
-            engine.step()  # (its outputs are taken from their queues below)
+            if self.defer_outputs:  # (the last step's outputs go once this one is on the device)
+                engine.step(after_launch=self._take_due_outputs)
+            else:
+                engine.step()  # (its outputs are taken from their queues below)
         except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, not the server
             log.error("engine step failed: %r", exc)
+            failed_step = True
             if rebuild_if_stuck(self._llm):
                 self._metrics.engine_replaced()
                 self._fail(list(self._live), 500, f"the engine step failed: {exc!r}")
                 self._metrics.observe_engine(self._llm.engine.stats())
                 return
+        finally:
+            if self._outputs_error is not None:  # (taking the last step's outputs failed: a bug)
+                err, self._outputs_error = self._outputs_error, None
+                raise err
         self.num_steps += 1
+        if self.defer_outputs and not failed_step and engine.has_unfinished():
+            self._outputs_due = True  # taken by the next step's after_launch (or _run, idle)
+            return
+        self._take_outputs(engine)
+
+    def _take_due_outputs(self) -> None:
+        """(``defer_outputs``) The last step's outputs, taken and sent: called by the engine once
+        the next step is on the device (its ``after_launch``), or by the loop when no step
+        follows. An exception is kept for ``_step`` to raise (the engine would take it for a
+        failed step)."""
+        if not self._outputs_due:
+            return
+        self._outputs_due = False
+        try:
+            self._take_outputs(self._llm.engine)
+            self._flush()
+        except BaseException as exc:  # noqa: BLE001 - raised by _step after the engine's step
+            self._outputs_error = exc
+
+    def _take_outputs(self, engine: Any) -> None:
+        """Every output (or failure) the engine queued for a live request since the last call."""
         self._step_tokens = 0
         self._step_generated = 0
         itl = self._step_itl = []  # the step's inter-token latencies, observed at its end

@@ -28,7 +28,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Container
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 from typing import Any
 
@@ -202,6 +202,8 @@ class EngineLoop:
         self.lock = FairRLock()
         self._in_step = False
         self._pending_releases: deque[str] = deque()  # released where the lock was not free
+        self._after_launch: Callable[[], None] | None = None  # step()'s, until it ran
+        self._after_launch_error: BaseException | None = None
         # ZOS: decode steps launched ahead of the previous step's tokens (None: synchronous loop).
         self.overlap = Overlap() if overlap_scheduling else None
         # ---- speculative decoding (runtime.speculative): every step verifies the drafts the
@@ -564,11 +566,18 @@ class EngineLoop:
                     raise RuntimeError(f"the engine has no work left but requests {request_ids[:4]} got no output")
 
     # ---- one step ---------------------------------------------------------------------------
-    def step(self) -> list[Any]:
+    def step(self, after_launch: Callable[[], None] | None = None) -> list[Any]:
         """Run one engine step; returns the RequestOutputs updated by it (text filled in).
 
         With overlap scheduling a decode step may still run on the device when this returns (the
         next call applies it); the engine's scheduler then has a step in flight between calls.
+
+        ``after_launch``: called once, as soon as this call has launched its work on the device
+        and before it waits for the tokens, so that the caller's own work (``deepinfer serve``'s
+        core sends the previous step's outputs) runs while the device computes; called at the end
+        when the call launched nothing. It runs under the engine's lock: it may take outputs and
+        columns; a ``release`` it makes waits for the next step. An exception it raises is raised
+        here once the step has completed.
 
         A request that fails in this step (see the module docstring) gets its error in its queue
         (raised by ``pop_output`` / ``next_output``); the error is raised here too when a failed
@@ -576,12 +585,32 @@ class EngineLoop:
         with self.lock:
             self._release_pending()
             self._in_step = True
+            self._after_launch = after_launch
+            failed = True
             try:
-                return self._step()
+                outputs = self._step()
+                failed = False
             finally:
                 self._in_step = False
+                self._launched()  # (not called yet: nothing was launched, or the step failed first)
+                hook_error, self._after_launch_error = self._after_launch_error, None
+                if hook_error is not None and failed:  # (the step's own error is the one raised)
+                    _log.error("step()'s after_launch failed too: %r", hook_error)
                 if not self.scheduler.num_unfinished_requests:
                     self.runner.restore_torch_threads()
+            if hook_error is not None:
+                raise hook_error
+            return outputs
+
+    def _launched(self) -> None:
+        """The step's work is on the device: run ``step``'s ``after_launch`` (once), keeping its
+        exception for the end of the step (raised here, it would abandon a launched step)."""
+        hook, self._after_launch = self._after_launch, None
+        if hook is not None:
+            try:
+                hook()
+            except BaseException as err:  # noqa: BLE001 - raised by step() once the step completed
+                self._after_launch_error = err
 
     @property
     def stuck(self) -> bool:
@@ -605,7 +634,9 @@ class EngineLoop:
         out = self.scheduler.schedule()
         self.num_steps += 1
         try:
-            self.executor.launch(out).apply(self.scheduler)
+            launched = self.executor.launch(out)
+            self._launched()
+            launched.apply(self.scheduler)
         except BaseException as err:  # noqa: BLE001 - re-raised by _abandon_step unless delivered
             self._abandon_step(err)
             return []
@@ -623,7 +654,9 @@ class EngineLoop:
                 self.num_steps += 1
                 # (speculative decoding: a verify step is no plain decode, it runs synchronously)
                 if not ov.may_run_ahead(out, self.requests):
-                    self.executor.launch(out).apply(self.scheduler)
+                    synchronous = self.executor.launch(out)
+                    self._launched()
+                    synchronous.apply(self.scheduler)
                     return self._step_outputs(out)
                 launched = self.executor.launch(out, copy_ahead=True)
             ahead = self.scheduler.schedule(overlap=True) if ov.allowed(self.requests) and (
@@ -633,6 +666,7 @@ class EngineLoop:
                 self.num_steps += 1
                 ov.in_flight = self.executor.launch(ahead, launched, copy_ahead=True)
                 ov.num_ahead += 1
+            self._launched()
             launched.apply(self.scheduler)
             if ov.in_flight is not None:
                 ov.in_flight.finish()  # a structured step ahead samples now that its bitmask can be built
