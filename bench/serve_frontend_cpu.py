@@ -10,8 +10,13 @@ measured: process CPU time (user + system) from the first step to the last strea
 output token — the client's decode, routing, detokenizing (the front end makes the text), the
 hand-over to each request's handler, merging, the chunk's JSON and SSE framing.
 
-    python bench/serve_frontend_cpu.py [--streams 256] [--tokens 32] [--runs 5] [--json]
-        [--profile FILE] [--server asgi|uvicorn] [--step-ms 2] [--paths written-here per-step general]
+    python bench/serve_frontend_cpu.py [--streams 256] [--tokens 32] [--prompt-len 16] [--runs 5] [--json]
+        [--profile FILE] [--profile-admission FILE] [--server asgi|uvicorn] [--step-ms 2]
+        [--paths written-here per-step general]
+
+Through ASGI it also reports the admission CPU per request: process CPU time from the requests'
+start until every one has been handed to the (fake) engine core, over the number of requests
+(body, validation, SamplingParams, the hand-over; no HTTP parse).
 
 ``--server uvicorn`` serves the same app with uvicorn (httptools) on loopback, and a client
 process opens the streams over sockets and reads them to ``[DONE]``: the HTTP parse, the socket
