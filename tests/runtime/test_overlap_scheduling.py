@@ -147,13 +147,24 @@ def _traced(engine, events):
     return launch
 
 
+# (prompt, max_tokens): prompt steps, then plain decode steps (which ZOS runs ahead)
+_HOOKED = [([5 + i, 6, 7, 8, 9][: 3 + i], 6 + i) for i in range(4)]
+
+
 def _add(engine, tag):
-    ids = [f"{tag}{i}" for i in range(4)]
-    for i, rid in enumerate(ids):  # prompt steps, then plain decode steps (which ZOS runs ahead)
-        engine.add_request(rid, [5 + i, 6, 7, 8, 9][: 3 + i], SamplingParams(temperature=0.0, max_tokens=6 + i,
-                                                                            ignore_eos=True, detokenize=False),
-                           output_kind="delta", collect="all")
+    ids = [f"{tag}{i}" for i in range(len(_HOOKED))]
+    for rid, (prompt, max_tokens) in zip(ids, _HOOKED):
+        engine.add_request(rid, prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
+                                                       detokenize=False), output_kind="delta", collect="all")
     return ids
+
+
+def _greedy_tokens(llm):
+    """The token ids of ``_HOOKED`` from ``generate``, no hook involved."""
+    outs = llm.generate([{"prompt_token_ids": p} for p, _ in _HOOKED],
+                        [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for _, m in _HOOKED],
+                        use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "zos"])
@@ -201,10 +212,7 @@ def test_after_launch_runs_once_a_step_after_its_launches_and_before_it_waits(pa
     assert per_step[0][1] == [] and sum(last) > 0 and all(sum(t) > 0 for _, t in per_step[1:])
     if overlap:  # (a step ahead: two launches before the hook)
         assert any(e[:2] == ["launch", "launch"] for e, _ in per_step)
-    want = llm.generate([{"prompt_token_ids": [5 + i, 6, 7, 8, 9][: 3 + i]} for i in range(4)],
-                        [SamplingParams(temperature=0.0, max_tokens=6 + i, ignore_eos=True) for i in range(4)],
-                        use_tqdm=False)
-    assert [tokens[rid] for rid in ids] == [list(o.outputs[0].token_ids) for o in want]
+    assert [tokens[rid] for rid in ids] == _greedy_tokens(llm)
     _idle(llm)
 
 
@@ -235,8 +243,5 @@ def test_an_after_launch_error_is_raised_once_the_step_completed(pair, overlap):
             engine.step(after_launch=None)
         steps += 1
         take()
-    want = llm.generate([{"prompt_token_ids": [5 + i, 6, 7, 8, 9][: 3 + i]} for i in range(4)],
-                        [SamplingParams(temperature=0.0, max_tokens=6 + i, ignore_eos=True) for i in range(4)],
-                        use_tqdm=False)
-    assert steps > 3 and [tokens[rid] for rid in ids] == [list(o.outputs[0].token_ids) for o in want]
+    assert steps > 3 and [tokens[rid] for rid in ids] == _greedy_tokens(llm)
     _idle(llm)

@@ -290,3 +290,36 @@ def test_a_steps_outputs_go_while_the_next_step_runs_and_are_those_sent_after_it
     # (outside a step: the refused add's failure before the first step, the last step's outputs
     # after it; each goes to every front end)
     assert steps > 5 and sent_during >= steps - 1 and sends - sent_during <= 2 * len(FRONT_ENDS), during
+
+
+def test_a_core_that_fails_to_take_a_steps_outputs_dies_and_fails_every_open_request(reference_llm):
+    """Taking the outputs runs inside the engine's next step (``after_launch``): its failure (a bug)
+    must end the core as before, every open request failed with a 503 naming it, not be taken for
+    a failed engine step that the loop would retry."""
+    sock = FakeRouter()
+    core = CoreEngine(reference_llm, sock, {}, os.getppid())
+    for ident in FRONT_ENDS:
+        core.frontends[ident] = os.getpid()
+    plain = [r for r in requests() if r[0].startswith("plain")]
+    core._commands = Script([("add", rid, prompt, params, (ident, rid), i, 0.0, None)  # type: ignore[assignment]
+                             for i, (rid, ident, prompt, params) in enumerate(plain)], [])
+    calls = 0
+    take = core._take_columns
+
+    def failing_take(*args: Any) -> int:
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            raise RuntimeError("a bug in taking the outputs")
+        return take(*args)
+
+    core._take_columns = failing_take  # type: ignore[method-assign]
+    core.run()
+    assert isinstance(core.error, RuntimeError) and "a bug in taking the outputs" in str(core.error)
+    decoder = msgspec.msgpack.Decoder(Message)
+    failed = {rid: f for _, raw in sock.sent for rid, f in decoder.decode(raw)[3]}
+    assert set(failed) == {"plain-a", "plain-b"}
+    assert all(f.status == 503 and "a bug in taking the outputs" in f.message for f in failed.values())
+    assert calls == 3
+    reference_llm.engine.release("plain-a")  # (the shared engine runs on for the other tests)
+    reference_llm.engine.release("plain-b")

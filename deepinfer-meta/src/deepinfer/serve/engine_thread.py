@@ -206,9 +206,9 @@ class EngineThread:
                     self._step()
                 else:  # (aborts ended what ran: no step follows to send the last one's outputs)
                     self._take_due_outputs()
-                self._flush()
-                if self._outputs_error is not None:
+                if self._outputs_error is not None:  # (taking a step's outputs failed: a bug)
                     raise self._outputs_error
+                self._flush()
         except BaseException as exc:
             self.error = exc
             log.exception("the engine thread died; /health reports 503 from now on")
@@ -323,11 +323,9 @@ class EngineThread:
                 self._fail(list(self._live), 500, f"the engine step failed: {exc!r}")
                 self._metrics.observe_engine(self._llm.engine.stats())
                 return
-        finally:
-            if self._outputs_error is not None:  # (taking the last step's outputs failed: a bug)
-                err, self._outputs_error = self._outputs_error, None
-                raise err
         self.num_steps += 1
+        if self._outputs_error is not None:  # (raised by _run)
+            return
         if self.defer_outputs and not failed_step and engine.has_unfinished():
             self._outputs_due = True  # taken by the next step's after_launch (or _run, idle)
             return
@@ -336,8 +334,8 @@ class EngineThread:
     def _take_due_outputs(self) -> None:
         """(``defer_outputs``) The last step's outputs, taken and sent: called by the engine once
         the next step is on the device (its ``after_launch``), or by the loop when no step
-        follows. An exception is kept for ``_step`` to raise (the engine would take it for a
-        failed step)."""
+        follows. An exception is kept for ``_run`` to raise after the engine's step (raised into
+        the engine, it would be taken for a failed step)."""
         if not self._outputs_due:
             return
         self._outputs_due = False
