@@ -67,6 +67,37 @@ def test_request_text_joins_to_transformers_decode_of_the_whole_completion(token
         assert all("\ufffd" not in g for g in got[:-1]) or "\ufffd" in want  # no half character streamed early
 
 
+@pytest.mark.parametrize("skip", [True, False])
+def test_a_whole_response_decoded_as_its_steps_come_equals_one_decoded_at_its_end(tokenizers, skip):
+    # a non-streamed response's tokens are absorbed step by step (client.py's held tokens), its
+    # last delta filled with all its text: the same text as the end-of-response fill
+    from deepinfer.serve.output_text import RequestText
+
+    ours, hf = tokenizers
+    prompt = list(hf("Hello there").input_ids)
+    rng = random.Random(1)
+    normal = list(hf(" and a cat.").input_ids)
+    for case in range(60):
+        ids = [rng.choice(PIECES + normal) for _ in range(rng.randint(2, 24))]
+        if case % 3 == 0:
+            ids.append(2)
+        finish, stop_reason = ("stop", 2) if case % 3 == 0 else ("length", None)
+        last = rng.randint(1, min(3, len(ids) - 1))
+        early, late = RequestText(ours, prompt, SamplingParams(skip_special_tokens=skip)), \
+            RequestText(ours, prompt, SamplingParams(skip_special_tokens=skip))
+        at = 0
+        while at < len(ids) - last:
+            step = ids[at:min(at + rng.randint(1, 4), len(ids) - last)]
+            early.absorb(step)
+            at += len(step)
+        got, want = _delta(0, ids[-last:], finish, stop_reason), _delta(0, ids, finish, stop_reason)
+        early.fill(got)
+        late.fill(want)
+        kept = ids[:-1] if case % 3 == 0 else ids
+        ref = hf.decode(prompt + kept, skip_special_tokens=skip)[len(hf.decode(prompt, skip_special_tokens=skip)):]
+        assert got.samples[0].text == want.samples[0].text == ref, (ids, last)
+
+
 def test_only_requests_without_stop_strings_are_detokenized_in_the_front_end():
     from deepinfer.serve.output_text import detokenized_here
 

@@ -313,10 +313,15 @@ def test_a_stream_interval_holds_tokens_and_the_rest_goes_with_the_last_chunk(mo
     assert len(fast_events) <= 5 and fast_events[-1]["choices"][0]["finish_reason"] == "length"
 
 
-def test_a_whole_response_holds_its_tokens_and_equals_the_general_path(model_path):
+def test_a_whole_response_holds_its_tokens_and_equals_the_general_path(model_path, monkeypatch):
+    from deepinfer.serve.output_text import RequestText
+
     tokens = _completion_ids(model_path, random.Random(3), 30)
     body = {"prompt": "Hello there", "max_tokens": 30}
     holds: list[bool] = []
+    absorbed: list[int] = []
+    absorb = RequestText.absorb
+    monkeypatch.setattr(RequestText, "absorb", lambda self, ids: (absorbed.extend(ids), absorb(self, ids))[1])
     with FakeCore(model_path) as fake:
         hold = fake.client.hold_tokens
 
@@ -336,6 +341,8 @@ def test_a_whole_response_holds_its_tokens_and_equals_the_general_path(model_pat
             bodies.append(json.loads(data))
             fake.client.hold_tokens = lambda rid: False  # type: ignore[method-assign]
     assert holds == [True]
+    # decoded as the steps came (the first token comes as a whole delta; the last ends the response)
+    assert absorbed == tokens[1:-1]
     held, general = bodies
     assert held["choices"] == general["choices"] and held["usage"] == general["usage"]
     assert held["usage"]["completion_tokens"] == 30 and held["choices"][0]["finish_reason"] == "length"

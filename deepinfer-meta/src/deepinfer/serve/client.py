@@ -360,7 +360,7 @@ class EngineClient:
                 if route is None:  # aborted by its client
                     continue
                 if route.held is not None:  # a whole response: nothing to hand over yet
-                    route.held += ids
+                    self._hold(rid, route, ids)
                     continue
                 stream = route.stream
                 if stream is not None:  # written from here (token_stream.py)
@@ -375,10 +375,13 @@ class EngineClient:
             route = routes.get(rid)
             if route is None:  # aborted by its client
                 continue
-            if route.held:  # the held tokens go first in sample 0
+            filled = False
+            if route.held:  # the held tokens go first in sample 0 (their text is made already)
                 first = first_sample(delta)
+                if not self._fill(rid, route, delta):
+                    continue
                 first.token_ids = route.held + first.token_ids
-                route.held = []
+                route.held, filled = [], True
             if route.stream is not None and route.stream.pending:  # its kept tokens go out first
                 self._flush_one(rid, route, route.stream)
                 if routes.get(rid) is not route:  # writing them failed the request
@@ -393,7 +396,7 @@ class EngineClient:
             elif route.sink.qsize() >= limit:
                 self._cut(rid, route)
                 continue
-            self._put(rid, route, delta)
+            self._put(rid, route, delta, filled)
         for rid, failure in failures:
             route = routes.get(rid)
             if route is not None and route.stream is not None and route.stream.pending:
@@ -430,15 +433,32 @@ class EngineClient:
         except Exception as exc:  # noqa: BLE001 - this request's failure only
             self._fail_one(rid, route, f"the request failed: {type(exc).__name__}: {exc}")
 
-    def _put(self, rid: str, route: _Route, delta: RequestDelta) -> None:
-        """Hand a delta to its HTTP handler, with its text when this front end makes it."""
-        if route.text is not None:
-            try:
-                route.text.fill(delta)
-            except Exception as exc:  # noqa: BLE001 - this request's failure only
-                self._fail_one(rid, route, f"the request failed: {type(exc).__name__}: {exc}")
-                return
-        route.sink.put_nowait(delta)
+    def _put(self, rid: str, route: _Route, delta: RequestDelta, filled: bool = False) -> None:
+        """Hand a delta to its HTTP handler, with its text when this front end makes it
+        (``filled``: made already)."""
+        if filled or self._fill(rid, route, delta):
+            route.sink.put_nowait(delta)
+
+    def _fill(self, rid: str, route: _Route, delta: RequestDelta) -> bool:
+        """Make the delta's text when this front end makes it; False: that failed the request."""
+        if route.text is None:
+            return True
+        try:
+            route.text.fill(delta)
+        except Exception as exc:  # noqa: BLE001 - this request's failure only
+            self._fail_one(rid, route, f"the request failed: {type(exc).__name__}: {exc}")
+            return False
+        return True
+
+    def _hold(self, rid: str, route: _Route, ids: list[int]) -> None:
+        """A whole response's new tokens: kept for its last delta, their text made now (a step's
+        tokens decoded while the engine runs the next, rather than every token at the end)."""
+        assert route.held is not None and route.text is not None  # (hold_tokens)
+        route.held += ids
+        try:
+            route.text.absorb(ids)
+        except Exception as exc:  # noqa: BLE001 - this request's failure only
+            self._fail_one(rid, route, f"the request failed: {type(exc).__name__}: {exc}")
 
     def _fail_one(self, rid: str, route: _Route, message: str) -> None:
         """Detokenizing a request's tokens failed here: abort it in its core, fail its response."""

@@ -50,6 +50,11 @@ class RequestText:
         """The characters that new tokens of sample 0 (not its last) complete (token_stream.py)."""
         return self._sample(0).append_delta(token_ids)
 
+    def absorb(self, token_ids: list[int]) -> None:
+        """Decode new tokens of sample 0 (not its last) now and keep their text for the next
+        ``fill``: a whole response's tokens are decoded as its steps come, not all at its end."""
+        self._sample(0).append(token_ids)
+
     def fill(self, delta: RequestDelta) -> None:
         """Set each sample's ``text`` to the characters its new tokens complete."""
         for s in delta.samples:
