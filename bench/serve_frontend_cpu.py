@@ -11,12 +11,14 @@ output token — the client's decode, routing, detokenizing (the front end makes
 hand-over to each request's handler, merging, the chunk's JSON and SSE framing.
 
     python bench/serve_frontend_cpu.py [--streams 256] [--tokens 32] [--prompt-len 16] [--runs 5] [--json]
-        [--profile FILE] [--profile-admission FILE] [--server asgi|uvicorn] [--step-ms 2]
+        [--profile FILE] [--profile-admission FILE] [--plain] [--server asgi|uvicorn] [--step-ms 2]
         [--paths written-here per-step general]
 
 Through ASGI it also reports the admission CPU per request: process CPU time from the requests'
 start until every one has been handed to the (fake) engine core, over the number of requests
-(body, validation, SamplingParams, the hand-over; no HTTP parse).
+(body, validation, SamplingParams, the hand-over; no HTTP parse), and the last step's CPU per
+request: from the last step's message until every response is sent. ``--plain`` asks for whole
+(non-streamed) responses instead, whose last step makes each response's body.
 
 ``--server uvicorn`` serves the same app with uvicorn (httptools) on loopback, and a client
 process opens the streams over sockets and reads them to ``[DONE]``: the HTTP parse, the socket
@@ -119,8 +121,8 @@ async def one_stream(app: Any, body: bytes, done: asyncio.Event, chunks: list[in
 
 async def run_once(
     app: Any, client: Any, sent: list[Any], streams: int, tokens: int, profile: Any = None,
-    admission_profile: Any = None, prompt_len: int = 16,
-) -> tuple[float, int, float]:
+    admission_profile: Any = None, prompt_len: int = 16, stream: bool = True,
+) -> tuple[float, int, float, float]:
     import msgspec
     import numpy as np
 
@@ -128,7 +130,7 @@ async def run_once(
     done = asyncio.Event()
     chunks = [0]
     rng = np.random.default_rng(0)
-    bodies = _bodies(streams, tokens, prompt_len)
+    bodies = _bodies(streams, tokens, prompt_len, stream)
     sent.clear()
     if admission_profile is not None:
         admission_profile.enable()
@@ -149,17 +151,21 @@ async def run_once(
     if profile is not None:
         profile.enable()
     t0 = time.process_time()
+    t_last = t0
     for step in range(tokens):
         raw = encoder.encode(core_message(rids, toks[step], ones, step, tokens))
+        if step == tokens - 1:
+            t_last = time.process_time()
         client._on_message(core, client._decoder.decode(raw))
         for _ in range(4):  # every handler takes its delta and writes its chunk
             await asyncio.sleep(0)
     done.set()
     await asyncio.gather(*tasks)
-    cpu = time.process_time() - t0
+    t_end = time.process_time()
+    cpu = t_end - t0
     if profile is not None:
         profile.disable()
-    return cpu, streams * tokens, admission / streams
+    return cpu, streams * tokens, admission / streams, (t_end - t_last) / streams
 
 
 def core_message(rids: list[str], row: Any, ones: bytes, step: int, tokens: int) -> tuple[Any, ...]:
@@ -175,12 +181,12 @@ def core_message(rids: list[str], row: Any, ones: bytes, step: int, tokens: int)
     return ("batch", [], [], [], [(rids, ones, row.tobytes())])
 
 
-def _bodies(streams: int, tokens: int, prompt_len: int = 16) -> list[bytes]:
+def _bodies(streams: int, tokens: int, prompt_len: int = 16, stream: bool = True) -> list[bytes]:
     import numpy as np
 
     rng = np.random.default_rng(0)
     return [json.dumps({"model": "bench", "prompt": rng.integers(3, VOCAB, prompt_len).tolist(), "max_tokens": tokens,
-                        "temperature": 0, "ignore_eos": True, "stream": True}).encode() for _ in range(streams)]
+                        "temperature": 0, "ignore_eos": True, "stream": stream}).encode() for _ in range(streams)]
 
 
 def read_streams(port: int, bodies: list[bytes], out: Any) -> None:
@@ -313,6 +319,9 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--profile", help="cProfile (CPU time) one run's streaming into this file")
     ap.add_argument("--profile-admission", help="cProfile (CPU time) one run's admission into this file")
+    ap.add_argument("--plain", action="store_true",
+                    help="(asgi) whole responses instead of streams; also reports the CPU per response from the "
+                         "last step's message until every response is sent")
     ap.add_argument("--server", choices=["asgi", "uvicorn"], default="asgi")
     ap.add_argument("--step-ms", type=float, default=2.0, help="(uvicorn) time between two steps")
     ap.add_argument("--paths", nargs="+", choices=["written-here", "per-step", "general"], default=["written-here"],
@@ -338,12 +347,12 @@ def main() -> int:
         client, sent = make_client(d, args.streams)
         app = build_app(client, ServeConfig(served_model_names=["bench"], max_queue=0))
 
-        async def all_runs() -> list[float]:
+        async def all_runs() -> tuple[list[float], list[float], list[float]]:
             async with app.router.lifespan_context(app):  # (the app's start-up: its GC freeze)
                 return await runs()
 
-        async def runs() -> tuple[list[float], list[float]]:
-            common = dict(prompt_len=args.prompt_len)
+        async def runs() -> tuple[list[float], list[float], list[float]]:
+            common: dict[str, Any] = dict(prompt_len=args.prompt_len, stream=not args.plain)
             await run_once(app, client, sent, args.streams, args.tokens, **common)  # warm-up
             if args.profile or args.profile_admission:
                 import cProfile
@@ -355,25 +364,32 @@ def main() -> int:
                 else:
                     await run_once(app, client, sent, args.streams, args.tokens, admission_profile=prof, **common)
                     prof.dump_stats(args.profile_admission)
-                return [], []
-            out, admit = [], []
+                return [], [], []
+            out, admit, end = [], [], []
             for _ in range(args.runs):
-                cpu, toks, per_request = await run_once(app, client, sent, args.streams, args.tokens, **common)
+                cpu, toks, per_request, at_end = await run_once(app, client, sent, args.streams, args.tokens,
+                                                                **common)
                 out.append(1e6 * cpu / toks)
                 admit.append(1e6 * per_request)
-            return out, admit
+                end.append(1e6 * at_end)
+            return out, admit, end
 
-        us, admit = asyncio.run(all_runs())
+        us, admit, end = asyncio.run(all_runs())
     if args.profile or args.profile_admission:
         return 0
     if args.json:
-        print(json.dumps({"frontend_us": us, "admission_us": admit}))
+        print(json.dumps({"frontend_us": us, "admission_us": admit, "last_step_us": end}))
     else:
         print(
             f"front end CPU per output token {statistics.median(us):6.2f} us  runs {[round(x, 2) for x in us]}"
         )
         print(
             f"admission CPU per request      {statistics.median(admit):6.1f} us  runs {[round(x) for x in admit]}"
+        )
+        print(
+            f"last step's CPU per request    {statistics.median(end):6.1f} us  runs {[round(x) for x in end]}"
+            f"  ({'whole responses' if args.plain else 'streams'}: from the last step's message until every "
+            "response is sent)"
         )
     return 0
 
