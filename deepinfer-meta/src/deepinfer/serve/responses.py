@@ -49,6 +49,20 @@ class TokenStrings:
         return s
 
 
+#: what a logprob of -inf is reported as (vLLM's value): JSON has no infinity, and a token the
+#: processed logits masked (``--logprobs-mode processed_logprobs``, top-k/top-p) has that logprob
+LOGPROB_FLOOR = -9999.0
+
+
+def _floored(lp: float | None) -> float | None:
+    """``lp``, or ``LOGPROB_FLOOR`` below it (None and NaN pass unchanged)."""
+    return LOGPROB_FLOOR if lp is not None and lp < LOGPROB_FLOOR else lp
+
+
+def _floored_top(lp: dict[int, float], strings: TokenStrings) -> dict[str, float]:
+    return {strings(k): (LOGPROB_FLOOR if v < LOGPROB_FLOOR else v) for k, v in lp.items()}
+
+
 def completion_logprobs(sample: SampleDelta, strings: TokenStrings, offset: int) -> dict[str, Any]:
     """The completions API's logprobs of a sample's new tokens (text offsets from ``offset``)."""
     lps = sample.logprobs or []
@@ -57,8 +71,8 @@ def completion_logprobs(sample: SampleDelta, strings: TokenStrings, offset: int)
     for t in sample.token_ids:
         offsets.append(offset)
         offset += len(strings.text(t))
-    return {"tokens": tokens, "token_logprobs": [lp[t] for t, lp in zip(sample.token_ids, lps, strict=True)],
-            "top_logprobs": [{strings(k): v for k, v in lp.items()} for lp in lps], "text_offset": offsets}
+    return {"tokens": tokens, "token_logprobs": [_floored(lp[t]) for t, lp in zip(sample.token_ids, lps, strict=True)],
+            "top_logprobs": [_floored_top(lp, strings) for lp in lps], "text_offset": offsets}
 
 
 def prompt_logprobs(prompt_ids: list[int], lps: list[dict[int, float] | None] | None,
@@ -73,8 +87,9 @@ def prompt_logprobs(prompt_ids: list[int], lps: list[dict[int, float] | None] | 
     entries = list(lps or [])
     entries += [None] * (len(prompt_ids) - len(entries))
     return {"tokens": tokens,
-            "token_logprobs": [None if lp is None else lp.get(t) for t, lp in zip(prompt_ids, entries, strict=True)],
-            "top_logprobs": [None if lp is None else {strings(k): v for k, v in lp.items()} for lp in entries],
+            "token_logprobs": [None if lp is None else _floored(lp.get(t))
+                               for t, lp in zip(prompt_ids, entries, strict=True)],
+            "top_logprobs": [None if lp is None else _floored_top(lp, strings) for lp in entries],
             "text_offset": offsets}
 
 
@@ -82,7 +97,7 @@ def chat_logprobs(sample: SampleDelta, strings: TokenStrings, top: int) -> dict[
     """The chat API's logprobs of a sample's new tokens, with the ``top`` most likely each."""
     def entry(token_id: int, logprob: float) -> dict[str, Any]:
         s = strings(token_id)
-        return {"token": s, "logprob": logprob, "bytes": list(s.encode("utf-8"))}
+        return {"token": s, "logprob": _floored(logprob), "bytes": list(s.encode("utf-8"))}
 
     content = []
     for t, lp in zip(sample.token_ids, sample.logprobs or [], strict=True):
