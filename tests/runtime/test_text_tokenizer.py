@@ -66,6 +66,31 @@ def assert_same_chats(text_tok, hf_tok, conversations=CONVERSATIONS, **kwargs):
                     == hf_tok(want, add_special_tokens=False).input_ids)
 
 
+# conversations whose last message a reply may continue (continue_final_message): trailing spaces
+# and newlines (which a template may trim), a last message that is not the assistant's
+CONTINUED = [
+    [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "The colour is"}],
+    [{"role": "user", "content": "Count"}, {"role": "assistant", "content": "one, two, "}],
+    [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "line\n\n"}],
+    [{"role": "user", "content": "Complete: the quick brown"}],
+]
+
+
+def assert_same_continued(text_tok, hf_tok, conversations=CONTINUED):
+    """``continue_final_message`` renders as transformers renders it, and fails where it fails."""
+    for conv in conversations:
+        want = hf_tok.apply_chat_template(conv, tokenize=False, continue_final_message=True)
+        assert text_tok.apply_chat_template(conv, tokenize=False, continue_final_message=True) == want, conv
+        assert (text_tok.apply_chat_template(conv, tokenize=True, continue_final_message=True)
+                == hf_tok(want, add_special_tokens=False).input_ids)
+    conv = conversations[0]
+    for tok in (text_tok, hf_tok):
+        with pytest.raises(ValueError, match="continue_final_message"):
+            tok.apply_chat_template(conv, tokenize=False, continue_final_message=True, add_generation_prompt=True)
+        with pytest.raises(ValueError, match="continue_final_message"):
+            tok.apply_chat_template(conv, tokenize=False, continue_final_message="nowhere")
+
+
 # ---- the default model (GGUF, byte-level BPE, ChatML template) ---------------------------------
 @pytest.fixture(scope="module")
 def text_default(default_gguf):
@@ -91,6 +116,7 @@ def test_property_any_text_and_ids_match_transformers(text_default, tokenizer, t
 
 def test_default_model_chat_template_renders_like_transformers(text_default, tokenizer):
     assert_same_chats(text_default, tokenizer)
+    assert_same_continued(text_default, tokenizer)
 
 
 def test_chat_template_errors_are_clear(text_default):
@@ -120,7 +146,7 @@ def cache(tmp_path, monkeypatch):
     return tmp_path / "cache"
 
 
-def _word_level_dir(path, **config):
+def _word_level_dir(path, chat_template=RICH_TEMPLATE, **config):
     """A word-level tokenizer with punctuation tokens (so the clean-up of spaces shows) and a chat
     template, saved by transformers as a HF directory."""
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -131,7 +157,7 @@ def _word_level_dir(path, **config):
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
-                            pad_token="<pad>", chat_template=RICH_TEMPLATE, **config).save_pretrained(path)
+                            pad_token="<pad>", chat_template=chat_template, **config).save_pretrained(path)
     return str(path)
 
 
@@ -151,6 +177,7 @@ def test_word_level_dir_matches_transformers(tmp_path, cache, config):
             {"role": "user", "content": "dropped by the break"}]
     assert_same_chats(text, hf, CONVERSATIONS + [conv])
     assert_same_chats(text, hf, [conv], extra="EXTRA", bos_token="<override>")
+    assert_same_continued(text, hf)  # this template trims each message: the trailing spaces go
     # raise_exception in a template raises jinja2's TemplateError in both
     import jinja2
 
@@ -158,6 +185,17 @@ def test_word_level_dir_matches_transformers(tmp_path, cache, config):
     for tok in (text, hf):
         with pytest.raises(jinja2.exceptions.TemplateError, match="tools are not supported: call"):
             tok.apply_chat_template(tool, tokenize=False)
+
+
+def test_continuing_a_message_a_template_trims_matches_transformers(tmp_path, cache):
+    # each message trimmed, nothing after the turns: the mark's trailing space is gone where it is
+    # found, so the message's own trailing whitespace is cut too (as transformers cuts it)
+    trim = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] | trim }}</{{ m['role'] }}>{% endfor %}"
+    path = _word_level_dir(tmp_path / "model", chat_template=trim)
+    hf = load_tokenizer(path)
+    text = load_text_tokenizer(path)
+    assert_same_continued(text, hf)
+    assert text.apply_chat_template(CONTINUED[1], continue_final_message=True).endswith("<assistant>one, two,")
 
 
 def test_byte_level_dir_matches_transformers(tmp_path, cache, tokenizer):

@@ -35,6 +35,7 @@ from deepinfer.serve.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
     chat_messages,
+    chat_template_kwargs,
     check_conversation,
     check_stop,
     check_text,
@@ -181,7 +182,8 @@ def build_app(llm: Any, config: ServeConfig) -> FastAPI:
             raise APIError(400, "give exactly one of prompt and messages", "prompt")
         if req.messages is not None:
             messages = chat_messages(req.messages)
-            ids = await state.off_loop(_chat_size(messages), _chat_ids, state, messages, req.add_generation_prompt)
+            ids = await state.off_loop(_chat_size(messages), _chat_ids, state, messages, req.add_generation_prompt,
+                                       chat_template_kwargs(req))
         else:
             prompt = check_text(req.prompt, "prompt")
             ids = await state.off_loop(len(prompt), lambda: list(
@@ -234,8 +236,11 @@ def build_app(llm: Any, config: ServeConfig) -> FastAPI:
         tools = tool_choice(req, getattr(state.tokenizer, "chat_template", None), config.tool_call_parser)
         messages = chat_messages(chat_tool_messages(req.messages))
         check_conversation(messages)
+        kwargs = chat_template_kwargs(req)
+        if tools is not None:
+            kwargs["tools"] = tools.template_tools
         prompt = await state.off_loop(_chat_size(messages), _chat_ids, state, messages, req.add_generation_prompt,
-                                      None if tools is None else tools.template_tools)
+                                      kwargs)
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
         top = (req.top_logprobs or 0) if req.logprobs else None
@@ -302,10 +307,10 @@ async def _structured_outputs(state: ServingState, req: Any, params: list[Sampli
 
 
 def _chat_ids(state: ServingState, messages: list[dict[str, str]], add_generation_prompt: bool,
-              tools: list[dict[str, Any]] | None = None) -> list[int]:
+              kwargs: dict[str, Any]) -> list[int]:
+    """The conversation's prompt ids; ``kwargs``: the template's extra arguments (tools included)."""
     try:
-        kwargs = None if tools is None else {"tools": tools}
-        ids = state.llm.apply_chat_template(messages, add_generation_prompt, kwargs)["prompt_token_ids"]
+        ids = state.llm.apply_chat_template(messages, add_generation_prompt, kwargs or None)["prompt_token_ids"]
     except (ValueError, TypeError) as exc:
         raise APIError(400, str(exc), "messages") from None
     if not ids:

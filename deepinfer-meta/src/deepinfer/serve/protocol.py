@@ -126,6 +126,8 @@ class ChatCompletionRequest(_SamplingBody):
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
+    continue_final_message: bool = False  # vLLM's: the reply continues the last message's text
+    chat_template_kwargs: Any = None  # vLLM's: more variables for the chat template (enable_thinking=false, ...)
     audio: Any = None
     modalities: Any = None
     prediction: Any = None
@@ -141,6 +143,8 @@ class TokenizeRequest(_Body):
     messages: Any = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: Any = None
 
 
 class DetokenizeRequest(_Body):
@@ -345,6 +349,40 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
             "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+
+
+#: the chat template's arguments that a request sets with fields of their own
+_OWN_TEMPLATE_ARGS = {"tokenize": None, "conversation": "messages", "messages": "messages",
+                      "add_generation_prompt": "add_generation_prompt",
+                      "continue_final_message": "continue_final_message", "tools": "tools"}
+
+
+def chat_template_kwargs(req: Any) -> dict[str, Any]:
+    """The chat template's extra arguments of a chat or tokenize request (vLLM's
+    ``chat_template_kwargs`` and ``continue_final_message``), checked: a 400 for a value that is not
+    an object, a key that is an argument with a field of its own, or both ``continue_final_message``
+    and ``add_generation_prompt``."""
+    kwargs = req.chat_template_kwargs
+    if kwargs is None:
+        kwargs = {}
+    if not isinstance(kwargs, dict):
+        raise APIError(400, f"chat_template_kwargs must be an object, got {type(kwargs).__name__}",
+                       "chat_template_kwargs")
+    for key in kwargs:
+        if key in _OWN_TEMPLATE_ARGS:
+            field = _OWN_TEMPLATE_ARGS[key]
+            use = f" (set the request's {field!r} instead)" if field else ""
+            raise APIError(400, f"chat_template_kwargs must not set {key!r}{use}", "chat_template_kwargs")
+    if not isinstance(req.continue_final_message, bool):
+        raise APIError(400, "continue_final_message must be a boolean", "continue_final_message")
+    kwargs = dict(kwargs)
+    if req.continue_final_message:
+        if req.add_generation_prompt:
+            raise APIError(400, "continue_final_message and add_generation_prompt cannot both be true (the "
+                                "reply would start a new turn; add_generation_prompt defaults to true: set it to "
+                                "false)", "continue_final_message")
+        kwargs["continue_final_message"] = True
+    return kwargs
 
 
 def check_conversation(messages: list[dict[str, str]]) -> None:

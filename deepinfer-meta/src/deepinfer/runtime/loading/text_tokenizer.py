@@ -205,11 +205,15 @@ class TextTokenizer:
 
     def apply_chat_template(self, conversation: Sequence[Mapping[str, Any]], tokenize: bool = False,
                             add_generation_prompt: bool = False, tools: list[dict[str, Any]] | None = None,
-                            documents: list[dict[str, Any]] | None = None, **template_kwargs: Any
+                            documents: list[dict[str, Any]] | None = None,
+                            continue_final_message: bool | str = False, **template_kwargs: Any
                             ) -> str | list[int]:
         """``conversation`` rendered with the chat template as transformers renders it (text, or
         its ids without added special tokens when ``tokenize``); ``template_kwargs`` reach the
-        template, over the special tokens (bos_token, eos_token, ...)."""
+        template, over the special tokens (bos_token, eos_token, ...).
+
+        ``continue_final_message`` (transformers' option): the text ends inside the last message,
+        right after its content (or the field of that name), so that a reply continues it."""
         if not isinstance(conversation, (list, tuple)) or not conversation:
             raise ValueError("conversation must be a non-empty list of messages")
         for name, value in (("tools", tools), ("documents", documents)):
@@ -222,11 +226,63 @@ class TextTokenizer:
             # as transformers: keys whose value is None are dropped; data is copied to plain types
             messages.append(_plain({k: v for k, v in m.items() if v is not None}))
         messages = _alias_reasoning(messages)
-        template = _compile(self.get_chat_template(tools))
+        source = self.get_chat_template(tools)
+        template = _compile(source)
+        if continue_final_message:
+            if add_generation_prompt:
+                raise ValueError("continue_final_message and add_generation_prompt cannot both be set: the "
+                                 "first continues the last message, the second starts a new one")
+            final = _mark_final_message(messages, source, continue_final_message)
         kwargs = _plain({**self.special_tokens_map, **template_kwargs})
         text: str = template.render(messages=messages, tools=_plain(tools), documents=_plain(documents),
                                     add_generation_prompt=add_generation_prompt, **kwargs)
+        if continue_final_message:
+            text = _cut_at_mark(text, final)
         return self.encode(text, add_special_tokens=False) if tokenize else text
+
+
+#: appended to the message to continue, then found (its last occurrence) in the rendered text and
+#: cut away with all after it; its trailing space shows whether the template kept the message's
+#: trailing whitespace. transformers' own marker, so that a template that prints the messages twice
+#: (e.g. as JSON after the turns) renders exactly as transformers renders it
+_CONTINUE_MARK = "CONTINUE_FINAL_MESSAGE_TAG "
+
+
+def _mark_final_message(messages: list[dict[str, Any]], template: str, field: bool | str) -> str:
+    """Append ``_CONTINUE_MARK`` to the last message's ``field`` ("content" for True; every copy of
+    a reasoning field), or to the last text part of a list content; the text it ends."""
+    name = field if isinstance(field, str) else "content"
+    last = messages[-1]
+    final = last.get(name)
+    if final is None:
+        raise ValueError(f"continue_final_message is set but the final message has no {name!r} to continue")
+    names = [name]
+    if name in _REASONING_FIELDS:  # (copied under several names: mark each copy the template may read)
+        names = [k for k in _REASONING_FIELDS if last.get(k) == final]
+    if not any(k in template for k in names):
+        raise ValueError(f"continue_final_message names {name!r}, which the chat template does not read")
+    if isinstance(final, (list, tuple)):
+        for part in reversed(final):
+            if isinstance(part, dict) and "text" in part:
+                text = part["text"]
+                part["text"] = text + _CONTINUE_MARK
+                return str(text)
+        raise ValueError("continue_final_message is set but the final message has no text to continue")
+    for k in names:
+        last[k] = last[k] + _CONTINUE_MARK
+    return str(final)
+
+
+def _cut_at_mark(text: str, final: str) -> str:
+    """The rendered ``text`` up to the final message's end (where ``_CONTINUE_MARK`` is)."""
+    mark = _CONTINUE_MARK.strip()
+    if final.strip() not in text or mark not in text:
+        raise ValueError("continue_final_message is set but the chat template dropped part of the final "
+                         "message, so there is nothing to continue")
+    at = text.rindex(mark)
+    if text[at:at + len(_CONTINUE_MARK)] == _CONTINUE_MARK:
+        return text[:at]
+    return text[:at].rstrip()  # the template trimmed the message's trailing whitespace (and the mark's space)
 
 
 def _plain(value: Any) -> Any:
