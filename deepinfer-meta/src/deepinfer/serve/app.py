@@ -208,12 +208,19 @@ def build_app(llm: Any, config: ServeConfig) -> FastAPI:
         check_stop(req.stop, config.max_stop_strings)
         embeds = None
         if req.prompt_embeds is not None:  # vLLM's: prompts as embeddings
+            if req.truncate_prompt_tokens is not None:
+                raise APIError(400, "truncate_prompt_tokens applies to token prompts, not prompt_embeds",
+                               "truncate_prompt_tokens")
             embeds, prompts = await _embeds_prompts(state, req)
             raw = []
         else:
             raw = completion_prompts(req.prompt)
-            prompts = await state.off_loop(sum(len(p) for p in raw),
-                                           lambda: [state.prompt_ids(p, "prompt") for p in raw])
+            prompts = await state.off_loop(sum(len(p) for p in raw), lambda: [
+                state.prompt_ids(p, "prompt", req.add_special_tokens) for p in raw])
+            keep = state.truncation(req.truncate_prompt_tokens)
+            if keep is not None:  # the last tokens (echo: their text)
+                prompts = [p[-keep:] for p in prompts]
+                raw = list(prompts)
         echo_lp = req.logprobs if req.echo else None  # the prompt's logprobs come first
         params = [state.checked(sampling_params(
             req, state.max_tokens(len(p), req.max_tokens, 16, "prompt", "max_tokens"), req.logprobs, {},
@@ -241,6 +248,9 @@ def build_app(llm: Any, config: ServeConfig) -> FastAPI:
             kwargs["tools"] = tools.template_tools
         prompt = await state.off_loop(_chat_size(messages), _chat_ids, state, messages, req.add_generation_prompt,
                                       kwargs)
+        keep = state.truncation(req.truncate_prompt_tokens)
+        if keep is not None:
+            prompt = prompt[-keep:]
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
         top = (req.top_logprobs or 0) if req.logprobs else None

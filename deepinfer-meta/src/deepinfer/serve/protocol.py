@@ -93,6 +93,9 @@ class _SamplingBody(_Body):
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     return_tokens_as_token_ids: bool = False  # logprobs name tokens "token_id:N" (exact, unambiguous)
+    allowed_token_ids: list[int] | None = None  # only these may be sampled
+    bad_words: list[str] | None = None  # never generated (tokenized by the engine, as in vLLM)
+    truncate_prompt_tokens: int | None = None  # keep the prompt's last k tokens (-1: max_model_len)
     # structured outputs (serve/structured.py): OpenAI's response_format and vLLM's extras
     response_format: Any = None
     structured_outputs: Any = None
@@ -116,6 +119,7 @@ class CompletionRequest(_SamplingBody):
     max_tokens: int | None = None
     logprobs: int | None = None
     echo: bool = False  # the prompt's text first in each choice (with logprobs: its tokens' logprobs first)
+    add_special_tokens: bool = True  # a text prompt's tokens with the tokenizer's BOS etc. (vLLM's)
     suffix: Any = None
 
 
@@ -216,7 +220,8 @@ def sampling_params(req: _SamplingBody, max_tokens: int, logprobs: int | None,
         n=req.n, stop=req.stop, seed=req.seed, max_tokens=max_tokens, min_tokens=req.min_tokens,
         ignore_eos=req.ignore_eos, logprobs=logprobs, prompt_logprobs=prompt_logprobs, logit_bias=bias,
         stop_token_ids=req.stop_token_ids, skip_special_tokens=req.skip_special_tokens,
-        include_stop_str_in_output=req.include_stop_str_in_output)
+        include_stop_str_in_output=req.include_stop_str_in_output, allowed_token_ids=req.allowed_token_ids,
+        bad_words=req.bad_words)
     for name, default in (("temperature", 1.0), ("top_p", 1.0), ("top_k", -1), ("min_p", 0.0),
                           ("presence_penalty", 0.0), ("frequency_penalty", 0.0),
                           ("repetition_penalty", 1.0)):

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 
-from deepinfer.runtime.sampling_params import SamplingParams
+from deepinfer.runtime.sampling_params import SamplingParams, bad_words_token_ids
 from deepinfer.serve.client import EngineClient
 from deepinfer.serve.engine_run import EngineRun
 from deepinfer.serve.engine_thread import EngineThread, arrival_gap_seconds
@@ -30,6 +30,8 @@ DEFAULT_MAX_REQUEST_BYTES = 4 << 20
 # Request input (prompt characters, token ids) up to this size is tokenized on the event loop;
 # more goes to the input threads (a thread hop costs more than tokenizing a short prompt).
 INLINE_INPUT = 4096
+#: vLLM's bad_words a request may give: each is matched against every step's tokens of its request
+MAX_BAD_WORDS = 256
 INPUT_THREADS = 4
 
 
@@ -179,9 +181,9 @@ class ServingState:
                                 f"{self.capacity} = {self.capacity_rule}): retry later")
         self.in_flight += count
 
-    def prompt_ids(self, prompt: str | list[int], param: str) -> list[int]:
+    def prompt_ids(self, prompt: str | list[int], param: str, add_special_tokens: bool = True) -> list[int]:
         if isinstance(prompt, str):
-            ids = list(self.tokenizer(check_text(prompt, param)).input_ids)
+            ids = list(self.tokenizer(check_text(prompt, param), add_special_tokens=add_special_tokens).input_ids)
         else:
             if prompt and (min(prompt) < 0 or max(prompt) >= self.vocab_size):  # (C loops: the common case)
                 bad = next(t for t in prompt if not 0 <= t < self.vocab_size)
@@ -190,6 +192,18 @@ class ServingState:
         if not ids:
             raise APIError(400, "the prompt has no tokens", param)
         return ids
+
+    def truncation(self, k: int | None) -> int | None:
+        """vLLM's ``truncate_prompt_tokens``: how many of a prompt's last tokens to keep (None: all);
+        -1 means ``max_model_len``; a 400 for 0, other negatives or more than ``max_model_len``."""
+        if k is None:
+            return None
+        if k == -1:
+            return self.max_model_len
+        if k < 1 or k > self.max_model_len:
+            raise APIError(400, f"truncate_prompt_tokens must be -1 (max_model_len) or in [1, {self.max_model_len}] "
+                                f"(max_model_len), got {k}", "truncate_prompt_tokens")
+        return k
 
     def max_tokens(self, n_prompt: int, requested: int | None, default: int | None, prompt_param: str,
                    tokens_param: str) -> int:
@@ -221,8 +235,16 @@ class ServingState:
         try:
             params.check_vocab(self.vocab_size)
         except ValueError as exc:
-            param = "logit_bias" if "logit_bias" in str(exc) else "stop_token_ids"
+            param = next((p for p in ("logit_bias", "allowed_token_ids") if p in str(exc)), "stop_token_ids")
             raise APIError(400, str(exc).replace("SamplingParams.", ""), param) from None
+        if params.bad_words:  # tokenized here as the engine will (a word without tokens: a 400, not a failure there)
+            if len(params.bad_words) > MAX_BAD_WORDS:
+                raise APIError(400, f"bad_words has {len(params.bad_words)} words; at most {MAX_BAD_WORDS}",
+                               "bad_words")
+            try:
+                bad_words_token_ids(params.bad_words, self.tokenizer)
+            except ValueError as exc:
+                raise APIError(400, str(exc).replace("SamplingParams.", ""), "bad_words") from None
         return params
 
     def start(self, request_id: str, prompts: list[list[int]], params: list[SamplingParams],
