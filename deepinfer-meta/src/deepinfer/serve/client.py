@@ -108,7 +108,8 @@ class EngineClient:
         self.max_model_len: int = first["max_model_len"]
         self.max_num_seqs: int = first["max_num_seqs"]
         self.vocab_size: int = first["vocab_size"]
-        self.engine_args = SimpleNamespace(max_logprobs=first.get("max_logprobs", 20))
+        self.engine_args = SimpleNamespace(max_logprobs=first.get("max_logprobs", 20),
+                                           scheduling_policy=first.get("scheduling_policy"))
         self.max_stream_buffer = max_stream_buffer
         self.on_core_death = on_core_death
         self.text_tokenizer = load_text_tokenizer(self.model_path)
@@ -203,7 +204,7 @@ class EngineClient:
             c.reader = loop.create_task(self._read(c), name=f"deepinfer-core-{c.index}-reader")
 
     def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-               sink: asyncio.Queue[Any], tag: int, prompt_embeds: Any = None) -> None:
+               sink: asyncio.Queue[Any], tag: int, prompt_embeds: Any = None, priority: int = 0) -> None:
         if not self.alive:
             sink.put_nowait(RequestFailed(tag, 503, self.unhealthy_reason() or "the engine core is not running"))
             return
@@ -221,10 +222,12 @@ class EngineClient:
         core.tokens += route.tokens
         self._routes[request_id] = core.routes[request_id] = route
         message: tuple[Any, ...] = ("add", request_id, prompt_ids, fields, tag, time.monotonic())
-        if prompt_embeds is not None:
+        if prompt_embeds is not None or priority:
             from deepinfer.serve.engine_thread import embeds_to_wire
 
-            message += (embeds_to_wire(prompt_embeds),)
+            message += (None if prompt_embeds is None else embeds_to_wire(prompt_embeds),)
+        if priority:
+            message += (priority,)
         self._send(core, message)
 
     def attach_stream(self, request_id: str, stream: TokenStream) -> bool:

@@ -8,7 +8,7 @@ in-process server's (``EngineThread``) on this process's main thread; only its t
 Front end -> core (a DEALER socket each)::
 
     ["hello", pid]                                   once, first
-    ["add", request_id, prompt_ids, params, tag, arrival(, embeds)]   params: sampling_params_fields();
+    ["add", request_id, prompt_ids, params, tag, arrival(, embeds(, priority))]   params: sampling_params_fields();
                                                      embeds: [float32 bytes, [L, hidden]] (prompt embeddings)
     ["abort", [request_id, ...]]
     ["stop"]                                         abort everything and exit 0
@@ -185,10 +185,13 @@ class _Commands:
                 try:
                     params = SamplingParams(**fields)
                     embeds = embeds_from_wire(rest[0]) if rest and rest[0] is not None else None
+                    priority = rest[1] if len(rest) > 1 else 0
+                    if isinstance(priority, bool) or not isinstance(priority, int):
+                        raise TypeError(f"priority must be an int, got {priority!r}")
                 except (TypeError, ValueError) as exc:  # the front end checked it; say so, never crash
                     self._core.send_to(ident, ("batch", [], [], [(rid, RequestFailed(tag, 400, str(exc)))], []))
                     continue
-                self._ready.append(("add", rid, prompt_ids, params, (ident, rid), tag, arrival, embeds))
+                self._ready.append(("add", rid, prompt_ids, params, (ident, rid), tag, arrival, embeds, priority))
             elif kind == "abort":
                 self._ready.extend(("abort", rid) for rid in msg[1])
             elif kind == "hello":
@@ -412,6 +415,7 @@ def core_main(config: dict[str, Any]) -> int:
             "max_num_batched_tokens": cfg.max_num_batched_tokens,
             "vocab_size": llm.model_config.vocab_size, "cache": cache_info(llm),
             "max_logprobs": getattr(llm.engine_args, "max_logprobs", 20),
+            "scheduling_policy": getattr(llm.engine_args, "scheduling_policy", "fcfs"),
             "hidden_size": llm.model_config.hidden_size,
             "enable_prompt_embeds": bool(getattr(llm.engine_args, "enable_prompt_embeds", False))}
     ctx = zmq.Context()

@@ -183,10 +183,12 @@ class EngineThread:
         return None if self.alive else f"the engine loop is not running: {self.error!r}"
 
     def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-               sink: asyncio.Queue[Any], tag: int, prompt_embeds: Any = None) -> None:
+               sink: asyncio.Queue[Any], tag: int, prompt_embeds: Any = None, priority: int = 0) -> None:
         """Queue a request; its RequestDelta / RequestFailed items arrive on ``sink``
-        (``prompt_embeds``: the prompt's embeddings, ``prompt_ids`` its placeholder ids)."""
-        self._commands.put(("add", request_id, prompt_ids, params, sink, tag, time.monotonic(), prompt_embeds))
+        (``prompt_embeds``: the prompt's embeddings, ``prompt_ids`` its placeholder ids;
+        ``priority``: the scheduler's, smaller first)."""
+        self._commands.put(("add", request_id, prompt_ids, params, sink, tag, time.monotonic(), prompt_embeds,
+                            priority))
 
     def abort(self, request_id: str) -> None:
         """Abort a request at whatever stage it is (idempotent; unknown ids are ignored)."""
@@ -253,7 +255,7 @@ class EngineThread:
         return True
 
     def _add(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-             sink: asyncio.Queue[Any], tag: int, arrival: float, prompt_embeds: Any = None) -> None:
+             sink: asyncio.Queue[Any], tag: int, arrival: float, prompt_embeds: Any = None, priority: int = 0) -> None:
         n = params.n
         plain = n == 1 and params.logprobs is None and params.prompt_logprobs is None
         # token ids only (a front end makes the text): its plain deltas can come as columns
@@ -261,12 +263,11 @@ class EngineThread:
         try:
             if isinstance(prompt_embeds, list):  # from another process: embeds_to_wire's form
                 prompt_embeds = embeds_from_wire(prompt_embeds)
-            if slot >= 0:
-                self._llm.engine.add_request(request_id, prompt_ids, params, output_kind="delta", collect="all",
-                                             prompt_embeds=prompt_embeds, columns_slot=slot)
-            else:
-                self._llm.engine.add_request(request_id, prompt_ids, params, output_kind="delta", collect="all",
-                                             prompt_embeds=prompt_embeds)
+            if priority:
+                self._llm._priorities([priority], 1)  # (vLLM's ValueError when the policy is fcfs)
+            self._llm.engine.add_request(request_id, prompt_ids, params, output_kind="delta", collect="all",
+                                         prompt_embeds=prompt_embeds, priority=priority,
+                                         columns_slot=slot if slot >= 0 else None)
         except (ValueError, TypeError) as exc:
             if slot >= 0:
                 self._free_slot(slot)

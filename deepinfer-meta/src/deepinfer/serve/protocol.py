@@ -96,6 +96,7 @@ class _SamplingBody(_Body):
     allowed_token_ids: list[int] | None = None  # only these may be sampled
     bad_words: list[str] | None = None  # never generated (tokenized by the engine, as in vLLM)
     truncate_prompt_tokens: int | None = None  # keep the prompt's last k tokens (-1: max_model_len)
+    priority: int = 0  # smaller first, with --scheduling-policy priority (vLLM's)
     # structured outputs (serve/structured.py): OpenAI's response_format and vLLM's extras
     response_format: Any = None
     structured_outputs: Any = None

@@ -248,8 +248,16 @@ class ServingState:
         return params
 
     def start(self, request_id: str, prompts: list[list[int]], params: list[SamplingParams],
-              embeds: list[Any] | None = None) -> EngineRun:
+              embeds: list[Any] | None = None, priority: int = 0) -> EngineRun:
         """Admit (503 when full or the engine is down) and submit one engine request per prompt
-        (``embeds``: the prompts' embeddings, whose ids are placeholders)."""
+        (``embeds``: the prompts' embeddings, whose ids are placeholders; ``priority``: the
+        scheduler's, smaller first)."""
+        if priority:
+            if not -2**31 <= priority < 2**31:
+                raise APIError(400, f"priority must be a 32-bit int, got {priority}", "priority")
+            policy = getattr(getattr(self.llm, "engine_args", None), "scheduling_policy", None)
+            if policy is not None and policy != "priority":  # (unknown here: the engine refuses it)
+                raise APIError(400, "priority was given but priority scheduling is not enabled: start the "
+                                    "server with --scheduling-policy priority", "priority")
         self.admit(len(prompts))
-        return EngineRun(self, request_id, prompts, params, embeds)
+        return EngineRun(self, request_id, prompts, params, embeds, priority)
