@@ -270,3 +270,35 @@ def test_tokenize_detokenize_and_version(server, reference_llm):
     v = httpx.get(f"{server.url}/version").json()
     assert set(v) == {"version", "engine_version"}
     assert httpx.get(f"{server.url}/nope").json()["error"]["message"] == "Not Found"
+
+
+@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("kind", ["completions", "chat"])
+def test_continuous_usage_stats_give_every_chunk_the_usage_so_far(server, client, kind, n):
+    # vLLM's stream_options.continuous_usage_stats (with include_usage): each chunk's usage counts
+    # the tokens sent up to and with it; the last equals the non-streamed usage
+    common = {"model": MODEL_NAME, "max_tokens": 8, "temperature": 0.7, "seed": 5, "n": n}
+    if kind == "chat":
+        path, body = "/v1/chat/completions", {**common, "messages": CHAT}
+        whole = client.chat.completions.create(**body)
+    else:
+        path, body = "/v1/completions", {**common, "prompt": PROMPTS[1]}
+        whole = client.completions.create(**body)
+    events = _sse_events(server.url, path, {**body, "stream": True, "stream_options": {
+        "include_usage": True, "continuous_usage_stats": True}})
+    assert events[-1] == "[DONE]"
+    chunks, last = events[:-2], events[-2]
+    want = whole.usage.model_dump(exclude_none=True, exclude={"prompt_tokens_details"})
+    last["usage"].pop("prompt_tokens_details")
+    assert last["choices"] == [] and last["usage"] == want
+    counts = []
+    for c in chunks:
+        u = c["usage"]
+        assert u["prompt_tokens"] == want["prompt_tokens"]
+        assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"]
+        counts.append(u["completion_tokens"])
+    assert counts == sorted(counts) and counts[-1] == want["completion_tokens"]
+    assert counts[0] <= n  # (chat's first chunks are the roles, before any token)
+    plain = _sse_events(server.url, path, {**body, "stream": True, "stream_options": {
+        "include_usage": False, "continuous_usage_stats": True}})  # (only with include_usage, as vLLM)
+    assert all("usage" not in c for c in plain[:-1])

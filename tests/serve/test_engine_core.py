@@ -365,3 +365,32 @@ def test_structured_outputs_and_tool_calls_cross_to_the_engine_core():
         assert isinstance(json.loads(call["function"]["arguments"])["city"], str)
     finally:
         stopped(proc)
+
+
+def test_continuous_usage_stats_through_the_engine_core():
+    """A plain stream through the core's front end is written from a fixed chunk template
+    (token_stream.py); one asking for vLLM's continuous usage stats gets the usage so far in each
+    chunk instead, and both stream the same text."""
+    import httpx
+
+    proc, url, _lines = started()
+    try:
+        body = {"model": "m", "prompt": "Tell me a story", "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+        got = {}
+        for continuous in (False, True):
+            chunks = []
+            with httpx.stream("POST", f"{url}/v1/completions", timeout=120, json={
+                    **body, "stream": True,
+                    "stream_options": {"include_usage": True, "continuous_usage_stats": continuous}}) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: ") and line != "data: [DONE]":
+                        chunks.append(json.loads(line[6:]))
+            got[continuous] = chunks
+        plain, counted = got[False], got[True]
+        text = ["".join(c["choices"][0]["text"] for c in chunks[:-1]) for chunks in (plain, counted)]
+        assert text[0] == text[1] and counted[-1]["usage"]["completion_tokens"] == 12
+        assert all(c["usage"] is None for c in plain[:-1])
+        counts = [c["usage"]["completion_tokens"] for c in counted[:-1]]
+        assert counts == sorted(counts) and counts[-1] == 12 and counts[0] >= 1
+    finally:
+        stopped(proc)

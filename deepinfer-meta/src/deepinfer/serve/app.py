@@ -373,10 +373,12 @@ async def _respond(request: Request, state: ServingState, builder: ResponseBuild
         return JSONResponse(await unless_disconnected(request, collect()))
 
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    builder.continuous_usage = include_usage and req.stream_options.continuous_usage_stats
 
     interval = state.config.stream_interval
     if (isinstance(engine, EngineClient) and len(prompts) == 1 and builder.n == 1 and builder.top is None
-            and builder.echo is None and builder.tools is None):  # the common stream (token_stream.py)
+            and builder.echo is None and builder.tools is None
+            and not builder.continuous_usage):  # the common stream (token_stream.py): one template a chunk
         template = builder.text_chunk_template(include_usage)
         if template is not None:
             stream = TokenStream(*template, interval, builder.choices[0], deltas.sink)

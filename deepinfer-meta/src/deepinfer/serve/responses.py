@@ -137,6 +137,7 @@ class ResponseBuilder:
         self.cached_tokens = 0
         self.tools: ToolChoice | None = None  # chat with tools: tool calls parsed from the text
         self._tool_streams: dict[int, ToolStream] = {}
+        self.continuous_usage = False  # (stream_options.continuous_usage_stats) every chunk's usage so far
 
     @property
     def completion_tokens(self) -> int:
@@ -224,7 +225,7 @@ class ResponseBuilder:
         c: dict[str, Any] = {"id": self.id, "object": obj, "created": self.created, "model": self.model,
                              "choices": choices}
         if include_usage:
-            c["usage"] = None
+            c["usage"] = self.usage() if self.continuous_usage else None
         return c
 
     def text_chunk_template(self, include_usage: bool) -> tuple[bytes, bytes] | None:
