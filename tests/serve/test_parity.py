@@ -65,6 +65,39 @@ def test_echo_streams_the_prompt_in_the_first_chunk(server, client):
     assert "".join(e["choices"][0]["text"] for e in events[:-1]) == whole.choices[0].text
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_echo_with_max_tokens_0_returns_the_prompt_and_its_logprobs_alone(server, client, reference_llm, stream):
+    # OpenAI's legacy scoring of a prompt (vLLM's echo without generation): nothing generated is
+    # returned or counted; the prompt tokens' logprobs are the reference's prompt logprobs
+    ids = list(reference_llm.text_tokenizer(PROMPT).input_ids)
+    ref = reference_llm.generate([PROMPT], SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1),
+                                 use_tqdm=False)[0]
+    body = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 0, "echo": True, "logprobs": 1,
+            "return_tokens_as_token_ids": True}
+    if stream:
+        events = _sse(server.url, "/v1/completions", {**body, "stream": True,
+                                                       "stream_options": {"include_usage": True}})
+        choices = [e["choices"][0] for e in events[:-2]]
+        text = "".join(c["text"] for c in choices)
+        tokens = [t for c in choices if c["logprobs"] for t in c["logprobs"]["tokens"]]
+        token_lps = [t for c in choices if c["logprobs"] for t in c["logprobs"]["token_logprobs"]]
+        finish, usage = choices[-1]["finish_reason"], events[-2]["usage"]
+    else:
+        r = httpx.post(f"{server.url}/v1/completions", json=body, headers=AUTH, timeout=120)
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        text, tokens, token_lps = choice["text"], choice["logprobs"]["tokens"], choice["logprobs"]["token_logprobs"]
+        finish, usage = choice["finish_reason"], r.json()["usage"]
+    assert text == PROMPT and tokens == [f"token_id:{t}" for t in ids]
+    assert token_lps[0] is None
+    assert token_lps[1:] == pytest.approx([p[t] for t, p in zip(ids[1:], ref.prompt_logprobs[1:], strict=True)],
+                                          abs=1e-4)
+    assert finish == "length" and usage["completion_tokens"] == 0 and usage["prompt_tokens"] == len(ids)
+    bare = httpx.post(f"{server.url}/v1/completions", headers=AUTH, timeout=60,
+                      json={"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 0})
+    assert bare.status_code == 400 and bare.json()["error"]["param"] == "max_tokens"  # only with echo
+
+
 # ---- usage: cached tokens -------------------------------------------------------------------------
 def test_usage_reports_the_prefix_cache_hits_as_cached_tokens(server, client):
     prompt = "A shared preamble that a second request repeats word for word, to hit the cache. " * 3

@@ -222,9 +222,10 @@ def build_app(llm: Any, config: ServeConfig) -> FastAPI:
                 prompts = [p[-keep:] for p in prompts]
                 raw = list(prompts)
         echo_lp = req.logprobs if req.echo else None  # the prompt's logprobs come first
+        echo_only = req.echo and req.max_tokens == 0  # OpenAI's: the prompt (and its logprobs) alone
         params = [state.checked(sampling_params(
-            req, state.max_tokens(len(p), req.max_tokens, 16, "prompt", "max_tokens"), req.logprobs, {},
-            prompt_logprobs=echo_lp)) for p in prompts]
+            req, state.max_tokens(len(p), 1 if echo_only else req.max_tokens, 16, "prompt", "max_tokens"),
+            req.logprobs, {}, prompt_logprobs=echo_lp)) for p in prompts]
         await _structured_outputs(state, req, params, None)
         await _build_stop_automaton(state, params[0])
         echo = None
@@ -234,6 +235,7 @@ def build_app(llm: Any, config: ServeConfig) -> FastAPI:
         builder = ResponseBuilder("completion", f"cmpl-{uuid.uuid4().hex}", name, req.n,
                                   [len(p) for p in prompts], _strings(state, req), req.logprobs,
                                   echo=echo, prompt_ids=prompts if echo is not None else None)
+        builder.echo_only = echo_only
         return await _respond(request, state, builder, prompts, params, req, embeds)
 
     async def chat_completions(request: Request) -> Response:  # POST (registered below)

@@ -138,6 +138,9 @@ class ResponseBuilder:
         self.tools: ToolChoice | None = None  # chat with tools: tool calls parsed from the text
         self._tool_streams: dict[int, ToolStream] = {}
         self.continuous_usage = False  # (stream_options.continuous_usage_stats) every chunk's usage so far
+        # echo with max_tokens 0 (OpenAI's legacy scoring of a prompt): the prompt alone; the one token
+        # the engine samples to get there is not returned, nor counted
+        self.echo_only = False
 
     @property
     def completion_tokens(self) -> int:
@@ -172,6 +175,8 @@ class ResponseBuilder:
         if delta.finished:
             self.cached_tokens += delta.cached_tokens
         for s in delta.samples:
+            if self.echo_only:
+                s = SampleDelta(s.index, [], "", None if s.logprobs is None else [], s.finish_reason, s.stop_reason)
             idx = delta.tag * self.n + s.index
             c = self.choices[idx]
             echo, echo_lp = self._echo(delta.tag, c)
