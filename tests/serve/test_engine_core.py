@@ -367,10 +367,11 @@ def test_structured_outputs_and_tool_calls_cross_to_the_engine_core():
         stopped(proc)
 
 
-def test_continuous_usage_stats_through_the_engine_core():
+def test_continuous_usage_stats_and_token_ids_through_the_engine_core():
     """A plain stream through the core's front end is written from a fixed chunk template
     (token_stream.py); one asking for vLLM's continuous usage stats gets the usage so far in each
-    chunk instead, and both stream the same text."""
+    chunk instead, one asking for return_token_ids each chunk's token ids, and all stream the
+    same text."""
     import httpx
 
     proc, url, _lines = started()
@@ -392,5 +393,13 @@ def test_continuous_usage_stats_through_the_engine_core():
         assert all(c["usage"] is None for c in plain[:-1])
         counts = [c["usage"]["completion_tokens"] for c in counted[:-1]]
         assert counts == sorted(counts) and counts[-1] == 12 and counts[0] >= 1
+        whole = httpx.post(f"{url}/v1/completions", timeout=120, json={**body, "return_token_ids": True}).json()
+        ids = []
+        with httpx.stream("POST", f"{url}/v1/completions", timeout=120,
+                          json={**body, "stream": True, "return_token_ids": True}) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    ids += json.loads(line[6:])["choices"][0]["token_ids"]
+        assert len(whole["choices"][0]["token_ids"]) == 12 and ids == whole["choices"][0]["token_ids"]
     finally:
         stopped(proc)

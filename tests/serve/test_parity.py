@@ -98,6 +98,51 @@ def test_echo_with_max_tokens_0_returns_the_prompt_and_its_logprobs_alone(server
     assert bare.status_code == 400 and bare.json()["error"]["param"] == "max_tokens"  # only with echo
 
 
+# ---- return_token_ids (vLLM's) -------------------------------------------------------------------
+CHAT = [{"role": "user", "content": "Name a colour."}]
+
+
+@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("kind", ["completions", "chat"])
+def test_return_token_ids_gives_the_prompt_ids_and_each_choice_s_ids(server, reference_llm, kind, n):
+    # non-streamed: against the reference's prompt and output ids; streamed: the prompt's ids
+    # once (each completions choice's first chunk, chat's first chunk), the chunks' ids joined
+    # equal to the non-streamed ones
+    body: dict[str, Any] = {"model": MODEL_NAME, "max_tokens": 6, "temperature": 0.8, "seed": 3, "n": n,
+                            "return_token_ids": True}
+    params = SamplingParams(max_tokens=6, temperature=0.8, seed=3, n=n)
+    if kind == "chat":
+        path, body["messages"] = "/v1/chat/completions", CHAT
+        ref = reference_llm.chat(CHAT, params, use_tqdm=False)[0]
+    else:
+        path, body["prompt"] = "/v1/completions", PROMPT
+        ref = reference_llm.generate([PROMPT], params, use_tqdm=False)[0]
+    r = httpx.post(f"{server.url}{path}", json=body, headers=AUTH, timeout=120)
+    assert r.status_code == 200, r.text
+    whole = r.json()
+    prompt_ids = whole["prompt_token_ids"] if kind == "chat" else None
+    for choice, out in zip(whole["choices"], ref.outputs, strict=True):
+        assert choice["token_ids"] == list(out.token_ids)
+        if kind != "chat":
+            prompt_ids = choice["prompt_token_ids"]
+        assert prompt_ids == list(ref.prompt_token_ids)
+    events = _sse(server.url, path, {**body, "stream": True})[:-1]
+    streamed: dict[int, list[int]] = {i: [] for i in range(n)}
+    prompts_seen: list[Any] = []
+    for e in events:
+        if "prompt_token_ids" in e:
+            prompts_seen.append(e["prompt_token_ids"])
+        for c in e["choices"]:
+            streamed[c["index"]] += c["token_ids"]
+            if "prompt_token_ids" in c:
+                prompts_seen.append(c["prompt_token_ids"])
+    assert streamed == {c["index"]: c["token_ids"] for c in whole["choices"]}
+    assert prompts_seen == [list(ref.prompt_token_ids)] * (1 if kind == "chat" else n)
+    plain = httpx.post(f"{server.url}{path}", json={**body, "return_token_ids": False}, headers=AUTH,
+                       timeout=120).json()
+    assert "prompt_token_ids" not in plain and all("token_ids" not in c for c in plain["choices"])
+
+
 # ---- usage: cached tokens -------------------------------------------------------------------------
 def test_usage_reports_the_prefix_cache_hits_as_cached_tokens(server, client):
     prompt = "A shared preamble that a second request repeats word for word, to hit the cache. " * 3

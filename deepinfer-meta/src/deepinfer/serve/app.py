@@ -236,6 +236,8 @@ def build_app(llm: Any, config: ServeConfig) -> FastAPI:
                                   [len(p) for p in prompts], _strings(state, req), req.logprobs,
                                   echo=echo, prompt_ids=prompts if echo is not None else None)
         builder.echo_only = echo_only
+        if req.return_token_ids:  # (prompts given as embeddings have no ids: null)
+            builder.token_ids_of = [p if embeds is None else None for p in prompts]
         return await _respond(request, state, builder, prompts, params, req, embeds)
 
     async def chat_completions(request: Request) -> Response:  # POST (registered below)
@@ -266,6 +268,7 @@ def build_app(llm: Any, config: ServeConfig) -> FastAPI:
         builder = ResponseBuilder("chat", f"chatcmpl-{uuid.uuid4().hex}", name, req.n, [len(prompt)],
                                   _strings(state, req), top)
         builder.tools = tools
+        builder.token_ids_of = [prompt] if req.return_token_ids else None
         return await _respond(request, state, builder, [prompt], [params], req)
 
     # The generation routes are plain Starlette routes: FastAPI's own (dependency solving, the
@@ -379,7 +382,7 @@ async def _respond(request: Request, state: ServingState, builder: ResponseBuild
 
     interval = state.config.stream_interval
     if (isinstance(engine, EngineClient) and len(prompts) == 1 and builder.n == 1 and builder.top is None
-            and builder.echo is None and builder.tools is None
+            and builder.echo is None and builder.tools is None and builder.token_ids_of is None
             and not builder.continuous_usage):  # the common stream (token_stream.py): one template a chunk
         template = builder.text_chunk_template(include_usage)
         if template is not None:

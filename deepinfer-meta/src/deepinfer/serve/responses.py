@@ -115,6 +115,8 @@ class _Choice:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     echoed: bool = False  # the prompt's text (echo) is in ``text`` already
+    token_ids: list[int] = field(default_factory=list)  # (return_token_ids) the tokens generated
+    ids_sent: bool = False  # (return_token_ids, completions streams) its prompt's ids went out
 
 
 class ResponseBuilder:
@@ -141,6 +143,7 @@ class ResponseBuilder:
         # echo with max_tokens 0 (OpenAI's legacy scoring of a prompt): the prompt alone; the one token
         # the engine samples to get there is not returned, nor counted
         self.echo_only = False
+        self.token_ids_of: list[list[int] | None] | None = None  # (vLLM's return_token_ids) each prompt's ids
 
     @property
     def completion_tokens(self) -> int:
@@ -192,6 +195,8 @@ class ResponseBuilder:
             c.text.append(s.text[len(echo):])
             c.text_len += len(s.text) - len(echo)
             c.num_tokens += len(s.token_ids)
+            if self.token_ids_of is not None:
+                c.token_ids += s.token_ids
             if lp is not None:
                 if c.logprobs is None:
                     c.logprobs = {k: [] for k in lp}
@@ -220,9 +225,16 @@ class ResponseBuilder:
             else:
                 choices.append({"index": i, "text": text, "logprobs": c.logprobs,
                                 "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
+            if self.token_ids_of is not None:  # (vLLM's places: the prompt's per choice, or once for chat)
+                if self.kind != "chat":
+                    choices[-1]["prompt_token_ids"] = self.token_ids_of[i // self.n]
+                choices[-1]["token_ids"] = c.token_ids
         obj = "chat.completion" if self.kind == "chat" else "text_completion"
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                "choices": choices, "usage": self.usage()}
+        out = {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+               "choices": choices, "usage": self.usage()}
+        if self.token_ids_of is not None and self.kind == "chat":
+            out["prompt_token_ids"] = self.token_ids_of[0]
+        return out
 
     # ---- stream chunks ---------------------------------------------------------------------
     def chunk(self, choices: list[dict[str, Any]], include_usage: bool) -> dict[str, Any]:
@@ -249,45 +261,66 @@ class ResponseBuilder:
         return head, tail
 
     def role_chunks(self, include_usage: bool) -> list[dict[str, Any]]:
-        """Chat streams open each choice with the assistant role."""
-        return [self.chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                             "finish_reason": None}], include_usage) for i in range(len(self.choices))]
+        """Chat streams open each choice with the assistant role (return_token_ids: the prompt's
+        ids in the first chunk)."""
+        chunks = [self.chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                               "finish_reason": None}], include_usage) for i in range(len(self.choices))]
+        if self.token_ids_of is not None and chunks:
+            chunks[0]["prompt_token_ids"] = self.token_ids_of[0]
+            for c in chunks:
+                c["choices"][0]["token_ids"] = []
+        return chunks
 
     def delta_chunks(self, delta: RequestDelta, include_usage: bool) -> list[dict[str, Any]]:
-        """One chunk per sample with new text or a finish reason."""
-        chunks = []
+        """One chunk per sample with new text or a finish reason (return_token_ids: its new token
+        ids in the first, and a completions choice's prompt ids in its first chunk of all)."""
+        chunks: list[dict[str, Any]] = []
+        ids = self.token_ids_of
         for idx, s, lp, finishes in self.apply(delta):
-            if not s.text and not finishes and lp is None:
-                continue  # e.g. a possible stop string held back
-            reason = self.choices[idx].finish_reason if finishes else None
-            stop = self.choices[idx].stop_reason if finishes else None
-            if self.kind == "chat" and self.tools is not None:
-                stream = self._tool_streams.setdefault(idx, ToolStream(self.tools))
-                deltas, called = stream.feed(s.text, finishes)
-                if not deltas and lp is not None:  # text held back (a possible call): its logprobs still go
-                    deltas = [{}]
-                for k, d in enumerate(deltas):
-                    chunks.append(self.chunk([{"index": idx, "delta": d, "logprobs": lp if k == 0 else None,
-                                               "finish_reason": None}], include_usage))
-                if finishes:
-                    if called and reason == "stop":
-                        reason = "tool_calls"
-                    chunks.append(self.chunk([{"index": idx, "delta": {}, "logprobs": None, "finish_reason": reason,
-                                               "stop_reason": stop}], include_usage))
+            start = len(chunks)
+            if not s.text and not finishes and lp is None and not (ids is not None and s.token_ids):
+                continue  # e.g. a possible stop string held back (its tokens go with a later chunk)
+            self._sample_chunks(chunks, idx, s, lp, finishes, include_usage)
+            if ids is None:
                 continue
-            if self.kind == "chat":  # as OpenAI: the text, then a chunk of its own for the finish
-                if s.text or lp is not None:
-                    chunks.append(self.chunk([{"index": idx, "delta": {"content": s.text} if s.text else {},
-                                               "logprobs": lp, "finish_reason": None}], include_usage))
-                if finishes:
-                    chunks.append(self.chunk([{"index": idx, "delta": {}, "logprobs": None, "finish_reason": reason,
-                                               "stop_reason": stop}], include_usage))
-                continue
-            else:
-                choice = {"index": idx, "text": s.text, "logprobs": lp, "finish_reason": reason,
-                          "stop_reason": stop}
-            chunks.append(self.chunk([choice], include_usage))
+            c = self.choices[idx]
+            for k, ch in enumerate(chunks[start:]):
+                choice = ch["choices"][0]
+                choice["token_ids"] = s.token_ids if k == 0 else []
+                if self.kind != "chat" and not c.ids_sent:
+                    choice["prompt_token_ids"] = ids[idx // self.n]
+                    c.ids_sent = True
         return chunks
+
+    def _sample_chunks(self, chunks: list[dict[str, Any]], idx: int, s: SampleDelta, lp: dict[str, Any] | None,
+                       finishes: bool, include_usage: bool) -> None:
+        """Append the chunks of one sample's delta (``delta_chunks``)."""
+        reason = self.choices[idx].finish_reason if finishes else None
+        stop = self.choices[idx].stop_reason if finishes else None
+        if self.kind == "chat" and self.tools is not None:
+            stream = self._tool_streams.setdefault(idx, ToolStream(self.tools))
+            deltas, called = stream.feed(s.text, finishes)
+            if not deltas and (lp is not None or (self.token_ids_of is not None and s.token_ids)):
+                deltas = [{}]  # text held back (a possible call): its logprobs and ids still go
+            for k, d in enumerate(deltas):
+                chunks.append(self.chunk([{"index": idx, "delta": d, "logprobs": lp if k == 0 else None,
+                                           "finish_reason": None}], include_usage))
+            if finishes:
+                if called and reason == "stop":
+                    reason = "tool_calls"
+                chunks.append(self.chunk([{"index": idx, "delta": {}, "logprobs": None, "finish_reason": reason,
+                                           "stop_reason": stop}], include_usage))
+            return
+        if self.kind == "chat":  # as OpenAI: the text, then a chunk of its own for the finish
+            if s.text or lp is not None or (self.token_ids_of is not None and s.token_ids):
+                chunks.append(self.chunk([{"index": idx, "delta": {"content": s.text} if s.text else {},
+                                           "logprobs": lp, "finish_reason": None}], include_usage))
+            if finishes:
+                chunks.append(self.chunk([{"index": idx, "delta": {}, "logprobs": None, "finish_reason": reason,
+                                           "stop_reason": stop}], include_usage))
+            return
+        chunks.append(self.chunk([{"index": idx, "text": s.text, "logprobs": lp, "finish_reason": reason,
+                                   "stop_reason": stop}], include_usage))
 
     def usage_chunk(self) -> dict[str, Any]:
         c = self.chunk([], False)
