@@ -86,3 +86,34 @@ def test_priority_zero_is_accepted_with_the_default_policy(fcfs_server):
                    json={"model": MODEL_NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
                          "priority": 0})
     assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_the_engine_thread_refuses_a_priority_its_policy_cannot_honour(policy):
+    # where the front end does not know the policy (data-parallel replicas), the engine thread
+    # checks: under fcfs a nonzero priority fails the request with a 400 naming the option, and
+    # nothing is added; under priority the engine gets it
+    import asyncio
+    from types import SimpleNamespace
+
+    from deepinfer.runtime.sampling_params import SamplingParams
+    from deepinfer.serve.engine_thread import EngineThread
+
+    added: list[dict[str, Any]] = []
+    engine = SimpleNamespace(add_request=lambda *args, **kwargs: added.append(kwargs))
+    llm = SimpleNamespace(engine=engine, engine_args=SimpleNamespace(scheduling_policy=policy))
+    thread = EngineThread(llm, SimpleNamespace())  # type: ignore[arg-type]
+
+    async def run() -> list[Any]:
+        thread._loop = asyncio.get_running_loop()
+        sink: asyncio.Queue[Any] = asyncio.Queue()
+        thread._add("r", [1, 2, 3], SamplingParams(max_tokens=2), sink, 0, time.monotonic(), None, 3)
+        await asyncio.sleep(0.05)
+        return [sink.get_nowait() for _ in range(sink.qsize())]
+
+    failed = asyncio.run(run())
+    if policy == "fcfs":
+        assert not added and len(failed) == 1
+        assert failed[0].status == 400 and "--scheduling-policy priority" in failed[0].message
+    else:
+        assert not failed and [a["priority"] for a in added] == [3]

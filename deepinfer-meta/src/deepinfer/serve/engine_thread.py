@@ -263,8 +263,9 @@ class EngineThread:
         try:
             if isinstance(prompt_embeds, list):  # from another process: embeds_to_wire's form
                 prompt_embeds = embeds_from_wire(prompt_embeds)
-            if priority:
-                self._llm._priorities([priority], 1)  # (vLLM's ValueError when the policy is fcfs)
+            if priority and self._llm.engine_args.scheduling_policy != "priority":  # (as vLLM refuses it)
+                raise ValueError("priority was given but priority scheduling is not enabled: start the server "
+                                 "with --scheduling-policy priority")
             self._llm.engine.add_request(request_id, prompt_ids, params, output_kind="delta", collect="all",
                                          prompt_embeds=prompt_embeds, priority=priority,
                                          columns_slot=slot if slot >= 0 else None)

@@ -201,8 +201,8 @@ class ServingState:
         if k == -1:
             return self.max_model_len
         if k < 1 or k > self.max_model_len:
-            raise APIError(400, f"truncate_prompt_tokens must be -1 (max_model_len) or in [1, {self.max_model_len}] "
-                                f"(max_model_len), got {k}", "truncate_prompt_tokens")
+            raise APIError(400, f"truncate_prompt_tokens must be -1 (max_model_len) or in [1, {self.max_model_len}], "
+                                f"got {k}", "truncate_prompt_tokens")
         return k
 
     def max_tokens(self, n_prompt: int, requested: int | None, default: int | None, prompt_param: str,
