@@ -17,7 +17,7 @@ from conftest import MODEL_NAME, _llm, read_until_listening, start_serve_process
 
 
 def _finish_order(url: str, model: str) -> list[int]:
-    """Send a 96-token request, then priority 5 and priority -5 (in that order); the priorities
+    """Send a 300-token request, then priority 5 and priority -5 (in that order); the priorities
     in the order their responses finished."""
     import httpx
 
@@ -32,7 +32,7 @@ def _finish_order(url: str, model: str) -> list[int]:
         with lock:
             (done if r.status_code == 200 else errors).append(priority if r.status_code == 200 else r.text)
 
-    first = threading.Thread(target=one, args=(0, 96))
+    first = threading.Thread(target=one, args=(0, 300))  # (seconds on a CPU: the others arrive while it runs)
     first.start()
     time.sleep(0.5)  # (the long request is running: every later one waits for the engine's one sequence)
     waiting = [threading.Thread(target=one, args=(p, 4)) for p in (5, -5)]
