@@ -434,7 +434,7 @@ class EngineClient:
         try:
             stream.flush()
         except Exception as exc:  # noqa: BLE001 - this request's failure only
-            self._fail_one(rid, route, f"the request failed: {type(exc).__name__}: {exc}")
+            self._fail_one(rid, route, exc)
 
     def _put(self, rid: str, route: _Route, delta: RequestDelta, filled: bool = False) -> None:
         """Hand a delta to its HTTP handler, with its text when this front end makes it
@@ -449,7 +449,7 @@ class EngineClient:
         try:
             route.text.fill(delta)
         except Exception as exc:  # noqa: BLE001 - this request's failure only
-            self._fail_one(rid, route, f"the request failed: {type(exc).__name__}: {exc}")
+            self._fail_one(rid, route, exc)
             return False
         return True
 
@@ -461,10 +461,12 @@ class EngineClient:
         try:
             route.text.absorb(ids)
         except Exception as exc:  # noqa: BLE001 - this request's failure only
-            self._fail_one(rid, route, f"the request failed: {type(exc).__name__}: {exc}")
+            self._fail_one(rid, route, exc)
 
-    def _fail_one(self, rid: str, route: _Route, message: str) -> None:
-        """Detokenizing a request's tokens failed here: abort it in its core, fail its response."""
+    def _fail_one(self, rid: str, route: _Route, exc: Exception) -> None:
+        """Making or writing a request's text failed here with ``exc``: abort it in its core, fail
+        its response."""
+        message = f"the request failed: {type(exc).__name__}: {exc}"
         if self._drop(rid) is not None:
             self._send(route.core, ("abort", [rid]))
         log.error("request %s: %s", rid, message)

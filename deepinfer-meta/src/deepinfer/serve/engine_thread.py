@@ -128,6 +128,14 @@ ARRIVAL_WINDOW_GAPS = 10
 DEFAULT_CPU_ARRIVAL_GAP_MS = 3.0
 
 
+def check_priority(priority: int, scheduling_policy: str | None) -> None:
+    """ValueError, as vLLM's, for a nonzero ``priority`` under a policy other than "priority"
+    (None: not known here, nothing to check)."""
+    if priority and scheduling_policy is not None and scheduling_policy != "priority":
+        raise ValueError("priority was given but priority scheduling is not enabled: start the server "
+                         "with --scheduling-policy priority")
+
+
 def arrival_gap_seconds(device_type: str, gap_ms: float | None) -> float:
     """``--arrival-gap-ms`` in seconds: the value given, else 3 ms on CPU (where a prompt step takes
     tens of milliseconds) and 0 elsewhere (on the H200, SmolLM2 at 64 clients, a 2 ms gap changed
@@ -263,9 +271,8 @@ class EngineThread:
         try:
             if isinstance(prompt_embeds, list):  # from another process: embeds_to_wire's form
                 prompt_embeds = embeds_from_wire(prompt_embeds)
-            if priority and self._llm.engine_args.scheduling_policy != "priority":  # (as vLLM refuses it)
-                raise ValueError("priority was given but priority scheduling is not enabled: start the server "
-                                 "with --scheduling-policy priority")
+            if priority:  # (the policy read only then: the engine's args are not needed otherwise)
+                check_priority(priority, self._llm.engine_args.scheduling_policy)
             self._llm.engine.add_request(request_id, prompt_ids, params, output_kind="delta", collect="all",
                                          prompt_embeds=prompt_embeds, priority=priority,
                                          columns_slot=slot if slot >= 0 else None)

@@ -59,8 +59,8 @@ def _floored(lp: float | None) -> float | None:
     return LOGPROB_FLOOR if lp is not None and lp < LOGPROB_FLOOR else lp
 
 
-def _floored_top(lp: dict[int, float], strings: TokenStrings) -> dict[str, float]:
-    return {strings(k): (LOGPROB_FLOOR if v < LOGPROB_FLOOR else v) for k, v in lp.items()}
+def _floored_top(lp: dict[int, float], strings: TokenStrings) -> dict[str, float | None]:
+    return {strings(k): _floored(v) for k, v in lp.items()}
 
 
 def completion_logprobs(sample: SampleDelta, strings: TokenStrings, offset: int) -> dict[str, Any]:
@@ -279,7 +279,7 @@ class ResponseBuilder:
         for idx, s, lp, finishes in self.apply(delta):
             start = len(chunks)
             if not s.text and not finishes and lp is None and not (ids is not None and s.token_ids):
-                continue  # e.g. a possible stop string held back (its tokens go with a later chunk)
+                continue  # e.g. a possible stop string held back (kept when it has token ids to return)
             self._sample_chunks(chunks, idx, s, lp, finishes, include_usage)
             if ids is None:
                 continue

@@ -18,7 +18,7 @@ from fastapi import Request
 from deepinfer.runtime.sampling_params import SamplingParams, bad_words_token_ids
 from deepinfer.serve.client import EngineClient
 from deepinfer.serve.engine_run import EngineRun
-from deepinfer.serve.engine_thread import EngineThread, arrival_gap_seconds
+from deepinfer.serve.engine_thread import EngineThread, arrival_gap_seconds, check_priority
 from deepinfer.serve.metrics import MetricFamilies, ServerMetrics, cache_info
 from deepinfer.serve.protocol import APIError, check_text
 from deepinfer.serve.responses import TokenStrings
@@ -255,9 +255,9 @@ class ServingState:
         if priority:
             if not -2**31 <= priority < 2**31:
                 raise APIError(400, f"priority must be a 32-bit int, got {priority}", "priority")
-            policy = getattr(getattr(self.llm, "engine_args", None), "scheduling_policy", None)
-            if policy is not None and policy != "priority":  # (unknown here: the engine refuses it)
-                raise APIError(400, "priority was given but priority scheduling is not enabled: start the "
-                                    "server with --scheduling-policy priority", "priority")
+            try:  # (a policy not known here, as behind replicas: the engine thread checks)
+                check_priority(priority, getattr(getattr(self.llm, "engine_args", None), "scheduling_policy", None))
+            except ValueError as exc:
+                raise APIError(400, str(exc), "priority") from None
         self.admit(len(prompts))
         return EngineRun(self, request_id, prompts, params, embeds, priority)
