@@ -23,13 +23,13 @@ def make_scheduler(**overrides) -> E.Scheduler:
 
 
 # Scheduler.add_request's own keywords; every other one is a SamplingParams field.
-REQUEST_KEYWORDS = frozenset({"arrival_time", "output_kind", "priority", "eos_token_id"})
+REQUEST_KEYWORDS = frozenset({"arrival_time", "output_kind", "priority", "eos_token_id", "cache_salt"})
 
 
 def add_request(sched, request_id, prompt, **kw):
     """Scheduler.add_request from one flat dict of keywords (tables of test cases): the sampling
-    fields become the SamplingParams, arrival_time / output_kind / priority / eos_token_id stay
-    keywords."""
+    fields become the SamplingParams, arrival_time / output_kind / priority / eos_token_id /
+    cache_salt stay keywords."""
     params = E.SamplingParams(**{k: v for k, v in kw.items() if k not in REQUEST_KEYWORDS})
     return sched.add_request(request_id, prompt, params, **{k: v for k, v in kw.items() if k in REQUEST_KEYWORDS})
 

@@ -89,3 +89,45 @@ def test_generate_progress_bar_has_no_eta(llm, capsys):
     err = capsys.readouterr().err
     assert "Generating" in err and "2/2" in err
     assert re.search(r"<\d+:\d\d", err) is None  # tqdm's "elapsed<remaining"
+
+
+def test_cache_salt_in_a_dict_prompt_isolates_the_prefix_cache(llm):
+    # vLLM's prompt field: a prompt reuses prefix-cached KV only of prompts with the same salt
+    sp = SamplingParams(temperature=0, max_tokens=2)
+    text = "Cache salt check: " + "the weather was fine, " * 10  # (several blocks; no other test sends it)
+
+    def cached(**fields) -> tuple[int, str]:
+        out = llm.generate({"prompt": text, **fields}, sp, use_tqdm=False)[0]
+        return out.metrics["num_cached_tokens"], out.outputs[0].text
+
+    assert cached()[0] == 0
+    hit, reply = cached()
+    assert hit > 0
+    assert cached(cache_salt="tenant-a") == (0, reply)
+    assert cached(cache_salt="tenant-a") == (hit, reply)
+    assert cached(cache_salt="tenant-b") == (0, reply)
+    assert cached(cache_salt=None) == (hit, reply)  # None: no salt, the shared cache
+    ids = llm.text_tokenizer(text).input_ids
+    with llm.stream({"prompt_token_ids": ids, "cache_salt": "tenant-b"}, sp) as stream:
+        outs = list(stream)
+    assert "".join(o.outputs[0].text for o in outs) == reply
+    assert outs[-1].metrics["num_cached_tokens"] == hit
+
+
+@pytest.mark.parametrize(("prompt", "error", "words"), [
+    ({"prompt": "Hi", "cache_salt": ""}, ValueError, r"prompts\[0\]\['cache_salt'\] must be a non-empty string"),
+    ({"prompt": "Hi", "cache_salt": 7}, ValueError, "must be a non-empty string, got 7"),
+    ({"prompt": "Hi", "multi_modal_data": {"image": None}}, ValueError, "unknown prompt field 'multi_modal_data'"),
+    ({"promt": "Hi"}, ValueError, "unknown prompt field 'promt'"),
+])
+def test_a_dict_prompt_field_that_cannot_be_honoured_is_refused(llm, prompt, error, words):
+    # before, unknown fields were dropped silently (an image prompt ran as text alone)
+    with pytest.raises(error, match=words):
+        llm.generate(prompt, SamplingParams(max_tokens=1), use_tqdm=False)
+
+
+def test_beam_search_refuses_a_cache_salt(llm):
+    from deepinfer.runtime.beam_search import BeamSearchParams
+
+    with pytest.raises(ValueError, match="cache_salt is taken by generate"):
+        llm.beam_search([{"prompt": "Hi", "cache_salt": "a"}], BeamSearchParams(beam_width=2, max_tokens=2))

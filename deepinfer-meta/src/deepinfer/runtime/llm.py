@@ -18,6 +18,8 @@ from deepinfer.runtime.sampling_params import SamplingParams
 os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 PromptType = str | Sequence[int] | dict[str, Any]
+# A dict prompt's fields (vLLM's TextPrompt / TokensPrompt / EmbedsPrompt without multimodal data).
+_PROMPT_FIELDS = ("prompt", "prompt_token_ids", "prompt_embeds", "cache_salt")
 
 
 def _check_text(text: str, where: str) -> None:
@@ -277,13 +279,20 @@ class LLM:
 
     def _normalise(self, prompts: PromptType | Sequence[PromptType],
                    sampling_params: SamplingParams | Sequence[SamplingParams] | None,
-                   embeds: list[Any] | None = None) -> tuple[list[list[int]], list[SamplingParams]]:
+                   embeds: list[Any] | None = None,
+                   salts: list[str | None] | None = None) -> tuple[list[list[int]], list[SamplingParams]]:
         """Token ids and SamplingParams of each prompt. ``embeds``: a list that receives each
         prompt's embeddings (None for token prompts, whose ids are then placeholders); without
-        it an embeddings prompt is a ValueError."""
+        it an embeddings prompt is a ValueError. ``salts``: likewise for each prompt's
+        ``cache_salt`` (None: none)."""
         plist = _as_list(prompts)
         ids = []
         for i, p in enumerate(plist):
+            salt = _cache_salt(p, f"prompts[{i}]")
+            if salt is not None and salts is None:
+                raise ValueError(f"prompts[{i}]: cache_salt is taken by generate() and stream() only")
+            if salts is not None:
+                salts.append(salt)
             e = self._prompt_embeds(p, f"prompts[{i}]")
             if e is not None and embeds is None:
                 raise ValueError(f"prompts[{i}]: prompt_embeds are taken by generate() only")
@@ -342,10 +351,15 @@ class LLM:
         ``priority`` (vLLM): one int per prompt, smaller served first; needs
         ``LLM(scheduling_policy="priority")`` unless every value is 0 (ValueError otherwise, as
         for a list of another length). Outputs stay in prompt order.
+
+        A dict prompt (``{"prompt": ...}``, ``{"prompt_token_ids": ...}`` or
+        ``{"prompt_embeds": ...}``) may carry ``"cache_salt"`` (vLLM's): a secret string; the
+        prompt then reuses prefix-cached KV only of prompts with the same salt.
         """
         embeds: list[Any] = []
+        salts: list[str | None] = []
         plist = _as_list(prompts)  # (once: an iterator is read once)
-        ids, params = self._normalise(plist, sampling_params, embeds)
+        ids, params = self._normalise(plist, sampling_params, embeds, salts)
         for i, p in enumerate(ids):
             if not p:
                 raise ValueError(f"prompts[{i}] is empty (no tokens)")
@@ -353,11 +367,11 @@ class LLM:
         prio = self._priorities(priority, len(ids))
         order: dict[str, int] = {}
         try:
-            for p, sp, pr, e in zip(ids, params, prio, embeds, strict=True):
+            for p, sp, pr, e, salt in zip(ids, params, prio, embeds, salts, strict=True):
                 rid = self.engine.new_request_id()
                 try:
                     self.engine.add_request(rid, p, sp, final_text_only=True, collect="final", priority=pr,
-                                            prompt_embeds=e)
+                                            prompt_embeds=e, cache_salt=salt)
                 except ValueError as exc:
                     if e is None:
                         raise
@@ -464,13 +478,14 @@ class LLM:
         """
         if isinstance(sampling_params, Sequence):
             raise TypeError("sampling_params must be one SamplingParams for stream(), got a sequence")
-        ids, params = self._normalise(prompt, sampling_params)
+        salts: list[str | None] = []
+        ids, params = self._normalise(prompt, sampling_params, salts=salts)
         if len(ids) > 1:
             raise ValueError(f"prompt: stream() takes one prompt, got a list of {len(ids)}")
         if not ids or not ids[0]:
             raise ValueError("prompt is empty (no tokens)")
         rid = self.engine.new_request_id()
-        self.engine.add_request(rid, ids[0], params[0], output_kind="delta", collect="all")
+        self.engine.add_request(rid, ids[0], params[0], output_kind="delta", collect="all", cache_salt=salts[0])
         return RequestStream(self.engine, rid)
 
 
@@ -485,6 +500,22 @@ class LLM:
 
 if LLM.__doc__:  # (python -OO drops docstrings)
     LLM.__doc__ = LLM.__doc__.replace("{engine_args}", EngineArgs.docstring_args(indent=" " * 8))
+
+
+def _cache_salt(prompt: Any, where: str) -> str | None:
+    """A dict prompt's ``cache_salt`` (vLLM's), else None; a field this engine does not know
+    (``multi_modal_data``, a misspelt name) is a ValueError, not silently dropped."""
+    if not isinstance(prompt, dict):
+        return None
+    unknown = [k for k in prompt if k not in _PROMPT_FIELDS]
+    if unknown:
+        raise ValueError(f"{where}: unknown prompt field {unknown[0]!r}; a dict prompt has 'prompt', "
+                         "'prompt_token_ids' or 'prompt_embeds', and optionally 'cache_salt' "
+                         "(multimodal data is not supported)")
+    salt = prompt.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise ValueError(f"{where}['cache_salt'] must be a non-empty string, got {salt!r:.40}")
+    return salt
 
 
 def _as_list(prompts: Any) -> list[Any]:

@@ -360,7 +360,7 @@ async def _respond(request: Request, state: ServingState, builder: ResponseBuild
     record: AccessRecord = request.state.access
     record.request_id = builder.id
     record.prompt_tokens = builder.prompt_tokens
-    deltas = state.start(builder.id, prompts, params, embeds, req.priority)
+    deltas = state.start(builder.id, prompts, params, embeds, req.priority, req.cache_salt)
     engine = state.engine
     if not req.stream:
         if isinstance(engine, EngineClient):  # the tokens wait in the engine client (one wake-up)

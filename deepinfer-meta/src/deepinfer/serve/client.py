@@ -204,7 +204,8 @@ class EngineClient:
             c.reader = loop.create_task(self._read(c), name=f"deepinfer-core-{c.index}-reader")
 
     def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-               sink: asyncio.Queue[Any], tag: int, prompt_embeds: Any = None, priority: int = 0) -> None:
+               sink: asyncio.Queue[Any], tag: int, prompt_embeds: Any = None, priority: int = 0,
+               cache_salt: str | None = None) -> None:
         if not self.alive:
             sink.put_nowait(RequestFailed(tag, 503, self.unhealthy_reason() or "the engine core is not running"))
             return
@@ -222,12 +223,12 @@ class EngineClient:
         core.tokens += route.tokens
         self._routes[request_id] = core.routes[request_id] = route
         message: tuple[Any, ...] = ("add", request_id, prompt_ids, fields, tag, time.monotonic())
-        if prompt_embeds is not None or priority:
+        if prompt_embeds is not None or priority or cache_salt is not None:  # (optional trailing elements)
             from deepinfer.serve.engine_thread import embeds_to_wire
 
             message += (None if prompt_embeds is None else embeds_to_wire(prompt_embeds),)
-        if priority:
-            message += (priority,)
+            if priority or cache_salt is not None:
+                message += (priority,) if cache_salt is None else (priority, cache_salt)
         self._send(core, message)
 
     def attach_stream(self, request_id: str, stream: TokenStream) -> bool:

@@ -8,7 +8,8 @@ in-process server's (``EngineThread``) on this process's main thread; only its t
 Front end -> core (a DEALER socket each)::
 
     ["hello", pid]                                   once, first
-    ["add", request_id, prompt_ids, params, tag, arrival(, embeds(, priority))]   params: sampling_params_fields();
+    ["add", request_id, prompt_ids, params, tag, arrival(, embeds(, priority(, cache_salt)))]
+                                                     params: sampling_params_fields();
                                                      embeds: [float32 bytes, [L, hidden]] (prompt embeddings)
     ["abort", [request_id, ...]]
     ["stop"]                                         abort everything and exit 0
@@ -188,10 +189,14 @@ class _Commands:
                     priority = rest[1] if len(rest) > 1 else 0
                     if isinstance(priority, bool) or not isinstance(priority, int):
                         raise TypeError(f"priority must be an int, got {priority!r}")
+                    salt = rest[2] if len(rest) > 2 else None
+                    if salt is not None and not isinstance(salt, str):
+                        raise TypeError(f"cache_salt must be a str, got {salt!r:.40}")
                 except (TypeError, ValueError) as exc:  # the front end checked it; say so, never crash
                     self._core.send_to(ident, ("batch", [], [], [(rid, RequestFailed(tag, 400, str(exc)))], []))
                     continue
-                self._ready.append(("add", rid, prompt_ids, params, (ident, rid), tag, arrival, embeds, priority))
+                self._ready.append(("add", rid, prompt_ids, params, (ident, rid), tag, arrival, embeds, priority,
+                                    salt))
             elif kind == "abort":
                 self._ready.extend(("abort", rid) for rid in msg[1])
             elif kind == "hello":

@@ -60,7 +60,7 @@ class RequestSubmitter(Protocol):
     """An engine as the routes see it (``EngineThread``, ``ReplicaSet``, ``EngineClient``)."""
 
     def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams, sink: asyncio.Queue[Any],
-               tag: int, prompt_embeds: Any = None, priority: int = 0) -> None: ...
+               tag: int, prompt_embeds: Any = None, priority: int = 0, cache_salt: str | None = None) -> None: ...
 
     def abort(self, request_id: str) -> None: ...
 
@@ -83,7 +83,8 @@ class EngineRun:
     """
 
     def __init__(self, state: Admission, request_id: str, prompts: list[list[int]],
-                 params: list[SamplingParams], embeds: list[Any] | None = None, priority: int = 0) -> None:
+                 params: list[SamplingParams], embeds: list[Any] | None = None, priority: int = 0,
+                 cache_salt: str | None = None) -> None:
         self._state = state
         self._count = len(prompts)
         self._sink: asyncio.Queue[Any] = DeltaSink()
@@ -93,7 +94,7 @@ class EngineRun:
         self._failure: APIError | None = None
         for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):
             state.engine.submit(self._ids[i], p, sp, self._sink, i, prompt_embeds=None if embeds is None else embeds[i],
-                                priority=priority)
+                                priority=priority, cache_salt=cache_salt)
 
     @property
     def sink(self) -> asyncio.Queue[Any]:

@@ -191,12 +191,13 @@ class EngineThread:
         return None if self.alive else f"the engine loop is not running: {self.error!r}"
 
     def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-               sink: asyncio.Queue[Any], tag: int, prompt_embeds: Any = None, priority: int = 0) -> None:
+               sink: asyncio.Queue[Any], tag: int, prompt_embeds: Any = None, priority: int = 0,
+               cache_salt: str | None = None) -> None:
         """Queue a request; its RequestDelta / RequestFailed items arrive on ``sink``
         (``prompt_embeds``: the prompt's embeddings, ``prompt_ids`` its placeholder ids;
-        ``priority``: the scheduler's, smaller first)."""
+        ``priority``: the scheduler's, smaller first; ``cache_salt``: its prefix-cache salt)."""
         self._commands.put(("add", request_id, prompt_ids, params, sink, tag, time.monotonic(), prompt_embeds,
-                            priority))
+                            priority, cache_salt))
 
     def abort(self, request_id: str) -> None:
         """Abort a request at whatever stage it is (idempotent; unknown ids are ignored)."""
@@ -263,7 +264,8 @@ class EngineThread:
         return True
 
     def _add(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-             sink: asyncio.Queue[Any], tag: int, arrival: float, prompt_embeds: Any = None, priority: int = 0) -> None:
+             sink: asyncio.Queue[Any], tag: int, arrival: float, prompt_embeds: Any = None, priority: int = 0,
+             cache_salt: str | None = None) -> None:
         n = params.n
         plain = n == 1 and params.logprobs is None and params.prompt_logprobs is None
         # token ids only (a front end makes the text): its plain deltas can come as columns
@@ -275,7 +277,7 @@ class EngineThread:
                 check_priority(priority, self._llm.engine_args.scheduling_policy)
             self._llm.engine.add_request(request_id, prompt_ids, params, output_kind="delta", collect="all",
                                          prompt_embeds=prompt_embeds, priority=priority,
-                                         columns_slot=slot if slot >= 0 else None)
+                                         columns_slot=slot if slot >= 0 else None, cache_salt=cache_salt)
         except (ValueError, TypeError) as exc:
             if slot >= 0:
                 self._free_slot(slot)

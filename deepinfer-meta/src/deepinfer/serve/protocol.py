@@ -98,6 +98,7 @@ class _SamplingBody(_Body):
     bad_words: list[str] | None = None  # never generated (tokenized by the engine, as in vLLM)
     truncate_prompt_tokens: int | None = None  # keep the prompt's last k tokens (-1: max_model_len)
     priority: int = 0  # smaller first, with --scheduling-policy priority (vLLM's)
+    cache_salt: str | None = None  # vLLM's: prefix-cached KV is shared only by requests of the same salt
     return_token_ids: bool = False  # vLLM's: the prompt's and each choice's token ids in the response
     # structured outputs (serve/structured.py): OpenAI's response_format and vLLM's extras
     response_format: Any = None

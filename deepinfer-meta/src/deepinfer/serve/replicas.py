@@ -262,7 +262,8 @@ class ReplicaSet:
             r.reader.start()
 
     def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-               sink: asyncio.Queue[Any], tag: int, prompt_embeds: Any = None, priority: int = 0) -> None:
+               sink: asyncio.Queue[Any], tag: int, prompt_embeds: Any = None, priority: int = 0,
+               cache_salt: str | None = None) -> None:
         """Send a request to the least-loaded live replica; its RequestDelta / RequestFailed items
         arrive on ``sink`` (``prompt_embeds``: sent as ``embeds_to_wire``'s bytes)."""
         try:
@@ -277,7 +278,8 @@ class ReplicaSet:
         r.tokens += route.tokens
         self._routes[request_id] = route
         wire = None if prompt_embeds is None else embeds_to_wire(prompt_embeds)
-        r.commands.put(("add", request_id, prompt_ids, params, request_id, tag, time.monotonic(), wire, priority))
+        r.commands.put(("add", request_id, prompt_ids, params, request_id, tag, time.monotonic(), wire, priority,
+                        cache_salt))
 
     def abort(self, request_id: str) -> None:
         """Abort a request on its replica (idempotent; unknown ids are ignored); any thread."""

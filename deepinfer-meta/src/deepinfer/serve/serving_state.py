@@ -248,10 +248,10 @@ class ServingState:
         return params
 
     def start(self, request_id: str, prompts: list[list[int]], params: list[SamplingParams],
-              embeds: list[Any] | None = None, priority: int = 0) -> EngineRun:
+              embeds: list[Any] | None = None, priority: int = 0, cache_salt: str | None = None) -> EngineRun:
         """Admit (503 when full or the engine is down) and submit one engine request per prompt
         (``embeds``: the prompts' embeddings, whose ids are placeholders; ``priority``: the
-        scheduler's, smaller first)."""
+        scheduler's, smaller first; ``cache_salt``: their prefix-cache salt)."""
         if priority:
             if not -2**31 <= priority < 2**31:
                 raise APIError(400, f"priority must be a 32-bit int, got {priority}", "priority")
@@ -259,5 +259,7 @@ class ServingState:
                 check_priority(priority, getattr(getattr(self.llm, "engine_args", None), "scheduling_policy", None))
             except ValueError as exc:
                 raise APIError(400, str(exc), "priority") from None
+        if cache_salt is not None and not check_text(cache_salt, "cache_salt"):
+            raise APIError(400, "cache_salt must be a non-empty string if given", "cache_salt")
         self.admit(len(prompts))
-        return EngineRun(self, request_id, prompts, params, embeds, priority)
+        return EngineRun(self, request_id, prompts, params, embeds, priority, cache_salt)

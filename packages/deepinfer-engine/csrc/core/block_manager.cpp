@@ -48,16 +48,17 @@ uint64_t BlockManager::hash_block(uint64_t parent, const int32_t* tokens) const 
   return h & hash_mask_;
 }
 
-void BlockManager::extend_hashes(std::vector<uint64_t>& hashes, const int32_t* tokens, int32_t num_tokens) const {
+void BlockManager::extend_hashes(std::vector<uint64_t>& hashes, const int32_t* tokens, int32_t num_tokens,
+                                 uint64_t salt) const {
   const size_t full = static_cast<size_t>(num_tokens / block_size_);
   while (hashes.size() < full) {
     const size_t i = hashes.size();
-    hashes.push_back(hash_block(i ? hashes[i - 1] : 0, tokens + i * block_size_));
+    hashes.push_back(hash_block(i ? hashes[i - 1] : salt, tokens + i * block_size_));
   }
 }
 
 int32_t BlockManager::match_prefix(const std::vector<uint64_t>& hashes, const int32_t* tokens, int32_t max_blocks,
-                                   std::vector<int32_t>& out) const {
+                                   std::vector<int32_t>& out, uint64_t salt) const {
   out.clear();
   if (!prefix_caching_) return 0;
   const int32_t n = std::min<int32_t>(max_blocks, static_cast<int32_t>(hashes.size()));
@@ -71,6 +72,7 @@ int32_t BlockManager::match_prefix(const std::vector<uint64_t>& hashes, const in
                     sizeof(int32_t) * block_size_) != 0)
       break;
     if (meta_[c].parent != prev || (prev >= 0 && meta_[c].parent_gen != meta_[prev].gen)) break;
+    if (prev < 0 && meta_[c].salt != salt) break;  // another salt's chain (the hash alone may collide)
     out.push_back(c);
     prev = c;
   }
@@ -164,7 +166,7 @@ void BlockManager::fork_table(const std::vector<int32_t>& src, int32_t num_writt
 }
 
 int32_t BlockManager::register_blocks(const std::vector<int32_t>& table, const std::vector<uint64_t>& hashes,
-                                      const int32_t* tokens, int32_t first, int32_t last) {
+                                      const int32_t* tokens, int32_t first, int32_t last, uint64_t salt) {
   if (!prefix_caching_) return last;
   for (int32_t i = first; i < last; ++i) {
     const int32_t b = table[i];
@@ -175,6 +177,7 @@ int32_t BlockManager::register_blocks(const std::vector<int32_t>& table, const s
     meta_[b].cached = 1;
     meta_[b].hash = hashes[i];
     meta_[b].parent = prev;
+    meta_[b].salt = prev >= 0 ? 0 : salt;
     meta_[b].parent_gen = prev >= 0 ? meta_[prev].gen : 0;
     std::memcpy(&tokens_[static_cast<size_t>(b) * block_size_], tokens + static_cast<size_t>(i) * block_size_,
                 sizeof(int32_t) * block_size_);

@@ -7,6 +7,9 @@
 // before it in the same table is registered (or it is block 0) and no block holds its hash yet;
 // when a block leaves the cache, its cached descendants leave too, so a cached block's parent is
 // always cached: one registered block per prefix, every chain verifiable from block 0.
+// Cache salt (vLLM's cache_salt): a request's salt seeds block 0's hash (parent = salt seed
+// instead of 0) and is stored with block 0 and verified on a hit, so requests of different salts
+// never share KV, even under a forced hash collision; later blocks inherit it through the chain.
 // Free blocks: uncached ones on a stack (used first), cached ones in an LRU list (evicted
 // oldest-first; a sequence's blocks are freed last block first, so prefixes live longest).
 #pragma once
@@ -54,13 +57,15 @@ class BlockManager {
 
   // Chained hash of one block (masked to hash_bits).
   uint64_t hash_block(uint64_t parent_hash, const int32_t* tokens) const;
-  // Extends `hashes` to cover every full block of tokens[0, num_tokens).
-  void extend_hashes(std::vector<uint64_t>& hashes, const int32_t* tokens, int32_t num_tokens) const;
+  // Extends `hashes` to cover every full block of tokens[0, num_tokens); `salt` (0: none) is
+  // block 0's parent hash.
+  void extend_hashes(std::vector<uint64_t>& hashes, const int32_t* tokens, int32_t num_tokens,
+                     uint64_t salt = 0) const;
 
-  // Longest verified cached prefix of tokens (at most max_blocks blocks); fills `out` with the
-  // block ids (not acquired). Counts toward the hit-rate statistics when `count_stats`.
+  // Longest verified cached prefix of tokens (at most max_blocks blocks) registered under the
+  // same `salt`; fills `out` with the block ids (not acquired).
   int32_t match_prefix(const std::vector<uint64_t>& hashes, const int32_t* tokens, int32_t max_blocks,
-                       std::vector<int32_t>& out) const;
+                       std::vector<int32_t>& out, uint64_t salt = 0) const;
   void record_lookup(int64_t queried_tokens, int64_t hit_tokens);
 
   // Number of free blocks that acquiring these hit blocks takes out of the free pool.
@@ -89,10 +94,11 @@ class BlockManager {
   void fork_table(const std::vector<int32_t>& src, int32_t num_written, std::vector<int32_t>& dst,
                   std::vector<BlockCopy>& copies);
 
-  // Registers the full, computed blocks [first, last) of `table` (hashes/tokens of the sequence)
-  // in the prefix cache; returns the new count of leading registered blocks.
+  // Registers the full, computed blocks [first, last) of `table` (hashes/tokens of the sequence,
+  // whose cache salt is `salt`) in the prefix cache; returns the new count of leading registered
+  // blocks.
   int32_t register_blocks(const std::vector<int32_t>& table, const std::vector<uint64_t>& hashes,
-                          const int32_t* tokens, int32_t first, int32_t last);
+                          const int32_t* tokens, int32_t first, int32_t last, uint64_t salt = 0);
 
   // Forgets every cached block (their KV is no longer reusable). Always succeeds.
   void reset_prefix_cache();
@@ -117,6 +123,7 @@ class BlockManager {
   // ref count, cache state, chain and LRU links together.
   struct alignas(64) BlockMeta {
     uint64_t hash = 0;
+    uint64_t salt = 0;         // block 0 of a chain: its request's cache salt seed (0: none)
     int32_t ref = 0;
     uint32_t gen = 0;          // bumped every time the block leaves the cache
     int32_t parent = -1;       // block matched before it in its chain (-1 for block 0)

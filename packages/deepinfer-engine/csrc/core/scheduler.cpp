@@ -82,7 +82,8 @@ int32_t Scheduler::seq_cost(SeqIndex s) const {
 }
 
 GroupIndex Scheduler::add_request(const std::string& request_id, const int32_t* prompt, size_t prompt_size,
-                                  const SamplingParams& params, double arrival_time, int32_t eos_token_id) {
+                                  const SamplingParams& params, double arrival_time, int32_t eos_token_id,
+                                  uint64_t cache_salt) {
   check_request(request_id, prompt, prompt_size, params, arrival_time, eos_token_id);
   const int32_t prompt_len = static_cast<int32_t>(prompt_size);
   const GroupIndex g = store_.new_group();
@@ -93,6 +94,7 @@ GroupIndex Scheduler::add_request(const std::string& request_id, const int32_t* 
   gr.arrival_time = arrival_time;
   gr.arrival_order = arrival_counter_++;
   gr.eos_token_id = eos_token_id;
+  gr.cache_salt = cache_salt;
   gr.seqs.push_back(s);
   gr.num_unfinished = 1;
   Sequence& q = store_.seq(s);
@@ -429,8 +431,8 @@ const SchedulerOutputs& Scheduler::schedule() {
       int32_t max_hits = (q.num_tokens() - 1) / bs;
       const SequenceGroup& qg = store_.groups[q.group];
       if (qg.params.prompt_logprobs >= 0) max_hits = std::min(max_hits, qg.num_prompt_logprobs / bs);
-      bm_.extend_hashes(q.block_hashes, q.tokens.data(), q.num_tokens());
-      hits = bm_.match_prefix(q.block_hashes, q.tokens.data(), max_hits, hit_scratch_);
+      bm_.extend_hashes(q.block_hashes, q.tokens.data(), q.num_tokens(), qg.cache_salt);
+      hits = bm_.match_prefix(q.block_hashes, q.tokens.data(), max_hits, hit_scratch_, qg.cache_salt);
     }
     const int32_t computed = hits * bs;
     int32_t n = q.num_tokens() - computed;
@@ -510,9 +512,10 @@ void Scheduler::advance_computed(SeqIndex s, int32_t n) {
   if (is_finished(q.status) || !bm_.prefix_caching()) return;
   const int32_t full = std::min(q.num_computed_tokens, q.num_tokens()) / cfg_.block_size;
   if (full > q.num_registered_blocks) {
-    bm_.extend_hashes(q.block_hashes, q.tokens.data(), full * cfg_.block_size);
+    const uint64_t salt = store_.groups[q.group].cache_salt;
+    bm_.extend_hashes(q.block_hashes, q.tokens.data(), full * cfg_.block_size, salt);
     q.num_registered_blocks =
-        bm_.register_blocks(q.block_table, q.block_hashes, q.tokens.data(), q.num_registered_blocks, full);
+        bm_.register_blocks(q.block_table, q.block_hashes, q.tokens.data(), q.num_registered_blocks, full, salt);
   }
 }
 

@@ -82,6 +82,7 @@ GroupIndex SequenceStore::new_group() {
   gr.arrival_time = 0.0;
   gr.arrival_order = 0;
   gr.eos_token_id = -1;
+  gr.cache_salt = 0;
   gr.prompt_logprob_token_ids.clear();
   gr.prompt_logprob_values.clear();
   gr.num_prompt_logprobs = 0;

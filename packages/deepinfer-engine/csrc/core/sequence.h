@@ -122,6 +122,7 @@ struct SequenceGroup {
   double arrival_time = 0.0;   // seconds (time.time() clock)
   uint64_t arrival_order = 0;  // add_request order, ties broken by it
   int32_t eos_token_id = -1;   // -1: no EOS for this request
+  uint64_t cache_salt = 0;     // seed of its prefix-cache hashes (0: unsalted; BlockManager)
 
   // Prompt logprobs (params.prompt_logprobs = k >= 0): for prompt positions 1..P-1, (1 + k)
   // (token id, logprob) entries each, the prompt token first; filled chunk by chunk by

@@ -56,7 +56,8 @@ py::typing::Dict<py::str, py::object> scheduler_stats(const Scheduler& s) {
 // request attributes; Scheduler::check_request validates the whole request.
 int64_t add_request_typed(Scheduler& s, const std::string& request_id, const py::object& prompt_token_ids,
                           const SamplingParams& params, int32_t priority, OutputKind output_kind,
-                          std::optional<double> arrival_time, std::optional<int64_t> eos_token_id) {
+                          std::optional<double> arrival_time, std::optional<int64_t> eos_token_id,
+                          uint64_t cache_salt) {
   std::vector<int32_t> converted;
   const int32_t* prompt = nullptr;
   size_t prompt_len = 0;
@@ -84,11 +85,11 @@ int64_t add_request_typed(Scheduler& s, const std::string& request_id, const py:
   // The group stores its own copy: priority and output_kind are set on it, not on the caller's.
   const GroupIndex g = [&] {
     if (priority == params.priority && output_kind == params.output_kind)
-      return s.add_request(request_id, prompt, prompt_len, params, arrival, eos);
+      return s.add_request(request_id, prompt, prompt_len, params, arrival, eos, cache_salt);
     SamplingParams p = params;
     p.priority = priority;
     p.output_kind = output_kind;
-    return s.add_request(request_id, prompt, prompt_len, p, arrival, eos);
+    return s.add_request(request_id, prompt, prompt_len, p, arrival, eos, cache_salt);
   }();
   return s.store().seq(s.store().groups[g].seqs[0]).seq_id;
 }
@@ -168,6 +169,21 @@ const int32_t* sampled_token_rows(const py::object& obj, int32_t rows, int32_t v
 }
 
 
+// The prefix-cache seed of a cache salt (never 0, which is "unsalted"): FNV-1a over its bytes,
+// then splitmix64's finalizer. It need not be a cryptographic hash: a request shares cached KV
+// with another salt only if the two seeds are equal, and the seed is never shown, so a client
+// that does not know a salt must guess 64 bits, one request per guess.
+uint64_t cache_salt_seed(const std::string& salt) {
+  uint64_t h = 0xCBF29CE484222325ull;
+  for (unsigned char c : salt) h = (h ^ c) * 0x100000001B3ull;
+  h ^= h >> 30;
+  h *= 0xBF58476D1CE4E5B9ull;
+  h ^= h >> 27;
+  h *= 0x94D049BB133111EBull;
+  h ^= h >> 31;
+  return h ? h : 1;
+}
+
 // The keyword arguments of Scheduler.add_request (only the given ones are looked at).
 int64_t add_request_kwargs(Scheduler& s, const std::string& request_id, const py::object& prompt_token_ids,
                            const py::handle& params, const py::kwargs& kw) {
@@ -176,6 +192,7 @@ int64_t add_request_kwargs(Scheduler& s, const std::string& request_id, const py
   OutputKind output_kind = OutputKind::CUMULATIVE;
   std::optional<int64_t> eos;
   std::optional<double> arrival;
+  uint64_t cache_salt = 0;
   auto type_name = [](const py::handle& v) { return std::string(py::str(py::type::of(v).attr("__name__"))); };
   auto as_int = [&](const py::handle& v, const char* name) -> int64_t {
     if (py::isinstance<py::bool_>(v) || !(py::isinstance<py::int_>(v) || py::hasattr(v, "__index__")))
@@ -202,6 +219,18 @@ int64_t add_request_kwargs(Scheduler& s, const std::string& request_id, const py
       }
     } else if (key == "eos_token_id") {
       if (!v.is_none()) eos = as_int(v, k);
+    } else if (key == "cache_salt") {
+      if (!v.is_none()) {
+        if (!py::isinstance<py::str>(v)) throw py::type_error("cache_salt: expected str, got " + type_name(v));
+        Py_ssize_t size = 0;
+        const char* utf8 = PyUnicode_AsUTF8AndSize(v.ptr(), &size);
+        if (!utf8) {
+          PyErr_Clear();
+          buf::fail(k, "is not valid Unicode text (a lone surrogate)");
+        }
+        if (size == 0) buf::fail(k, "must be a non-empty string (or None: no salt)");
+        cache_salt = cache_salt_seed(std::string(utf8, static_cast<size_t>(size)));
+      }
     } else if (is_sampling_field(key)) {
       throw py::type_error("add_request() got an unexpected keyword argument '" + key +
                            "': sampling parameters go in a SamplingParams (params=SamplingParams(" + key + "=...))");
@@ -209,7 +238,7 @@ int64_t add_request_kwargs(Scheduler& s, const std::string& request_id, const py
       throw py::type_error("add_request() got an unexpected keyword argument '" + key + "'");
     }
   }
-  return add_request_typed(s, request_id, prompt_token_ids, p, priority, output_kind, arrival, eos);
+  return add_request_typed(s, request_id, prompt_token_ids, p, priority, output_kind, arrival, eos, cache_salt);
 }
 
 }  // namespace
@@ -410,13 +439,15 @@ void bind_scheduler(py::module_& m) {
           py::arg("request_id"), py::arg("prompt_token_ids"), py::arg("params") = py::none(),
           "add_request(self, request_id: str, prompt_token_ids: typing.Any, params: SamplingParams | None = None, "
           "*, arrival_time: float | None = None, output_kind: str = 'cumulative', priority: int = 0, "
-          "eos_token_id: int | None = None) -> int\n\n"
+          "eos_token_id: int | None = None, cache_salt: str | None = None) -> int\n\n"
           "Queue a request; returns the parent sequence's id. prompt_token_ids: list or integer array "
           "(loose). params: the request's SamplingParams (validated when it was built; None: the "
           "defaults); the scheduler keeps a copy and bounds its token ids and logprob counts by the "
           "vocabulary. arrival_time: time.time() value (None: now); output_kind 'cumulative' | 'delta' | "
           "'final_only'; priority: smaller is scheduled first under the 'priority' policy (vLLM); "
-          "eos_token_id: this request's EOS (None: the scheduler's). "
+          "eos_token_id: this request's EOS (None: the scheduler's); cache_salt: a secret string "
+          "(vLLM's): the request reuses prefix-cached KV only of requests with the same salt, so "
+          "tenants cannot probe each other's prompts by timing (None: the shared, unsalted cache). "
           "Raises ValueError naming the bad value (duplicate request id, token outside the vocabulary...), "
           "TypeError for a sampling keyword (they belong in SamplingParams); nothing is queued then.")
       ;

@@ -293,7 +293,7 @@ class EngineLoop:
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
                     output_kind: str = "cumulative", final_text_only: bool = False,
                     collect: str | None = None, priority: int = 0, prompt_embeds: Any = None,
-                    columns_slot: int | None = None) -> None:
+                    columns_slot: int | None = None, cache_salt: str | None = None) -> None:
         """Queue a request; ValueError (naming the problem) leaves the engine unchanged.
 
         ``prompt_embeds``: the prompt as embeddings [len(prompt_ids), hidden] (checked by
@@ -306,6 +306,8 @@ class EngineLoop:
         "all" (every output, read with ``next_output``) or "final" (only the finished one, read
         with ``pop_output``); None: outputs are only returned by the ``step`` that makes them.
         ``priority``: smaller is scheduled first under the "priority" scheduling policy.
+        ``cache_salt`` (vLLM's): the request shares prefix-cached KV only with requests of the
+        same salt (``Scheduler.add_request``); None: the shared cache.
         ``columns_slot``: (output_kind "delta", collect "all", ``detokenize=False``) the request's
         plain deltas — one sample, no logprobs, after its first output, not finished — are not
         queued as RequestOutputs but written as rows naming this slot, read with ``take_columns``
@@ -327,7 +329,7 @@ class EngineLoop:
         with self.lock:
             self._release_pending()
             self._add_request(request_id, prompt_ids, params, output_kind, final_text_only, collect, priority,
-                              prompt_embeds)
+                              prompt_embeds, cache_salt)
             if columns_slot is not None:
                 self.output_pool.discard_columnar(request_id)  # (a finished request of that id left none)
                 self.output_pool.add_columnar(request_id, columns_slot)
@@ -335,7 +337,7 @@ class EngineLoop:
 
     def _add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
                      output_kind: str, final_text_only: bool, collect: str | None, priority: int = 0,
-                     prompt_embeds: Any = None) -> None:
+                     prompt_embeds: Any = None, cache_salt: str | None = None) -> None:
         if request_id in self.requests or request_id in self._queues:
             raise ValueError(f"request {request_id!r} is already in the engine")
         if len(prompt_ids) == 0:
@@ -362,10 +364,11 @@ class EngineLoop:
                  and not params.stop_strings)
         # the engine's SamplingParams, with the model's extra EOS ids, the effective temperature
         # and the bad words as token ids
+        salted = {} if cache_salt is None else {"cache_salt": cache_salt}
         self.scheduler.add_request(
             request_id, np.asarray(prompt_ids, dtype=np.int32),
             params.engine_params(self.tokenizer, self.extra_stop_token_ids), arrival_time=time.time(),
-            output_kind="final_only" if quiet else output_kind, priority=priority)
+            output_kind="final_only" if quiet else output_kind, priority=priority, **salted)
         delta = output_kind == "delta"
         if structured is not None:
             self.structured.add(request_id, structured, len(prompt_ids))
