@@ -1,6 +1,6 @@
 """vLLM's chat-template arguments of a chat or tokenize request: ``chat_template_kwargs`` (more
 variables for the template, e.g. Qwen3's ``enable_thinking``) and ``continue_final_message`` (the
-reply continues the last message). Checked against prompts written out by hand for a template
+reply continues the last message), and ``documents`` (for templates that render them, RAG). Checked against prompts written out by hand for a template
 that reads ``enable_thinking``, and against ``LLM.generate`` on those prompts' ids; bad values are
 400s naming their field."""
 
@@ -12,8 +12,10 @@ import pytest
 from conftest import MODEL_NAME, _llm, start_server
 from deepinfer.runtime.sampling_params import SamplingParams
 
-# ChatML, with Qwen3's empty thinking block when enable_thinking is false
-TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+# ChatML, with Qwen3's empty thinking block when enable_thinking is false, and documents first
+TEMPLATE = ("{% if documents %}{% for d in documents %}<|im_start|>document\n{{ d['title'] }}: "
+            "{{ d['text'] }}<|im_end|>\n{% endfor %}{% endif %}"
+            "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
             "{% if add_generation_prompt %}<|im_start|>assistant\n"
             "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% endif %}")
 ASK = [{"role": "user", "content": "Name a colour."}]
@@ -21,6 +23,9 @@ OPEN = "<|im_start|>user\nName a colour.<|im_end|>\n<|im_start|>assistant\n"
 NO_THINKING = OPEN + "<think>\n\n</think>\n\n"
 PARTIAL = [*ASK, {"role": "assistant", "content": "My favourite colour is"}]
 CONTINUED = OPEN + "My favourite colour is"
+DOCS = [{"title": "Sky", "text": "The sky is blue."}, {"title": "Grass", "text": "Grass is green."}]
+WITH_DOCS = ("<|im_start|>document\nSky: The sky is blue.<|im_end|>\n"
+             "<|im_start|>document\nGrass: Grass is green.<|im_end|>\n" + OPEN)
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +34,8 @@ def served() -> Any:
     llm.text_tokenizer.chat_template = TEMPLATE
     tok = llm.text_tokenizer
     ids = {name: list(tok(text, add_special_tokens=False).input_ids)
-           for name, text in (("open", OPEN), ("no_thinking", NO_THINKING), ("continued", CONTINUED))}
+           for name, text in (("open", OPEN), ("no_thinking", NO_THINKING), ("continued", CONTINUED),
+                                     ("with_docs", WITH_DOCS))}
     greedy = SamplingParams(temperature=0, max_tokens=6)
     replies = {name: llm.generate([{"prompt_token_ids": p}], greedy, use_tqdm=False)[0].outputs[0].text
                for name, p in ids.items()}
@@ -48,6 +54,8 @@ def _post(server: Any, path: str, body: dict[str, Any]) -> Any:
     ({"chat_template_kwargs": {"enable_thinking": True}}, "open"),
     ({"chat_template_kwargs": {"enable_thinking": False}}, "no_thinking"),
     ({"messages": PARTIAL, "add_generation_prompt": False, "continue_final_message": True}, "continued"),
+    ({"documents": DOCS}, "with_docs"),
+    ({"chat_template_kwargs": {"documents": DOCS}}, "with_docs"),
 ])
 def test_the_template_gets_the_arguments(served, extra, want):
     server, ids, replies = served
@@ -71,6 +79,10 @@ def test_the_template_gets_the_arguments(served, extra, want):
     ({"messages": PARTIAL, "continue_final_message": True}, "continue_final_message", "add_generation_prompt"),
     ({"messages": PARTIAL, "continue_final_message": 1, "add_generation_prompt": False}, "continue_final_message",
      "boolean"),
+    ({"documents": {"title": "Sky"}}, "documents", "a list of objects"),
+    ({"documents": ["The sky is blue."]}, "documents", "a list of objects"),
+    ({"documents": [{"title": "Sky", "year": 2026}]}, "documents", "values are strings"),
+    ({"documents": DOCS, "chat_template_kwargs": {"documents": DOCS}}, "documents", "given twice"),
 ])
 @pytest.mark.parametrize("path", ["/tokenize", "/v1/chat/completions"])
 def test_bad_template_arguments_are_400_naming_the_field(served, extra, param, words, path):

@@ -39,6 +39,7 @@ from deepinfer.serve.protocol import (
     check_conversation,
     check_stop,
     check_text,
+    client_request_id,
     completion_prompts,
     loads_json,
     parse_body,
@@ -182,8 +183,9 @@ def build_app(llm: Any, config: ServeConfig) -> FastAPI:
             raise APIError(400, "give exactly one of prompt and messages", "prompt")
         if req.messages is not None:
             messages = chat_messages(req.messages)
-            ids = await state.off_loop(_chat_size(messages), _chat_ids, state, messages, req.add_generation_prompt,
-                                       chat_template_kwargs(req))
+            kwargs = chat_template_kwargs(req)
+            ids = await state.off_loop(_chat_size(messages, kwargs), _chat_ids, state, messages,
+                                       req.add_generation_prompt, kwargs)
         else:
             prompt = check_text(req.prompt, "prompt")
             ids = await state.off_loop(len(prompt), lambda: list(
@@ -232,9 +234,11 @@ def build_app(llm: Any, config: ServeConfig) -> FastAPI:
         if req.echo:  # the prompt as given; token ids decoded
             echo = await state.off_loop(sum(len(p) for p in raw), lambda: [
                 p if isinstance(p, str) else str(state.tokenizer.decode(p)) for p in raw])
-        builder = ResponseBuilder("completion", f"cmpl-{uuid.uuid4().hex}", name, req.n,
+        response_id, engine_id = _response_ids("cmpl-", request, req)
+        builder = ResponseBuilder("completion", response_id, name, req.n,
                                   [len(p) for p in prompts], _strings(state, req), req.logprobs,
                                   echo=echo, prompt_ids=prompts if echo is not None else None)
+        builder.engine_id = engine_id
         builder.echo_only = echo_only
         if req.return_token_ids:  # (prompts given as embeddings have no ids: null)
             builder.token_ids_of = [p if embeds is None else None for p in prompts]
@@ -250,7 +254,7 @@ def build_app(llm: Any, config: ServeConfig) -> FastAPI:
         kwargs = chat_template_kwargs(req)
         if tools is not None:
             kwargs["tools"] = tools.template_tools
-        prompt = await state.off_loop(_chat_size(messages), _chat_ids, state, messages, req.add_generation_prompt,
+        prompt = await state.off_loop(_chat_size(messages, kwargs), _chat_ids, state, messages, req.add_generation_prompt,
                                       kwargs)
         keep = state.truncation(req.truncate_prompt_tokens)
         if keep is not None:
@@ -265,8 +269,9 @@ def build_app(llm: Any, config: ServeConfig) -> FastAPI:
                                                                   "max_tokens": tokens_param}))
         await _structured_outputs(state, req, [params], tools)
         await _build_stop_automaton(state, params)
-        builder = ResponseBuilder("chat", f"chatcmpl-{uuid.uuid4().hex}", name, req.n, [len(prompt)],
-                                  _strings(state, req), top)
+        response_id, engine_id = _response_ids("chatcmpl-", request, req)
+        builder = ResponseBuilder("chat", response_id, name, req.n, [len(prompt)], _strings(state, req), top)
+        builder.engine_id = engine_id
         builder.tools = tools
         builder.token_ids_of = [prompt] if req.return_token_ids else None
         return await _respond(request, state, builder, [prompt], [params], req)
@@ -286,8 +291,22 @@ def build_app(llm: Any, config: ServeConfig) -> FastAPI:
 _GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
 
 
-def _chat_size(messages: list[dict[str, str]]) -> int:
-    return sum(len(m["content"]) + len(m["role"]) for m in messages)
+def _response_ids(prefix: str, request: Request, req: Any) -> tuple[str, str]:
+    """(the response's id, the base of the engine's request ids): ``prefix`` and the client's
+    request id (the X-Request-Id header or vLLM's ``request_id``), else a new one. The engine's
+    ids are always new: two clients may send the same id, and the engine must never mix their
+    requests."""
+    own = prefix + uuid.uuid4().hex
+    given = client_request_id(request.headers.get("x-request-id"), req.request_id)
+    return (own if given is None else prefix + given), own
+
+
+def _chat_size(messages: list[dict[str, str]], kwargs: dict[str, Any]) -> int:
+    """The characters a chat template renders (what decides whether it runs off the loop)."""
+    docs = kwargs.get("documents")
+    size = sum(len(v) for d in docs if isinstance(d, dict) for v in d.values() if isinstance(v, str)
+               ) if isinstance(docs, list) else 0  # (chat_template_kwargs' documents are not checked)
+    return size + sum(len(m["content"]) + len(m["role"]) for m in messages)
 
 
 async def _build_stop_automaton(state: ServingState, params: SamplingParams) -> None:
@@ -360,7 +379,7 @@ async def _respond(request: Request, state: ServingState, builder: ResponseBuild
     record: AccessRecord = request.state.access
     record.request_id = builder.id
     record.prompt_tokens = builder.prompt_tokens
-    deltas = state.start(builder.id, prompts, params, embeds, req.priority, req.cache_salt)
+    deltas = state.start(builder.engine_id, prompts, params, embeds, req.priority, req.cache_salt)
     engine = state.engine
     if not req.stream:
         if isinstance(engine, EngineClient):  # the tokens wait in the engine client (one wake-up)

@@ -41,6 +41,24 @@ def _printable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+#: a client's request id (the X-Request-Id header, vLLM's request_id field): printable ASCII
+#: without spaces, so that it goes into a log line and a response header as it is
+MAX_REQUEST_ID_CHARS = 128
+
+
+def client_request_id(header: str | None, field: str | None) -> str | None:
+    """The request id a client gave (the X-Request-Id header first, then the body's
+    ``request_id``, as vLLM reads them), or None; a 400 naming it when it is empty, longer than
+    ``MAX_REQUEST_ID_CHARS`` or holds anything but printable ASCII without spaces."""
+    value, param = (header, "X-Request-Id") if header is not None else (field, "request_id")
+    if value is None:
+        return None
+    if not 0 < len(value) <= MAX_REQUEST_ID_CHARS or not all("!" <= c <= "~" for c in value):
+        raise APIError(400, f"{param} must be 1 to {MAX_REQUEST_ID_CHARS} printable ASCII characters without "
+                            f"spaces, got {_printable(value)!r:.60}", "request_id")
+    return value
+
+
 def check_text(text: str, param: str) -> str:
     """A 400 naming ``param`` for text that is not valid Unicode (a lone surrogate, which JSON's
     ``\\ud800`` escapes can carry and no tokenizer takes)."""
@@ -99,6 +117,7 @@ class _SamplingBody(_Body):
     truncate_prompt_tokens: int | None = None  # keep the prompt's last k tokens (-1: max_model_len)
     priority: int = 0  # smaller first, with --scheduling-policy priority (vLLM's)
     cache_salt: str | None = None  # vLLM's: prefix-cached KV is shared only by requests of the same salt
+    request_id: str | None = None  # vLLM's: the response's id is "cmpl-<request_id>" (or the X-Request-Id header's)
     return_token_ids: bool = False  # vLLM's: the prompt's and each choice's token ids in the response
     # structured outputs (serve/structured.py): OpenAI's response_format and vLLM's extras
     response_format: Any = None
@@ -136,6 +155,7 @@ class ChatCompletionRequest(_SamplingBody):
     add_generation_prompt: bool = True
     continue_final_message: bool = False  # vLLM's: the reply continues the last message's text
     chat_template_kwargs: Any = None  # vLLM's: more variables for the chat template (enable_thinking=false, ...)
+    documents: Any = None  # vLLM's: [{"title": ..., "text": ...}] for a template that renders documents (RAG)
     audio: Any = None
     modalities: Any = None
     prediction: Any = None
@@ -153,6 +173,7 @@ class TokenizeRequest(_Body):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: Any = None
+    documents: Any = None
 
 
 class DetokenizeRequest(_Body):
@@ -368,8 +389,8 @@ _OWN_TEMPLATE_ARGS = {"tokenize": None, "conversation": "messages", "messages": 
 
 def chat_template_kwargs(req: Any) -> dict[str, Any]:
     """The chat template's extra arguments of a chat or tokenize request (vLLM's
-    ``chat_template_kwargs`` and ``continue_final_message``), checked: a 400 for a value that is not
-    an object, a key that is an argument with a field of its own, or both ``continue_final_message``
+    ``chat_template_kwargs``, ``documents`` and ``continue_final_message``), checked: a 400 for a
+    value that is not an object (documents: a list of objects of strings), a key that is an argument with a field of its own, or both ``continue_final_message``
     and ``add_generation_prompt``."""
     kwargs = req.chat_template_kwargs
     if kwargs is None:
@@ -385,6 +406,14 @@ def chat_template_kwargs(req: Any) -> dict[str, Any]:
     if not isinstance(req.continue_final_message, bool):
         raise APIError(400, "continue_final_message must be a boolean", "continue_final_message")
     kwargs = dict(kwargs)
+    docs = req.documents
+    if docs is not None:
+        if not isinstance(docs, list) or not all(
+                isinstance(d, dict) and all(isinstance(v, str) for v in d.values()) for d in docs):
+            raise APIError(400, "documents must be a list of objects whose values are strings", "documents")
+        if "documents" in kwargs:
+            raise APIError(400, "documents given twice (the field and chat_template_kwargs)", "documents")
+        kwargs["documents"] = docs
     if req.continue_final_message:
         if req.add_generation_prompt:
             raise APIError(400, "continue_final_message and add_generation_prompt cannot both be true (the "

@@ -129,6 +129,7 @@ class ResponseBuilder:
                  strings: TokenStrings, logprobs: int | None, echo: list[str] | None = None,
                  prompt_ids: list[list[int]] | None = None) -> None:
         self.kind, self.id, self.model, self.n = kind, response_id, model, n
+        self.engine_id = response_id  # the engine's request ids start with it (unique, unlike a client's id)
         self.prompt_tokens = sum(prompt_lens)
         self.created = int(time.time())
         self.strings, self.top = strings, logprobs
