@@ -20,7 +20,7 @@ default 0 is greedy).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,12 +95,17 @@ def beam_score(seq: BeamSearchSequence, eos_ids: frozenset[int], length_penalty:
     return seq.cum_logprob / (max(n, 1) ** length_penalty)
 
 
-def run_beam_search(generate: Callable[[list[list[int]], SamplingParams], list[Any]],
-                    decode: Callable[[list[int]], str], eos_ids: Sequence[int],
-                    prompts: list[list[int]], params: BeamSearchParams, max_model_len: int,
-                    concurrency_limit: int | None = None) -> list[BeamSearchOutput]:
-    """Beam search of each prompt (token ids) with ``generate(prompt_ids, sampling_params)``, which
-    returns one output per prompt in order; ``decode`` makes the texts."""
+#: one round of a search: the token ids of every live beam, and the one-token sampling params
+BeamRound = tuple[list[list[int]], SamplingParams]
+
+
+def beam_search_rounds(decode: Callable[[list[int]], str] | None, eos_ids: Sequence[int], prompts: list[list[int]],
+                       params: BeamSearchParams, max_model_len: int, concurrency_limit: int | None = None,
+                       ) -> Generator[BeamRound, list[dict[int, float]], list[BeamSearchOutput]]:
+    """The search as a generator: it yields each round (every live beam's tokens, the round's
+    ``SamplingParams``), is sent back each beam's top logprobs (``{token_id: logprob}`` of its one
+    new token, in order), and returns the outputs. ``run_beam_search`` drives it with
+    ``LLM.generate``; the server drives it with its engine (``serve/beam_search.py``)."""
     if concurrency_limit is not None and (isinstance(concurrency_limit, bool) or not isinstance(concurrency_limit, int)
                                           or concurrency_limit < 1):
         raise ValueError(f"concurrency_limit must be a positive int or None, got {concurrency_limit!r}")
@@ -125,10 +130,9 @@ def run_beam_search(generate: Callable[[list[list[int]], SamplingParams], list[A
             beams = [(i, b) for i, group in enumerate(live) for b in group]
             if not beams:
                 break
-            results = generate([b.tokens for _, b in beams], round_params)
+            tops = yield [b.tokens for _, b in beams], round_params
             extended: list[list[BeamSearchSequence]] = [[] for _ in batch]
-            for (i, beam), result in zip(beams, results, strict=True):
-                top = result.outputs[0].logprobs[0]
+            for (i, beam), top in zip(beams, tops, strict=True):
                 for token, logprob in top.items():
                     child = BeamSearchSequence(tokens=[*beam.tokens, token], logprobs=[*beam.logprobs, top],
                                                cum_logprob=beam.cum_logprob + logprob,
@@ -143,7 +147,23 @@ def run_beam_search(generate: Callable[[list[list[int]], SamplingParams], list[A
             for b in group_live + group_done:
                 b.finish_reason = b.finish_reason or "length"
             best = sorted(group_done + group_live, key=key, reverse=True)[:width]
-            for b in best:
-                b.text = decode(b.tokens)
+            if decode is not None:  # (None: the caller makes the texts)
+                for b in best:
+                    b.text = decode(b.tokens)
             outputs.append(BeamSearchOutput(sequences=best))
     return outputs
+
+
+def run_beam_search(generate: Callable[[list[list[int]], SamplingParams], list[Any]],
+                    decode: Callable[[list[int]], str], eos_ids: Sequence[int],
+                    prompts: list[list[int]], params: BeamSearchParams, max_model_len: int,
+                    concurrency_limit: int | None = None) -> list[BeamSearchOutput]:
+    """Beam search of each prompt (token ids) with ``generate(prompt_ids, sampling_params)``, which
+    returns one output per prompt in order; ``decode`` makes the texts."""
+    search = beam_search_rounds(decode, eos_ids, prompts, params, max_model_len, concurrency_limit)
+    try:
+        todo = next(search)
+        while True:
+            todo = search.send([r.outputs[0].logprobs[0] for r in generate(*todo)])
+    except StopIteration as end:
+        return end.value  # type: ignore[no-any-return]

@@ -20,9 +20,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from deepinfer.runtime.beam_search import BeamSearchParams
 from deepinfer.runtime.engine.detokenizer import stop_automaton
 from deepinfer.runtime.sampling_params import SamplingParams
 from deepinfer.serve.access_log import AccessLogMiddleware, AccessRecord
+from deepinfer.serve.beam_search import BeamSearchRun
 from deepinfer.serve.client import EngineClient
 from deepinfer.serve.engine_run import EngineRun
 from deepinfer.serve.engine_thread import first_sample
@@ -34,6 +36,7 @@ from deepinfer.serve.protocol import (
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
+    beam_search_params,
     chat_messages,
     chat_template_kwargs,
     check_conversation,
@@ -242,7 +245,8 @@ def build_app(llm: Any, config: ServeConfig) -> FastAPI:
         builder.echo_only = echo_only
         if req.return_token_ids:  # (prompts given as embeddings have no ids: null)
             builder.token_ids_of = [p if embeds is None else None for p in prompts]
-        return await _respond(request, state, builder, prompts, params, req, embeds)
+        return await _respond(request, state, builder, prompts, params, req, embeds,
+                              beam_search_params(req, params[0]))
 
     async def chat_completions(request: Request) -> Response:  # POST (registered below)
         req: ChatCompletionRequest = await body_of(request, ChatCompletionRequest)
@@ -274,7 +278,8 @@ def build_app(llm: Any, config: ServeConfig) -> FastAPI:
         builder.engine_id = engine_id
         builder.tools = tools
         builder.token_ids_of = [prompt] if req.return_token_ids else None
-        return await _respond(request, state, builder, [prompt], [params], req)
+        return await _respond(request, state, builder, [prompt], [params], req,
+                              beam=beam_search_params(req, params))
 
     # The generation routes are plain Starlette routes: FastAPI's own (dependency solving, the
     # endpoint's wrapper) cost ~40 us of a request's ~220 us of admission on a 2-core VM
@@ -375,11 +380,17 @@ async def _embeds_prompts(state: ServingState, req: Any) -> tuple[list[Any], lis
 
 
 async def _respond(request: Request, state: ServingState, builder: ResponseBuilder, prompts: list[list[int]],
-                   params: list[SamplingParams], req: Any, embeds: list[Any] | None = None) -> Response:
+                   params: list[SamplingParams], req: Any, embeds: list[Any] | None = None,
+                   beam: BeamSearchParams | None = None) -> Response:
     record: AccessRecord = request.state.access
     record.request_id = builder.id
     record.prompt_tokens = builder.prompt_tokens
-    deltas = state.start(builder.engine_id, prompts, params, embeds, req.priority, req.cache_salt)
+    deltas: EngineRun | BeamSearchRun
+    if beam is None:
+        deltas = state.start(builder.engine_id, prompts, params, embeds, req.priority, req.cache_salt)
+    else:  # vLLM's use_beam_search: rounds of one-token requests (serve/beam_search.py)
+        deltas = state.beam_search(builder.engine_id, prompts, beam, req.priority, req.cache_salt,
+                                   params[0].skip_special_tokens)
     engine = state.engine
     if not req.stream:
         if isinstance(engine, EngineClient):  # the tokens wait in the engine client (one wake-up)
@@ -400,7 +411,7 @@ async def _respond(request: Request, state: ServingState, builder: ResponseBuild
     builder.continuous_usage = include_usage and req.stream_options.continuous_usage_stats
 
     interval = state.config.stream_interval
-    if (isinstance(engine, EngineClient) and len(prompts) == 1 and builder.n == 1 and builder.top is None
+    if (isinstance(engine, EngineClient) and isinstance(deltas, EngineRun) and len(prompts) == 1 and builder.n == 1 and builder.top is None
             and builder.echo is None and builder.tools is None and builder.token_ids_of is None
             and not builder.continuous_usage):  # the common stream (token_stream.py): one template a chunk
         template = builder.text_chunk_template(include_usage)

@@ -421,7 +421,7 @@ def core_main(config: dict[str, Any]) -> int:
             "vocab_size": llm.model_config.vocab_size, "cache": cache_info(llm),
             "max_logprobs": getattr(llm.engine_args, "max_logprobs", 20),
             "scheduling_policy": getattr(llm.engine_args, "scheduling_policy", "fcfs"),
-            "hidden_size": llm.model_config.hidden_size,
+            "hidden_size": llm.model_config.hidden_size, "eos_token_ids": sorted(llm.eos_token_ids),
             "enable_prompt_embeds": bool(getattr(llm.engine_args, "enable_prompt_embeds", False))}
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)

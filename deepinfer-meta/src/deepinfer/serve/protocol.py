@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import msgspec
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from deepinfer.runtime.beam_search import BeamSearchParams
 from deepinfer.runtime.sampling_params import SamplingParams
 
 
@@ -118,6 +119,8 @@ class _SamplingBody(_Body):
     priority: int = 0  # smaller first, with --scheduling-policy priority (vLLM's)
     cache_salt: str | None = None  # vLLM's: prefix-cached KV is shared only by requests of the same salt
     request_id: str | None = None  # vLLM's: the response's id is "cmpl-<request_id>" (or the X-Request-Id header's)
+    use_beam_search: bool = False  # vLLM's: the n choices are the n best beams (serve/beam_search.py)
+    length_penalty: float = 1.0  # beam search: score = cumulative logprob / length ** length_penalty
     return_token_ids: bool = False  # vLLM's: the prompt's and each choice's token ids in the response
     # structured outputs (serve/structured.py): OpenAI's response_format and vLLM's extras
     response_format: Any = None
@@ -265,6 +268,40 @@ def sampling_params(req: _SamplingBody, max_tokens: int, logprobs: int | None,
             field = "logit_bias"
         param = renames.get(field, field) if field else None
         raise APIError(400, str(exc).replace("SamplingParams.", ""), param) from None
+
+
+# What a beam search does not use: a request setting one of these with use_beam_search is a 400
+# rather than a search that silently ignores it (name, the value a request leaves it at).
+_NOT_IN_BEAM_SEARCH: tuple[tuple[str, Any], ...] = (
+    ("top_p", None), ("top_k", None), ("min_p", None), ("seed", None), ("stop", None), ("stop_token_ids", None),
+    ("presence_penalty", None), ("frequency_penalty", None), ("repetition_penalty", None), ("logit_bias", None),
+    ("min_tokens", 0), ("allowed_token_ids", None), ("bad_words", None), ("include_stop_str_in_output", False),
+    ("logprobs", None), ("top_logprobs", None), ("return_tokens_as_token_ids", False), ("echo", False),
+    ("prompt_embeds", None), ("response_format", None), ("structured_outputs", None), ("guided_json", None),
+    ("guided_regex", None), ("guided_choice", None), ("guided_grammar", None), ("tools", None),
+    ("tool_choice", None))
+
+
+def beam_search_params(req: _SamplingBody, params: SamplingParams) -> BeamSearchParams | None:
+    """vLLM's ``use_beam_search``: the search's parameters (``n`` beams, 1 to 10; the request's
+    ``max_tokens``, ``ignore_eos``, ``temperature`` and ``length_penalty``), or None without it.
+    A 400 names a field the search does not use, and ``length_penalty`` without a search."""
+    if not req.use_beam_search:
+        if req.length_penalty != 1.0:
+            raise APIError(400, "length_penalty applies to beam search only (set use_beam_search)", "length_penalty")
+        return None
+    for name, off in _NOT_IN_BEAM_SEARCH:
+        value = getattr(req, name, off)
+        if value is None or value is False or value == [] or (type(value) is type(off) and value == off):
+            continue
+        raise APIError(400, f"{name} is not used by beam search (use_beam_search): leave it out", name)
+    try:
+        return BeamSearchParams(beam_width=req.n, max_tokens=params.max_tokens, ignore_eos=req.ignore_eos,
+                                temperature=params.temperature, length_penalty=req.length_penalty)
+    except (TypeError, ValueError) as exc:
+        text = str(exc).replace("BeamSearchParams.", "")
+        param = "n" if "beam_width" in text else "length_penalty" if "length_penalty" in text else None
+        raise APIError(400, text.replace("beam_width", "n (the beam width)"), param) from None
 
 
 def check_stop(stop: str | list[str] | None, max_stop_strings: int) -> None:

@@ -105,6 +105,7 @@ def replica_main(index: int, env: dict[str, str], llm_kwargs: dict[str, Any], co
                          "max_model_len": cfg.max_model_len, "max_num_seqs": cfg.max_num_seqs,
                          "num_blocks": cfg.num_blocks, "vocab_size": llm.model_config.vocab_size,
                          "cache": cache_info(llm), "hidden_size": llm.model_config.hidden_size,
+                         "eos_token_ids": sorted(llm.eos_token_ids),
                          "enable_prompt_embeds": bool(llm.engine_args.enable_prompt_embeds)}))
     engine = ReplicaEngine(llm, commands, conn)
     engine.run()

@@ -15,7 +15,9 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 
+from deepinfer.runtime.beam_search import BeamSearchParams
 from deepinfer.runtime.sampling_params import SamplingParams, bad_words_token_ids
+from deepinfer.serve.beam_search import BeamSearchRun
 from deepinfer.serve.client import EngineClient
 from deepinfer.serve.engine_run import EngineRun
 from deepinfer.serve.engine_thread import EngineThread, arrival_gap_seconds, check_priority
@@ -113,6 +115,7 @@ class ServingState:
             # prompt embeddings (--enable-prompt-embeds): the width the front end checks them against
             self.embeds_hidden_size = int(llm.info.get("hidden_size", 0)) if llm.info.get(
                 "enable_prompt_embeds") else 0
+            self.eos_token_ids: list[int] | None = llm.info.get("eos_token_ids")  # (beam search)
         elif isinstance(llm, ReplicaSet):
             self.max_model_len = llm.max_model_len
             self.vocab_size = llm.vocab_size
@@ -125,6 +128,7 @@ class ServingState:
             self.capacity_rule = f"{llm.size} replicas x max_num_seqs + max_queue"
             self.embeds_hidden_size = int(llm.info.get("hidden_size", 0)) if llm.info.get(
                 "enable_prompt_embeds") else 0
+            self.eos_token_ids = llm.info.get("eos_token_ids")
         else:
             self.max_model_len = llm.engine.cfg.max_model_len
             self.vocab_size = llm.model_config.vocab_size
@@ -136,6 +140,8 @@ class ServingState:
             self.capacity_rule = "max_num_seqs + max_queue"
             self.embeds_hidden_size = int(llm.model_config.hidden_size) if getattr(
                 llm.engine_args, "enable_prompt_embeds", False) else 0
+            eos = getattr(llm, "eos_token_ids", None)
+            self.eos_token_ids = None if eos is None else sorted(eos)
         self.metrics = families
         self.strings = TokenStrings(self.tokenizer)
         self.token_ids = self.strings.ids()
@@ -252,6 +258,12 @@ class ServingState:
         """Admit (503 when full or the engine is down) and submit one engine request per prompt
         (``embeds``: the prompts' embeddings, whose ids are placeholders; ``priority``: the
         scheduler's, smaller first; ``cache_salt``: their prefix-cache salt)."""
+        self.check_extras(priority, cache_salt)
+        self.admit(len(prompts))
+        return EngineRun(self, request_id, prompts, params, embeds, priority, cache_salt)
+
+    def check_extras(self, priority: int, cache_salt: str | None) -> None:
+        """A 400 for a ``priority`` or ``cache_salt`` the engine cannot take."""
         if priority:
             if not -2**31 <= priority < 2**31:
                 raise APIError(400, f"priority must be a 32-bit int, got {priority}", "priority")
@@ -261,5 +273,18 @@ class ServingState:
                 raise APIError(400, str(exc), "priority") from None
         if cache_salt is not None and not check_text(cache_salt, "cache_salt"):
             raise APIError(400, "cache_salt must be a non-empty string if given", "cache_salt")
-        self.admit(len(prompts))
-        return EngineRun(self, request_id, prompts, params, embeds, priority, cache_salt)
+
+    def beam_search(self, request_id: str, prompts: list[list[int]], params: BeamSearchParams, priority: int,
+                    cache_salt: str | None, skip_special_tokens: bool) -> BeamSearchRun:
+        """vLLM's ``use_beam_search``: a search whose rounds are submitted as ``start`` submits
+        (each round admitted, with the request's priority and cache salt)."""
+        if self.eos_token_ids is None:
+            raise APIError(400, "beam search needs the engine's end-of-sequence ids, which this engine core does "
+                                "not report (an older version): restart the server", "use_beam_search")
+        self.check_extras(priority, cache_salt)  # (now: a 400 before a stream starts)
+
+        def decode(ids: list[int]) -> str:
+            return str(self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
+
+        return BeamSearchRun(lambda rid, ps, sps: self.start(rid, ps, sps, None, priority, cache_salt), request_id,
+                             prompts, params, self.eos_token_ids, self.max_model_len, decode)
