@@ -131,3 +131,28 @@ def test_beam_search_refuses_a_cache_salt(llm):
 
     with pytest.raises(ValueError, match="cache_salt is taken by generate"):
         llm.beam_search([{"prompt": "Hi", "cache_salt": "a"}], BeamSearchParams(beam_width=2, max_tokens=2))
+
+
+def test_chat_template_replaces_the_models(llm):
+    # vLLM's LLM.chat(chat_template=...): for a model without a template, or to override it
+    template = ("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+                "{% if add_generation_prompt %}[assistant] {% endif %}")
+    msgs = [{"role": "user", "content": "Hi"}]
+    ids = llm.apply_chat_template(msgs, chat_template=template)["prompt_token_ids"]
+    assert ids == list(llm.text_tokenizer("[user] Hi\n[assistant] ", add_special_tokens=False).input_ids)
+    sp = SamplingParams(temperature=0, max_tokens=3)
+    chat = llm.chat(msgs, sp, use_tqdm=False, chat_template=template)[0]
+    alone = llm.generate({"prompt_token_ids": ids}, sp, use_tqdm=False)[0]
+    assert chat.outputs[0].token_ids == alone.outputs[0].token_ids
+    with pytest.raises(ValueError, match=r"not valid Jinja \(line 1\)"):
+        llm.apply_chat_template(msgs, chat_template="{% for m in messages %}")
+    with pytest.raises(TypeError, match="chat_template must be a non-empty str"):
+        llm.apply_chat_template(msgs, chat_template="")
+    own = llm.text_tokenizer.chat_template
+    try:  # a model without a template: the error says how to give one
+        llm.text_tokenizer.chat_template = None
+        with pytest.raises(ValueError, match="has no chat template: give one"):
+            llm.apply_chat_template(msgs)
+        assert llm.apply_chat_template(msgs, chat_template=template)["prompt_token_ids"] == ids
+    finally:
+        llm.text_tokenizer.chat_template = own

@@ -61,6 +61,12 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="how tool calls are read from the output (tool_choice auto): hermes "
                         "(<tool_call>{...}</tool_call>), llama3_json ({\"name\": ..., \"parameters\": ...}), or "
                         "auto: chosen from the chat template (default)")
+    t.add_argument("--chat-template", default=None,
+                   help="the chat template to use instead of the model's: a file, or the Jinja text itself "
+                        "(for a model without one, or to override it)")
+    t.add_argument("--trust-request-chat-template", action="store_true",
+                   help="let a request's chat_template field replace the template (off: a 400; a template is "
+                        "code the server runs, and a hostile one can spin a CPU for as long as it likes)")
     t.add_argument("--enable-auto-tool-choice", action="store_true",
                    help="accepted as vLLM takes it; tool_choice auto is always on here (a request's tools are "
                         "parsed from its output whether or not this is given)")
@@ -216,6 +222,30 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def load_chat_template(value: str | None) -> str | None:
+    """``--chat-template``'s template (vLLM's rule): the text of the file it names, else the value
+    itself when it looks like a template (it has a brace or a line break); a ValueError naming the
+    flag otherwise, or when the template does not compile."""
+    if value is None:
+        return None
+    if os.path.isfile(value):
+        try:
+            with open(value, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"--chat-template: cannot read {value!r}: {exc}") from None
+    elif any(c in value for c in "{}\n"):
+        text = value
+    else:
+        raise ValueError(f"--chat-template: no file at {value!r}, and it is not a Jinja template either")
+    if not text.strip():
+        raise ValueError(f"--chat-template: {value!r} is empty")
+    from deepinfer.runtime.loading.text_tokenizer import check_chat_template
+
+    check_chat_template(text, "--chat-template")
+    return text
+
+
 def serve_config(args: argparse.Namespace, model_path: str) -> Any:
     """The app's ServeConfig from the parsed options."""
     from deepinfer.serve.app import ServeConfig
@@ -225,7 +255,9 @@ def serve_config(args: argparse.Namespace, model_path: str) -> Any:
                        allowed_origins=args.allowed_origins, host=args.host, allowed_hosts=args.allowed_hosts,
                        max_request_bytes=args.max_request_bytes, max_stop_strings=args.max_stop_strings,
                        stream_interval=args.stream_interval, arrival_gap_ms=getattr(args, "arrival_gap_ms", None),
-                       tool_call_parser=getattr(args, "tool_call_parser", "auto"))
+                       tool_call_parser=getattr(args, "tool_call_parser", "auto"),
+                       chat_template=load_chat_template(getattr(args, "chat_template", None)),
+                       trust_request_chat_template=getattr(args, "trust_request_chat_template", False))
 
 
 # ---- the engine-core process and its front ends (issue 25) ----------------------------------

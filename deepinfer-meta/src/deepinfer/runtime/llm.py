@@ -32,8 +32,8 @@ def _check_text(text: str, where: str) -> None:
 
 
 def chat_prompt(tokenizer: Any, model_path: str, conversation: Sequence[dict[str, str]],
-                add_generation_prompt: bool = True,
-                chat_template_kwargs: dict[str, Any] | None = None) -> dict[str, list[int]]:
+                add_generation_prompt: bool = True, chat_template_kwargs: dict[str, Any] | None = None,
+                chat_template: str | None = None) -> dict[str, list[int]]:
     """``LLM.apply_chat_template`` on a tokenizer alone (a server front end has no model)."""
     kwargs = dict(chat_template_kwargs or {})
     if not all(isinstance(k, str) for k in kwargs):
@@ -41,8 +41,11 @@ def chat_prompt(tokenizer: Any, model_path: str, conversation: Sequence[dict[str
     for reserved in ("tokenize", "add_generation_prompt", "conversation"):
         if reserved in kwargs:
             raise ValueError(f"chat_template_kwargs must not set {reserved!r} (it is an argument of its own)")
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(f"the model at {model_path!r} has no chat template; use generate()")
+    if chat_template is not None and (not isinstance(chat_template, str) or not chat_template):
+        raise TypeError(f"chat_template must be a non-empty str (a Jinja template), got {chat_template!r:.40}")
+    if chat_template is None and not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"the model at {model_path!r} has no chat template: give one (chat_template=, "
+                         "--chat-template) or use generate()")
     for i, m in enumerate(conversation):
         if not isinstance(m, dict) or "role" not in m or "content" not in m:
             raise ValueError(f"messages[{i}] must be a dict with 'role' and 'content', got {m!r}")
@@ -50,11 +53,15 @@ def chat_prompt(tokenizer: Any, model_path: str, conversation: Sequence[dict[str
             if not isinstance(m[key], str):
                 raise TypeError(f"messages[{i}][{key!r}] must be a str, got {m[key]!r}")
         _check_text(m["content"], f"messages[{i}]['content']")
-    from jinja2 import TemplateError
+    from jinja2 import TemplateError, TemplateSyntaxError
 
+    if chat_template is not None:
+        kwargs["chat_template"] = chat_template
     try:
         text = tokenizer.apply_chat_template(list(conversation), tokenize=False,
                                              add_generation_prompt=add_generation_prompt, **kwargs)
+    except TemplateSyntaxError as exc:
+        raise ValueError(f"the chat template is not valid Jinja (line {exc.lineno}): {exc.message or exc}") from exc
     except TemplateError as exc:  # e.g. raise_exception("roles must alternate"): the caller's input
         raise ValueError(f"the chat template refused these messages: {exc}") from exc
     return {"prompt_token_ids": list(tokenizer(text, add_special_tokens=False).input_ids)}
@@ -448,22 +455,26 @@ class LLM:
     def chat(self, messages: Sequence[dict[str, str]] | Sequence[Sequence[dict[str, str]]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              use_tqdm: bool = True, add_generation_prompt: bool = True,
-             priority: list[int] | None = None, chat_template_kwargs: dict[str, Any] | None = None) -> list[Any]:
+             priority: list[int] | None = None, chat_template_kwargs: dict[str, Any] | None = None,
+             chat_template: str | None = None) -> list[Any]:
         """Generate replies to one conversation (a list of {"role", "content"}) or a list of them,
         formatted with the model's chat template. ``priority``: as in ``generate``;
         ``chat_template_kwargs``: more variables for the template (vLLM's, e.g.
-        ``{"enable_thinking": False}``)."""
+        ``{"enable_thinking": False}``); ``chat_template``: a Jinja template to use instead of the
+        model's (vLLM's; for a model without one, or to override it)."""
         convs: list[Any] = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        prompts = [self.apply_chat_template(c, add_generation_prompt, chat_template_kwargs) for c in convs]
+        prompts = [self.apply_chat_template(c, add_generation_prompt, chat_template_kwargs, chat_template)
+                   for c in convs]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm,  # type: ignore[arg-type]
                              priority=priority)
 
     def apply_chat_template(self, conversation: Sequence[dict[str, str]], add_generation_prompt: bool = True,
-                            chat_template_kwargs: dict[str, Any] | None = None) -> dict[str, list[int]]:
-        """Token ids of ``conversation`` formatted with the tokenizer's chat template
-        (``chat_template_kwargs``: more variables for the template)."""
+                            chat_template_kwargs: dict[str, Any] | None = None,
+                            chat_template: str | None = None) -> dict[str, list[int]]:
+        """Token ids of ``conversation`` formatted with the tokenizer's chat template, or with
+        ``chat_template`` (``chat_template_kwargs``: more variables for the template)."""
         return chat_prompt(self.text_tokenizer, self.model_path, conversation, add_generation_prompt,
-                           chat_template_kwargs)
+                           chat_template_kwargs, chat_template)
 
     def stream(self, prompt: PromptType, sampling_params: SamplingParams | None = None) -> RequestStream:
         """Start one prompt and return an iterator of its delta RequestOutputs as tokens arrive:

@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from deepinfer.runtime.beam_search import BeamSearchParams
 from deepinfer.runtime.engine.detokenizer import stop_automaton
+from deepinfer.runtime.loading.text_tokenizer import check_chat_template
 from deepinfer.runtime.sampling_params import SamplingParams
 from deepinfer.serve.access_log import AccessLogMiddleware, AccessRecord
 from deepinfer.serve.beam_search import BeamSearchRun
@@ -187,8 +188,9 @@ def build_app(llm: Any, config: ServeConfig) -> FastAPI:
         if req.messages is not None:
             messages = chat_messages(req.messages)
             kwargs = chat_template_kwargs(req)
-            ids = await state.off_loop(_chat_size(messages, kwargs), _chat_ids, state, messages,
-                                       req.add_generation_prompt, kwargs)
+            template = _chat_template(state, req)
+            ids = await state.off_loop(_chat_size(messages, kwargs, template), _chat_ids, state, messages,
+                                       req.add_generation_prompt, kwargs, template)
         else:
             prompt = check_text(req.prompt, "prompt")
             ids = await state.off_loop(len(prompt), lambda: list(
@@ -252,14 +254,15 @@ def build_app(llm: Any, config: ServeConfig) -> FastAPI:
         req: ChatCompletionRequest = await body_of(request, ChatCompletionRequest)
         name = state.model_name(req.model)
         check_stop(req.stop, config.max_stop_strings)
-        tools = tool_choice(req, getattr(state.tokenizer, "chat_template", None), config.tool_call_parser)
+        template = _chat_template(state, req)
+        tools = tool_choice(req, template or getattr(state.tokenizer, "chat_template", None), config.tool_call_parser)
         messages = chat_messages(chat_tool_messages(req.messages))
         check_conversation(messages)
         kwargs = chat_template_kwargs(req)
         if tools is not None:
             kwargs["tools"] = tools.template_tools
-        prompt = await state.off_loop(_chat_size(messages, kwargs), _chat_ids, state, messages, req.add_generation_prompt,
-                                      kwargs)
+        prompt = await state.off_loop(_chat_size(messages, kwargs, template), _chat_ids, state, messages,
+                                      req.add_generation_prompt, kwargs, template)
         keep = state.truncation(req.truncate_prompt_tokens)
         if keep is not None:
             prompt = prompt[-keep:]
@@ -306,12 +309,13 @@ def _response_ids(prefix: str, request: Request, req: Any) -> tuple[str, str]:
     return (own if given is None else prefix + given), own
 
 
-def _chat_size(messages: list[dict[str, str]], kwargs: dict[str, Any]) -> int:
-    """The characters a chat template renders (what decides whether it runs off the loop)."""
+def _chat_size(messages: list[dict[str, str]], kwargs: dict[str, Any], template: str | None = None) -> int:
+    """The characters a chat template renders, and the template's own when the request gave one
+    (what decides whether it runs off the loop)."""
     docs = kwargs.get("documents")
     size = sum(len(v) for d in docs if isinstance(d, dict) for v in d.values() if isinstance(v, str)
                ) if isinstance(docs, list) else 0  # (chat_template_kwargs' documents are not checked)
-    return size + sum(len(m["content"]) + len(m["role"]) for m in messages)
+    return size + len(template or "") + sum(len(m["content"]) + len(m["role"]) for m in messages)
 
 
 async def _build_stop_automaton(state: ServingState, params: SamplingParams) -> None:
@@ -345,11 +349,33 @@ async def _structured_outputs(state: ServingState, req: Any, params: list[Sampli
         p.structured_outputs = so
 
 
+def _chat_template(state: ServingState, req: Any) -> str | None:
+    """The template of a chat or tokenize request: its own ``chat_template`` (vLLM's; a 400 unless
+    the server trusts requests with one), else ``--chat-template``'s, else None (the model's)."""
+    given = req.chat_template
+    if given is None:
+        return state.config.chat_template
+    if not state.config.trust_request_chat_template:
+        raise APIError(400, "chat_template: this server does not take a request's own chat template (a template "
+                            "is code the server runs); its operator can allow it with "
+                            "--trust-request-chat-template", "chat_template")
+    if not check_text(given, "chat_template").strip():
+        raise APIError(400, "chat_template must not be empty", "chat_template")
+    return str(given)
+
+
 def _chat_ids(state: ServingState, messages: list[dict[str, str]], add_generation_prompt: bool,
-              kwargs: dict[str, Any]) -> list[int]:
-    """The conversation's prompt ids; ``kwargs``: the template's extra arguments (tools included)."""
+              kwargs: dict[str, Any], template: str | None = None) -> list[int]:
+    """The conversation's prompt ids; ``kwargs``: the template's extra arguments (tools included);
+    ``template``: the template to use instead of the model's."""
+    if template is not None and template is not state.config.chat_template:  # (a request's own: check it)
+        try:
+            check_chat_template(template, "chat_template")
+        except ValueError as exc:
+            raise APIError(400, str(exc), "chat_template") from None
     try:
-        ids = state.llm.apply_chat_template(messages, add_generation_prompt, kwargs or None)["prompt_token_ids"]
+        ids = state.llm.apply_chat_template(messages, add_generation_prompt, kwargs or None,
+                                            template)["prompt_token_ids"]
     except (ValueError, TypeError) as exc:
         raise APIError(400, str(exc), "messages") from None
     if not ids:

@@ -159,6 +159,7 @@ class ChatCompletionRequest(_SamplingBody):
     continue_final_message: bool = False  # vLLM's: the reply continues the last message's text
     chat_template_kwargs: Any = None  # vLLM's: more variables for the chat template (enable_thinking=false, ...)
     documents: Any = None  # vLLM's: [{"title": ..., "text": ...}] for a template that renders documents (RAG)
+    chat_template: str | None = None  # vLLM's: a template of the request's own (--trust-request-chat-template)
     audio: Any = None
     modalities: Any = None
     prediction: Any = None
@@ -177,6 +178,7 @@ class TokenizeRequest(_Body):
     continue_final_message: bool = False
     chat_template_kwargs: Any = None
     documents: Any = None
+    chat_template: str | None = None
 
 
 class DetokenizeRequest(_Body):

@@ -224,11 +224,12 @@ class ReplicaSet:
         return [r.process.pid for r in self._replicas]
 
     def apply_chat_template(self, conversation: Sequence[dict[str, str]], add_generation_prompt: bool = True,
-                            chat_template_kwargs: dict[str, Any] | None = None) -> dict[str, list[int]]:
+                            chat_template_kwargs: dict[str, Any] | None = None,
+                            chat_template: str | None = None) -> dict[str, list[int]]:
         from deepinfer.runtime.llm import chat_prompt
 
         return chat_prompt(self.text_tokenizer, self.model_path, conversation, add_generation_prompt,
-                           chat_template_kwargs)
+                           chat_template_kwargs, chat_template)
 
     def attach_metrics(self, metrics: Sequence[ServerMetrics]) -> None:
         """Each replica's metrics (the front end replays its recorded updates on them)."""

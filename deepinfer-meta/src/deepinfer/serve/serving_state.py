@@ -63,6 +63,10 @@ class ServeConfig:
     # tool_call_parser: the tool-call format of tool_choice auto ("hermes", "llama3_json"), or
     # "auto": chosen from the chat template (serve/tools.py)
     tool_call_parser: str = "auto"
+    # chat_template: the template chat requests use instead of the model's (--chat-template's text);
+    # trust_request_chat_template: a request's chat_template may replace it (else a 400)
+    chat_template: str | None = None
+    trust_request_chat_template: bool = False
 
     def check(self, spell: Callable[[str], str] = str) -> None:
         """A ValueError for a value the server cannot run with, naming the field as ``spell``
@@ -79,6 +83,12 @@ class ServeConfig:
                 raise ValueError(f"{spell(name)} must be >= {lo}, got {number}")
         if self.arrival_gap_ms is not None and not self.arrival_gap_ms >= 0:
             raise ValueError(f"{spell('arrival_gap_ms')} must be >= 0, got {self.arrival_gap_ms}")
+        if self.chat_template is not None:
+            from deepinfer.runtime.loading.text_tokenizer import check_chat_template
+
+            if not isinstance(self.chat_template, str) or not self.chat_template.strip():
+                raise ValueError(f"{spell('chat_template')} must be a non-empty template, got {self.chat_template!r:.40}")
+            check_chat_template(self.chat_template, spell("chat_template"))
         if self.tool_call_parser not in TOOL_CALL_PARSERS:
             raise ValueError(f"{spell('tool_call_parser')} must be one of {', '.join(TOOL_CALL_PARSERS)}, "
                              f"got {self.tool_call_parser!r}")

@@ -206,11 +206,12 @@ class TextTokenizer:
     def apply_chat_template(self, conversation: Sequence[Mapping[str, Any]], tokenize: bool = False,
                             add_generation_prompt: bool = False, tools: list[dict[str, Any]] | None = None,
                             documents: list[dict[str, Any]] | None = None,
-                            continue_final_message: bool | str = False, **template_kwargs: Any
-                            ) -> str | list[int]:
+                            continue_final_message: bool | str = False, chat_template: str | None = None,
+                            **template_kwargs: Any) -> str | list[int]:
         """``conversation`` rendered with the chat template as transformers renders it (text, or
         its ids without added special tokens when ``tokenize``); ``template_kwargs`` reach the
-        template, over the special tokens (bos_token, eos_token, ...).
+        template, over the special tokens (bos_token, eos_token, ...). ``chat_template``
+        (transformers'): another template, or the name of one of the tokenizer's named templates.
 
         ``continue_final_message`` (transformers' option): the text ends inside the last message,
         right after its content (or the field of that name), so that a reply continues it."""
@@ -226,7 +227,12 @@ class TextTokenizer:
             # as transformers: keys whose value is None are dropped; data is copied to plain types
             messages.append(_plain({k: v for k, v in m.items() if v is not None}))
         messages = _alias_reasoning(messages)
-        source = self.get_chat_template(tools)
+        if chat_template is None:
+            source = self.get_chat_template(tools)
+        elif isinstance(self.chat_template, dict) and chat_template in self.chat_template:
+            source = self.chat_template[chat_template]
+        else:
+            source = chat_template
         template = _compile(source)
         if continue_final_message:
             if add_generation_prompt:
@@ -319,6 +325,17 @@ def _alias_reasoning(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         reasoning = next((m[k] for k in _REASONING_FIELDS if m.get(k) is not None), None)
         out.append({"thinking": reasoning, **m, "reasoning_content": reasoning} if reasoning is not None else m)
     return out
+
+
+def check_chat_template(source: str, where: str) -> None:
+    """A ValueError naming ``where`` when ``source`` is not a chat template this module can run
+    (Jinja that does not compile in transformers' chat-template environment)."""
+    from jinja2 import TemplateSyntaxError
+
+    try:
+        _compile(source)
+    except TemplateSyntaxError as exc:
+        raise ValueError(f"{where} is not a valid Jinja template (line {exc.lineno}): {exc.message or exc}") from None
 
 
 @lru_cache(maxsize=8)
