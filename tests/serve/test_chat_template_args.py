@@ -91,3 +91,32 @@ def test_bad_template_arguments_are_400_naming_the_field(served, extra, param, w
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == param and words in err["message"], err
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_echo_puts_the_continued_message_first(served, stream):
+    # vLLM's chat echo: with continue_final_message the content is the partial message + the reply;
+    # after a user message there is nothing to echo
+    import json
+
+    import httpx
+
+    server, _, replies = served
+    cases = [({"messages": PARTIAL, "add_generation_prompt": False, "continue_final_message": True},
+              "My favourite colour is" + replies["continued"]), ({"messages": ASK}, replies["open"])]
+    for extra, want in cases:
+        body = {"model": MODEL_NAME, "max_tokens": 6, "temperature": 0, "echo": True, "stream": stream, **extra}
+        if not stream:
+            r = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=120)
+            assert r.status_code == 200, r.text
+            out = r.json()
+            assert out["choices"][0]["message"]["content"] == want
+            assert out["usage"]["completion_tokens"] == 6  # (the echo is not generated)
+            continue
+        text = ""
+        with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, timeout=120) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    for c in json.loads(line[6:])["choices"]:
+                        text += c["delta"].get("content") or ""
+        assert text == want

@@ -281,6 +281,11 @@ def build_app(llm: Any, config: ServeConfig) -> FastAPI:
         builder.engine_id = engine_id
         builder.tools = tools
         builder.token_ids_of = [prompt] if req.return_token_ids else None
+        if req.echo:  # vLLM's: the last message's content first, when the reply continues its role
+            if tools is not None:
+                raise APIError(400, "echo does not run with tools (a tool call cannot continue a message)", "echo")
+            last = messages[-1]
+            builder.echo = [str(last.get("content") or "") if last.get("role") == "assistant" else ""]
         return await _respond(request, state, builder, [prompt], [params], req,
                               beam=beam_search_params(req, params))
 

@@ -157,6 +157,7 @@ class ChatCompletionRequest(_SamplingBody):
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False  # vLLM's: the reply continues the last message's text
+    echo: bool = False  # vLLM's: the reply's content starts with the last message's, when that is the assistant's
     chat_template_kwargs: Any = None  # vLLM's: more variables for the chat template (enable_thinking=false, ...)
     documents: Any = None  # vLLM's: [{"title": ..., "text": ...}] for a template that renders documents (RAG)
     chat_template: str | None = None  # vLLM's: a template of the request's own (--trust-request-chat-template)
