@@ -442,8 +442,8 @@ async def _respond(request: Request, state: ServingState, builder: ResponseBuild
     builder.continuous_usage = include_usage and req.stream_options.continuous_usage_stats
 
     interval = state.config.stream_interval
-    if (isinstance(engine, EngineClient) and isinstance(deltas, EngineRun) and len(prompts) == 1 and builder.n == 1 and builder.top is None
-            and builder.echo is None and builder.tools is None and builder.token_ids_of is None
+    if (isinstance(engine, EngineClient) and isinstance(deltas, EngineRun) and len(prompts) == 1
+            and builder.n == 1 and builder.top is None and builder.echo is None and builder.tools is None and builder.token_ids_of is None
             and not builder.continuous_usage):  # the common stream (token_stream.py): one template a chunk
         template = builder.text_chunk_template(include_usage)
         if template is not None:

@@ -11,10 +11,8 @@ A beam's text is its new tokens without a final end-of-sequence token (vLLM's).
 
 from __future__ import annotations
 
-import asyncio
 import copy
 from collections.abc import Callable
-from typing import Any
 
 from deepinfer.runtime.beam_search import BeamSearchOutput, BeamSearchParams, beam_search_rounds
 from deepinfer.serve.engine_run import EngineRun
@@ -35,7 +33,6 @@ class BeamSearchRun:
         self._round: EngineRun | None = None
         self._deltas: list[RequestDelta] | None = None
         self.request_ids: list[str] = []  # (no engine request outlives a round)
-        self.sink: asyncio.Queue[Any] | None = None
 
     async def _search(self) -> list[RequestDelta]:
         search = beam_search_rounds(None, sorted(self._eos), self._prompts, self._params, self._max_model_len)
