@@ -156,3 +156,24 @@ def test_chat_template_replaces_the_models(llm):
         assert llm.apply_chat_template(msgs, chat_template=template)["prompt_token_ids"] == ids
     finally:
         llm.text_tokenizer.chat_template = own
+
+
+def test_chat_continue_final_message_and_tools_reach_the_template(llm):
+    # vLLM's LLM.chat(continue_final_message=, tools=): checked against the tokenizer's own rendering
+    partial = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "My favourite is"}]
+    sp = SamplingParams(temperature=0, max_tokens=3)
+    ids = llm.text_tokenizer.apply_chat_template(partial, tokenize=True, continue_final_message=True)
+    assert llm.text_tokenizer.decode(ids).endswith("My favourite is")
+    chat = llm.chat(partial, sp, use_tqdm=False, add_generation_prompt=False, continue_final_message=True)[0]
+    alone = llm.generate({"prompt_token_ids": ids}, sp, use_tqdm=False)[0]
+    assert chat.outputs[0].token_ids == alone.outputs[0].token_ids
+    with pytest.raises(ValueError, match="continue_final_message and add_generation_prompt"):
+        llm.chat(partial, sp, use_tqdm=False, continue_final_message=True)  # (add_generation_prompt defaults on)
+    template = "{% for t in tools %}{{ t['function']['name'] }};{% endfor %}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    with_tools = llm.chat([{"role": "user", "content": "Hi"}], sp, use_tqdm=False, chat_template=template,
+                          tools=[tool])[0]
+    assert with_tools.prompt_token_ids == list(llm.text_tokenizer("get_weather;Hi", add_special_tokens=False).input_ids)
+    with pytest.raises(ValueError, match="tools is given twice"):
+        llm.chat([{"role": "user", "content": "Hi"}], sp, use_tqdm=False, tools=[tool],
+                 chat_template_kwargs={"tools": [tool]})

@@ -456,15 +456,25 @@ class LLM:
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              use_tqdm: bool = True, add_generation_prompt: bool = True,
              priority: list[int] | None = None, chat_template_kwargs: dict[str, Any] | None = None,
-             chat_template: str | None = None) -> list[Any]:
+             chat_template: str | None = None, continue_final_message: bool = False,
+             tools: list[dict[str, Any]] | None = None) -> list[Any]:
         """Generate replies to one conversation (a list of {"role", "content"}) or a list of them,
         formatted with the model's chat template. ``priority``: as in ``generate``;
         ``chat_template_kwargs``: more variables for the template (vLLM's, e.g.
         ``{"enable_thinking": False}``); ``chat_template``: a Jinja template to use instead of the
-        model's (vLLM's; for a model without one, or to override it)."""
+        model's (vLLM's; for a model without one, or to override it). vLLM's
+        ``continue_final_message`` (the reply continues the last message; needs
+        ``add_generation_prompt=False``) and ``tools`` (JSON schemas the template renders; the
+        reply's tool calls are not parsed, as in vLLM's ``LLM.chat``) reach the template too."""
+        kwargs = dict(chat_template_kwargs or {})
+        for name, value in (("continue_final_message", continue_final_message), ("tools", tools)):
+            if value is None or value is False:
+                continue
+            if name in kwargs:
+                raise ValueError(f"{name} is given twice: as an argument and in chat_template_kwargs")
+            kwargs[name] = value
         convs: list[Any] = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        prompts = [self.apply_chat_template(c, add_generation_prompt, chat_template_kwargs, chat_template)
-                   for c in convs]
+        prompts = [self.apply_chat_template(c, add_generation_prompt, kwargs, chat_template) for c in convs]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm,  # type: ignore[arg-type]
                              priority=priority)
 
