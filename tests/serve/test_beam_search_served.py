@@ -139,3 +139,14 @@ def test_the_beam_width_is_bounded():
     req = CompletionRequest(prompt="Hi", n=2, use_beam_search=True, length_penalty=float("inf"))
     with pytest.raises(APIError, match="length_penalty must be a finite number"):
         beam_search_params(req, SamplingParams(n=2, max_tokens=4))
+
+
+def test_values_that_change_nothing_are_accepted(server, reference_llm):
+    # clients that always send the sampling defaults (top_p 1, top_k -1, a text response format,
+    # a seed) still get the search; each of these changes nothing in it
+    ids = list(reference_llm.text_tokenizer(PROMPT).input_ids)
+    got, _ = _served(server.url, "completions", {
+        "prompt": PROMPT, "n": 2, "max_tokens": 4, "top_p": 1.0, "top_k": -1, "min_p": 0, "seed": 7,
+        "repetition_penalty": 1, "presence_penalty": 0.0, "stop": [], "logit_bias": {},
+        "response_format": {"type": "text"}})
+    assert got == _expected(reference_llm, ids, 2, 4)

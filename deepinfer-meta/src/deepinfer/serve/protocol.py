@@ -273,16 +273,23 @@ def sampling_params(req: _SamplingBody, max_tokens: int, logprobs: int | None,
         raise APIError(400, str(exc).replace("SamplingParams.", ""), param) from None
 
 
-# What a beam search does not use: a request setting one of these with use_beam_search is a 400
-# rather than a search that silently ignores it (name, the value a request leaves it at).
-_NOT_IN_BEAM_SEARCH: tuple[tuple[str, Any], ...] = (
-    ("top_p", None), ("top_k", None), ("min_p", None), ("seed", None), ("stop", None), ("stop_token_ids", None),
-    ("presence_penalty", None), ("frequency_penalty", None), ("repetition_penalty", None), ("logit_bias", None),
-    ("min_tokens", 0), ("allowed_token_ids", None), ("bad_words", None), ("include_stop_str_in_output", False),
-    ("logprobs", None), ("top_logprobs", None), ("return_tokens_as_token_ids", False), ("echo", False),
-    ("prompt_embeds", None), ("response_format", None), ("structured_outputs", None), ("guided_json", None),
-    ("guided_regex", None), ("guided_choice", None), ("guided_grammar", None), ("tools", None),
-    ("tool_choice", None))
+# What a beam search does not use: a request setting one of these to anything but a value that
+# changes nothing is a 400, rather than a search that silently ignores it (name, neutral values).
+_NOT_IN_BEAM_SEARCH: tuple[tuple[str, tuple[Any, ...]], ...] = (
+    ("top_p", (None, 1.0)), ("top_k", (None, -1, 0)), ("min_p", (None, 0.0)), ("stop", (None, [])),
+    ("stop_token_ids", (None, [])), ("presence_penalty", (None, 0.0)), ("frequency_penalty", (None, 0.0)),
+    ("repetition_penalty", (None, 1.0)), ("logit_bias", (None, {})), ("min_tokens", (0,)),
+    ("allowed_token_ids", (None,)), ("bad_words", (None, [])), ("include_stop_str_in_output", (False,)),
+    ("logprobs", (None, False)), ("top_logprobs", (None, 0)), ("return_tokens_as_token_ids", (False,)),
+    ("echo", (False,)), ("prompt_embeds", (None,)), ("response_format", (None, {"type": "text"})),
+    ("structured_outputs", (None,)), ("guided_json", (None,)), ("guided_regex", (None,)),
+    ("guided_choice", (None,)), ("guided_grammar", (None,)), ("tools", (None, [])), ("tool_choice", (None, "none")))
+
+
+def _neutral(value: Any, neutral: tuple[Any, ...]) -> bool:
+    """Whether ``value`` is one of ``neutral`` (a bool equals only a bool: ``logprobs: 0`` asks
+    for logprobs although ``0 == False``; an int equals the float of the same value)."""
+    return any(value is n or (isinstance(value, bool) == isinstance(n, bool) and value == n) for n in neutral)
 
 
 def beam_search_params(req: _SamplingBody, params: SamplingParams) -> BeamSearchParams | None:
@@ -293,11 +300,9 @@ def beam_search_params(req: _SamplingBody, params: SamplingParams) -> BeamSearch
         if req.length_penalty != 1.0:
             raise APIError(400, "length_penalty applies to beam search only (set use_beam_search)", "length_penalty")
         return None
-    for name, off in _NOT_IN_BEAM_SEARCH:
-        value = getattr(req, name, off)
-        if value is None or value is False or value == [] or (type(value) is type(off) and value == off):
-            continue
-        raise APIError(400, f"{name} is not used by beam search (use_beam_search): leave it out", name)
+    for name, neutral in _NOT_IN_BEAM_SEARCH:
+        if not _neutral(getattr(req, name, neutral[0]), neutral):
+            raise APIError(400, f"{name} is not used by beam search (use_beam_search): leave it out", name)
     try:
         return BeamSearchParams(beam_width=req.n, max_tokens=params.max_tokens, ignore_eos=req.ignore_eos,
                                 temperature=params.temperature, length_penalty=req.length_penalty)
@@ -430,8 +435,9 @@ _OWN_TEMPLATE_ARGS = {"tokenize": None, "conversation": "messages", "messages": 
 def chat_template_kwargs(req: Any) -> dict[str, Any]:
     """The chat template's extra arguments of a chat or tokenize request (vLLM's
     ``chat_template_kwargs``, ``documents`` and ``continue_final_message``), checked: a 400 for a
-    value that is not an object (documents: a list of objects of strings), a key that is an argument with a field of its own, or both ``continue_final_message``
-    and ``add_generation_prompt``."""
+    value that is not an object (documents: a list of objects of strings), a key that is an
+    argument with a field of its own, or both ``continue_final_message`` and
+    ``add_generation_prompt``."""
     kwargs = req.chat_template_kwargs
     if kwargs is None:
         kwargs = {}
