@@ -111,8 +111,9 @@ def beam_search_rounds(decode: Callable[[list[int]], str] | None, eos_ids: Seque
         raise ValueError(f"concurrency_limit must be a positive int or None, got {concurrency_limit!r}")
     eos = frozenset(eos_ids)
     width = params.beam_width
+    # (only the logprobs of a round are read: no text is made for them)
     round_params = SamplingParams(max_tokens=1, logprobs=2 * width, temperature=params.temperature,
-                                  ignore_eos=True)
+                                  ignore_eos=True, detokenize=False)
 
     def key(s: BeamSearchSequence) -> float:
         return beam_score(s, eos, params.length_penalty)

@@ -11,7 +11,6 @@ A beam's text is its new tokens without a final end-of-sequence token (vLLM's).
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 
 from deepinfer.runtime.beam_search import BeamSearchOutput, BeamSearchParams, beam_search_rounds
@@ -40,8 +39,6 @@ class BeamSearchRun:
             beams, params = next(search)
             k = 0
             while True:
-                params = copy.copy(params)
-                params.detokenize = False  # (only the logprobs are read)
                 run = self._round = self._start(f"{self._id}-beam{k}", beams, [params] * len(beams))
                 tops: list[dict[int, float]] = [{} for _ in beams]
                 try:

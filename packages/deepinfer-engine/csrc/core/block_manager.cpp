@@ -5,6 +5,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "core/mix64.h"
+
 namespace deepinfer {
 
 BlockManager::BlockManager(int32_t num_blocks, int32_t block_size, bool enable_prefix_caching,
@@ -40,12 +42,14 @@ uint64_t BlockManager::hash_block(uint64_t parent, const int32_t* tokens) const 
     h ^= h >> 29;
   }
   if (i < block_size_) h = (h ^ static_cast<uint32_t>(tokens[i])) * 0x100000001B3ull;
-  h ^= h >> 30;
-  h *= 0xBF58476D1CE4E5B9ull;
-  h ^= h >> 27;
-  h *= 0x94D049BB133111EBull;
-  h ^= h >> 31;
-  return h & hash_mask_;
+  return mix64(h) & hash_mask_;
+}
+
+uint64_t BlockManager::salt_seed(const std::string& salt) {
+  uint64_t h = 0xCBF29CE484222325ull;  // FNV-1a over the bytes, then the mix
+  for (unsigned char c : salt) h = (h ^ c) * 0x100000001B3ull;
+  h = mix64(h);
+  return h ? h : 1;
 }
 
 void BlockManager::extend_hashes(std::vector<uint64_t>& hashes, const int32_t* tokens, int32_t num_tokens,

@@ -57,6 +57,11 @@ class BlockManager {
 
   // Chained hash of one block (masked to hash_bits).
   uint64_t hash_block(uint64_t parent_hash, const int32_t* tokens) const;
+  // The seed of a cache salt (never 0, which is "unsalted"). It need not be a cryptographic
+  // hash: a request shares cached KV with another salt only if the two seeds are equal, and the
+  // seed is never shown, so a client that does not know a salt must guess 64 bits, one request
+  // per guess.
+  static uint64_t salt_seed(const std::string& salt);
   // Extends `hashes` to cover every full block of tokens[0, num_tokens); `salt` (0: none) is
   // block 0's parent hash.
   void extend_hashes(std::vector<uint64_t>& hashes, const int32_t* tokens, int32_t num_tokens,

@@ -120,7 +120,7 @@ class Scheduler {
                      const SamplingParams& params, double arrival_time, int32_t eos_token_id) const;
   // Checks the request (check_request; nothing changes when it throws), then queues it.
   // Returns the group; prompt tokens are copied. cache_salt: the seed of its prefix-cache
-  // hashes (cache_salt_seed of its salt; 0: unsalted): it shares cached KV only with its salt.
+  // hashes (BlockManager::salt_seed of its salt; 0: unsalted): it shares cached KV only with its salt.
   GroupIndex add_request(const std::string& request_id, const int32_t* prompt, size_t prompt_len,
                          const SamplingParams& params, double arrival_time, int32_t eos_token_id,
                          uint64_t cache_salt = 0);

@@ -169,21 +169,6 @@ const int32_t* sampled_token_rows(const py::object& obj, int32_t rows, int32_t v
 }
 
 
-// The prefix-cache seed of a cache salt (never 0, which is "unsalted"): FNV-1a over its bytes,
-// then splitmix64's finalizer. It need not be a cryptographic hash: a request shares cached KV
-// with another salt only if the two seeds are equal, and the seed is never shown, so a client
-// that does not know a salt must guess 64 bits, one request per guess.
-uint64_t cache_salt_seed(const std::string& salt) {
-  uint64_t h = 0xCBF29CE484222325ull;
-  for (unsigned char c : salt) h = (h ^ c) * 0x100000001B3ull;
-  h ^= h >> 30;
-  h *= 0xBF58476D1CE4E5B9ull;
-  h ^= h >> 27;
-  h *= 0x94D049BB133111EBull;
-  h ^= h >> 31;
-  return h ? h : 1;
-}
-
 // The keyword arguments of Scheduler.add_request (only the given ones are looked at).
 int64_t add_request_kwargs(Scheduler& s, const std::string& request_id, const py::object& prompt_token_ids,
                            const py::handle& params, const py::kwargs& kw) {
@@ -229,7 +214,7 @@ int64_t add_request_kwargs(Scheduler& s, const std::string& request_id, const py
           buf::fail(k, "is not valid Unicode text (a lone surrogate)");
         }
         if (size == 0) buf::fail(k, "must be a non-empty string (or None: no salt)");
-        cache_salt = cache_salt_seed(std::string(utf8, static_cast<size_t>(size)));
+        cache_salt = BlockManager::salt_seed(std::string(utf8, static_cast<size_t>(size)));
       }
     } else if (is_sampling_field(key)) {
       throw py::type_error("add_request() got an unexpected keyword argument '" + key +

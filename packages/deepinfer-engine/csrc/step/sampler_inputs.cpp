@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/invalid_argument.h"
+#include "core/mix64.h"
 #include "step/metadata.h"
 #include "step/prepare_args.h"
 
@@ -14,9 +15,7 @@ uint64_t derived_seed(uint64_t generator_seed, int64_t seq_id) {
   // splitmix64 of (generator_seed, seq_id): a fixed, well-mixed per-sequence stream.
   uint64_t x = generator_seed ^ (static_cast<uint64_t>(seq_id) * 0x9E3779B97F4A7C15ull);
   x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return (x ^ (x >> 31)) & 0x7FFFFFFFFFFFFFFFull;  // non-negative int64
+  return mix64(x) & 0x7FFFFFFFFFFFFFFFull;  // non-negative int64
 }
 
 void match_bad_words(const std::vector<std::vector<int32_t>>& words, const int32_t* known, size_t n_known,
