@@ -34,8 +34,9 @@ def _llm(shape_dir, **kw):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     kw.setdefault("max_num_batched_tokens", 128)
-    llm = LLM(shape_dir, device="cuda", dtype="float32", dummy_weights=True, max_model_len=512, num_kv_blocks=256,
-              max_num_seqs=32, **kw)
+    kw.setdefault("num_kv_blocks", 256)
+    kw.setdefault("max_num_seqs", 32)
+    llm = LLM(shape_dir, device="cuda", dtype="float32", dummy_weights=True, max_model_len=512, **kw)
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():  # livelier than the dummy init: distinct greedy tokens
         for name, p in llm.runner.model.named_parameters():
@@ -121,6 +122,34 @@ def test_step_graphs_up_to_2048_tokens_match_eager_greedy(shape_dir):
     assert graphs is not None and graphs.token_counts[-2:] == [1024, 2048]
     assert run(llm) == eager
     assert graphs.num_replays >= 2
+
+
+def test_small_models_step_graphs_up_to_8192_tokens_match_eager_greedy(shape_dir, monkeypatch):
+    """``DEEPINFER_STEP_GRAPH_TOKENS=auto``: a model of hidden size up to 1024 (test-small: 256) has
+    step graphs up to 8192 tokens under a budget of 8192. A burst of ~10,000 prompt tokens fills an
+    8192-token step and a shorter one, which replay the largest graphs; the greedy tokens equal the
+    eager run's."""
+    from deepinfer import SamplingParams
+
+    monkeypatch.delenv("DEEPINFER_STEP_GRAPH_TOKENS", raising=False)
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(3, 1000, int(rng.integers(200, 300))).tolist() for _ in range(40)]
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    kw = dict(max_num_batched_tokens=8192, max_num_seqs=64, num_kv_blocks=1024)
+
+    def run(llm):
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        return [list(o.outputs[0].token_ids) for o in outs]
+
+    eager = run(_llm(shape_dir, enforce_eager=True, **kw))
+    llm = _llm(shape_dir, **kw)
+    graphs = llm.runner.step_graphs
+    assert graphs is not None and graphs.token_counts[-3:] == [2048, 4096, 8192]
+    counts: list[int] = []  # the graph each replayed step took
+    count = graphs._count
+    monkeypatch.setattr(graphs, "_count", lambda rows: counts.append(count(rows)) or counts[-1])
+    assert run(llm) == eager
+    assert 8192 in counts, counts
 
 
 @pytest.mark.parametrize("prefetch", ["0", "1"])

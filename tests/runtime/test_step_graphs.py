@@ -33,6 +33,43 @@ def test_token_counts_are_powers_of_two_within_the_budget_and_the_moe_sort(monke
     assert step_graph_token_counts(8192) == []
 
 
+POWERS_TO_8192 = [16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
+
+
+@pytest.mark.parametrize("setting", [None, "auto", " Auto "])
+def test_auto_bound_goes_by_the_models_hidden_size(monkeypatch, setting):
+    """``auto`` (the default): graphs up to 8192 tokens for models of hidden size up to 1024 (their long
+    steps are bound by the host's launches), 2048 for larger or unknown ones; the budget still caps it."""
+    from deepinfer.runtime.kernels.fused_moe import TRITON_ALIGN_MAX_PAIRS
+    from deepinfer.runtime.worker.step_graph_runner import step_graph_bound, step_graph_token_counts
+
+    if setting is None:
+        monkeypatch.delenv("DEEPINFER_STEP_GRAPH_TOKENS", raising=False)
+    else:
+        monkeypatch.setenv("DEEPINFER_STEP_GRAPH_TOKENS", setting)
+    assert [step_graph_bound(h) for h in (None, 256, 576, 1024, 1025, 4096)] == [2048, 8192, 8192, 8192, 2048, 2048]
+    assert step_graph_token_counts(8192, hidden=576) == POWERS_TO_8192
+    assert step_graph_token_counts(16384, hidden=1024) == POWERS_TO_8192
+    assert step_graph_token_counts(3000, hidden=576) == POWERS_TO_8192[:8]  # the budget caps it
+    assert step_graph_token_counts(8192, hidden=2048) == POWERS_TO_8192[:8]
+    # a small mixture of experts stays within its one-launch sort
+    assert max(step_graph_token_counts(8192, top_k=8, hidden=512)) * 8 <= TRITON_ALIGN_MAX_PAIRS
+
+
+def test_a_number_overrides_auto_for_every_model(monkeypatch):
+    from deepinfer.runtime.worker.step_graph_runner import step_graph_bound, step_graph_token_counts
+
+    monkeypatch.setenv("DEEPINFER_STEP_GRAPH_TOKENS", "2048")  # the old default, small models included
+    assert step_graph_token_counts(8192, hidden=576) == POWERS_TO_8192[:8]
+    monkeypatch.setenv("DEEPINFER_STEP_GRAPH_TOKENS", "4096")
+    assert [step_graph_bound(h) for h in (None, 576, 4096)] == [4096] * 3
+    monkeypatch.setenv("DEEPINFER_STEP_GRAPH_TOKENS", "0")
+    assert step_graph_token_counts(8192, hidden=576) == []
+    monkeypatch.setenv("DEEPINFER_STEP_GRAPH_TOKENS", "big")
+    with pytest.raises(ValueError, match="DEEPINFER_STEP_GRAPH_TOKENS='big' is not an integer"):
+        step_graph_bound(576)
+
+
 def _graphs(max_seqs: int = 5):
     from deepinfer.runtime.worker.step_graph_runner import StepGraphs
 

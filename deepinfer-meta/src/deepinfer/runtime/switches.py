@@ -96,9 +96,10 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
     Switch("DEEPINFER_FUSED_EAGER", "1", "models/llama_fused_decode.py",
            "eager CUDA steps (prompt chunks, mixed steps) of dense and mixture-of-experts models run the fused Triton "
            "kernels (0: torch ops)"),
-    Switch("DEEPINFER_STEP_GRAPH_TOKENS", "2048", "worker/step_graph_runner.py",
-           "eager CUDA steps of up to this many tokens replay CUDA graphs captured at start-up, one per power of "
-           "two from 16 (0: eager); read at start-up"),
+    Switch("DEEPINFER_STEP_GRAPH_TOKENS", "auto", "worker/step_graph_runner.py",
+           "eager CUDA steps of up to this many tokens (and the step budget) replay CUDA graphs captured at start-up, "
+           "one per power of two from 16 (auto: 8192 for models of hidden size up to 1024, else 2048; 0: eager); "
+           "read at start-up"),
     Switch("DEEPINFER_FOLD_MERGE", "1", "models/llama_fused_decode.py",
            "the split-KV attention merge folded into the split kernel (0: a second kernel)"),
     Switch("DEEPINFER_WARMUP", "1", "worker/warm_up.py",

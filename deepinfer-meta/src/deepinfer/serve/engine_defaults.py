@@ -23,9 +23,9 @@ def serve_llm_kwargs(llm_kwargs: dict[str, Any]) -> dict[str, Any]:
     the device as ``LLM()`` does (the selected backend's when ``device`` is unset)."""
     if llm_kwargs.get("max_num_batched_tokens") is not None or llm_kwargs.get("enable_chunked_prefill") is False:
         return llm_kwargs
-    from deepinfer.runtime import switches
+    from deepinfer.runtime.worker.step_graph_runner import step_graph_bound
 
-    graph_tokens = switches.integer("DEEPINFER_STEP_GRAPH_TOKENS")
+    graph_tokens = step_graph_bound()  # at least 2048 under auto, whatever the model
     if graph_tokens == 0:  # step graphs off: the eager steps gain nothing from smaller chunks
         return llm_kwargs
     from deepinfer.runtime.worker.worker import runtime_device

@@ -40,13 +40,35 @@ if TYPE_CHECKING:
 TILE = 16
 
 
-def step_graph_token_counts(budget: int, top_k: int | None = None) -> list[int]:
-    """Token counts of the step graphs: the powers of two from 16 up to both
-    ``DEEPINFER_STEP_GRAPH_TOKENS`` (2048) and the step budget ``budget``; larger steps stay eager.
+# DEEPINFER_STEP_GRAPH_TOKENS=auto (the default): the largest step graph, by the model's hidden size
+# ((largest hidden size, tokens); else STEP_GRAPH_TOKENS). Measured on an H100 (2026-12-07, guide 08,
+# "Step graphs up to the budget for small models"): SmolLM2-135M (576) at gpu_bench's budget of 8192,
+# 256 x (128, 256), graphs to 8192 against 2048: bf16 +6 %, GGUF Q4_1 +18 %, first tokens twice as
+# soon; its 4096- and 8192-token steps were bound by the host's launches. A large model's long step
+# is bound by the device (Llama-3-8B at 8192: the same with 512 or 2048, guide 08), and its graphs'
+# activations would take about a GB of the pool (by its shapes).
+STEP_GRAPH_TOKENS_BY_HIDDEN = ((1024, 8192),)
+STEP_GRAPH_TOKENS = 2048
+
+
+def step_graph_bound(hidden: int | None = None) -> int:
+    """The most tokens a step graph holds (``DEEPINFER_STEP_GRAPH_TOKENS``; 0: no step graphs):
+    ``auto`` (default) by ``STEP_GRAPH_TOKENS_BY_HIDDEN`` for a model of ``hidden`` size
+    (``STEP_GRAPH_TOKENS`` when it is not listed or unknown), or the number given."""
+    if switches.value("DEEPINFER_STEP_GRAPH_TOKENS").strip().lower() == "auto":
+        if hidden is None:
+            return STEP_GRAPH_TOKENS
+        return next((tokens for most, tokens in STEP_GRAPH_TOKENS_BY_HIDDEN if hidden <= most), STEP_GRAPH_TOKENS)
+    return switches.integer("DEEPINFER_STEP_GRAPH_TOKENS")
+
+
+def step_graph_token_counts(budget: int, top_k: int | None = None, hidden: int | None = None) -> list[int]:
+    """Token counts of the step graphs: the powers of two from 16 up to both ``step_graph_bound``
+    (for a model of ``hidden`` size) and the step budget ``budget``; larger steps stay eager.
     A mixture of experts (``top_k`` experts a token) stops where its (token, expert) pairs outgrow
     the one-launch sort (``fused_moe.TRITON_ALIGN_MAX_PAIRS``), whose fixed shapes a graph can
     hold. Empty when the switch is 0."""
-    bound = min(switches.integer("DEEPINFER_STEP_GRAPH_TOKENS"), budget)
+    bound = min(step_graph_bound(hidden), budget)
     if top_k:
         from deepinfer.runtime.kernels.fused_moe import TRITON_ALIGN_MAX_PAIRS
 
@@ -220,7 +242,8 @@ def capture_step_graphs(runner: ModelRunner, budget: int, max_num_seqs: int, max
         return None
     moe = getattr(runner.config, "moe", None)
     # (a dummy step of t tokens takes ceil(t / max_model_len) sequences)
-    counts = [t for t in step_graph_token_counts(budget, moe.top_k if moe is not None else None)
+    counts = [t for t in step_graph_token_counts(budget, moe.top_k if moe is not None else None,
+                                                 getattr(runner.config, "hidden_size", None))
               if -(-t // max_model_len) <= max_num_seqs]
     if not counts:
         return None
