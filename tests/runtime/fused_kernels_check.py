@@ -29,11 +29,8 @@ from deepinfer.runtime.kernels.gemv import (
 )
 from deepinfer.runtime.models.llama import RMSNorm
 from deepinfer.runtime.models.rotary import RotaryEmbedding
-from triton_interpreter_compat import interpreter_loop_bounds_compat
 
 DEV = torch.device(sys.argv[1] if len(sys.argv) > 1 else "cpu")
-if DEV.type == "cpu":
-    interpreter_loop_bounds_compat()
 # float32: a few ulps (reduction order); bf16: one rounding step of the activation dtype.
 TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
 DTYPES = (torch.float32,) if DEV.type == "cpu" else (torch.float32, torch.bfloat16)

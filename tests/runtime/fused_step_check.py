@@ -27,7 +27,6 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from triton_interpreter_compat import interpreter_loop_bounds_compat  # noqa: E402
 
 BLOCK = 16  # the Triton attention's smallest block
 TABLES = np.array([[1, 2, 0], [3, 4, 0], [5, 6, 0]])
@@ -61,8 +60,6 @@ def moved(a: torch.Tensor, b: torch.Tensor, bound: float) -> float:
 
 def main() -> int:
     path, dev = sys.argv[1], torch.device(sys.argv[2] if len(sys.argv) > 2 else "cpu")
-    if dev.type == "cpu":
-        interpreter_loop_bounds_compat()
     from deepinfer.runtime.attention import torch_paged, triton_paged
     from deepinfer.runtime.attention.metadata import build_attention_metadata
     from deepinfer.runtime.loading.model_loader import load_model

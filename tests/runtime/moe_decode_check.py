@@ -303,10 +303,6 @@ def check_model_switch(device: str, arch: str, batches: tuple[int, ...]) -> tupl
 
 def main(device: str, dtype_name: str, part: str = "all") -> int:
     dtype = getattr(torch, dtype_name)
-    if device == "cpu":
-        from triton_interpreter_compat import interpreter_loop_bounds_compat
-
-        interpreter_loop_bounds_compat()
     rows: list[tuple[str, bool, float]] = []
     if part in ("kernels", "all"):
         rows += check_experts(device, dtype) + check_router(device, dtype) + check_route_in_o(device, dtype)

@@ -175,10 +175,6 @@ def check_decode_forward(device: str, arch: str) -> tuple[str, bool, float]:
 
 def main(device: str, dtype_name: str, part: str = "all") -> int:
     dtype = getattr(torch, dtype_name)
-    if device == "cpu":
-        from triton_interpreter_compat import interpreter_loop_bounds_compat
-
-        interpreter_loop_bounds_compat()
     bad = 0
     if dtype == torch.float32 and part in ("models", "all"):
         for arch in ("qwen3_moe", "deepseek_v2", "deepseek_v3"):

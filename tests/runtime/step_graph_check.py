@@ -20,7 +20,6 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from fused_step_check import BLOCK, STEPS, TABLES, slots_of  # noqa: E402
-from triton_interpreter_compat import interpreter_loop_bounds_compat  # noqa: E402
 
 NUM_BLOCKS = 8  # the scratch block is block 8
 
@@ -38,8 +37,6 @@ def step_arrays(step) -> dict[str, np.ndarray]:  # type: ignore[no-untyped-def]
 
 def main() -> int:
     path, dev = sys.argv[1], torch.device(sys.argv[2] if len(sys.argv) > 2 else "cpu")
-    if dev.type == "cpu":
-        interpreter_loop_bounds_compat()
     from deepinfer.runtime.attention.metadata import build_attention_metadata
     from deepinfer.runtime.attention.triton_paged import paged_attention
     from deepinfer.runtime.loading.model_loader import load_model
