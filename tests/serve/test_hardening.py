@@ -295,6 +295,26 @@ def test_origins_that_are_not_allowed_are_403_simple_requests_too(server):
     assert httpx.get(f"{server.url}/v1/models", headers={"origin": server.url}).status_code == 200
 
 
+def test_a_streamed_response_passes_every_middleware_its_start_and_the_client_every_chunk(server, caplog):
+    """A stream's chunks are written with the access log's send (``access_log.BODY_SEND``), past
+    the middlewares inside it, which watch only the response's start: CORS still adds its headers,
+    the stream is whole, and the access log still has its status and tokens."""
+    with caplog.at_level(logging.INFO, logger="deepinfer.serve.access"):
+        with httpx.stream("POST", f"{server.url}/v1/completions", timeout=60, headers={"origin": ALLOWED_ORIGIN},
+                          json={"prompt": "Hi", "max_tokens": 5, "stream": True, "ignore_eos": True,
+                                "stream_options": {"include_usage": True}}) as r:
+            lines = [line for line in r.iter_lines() if line]
+        time.sleep(0.2)
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == ALLOWED_ORIGIN
+    assert r.headers["content-type"].startswith("text/event-stream")
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line[6:]) for line in lines[:-1]]
+    assert chunks[-1]["usage"]["completion_tokens"] == 5
+    rid = chunks[0]["id"]
+    access = [rec.getMessage() for rec in caplog.records if rec.name == "deepinfer.serve.access"]
+    assert any(f"200 id={rid}" in line and "completion_tokens=5" in line for line in access), access
+
+
 def test_host_policy():
     from deepinfer.serve.guard import HostPolicy
 

@@ -16,6 +16,10 @@ from typing import Any
 log = logging.getLogger("deepinfer.serve.access")
 
 
+# the scope key of the send this middleware got: the send an event stream writes its chunks with
+BODY_SEND = "deepinfer.body_send"
+
+
 @dataclass
 class AccessRecord:
     """Filled by the handlers (``request.state.access``) for the log line."""
@@ -37,6 +41,7 @@ class AccessLogMiddleware:
         t0 = time.perf_counter()
         record = AccessRecord()
         scope.setdefault("state", {})["access"] = record
+        scope[BODY_SEND] = send  # (an event stream's chunks skip the wrappers below that watch only the start)
         status = [0]
 
         async def send_and_watch(message: Any) -> None:

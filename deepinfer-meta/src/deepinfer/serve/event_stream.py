@@ -13,7 +13,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import Response
 
-from deepinfer.serve.access_log import AccessRecord
+from deepinfer.serve.access_log import BODY_SEND, AccessRecord
 from deepinfer.serve.guard import SHUTDOWN_MESSAGE, internal_error
 from deepinfer.serve.protocol import APIError
 from deepinfer.serve.responses import sse_events as _sse
@@ -136,10 +136,11 @@ class EventStream(Response):
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         if self.on_start is not None:
             self.on_start(receive)
+        body_send = scope.get(BODY_SEND, send)
         try:
             async for chunk in self.events:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+                await body_send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await body_send({"type": "http.response.body", "body": b"", "more_body": False})
         except OSError:  # the client went away while a chunk was sent
             pass
         finally:
