@@ -41,12 +41,12 @@ TILE = 16
 
 
 # DEEPINFER_STEP_GRAPH_TOKENS=auto (the default): the largest step graph, by the model's hidden size
-# ((largest hidden size, tokens); else STEP_GRAPH_TOKENS). Measured on an H100 (2026-12-07, guide 08,
-# "Step graphs up to the budget for small models"): SmolLM2-135M (576) at gpu_bench's budget of 8192,
-# 256 x (128, 256), graphs to 8192 against 2048: bf16 +6 %, GGUF Q4_1 +18 %, first tokens twice as
-# soon; its 4096- and 8192-token steps were bound by the host's launches. A large model's long step
-# is bound by the device (Llama-3-8B at 8192: the same with 512 or 2048, guide 08), and its graphs'
-# activations would take about a GB of the pool (by its shapes).
+# ((largest hidden size, tokens); else STEP_GRAPH_TOKENS). Measured on H100s (2026-12-07, guide 08,
+# "Step graphs up to 8192 tokens for small models"): SmolLM2-135M (576) at gpu_bench's budget of 8192,
+# 256 x (128, 256), graphs to 8192 against 2048: bf16 +5-6 %, GGUF Q4_1 +18-21 %, first tokens twice
+# as soon (its 4096- and 8192-token steps were bound by the host's launches); Qwen3-0.6B (1024) and
+# Llama-3.2-1B (2048) +0.1 % and +0.3 %. A large model's long step is bound by the device, and its
+# graphs' activations would take about a GB of the pool for the 8B (by its shapes).
 STEP_GRAPH_TOKENS_BY_HIDDEN = ((1024, 8192),)
 STEP_GRAPH_TOKENS = 2048
 
