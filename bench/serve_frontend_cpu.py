@@ -56,14 +56,16 @@ from serve_core_cpu import save_tiny_llama
 VOCAB = 320
 
 
-def make_client(model_dir: str, max_num_seqs: int) -> Any:
+def make_client(model_dir: str, max_num_seqs: int, max_model_len: int = 256) -> Any:
+    """A front end's engine client whose core is faked: its messages are kept in ``sent``.
+    ``max_model_len``: the longest request the front end admits (prompt + max_tokens)."""
     from deepinfer.serve.client import EngineClient
 
     info = {
         "pid": os.getpid(),
         "device": "cpu",
         "model_path": model_dir,
-        "max_model_len": 256,
+        "max_model_len": max_model_len,
         "max_num_seqs": max_num_seqs,
         "num_blocks": 4096,
         "vocab_size": VOCAB,
@@ -265,7 +267,7 @@ def run_uvicorn(args: argparse.Namespace, model_dir: str) -> dict[str, list[floa
     import uvicorn
     from deepinfer.serve.app import ServeConfig, build_app
 
-    client, sent = make_client(model_dir, args.streams)
+    client, sent = make_client(model_dir, args.streams, max(256, args.prompt_len + args.tokens))
     attach, hold = client.attach_stream, client.hold_tokens
     app = build_app(client, ServeConfig(served_model_names=["bench"], max_queue=0))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False,
@@ -290,6 +292,11 @@ def run_uvicorn(args: argparse.Namespace, model_dir: str) -> dict[str, list[floa
             reader.start()
             deadline = time.monotonic() + 120
             while sum(1 for m in list(sent) if m[0] == "add") < args.streams:
+                if not q.empty():  # the client is done before every stream reached the core: refused ones
+                    done, _ = q.get()
+                    raise SystemExit(f"only {sum(1 for m in list(sent) if m[0] == 'add')} of {args.streams} "
+                                     f"streams reached the fake core ({done} ended with [DONE]): the server "
+                                     "refused the others (see its log)")
                 if time.monotonic() > deadline:
                     raise SystemExit("the streams did not reach the fake core within 120 s")
                 time.sleep(0.005)
@@ -344,7 +351,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as d:
         save_tiny_llama(d, VOCAB)
-        client, sent = make_client(d, args.streams)
+        client, sent = make_client(d, args.streams, max(256, args.prompt_len + args.tokens))
         app = build_app(client, ServeConfig(served_model_names=["bench"], max_queue=0))
 
         async def all_runs() -> tuple[list[float], list[float], list[float]]:
