@@ -152,6 +152,38 @@ def test_small_models_step_graphs_up_to_8192_tokens_match_eager_greedy(shape_dir
     assert 8192 in counts, counts
 
 
+def test_out_of_memory_in_a_capture_drops_the_largest_graphs_only(shape_dir, monkeypatch):
+    """A capture that runs out of device memory (raised inside the graph capture, as the caching
+    allocator raises it) drops the largest token counts, captures the rest again and warns once;
+    the steps that still fit a graph replay it and the greedy tokens equal the eager run's."""
+    from deepinfer import SamplingParams
+    from deepinfer.runtime.worker import step_graph_runner
+
+    forward = step_graph_runner.StepGraphs._forward
+
+    def short_of_memory(self, tokens):
+        if tokens > 512 and torch.cuda.is_current_stream_capturing():
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated in the capture)")
+        return forward(self, tokens)
+
+    monkeypatch.setattr(step_graph_runner.StepGraphs, "_forward", short_of_memory)
+    rng = np.random.default_rng(4)
+    prompts = [rng.integers(3, 1000, int(rng.integers(100, 200))).tolist() for _ in range(8)]
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+
+    def run(llm):
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        return [list(o.outputs[0].token_ids) for o in outs]
+
+    eager = run(_llm(shape_dir, enforce_eager=True, max_num_batched_tokens=2048))
+    with pytest.warns(RuntimeWarning, match=r"more than 512 tokens not captured: out of device memory .*simulated"):
+        llm = _llm(shape_dir, max_num_batched_tokens=2048)
+    graphs = llm.runner.step_graphs
+    assert graphs is not None and graphs.token_counts[-1] == 512
+    assert run(llm) == eager
+    assert graphs.num_replays >= 1
+
+
 @pytest.mark.parametrize("prefetch", ["0", "1"])
 def test_qwen3_graph_decode_matches_eager_greedy(tmp_path, monkeypatch, prefetch):
     """Qwen3's q/k norm inside the fused rotary kernel: the replayed decode graphs give the eager

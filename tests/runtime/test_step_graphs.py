@@ -70,6 +70,54 @@ def test_a_number_overrides_auto_for_every_model(monkeypatch):
         step_graph_bound(576)
 
 
+def test_capture_short_of_memory_drops_the_largest_counts_and_warns_once(monkeypatch):
+    """``capture_step_graphs`` (no GPU: the graphs are faked): out of device memory while capturing,
+    it drops the largest count and tries again, down to none, and warns once saying what was left
+    out; an error of another kind is not swallowed."""
+    from deepinfer.runtime.models import llama_fused_decode
+    from deepinfer.runtime.worker import step_graph_runner
+
+    tried: list[list[int]] = []
+
+    class FakeGraphs:
+        fits_up_to = 256
+
+        def __init__(self, runner, counts, max_num_seqs, max_model_len):
+            self.token_counts = list(counts)
+
+        def capture(self):
+            tried.append(self.token_counts)
+            if self.token_counts[-1] > FakeGraphs.fits_up_to:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(step_graph_runner, "StepGraphs", FakeGraphs)
+    monkeypatch.setattr(llama_fused_decode, "fused_step_supported", lambda model, attention: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setenv("DEEPINFER_STEP_GRAPH_TOKENS", "2048")
+    runner = SimpleNamespace(device=torch.device("cuda"), config=SimpleNamespace(hidden_size=4096), model=None,
+                             attention=None, step_graphs=None)
+    with pytest.warns(RuntimeWarning, match=r"more than 256 tokens not captured: out of device memory \(CUDA out "
+                      r"of memory\. Tried to allocate 2\.00 GiB\); steps of up to 256 tokens replay graphs, longer "
+                      r"ones run eagerly\. .* \(asked up to 2048 tokens\)") as caught:
+        graphs = step_graph_runner.capture_step_graphs(runner, 2048, 64, 4096)
+    assert len(caught) == 1
+    assert [t[-1] for t in tried] == [2048, 1024, 512, 256]
+    assert graphs is runner.step_graphs and graphs.token_counts == [16, 32, 64, 128, 256]
+
+    FakeGraphs.fits_up_to = 0  # nothing fits: no graphs, the steps run eagerly
+    runner.step_graphs = None
+    with pytest.warns(RuntimeWarning, match="prompt and mixed steps run eagerly"):
+        assert step_graph_runner.capture_step_graphs(runner, 2048, 64, 4096) is None
+    assert runner.step_graphs is None
+
+    def broken(self):
+        raise RuntimeError("a bug, not memory")
+
+    monkeypatch.setattr(FakeGraphs, "capture", broken)
+    with pytest.raises(RuntimeError, match="a bug, not memory"):
+        step_graph_runner.capture_step_graphs(runner, 2048, 64, 4096)
+
+
 def _graphs(max_seqs: int = 5):
     from deepinfer.runtime.worker.step_graph_runner import StepGraphs
 

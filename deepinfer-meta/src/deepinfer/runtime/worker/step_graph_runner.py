@@ -235,7 +235,8 @@ def capture_step_graphs(runner: ModelRunner, budget: int, max_num_seqs: int, max
     """Capture the step graphs of ``runner`` and install them as ``runner.step_graphs``: where its
     eager steps run the fused forward (``llama_fused_decode.fused_step_supported``) and
     ``step_graph_token_counts`` is not empty; else None. Out of device memory while capturing:
-    a RuntimeWarning that says what to lower, and None (the steps run eagerly)."""
+    the largest count is dropped and the rest captured again, down to none (the steps run
+    eagerly), with one RuntimeWarning that says what was left out and what to lower."""
     from deepinfer.runtime.models.llama_fused_decode import fused_step_supported
 
     if runner.device.type != "cuda" or not fused_step_supported(runner.model, runner.attention):
@@ -245,17 +246,24 @@ def capture_step_graphs(runner: ModelRunner, budget: int, max_num_seqs: int, max
     counts = [t for t in step_graph_token_counts(budget, moe.top_k if moe is not None else None,
                                                  getattr(runner.config, "hidden_size", None))
               if -(-t // max_model_len) <= max_num_seqs]
-    if not counts:
-        return None
-    try:
-        graphs = StepGraphs(runner, counts, max_num_seqs, max_model_len)
-        graphs.capture()
-    except torch.OutOfMemoryError as exc:
-        # the KV cache took the memory budget first: serve without them rather than not at all
-        torch.cuda.empty_cache()
-        warnings.warn(f"step graphs not captured: out of device memory ({str(exc).splitlines()[0]}); prompt and "
-                      "mixed steps run eagerly. Lower gpu_memory_utilization, or DEEPINFER_STEP_GRAPH_TOKENS "
-                      f"(now up to {counts[-1]} tokens)", RuntimeWarning, stacklevel=2)
-        return None
-    runner.step_graphs = graphs
+    asked, error = counts[-1] if counts else 0, None
+    graphs: StepGraphs | None = None
+    while counts:
+        try:
+            graphs = StepGraphs(runner, counts, max_num_seqs, max_model_len)
+            graphs.capture()
+            break
+        except torch.OutOfMemoryError as exc:
+            # the KV cache took the memory budget first: fewer, smaller graphs (largest first), else
+            # none, rather than not serving at all
+            graphs = None  # (what a failed capture holds goes before the next try)
+            torch.cuda.empty_cache()
+            error, counts = str(exc).splitlines()[0], counts[:-1]
+    if error is not None:
+        held = f"steps of up to {counts[-1]} tokens replay graphs, longer ones" if counts else "prompt and mixed steps"
+        warnings.warn(f"step graphs of more than {counts[-1] if counts else 0} tokens not captured: out of device "
+                      f"memory ({error}); {held} run eagerly. Lower gpu_memory_utilization, or "
+                      f"DEEPINFER_STEP_GRAPH_TOKENS (asked up to {asked} tokens)", RuntimeWarning, stacklevel=2)
+    if graphs is not None:
+        runner.step_graphs = graphs
     return graphs
