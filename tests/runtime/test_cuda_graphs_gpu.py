@@ -102,25 +102,31 @@ def test_graph_decode_matches_eager_greedy(shape_dir):
     assert same_fused == len(eager)
 
 
+def _burst(seed: int, count: int, lengths: tuple[int, int]) -> list[list[int]]:
+    """``count`` prompts of token ids, each of a length in ``lengths`` (a step-filling burst)."""
+    rng = np.random.default_rng(seed)
+    return [rng.integers(3, 1000, int(rng.integers(*lengths))).tolist() for _ in range(count)]
+
+
+def _greedy(llm, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """Each prompt's greedy tokens (EOS ignored), all sent at once."""
+    from deepinfer import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
 def test_step_graphs_up_to_2048_tokens_match_eager_greedy(shape_dir):
     """``LLM()``'s budget of 2048 tokens: a burst of prompts (~3,000 tokens) fills a 2048-token step
     and a ~1,000-token one, which replay the largest step graphs (``DEEPINFER_STEP_GRAPH_TOKENS``,
     2048 since 2026-12-06); the greedy tokens equal the eager run's."""
-    from deepinfer import SamplingParams
-
-    rng = np.random.default_rng(3)
-    prompts = [rng.integers(3, 1000, int(rng.integers(150, 280))).tolist() for _ in range(14)]
-    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
-
-    def run(llm):
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        return [list(o.outputs[0].token_ids) for o in outs]
-
-    eager = run(_llm(shape_dir, enforce_eager=True, max_num_batched_tokens=2048))
+    prompts = _burst(3, 14, (150, 280))
+    eager = _greedy(_llm(shape_dir, enforce_eager=True, max_num_batched_tokens=2048), prompts, 8)
     llm = _llm(shape_dir, max_num_batched_tokens=2048)
     graphs = llm.runner.step_graphs
     assert graphs is not None and graphs.token_counts[-2:] == [1024, 2048]
-    assert run(llm) == eager
+    assert _greedy(llm, prompts, 8) == eager
     assert graphs.num_replays >= 2
 
 
@@ -129,26 +135,17 @@ def test_small_models_step_graphs_up_to_8192_tokens_match_eager_greedy(shape_dir
     step graphs up to 8192 tokens under a budget of 8192. A burst of ~10,000 prompt tokens fills an
     8192-token step and a shorter one, which replay the largest graphs; the greedy tokens equal the
     eager run's."""
-    from deepinfer import SamplingParams
-
     monkeypatch.delenv("DEEPINFER_STEP_GRAPH_TOKENS", raising=False)
-    rng = np.random.default_rng(5)
-    prompts = [rng.integers(3, 1000, int(rng.integers(200, 300))).tolist() for _ in range(40)]
-    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    prompts = _burst(5, 40, (200, 300))
     kw = dict(max_num_batched_tokens=8192, max_num_seqs=64, num_kv_blocks=1024)
-
-    def run(llm):
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        return [list(o.outputs[0].token_ids) for o in outs]
-
-    eager = run(_llm(shape_dir, enforce_eager=True, **kw))
+    eager = _greedy(_llm(shape_dir, enforce_eager=True, **kw), prompts, 6)
     llm = _llm(shape_dir, **kw)
     graphs = llm.runner.step_graphs
     assert graphs is not None and graphs.token_counts[-3:] == [2048, 4096, 8192]
     counts: list[int] = []  # the graph each replayed step took
     count = graphs._count
     monkeypatch.setattr(graphs, "_count", lambda rows: counts.append(count(rows)) or counts[-1])
-    assert run(llm) == eager
+    assert _greedy(llm, prompts, 6) == eager
     assert 8192 in counts, counts
 
 
@@ -156,7 +153,6 @@ def test_out_of_memory_in_a_capture_drops_the_largest_graphs_only(shape_dir, mon
     """A capture that runs out of device memory (raised inside the graph capture, as the caching
     allocator raises it) drops the largest token counts, captures the rest again and warns once;
     the steps that still fit a graph replay it and the greedy tokens equal the eager run's."""
-    from deepinfer import SamplingParams
     from deepinfer.runtime.worker import step_graph_runner
 
     forward = step_graph_runner.StepGraphs._forward
@@ -167,20 +163,13 @@ def test_out_of_memory_in_a_capture_drops_the_largest_graphs_only(shape_dir, mon
         return forward(self, tokens)
 
     monkeypatch.setattr(step_graph_runner.StepGraphs, "_forward", short_of_memory)
-    rng = np.random.default_rng(4)
-    prompts = [rng.integers(3, 1000, int(rng.integers(100, 200))).tolist() for _ in range(8)]
-    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
-
-    def run(llm):
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        return [list(o.outputs[0].token_ids) for o in outs]
-
-    eager = run(_llm(shape_dir, enforce_eager=True, max_num_batched_tokens=2048))
+    prompts = _burst(4, 8, (100, 200))
+    eager = _greedy(_llm(shape_dir, enforce_eager=True, max_num_batched_tokens=2048), prompts, 6)
     with pytest.warns(RuntimeWarning, match=r"more than 512 tokens not captured: out of device memory .*simulated"):
         llm = _llm(shape_dir, max_num_batched_tokens=2048)
     graphs = llm.runner.step_graphs
     assert graphs is not None and graphs.token_counts[-1] == 512
-    assert run(llm) == eager
+    assert _greedy(llm, prompts, 6) == eager
     assert graphs.num_replays >= 1
 
 
