@@ -62,6 +62,15 @@ def test_integer_switches(monkeypatch, text, expected):
     assert switches.integer("DEEPINFER_MOE_SMALL_BATCH") == expected
 
 
+@pytest.mark.parametrize("text,expected", [("auto", None), (" AUTO ", None), ("0", 0), (" 64 ", 64)])
+def test_integer_or_auto_switches(monkeypatch, text, expected):
+    monkeypatch.setenv("DEEPINFER_GGUF_DENSE_ROWS", text)
+    assert switches.integer_or_auto("DEEPINFER_GGUF_DENSE_ROWS") == expected
+    monkeypatch.setenv("DEEPINFER_GGUF_DENSE_ROWS", "automatic")
+    with pytest.raises(ValueError, match="DEEPINFER_GGUF_DENSE_ROWS='automatic' is not an integer"):
+        switches.integer_or_auto("DEEPINFER_GGUF_DENSE_ROWS")
+
+
 @pytest.mark.parametrize("text,message", [("four", "is not an integer"), ("2.5", "is not an integer"),
                                           ("-1", "must be at least 0")])
 def test_a_bad_integer_switch_is_a_value_error_naming_it(monkeypatch, text, message):

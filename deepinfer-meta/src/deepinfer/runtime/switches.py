@@ -159,6 +159,14 @@ def integer(name: str, lo: int = 0) -> int:
     return number
 
 
+def integer_or_auto(name: str, lo: int = 0) -> int | None:
+    """An integer switch that may also be ``auto`` (case and surrounding spaces ignored): None for
+    ``auto`` (the caller's own rule decides), else as ``integer``."""
+    if value(name).strip().lower() == "auto":
+        return None
+    return integer(name, lo)
+
+
 def choice(name: str, options: Collection[str]) -> str:
     """A switch taking one of ``options`` (case and surrounding spaces ignored); any other value is a
     ValueError naming the switch and the options."""

@@ -858,11 +858,12 @@ def dense_rows(hidden: int | None) -> int:
     the rows for every model; 0 turns it off. Small models' products are bound by the tensor cores
     and by tiles too few to fill the GPU (SmolLM2's K = 576 is three 128-byte steps: the GEMM cannot
     split it), where cuBLAS on the decoded copy is faster."""
-    if switches.value("DEEPINFER_GGUF_DENSE_ROWS").strip().lower() == "auto":
-        if hidden is None:
-            return 0
-        return next((rows for most, rows in DENSE_ROWS_BY_HIDDEN if hidden <= most), 0)
-    return switches.integer("DEEPINFER_GGUF_DENSE_ROWS")
+    rows = switches.integer_or_auto("DEEPINFER_GGUF_DENSE_ROWS")
+    if rows is not None:
+        return rows
+    if hidden is None:
+        return 0
+    return next((n for most, n in DENSE_ROWS_BY_HIDDEN if hidden <= most), 0)
 
 
 def _planes_args(w: GGUFPlanes) -> tuple[torch.Tensor, ...]:

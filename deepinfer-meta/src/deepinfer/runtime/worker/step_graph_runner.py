@@ -55,11 +55,12 @@ def step_graph_bound(hidden: int | None = None) -> int:
     """The most tokens a step graph holds (``DEEPINFER_STEP_GRAPH_TOKENS``; 0: no step graphs):
     ``auto`` (default) by ``STEP_GRAPH_TOKENS_BY_HIDDEN`` for a model of ``hidden`` size
     (``STEP_GRAPH_TOKENS`` when it is not listed or unknown), or the number given."""
-    if switches.value("DEEPINFER_STEP_GRAPH_TOKENS").strip().lower() == "auto":
-        if hidden is None:
-            return STEP_GRAPH_TOKENS
-        return next((tokens for most, tokens in STEP_GRAPH_TOKENS_BY_HIDDEN if hidden <= most), STEP_GRAPH_TOKENS)
-    return switches.integer("DEEPINFER_STEP_GRAPH_TOKENS")
+    tokens = switches.integer_or_auto("DEEPINFER_STEP_GRAPH_TOKENS")
+    if tokens is not None:
+        return tokens
+    if hidden is None:
+        return STEP_GRAPH_TOKENS
+    return next((n for most, n in STEP_GRAPH_TOKENS_BY_HIDDEN if hidden <= most), STEP_GRAPH_TOKENS)
 
 
 def step_graph_token_counts(budget: int, top_k: int | None = None, hidden: int | None = None) -> list[int]:
