@@ -56,16 +56,16 @@ from serve_core_cpu import save_tiny_llama
 VOCAB = 320
 
 
-def make_client(model_dir: str, max_num_seqs: int, max_model_len: int = 256) -> Any:
-    """A front end's engine client whose core is faked: its messages are kept in ``sent``.
-    ``max_model_len``: the longest request the front end admits (prompt + max_tokens)."""
+def make_client(model_dir: str, max_num_seqs: int, longest: int = 0) -> Any:
+    """A front end's engine client whose core is faked: its messages are kept in ``sent``. It
+    admits requests of ``longest`` tokens (prompt + max_tokens), and of 256 whatever that is."""
     from deepinfer.serve.client import EngineClient
 
     info = {
         "pid": os.getpid(),
         "device": "cpu",
         "model_path": model_dir,
-        "max_model_len": max_model_len,
+        "max_model_len": max(256, longest),
         "max_num_seqs": max_num_seqs,
         "num_blocks": 4096,
         "vocab_size": VOCAB,
@@ -267,7 +267,7 @@ def run_uvicorn(args: argparse.Namespace, model_dir: str) -> dict[str, list[floa
     import uvicorn
     from deepinfer.serve.app import ServeConfig, build_app
 
-    client, sent = make_client(model_dir, args.streams, max(256, args.prompt_len + args.tokens))
+    client, sent = make_client(model_dir, args.streams, args.prompt_len + args.tokens)
     attach, hold = client.attach_stream, client.hold_tokens
     app = build_app(client, ServeConfig(served_model_names=["bench"], max_queue=0))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False,
@@ -351,7 +351,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as d:
         save_tiny_llama(d, VOCAB)
-        client, sent = make_client(d, args.streams, max(256, args.prompt_len + args.tokens))
+        client, sent = make_client(d, args.streams, args.prompt_len + args.tokens)
         app = build_app(client, ServeConfig(served_model_names=["bench"], max_queue=0))
 
         async def all_runs() -> tuple[list[float], list[float], list[float]]:

@@ -1,8 +1,7 @@
 """Fused Triton kernels of the CUDA decode path (importing this module needs Triton)."""
 
-import os as _os
+from deepinfer.runtime.kernels.interpreter_compat import (
+    patch_if_interpreting as _patch_if_interpreting,
+)
 
-if _os.environ.get("TRITON_INTERPRET") == "1":  # the kernels on CPU tensors (the tests)
-    from deepinfer.runtime.kernels.interpreter_compat import patch_interpreter as _patch_interpreter
-
-    _patch_interpreter()
+_patch_if_interpreting()  # Triton's interpreter (the kernels on CPU tensors, the tests) on NumPy 2.4

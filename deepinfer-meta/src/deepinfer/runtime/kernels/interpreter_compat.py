@@ -10,6 +10,7 @@ kernels never see this (a scalar is a register there), so it is applied only und
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 _PATCHED = "_deepinfer_index_squeezed"
@@ -39,3 +40,10 @@ def patch_interpreter() -> bool:
     setattr(patch_lang_tensor, _PATCHED, True)
     interpreter._patch_lang_tensor = patch_lang_tensor
     return True
+
+
+def patch_if_interpreting() -> None:
+    """``patch_interpreter`` when ``TRITON_INTERPRET=1`` (the packages holding Triton kernels call
+    this on import); nothing otherwise."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        patch_interpreter()
