@@ -163,14 +163,18 @@ def test_out_of_memory_in_a_capture_drops_the_largest_graphs_only(shape_dir, mon
         return forward(self, tokens)
 
     monkeypatch.setattr(step_graph_runner.StepGraphs, "_forward", short_of_memory)
-    prompts = _burst(4, 8, (100, 200))
-    eager = _greedy(_llm(shape_dir, enforce_eager=True, max_num_batched_tokens=2048), prompts, 6)
+    large = _burst(4, 8, (100, 200))  # ~1,200 prompt tokens in the first step: past 512, eager
+    small = _burst(5, 3, (100, 150))  # at most 450: the 512-token graph
+    reference = _llm(shape_dir, enforce_eager=True, max_num_batched_tokens=2048)
+    eager = [_greedy(reference, large, 6), _greedy(reference, small, 6)]
     with pytest.warns(RuntimeWarning, match=r"more than 512 tokens not captured: out of device memory .*simulated"):
         llm = _llm(shape_dir, max_num_batched_tokens=2048)
     graphs = llm.runner.step_graphs
     assert graphs is not None and graphs.token_counts[-1] == 512
-    assert _greedy(llm, prompts, 6) == eager
-    assert graphs.num_replays >= 1
+    assert _greedy(llm, large, 6) == eager[0]
+    before = graphs.num_replays
+    assert _greedy(llm, small, 6) == eager[1]
+    assert graphs.num_replays > before
 
 
 @pytest.mark.parametrize("prefetch", ["0", "1"])

@@ -444,13 +444,9 @@ def _word_activations(x_ptr, xw_ptr, nw_ptr, nww_ptr, out_ptr, cw, w_ok, k, rstd
 
 
 @triton.jit
-def _group_update(acc, wd, x0, x1, x2, x3, xg, row, n, g, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr,
-                  G: tl.constexpr, SB: tl.constexpr, PACKED: tl.constexpr, SIGNED: tl.constexpr,
-                  HAS_MIN: tl.constexpr, OFFSET: tl.constexpr, DP4A: tl.constexpr, CODE_BIAS: tl.constexpr,
-                  EMULATE: tl.constexpr):
-    """``acc`` [NG] plus one row's products with words ``wd`` [NG, GW] whose tile rows lie in groups
-    ``g`` [NG]: each tile row's code-activation products summed first, then scaled once (its
-    group's min times the tile row's activation sum ``xg``)."""
+def _group_dot(wd, x0, x1, x2, x3, PACKED: tl.constexpr, SIGNED: tl.constexpr, OFFSET: tl.constexpr,
+               DP4A: tl.constexpr, CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr):
+    """Each tile row's sum of code-activation products of words ``wd`` [NG, GW], not yet scaled."""
     if DP4A:  # x0: the activations as signed-byte words, x1: their scales, x2: their integer sums
         di = _dp4a(wd & 0x0F0F0F0F if PACKED else wd, x0, EMULATE)
         dot = x1 * (tl.sum(di, axis=1).to(tl.float32) - CODE_BIAS * x2)
@@ -460,6 +456,46 @@ def _group_update(acc, wd, x0, x1, x2, x3, xg, row, n, g, ng, nsb, s_ptr, m_ptr,
         t += _word_codes(wd, 2, PACKED, SIGNED, OFFSET) * x2
         t += _word_codes(wd, 3, PACKED, SIGNED, OFFSET) * x3
         dot = tl.sum(t, axis=1)
+    return dot
+
+
+@triton.jit
+def _fp16_bits(v):
+    """Float32 of the float16 whose bits are the low 16 of int32 ``v``."""
+    return (v & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _kpack_update(acc, wd, lo, hi, glo, ghi, row, n, ng, nsb, s_ptr, d_ptr, G: tl.constexpr, SB: tl.constexpr,
+                  OFFSET: tl.constexpr, DP4A: tl.constexpr, CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr):
+    """``_row_update``'s two ``_group_update`` calls for Q4_K from its packed scales
+    (``gguf_layout.kpack``): one int32 holds both halves' 6-bit scales and mins (``s_ptr``
+    [N, ng/2]), one the super-block's fp16 ``d`` and ``dmin`` (``d_ptr`` [N, nsb]): three loads a
+    tile row where the four planes take eight. The same float32 operations, so the same sums."""
+    gok = (glo < ng // 2) & (row + glo * 0 < n)
+    sm = tl.load(s_ptr + row * (ng // 2) + glo, mask=gok, other=0)
+    dd_lo = tl.load(d_ptr + row * nsb + glo * G // SB, mask=gok, other=0)
+    dd_hi = tl.load(d_ptr + row * nsb + ghi * G // SB, mask=gok, other=0)
+    x0, x1, x2, x3, xg = lo
+    dot = _group_dot(wd, x0, x1, x2, x3, True, False, OFFSET, DP4A, CODE_BIAS, EMULATE)
+    acc += (_fp16_bits(dd_lo) * (sm & 0xFF).to(tl.float32)) * dot
+    acc -= (_fp16_bits(dd_lo >> 16) * ((sm >> 8) & 0xFF).to(tl.float32)) * xg
+    x0, x1, x2, x3, xg = hi
+    dot = _group_dot(wd >> 4, x0, x1, x2, x3, True, False, OFFSET, DP4A, CODE_BIAS, EMULATE)
+    acc += (_fp16_bits(dd_hi) * ((sm >> 16) & 0xFF).to(tl.float32)) * dot
+    acc -= (_fp16_bits(dd_hi >> 16) * ((sm >> 24) & 0xFF).to(tl.float32)) * xg
+    return acc
+
+
+@triton.jit
+def _group_update(acc, wd, x0, x1, x2, x3, xg, row, n, g, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr,
+                  G: tl.constexpr, SB: tl.constexpr, PACKED: tl.constexpr, SIGNED: tl.constexpr,
+                  HAS_MIN: tl.constexpr, OFFSET: tl.constexpr, DP4A: tl.constexpr, CODE_BIAS: tl.constexpr,
+                  EMULATE: tl.constexpr):
+    """``acc`` [NG] plus one row's products with words ``wd`` [NG, GW] whose tile rows lie in groups
+    ``g`` [NG]: each tile row's code-activation products summed first, then scaled once (its
+    group's min times the tile row's activation sum ``xg``)."""
+    dot = _group_dot(wd, x0, x1, x2, x3, PACKED, SIGNED, OFFSET, DP4A, CODE_BIAS, EMULATE)
     gok = (g < ng) & (row + g * 0 < n)  # (a tensor mask: Triton's interpreter takes no scalar & tensor)
     s = tl.load(s_ptr + row * ng + g, mask=gok, other=0).to(tl.float32)
     if SB > 0:
@@ -485,14 +521,17 @@ def _row_words(q_ptr, row, n, kw, w0, wi, w_ok):
 def _row_update(acc, row, n, q_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr,
                 G: tl.constexpr, SB: tl.constexpr, PACKED: tl.constexpr, SIGNED: tl.constexpr,
                 HAS_MIN: tl.constexpr, OFFSET: tl.constexpr, DP4A: tl.constexpr,
-                CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr, wd_pre, HAVE: tl.constexpr):
+                CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr, wd_pre, HAVE: tl.constexpr, KPACK: tl.constexpr):
     """One row's chunk of words ``w0 + wi`` (HAVE: already loaded, ``wd_pre``): the low nibbles (or
     bytes) with activations ``lo``, a 4-bit type's high nibbles with ``hi`` (the same columns of
-    the second half)."""
+    the second half). KPACK: Q4_K's packed scales (``_kpack_update``)."""
     if HAVE:
         wd = wd_pre
     else:
         wd = _row_words(q_ptr, row, n, kw, w0, wi, w_ok)
+    if KPACK:
+        return _kpack_update(acc, wd, lo, hi, glo, ghi, row, n, ng, nsb, s_ptr, d_ptr, G, SB, OFFSET, DP4A,
+                             CODE_BIAS, EMULATE)
     x0, x1, x2, x3, xg = lo
     acc = _group_update(acc, wd, x0, x1, x2, x3, xg, row, n, glo, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr, G, SB,
                         PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE)
@@ -513,19 +552,20 @@ def _row_out(acc, row, n, b_ptr, res_ptr, out_ptr, HAS_BIAS: tl.constexpr, RESID
 def _rows_update(a0, a1, a2, a3, r, NR: tl.constexpr, n, q_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr,
                  m_ptr, d_ptr, dm_ptr, G: tl.constexpr, SB: tl.constexpr, PACKED: tl.constexpr, SIGNED: tl.constexpr,
                  HAS_MIN: tl.constexpr, OFFSET: tl.constexpr, DP4A: tl.constexpr,
-                 CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr, p0, p1, p2, p3, HAVE: tl.constexpr):
+                 CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr, p0, p1, p2, p3, HAVE: tl.constexpr,
+                 KPACK: tl.constexpr):
     """``_row_update`` for rows ``r .. r + NR - 1`` (NR 1, 2 or 4), accumulators ``a0..a3``
     (HAVE: their words already loaded, ``p0..p3``)."""
     a0 = _row_update(a0, r, n, q_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr, G, SB,
-                     PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p0, HAVE)
+                     PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p0, HAVE, KPACK)
     if NR > 1:
         a1 = _row_update(a1, r + 1, n, q_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr,
-                         G, SB, PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p1, HAVE)
+                         G, SB, PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p1, HAVE, KPACK)
     if NR > 2:
         a2 = _row_update(a2, r + 2, n, q_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr,
-                         G, SB, PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p2, HAVE)
+                         G, SB, PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p2, HAVE, KPACK)
         a3 = _row_update(a3, r + 3, n, q_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr,
-                         G, SB, PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p3, HAVE)
+                         G, SB, PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p3, HAVE, KPACK)
     return a0, a1, a2, a3
 
 
@@ -559,7 +599,7 @@ def _words_chunk(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0, p0, p1, p2,
                  kw, kt, ng, nsb, rstd, ROWS: tl.constexpr, PACKED: tl.constexpr, SIGNED: tl.constexpr,
                  G: tl.constexpr, SB: tl.constexpr, HAS_MIN: tl.constexpr, OFFSET: tl.constexpr,
                  SILU_MUL: tl.constexpr, NORM: tl.constexpr, X_WORDS: tl.constexpr, DP4A: tl.constexpr,
-                 CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr, HAVE: tl.constexpr):
+                 CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr, HAVE: tl.constexpr, KPACK: tl.constexpr):
     """The word GEMV's chunk of words ``w0 + wi`` of its ROWS rows (HAVE: the words ``p0..p7``
     were loaded before the PDL wait): the chunk's activations once, then every row's update."""
     GW: tl.constexpr = 4
@@ -584,12 +624,13 @@ def _words_chunk(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0, p0, p1, p2,
         ghi = (k // 2) // G + glo
     acc0, acc1, acc2, acc3 = _rows_update(acc0, acc1, acc2, acc3, r0, min(ROWS, 4), n, q_ptr, kw, w0, wi, w_ok,
                                           lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr, G, SB, PACKED,
-                                          SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p0, p1, p2, p3, HAVE)
+                                          SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p0, p1, p2, p3, HAVE,
+                                          KPACK)
     if ROWS > 4:
         acc4, acc5, acc6, acc7 = _rows_update(acc4, acc5, acc6, acc7, r0 + 4, 4, n, q_ptr, kw, w0, wi, w_ok, lo,
                                               hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr, G, SB, PACKED,
                                               SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p4, p5, p6, p7,
-                                              HAVE)
+                                              HAVE, KPACK)
     return acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7
 
 
@@ -601,7 +642,7 @@ def _gguf_gemv_words_kernel(x_ptr, xw_ptr, xq_ptr, st_ptr, q_ptr, s_ptr, m_ptr, 
                             SILU_MUL: tl.constexpr, NORM: tl.constexpr, NORM_BLOCK: tl.constexpr,
                             HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr, X_WORDS: tl.constexpr,
                             DP4A: tl.constexpr, CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr, PDL: tl.constexpr,
-                            PRELOAD: tl.constexpr = False):
+                            PRELOAD: tl.constexpr = False, KPACK: tl.constexpr = False):
     """The one-row GEMV reading the code plane as int32 words (``q_ptr``, ``kw`` words a row):
     ROWS (1, 2, 4 or 8) output rows a program, chunks of BLOCK_W words a row as [NG, 4] tiles. A tile
     row is one 16-byte load and lies in one scale group (16 or 32 columns; a 32-column group is two
@@ -634,14 +675,14 @@ def _gguf_gemv_words_kernel(x_ptr, xw_ptr, xq_ptr, st_ptr, q_ptr, s_ptr, m_ptr, 
             acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, 0, p0, p1, p2, p3, p4, p5, p6, p7, r0, gi, wi, x_ptr,
             xw_ptr, xq_ptr, st_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, nw_ptr, nww_ptr, out_ptr, n, k, kw, kt, ng,
             nsb, rstd, ROWS, PACKED, SIGNED, G, SB, HAS_MIN, OFFSET, SILU_MUL, NORM, X_WORDS, DP4A, CODE_BIAS,
-            EMULATE, True)
+            EMULATE, True, KPACK)
         first = BLOCK_W
     for w0 in range(first, kw, BLOCK_W):
         acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _words_chunk(
             acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0, p0, p1, p2, p3, p4, p5, p6, p7, r0, gi, wi, x_ptr,
             xw_ptr, xq_ptr, st_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, nw_ptr, nww_ptr, out_ptr, n, k, kw, kt, ng,
             nsb, rstd, ROWS, PACKED, SIGNED, G, SB, HAS_MIN, OFFSET, SILU_MUL, NORM, X_WORDS, DP4A, CODE_BIAS,
-            EMULATE, False)
+            EMULATE, False, KPACK)
     _rows_out(acc0, acc1, acc2, acc3, r0, min(ROWS, 4), n, b_ptr, res_ptr, out_ptr, HAS_BIAS, RESIDUAL)
     if ROWS > 4:
         _rows_out(acc4, acc5, acc6, acc7, r0 + 4, 4, n, b_ptr, res_ptr, out_ptr, HAS_BIAS, RESIDUAL)
@@ -901,6 +942,13 @@ def dp4a_gemv() -> bool:
     return switches.enabled("DEEPINFER_GGUF_DP4A")
 
 
+def kpack_gemv() -> bool:
+    """The word GEMV reads Q4_K's packed scales (``gguf_layout.kpack``: three loads a tile row where
+    the scale, min, ``d`` and ``dmin`` planes take eight; the same float32 operations) (default), or
+    the four planes (``DEEPINFER_GGUF_KPACK=0``)."""
+    return switches.enabled("DEEPINFER_GGUF_KPACK")
+
+
 def one_row_path() -> str:
     """The one-row GEMV the switches select, in words (``deepinfer env``, ``GGUFLinearCUDA.kernel_path``)."""
     if not word_codes():
@@ -964,8 +1012,10 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
                        and (norm is None or norm[0].storage_offset() % 4 == 0))
             xw = x[0].view(torch.int64) if x_words else x
             xq_words, st, fused_norm = codes, out, norm is not None
+        kpack = w.kpack_sm is not None and kpack_gemv()
+        scales = (w.kpack_sm, w.kpack_sm, w.kpack_dd, w.kpack_dd) if kpack else _planes_args(w)[1:]
         _gguf_gemv_words_kernel[(triton.cdiv(n, rows),)](
-            x, xw, xq_words, st, codes, *_planes_args(w)[1:], bias if bias is not None else out, nw,
+            x, xw, xq_words, st, codes, *scales, bias if bias is not None else out, nw,
             nw.view(torch.int64) if x_words and norm is not None else nw, residual if residual is not None else out,
             out, n, k, codes.shape[1], eps, ROWS=rows, BLOCK_W=max(block_k // 4, 4),
             PACKED=packed, SIGNED=signed, G=g, SB=sb, HAS_MIN=has_min,
@@ -974,7 +1024,7 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
             RESIDUAL=residual is not None, X_WORDS=x_words, DP4A=dp4a, CODE_BIAS=float(code_bias),
             EMULATE=_INTERPRET, num_warps=warps, num_stages=stages,
             PRELOAD=prefetch_fits(rows * max(block_k // 4, 4) * 4, warps) if preload is None else preload,
-            **pdl_launch(x.device))
+            KPACK=kpack, **pdl_launch(x.device))
         return out
     if _INTERPRET:  # Triton's interpreter runs programs one by one: fewer, wider ones (same products)
         block_n = max(block_n, 64)

@@ -54,6 +54,9 @@ class GGUFPlanes:
     minimum: torch.Tensor | None = None
     d: torch.Tensor | None = None
     dmin: torch.Tensor | None = None
+    # Q4_K's scales packed for the one-row GEMV (``kpack``): int32 [N, ng/2] and int32 [N, K/256]
+    kpack_sm: torch.Tensor | None = None
+    kpack_dd: torch.Tensor | None = None
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {f.name: getattr(self, f.name) for f in fields(self)
@@ -161,10 +164,27 @@ def regroup(raw: torch.Tensor, kind: str) -> GGUFPlanes:
     sc, mn = sc.reshape(rows, -1).contiguous(), mn.reshape(rows, -1).contiguous()
     if kind == "Q4_K":
         q = _nibbles(b[..., 16:], 32).reshape(rows, k)
-        return GGUFPlanes(kind, rows, k, _pack_halves(q), sc, mn, d, dmin)
+        return kpack(GGUFPlanes(kind, rows, k, _pack_halves(q), sc, mn, d, dmin))
     # Q5_K: 32 bytes of fifth bits (bit i of byte l: weight 32 i + l), then 128 bytes of nibbles
     qh = b[..., 16:48].reshape(rows, nb, 1, 32) >> shifts(*range(8))
     ql = b[..., 48:176].reshape(rows, nb, 4, 1, 32) >> shifts(0, 4)
     q = ((ql & 0x0F).reshape(rows, nb, 8, 32) | ((qh & 1) << 4)).reshape(rows, k)
     return GGUFPlanes(kind, rows, k, q.contiguous(), sc, mn, d, dmin)
 
+
+
+def kpack(w: GGUFPlanes) -> GGUFPlanes:
+    """Q4_K planes plus their scales packed as the one-row GEMV reads them (``DEEPINFER_GGUF_KPACK``):
+    a tile row of codes holds columns ``c`` (low nibbles) and ``c + K/2`` (high), whose groups
+    ``g`` and ``g + ng/2`` then need a scale, a min, ``d`` and ``dmin`` each: eight loads. Packed,
+    ``kpack_sm[r, g]`` holds bytes (scale g, min g, scale g + ng/2, min g + ng/2) and ``kpack_dd[r, b]``
+    the float16 bits of ``d`` (low half) and ``dmin`` (high half): three loads. Other types, and
+    planes already packed, are returned as they are."""
+    if w.kind != "Q4_K" or w.kpack_sm is not None:
+        return w
+    assert w.minimum is not None and w.d is not None and w.dmin is not None
+    half = w.scale.shape[1] // 2
+    sm = torch.stack((w.scale[:, :half], w.minimum[:, :half], w.scale[:, half:], w.minimum[:, half:]), dim=2)
+    dd = torch.stack((w.d, w.dmin), dim=2)
+    return replace(w, kpack_sm=sm.contiguous().view(torch.int32).reshape(w.n, half),
+                   kpack_dd=dd.contiguous().view(torch.int32).reshape(w.n, -1))
