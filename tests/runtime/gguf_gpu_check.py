@@ -37,7 +37,6 @@ from deepinfer.runtime.kernels.gguf_gemv import (
     gguf_gemv,
     one_row_path,
     quantize_activations,
-    word_codes,
 )
 from deepinfer.runtime.kernels.gguf_layout import BLOCK_BYTES, GPU_TYPES, KINDS, GGUFPlanes, regroup
 from deepinfer.runtime.kernels.gguf_mmq import gguf_mmq, quantize_rows
@@ -100,15 +99,16 @@ def bf16_decode_weight(planes: GGUFPlanes) -> torch.Tensor:
     exactly here: a code of at most 7 bits times an 8-bit mantissa plus another)."""
     packed, g, sb, has_min, bias = KINDS[planes.kind]
     codes = planes.codes.cpu()
+    scale, minimum, d, dmin = (t.cpu() if t is not None else None for t in planes.four_planes())
     q = (torch.cat([codes & 0x0F, codes >> 4], dim=1) if packed else codes).float() - bias
-    s = planes.scale.cpu().float()
+    s = scale.float()
     if sb:
-        s = planes.d.cpu().float().repeat_interleave(sb // g, dim=1) * s
+        s = d.float().repeat_interleave(sb // g, dim=1) * s
     w = q * s.to(torch.bfloat16).float().repeat_interleave(g, dim=1)
     if has_min:
-        mn = planes.minimum.cpu().float()
+        mn = minimum.float()
         if sb:
-            mn = -(planes.dmin.cpu().float().repeat_interleave(sb // g, dim=1) * mn)
+            mn = -(dmin.float().repeat_interleave(sb // g, dim=1) * mn)
         w = w + mn.to(torch.bfloat16).float().repeat_interleave(g, dim=1)
     return w.to(torch.bfloat16)
 
@@ -195,8 +195,6 @@ def check_kind(kind: str, device: str, quick: bool) -> bool:
     print(f"{'ok  ' if same else 'FAIL'} {kind} gemv bf16 silu_mul / rmsnorm + residual, first chunk preloaded or "
           f"not: the same bits")
     ok &= same
-    if planes.kpack_sm is not None and word_codes():
-        ok &= check_kpack(kind, planes, planes2, xb, gu, nw, res, device)
     if DP4A:
         ok &= check_quantized_input(kind, device, 256, g)
     # several rows: GEMM (bfloat16), 2..64 rows
@@ -308,27 +306,6 @@ def check_kind(kind: str, device: str, quick: bool) -> bool:
                  act8_error(xm, w2, 32))
     ok &= bool((wide[:, :8] == 0).all())
     return ok
-
-
-def check_kpack(kind: str, planes: GGUFPlanes, planes2: GGUFPlanes, xb: torch.Tensor, gu: torch.Tensor,
-                nw: torch.Tensor, res: torch.Tensor, device: str) -> bool:
-    """The word GEMV on Q4_K's packed scales (the default) gives the bits it gives on the four planes
-    (DEEPINFER_GGUF_KPACK=0): the same loads' values in the same float32 operations. Several
-    chunks a row and row tiles, the fused RMSNorm + residual and SiLU·mul inputs."""
-    x2 = torch.randn(1, planes2.k, generator=torch.Generator().manual_seed(11)).to(xb.dtype).to(device)
-    calls = [lambda c=config: gguf_gemv(x2, planes2, config=c) for config in ((1, 64, 4, 3), (8, 128, 2, 2))]
-    calls.append(lambda: gguf_gemv(xb.to(device), planes, norm=(nw.to(device), 1e-5), residual=res.to(device)))
-    calls.append(lambda: gguf_gemv(gu.to(device), planes, silu_mul=True))
-    same = True
-    for call in calls:
-        packed = call()
-        os.environ["DEEPINFER_GGUF_KPACK"] = "0"
-        try:
-            same &= torch.equal(packed, call())
-        finally:
-            os.environ.pop("DEEPINFER_GGUF_KPACK")
-    print(f"{'ok  ' if same else 'FAIL'} {kind} gemv on the packed scales: the bits of the four planes")
-    return same
 
 
 def refuses(call: Callable[[], object], words: str) -> bool:

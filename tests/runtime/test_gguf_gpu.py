@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from deepinfer.runtime.kernels.gguf_layout import GPU_TYPES, GGUFPlanes, regroup
+from deepinfer.runtime.kernels.gguf_layout import GPU_TYPES, PACKED_SCALE_KINDS, GGUFPlanes, regroup
 
 gguf = pytest.importorskip("gguf", reason="gguf is not installed")
 HERE = Path(__file__).parent
@@ -54,6 +54,26 @@ def test_planes_decode_bitwise_to_gguf(kind):
     index = torch.randperm(12, generator=torch.Generator().manual_seed(0))
     assert torch.equal(planes.permute_rows(index).dequantize(), planes.dequantize()[index])
     assert torch.equal(planes.rows(4, 9).dequantize(), planes.dequantize()[4:9])
+
+
+# bits a weight of the planes: codes (4 packed, else 8) + per 32 (Q6_K: 16) the scale (and min), + per
+# 256 the K-quants' d (and dmin); Q4_K/Q5_K pack scale+min and d+dmin in the same bytes
+PLANE_BITS = {"Q4_0": 4 + 16 / 32, "Q4_1": 4 + 32 / 32, "Q8_0": 8 + 16 / 32, "Q4_K": 4 + 16 / 32 + 32 / 256,
+              "Q5_K": 8 + 16 / 32 + 32 / 256, "Q6_K": 8 + 8 / 16 + 16 / 256}
+
+
+@pytest.mark.parametrize("kind", GPU_TYPES)
+def test_planes_take_the_bytes_of_their_fields_once(kind):
+    """No plane is stored twice: Q4_K's packed scales replace its four planes (4.625 bits a weight)."""
+    from gguf_gpu_check import random_blocks
+
+    planes = regroup(torch.from_numpy(random_blocks(kind, 12, 512, seed=3)), kind)
+    assert planes.nbytes() * 8 == PLANE_BITS[kind] * 12 * 512
+    if kind in PACKED_SCALE_KINDS:  # the packed words unpack to the block's own scales and mins
+        scale, minimum, d, dmin = planes.four_planes()
+        assert planes.minimum is None and planes.dmin is None and minimum is not None and dmin is not None
+        assert scale.dtype == minimum.dtype == torch.uint8 and int(max(scale.max(), minimum.max())) < 64
+        assert d.dtype == dmin.dtype == torch.float16 and d.shape == dmin.shape == (12, 2)
 
 
 @pytest.mark.parametrize("kind", GPU_TYPES)
@@ -85,8 +105,7 @@ def test_kernels_match_gguf_dequantization_in_float64(words, tiled, dp4a):
     # decoded whole and a layer of two types through it); with 8-bit activations also a residual
     # GEMV from activations stored by the kernel before it (three tilings) and 3 refusals
     stored = 6 * (3 + 3) if (words, dp4a) == ("1", "1") else 0
-    kpack = 1 if words == "1" else 0  # Q4_K: the packed scales give the four planes' bits
-    assert out.count("ok  ") == 234 + stored + kpack, out[-3000:]
+    assert out.count("ok  ") == 234 + stored, out[-3000:]
 
 
 def test_mixed_type_model_matches_its_dequantized_self():

@@ -71,9 +71,6 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
     Switch("DEEPINFER_GGUF_DP4A", "1", "kernels/gguf_gemv.py",
            "the GGUF word GEMV takes 8-bit activations (one scale per 16 columns) and multiplies with dp4a "
            "(0: float32 activations)"),
-    Switch("DEEPINFER_GGUF_KPACK", "1", "kernels/gguf_gemv.py",
-           "the GGUF word GEMV reads Q4_K's scales, mins, d and dmin packed in two int32 planes (three loads a "
-           "tile row instead of eight; the same sums) (0: the four planes)"),
     Switch("DEEPINFER_GGUF_O_QUANT_IN_ATTENTION", "0", "models/llama_fused_decode.py",
            "experimental (Llama-3-8B Q4_0 batch 1: 414 against 422 tok/s on the H100; graph replays 0.99x there and on "
            "the H200): 1 makes the one-row "

@@ -127,20 +127,41 @@ def _code_float(q, BIAS: tl.constexpr):
 
 
 @triton.jit
-def _group_scales(rows, row_ok, c0, s_ptr, d_ptr, ng, nsb, BK: tl.constexpr, G: tl.constexpr, SB: tl.constexpr):
-    """Float32 scales [R, BK/G] of the column groups from ``c0`` (a multiple of G) at ``rows``: the
-    group's, times its super-block's ``d`` for the K-quants; with the mask and the group and
-    super-block indexes (``gok``, ``g2``, ``sb2``) the minimums are loaded by."""
+def _fp16_bits(v):
+    """Float32 of the float16 whose bits are the low 16 of int32 ``v``."""
+    return (v & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _scales(row, g, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, G: tl.constexpr, SB: tl.constexpr,
+            HAS_MIN: tl.constexpr):
+    """Float32 (scale, min term) of groups ``g`` at rows ``row`` (broadcast together; ``ok`` their
+    mask): the scale ``d`` (Q4_0, Q4_1, Q8_0) or ``d * sc`` (K-quants); the min term ``m`` (Q4_1),
+    ``dmin * mn`` (Q4_K, Q5_K: subtracted) or the scale again (types without one). Q4_K and Q5_K
+    read their packed planes (gguf_layout.PACKED_SCALE_KINDS: SB > 0 with a min): one word for
+    scale and min, one for ``d`` and ``dmin``."""
+    if SB > 0 and HAS_MIN:
+        half = ng // 2
+        sm = tl.load(s_ptr + row * half + g % half, mask=ok, other=0) >> ((g // half) * 16)
+        dd = tl.load(d_ptr + row * nsb + g * G // SB, mask=ok, other=0)
+        s = _fp16_bits(dd) * (sm & 0xFF).to(tl.float32)
+        return s, _fp16_bits(dd >> 16) * ((sm >> 8) & 0xFF).to(tl.float32)
+    s = tl.load(s_ptr + row * ng + g, mask=ok, other=0).to(tl.float32)
+    if SB > 0:
+        s = tl.load(d_ptr + row * nsb + g * G // SB, mask=ok, other=0.0).to(tl.float32) * s
+    mn = s
+    if HAS_MIN:
+        mn = tl.load(m_ptr + row * ng + g, mask=ok, other=0).to(tl.float32)
+    return s, mn
+
+
+@triton.jit
+def _group_scales(rows, row_ok, c0, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, BK: tl.constexpr, G: tl.constexpr,
+                  SB: tl.constexpr, HAS_MIN: tl.constexpr):
+    """``_scales`` [R, BK/G] of the column groups from ``c0`` (a multiple of G) at ``rows``."""
     gi = c0 // G + tl.arange(0, BK // G)
     gok = row_ok[:, None] & (gi < ng)[None, :]
-    g2 = rows[:, None] * ng + gi[None, :]
-    s = tl.load(s_ptr + g2, mask=gok, other=0).to(tl.float32)
-    if SB > 0:
-        sb2 = rows[:, None] * nsb + (gi * G // SB)[None, :]
-        s = tl.load(d_ptr + sb2, mask=gok, other=0.0).to(tl.float32) * s
-    else:
-        sb2 = g2
-    return s, gok, g2, sb2
+    return _scales(rows[:, None], gi[None, :], gok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, G, SB, HAS_MIN)
 
 
 @triton.jit
@@ -150,25 +171,19 @@ def _decode(q, rows, row_ok, c0, c, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, R:
     (gguf's operations and order). TILED: the scales are loaded once per group ([R, BK/G]) and
     broadcast over its G columns (``c0`` a multiple of G); else gathered per column."""
     if TILED:
-        s, gok, g2, sb2 = _group_scales(rows, row_ok, c0, s_ptr, d_ptr, ng, nsb, BK, G, SB)
+        s, mn = _group_scales(rows, row_ok, c0, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, BK, G, SB, HAS_MIN)
         w = s[:, :, None] * tl.reshape(_code_float(q, BIAS), (R, BK // G, G))
         if HAS_MIN:
-            mn = tl.load(m_ptr + g2, mask=gok, other=0).to(tl.float32)
             if SB > 0:
-                w = w - (tl.load(dm_ptr + sb2, mask=gok, other=0.0).to(tl.float32) * mn)[:, :, None]
+                w = w - mn[:, :, None]
             else:
                 w = w + mn[:, :, None]
         return tl.reshape(w, (R, BK))
-    g = rows[:, None] * ng + (c // G)[None, :]
-    s = tl.load(s_ptr + g, mask=ok, other=0).to(tl.float32)
-    if SB > 0:
-        sb = rows[:, None] * nsb + (c // SB)[None, :]
-        s = tl.load(d_ptr + sb, mask=ok, other=0.0).to(tl.float32) * s
+    s, mn = _scales(rows[:, None], (c // G)[None, :], ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, G, SB, HAS_MIN)
     w = s * _code_float(q, BIAS)
     if HAS_MIN:
-        mn = tl.load(m_ptr + g, mask=ok, other=0).to(tl.float32)
         if SB > 0:
-            w = w - tl.load(dm_ptr + sb, mask=ok, other=0.0).to(tl.float32) * mn
+            w = w - mn
         else:
             w = w + mn
     return w
@@ -254,12 +269,11 @@ def _scale_bf16(q, rows, row_ok, c0, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, R: tl
     """Bfloat16 weights of exact bfloat16 codes ``q`` [R, BK] (``c0`` a multiple of G): each group's
     scale (and minimum) computed in float32 as ``_decode`` does, rounded to bfloat16 once, then
     ``q * scale (+ minimum)`` in one bfloat16 FMA (hardware bf16x2)."""
-    s, gok, g2, sb2 = _group_scales(rows, row_ok, c0, s_ptr, d_ptr, ng, nsb, BK, G, SB)
+    s, mn = _group_scales(rows, row_ok, c0, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, BK, G, SB, HAS_MIN)
     q3 = tl.reshape(q, (R, BK // G, G))
     if HAS_MIN:
-        mn = tl.load(m_ptr + g2, mask=gok, other=0).to(tl.float32)
         if SB > 0:
-            mn = -(tl.load(dm_ptr + sb2, mask=gok, other=0.0).to(tl.float32) * mn)
+            mn = -mn
         w = q3 * s.to(tl.bfloat16)[:, :, None] + mn.to(tl.bfloat16)[:, :, None]
     else:
         w = q3 * s.to(tl.bfloat16)[:, :, None]
@@ -460,18 +474,12 @@ def _group_dot(wd, x0, x1, x2, x3, PACKED: tl.constexpr, SIGNED: tl.constexpr, O
 
 
 @triton.jit
-def _fp16_bits(v):
-    """Float32 of the float16 whose bits are the low 16 of int32 ``v``."""
-    return (v & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-
-
-@triton.jit
 def _kpack_update(acc, wd, lo, hi, glo, ghi, row, n, ng, nsb, s_ptr, d_ptr, G: tl.constexpr, SB: tl.constexpr,
                   OFFSET: tl.constexpr, DP4A: tl.constexpr, CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr):
-    """``_row_update``'s two ``_group_update`` calls for Q4_K from its packed scales
-    (``gguf_layout.kpack``): one int32 holds both halves' 6-bit scales and mins (``s_ptr``
-    [N, ng/2]), one the super-block's fp16 ``d`` and ``dmin`` (``d_ptr`` [N, nsb]): three loads a
-    tile row where the four planes take eight. The same float32 operations, so the same sums."""
+    """``_row_update``'s two ``_group_update`` calls for Q4_K: its packed scales (gguf_layout) give a
+    tile row's low and high nibbles their scales and mins in one word (``s_ptr`` [N, ng/2]) and
+    each half its ``d`` and ``dmin`` in one more (``d_ptr`` [N, nsb]): three loads where four
+    planes took eight. The float32 operations of ``_group_update``."""
     gok = (glo < ng // 2) & (row + glo * 0 < n)
     sm = tl.load(s_ptr + row * (ng // 2) + glo, mask=gok, other=0)
     dd_lo = tl.load(d_ptr + row * nsb + glo * G // SB, mask=gok, other=0)
@@ -497,15 +505,11 @@ def _group_update(acc, wd, x0, x1, x2, x3, xg, row, n, g, ng, nsb, s_ptr, m_ptr,
     group's min times the tile row's activation sum ``xg``)."""
     dot = _group_dot(wd, x0, x1, x2, x3, PACKED, SIGNED, OFFSET, DP4A, CODE_BIAS, EMULATE)
     gok = (g < ng) & (row + g * 0 < n)  # (a tensor mask: Triton's interpreter takes no scalar & tensor)
-    s = tl.load(s_ptr + row * ng + g, mask=gok, other=0).to(tl.float32)
-    if SB > 0:
-        sb = row * nsb + g * G // SB
-        s = tl.load(d_ptr + sb, mask=gok, other=0.0).to(tl.float32) * s
+    s, mn = _scales(row, g, gok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, G, SB, HAS_MIN)
     acc += s * dot
     if HAS_MIN:
-        mn = tl.load(m_ptr + row * ng + g, mask=gok, other=0).to(tl.float32)
         if SB > 0:
-            acc -= (tl.load(dm_ptr + sb, mask=gok, other=0.0).to(tl.float32) * mn) * xg
+            acc -= mn * xg
         else:
             acc += mn * xg
     return acc
@@ -942,13 +946,6 @@ def dp4a_gemv() -> bool:
     return switches.enabled("DEEPINFER_GGUF_DP4A")
 
 
-def kpack_gemv() -> bool:
-    """The word GEMV reads Q4_K's packed scales (``gguf_layout.kpack``: three loads a tile row where
-    the scale, min, ``d`` and ``dmin`` planes take eight; the same float32 operations) (default), or
-    the four planes (``DEEPINFER_GGUF_KPACK=0``)."""
-    return switches.enabled("DEEPINFER_GGUF_KPACK")
-
-
 def one_row_path() -> str:
     """The one-row GEMV the switches select, in words (``deepinfer env``, ``GGUFLinearCUDA.kernel_path``)."""
     if not word_codes():
@@ -1012,10 +1009,8 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
                        and (norm is None or norm[0].storage_offset() % 4 == 0))
             xw = x[0].view(torch.int64) if x_words else x
             xq_words, st, fused_norm = codes, out, norm is not None
-        kpack = w.kpack_sm is not None and kpack_gemv()
-        scales = (w.kpack_sm, w.kpack_sm, w.kpack_dd, w.kpack_dd) if kpack else _planes_args(w)[1:]
         _gguf_gemv_words_kernel[(triton.cdiv(n, rows),)](
-            x, xw, xq_words, st, codes, *scales, bias if bias is not None else out, nw,
+            x, xw, xq_words, st, codes, *_planes_args(w)[1:], bias if bias is not None else out, nw,
             nw.view(torch.int64) if x_words and norm is not None else nw, residual if residual is not None else out,
             out, n, k, codes.shape[1], eps, ROWS=rows, BLOCK_W=max(block_k // 4, 4),
             PACKED=packed, SIGNED=signed, G=g, SB=sb, HAS_MIN=has_min,
@@ -1024,7 +1019,7 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
             RESIDUAL=residual is not None, X_WORDS=x_words, DP4A=dp4a, CODE_BIAS=float(code_bias),
             EMULATE=_INTERPRET, num_warps=warps, num_stages=stages,
             PRELOAD=prefetch_fits(rows * max(block_k // 4, 4) * 4, warps) if preload is None else preload,
-            KPACK=kpack, **pdl_launch(x.device))
+            KPACK=packed and sb > 0, **pdl_launch(x.device))
         return out
     if _INTERPRET:  # Triton's interpreter runs programs one by one: fewer, wider ones (same products)
         block_n = max(block_n, 64)

@@ -10,9 +10,15 @@ them, one 2-D tensor per field, each row-major over the output rows:
   one byte per weight, ``[N, K]`` (Q8_0: int8; Q5_K 0..31 and Q6_K 0..63: uint8 — wider than their
   5/6 bits, a bandwidth cost on the layers a Q4_K_M file stores that way).
 * ``scale`` ``[N, K/G]`` per group of G weights (32; 16 for Q6_K): fp16 ``d`` for Q4_0/Q4_1/Q8_0,
-  the 6-bit (uint8) or int8 sub-block scales for the K-quants.
-* ``minimum`` ``[N, K/G]`` or None: fp16 ``m`` (Q4_1) or the 6-bit sub-block mins (Q4_K, Q5_K).
-* ``d``/``dmin`` ``[N, K/256]`` fp16: the K-quants' super-block scales (None for the others).
+  the int8 sub-block scales for Q6_K.
+* ``minimum`` ``[N, K/G]`` or None: fp16 ``m`` (Q4_1).
+* ``d`` ``[N, K/256]`` fp16: Q6_K's super-block scales (None for the others).
+* Q4_K and Q5_K (``PACKED_SCALE_KINDS``: 6-bit scales and mins per 32, fp16 ``d`` and ``dmin``
+  per 256) pack theirs: ``scale`` is int32 ``[N, K/64]``, word ``j`` the bytes (scale j, min j,
+  scale j + K/64, min j + K/64), the two groups a 4-bit tile row's low and high nibbles need
+  (columns c and c + K/2); ``d`` is int32 ``[N, K/256]``, the float16 bits of ``d`` (low half) and
+  ``dmin`` (high half); ``minimum`` and ``dmin`` are None. Three loads give a Q4_K tile row's
+  eight values (``gguf_gemv._kpack_update``), in the bytes of the four planes they replace.
 
 The kernels compute each weight with gguf.quants' float32 operations in its order:
 ``d*(q-8)`` (Q4_0), ``d*q + m`` (Q4_1), ``d*q`` (Q8_0), ``(d*sc)*q - dmin*mn`` (Q4_K, Q5_K),
@@ -39,6 +45,7 @@ KINDS: dict[str, tuple[bool, int, int, bool, int]] = {
     "Q6_K": (False, 16, 256, False, 32),
 }
 GPU_TYPES = tuple(KINDS)
+PACKED_SCALE_KINDS = ("Q4_K", "Q5_K")
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
 
 
@@ -54,9 +61,6 @@ class GGUFPlanes:
     minimum: torch.Tensor | None = None
     d: torch.Tensor | None = None
     dmin: torch.Tensor | None = None
-    # Q4_K's scales packed for the one-row GEMV (``kpack``): int32 [N, ng/2] and int32 [N, K/256]
-    kpack_sm: torch.Tensor | None = None
-    kpack_dd: torch.Tensor | None = None
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {f.name: getattr(self, f.name) for f in fields(self)
@@ -84,24 +88,36 @@ class GGUFPlanes:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors().values())
 
+    def four_planes(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+        """(scale, minimum, d, dmin) one value a group or super-block each: the packed K-quant
+        scales (``PACKED_SCALE_KINDS``) unpacked to uint8 / float16, the other types' as stored."""
+        if self.kind not in PACKED_SCALE_KINDS:
+            return self.scale, self.minimum, self.d, self.dmin
+        assert self.d is not None
+        sm = self.scale.view(torch.uint8).reshape(self.n, -1, 4)
+        dd = self.d.view(torch.float16).reshape(self.n, -1, 2)
+        return (torch.cat((sm[..., 0], sm[..., 2]), dim=1), torch.cat((sm[..., 1], sm[..., 3]), dim=1),
+                dd[..., 0].contiguous(), dd[..., 1].contiguous())
+
     def dequantize(self) -> torch.Tensor:
         """Dense float32 [N, K] with the kernels' operations (torch, any device)."""
         packed, g, sb, has_min, bias = KINDS[self.kind]
+        scale, minimum, d, dmin = self.four_planes()
         q = self.codes
         if packed:
             q = torch.cat((q & 0x0F, q >> 4), dim=1)
         q = q.float() - bias
-        s = self.scale.float().repeat_interleave(g, 1)
+        s = scale.float().repeat_interleave(g, 1)
         if sb:
-            assert self.d is not None
-            s = self.d.float().repeat_interleave(sb, 1) * s
+            assert d is not None
+            s = d.float().repeat_interleave(sb, 1) * s
         w = s * q
         if has_min:
-            assert self.minimum is not None
-            mn = self.minimum.float().repeat_interleave(g, 1)
+            assert minimum is not None
+            mn = minimum.float().repeat_interleave(g, 1)
             if sb:
-                assert self.dmin is not None
-                w = w - self.dmin.float().repeat_interleave(sb, 1) * mn
+                assert dmin is not None
+                w = w - dmin.float().repeat_interleave(sb, 1) * mn
             else:
                 w = w + mn
         return w
@@ -164,27 +180,20 @@ def regroup(raw: torch.Tensor, kind: str) -> GGUFPlanes:
     sc, mn = sc.reshape(rows, -1).contiguous(), mn.reshape(rows, -1).contiguous()
     if kind == "Q4_K":
         q = _nibbles(b[..., 16:], 32).reshape(rows, k)
-        return kpack(GGUFPlanes(kind, rows, k, _pack_halves(q), sc, mn, d, dmin))
+        return GGUFPlanes(kind, rows, k, _pack_halves(q), *_pack_scales(sc, mn, d, dmin))
     # Q5_K: 32 bytes of fifth bits (bit i of byte l: weight 32 i + l), then 128 bytes of nibbles
     qh = b[..., 16:48].reshape(rows, nb, 1, 32) >> shifts(*range(8))
     ql = b[..., 48:176].reshape(rows, nb, 4, 1, 32) >> shifts(0, 4)
     q = ((ql & 0x0F).reshape(rows, nb, 8, 32) | ((qh & 1) << 4)).reshape(rows, k)
-    return GGUFPlanes(kind, rows, k, q.contiguous(), sc, mn, d, dmin)
+    return GGUFPlanes(kind, rows, k, q.contiguous(), *_pack_scales(sc, mn, d, dmin))
 
 
-
-def kpack(w: GGUFPlanes) -> GGUFPlanes:
-    """Q4_K planes plus their scales packed as the one-row GEMV reads them (``DEEPINFER_GGUF_KPACK``):
-    a tile row of codes holds columns ``c`` (low nibbles) and ``c + K/2`` (high), whose groups
-    ``g`` and ``g + ng/2`` then need a scale, a min, ``d`` and ``dmin`` each: eight loads. Packed,
-    ``kpack_sm[r, g]`` holds bytes (scale g, min g, scale g + ng/2, min g + ng/2) and ``kpack_dd[r, b]``
-    the float16 bits of ``d`` (low half) and ``dmin`` (high half): three loads. Other types, and
-    planes already packed, are returned as they are."""
-    if w.kind != "Q4_K" or w.kpack_sm is not None:
-        return w
-    assert w.minimum is not None and w.d is not None and w.dmin is not None
-    half = w.scale.shape[1] // 2
-    sm = torch.stack((w.scale[:, :half], w.minimum[:, :half], w.scale[:, half:], w.minimum[:, half:]), dim=2)
-    dd = torch.stack((w.d, w.dmin), dim=2)
-    return replace(w, kpack_sm=sm.contiguous().view(torch.int32).reshape(w.n, half),
-                   kpack_dd=dd.contiguous().view(torch.int32).reshape(w.n, -1))
+def _pack_scales(sc: torch.Tensor, mn: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor
+                 ) -> tuple[torch.Tensor, None, torch.Tensor, None]:
+    """A K-quant's scale, minimum, d and dmin planes packed (the module docstring): (scale,
+    minimum, d, dmin) fields of its ``GGUFPlanes``."""
+    rows, half = sc.shape[0], sc.shape[1] // 2
+    sm = torch.stack((sc[:, :half], mn[:, :half], sc[:, half:], mn[:, half:]), dim=2)
+    dd = torch.stack((d, dmin), dim=2)
+    return (sm.contiguous().view(torch.int32).reshape(rows, half), None,
+            dd.contiguous().view(torch.int32).reshape(rows, -1), None)

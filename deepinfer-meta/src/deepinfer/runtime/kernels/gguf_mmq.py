@@ -26,7 +26,7 @@ import triton.language as tl
 
 from deepinfer.runtime import switches
 from deepinfer.runtime.kernels.fused_ops import round_groups_to_bytes
-from deepinfer.runtime.kernels.gguf_gemv import gemm_tile
+from deepinfer.runtime.kernels.gguf_gemv import _scales, gemm_tile
 from deepinfer.runtime.kernels.gguf_layout import KINDS, GGUFPlanes
 from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch
 
@@ -55,15 +55,6 @@ def _quantize_rows_kernel(x_ptr, q_ptr, sx_ptr, xs_ptr, k, stride_x, BLOCK: tl.c
 
 
 @triton.jit
-def _weight_scale(s_ptr, d_ptr, rn, n_ok, g, ng, nsb, G: tl.constexpr, SB: tl.constexpr):
-    """Float32 scale [BLOCK_N] of group ``g`` of rows ``rn``: ``d`` (Q4_0/Q4_1/Q8_0) or ``d * sc``."""
-    s = tl.load(s_ptr + rn * ng + g, mask=n_ok, other=0).to(tl.float32)
-    if SB > 0:
-        s = tl.load(d_ptr + rn * nsb + g * G // SB, mask=n_ok, other=0.0).to(tl.float32) * s
-    return s
-
-
-@triton.jit
 def _mmq_group(acc, codes, c0, rm, m_ok, rn, n_ok, k, xq_ptr, sx_ptr, xs_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb,
                G: tl.constexpr, SB: tl.constexpr, HAS_MIN: tl.constexpr):
     """``acc`` [BM, BN] plus the products of columns ``c0 .. c0 + 31`` (one activation group): int8
@@ -75,21 +66,19 @@ def _mmq_group(acc, codes, c0, rm, m_ok, rn, n_ok, k, xq_ptr, sx_ptr, xs_ptr, s_
     sx = tl.load(sx_ptr + rm * kg + gx, mask=m_ok, other=0.0)
     if G == 32:
         dot = tl.dot(xa, tl.trans(codes), out_dtype=tl.int32)
-        ws = _weight_scale(s_ptr, d_ptr, rn, n_ok, c0 // 32, ng, nsb, G, SB)
+        ws, mn = _scales(rn, c0 // 32, n_ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, G, SB, HAS_MIN)
         acc += (sx[:, None] * ws[None, :]) * dot.to(tl.float32)
     else:  # Q6_K: two 16-column groups, one dot each over its half of the codes
         lo = (c32 < 16)[None, :]
         d0 = tl.dot(xa, tl.trans(tl.where(lo, codes, 0).to(tl.int8)), out_dtype=tl.int32)
         d1 = tl.dot(xa, tl.trans(tl.where(lo, 0, codes).to(tl.int8)), out_dtype=tl.int32)
-        w0 = _weight_scale(s_ptr, d_ptr, rn, n_ok, c0 // 16, ng, nsb, G, SB)
-        w1 = _weight_scale(s_ptr, d_ptr, rn, n_ok, c0 // 16 + 1, ng, nsb, G, SB)
+        w0, mn = _scales(rn, c0 // 16, n_ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, G, SB, HAS_MIN)
+        w1, _ = _scales(rn, c0 // 16 + 1, n_ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, G, SB, HAS_MIN)
         acc += sx[:, None] * (w0[None, :] * d0.to(tl.float32) + w1[None, :] * d1.to(tl.float32))
-    if HAS_MIN:
+    if HAS_MIN:  # (G == 32: the group's min term came with its scale)
         xs = tl.load(xs_ptr + rm * kg + gx, mask=m_ok, other=0.0)
-        g = c0 // G
-        mn = tl.load(m_ptr + rn * ng + g, mask=n_ok, other=0).to(tl.float32)
         if SB > 0:
-            mn = -(tl.load(dm_ptr + rn * nsb + g * G // SB, mask=n_ok, other=0.0).to(tl.float32) * mn)
+            mn = -mn
         acc += xs[:, None] * mn[None, :]
     return acc
 
