@@ -69,7 +69,8 @@ def test_planes_take_the_bytes_of_their_fields_once(kind):
 
     planes = regroup(torch.from_numpy(random_blocks(kind, 12, 512, seed=3)), kind)
     assert planes.nbytes() * 8 == PLANE_BITS[kind] * 12 * 512
-    if kind in PACKED_SCALE_KINDS:  # the packed words unpack to the block's own scales and mins
+    if kind in PACKED_SCALE_KINDS:  # unpacked: 6-bit scales and mins, float16 d and dmin (their values
+        # are checked through dequantize() by test_planes_decode_bitwise_to_gguf)
         scale, minimum, d, dmin = planes.four_planes()
         assert planes.minimum is None and planes.dmin is None and minimum is not None and dmin is not None
         assert scale.dtype == minimum.dtype == torch.uint8 and int(max(scale.max(), minimum.max())) < 64
