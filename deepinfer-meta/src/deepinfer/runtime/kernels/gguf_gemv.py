@@ -133,6 +133,13 @@ def _fp16_bits(v):
 
 
 @triton.jit
+def _scale_min_words(sm, dd):
+    """Float32 (``d * scale``, ``dmin * min``) of a packed K-quant group (gguf_layout): its scale and
+    min in the low two bytes of ``sm``, its super-block's ``d`` and ``dmin`` in the halves of ``dd``."""
+    return _fp16_bits(dd) * (sm & 0xFF).to(tl.float32), _fp16_bits(dd >> 16) * ((sm >> 8) & 0xFF).to(tl.float32)
+
+
+@triton.jit
 def _scales(row, g, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, G: tl.constexpr, SB: tl.constexpr,
             HAS_MIN: tl.constexpr):
     """Float32 (scale, min term) of groups ``g`` at rows ``row`` (broadcast together; ``ok`` their
@@ -143,9 +150,7 @@ def _scales(row, g, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, G: tl.constexpr, S
     if SB > 0 and HAS_MIN:
         half = ng // 2
         sm = tl.load(s_ptr + row * half + g % half, mask=ok, other=0) >> ((g // half) * 16)
-        dd = tl.load(d_ptr + row * nsb + g * G // SB, mask=ok, other=0)
-        s = _fp16_bits(dd) * (sm & 0xFF).to(tl.float32)
-        return s, _fp16_bits(dd >> 16) * ((sm >> 8) & 0xFF).to(tl.float32)
+        return _scale_min_words(sm, tl.load(d_ptr + row * nsb + g * G // SB, mask=ok, other=0))
     s = tl.load(s_ptr + row * ng + g, mask=ok, other=0).to(tl.float32)
     if SB > 0:
         s = tl.load(d_ptr + row * nsb + g * G // SB, mask=ok, other=0.0).to(tl.float32) * s
@@ -485,13 +490,13 @@ def _kpack_update(acc, wd, lo, hi, glo, ghi, row, n, ng, nsb, s_ptr, d_ptr, G: t
     dd_lo = tl.load(d_ptr + row * nsb + glo * G // SB, mask=gok, other=0)
     dd_hi = tl.load(d_ptr + row * nsb + ghi * G // SB, mask=gok, other=0)
     x0, x1, x2, x3, xg = lo
-    dot = _group_dot(wd, x0, x1, x2, x3, True, False, OFFSET, DP4A, CODE_BIAS, EMULATE)
-    acc += (_fp16_bits(dd_lo) * (sm & 0xFF).to(tl.float32)) * dot
-    acc -= (_fp16_bits(dd_lo >> 16) * ((sm >> 8) & 0xFF).to(tl.float32)) * xg
+    s, mn = _scale_min_words(sm, dd_lo)
+    acc += s * _group_dot(wd, x0, x1, x2, x3, True, False, OFFSET, DP4A, CODE_BIAS, EMULATE)
+    acc -= mn * xg
     x0, x1, x2, x3, xg = hi
-    dot = _group_dot(wd >> 4, x0, x1, x2, x3, True, False, OFFSET, DP4A, CODE_BIAS, EMULATE)
-    acc += (_fp16_bits(dd_hi) * ((sm >> 16) & 0xFF).to(tl.float32)) * dot
-    acc -= (_fp16_bits(dd_hi >> 16) * ((sm >> 24) & 0xFF).to(tl.float32)) * xg
+    s, mn = _scale_min_words(sm >> 16, dd_hi)
+    acc += s * _group_dot(wd >> 4, x0, x1, x2, x3, True, False, OFFSET, DP4A, CODE_BIAS, EMULATE)
+    acc -= mn * xg
     return acc
 
 
@@ -525,15 +530,16 @@ def _row_words(q_ptr, row, n, kw, w0, wi, w_ok):
 def _row_update(acc, row, n, q_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr,
                 G: tl.constexpr, SB: tl.constexpr, PACKED: tl.constexpr, SIGNED: tl.constexpr,
                 HAS_MIN: tl.constexpr, OFFSET: tl.constexpr, DP4A: tl.constexpr,
-                CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr, wd_pre, HAVE: tl.constexpr, KPACK: tl.constexpr):
+                CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr, wd_pre, HAVE: tl.constexpr):
     """One row's chunk of words ``w0 + wi`` (HAVE: already loaded, ``wd_pre``): the low nibbles (or
     bytes) with activations ``lo``, a 4-bit type's high nibbles with ``hi`` (the same columns of
-    the second half). KPACK: Q4_K's packed scales (``_kpack_update``)."""
+    the second half). Q4_K (4-bit codes of a super-block type) reads its packed scales once for
+    both (``_kpack_update``)."""
     if HAVE:
         wd = wd_pre
     else:
         wd = _row_words(q_ptr, row, n, kw, w0, wi, w_ok)
-    if KPACK:
+    if PACKED and SB > 0:
         return _kpack_update(acc, wd, lo, hi, glo, ghi, row, n, ng, nsb, s_ptr, d_ptr, G, SB, OFFSET, DP4A,
                              CODE_BIAS, EMULATE)
     x0, x1, x2, x3, xg = lo
@@ -556,20 +562,19 @@ def _row_out(acc, row, n, b_ptr, res_ptr, out_ptr, HAS_BIAS: tl.constexpr, RESID
 def _rows_update(a0, a1, a2, a3, r, NR: tl.constexpr, n, q_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr,
                  m_ptr, d_ptr, dm_ptr, G: tl.constexpr, SB: tl.constexpr, PACKED: tl.constexpr, SIGNED: tl.constexpr,
                  HAS_MIN: tl.constexpr, OFFSET: tl.constexpr, DP4A: tl.constexpr,
-                 CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr, p0, p1, p2, p3, HAVE: tl.constexpr,
-                 KPACK: tl.constexpr):
+                 CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr, p0, p1, p2, p3, HAVE: tl.constexpr):
     """``_row_update`` for rows ``r .. r + NR - 1`` (NR 1, 2 or 4), accumulators ``a0..a3``
     (HAVE: their words already loaded, ``p0..p3``)."""
     a0 = _row_update(a0, r, n, q_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr, G, SB,
-                     PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p0, HAVE, KPACK)
+                     PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p0, HAVE)
     if NR > 1:
         a1 = _row_update(a1, r + 1, n, q_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr,
-                         G, SB, PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p1, HAVE, KPACK)
+                         G, SB, PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p1, HAVE)
     if NR > 2:
         a2 = _row_update(a2, r + 2, n, q_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr,
-                         G, SB, PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p2, HAVE, KPACK)
+                         G, SB, PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p2, HAVE)
         a3 = _row_update(a3, r + 3, n, q_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr,
-                         G, SB, PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p3, HAVE, KPACK)
+                         G, SB, PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p3, HAVE)
     return a0, a1, a2, a3
 
 
@@ -603,7 +608,7 @@ def _words_chunk(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0, p0, p1, p2,
                  kw, kt, ng, nsb, rstd, ROWS: tl.constexpr, PACKED: tl.constexpr, SIGNED: tl.constexpr,
                  G: tl.constexpr, SB: tl.constexpr, HAS_MIN: tl.constexpr, OFFSET: tl.constexpr,
                  SILU_MUL: tl.constexpr, NORM: tl.constexpr, X_WORDS: tl.constexpr, DP4A: tl.constexpr,
-                 CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr, HAVE: tl.constexpr, KPACK: tl.constexpr):
+                 CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr, HAVE: tl.constexpr):
     """The word GEMV's chunk of words ``w0 + wi`` of its ROWS rows (HAVE: the words ``p0..p7``
     were loaded before the PDL wait): the chunk's activations once, then every row's update."""
     GW: tl.constexpr = 4
@@ -628,13 +633,12 @@ def _words_chunk(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0, p0, p1, p2,
         ghi = (k // 2) // G + glo
     acc0, acc1, acc2, acc3 = _rows_update(acc0, acc1, acc2, acc3, r0, min(ROWS, 4), n, q_ptr, kw, w0, wi, w_ok,
                                           lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr, G, SB, PACKED,
-                                          SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p0, p1, p2, p3, HAVE,
-                                          KPACK)
+                                          SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p0, p1, p2, p3, HAVE)
     if ROWS > 4:
         acc4, acc5, acc6, acc7 = _rows_update(acc4, acc5, acc6, acc7, r0 + 4, 4, n, q_ptr, kw, w0, wi, w_ok, lo,
                                               hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr, G, SB, PACKED,
                                               SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p4, p5, p6, p7,
-                                              HAVE, KPACK)
+                                              HAVE)
     return acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7
 
 
@@ -646,7 +650,7 @@ def _gguf_gemv_words_kernel(x_ptr, xw_ptr, xq_ptr, st_ptr, q_ptr, s_ptr, m_ptr, 
                             SILU_MUL: tl.constexpr, NORM: tl.constexpr, NORM_BLOCK: tl.constexpr,
                             HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr, X_WORDS: tl.constexpr,
                             DP4A: tl.constexpr, CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr, PDL: tl.constexpr,
-                            PRELOAD: tl.constexpr = False, KPACK: tl.constexpr = False):
+                            PRELOAD: tl.constexpr = False):
     """The one-row GEMV reading the code plane as int32 words (``q_ptr``, ``kw`` words a row):
     ROWS (1, 2, 4 or 8) output rows a program, chunks of BLOCK_W words a row as [NG, 4] tiles. A tile
     row is one 16-byte load and lies in one scale group (16 or 32 columns; a 32-column group is two
@@ -679,14 +683,14 @@ def _gguf_gemv_words_kernel(x_ptr, xw_ptr, xq_ptr, st_ptr, q_ptr, s_ptr, m_ptr, 
             acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, 0, p0, p1, p2, p3, p4, p5, p6, p7, r0, gi, wi, x_ptr,
             xw_ptr, xq_ptr, st_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, nw_ptr, nww_ptr, out_ptr, n, k, kw, kt, ng,
             nsb, rstd, ROWS, PACKED, SIGNED, G, SB, HAS_MIN, OFFSET, SILU_MUL, NORM, X_WORDS, DP4A, CODE_BIAS,
-            EMULATE, True, KPACK)
+            EMULATE, True)
         first = BLOCK_W
     for w0 in range(first, kw, BLOCK_W):
         acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _words_chunk(
             acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0, p0, p1, p2, p3, p4, p5, p6, p7, r0, gi, wi, x_ptr,
             xw_ptr, xq_ptr, st_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, nw_ptr, nww_ptr, out_ptr, n, k, kw, kt, ng,
             nsb, rstd, ROWS, PACKED, SIGNED, G, SB, HAS_MIN, OFFSET, SILU_MUL, NORM, X_WORDS, DP4A, CODE_BIAS,
-            EMULATE, False, KPACK)
+            EMULATE, False)
     _rows_out(acc0, acc1, acc2, acc3, r0, min(ROWS, 4), n, b_ptr, res_ptr, out_ptr, HAS_BIAS, RESIDUAL)
     if ROWS > 4:
         _rows_out(acc4, acc5, acc6, acc7, r0 + 4, 4, n, b_ptr, res_ptr, out_ptr, HAS_BIAS, RESIDUAL)
@@ -1019,7 +1023,7 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
             RESIDUAL=residual is not None, X_WORDS=x_words, DP4A=dp4a, CODE_BIAS=float(code_bias),
             EMULATE=_INTERPRET, num_warps=warps, num_stages=stages,
             PRELOAD=prefetch_fits(rows * max(block_k // 4, 4) * 4, warps) if preload is None else preload,
-            KPACK=packed and sb > 0, **pdl_launch(x.device))
+            **pdl_launch(x.device))
         return out
     if _INTERPRET:  # Triton's interpreter runs programs one by one: fewer, wider ones (same products)
         block_n = max(block_n, 64)

@@ -45,7 +45,9 @@ KINDS: dict[str, tuple[bool, int, int, bool, int]] = {
     "Q6_K": (False, 16, 256, False, 32),
 }
 GPU_TYPES = tuple(KINDS)
-PACKED_SCALE_KINDS = ("Q4_K", "Q5_K")
+# the super-block types with mins (Q4_K, Q5_K) pack their scales (the module docstring; the kernels
+# test the same rule on their SB and HAS_MIN)
+PACKED_SCALE_KINDS = tuple(kind for kind, (_, _, sb, has_min, _) in KINDS.items() if sb and has_min)
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
 
 
