@@ -126,6 +126,10 @@ def check_kind(kind: str, device: str, quick: bool) -> bool:
     mag = x.double().abs() @ w_ref.abs().T
     ok &= _check(f"{kind} gemv f32 [1,{k}]x[{n},{k}]", gguf_gemv(x.to(device), planes), ref, mag, 2**-16, 2**-24,
                  q8_error(x, w_ref))
+    if planes.q6_low is not None:  # DEEPINFER_GGUF_Q6K_6BIT=1: every GEMV below reads Q6_K's 6-bit planes
+        six = gguf_gemv_module.word_codes() and gguf_gemv_module.six_bit_gemv()
+        print(f"{'ok  ' if six else 'FAIL'} {kind} gemv reads the 6-bit planes")
+        ok &= six
     # longer rows in narrow tiles: several code chunks a row, the last one cut short (or one partial chunk)
     k2 = {"Q4_0": 320, "Q4_1": 320, "Q8_0": 288}.get(kind, 768)
     raw2 = random_blocks(kind, 9, k2, seed=10 + GPU_TYPES.index(kind))

@@ -77,6 +77,41 @@ def test_planes_take_the_bytes_of_their_fields_once(kind):
         assert d.dtype == dmin.dtype == torch.float16 and d.shape == dmin.shape == (12, 2)
 
 
+def test_q6k_six_bit_planes_hold_each_code_once(monkeypatch):
+    """DEEPINFER_GGUF_Q6K_6BIT=1: Q6_K's codes also as a nibble plane and a 2-bit plane (6 bits a
+    weight more), each code read back from the places gguf_layout's docstring gives it."""
+    from gguf_gpu_check import random_blocks
+
+    raw = torch.from_numpy(random_blocks("Q6_K", 12, 512, seed=5))
+    plain = regroup(raw, "Q6_K")
+    assert plain.q6_low is None and plain.q6_high is None  # off by default: nothing more is stored
+    monkeypatch.setenv("DEEPINFER_GGUF_Q6K_6BIT", "1")
+    planes = regroup(raw, "Q6_K")
+    assert planes.q6_low is not None and planes.q6_high is not None
+    assert (planes.nbytes() - plain.nbytes()) * 8 == 6 * 12 * 512
+    low, high, codes = planes.q6_low.numpy(), planes.q6_high.numpy(), planes.codes.numpy()
+    half = 256
+    for c in range(512):
+        j = c % half  # the nibble byte, and the column's place in the tile rows of 16 bytes
+        t, q, b = j // 16, (j % 16) // 4, j % 4
+        nibble = (low[:, j] >> (4 * (c // half))) & 0x0F
+        two = (high[:, 8 * t + 4 * (q // 2) + b] >> (2 * (q % 2) + 4 * (c // half))) & 0x03
+        assert np.array_equal(nibble | (two << 4), codes[:, c]), c
+    index = torch.randperm(12, generator=torch.Generator().manual_seed(0))
+    moved = planes.permute_rows(index).rows(2, 7)
+    assert moved.q6_low is not None and moved.q6_high is not None
+    assert torch.equal(moved.q6_low, planes.q6_low[index][2:7])
+    assert torch.equal(moved.q6_high, planes.q6_high[index][2:7])
+
+
+@pytest.mark.parametrize("dp4a", ["1", "0"])
+def test_q6k_six_bit_gemv_matches_gguf_in_float64(dp4a):
+    """The word GEMV on Q6_K's 6-bit planes: every one-row check of gguf_gpu_check (tilings, fusions,
+    the first chunk preloaded, activations stored by the kernel before it) against float64."""
+    out = _run("gguf_gpu_check.py", "cpu", "quick", "Q6_K", DEEPINFER_GGUF_Q6K_6BIT="1", DEEPINFER_GGUF_DP4A=dp4a)
+    assert "ok   Q6_K gemv reads the 6-bit planes" in out, out[-3000:]
+
+
 @pytest.mark.parametrize("kind", GPU_TYPES)
 def test_quantizer_blocks_are_gguf_blocks_close_to_the_weights(kind):
     """The bench/test quantizer writes valid blocks: gguf reads them back within the type's step."""

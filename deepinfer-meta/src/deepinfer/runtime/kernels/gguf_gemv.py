@@ -521,34 +521,54 @@ def _group_update(acc, wd, x0, x1, x2, x3, xg, row, n, g, ng, nsb, s_ptr, m_ptr,
 
 
 @triton.jit
+def _six_bit_words(wd, h64, H: tl.constexpr):
+    """Q6_K's code words (4 codes of 0..63 each) of nibble words ``wd`` [NG, 4] and their tile rows'
+    high-bit words ``h64`` [NG] (gguf_layout: word q's bytes take bits 32 (q // 2) + 2 (q % 2) + 4 H
+    up, a byte apart): the low nibbles' columns (H 0) or the high nibbles' (H 1, at K/2)."""
+    q = tl.arange(0, 4)[None, :]
+    high = ((h64[:, None] >> (32 * (q // 2) + 2 * (q % 2) + 4 * H).to(tl.int64)) & 0x03030303).to(tl.int32)
+    return ((wd >> (4 * H)) & 0x0F0F0F0F) | (high << 4)
+
+
+@triton.jit
 def _row_words(q_ptr, row, n, kw, w0, wi, w_ok):
     """Row ``row``'s code words ``w0 + wi`` (0 past the last row)."""
     return tl.load(q_ptr + row * kw + w0 + wi, mask=w_ok & (row + wi * 0 < n), other=0)
 
 
 @triton.jit
-def _row_update(acc, row, n, q_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr,
-                G: tl.constexpr, SB: tl.constexpr, PACKED: tl.constexpr, SIGNED: tl.constexpr,
+def _row_update(acc, row, n, q_ptr, h_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr,
+                dm_ptr, G: tl.constexpr, SB: tl.constexpr, PACKED: tl.constexpr, SIGNED: tl.constexpr,
                 HAS_MIN: tl.constexpr, OFFSET: tl.constexpr, DP4A: tl.constexpr,
-                CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr, wd_pre, HAVE: tl.constexpr):
+                CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr, wd_pre, HAVE: tl.constexpr, SIX: tl.constexpr):
     """One row's chunk of words ``w0 + wi`` (HAVE: already loaded, ``wd_pre``): the low nibbles (or
     bytes) with activations ``lo``, a 4-bit type's high nibbles with ``hi`` (the same columns of
     the second half). Q4_K (4-bit codes of a super-block type) reads its packed scales once for
-    both (``_kpack_update``)."""
+    both (``_kpack_update``). SIX: Q6_K's 6-bit planes (``q_ptr`` its nibbles, ``h_ptr`` its high
+    bits as int64 words, one a tile row), each code word made whole before the product."""
     if HAVE:
         wd = wd_pre
     else:
         wd = _row_words(q_ptr, row, n, kw, w0, wi, w_ok)
-    if PACKED and SB > 0:
-        return _kpack_update(acc, wd, lo, hi, glo, ghi, row, n, ng, nsb, s_ptr, d_ptr, G, SB, OFFSET, DP4A,
-                             CODE_BIAS, EMULATE)
-    x0, x1, x2, x3, xg = lo
-    acc = _group_update(acc, wd, x0, x1, x2, x3, xg, row, n, glo, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr, G, SB,
-                        PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE)
-    if PACKED:
+    if SIX:  # (Q6_K's groups are 16 columns: glo is the tile row's index, its high word's)
+        h64 = tl.load(h_ptr + row * (kw // 4) + glo, mask=(glo < kw // 4) & (row + glo * 0 < n), other=0)
+        x0, x1, x2, x3, xg = lo
+        acc = _group_update(acc, _six_bit_words(wd, h64, 0), x0, x1, x2, x3, xg, row, n, glo, ng, nsb, s_ptr, m_ptr,
+                            d_ptr, dm_ptr, G, SB, False, False, False, OFFSET, DP4A, CODE_BIAS, EMULATE)
         x0, x1, x2, x3, xg = hi
-        acc = _group_update(acc, wd >> 4, x0, x1, x2, x3, xg, row, n, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr,
-                            G, SB, PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE)
+        acc = _group_update(acc, _six_bit_words(wd, h64, 1), x0, x1, x2, x3, xg, row, n, ghi, ng, nsb, s_ptr, m_ptr,
+                            d_ptr, dm_ptr, G, SB, False, False, False, OFFSET, DP4A, CODE_BIAS, EMULATE)
+    elif PACKED and SB > 0:  # (if / elif, not early returns: Triton compiles the code after a return too)
+        acc = _kpack_update(acc, wd, lo, hi, glo, ghi, row, n, ng, nsb, s_ptr, d_ptr, G, SB, OFFSET, DP4A,
+                            CODE_BIAS, EMULATE)
+    else:
+        x0, x1, x2, x3, xg = lo
+        acc = _group_update(acc, wd, x0, x1, x2, x3, xg, row, n, glo, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr, G, SB,
+                            PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE)
+        if PACKED:
+            x0, x1, x2, x3, xg = hi
+            acc = _group_update(acc, wd >> 4, x0, x1, x2, x3, xg, row, n, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr,
+                                G, SB, PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE)
     return acc
 
 
@@ -559,22 +579,23 @@ def _row_out(acc, row, n, b_ptr, res_ptr, out_ptr, HAS_BIAS: tl.constexpr, RESID
 
 
 @triton.jit
-def _rows_update(a0, a1, a2, a3, r, NR: tl.constexpr, n, q_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr,
-                 m_ptr, d_ptr, dm_ptr, G: tl.constexpr, SB: tl.constexpr, PACKED: tl.constexpr, SIGNED: tl.constexpr,
-                 HAS_MIN: tl.constexpr, OFFSET: tl.constexpr, DP4A: tl.constexpr,
-                 CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr, p0, p1, p2, p3, HAVE: tl.constexpr):
+def _rows_update(a0, a1, a2, a3, r, NR: tl.constexpr, n, q_ptr, h_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb,
+                 s_ptr, m_ptr, d_ptr, dm_ptr, G: tl.constexpr, SB: tl.constexpr, PACKED: tl.constexpr,
+                 SIGNED: tl.constexpr, HAS_MIN: tl.constexpr, OFFSET: tl.constexpr, DP4A: tl.constexpr,
+                 CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr, p0, p1, p2, p3, HAVE: tl.constexpr,
+                 SIX: tl.constexpr):
     """``_row_update`` for rows ``r .. r + NR - 1`` (NR 1, 2 or 4), accumulators ``a0..a3``
     (HAVE: their words already loaded, ``p0..p3``)."""
-    a0 = _row_update(a0, r, n, q_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr, G, SB,
-                     PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p0, HAVE)
+    a0 = _row_update(a0, r, n, q_ptr, h_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr, G, SB,
+                     PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p0, HAVE, SIX)
     if NR > 1:
-        a1 = _row_update(a1, r + 1, n, q_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr,
-                         G, SB, PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p1, HAVE)
+        a1 = _row_update(a1, r + 1, n, q_ptr, h_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr,
+                         G, SB, PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p1, HAVE, SIX)
     if NR > 2:
-        a2 = _row_update(a2, r + 2, n, q_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr,
-                         G, SB, PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p2, HAVE)
-        a3 = _row_update(a3, r + 3, n, q_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr,
-                         G, SB, PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p3, HAVE)
+        a2 = _row_update(a2, r + 2, n, q_ptr, h_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr,
+                         G, SB, PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p2, HAVE, SIX)
+        a3 = _row_update(a3, r + 3, n, q_ptr, h_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr,
+                         G, SB, PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p3, HAVE, SIX)
     return a0, a1, a2, a3
 
 
@@ -604,11 +625,11 @@ def _rows_out(a0, a1, a2, a3, r, NR: tl.constexpr, n, b_ptr, res_ptr, out_ptr, H
 
 @triton.jit
 def _words_chunk(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0, p0, p1, p2, p3, p4, p5, p6, p7, r0, gi, wi,
-                 x_ptr, xw_ptr, xq_ptr, st_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, nw_ptr, nww_ptr, out_ptr, n, k,
-                 kw, kt, ng, nsb, rstd, ROWS: tl.constexpr, PACKED: tl.constexpr, SIGNED: tl.constexpr,
+                 x_ptr, xw_ptr, xq_ptr, st_ptr, q_ptr, h_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, nw_ptr, nww_ptr, out_ptr,
+                 n, k, kw, kt, ng, nsb, rstd, ROWS: tl.constexpr, PACKED: tl.constexpr, SIGNED: tl.constexpr,
                  G: tl.constexpr, SB: tl.constexpr, HAS_MIN: tl.constexpr, OFFSET: tl.constexpr,
                  SILU_MUL: tl.constexpr, NORM: tl.constexpr, X_WORDS: tl.constexpr, DP4A: tl.constexpr,
-                 CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr, HAVE: tl.constexpr):
+                 CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr, HAVE: tl.constexpr, SIX: tl.constexpr):
     """The word GEMV's chunk of words ``w0 + wi`` of its ROWS rows (HAVE: the words ``p0..p7``
     were loaded before the PDL wait): the chunk's activations once, then every row's update."""
     GW: tl.constexpr = 4
@@ -631,26 +652,27 @@ def _words_chunk(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0, p0, p1, p2,
             hi = _word_activations(x_ptr, xw_ptr, nw_ptr, nww_ptr, out_ptr, k // 2 + 4 * (w0 + wi), w_ok, k,
                                    rstd, HAS_MIN, SILU_MUL, NORM, X_WORDS)
         ghi = (k // 2) // G + glo
-    acc0, acc1, acc2, acc3 = _rows_update(acc0, acc1, acc2, acc3, r0, min(ROWS, 4), n, q_ptr, kw, w0, wi, w_ok,
-                                          lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr, G, SB, PACKED,
-                                          SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p0, p1, p2, p3, HAVE)
+    acc0, acc1, acc2, acc3 = _rows_update(acc0, acc1, acc2, acc3, r0, min(ROWS, 4), n, q_ptr, h_ptr, kw, w0, wi,
+                                          w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr, G, SB, PACKED,
+                                          SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p0, p1, p2, p3, HAVE,
+                                          SIX)
     if ROWS > 4:
-        acc4, acc5, acc6, acc7 = _rows_update(acc4, acc5, acc6, acc7, r0 + 4, 4, n, q_ptr, kw, w0, wi, w_ok, lo,
-                                              hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr, G, SB, PACKED,
+        acc4, acc5, acc6, acc7 = _rows_update(acc4, acc5, acc6, acc7, r0 + 4, 4, n, q_ptr, h_ptr, kw, w0, wi, w_ok,
+                                              lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr, G, SB, PACKED,
                                               SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p4, p5, p6, p7,
-                                              HAVE)
+                                              HAVE, SIX)
     return acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7
 
 
 @triton.jit
-def _gguf_gemv_words_kernel(x_ptr, xw_ptr, xq_ptr, st_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, b_ptr, nw_ptr, nww_ptr,
-                            res_ptr, out_ptr, n, k, kw, eps,
+def _gguf_gemv_words_kernel(x_ptr, xw_ptr, xq_ptr, st_ptr, q_ptr, h_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, b_ptr, nw_ptr,
+                            nww_ptr, res_ptr, out_ptr, n, k, kw, eps,
                             ROWS: tl.constexpr, BLOCK_W: tl.constexpr, PACKED: tl.constexpr, SIGNED: tl.constexpr,
                             G: tl.constexpr, SB: tl.constexpr, HAS_MIN: tl.constexpr, OFFSET: tl.constexpr,
                             SILU_MUL: tl.constexpr, NORM: tl.constexpr, NORM_BLOCK: tl.constexpr,
                             HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr, X_WORDS: tl.constexpr,
                             DP4A: tl.constexpr, CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr, PDL: tl.constexpr,
-                            PRELOAD: tl.constexpr = False):
+                            PRELOAD: tl.constexpr = False, SIX: tl.constexpr = False):
     """The one-row GEMV reading the code plane as int32 words (``q_ptr``, ``kw`` words a row):
     ROWS (1, 2, 4 or 8) output rows a program, chunks of BLOCK_W words a row as [NG, 4] tiles. A tile
     row is one 16-byte load and lies in one scale group (16 or 32 columns; a 32-column group is two
@@ -681,16 +703,16 @@ def _gguf_gemv_words_kernel(x_ptr, xw_ptr, xq_ptr, st_ptr, q_ptr, s_ptr, m_ptr, 
     if PRELOAD:
         acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _words_chunk(
             acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, 0, p0, p1, p2, p3, p4, p5, p6, p7, r0, gi, wi, x_ptr,
-            xw_ptr, xq_ptr, st_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, nw_ptr, nww_ptr, out_ptr, n, k, kw, kt, ng,
-            nsb, rstd, ROWS, PACKED, SIGNED, G, SB, HAS_MIN, OFFSET, SILU_MUL, NORM, X_WORDS, DP4A, CODE_BIAS,
-            EMULATE, True)
+            xw_ptr, xq_ptr, st_ptr, q_ptr, h_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, nw_ptr, nww_ptr, out_ptr, n, k, kw,
+            kt, ng, nsb, rstd, ROWS, PACKED, SIGNED, G, SB, HAS_MIN, OFFSET, SILU_MUL, NORM, X_WORDS, DP4A,
+            CODE_BIAS, EMULATE, True, SIX)
         first = BLOCK_W
     for w0 in range(first, kw, BLOCK_W):
         acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _words_chunk(
             acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0, p0, p1, p2, p3, p4, p5, p6, p7, r0, gi, wi, x_ptr,
-            xw_ptr, xq_ptr, st_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, nw_ptr, nww_ptr, out_ptr, n, k, kw, kt, ng,
-            nsb, rstd, ROWS, PACKED, SIGNED, G, SB, HAS_MIN, OFFSET, SILU_MUL, NORM, X_WORDS, DP4A, CODE_BIAS,
-            EMULATE, False)
+            xw_ptr, xq_ptr, st_ptr, q_ptr, h_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, nw_ptr, nww_ptr, out_ptr, n, k, kw,
+            kt, ng, nsb, rstd, ROWS, PACKED, SIGNED, G, SB, HAS_MIN, OFFSET, SILU_MUL, NORM, X_WORDS, DP4A,
+            CODE_BIAS, EMULATE, False, SIX)
     _rows_out(acc0, acc1, acc2, acc3, r0, min(ROWS, 4), n, b_ptr, res_ptr, out_ptr, HAS_BIAS, RESIDUAL)
     if ROWS > 4:
         _rows_out(acc4, acc5, acc6, acc7, r0 + 4, 4, n, b_ptr, res_ptr, out_ptr, HAS_BIAS, RESIDUAL)
@@ -950,6 +972,12 @@ def dp4a_gemv() -> bool:
     return switches.enabled("DEEPINFER_GGUF_DP4A")
 
 
+def six_bit_gemv() -> bool:
+    """The word GEMV reads Q6_K's 6-bit planes where a weight has them (``DEEPINFER_GGUF_Q6K_6BIT=1``
+    at load makes them; 0 at a call or a graph capture keeps the byte plane)."""
+    return switches.enabled("DEEPINFER_GGUF_Q6K_6BIT")
+
+
 def one_row_path() -> str:
     """The one-row GEMV the switches select, in words (``deepinfer env``, ``GGUFLinearCUDA.kernel_path``)."""
     if not word_codes():
@@ -994,6 +1022,11 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
         signed = w.codes.dtype == torch.int8
         rows = 8 if block_n >= 8 else (4 if block_n >= 4 else (2 if block_n >= 2 else 1))
         codes = w.codes.view(torch.int32)
+        six = w.q6_low is not None and w.q6_high is not None and six_bit_gemv()
+        high = codes
+        if six:  # Q6_K's 6-bit planes: the nibbles read as a 4-bit type's, the high bits beside them
+            assert w.q6_low is not None and w.q6_high is not None
+            codes, high, packed = w.q6_low.view(torch.int32), w.q6_high.view(torch.int64), True
         nw = norm[0] if norm is not None else out
         eps = norm[1] if norm is not None else 0.0
         norm_block = triton.next_power_of_2(k) if norm is not None else 1
@@ -1014,7 +1047,7 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
             xw = x[0].view(torch.int64) if x_words else x
             xq_words, st, fused_norm = codes, out, norm is not None
         _gguf_gemv_words_kernel[(triton.cdiv(n, rows),)](
-            x, xw, xq_words, st, codes, *_planes_args(w)[1:], bias if bias is not None else out, nw,
+            x, xw, xq_words, st, codes, high, *_planes_args(w)[1:], bias if bias is not None else out, nw,
             nw.view(torch.int64) if x_words and norm is not None else nw, residual if residual is not None else out,
             out, n, k, codes.shape[1], eps, ROWS=rows, BLOCK_W=max(block_k // 4, 4),
             PACKED=packed, SIGNED=signed, G=g, SB=sb, HAS_MIN=has_min,
@@ -1022,7 +1055,7 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
             NORM_BLOCK=norm_block, HAS_BIAS=bias is not None,
             RESIDUAL=residual is not None, X_WORDS=x_words, DP4A=dp4a, CODE_BIAS=float(code_bias),
             EMULATE=_INTERPRET, num_warps=warps, num_stages=stages,
-            PRELOAD=prefetch_fits(rows * max(block_k // 4, 4) * 4, warps) if preload is None else preload,
+            PRELOAD=prefetch_fits(rows * max(block_k // 4, 4) * 4, warps) if preload is None else preload, SIX=six,
             **pdl_launch(x.device))
         return out
     if _INTERPRET:  # Triton's interpreter runs programs one by one: fewer, wider ones (same products)

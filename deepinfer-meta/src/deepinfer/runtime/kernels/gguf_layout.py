@@ -19,6 +19,15 @@ them, one 2-D tensor per field, each row-major over the output rows:
   (columns c and c + K/2); ``d`` is int32 ``[N, K/256]``, the float16 bits of ``d`` (low half) and
   ``dmin`` (high half); ``minimum`` and ``dmin`` are None. Three loads give a Q4_K tile row's
   eight values (``gguf_gemv._kpack_update``), in the bytes of the four planes they replace.
+* Q6_K's codes at 6 bits too (experimental, ``DEEPINFER_GGUF_Q6K_6BIT=1`` at load; beside the byte
+  plane, read only by the one-row word GEMV): ``q6_low`` ``[N, K/2]`` uint8, each code's low 4 bits
+  packed as a 4-bit type's codes (byte ``j``: columns ``j`` and ``j + K/2``), and ``q6_high``
+  ``[N, K/4]`` uint8, its high 2 bits in the order of the word GEMV's tile rows: the 16 bytes
+  ``16 t .. 16 t + 15`` of ``q6_low`` (columns ``16 t + 4 q + b``, and the same plus ``K/2``; word
+  ``q`` 0..3, byte ``b`` 0..3) take the 8 bytes ``8 t .. 8 t + 7``, column ``16 t + 4 q + b`` in
+  byte ``8 t + 4 (q // 2) + b`` at bit ``2 (q % 2)``, and its partner at ``K/2`` two bits above
+  the pair's at bit ``4 + 2 (q % 2)``. So one 8-byte load gives a tile row's 32 high parts, and
+  each int32 half, shifted, lines its bytes up with one code word's (``gguf_gemv._six_bit_words``).
 
 The kernels compute each weight with gguf.quants' float32 operations in its order:
 ``d*(q-8)`` (Q4_0), ``d*q + m`` (Q4_1), ``d*q`` (Q8_0), ``(d*sc)*q - dmin*mn`` (Q4_K, Q5_K),
@@ -33,6 +42,7 @@ from typing import Any
 
 import torch
 
+from deepinfer.runtime import switches
 from deepinfer.runtime.kernels.gguf_blocks import _nibbles, _q4k_scale_min
 
 # type -> (packed nibbles, group size, super-block size or 0, has a minimum, code bias)
@@ -63,6 +73,8 @@ class GGUFPlanes:
     minimum: torch.Tensor | None = None
     d: torch.Tensor | None = None
     dmin: torch.Tensor | None = None
+    q6_low: torch.Tensor | None = None
+    q6_high: torch.Tensor | None = None
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {f.name: getattr(self, f.name) for f in fields(self)
@@ -175,7 +187,10 @@ def regroup(raw: torch.Tensor, kind: str) -> GGUFPlanes:
         q = (ql | qh << 4).reshape(rows, k)
         sc = b[..., 192:208].contiguous().view(torch.int8).reshape(rows, -1)
         d = b[..., 208:210].contiguous().view(torch.float16).reshape(rows, nb)
-        return GGUFPlanes(kind, rows, k, q.contiguous(), sc, d=d)
+        planes = GGUFPlanes(kind, rows, k, q.contiguous(), sc, d=d)
+        if switches.enabled("DEEPINFER_GGUF_Q6K_6BIT"):
+            planes.q6_low, planes.q6_high = six_bit_planes(planes.codes)
+        return planes
     d = b[..., 0:2].contiguous().view(torch.float16).reshape(rows, nb)
     dmin = b[..., 2:4].contiguous().view(torch.float16).reshape(rows, nb)
     sc, mn = _q4k_scale_min(b[..., 4:16])
@@ -188,6 +203,18 @@ def regroup(raw: torch.Tensor, kind: str) -> GGUFPlanes:
     ql = b[..., 48:176].reshape(rows, nb, 4, 1, 32) >> shifts(0, 4)
     q = ((ql & 0x0F).reshape(rows, nb, 8, 32) | ((qh & 1) << 4)).reshape(rows, k)
     return GGUFPlanes(kind, rows, k, q.contiguous(), *_pack_scales(sc, mn, d, dmin))
+
+
+def six_bit_planes(codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q6_K's ``q6_low`` and ``q6_high`` planes (the module docstring) of its byte codes [N, K] (0..63)."""
+    rows, k = codes.shape
+    low = _pack_halves(codes & 0x0F)
+    # the high parts of columns 16 t + 4 (2 p + r) + b (first half: h = 0; second: h = 1) as
+    # [N, T, p, r, b] -> byte (t, p, b) gets bits 2 r + 4 h
+    two = (codes >> 4).reshape(rows, 2, k // 32, 2, 2, 4)  # [N, h, T, p, r, b]
+    shift = (2 * torch.arange(2).reshape(1, 1, 1, 1, 2, 1) + 4 * torch.arange(2).reshape(1, 2, 1, 1, 1, 1))
+    high = (two.to(torch.int32) << shift.to(codes.device)).sum(dim=(1, 4), dtype=torch.int32)  # [N, T, p, b]
+    return low, high.to(torch.uint8).reshape(rows, k // 4).contiguous()
 
 
 def _pack_scales(sc: torch.Tensor, mn: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor
