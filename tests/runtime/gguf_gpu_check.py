@@ -97,10 +97,9 @@ def bf16_decode_weight(planes: GGUFPlanes) -> torch.Tensor:
     the planes (independent of the kernel's PTX): the exact code ``q - BIAS`` times the group scale
     rounded to bfloat16, plus the minimum rounded to bfloat16, rounded once (float32 holds the sum
     exactly here: a code of at most 7 bits times an 8-bit mantissa plus another)."""
-    packed, g, sb, has_min, bias = KINDS[planes.kind]
-    codes = planes.codes.cpu()
+    _, g, sb, has_min, bias = KINDS[planes.kind]
     scale, minimum, d, dmin = (t.cpu() if t is not None else None for t in planes.four_planes())
-    q = (torch.cat([codes & 0x0F, codes >> 4], dim=1) if packed else codes).float() - bias
+    q = planes.code_values().cpu().float() - bias
     s = scale.float()
     if sb:
         s = d.float().repeat_interleave(sb // g, dim=1) * s
@@ -126,10 +125,6 @@ def check_kind(kind: str, device: str, quick: bool) -> bool:
     mag = x.double().abs() @ w_ref.abs().T
     ok &= _check(f"{kind} gemv f32 [1,{k}]x[{n},{k}]", gguf_gemv(x.to(device), planes), ref, mag, 2**-16, 2**-24,
                  q8_error(x, w_ref))
-    if planes.q6_low is not None:  # DEEPINFER_GGUF_Q6K_6BIT=1: every GEMV below reads Q6_K's 6-bit planes
-        six = gguf_gemv_module.word_codes() and gguf_gemv_module.six_bit_gemv()
-        print(f"{'ok  ' if six else 'FAIL'} {kind} gemv reads the 6-bit planes")
-        ok &= six
     # longer rows in narrow tiles: several code chunks a row, the last one cut short (or one partial chunk)
     k2 = {"Q4_0": 320, "Q4_1": 320, "Q8_0": 288}.get(kind, 768)
     raw2 = random_blocks(kind, 9, k2, seed=10 + GPU_TYPES.index(kind))

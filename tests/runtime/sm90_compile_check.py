@@ -282,10 +282,6 @@ def main(args: list[str]) -> None:
             for kind in GPU_TYPES:
                 gguf_one_row(kind)
                 _report(f"gguf {kind} one row prefetch {prefetch}")
-            os.environ["DEEPINFER_GGUF_Q6K_6BIT"] = "1"  # Q6_K's codes at 6 bits (planes made at regroup)
-            gguf_one_row("Q6_K")
-            del os.environ["DEEPINFER_GGUF_Q6K_6BIT"]
-            _report(f"gguf Q6_K 6-bit planes one row prefetch {prefetch}")
     if "others" in args:  # no prefetch form: once
         fp8_kernels()
         _report("fp8 one row (every math), gemm, w8a8")

@@ -56,10 +56,10 @@ def test_planes_decode_bitwise_to_gguf(kind):
     assert torch.equal(planes.rows(4, 9).dequantize(), planes.dequantize()[4:9])
 
 
-# bits a weight of the planes: codes (4 packed, else 8) + per 32 (Q6_K: 16) the scale (and min), + per
+# bits a weight of the planes: codes (4 packed, Q6_K 4 + 2, else 8) + per 32 (Q6_K: 16) the scale (and min), + per
 # 256 the K-quants' d (and dmin); Q4_K/Q5_K pack scale+min and d+dmin in the same bytes
 PLANE_BITS = {"Q4_0": 4 + 16 / 32, "Q4_1": 4 + 32 / 32, "Q8_0": 8 + 16 / 32, "Q4_K": 4 + 16 / 32 + 32 / 256,
-              "Q5_K": 8 + 16 / 32 + 32 / 256, "Q6_K": 8 + 8 / 16 + 16 / 256}
+              "Q5_K": 8 + 16 / 32 + 32 / 256, "Q6_K": 4 + 2 + 8 / 16 + 16 / 256}
 
 
 @pytest.mark.parametrize("kind", GPU_TYPES)
@@ -77,39 +77,30 @@ def test_planes_take_the_bytes_of_their_fields_once(kind):
         assert d.dtype == dmin.dtype == torch.float16 and d.shape == dmin.shape == (12, 2)
 
 
-def test_q6k_six_bit_planes_hold_each_code_once(monkeypatch):
-    """DEEPINFER_GGUF_Q6K_6BIT=1: Q6_K's codes also as a nibble plane and a 2-bit plane (6 bits a
-    weight more), each code read back from the places gguf_layout's docstring gives it."""
+def test_q6k_codes_take_6_bits_each_read_back_where_the_layout_puts_them():
+    """Q6_K's codes: low nibbles as a 4-bit type's (byte j: columns j and j + K/2) and the high 2 bits
+    in ``high`` (byte 8 (j // 16) + j % 8, bit 2 ((j // 8) % 2), + 4 for column j + K/2), each code
+    read back from there equal to gguf's; the 6 bits are the whole of them (test_planes_take_...)."""
+    from gguf.quants import dequantize
     from gguf_gpu_check import random_blocks
 
-    raw = torch.from_numpy(random_blocks("Q6_K", 12, 512, seed=5))
-    plain = regroup(raw, "Q6_K")
-    assert plain.q6_low is None and plain.q6_high is None  # off by default: nothing more is stored
-    monkeypatch.setenv("DEEPINFER_GGUF_Q6K_6BIT", "1")
-    planes = regroup(raw, "Q6_K")
-    assert planes.q6_low is not None and planes.q6_high is not None
-    assert (planes.nbytes() - plain.nbytes()) * 8 == 6 * 12 * 512
-    low, high, codes = planes.q6_low.numpy(), planes.q6_high.numpy(), planes.codes.numpy()
-    half = 256
+    raw = random_blocks("Q6_K", 12, 512, seed=5)
+    planes = regroup(torch.from_numpy(raw), "Q6_K")
+    assert planes.high is not None and planes.codes.shape == (12, 256) and planes.high.shape == (12, 128)
+    low, high = planes.codes.numpy(), planes.high.numpy()
+    # gguf's codes: the weights over their group scales (d * sc), plus the bias 32
+    w = dequantize(raw, gguf.GGMLQuantizationType.Q6_K).reshape(12, 512).astype(np.float64)
+    scale = np.repeat(planes.d.numpy().astype(np.float64), 16, axis=1) * planes.scale.numpy().astype(np.float64)
+    want = np.rint(np.divide(w, np.repeat(scale, 16, axis=1), out=np.zeros_like(w),
+                             where=np.repeat(scale, 16, axis=1) != 0)) + 32
+    nonzero = np.repeat(scale, 16, axis=1) != 0
     for c in range(512):
-        j = c % half  # the nibble byte, and the column's place in the tile rows of 16 bytes
-        t, q, b = j // 16, (j % 16) // 4, j % 4
-        nibble = (low[:, j] >> (4 * (c // half))) & 0x0F
-        two = (high[:, 8 * t + 4 * (q // 2) + b] >> (2 * (q % 2) + 4 * (c // half))) & 0x03
-        assert np.array_equal(nibble | (two << 4), codes[:, c]), c
-    index = torch.randperm(12, generator=torch.Generator().manual_seed(0))
-    moved = planes.permute_rows(index).rows(2, 7)
-    assert moved.q6_low is not None and moved.q6_high is not None
-    assert torch.equal(moved.q6_low, planes.q6_low[index][2:7])
-    assert torch.equal(moved.q6_high, planes.q6_high[index][2:7])
-
-
-@pytest.mark.parametrize("dp4a", ["1", "0"])
-def test_q6k_six_bit_gemv_matches_gguf_in_float64(dp4a):
-    """The word GEMV on Q6_K's 6-bit planes: every one-row check of gguf_gpu_check (tilings, fusions,
-    the first chunk preloaded, activations stored by the kernel before it) against float64."""
-    out = _run("gguf_gpu_check.py", "cpu", "quick", "Q6_K", DEEPINFER_GGUF_Q6K_6BIT="1", DEEPINFER_GGUF_DP4A=dp4a)
-    assert "ok   Q6_K gemv reads the 6-bit planes" in out, out[-3000:]
+        j, h = c % 256, c // 256
+        code = ((low[:, j] >> (4 * h)) & 0x0F) | (((high[:, 8 * (j // 16) + j % 8] >> (2 * ((j // 8) % 2) + 4 * h))
+                                                  & 0x03) << 4)
+        assert np.array_equal(code[nonzero[:, c]], want[nonzero[:, c], c]), c
+    assert torch.equal(planes.code_values()[torch.from_numpy(nonzero)].double(),
+                       torch.from_numpy(want[nonzero]))
 
 
 @pytest.mark.parametrize("kind", GPU_TYPES)

@@ -127,6 +127,20 @@ def _code_float(q, BIAS: tl.constexpr):
 
 
 @triton.jit
+def _six_bit_codes(raw, h_ptr, rows, ok, c, kc):
+    """Q6_K's codes (uint8, 0..63) of its code-plane bytes ``raw`` [R, BK] at byte columns ``c`` [BK] of
+    rows ``rows`` [R] (``ok`` [R, BK]): the low nibbles' columns ``c`` and the high nibbles' ``c + K/2``
+    (``kc`` = K/2), each with its high 2 bits from ``h_ptr`` [N, K/4] (gguf_layout: byte ``j``'s are in
+    byte ``8 (j // 16) + j % 8`` at bit ``2 ((j // 8) % 2)``, + 4 for the high nibble's)."""
+    shift = (2 * ((c // 8) % 2))[None, :]
+    two = tl.load(h_ptr + rows[:, None] * (kc // 2) + (8 * (c // 16) + c % 8)[None, :], mask=ok, other=0).to(tl.int32)
+    q = raw.to(tl.int32)
+    lo = (q & 0x0F) | (((two >> shift) & 0x03) << 4)
+    hi = (q >> 4) | (((two >> (shift + 4)) & 0x03) << 4)
+    return lo.to(tl.uint8), hi.to(tl.uint8)
+
+
+@triton.jit
 def _fp16_bits(v):
     """Float32 of the float16 whose bits are the low 16 of int32 ``v``."""
     return (v & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
@@ -286,18 +300,22 @@ def _scale_bf16(q, rows, row_ok, c0, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, R: tl
 
 
 @triton.jit
-def _gemv_chunk(acc, raw, rows, row_ok, k0, c, kc, k, rstd, x_ptr, nw_ptr, out_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, ng,
-                nsb, R: tl.constexpr, BK: tl.constexpr, PACKED: tl.constexpr, G: tl.constexpr, SB: tl.constexpr,
-                HAS_MIN: tl.constexpr, BIAS: tl.constexpr, SILU_MUL: tl.constexpr, NORM: tl.constexpr,
-                TILED: tl.constexpr):
+def _gemv_chunk(acc, raw, rows, row_ok, k0, c, kc, k, rstd, x_ptr, nw_ptr, out_ptr, h_ptr, s_ptr, m_ptr, d_ptr,
+                dm_ptr, ng, nsb, R: tl.constexpr, BK: tl.constexpr, PACKED: tl.constexpr, G: tl.constexpr,
+                SB: tl.constexpr, HAS_MIN: tl.constexpr, BIAS: tl.constexpr, SILU_MUL: tl.constexpr,
+                NORM: tl.constexpr, TILED: tl.constexpr, SIX: tl.constexpr):
     """``acc`` plus the products of code bytes ``raw`` (columns ``c``; with PACKED also ``c + kc``)."""
     c_ok = c < kc
     ok = row_ok[:, None] & c_ok[None, :]
     if PACKED:
-        lo = _decode(raw & 0x0F, rows, row_ok, k0, c, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, R, BK, G, SB,
+        if SIX:
+            q_lo, q_hi = _six_bit_codes(raw, h_ptr, rows, ok, c, kc)
+        else:
+            q_lo, q_hi = raw & 0x0F, raw >> 4
+        lo = _decode(q_lo, rows, row_ok, k0, c, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, R, BK, G, SB,
                      HAS_MIN, BIAS, TILED)
         acc += lo * _activation_chunk(x_ptr, nw_ptr, out_ptr, c, c_ok, k, rstd, SILU_MUL, NORM)[None, :]
-        hi = _decode(raw >> 4, rows, row_ok, k0 + kc, c + kc, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, R, BK, G,
+        hi = _decode(q_hi, rows, row_ok, k0 + kc, c + kc, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, R, BK, G,
                      SB, HAS_MIN, BIAS, TILED)
         acc += hi * _activation_chunk(x_ptr, nw_ptr, out_ptr, c + kc, c_ok, k, rstd, SILU_MUL, NORM)[None, :]
     else:
@@ -308,11 +326,11 @@ def _gemv_chunk(acc, raw, rows, row_ok, k0, c, kc, k, rstd, x_ptr, nw_ptr, out_p
 
 
 @triton.jit
-def _gguf_gemv_kernel(x_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, n, k, eps,
+def _gguf_gemv_kernel(x_ptr, q_ptr, h_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, b_ptr, nw_ptr, res_ptr, out_ptr, n, k, eps,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PACKED: tl.constexpr, G: tl.constexpr,
                       SB: tl.constexpr, HAS_MIN: tl.constexpr, BIAS: tl.constexpr, SILU_MUL: tl.constexpr,
                       NORM: tl.constexpr, NORM_BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr,
-                      RESIDUAL: tl.constexpr, TILED: tl.constexpr, PDL: tl.constexpr):
+                      RESIDUAL: tl.constexpr, TILED: tl.constexpr, PDL: tl.constexpr, SIX: tl.constexpr):
     pid = tl.program_id(0)
     rows = (pid * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     row_ok = rows < n
@@ -325,14 +343,15 @@ def _gguf_gemv_kernel(x_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, b_ptr, nw_ptr, 
     pdl_begin(PDL)
     rstd = _row_rstd(x_ptr, k, eps, NORM, NORM_BLOCK)
     acc = _gemv_chunk(tl.zeros([BLOCK_N, BLOCK_K], tl.float32), first, rows, row_ok, 0, cols, kc, k, rstd, x_ptr,
-                      nw_ptr, out_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, BLOCK_N, BLOCK_K, PACKED, G, SB, HAS_MIN,
-                      BIAS, SILU_MUL, NORM, TILED)
+                      nw_ptr, out_ptr, h_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, BLOCK_N, BLOCK_K, PACKED, G, SB,
+                      HAS_MIN, BIAS, SILU_MUL, NORM, TILED, SIX)
     for k0 in range(BLOCK_K, kc, BLOCK_K):
         c = k0 + cols
         ok = row_ok[:, None] & (c < kc)[None, :]
         raw = tl.load(q_ptr + rows[:, None] * kc + c[None, :], mask=ok, other=0)
-        acc = _gemv_chunk(acc, raw, rows, row_ok, k0, c, kc, k, rstd, x_ptr, nw_ptr, out_ptr, s_ptr, m_ptr, d_ptr,
-                          dm_ptr, ng, nsb, BLOCK_N, BLOCK_K, PACKED, G, SB, HAS_MIN, BIAS, SILU_MUL, NORM, TILED)
+        acc = _gemv_chunk(acc, raw, rows, row_ok, k0, c, kc, k, rstd, x_ptr, nw_ptr, out_ptr, h_ptr, s_ptr, m_ptr,
+                          d_ptr, dm_ptr, ng, nsb, BLOCK_N, BLOCK_K, PACKED, G, SB, HAS_MIN, BIAS, SILU_MUL, NORM, TILED,
+                          SIX)
     _gemv_epilogue(tl.sum(acc, axis=1), rows, row_ok, pid, n, b_ptr, res_ptr, out_ptr, out_ptr, out_ptr, HAS_BIAS,
                    RESIDUAL, False)
 
@@ -523,10 +542,10 @@ def _group_update(acc, wd, x0, x1, x2, x3, xg, row, n, g, ng, nsb, s_ptr, m_ptr,
 @triton.jit
 def _six_bit_words(wd, h64, H: tl.constexpr):
     """Q6_K's code words (4 codes of 0..63 each) of nibble words ``wd`` [NG, 4] and their tile rows'
-    high-bit words ``h64`` [NG] (gguf_layout: word q's bytes take bits 32 (q // 2) + 2 (q % 2) + 4 H
+    high-bit words ``h64`` [NG] (gguf_layout: word q's bytes take bits 32 (q % 2) + 2 (q // 2) + 4 H
     up, a byte apart): the low nibbles' columns (H 0) or the high nibbles' (H 1, at K/2)."""
     q = tl.arange(0, 4)[None, :]
-    high = ((h64[:, None] >> (32 * (q // 2) + 2 * (q % 2) + 4 * H).to(tl.int64)) & 0x03030303).to(tl.int32)
+    high = ((h64[:, None] >> (32 * (q % 2) + 2 * (q // 2) + 4 * H).to(tl.int64)) & 0x03030303).to(tl.int32)
     return ((wd >> (4 * H)) & 0x0F0F0F0F) | (high << 4)
 
 
@@ -755,12 +774,12 @@ def gemm_tile(mrows, n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _gguf_gemm_kernel(x_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, b_ptr, out_ptr, ws_ptr, mrows, n, k, stride_x,
+def _gguf_gemm_kernel(x_ptr, q_ptr, h_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, b_ptr, out_ptr, ws_ptr, mrows, n, k, stride_x,
                       stride_o, k_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                       PACKED: tl.constexpr, G: tl.constexpr, SB: tl.constexpr, HAS_MIN: tl.constexpr,
                       BIAS: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, TILED: tl.constexpr,
                       PDL: tl.constexpr, SWAP: tl.constexpr, SPLIT: tl.constexpr, BF16_CODES: tl.constexpr,
-                      EVEN: tl.constexpr):
+                      EVEN: tl.constexpr, SIX: tl.constexpr):
     """One output tile over the code-plane bytes ``[s * k_split, (s + 1) * k_split)`` of split ``s =
     program_id(2)``. SPLIT: the float32 partial sum goes to ``ws`` [splits, M, N] and
     ``_split_k_sum_kernel`` adds the splits in order (deterministic; no atomics)."""
@@ -786,22 +805,29 @@ def _gguf_gemm_kernel(x_ptr, q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, b_ptr, out_ptr,
             c_ok = c < kc
         ok = n_ok[:, None] & c_ok[None, :]
         raw = tl.load(q_ptr + rn[:, None] * kc + c[None, :], mask=ok, other=0)
+        if SIX:  # Q6_K: whole codes (its high bits joined), then the byte-code routes
+            q_lo, q_hi = _six_bit_codes(raw, h_ptr, rn, ok, c, kc)
+        else:
+            q_lo, q_hi = raw & 0x0F, raw >> 4
         if BF16_CODES and not PACKED:  # bf16 activations, on the GPU (gemm_decode())
             w = _scale_bf16(_byte_codes_bf16(raw, BIAS), rn, n_ok, k0, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, BLOCK_N,
                             BLOCK_K, G, SB, HAS_MIN)
             acc = _mma(w, x_ptr, rm, m_ok, c, c_ok, stride_x, acc, SWAP, DOT_F32)
         elif BF16_CODES:
-            lo, hi = _nibble_codes_bf16(raw, BIAS)
+            if SIX:
+                lo, hi = _byte_codes_bf16(q_lo, BIAS), _byte_codes_bf16(q_hi, BIAS)
+            else:
+                lo, hi = _nibble_codes_bf16(raw, BIAS)
             lo = _scale_bf16(lo, rn, n_ok, k0, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, BLOCK_N, BLOCK_K, G, SB, HAS_MIN)
             acc = _mma(lo, x_ptr, rm, m_ok, c, c_ok, stride_x, acc, SWAP, DOT_F32)
             hi = _scale_bf16(hi, rn, n_ok, k0 + kc, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, BLOCK_N, BLOCK_K, G, SB,
                              HAS_MIN)
             acc = _mma(hi, x_ptr, rm, m_ok, c + kc, c_ok, stride_x, acc, SWAP, DOT_F32)
         elif PACKED:
-            lo = _decode(raw & 0x0F, rn, n_ok, k0, c, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, BLOCK_N, BLOCK_K, G, SB,
+            lo = _decode(q_lo, rn, n_ok, k0, c, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, BLOCK_N, BLOCK_K, G, SB,
                          HAS_MIN, BIAS, TILED).to(dt)
             acc = _mma(lo, x_ptr, rm, m_ok, c, c_ok, stride_x, acc, SWAP, DOT_F32)
-            hi = _decode(raw >> 4, rn, n_ok, k0 + kc, c + kc, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, BLOCK_N, BLOCK_K,
+            hi = _decode(q_hi, rn, n_ok, k0 + kc, c + kc, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, BLOCK_N, BLOCK_K,
                          G, SB, HAS_MIN, BIAS, TILED).to(dt)
             acc = _mma(hi, x_ptr, rm, m_ok, c + kc, c_ok, stride_x, acc, SWAP, DOT_F32)
         else:
@@ -844,9 +870,10 @@ def _split_k_sum_kernel(ws_ptr, b_ptr, out_ptr, mrows, n, stride_o, splits, HAS_
 
 
 @triton.jit
-def _dequantize_kernel(q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, out_ptr, n, k, BLOCK_N: tl.constexpr,
+def _dequantize_kernel(q_ptr, h_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, out_ptr, n, k, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, PACKED: tl.constexpr, G: tl.constexpr, SB: tl.constexpr,
-                       HAS_MIN: tl.constexpr, BIAS: tl.constexpr, TILED: tl.constexpr, PDL: tl.constexpr):
+                       HAS_MIN: tl.constexpr, BIAS: tl.constexpr, TILED: tl.constexpr, PDL: tl.constexpr,
+                       SIX: tl.constexpr):
     """The dense weights [N, K] (out's dtype) of a [BLOCK_N, BLOCK_K] tile of the code plane, decoded
     as the GEMM decodes them (``_decode``; a 4-bit byte: columns c and c + K/2). The weights are
     constant, so the tile is read and decoded before the PDL wait, overlapping the previous kernel;
@@ -862,9 +889,13 @@ def _dequantize_kernel(q_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, out_ptr, n, k, BLOCK_
     dt = out_ptr.dtype.element_ty
     raw = tl.load(q_ptr + rn[:, None] * kc + c[None, :], mask=ok, other=0)
     if PACKED:
-        lo = _decode(raw & 0x0F, rn, n_ok, k0, c, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, BLOCK_N, BLOCK_K, G, SB,
+        if SIX:
+            q_lo, q_hi = _six_bit_codes(raw, h_ptr, rn, ok, c, kc)
+        else:
+            q_lo, q_hi = raw & 0x0F, raw >> 4
+        lo = _decode(q_lo, rn, n_ok, k0, c, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, BLOCK_N, BLOCK_K, G, SB,
                      HAS_MIN, BIAS, TILED)
-        hi = _decode(raw >> 4, rn, n_ok, k0 + kc, c + kc, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, BLOCK_N, BLOCK_K,
+        hi = _decode(q_hi, rn, n_ok, k0 + kc, c + kc, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, BLOCK_N, BLOCK_K,
                      G, SB, HAS_MIN, BIAS, TILED)
         pdl_begin(PDL)
         tl.store(out_ptr + rn[:, None] * k + c[None, :], lo.to(dt), mask=ok)
@@ -938,14 +969,15 @@ def dense_rows(hidden: int | None) -> int:
 
 
 def _planes_args(w: GGUFPlanes) -> tuple[torch.Tensor, ...]:
+    """(codes, high, scale, minimum, d, dmin), each missing plane replaced by one the kernel ignores."""
     s = w.scale
-    return (w.codes, s, w.minimum if w.minimum is not None else s, w.d if w.d is not None else s,
-            w.dmin if w.dmin is not None else s)
+    return (w.codes, w.high if w.high is not None else w.codes, s, w.minimum if w.minimum is not None else s,
+            w.d if w.d is not None else s, w.dmin if w.dmin is not None else s)
 
 
 def _kind_meta(w: GGUFPlanes) -> dict[str, object]:
     packed, g, sb, has_min, bias = KINDS[w.kind]
-    return dict(PACKED=packed, G=g, SB=sb, HAS_MIN=has_min, BIAS=bias, TILED=tiled_scales())
+    return dict(PACKED=packed, G=g, SB=sb, HAS_MIN=has_min, BIAS=bias, TILED=tiled_scales(), SIX=w.high is not None)
 
 
 def tiled_scales() -> bool:
@@ -970,12 +1002,6 @@ def dp4a_gemv() -> bool:
     452 tok/s against 260 with float32 activations), or keeps float32 activations
     (``DEEPINFER_GGUF_DP4A=0``: each output exact to float32 sums of the bf16 activations)."""
     return switches.enabled("DEEPINFER_GGUF_DP4A")
-
-
-def six_bit_gemv() -> bool:
-    """The word GEMV reads Q6_K's 6-bit planes where a weight has them (``DEEPINFER_GGUF_Q6K_6BIT=1``
-    at load makes them; 0 at a call or a graph capture keeps the byte plane)."""
-    return switches.enabled("DEEPINFER_GGUF_Q6K_6BIT")
 
 
 def one_row_path() -> str:
@@ -1022,11 +1048,7 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
         signed = w.codes.dtype == torch.int8
         rows = 8 if block_n >= 8 else (4 if block_n >= 4 else (2 if block_n >= 2 else 1))
         codes = w.codes.view(torch.int32)
-        six = w.q6_low is not None and w.q6_high is not None and six_bit_gemv()
-        high = codes
-        if six:  # Q6_K's 6-bit planes: the nibbles read as a 4-bit type's, the high bits beside them
-            assert w.q6_low is not None and w.q6_high is not None
-            codes, high, packed = w.q6_low.view(torch.int32), w.q6_high.view(torch.int64), True
+        high = codes if w.high is None else w.high.view(torch.int64)  # (Q6_K) one int64 a tile row
         nw = norm[0] if norm is not None else out
         eps = norm[1] if norm is not None else 0.0
         norm_block = triton.next_power_of_2(k) if norm is not None else 1
@@ -1047,7 +1069,7 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
             xw = x[0].view(torch.int64) if x_words else x
             xq_words, st, fused_norm = codes, out, norm is not None
         _gguf_gemv_words_kernel[(triton.cdiv(n, rows),)](
-            x, xw, xq_words, st, codes, high, *_planes_args(w)[1:], bias if bias is not None else out, nw,
+            x, xw, xq_words, st, codes, high, *_planes_args(w)[2:], bias if bias is not None else out, nw,
             nw.view(torch.int64) if x_words and norm is not None else nw, residual if residual is not None else out,
             out, n, k, codes.shape[1], eps, ROWS=rows, BLOCK_W=max(block_k // 4, 4),
             PACKED=packed, SIGNED=signed, G=g, SB=sb, HAS_MIN=has_min,
@@ -1055,7 +1077,8 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
             NORM_BLOCK=norm_block, HAS_BIAS=bias is not None,
             RESIDUAL=residual is not None, X_WORDS=x_words, DP4A=dp4a, CODE_BIAS=float(code_bias),
             EMULATE=_INTERPRET, num_warps=warps, num_stages=stages,
-            PRELOAD=prefetch_fits(rows * max(block_k // 4, 4) * 4, warps) if preload is None else preload, SIX=six,
+            PRELOAD=prefetch_fits(rows * max(block_k // 4, 4) * 4, warps) if preload is None else preload,
+            SIX=w.high is not None,
             **pdl_launch(x.device))
         return out
     if _INTERPRET:  # Triton's interpreter runs programs one by one: fewer, wider ones (same products)

@@ -6,9 +6,17 @@ them, one 2-D tensor per field, each row-major over the output rows:
 
 * ``codes``: 4-bit types (Q4_0, Q4_1, Q4_K) as one byte per two weights, ``[N, K/2]`` uint8: byte
   ``j`` holds column ``j`` in its low nibble and column ``j + K/2`` in its high one (so one load of
-  consecutive bytes feeds two runs of consecutive columns: coalesced, no shuffles). Other types as
-  one byte per weight, ``[N, K]`` (Q8_0: int8; Q5_K 0..31 and Q6_K 0..63: uint8 — wider than their
-  5/6 bits, a bandwidth cost on the layers a Q4_K_M file stores that way).
+  consecutive bytes feeds two runs of consecutive columns: coalesced, no shuffles). Q6_K the same
+  with its codes' low 4 bits, and their high 2 bits in ``high`` (below). Q8_0 (int8) and Q5_K
+  (0..31, uint8: wider than its 5 bits) as one byte per weight, ``[N, K]``.
+* ``high`` ``[N, K/4]`` uint8 (Q6_K only): the high 2 bits of each code, 6 bits a weight in all.
+  Each 16 bytes ``16 t .. 16 t + 15`` of ``codes`` (a tile row of the one-row GEMV) take the 8
+  bytes ``8 t .. 8 t + 7``: byte ``8 t + i`` holds the columns of code bytes ``16 t + i`` (bits
+  0-1) and ``16 t + 8 + i`` (bits 2-3), and their partners at ``K/2`` (bits 4-5 and 6-7). One
+  8-byte load gives a tile row's 32 high parts, and each 32-bit half, shifted, lines its bytes up
+  with a code word's (``gguf_gemv._six_bit_words``); elsewhere byte ``j`` of ``codes`` finds its
+  high parts in byte ``8 (j // 16) + j % 8`` at bit ``2 ((j // 8) % 2)`` (+ 4 for the high
+  nibble's column), ``gguf_gemv._six_bit_codes``.
 * ``scale`` ``[N, K/G]`` per group of G weights (32; 16 for Q6_K): fp16 ``d`` for Q4_0/Q4_1/Q8_0,
   the int8 sub-block scales for Q6_K.
 * ``minimum`` ``[N, K/G]`` or None: fp16 ``m`` (Q4_1).
@@ -19,15 +27,6 @@ them, one 2-D tensor per field, each row-major over the output rows:
   (columns c and c + K/2); ``d`` is int32 ``[N, K/256]``, the float16 bits of ``d`` (low half) and
   ``dmin`` (high half); ``minimum`` and ``dmin`` are None. Three loads give a Q4_K tile row's
   eight values (``gguf_gemv._kpack_update``), in the bytes of the four planes they replace.
-* Q6_K's codes at 6 bits too (experimental, ``DEEPINFER_GGUF_Q6K_6BIT=1`` at load; beside the byte
-  plane, read only by the one-row word GEMV): ``q6_low`` ``[N, K/2]`` uint8, each code's low 4 bits
-  packed as a 4-bit type's codes (byte ``j``: columns ``j`` and ``j + K/2``), and ``q6_high``
-  ``[N, K/4]`` uint8, its high 2 bits in the order of the word GEMV's tile rows: the 16 bytes
-  ``16 t .. 16 t + 15`` of ``q6_low`` (columns ``16 t + 4 q + b``, and the same plus ``K/2``; word
-  ``q`` 0..3, byte ``b`` 0..3) take the 8 bytes ``8 t .. 8 t + 7``, column ``16 t + 4 q + b`` in
-  byte ``8 t + 4 (q // 2) + b`` at bit ``2 (q % 2)``, and its partner at ``K/2`` two bits above
-  the pair's at bit ``4 + 2 (q % 2)``. So one 8-byte load gives a tile row's 32 high parts, and
-  each int32 half, shifted, lines its bytes up with one code word's (``gguf_gemv._six_bit_words``).
 
 The kernels compute each weight with gguf.quants' float32 operations in its order:
 ``d*(q-8)`` (Q4_0), ``d*q + m`` (Q4_1), ``d*q`` (Q8_0), ``(d*sc)*q - dmin*mn`` (Q4_K, Q5_K),
@@ -42,7 +41,6 @@ from typing import Any
 
 import torch
 
-from deepinfer.runtime import switches
 from deepinfer.runtime.kernels.gguf_blocks import _nibbles, _q4k_scale_min
 
 # type -> (packed nibbles, group size, super-block size or 0, has a minimum, code bias)
@@ -52,7 +50,7 @@ KINDS: dict[str, tuple[bool, int, int, bool, int]] = {
     "Q8_0": (False, 32, 0, False, 0),
     "Q4_K": (True, 32, 256, True, 0),
     "Q5_K": (False, 32, 256, True, 0),
-    "Q6_K": (False, 16, 256, False, 32),
+    "Q6_K": (True, 16, 256, False, 32),  # its low nibbles packed as the 4-bit types', the rest in ``high``
 }
 GPU_TYPES = tuple(KINDS)
 # the super-block types with mins (Q4_K, Q5_K) pack their scales (the module docstring; the kernels
@@ -73,8 +71,7 @@ class GGUFPlanes:
     minimum: torch.Tensor | None = None
     d: torch.Tensor | None = None
     dmin: torch.Tensor | None = None
-    q6_low: torch.Tensor | None = None
-    q6_high: torch.Tensor | None = None
+    high: torch.Tensor | None = None
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {f.name: getattr(self, f.name) for f in fields(self)
@@ -113,14 +110,22 @@ class GGUFPlanes:
         return (torch.cat((sm[..., 0], sm[..., 2]), dim=1), torch.cat((sm[..., 1], sm[..., 3]), dim=1),
                 dd[..., 0].contiguous(), dd[..., 1].contiguous())
 
+    def code_values(self) -> torch.Tensor:
+        """Every weight's code [N, K] (uint8; int8 for Q8_0): nibbles unpacked, Q6_K's high bits joined."""
+        q = self.codes
+        if not KINDS[self.kind][0]:
+            return q
+        if self.high is None:
+            return torch.cat((q & 0x0F, q >> 4), dim=1)
+        two = self.high.reshape(self.n, -1, 1, 8) >> _HIGH_SHIFTS.to(q.device)  # [N, T, (s, h), i]
+        two = (two & 0x03).reshape(self.n, -1, 2, 2, 8).permute(0, 3, 1, 2, 4).reshape(self.n, 2, -1)  # [N, h, K/2]
+        return torch.cat(((q & 0x0F) | (two[:, 0] << 4), (q >> 4) | (two[:, 1] << 4)), dim=1)
+
     def dequantize(self) -> torch.Tensor:
         """Dense float32 [N, K] with the kernels' operations (torch, any device)."""
-        packed, g, sb, has_min, bias = KINDS[self.kind]
+        _, g, sb, has_min, bias = KINDS[self.kind]
         scale, minimum, d, dmin = self.four_planes()
-        q = self.codes
-        if packed:
-            q = torch.cat((q & 0x0F, q >> 4), dim=1)
-        q = q.float() - bias
+        q = self.code_values().float() - bias
         s = scale.float().repeat_interleave(g, 1)
         if sb:
             assert d is not None
@@ -187,10 +192,7 @@ def regroup(raw: torch.Tensor, kind: str) -> GGUFPlanes:
         q = (ql | qh << 4).reshape(rows, k)
         sc = b[..., 192:208].contiguous().view(torch.int8).reshape(rows, -1)
         d = b[..., 208:210].contiguous().view(torch.float16).reshape(rows, nb)
-        planes = GGUFPlanes(kind, rows, k, q.contiguous(), sc, d=d)
-        if switches.enabled("DEEPINFER_GGUF_Q6K_6BIT"):
-            planes.q6_low, planes.q6_high = six_bit_planes(planes.codes)
-        return planes
+        return GGUFPlanes(kind, rows, k, _pack_halves(q & 0x0F), sc, d=d, high=_high_parts(q))
     d = b[..., 0:2].contiguous().view(torch.float16).reshape(rows, nb)
     dmin = b[..., 2:4].contiguous().view(torch.float16).reshape(rows, nb)
     sc, mn = _q4k_scale_min(b[..., 4:16])
@@ -205,16 +207,19 @@ def regroup(raw: torch.Tensor, kind: str) -> GGUFPlanes:
     return GGUFPlanes(kind, rows, k, q.contiguous(), *_pack_scales(sc, mn, d, dmin))
 
 
-def six_bit_planes(codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Q6_K's ``q6_low`` and ``q6_high`` planes (the module docstring) of its byte codes [N, K] (0..63)."""
+# bit offsets of a ``high`` byte's four 2-bit parts, as [(s, h)] for code byte 16 t + 8 s + i, nibble h
+_HIGH_SHIFTS = torch.tensor([0, 4, 2, 6], dtype=torch.uint8).reshape(4, 1)
+
+
+def _high_parts(codes: torch.Tensor) -> torch.Tensor:
+    """Q6_K's ``high`` plane (the module docstring) of its codes [N, K] (0..63)."""
     rows, k = codes.shape
-    low = _pack_halves(codes & 0x0F)
-    # the high parts of columns 16 t + 4 (2 p + r) + b (first half: h = 0; second: h = 1) as
-    # [N, T, p, r, b] -> byte (t, p, b) gets bits 2 r + 4 h
-    two = (codes >> 4).reshape(rows, 2, k // 32, 2, 2, 4)  # [N, h, T, p, r, b]
-    shift = (2 * torch.arange(2).reshape(1, 1, 1, 1, 2, 1) + 4 * torch.arange(2).reshape(1, 2, 1, 1, 1, 1))
-    high = (two.to(torch.int32) << shift.to(codes.device)).sum(dim=(1, 4), dtype=torch.int32)  # [N, T, p, b]
-    return low, high.to(torch.uint8).reshape(rows, k // 4).contiguous()
+    # the high parts of columns 16 t + 8 s + i (first half: h = 0; second: h = 1) as [N, h, T, s, i]:
+    # byte (t, i) gets bits 2 s + 4 h
+    two = (codes >> 4).reshape(rows, 2, k // 32, 2, 8).to(torch.int32)
+    shift = 2 * torch.arange(2).reshape(1, 1, 1, 2, 1) + 4 * torch.arange(2).reshape(1, 2, 1, 1, 1)
+    high = (two << shift.to(codes.device)).sum(dim=(1, 3), dtype=torch.int32)  # [N, T, i]
+    return high.to(torch.uint8).reshape(rows, k // 4).contiguous()
 
 
 def _pack_scales(sc: torch.Tensor, mn: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor
