@@ -127,16 +127,25 @@ def _code_float(q, BIAS: tl.constexpr):
 
 
 @triton.jit
+def _six_bit_high(h_ptr, rows, ok, c, kc):
+    """Q6_K: for code-plane bytes at columns ``c`` [BK] of rows ``rows`` [R] (``ok`` [R, BK]; ``kc`` =
+    K/2), the ``high`` byte holding their 2-bit pairs (gguf_layout: byte ``j``'s are in byte
+    ``8 (j // 16) + j % 8``) and the pairs' shift there (``2 ((j // 8) % 2)``; + 4 for the high
+    nibble's column), both uint8 [R, BK]."""
+    two = tl.load(h_ptr + rows[:, None] * (kc // 2) + (8 * (c // 16) + c % 8)[None, :], mask=ok, other=0)
+    return two, tl.broadcast_to((2 * ((c // 8) % 2)).to(tl.uint8)[None, :], two.shape)
+
+
+@triton.jit
 def _six_bit_codes(raw, h_ptr, rows, ok, c, kc):
-    """Q6_K's codes (uint8, 0..63) of its code-plane bytes ``raw`` [R, BK] at byte columns ``c`` [BK] of
-    rows ``rows`` [R] (``ok`` [R, BK]): the low nibbles' columns ``c`` and the high nibbles' ``c + K/2``
-    (``kc`` = K/2), each with its high 2 bits from ``h_ptr`` [N, K/4] (gguf_layout: byte ``j``'s are in
-    byte ``8 (j // 16) + j % 8`` at bit ``2 ((j // 8) % 2)``, + 4 for the high nibble's)."""
-    shift = (2 * ((c // 8) % 2))[None, :]
-    two = tl.load(h_ptr + rows[:, None] * (kc // 2) + (8 * (c // 16) + c % 8)[None, :], mask=ok, other=0).to(tl.int32)
+    """Q6_K's codes (uint8, 0..63) of its code-plane bytes ``raw`` [R, BK] at byte columns ``c``: the
+    low nibbles' columns ``c`` and the high nibbles' ``c + K/2``, each joined with its 2-bit pair
+    (``_six_bit_high``)."""
+    two, shift = _six_bit_high(h_ptr, rows, ok, c, kc)
+    two = two.to(tl.int32) >> shift.to(tl.int32)
     q = raw.to(tl.int32)
-    lo = (q & 0x0F) | (((two >> shift) & 0x03) << 4)
-    hi = (q >> 4) | (((two >> (shift + 4)) & 0x03) << 4)
+    lo = (q & 0x0F) | ((two & 0x03) << 4)
+    hi = (q >> 4) | (two & 0x30)
     return lo.to(tl.uint8), hi.to(tl.uint8)
 
 
@@ -252,6 +261,40 @@ fma.rn.bf16x2 $1, t1, one, c;
 """
 _BYTES_MINUS_128 = tl.constexpr(_BYTE_PAIRS.replace("C_PAIR", "0xC300C300"))  # bf16 -128.0, twice
 _BYTES_MINUS_160 = tl.constexpr(_BYTE_PAIRS.replace("C_PAIR", "0xC320C320"))  # bf16 -160.0, twice
+# Q6_K: 4 code bytes ($6) joined with their 2-bit pairs ($7: each byte's high byte; $8: each pair's
+# shift there, 0 or 2) into whole codes, then as _BYTE_PAIRS: both nibbles' codes as bfloat16 pairs
+# ``code - 32``. A byte whose shift is 2 takes its pairs from the word shifted right by 2 (a byte
+# select by lop3); 23 instructions for 8 weights, where joining in 32-bit lanes took ~7 a weight.
+_SIX_PAIRS = tl.constexpr("""
+{
+.reg .b32 m, v2, h, lo, hi, t0, t1, u0, u1, one, c;
+mov.b32 one, 0x3F803F80;
+mov.b32 c, 0xC320C320;
+shr.u32 m, $6, 1;
+and.b32 m, m, 0x01010101;
+mul.lo.u32 m, m, 0xFF;
+shr.u32 v2, $5, 2;
+lop3.b32 h, v2, $5, m, 0xE4;
+shl.b32 t0, h, 4;
+and.b32 t0, t0, 0x30303030;
+lop3.b32 lo, $4, 0x0F0F0F0F, t0, 0xEA;
+shr.u32 t1, $4, 4;
+and.b32 u1, h, 0x30303030;
+lop3.b32 hi, t1, 0x0F0F0F0F, u1, 0xEA;
+prmt.b32 t0, lo, 0, 0x4140;
+prmt.b32 t1, lo, 0, 0x4342;
+prmt.b32 u0, hi, 0, 0x4140;
+prmt.b32 u1, hi, 0, 0x4342;
+or.b32 t0, t0, 0x43004300;
+or.b32 t1, t1, 0x43004300;
+or.b32 u0, u0, 0x43004300;
+or.b32 u1, u1, 0x43004300;
+fma.rn.bf16x2 $0, t0, one, c;
+fma.rn.bf16x2 $1, t1, one, c;
+fma.rn.bf16x2 $2, u0, one, c;
+fma.rn.bf16x2 $3, u1, one, c;
+}
+""")
 # the kinds the "bf16" decode covers. Q8_0's signed bytes need 8 significant bits, more than the 128.0
 # trick holds; through float32 (2**23 trick, one exact conversion, the scale in bf16) they measured the
 # same as the float32 decode (H100, 8B shape, 32 concurrent: 5,683 and 5,671 against 5,661 tok/s) while
@@ -280,6 +323,14 @@ def _nibble_codes_bf16(raw, BIAS: tl.constexpr):
         lo, hi = tl.inline_asm_elementwise(_NIBBLES_MINUS_128, "=r,=r,=r,=r,r", [raw],
                                            dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
     return lo, hi
+
+
+@triton.jit
+def _six_codes_bf16(raw, two, shift):
+    """Q6_K's codes of code bytes ``raw`` with their pairs' bytes ``two`` and shifts ``shift``
+    (``_six_bit_high``) as bfloat16 ``code - 32``, exactly: (low nibbles' columns, high nibbles')."""
+    return tl.inline_asm_elementwise(_SIX_PAIRS, "=r,=r,=r,=r,r,r,r", [raw, two, shift],
+                                     dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
 
 
 @triton.jit
@@ -805,17 +856,14 @@ def _gguf_gemm_kernel(x_ptr, q_ptr, h_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, b_ptr, o
             c_ok = c < kc
         ok = n_ok[:, None] & c_ok[None, :]
         raw = tl.load(q_ptr + rn[:, None] * kc + c[None, :], mask=ok, other=0)
-        if SIX:  # Q6_K: whole codes (its high bits joined), then the byte-code routes
-            q_lo, q_hi = _six_bit_codes(raw, h_ptr, rn, ok, c, kc)
-        else:
-            q_lo, q_hi = raw & 0x0F, raw >> 4
         if BF16_CODES and not PACKED:  # bf16 activations, on the GPU (gemm_decode())
             w = _scale_bf16(_byte_codes_bf16(raw, BIAS), rn, n_ok, k0, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, BLOCK_N,
                             BLOCK_K, G, SB, HAS_MIN)
             acc = _mma(w, x_ptr, rm, m_ok, c, c_ok, stride_x, acc, SWAP, DOT_F32)
         elif BF16_CODES:
-            if SIX:
-                lo, hi = _byte_codes_bf16(q_lo, BIAS), _byte_codes_bf16(q_hi, BIAS)
+            if SIX:  # Q6_K: each code joined with its 2-bit pair in the PTX
+                two, shift = _six_bit_high(h_ptr, rn, ok, c, kc)
+                lo, hi = _six_codes_bf16(raw, two, shift)
             else:
                 lo, hi = _nibble_codes_bf16(raw, BIAS)
             lo = _scale_bf16(lo, rn, n_ok, k0, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, BLOCK_N, BLOCK_K, G, SB, HAS_MIN)
@@ -824,6 +872,10 @@ def _gguf_gemm_kernel(x_ptr, q_ptr, h_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, b_ptr, o
                              HAS_MIN)
             acc = _mma(hi, x_ptr, rm, m_ok, c + kc, c_ok, stride_x, acc, SWAP, DOT_F32)
         elif PACKED:
+            if SIX:  # Q6_K: whole codes (its high bits joined)
+                q_lo, q_hi = _six_bit_codes(raw, h_ptr, rn, ok, c, kc)
+            else:
+                q_lo, q_hi = raw & 0x0F, raw >> 4
             lo = _decode(q_lo, rn, n_ok, k0, c, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, BLOCK_N, BLOCK_K, G, SB,
                          HAS_MIN, BIAS, TILED).to(dt)
             acc = _mma(lo, x_ptr, rm, m_ok, c, c_ok, stride_x, acc, SWAP, DOT_F32)
