@@ -125,6 +125,11 @@ def check_kind(kind: str, device: str, quick: bool) -> bool:
     mag = x.double().abs() @ w_ref.abs().T
     ok &= _check(f"{kind} gemv f32 [1,{k}]x[{n},{k}]", gguf_gemv(x.to(device), planes), ref, mag, 2**-16, 2**-24,
                  q8_error(x, w_ref))
+    if planes.high is not None:  # DEEPINFER_GGUF_Q6K_6BIT=1: every kernel below reads the 6-bit planes
+        six = planes.packed and tuple(planes.codes.shape) == (n, k // 2)
+        print(f"{'ok  ' if six else 'FAIL'} {kind} planes at 6 bits: codes {tuple(planes.codes.shape)}, high "
+              f"{tuple(planes.high.shape)}")
+        ok &= six
     # longer rows in narrow tiles: several code chunks a row, the last one cut short (or one partial chunk)
     k2 = {"Q4_0": 320, "Q4_1": 320, "Q8_0": 288}.get(kind, 768)
     raw2 = random_blocks(kind, 9, k2, seed=10 + GPU_TYPES.index(kind))

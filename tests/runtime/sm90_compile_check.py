@@ -282,6 +282,10 @@ def main(args: list[str]) -> None:
             for kind in GPU_TYPES:
                 gguf_one_row(kind)
                 _report(f"gguf {kind} one row prefetch {prefetch}")
+            os.environ["DEEPINFER_GGUF_Q6K_6BIT"] = "1"  # Q6_K's codes at 6 bits (planes made at regroup)
+            gguf_one_row("Q6_K")
+            del os.environ["DEEPINFER_GGUF_Q6K_6BIT"]
+            _report(f"gguf Q6_K at 6 bits one row prefetch {prefetch}")
     if "others" in args:  # no prefetch form: once
         fp8_kernels()
         _report("fp8 one row (every math), gemm, w8a8")
@@ -290,6 +294,10 @@ def main(args: list[str]) -> None:
         for kind in GPU_TYPES:
             gguf_several_rows(kind)
             _report(f"gguf {kind} several rows")
+        os.environ["DEEPINFER_GGUF_Q6K_6BIT"] = "1"
+        gguf_several_rows("Q6_K")
+        del os.environ["DEEPINFER_GGUF_Q6K_6BIT"]
+        _report("gguf Q6_K at 6 bits several rows")
         greedy_picks()
         _report("argmax rows, grammar masks")
 

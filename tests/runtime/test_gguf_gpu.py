@@ -56,10 +56,10 @@ def test_planes_decode_bitwise_to_gguf(kind):
     assert torch.equal(planes.rows(4, 9).dequantize(), planes.dequantize()[4:9])
 
 
-# bits a weight of the planes: codes (4 packed, Q6_K 4 + 2, else 8) + per 32 (Q6_K: 16) the scale (and min), + per
+# bits a weight of the planes: codes (4 packed, else 8) + per 32 (Q6_K: 16) the scale (and min), + per
 # 256 the K-quants' d (and dmin); Q4_K/Q5_K pack scale+min and d+dmin in the same bytes
 PLANE_BITS = {"Q4_0": 4 + 16 / 32, "Q4_1": 4 + 32 / 32, "Q8_0": 8 + 16 / 32, "Q4_K": 4 + 16 / 32 + 32 / 256,
-              "Q5_K": 8 + 16 / 32 + 32 / 256, "Q6_K": 4 + 2 + 8 / 16 + 16 / 256}
+              "Q5_K": 8 + 16 / 32 + 32 / 256, "Q6_K": 8 + 8 / 16 + 16 / 256}
 
 
 @pytest.mark.parametrize("kind", GPU_TYPES)
@@ -77,16 +77,24 @@ def test_planes_take_the_bytes_of_their_fields_once(kind):
         assert d.dtype == dmin.dtype == torch.float16 and d.shape == dmin.shape == (12, 2)
 
 
-def test_q6k_codes_take_6_bits_each_read_back_where_the_layout_puts_them():
-    """Q6_K's codes: low nibbles as a 4-bit type's (byte j: columns j and j + K/2) and the high 2 bits
-    in ``high`` (byte 8 (j // 16) + j % 8, bit 2 ((j // 8) % 2), + 4 for column j + K/2), each code
-    read back from there equal to gguf's; the 6 bits are the whole of them (test_planes_take_...)."""
+def test_q6k_codes_at_6_bits_read_back_where_the_layout_puts_them(monkeypatch):
+    """DEEPINFER_GGUF_Q6K_6BIT=1: Q6_K's codes as low nibbles packed as a 4-bit type's (byte j: columns
+    j and j + K/2) and the high 2 bits in ``high`` (byte 8 (j // 16) + j % 8, bit 2 ((j // 8) % 2), + 4
+    for column j + K/2), each code read back from there equal to gguf's; 6 bits a code in all."""
     from gguf.quants import dequantize
     from gguf_gpu_check import random_blocks
 
     raw = random_blocks("Q6_K", 12, 512, seed=5)
+    plain = regroup(torch.from_numpy(raw), "Q6_K")
+    assert plain.high is None and not plain.packed  # off by default: one byte a code
+    monkeypatch.setenv("DEEPINFER_GGUF_Q6K_6BIT", "1")
     planes = regroup(torch.from_numpy(raw), "Q6_K")
-    assert planes.high is not None and planes.codes.shape == (12, 256) and planes.high.shape == (12, 128)
+    assert planes.high is not None and planes.packed
+    assert planes.codes.shape == (12, 256) and planes.high.shape == (12, 128)
+    assert (plain.nbytes() - planes.nbytes()) * 8 == 2 * 12 * 512
+    assert torch.equal(planes.code_values(), plain.codes)
+    index = torch.randperm(12, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(planes.permute_rows(index).rows(2, 7).dequantize(), plain.dequantize()[index][2:7])
     low, high = planes.codes.numpy(), planes.high.numpy()
     # gguf's codes: the weights over their group scales (d * sc), plus the bias 32
     w = dequantize(raw, gguf.GGMLQuantizationType.Q6_K).reshape(12, 512).astype(np.float64)
@@ -101,6 +109,16 @@ def test_q6k_codes_take_6_bits_each_read_back_where_the_layout_puts_them():
         assert np.array_equal(code[nonzero[:, c]], want[nonzero[:, c], c]), c
     assert torch.equal(planes.code_values()[torch.from_numpy(nonzero)].double(),
                        torch.from_numpy(want[nonzero]))
+
+
+# the word GEMV with 8-bit and with float32 activations; the byte GEMV (DEEPINFER_GGUF_WORDS=0)
+@pytest.mark.parametrize(("words", "dp4a"), [("1", "1"), ("1", "0"), ("0", "0")])
+def test_q6k_at_6_bits_matches_gguf_in_float64(words, dp4a):
+    """Every kernel on Q6_K's 6-bit planes (GEMVs with their tilings and fusions, GEMM plain, swapped
+    and split, the whole-weight decode, MMQ) against float64, as gguf_gpu_check checks the others."""
+    out = _run("gguf_gpu_check.py", "cpu", "quick", "Q6_K", DEEPINFER_GGUF_Q6K_6BIT="1", DEEPINFER_GGUF_WORDS=words,
+               DEEPINFER_GGUF_DP4A=dp4a)
+    assert "ok   Q6_K planes at 6 bits" in out, out[-3000:]
 
 
 @pytest.mark.parametrize("kind", GPU_TYPES)

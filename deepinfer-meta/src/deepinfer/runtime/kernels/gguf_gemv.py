@@ -1028,8 +1028,8 @@ def _planes_args(w: GGUFPlanes) -> tuple[torch.Tensor, ...]:
 
 
 def _kind_meta(w: GGUFPlanes) -> dict[str, object]:
-    packed, g, sb, has_min, bias = KINDS[w.kind]
-    return dict(PACKED=packed, G=g, SB=sb, HAS_MIN=has_min, BIAS=bias, TILED=tiled_scales(), SIX=w.high is not None)
+    _, g, sb, has_min, bias = KINDS[w.kind]
+    return dict(PACKED=w.packed, G=g, SB=sb, HAS_MIN=has_min, BIAS=bias, TILED=tiled_scales(), SIX=w.high is not None)
 
 
 def tiled_scales() -> bool:
@@ -1096,7 +1096,8 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
         raise ValueError(f"gguf_gemv: config must be (BLOCK_N, BLOCK_K a power of two >= 16, num_warps, "
                          f"num_stages) of positive integers, got {(block_n, block_k, warps, stages)!r}")
     if words:
-        packed, g, sb, has_min, code_bias = KINDS[w.kind]
+        _, g, sb, has_min, code_bias = KINDS[w.kind]
+        packed = w.packed
         signed = w.codes.dtype == torch.int8
         rows = 8 if block_n >= 8 else (4 if block_n >= 4 else (2 if block_n >= 2 else 1))
         codes = w.codes.view(torch.int32)

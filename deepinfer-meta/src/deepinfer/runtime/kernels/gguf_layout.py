@@ -6,10 +6,11 @@ them, one 2-D tensor per field, each row-major over the output rows:
 
 * ``codes``: 4-bit types (Q4_0, Q4_1, Q4_K) as one byte per two weights, ``[N, K/2]`` uint8: byte
   ``j`` holds column ``j`` in its low nibble and column ``j + K/2`` in its high one (so one load of
-  consecutive bytes feeds two runs of consecutive columns: coalesced, no shuffles). Q6_K the same
-  with its codes' low 4 bits, and their high 2 bits in ``high`` (below). Q8_0 (int8) and Q5_K
-  (0..31, uint8: wider than its 5 bits) as one byte per weight, ``[N, K]``.
-* ``high`` ``[N, K/4]`` uint8 (Q6_K only): the high 2 bits of each code, 6 bits a weight in all.
+  consecutive bytes feeds two runs of consecutive columns: coalesced, no shuffles). Q8_0 (int8),
+  Q5_K (0..31) and Q6_K (0..63, uint8: wider than their 5/6 bits) as one byte per weight, ``[N, K]``;
+  with ``DEEPINFER_GGUF_Q6K_6BIT=1`` at load (experimental: faster at one row, slower at 32; guide
+  08) Q6_K as the 4-bit types with its codes' low 4 bits, their high 2 bits in ``high`` (below).
+* ``high`` ``[N, K/4]`` uint8 (Q6_K at 6 bits only): the high 2 bits of each code.
   Each 16 bytes ``16 t .. 16 t + 15`` of ``codes`` (a tile row of the one-row GEMV) take the 8
   bytes ``8 t .. 8 t + 7``: byte ``8 t + i`` holds the columns of code bytes ``16 t + i`` (bits
   0-1) and ``16 t + 8 + i`` (bits 2-3), and their partners at ``K/2`` (bits 4-5 and 6-7). One
@@ -41,6 +42,7 @@ from typing import Any
 
 import torch
 
+from deepinfer.runtime import switches
 from deepinfer.runtime.kernels.gguf_blocks import _nibbles, _q4k_scale_min
 
 # type -> (packed nibbles, group size, super-block size or 0, has a minimum, code bias)
@@ -50,7 +52,7 @@ KINDS: dict[str, tuple[bool, int, int, bool, int]] = {
     "Q8_0": (False, 32, 0, False, 0),
     "Q4_K": (True, 32, 256, True, 0),
     "Q5_K": (False, 32, 256, True, 0),
-    "Q6_K": (True, 16, 256, False, 32),  # its low nibbles packed as the 4-bit types', the rest in ``high``
+    "Q6_K": (False, 16, 256, False, 32),  # (at 6 bits: its low nibbles packed, the rest in ``high``)
 }
 GPU_TYPES = tuple(KINDS)
 # the super-block types with mins (Q4_K, Q5_K) pack their scales (the module docstring; the kernels
@@ -110,10 +112,15 @@ class GGUFPlanes:
         return (torch.cat((sm[..., 0], sm[..., 2]), dim=1), torch.cat((sm[..., 1], sm[..., 3]), dim=1),
                 dd[..., 0].contiguous(), dd[..., 1].contiguous())
 
+    @property
+    def packed(self) -> bool:
+        """Two codes a byte of ``codes`` (columns ``j`` and ``j + K/2``): the 4-bit types, Q6_K at 6 bits."""
+        return KINDS[self.kind][0] or self.high is not None
+
     def code_values(self) -> torch.Tensor:
         """Every weight's code [N, K] (uint8; int8 for Q8_0): nibbles unpacked, Q6_K's high bits joined."""
         q = self.codes
-        if not KINDS[self.kind][0]:
+        if not self.packed:
             return q
         if self.high is None:
             return torch.cat((q & 0x0F, q >> 4), dim=1)
@@ -192,7 +199,9 @@ def regroup(raw: torch.Tensor, kind: str) -> GGUFPlanes:
         q = (ql | qh << 4).reshape(rows, k)
         sc = b[..., 192:208].contiguous().view(torch.int8).reshape(rows, -1)
         d = b[..., 208:210].contiguous().view(torch.float16).reshape(rows, nb)
-        return GGUFPlanes(kind, rows, k, _pack_halves(q & 0x0F), sc, d=d, high=_high_parts(q))
+        if switches.enabled("DEEPINFER_GGUF_Q6K_6BIT"):
+            return GGUFPlanes(kind, rows, k, _pack_halves(q & 0x0F), sc, d=d, high=_high_parts(q))
+        return GGUFPlanes(kind, rows, k, q.contiguous(), sc, d=d)
     d = b[..., 0:2].contiguous().view(torch.float16).reshape(rows, nb)
     dmin = b[..., 2:4].contiguous().view(torch.float16).reshape(rows, nb)
     sc, mn = _q4k_scale_min(b[..., 4:16])

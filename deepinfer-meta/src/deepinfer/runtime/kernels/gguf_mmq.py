@@ -129,7 +129,7 @@ def mmq_rows() -> int:
 
 def mmq_supports(w: GGUFPlanes) -> bool:
     """Whether ``gguf_mmq`` takes this weight: every type, with K a multiple of 64 for the 4-bit ones."""
-    return w.k % (64 if KINDS[w.kind][0] else 32) == 0
+    return w.k % (64 if w.packed else 32) == 0
 
 
 def quantize_rows(x: torch.Tensor) -> QuantizedRows:
@@ -173,7 +173,8 @@ def gguf_mmq(xq: QuantizedRows, w: GGUFPlanes, bias: torch.Tensor | None = None,
         return out
     block_n, warps, stages = config
     block_m = max(16, min(64, triton.next_power_of_2(m)))
-    packed, g, sb, has_min, code_bias = KINDS[w.kind]
+    _, g, sb, has_min, code_bias = KINDS[w.kind]
+    packed = w.packed
     s = w.scale
     _gguf_mmq_kernel[(triton.cdiv(n, block_n), triton.cdiv(m, block_m))](
         q, sx, xs, w.codes, w.high if w.high is not None else w.codes, s, w.minimum if w.minimum is not None else s, w.d if w.d is not None else s,
