@@ -177,8 +177,8 @@ def gguf_mmq(xq: QuantizedRows, w: GGUFPlanes, bias: torch.Tensor | None = None,
     packed = w.packed
     s = w.scale
     _gguf_mmq_kernel[(triton.cdiv(n, block_n), triton.cdiv(m, block_m))](
-        q, sx, xs, w.codes, w.high if w.high is not None else w.codes, s, w.minimum if w.minimum is not None else s, w.d if w.d is not None else s,
-        w.dmin if w.dmin is not None else s, bias if bias is not None else out, out, m, n, k, out.stride(0),
+        q, sx, xs, w.codes, w.high if w.high is not None else w.codes, s, w.minimum if w.minimum is not None else s,
+        w.d if w.d is not None else s, w.dmin if w.dmin is not None else s, bias if bias is not None else out, out, m, n, k, out.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, PACKED=packed, G=g, SB=sb, HAS_MIN=has_min, BIAS=code_bias,
         HAS_BIAS=bias is not None, SIX=w.high is not None, num_warps=warps, num_stages=stages,
         **pdl_launch(q.device))
