@@ -137,16 +137,19 @@ def _six_bit_high(h_ptr, rows, ok, c, kc):
 
 
 @triton.jit
-def _six_bit_codes(raw, h_ptr, rows, ok, c, kc):
-    """Q6_K's codes (uint8, 0..63) of its code-plane bytes ``raw`` [R, BK] at byte columns ``c``: the
-    low nibbles' columns ``c`` and the high nibbles' ``c + K/2``, each joined with its 2-bit pair
-    (``_six_bit_high``)."""
-    two, shift = _six_bit_high(h_ptr, rows, ok, c, kc)
-    two = two.to(tl.int32) >> shift.to(tl.int32)
-    q = raw.to(tl.int32)
-    lo = (q & 0x0F) | ((two & 0x03) << 4)
-    hi = (q >> 4) | (two & 0x30)
-    return lo.to(tl.uint8), hi.to(tl.uint8)
+def _packed_codes(raw, h_ptr, rows, ok, c, kc, SIX: tl.constexpr):
+    """The codes (uint8) of packed code-plane bytes ``raw`` [R, BK] at byte columns ``c``: the low
+    nibbles' columns ``c`` and the high nibbles' ``c + K/2``. SIX (Q6_K at 6 bits, 0..63): each
+    nibble joined with its 2-bit pair (``_six_bit_high``)."""
+    if SIX:  # (if / else, not an early return: Triton compiles the code after a return too)
+        two, shift = _six_bit_high(h_ptr, rows, ok, c, kc)
+        two = two.to(tl.int32) >> shift.to(tl.int32)
+        q = raw.to(tl.int32)
+        lo = ((q & 0x0F) | ((two & 0x03) << 4)).to(tl.uint8)
+        hi = ((q >> 4) | (two & 0x30)).to(tl.uint8)
+    else:
+        lo, hi = raw & 0x0F, raw >> 4
+    return lo, hi
 
 
 @triton.jit
@@ -361,10 +364,7 @@ def _gemv_chunk(acc, raw, rows, row_ok, k0, c, kc, k, rstd, x_ptr, nw_ptr, out_p
     c_ok = c < kc
     ok = row_ok[:, None] & c_ok[None, :]
     if PACKED:
-        if SIX:
-            q_lo, q_hi = _six_bit_codes(raw, h_ptr, rows, ok, c, kc)
-        else:
-            q_lo, q_hi = raw & 0x0F, raw >> 4
+        q_lo, q_hi = _packed_codes(raw, h_ptr, rows, ok, c, kc, SIX)
         lo = _decode(q_lo, rows, row_ok, k0, c, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, R, BK, G, SB,
                      HAS_MIN, BIAS, TILED)
         acc += lo * _activation_chunk(x_ptr, nw_ptr, out_ptr, c, c_ok, k, rstd, SILU_MUL, NORM)[None, :]
@@ -877,10 +877,7 @@ def _gguf_gemm_kernel(x_ptr, q_ptr, h_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, b_ptr, o
                              HAS_MIN)
             acc = _mma(hi, x_ptr, rm, m_ok, c + kc, c_ok, stride_x, acc, SWAP, DOT_F32)
         elif PACKED:
-            if SIX:  # Q6_K: whole codes (its high bits joined)
-                q_lo, q_hi = _six_bit_codes(raw, h_ptr, rn, ok, c, kc)
-            else:
-                q_lo, q_hi = raw & 0x0F, raw >> 4
+            q_lo, q_hi = _packed_codes(raw, h_ptr, rn, ok, c, kc, SIX)
             lo = _decode(q_lo, rn, n_ok, k0, c, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, BLOCK_N, BLOCK_K, G, SB,
                          HAS_MIN, BIAS, TILED).to(dt)
             acc = _mma(lo, x_ptr, rm, m_ok, c, c_ok, stride_x, acc, SWAP, DOT_F32)
@@ -946,10 +943,7 @@ def _dequantize_kernel(q_ptr, h_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, out_ptr, n, k,
     dt = out_ptr.dtype.element_ty
     raw = tl.load(q_ptr + rn[:, None] * kc + c[None, :], mask=ok, other=0)
     if PACKED:
-        if SIX:
-            q_lo, q_hi = _six_bit_codes(raw, h_ptr, rn, ok, c, kc)
-        else:
-            q_lo, q_hi = raw & 0x0F, raw >> 4
+        q_lo, q_hi = _packed_codes(raw, h_ptr, rn, ok, c, kc, SIX)
         lo = _decode(q_lo, rn, n_ok, k0, c, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, BLOCK_N, BLOCK_K, G, SB,
                      HAS_MIN, BIAS, TILED)
         hi = _decode(q_hi, rn, n_ok, k0 + kc, c + kc, ok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, BLOCK_N, BLOCK_K,

@@ -17,7 +17,7 @@ them, one 2-D tensor per field, each row-major over the output rows:
   8-byte load gives a tile row's 32 high parts, and each 32-bit half, shifted, lines its bytes up
   with a code word's (``gguf_gemv._six_bit_words``); elsewhere byte ``j`` of ``codes`` finds its
   high parts in byte ``8 (j // 16) + j % 8`` at bit ``2 ((j // 8) % 2)`` (+ 4 for the high
-  nibble's column), ``gguf_gemv._six_bit_codes``.
+  nibble's column), ``gguf_gemv._packed_codes``.
 * ``scale`` ``[N, K/G]`` per group of G weights (32; 16 for Q6_K): fp16 ``d`` for Q4_0/Q4_1/Q8_0,
   the int8 sub-block scales for Q6_K.
 * ``minimum`` ``[N, K/G]`` or None: fp16 ``m`` (Q4_1).

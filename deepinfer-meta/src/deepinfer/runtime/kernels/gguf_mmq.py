@@ -26,7 +26,7 @@ import triton.language as tl
 
 from deepinfer.runtime import switches
 from deepinfer.runtime.kernels.fused_ops import round_groups_to_bytes
-from deepinfer.runtime.kernels.gguf_gemv import _scales, _six_bit_codes, gemm_tile
+from deepinfer.runtime.kernels.gguf_gemv import _packed_codes, _planes_args, _scales, gemm_tile
 from deepinfer.runtime.kernels.gguf_layout import KINDS, GGUFPlanes
 from deepinfer.runtime.kernels.pdl import pdl_begin, pdl_launch
 
@@ -98,10 +98,7 @@ def _gguf_mmq_kernel(xq_ptr, sx_ptr, xs_ptr, q_ptr, h_ptr, s_ptr, m_ptr, d_ptr, 
     for k0 in range(0, kc, 32):
         raw = tl.load(q_ptr + rn[:, None] * kc + (k0 + c32)[None, :], mask=n_ok[:, None], other=0)
         if PACKED:  # byte j: column j (low nibble) and column j + K/2 (high nibble)
-            if SIX:  # Q6_K: its high 2 bits joined
-                q_lo, q_hi = _six_bit_codes(raw, h_ptr, rn, n_ok[:, None], k0 + c32, kc)
-            else:
-                q_lo, q_hi = raw & 0x0F, raw >> 4
+            q_lo, q_hi = _packed_codes(raw, h_ptr, rn, n_ok[:, None], k0 + c32, kc, SIX)
             lo = (q_lo.to(tl.int32) - BIAS).to(tl.int8)
             acc = _mmq_group(acc, lo, k0, rm, m_ok, rn, n_ok, k, xq_ptr, sx_ptr, xs_ptr, s_ptr, m_ptr, d_ptr, dm_ptr,
                              ng, nsb, G, SB, HAS_MIN)
@@ -175,10 +172,8 @@ def gguf_mmq(xq: QuantizedRows, w: GGUFPlanes, bias: torch.Tensor | None = None,
     block_m = max(16, min(64, triton.next_power_of_2(m)))
     _, g, sb, has_min, code_bias = KINDS[w.kind]
     packed = w.packed
-    s = w.scale
     _gguf_mmq_kernel[(triton.cdiv(n, block_n), triton.cdiv(m, block_m))](
-        q, sx, xs, w.codes, w.high if w.high is not None else w.codes, s, w.minimum if w.minimum is not None else s,
-        w.d if w.d is not None else s, w.dmin if w.dmin is not None else s, bias if bias is not None else out, out, m, n, k, out.stride(0),
+        q, sx, xs, *_planes_args(w), bias if bias is not None else out, out, m, n, k, out.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, PACKED=packed, G=g, SB=sb, HAS_MIN=has_min, BIAS=code_bias,
         HAS_BIAS=bias is not None, SIX=w.high is not None, num_warps=warps, num_stages=stages,
         **pdl_launch(q.device))
