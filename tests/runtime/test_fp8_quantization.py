@@ -250,6 +250,46 @@ def test_tiny_model_logits_with_fp8_weights(tiny_model_dir):
     assert 0 < rel < 0.2, rel
 
 
+@torch.no_grad()
+def test_fp8_lm_head_switch_quantizes_the_head_too(tiny_model_dir, monkeypatch):
+    """DEEPINFER_FP8_LM_HEAD=1 (experimental): the LM head becomes an Fp8Linear as well (an untied
+    head's bf16 weight is dropped; a tied model keeps its table for the lookup and gets an fp8 copy
+    for the head), and the logits equal a float64 run whose projections and head hold the
+    dequantized fp8 weights. Off (default), the head stays the model's own weight."""
+    from deepinfer.runtime.loading.model_loader import load_model
+    from deepinfer.runtime.models.fp8_linear import quantize_head
+
+    loaded = load_model(tiny_model_dir, device=torch.device("cpu"), dtype=torch.float32)
+    model, cfg = loaded.model, loaded.config
+    tied = model.lm_head is None
+    head_weight = (model.embed_tokens.weight if tied else model.lm_head.weight).detach().clone()
+    monkeypatch.setenv("DEEPINFER_FP8_LM_HEAD", "1")
+    assert quantize_model(model, "fp8") == 4 * len(model.layers) + 1
+    head = model.quantized_head
+    assert isinstance(head, Fp8Linear) and model.lm_head is None
+    assert head.weight.shape == (cfg.vocab_size, cfg.hidden_size)
+    if tied:  # the lookup still reads the unquantized table
+        assert torch.equal(model.embed_tokens.weight, head_weight)
+    assert not quantize_head(model)  # once only
+    ids = torch.randint(3, cfg.vocab_size, (9,), generator=torch.Generator().manual_seed(1))
+    got = _logits(model, ids).double()
+    ref_model = load_model(tiny_model_dir, device=torch.device("cpu"), dtype=torch.float64).model
+    for layer, ref_layer in zip(model.layers, ref_model.layers, strict=True):
+        for n in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
+            f8 = getattr(layer, n)
+            getattr(ref_layer, n).weight.copy_(dequantize_fp8(f8.weight, f8.weight_scale, torch.float64))
+    deq_head = dequantize_fp8(head.weight, head.weight_scale, torch.float64)
+    assert 0.01 < float((deq_head - head_weight.double()).norm() / head_weight.double().norm()) < 0.04
+    ref_model.lm_head = torch.nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, dtype=torch.float64)
+    ref_model.lm_head.weight.copy_(deq_head)  # (a tied reference reads this head, the table for lookups)
+    ref = _logits(ref_model, ids)
+    assert float((got - ref).norm() / ref.norm()) < 1e-5
+    monkeypatch.setenv("DEEPINFER_FP8_LM_HEAD", "0")
+    plain = load_model(tiny_model_dir, device=torch.device("cpu"), dtype=torch.float32).model
+    quantize_model(plain, "fp8")
+    assert plain.quantized_head is None
+
+
 def test_llm_with_fp8_layers_runs_the_dequantized_weights_greedy(tiny_model_dir, monkeypatch):
     """End to end through the worker (CPU emulation: the device check patched out, torch decode
     steps): the greedy tokens of LLM(quantization="fp8") equal those of the plain model whose

@@ -111,6 +111,27 @@ def test_q6k_codes_at_6_bits_read_back_where_the_layout_puts_them(monkeypatch):
                        torch.from_numpy(want[nonzero]))
 
 
+def test_q6k_at_6_bits_takes_the_packed_types_gemm_choices(monkeypatch):
+    """Q6_K at 6 bits is tiled as a packed type (two decoded halves a K step): its several-row GEMM
+    takes Q4_K's tile, swap and split choices, where one-byte Q6_K keeps its own (which differ: not
+    swapped at 32 rows, three stages); DEEPINFER_GGUF_Q6K_6BIT_TUNING=byte gives it those back."""
+    from deepinfer.runtime.kernels.gguf_gemv import gemm_swapped, gemm_tile_for, gemm_tuning_kind
+    from gguf_gpu_check import random_blocks
+
+    raw = torch.from_numpy(random_blocks("Q6_K", 4, 256, seed=2))
+    one_byte = regroup(raw, "Q6_K")
+    monkeypatch.setenv("DEEPINFER_GGUF_Q6K_6BIT", "1")
+    six = regroup(raw, "Q6_K")
+    assert (gemm_tuning_kind(one_byte), gemm_tuning_kind(six)) == ("Q6_K", "Q4_K")
+    assert gemm_swapped("Q4_K", 32, False) and not gemm_swapped("Q6_K", 32, False)
+    assert gemm_tile_for("Q4_K", 32, True)[4] == 2 and gemm_tile_for("Q6_K", 32, False)[4] == 3
+    monkeypatch.setenv("DEEPINFER_GGUF_Q6K_6BIT_TUNING", "byte")
+    assert gemm_tuning_kind(six) == "Q6_K"
+    monkeypatch.setenv("DEEPINFER_GGUF_Q6K_6BIT_TUNING", "bits")
+    with pytest.raises(ValueError, match="DEEPINFER_GGUF_Q6K_6BIT_TUNING"):
+        gemm_tuning_kind(six)
+
+
 # the word GEMV with 8-bit and with float32 activations; the byte GEMV (DEEPINFER_GGUF_WORDS=0)
 @pytest.mark.parametrize(("words", "dp4a"), [("1", "1"), ("1", "0"), ("0", "0")])
 def test_q6k_at_6_bits_matches_gguf_in_float64(words, dp4a):

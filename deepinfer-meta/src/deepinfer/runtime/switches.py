@@ -61,6 +61,9 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
            "how the one-row fp8 GEMV multiplies: \"f32\" (weights widened to float32), \"f16\" (float16 "
            "products), \"f16bits\" (float16 weights from the E4M3 bits by shifts) or \"mma\" (FP8 activation "
            "chunks on the tensor cores)"),
+    Switch("DEEPINFER_FP8_LM_HEAD", "0", "models/fp8_linear.py",
+           "experimental: 1 makes quantization=\"fp8\" quantize the LM head too (vLLM keeps it bf16; the logits "
+           "then carry its E4M3 error as well)"),
     Switch("DEEPINFER_TRITON_ARGMAX_ROWS", "1", "worker/cuda_graph_runner.py",
            "decode graphs of up to this many rows whose LM head does not fold the argmax (GGUF, tensor-parallel "
            "heads) pick their tokens with kernels/argmax.py's two launches (0: torch.argmax everywhere)"),
@@ -74,6 +77,9 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
     Switch("DEEPINFER_GGUF_Q6K_6BIT", "0", "kernels/gguf_layout.py",
            "experimental: 1 keeps Q6_K codes at their 6 bits on the GPU (a nibble plane and a 2-bit plane; read at "
            "load): Llama-3-8B Q4_K_M 376 -> 389 output tok/s at batch 1, 4,276 -> 3,783 at 32 (H100)"),
+    Switch("DEEPINFER_GGUF_Q6K_6BIT_TUNING", "packed", "kernels/gguf_gemv.py",
+           "the several-row GEMM choices (tile, swap, K splits) of Q6_K at 6 bits: packed (Q4_K's, a packed type's "
+           "tiles) or byte (one-byte Q6_K's, the first measurement's); read at every launch"),
     Switch("DEEPINFER_GGUF_O_QUANT_IN_ATTENTION", "0", "models/llama_fused_decode.py",
            "experimental (Llama-3-8B Q4_0 batch 1: 414 against 422 tok/s on the H100; graph replays 0.99x there and on "
            "the H200): 1 makes the one-row "

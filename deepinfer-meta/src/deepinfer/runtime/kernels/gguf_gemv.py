@@ -1230,6 +1230,16 @@ def choose_split_k(kind: str, tiles: int, rows: int, k_steps: int, sms: int) -> 
     return max(1, min(want, k_steps // SPLIT_K_MIN_STEPS))
 
 
+def gemm_tuning_kind(w: GGUFPlanes) -> str:
+    """The type whose measured GEMM choices (``gemm_swapped``, ``gemm_tile_for``, ``choose_split_k``)
+    ``w`` takes: its own, but Q4_K's for Q6_K at 6 bits (``DEEPINFER_GGUF_Q6K_6BIT``), whose tiles
+    are then a packed type's: two decoded halves and two MMAs a K step, as Q4_K's.
+    ``DEEPINFER_GGUF_Q6K_6BIT_TUNING=byte`` gives it one-byte Q6_K's choices instead."""
+    if w.high is not None and switches.choice("DEEPINFER_GGUF_Q6K_6BIT_TUNING", ("packed", "byte")) == "packed":
+        return "Q4_K"
+    return w.kind
+
+
 def gemm_swapped(kind: str, rows: int, capturing: bool) -> bool:
     """Whether ``gguf_gemm`` takes the swapped tile by default for ``rows`` rows of a ``kind``
     weight: up to ``gemm_swap_rows()`` rows, and up to 32 only for ``SWAP_FEW_ROWS_KINDS`` and,
@@ -1271,9 +1281,10 @@ def gguf_gemm(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
     if m == 0:
         return out
     capturing = _capturing(x.device)
+    tuning = gemm_tuning_kind(w)
     if swap is None:
-        swap = gemm_swapped(w.kind, m, capturing)
-    block_m, block_n, block_k, warps, stages = config or gemm_tile_for(w.kind, m, swap)
+        swap = gemm_swapped(tuning, m, capturing)
+    block_m, block_n, block_k, warps, stages = config or gemm_tile_for(tuning, m, swap)
     block_m = max(16, min(block_m, triton.next_power_of_2(m)))
     tiles = triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
     k_steps = triton.cdiv(w.codes.shape[1], block_k)
@@ -1281,7 +1292,7 @@ def gguf_gemm(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
     if split < 0:
         raise ValueError(f"gguf_gemm: split_k must be >= 0, got {split}")
     if split == 0:  # chosen: only inside a CUDA graph, where the sum kernel's launch costs no CPU time
-        split = choose_split_k(w.kind, tiles, m, k_steps, torch.cuda.get_device_properties(
+        split = choose_split_k(tuning, tiles, m, k_steps, torch.cuda.get_device_properties(
             x.device).multi_processor_count) if capturing else 1
     k_split = triton.cdiv(k_steps, min(split, k_steps)) * block_k
     split = triton.cdiv(w.codes.shape[1], k_split)  # no empty split

@@ -6,7 +6,9 @@ an all-zero row keeps scale 1). Activations stay in the model dtype: the kernels
 weights in registers (``kernels/fp8_gemv.py``), so a decode step streams half the bytes of bf16.
 
 Only the decoder layers' projections are quantized (qkv, o, gate/up, down); the embedding and the
-LM head stay in the model dtype, as vLLM's fp8 option leaves them.
+LM head stay in the model dtype, as vLLM's fp8 option leaves them. ``DEEPINFER_FP8_LM_HEAD=1``
+(experimental) quantizes the LM head too, as ``model.quantized_head`` (a tied head gets its own
+fp8 copy; the embedding lookup keeps the table).
 """
 
 from __future__ import annotations
@@ -150,8 +152,8 @@ def gemm_path(rows: int) -> str:
 @torch.no_grad()
 def quantize_model(model: nn.Module, method: str) -> int:
     """Replace every plain linear projection of the decoder layers by an ``Fp8Linear``
-    (one layer at a time: the bf16 weights of a layer are freed as the next is quantized).
-    Returns how many were replaced."""
+    (one layer at a time: the bf16 weights of a layer are freed as the next is quantized), and the
+    LM head under ``DEEPINFER_FP8_LM_HEAD=1``. Returns how many were replaced."""
     from deepinfer.runtime.models.llama import LlamaForCausalLM
 
     if method not in SUPPORTED_METHODS:
@@ -166,6 +168,22 @@ def quantize_model(model: nn.Module, method: str) -> int:
             if type(linear) is nn.Linear or isinstance(linear, SharedLinear):
                 setattr(layer, name, Fp8Linear.from_linear(linear, name.removesuffix("_proj")))
                 count += 1
+    if switches.enabled("DEEPINFER_FP8_LM_HEAD") and quantize_head(model):
+        count += 1
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # the freed bf16 weights go back to the device: the KV cache is sized next
     return count
+
+
+def quantize_head(model: nn.Module) -> bool:
+    """Make ``model``'s LM head an ``Fp8Linear`` (``model.quantized_head``, which ``head_logits``
+    runs): the untied ``lm_head``'s weight, freed, or a copy of a tied embedding's. False where the
+    head is not a plain layer (tensor-parallel shards) or is quantized already."""
+    lm_head = getattr(model, "lm_head", None)
+    source = lm_head if lm_head is not None else getattr(model, "embed_tokens", None)
+    if getattr(model, "quantized_head", None) is not None or type(source) not in (nn.Linear, nn.Embedding):
+        return False  # (tensor-parallel heads and quantized tables are other types: left alone)
+    weight = cast(nn.Linear, source).weight  # [vocab, hidden], an nn.Embedding's too
+    model.quantized_head = Fp8Linear(*quantize_fp8(weight.detach()), projection=None)  # type: ignore[assignment]
+    model.lm_head = None  # type: ignore[assignment]  # (a tied model's was None: the table stays)
+    return True
