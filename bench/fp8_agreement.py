@@ -15,7 +15,6 @@ weights are the kernels' weights. Random-weight 8B shapes amplify any perturbati
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -23,7 +22,11 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from gguf_act8_agreement import PROMPTS, greedy  # (the same prompts and greedy loop)
+from gguf_act8_agreement import (  # (the same prompts, loading and greedy loop)
+    PROMPTS,
+    greedy,
+    parse_and_load,
+)
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -48,22 +51,7 @@ def set_weights(model, variant: str, originals: dict[str, torch.Tensor]) -> None
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default=None, help="a GGUF file (default: the embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--prompts", type=int, default=len(PROMPTS))
-    p.add_argument("--tokens", type=int, default=48)
-    args = p.parse_args()
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = args.model
-    if path is None:
-        from deepinfer.runtime.loading.default_model import default_model_path
-
-        path = default_model_path()
-    torch.manual_seed(0)
-    d, f = os.path.split(os.path.abspath(path))
-    tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
-    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
+    args, path, tok, model = parse_and_load(__doc__)
     # the head gets its own weight (a tied model's table stays float32 for the lookup, as in the engine)
     model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone(), requires_grad=False)
     originals = {name: m.weight.detach().clone() for name, m in model.named_modules()

@@ -63,8 +63,10 @@ def greedy(model, tok, prompt: str, n: int):  # type: ignore[no-untyped-def]
     return out, lps
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_and_load(doc: str):  # type: ignore[no-untyped-def]
+    """The agreement scripts' arguments (--model, --prompts, --tokens), and the file's model in
+    float32 (transformers, weights dequantized by gguf) with its tokenizer: (args, path, tok, model)."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("--model", default=None, help="a GGUF file (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--prompts", type=int, default=len(PROMPTS))
     p.add_argument("--tokens", type=int, default=48)
@@ -80,6 +82,11 @@ def main() -> None:
     d, f = os.path.split(os.path.abspath(path))
     tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
     model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
+    return args, path, tok, model
+
+
+def main() -> None:
+    args, path, tok, model = parse_and_load(__doc__)
     roundings = {"bf16 activations (the float32 GPU path's inputs)": lambda x: x.to(torch.bfloat16).to(x.dtype),
                  "8-bit activations, 16-column scales (the one-row dp4a GEMV)": round_act8,
                  "8-bit activations, 32-column scales (gguf_mmq, several rows)": lambda x: round_act8(x, 32)}
