@@ -2,7 +2,8 @@
 
     python bench/gguf_gemv_bench.py [--types Q4_0,Q8_0,Q4_K,Q6_K] [--rows 1,32]
 
-For each type and projection (qkv 6144x4096, o 4096x4096, gate_up 28672x4096, down 4096x14336):
+For each type and projection (qkv 6144x4096, o 4096x4096, gate_up 28672x4096, down 4096x14336;
+``--shapes`` also takes v 1024x4096 and lm_head 128256x4096, which a Q4_K_M file stores in Q6_K):
 the one-row GEMV (``gguf_gemv``) and, for ``--rows`` above 1, the GEMM (``gguf_gemm``), timed as
 200 back-to-back launches captured in one CUDA graph (launch overhead out, as in the decode
 graphs); GB/s = bytes of the weight planes (+ activations) / time. The bf16 GEMV
@@ -22,6 +23,8 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "runtime"))
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+# the Llama-3-8B tensors a Q4_K_M file stores apart in Q6_K (``--shapes``): attn_v, the LM head
+MORE_SHAPES = {"v": (1024, 4096), "lm_head": (128256, 4096)}
 REPS = 200
 
 
@@ -51,7 +54,9 @@ def decode_fusion(name: str, n: int, k: int, enabled: bool) -> tuple[int, dict]:
     if not enabled:
         return k, {}
     dev, bf = "cuda", torch.bfloat16
-    if name in ("qkv", "gate_up"):
+    if name == "lm_head":
+        return k, {}
+    if name in ("qkv", "gate_up", "v"):
         return k, {"norm": (1 + 0.1 * torch.randn(k, device=dev)).to(bf), "eps": 1e-5}
     if name == "o":
         return k, {"residual": torch.randn(1, n, device=dev, dtype=bf)}
@@ -82,6 +87,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--types", default="Q4_0,Q8_0,Q4_K,Q6_K,Q4_1,Q5_K")
     p.add_argument("--rows", default="1,32")
+    p.add_argument("--shapes", default=",".join(SHAPES),
+                   help=f"projections to time: of {', '.join([*SHAPES, *MORE_SHAPES])}")
     p.add_argument("--scales", default="tiled",
                    help="scale loads to time: gather (per column) and/or tiled (per group, broadcast)")
     p.add_argument("--gemv", default="words,bytes",
@@ -112,7 +119,11 @@ def main() -> None:
     copy = copy_bandwidth()
     print(f"== {torch.cuda.get_device_name()}: copy bandwidth {copy:,.0f} GB/s (read + write)", flush=True)
     gen = torch.Generator(device="cuda").manual_seed(0)
-    for name, (n, k) in SHAPES.items():
+    shapes = {**SHAPES, **MORE_SHAPES}
+    for name in args.shapes.split(","):
+        if name not in shapes:
+            p.error(f"--shapes: {name!r} is not one of {', '.join(shapes)}")
+        n, k = shapes[name]
         w = torch.randn(n, k, device="cuda", generator=gen, dtype=torch.bfloat16) * 0.02
         x1 = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
         t = graph_time(lambda x1=x1, w=w: gemv(x1, w))
