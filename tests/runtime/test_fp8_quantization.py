@@ -271,6 +271,11 @@ def test_fp8_lm_head_switch_quantizes_the_head_too(tiny_model_dir, monkeypatch):
     if tied:  # the lookup still reads the unquantized table
         assert torch.equal(model.embed_tokens.weight, head_weight)
     assert not quantize_head(model)  # once only
+    from deepinfer.runtime.models.describe import describe_model
+
+    # what `deepinfer env` prints for the head: the fp8 layer, not the (tied) table
+    assert describe_model(model)["lm_head"] == [("fp8_e4m3 per-channel",
+                                                 "dequantize + torch matmul (CPU emulation)", 1)]
     ids = torch.randint(3, cfg.vocab_size, (9,), generator=torch.Generator().manual_seed(1))
     got = _logits(model, ids).double()
     ref_model = load_model(tiny_model_dir, device=torch.device("cpu"), dtype=torch.float64).model
