@@ -15,7 +15,9 @@ type at the Llama-3-8B projections' K, each with the PDL prefetch off and on.
     python sm90_compile_check.py [SHAPE ...] [gguf] [others]    # names from gpu_shapes.SHAPES
 
 ``others``: the kernels outside a bf16 decode step, once (they have no prefetch form): the FP8
-weight kernels, the GGUF several-row GEMM and MMQ, the structured-output masks.
+weight kernels, the GGUF several-row GEMM and MMQ, the structured-output masks; and the GGUF GEMM
+at the choices decode graphs and prompts make, with its registers and stack frame read back from
+the cubin (Triton's cuobjdump): a line starting "SPILL" says a default choice spills registers.
 
 Prints one line per (shape, batch, prefetch) with the kernels it compiled; exits non-zero on the
 first compile error (its message names the kernel).
@@ -41,6 +43,9 @@ from triton.runtime.jit import JITFunction
 
 TARGET = GPUTarget("cuda", 90, 32)  # H100 / H200
 compiled: Counter[str] = Counter()
+# (kernel, registers, stack frame bytes) of each compile while ``recording`` is on (gguf_gemm_defaults)
+resources: list[tuple[str, int, int]] = []
+recording = False
 
 
 class CompileOnlyDriver:
@@ -62,8 +67,37 @@ def _compile_instead_of_launch(self: JITFunction, grid: Any) -> Any:
         kernel = self.run(*args, grid=grid, warmup=True, **kwargs)  # compiles (cached), no launch
         assert kernel.asm.get("cubin"), f"{self.fn.__name__}: no cubin"
         compiled[self.fn.__name__] += 1
+        if recording:
+            resources.append((self.fn.__name__, *_registers_and_stack(kernel.asm["cubin"])))
         return kernel
     return launch
+
+
+def _cuobjdump() -> str | None:
+    """Triton's own cuobjdump (its NVIDIA backend ships one), or None."""
+    import triton.backends.nvidia as nvidia
+
+    path = os.path.join(os.path.dirname(nvidia.__file__), "bin", "cuobjdump")
+    return path if os.access(path, os.X_OK) else None
+
+
+def _registers_and_stack(cubin: bytes) -> tuple[int, int]:
+    """(registers a thread, stack frame bytes) of a compiled kernel, as cuobjdump reads its cubin; a
+    stack frame in these kernels means registers spilled to local memory. (-1, -1) without cuobjdump."""
+    import re
+    import subprocess
+
+    tool = _cuobjdump()
+    if tool is None:
+        return -1, -1
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True,
+                             check=True).stdout
+    found = re.search(r"REG:(\d+) STACK:(\d+)", out)
+    assert found, out
+    return int(found.group(1)), int(found.group(2))
 
 
 def install() -> None:
@@ -233,6 +267,32 @@ def gguf_several_rows(kind: str) -> None:
     dense_weight(planes, torch.bfloat16)
 
 
+def gguf_gemm_defaults(kind: str) -> tuple[bool, str]:
+    """The several-row GEMM of ``kind`` at the choices a decode graph makes for 8, 20 and 32 rows
+    (tile, swap; K unsplit and split) and a 64-row prompt makes, compiled with its registers and
+    stack frame read back. Returns (whether any spilled, the text per row count and split)."""
+    global recording
+    from deepinfer.runtime.kernels.gguf_gemv import gemm_swapped, gemm_tuning_kind, gguf_gemm
+    from deepinfer.runtime.kernels.gguf_layout import regroup
+    from gguf_gpu_check import random_blocks
+
+    meta = torch.device("meta")  # 128 weight rows: whole tiles along N, as an 8B projection's
+    planes = regroup(torch.from_numpy(random_blocks(kind, 128, 4096, seed=0)), kind).map(lambda t: t.to(meta))
+    cells, spilled = [], False
+    for rows, split in ((8, 1), (8, 2), (20, 1), (20, 2), (32, 1), (32, 2), (64, 1)):
+        resources.clear()
+        recording = True
+        try:  # K unsplit (a wide projection: the LM head) and split (narrow ones), as graphs choose
+            gguf_gemm(torch.empty(rows, 4096, dtype=torch.bfloat16, device=meta), planes,
+                      swap=gemm_swapped(gemm_tuning_kind(planes), rows, True), split_k=split)
+        finally:
+            recording = False
+        regs, stack = next((r, st) for name, r, st in resources if name == "_gguf_gemm_kernel")
+        cells.append(f"{rows}/{split} {regs}" + (f" + stack {stack} B" if stack > 0 else ""))
+        spilled |= stack > 0
+    return spilled, "registers at rows/K splits " + ", ".join(cells)
+
+
 def greedy_picks() -> None:
     """The argmax of decode graphs whose head does not fold it (bf16 logits), and the
     structured-output kernels: the masked argmax of the decode graphs and the logit mask."""
@@ -298,6 +358,14 @@ def main(args: list[str]) -> None:
         gguf_several_rows("Q6_K")
         del os.environ["DEEPINFER_GGUF_Q6K_6BIT"]
         _report("gguf Q6_K at 6 bits several rows")
+        # the GEMM's default choices must not spill registers (a stack frame): "SPILL" fails the test
+        for kind, six in [*((k, "0") for k in GPU_TYPES), ("Q6_K", "1")]:
+            os.environ["DEEPINFER_GGUF_Q6K_6BIT"] = six
+            spilled, text = gguf_gemm_defaults(kind)
+            del os.environ["DEEPINFER_GGUF_Q6K_6BIT"]
+            what = f"{kind} at 6 bits" if six == "1" else kind
+            print(f"{'SPILL' if spilled else 'ok  '} gguf {what} GEMM default choices: {text}", flush=True)
+            compiled.clear()
         greedy_picks()
         _report("argmax rows, grammar masks")
 
