@@ -22,9 +22,10 @@ Bounds (stated; ``mag = |x| @ |W|.T`` in float64, ``u`` the output dtype's unit 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import deepinfer.runtime.kernels.gguf_gemv as gguf_gemv_module
 import numpy as np
@@ -44,6 +45,21 @@ from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
 _SCALE_BYTES = {"Q4_0": [0], "Q4_1": [0, 2], "Q8_0": [0], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
+
+
+@contextlib.contextmanager
+def environment(**values: str) -> Iterator[None]:
+    """The environment holds ``values`` inside (DEEPINFER_* switches the kernels read), as before after."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def random_blocks(kind: str, rows: int, k: int, seed: int) -> np.ndarray:

@@ -153,19 +153,12 @@ def counted_quantizations(**env: str) -> Iterator[list[object]]:
     """The dp4a GEMVs' activation quantization launches (appended to the list yielded) while the
     environment holds ``env``; both restored after."""
     import deepinfer.runtime.kernels.gguf_gemv as gguf_gemv
+    from gguf_gpu_check import environment
 
     launches: list[object] = []
-    saved = {name: os.environ.get(name) for name in env}
-    os.environ.update(env)
-    try:
-        with spied_launches(gguf_gemv, "_quantize_activations_kernel", lambda grid, kw: launches.append(grid)):
-            yield launches
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    with environment(**env), spied_launches(gguf_gemv, "_quantize_activations_kernel",
+                                            lambda grid, kw: launches.append(grid)):
+        yield launches
 
 
 def check_parts_share_quantization(quant: torch.nn.Module) -> bool:

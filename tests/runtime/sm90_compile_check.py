@@ -110,6 +110,14 @@ def install() -> None:
     moe.KERNELS_ON_CPU = True  # the MoE layer picks its Triton kernels for meta tensors too
 
 
+def _meta_planes(kind: str, n: int, k: int) -> Any:
+    """``kind``'s GPU planes of a random [n, k] weight, moved to the meta device."""
+    from deepinfer.runtime.kernels.gguf_layout import regroup
+    from gguf_gpu_check import random_blocks
+
+    return regroup(torch.from_numpy(random_blocks(kind, n, k, seed=0)), kind).map(lambda t: t.to(torch.device("meta")))
+
+
 def _meta_model(shape: str) -> tuple[Any, list[torch.Tensor], Any]:
     """``shape``'s model (one layer; DeepSeek: its dense layer 0 and an MoE layer) with bf16
     weights, and KV caches of 64 blocks of 16, all on the meta device."""
@@ -193,8 +201,6 @@ def gguf_one_row(kind: str) -> None:
     that attention too (folded merge, separate merge)."""
     from deepinfer.runtime.attention.triton_decode import decode_attention
     from deepinfer.runtime.kernels.gguf_gemv import gguf_gemv
-    from deepinfer.runtime.kernels.gguf_layout import regroup
-    from gguf_gpu_check import random_blocks
 
     meta = torch.device("meta")
     k = 4096
@@ -204,11 +210,11 @@ def gguf_one_row(kind: str) -> None:
     for fold in (True, False):
         decode_attention(torch.empty(1, 32, 128, dtype=torch.bfloat16, device=meta), cache, bt, one, 0.088, 4,
                          fold_merge=fold, quantized=(xq, st))
-    planes = regroup(torch.from_numpy(random_blocks(kind, 8, k, seed=0)), kind).map(lambda t: t.to(meta))
+    planes = _meta_planes(kind, 8, k)
     gguf_gemv(torch.empty(1, k, dtype=torch.bfloat16, device=meta), planes,
               residual=torch.empty(1, 8, dtype=torch.bfloat16, device=meta), quantized=(xq, st))
     for k, fusions in ((4096, "norm"), (14336, "silu_mul")):
-        planes = regroup(torch.from_numpy(random_blocks(kind, 8, k, seed=0)), kind).map(lambda t: t.to(meta))
+        planes = _meta_planes(kind, 8, k)
         if fusions == "norm":
             x = torch.empty(1, k, dtype=torch.bfloat16, device=meta)
             gguf_gemv(x, planes, norm=(torch.empty(k, dtype=torch.bfloat16, device=meta), 1e-5))
@@ -247,22 +253,15 @@ def gguf_several_rows(kind: str) -> None:
     graph runs it; its bf16 decode, the default, and the float32 one), the int8 MMQ (64 rows) and
     the whole weight's decode (``DEEPINFER_GGUF_DENSE_ROWS``)."""
     from deepinfer.runtime.kernels.gguf_gemv import dense_weight, gguf_gemm
-    from deepinfer.runtime.kernels.gguf_layout import regroup
     from deepinfer.runtime.kernels.gguf_mmq import gguf_mmq, quantize_rows
-    from gguf_gpu_check import random_blocks
+    from gguf_gpu_check import environment
 
     meta = torch.device("meta")
-    planes = regroup(torch.from_numpy(random_blocks(kind, 8, 4096, seed=0)), kind).map(lambda t: t.to(meta))
+    planes = _meta_planes(kind, 8, 4096)
     gguf_gemm(torch.empty(4, 4096, dtype=torch.bfloat16, device=meta), planes)
     gguf_gemm(torch.empty(20, 4096, dtype=torch.bfloat16, device=meta), planes, swap=True, split_k=2)  # graphs' tile
-    saved = os.environ.get("DEEPINFER_GGUF_GEMM_DECODE")
-    os.environ["DEEPINFER_GGUF_GEMM_DECODE"] = "f32"
-    try:
+    with environment(DEEPINFER_GGUF_GEMM_DECODE="f32"):
         gguf_gemm(torch.empty(4, 4096, dtype=torch.bfloat16, device=meta), planes)
-    finally:
-        os.environ.pop("DEEPINFER_GGUF_GEMM_DECODE")
-        if saved is not None:
-            os.environ["DEEPINFER_GGUF_GEMM_DECODE"] = saved
     gguf_mmq(quantize_rows(torch.empty(64, 4096, dtype=torch.bfloat16, device=meta)), planes)
     dense_weight(planes, torch.bfloat16)
 
@@ -273,11 +272,9 @@ def gguf_gemm_defaults(kind: str) -> tuple[bool, str]:
     stack frame read back. Returns (whether any spilled, the text per row count and split)."""
     global recording
     from deepinfer.runtime.kernels.gguf_gemv import gemm_swapped, gemm_tuning_kind, gguf_gemm
-    from deepinfer.runtime.kernels.gguf_layout import regroup
-    from gguf_gpu_check import random_blocks
 
-    meta = torch.device("meta")  # 128 weight rows: whole tiles along N, as an 8B projection's
-    planes = regroup(torch.from_numpy(random_blocks(kind, 128, 4096, seed=0)), kind).map(lambda t: t.to(meta))
+    meta = torch.device("meta")
+    planes = _meta_planes(kind, 128, 4096)  # 128 weight rows: whole tiles along N, as an 8B projection's
     cells, spilled = [], False
     for rows, split in ((8, 1), (8, 2), (20, 1), (20, 2), (32, 1), (32, 2), (64, 1)):
         resources.clear()
@@ -317,6 +314,8 @@ def _report(what: str) -> None:
 
 def main(args: list[str]) -> None:
     install()
+    from gguf_gpu_check import environment  # (after install(): it imports the GGUF kernels)
+
     for prefetch in ("0", "1"):
         os.environ["DEEPINFER_PDL_PREFETCH"] = prefetch
         for shape in (a for a in args if a not in ("gguf", "others")):
@@ -324,14 +323,12 @@ def main(args: list[str]) -> None:
                 decode_step(shape, batch)
                 _report(f"{shape} batch {batch} prefetch {prefetch}")
             if shape == "qwen3-30b-a3b":  # the router in the o projection's launch (DEEPINFER_MOE_ROUTER_IN_O)
-                os.environ["DEEPINFER_MOE_ROUTER_IN_O"] = "1"
-                decode_step(shape, 1)
-                del os.environ["DEEPINFER_MOE_ROUTER_IN_O"]
+                with environment(DEEPINFER_MOE_ROUTER_IN_O="1"):
+                    decode_step(shape, 1)
                 _report(f"{shape} batch 1 router in o, prefetch {prefetch}")
             if shape == "llama3-8b":  # SiLU·mul in the gate/up GEMV's epilogue (DEEPINFER_SILU_IN_GATE_UP)
-                os.environ["DEEPINFER_SILU_IN_GATE_UP"] = "1"
-                decode_step(shape, 1)
-                del os.environ["DEEPINFER_SILU_IN_GATE_UP"]
+                with environment(DEEPINFER_SILU_IN_GATE_UP="1"):
+                    decode_step(shape, 1)
                 _report(f"{shape} batch 1 silu in gate/up, prefetch {prefetch}")
             if "kv_lora_rank" not in SHAPES[shape]:  # MLA models take no fused eager step
                 eager_step(shape)
@@ -342,9 +339,8 @@ def main(args: list[str]) -> None:
             for kind in GPU_TYPES:
                 gguf_one_row(kind)
                 _report(f"gguf {kind} one row prefetch {prefetch}")
-            os.environ["DEEPINFER_GGUF_Q6K_6BIT"] = "1"  # Q6_K's codes at 6 bits (planes made at regroup)
-            gguf_one_row("Q6_K")
-            del os.environ["DEEPINFER_GGUF_Q6K_6BIT"]
+            with environment(DEEPINFER_GGUF_Q6K_6BIT="1"):  # Q6_K's codes at 6 bits (planes made at regroup)
+                gguf_one_row("Q6_K")
             _report(f"gguf Q6_K at 6 bits one row prefetch {prefetch}")
     if "others" in args:  # no prefetch form: once
         fp8_kernels()
@@ -354,15 +350,13 @@ def main(args: list[str]) -> None:
         for kind in GPU_TYPES:
             gguf_several_rows(kind)
             _report(f"gguf {kind} several rows")
-        os.environ["DEEPINFER_GGUF_Q6K_6BIT"] = "1"
-        gguf_several_rows("Q6_K")
-        del os.environ["DEEPINFER_GGUF_Q6K_6BIT"]
+        with environment(DEEPINFER_GGUF_Q6K_6BIT="1"):
+            gguf_several_rows("Q6_K")
         _report("gguf Q6_K at 6 bits several rows")
         # the GEMM's default choices must not spill registers (a stack frame): "SPILL" fails the test
         for kind, six in [*((k, "0") for k in GPU_TYPES), ("Q6_K", "1")]:
-            os.environ["DEEPINFER_GGUF_Q6K_6BIT"] = six
-            spilled, text = gguf_gemm_defaults(kind)
-            del os.environ["DEEPINFER_GGUF_Q6K_6BIT"]
+            with environment(DEEPINFER_GGUF_Q6K_6BIT=six):
+                spilled, text = gguf_gemm_defaults(kind)
             what = f"{kind} at 6 bits" if six == "1" else kind
             print(f"{'SPILL' if spilled else 'ok  '} gguf {what} GEMM default choices: {text}", flush=True)
             compiled.clear()
