@@ -132,13 +132,36 @@ def test_q6k_at_6_bits_takes_the_packed_types_gemm_choices(monkeypatch):
         gemm_tuning_kind(six)
 
 
-# the word GEMV with 8-bit and with float32 activations; the byte GEMV (DEEPINFER_GGUF_WORDS=0)
-@pytest.mark.parametrize(("words", "dp4a"), [("1", "1"), ("1", "0"), ("0", "0")])
-def test_q6k_at_6_bits_matches_gguf_in_float64(words, dp4a):
+def test_q6k_at_6_bits_k64_steps_only_its_own_k(monkeypatch):
+    """DEEPINFER_GGUF_Q6K_6BIT_TUNING=packed-k64: a 6-bit Q6_K weight takes Q4_K's tiles with K
+    steps of 64 where Q4_K's are wider; one-byte Q6_K, Q4_K itself and tiles already 64 wide keep
+    theirs (the products under it: test_q6k_at_6_bits_matches_gguf_in_float64)."""
+    from deepinfer.runtime.kernels.gguf_gemv import gemm_tile_for, gemm_weight_tile
+    from gguf_gpu_check import random_blocks
+
+    raw = torch.from_numpy(random_blocks("Q6_K", 32, 512, seed=3))
+    one_byte = regroup(raw, "Q6_K")
+    monkeypatch.setenv("DEEPINFER_GGUF_Q6K_6BIT", "1")
+    six = regroup(raw, "Q6_K")
+    monkeypatch.setenv("DEEPINFER_GGUF_Q6K_6BIT_TUNING", "packed-k64")
+    q4k_32 = gemm_tile_for("Q4_K", 32, True)
+    assert q4k_32[2] == 128  # what the switch narrows
+    assert gemm_weight_tile(six, 32, True) == (*q4k_32[:2], 64, *q4k_32[3:])
+    assert gemm_weight_tile(one_byte, 32, True) == gemm_tile_for("Q6_K", 32, True)
+    assert gemm_weight_tile(six, 64, True) == gemm_tile_for("Q4_K", 64, True)  # 64 wide already
+    monkeypatch.setenv("DEEPINFER_GGUF_Q6K_6BIT_TUNING", "packed")
+    assert gemm_weight_tile(six, 32, True) == q4k_32
+
+
+# the word GEMV with 8-bit and with float32 activations; the byte GEMV (DEEPINFER_GGUF_WORDS=0);
+# the GEMM's default tiles with K steps of 64 (DEEPINFER_GGUF_Q6K_6BIT_TUNING=packed-k64)
+@pytest.mark.parametrize(("words", "dp4a", "tuning"), [("1", "1", "packed"), ("1", "0", "packed"),
+                                                       ("0", "0", "packed"), ("1", "1", "packed-k64")])
+def test_q6k_at_6_bits_matches_gguf_in_float64(words, dp4a, tuning):
     """Every kernel on Q6_K's 6-bit planes (GEMVs with their tilings and fusions, GEMM plain, swapped
     and split, the whole-weight decode, MMQ) against float64, as gguf_gpu_check checks the others."""
     out = _run("gguf_gpu_check.py", "cpu", "quick", "Q6_K", DEEPINFER_GGUF_Q6K_6BIT="1", DEEPINFER_GGUF_WORDS=words,
-               DEEPINFER_GGUF_DP4A=dp4a)
+               DEEPINFER_GGUF_DP4A=dp4a, DEEPINFER_GGUF_Q6K_6BIT_TUNING=tuning)
     assert "ok   Q6_K planes at 6 bits" in out, out[-3000:]
 
 

@@ -79,7 +79,8 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
            "load): Llama-3-8B Q4_K_M 376 -> 389 output tok/s at batch 1, 4,344 -> 4,023 at 32 (H100)"),
     Switch("DEEPINFER_GGUF_Q6K_6BIT_TUNING", "packed", "kernels/gguf_gemv.py",
            "the several-row GEMM choices (tile, swap, K splits) of Q6_K at 6 bits: packed (Q4_K's, a packed type's "
-           "tiles) or byte (one-byte Q6_K's, the first measurement's); read at every launch"),
+           "tiles), packed-k64 (the same with K steps of 64: fewer registers at 32 rows) or byte (one-byte Q6_K's, the "
+           "first measurement's); read at every launch"),
     Switch("DEEPINFER_GGUF_O_QUANT_IN_ATTENTION", "0", "models/llama_fused_decode.py",
            "experimental (Llama-3-8B Q4_0 batch 1: 414 against 422 tok/s on the H100; graph replays 0.99x there and on "
            "the H200): 1 makes the one-row "

@@ -1234,10 +1234,27 @@ def gemm_tuning_kind(w: GGUFPlanes) -> str:
     """The type whose measured GEMM choices (``gemm_swapped``, ``gemm_tile_for``, ``choose_split_k``)
     ``w`` takes: its own, but Q4_K's for Q6_K at 6 bits (``DEEPINFER_GGUF_Q6K_6BIT``), whose tiles
     are then a packed type's: two decoded halves and two MMAs a K step, as Q4_K's.
-    ``DEEPINFER_GGUF_Q6K_6BIT_TUNING=byte`` gives it one-byte Q6_K's choices instead."""
-    if w.high is not None and switches.choice("DEEPINFER_GGUF_Q6K_6BIT_TUNING", ("packed", "byte")) == "packed":
+    ``DEEPINFER_GGUF_Q6K_6BIT_TUNING=byte`` gives it one-byte Q6_K's choices instead
+    (``packed-k64``: Q4_K's with 64-wide K steps, ``gemm_weight_tile``)."""
+    if w.high is not None and six_bit_tuning() != "byte":
         return "Q4_K"
     return w.kind
+
+
+def six_bit_tuning() -> str:
+    """``DEEPINFER_GGUF_Q6K_6BIT_TUNING``: packed (default), packed-k64 or byte."""
+    return switches.choice("DEEPINFER_GGUF_Q6K_6BIT_TUNING", ("packed", "packed-k64", "byte"))
+
+
+def gemm_weight_tile(w: GGUFPlanes, rows: int, swap: bool) -> tuple[int, int, int, int, int]:
+    """``gemm_tile_for`` the type whose choices ``w`` takes (``gemm_tuning_kind``). Under
+    ``DEEPINFER_GGUF_Q6K_6BIT_TUNING=packed-k64`` a 6-bit Q6_K tile steps K by 64 instead of 128:
+    the 128-wide tile's bf16 decode needs 190 registers a thread at 32 rows (two programs a
+    multiprocessor), the 64-wide one 117-128 (sm90_compile_check.py)."""
+    tile = gemm_tile_for(gemm_tuning_kind(w), rows, swap)
+    if w.high is not None and tile[2] > 64 and six_bit_tuning() == "packed-k64":
+        return (tile[0], tile[1], 64, tile[3], tile[4])
+    return tile
 
 
 def gemm_swapped(kind: str, rows: int, capturing: bool) -> bool:
@@ -1284,7 +1301,7 @@ def gguf_gemm(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
     tuning = gemm_tuning_kind(w)
     if swap is None:
         swap = gemm_swapped(tuning, m, capturing)
-    block_m, block_n, block_k, warps, stages = config or gemm_tile_for(tuning, m, swap)
+    block_m, block_n, block_k, warps, stages = config or gemm_weight_tile(w, m, swap)
     block_m = max(16, min(block_m, triton.next_power_of_2(m)))
     tiles = triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
     k_steps = triton.cdiv(w.codes.shape[1], block_k)
