@@ -354,10 +354,13 @@ def main(args: list[str]) -> None:
             gguf_several_rows("Q6_K")
         _report("gguf Q6_K at 6 bits several rows")
         # the GEMM's default choices must not spill registers (a stack frame): "SPILL" fails the test
-        for kind, six in [*((k, "0") for k in GPU_TYPES), ("Q6_K", "1")]:
-            with environment(DEEPINFER_GGUF_Q6K_6BIT=six):
+        # (and 6-bit Q6_K with K steps of 64, DEEPINFER_GGUF_Q6K_6BIT_TUNING=packed-k64)
+        for kind, six, tuning in [*((k, "0", "packed") for k in GPU_TYPES), ("Q6_K", "1", "packed"),
+                                  ("Q6_K", "1", "packed-k64")]:
+            with environment(DEEPINFER_GGUF_Q6K_6BIT=six, DEEPINFER_GGUF_Q6K_6BIT_TUNING=tuning):
                 spilled, text = gguf_gemm_defaults(kind)
             what = f"{kind} at 6 bits" if six == "1" else kind
+            what += ", K steps of 64" if tuning == "packed-k64" else ""
             print(f"{'SPILL' if spilled else 'ok  '} gguf {what} GEMM default choices: {text}", flush=True)
             compiled.clear()
         greedy_picks()

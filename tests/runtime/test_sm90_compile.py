@@ -44,12 +44,13 @@ def test_decode_step_kernels_compile_for_sm90():
     # bits; prefetch off and on; then once the FP8 kernels, each GGUF type's several-row kernels (and
     # Q6_K's at 6 bits) and the grammar masks (+ Qwen3-30B-A3B at batch 1 with the router in the o
     # projection's launch, Llama-3-8B at batch 1 with SiLU·mul in the gate/up GEMV's epilogue)
-    # (+ each GGUF type's GEMM, and Q6_K's at 6 bits, at the default choices with registers read back)
-    assert len(lines) == 2 * (3 * len(SHAPES) - 1 + 1 + 1 + 6 + 1) + 1 + 6 + 1 + 1 + 6 + 1, out.stdout
+    # (+ each GGUF type's GEMM, and Q6_K's at 6 bits with K steps of 128 and of 64, at the default
+    # choices with registers read back)
+    assert len(lines) == 2 * (3 * len(SHAPES) - 1 + 1 + 1 + 6 + 1) + 1 + 6 + 1 + 1 + 6 + 2, out.stdout
     assert any(line.startswith("ok   gguf Q6_K at 6 bits several rows") for line in lines), out.stdout
     # no default GEMM choice spills registers ("SPILL" lines), and the registers were read (cuobjdump)
     defaults = [line for line in lines if "GEMM default choices" in line]
-    assert len(defaults) == 7 and all(" registers at rows/K splits 8/1 " in line and " -1" not in line
+    assert len(defaults) == 8 and all(" registers at rows/K splits 8/1 " in line and " -1" not in line
                                       for line in defaults), defaults
     assert all(line.startswith("ok") for line in lines), out.stdout
     qwen3 = next(line for line in lines if line.startswith("ok   qwen3-30b-a3b batch 1 prefetch 1"))
