@@ -71,8 +71,6 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
            "GGUF kernels load each group's scale once and broadcast it (0: gathered per column)"),
     Switch("DEEPINFER_GGUF_WORDS", "1", "kernels/gguf_gemv.py",
            "the GGUF one-row GEMV reads codes as int32 words and scales group sums (0: bytes, each weight scaled)"),
-    Switch("DEEPINFER_GGUF_GEMV_EVEN", "1", "kernels/gguf_gemv.py",
-           "the GGUF word GEMV drops its load masks where its tiles divide the weight (0: masked, to compare)"),
     Switch("DEEPINFER_GGUF_DP4A", "1", "kernels/gguf_gemv.py",
            "the GGUF word GEMV takes 8-bit activations (one scale per 16 columns) and multiplies with dp4a "
            "(0: float32 activations)"),
