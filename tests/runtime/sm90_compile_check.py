@@ -290,6 +290,75 @@ def gguf_gemm_defaults(kind: str) -> tuple[bool, str]:
     return spilled, "registers at rows/K splits " + ", ".join(cells)
 
 
+def _sass(cubin: bytes) -> list[str]:
+    """The SASS instructions of a cubin, in address order (Triton's cuobjdump)."""
+    import re
+    import subprocess
+
+    tool = _cuobjdump()
+    assert tool is not None, "Triton's cuobjdump is missing"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    return [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4}\*/\s+([^;]*);", out)]
+
+
+def _main_loop(sass: list[str]) -> list[str]:
+    """The instructions of the longest loop: from a backward branch's target to the branch."""
+    import re
+
+    at = {i * 16: i for i in range(len(sass))}  # sm_90 instructions are 16 bytes
+    best = (0, -1)
+    for i, ins in enumerate(sass):
+        m = re.search(r"BRA 0x([0-9a-f]+)", ins)
+        if m and at.get(int(m.group(1), 16), i) < i and i - at[int(m.group(1), 16)] > best[1] - best[0]:
+            best = (at[int(m.group(1), 16)], i)
+    return sass[best[0]:best[1] + 1]
+
+
+def gguf_word_gemv_loop(kind: str) -> tuple[bool, str]:
+    """The dp4a word GEMV of ``kind`` at the Llama-3-8B qkv shape (6144 x 4096), compiled for sm_90:
+    its registers, its loop's instructions per weight byte, and whether the loop issues every
+    128-bit load (the rows' code words, the activations) before its first ``dp4a``. Returns (that,
+    the text). Where the loads sat next to their uses instead (ptxas placed unmasked loads so),
+    the GEMV lost 22-27 % on the H200 (guide 08): the test fails on it."""
+    from deepinfer.runtime.kernels.gguf_gemv import gguf_gemv
+    from gguf_gpu_check import environment
+
+    meta = torch.device("meta")
+    planes = _meta_planes(kind, 6144, 4096)
+    kept: list[Any] = []
+    launch = JITFunction.__getitem__
+
+    def keep(self: JITFunction, grid: Any) -> Any:
+        run = launch(self, grid)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            kernel = run(*args, **kwargs)
+            if self.fn.__name__ == "_gguf_gemv_words_kernel":
+                kept.append((kernel, kwargs))
+            return kernel
+        return call
+
+    JITFunction.__getitem__ = keep  # type: ignore[method-assign]
+    try:  # as a decode graph launches it: PDL on, no preload before the wait (the default)
+        with environment(DEEPINFER_PDL_PREFETCH="0"):
+            gguf_gemv(torch.empty(1, 4096, dtype=torch.bfloat16, device=meta), planes)
+    finally:
+        JITFunction.__getitem__ = launch  # type: ignore[method-assign]
+    kernel, meta_args = kept[-1]
+    loop = _main_loop(_sass(kernel.asm["cubin"]))
+    first_dot = next(i for i, ins in enumerate(loop) if "IDP" in ins)
+    wide = [i for i, ins in enumerate(loop) if "LDG" in ins and ".128" in ins]
+    together = all(i < first_dot for i in wide)
+    per_thread = meta_args["ROWS"] * meta_args["BLOCK_W"] * 4 // (meta_args["num_warps"] * 32)
+    regs, _ = _registers_and_stack(kernel.asm["cubin"])
+    order = "".join("L" if "LDG" in ins else "d" if "IDP" in ins else "" for ins in loop)
+    return together, (f"{regs} registers, loop {len(loop)} instructions for {per_thread} weight bytes a thread "
+                      f"({len(loop) / per_thread:.2f} a byte), loads/dp4a order {order}")
+
+
 def greedy_picks() -> None:
     """The argmax of decode graphs whose head does not fold it (bf16 logits), and the
     structured-output kernels: the masked argmax of the decode graphs and the logit mask."""
@@ -362,6 +431,11 @@ def main(args: list[str]) -> None:
             what = f"{kind} at 6 bits" if six == "1" else kind
             what += ", K steps of 64" if tuning == "packed-k64" else ""
             print(f"{'SPILL' if spilled else 'ok  '} gguf {what} GEMM default choices: {text}", flush=True)
+            compiled.clear()
+        # the word GEMV's loads of a pass in flight together: "SCATTERED" fails the test
+        for kind in GPU_TYPES:
+            together, text = gguf_word_gemv_loop(kind)
+            print(f"{'ok  ' if together else 'SCATTERED'} gguf {kind} word GEMV loop: {text}", flush=True)
             compiled.clear()
         greedy_picks()
         _report("argmax rows, grammar masks")

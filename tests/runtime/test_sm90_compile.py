@@ -45,14 +45,22 @@ def test_decode_step_kernels_compile_for_sm90():
     # Q6_K's at 6 bits) and the grammar masks (+ Qwen3-30B-A3B at batch 1 with the router in the o
     # projection's launch, Llama-3-8B at batch 1 with SiLU·mul in the gate/up GEMV's epilogue)
     # (+ each GGUF type's GEMM, and Q6_K's at 6 bits with K steps of 128 and of 64, at the default
-    # choices with registers read back)
-    assert len(lines) == 2 * (3 * len(SHAPES) - 1 + 1 + 1 + 6 + 1) + 1 + 6 + 1 + 1 + 6 + 2, out.stdout
+    # choices with registers read back; + each GGUF type's word GEMV loop)
+    assert len(lines) == 2 * (3 * len(SHAPES) - 1 + 1 + 1 + 6 + 1) + 1 + 6 + 1 + 1 + 6 + 2 + 6, out.stdout
     assert any(line.startswith("ok   gguf Q6_K at 6 bits several rows") for line in lines), out.stdout
     # no default GEMM choice spills registers ("SPILL" lines), and the registers were read (cuobjdump)
     defaults = [line for line in lines if "GEMM default choices" in line]
     assert len(defaults) == 8 and all(" registers at rows/K splits 8/1 " in line and " -1" not in line
                                       for line in defaults), defaults
-    assert all(line.startswith("ok") for line in lines), out.stdout
+    # the word GEMV issues a pass's 128-bit loads (code words, activations) before its first dp4a:
+    # where ptxas placed them next to their uses instead, the GEMV lost 22-27 % on the H200 (guide
+    # 08). Q4_1's loop already issues two rows' words after it (known, not yet timed: guide 08).
+    from deepinfer.runtime.kernels.gguf_layout import GPU_TYPES
+
+    loops = {line.split()[2]: line for line in lines if "word GEMV loop" in line}
+    assert sorted(loops) == sorted(GPU_TYPES) and all(" a byte), loads/dp4a order L" in v for v in loops.values())
+    assert all(loops[kind].startswith("ok") for kind in GPU_TYPES if kind != "Q4_1"), loops
+    assert all(line.startswith("ok") for line in lines if "word GEMV loop" not in line), out.stdout
     qwen3 = next(line for line in lines if line.startswith("ok   qwen3-30b-a3b batch 1 prefetch 1"))
     for kernel in ("_gemv_kernel", "_decode_split_kernel", "_rotary_kv_kernel", "_router_kernel", "_gate_up_kernel",
                    "_down_kernel", "_argmax_partials_kernel"):
