@@ -81,20 +81,27 @@ def _cuobjdump() -> str | None:
     return path if os.access(path, os.X_OK) else None
 
 
-def _registers_and_stack(cubin: bytes) -> tuple[int, int]:
-    """(registers a thread, stack frame bytes) of a compiled kernel, as cuobjdump reads its cubin; a
-    stack frame in these kernels means registers spilled to local memory. (-1, -1) without cuobjdump."""
-    import re
+def _cuobjdump_of(cubin: bytes, flag: str) -> str | None:
+    """What Triton's cuobjdump prints for a cubin with ``flag``, or None without cuobjdump."""
     import subprocess
 
     tool = _cuobjdump()
     if tool is None:
-        return -1, -1
+        return None
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        out = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True,
-                             check=True).stdout
+        return subprocess.run([tool, flag, f.name], capture_output=True, text=True, check=True).stdout
+
+
+def _registers_and_stack(cubin: bytes) -> tuple[int, int]:
+    """(registers a thread, stack frame bytes) of a compiled kernel, as cuobjdump reads its cubin; a
+    stack frame in these kernels means registers spilled to local memory. (-1, -1) without cuobjdump."""
+    import re
+
+    out = _cuobjdump_of(cubin, "--dump-resource-usage")
+    if out is None:
+        return -1, -1
     found = re.search(r"REG:(\d+) STACK:(\d+)", out)
     assert found, out
     return int(found.group(1)), int(found.group(2))
@@ -293,14 +300,9 @@ def gguf_gemm_defaults(kind: str) -> tuple[bool, str]:
 def _sass(cubin: bytes) -> list[str]:
     """The SASS instructions of a cubin, in address order (Triton's cuobjdump)."""
     import re
-    import subprocess
 
-    tool = _cuobjdump()
-    assert tool is not None, "Triton's cuobjdump is missing"
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        out = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    out = _cuobjdump_of(cubin, "-sass")
+    assert out is not None, "Triton's cuobjdump is missing"
     return [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4}\*/\s+([^;]*);", out)]
 
 
