@@ -1250,7 +1250,7 @@ def gemm_weight_tile(w: GGUFPlanes, rows: int, swap: bool) -> tuple[int, int, in
     """``gemm_tile_for`` the type whose choices ``w`` takes (``gemm_tuning_kind``). Under
     ``DEEPINFER_GGUF_Q6K_6BIT_TUNING=packed-k64`` a 6-bit Q6_K tile steps K by 64 instead of 128:
     the 128-wide tile's bf16 decode needs 190 registers a thread at 32 rows (two programs a
-    multiprocessor), the 64-wide one 117-128 (sm90_compile_check.py)."""
+    multiprocessor), the 64-wide one 96-128 (sm90_compile_check.py)."""
     tile = gemm_tile_for(gemm_tuning_kind(w), rows, swap)
     if w.high is not None and tile[2] > 64 and six_bit_tuning() == "packed-k64":
         return (tile[0], tile[1], 64, tile[3], tile[4])
