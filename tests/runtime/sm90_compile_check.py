@@ -321,10 +321,10 @@ def _main_loop(sass: list[str]) -> list[str]:
 
 def gguf_word_gemv_loop(kind: str) -> tuple[bool, str]:
     """The dp4a word GEMV of ``kind`` at the Llama-3-8B qkv shape (6144 x 4096), compiled for sm_90:
-    its registers, its loop's instructions per weight byte, and whether the loop issues every
-    128-bit load (the rows' code words, the activations) before its first ``dp4a``. Returns (that,
-    the text). Where the loads sat next to their uses instead (ptxas placed unmasked loads so),
-    the GEMV lost 22-27 % on the H200 (guide 08): the test fails on it."""
+    its registers, its loop's instructions per weight byte, and whether the loop issues every load
+    (the rows' code words and scales, the activations) before its first ``dp4a``: one memory
+    latency a pass. Returns (that, the text). Where loads sat next to their uses instead (ptxas
+    placed unmasked loads so), the GEMV lost 22-27 % on the H200 (guide 08): the test fails on it."""
     from deepinfer.runtime.kernels.gguf_gemv import gguf_gemv
     from gguf_gpu_check import environment
 
@@ -352,8 +352,7 @@ def gguf_word_gemv_loop(kind: str) -> tuple[bool, str]:
     kernel, meta_args = kept[-1]
     loop = _main_loop(_sass(kernel.asm["cubin"]))
     first_dot = next(i for i, ins in enumerate(loop) if "IDP" in ins)
-    wide = [i for i, ins in enumerate(loop) if "LDG" in ins and ".128" in ins]
-    together = all(i < first_dot for i in wide)
+    together = all(i < first_dot for i, ins in enumerate(loop) if "LDG" in ins)
     per_thread = meta_args["ROWS"] * meta_args["BLOCK_W"] * 4 // (meta_args["num_warps"] * 32)
     regs, _ = _registers_and_stack(kernel.asm["cubin"])
     order = "".join("L" if "LDG" in ins else "d" if "IDP" in ins else "" for ins in loop)

@@ -52,9 +52,9 @@ def test_decode_step_kernels_compile_for_sm90():
     defaults = [line for line in lines if "GEMM default choices" in line]
     assert len(defaults) == 8 and all(" registers at rows/K splits 8/1 " in line and " -1" not in line
                                       for line in defaults), defaults
-    # the word GEMV issues a pass's 128-bit loads (code words, activations) before its first dp4a:
-    # where ptxas placed them next to their uses instead, the GEMV lost 22-27 % on the H200 (guide
-    # 08). Q4_1's loop already issues two rows' words after it (known, not yet timed: guide 08).
+    # the word GEMV issues every load of a pass (code words, scales, activations) before its first
+    # dp4a: where ptxas placed loads next to their uses instead, the GEMV lost 22-27 % on the H200
+    # (guide 08). Q4_1's loop already issues two rows' words after it (known, not yet timed: guide 08).
     from deepinfer.runtime.kernels.gguf_layout import GPU_TYPES
 
     loops = {line.split()[2]: line for line in lines if "word GEMV loop" in line}
