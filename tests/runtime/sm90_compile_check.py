@@ -25,10 +25,12 @@ first compile error (its message names the kernel).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import tempfile
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -43,8 +45,8 @@ from triton.runtime.jit import JITFunction
 
 TARGET = GPUTarget("cuda", 90, 32)  # H100 / H200
 compiled: Counter[str] = Counter()
-# (kernel, registers, stack frame bytes) of each compile while ``recording`` is on (gguf_gemm_defaults)
-resources: list[tuple[str, int, int]] = []
+# (kernel name, compiled kernel, launch keywords) of each launch while ``recording`` is on (``_recorded``)
+recorded: list[tuple[str, Any, dict[str, Any]]] = []
 recording = False
 
 
@@ -68,7 +70,7 @@ def _compile_instead_of_launch(self: JITFunction, grid: Any) -> Any:
         assert kernel.asm.get("cubin"), f"{self.fn.__name__}: no cubin"
         compiled[self.fn.__name__] += 1
         if recording:
-            resources.append((self.fn.__name__, *_registers_and_stack(kernel.asm["cubin"])))
+            recorded.append((self.fn.__name__, kernel, kwargs))
         return kernel
     return launch
 
@@ -115,6 +117,22 @@ def install() -> None:
 
     pdl.pdl_enabled = lambda device: True  # the H200's launches: PDL constexprs and launch option on
     moe.KERNELS_ON_CPU = True  # the MoE layer picks its Triton kernels for meta tensors too
+
+
+@contextlib.contextmanager
+def _recorded(name: str) -> Iterator[list[tuple[Any, dict[str, Any]]]]:
+    """The (compiled kernel, launch keywords) of each launch of kernel ``name`` inside the block, in
+    the list yielded (filled as the block runs)."""
+    global recording
+    found: list[tuple[Any, dict[str, Any]]] = []
+    recorded.clear()
+    recording = True
+    try:
+        yield found
+    finally:
+        recording = False
+        found.extend((kernel, kwargs) for fn, kernel, kwargs in recorded if fn == name)
+        recorded.clear()
 
 
 def _meta_planes(kind: str, n: int, k: int) -> Any:
@@ -277,21 +295,17 @@ def gguf_gemm_defaults(kind: str) -> tuple[bool, str]:
     """The several-row GEMM of ``kind`` at the choices a decode graph makes for 8, 20 and 32 rows
     (tile, swap; K unsplit and split) and a 64-row prompt makes, compiled with its registers and
     stack frame read back. Returns (whether any spilled, the text per row count and split)."""
-    global recording
     from deepinfer.runtime.kernels.gguf_gemv import gemm_swapped, gemm_tuning_kind, gguf_gemm
 
     meta = torch.device("meta")
     planes = _meta_planes(kind, 128, 4096)  # 128 weight rows: whole tiles along N, as an 8B projection's
     cells, spilled = [], False
     for rows, split in ((8, 1), (8, 2), (20, 1), (20, 2), (32, 1), (32, 2), (64, 1)):
-        resources.clear()
-        recording = True
-        try:  # K unsplit (a wide projection: the LM head) and split (narrow ones), as graphs choose
+        # K unsplit (a wide projection: the LM head) and split (narrow ones), as graphs choose
+        with _recorded("_gguf_gemm_kernel") as gemms:
             gguf_gemm(torch.empty(rows, 4096, dtype=torch.bfloat16, device=meta), planes,
                       swap=gemm_swapped(gemm_tuning_kind(planes), rows, True), split_k=split)
-        finally:
-            recording = False
-        regs, stack = next((r, st) for name, r, st in resources if name == "_gguf_gemm_kernel")
+        regs, stack = _registers_and_stack(gemms[0][0].asm["cubin"])
         cells.append(f"{rows}/{split} {regs}" + (f" + stack {stack} B" if stack > 0 else ""))
         spilled |= stack > 0
     return spilled, "registers at rows/K splits " + ", ".join(cells)
@@ -330,26 +344,10 @@ def gguf_word_gemv_loop(kind: str) -> tuple[bool, str]:
 
     meta = torch.device("meta")
     planes = _meta_planes(kind, 6144, 4096)
-    kept: list[Any] = []
-    launch = JITFunction.__getitem__
-
-    def keep(self: JITFunction, grid: Any) -> Any:
-        run = launch(self, grid)
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            kernel = run(*args, **kwargs)
-            if self.fn.__name__ == "_gguf_gemv_words_kernel":
-                kept.append((kernel, kwargs))
-            return kernel
-        return call
-
-    JITFunction.__getitem__ = keep  # type: ignore[method-assign]
-    try:  # as a decode graph launches it: PDL on, no preload before the wait (the default)
-        with environment(DEEPINFER_PDL_PREFETCH="0"):
-            gguf_gemv(torch.empty(1, 4096, dtype=torch.bfloat16, device=meta), planes)
-    finally:
-        JITFunction.__getitem__ = launch  # type: ignore[method-assign]
-    kernel, meta_args = kept[-1]
+    # as a decode graph launches it: PDL on, no preload before the wait (the default)
+    with environment(DEEPINFER_PDL_PREFETCH="0"), _recorded("_gguf_gemv_words_kernel") as gemvs:
+        gguf_gemv(torch.empty(1, 4096, dtype=torch.bfloat16, device=meta), planes)
+    kernel, meta_args = gemvs[0]
     loop = _main_loop(_sass(kernel.asm["cubin"]))
     first_dot = next(i for i, ins in enumerate(loop) if "IDP" in ins)
     together = all(i < first_dot for i, ins in enumerate(loop) if "LDG" in ins)
