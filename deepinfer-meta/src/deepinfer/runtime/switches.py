@@ -74,10 +74,6 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
     Switch("DEEPINFER_GGUF_DP4A", "1", "kernels/gguf_gemv.py",
            "the GGUF word GEMV takes 8-bit activations (one scale per 16 columns) and multiplies with dp4a "
            "(0: float32 activations)"),
-    Switch("DEEPINFER_GGUF_GEMV_LOOP_STAGES", "0", "kernels/gguf_gemv.py",
-           "experimental, not yet timed: N >= 2 runs the GGUF word GEMV's K loop through Triton's software "
-           "pipeliner (tl.range num_stages N: each pass's code words and 32-bit operands copied to shared memory "
-           "with cp.async N - 1 passes ahead; 0: the plain loop); read at every launch"),
     Switch("DEEPINFER_GGUF_Q6K_6BIT", "0", "kernels/gguf_layout.py",
            "experimental: 1 keeps Q6_K codes at their 6 bits on the GPU (a nibble plane and a 2-bit plane; read at "
            "load): Llama-3-8B Q4_K_M 376 -> 389 output tok/s at batch 1, 4,344 -> 4,023 at 32 (H100)"),

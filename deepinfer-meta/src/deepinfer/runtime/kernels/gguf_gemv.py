@@ -747,8 +747,7 @@ def _gguf_gemv_words_kernel(x_ptr, xw_ptr, xq_ptr, st_ptr, q_ptr, h_ptr, s_ptr, 
                             SILU_MUL: tl.constexpr, NORM: tl.constexpr, NORM_BLOCK: tl.constexpr,
                             HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr, X_WORDS: tl.constexpr,
                             DP4A: tl.constexpr, CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr, PDL: tl.constexpr,
-                            PRELOAD: tl.constexpr = False, SIX: tl.constexpr = False,
-                            LOOP_STAGES: tl.constexpr = 0):
+                            PRELOAD: tl.constexpr = False, SIX: tl.constexpr = False):
     """The one-row GEMV reading the code plane as int32 words (``q_ptr``, ``kw`` words a row):
     ROWS (1, 2, 4 or 8) output rows a program, chunks of BLOCK_W words a row as [NG, 4] tiles. A tile
     row is one 16-byte load and lies in one scale group (16 or 32 columns; a 32-column group is two
@@ -783,20 +782,12 @@ def _gguf_gemv_words_kernel(x_ptr, xw_ptr, xq_ptr, st_ptr, q_ptr, h_ptr, s_ptr, 
             kt, ng, nsb, rstd, ROWS, PACKED, SIGNED, G, SB, HAS_MIN, OFFSET, SILU_MUL, NORM, X_WORDS, DP4A,
             CODE_BIAS, EMULATE, True, SIX)
         first = BLOCK_W
-    if LOOP_STAGES > 0:  # Triton's software pipeliner: the next passes' loads issued (cp.async) a pass ahead
-        for w0 in tl.range(first, kw, BLOCK_W, num_stages=LOOP_STAGES):
-            acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _words_chunk(
-                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0, p0, p1, p2, p3, p4, p5, p6, p7, r0, gi, wi,
-                x_ptr, xw_ptr, xq_ptr, st_ptr, q_ptr, h_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, nw_ptr, nww_ptr, out_ptr,
-                n, k, kw, kt, ng, nsb, rstd, ROWS, PACKED, SIGNED, G, SB, HAS_MIN, OFFSET, SILU_MUL, NORM, X_WORDS,
-                DP4A, CODE_BIAS, EMULATE, False, SIX)
-    else:
-        for w0 in range(first, kw, BLOCK_W):
-            acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _words_chunk(
-                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0, p0, p1, p2, p3, p4, p5, p6, p7, r0, gi, wi,
-                x_ptr, xw_ptr, xq_ptr, st_ptr, q_ptr, h_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, nw_ptr, nww_ptr, out_ptr,
-                n, k, kw, kt, ng, nsb, rstd, ROWS, PACKED, SIGNED, G, SB, HAS_MIN, OFFSET, SILU_MUL, NORM, X_WORDS,
-                DP4A, CODE_BIAS, EMULATE, False, SIX)
+    for w0 in range(first, kw, BLOCK_W):
+        acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _words_chunk(
+            acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0, p0, p1, p2, p3, p4, p5, p6, p7, r0, gi, wi, x_ptr,
+            xw_ptr, xq_ptr, st_ptr, q_ptr, h_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, nw_ptr, nww_ptr, out_ptr, n, k, kw,
+            kt, ng, nsb, rstd, ROWS, PACKED, SIGNED, G, SB, HAS_MIN, OFFSET, SILU_MUL, NORM, X_WORDS, DP4A,
+            CODE_BIAS, EMULATE, False, SIX)
     _rows_out(acc0, acc1, acc2, acc3, r0, min(ROWS, 4), n, b_ptr, res_ptr, out_ptr, HAS_BIAS, RESIDUAL)
     if ROWS > 4:
         _rows_out(acc4, acc5, acc6, acc7, r0 + 4, 4, n, b_ptr, res_ptr, out_ptr, HAS_BIAS, RESIDUAL)
@@ -1139,7 +1130,7 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
             RESIDUAL=residual is not None, X_WORDS=x_words, DP4A=dp4a, CODE_BIAS=float(code_bias),
             EMULATE=_INTERPRET, num_warps=warps, num_stages=stages,
             PRELOAD=prefetch_fits(rows * max(block_k // 4, 4) * 4, warps) if preload is None else preload,
-            SIX=w.high is not None, LOOP_STAGES=loop_stages(),
+            SIX=w.high is not None,
             **pdl_launch(x.device))
         return out
     if _INTERPRET:  # Triton's interpreter runs programs one by one: fewer, wider ones (same products)
@@ -1151,13 +1142,6 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
         NORM_BLOCK=triton.next_power_of_2(k) if norm is not None else 1, HAS_BIAS=bias is not None,
         RESIDUAL=residual is not None, num_warps=warps, num_stages=stages, **pdl_launch(x.device))
     return out
-
-
-def loop_stages() -> int:
-    """``DEEPINFER_GGUF_GEMV_LOOP_STAGES`` (experimental): 0 for the word GEMV's plain K loop, N >= 2 for
-    Triton's software pipeliner with N stages (1 is the plain loop too)."""
-    stages = switches.integer("DEEPINFER_GGUF_GEMV_LOOP_STAGES")
-    return stages if stages >= 2 else 0
 
 
 def dp4a_config(w: GGUFPlanes) -> tuple[int, int, int, int]:
