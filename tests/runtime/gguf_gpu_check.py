@@ -1,7 +1,7 @@
 """Test helper: the GGUF GPU kernels (``kernels.gguf_gemv``) against a float64 matmul of
 ``gguf.quants``' dequantization of the same blocks.
 
-``python gguf_gpu_check.py DEVICE [quick]``: on CPU run it with ``TRITON_INTERPRET=1`` (Triton's
+``python gguf_gpu_check.py DEVICE [quick | lean] [TYPES]``: on CPU run it with ``TRITON_INTERPRET=1`` (Triton's
 interpreter). Prints one line per case and exits non-zero on a mismatch.
 
 Bounds (stated; ``mag = |x| @ |W|.T`` in float64, ``u`` the output dtype's unit roundoff):
@@ -36,6 +36,7 @@ from deepinfer.runtime.kernels.gguf_gemv import (
     dp4a_config,
     gguf_gemm,
     gguf_gemv,
+    lean_gemv,
     one_row_path,
     quantize_activations,
 )
@@ -367,11 +368,51 @@ def check_quantized_input(kind: str, device: str, k: int, g: torch.Generator) ->
     return ok
 
 
+def check_lean(kind: str, device: str) -> bool:
+    """``DEEPINFER_GGUF_GEMV_LEAN=1`` (experimental): where the word GEMV's tiles divide the weight it
+    runs its fewer-instruction form (no load masks, chained dp4a). Integer sums are exact and the
+    float operations are the same, so it gives the default form's bits; both within the float64
+    bound. The default choices' tiles and the 8-row one, dp4a and float32 activations; the narrow
+    projections' tile (o and down) also with their residual epilogue."""
+    ok = True
+    n, k = 16, 4096
+    raw = random_blocks(kind, n, k, seed=70 + GPU_TYPES.index(kind))
+    w_ref = reference_weight(raw, kind, n)
+    planes = regroup(torch.from_numpy(raw), kind).map(lambda t: t.to(device))
+    kw = planes.codes.view(torch.int32).shape[1]
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(1, k, generator=g).to(torch.bfloat16)
+    res = torch.randn(1, n, generator=g).to(torch.bfloat16)
+    for dp4a in ("1", "0"):
+        for config in ((4, 1024, 2, 2), (4, 512, 1, 2), (2, 1024, 1, 2), (8, 2048, 4, 2)):
+            for residual in (None, res) if config[0] == 2 else (None,):
+                ref = x.double() @ w_ref.T + (0 if residual is None else residual.double())
+                mag = x.double().abs() @ w_ref.abs().T + (0 if residual is None else residual.double().abs())
+                extra = act8_error(x, w_ref, 16) if dp4a == "1" else 0.0
+                r = None if residual is None else residual.to(device)
+                outs = []
+                for on in ("1", "0"):
+                    with environment(DEEPINFER_GGUF_GEMV_LEAN=on, DEEPINFER_GGUF_DP4A=dp4a):
+                        outs.append(gguf_gemv(x.to(device), planes, residual=r, config=config))
+                        if on == "1":
+                            taken = lean_gemv(n, kw, config[0], config[1] // 4)
+                what = f"{kind} lean gemv, {'dp4a' if dp4a == '1' else 'f32'}, tiles {config}" + (
+                    ", residual" if residual is not None else "")
+                ok &= _check(what, outs[0], ref, mag, 2**-7, 2**-7, extra)
+                same = taken and torch.equal(outs[0], outs[1])
+                print(f"{'ok  ' if same else 'FAIL'} {what}: lean form taken ({taken}), the default form's bits")
+                ok &= same
+    return ok
+
+
 def main() -> int:
     device = sys.argv[1] if len(sys.argv) > 1 else "cpu"
     quick = "quick" in sys.argv[2:]
     kinds = [a for a in sys.argv[2:] if a in GPU_TYPES] or list(GPU_TYPES)
-    ok = all([check_kind(kind, device, quick) for kind in kinds])
+    if "lean" in sys.argv[2:]:  # only DEEPINFER_GGUF_GEMV_LEAN's checks
+        ok = all([check_lean(kind, device) for kind in kinds])
+    else:
+        ok = all([check_kind(kind, device, quick) for kind in kinds])
     print("ok" if ok else "FAILED")
     return 0 if ok else 1
 

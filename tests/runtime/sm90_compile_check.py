@@ -333,21 +333,27 @@ def _main_loop(sass: list[str]) -> list[str]:
     return sass[best[0]:best[1] + 1]
 
 
-def gguf_word_gemv_loop(kind: str) -> tuple[bool, str]:
-    """The dp4a word GEMV of ``kind`` at the Llama-3-8B qkv shape (6144 x 4096), compiled for sm_90:
-    its registers, its loop's instructions per weight byte, and whether the loop issues every load
-    (the rows' code words and scales, the activations) before its first ``dp4a``: one memory
-    latency a pass. Returns (that, the text). Where loads sat next to their uses instead (ptxas
-    placed unmasked loads so), the GEMV lost 22-27 % on the H200 (guide 08): the test fails on it."""
+def gguf_word_gemv_loop(kind: str, at: str = "qkv", lean: bool = False) -> tuple[bool, str]:
+    """The dp4a word GEMV of ``kind`` at a Llama-3-8B shape (``at``: qkv, 6144 x 4096, or down, 4096 x
+    14336 with its residual epilogue: a narrow projection's tile), compiled for sm_90 (``lean``:
+    ``DEEPINFER_GGUF_GEMV_LEAN=1``): its registers, its loop's instructions per weight byte, and
+    whether the loop issues every load (the rows' code words and scales, the activations) before
+    its first ``dp4a``: one memory latency a pass. Returns (that, the text). Where loads sat next to
+    their uses instead (ptxas placed unmasked loads so), the GEMV lost 22-27 % on the H200 (guide
+    08): the test fails on it."""
     from deepinfer.runtime.kernels.gguf_gemv import gguf_gemv
     from gguf_gpu_check import environment
 
     meta = torch.device("meta")
-    planes = _meta_planes(kind, 6144, 4096)
+    n, k = {"qkv": (6144, 4096), "down": (4096, 14336)}[at]
+    planes = _meta_planes(kind, n, k)
+    residual = torch.empty(1, n, dtype=torch.bfloat16, device=meta) if at == "down" else None
     # as a decode graph launches it: PDL on, no preload before the wait (the default)
-    with environment(DEEPINFER_PDL_PREFETCH="0"), _recorded("_gguf_gemv_words_kernel") as gemvs:
-        gguf_gemv(torch.empty(1, 4096, dtype=torch.bfloat16, device=meta), planes)
+    with (environment(DEEPINFER_PDL_PREFETCH="0", DEEPINFER_GGUF_GEMV_LEAN="1" if lean else "0"),
+          _recorded("_gguf_gemv_words_kernel") as gemvs):
+        gguf_gemv(torch.empty(1, k, dtype=torch.bfloat16, device=meta), planes, residual=residual)
     kernel, meta_args = gemvs[0]
+    assert meta_args["LEAN"] == lean, f"{kind} at {at}: the lean form was {'not ' if lean else ''}taken"
     loop = _main_loop(_sass(kernel.asm["cubin"]))
     first_dot = next(i for i, ins in enumerate(loop) if "IDP" in ins)
     together = all(i < first_dot for i, ins in enumerate(loop) if "LDG" in ins)
@@ -432,10 +438,13 @@ def main(args: list[str]) -> None:
             print(f"{'SPILL' if spilled else 'ok  '} gguf {what} GEMM default choices: {text}", flush=True)
             compiled.clear()
         # the word GEMV's loads of a pass in flight together: "SCATTERED" fails the test
+        # (at qkv, then at down: a narrow projection's tile; then the experimental lean form at both)
         for kind in GPU_TYPES:
-            together, text = gguf_word_gemv_loop(kind)
-            print(f"{'ok  ' if together else 'SCATTERED'} gguf {kind} word GEMV loop: {text}", flush=True)
-            compiled.clear()
+            for at, lean in (("qkv", False), ("down", False), ("qkv", True), ("down", True)):
+                together, text = gguf_word_gemv_loop(kind, at, lean)
+                what = ("lean " if lean else "") + "word GEMV loop" + ("" if at == "qkv" and not lean else f" at {at}")
+                print(f"{'ok  ' if together else 'SCATTERED'} gguf {kind} {what}: {text}", flush=True)
+                compiled.clear()
         greedy_picks()
         _report("argmax rows, grammar masks")
 

@@ -210,6 +210,19 @@ def test_kernels_on_cuda(dp4a):
     _run("gguf_gpu_check.py", "cuda", interpret=False, DEEPINFER_GGUF_DP4A=dp4a)
 
 
+def test_lean_word_gemv_gives_the_default_forms_bits():
+    # DEEPINFER_GGUF_GEMV_LEAN=1 (experimental): where the tiles divide the weight, the form without
+    # load masks and with chained dp4a; 6 types x (2 activation kinds x (4 tiles + the narrow tile
+    # with a residual)) x (bound against float64 + taken and bitwise equal to the default form)
+    out = _run("gguf_gpu_check.py", "cpu", "lean")
+    assert out.count("ok  ") == 6 * 2 * 5 * 2 and "lean form taken (True), the default form's bits" in out, out[-3000:]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_lean_word_gemv_on_cuda():
+    _run("gguf_gpu_check.py", "cuda", "lean", interpret=False)
+
+
 def test_dense_weight_refuses_a_dtype_it_cannot_write():
     from deepinfer.runtime.kernels.gguf_gemv import dense_weight
     from gguf_gpu_check import random_blocks

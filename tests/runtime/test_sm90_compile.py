@@ -45,8 +45,8 @@ def test_decode_step_kernels_compile_for_sm90():
     # Q6_K's at 6 bits) and the grammar masks (+ Qwen3-30B-A3B at batch 1 with the router in the o
     # projection's launch, Llama-3-8B at batch 1 with SiLU·mul in the gate/up GEMV's epilogue)
     # (+ each GGUF type's GEMM, and Q6_K's at 6 bits with K steps of 128 and of 64, at the default
-    # choices with registers read back; + each GGUF type's word GEMV loop)
-    assert len(lines) == 2 * (3 * len(SHAPES) - 1 + 1 + 1 + 6 + 1) + 1 + 6 + 1 + 1 + 6 + 2 + 6, out.stdout
+    # choices with registers read back; + each GGUF type's word GEMV loop at qkv and down, default and lean)
+    assert len(lines) == 2 * (3 * len(SHAPES) - 1 + 1 + 1 + 6 + 1) + 1 + 6 + 1 + 1 + 6 + 2 + 4 * 6, out.stdout
     assert any(line.startswith("ok   gguf Q6_K at 6 bits several rows") for line in lines), out.stdout
     # no default GEMM choice spills registers ("SPILL" lines), and the registers were read (cuobjdump)
     defaults = [line for line in lines if "GEMM default choices" in line]
@@ -54,12 +54,29 @@ def test_decode_step_kernels_compile_for_sm90():
                                       for line in defaults), defaults
     # the word GEMV issues every load of a pass (code words, scales, activations) before its first
     # dp4a: where ptxas placed loads next to their uses instead, the GEMV lost 22-27 % on the H200
-    # (guide 08). Q4_1's loop already issues two rows' words after it (known, not yet timed: guide 08).
+    # (guide 08). Known, not yet timed (guide 08): Q4_1's default loop issues two rows' words after
+    # it, and so does Q4_0's at the narrow projections' tile (down). The experimental lean form
+    # (DEEPINFER_GGUF_GEMV_LEAN=1: fewer instructions, LEAN_MAXNREG registers) must keep every
+    # type's loads together at both shapes.
     from deepinfer.runtime.kernels.gguf_layout import GPU_TYPES
 
-    loops = {line.split()[2]: line for line in lines if "word GEMV loop" in line}
-    assert sorted(loops) == sorted(GPU_TYPES) and all(" a byte), loads/dp4a order L" in v for v in loops.values())
-    assert all(loops[kind].startswith("ok") for kind in GPU_TYPES if kind != "Q4_1"), loops
+    def loops(what: str) -> dict[str, str]:
+        found = {line.split()[2]: line for line in lines  # ("ok   gguf KIND what: ...")
+                 if line.startswith(("ok   gguf ", "SCATTERED gguf ")) and line.split(None, 3)[3].startswith(f"{what}: ")}
+        assert sorted(found) == sorted(GPU_TYPES), (what, found)
+        assert all(" a byte), loads/dp4a order L" in v for v in found.values()), found
+        return found
+
+    default, narrow = loops("word GEMV loop"), loops("word GEMV loop at down")
+    assert all(default[kind].startswith("ok") for kind in GPU_TYPES if kind != "Q4_1"), default
+    assert all(narrow[kind].startswith("ok") for kind in GPU_TYPES if kind not in ("Q4_0", "Q4_1")), narrow
+    for at in ("qkv", "down"):
+        lean = loops(f"lean word GEMV loop at {at}")
+        assert all(line.startswith("ok") for line in lean.values()), lean
+        # fewer loop instructions than the default form at the same shape, for every type
+        base = default if at == "qkv" else narrow
+        assert all(int(lean[kind].split(", loop ")[1].split()[0]) < int(base[kind].split(", loop ")[1].split()[0])
+                   for kind in GPU_TYPES), (lean, base)
     assert all(line.startswith("ok") for line in lines if "word GEMV loop" not in line), out.stdout
     qwen3 = next(line for line in lines if line.startswith("ok   qwen3-30b-a3b batch 1 prefetch 1"))
     for kernel in ("_gemv_kernel", "_decode_split_kernel", "_rotary_kv_kernel", "_router_kernel", "_gate_up_kernel",

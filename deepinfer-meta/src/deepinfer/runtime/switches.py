@@ -71,6 +71,10 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
            "GGUF kernels load each group's scale once and broadcast it (0: gathered per column)"),
     Switch("DEEPINFER_GGUF_WORDS", "1", "kernels/gguf_gemv.py",
            "the GGUF one-row GEMV reads codes as int32 words and scales group sums (0: bytes, each weight scaled)"),
+    Switch("DEEPINFER_GGUF_GEMV_LEAN", "0", "kernels/gguf_gemv.py",
+           "experimental, not yet timed: 1 runs the GGUF one-row word GEMV in its fewer-instruction form where its "
+           "tiles divide the weight (no load masks, chained dp4a, shifts for divisions) with a register budget "
+           "that keeps a pass's loads ahead of its products (gguf_gemv.LEAN_MAXNREG); read at every launch"),
     Switch("DEEPINFER_GGUF_DP4A", "1", "kernels/gguf_gemv.py",
            "the GGUF word GEMV takes 8-bit activations (one scale per 16 columns) and multiplies with dp4a "
            "(0: float32 activations)"),

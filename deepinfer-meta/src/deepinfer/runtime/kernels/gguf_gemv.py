@@ -72,6 +72,12 @@ DP4A_GEMV_CONFIG = (4, 1024, 2, 2)
 DP4A_CONFIG_BY_KIND = {"Q4_0": (4, 512, 1, 2)}
 DP4A_NARROW_CONFIG_BY_KIND = {"Q4_0": (2, 1024, 1, 2)}
 NARROW_MAX_N = 4096
+# DEEPINFER_GGUF_GEMV_LEAN (experimental): the registers a thread ptxas is given for the lean word
+# GEMV. Left to itself it used 34-48 and placed each load next to its use (a pass then waits on
+# several memory latencies; on the H200 that form lost 22-27 %); at these budgets every load of a
+# pass comes before its first dp4a in the sm_90 cubin (sm90_compile_check.py others), at 61-256
+# loop instructions a pass where the default has 132-348. Not yet timed on a GPU.
+LEAN_MAXNREG = {"Q4_K": 72, "Q4_1": 72}  # the others: 64
 QUANTIZE_BLOCK = 512
 GEMM_CONFIG = (64, 64, 64, 4, 3)  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
 # up to 32 rows (decode batches): the best swept tile of the 8B gate_up and down at 32 rows on the
@@ -439,16 +445,32 @@ def _word_act(xw, uw, nww, B: tl.constexpr, rstd, dt: tl.constexpr, SILU_MUL: tl
 
 
 @triton.jit
-def _dp4a(a, b, EMULATE: tl.constexpr):
-    """Per int32 lane: the sum of the products of the four signed bytes of ``a`` and ``b`` (PTX
-    ``dp4a``; EMULATE: the same with shifts, for Triton's interpreter, which runs no PTX)."""
+def _dp4a(a, b, EMULATE: tl.constexpr, c=None):
+    """Per int32 lane: ``c`` (default 0) plus the sum of the products of the four signed bytes of
+    ``a`` and ``b`` (PTX ``dp4a``; EMULATE: the same with shifts, for Triton's interpreter, which
+    runs no PTX)."""
+    if c is None:
+        c = tl.zeros_like(a)
     if EMULATE:
-        r = ((a << 24) >> 24) * ((b << 24) >> 24)
+        r = c + ((a << 24) >> 24) * ((b << 24) >> 24)
         r += ((a << 16) >> 24) * ((b << 16) >> 24)
         r += ((a << 8) >> 24) * ((b << 8) >> 24)
         return r + (a >> 24) * (b >> 24)
-    return tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, tl.zeros_like(a)],
+    return tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c],
                                      dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _dp4a_rows(a, b, EMULATE: tl.constexpr):
+    """Per row of ``a``, ``b`` [NG, 4] (a tile row, one thread's): the sum of the four lanes'
+    ``_dp4a``, chained through dp4a's accumulator (no integer adds after it)."""
+    a0, a1 = tl.split(tl.reshape(a, (a.shape[0], 2, 2)))
+    b0, b1 = tl.split(tl.reshape(b, (b.shape[0], 2, 2)))
+    a00, a01 = tl.split(a0)
+    a10, a11 = tl.split(a1)
+    b00, b01 = tl.split(b0)
+    b10, b11 = tl.split(b1)
+    return _dp4a(a11, b11, EMULATE, _dp4a(a10, b10, EMULATE, _dp4a(a01, b01, EMULATE, _dp4a(a00, b00, EMULATE))))
 
 
 @triton.jit
@@ -536,9 +558,15 @@ def _word_activations(x_ptr, xw_ptr, nw_ptr, nww_ptr, out_ptr, cw, w_ok, k, rstd
 
 @triton.jit
 def _group_dot(wd, x0, x1, x2, x3, PACKED: tl.constexpr, SIGNED: tl.constexpr, OFFSET: tl.constexpr,
-               DP4A: tl.constexpr, CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr):
-    """Each tile row's sum of code-activation products of words ``wd`` [NG, GW], not yet scaled."""
-    if DP4A:  # x0: the activations as signed-byte words, x1: their scales, x2: their integer sums
+               DP4A: tl.constexpr, CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr, LEAN: tl.constexpr):
+    """Each tile row's sum of code-activation products of words ``wd`` [NG, GW], not yet scaled.
+    LEAN: a tile row's four ``dp4a`` chained through the accumulator, no ``- 0 * x2``."""
+    if DP4A and LEAN:  # x0: the activations as signed-byte words, x1: their scales, x2: their integer sums
+        di = _dp4a_rows(wd & 0x0F0F0F0F if PACKED else wd, x0, EMULATE).to(tl.float32)
+        if CODE_BIAS != 0:  # (x - 0 * y is not folded: 0 * inf is NaN)
+            di -= CODE_BIAS * x2
+        dot = x1 * di
+    elif DP4A:
         di = _dp4a(wd & 0x0F0F0F0F if PACKED else wd, x0, EMULATE)
         dot = x1 * (tl.sum(di, axis=1).to(tl.float32) - CODE_BIAS * x2)
     else:
@@ -552,22 +580,27 @@ def _group_dot(wd, x0, x1, x2, x3, PACKED: tl.constexpr, SIGNED: tl.constexpr, O
 
 @triton.jit
 def _kpack_update(acc, wd, lo, hi, glo, ghi, row, n, ng, nsb, s_ptr, d_ptr, G: tl.constexpr, SB: tl.constexpr,
-                  OFFSET: tl.constexpr, DP4A: tl.constexpr, CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr):
+                  OFFSET: tl.constexpr, DP4A: tl.constexpr, CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr,
+                  LEAN: tl.constexpr):
     """``_row_update``'s two ``_group_update`` calls for Q4_K: its packed scales (gguf_layout) give a
     tile row's low and high nibbles their scales and mins in one word (``s_ptr`` [N, ng/2]) and
     each half its ``d`` and ``dmin`` in one more (``d_ptr`` [N, nsb]): three loads where four
     planes took eight. The float32 operations of ``_group_update``."""
-    gok = (glo < ng // 2) & (row + glo * 0 < n)
+    gok = _mask((glo < ng // 2) & (row + glo * 0 < n), LEAN)
     sm = tl.load(s_ptr + row * (ng // 2) + glo, mask=gok, other=0)
-    dd_lo = tl.load(d_ptr + row * nsb + glo * G // SB, mask=gok, other=0)
-    dd_hi = tl.load(d_ptr + row * nsb + ghi * G // SB, mask=gok, other=0)
+    if LEAN:
+        dd_lo = tl.load(d_ptr + row * nsb + _udiv(glo, SB // G), mask=gok, other=0)
+        dd_hi = tl.load(d_ptr + row * nsb + _udiv(ghi, SB // G), mask=gok, other=0)
+    else:
+        dd_lo = tl.load(d_ptr + row * nsb + glo * G // SB, mask=gok, other=0)
+        dd_hi = tl.load(d_ptr + row * nsb + ghi * G // SB, mask=gok, other=0)
     x0, x1, x2, x3, xg = lo
     s, mn = _scale_min_words(sm, dd_lo)
-    acc += s * _group_dot(wd, x0, x1, x2, x3, True, False, OFFSET, DP4A, CODE_BIAS, EMULATE)
+    acc += s * _group_dot(wd, x0, x1, x2, x3, True, False, OFFSET, DP4A, CODE_BIAS, EMULATE, LEAN)
     acc -= mn * xg
     x0, x1, x2, x3, xg = hi
     s, mn = _scale_min_words(sm >> 16, dd_hi)
-    acc += s * _group_dot(wd >> 4, x0, x1, x2, x3, True, False, OFFSET, DP4A, CODE_BIAS, EMULATE)
+    acc += s * _group_dot(wd >> 4, x0, x1, x2, x3, True, False, OFFSET, DP4A, CODE_BIAS, EMULATE, LEAN)
     acc -= mn * xg
     return acc
 
@@ -576,12 +609,12 @@ def _kpack_update(acc, wd, lo, hi, glo, ghi, row, n, ng, nsb, s_ptr, d_ptr, G: t
 def _group_update(acc, wd, x0, x1, x2, x3, xg, row, n, g, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr,
                   G: tl.constexpr, SB: tl.constexpr, PACKED: tl.constexpr, SIGNED: tl.constexpr,
                   HAS_MIN: tl.constexpr, OFFSET: tl.constexpr, DP4A: tl.constexpr, CODE_BIAS: tl.constexpr,
-                  EMULATE: tl.constexpr):
+                  EMULATE: tl.constexpr, LEAN: tl.constexpr):
     """``acc`` [NG] plus one row's products with words ``wd`` [NG, GW] whose tile rows lie in groups
     ``g`` [NG]: each tile row's code-activation products summed first, then scaled once (its
     group's min times the tile row's activation sum ``xg``)."""
-    dot = _group_dot(wd, x0, x1, x2, x3, PACKED, SIGNED, OFFSET, DP4A, CODE_BIAS, EMULATE)
-    gok = (g < ng) & (row + g * 0 < n)  # (a tensor mask: Triton's interpreter takes no scalar & tensor)
+    dot = _group_dot(wd, x0, x1, x2, x3, PACKED, SIGNED, OFFSET, DP4A, CODE_BIAS, EMULATE, LEAN)
+    gok = _mask((g < ng) & (row + g * 0 < n), LEAN)  # (a tensor mask: Triton's interpreter takes no scalar & tensor)
     s, mn = _scales(row, g, gok, s_ptr, m_ptr, d_ptr, dm_ptr, ng, nsb, G, SB, HAS_MIN)
     acc += s * dot
     if HAS_MIN:
@@ -603,16 +636,33 @@ def _six_bit_words(wd, h64, H: tl.constexpr):
 
 
 @triton.jit
-def _row_words(q_ptr, row, n, kw, w0, wi, w_ok):
+def _udiv(i, D: tl.constexpr):
+    """``i // D`` for indices ``i`` >= 0 (int32) and a power of two D: a shift, where ``//`` of a
+    signed integer also rounds negative ones toward zero (three more instructions)."""
+    return (i.to(tl.uint32) // D).to(tl.int32)
+
+
+@triton.jit
+def _mask(ok, LEAN: tl.constexpr):
+    """``ok``; or, LEAN (the word GEMV's tiles divide the weight), all true, which Triton folds away:
+    the load is then unmasked (no predicate, no zeroed destination: fewer instructions a word)."""
+    if LEAN:
+        return ok | True
+    return ok
+
+
+@triton.jit
+def _row_words(q_ptr, row, n, kw, w0, wi, w_ok, LEAN: tl.constexpr):
     """Row ``row``'s code words ``w0 + wi`` (0 past the last row)."""
-    return tl.load(q_ptr + row * kw + w0 + wi, mask=w_ok & (row + wi * 0 < n), other=0)
+    return tl.load(q_ptr + row * kw + w0 + wi, mask=_mask(w_ok & (row + wi * 0 < n), LEAN), other=0)
 
 
 @triton.jit
 def _row_update(acc, row, n, q_ptr, h_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr,
                 dm_ptr, G: tl.constexpr, SB: tl.constexpr, PACKED: tl.constexpr, SIGNED: tl.constexpr,
                 HAS_MIN: tl.constexpr, OFFSET: tl.constexpr, DP4A: tl.constexpr,
-                CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr, wd_pre, HAVE: tl.constexpr, SIX: tl.constexpr):
+                CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr, wd_pre, HAVE: tl.constexpr, SIX: tl.constexpr,
+                LEAN: tl.constexpr):
     """One row's chunk of words ``w0 + wi`` (HAVE: already loaded, ``wd_pre``): the low nibbles (or
     bytes) with activations ``lo``, a 4-bit type's high nibbles with ``hi`` (the same columns of
     the second half). Q4_K (4-bit codes of a super-block type) reads its packed scales once for
@@ -621,26 +671,26 @@ def _row_update(acc, row, n, q_ptr, h_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, n
     if HAVE:
         wd = wd_pre
     else:
-        wd = _row_words(q_ptr, row, n, kw, w0, wi, w_ok)
+        wd = _row_words(q_ptr, row, n, kw, w0, wi, w_ok, LEAN)
     if SIX:  # (Q6_K's groups are 16 columns: glo is the tile row's index, its high word's)
-        h64 = tl.load(h_ptr + row * (kw // 4) + glo, mask=(glo < kw // 4) & (row + glo * 0 < n), other=0)
+        h64 = tl.load(h_ptr + row * (kw // 4) + glo, mask=_mask((glo < kw // 4) & (row + glo * 0 < n), LEAN), other=0)
         x0, x1, x2, x3, xg = lo
         acc = _group_update(acc, _six_bit_words(wd, h64, 0), x0, x1, x2, x3, xg, row, n, glo, ng, nsb, s_ptr, m_ptr,
-                            d_ptr, dm_ptr, G, SB, False, False, False, OFFSET, DP4A, CODE_BIAS, EMULATE)
+                            d_ptr, dm_ptr, G, SB, False, False, False, OFFSET, DP4A, CODE_BIAS, EMULATE, LEAN)
         x0, x1, x2, x3, xg = hi
         acc = _group_update(acc, _six_bit_words(wd, h64, 1), x0, x1, x2, x3, xg, row, n, ghi, ng, nsb, s_ptr, m_ptr,
-                            d_ptr, dm_ptr, G, SB, False, False, False, OFFSET, DP4A, CODE_BIAS, EMULATE)
+                            d_ptr, dm_ptr, G, SB, False, False, False, OFFSET, DP4A, CODE_BIAS, EMULATE, LEAN)
     elif PACKED and SB > 0:  # (if / elif, not early returns: Triton compiles the code after a return too)
         acc = _kpack_update(acc, wd, lo, hi, glo, ghi, row, n, ng, nsb, s_ptr, d_ptr, G, SB, OFFSET, DP4A,
-                            CODE_BIAS, EMULATE)
+                            CODE_BIAS, EMULATE, LEAN)
     else:
         x0, x1, x2, x3, xg = lo
         acc = _group_update(acc, wd, x0, x1, x2, x3, xg, row, n, glo, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr, G, SB,
-                            PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE)
+                            PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, LEAN)
         if PACKED:
             x0, x1, x2, x3, xg = hi
             acc = _group_update(acc, wd >> 4, x0, x1, x2, x3, xg, row, n, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr,
-                                G, SB, PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE)
+                                G, SB, PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, LEAN)
     return acc
 
 
@@ -655,35 +705,35 @@ def _rows_update(a0, a1, a2, a3, r, NR: tl.constexpr, n, q_ptr, h_ptr, kw, w0, w
                  s_ptr, m_ptr, d_ptr, dm_ptr, G: tl.constexpr, SB: tl.constexpr, PACKED: tl.constexpr,
                  SIGNED: tl.constexpr, HAS_MIN: tl.constexpr, OFFSET: tl.constexpr, DP4A: tl.constexpr,
                  CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr, p0, p1, p2, p3, HAVE: tl.constexpr,
-                 SIX: tl.constexpr):
+                 SIX: tl.constexpr, LEAN: tl.constexpr):
     """``_row_update`` for rows ``r .. r + NR - 1`` (NR 1, 2 or 4), accumulators ``a0..a3``
     (HAVE: their words already loaded, ``p0..p3``)."""
     a0 = _row_update(a0, r, n, q_ptr, h_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr,
-                     G, SB, PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p0, HAVE, SIX)
+                     G, SB, PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p0, HAVE, SIX, LEAN)
     if NR > 1:
         a1 = _row_update(a1, r + 1, n, q_ptr, h_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr,
                          d_ptr, dm_ptr, G, SB, PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p1, HAVE,
-                         SIX)
+                         SIX, LEAN)
     if NR > 2:
         a2 = _row_update(a2, r + 2, n, q_ptr, h_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr,
                          d_ptr, dm_ptr, G, SB, PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p2, HAVE,
-                         SIX)
+                         SIX, LEAN)
         a3 = _row_update(a3, r + 3, n, q_ptr, h_ptr, kw, w0, wi, w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr,
                          d_ptr, dm_ptr, G, SB, PACKED, SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p3, HAVE,
-                         SIX)
+                         SIX, LEAN)
     return a0, a1, a2, a3
 
 
 @triton.jit
-def _rows_words(q_ptr, r, NR: tl.constexpr, n, kw, wi, w_ok):
+def _rows_words(q_ptr, r, NR: tl.constexpr, n, kw, wi, w_ok, LEAN: tl.constexpr):
     """The first chunk's words of rows ``r .. r + NR - 1`` (NR 1, 2 or 4; the others repeat row r's)."""
-    p0 = _row_words(q_ptr, r, n, kw, 0, wi, w_ok)
+    p0 = _row_words(q_ptr, r, n, kw, 0, wi, w_ok, LEAN)
     p1, p2, p3 = p0, p0, p0
     if NR > 1:
-        p1 = _row_words(q_ptr, r + 1, n, kw, 0, wi, w_ok)
+        p1 = _row_words(q_ptr, r + 1, n, kw, 0, wi, w_ok, LEAN)
     if NR > 2:
-        p2 = _row_words(q_ptr, r + 2, n, kw, 0, wi, w_ok)
-        p3 = _row_words(q_ptr, r + 3, n, kw, 0, wi, w_ok)
+        p2 = _row_words(q_ptr, r + 2, n, kw, 0, wi, w_ok, LEAN)
+        p3 = _row_words(q_ptr, r + 3, n, kw, 0, wi, w_ok, LEAN)
     return p0, p1, p2, p3
 
 
@@ -704,19 +754,20 @@ def _words_chunk(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0, p0, p1, p2,
                  n, k, kw, kt, ng, nsb, rstd, ROWS: tl.constexpr, PACKED: tl.constexpr, SIGNED: tl.constexpr,
                  G: tl.constexpr, SB: tl.constexpr, HAS_MIN: tl.constexpr, OFFSET: tl.constexpr,
                  SILU_MUL: tl.constexpr, NORM: tl.constexpr, X_WORDS: tl.constexpr, DP4A: tl.constexpr,
-                 CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr, HAVE: tl.constexpr, SIX: tl.constexpr):
+                 CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr, HAVE: tl.constexpr, SIX: tl.constexpr,
+                 LEAN: tl.constexpr):
     """The word GEMV's chunk of words ``w0 + wi`` of its ROWS rows (HAVE: the words ``p0..p7``
     were loaded before the PDL wait): the chunk's activations once, then every row's update."""
     GW: tl.constexpr = 4
-    w_ok = (w0 + wi) < kw
+    w_ok = _mask((w0 + wi) < kw, LEAN)
     if DP4A:  # a tile row of 4 words is one 16-column activation tile
-        t = (w0 + GW * gi) // GW
-        t_ok = (w0 + GW * gi) < kw
+        t = w0 // GW + gi if LEAN else (w0 + GW * gi) // GW
+        t_ok = _mask((w0 + GW * gi) < kw, LEAN)
         lo = _quantized_activations(xq_ptr, st_ptr, w0 + wi, t, w_ok, t_ok, kt, HAS_MIN, CODE_BIAS)
     else:
         lo = _word_activations(x_ptr, xw_ptr, nw_ptr, nww_ptr, out_ptr, 4 * (w0 + wi), w_ok, k, rstd, HAS_MIN,
                                SILU_MUL, NORM, X_WORDS)
-    glo = (w0 + GW * gi) // (G // 4)  # the scale group of each tile row
+    glo = _udiv(w0 + GW * gi, G // 4) if LEAN else (w0 + GW * gi) // (G // 4)  # each tile row's scale group
     hi = lo
     ghi = glo
     if PACKED:  # the high nibbles: the same columns of the row's second half
@@ -730,12 +781,12 @@ def _words_chunk(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0, p0, p1, p2,
     acc0, acc1, acc2, acc3 = _rows_update(acc0, acc1, acc2, acc3, r0, min(ROWS, 4), n, q_ptr, h_ptr, kw, w0, wi,
                                           w_ok, lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr, G, SB, PACKED,
                                           SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p0, p1, p2, p3, HAVE,
-                                          SIX)
+                                          SIX, LEAN)
     if ROWS > 4:
         acc4, acc5, acc6, acc7 = _rows_update(acc4, acc5, acc6, acc7, r0 + 4, 4, n, q_ptr, h_ptr, kw, w0, wi, w_ok,
                                               lo, hi, glo, ghi, ng, nsb, s_ptr, m_ptr, d_ptr, dm_ptr, G, SB, PACKED,
                                               SIGNED, HAS_MIN, OFFSET, DP4A, CODE_BIAS, EMULATE, p4, p5, p6, p7,
-                                              HAVE, SIX)
+                                              HAVE, SIX, LEAN)
     return acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7
 
 
@@ -747,7 +798,7 @@ def _gguf_gemv_words_kernel(x_ptr, xw_ptr, xq_ptr, st_ptr, q_ptr, h_ptr, s_ptr, 
                             SILU_MUL: tl.constexpr, NORM: tl.constexpr, NORM_BLOCK: tl.constexpr,
                             HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr, X_WORDS: tl.constexpr,
                             DP4A: tl.constexpr, CODE_BIAS: tl.constexpr, EMULATE: tl.constexpr, PDL: tl.constexpr,
-                            PRELOAD: tl.constexpr = False, SIX: tl.constexpr = False):
+                            PRELOAD: tl.constexpr = False, SIX: tl.constexpr = False, LEAN: tl.constexpr = False):
     """The one-row GEMV reading the code plane as int32 words (``q_ptr``, ``kw`` words a row):
     ROWS (1, 2, 4 or 8) output rows a program, chunks of BLOCK_W words a row as [NG, 4] tiles. A tile
     row is one 16-byte load and lies in one scale group (16 or 32 columns; a 32-column group is two
@@ -767,9 +818,9 @@ def _gguf_gemv_words_kernel(x_ptr, xw_ptr, xq_ptr, st_ptr, q_ptr, h_ptr, s_ptr, 
     p0, p1, p2, p3 = wi, wi, wi, wi  # (unused without PRELOAD)
     p4, p5, p6, p7 = wi, wi, wi, wi
     if PRELOAD:
-        p0, p1, p2, p3 = _rows_words(q_ptr, r0, min(ROWS, 4), n, kw, wi, wi < kw)
+        p0, p1, p2, p3 = _rows_words(q_ptr, r0, min(ROWS, 4), n, kw, wi, wi < kw, LEAN)
         if ROWS > 4:
-            p4, p5, p6, p7 = _rows_words(q_ptr, r0 + 4, 4, n, kw, wi, wi < kw)
+            p4, p5, p6, p7 = _rows_words(q_ptr, r0 + 4, 4, n, kw, wi, wi < kw, LEAN)
     pdl_begin(PDL)
     rstd = _row_rstd(x_ptr, k, eps, NORM, NORM_BLOCK)
     acc0 = tl.zeros([NG], tl.float32)
@@ -780,14 +831,14 @@ def _gguf_gemv_words_kernel(x_ptr, xw_ptr, xq_ptr, st_ptr, q_ptr, h_ptr, s_ptr, 
             acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, 0, p0, p1, p2, p3, p4, p5, p6, p7, r0, gi, wi, x_ptr,
             xw_ptr, xq_ptr, st_ptr, q_ptr, h_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, nw_ptr, nww_ptr, out_ptr, n, k, kw,
             kt, ng, nsb, rstd, ROWS, PACKED, SIGNED, G, SB, HAS_MIN, OFFSET, SILU_MUL, NORM, X_WORDS, DP4A,
-            CODE_BIAS, EMULATE, True, SIX)
+            CODE_BIAS, EMULATE, True, SIX, LEAN)
         first = BLOCK_W
     for w0 in range(first, kw, BLOCK_W):
         acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _words_chunk(
             acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0, p0, p1, p2, p3, p4, p5, p6, p7, r0, gi, wi, x_ptr,
             xw_ptr, xq_ptr, st_ptr, q_ptr, h_ptr, s_ptr, m_ptr, d_ptr, dm_ptr, nw_ptr, nww_ptr, out_ptr, n, k, kw,
             kt, ng, nsb, rstd, ROWS, PACKED, SIGNED, G, SB, HAS_MIN, OFFSET, SILU_MUL, NORM, X_WORDS, DP4A,
-            CODE_BIAS, EMULATE, False, SIX)
+            CODE_BIAS, EMULATE, False, SIX, LEAN)
     _rows_out(acc0, acc1, acc2, acc3, r0, min(ROWS, 4), n, b_ptr, res_ptr, out_ptr, HAS_BIAS, RESIDUAL)
     if ROWS > 4:
         _rows_out(acc4, acc5, acc6, acc7, r0 + 4, 4, n, b_ptr, res_ptr, out_ptr, HAS_BIAS, RESIDUAL)
@@ -1120,6 +1171,7 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
                        and (norm is None or norm[0].storage_offset() % 4 == 0))
             xw = x[0].view(torch.int64) if x_words else x
             xq_words, st, fused_norm = codes, out, norm is not None
+        lean = lean_gemv(n, codes.shape[1], rows, max(block_k // 4, 4))
         _gguf_gemv_words_kernel[(triton.cdiv(n, rows),)](
             x, xw, xq_words, st, codes, high, *_planes_args(w)[2:], bias if bias is not None else out, nw,
             nw.view(torch.int64) if x_words and norm is not None else nw, residual if residual is not None else out,
@@ -1130,7 +1182,7 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
             RESIDUAL=residual is not None, X_WORDS=x_words, DP4A=dp4a, CODE_BIAS=float(code_bias),
             EMULATE=_INTERPRET, num_warps=warps, num_stages=stages,
             PRELOAD=prefetch_fits(rows * max(block_k // 4, 4) * 4, warps) if preload is None else preload,
-            SIX=w.high is not None,
+            SIX=w.high is not None, LEAN=lean, **({"maxnreg": LEAN_MAXNREG.get(w.kind, 64)} if lean else {}),
             **pdl_launch(x.device))
         return out
     if _INTERPRET:  # Triton's interpreter runs programs one by one: fewer, wider ones (same products)
@@ -1142,6 +1194,14 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
         NORM_BLOCK=triton.next_power_of_2(k) if norm is not None else 1, HAS_BIAS=bias is not None,
         RESIDUAL=residual is not None, num_warps=warps, num_stages=stages, **pdl_launch(x.device))
     return out
+
+
+def lean_gemv(n: int, kw: int, rows: int, block_w: int) -> bool:
+    """``DEEPINFER_GGUF_GEMV_LEAN`` (experimental), where the word GEMV's tiles divide the weight
+    (``n`` rows of ``kw`` code words by ``rows`` and ``block_w``: every Llama-shape projection): the
+    fewer-instruction form (no load masks, chained ``dp4a``, shifts for divisions), launched with
+    ``LEAN_MAXNREG`` registers a thread so that ptxas keeps a pass's loads ahead of its products."""
+    return n % rows == 0 and kw % block_w == 0 and switches.enabled("DEEPINFER_GGUF_GEMV_LEAN")
 
 
 def dp4a_config(w: GGUFPlanes) -> tuple[int, int, int, int]:
