@@ -437,7 +437,8 @@ def main(args: list[str]) -> None:
             what += ", K steps of 64" if tuning == "packed-k64" else ""
             print(f"{'SPILL' if spilled else 'ok  '} gguf {what} GEMM default choices: {text}", flush=True)
             compiled.clear()
-        # the word GEMV's loads of a pass in flight together: "SCATTERED" fails the test
+        # the word GEMV's loads of a pass in flight together: "SCATTERED" fails the test, but for the
+        # default loops it names as known (Q4_1; Q4_0 at down)
         # (at qkv, then at down: a narrow projection's tile; then the experimental lean form at both)
         for kind in GPU_TYPES:
             for at, lean in (("qkv", False), ("down", False), ("qkv", True), ("down", True)):

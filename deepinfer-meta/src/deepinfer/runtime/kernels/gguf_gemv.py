@@ -1171,17 +1171,18 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
                        and (norm is None or norm[0].storage_offset() % 4 == 0))
             xw = x[0].view(torch.int64) if x_words else x
             xq_words, st, fused_norm = codes, out, norm is not None
-        lean = lean_gemv(n, codes.shape[1], rows, max(block_k // 4, 4))
+        block_w = max(block_k // 4, 4)  # code words a row a chunk
+        lean = lean_gemv(n, codes.shape[1], rows, block_w)
         _gguf_gemv_words_kernel[(triton.cdiv(n, rows),)](
             x, xw, xq_words, st, codes, high, *_planes_args(w)[2:], bias if bias is not None else out, nw,
             nw.view(torch.int64) if x_words and norm is not None else nw, residual if residual is not None else out,
-            out, n, k, codes.shape[1], eps, ROWS=rows, BLOCK_W=max(block_k // 4, 4),
+            out, n, k, codes.shape[1], eps, ROWS=rows, BLOCK_W=block_w,
             PACKED=packed, SIGNED=signed, G=g, SB=sb, HAS_MIN=has_min,
             OFFSET=8388608.0 + code_bias + (128.0 if signed else 0.0), SILU_MUL=silu_mul, NORM=fused_norm,
             NORM_BLOCK=norm_block, HAS_BIAS=bias is not None,
             RESIDUAL=residual is not None, X_WORDS=x_words, DP4A=dp4a, CODE_BIAS=float(code_bias),
             EMULATE=_INTERPRET, num_warps=warps, num_stages=stages,
-            PRELOAD=prefetch_fits(rows * max(block_k // 4, 4) * 4, warps) if preload is None else preload,
+            PRELOAD=prefetch_fits(rows * block_w * 4, warps) if preload is None else preload,
             SIX=w.high is not None, LEAN=lean, **({"maxnreg": LEAN_MAXNREG.get(w.kind, 64)} if lean else {}),
             **pdl_launch(x.device))
         return out
