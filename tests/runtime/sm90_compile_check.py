@@ -333,12 +333,14 @@ def _main_loop(sass: list[str]) -> list[str]:
     return sass[best[0]:best[1] + 1]
 
 
-def gguf_word_gemv_loop(kind: str, at: str = "qkv", lean: bool = False) -> tuple[bool, str]:
+def gguf_word_gemv_loop(kind: str, at: str = "qkv", lean: bool = False, budget: bool = False) -> tuple[bool, str]:
     """The dp4a word GEMV of ``kind`` at a Llama-3-8B shape (``at``: qkv, 6144 x 4096, or down, 4096 x
     14336 with its residual epilogue: a narrow projection's tile), compiled for sm_90 (``lean``:
-    ``DEEPINFER_GGUF_GEMV_LEAN=1``): its registers, its loop's instructions per weight byte, and
+    ``DEEPINFER_GGUF_GEMV_LEAN=1``; ``budget``: ``DEEPINFER_GGUF_GEMV_MAXNREG=1``, the default form
+    with the lean form's register budget): its registers, its loop's instructions per weight byte, and
     whether the loop issues every load (the rows' code words and scales, the activations) before
-    its first ``dp4a``: one memory latency a pass. Returns (that, the text). Where loads sat next to
+    its first ``dp4a`` (with no stack frame: none spilled): one memory latency a pass. Returns (that,
+    the text). Where loads sat next to
     their uses instead (ptxas placed unmasked loads so), the GEMV lost 22-27 % on the H200 (guide
     08): the test fails on it."""
     from deepinfer.runtime.kernels.gguf_gemv import gguf_gemv
@@ -349,7 +351,8 @@ def gguf_word_gemv_loop(kind: str, at: str = "qkv", lean: bool = False) -> tuple
     planes = _meta_planes(kind, n, k)
     residual = torch.empty(1, n, dtype=torch.bfloat16, device=meta) if at == "down" else None
     # as a decode graph launches it: PDL on, no preload before the wait (the default)
-    with (environment(DEEPINFER_PDL_PREFETCH="0", DEEPINFER_GGUF_GEMV_LEAN="1" if lean else "0"),
+    with (environment(DEEPINFER_PDL_PREFETCH="0", DEEPINFER_GGUF_GEMV_LEAN="1" if lean else "0",
+                      DEEPINFER_GGUF_GEMV_MAXNREG="1" if budget else "0"),
           _recorded("_gguf_gemv_words_kernel") as gemvs):
         gguf_gemv(torch.empty(1, k, dtype=torch.bfloat16, device=meta), planes, residual=residual)
     kernel, meta_args = gemvs[0]
@@ -358,10 +361,12 @@ def gguf_word_gemv_loop(kind: str, at: str = "qkv", lean: bool = False) -> tuple
     first_dot = next(i for i, ins in enumerate(loop) if "IDP" in ins)
     together = all(i < first_dot for i, ins in enumerate(loop) if "LDG" in ins)
     per_thread = meta_args["ROWS"] * meta_args["BLOCK_W"] * 4 // (meta_args["num_warps"] * 32)
-    regs, _ = _registers_and_stack(kernel.asm["cubin"])
+    regs, stack = _registers_and_stack(kernel.asm["cubin"])
     order = "".join("L" if "LDG" in ins else "d" if "IDP" in ins else "" for ins in loop)
-    return together, (f"{regs} registers, loop {len(loop)} instructions for {per_thread} weight bytes a thread "
-                      f"({len(loop) / per_thread:.2f} a byte), loads/dp4a order {order}")
+    spilled = f" + stack {stack} B" if stack else ""
+    return together and stack == 0, (f"{regs} registers{spilled}, loop {len(loop)} instructions for {per_thread} "
+                                     f"weight bytes a thread ({len(loop) / per_thread:.2f} a byte), loads/dp4a "
+                                     f"order {order}")
 
 
 def greedy_picks() -> None:
@@ -439,11 +444,13 @@ def main(args: list[str]) -> None:
             compiled.clear()
         # the word GEMV's loads of a pass in flight together: "SCATTERED" fails the test, but for the
         # default loops it names as known (Q4_1; Q4_0 at down)
-        # (at qkv, then at down: a narrow projection's tile; then the experimental lean form at both)
+        # (at qkv, then at down: a narrow projection's tile; then the experimental lean form at both, and
+        # the default form with the lean form's register budget at both)
         for kind in GPU_TYPES:
-            for at, lean in (("qkv", False), ("down", False), ("qkv", True), ("down", True)):
-                together, text = gguf_word_gemv_loop(kind, at, lean)
-                what = ("lean " if lean else "") + "word GEMV loop" + ("" if at == "qkv" and not lean else f" at {at}")
+            for at, form in (("qkv", ""), ("down", ""), ("qkv", "lean "), ("down", "lean "), ("qkv", "budget "),
+                             ("down", "budget ")):
+                together, text = gguf_word_gemv_loop(kind, at, form == "lean ", form == "budget ")
+                what = form + "word GEMV loop" + ("" if at == "qkv" and not form else f" at {at}")
                 print(f"{'ok  ' if together else 'SCATTERED'} gguf {kind} {what}: {text}", flush=True)
                 compiled.clear()
         greedy_picks()

@@ -75,6 +75,10 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
            "experimental, not yet timed: 1 runs the GGUF one-row word GEMV in its fewer-instruction form where its "
            "tiles divide the weight (no load masks, chained dp4a, shifts for divisions) with a register budget "
            "that keeps a pass's loads ahead of its products (gguf_gemv.LEAN_MAXNREG); read at every launch"),
+    Switch("DEEPINFER_GGUF_GEMV_MAXNREG", "0", "kernels/gguf_gemv.py",
+           "experimental, not yet timed: 1 launches the GGUF one-row word GEMV's default form with the lean form's "
+           "register budget (gguf_gemv.LEAN_MAXNREG), which keeps a pass's loads ahead of its products in the two "
+           "default loops that scatter them (Q4_1; Q4_0 at o and down); read at every launch"),
     Switch("DEEPINFER_GGUF_DP4A", "1", "kernels/gguf_gemv.py",
            "the GGUF word GEMV takes 8-bit activations (one scale per 16 columns) and multiplies with dp4a "
            "(0: float32 activations)"),

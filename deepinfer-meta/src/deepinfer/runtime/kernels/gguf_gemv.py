@@ -78,6 +78,10 @@ NARROW_MAX_N = 4096
 # pass comes before its first dp4a in the sm_90 cubin (sm90_compile_check.py others), at 61-256
 # loop instructions a pass where the default has 132-348. Not yet timed on a GPU.
 LEAN_MAXNREG = {"Q4_K": 72, "Q4_1": 72}  # the others: 64
+# DEEPINFER_GGUF_GEMV_MAXNREG (experimental): the same budget for the default form. It gathers the
+# loads of the two default loops that scatter them (Q4_1; Q4_0 at the narrow tile of o and down) and
+# leaves the others' loops within a few instructions (Q8_0: 116 and 110 against 132 and 137). Not yet
+# timed on a GPU.
 QUANTIZE_BLOCK = 512
 GEMM_CONFIG = (64, 64, 64, 4, 3)  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
 # up to 32 rows (decode batches): the best swept tile of the 8B gate_up and down at 32 rows on the
@@ -1183,7 +1187,9 @@ def gguf_gemv(x: torch.Tensor, w: GGUFPlanes, bias: torch.Tensor | None = None, 
             RESIDUAL=residual is not None, X_WORDS=x_words, DP4A=dp4a, CODE_BIAS=float(code_bias),
             EMULATE=_INTERPRET, num_warps=warps, num_stages=stages,
             PRELOAD=prefetch_fits(rows * block_w * 4, warps) if preload is None else preload,
-            SIX=w.high is not None, LEAN=lean, **({"maxnreg": LEAN_MAXNREG.get(w.kind, 64)} if lean else {}),
+            SIX=w.high is not None, LEAN=lean,
+            **({"maxnreg": LEAN_MAXNREG.get(w.kind, 64)} if lean or switches.enabled("DEEPINFER_GGUF_GEMV_MAXNREG")
+               else {}),
             **pdl_launch(x.device))
         return out
     if _INTERPRET:  # Triton's interpreter runs programs one by one: fewer, wider ones (same products)
