@@ -78,6 +78,13 @@ def check_experts(device: str, dtype: torch.dtype) -> list[tuple[str, bool, floa
         pre = experts_small(x, w, ids, w13, w2, residual=res, norm=norm, preload=True, **pre_tiles).double().cpu()
         err = float((pre - ref).abs().max() / ref.abs().max())
         out.append((f"experts_small {name} with the down rows preloaded", err <= tol, err))
+        # the down kernel's slots reduced once (DEEPINFER_MOE_DOWN_ONE_SUM), with both forms of its K loop
+        for static in (False, True):
+            one = experts_small(x, w, ids, w13, w2, residual=res, norm=norm, static_k=static, one_sum=True,
+                                **tiles).double().cpu()
+            err = float((one - ref).abs().max() / ref.abs().max())
+            out.append((f"experts_small {name} with the slots reduced once ({'unrolled' if static else 'runtime'} "
+                        "K loops)", err <= tol, err))
         if norm is not None:  # the router's stored normed rows: the same rows, the same experts' output bits
             normed = torch.empty_like(x)
             gw = torch.randn(w13.shape[0], x.shape[1], generator=torch.Generator().manual_seed(1)).to(x.device)

@@ -405,6 +405,9 @@ def main(args: list[str]) -> None:
                 with environment(DEEPINFER_MOE_ROUTER_IN_O="1"):
                     decode_step(shape, 1)
                 _report(f"{shape} batch 1 router in o, prefetch {prefetch}")
+                with environment(DEEPINFER_MOE_DOWN_ONE_SUM="1"):  # the down kernel's slots reduced once
+                    decode_step(shape, 1)
+                _report(f"{shape} batch 1 down slots reduced once, prefetch {prefetch}")
             if shape == "llama3-8b":  # SiLU·mul in the gate/up GEMV's epilogue (DEEPINFER_SILU_IN_GATE_UP)
                 with environment(DEEPINFER_SILU_IN_GATE_UP="1"):
                     decode_step(shape, 1)

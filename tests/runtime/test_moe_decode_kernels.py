@@ -32,11 +32,12 @@ def test_few_token_moe_kernels_match_float64_references_in_tritons_interpreter()
     float32 logits (softmax / sigmoid, renormalised or not, E up to 128, k 1..8, tied scores to the
     lower index); where the norm is fused, the experts over the router's stored normed rows give
     the in-kernel norm's bits; the down kernel with its expert rows preloaded (before the PDL
-    wait) matches the same reference; the router in the o projection's launch (``route_in_o``)
+    wait) matches the same reference, and so does the down kernel reducing every slot's products
+    once (DEEPINFER_MOE_DOWN_ONE_SUM), with unrolled and runtime K loops; the router in the o projection's launch (``route_in_o``)
     gives the o GEMV's bits, the float64 reference's top-k (ties to the lower index) and, through
     the gate/up kernel, its routing weights and block output; its top-k over integer keys orders
     signed zeros, negatives, infinities and repeats as a stable sort does."""
-    _interpreted("kernels", 3 * 6 + 3 + 5 + 5 + 3)
+    _interpreted("kernels", 5 * 6 + 3 + 5 + 5 + 3)
 
 
 def test_few_token_path_and_grouped_path_give_the_same_logits_in_tritons_interpreter():

@@ -129,6 +129,10 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
     Switch("DEEPINFER_MOE_TILES", "", "kernels/moe_decode.py",
            "tile overrides of the few-token MoE kernels, \"gate_up=1,2048,4;down=2,1024,4;router=1,2048,2\" "
            "(BLOCK_N or BLOCK_E, BLOCK_K, num_warps; benchmarks)"),
+    Switch("DEEPINFER_MOE_DOWN_ONE_SUM", "0", "kernels/moe_decode.py",
+           "experimental, not yet timed: 1 makes the few-token MoE down kernel reduce every slot's products "
+           "once (each slot's activations scaled by its routing weight) instead of one reduction, with its "
+           "barriers, a slot before the next slot's loads; read at every launch"),
     Switch("DEEPINFER_MOE_PRENORM", "1", "models/moe.py",
            "the few-token MoE router stores the RMS-normed rows once for the experts (0: every gate/up program "
            "normalises its row again)"),

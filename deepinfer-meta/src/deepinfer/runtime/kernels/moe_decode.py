@@ -409,10 +409,40 @@ def _down_chunk(acc, h_ptr, w_rows, pair, c, row_ok, inter):
 
 
 @triton.jit
+def _down_weighted_chunk(acc, h_ptr, w_rows, pair, gate, c, row_ok, inter):
+    c_ok = c < inter
+    a = tl.load(h_ptr + pair * inter + c, mask=c_ok, other=0.0).to(tl.float32) * gate
+    return acc + tl.load(w_rows + c[None, :], mask=row_ok[:, None] & c_ok[None, :], other=0.0).to(tl.float32) \
+        * a[None, :]
+
+
+@triton.jit
+def _down_one_sum(h_ptr, w2_ptr, ids_ptr, weights_ptr, t, rows, row_ok, inter, stride_we, stride_wn,
+                  TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STATIC_K: tl.constexpr):
+    """The rows' sums over every slot at once: each slot's routing weight scales its activations, and
+    one accumulator takes every slot's products, reduced once (DEEPINFER_MOE_DOWN_ONE_SUM). No slot's
+    loads wait for the previous slot's reduction and its barriers."""
+    cols = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        pair = t * TOP_K + j
+        expert = tl.load(ids_ptr + pair).to(tl.int64)
+        gate = tl.load(weights_ptr + pair).to(tl.float32)
+        w_rows = w2_ptr + expert * stride_we + rows[:, None] * stride_wn
+        if STATIC_K:
+            for k0 in tl.static_range(0, STATIC_K, BLOCK_K):
+                acc = _down_weighted_chunk(acc, h_ptr, w_rows, pair, gate, k0 + cols, row_ok, inter)
+        else:
+            for k0 in range(0, inter, BLOCK_K):
+                acc = _down_weighted_chunk(acc, h_ptr, w_rows, pair, gate, k0 + cols, row_ok, inter)
+    return tl.sum(acc, axis=1)
+
+
+@triton.jit
 def _down_kernel(h_ptr, w2_ptr, ids_ptr, weights_ptr, res_ptr, out_ptr, hidden, inter, stride_we, stride_wn,
                  stride_res, stride_out, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  RESIDUAL: tl.constexpr, STATIC_K: tl.constexpr, PDL: tl.constexpr, PRELOAD_K: tl.constexpr = 0,
-                 TOP_K_PAD: tl.constexpr = 1):
+                 TOP_K_PAD: tl.constexpr = 1, ONE_SUM: tl.constexpr = False):
     t = tl.program_id(0).to(tl.int64)
     rows = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     row_ok = rows < hidden
@@ -432,6 +462,14 @@ def _down_kernel(h_ptr, w2_ptr, ids_ptr, weights_ptr, res_ptr, out_ptr, hidden, 
         hv = tl.load(h_ptr + pairs[:, None] * inter + c[None, :], mask=s_ok[:, None] & c_ok[None, :], other=0.0)
         per_slot = tl.sum(w.to(tl.float32) * hv.to(tl.float32)[:, None, :], axis=2)  # [TOP_K_PAD, BLOCK_N]
         total = tl.sum(gates[:, None] * per_slot, axis=0)
+        if RESIDUAL:
+            total += tl.load(res_ptr + t * stride_res + rows, mask=row_ok, other=0.0).to(tl.float32)
+        tl.store(out_ptr + t * stride_out + rows, total.to(out_ptr.dtype.element_ty), mask=row_ok)
+        return
+    if ONE_SUM:
+        pdl_begin(PDL)
+        total = _down_one_sum(h_ptr, w2_ptr, ids_ptr, weights_ptr, t, rows, row_ok, inter, stride_we, stride_wn,
+                              TOP_K, BLOCK_N, BLOCK_K, STATIC_K)
         if RESIDUAL:
             total += tl.load(res_ptr + t * stride_res + rows, mask=row_ok, other=0.0).to(tl.float32)
         tl.store(out_ptr + t * stride_out + rows, total.to(out_ptr.dtype.element_ty), mask=row_ok)
@@ -461,7 +499,8 @@ def experts_small(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13
                   gate_up_config: tuple[int, int, int] | None = None,
                   down_config: tuple[int, int, int] | None = None, static_k: bool | None = None,
                   preload: bool | None = None,
-                  route_logits: tuple[torch.Tensor, bool, bool, float] | None = None) -> torch.Tensor:
+                  route_logits: tuple[torch.Tensor, bool, bool, float] | None = None,
+                  one_sum: bool | None = None) -> torch.Tensor:
     """``fused_experts(x, weights, ids, w13, w2, residual=residual)`` for a few tokens, without the
     sort by expert: [T, H] in ``x.dtype``. ``norm`` (weight [H], eps): the experts' input is
     RMSNorm(x) * weight (as ``route_small``'s ``norm``), computed inside the gate/up kernel.
@@ -477,7 +516,10 @@ def experts_small(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13
     ``route_logits`` (logits [T, E] float32, sigmoid, norm_topk_prob, routed_scaling_factor), with
     ``norm``: ``route_in_o``'s logits before the norm's factor; the gate/up kernel, which computes
     that factor, stores the routing ``weights`` of the chosen ``ids`` from them (``weights`` is
-    written, not read, until the down kernel)."""
+    written, not read, until the down kernel).
+    ``one_sum`` (default ``DEEPINFER_MOE_DOWN_ONE_SUM``; not with ``preload``): the down kernel scales
+    each slot's activations by its routing weight and reduces every slot's products once, instead of
+    one reduction a slot (the last bits can differ from the slot-by-slot sum)."""
     t, hidden, k, _, inter = check_expert_operands("experts_small", x, weights, ids, w13, w2)
     if x.stride(-1) != 1:
         raise ValueError("experts_small: x must be contiguous in its last dimension")
@@ -530,5 +572,6 @@ def experts_small(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13
         h, w2, ids, weights, res, out, hidden, inter, w2.stride(0), w2.stride(1), res.stride(0), out.stride(0),
         TOP_K=k, BLOCK_N=bn, BLOCK_K=min(bk, triton.next_power_of_2(inter)), RESIDUAL=residual is not None,
         STATIC_K=inter if static_down else 0, num_warps=warps, PRELOAD_K=inter_pad if preload else 0,
-        TOP_K_PAD=triton.next_power_of_2(k), **pdl)
+        TOP_K_PAD=triton.next_power_of_2(k), ONE_SUM=not preload and (
+            switches.enabled("DEEPINFER_MOE_DOWN_ONE_SUM") if one_sum is None else one_sum), **pdl)
     return out
