@@ -340,9 +340,8 @@ def gguf_word_gemv_loop(kind: str, at: str = "qkv", lean: bool = False, budget: 
     with the lean form's register budget): its registers, its loop's instructions per weight byte, and
     whether the loop issues every load (the rows' code words and scales, the activations) before
     its first ``dp4a`` (with no stack frame: none spilled): one memory latency a pass. Returns (that,
-    the text). Where loads sat next to
-    their uses instead (ptxas placed unmasked loads so), the GEMV lost 22-27 % on the H200 (guide
-    08): the test fails on it."""
+    the text). Where loads sat next to their uses instead (ptxas placed unmasked loads so), the GEMV
+    lost 22-27 % on the H200 (guide 08): the test fails on it."""
     from deepinfer.runtime.kernels.gguf_gemv import gguf_gemv
     from gguf_gpu_check import environment
 

@@ -33,10 +33,11 @@ def test_few_token_moe_kernels_match_float64_references_in_tritons_interpreter()
     lower index); where the norm is fused, the experts over the router's stored normed rows give
     the in-kernel norm's bits; the down kernel with its expert rows preloaded (before the PDL
     wait) matches the same reference, and so does the down kernel reducing every slot's products
-    once (DEEPINFER_MOE_DOWN_ONE_SUM), with unrolled and runtime K loops; the router in the o projection's launch (``route_in_o``)
-    gives the o GEMV's bits, the float64 reference's top-k (ties to the lower index) and, through
-    the gate/up kernel, its routing weights and block output; its top-k over integer keys orders
-    signed zeros, negatives, infinities and repeats as a stable sort does."""
+    once (DEEPINFER_MOE_DOWN_ONE_SUM), with unrolled and runtime K loops; the router in the o
+    projection's launch (``route_in_o``) gives the o GEMV's bits, the float64 reference's top-k
+    (ties to the lower index) and, through the gate/up kernel, its routing weights and block
+    output; its top-k over integer keys orders signed zeros, negatives, infinities and repeats as
+    a stable sort does."""
     _interpreted("kernels", 5 * 6 + 3 + 5 + 5 + 3)
 
 
@@ -59,6 +60,8 @@ def test_few_token_kernels_refuse_bad_operands():
         experts_small(x, w, ids, w13, torch.zeros(4, 8, 5))
     with pytest.raises(ValueError, match="residual"):
         experts_small(x, w, ids, w13, w2, residual=torch.zeros(3, 8))
+    with pytest.raises(ValueError, match="one_sum"):
+        experts_small(x, w.float(), ids, w13, w2, preload=True, one_sum=True)
     with pytest.raises(ValueError, match="float32"):
         experts_small(x, w.half(), ids, w13, w2)
     with pytest.raises(ValueError, match="top_k"):

@@ -43,7 +43,8 @@ def test_decode_step_kernels_compile_for_sm90():
     # each shape at batch 1 and 4 and (but DeepSeek's MLA) an eager step, each GGUF type and Q6_K at 6
     # bits; prefetch off and on; then once the FP8 kernels, each GGUF type's several-row kernels (and
     # Q6_K's at 6 bits) and the grammar masks (+ Qwen3-30B-A3B at batch 1 with the router in the o
-    # projection's launch and with the MoE down kernel's slots reduced once, Llama-3-8B at batch 1 with SiLU·mul in the gate/up GEMV's epilogue)
+    # projection's launch and with the MoE down kernel's slots reduced once, Llama-3-8B at batch 1
+    # with SiLU·mul in the gate/up GEMV's epilogue)
     # (+ each GGUF type's GEMM, and Q6_K's at 6 bits with K steps of 128 and of 64, at the default
     # choices with registers read back; + each GGUF type's word GEMV loop at qkv and down: default, lean,
     # and the default with the lean form's register budget)
@@ -88,7 +89,8 @@ def test_decode_step_kernels_compile_for_sm90():
         assert kernel in qwen3, qwen3
     in_o = next(line for line in lines if line.startswith("ok   qwen3-30b-a3b batch 1 router in o, prefetch 1"))
     assert "_o_route_kernel" in in_o and "_router_kernel" not in in_o, in_o
-    once = next(line for line in lines if line.startswith("ok   qwen3-30b-a3b batch 1 down slots reduced once, prefetch 0"))
+    once = next(line for line in lines
+                if line.startswith("ok   qwen3-30b-a3b batch 1 down slots reduced once, prefetch 0"))
     assert "_down_kernel" in once, once
     silu = next(line for line in lines if line.startswith("ok   llama3-8b batch 1 silu in gate/up, prefetch 1"))
     assert "_gemv_kernel" in silu, silu

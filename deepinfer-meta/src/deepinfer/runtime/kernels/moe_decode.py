@@ -539,6 +539,9 @@ def experts_small(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13
     if route_logits is not None and preload:
         raise ValueError("experts_small: preload=True reads the weights before the wait; with route_logits the "
                          "gate/up kernel just before writes them")
+    if preload and one_sum:
+        raise ValueError("experts_small: one_sum=True is a form of the down kernel that does not preload its rows; "
+                         "pass preload=False (or leave it to the default) with one_sum=True")
     out = torch.empty(t, hidden, dtype=x.dtype, device=x.device)
     if t == 0:
         return out
