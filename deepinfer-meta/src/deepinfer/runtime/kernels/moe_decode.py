@@ -401,15 +401,9 @@ def _gate_up_kernel(x_ptr, nw_ptr, w13_ptr, ids_ptr, h_ptr, logits_ptr, weights_
 
 
 @triton.jit
-def _down_chunk(acc, h_ptr, w_rows, pair, c, row_ok, inter):
-    c_ok = c < inter
-    a = tl.load(h_ptr + pair * inter + c, mask=c_ok, other=0.0).to(tl.float32)
-    return acc + tl.load(w_rows + c[None, :], mask=row_ok[:, None] & c_ok[None, :], other=0.0).to(tl.float32) \
-        * a[None, :]
-
-
-@triton.jit
-def _down_weighted_chunk(acc, h_ptr, w_rows, pair, gate, c, row_ok, inter):
+def _down_chunk(acc, h_ptr, w_rows, pair, c, row_ok, inter, gate):
+    """``acc`` plus the expert rows' products with columns ``c`` of slot ``pair``'s activations, those
+    scaled by ``gate`` (1.0: unscaled, the multiplication folded away)."""
     c_ok = c < inter
     a = tl.load(h_ptr + pair * inter + c, mask=c_ok, other=0.0).to(tl.float32) * gate
     return acc + tl.load(w_rows + c[None, :], mask=row_ok[:, None] & c_ok[None, :], other=0.0).to(tl.float32) \
@@ -431,10 +425,10 @@ def _down_one_sum(h_ptr, w2_ptr, ids_ptr, weights_ptr, t, rows, row_ok, inter, s
         w_rows = w2_ptr + expert * stride_we + rows[:, None] * stride_wn
         if STATIC_K:
             for k0 in tl.static_range(0, STATIC_K, BLOCK_K):
-                acc = _down_weighted_chunk(acc, h_ptr, w_rows, pair, gate, k0 + cols, row_ok, inter)
+                acc = _down_chunk(acc, h_ptr, w_rows, pair, k0 + cols, row_ok, inter, gate)
         else:
             for k0 in range(0, inter, BLOCK_K):
-                acc = _down_weighted_chunk(acc, h_ptr, w_rows, pair, gate, k0 + cols, row_ok, inter)
+                acc = _down_chunk(acc, h_ptr, w_rows, pair, k0 + cols, row_ok, inter, gate)
     return tl.sum(acc, axis=1)
 
 
@@ -462,33 +456,26 @@ def _down_kernel(h_ptr, w2_ptr, ids_ptr, weights_ptr, res_ptr, out_ptr, hidden, 
         hv = tl.load(h_ptr + pairs[:, None] * inter + c[None, :], mask=s_ok[:, None] & c_ok[None, :], other=0.0)
         per_slot = tl.sum(w.to(tl.float32) * hv.to(tl.float32)[:, None, :], axis=2)  # [TOP_K_PAD, BLOCK_N]
         total = tl.sum(gates[:, None] * per_slot, axis=0)
-        if RESIDUAL:
-            total += tl.load(res_ptr + t * stride_res + rows, mask=row_ok, other=0.0).to(tl.float32)
-        tl.store(out_ptr + t * stride_out + rows, total.to(out_ptr.dtype.element_ty), mask=row_ok)
-        return
-    if ONE_SUM:
+    elif ONE_SUM:
         pdl_begin(PDL)
         total = _down_one_sum(h_ptr, w2_ptr, ids_ptr, weights_ptr, t, rows, row_ok, inter, stride_we, stride_wn,
                               TOP_K, BLOCK_N, BLOCK_K, STATIC_K)
-        if RESIDUAL:
-            total += tl.load(res_ptr + t * stride_res + rows, mask=row_ok, other=0.0).to(tl.float32)
-        tl.store(out_ptr + t * stride_out + rows, total.to(out_ptr.dtype.element_ty), mask=row_ok)
-        return
-    cols = tl.arange(0, BLOCK_K)
-    pdl_begin(PDL)
-    total = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for j in tl.static_range(TOP_K):  # the token's slots in order: a fixed summation order
-        pair = t * TOP_K + j
-        expert = tl.load(ids_ptr + pair).to(tl.int64)
-        w_rows = w2_ptr + expert * stride_we + rows[:, None] * stride_wn
-        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        if STATIC_K:  # K (= inter) known at compile time: with the slots' loop, the whole read unrolls
-            for k0 in tl.static_range(0, STATIC_K, BLOCK_K):
-                acc = _down_chunk(acc, h_ptr, w_rows, pair, k0 + cols, row_ok, inter)
-        else:
-            for k0 in range(0, inter, BLOCK_K):
-                acc = _down_chunk(acc, h_ptr, w_rows, pair, k0 + cols, row_ok, inter)
-        total += tl.load(weights_ptr + pair).to(tl.float32) * tl.sum(acc, axis=1)
+    else:
+        cols = tl.arange(0, BLOCK_K)
+        pdl_begin(PDL)
+        total = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for j in tl.static_range(TOP_K):  # the token's slots in order: a fixed summation order
+            pair = t * TOP_K + j
+            expert = tl.load(ids_ptr + pair).to(tl.int64)
+            w_rows = w2_ptr + expert * stride_we + rows[:, None] * stride_wn
+            acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+            if STATIC_K:  # K (= inter) known at compile time: with the slots' loop, the whole read unrolls
+                for k0 in tl.static_range(0, STATIC_K, BLOCK_K):
+                    acc = _down_chunk(acc, h_ptr, w_rows, pair, k0 + cols, row_ok, inter, 1.0)
+            else:
+                for k0 in range(0, inter, BLOCK_K):
+                    acc = _down_chunk(acc, h_ptr, w_rows, pair, k0 + cols, row_ok, inter, 1.0)
+            total += tl.load(weights_ptr + pair).to(tl.float32) * tl.sum(acc, axis=1)
     if RESIDUAL:
         total += tl.load(res_ptr + t * stride_res + rows, mask=row_ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + t * stride_out + rows, total.to(out_ptr.dtype.element_ty), mask=row_ok)
